@@ -1,0 +1,41 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+#include <nlohmann/json.hpp>
+
+#include "reference/workload.h"
+
+namespace sb::harness {
+
+// One case of a suite: a workload instance on a mesh, and the strategies it selects.
+struct CaseSpec {
+  std::string suite;
+  std::string name;
+  std::string workload;         // a reference workload name, e.g. "linear"
+  nlohmann::json shape;         // the workload's shape parameters
+  at::ScalarType dtype = at::kFloat;
+  std::string device = "cpu";
+  std::vector<int64_t> mesh;    // e.g. {2, 2}
+  std::string backend = "threads";
+  uint64_t seed = 0;
+  reference::InputMode inputs = reference::InputMode::kRandom;
+  int repetitions = 10;
+  double minTimeSec = 0.01;     // per repetition
+  std::vector<std::string> strategies;  // ids or regular expressions (full match)
+  std::string file;             // where the case was read from, for messages
+  int line = 0;
+
+  std::string where() const { return file + ":" + std::to_string(line); }
+  int64_t meshSize() const;
+  std::string meshString() const;
+};
+
+// "float32", "bfloat16", ... and back; parseDtype throws naming the value.
+std::string dtypeName(at::ScalarType t);
+at::ScalarType parseDtype(const std::string& name);
+
+}  // namespace sb::harness

@@ -1,0 +1,128 @@
+// The stratbench command line.
+//
+//   stratbench list [--family F] [--filter REGEX] [--json]
+//   stratbench run SUITE [--filter REGEX] [--backend threads] [--out DIR] [--repetitions N]
+//                        [--seed S] [--min-time SEC] [--world-size N]
+//
+// Exit codes: 0 everything passed, 1 a strategy failed or errored, 2 bad input or usage.
+
+#include <iomanip>
+#include <iostream>
+#include <regex>
+
+#include <CLI/CLI.hpp>
+#include <torch/version.h>
+
+#include "harness/registry.h"
+#include "harness/runner.h"
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+
+using sb::harness::StrategyRegistry;
+
+int listStrategies(const std::string& family, const std::string& filter, bool json) {
+  std::optional<std::regex> re;
+  if (!filter.empty()) {
+    try {
+      re.emplace(filter, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      std::cerr << "stratbench: --filter '" << filter << "' is not a valid regular expression\n";
+      return kExitBadInput;
+    }
+  }
+  std::vector<const sb::harness::Strategy*> shown;
+  for (const auto* s : StrategyRegistry::global().all()) {
+    if (!family.empty() && family != sb::harness::familyName(s->family())) continue;
+    if (re && !std::regex_search(s->id(), *re)) continue;
+    shown.push_back(s);
+  }
+  if (json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto* s : shown) {
+      nlohmann::json j = s->describe();
+      j["id"] = s->id();
+      j["name"] = s->displayName();
+      j["family"] = sb::harness::familyName(s->family());
+      nlohmann::json params = nlohmann::json::object();
+      for (const auto& [k, v] : s->params()) params[k] = v;
+      j["params"] = params;
+      arr.push_back(j);
+    }
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  size_t idWidth = 2;
+  for (const auto* s : shown) idWidth = std::max(idWidth, s->id().size());
+  std::cout << std::left << std::setw(idWidth) << "id" << "  " << std::setw(10) << "family"
+            << "  name\n";
+  for (const auto* s : shown) {
+    std::cout << std::left << std::setw(idWidth) << s->id() << "  " << std::setw(10)
+              << sb::harness::familyName(s->family()) << "  " << s->displayName() << "\n";
+  }
+  std::cout << shown.size() << " strategies\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"stratbench: verify, time and memory-profile parallelization and memory "
+               "strategies against a plain LibTorch reference"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("stratbench (LibTorch ") + TORCH_VERSION + ")");
+
+  auto* list = app.add_subcommand("list", "List the registered strategies");
+  std::string family, listFilter;
+  bool json = false;
+  list->add_option("--family", family, "Only this family")
+      ->check(CLI::IsMember({"sharding", "chunking", "checkpointing"}));
+  list->add_option("--filter", listFilter, "Only ids matching this regular expression");
+  list->add_flag("--json", json, "Print JSON: id, name, family, parameters, sharding sequences");
+
+  auto* run = app.add_subcommand("run", "Run a suite: verify, time and profile every strategy");
+  std::string suitePath;
+  sb::harness::RunOptions opts;
+  int repetitions = 0, worldSize = 0;
+  uint64_t seed = 0;
+  double minTime = 0;
+  run->add_option("suite", suitePath, "Suite file, e.g. suites/smoke.yaml")->required();
+  run->add_option("--filter", opts.filter, "Only strategy ids matching this regular expression");
+  run->add_option("--backend", opts.backend, "Communication backend")
+      ->check(CLI::IsMember({"threads"}));
+  run->add_option("--out", opts.outDir, "Output directory for results.csv and results.json")
+      ->capture_default_str();
+  run->add_option("--repetitions", repetitions, "Timing repetitions (overrides the suite)")
+      ->check(CLI::PositiveNumber);
+  run->add_option("--seed", seed, "Input seed (overrides the suite)");
+  run->add_option("--min-time", minTime, "Minimum seconds per repetition (overrides the suite)")
+      ->check(CLI::PositiveNumber);
+  run->add_option("--world-size", worldSize, "Require every case's mesh to have N ranks")
+      ->check(CLI::PositiveNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitBadInput;
+  }
+
+  if (*list) return listStrategies(family, listFilter, json);
+
+  if (run->count("--repetitions")) opts.repetitions = repetitions;
+  if (run->count("--seed")) opts.seed = seed;
+  if (run->count("--min-time")) opts.minTimeSec = minTime;
+  if (run->count("--world-size")) opts.worldSize = worldSize;
+  try {
+    const auto suite = sb::harness::loadSuite(suitePath);
+    const auto plan = sb::harness::planSuite(suite, opts);
+    return sb::harness::runPlanned(suite, plan, opts, std::cout);
+  } catch (const sb::harness::InputError& e) {
+    std::cerr << "stratbench: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const c10::Error& e) {
+    std::cerr << "stratbench: " << e.what_without_backtrace() << "\n";
+    return kExitBadInput;
+  }
+}

@@ -1,0 +1,116 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace sb::harness {
+
+enum class Collective : int {
+  kAllReduce = 0,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kBroadcast,
+  kBarrier,
+};
+inline constexpr int kNumCollectives = 6;
+
+// "all_reduce", "all_gather", ...: the spelling used in records and reports.
+const char* collectiveName(Collective c);
+
+// Calls and bytes of one rank's collectives, per collective kind.
+//
+// Bytes follow nccl-tests' "size" convention, so that they can be turned into algbw/busbw
+// the same way: all-reduce and broadcast count the buffer, all-gather the gathered output,
+// reduce-scatter the full input, all-to-all the send buffer. A collective over a group of one
+// rank moves nothing and counts its call with zero bytes.
+struct CommStats {
+  struct Entry {
+    int64_t calls = 0;
+    int64_t bytes = 0;
+  };
+  std::array<Entry, kNumCollectives> entries{};
+
+  Entry& operator[](Collective c) { return entries[static_cast<int>(c)]; }
+  const Entry& operator[](Collective c) const { return entries[static_cast<int>(c)]; }
+  int64_t totalBytes() const;
+  int64_t totalCalls() const;
+  void add(Collective c, int64_t bytes) {
+    auto& e = (*this)[c];
+    e.calls += 1;
+    e.bytes += bytes;
+  }
+  void reset() { entries = {}; }
+  bool operator==(const CommStats& o) const;
+  // "all_reduce 3x 1536 B, all_gather 1x 512 B" (kinds with no calls omitted).
+  std::string toString() const;
+};
+
+// One rank's handle on one process group: the ranks of a mesh axis, of several axes, or of the
+// whole mesh. Executors are written once, SPMD, against this interface; `threads` implements
+// it in-process, and c10d process groups (Gloo, NCCL) implement it across processes.
+//
+// Every collective is a group-wide call: all members must call the same collectives in the
+// same order with matching sizes. The public methods validate arguments and count calls and
+// bytes; backends override the protected `do*` methods. As in c10d's Backend, a backend that
+// lacks a collective keeps the base implementation, which fails with
+// "Backend X does not support Y".
+class Communicator {
+ public:
+  Communicator(int rank, int size, CommStats* stats) : rank_(rank), size_(size), stats_(stats) {}
+  virtual ~Communicator() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backendName() const = 0;
+
+  // Sums `tensor` over the group, in place. Every rank ends with bitwise identical values.
+  void allReduce(at::Tensor& tensor);
+
+  // Concatenates every rank's `input` along dim 0, in group rank order. Ranks may hold
+  // different row counts; `rows[r]` is rank r's count and must match its input.
+  at::Tensor allGather(const at::Tensor& input, const std::vector<int64_t>& rows);
+
+  // `input` is `sum(rows)` rows along dim 0, block r destined to rank r; returns the sum over
+  // ranks of this rank's block (`rows[rank()]` rows).
+  at::Tensor reduceScatter(const at::Tensor& input, const std::vector<int64_t>& rows);
+
+  // Sends block r of `input` (`sendRows[r]` rows along dim 0) to rank r and returns the
+  // concatenation of the blocks received from ranks 0..n-1 (`recvRows[r]` rows from rank r).
+  at::Tensor allToAll(const at::Tensor& input, const std::vector<int64_t>& sendRows,
+                      const std::vector<int64_t>& recvRows);
+
+  // Copies `root`'s tensor into every rank's `tensor`.
+  void broadcast(at::Tensor& tensor, int root);
+
+  void barrier();
+
+ protected:
+  virtual void doAllReduce(at::Tensor& tensor);
+  virtual at::Tensor doAllGather(const at::Tensor& input, const std::vector<int64_t>& rows);
+  virtual at::Tensor doReduceScatter(const at::Tensor& input, const std::vector<int64_t>& rows);
+  virtual at::Tensor doAllToAll(const at::Tensor& input, const std::vector<int64_t>& sendRows,
+                                const std::vector<int64_t>& recvRows);
+  virtual void doBroadcast(at::Tensor& tensor, int root);
+  virtual void doBarrier();
+
+ private:
+  [[noreturn]] void unsupported(Collective c) const;
+  void count(Collective c, int64_t bytes);
+  void checkRows(const std::vector<int64_t>& rows, const char* what) const;
+
+  int rank_;
+  int size_;
+  CommStats* stats_;
+};
+
+// Bytes of `rows` rows of a tensor whose other dims hold `rowElems` elements of `elemSize`.
+inline int64_t rowBytes(int64_t rows, int64_t rowElems, int64_t elemSize) {
+  return rows * rowElems * elemSize;
+}
+
+}  // namespace sb::harness

@@ -1,0 +1,61 @@
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+namespace sb::harness {
+
+// Peak CPU memory per rank, through c10's CPU allocator hook.
+//
+// install() wraps LibTorch's default CPU allocator with one that counts the bytes of every
+// tensor allocation against the rank of the thread that made it (ScopedMemoryRank), and
+// subtracts them when the storage is freed, whichever thread frees it. Allocations made
+// outside any rank scope count against an "unattributed" bucket. The counts are exact byte
+// counts of tensor storages: allocator headers, page rounding and non-tensor heap memory are
+// not included.
+class MemoryTracker {
+ public:
+  static constexpr int kMaxRanks = 64;
+  static constexpr int kUnattributed = kMaxRanks;
+
+  static MemoryTracker& instance();
+
+  // Installs the tracking allocator once per process; later calls do nothing.
+  void install();
+  bool installed() const { return installed_.load(); }
+
+  int64_t current(int rank) const { return buckets_[index(rank)].current.load(); }
+  int64_t peak(int rank) const { return buckets_[index(rank)].peak.load(); }
+  // Starts a new peak window for `rank` at its current live bytes.
+  void resetPeak(int rank);
+
+  // Used by the allocator.
+  void allocated(int bucket, int64_t bytes);
+  void freed(int bucket, int64_t bytes);
+  static int threadBucket();
+
+ private:
+  friend class ScopedMemoryRank;
+  static int index(int rank) { return rank < 0 || rank >= kMaxRanks ? kUnattributed : rank; }
+  struct Bucket {
+    std::atomic<int64_t> current{0};
+    std::atomic<int64_t> peak{0};
+  };
+  std::array<Bucket, kMaxRanks + 1> buckets_;
+  std::atomic<bool> installed_{false};
+};
+
+// Attributes the calling thread's allocations to `rank` for the scope's lifetime.
+class ScopedMemoryRank {
+ public:
+  explicit ScopedMemoryRank(int rank);
+  ~ScopedMemoryRank();
+  ScopedMemoryRank(const ScopedMemoryRank&) = delete;
+  ScopedMemoryRank& operator=(const ScopedMemoryRank&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace sb::harness

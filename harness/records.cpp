@@ -1,0 +1,286 @@
+#include "harness/records.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <c10/util/Exception.h>
+#include <torch/version.h>
+
+namespace sb::harness {
+namespace {
+
+std::string runCommand(const std::string& cmd) {
+  std::array<char, 256> buf{};
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
+  pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+std::string cpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto pos = line.find(':');
+      if (pos != std::string::npos) return line.substr(pos + 2);
+    }
+  }
+  return "unknown";
+}
+
+std::string fmtDouble(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+template <class T>
+std::string opt(const std::optional<T>& v) {
+  if (!v) return "";
+  if constexpr (std::is_floating_point_v<T>) {
+    return fmtDouble(*v);
+  } else {
+    return std::to_string(*v);
+  }
+}
+
+std::string quote(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q += '"';
+    q += c;
+  }
+  return q + "\"";
+}
+
+// JSON has no NaN or Inf: store them as strings, as Python's json module would read them back
+// only with allow_nan; reports parse both.
+nlohmann::json jnum(double v) {
+  if (std::isfinite(v)) return v;
+  return fmtDouble(v);
+}
+
+template <class T>
+nlohmann::json jopt(const std::optional<T>& v) {
+  if (!v) return nullptr;
+  if constexpr (std::is_floating_point_v<T>) {
+    return jnum(*v);
+  } else {
+    return *v;
+  }
+}
+
+}  // namespace
+
+const char* statusName(Status s) {
+  switch (s) {
+    case Status::kPass: return "pass";
+    case Status::kFail: return "fail";
+    case Status::kError: return "error";
+    case Status::kUnsupported: return "unsupported";
+    case Status::kSkipped: return "skipped";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown status");
+}
+
+Provenance Provenance::collect() {
+  Provenance p;
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  p.timestampUtc = ts;
+  char compact[32];
+  std::strftime(compact, sizeof compact, "%Y%m%dT%H%M%SZ", &tm);
+  std::random_device rd;
+  char suffix[8];
+  std::snprintf(suffix, sizeof suffix, "%04x", rd() & 0xffff);
+  p.runId = std::string(compact) + "-" + suffix;
+
+  if (const char* env = std::getenv("STRATBENCH_GIT_SHA"); env && *env) {
+    p.gitSha = env;
+  } else {
+    const std::string dir = SB_SOURCE_DIR;
+    p.gitSha = runCommand("git -C '" + dir + "' rev-parse --short=12 HEAD 2>/dev/null");
+    if (p.gitSha.empty()) {
+      p.gitSha = "unknown";
+    } else if (!runCommand("git -C '" + dir +
+                           "' status --porcelain --untracked-files=no 2>/dev/null")
+                    .empty()) {
+      p.gitSha += "-dirty";
+    }
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  p.host = host;
+  p.device = "cpu (" + cpuModel() + ")";
+  p.torchVersion = TORCH_VERSION;
+  return p;
+}
+
+nlohmann::json Record::toJson() const {
+  nlohmann::json j;
+  j["schema_version"] = kSchemaVersion;
+  j["run_id"] = provenance.runId;
+  j["git_sha"] = provenance.gitSha;
+  j["timestamp_utc"] = provenance.timestampUtc;
+  j["host"] = provenance.host;
+  j["device"] = provenance.device;
+  j["torch_version"] = provenance.torchVersion;
+  j["backend"] = backend;
+  j["world_size"] = worldSize;
+  j["mesh"] = mesh;
+  j["suite"] = suite;
+  j["case"] = caseName;
+  j["workload"] = workload;
+  j["shape"] = shape;
+  j["dtype"] = dtype;
+  j["inputs"] = inputs;
+  j["seed"] = seed;
+  j["family"] = family;
+  j["strategy_id"] = strategyId;
+  j["strategy"] = strategy;
+  j["status"] = statusName(status);
+  j["max_abs_err"] = jopt(maxAbsErr);
+  j["max_rel_err"] = jopt(maxRelErr);
+  j["mismatches"] = jopt(mismatches);
+  j["atol"] = jopt(atol);
+  j["rtol"] = jopt(rtol);
+  j["tolerance"] = tolerance;
+  if (timing) {
+    j["time_us_median"] = jnum(timing->medianUs);
+    j["time_us_mean"] = jnum(timing->meanUs);
+    j["time_us_stddev"] = jnum(timing->stddevUs);
+    j["time_us_min"] = jnum(timing->minUs);
+    j["time_us_max"] = jnum(timing->maxUs);
+    j["time_us_samples"] = timing->samplesUs;
+    j["iterations_per_repetition"] = timing->iterations;
+  } else {
+    for (const char* k : {"time_us_median", "time_us_mean", "time_us_stddev", "time_us_min",
+                          "time_us_max"}) {
+      j[k] = nullptr;
+    }
+    j["time_us_samples"] = nlohmann::json::array();
+  }
+  j["repetitions"] = repetitions;
+  j["peak_mem_bytes"] = jopt(peakMemBytes);
+  j["predicted_mem_bytes"] = jopt(predictedMemBytes);
+  j["comm_bytes"] = jopt(commBytes);
+  j["predicted_comm_bytes"] = jopt(predictedCommBytes);
+  j["comm_calls"] = jopt(commCalls);
+  j["message"] = message;
+  j["details"] = details;
+  return j;
+}
+
+const std::vector<std::string>& csvColumns() {
+  static const std::vector<std::string> cols = {
+      "schema_version", "run_id", "git_sha", "timestamp_utc", "host", "device",
+      "torch_version", "backend", "world_size", "mesh", "suite", "case", "workload", "shape",
+      "dtype", "inputs", "seed", "family", "strategy_id", "strategy", "status", "max_abs_err",
+      "max_rel_err", "mismatches", "atol", "rtol", "time_us_median", "time_us_mean",
+      "time_us_stddev", "time_us_min", "time_us_max", "repetitions", "peak_mem_bytes",
+      "predicted_mem_bytes", "comm_bytes", "predicted_comm_bytes", "comm_calls", "message"};
+  return cols;
+}
+
+std::string csvRow(const Record& r) {
+  const auto t = [&](double TimingStats::*m) -> std::string {
+    return r.timing ? fmtDouble((*r.timing).*m) : "";
+  };
+  std::string msg = r.message;
+  for (char& c : msg) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  const std::vector<std::string> fields = {
+      std::to_string(kSchemaVersion), r.provenance.runId, r.provenance.gitSha,
+      r.provenance.timestampUtc, r.provenance.host, r.provenance.device,
+      r.provenance.torchVersion, r.backend, std::to_string(r.worldSize), r.mesh, r.suite,
+      r.caseName, r.workload, r.shape, r.dtype, r.inputs, std::to_string(r.seed), r.family,
+      r.strategyId, r.strategy, statusName(r.status), opt(r.maxAbsErr), opt(r.maxRelErr),
+      opt(r.mismatches), opt(r.atol), opt(r.rtol), t(&TimingStats::medianUs),
+      t(&TimingStats::meanUs), t(&TimingStats::stddevUs), t(&TimingStats::minUs),
+      t(&TimingStats::maxUs), std::to_string(r.repetitions), opt(r.peakMemBytes),
+      opt(r.predictedMemBytes), opt(r.commBytes), opt(r.predictedCommBytes), opt(r.commCalls),
+      msg};
+  TORCH_INTERNAL_ASSERT(fields.size() == csvColumns().size());
+  std::string line;
+  for (size_t i = 0; i < fields.size(); ++i) line += (i ? "," : "") + quote(fields[i]);
+  return line;
+}
+
+void writeFileAtomic(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot write ", tmp, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      TORCH_CHECK(false, "cannot write ", tmp, ": ", std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  TORCH_CHECK(synced, "cannot flush ", tmp, " to disk: ", std::strerror(errno));
+  TORCH_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot replace ", path, ": ",
+              std::strerror(errno));
+}
+
+ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
+    : dir_(std::move(dir)), runInfo_(std::move(runInfo)) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  TORCH_CHECK(!ec && std::filesystem::is_directory(dir_), "cannot create output directory '",
+              dir_, "': ", ec.message());
+  TORCH_CHECK(::access(dir_.c_str(), W_OK) == 0, "output directory '", dir_,
+              "' is not writable");
+  flush();
+}
+
+void ResultWriter::add(const Record& r) {
+  csvLines_.push_back(csvRow(r));
+  records_.push_back(r.toJson());
+  flush();
+}
+
+void ResultWriter::flush() {
+  std::string csv;
+  for (size_t i = 0; i < csvColumns().size(); ++i) csv += (i ? "," : "") + csvColumns()[i];
+  csv += "\n";
+  for (const auto& l : csvLines_) csv += l + "\n";
+  writeFileAtomic(csvPath(), csv);
+  nlohmann::json doc;
+  doc["schema_version"] = kSchemaVersion;
+  doc["run"] = runInfo_;
+  doc["records"] = records_;
+  writeFileAtomic(jsonPath(), doc.dump(1) + "\n");
+}
+
+}  // namespace sb::harness

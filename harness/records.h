@@ -1,0 +1,98 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/timing.h"
+
+namespace sb::harness {
+
+// Bumped whenever a column is renamed, removed or changes meaning (adding one is compatible).
+inline constexpr int kSchemaVersion = 1;
+
+enum class Status { kPass, kFail, kError, kUnsupported, kSkipped };
+const char* statusName(Status s);  // "pass", "fail", "error", "unsupported", "skipped"
+
+// Where and with what a run was made; the same for every record of a run.
+struct Provenance {
+  std::string runId;
+  std::string gitSha;
+  std::string timestampUtc;  // ISO 8601, e.g. 2026-11-21T07:45:00Z
+  std::string host;
+  std::string device;        // e.g. "cpu (AMD EPYC 7B13)"
+  std::string torchVersion;
+
+  // Fills every field from this process and machine; the run id is new each call.
+  static Provenance collect();
+};
+
+// One (case, strategy) result: one CSV row and one JSON object.
+struct Record {
+  Provenance provenance;
+  std::string backend;
+  int worldSize = 0;
+  std::string mesh;
+  std::string suite;
+  std::string caseName;
+  std::string workload;
+  std::string shape;
+  std::string dtype;
+  std::string inputs;  // random | exact
+  uint64_t seed = 0;
+  std::string family;
+  std::string strategyId;
+  std::string strategy;  // display name
+  Status status = Status::kError;
+  std::optional<double> maxAbsErr;
+  std::optional<double> maxRelErr;
+  std::optional<int64_t> mismatches;
+  std::optional<double> atol;
+  std::optional<double> rtol;
+  std::string tolerance;  // "rtol=1.3e-06 atol=1e-05", "bitwise (reason)"
+  std::optional<TimingStats> timing;
+  int repetitions = 0;
+  std::optional<int64_t> peakMemBytes;       // largest rank's peak
+  std::optional<int64_t> predictedMemBytes;  // largest rank's prediction
+  std::optional<int64_t> commBytes;          // largest rank's counted bytes
+  std::optional<int64_t> predictedCommBytes; // largest rank's predicted bytes
+  std::optional<int64_t> commCalls;          // largest rank's collective calls
+  std::string message;
+  nlohmann::json details = nlohmann::json::object();  // per tensor, per rank, layouts
+
+  nlohmann::json toJson() const;
+};
+
+// The CSV header, in column order.
+const std::vector<std::string>& csvColumns();
+// One CSV line (no trailing newline), fields quoted where they need it (RFC 4180).
+std::string csvRow(const Record& r);
+
+// Writes `results.csv` and `results.json` in a directory, rewriting both after every record so
+// that an interrupted run keeps everything finished so far. Each file is written to a
+// temporary beside it, flushed to disk and renamed over the old one: a reader (or a crash)
+// sees the previous complete file or the new complete file, never a truncated one.
+class ResultWriter {
+ public:
+  // Creates `dir` if needed. Throws naming the directory if it cannot be written.
+  explicit ResultWriter(std::string dir, nlohmann::json runInfo);
+  void add(const Record& r);
+  const std::string& dir() const { return dir_; }
+  std::string csvPath() const { return dir_ + "/results.csv"; }
+  std::string jsonPath() const { return dir_ + "/results.json"; }
+
+ private:
+  void flush();
+  std::string dir_;
+  nlohmann::json runInfo_;
+  std::vector<std::string> csvLines_;
+  nlohmann::json records_ = nlohmann::json::array();
+};
+
+// Atomically replaces `path` with `content` (temporary file, fsync, rename).
+void writeFileAtomic(const std::string& path, const std::string& content);
+
+}  // namespace sb::harness

@@ -1,0 +1,69 @@
+#include "harness/registry.h"
+
+#include <regex>
+
+#include <c10/util/Exception.h>
+
+namespace sb::harness {
+
+const char* familyName(Family f) {
+  switch (f) {
+    case Family::kSharding: return "sharding";
+    case Family::kChunking: return "chunking";
+    case Family::kCheckpointing: return "checkpointing";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown family");
+}
+
+Tolerance Strategy::tolerance(const std::string&, const CaseSpec& c) const {
+  if (c.inputs == reference::InputMode::kExact) {
+    return Tolerance::bitwise("exact inputs: every summation order gives the same integers");
+  }
+  return Tolerance::defaultFor(c.dtype);
+}
+
+StrategyRegistry& StrategyRegistry::global() {
+  static StrategyRegistry registry;
+  return registry;
+}
+
+void StrategyRegistry::add(std::unique_ptr<Strategy> strategy) {
+  TORCH_INTERNAL_ASSERT(strategy != nullptr);
+  TORCH_INTERNAL_ASSERT(find(strategy->id()) == nullptr, "strategy id '", strategy->id(),
+                        "' registered twice");
+  strategies_.push_back(std::move(strategy));
+}
+
+const Strategy* StrategyRegistry::find(const std::string& id) const {
+  for (const auto& s : strategies_) {
+    if (s->id() == id) return s.get();
+  }
+  return nullptr;
+}
+
+std::vector<const Strategy*> StrategyRegistry::all() const {
+  std::vector<const Strategy*> out;
+  for (const auto& s : strategies_) out.push_back(s.get());
+  return out;
+}
+
+std::vector<const Strategy*> StrategyRegistry::matching(const std::string& pattern) const {
+  std::regex re;
+  try {
+    re = std::regex(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    TORCH_CHECK(false, "'", pattern, "' is not a valid regular expression: ", e.what());
+  }
+  std::vector<const Strategy*> out;
+  for (const auto& s : strategies_) {
+    if (std::regex_match(s->id(), re)) out.push_back(s.get());
+  }
+  return out;
+}
+
+StrategyRegistrar::StrategyRegistrar(
+    const std::function<std::vector<std::unique_ptr<Strategy>>()>& make) {
+  for (auto& s : make()) StrategyRegistry::global().add(std::move(s));
+}
+
+}  // namespace sb::harness

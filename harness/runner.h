@@ -1,0 +1,60 @@
+#pragma once
+
+#include <chrono>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/records.h"
+#include "harness/strategy.h"
+#include "harness/suite.h"
+
+namespace sb::harness {
+
+struct RunOptions {
+  std::string filter;                  // regex searched in strategy ids; empty selects all
+  std::string backend = "threads";
+  std::string outDir = "out/latest";
+  std::optional<int> repetitions;      // overrides the suite's
+  std::optional<uint64_t> seed;        // overrides the suite's
+  std::optional<double> minTimeSec;    // overrides the suite's
+  std::optional<int> worldSize;        // every case's mesh must have this many ranks
+  double warmupSec = 0.0;              // Google Benchmark warm-up per (case, strategy)
+  std::chrono::milliseconds collectiveTimeout{std::chrono::minutes(5)};
+};
+
+// A case with the strategies it selected and whether each applies.
+struct PlannedCase {
+  CaseSpec spec;
+  struct Entry {
+    const Strategy* strategy;
+    Applicability applicability;
+  };
+  std::vector<Entry> strategies;
+};
+
+// Resolves every case's strategy selection against the registry and the options. Throws
+// InputError (exit 2) before anything runs: an id or pattern that selects nothing, a filter
+// that leaves nothing, a mesh whose size is not the world size, an unknown backend, a strategy
+// named by its exact id that cannot run the case's shape (with the reason, naming the
+// dimension).
+std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options);
+
+// Runs one strategy on one case on the threads backend: prepare, a warm-up step, a measured
+// step (memory, communication, numerics), Google Benchmark timing, and a final check that the
+// timed steps still give the verified results. Errors become status=error, never exceptions.
+Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
+                   const Strategy& strategy, const Provenance& provenance,
+                   const RunOptions& options);
+
+// Runs a planned suite, writing results as it goes and printing one progress line per case
+// and a summary table. Returns the exit code: 0 all pass, 1 any fail or error.
+int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
+               std::ostream& out);
+
+// A record with every field the case and strategy determine, and status unsupported.
+Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,
+                  const std::string& backend);
+
+}  // namespace sb::harness

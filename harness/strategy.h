@@ -1,0 +1,96 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/case.h"
+#include "harness/comm.h"
+#include "harness/layout.h"
+#include "harness/rank_context.h"
+#include "harness/verify.h"
+#include "reference/workload.h"
+
+namespace sb::harness {
+
+enum class Family { kSharding, kChunking, kCheckpointing };
+const char* familyName(Family f);  // "sharding", ...
+
+// Whether a strategy can run a case.
+struct Applicability {
+  enum class Kind {
+    kApplies,
+    kNotApplicable,  // another workload or mesh kind: the strategy is not selected at all
+    kUnsupported,    // the right kind of case, but this shape cannot be run: an `unsupported` row
+  };
+  Kind kind = Kind::kApplies;
+  std::string reason;
+
+  static Applicability yes() { return {}; }
+  static Applicability notApplicable(std::string why) {
+    return {Kind::kNotApplicable, std::move(why)};
+  }
+  static Applicability unsupported(std::string why) { return {Kind::kUnsupported, std::move(why)}; }
+};
+
+// One rank's instance of a strategy for one case. Every rank runs the same code (SPMD).
+class RankExecutor {
+ public:
+  virtual ~RankExecutor() = default;
+  // Untimed: takes this rank's shards of the full inputs and parameters, allocates buffers.
+  virtual void prepare(RankContext& ctx, const reference::WorkloadData& data) = 0;
+  // Timed: one forward and backward on the prepared shards. Must leave no state that changes
+  // the next step's results (gradients are recomputed, not accumulated).
+  virtual void step(RankContext& ctx) = 0;
+  // This rank's local tensors from the last step, named as in WorkloadData::expected.
+  virtual std::map<std::string, at::Tensor> results() const = 0;
+};
+
+// A registered strategy: what it is, where it applies, how it lays out its results, what
+// communication it predicts, and a factory for its per-rank executors.
+class Strategy {
+ public:
+  Strategy(std::string id, std::string displayName, Family family)
+      : id_(std::move(id)), displayName_(std::move(displayName)), family_(family) {}
+  virtual ~Strategy() = default;
+
+  const std::string& id() const { return id_; }
+  const std::string& displayName() const { return displayName_; }
+  Family family() const { return family_; }
+
+  // Parameters as shown by `stratbench list` (e.g. mesh_axes, placements).
+  virtual std::vector<std::pair<std::string, std::string>> params() const { return {}; }
+  // Family-specific listing details; for sharding, the sharding sequence of every operand
+  // for the workload's canonical shape and the communication in forward and backward.
+  virtual nlohmann::json describe() const { return nlohmann::json::object(); }
+
+  virtual Applicability applies(const CaseSpec& c) const = 0;
+  virtual std::unique_ptr<RankExecutor> makeExecutor(const CaseSpec& c) const = 0;
+
+  // The box of `tensor` that `rank` holds after a step, by the strategy's declared layout
+  // (never by asking the executor, so a misplaced shard shows up as a mismatch).
+  virtual Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const = 0;
+  // Per-rank calls and bytes of one step, for comparison with what the backend counted.
+  virtual CommStats predictComm(const CaseSpec& c, int rank) const = 0;
+  // Per-rank peak bytes of one step, where the strategy has a model of it.
+  virtual std::optional<int64_t> predictPeakMemory(const CaseSpec& c, int rank) const {
+    return std::nullopt;
+  }
+  // Tolerance for `tensor`; defaults to the dtype's (bitwise in exact-inputs mode).
+  virtual Tolerance tolerance(const std::string& tensor, const CaseSpec& c) const;
+  // Case-specific details for the record (e.g. sharding sequences at the case's shape).
+  virtual nlohmann::json caseDetails(const CaseSpec& c) const { return nlohmann::json::object(); }
+
+ private:
+  std::string id_;
+  std::string displayName_;
+  Family family_;
+};
+
+}  // namespace sb::harness

@@ -1,0 +1,98 @@
+#include "harness/verify.h"
+
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "kernels/error_stats.h"
+
+namespace sb::harness {
+
+Tolerance Tolerance::defaultFor(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return {1.3e-6, 1e-5, false, ""};
+    case at::kDouble: return {1e-7, 1e-7, false, ""};
+    case at::kHalf: return {1e-3, 1e-5, false, ""};
+    case at::kBFloat16: return {1.6e-2, 1e-5, false, ""};
+    default: return {0, 0, true, ""};
+  }
+}
+
+Tolerance Tolerance::bitwise(std::string reason) { return {0, 0, true, std::move(reason)}; }
+
+std::string Tolerance::toString() const {
+  std::ostringstream os;
+  if (exact) {
+    os << "bitwise";
+  } else {
+    os << "rtol=" << rtol << " atol=" << atol;
+  }
+  if (!reason.empty()) os << " (" << reason << ")";
+  return os.str();
+}
+
+std::string TensorCheck::toString() const {
+  std::ostringstream os;
+  os << tensor << "@rank" << rank << ": ";
+  if (!problem.empty()) {
+    os << problem;
+    return os.str();
+  }
+  os << mismatches << "/" << numel << " mismatched, max_abs_err=" << maxAbsErr
+     << " max_rel_err=" << maxRelErr;
+  if (!worstIndex.empty()) {
+    os << ", worst at [";
+    for (size_t i = 0; i < worstIndex.size(); ++i) os << (i ? "," : "") << worstIndex[i];
+    os << "] got " << worstActual << " expected " << worstExpected;
+  }
+  return os.str();
+}
+
+TensorCheck checkTensor(const std::string& tensor, int rank, const at::Tensor& actual,
+                        const at::Tensor& expected, const std::vector<int64_t>& offset,
+                        const Tolerance& tol) {
+  TensorCheck c;
+  c.tensor = tensor;
+  c.rank = rank;
+  c.numel = expected.numel();
+  if (!actual.defined()) {
+    c.problem = "missing (the executor returned no such tensor)";
+    c.mismatches = c.numel;
+    return c;
+  }
+  if (actual.sizes() != expected.sizes()) {
+    std::ostringstream os;
+    os << "local shape " << actual.sizes() << " but the declared layout holds "
+       << expected.sizes();
+    c.problem = os.str();
+    c.mismatches = c.numel;
+    return c;
+  }
+  if (actual.scalar_type() != expected.scalar_type()) {
+    std::ostringstream os;
+    os << "dtype " << actual.scalar_type() << " but the reference is " << expected.scalar_type();
+    c.problem = os.str();
+    c.mismatches = c.numel;
+    return c;
+  }
+  const auto s = kernels::errorStats(actual, expected, tol.rtol, tol.atol, tol.exact);
+  c.mismatches = s.mismatches;
+  c.maxAbsErr = s.maxAbsErr;
+  c.maxRelErr = s.maxRelErr;
+  if (!s.worstIndex.empty()) {
+    std::vector<int64_t> local = s.worstIndex;
+    at::Tensor a = actual.detach().to(at::kCPU).to(at::kDouble);
+    at::Tensor e = expected.detach().to(at::kCPU).to(at::kDouble);
+    for (int64_t d : local) {
+      a = a[d];
+      e = e[d];
+    }
+    c.worstActual = a.item<double>();
+    c.worstExpected = e.item<double>();
+    c.worstIndex = local;
+    for (size_t d = 0; d < offset.size() && d < local.size(); ++d) c.worstIndex[d] += offset[d];
+  }
+  return c;
+}
+
+}  // namespace sb::harness

@@ -1,0 +1,49 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace sb::harness {
+
+// How close a strategy's tensor must be to the reference.
+struct Tolerance {
+  double rtol = 0;
+  double atol = 0;
+  bool exact = false;   // bitwise equality
+  std::string reason;   // why a strategy overrides the default; empty for defaults
+
+  // torch.testing.assert_close's defaults: fp32 1.3e-6/1e-5, fp16 1e-3/1e-5,
+  // bf16 1.6e-2/1e-5, fp64 1e-7/1e-7; integer types exact.
+  static Tolerance defaultFor(at::ScalarType dtype);
+  static Tolerance bitwise(std::string reason);
+  std::string toString() const;
+};
+
+// The comparison of one local tensor of one rank against its slice of the reference.
+struct TensorCheck {
+  std::string tensor;  // "output", "grad_weight", ...
+  int rank = 0;
+  int64_t numel = 0;
+  int64_t mismatches = 0;
+  double maxAbsErr = 0;
+  double maxRelErr = 0;
+  std::vector<int64_t> worstIndex;  // in the full tensor's coordinates
+  double worstActual = 0;
+  double worstExpected = 0;
+  std::string problem;  // set when the tensor could not be compared at all (missing, shape)
+
+  bool passed() const { return problem.empty() && mismatches == 0; }
+  std::string toString() const;  // one line, for messages
+};
+
+// Compares `actual` with `expected` (the rank's slice of the reference); `offset` maps local
+// indices to full-tensor indices for the report. A shape mismatch is a failed check, never an
+// exception.
+TensorCheck checkTensor(const std::string& tensor, int rank, const at::Tensor& actual,
+                        const at::Tensor& expected, const std::vector<int64_t>& offset,
+                        const Tolerance& tol);
+
+}  // namespace sb::harness

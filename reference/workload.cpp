@@ -1,0 +1,47 @@
+#include "reference/workload.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace sb::reference {
+namespace {
+
+at::Generator generatorFor(uint64_t seed, int stream) {
+  // Distinct, well-mixed seeds per tensor (splitmix64 of seed and stream).
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(stream + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return at::make_generator<at::CPUGeneratorImpl>(z ^ (z >> 31));
+}
+
+// Integers in [-2, 2]: products and sums of a few thousand of them stay exact in every
+// floating dtype down to bf16 for the reductions our workloads do at CI sizes.
+at::Tensor exactValues(at::IntArrayRef shape, at::ScalarType dtype, const at::Generator& gen) {
+  return at::randint(-2, 3, shape, gen, at::TensorOptions().dtype(at::kLong)).to(dtype);
+}
+
+}  // namespace
+
+at::Tensor makeNormal(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed, int stream,
+                      InputMode mode) {
+  auto gen = generatorFor(seed, stream);
+  if (mode == InputMode::kExact) return exactValues(shape, dtype, gen);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+}
+
+at::Tensor makeUniform(at::IntArrayRef shape, double bound, at::ScalarType dtype, uint64_t seed,
+                       int stream, InputMode mode) {
+  auto gen = generatorFor(seed, stream);
+  if (mode == InputMode::kExact) return exactValues(shape, dtype, gen);
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  t.uniform_(-bound, bound, gen);
+  return t.to(dtype);
+}
+
+std::string dimsString(at::IntArrayRef dims) {
+  std::string s;
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? "x" : "") + std::to_string(dims[i]);
+  return s;
+}
+
+}  // namespace sb::reference

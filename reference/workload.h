@@ -1,0 +1,72 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+namespace sb::reference {
+
+enum class InputMode {
+  kRandom,  // normal / uniform values, as a model would see
+  kExact,   // small integers, so that any summation order gives bitwise equal results
+};
+
+// Everything a case needs from the reference: the full inputs and parameters every rank
+// shards from, and the tensors plain LibTorch computed from them.
+struct WorkloadData {
+  std::map<std::string, at::Tensor> inputs;    // e.g. input, weight, bias, grad_output
+  std::map<std::string, at::Tensor> expected;  // e.g. output, grad_input, grad_weight, grad_bias
+  // The names of `expected`, in the order records report them.
+  std::vector<std::string> checked;
+};
+
+// A reference workload: validates a case's shape parameters and builds deterministic data.
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  virtual std::string name() const = 0;
+  virtual std::string description() const = 0;
+  // Throws with the offending key and what was expected if `shape` does not describe an
+  // instance of this workload.
+  virtual void validate(const nlohmann::json& shape) const = 0;
+  // "input=4x4x4x16;out=32;bias=1": the shape column of a record.
+  virtual std::string shapeString(const nlohmann::json& shape) const = 0;
+  // Builds the inputs from `seed` and runs forward and backward once with plain LibTorch.
+  virtual WorkloadData build(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                             InputMode mode) const = 0;
+};
+
+// The workload named `name`, or nullptr.
+const Workload* findWorkload(const std::string& name);
+std::vector<std::string> workloadNames();
+
+// Deterministic tensor generation shared by the workloads: `stream` separates the tensors of
+// one case so that each draws from its own generator.
+at::Tensor makeNormal(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed, int stream,
+                      InputMode mode);
+at::Tensor makeUniform(at::IntArrayRef shape, double bound, at::ScalarType dtype, uint64_t seed,
+                       int stream, InputMode mode);
+
+// "4x4x4x16".
+std::string dimsString(at::IntArrayRef dims);
+
+// A Linear case: input [..., in_features], Linear(in_features, out_features, bias).
+struct LinearShape {
+  std::vector<int64_t> input;
+  int64_t inFeatures = 0;
+  int64_t outFeatures = 0;
+  bool bias = true;
+
+  // Throws naming the key on a malformed shape.
+  static LinearShape parse(const nlohmann::json& shape);
+  std::vector<int64_t> output() const;
+  std::vector<int64_t> weight() const { return {outFeatures, inFeatures}; }
+  int64_t rows() const;  // product of the leading dims of the input
+};
+
+}  // namespace sb::reference

@@ -1,0 +1,123 @@
+#pragma once
+
+// What PyTorch ShardedTensor's column-wise and row-wise sharded Linear have in common: a 1-D
+// group, a weight chunked along one dimension with chunk i on rank placements[i], and
+// ShardedTensor's SPMD input convention, in which every rank brings its own batch (here: chunk
+// r of the case's input along dimension 0) and gets its own rows of the output back.
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "harness/strategy.h"
+#include "strategies/sharding/linear_strategies.h"
+
+namespace sb::strategies {
+
+class ShardedTensorLinearStrategy : public harness::Strategy {
+ public:
+  // `weightDim`: 0 chunks the weight's rows (out_features), 1 its columns (in_features).
+  ShardedTensorLinearStrategy(std::string kind, int weightDim, std::vector<int> placements,
+                              PlantedFault fault, const std::string& idPrefix)
+      : Strategy(idPrefix + "sharding/linear/sharded_tensor/" + kind +
+                     (placements.empty() ? "" : "/placements=" + joined(placements)),
+                 "ShardedTensor " + kind +
+                     (placements.empty() ? "" : " placements=[" + joined(placements) + "]"),
+                 harness::Family::kSharding),
+        weightDim_(weightDim),
+        placements_(std::move(placements)),
+        fault_(fault) {}
+
+  static std::string joined(const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+  }
+
+  PlantedFault fault() const { return fault_; }
+  int weightDim() const { return weightDim_; }
+
+  // Chunk i on rank placements(n)[i]; rank order where none were given.
+  std::vector<int> placements(int n) const {
+    if (!placements_.empty()) return placements_;
+    std::vector<int> p(n);
+    std::iota(p.begin(), p.end(), 0);
+    return p;
+  }
+
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"weight_dim", std::to_string(weightDim_)},
+            {"placements", placements_.empty() ? "rank order" : joined(placements_)},
+            {"meshes", "1-D"}};
+  }
+
+  // Sharding sequences in ColossalAI's notation: the weight split over the mesh's one axis
+  // ("S0"), the input and output split along dimension 0 (each rank's own batch).
+  nlohmann::json sequences(size_t inputDims, bool bias) const {
+    std::vector<std::string> io(inputDims, "R");
+    io[0] = "S0";
+    std::vector<std::string> w = {"R", "R"};
+    w[weightDim_] = "S0";
+    nlohmann::json j = {{"input", io}, {"weight", w}, {"output", io}};
+    if (bias) j["bias"] = std::vector<std::string>{"R"};
+    j["placements"] = placements_.empty() ? "rank order" : joined(placements_);
+    return j;
+  }
+
+  nlohmann::json describe() const override {
+    return {{"sharding_sequences", sequences(2, true)},
+            {"sharding_sequences_for", "input [rows, in_features]"},
+            {"communication", communication()}};
+  }
+
+  nlohmann::json caseDetails(const harness::CaseSpec& c) const override {
+    const auto s = reference::LinearShape::parse(c.shape);
+    return {{"sharding_sequences", sequences(s.input.size(), s.bias)},
+            {"communication", communication()}};
+  }
+
+  virtual nlohmann::json communication() const = 0;
+
+  harness::Applicability applies(const harness::CaseSpec& c) const override {
+    using harness::Applicability;
+    if (c.workload != "linear") return Applicability::notApplicable("not a linear workload");
+    if (c.mesh.size() != 1) return Applicability::notApplicable("needs a 1-D mesh");
+    const int n = static_cast<int>(c.mesh[0]);
+    if (!placements_.empty() && static_cast<int>(placements_.size()) != n) {
+      return Applicability::notApplicable("placements are for " +
+                                          std::to_string(placements_.size()) + " ranks");
+    }
+    const auto s = reference::LinearShape::parse(c.shape);
+    if (s.input[0] % n != 0) {
+      return Applicability::unsupported(
+          "input dimension 0 has size " + std::to_string(s.input[0]) +
+          ", which does not split evenly over " + std::to_string(n) +
+          " ranks: ShardedTensor gives every rank a batch of the same size");
+    }
+    return Applicability::yes();
+  }
+
+  // Rows of the flattened [rows, features] view that each rank brings as its own batch.
+  static int64_t localRows(const reference::LinearShape& s, int n) { return s.rows() / n; }
+
+  harness::Box resultBox(const std::string& tensor, const harness::CaseSpec& c,
+                         int rank) const override {
+    const auto s = reference::LinearShape::parse(c.shape);
+    const int n = static_cast<int>(c.mesh[0]);
+    if (tensor == "output") return harness::chunkBox(s.output(), 0, n, rank);
+    if (tensor == "grad_input") return harness::chunkBox(s.input, 0, n, rank);
+    if (tensor == "grad_bias") return harness::Box::whole({s.outFeatures});
+    if (tensor == "grad_weight") {
+      return harness::chunkBox(s.weight(), weightDim_, n,
+                               harness::chunkOfRank(placements(n), rank));
+    }
+    TORCH_INTERNAL_ASSERT(false, "no layout for tensor ", tensor);
+  }
+
+ private:
+  int weightDim_;
+  std::vector<int> placements_;
+  PlantedFault fault_;
+};
+
+}  // namespace sb::strategies

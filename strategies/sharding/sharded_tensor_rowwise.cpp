@@ -1,0 +1,179 @@
+// ShardedTensor row-wise sharded Linear (PyTorch's ChunkShardingSpec on dim 1 of the weight).
+//
+// The weight W [N, K] is chunked along its columns, that is along in_features: the rows of
+// W^T, hence "row-wise". Chunk i holds ceil(K / n) columns (13 over 4 ranks: 4, 4, 4, 1) and
+// lives on rank placements[i]. Every rank brings its own batch x_r [b, K] and wants its own
+// output y_r [b, N]. A rank's chunk can only contract the matching in_features of each input,
+// so the inputs, not the weight, travel:
+//   1. each rank transposes its input to [K, b] and, if placements are not in rank order,
+//      permutes its rows so that the in_features of the chunk on rank 0 come first, then those
+//      of rank 1, and so on;
+//   2. all-to-all: rank r receives from every rank s the K_c rows (features) that its chunk
+//      covers, stacked in rank order  [n*K_c, b];
+//   3. each rank multiplies every received block by its chunk: partial outputs for every
+//      rank's rows, each a sum over only K_c of the K features  [n*b, N];
+//   4. reduce-scatter: rank r receives the sum over all chunks of the partial output of its own
+//      rows  [b, N];
+//   5. the bias, which every rank holds whole, is added once.
+// Backward runs it back: the reduce-scatter's adjoint all-gathers dy, dW_c = sum over blocks
+// needs no communication, the input gradients of the blocks go back by the reverse all-to-all,
+// and db (each rank's own rows only) is all-reduced, as DDP would for a replicated parameter.
+//
+// Per rank, with element size e: all-to-all K*b*e forward and n*K_c*b*e backward,
+// reduce-scatter n*b*N*e, all-gather n*b*N*e, all-reduce N*e.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "harness/autograd_comm.h"
+#include "harness/registry.h"
+#include "strategies/sharding/sharded_tensor_common.h"
+
+namespace sb::strategies {
+namespace {
+
+using harness::chunkOfRank;
+using harness::chunkOffsets;
+using harness::chunkSizes;
+using harness::Collective;
+using reference::LinearShape;
+
+class RowwiseStrategy;
+
+class RowwiseExecutor final : public harness::RankExecutor {
+ public:
+  RowwiseExecutor(const RowwiseStrategy& s, const harness::CaseSpec& c) : strategy_(s), case_(c) {}
+  void prepare(harness::RankContext& ctx, const reference::WorkloadData& data) override;
+  void step(harness::RankContext& ctx) override;
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+
+ private:
+  const RowwiseStrategy& strategy_;
+  const harness::CaseSpec& case_;
+  int n_ = 0;
+  int64_t b_ = 0;
+  std::vector<int64_t> inputShape_, outputShape_;
+  std::vector<int64_t> sendRows_;  // features sent to each rank
+  at::Tensor featureOrder_;        // chunk order -> rank-order blocks; undefined if identity
+  at::Tensor x_, w_, bias_, gradOut_;
+  harness::Communicator* world_ = nullptr;
+  std::map<std::string, at::Tensor> results_;
+};
+
+class RowwiseStrategy final : public ShardedTensorLinearStrategy {
+ public:
+  RowwiseStrategy(std::vector<int> placements, PlantedFault fault, const std::string& prefix)
+      : ShardedTensorLinearStrategy("rowwise", 1, std::move(placements), fault, prefix) {}
+
+  nlohmann::json communication() const override {
+    return nlohmann::json::array(
+        {{{"phase", "forward"}, {"collective", "all_to_all"}, {"operand", "input features"}},
+         {{"phase", "forward"}, {"collective", "reduce_scatter"}, {"operand", "partial outputs"}},
+         {{"phase", "backward"}, {"collective", "all_gather"}, {"operand", "grad_output"}},
+         {{"phase", "backward"}, {"collective", "all_to_all"}, {"operand", "grad_input features"}},
+         {{"phase", "backward"}, {"collective", "all_reduce"}, {"operand", "grad_bias"}}});
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
+    return std::make_unique<RowwiseExecutor>(*this, c);
+  }
+
+  harness::CommStats predictComm(const harness::CaseSpec& c, int rank) const override {
+    const auto s = LinearShape::parse(c.shape);
+    const int n = static_cast<int>(c.mesh[0]);
+    const int64_t e = c10::elementSize(c.dtype);
+    const int64_t b = localRows(s, n);
+    const int64_t kc = chunkSizes(s.inFeatures, n)[chunkOfRank(placements(n), rank)];
+    const auto bytes = [&](int64_t elems) { return n > 1 ? elems * e : 0; };
+    harness::CommStats p;
+    p.add(Collective::kAllToAll, bytes(s.inFeatures * b));
+    p.add(Collective::kReduceScatter, bytes(n * b * s.outFeatures));
+    p.add(Collective::kAllGather, bytes(n * b * s.outFeatures));
+    p.add(Collective::kAllToAll, bytes(n * kc * b));
+    if (s.bias) p.add(Collective::kAllReduce, bytes(s.outFeatures));
+    return p;
+  }
+};
+
+void RowwiseExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData& data) {
+  const auto s = LinearShape::parse(case_.shape);
+  n_ = ctx.mesh().size();
+  const int r = ctx.rank();
+  b_ = ShardedTensorLinearStrategy::localRows(s, n_);
+  const auto place = strategy_.placements(n_);
+  const int chunk = chunkOfRank(place, r);
+  const auto sizes = chunkSizes(s.inFeatures, n_);
+  const auto offsets = chunkOffsets(s.inFeatures, n_);
+
+  inputShape_ = harness::chunkBox(s.input, 0, n_, r).length;
+  outputShape_ = harness::chunkBox(s.output(), 0, n_, r).length;
+  x_ = harness::sliceBox(data.inputs.at("input"), harness::chunkBox(s.input, 0, n_, r))
+           .reshape({b_, s.inFeatures})
+           .clone()
+           .set_requires_grad(true);
+  w_ = data.inputs.at("weight").narrow(1, offsets[chunk], sizes[chunk]).clone().set_requires_grad(true);
+  if (s.bias) bias_ = data.inputs.at("bias").clone().set_requires_grad(true);
+  gradOut_ = harness::sliceBox(data.inputs.at("grad_output"), harness::chunkBox(s.output(), 0, n_, r))
+                 .clone();
+
+  // Rank d must receive the features of its chunk place^-1(d); blocks go out in rank order.
+  sendRows_.resize(n_);
+  bool rankOrder = true;
+  for (int dst = 0; dst < n_; ++dst) sendRows_[dst] = sizes[chunkOfRank(place, dst)];
+  for (int i = 0; i < n_; ++i) rankOrder = rankOrder && place[i] == i;
+  if (!rankOrder && strategy_.fault() != PlantedFault::kIgnorePlacements) {
+    std::vector<int64_t> order;
+    for (int dst = 0; dst < n_; ++dst) {
+      const int c = chunkOfRank(place, dst);
+      for (int64_t k = 0; k < sizes[c]; ++k) order.push_back(offsets[c] + k);
+    }
+    featureOrder_ = at::tensor(order, at::kLong);
+  }
+  world_ = &ctx.world();
+}
+
+void RowwiseExecutor::step(harness::RankContext&) {
+  results_.clear();
+  x_.mutable_grad().reset();
+  w_.mutable_grad().reset();
+  if (bias_.defined()) bias_.mutable_grad().reset();
+
+  at::Tensor xt = x_.t();  // [K, b]
+  if (featureOrder_.defined()) xt = xt.index_select(0, featureOrder_);
+  const int64_t kc = w_.size(1);
+  at::Tensor got = harness::allToAllFwdAllToAllBwd(xt.contiguous(), *world_, sendRows_,
+                                                   std::vector<int64_t>(n_, kc));  // [n*K_c, b]
+  // Block s: rank s's rows restricted to my features, as [b, K_c].
+  at::Tensor blocks = got.reshape({n_, kc, b_}).permute({0, 2, 1}).reshape({n_ * b_, kc});
+  at::Tensor partial = at::matmul(blocks, w_.t());  // [n*b, N]
+  at::Tensor y = harness::reduceScatterFwdAllGatherBwd(partial, *world_,
+                                                       std::vector<int64_t>(n_, b_));  // [b, N]
+  if (bias_.defined()) y = y + harness::identityFwdAllReduceBwd(bias_, *world_);
+  y = y.reshape(outputShape_);
+  torch::autograd::backward({y}, {gradOut_});
+
+  results_["output"] = y.detach();
+  results_["grad_input"] = x_.grad().reshape(inputShape_);
+  results_["grad_weight"] = w_.grad();
+  if (bias_.defined()) results_["grad_bias"] = bias_.grad();
+}
+
+}  // namespace
+
+std::unique_ptr<harness::Strategy> makeShardedTensorRowwise(std::vector<int> placements,
+                                                            PlantedFault fault,
+                                                            const std::string& idPrefix) {
+  return std::make_unique<RowwiseStrategy>(std::move(placements), fault, idPrefix);
+}
+
+namespace {
+std::vector<std::unique_ptr<harness::Strategy>> registerRowwise() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  out.push_back(makeShardedTensorRowwise({}));
+  out.push_back(makeShardedTensorRowwise({2, 0, 3, 1}));
+  return out;
+}
+}  // namespace
+}  // namespace sb::strategies
+
+SB_REGISTER_STRATEGIES(sb::strategies::registerRowwise);
