@@ -1,6 +1,7 @@
 #include "harness/memory.h"
 
 #include <mutex>
+#include <unordered_map>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -10,38 +11,50 @@ namespace {
 
 thread_local int tBucket = MemoryTracker::kUnattributed;
 
-// What the tracking allocator hands out as the DataPtr context: the wrapped allocation and
-// the bucket and size to give back on free.
-struct TrackedAllocation {
-  c10::DataPtr inner;
+// Which bucket and how many bytes each live allocation was counted as. ATen frees some buffers
+// through the allocator's raw deleter with nothing but the pointer (and asserts that a DataPtr's
+// context is its data), so the bookkeeping is keyed by the pointer rather than carried in a
+// context object.
+struct LiveAllocation {
   int bucket;
   int64_t bytes;
 };
+std::mutex gLiveMutex;
+std::unordered_map<void*, LiveAllocation>& liveAllocations() {
+  static auto* live = new std::unordered_map<void*, LiveAllocation>();  // outlives static dtors
+  return *live;
+}
+c10::Allocator* gBase = nullptr;
 
-void deleteTracked(void* ctx) {
-  auto* a = static_cast<TrackedAllocation*>(ctx);
-  MemoryTracker::instance().freed(a->bucket, a->bytes);
-  delete a;  // frees the wrapped allocation through its own deleter
+void deleteTracked(void* ptr) {
+  if (ptr == nullptr) return;
+  LiveAllocation a{MemoryTracker::kUnattributed, 0};
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    auto it = liveAllocations().find(ptr);
+    if (it != liveAllocations().end()) {
+      a = it->second;
+      liveAllocations().erase(it);
+    }
+  }
+  MemoryTracker::instance().freed(a.bucket, a.bytes);
+  gBase->raw_deleter()(ptr);
 }
 
 class TrackingCpuAllocator final : public c10::Allocator {
  public:
-  explicit TrackingCpuAllocator(c10::Allocator* base) : base_(base) {}
-
   c10::DataPtr allocate(size_t n) const override {
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
+    void* data = gBase->raw_allocate(n);
     const int bucket = MemoryTracker::threadBucket();
-    auto* ctx = new TrackedAllocation{std::move(inner), bucket, static_cast<int64_t>(n)};
+    if (data != nullptr) {
+      std::lock_guard<std::mutex> lock(gLiveMutex);
+      liveAllocations()[data] = {bucket, static_cast<int64_t>(n)};
+    }
     MemoryTracker::instance().allocated(bucket, static_cast<int64_t>(n));
-    return {data, ctx, &deleteTracked, device};
+    return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-
- private:
-  c10::Allocator* base_;
+  c10::DeleterFnPtr raw_deleter() const override { return &deleteTracked; }
 };
 
 }  // namespace
@@ -54,7 +67,10 @@ MemoryTracker& MemoryTracker::instance() {
 void MemoryTracker::install() {
   static std::once_flag once;
   std::call_once(once, [this] {
-    static TrackingCpuAllocator allocator(c10::GetDefaultCPUAllocator());
+    gBase = c10::GetDefaultCPUAllocator();
+    TORCH_INTERNAL_ASSERT(gBase->raw_deleter() != nullptr,
+                          "the default CPU allocator has no raw deleter to wrap");
+    static TrackingCpuAllocator allocator;
     // Highest priority, so nothing installed later at a default priority replaces it.
     c10::SetCPUAllocator(&allocator, /*priority=*/255);
     installed_.store(true);

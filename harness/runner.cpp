@@ -47,7 +47,7 @@ Verification verify(const CaseSpec& c, const reference::WorkloadData& data,
   const int n = static_cast<int>(results.size());
   for (const auto& name : data.checked) {
     const at::Tensor& full = data.expected.at(name);
-    const Tolerance tol = strategy.tolerance(name, c);
+    const Tolerance tol = strategy.tolerance(name, c, full);
     at::Tensor covered = at::zeros(full.sizes(), at::kBool);
     for (int r = 0; r < n; ++r) {
       const Box box = strategy.resultBox(name, c, r);
@@ -93,6 +93,7 @@ nlohmann::json checksToJson(const Verification& v) {
     j["max_rel_err"] = std::isfinite(c.maxRelErr) ? nlohmann::json(c.maxRelErr)
                                                   : nlohmann::json(std::to_string(c.maxRelErr));
     j["worst_index"] = c.worstIndex;
+    j["tolerance"] = c.tolerance;
     if (!c.problem.empty()) j["problem"] = c.problem;
     arr.push_back(j);
   }
@@ -220,7 +221,8 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
   }
   rec.details["case"] = strategy.caseDetails(c);
   {
-    const Tolerance tol = strategy.tolerance(data.checked.front(), c);
+    const std::string& first = data.checked.front();
+    const Tolerance tol = strategy.tolerance(first, c, data.expected.at(first));
     rec.atol = tol.atol;
     rec.rtol = tol.rtol;
     rec.tolerance = tol.toString();

@@ -82,8 +82,10 @@ class Strategy {
   virtual std::optional<int64_t> predictPeakMemory(const CaseSpec& c, int rank) const {
     return std::nullopt;
   }
-  // Tolerance for `tensor`; defaults to the dtype's (bitwise in exact-inputs mode).
-  virtual Tolerance tolerance(const std::string& tensor, const CaseSpec& c) const;
+  // Tolerance for `tensor`, whose full reference value is `expected`; defaults to the dtype's
+  // (bitwise in exact-inputs mode). An override must say why in Tolerance::reason.
+  virtual Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
+                              const at::Tensor& expected) const;
   // Case-specific details for the record (e.g. sharding sequences at the case's shape).
   virtual nlohmann::json caseDetails(const CaseSpec& c) const { return nlohmann::json::object(); }
 

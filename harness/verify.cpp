@@ -55,6 +55,7 @@ TensorCheck checkTensor(const std::string& tensor, int rank, const at::Tensor& a
   c.tensor = tensor;
   c.rank = rank;
   c.numel = expected.numel();
+  c.tolerance = tol.toString();
   if (!actual.defined()) {
     c.problem = "missing (the executor returned no such tensor)";
     c.mismatches = c.numel;

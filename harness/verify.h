@@ -33,6 +33,7 @@ struct TensorCheck {
   std::vector<int64_t> worstIndex;  // in the full tensor's coordinates
   double worstActual = 0;
   double worstExpected = 0;
+  std::string tolerance;  // what it was compared with, e.g. "rtol=1.3e-06 atol=1e-05"
   std::string problem;  // set when the tensor could not be compared at all (missing, shape)
 
   bool passed() const { return problem.empty() && mismatches == 0; }

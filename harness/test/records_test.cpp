@@ -1,1 +1,145 @@
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/records.h"
+
+namespace sb::harness {
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A small RFC 4180 reader, written here independently of the writer.
+std::vector<std::string> parseCsvLine(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (quoted) {
+      if (ch == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cur += '"';
+        ++i;
+      } else if (ch == '"') {
+        quoted = false;
+      } else {
+        cur += ch;
+      }
+    } else if (ch == '"') {
+      quoted = true;
+    } else if (ch == ',') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::string tempDir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("sb_records_" + name + "_" +
+                                                       std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+TEST(Records, TheCsvHeaderHasEveryColumnTheIssueNamesInItsSpelling) {
+  // Copied from the walking-skeleton issue's list, not from the writer.
+  const std::vector<std::string> required = {
+      "schema_version", "run_id", "git_sha", "timestamp_utc", "host", "device", "torch_version",
+      "backend", "world_size", "mesh", "suite", "case", "workload", "shape", "dtype", "family",
+      "strategy_id", "strategy", "status", "max_abs_err", "max_rel_err", "mismatches", "atol",
+      "rtol", "time_us_median", "time_us_mean", "time_us_stddev", "time_us_min", "repetitions",
+      "peak_mem_bytes", "predicted_mem_bytes", "comm_bytes", "predicted_comm_bytes", "message"};
+  const auto& cols = csvColumns();
+  for (const auto& r : required) {
+    EXPECT_NE(std::find(cols.begin(), cols.end(), r), cols.end()) << "missing column " << r;
+  }
+}
+
+TEST(Records, FieldsWithCommasQuotesAndNewlinesSurviveARoundTrip) {
+  Record r;
+  r.caseName = "a,b";
+  r.strategyId = "sharding/linear/sharded_tensor/colwise/placements=2,0,3,1";
+  r.message = "he said \"no\",\nthen left";
+  r.status = Status::kFail;
+  r.maxAbsErr = 0.5;
+  const auto fields = parseCsvLine(csvRow(r));
+  const auto& cols = csvColumns();
+  ASSERT_EQ(fields.size(), cols.size());
+  auto col = [&](const std::string& name) {
+    return fields[std::find(cols.begin(), cols.end(), name) - cols.begin()];
+  };
+  EXPECT_EQ(col("case"), "a,b");
+  EXPECT_EQ(col("strategy_id"), r.strategyId);
+  EXPECT_EQ(col("message"), "he said \"no\", then left");
+  EXPECT_EQ(col("status"), "fail");
+  EXPECT_EQ(col("max_abs_err"), "0.5");
+  EXPECT_EQ(col("time_us_median"), "");  // not timed: empty, not zero
+}
+
+TEST(Records, TheWriterRewritesBothFilesCompletelyAfterEveryRecord) {
+  const std::string dir = tempDir("writer");
+  ResultWriter w(dir, {{"suite", "t"}});
+  EXPECT_EQ(slurp(w.csvPath()).find('\n'), slurp(w.csvPath()).size() - 1);  // header only
+  for (int i = 0; i < 3; ++i) {
+    Record r;
+    r.caseName = "case" + std::to_string(i);
+    r.status = Status::kPass;
+    w.add(r);
+    std::istringstream csv(slurp(w.csvPath()));
+    std::string line;
+    int lines = 0;
+    while (std::getline(csv, line)) ++lines;
+    EXPECT_EQ(lines, i + 2);
+    const auto j = nlohmann::json::parse(slurp(w.jsonPath()));
+    EXPECT_EQ(j["records"].size(), static_cast<size_t>(i + 1));
+    EXPECT_EQ(j["records"][i]["case"], r.caseName);
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos)
+        << "left a temporary behind: " << entry.path();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Records, AnUnwritableDirectoryIsAClearError) {
+  try {
+    ResultWriter w("/proc/stratbench-cannot-write-here", {});
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/proc/stratbench-cannot-write-here"), std::string::npos);
+  }
+}
+
+TEST(Records, NonFiniteNumbersAreWrittenAsTextInJson) {
+  Record r;
+  r.maxAbsErr = std::numeric_limits<double>::infinity();
+  const auto j = r.toJson();
+  EXPECT_EQ(j["max_abs_err"], "inf");
+  EXPECT_NO_THROW(nlohmann::json::parse(j.dump()));
+}
+
+TEST(TimingStats, SummaryOfKnownSamples) {
+  const auto t = TimingStats::fromSamples({4, 1, 3, 2}, 7);
+  EXPECT_DOUBLE_EQ(t.medianUs, 2.5);
+  EXPECT_DOUBLE_EQ(t.meanUs, 2.5);
+  EXPECT_DOUBLE_EQ(t.minUs, 1);
+  EXPECT_DOUBLE_EQ(t.maxUs, 4);
+  EXPECT_NEAR(t.stddevUs, 1.2909944487, 1e-9);  // sqrt(5/3)
+  EXPECT_EQ(t.samplesUs, (std::vector<double>{4, 1, 3, 2}));  // kept in run order
+}
+
+}  // namespace
+}  // namespace sb::harness

@@ -1,1 +1,102 @@
+// Every registered Linear sharding strategy, run through the runner on the threads mesh, must
+// pass against the LibTorch reference on output and every gradient, with the communication it
+// predicts.
+
 #include <gtest/gtest.h>
+
+#include "harness/registry.h"
+#include "strategies/test/test_util.h"
+
+namespace sb::strategies {
+namespace {
+
+struct Param {
+  std::string strategyId;
+  std::vector<int64_t> input;
+  int64_t out;
+  std::vector<int64_t> mesh;
+  bool exact;
+};
+
+std::vector<Param> allParams() {
+  struct Shape {
+    std::vector<int64_t> input;
+    int64_t out;
+    std::vector<int64_t> mesh;
+  };
+  const std::vector<Shape> shapes = {{{4, 4, 4, 16}, 32, {2, 2}},
+                                     {{64, 16}, 32, {2, 2}},
+                                     {{4, 4, 4, 16}, 32, {4}},
+                                     {{8, 16}, 13, {4}},   // 13 weight rows over 4 ranks
+                                     {{8, 13}, 16, {4}}};  // 13 weight columns over 4 ranks
+  std::vector<Param> out;
+  for (const auto* s : harness::StrategyRegistry::global().all()) {
+    for (const auto& sh : shapes) {
+      const auto c = test::linearCase(sh.input, sh.out, sh.mesh);
+      if (s->applies(c).kind != harness::Applicability::Kind::kApplies) continue;
+      for (bool exact : {false, true}) out.push_back({s->id(), sh.input, sh.out, sh.mesh, exact});
+    }
+  }
+  return out;
+}
+
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << p.strategyId << (p.exact ? " exact" : " random");
+}
+
+class LinearSharding : public ::testing::TestWithParam<Param> {};
+
+TEST_P(LinearSharding, MatchesTheReferenceWithThePredictedCommunication) {
+  const Param& p = GetParam();
+  const auto* s = harness::StrategyRegistry::global().find(p.strategyId);
+  ASSERT_NE(s, nullptr);
+  const auto c = test::linearCase(p.input, p.out, p.mesh, p.exact);
+  const auto rec = test::run(c, *s);
+  EXPECT_EQ(rec.status, harness::Status::kPass) << rec.message;
+  EXPECT_EQ(*rec.mismatches, 0);
+  if (p.exact) EXPECT_EQ(*rec.maxAbsErr, 0.0) << "exact inputs must compare bitwise";
+  EXPECT_EQ(*rec.commBytes, *rec.predictedCommBytes);
+  ASSERT_TRUE(rec.timing.has_value());
+  EXPECT_GT(rec.timing->medianUs, 0);
+  EXPECT_GT(*rec.peakMemBytes, 0);
+  // Every rank's every tensor was compared.
+  const size_t tensors = 4 * c.meshSize();
+  EXPECT_EQ(rec.details["tensors"].size(), tensors);
+}
+
+std::string name(const ::testing::TestParamInfo<Param>& info) {
+  std::string s;
+  for (char ch : info.param.strategyId.substr(std::string("sharding/linear/").size())) {
+    s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  }
+  s += "_in";
+  for (auto d : info.param.input) s += "_" + std::to_string(d);
+  s += "_out" + std::to_string(info.param.out) + "_mesh";
+  for (auto d : info.param.mesh) s += "_" + std::to_string(d);
+  return s + (info.param.exact ? "_exact" : "_random");
+}
+
+INSTANTIATE_TEST_SUITE_P(Registered, LinearSharding, ::testing::ValuesIn(allParams()), name);
+
+TEST(LinearSharding, CoversEveryRegisteredStrategy) {
+  std::set<std::string> covered;
+  for (const auto& p : allParams()) covered.insert(p.strategyId);
+  for (const auto* s : harness::StrategyRegistry::global().all()) {
+    EXPECT_TRUE(covered.count(s->id())) << s->id() << " is never tested";
+  }
+}
+
+TEST(LinearSharding, WorksInDoublePrecisionAndBFloat16) {
+  for (auto dtype : {at::kDouble, at::kBFloat16}) {
+    auto c = test::linearCase({4, 4, 4, 16}, 32, {2, 2});
+    c.dtype = dtype;
+    for (const char* id : {"sharding/linear/S0R=S0S1.S1R/1", "sharding/linear/RR=RS01.S01R"}) {
+      const auto rec = test::run(c, *harness::StrategyRegistry::global().find(id));
+      EXPECT_EQ(rec.status, harness::Status::kPass) << id << " " << c10::toString(dtype) << ": "
+                                                    << rec.message;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sb::strategies

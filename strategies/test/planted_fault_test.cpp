@@ -1,1 +1,217 @@
+// Deliberately wrong executors must be reported as `fail` (or `error`), never `pass`; and
+// bad requests must be rejected before anything runs.
+
 #include <gtest/gtest.h>
+
+#include "harness/registry.h"
+#include "strategies/sharding/linear_strategies.h"
+#include "strategies/test/test_util.h"
+
+namespace sb::strategies {
+namespace {
+
+using harness::Status;
+
+LinearMeshSpec specNamed(const std::string& name) {
+  for (const auto& s : linearMeshSpecs()) {
+    if (s.name == name) return s;
+  }
+  ADD_FAILURE() << "no spec " << name;
+  return {};
+}
+
+TEST(PlantedFault, AMissingForwardAllReduceFails) {
+  // SR = SS x SR splits the contraction over axis 1: without the all-reduce each rank's output
+  // holds only its partial sum.
+  auto bad = makeLinearMeshStrategy(specNamed("S0R = S0S1 x S1R"), 1,
+                                    PlantedFault::kSkipForwardAllReduce, "test/");
+  const auto rec = test::run(test::linearCase({4, 4, 4, 16}, 32, {2, 2}), *bad);
+  EXPECT_EQ(rec.status, Status::kFail) << rec.message;
+  EXPECT_GT(*rec.mismatches, 0);
+  EXPECT_NE(rec.message.find("output@rank"), std::string::npos) << rec.message;
+}
+
+TEST(PlantedFault, AMissingForwardAllReduceFailsOnTheCommunicationCountEvenWhereNumericsCouldHide) {
+  // Exact inputs, 1-D row split: the numerics fail, and the communication check would too.
+  auto bad = makeLinearMeshStrategy(specNamed("RR = RS0 x S0R"), -1,
+                                    PlantedFault::kSkipForwardAllReduce, "test/");
+  const auto rec = test::run(test::linearCase({8, 16}, 8, {4}, /*exact=*/true), *bad);
+  EXPECT_EQ(rec.status, Status::kFail) << rec.message;
+  EXPECT_NE(*rec.commBytes, *rec.predictedCommBytes);
+}
+
+TEST(PlantedFault, AWrongShardOffsetFails) {
+  for (int dim : {0, 1, 2}) {
+    auto bad = makeLinearMeshStrategy(specNamed("S0S1 = S0R x RS1"), dim,
+                                      PlantedFault::kShardOffsetOffByOne, "test/");
+    const auto rec = test::run(test::linearCase({4, 4, 4, 16}, 32, {2, 2}), *bad);
+    EXPECT_EQ(rec.status, Status::kFail) << "batch dim " << dim << ": " << rec.message;
+    EXPECT_GT(*rec.mismatches, 0);
+  }
+}
+
+TEST(PlantedFault, AWrongPlacementOrderFailsForColwiseAndRowwise) {
+  const std::vector<int> placements = {2, 0, 3, 1};
+  auto col = makeShardedTensorColwise(placements, PlantedFault::kIgnorePlacements, "test/");
+  auto row = makeShardedTensorRowwise(placements, PlantedFault::kIgnorePlacements, "test/");
+  const auto colRec = test::run(test::linearCase({8, 16}, 13, {4}), *col);
+  EXPECT_EQ(colRec.status, Status::kFail) << colRec.message;
+  const auto rowRec = test::run(test::linearCase({8, 13}, 16, {4}), *row);
+  EXPECT_EQ(rowRec.status, Status::kFail) << rowRec.message;
+  // The same faults are harmless, and so must pass, where placements are in rank order.
+  auto colOk = makeShardedTensorColwise({0, 1, 2, 3}, PlantedFault::kIgnorePlacements, "test/");
+  EXPECT_EQ(test::run(test::linearCase({8, 16}, 13, {4}), *colOk).status, Status::kPass);
+}
+
+// An executor that keeps state across steps: its gradients accumulate, so the first step is
+// right and every later one is wrong. The check after the timed steps must catch it.
+class AccumulatingStrategy final : public harness::Strategy {
+ public:
+  explicit AccumulatingStrategy(std::unique_ptr<harness::Strategy> inner)
+      : Strategy("test/accumulating", "accumulating", harness::Family::kSharding),
+        inner_(std::move(inner)) {}
+  harness::Applicability applies(const harness::CaseSpec& c) const override {
+    return inner_->applies(c);
+  }
+  harness::Box resultBox(const std::string& t, const harness::CaseSpec& c, int r) const override {
+    return inner_->resultBox(t, c, r);
+  }
+  harness::CommStats predictComm(const harness::CaseSpec& c, int r) const override {
+    return inner_->predictComm(c, r);
+  }
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
+    class Exec final : public harness::RankExecutor {
+     public:
+      explicit Exec(std::unique_ptr<harness::RankExecutor> e) : e_(std::move(e)) {}
+      void prepare(harness::RankContext& ctx, const reference::WorkloadData& d) override {
+        e_->prepare(ctx, d);
+      }
+      void step(harness::RankContext& ctx) override {
+        e_->step(ctx);
+        auto r = e_->results();
+        if (steps_++ > 1) r["grad_weight"] = r["grad_weight"] * 2;  // leaks after step 2
+        results_ = r;
+      }
+      std::map<std::string, at::Tensor> results() const override { return results_; }
+
+     private:
+      std::unique_ptr<harness::RankExecutor> e_;
+      std::map<std::string, at::Tensor> results_;
+      int steps_ = 0;
+    };
+    return std::make_unique<Exec>(inner_->makeExecutor(c));
+  }
+
+ private:
+  std::unique_ptr<harness::Strategy> inner_;
+};
+
+TEST(PlantedFault, StateLeakingIntoTheTimedStepsFails) {
+  AccumulatingStrategy bad(makeLinearMeshStrategy(specNamed("RR = RR x RR"), -1));
+  auto c = test::linearCase({8, 16}, 8, {2});
+  const auto rec = test::run(c, bad);
+  EXPECT_EQ(rec.status, Status::kFail) << rec.message;
+  EXPECT_NE(rec.message.find("changed during the timed steps"), std::string::npos)
+      << rec.message;
+}
+
+TEST(PlantedFault, AnExecutorThatThrowsIsAnErrorNamingTheRank) {
+  class Throwing final : public harness::Strategy {
+   public:
+    Throwing() : Strategy("test/throws", "throws", harness::Family::kSharding) {}
+    harness::Applicability applies(const harness::CaseSpec&) const override {
+      return harness::Applicability::yes();
+    }
+    harness::Box resultBox(const std::string&, const harness::CaseSpec&, int) const override {
+      return {};
+    }
+    harness::CommStats predictComm(const harness::CaseSpec&, int) const override { return {}; }
+    std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec&) const override {
+      class Exec final : public harness::RankExecutor {
+        void prepare(harness::RankContext& ctx, const reference::WorkloadData&) override {
+          TORCH_CHECK(ctx.rank() != 1, "cannot shard on purpose");
+          at::Tensor t = at::ones({1});
+          ctx.world().allReduce(t);
+        }
+        void step(harness::RankContext&) override {}
+        std::map<std::string, at::Tensor> results() const override { return {}; }
+      };
+      return std::make_unique<Exec>();
+    }
+  } bad;
+  const auto rec = test::run(test::linearCase({8, 16}, 8, {4}), bad);
+  EXPECT_EQ(rec.status, Status::kError);
+  EXPECT_NE(rec.message.find("rank 1"), std::string::npos) << rec.message;
+  EXPECT_NE(rec.message.find("cannot shard on purpose"), std::string::npos) << rec.message;
+}
+
+// planSuite: bad requests are rejected before any result is written.
+harness::Suite suiteWith(std::vector<std::string> strategies, std::vector<int64_t> input = {4, 16},
+                         std::vector<int64_t> mesh = {2, 2}) {
+  harness::Suite s;
+  s.name = "t";
+  s.file = "t.yaml";
+  auto c = test::linearCase(std::move(input), 8, std::move(mesh));
+  c.strategies = std::move(strategies);
+  c.line = 3;
+  c.file = "t.yaml";
+  s.cases.push_back(c);
+  return s;
+}
+
+std::string planError(const harness::Suite& s, const harness::RunOptions& o = {}) {
+  try {
+    harness::planSuite(s, o);
+  } catch (const harness::InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PlanSuite, AnUnknownStrategyIdIsRejectedWithItsCase) {
+  const auto e = planError(suiteWith({"sharding/linear/S9S9"}));
+  EXPECT_NE(e.find("t.yaml:3"), std::string::npos) << e;
+  EXPECT_NE(e.find("'sharding/linear/S9S9' is neither a strategy id nor a pattern"),
+            std::string::npos)
+      << e;
+}
+
+TEST(PlanSuite, AFilterThatSelectsNothingIsRejected) {
+  harness::RunOptions o;
+  o.filter = "no-such-strategy";
+  EXPECT_NE(planError(suiteWith({"sharding/.*"}), o).find("selects no strategy"),
+            std::string::npos);
+  o.filter = "([";
+  EXPECT_NE(planError(suiteWith({"sharding/.*"}), o).find("not a valid regular expression"),
+            std::string::npos);
+}
+
+TEST(PlanSuite, AMeshThatIsNotTheWorldSizeIsRejected) {
+  harness::RunOptions o;
+  o.worldSize = 8;
+  const auto e = planError(suiteWith({"sharding/.*"}), o);
+  EXPECT_NE(e.find("mesh 2x2 (4 ranks) but the world size is 8"), std::string::npos) << e;
+}
+
+TEST(PlanSuite, AStrategyNamedByIdThatCannotShardTheShapeSaysWhichDimension) {
+  const auto e = planError(suiteWith({"sharding/linear/S01R=S01R.RR/0"}, {2, 16}));
+  EXPECT_NE(e.find("input dimension 0 has size 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not split evenly into 4 shards"), std::string::npos) << e;
+}
+
+TEST(PlanSuite, APatternRecordsShapesItCannotShardAsUnsupportedRows) {
+  const auto plan = harness::planSuite(suiteWith({"sharding/linear/S01R.*"}, {2, 16}), {});
+  ASSERT_EQ(plan.size(), 1u);
+  ASSERT_EQ(plan[0].strategies.size(), 1u);  // only /0 exists for a 2-D input
+  EXPECT_EQ(plan[0].strategies[0].applicability.kind,
+            harness::Applicability::Kind::kUnsupported);
+}
+
+TEST(PlanSuite, AnUnknownBackendIsRejected) {
+  harness::RunOptions o;
+  o.backend = "mpi";
+  EXPECT_NE(planError(suiteWith({"sharding/.*"}), o).find("backend 'mpi'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sb::strategies

@@ -1,1 +1,109 @@
+// The registry holds every built-in strategy under the names the seeds use.
+
 #include <gtest/gtest.h>
+
+#include <set>
+
+#include "harness/registry.h"
+#include "strategies/test/test_util.h"
+
+namespace sb::strategies {
+namespace {
+
+using harness::Applicability;
+using harness::StrategyRegistry;
+
+// The 24 names ColossalAI's linear handler test asserts for input [4, 4, 4, 16] on a 2x2 mesh
+// (seed 000), copied from the seed.
+const std::vector<std::string> kSeedNames = {
+    "S0S1 = S0R x RS1_0", "S0S1 = S0R x RS1_1", "S0S1 = S0R x RS1_2", "S1S0 = S1R x RS0_0",
+    "S1S0 = S1R x RS0_1", "S1S0 = S1R x RS0_2", "S0R = S0S1 x S1R_0", "S0R = S0S1 x S1R_1",
+    "S0R = S0S1 x S1R_2", "S1R = S1S0 x S0R_0", "S1R = S1S0 x S0R_1", "S1R = S1S0 x S0R_2",
+    "RS0 = RS1 x S1S0",   "RS1 = RS0 x S0S1",   "RR = RS0 x S0R",     "RR = RS1 x S1R",
+    "RS0 = RR x RS0",     "RS1 = RR x RS1",     "S01R = S01R x RR_0", "S01R = S01R x RR_1",
+    "S01R = S01R x RR_2", "RR = RS01 x S01R",   "RS01 = RR x RS01",   "RR = RR x RR"};
+
+std::vector<const harness::Strategy*> selected(const harness::CaseSpec& c,
+                                               Applicability::Kind kind) {
+  std::vector<const harness::Strategy*> out;
+  for (const auto* s : StrategyRegistry::global().all()) {
+    if (s->applies(c).kind == kind) out.push_back(s);
+  }
+  return out;
+}
+
+std::set<std::string> names(const std::vector<const harness::Strategy*>& v) {
+  std::set<std::string> out;
+  for (const auto* s : v) out.insert(s->displayName());
+  return out;
+}
+
+TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
+  const auto all = StrategyRegistry::global().all();
+  std::set<std::string> ids;
+  for (const auto* s : all) EXPECT_TRUE(ids.insert(s->id()).second) << s->id();
+  // 24 from the 2-D generator (15 of them batch-split variants), 3 1-D data-parallel variants,
+  // 4 ShardedTensor strategies.
+  EXPECT_EQ(all.size(), 31u);
+}
+
+TEST(Registry, TheSeedsTwentyFourStrategiesApplyToInput4x4x4x16OnA2x2Mesh) {
+  const auto c = test::linearCase({4, 4, 4, 16}, 32, {2, 2});
+  const auto applies = selected(c, Applicability::Kind::kApplies);
+  EXPECT_EQ(names(applies), std::set<std::string>(kSeedNames.begin(), kSeedNames.end()));
+  EXPECT_EQ(applies.size(), 24u);
+}
+
+TEST(Registry, NineteenApplyToInput1x4x4x16AndTheFiveDim0SplitsAreUnsupported) {
+  const auto c = test::linearCase({1, 4, 4, 16}, 32, {2, 2});
+  EXPECT_EQ(selected(c, Applicability::Kind::kApplies).size(), 19u);
+  const auto unsupported = selected(c, Applicability::Kind::kUnsupported);
+  ASSERT_EQ(unsupported.size(), 5u);
+  for (const auto* s : unsupported) {
+    EXPECT_EQ(s->displayName().substr(s->displayName().size() - 2), "_0") << s->displayName();
+    EXPECT_NE(s->applies(c).reason.find("input dimension 0 has size 1"), std::string::npos);
+  }
+}
+
+TEST(Registry, FourteenApplyToA2DInput) {
+  const auto c = test::linearCase({64, 16}, 32, {2, 2});
+  const auto applies = selected(c, Applicability::Kind::kApplies);
+  EXPECT_EQ(applies.size(), 14u);
+  EXPECT_TRUE(selected(c, Applicability::Kind::kUnsupported).empty());
+}
+
+TEST(Registry, OnA1DMeshTheOneAxisStrategiesAndShardedTensorApply) {
+  const auto c = test::linearCase({4, 4, 4, 16}, 32, {4});
+  EXPECT_EQ(names(selected(c, Applicability::Kind::kApplies)),
+            (std::set<std::string>{"S0R = S0R x RR_0", "S0R = S0R x RR_1", "S0R = S0R x RR_2",
+                                   "RR = RS0 x S0R", "RS0 = RR x RS0", "RR = RR x RR",
+                                   "ShardedTensor colwise", "ShardedTensor rowwise",
+                                   "ShardedTensor colwise placements=[2,0,3,1]",
+                                   "ShardedTensor rowwise placements=[2,0,3,1]"}));
+}
+
+TEST(Registry, ListDescribesShardingSequencesForEveryOperand) {
+  const auto* s = StrategyRegistry::global().find("sharding/linear/S01R=S01R.RR/0");
+  ASSERT_NE(s, nullptr);
+  const auto d = s->describe();
+  EXPECT_EQ(d["sharding_sequences"]["input"],
+            (std::vector<std::string>{"S01", "R", "R", "R"}));
+  EXPECT_EQ(d["sharding_sequences"]["weight"], (std::vector<std::string>{"R", "R"}));
+  EXPECT_EQ(d["sharding_sequences"]["output"],
+            (std::vector<std::string>{"S01", "R", "R", "R"}));
+  // ColossalAI's consistency rules between operands hold for every 2-D strategy.
+  for (const auto* st : StrategyRegistry::global().matching("sharding/linear/[^s].*")) {
+    const auto seq = st->describe()["sharding_sequences"];
+    const auto in = seq["input"].get<std::vector<std::string>>();
+    const auto w = seq["weight"].get<std::vector<std::string>>();
+    const auto out = seq["output"].get<std::vector<std::string>>();
+    EXPECT_EQ(std::vector<std::string>(in.begin(), in.end() - 1),
+              std::vector<std::string>(out.begin(), out.end() - 1))
+        << st->id();
+    EXPECT_EQ(w[1], in.back()) << st->id();
+    EXPECT_EQ(w[0], out.back()) << st->id();
+  }
+}
+
+}  // namespace
+}  // namespace sb::strategies
