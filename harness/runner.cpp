@@ -112,6 +112,16 @@ nlohmann::json commToJson(const CommStats& s) {
 
 }  // namespace
 
+double timedStep(ThreadsWorld& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
+                 std::vector<double>& scratch) {
+  world.run([&](RankContext& ctx) {
+    const auto t0 = Clock::now();
+    execs[ctx.rank()]->step(ctx);
+    scratch[ctx.rank()] = std::chrono::duration<double>(Clock::now() - t0).count();
+  });
+  return *std::max_element(scratch.begin(), scratch.end());
+}
+
 Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,
                   const std::string& backend) {
   Record r;
@@ -298,16 +308,9 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
     rec.details["peak_mem_bytes_per_rank"] = peak;
 
     // Timing: the slowest rank's step time per iteration.
-    const auto timedStep = [&]() -> double {
-      world.run([&](RankContext& ctx) {
-        const auto t0 = Clock::now();
-        execs[ctx.rank()]->step(ctx);
-        stepSeconds[ctx.rank()] = std::chrono::duration<double>(Clock::now() - t0).count();
-      });
-      return *std::max_element(stepSeconds.begin(), stepSeconds.end());
-    };
     rec.timing = timeWithBenchmark(c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions,
-                                   c.minTimeSec, options.warmupSec, timedStep);
+                                   c.minTimeSec, options.warmupSec,
+                                   [&] { return timedStep(world, execs, stepSeconds); });
 
     // As nccl-tests does, the timed runs are verified too: the last timed step must still
     // give the reference results (catches state that leaks from step to step).

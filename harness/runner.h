@@ -53,6 +53,13 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
 int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
                std::ostream& out);
 
+class ThreadsWorld;
+
+// Runs one step on every rank and returns the slowest rank's seconds: the function the runner
+// hands to Google Benchmark. `scratch` holds per-rank times (sized to the world).
+double timedStep(ThreadsWorld& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
+                 std::vector<double>& scratch);
+
 // A record with every field the case and strategy determine, and status unsupported.
 Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,
                   const std::string& backend);

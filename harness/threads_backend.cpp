@@ -148,9 +148,13 @@ ThreadsWorld::ThreadsWorld(DeviceMesh mesh, ThreadsOptions options)
   for (int r = 0; r < mesh_.size(); ++r) {
     TORCH_CHECK(mesh_.ranks()[r] == r, "the threads backend numbers ranks 0..n-1 in mesh order");
   }
-  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  // The ranks share the process's intra-op threads (OMP_NUM_THREADS or LibTorch's default).
+  // Switching the count is costly (OpenMP and BLAS rebuild their pools), so the calling thread
+  // switches once here and back in the destructor, and each worker once when it starts.
+  callerThreads_ = at::get_num_threads();
   intraOpThreads_ = options_.intraOpThreads > 0 ? options_.intraOpThreads
-                                                : std::max(1, hw / mesh_.size());
+                                                : std::max(1, callerThreads_ / mesh_.size());
+  if (intraOpThreads_ != callerThreads_) at::set_num_threads(intraOpThreads_);
   for (int r = 0; r < mesh_.size(); ++r) contexts_.push_back(std::make_unique<Context>(*this, r));
   for (int r = 1; r < mesh_.size(); ++r) workers_.emplace_back([this, r] { workerLoop(r); });
 }
@@ -162,6 +166,7 @@ ThreadsWorld::~ThreadsWorld() {
   }
   jobCv_.notify_all();
   for (auto& t : workers_) t.join();
+  if (intraOpThreads_ != callerThreads_) at::set_num_threads(callerThreads_);
 }
 
 void ThreadsWorld::resetStats() {
@@ -258,8 +263,6 @@ void ThreadsWorld::workerLoop(int rank) {
 }
 
 void ThreadsWorld::run(const std::function<void(RankContext&)>& fn) {
-  const int previousThreads = at::get_num_threads();
-  if (previousThreads != intraOpThreads_) at::set_num_threads(intraOpThreads_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_ = false;
@@ -279,7 +282,6 @@ void ThreadsWorld::run(const std::function<void(RankContext&)>& fn) {
     std::unique_lock<std::mutex> lock(mu_);
     doneCv_.wait(lock, [&] { return pending_ == 0; });
   }
-  if (previousThreads != intraOpThreads_) at::set_num_threads(previousThreads);
   if (!errors_.empty()) {
     // The root cause is the first error that is not another rank's reaction to the abort.
     auto first = errors_.front();

@@ -19,7 +19,7 @@ namespace sb::harness {
 struct ThreadsOptions {
   // A rank blocked in a collective longer than this aborts the run with an error naming it.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // Intra-op threads per rank; 0 picks max(1, hardware threads / world size).
+  // Intra-op threads per rank; 0 picks max(1, the process's intra-op threads / world size).
   int intraOpThreads = 0;
 };
 
@@ -66,6 +66,7 @@ class ThreadsWorld {
   DeviceMesh mesh_;
   ThreadsOptions options_;
   int intraOpThreads_;
+  int callerThreads_;
   std::vector<CommStats> stats_;
   std::vector<std::unique_ptr<Context>> contexts_;
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# End-to-end checks of the stratbench CLI: exit codes, messages, and that bad input leaves an
+# existing result file untouched. Usage: ci/cli_test.sh BUILD_DIR SOURCE_DIR
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+check() {  # check NAME EXPECTED_RC PATTERN -- command...
+  local name=$1 want=$2 pattern=$3
+  shift 4
+  "$@" >"$tmp/out" 2>&1
+  local rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    echo "FAIL $name: exit $rc, expected $want"; sed 's/^/    /' "$tmp/out" | tail -5
+    failures=$((failures + 1))
+  elif ! grep -qE -- "$pattern" "$tmp/out"; then
+    echo "FAIL $name: output lacks /$pattern/"; sed 's/^/    /' "$tmp/out" | tail -5
+    failures=$((failures + 1))
+  else
+    echo "ok   $name"
+    passes=$((passes + 1))
+  fi
+}
+
+# A small real run: every ShardedTensor strategy on the uneven 13-feature cases.
+check "run passes and writes results" 0 "total +[0-9]+ +0 +0 +0" -- \
+  "$sb" run "$src/suites/smoke.yaml" --filter sharded_tensor --out "$tmp/res" --repetitions 2
+rows=$(grep -c ',pass,' "$tmp/res/results.csv")
+[ "$rows" -ge 12 ] && echo "ok   results.csv has $rows pass rows" || { echo "FAIL results.csv pass rows: $rows"; failures=$((failures + 1)); }
+cp "$tmp/res/results.csv" "$tmp/before.csv"
+
+cat >"$tmp/bad.yaml" <<'YAML'
+cases:
+  - name: a
+    workload: linear
+    shape: {input: [4, 16], out_features: 8}
+    mesh: 2x2
+    strategie: [x]
+YAML
+check "malformed suite names file, line and key" 2 "bad.yaml:6: unknown key 'strategie'" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/res"
+cmp -s "$tmp/before.csv" "$tmp/res/results.csv" && echo "ok   bad input left results.csv untouched" || { echo "FAIL results.csv changed"; failures=$((failures + 1)); }
+check "filter selecting nothing" 2 "selects no strategy" -- \
+  "$sb" run "$src/suites/smoke.yaml" --filter nothing-matches-this --out "$tmp/res"
+check "mesh size not the world size" 2 "but the world size is 3" -- \
+  "$sb" run "$src/suites/smoke.yaml" --world-size 3 --out "$tmp/res"
+check "missing suite file" 2 "cannot read the suite file" -- "$sb" run "$tmp/none.yaml"
+check "unknown option" 2 "" -- "$sb" run "$src/suites/smoke.yaml" --bogus
+check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --filter 'S01R=S01R.RR/0'
+check "list --family" 0 "31 strategies" -- "$sb" list --family sharding
+cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || { echo "FAIL results.csv changed"; failures=$((failures + 1)); }
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]

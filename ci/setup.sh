@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Shared first step of ./run.sh and ./test.sh: installs whatever is missing from Debian's
+# packages, then configures (once) and builds into build/. Idempotent: with everything in
+# place it costs a dpkg query and a no-op ninja.
+#
+# Another LibTorch (e.g. a CUDA build inside PyTorch) is used when CMAKE_PREFIX_PATH points at
+# it: CMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)').
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake ninja-build ccache git pkg-config
+          libtorch-dev libgloo-dev libopenblas0-openmp
+          libbenchmark-dev libgtest-dev googletest
+          libyaml-cpp-dev nlohmann-json3-dev libcli11-dev)
+# Debian's LibTorch is only needed when no other LibTorch was given.
+if [ -n "${CMAKE_PREFIX_PATH:-}" ]; then
+  packages=("${packages[@]/libtorch-dev/}")
+  packages=("${packages[@]/libgloo-dev/}")
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  [ -z "$p" ] && continue
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+jobs=$(nproc)
+if [ ! -f build/build.ninja ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    ${CMAKE_PREFIX_PATH:+-DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH"} >/dev/null
+fi
+cmake --build build -j "$jobs"

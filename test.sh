@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up and build as ./run.sh does, then run every test through ctest.
+# Extra arguments go to ctest, e.g. ./test.sh -R PlantedFault.
+set -euo pipefail
+cd "$(dirname "$0")"
+ci/setup.sh
+cd build
+exec ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"
