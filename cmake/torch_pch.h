@@ -3,6 +3,6 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
-#include <torch/csrc/autograd/autograd.h>

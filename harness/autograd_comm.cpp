@@ -15,8 +15,7 @@ void saveComm(AutogradContext* ctx, Communicator& comm) {
   ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm));
 }
 Communicator& loadComm(AutogradContext* ctx) {
-  return *reinterpret_cast<Communicator*>(
-      static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+  return *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
 }
 
 struct IdentityFwdAllReduceBwd : torch::autograd::Function<IdentityFwdAllReduceBwd> {
@@ -51,8 +50,7 @@ struct AllGatherFwdReduceScatterBwd : torch::autograd::Function<AllGatherFwdRedu
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto rows = ctx->saved_data["rows"].toIntVector();
-    return {loadComm(ctx).reduceScatter(grads[0].contiguous(), rows), at::Tensor(),
-            at::Tensor()};
+    return {loadComm(ctx).reduceScatter(grads[0].contiguous(), rows), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -81,8 +79,8 @@ struct AllToAllFwdAllToAllBwd : torch::autograd::Function<AllToAllFwdAllToAllBwd
     const auto send = ctx->saved_data["send"].toIntVector();
     const auto recv = ctx->saved_data["recv"].toIntVector();
     // The gradient flows back the way the data came: what was received is sent back.
-    return {loadComm(ctx).allToAll(grads[0].contiguous(), recv, send), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    return {loadComm(ctx).allToAll(grads[0].contiguous(), recv, send), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 

@@ -15,18 +15,18 @@ namespace sb::harness {
 struct CaseSpec {
   std::string suite;
   std::string name;
-  std::string workload;         // a reference workload name, e.g. "linear"
-  nlohmann::json shape;         // the workload's shape parameters
+  std::string workload;  // a reference workload name, e.g. "linear"
+  nlohmann::json shape;  // the workload's shape parameters
   at::ScalarType dtype = at::kFloat;
   std::string device = "cpu";
-  std::vector<int64_t> mesh;    // e.g. {2, 2}
+  std::vector<int64_t> mesh;  // e.g. {2, 2}
   std::string backend = "threads";
   uint64_t seed = 0;
   reference::InputMode inputs = reference::InputMode::kRandom;
   int repetitions = 10;
-  double minTimeSec = 0.01;     // per repetition
+  double minTimeSec = 0.01;             // per repetition
   std::vector<std::string> strategies;  // ids or regular expressions (full match)
-  std::string file;             // where the case was read from, for messages
+  std::string file;                     // where the case was read from, for messages
   int line = 0;
 
   std::string where() const { return file + ":" + std::to_string(line); }

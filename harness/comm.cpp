@@ -9,12 +9,18 @@ namespace sb::harness {
 
 const char* collectiveName(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAllToAll: return "all_to_all";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kBarrier: return "barrier";
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllToAll:
+      return "all_to_all";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kBarrier:
+      return "barrier";
   }
   TORCH_INTERNAL_ASSERT(false, "unknown collective");
 }

@@ -45,8 +45,7 @@ struct ShardingSpec {
   std::optional<std::string> cannotShard(const std::string& tensor, at::IntArrayRef shape,
                                          const DeviceMesh& mesh) const;
   // The box `rank` holds. Throws (with cannotShard's reason) if the shape does not divide.
-  Box box(const std::string& tensor, at::IntArrayRef shape, const DeviceMesh& mesh,
-          int rank) const;
+  Box box(const std::string& tensor, at::IntArrayRef shape, const DeviceMesh& mesh, int rank) const;
 };
 
 // torch.chunk / ShardedTensor's ChunkShardingSpec sizes: every chunk holds ceil(n / parts)

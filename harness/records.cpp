@@ -94,11 +94,16 @@ nlohmann::json jopt(const std::optional<T>& v) {
 
 const char* statusName(Status s) {
   switch (s) {
-    case Status::kPass: return "pass";
-    case Status::kFail: return "fail";
-    case Status::kError: return "error";
-    case Status::kUnsupported: return "unsupported";
-    case Status::kSkipped: return "skipped";
+    case Status::kPass:
+      return "pass";
+    case Status::kFail:
+      return "fail";
+    case Status::kError:
+      return "error";
+    case Status::kUnsupported:
+      return "unsupported";
+    case Status::kSkipped:
+      return "skipped";
   }
   TORCH_INTERNAL_ASSERT(false, "unknown status");
 }
@@ -178,8 +183,8 @@ nlohmann::json Record::toJson() const {
     j["time_us_samples"] = timing->samplesUs;
     j["iterations_per_repetition"] = timing->iterations;
   } else {
-    for (const char* k : {"time_us_median", "time_us_mean", "time_us_stddev", "time_us_min",
-                          "time_us_max"}) {
+    for (const char* k :
+         {"time_us_median", "time_us_mean", "time_us_stddev", "time_us_min", "time_us_max"}) {
       j[k] = nullptr;
     }
     j["time_us_samples"] = nlohmann::json::array();
@@ -196,13 +201,25 @@ nlohmann::json Record::toJson() const {
 }
 
 const std::vector<std::string>& csvColumns() {
-  static const std::vector<std::string> cols = {
-      "schema_version", "run_id", "git_sha", "timestamp_utc", "host", "device",
-      "torch_version", "backend", "world_size", "mesh", "suite", "case", "workload", "shape",
-      "dtype", "inputs", "seed", "family", "strategy_id", "strategy", "status", "max_abs_err",
-      "max_rel_err", "mismatches", "atol", "rtol", "time_us_median", "time_us_mean",
-      "time_us_stddev", "time_us_min", "time_us_max", "repetitions", "peak_mem_bytes",
-      "predicted_mem_bytes", "comm_bytes", "predicted_comm_bytes", "comm_calls", "message"};
+  static const std::vector<std::string> cols = {"schema_version", "run_id",
+                                                "git_sha",        "timestamp_utc",
+                                                "host",           "device",
+                                                "torch_version",  "backend",
+                                                "world_size",     "mesh",
+                                                "suite",          "case",
+                                                "workload",       "shape",
+                                                "dtype",          "inputs",
+                                                "seed",           "family",
+                                                "strategy_id",    "strategy",
+                                                "status",         "max_abs_err",
+                                                "max_rel_err",    "mismatches",
+                                                "atol",           "rtol",
+                                                "time_us_median", "time_us_mean",
+                                                "time_us_stddev", "time_us_min",
+                                                "time_us_max",    "repetitions",
+                                                "peak_mem_bytes", "predicted_mem_bytes",
+                                                "comm_bytes",     "predicted_comm_bytes",
+                                                "comm_calls",     "message"};
   return cols;
 }
 
@@ -214,17 +231,44 @@ std::string csvRow(const Record& r) {
   for (char& c : msg) {
     if (c == '\n' || c == '\r') c = ' ';
   }
-  const std::vector<std::string> fields = {
-      std::to_string(kSchemaVersion), r.provenance.runId, r.provenance.gitSha,
-      r.provenance.timestampUtc, r.provenance.host, r.provenance.device,
-      r.provenance.torchVersion, r.backend, std::to_string(r.worldSize), r.mesh, r.suite,
-      r.caseName, r.workload, r.shape, r.dtype, r.inputs, std::to_string(r.seed), r.family,
-      r.strategyId, r.strategy, statusName(r.status), opt(r.maxAbsErr), opt(r.maxRelErr),
-      opt(r.mismatches), opt(r.atol), opt(r.rtol), t(&TimingStats::medianUs),
-      t(&TimingStats::meanUs), t(&TimingStats::stddevUs), t(&TimingStats::minUs),
-      t(&TimingStats::maxUs), std::to_string(r.repetitions), opt(r.peakMemBytes),
-      opt(r.predictedMemBytes), opt(r.commBytes), opt(r.predictedCommBytes), opt(r.commCalls),
-      msg};
+  const std::vector<std::string> fields = {std::to_string(kSchemaVersion),
+                                           r.provenance.runId,
+                                           r.provenance.gitSha,
+                                           r.provenance.timestampUtc,
+                                           r.provenance.host,
+                                           r.provenance.device,
+                                           r.provenance.torchVersion,
+                                           r.backend,
+                                           std::to_string(r.worldSize),
+                                           r.mesh,
+                                           r.suite,
+                                           r.caseName,
+                                           r.workload,
+                                           r.shape,
+                                           r.dtype,
+                                           r.inputs,
+                                           std::to_string(r.seed),
+                                           r.family,
+                                           r.strategyId,
+                                           r.strategy,
+                                           statusName(r.status),
+                                           opt(r.maxAbsErr),
+                                           opt(r.maxRelErr),
+                                           opt(r.mismatches),
+                                           opt(r.atol),
+                                           opt(r.rtol),
+                                           t(&TimingStats::medianUs),
+                                           t(&TimingStats::meanUs),
+                                           t(&TimingStats::stddevUs),
+                                           t(&TimingStats::minUs),
+                                           t(&TimingStats::maxUs),
+                                           std::to_string(r.repetitions),
+                                           opt(r.peakMemBytes),
+                                           opt(r.predictedMemBytes),
+                                           opt(r.commBytes),
+                                           opt(r.predictedCommBytes),
+                                           opt(r.commCalls),
+                                           msg};
   TORCH_INTERNAL_ASSERT(fields.size() == csvColumns().size());
   std::string line;
   for (size_t i = 0; i < fields.size(); ++i) line += (i ? "," : "") + quote(fields[i]);
@@ -257,10 +301,9 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
     : dir_(std::move(dir)), runInfo_(std::move(runInfo)) {
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
-  TORCH_CHECK(!ec && std::filesystem::is_directory(dir_), "cannot create output directory '",
-              dir_, "': ", ec.message());
-  TORCH_CHECK(::access(dir_.c_str(), W_OK) == 0, "output directory '", dir_,
-              "' is not writable");
+  TORCH_CHECK(!ec && std::filesystem::is_directory(dir_), "cannot create output directory '", dir_,
+              "': ", ec.message());
+  TORCH_CHECK(::access(dir_.c_str(), W_OK) == 0, "output directory '", dir_, "' is not writable");
   flush();
 }
 

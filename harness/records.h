@@ -23,7 +23,7 @@ struct Provenance {
   std::string gitSha;
   std::string timestampUtc;  // ISO 8601, e.g. 2026-11-21T07:45:00Z
   std::string host;
-  std::string device;        // e.g. "cpu (AMD EPYC 7B13)"
+  std::string device;  // e.g. "cpu (AMD EPYC 7B13)"
   std::string torchVersion;
 
   // Fills every field from this process and machine; the run id is new each call.
@@ -55,11 +55,11 @@ struct Record {
   std::string tolerance;  // "rtol=1.3e-06 atol=1e-05", "bitwise (reason)"
   std::optional<TimingStats> timing;
   int repetitions = 0;
-  std::optional<int64_t> peakMemBytes;       // largest rank's peak
-  std::optional<int64_t> predictedMemBytes;  // largest rank's prediction
-  std::optional<int64_t> commBytes;          // largest rank's counted bytes
-  std::optional<int64_t> predictedCommBytes; // largest rank's predicted bytes
-  std::optional<int64_t> commCalls;          // largest rank's collective calls
+  std::optional<int64_t> peakMemBytes;        // largest rank's peak
+  std::optional<int64_t> predictedMemBytes;   // largest rank's prediction
+  std::optional<int64_t> commBytes;           // largest rank's counted bytes
+  std::optional<int64_t> predictedCommBytes;  // largest rank's predicted bytes
+  std::optional<int64_t> commCalls;           // largest rank's collective calls
   std::string message;
   nlohmann::json details = nlohmann::json::object();  // per tensor, per rank, layouts
 

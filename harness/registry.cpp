@@ -8,9 +8,12 @@ namespace sb::harness {
 
 const char* familyName(Family f) {
   switch (f) {
-    case Family::kSharding: return "sharding";
-    case Family::kChunking: return "chunking";
-    case Family::kCheckpointing: return "checkpointing";
+    case Family::kSharding:
+      return "sharding";
+    case Family::kChunking:
+      return "chunking";
+    case Family::kCheckpointing:
+      return "checkpointing";
   }
   TORCH_INTERNAL_ASSERT(false, "unknown family");
 }

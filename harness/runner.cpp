@@ -154,8 +154,8 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
     try {
       filter.emplace(options.filter, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      throw InputError("--filter '" + options.filter + "' is not a valid regular expression: " +
-                       e.what());
+      throw InputError("--filter '" + options.filter +
+                       "' is not a valid regular expression: " + e.what());
     }
   }
   const auto& registry = StrategyRegistry::global();
@@ -211,17 +211,16 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
   }
   if (selected == 0) {
     throw InputError(suite.file + ": " +
-                     (options.filter.empty() ? std::string("no case selects a strategy that "
-                                                           "applies to it")
-                                             : "--filter '" + options.filter +
-                                                   "' selects no strategy of any case"));
+                     (options.filter.empty()
+                          ? std::string("no case selects a strategy that "
+                                        "applies to it")
+                          : "--filter '" + options.filter + "' selects no strategy of any case"));
   }
   return plan;
 }
 
-Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
-                   const Strategy& strategy, const Provenance& provenance,
-                   const RunOptions& options) {
+Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const Strategy& strategy,
+                   const Provenance& provenance, const RunOptions& options) {
   Record rec = baseRecord(c, strategy, provenance, options.backend);
   const Applicability a = strategy.applies(c);
   if (a.kind != Applicability::Kind::kApplies) {
@@ -290,14 +289,14 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
       commMax = std::max(commMax, counted.totalBytes());
       predMax = std::max(predMax, predicted.totalBytes());
       callsMax = std::max(callsMax, counted.totalCalls());
-      commRanks.push_back({{"rank", r},
-                           {"counted", commToJson(counted)},
-                           {"predicted", commToJson(predicted)}});
+      commRanks.push_back(
+          {{"rank", r}, {"counted", commToJson(counted)}, {"predicted", commToJson(predicted)}});
       if (!(counted == predicted) && commProblem.empty()) {
         commProblem = "rank " + std::to_string(r) + " communicated " + counted.toString() +
                       " but the strategy predicts " + predicted.toString();
       }
-      if (auto m = strategy.predictPeakMemory(c, r)) memPredMax = std::max(memPredMax.value_or(0), *m);
+      if (auto m = strategy.predictPeakMemory(c, r))
+        memPredMax = std::max(memPredMax.value_or(0), *m);
     }
     rec.commBytes = commMax;
     rec.predictedCommBytes = predMax;
@@ -308,9 +307,9 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
     rec.details["peak_mem_bytes_per_rank"] = peak;
 
     // Timing: the slowest rank's step time per iteration.
-    rec.timing = timeWithBenchmark(c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions,
-                                   c.minTimeSec, options.warmupSec,
-                                   [&] { return timedStep(world, execs, stepSeconds); });
+    rec.timing =
+        timeWithBenchmark(c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
+                          options.warmupSec, [&] { return timedStep(world, execs, stepSeconds); });
 
     // As nccl-tests does, the timed runs are verified too: the last timed step must still
     // give the reference results (catches state that leaks from step to step).
@@ -339,11 +338,10 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
 int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
                std::ostream& out) {
   const Provenance prov = Provenance::collect();
-  nlohmann::json runInfo = {{"run_id", prov.runId},         {"git_sha", prov.gitSha},
-                            {"timestamp_utc", prov.timestampUtc}, {"host", prov.host},
-                            {"device", prov.device},        {"torch_version", prov.torchVersion},
-                            {"backend", options.backend},   {"suite", suite.name},
-                            {"suite_file", suite.file}};
+  nlohmann::json runInfo = {
+      {"run_id", prov.runId},       {"git_sha", prov.gitSha}, {"timestamp_utc", prov.timestampUtc},
+      {"host", prov.host},          {"device", prov.device},  {"torch_version", prov.torchVersion},
+      {"backend", options.backend}, {"suite", suite.name},    {"suite_file", suite.file}};
   ResultWriter writer(options.outDir, runInfo);
   out << "stratbench run " << suite.name << " (" << plan.size() << " cases, backend "
       << options.backend << ", run " << prov.runId << ")\n";
@@ -352,11 +350,21 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
     int pass = 0, fail = 0, error = 0, unsupported = 0, skipped = 0;
     void add(Status s) {
       switch (s) {
-        case Status::kPass: ++pass; break;
-        case Status::kFail: ++fail; break;
-        case Status::kError: ++error; break;
-        case Status::kUnsupported: ++unsupported; break;
-        case Status::kSkipped: ++skipped; break;
+        case Status::kPass:
+          ++pass;
+          break;
+        case Status::kFail:
+          ++fail;
+          break;
+        case Status::kError:
+          ++error;
+          break;
+        case Status::kUnsupported:
+          ++unsupported;
+          break;
+        case Status::kSkipped:
+          ++skipped;
+          break;
       }
     }
   };
@@ -391,12 +399,11 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     out << "[" << (i + 1) << "/" << plan.size() << "] " << c.name << " (" << c.workload << " "
-        << reference::findWorkload(c.workload)->shapeString(c.shape) << ", mesh "
-        << c.meshString() << ", " << dtypeName(c.dtype)
-        << (c.inputs == reference::InputMode::kExact ? ", exact inputs" : "") << "): "
-        << tally.pass << " pass, " << tally.fail << " fail, " << tally.error << " error, "
-        << tally.unsupported << " unsupported  " << std::fixed << std::setprecision(1) << secs
-        << " s\n"
+        << reference::findWorkload(c.workload)->shapeString(c.shape) << ", mesh " << c.meshString()
+        << ", " << dtypeName(c.dtype)
+        << (c.inputs == reference::InputMode::kExact ? ", exact inputs" : "") << "): " << tally.pass
+        << " pass, " << tally.fail << " fail, " << tally.error << " error, " << tally.unsupported
+        << " unsupported  " << std::fixed << std::setprecision(1) << secs << " s\n"
         << std::defaultfloat;
     out.flush();
     tallies.emplace_back(c.name, tally);
@@ -404,7 +411,9 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
 
   size_t width = 4;
   for (const auto& [name, t] : tallies) width = std::max(width, name.size());
-  out << "\n" << std::left << std::setw(width) << "case" << "  pass  fail error unsup\n";
+  out << "\n"
+      << std::left << std::setw(width) << "case"
+      << "  pass  fail error unsup\n";
   for (const auto& [name, t] : tallies) {
     out << std::left << std::setw(width) << name << std::right << std::setw(6) << t.pass
         << std::setw(6) << t.fail << std::setw(6) << t.error << std::setw(6) << t.unsupported
@@ -417,9 +426,9 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
     out << statusName(r.status) << ": " << r.caseName << " " << r.strategyId << ": " << r.message
         << "\n";
   }
-  out << "results: " << writer.csvPath() << ", " << writer.jsonPath() << " ("
-      << std::fixed << std::setprecision(1)
-      << std::chrono::duration<double>(Clock::now() - runStart).count() << " s)\n"
+  out << "results: " << writer.csvPath() << ", " << writer.jsonPath() << " (" << std::fixed
+      << std::setprecision(1) << std::chrono::duration<double>(Clock::now() - runStart).count()
+      << " s)\n"
       << std::defaultfloat;
   return (total.fail + total.error) > 0 ? 1 : 0;
 }

@@ -13,14 +13,14 @@
 namespace sb::harness {
 
 struct RunOptions {
-  std::string filter;                  // regex searched in strategy ids; empty selects all
+  std::string filter;  // regex searched in strategy ids; empty selects all
   std::string backend = "threads";
   std::string outDir = "out/latest";
-  std::optional<int> repetitions;      // overrides the suite's
-  std::optional<uint64_t> seed;        // overrides the suite's
-  std::optional<double> minTimeSec;    // overrides the suite's
-  std::optional<int> worldSize;        // every case's mesh must have this many ranks
-  double warmupSec = 0.0;              // Google Benchmark warm-up per (case, strategy)
+  std::optional<int> repetitions;    // overrides the suite's
+  std::optional<uint64_t> seed;      // overrides the suite's
+  std::optional<double> minTimeSec;  // overrides the suite's
+  std::optional<int> worldSize;      // every case's mesh must have this many ranks
+  double warmupSec = 0.0;            // Google Benchmark warm-up per (case, strategy)
   std::chrono::milliseconds collectiveTimeout{std::chrono::minutes(5)};
 };
 
@@ -44,9 +44,8 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
 // Runs one strategy on one case on the threads backend: prepare, a warm-up step, a measured
 // step (memory, communication, numerics), Google Benchmark timing, and a final check that the
 // timed steps still give the verified results. Errors become status=error, never exceptions.
-Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data,
-                   const Strategy& strategy, const Provenance& provenance,
-                   const RunOptions& options);
+Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const Strategy& strategy,
+                   const Provenance& provenance, const RunOptions& options);
 
 // Runs a planned suite, writing results as it goes and printing one progress line per case
 // and a summary table. Returns the exit code: 0 all pass, 1 any fail or error.

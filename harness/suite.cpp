@@ -59,13 +59,14 @@ nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
       }
       return s;
     }
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 
-const std::set<std::string> kCaseKeys = {"name", "workload", "shape", "mesh", "dtype",
-                                         "inputs", "seed", "repetitions", "min_time_s",
-                                         "backend", "device", "strategies"};
+const std::set<std::string> kCaseKeys = {"name",       "workload", "shape",  "mesh",
+                                         "dtype",      "inputs",   "seed",   "repetitions",
+                                         "min_time_s", "backend",  "device", "strategies"};
 
 std::string keyList(const std::set<std::string>& keys) {
   std::string s;
@@ -79,8 +80,8 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
     const std::string key = kv.first.Scalar();
     const YAML::Node& v = kv.second;
     if (!kCaseKeys.count(key)) {
-      fail(file, kv.first, "unknown key '" + key + "' (expected one of: " + keyList(kCaseKeys) +
-                               ")");
+      fail(file, kv.first,
+           "unknown key '" + key + "' (expected one of: " + keyList(kCaseKeys) + ")");
     }
     if (key == "name") {
       c.name = scalar(file, v, key);
@@ -176,8 +177,8 @@ Suite parseSuite(const std::string& text, const std::string& file) {
   for (const auto& kv : root) {
     const std::string key = kv.first.Scalar();
     if (!topKeys.count(key)) {
-      fail(file, kv.first, "unknown top-level key '" + key + "' (expected one of: " +
-                               keyList(topKeys) + ")");
+      fail(file, kv.first,
+           "unknown top-level key '" + key + "' (expected one of: " + keyList(topKeys) + ")");
     }
   }
   if (root["suite"]) suite.name = scalar(file, root["suite"], "suite");
@@ -188,7 +189,8 @@ Suite parseSuite(const std::string& text, const std::string& file) {
   }
   const YAML::Node cases = root["cases"];
   if (!cases) throw InputError(file + ":1: key 'cases' is missing (a list of cases)");
-  if (!cases.IsSequence() || cases.size() == 0) fail(file, cases, "'cases' must be a non-empty list");
+  if (!cases.IsSequence() || cases.size() == 0)
+    fail(file, cases, "'cases' must be a non-empty list");
 
   std::set<std::string> names;
   for (const auto& node : cases) {
@@ -232,11 +234,16 @@ std::string CaseSpec::meshString() const { return DeviceMesh(mesh).toString(); }
 
 std::string dtypeName(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    default: return c10::toString(t);
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    default:
+      return c10::toString(t);
   }
 }
 

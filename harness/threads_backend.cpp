@@ -20,8 +20,8 @@ class ThreadsWorld::Group {
   std::vector<int> members;
   int arrived = 0;
   uint64_t generation = 0;
-  std::vector<at::Tensor> slots;             // each member's published buffer
-  std::vector<std::vector<int64_t>> rows;    // each member's row counts, where relevant
+  std::vector<at::Tensor> slots;           // each member's published buffer
+  std::vector<std::vector<int64_t>> rows;  // each member's row counts, where relevant
 };
 
 class ThreadsCommunicator final : public Communicator {
@@ -117,10 +117,9 @@ class ThreadsCommunicator final : public Communicator {
   }
   void checkSameShape(int r, const at::Tensor& mine, const char* what) const {
     const at::Tensor& theirs = group_.slots[r];
-    TORCH_CHECK(theirs.sizes() == mine.sizes() && theirs.scalar_type() == mine.scalar_type(),
-                what, ": rank ", group_.members[r], " has ", theirs.sizes(), " ",
-                theirs.scalar_type(), ", rank ", globalRank_, " has ", mine.sizes(), " ",
-                mine.scalar_type());
+    TORCH_CHECK(theirs.sizes() == mine.sizes() && theirs.scalar_type() == mine.scalar_type(), what,
+                ": rank ", group_.members[r], " has ", theirs.sizes(), " ", theirs.scalar_type(),
+                ", rank ", globalRank_, " has ", mine.sizes(), " ", mine.scalar_type());
   }
 
   ThreadsWorld& world_;

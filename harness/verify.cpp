@@ -10,11 +10,16 @@ namespace sb::harness {
 
 Tolerance Tolerance::defaultFor(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return {1.3e-6, 1e-5, false, ""};
-    case at::kDouble: return {1e-7, 1e-7, false, ""};
-    case at::kHalf: return {1e-3, 1e-5, false, ""};
-    case at::kBFloat16: return {1.6e-2, 1e-5, false, ""};
-    default: return {0, 0, true, ""};
+    case at::kFloat:
+      return {1.3e-6, 1e-5, false, ""};
+    case at::kDouble:
+      return {1e-7, 1e-7, false, ""};
+    case at::kHalf:
+      return {1e-3, 1e-5, false, ""};
+    case at::kBFloat16:
+      return {1.6e-2, 1e-5, false, ""};
+    default:
+      return {0, 0, true, ""};
   }
 }
 
@@ -63,8 +68,7 @@ TensorCheck checkTensor(const std::string& tensor, int rank, const at::Tensor& a
   }
   if (actual.sizes() != expected.sizes()) {
     std::ostringstream os;
-    os << "local shape " << actual.sizes() << " but the declared layout holds "
-       << expected.sizes();
+    os << "local shape " << actual.sizes() << " but the declared layout holds " << expected.sizes();
     c.problem = os.str();
     c.mismatches = c.numel;
     return c;

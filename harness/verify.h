@@ -12,8 +12,8 @@ namespace sb::harness {
 struct Tolerance {
   double rtol = 0;
   double atol = 0;
-  bool exact = false;   // bitwise equality
-  std::string reason;   // why a strategy overrides the default; empty for defaults
+  bool exact = false;  // bitwise equality
+  std::string reason;  // why a strategy overrides the default; empty for defaults
 
   // torch.testing.assert_close's defaults: fp32 1.3e-6/1e-5, fp16 1e-3/1e-5,
   // bf16 1.6e-2/1e-5, fp64 1e-7/1e-7; integer types exact.
@@ -34,7 +34,7 @@ struct TensorCheck {
   double worstActual = 0;
   double worstExpected = 0;
   std::string tolerance;  // what it was compared with, e.g. "rtol=1.3e-06 atol=1e-05"
-  std::string problem;  // set when the tensor could not be compared at all (missing, shape)
+  std::string problem;    // set when the tensor could not be compared at all (missing, shape)
 
   bool passed() const { return problem.empty() && mismatches == 0; }
   std::string toString() const;  // one line, for messages

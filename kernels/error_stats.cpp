@@ -19,10 +19,14 @@ std::vector<int64_t> unravel(int64_t flat, at::IntArrayRef shape) {
 
 at::ScalarType sameWidthInt(at::ScalarType t) {
   switch (c10::elementSize(t)) {
-    case 1: return at::kByte;
-    case 2: return at::kShort;
-    case 4: return at::kInt;
-    default: return at::kLong;
+    case 1:
+      return at::kByte;
+    case 2:
+      return at::kShort;
+    case 4:
+      return at::kInt;
+    default:
+      return at::kLong;
   }
 }
 
@@ -30,8 +34,8 @@ at::ScalarType sameWidthInt(at::ScalarType t) {
 
 ErrorStats errorStatsCpu(const at::Tensor& actual, const at::Tensor& expected, double rtol,
                          double atol, bool exact) {
-  TORCH_CHECK(actual.sizes() == expected.sizes(), "compared tensors differ in shape: ",
-              actual.sizes(), " vs ", expected.sizes());
+  TORCH_CHECK(actual.sizes() == expected.sizes(),
+              "compared tensors differ in shape: ", actual.sizes(), " vs ", expected.sizes());
   ErrorStats s;
   s.numel = actual.numel();
   if (s.numel == 0) return s;

@@ -16,18 +16,22 @@ LinearShape LinearShape::parse(const nlohmann::json& shape) {
               " and optionally bias");
   for (auto it = shape.begin(); it != shape.end(); ++it) {
     TORCH_CHECK(it.key() == "input" || it.key() == "out_features" || it.key() == "bias",
-                "linear: unknown shape key '", it.key(),
-                "' (expected input, out_features, bias)");
+                "linear: unknown shape key '", it.key(), "' (expected input, out_features, bias)");
   }
-  TORCH_CHECK(shape.contains("input"), "linear: shape key 'input' is missing (expected a list "
+  TORCH_CHECK(shape.contains("input"),
+              "linear: shape key 'input' is missing (expected a list "
               "of dimensions such as [4, 4, 4, 16])");
   const auto& in = shape.at("input");
-  TORCH_CHECK(in.is_array() && in.size() >= 2, "linear: shape key 'input' must be a list of at "
-              "least 2 positive dimensions, got ", in.dump());
+  TORCH_CHECK(in.is_array() && in.size() >= 2,
+              "linear: shape key 'input' must be a list of at "
+              "least 2 positive dimensions, got ",
+              in.dump());
   LinearShape s;
   for (const auto& d : in) {
-    TORCH_CHECK(d.is_number_integer() && d.get<int64_t>() > 0, "linear: shape key 'input' must "
-                "hold positive integers, got ", in.dump());
+    TORCH_CHECK(d.is_number_integer() && d.get<int64_t>() > 0,
+                "linear: shape key 'input' must "
+                "hold positive integers, got ",
+                in.dump());
     s.input.push_back(d.get<int64_t>());
   }
   s.inFeatures = s.input.back();
@@ -37,8 +41,10 @@ LinearShape LinearShape::parse(const nlohmann::json& shape) {
               "linear: shape key 'out_features' must be a positive integer, got ", out.dump());
   s.outFeatures = out.get<int64_t>();
   if (shape.contains("bias")) {
-    TORCH_CHECK(shape.at("bias").is_boolean(), "linear: shape key 'bias' must be true or false, "
-                "got ", shape.at("bias").dump());
+    TORCH_CHECK(shape.at("bias").is_boolean(),
+                "linear: shape key 'bias' must be true or false, "
+                "got ",
+                shape.at("bias").dump());
     s.bias = shape.at("bias").get<bool>();
   }
   return s;

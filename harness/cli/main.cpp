@@ -10,8 +10,8 @@
 #include <iostream>
 #include <regex>
 
-#include <CLI/CLI.hpp>
 #include <torch/version.h>
+#include <CLI/CLI.hpp>
 
 #include "harness/registry.h"
 #include "harness/runner.h"
@@ -55,7 +55,8 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
   }
   size_t idWidth = 2;
   for (const auto* s : shown) idWidth = std::max(idWidth, s->id().size());
-  std::cout << std::left << std::setw(idWidth) << "id" << "  " << std::setw(10) << "family"
+  std::cout << std::left << std::setw(idWidth) << "id"
+            << "  " << std::setw(10) << "family"
             << "  name\n";
   for (const auto* s : shown) {
     std::cout << std::left << std::setw(idWidth) << s->id() << "  " << std::setw(10)
@@ -68,8 +69,9 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"stratbench: verify, time and memory-profile parallelization and memory "
-               "strategies against a plain LibTorch reference"};
+  CLI::App app{
+      "stratbench: verify, time and memory-profile parallelization and memory "
+      "strategies against a plain LibTorch reference"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("stratbench (LibTorch ") + TORCH_VERSION + ")");
 

@@ -65,7 +65,9 @@ TEST_P(ThreadsCollectives, ReduceScatterGivesEachRankTheSumOfItsUnevenBlock) {
   int64_t total = 0;
   for (int r = 0; r < n; ++r) total += rows[r] = 1 + (r * 2) % 3;
   std::vector<at::Tensor> out(n);
-  auto input = [&](int r) { return at::arange(total * 2, at::kFloat).reshape({total, 2}) * (r + 1); };
+  auto input = [&](int r) {
+    return at::arange(total * 2, at::kFloat).reshape({total, 2}) * (r + 1);
+  };
   world.run([&](RankContext& ctx) {
     out[ctx.rank()] = ctx.world().reduceScatter(input(ctx.rank()), rows);
   });
@@ -218,9 +220,9 @@ TEST(ThreadsWorld, ARankMissingACollectiveTimesOutWithAClearError) {
 TEST(ThreadsWorld, MismatchedAllReduceShapesAreAnErrorNotACorruptSum) {
   ThreadsWorld world(DeviceMesh({2}));
   EXPECT_THROW(world.run([&](RankContext& ctx) {
-                 at::Tensor t = at::ones({ctx.rank() + 1});
-                 ctx.world().allReduce(t);
-               }),
+    at::Tensor t = at::ones({ctx.rank() + 1});
+    ctx.world().allReduce(t);
+  }),
                c10::Error);
 }
 

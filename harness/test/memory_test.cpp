@@ -19,7 +19,7 @@ TEST(MemoryTracker, CountsTensorBytesAgainstTheAllocatingRank) {
   {
     ScopedMemoryRank scope(rank);
     m.resetPeak(rank);
-    t = at::empty({1000, 250}, at::kFloat);  // exactly 1,000,000 bytes
+    t = at::empty({1000, 250}, at::kFloat);          // exactly 1,000,000 bytes
     at::Tensor tmp = at::empty({500}, at::kDouble);  // 4,000 bytes, freed at scope end
   }
   EXPECT_EQ(m.current(rank) - before, 1000000);

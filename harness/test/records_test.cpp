@@ -48,20 +48,48 @@ std::vector<std::string> parseCsvLine(const std::string& line) {
 }
 
 std::string tempDir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("sb_records_" + name + "_" +
-                                                       std::to_string(::getpid()));
+  auto dir = std::filesystem::temp_directory_path() /
+             ("sb_records_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir.string();
 }
 
 TEST(Records, TheCsvHeaderHasEveryColumnTheIssueNamesInItsSpelling) {
   // Copied from the walking-skeleton issue's list, not from the writer.
-  const std::vector<std::string> required = {
-      "schema_version", "run_id", "git_sha", "timestamp_utc", "host", "device", "torch_version",
-      "backend", "world_size", "mesh", "suite", "case", "workload", "shape", "dtype", "family",
-      "strategy_id", "strategy", "status", "max_abs_err", "max_rel_err", "mismatches", "atol",
-      "rtol", "time_us_median", "time_us_mean", "time_us_stddev", "time_us_min", "repetitions",
-      "peak_mem_bytes", "predicted_mem_bytes", "comm_bytes", "predicted_comm_bytes", "message"};
+  const std::vector<std::string> required = {"schema_version",
+                                             "run_id",
+                                             "git_sha",
+                                             "timestamp_utc",
+                                             "host",
+                                             "device",
+                                             "torch_version",
+                                             "backend",
+                                             "world_size",
+                                             "mesh",
+                                             "suite",
+                                             "case",
+                                             "workload",
+                                             "shape",
+                                             "dtype",
+                                             "family",
+                                             "strategy_id",
+                                             "strategy",
+                                             "status",
+                                             "max_abs_err",
+                                             "max_rel_err",
+                                             "mismatches",
+                                             "atol",
+                                             "rtol",
+                                             "time_us_median",
+                                             "time_us_mean",
+                                             "time_us_stddev",
+                                             "time_us_min",
+                                             "repetitions",
+                                             "peak_mem_bytes",
+                                             "predicted_mem_bytes",
+                                             "comm_bytes",
+                                             "predicted_comm_bytes",
+                                             "message"};
   const auto& cols = csvColumns();
   for (const auto& r : required) {
     EXPECT_NE(std::find(cols.begin(), cols.end(), r), cols.end()) << "missing column " << r;
@@ -137,7 +165,7 @@ TEST(TimingStats, SummaryOfKnownSamples) {
   EXPECT_DOUBLE_EQ(t.meanUs, 2.5);
   EXPECT_DOUBLE_EQ(t.minUs, 1);
   EXPECT_DOUBLE_EQ(t.maxUs, 4);
-  EXPECT_NEAR(t.stddevUs, 1.2909944487, 1e-9);  // sqrt(5/3)
+  EXPECT_NEAR(t.stddevUs, 1.2909944487, 1e-9);                // sqrt(5/3)
   EXPECT_EQ(t.samplesUs, (std::vector<double>{4, 1, 3, 2}));  // kept in run order
 }
 

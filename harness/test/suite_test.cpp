@@ -58,15 +58,17 @@ TEST(Suite, InvalidYamlNamesTheLine) {
 }
 
 TEST(Suite, AnUnknownKeyNamesTheFileLineAndKey) {
-  const auto e = errorOf("cases:\n  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
-                         "out_features: 2}\n    mesh: 4\n    strategy: [x]\n");
+  const auto e = errorOf(
+      "cases:\n  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
+      "out_features: 2}\n    mesh: 4\n    strategy: [x]\n");
   EXPECT_NE(e.find("bad.yaml:6"), std::string::npos) << e;
   EXPECT_NE(e.find("unknown key 'strategy'"), std::string::npos) << e;
 }
 
 TEST(Suite, AMissingKeyIsNamed) {
-  const auto e = errorOf("cases:\n  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
-                         "out_features: 2}\n    strategies: [x]\n");
+  const auto e = errorOf(
+      "cases:\n  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
+      "out_features: 2}\n    strategies: [x]\n");
   EXPECT_NE(e.find("bad.yaml:2"), std::string::npos) << e;
   EXPECT_NE(e.find("missing key 'mesh'"), std::string::npos) << e;
 }
@@ -88,8 +90,9 @@ TEST(Suite, BadValuesNameTheKeyAndValue) {
 }
 
 TEST(Suite, AWrongShapeNamesTheShapeKey) {
-  const std::string head = "cases:\n  - name: a\n    workload: linear\n    strategies: [x]\n"
-                           "    mesh: 4\n";
+  const std::string head =
+      "cases:\n  - name: a\n    workload: linear\n    strategies: [x]\n"
+      "    mesh: 4\n";
   auto e = errorOf(head + "    shape: {input: [4, 4]}\n");
   EXPECT_NE(e.find("bad.yaml:6"), std::string::npos) << e;
   EXPECT_NE(e.find("'out_features' is missing"), std::string::npos) << e;
@@ -104,8 +107,9 @@ TEST(Suite, UnknownWorkloadDuplicateNamesAndNoCasesAreRejected) {
             std::string::npos);
   EXPECT_NE(errorOf("suite: x\n").find("key 'cases' is missing"), std::string::npos);
   EXPECT_NE(errorOf("cases: []\n").find("non-empty list"), std::string::npos);
-  const std::string c = "  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
-                        "out_features: 2}\n    mesh: 4\n    strategies: [x]\n";
+  const std::string c =
+      "  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
+      "out_features: 2}\n    mesh: 4\n    strategies: [x]\n";
   EXPECT_NE(errorOf("cases:\n" + c + c).find("case name 'a' is used twice"), std::string::npos);
   EXPECT_NE(errorOf("sweet: smoke\ncases:\n" + c).find("unknown top-level key 'sweet'"),
             std::string::npos);

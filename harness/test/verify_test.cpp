@@ -35,8 +35,8 @@ TEST(CheckTensor, EqualTensorsPass) {
 TEST(CheckTensor, PlantedMismatchesAreCountedAndTheWorstIsLocated) {
   const at::Tensor e = at::ones({4, 5});
   at::Tensor a = e.clone();
-  a[1][2] = 1.5;   // worst
-  a[3][4] = 1.01;  // also outside 1e-5 + 1.3e-6
+  a[1][2] = 1.5;         // worst
+  a[3][4] = 1.01;        // also outside 1e-5 + 1.3e-6
   a[0][0] = 1.0 + 5e-6;  // inside the tolerance
   const auto c = checkTensor("grad_weight", 2, a, e, {10, 20}, kFp32);
   EXPECT_FALSE(c.passed());

@@ -42,8 +42,8 @@ namespace {
 using harness::Applicability;
 using harness::Box;
 using harness::CaseSpec;
-using harness::CommStats;
 using harness::Collective;
+using harness::CommStats;
 using harness::DeviceMesh;
 using harness::RankContext;
 using harness::ShardingSpec;
@@ -144,21 +144,29 @@ class LinearMeshStrategy final : public harness::Strategy {
   nlohmann::json commJson() const {
     nlohmann::json actions = nlohmann::json::array();
     if (!spec_.inAxes.empty()) {
-      actions.push_back({{"phase", "forward"}, {"collective", "all_reduce"},
-                         {"operand", "output"}, {"mesh_axes", spec_.inAxes},
+      actions.push_back({{"phase", "forward"},
+                         {"collective", "all_reduce"},
+                         {"operand", "output"},
+                         {"mesh_axes", spec_.inAxes},
                          {"why", "partial sums of the split in_features contraction"}});
     }
     if (!spec_.outAxes.empty()) {
-      actions.push_back({{"phase", "backward"}, {"collective", "all_reduce"},
-                         {"operand", "grad_input"}, {"mesh_axes", spec_.outAxes},
+      actions.push_back({{"phase", "backward"},
+                         {"collective", "all_reduce"},
+                         {"operand", "grad_input"},
+                         {"mesh_axes", spec_.outAxes},
                          {"why", "dx = dy W contracts the split out_features"}});
     }
     if (!spec_.batchAxes.empty()) {
-      actions.push_back({{"phase", "backward"}, {"collective", "all_reduce"},
-                         {"operand", "grad_weight"}, {"mesh_axes", spec_.batchAxes},
+      actions.push_back({{"phase", "backward"},
+                         {"collective", "all_reduce"},
+                         {"operand", "grad_weight"},
+                         {"mesh_axes", spec_.batchAxes},
                          {"why", "dW = dy^T x contracts the split batch"}});
-      actions.push_back({{"phase", "backward"}, {"collective", "all_reduce"},
-                         {"operand", "grad_bias"}, {"mesh_axes", spec_.batchAxes},
+      actions.push_back({{"phase", "backward"},
+                         {"collective", "all_reduce"},
+                         {"operand", "grad_bias"},
+                         {"mesh_axes", spec_.batchAxes},
                          {"why", "db = sum(dy) over the split batch"}});
     }
     return actions;
@@ -180,8 +188,7 @@ class LinearMeshStrategy final : public harness::Strategy {
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload != "linear") return Applicability::notApplicable("not a linear workload");
     const int64_t meshDims = static_cast<int64_t>(c.mesh.size());
-    if (std::find(spec_.meshDims.begin(), spec_.meshDims.end(), meshDims) ==
-        spec_.meshDims.end()) {
+    if (std::find(spec_.meshDims.begin(), spec_.meshDims.end(), meshDims) == spec_.meshDims.end()) {
       return Applicability::notApplicable("not generated for a " + std::to_string(meshDims) +
                                           "-D mesh");
     }
@@ -189,8 +196,8 @@ class LinearMeshStrategy final : public harness::Strategy {
     const int64_t nd = static_cast<int64_t>(s.input.size());
     if (batchDim_ >= nd - 1) {
       return Applicability::notApplicable("the input has " + std::to_string(nd) +
-                                          " dimensions, so dimension " +
-                                          std::to_string(batchDim_) + " is not a batch dimension");
+                                          " dimensions, so dimension " + std::to_string(batchDim_) +
+                                          " is not a batch dimension");
     }
     const DeviceMesh mesh(c.mesh);
     const Specs sp = specsFor(s);
@@ -386,8 +393,8 @@ std::vector<LinearMeshSpec> linearMeshSpecs() {
   return specs;
 }
 
-std::unique_ptr<harness::Strategy> makeLinearMeshStrategy(const LinearMeshSpec& spec,
-                                                          int batchDim, PlantedFault fault,
+std::unique_ptr<harness::Strategy> makeLinearMeshStrategy(const LinearMeshSpec& spec, int batchDim,
+                                                          PlantedFault fault,
                                                           const std::string& idPrefix) {
   std::string id = idPrefix + "sharding/linear/" + compactName(spec.name);
   std::string display = spec.name;

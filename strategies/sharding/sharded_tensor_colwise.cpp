@@ -33,8 +33,8 @@
 namespace sb::strategies {
 namespace {
 
-using harness::chunkOfRank;
 using harness::chunkOffsets;
+using harness::chunkOfRank;
 using harness::chunkSizes;
 using harness::Collective;
 using reference::LinearShape;
@@ -54,8 +54,8 @@ class ColwiseExecutor final : public harness::RankExecutor {
   int n_ = 0;
   int64_t b_ = 0;
   std::vector<int64_t> inputShape_, outputShape_;  // this rank's batch, unflattened
-  std::vector<int64_t> recvRows_;  // columns received from each rank
-  at::Tensor columnOrder_;         // rank-order blocks -> chunk order; undefined if identity
+  std::vector<int64_t> recvRows_;                  // columns received from each rank
+  at::Tensor columnOrder_;  // rank-order blocks -> chunk order; undefined if identity
   at::Tensor x_, w_, bias_, gradOut_;
   harness::Communicator* world_ = nullptr;
   std::map<std::string, at::Tensor> results_;
@@ -112,10 +112,14 @@ void ColwiseExecutor::prepare(harness::RankContext& ctx, const reference::Worklo
            .reshape({b_, s.inFeatures})
            .clone()
            .set_requires_grad(true);
-  w_ = data.inputs.at("weight").narrow(0, offsets[chunk], sizes[chunk]).clone().set_requires_grad(true);
+  w_ = data.inputs.at("weight")
+           .narrow(0, offsets[chunk], sizes[chunk])
+           .clone()
+           .set_requires_grad(true);
   if (s.bias) bias_ = data.inputs.at("bias").clone().set_requires_grad(true);
-  gradOut_ = harness::sliceBox(data.inputs.at("grad_output"), harness::chunkBox(s.output(), 0, n_, r))
-                 .clone();
+  gradOut_ =
+      harness::sliceBox(data.inputs.at("grad_output"), harness::chunkBox(s.output(), 0, n_, r))
+          .clone();
 
   // Rank s sends the columns of chunk place^-1(s); they arrive stacked in rank order.
   recvRows_.resize(n_);
@@ -143,7 +147,7 @@ void ColwiseExecutor::step(harness::RankContext&) {
 
   const std::vector<int64_t> rows(n_, b_);
   at::Tensor all = harness::allGatherFwdReduceScatterBwd(x_, *world_, rows);  // [n*b, K]
-  at::Tensor part = at::matmul(w_, all.t());                                   // [N_c, n*b]
+  at::Tensor part = at::matmul(w_, all.t());                                  // [N_c, n*b]
   const int64_t nc = w_.size(0);
   // Block r: my columns of rank r's rows.
   at::Tensor send = part.reshape({nc, n_, b_}).permute({1, 0, 2}).reshape({n_ * nc, b_});

@@ -32,8 +32,8 @@
 namespace sb::strategies {
 namespace {
 
-using harness::chunkOfRank;
 using harness::chunkOffsets;
+using harness::chunkOfRank;
 using harness::chunkSizes;
 using harness::Collective;
 using reference::LinearShape;
@@ -111,10 +111,14 @@ void RowwiseExecutor::prepare(harness::RankContext& ctx, const reference::Worklo
            .reshape({b_, s.inFeatures})
            .clone()
            .set_requires_grad(true);
-  w_ = data.inputs.at("weight").narrow(1, offsets[chunk], sizes[chunk]).clone().set_requires_grad(true);
+  w_ = data.inputs.at("weight")
+           .narrow(1, offsets[chunk], sizes[chunk])
+           .clone()
+           .set_requires_grad(true);
   if (s.bias) bias_ = data.inputs.at("bias").clone().set_requires_grad(true);
-  gradOut_ = harness::sliceBox(data.inputs.at("grad_output"), harness::chunkBox(s.output(), 0, n_, r))
-                 .clone();
+  gradOut_ =
+      harness::sliceBox(data.inputs.at("grad_output"), harness::chunkBox(s.output(), 0, n_, r))
+          .clone();
 
   // Rank d must receive the features of its chunk place^-1(d); blocks go out in rank order.
   sendRows_.resize(n_);

@@ -92,8 +92,8 @@ TEST(LinearSharding, WorksInDoublePrecisionAndBFloat16) {
     c.dtype = dtype;
     for (const char* id : {"sharding/linear/S0R=S0S1.S1R/1", "sharding/linear/RR=RS01.S01R"}) {
       const auto rec = test::run(c, *harness::StrategyRegistry::global().find(id));
-      EXPECT_EQ(rec.status, harness::Status::kPass) << id << " " << c10::toString(dtype) << ": "
-                                                    << rec.message;
+      EXPECT_EQ(rec.status, harness::Status::kPass)
+          << id << " " << c10::toString(dtype) << ": " << rec.message;
     }
   }
 }

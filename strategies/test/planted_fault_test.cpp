@@ -111,8 +111,7 @@ TEST(PlantedFault, StateLeakingIntoTheTimedStepsFails) {
   auto c = test::linearCase({8, 16}, 8, {2});
   const auto rec = test::run(c, bad);
   EXPECT_EQ(rec.status, Status::kFail) << rec.message;
-  EXPECT_NE(rec.message.find("changed during the timed steps"), std::string::npos)
-      << rec.message;
+  EXPECT_NE(rec.message.find("changed during the timed steps"), std::string::npos) << rec.message;
 }
 
 TEST(PlantedFault, AnExecutorThatThrowsIsAnErrorNamingTheRank) {
@@ -203,8 +202,7 @@ TEST(PlanSuite, APatternRecordsShapesItCannotShardAsUnsupportedRows) {
   const auto plan = harness::planSuite(suiteWith({"sharding/linear/S01R.*"}, {2, 16}), {});
   ASSERT_EQ(plan.size(), 1u);
   ASSERT_EQ(plan[0].strategies.size(), 1u);  // only /0 exists for a 2-D input
-  EXPECT_EQ(plan[0].strategies[0].applicability.kind,
-            harness::Applicability::Kind::kUnsupported);
+  EXPECT_EQ(plan[0].strategies[0].applicability.kind, harness::Applicability::Kind::kUnsupported);
 }
 
 TEST(PlanSuite, AnUnknownBackendIsRejected) {

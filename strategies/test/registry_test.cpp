@@ -86,11 +86,9 @@ TEST(Registry, ListDescribesShardingSequencesForEveryOperand) {
   const auto* s = StrategyRegistry::global().find("sharding/linear/S01R=S01R.RR/0");
   ASSERT_NE(s, nullptr);
   const auto d = s->describe();
-  EXPECT_EQ(d["sharding_sequences"]["input"],
-            (std::vector<std::string>{"S01", "R", "R", "R"}));
+  EXPECT_EQ(d["sharding_sequences"]["input"], (std::vector<std::string>{"S01", "R", "R", "R"}));
   EXPECT_EQ(d["sharding_sequences"]["weight"], (std::vector<std::string>{"R", "R"}));
-  EXPECT_EQ(d["sharding_sequences"]["output"],
-            (std::vector<std::string>{"S01", "R", "R", "R"}));
+  EXPECT_EQ(d["sharding_sequences"]["output"], (std::vector<std::string>{"S01", "R", "R", "R"}));
   // ColossalAI's consistency rules between operands hold for every 2-D strategy.
   for (const auto* st : StrategyRegistry::global().matching("sharding/linear/[^s].*")) {
     const auto seq = st->describe()["sharding_sequences"];
