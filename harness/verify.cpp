@@ -1,5 +1,6 @@
 #include "harness/verify.h"
 
+#include <cmath>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -34,6 +35,39 @@ std::string Tolerance::toString() const {
   }
   if (!reason.empty()) os << " (" << reason << ")";
   return os.str();
+}
+
+Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
+                                  int64_t parts, const at::Tensor& expected) {
+  if (base.exact || parts <= 1 || !at::isFloatingType(dtype)) return base;
+  double u = 0;
+  switch (dtype) {
+    case at::kDouble:
+      u = std::ldexp(1.0, -53);
+      break;
+    case at::kFloat:
+      u = std::ldexp(1.0, -24);
+      break;
+    case at::kHalf:
+      u = std::ldexp(1.0, -11);
+      break;
+    case at::kBFloat16:
+      u = std::ldexp(1.0, -8);
+      break;
+    default:
+      return base;
+  }
+  const double scale = expected.numel() ? expected.abs().max().item<double>() : 0.0;
+  const double atol = static_cast<double>(length) * u * scale;
+  if (atol <= base.atol) return base;
+  Tolerance t = base;
+  t.atol = atol;
+  std::ostringstream os;
+  os << "a sum of " << length << " split over " << parts
+     << " ranks is added in another order than the reference's: atol = " << length
+     << " * u * max|reference|";
+  t.reason = os.str();
+  return t;
 }
 
 std::string TensorCheck::toString() const {

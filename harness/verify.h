@@ -22,6 +22,16 @@ struct Tolerance {
   std::string toString() const;
 };
 
+// The tolerance for a tensor that a strategy reduces over a dimension of `length` elements split
+// across `parts` ranks, so that its summation order differs from the reference's. The classical
+// bound on the rounding of a length-R sum is about R * u * sum|terms| (u: the unit roundoff,
+// 2^-24 for fp32, 2^-53 fp64, 2^-11 fp16, 2^-8 bf16); max|reference| stands in for the terms'
+// magnitude, so atol = max(default atol, R * u * max|expected|). A lost partial sum or a
+// misplaced shard is off by the size of the values themselves and stays far outside it.
+// Returns `base` unchanged for bitwise comparisons and for parts <= 1.
+Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
+                                  int64_t parts, const at::Tensor& expected);
+
 // The comparison of one local tensor of one rank against its slice of the reference.
 struct TensorCheck {
   std::string tensor;  // "output", "grad_weight", ...

@@ -114,3 +114,24 @@ TEST(CheckTensor, BFloat16UsesItsOwnWiderTolerance) {
 
 }  // namespace
 }  // namespace sb::harness
+
+namespace sb::harness {
+namespace {
+
+TEST(SplitReductionTolerance, ScalesAtolWithTheSumLengthOnlyWhereTheSumIsSplit) {
+  const at::Tensor e = at::full({3}, -8.0);
+  const Tolerance fp32 = Tolerance::defaultFor(at::kFloat);
+  const Tolerance t = splitReductionTolerance(fp32, at::kFloat, 1024, 4, e);
+  EXPECT_DOUBLE_EQ(t.atol, 1024 * std::ldexp(1.0, -24) * 8.0);
+  EXPECT_EQ(t.rtol, fp32.rtol);
+  EXPECT_NE(t.reason.find("a sum of 1024 split over 4 ranks"), std::string::npos) << t.reason;
+  // Not split, bitwise, or already looser: unchanged.
+  EXPECT_EQ(splitReductionTolerance(fp32, at::kFloat, 1024, 1, e).atol, fp32.atol);
+  EXPECT_TRUE(splitReductionTolerance(Tolerance::bitwise("x"), at::kFloat, 1024, 4, e).exact);
+  EXPECT_EQ(splitReductionTolerance(fp32, at::kFloat, 16, 4, e).atol, fp32.atol);
+  // A lost partial sum (a quarter of the value missing) stays far outside it.
+  EXPECT_FALSE(checkTensor("t", 0, e * 0.75, e, {0}, t).passed());
+}
+
+}  // namespace
+}  // namespace sb::harness

@@ -216,25 +216,26 @@ class LinearMeshStrategy final : public harness::Strategy {
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
-    harness::Tolerance tol = Strategy::tolerance(tensor, c, expected);
-    if (tol.exact || (c.dtype != at::kBFloat16 && c.dtype != at::kHalf)) return tol;
-    // Which split dimension, if any, this tensor is reduced over across ranks.
+    // Each tensor is a sum over one dimension; where that dimension is split across ranks the
+    // partial sums are added in another order (and, in fp16/bf16, rounded once more) than the
+    // reference adds them.
+    const LinearShape s = LinearShape::parse(c.shape);
     const std::vector<int>* axes = nullptr;
-    if (tensor == "output") axes = &spec_.inAxes;
-    if (tensor == "grad_input") axes = &spec_.outAxes;
-    if (tensor == "grad_weight" || tensor == "grad_bias") axes = &spec_.batchAxes;
-    const int64_t parts = axes ? DeviceMesh(c.mesh).groupSize(*axes) : 1;
-    if (parts == 1) return tol;
-    // The reference rounds each element once; here each of `parts` partial sums is rounded to
-    // the 16-bit type before the all-reduce adds them (and rounds again), so an element whose
-    // partials cancel carries up to about `parts` roundings of the partials' magnitude, which
-    // the reference's own magnitude bounds. Machine epsilon: 2^-7 (bf16), 2^-10 (fp16).
-    const double eps = c.dtype == at::kBFloat16 ? 0.0078125 : 0.0009765625;
-    const double scale = expected.abs().max().item<double>();
-    tol.atol = std::max(tol.atol, parts * eps * scale);
-    tol.reason = std::to_string(parts) + " partial sums rounded to " + harness::dtypeName(c.dtype) +
-                 " before the all-reduce: atol = parts * eps * max|reference|";
-    return tol;
+    int64_t length = 0;
+    if (tensor == "output") {
+      axes = &spec_.inAxes;
+      length = s.inFeatures;
+    } else if (tensor == "grad_input") {
+      axes = &spec_.outAxes;
+      length = s.outFeatures;
+    } else if (tensor == "grad_weight" || tensor == "grad_bias") {
+      axes = &spec_.batchAxes;
+      length = s.rows();
+    }
+    const harness::Tolerance base = Strategy::tolerance(tensor, c, expected);
+    if (axes == nullptr) return base;
+    return harness::splitReductionTolerance(base, c.dtype, length,
+                                            DeviceMesh(c.mesh).groupSize(*axes), expected);
   }
 
   Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
@@ -342,12 +343,22 @@ void LinearMeshExecutor::step(RankContext&) {
   at::Tensor x = outGroup_ ? harness::identityFwdAllReduceBwd(x_, *outGroup_) : x_;
   // dW and db are partial over the batch axes: all-reduce them there in backward.
   at::Tensor w = batchGroup_ ? harness::identityFwdAllReduceBwd(w_, *batchGroup_) : w_;
-  at::Tensor y = at::linear(x, w);
-  // y is partial over the in_features axes: all-reduce it there in forward.
-  if (inGroup_ && strategy_.fault() != PlantedFault::kSkipForwardAllReduce) {
-    y = harness::allReduceFwdIdentityBwd(y, *inGroup_);
+  at::Tensor b;
+  if (b_.defined()) b = batchGroup_ ? harness::identityFwdAllReduceBwd(b_, *batchGroup_) : b_;
+  at::Tensor y;
+  if (inGroup_) {
+    // y is partial over the in_features axes: all-reduce it there in forward, then add the
+    // bias once.
+    y = at::linear(x, w);
+    if (strategy_.fault() != PlantedFault::kSkipForwardAllReduce) {
+      y = harness::allReduceFwdIdentityBwd(y, *inGroup_);
+    }
+    if (b.defined()) y = y + b;
+  } else {
+    // Complete sums: the bias goes into the same fused kernel as the reference's, so that
+    // 16-bit types round once, as the reference does.
+    y = at::linear(x, w, b);
   }
-  if (b_.defined()) y = y + (batchGroup_ ? harness::identityFwdAllReduceBwd(b_, *batchGroup_) : b_);
   torch::autograd::backward({y}, {gradOut_});
 
   results_["output"] = y.detach();

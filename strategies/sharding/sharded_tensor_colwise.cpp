@@ -41,24 +41,15 @@ using reference::LinearShape;
 
 class ColwiseStrategy;
 
-class ColwiseExecutor final : public harness::RankExecutor {
+class ColwiseExecutor final : public ShardedTensorExecutorBase {
  public:
-  ColwiseExecutor(const ColwiseStrategy& s, const harness::CaseSpec& c) : strategy_(s), case_(c) {}
+  using ShardedTensorExecutorBase::ShardedTensorExecutorBase;
   void prepare(harness::RankContext& ctx, const reference::WorkloadData& data) override;
   void step(harness::RankContext& ctx) override;
-  std::map<std::string, at::Tensor> results() const override { return results_; }
 
  private:
-  const ColwiseStrategy& strategy_;
-  const harness::CaseSpec& case_;
-  int n_ = 0;
-  int64_t b_ = 0;
-  std::vector<int64_t> inputShape_, outputShape_;  // this rank's batch, unflattened
-  std::vector<int64_t> recvRows_;                  // columns received from each rank
-  at::Tensor columnOrder_;  // rank-order blocks -> chunk order; undefined if identity
-  at::Tensor x_, w_, bias_, gradOut_;
-  harness::Communicator* world_ = nullptr;
-  std::map<std::string, at::Tensor> results_;
+  std::vector<int64_t> recvRows_;  // columns received from each rank
+  at::Tensor columnOrder_;         // rank-order blocks -> chunk order; undefined if identity
 };
 
 class ColwiseStrategy final : public ShardedTensorLinearStrategy {
@@ -97,54 +88,27 @@ class ColwiseStrategy final : public ShardedTensorLinearStrategy {
 };
 
 void ColwiseExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData& data) {
-  const auto s = LinearShape::parse(case_.shape);
-  n_ = ctx.mesh().size();
-  const int r = ctx.rank();
-  b_ = ShardedTensorLinearStrategy::localRows(s, n_);
-  const auto place = strategy_.placements(n_);
-  const int chunk = chunkOfRank(place, r);
-  const auto sizes = chunkSizes(s.outFeatures, n_);
-  const auto offsets = chunkOffsets(s.outFeatures, n_);
-
-  inputShape_ = harness::chunkBox(s.input, 0, n_, r).length;
-  outputShape_ = harness::chunkBox(s.output(), 0, n_, r).length;
-  x_ = harness::sliceBox(data.inputs.at("input"), harness::chunkBox(s.input, 0, n_, r))
-           .reshape({b_, s.inFeatures})
-           .clone()
-           .set_requires_grad(true);
-  w_ = data.inputs.at("weight")
-           .narrow(0, offsets[chunk], sizes[chunk])
-           .clone()
-           .set_requires_grad(true);
-  if (s.bias) bias_ = data.inputs.at("bias").clone().set_requires_grad(true);
-  gradOut_ =
-      harness::sliceBox(data.inputs.at("grad_output"), harness::chunkBox(s.output(), 0, n_, r))
-          .clone();
-
+  prepareCommon(ctx, data);
+  const auto sizes = chunkSizes(LinearShape::parse(case_.shape).outFeatures, n_);
   // Rank s sends the columns of chunk place^-1(s); they arrive stacked in rank order.
   recvRows_.resize(n_);
   bool rankOrder = true;
-  for (int src = 0; src < n_; ++src) recvRows_[src] = sizes[chunkOfRank(place, src)];
-  for (int i = 0; i < n_; ++i) rankOrder = rankOrder && place[i] == i;
+  for (int src = 0; src < n_; ++src) recvRows_[src] = sizes[chunkOfRank(place_, src)];
+  for (int i = 0; i < n_; ++i) rankOrder = rankOrder && place_[i] == i;
   if (!rankOrder && strategy_.fault() != PlantedFault::kIgnorePlacements) {
     // Start of each rank's block in the received tensor; chunk i comes from rank place[i].
     std::vector<int64_t> start(n_, 0);
     for (int src = 1; src < n_; ++src) start[src] = start[src - 1] + recvRows_[src - 1];
     std::vector<int64_t> order;
     for (int i = 0; i < n_; ++i) {
-      for (int64_t k = 0; k < sizes[i]; ++k) order.push_back(start[place[i]] + k);
+      for (int64_t k = 0; k < sizes[i]; ++k) order.push_back(start[place_[i]] + k);
     }
     columnOrder_ = at::tensor(order, at::kLong);
   }
-  world_ = &ctx.world();
 }
 
 void ColwiseExecutor::step(harness::RankContext&) {
-  results_.clear();
-  x_.mutable_grad().reset();
-  w_.mutable_grad().reset();
-  if (bias_.defined()) bias_.mutable_grad().reset();
-
+  resetStep();
   const std::vector<int64_t> rows(n_, b_);
   at::Tensor all = harness::allGatherFwdReduceScatterBwd(x_, *world_, rows);  // [n*b, K]
   at::Tensor part = at::matmul(w_, all.t());                                  // [N_c, n*b]
@@ -154,15 +118,7 @@ void ColwiseExecutor::step(harness::RankContext&) {
   at::Tensor recv = harness::allToAllFwdAllToAllBwd(send, *world_, std::vector<int64_t>(n_, nc),
                                                     recvRows_);  // [N, b]
   if (columnOrder_.defined()) recv = recv.index_select(0, columnOrder_);
-  at::Tensor y = recv.t();
-  if (bias_.defined()) y = y + harness::identityFwdAllReduceBwd(bias_, *world_);
-  y = y.reshape(outputShape_);
-  torch::autograd::backward({y}, {gradOut_});
-
-  results_["output"] = y.detach();
-  results_["grad_input"] = x_.grad().reshape(inputShape_);
-  results_["grad_weight"] = w_.grad();
-  if (bias_.defined()) results_["grad_bias"] = bias_.grad();
+  finishStep(recv.t());
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include <torch/csrc/autograd/autograd.h>
+
+#include "harness/autograd_comm.h"
 #include "harness/strategy.h"
 #include "strategies/sharding/linear_strategies.h"
 
@@ -97,6 +100,21 @@ class ShardedTensorLinearStrategy : public harness::Strategy {
     return Applicability::yes();
   }
 
+  // The sums split across ranks: for both, the bias gradient over the rows (each rank sums its
+  // own, then all-reduce); colwise: the input gradient over out_features (reduce-scatter);
+  // rowwise: the output over in_features (reduce-scatter).
+  harness::Tolerance tolerance(const std::string& tensor, const harness::CaseSpec& c,
+                               const at::Tensor& expected) const override {
+    const auto s = reference::LinearShape::parse(c.shape);
+    const harness::Tolerance base = Strategy::tolerance(tensor, c, expected);
+    int64_t length = 0;
+    if (tensor == "grad_bias") length = s.rows();
+    if (tensor == "grad_input" && weightDim_ == 0) length = s.outFeatures;
+    if (tensor == "output" && weightDim_ == 1) length = s.inFeatures;
+    if (length == 0) return base;
+    return harness::splitReductionTolerance(base, c.dtype, length, c.mesh[0], expected);
+  }
+
   // Rows of the flattened [rows, features] view that each rank brings as its own batch.
   static int64_t localRows(const reference::LinearShape& s, int n) { return s.rows() / n; }
 
@@ -118,6 +136,71 @@ class ShardedTensorLinearStrategy : public harness::Strategy {
   int weightDim_;
   std::vector<int> placements_;
   PlantedFault fault_;
+};
+
+// What both executors hold and do alike: this rank's own batch flattened to [b, K], its chunk
+// of the weight, the whole bias, its rows of grad_output, and the whole-group communicator.
+class ShardedTensorExecutorBase : public harness::RankExecutor {
+ public:
+  ShardedTensorExecutorBase(const ShardedTensorLinearStrategy& s, const harness::CaseSpec& c)
+      : strategy_(s), case_(c) {}
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+
+ protected:
+  void prepareCommon(harness::RankContext& ctx, const reference::WorkloadData& data) {
+    const auto s = reference::LinearShape::parse(case_.shape);
+    n_ = ctx.mesh().size();
+    const int r = ctx.rank();
+    b_ = ShardedTensorLinearStrategy::localRows(s, n_);
+    place_ = strategy_.placements(n_);
+    const int dim = strategy_.weightDim();
+    const at::Tensor& weight = data.inputs.at("weight");
+    const harness::Box wBox =
+        harness::chunkBox(weight.sizes(), dim, n_, harness::chunkOfRank(place_, r));
+    inputShape_ = harness::chunkBox(s.input, 0, n_, r).length;
+    outputShape_ = harness::chunkBox(s.output(), 0, n_, r).length;
+    x_ = harness::sliceBox(data.inputs.at("input"), harness::chunkBox(s.input, 0, n_, r))
+             .reshape({b_, s.inFeatures})
+             .clone()
+             .set_requires_grad(true);
+    w_ = harness::sliceBox(weight, wBox).clone().set_requires_grad(true);
+    if (s.bias) bias_ = data.inputs.at("bias").clone().set_requires_grad(true);
+    gradOut_ =
+        harness::sliceBox(data.inputs.at("grad_output"), harness::chunkBox(s.output(), 0, n_, r))
+            .clone();
+    world_ = &ctx.world();
+  }
+
+  // Drops the last step's results and gradients, so that they neither accumulate nor count
+  // towards this step's peak memory.
+  void resetStep() {
+    results_.clear();
+    x_.mutable_grad().reset();
+    w_.mutable_grad().reset();
+    if (bias_.defined()) bias_.mutable_grad().reset();
+  }
+
+  // Adds the bias (replicated: its gradient, summed over this rank's rows only, is all-reduced
+  // as DDP would), runs the backward from this rank's grad_output and keeps the results.
+  void finishStep(at::Tensor y) {
+    if (bias_.defined()) y = y + harness::identityFwdAllReduceBwd(bias_, *world_);
+    y = y.reshape(outputShape_);
+    torch::autograd::backward({y}, {gradOut_});
+    results_["output"] = y.detach();
+    results_["grad_input"] = x_.grad().reshape(inputShape_);
+    results_["grad_weight"] = w_.grad();
+    if (bias_.defined()) results_["grad_bias"] = bias_.grad();
+  }
+
+  const ShardedTensorLinearStrategy& strategy_;
+  const harness::CaseSpec& case_;
+  int n_ = 0;
+  int64_t b_ = 0;
+  std::vector<int> place_;
+  std::vector<int64_t> inputShape_, outputShape_;
+  at::Tensor x_, w_, bias_, gradOut_;
+  harness::Communicator* world_ = nullptr;
+  std::map<std::string, at::Tensor> results_;
 };
 
 }  // namespace sb::strategies

@@ -40,24 +40,15 @@ using reference::LinearShape;
 
 class RowwiseStrategy;
 
-class RowwiseExecutor final : public harness::RankExecutor {
+class RowwiseExecutor final : public ShardedTensorExecutorBase {
  public:
-  RowwiseExecutor(const RowwiseStrategy& s, const harness::CaseSpec& c) : strategy_(s), case_(c) {}
+  using ShardedTensorExecutorBase::ShardedTensorExecutorBase;
   void prepare(harness::RankContext& ctx, const reference::WorkloadData& data) override;
   void step(harness::RankContext& ctx) override;
-  std::map<std::string, at::Tensor> results() const override { return results_; }
 
  private:
-  const RowwiseStrategy& strategy_;
-  const harness::CaseSpec& case_;
-  int n_ = 0;
-  int64_t b_ = 0;
-  std::vector<int64_t> inputShape_, outputShape_;
   std::vector<int64_t> sendRows_;  // features sent to each rank
   at::Tensor featureOrder_;        // chunk order -> rank-order blocks; undefined if identity
-  at::Tensor x_, w_, bias_, gradOut_;
-  harness::Communicator* world_ = nullptr;
-  std::map<std::string, at::Tensor> results_;
 };
 
 class RowwiseStrategy final : public ShardedTensorLinearStrategy {
@@ -96,52 +87,27 @@ class RowwiseStrategy final : public ShardedTensorLinearStrategy {
 };
 
 void RowwiseExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData& data) {
-  const auto s = LinearShape::parse(case_.shape);
-  n_ = ctx.mesh().size();
-  const int r = ctx.rank();
-  b_ = ShardedTensorLinearStrategy::localRows(s, n_);
-  const auto place = strategy_.placements(n_);
-  const int chunk = chunkOfRank(place, r);
-  const auto sizes = chunkSizes(s.inFeatures, n_);
-  const auto offsets = chunkOffsets(s.inFeatures, n_);
-
-  inputShape_ = harness::chunkBox(s.input, 0, n_, r).length;
-  outputShape_ = harness::chunkBox(s.output(), 0, n_, r).length;
-  x_ = harness::sliceBox(data.inputs.at("input"), harness::chunkBox(s.input, 0, n_, r))
-           .reshape({b_, s.inFeatures})
-           .clone()
-           .set_requires_grad(true);
-  w_ = data.inputs.at("weight")
-           .narrow(1, offsets[chunk], sizes[chunk])
-           .clone()
-           .set_requires_grad(true);
-  if (s.bias) bias_ = data.inputs.at("bias").clone().set_requires_grad(true);
-  gradOut_ =
-      harness::sliceBox(data.inputs.at("grad_output"), harness::chunkBox(s.output(), 0, n_, r))
-          .clone();
-
+  prepareCommon(ctx, data);
+  const int64_t k = LinearShape::parse(case_.shape).inFeatures;
+  const auto sizes = chunkSizes(k, n_);
+  const auto offsets = chunkOffsets(k, n_);
   // Rank d must receive the features of its chunk place^-1(d); blocks go out in rank order.
   sendRows_.resize(n_);
   bool rankOrder = true;
-  for (int dst = 0; dst < n_; ++dst) sendRows_[dst] = sizes[chunkOfRank(place, dst)];
-  for (int i = 0; i < n_; ++i) rankOrder = rankOrder && place[i] == i;
+  for (int dst = 0; dst < n_; ++dst) sendRows_[dst] = sizes[chunkOfRank(place_, dst)];
+  for (int i = 0; i < n_; ++i) rankOrder = rankOrder && place_[i] == i;
   if (!rankOrder && strategy_.fault() != PlantedFault::kIgnorePlacements) {
     std::vector<int64_t> order;
     for (int dst = 0; dst < n_; ++dst) {
-      const int c = chunkOfRank(place, dst);
-      for (int64_t k = 0; k < sizes[c]; ++k) order.push_back(offsets[c] + k);
+      const int c = chunkOfRank(place_, dst);
+      for (int64_t f = 0; f < sizes[c]; ++f) order.push_back(offsets[c] + f);
     }
     featureOrder_ = at::tensor(order, at::kLong);
   }
-  world_ = &ctx.world();
 }
 
 void RowwiseExecutor::step(harness::RankContext&) {
-  results_.clear();
-  x_.mutable_grad().reset();
-  w_.mutable_grad().reset();
-  if (bias_.defined()) bias_.mutable_grad().reset();
-
+  resetStep();
   at::Tensor xt = x_.t();  // [K, b]
   if (featureOrder_.defined()) xt = xt.index_select(0, featureOrder_);
   const int64_t kc = w_.size(1);
@@ -150,16 +116,8 @@ void RowwiseExecutor::step(harness::RankContext&) {
   // Block s: rank s's rows restricted to my features, as [b, K_c].
   at::Tensor blocks = got.reshape({n_, kc, b_}).permute({0, 2, 1}).reshape({n_ * b_, kc});
   at::Tensor partial = at::matmul(blocks, w_.t());  // [n*b, N]
-  at::Tensor y = harness::reduceScatterFwdAllGatherBwd(partial, *world_,
-                                                       std::vector<int64_t>(n_, b_));  // [b, N]
-  if (bias_.defined()) y = y + harness::identityFwdAllReduceBwd(bias_, *world_);
-  y = y.reshape(outputShape_);
-  torch::autograd::backward({y}, {gradOut_});
-
-  results_["output"] = y.detach();
-  results_["grad_input"] = x_.grad().reshape(inputShape_);
-  results_["grad_weight"] = w_.grad();
-  if (bias_.defined()) results_["grad_bias"] = bias_.grad();
+  finishStep(harness::reduceScatterFwdAllGatherBwd(partial, *world_,
+                                                   std::vector<int64_t>(n_, b_)));  // [b, N]
 }
 
 }  // namespace
