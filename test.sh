@@ -3,6 +3,6 @@
 # Extra arguments go to ctest, e.g. ./test.sh -R PlantedFault.
 set -euo pipefail
 cd "$(dirname "$0")"
-ci/setup.sh
+ci/setup.sh --test
 cd build
 exec ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"

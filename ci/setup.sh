@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shared first step of ./run.sh and ./test.sh: installs whatever is missing from Debian's
 # packages, then configures (once) and builds into build/. Idempotent: with everything in
-# place it costs a dpkg query and a no-op ninja.
+# place it costs a dpkg query and a no-op ninja. `--test` adds what only the tests need
+# (chromium, to open the HTML report in a real headless browser).
 #
 # Another LibTorch (e.g. a CUDA build inside PyTorch) is used when CMAKE_PREFIX_PATH points at
 # it: CMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)').
@@ -11,7 +12,11 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build ccache git pkg-config
           libtorch-dev libgloo-dev libopenblas0-openmp
           libbenchmark-dev libgtest-dev googletest
-          libyaml-cpp-dev nlohmann-json3-dev libcli11-dev)
+          libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfccp-dev
+          python3 python3-matplotlib)
+if [ "${1:-}" = "--test" ]; then
+  packages+=(chromium)
+fi
 # Debian's LibTorch is only needed when no other LibTorch was given.
 if [ -n "${CMAKE_PREFIX_PATH:-}" ]; then
   packages=("${packages[@]/libtorch-dev/}")

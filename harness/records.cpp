@@ -45,13 +45,7 @@ std::string cpuModel() {
   return "unknown";
 }
 
-std::string fmtDouble(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
+std::string fmtDouble(double v) { return formatDouble(v); }
 
 template <class T>
 std::string opt(const std::optional<T>& v) {
@@ -63,15 +57,7 @@ std::string opt(const std::optional<T>& v) {
   }
 }
 
-std::string quote(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) {
-    if (c == '"') q += '"';
-    q += c;
-  }
-  return q + "\"";
-}
+std::string quote(const std::string& s) { return csvQuote(s); }
 
 // JSON has no NaN or Inf: store them as strings, as Python's json module would read them back
 // only with allow_nan; reports parse both.
@@ -91,6 +77,24 @@ nlohmann::json jopt(const std::optional<T>& v) {
 }
 
 }  // namespace
+
+std::string formatDouble(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string csvQuote(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q += '"';
+    q += c;
+  }
+  return q + "\"";
+}
 
 const char* statusName(Status s) {
   switch (s) {
@@ -173,6 +177,10 @@ nlohmann::json Record::toJson() const {
   j["mismatches"] = jopt(mismatches);
   j["atol"] = jopt(atol);
   j["rtol"] = jopt(rtol);
+  j["err_ratio"] = jopt(errRatio);
+  j["worst_tensor"] = worstTensor;
+  j["tensor_err_ratio"] = nlohmann::json::object();
+  for (const auto& [t, v] : tensorErrRatio) j["tensor_err_ratio"][t] = jnum(v);
   j["tolerance"] = tolerance;
   if (timing) {
     j["time_us_median"] = jnum(timing->medianUs);
@@ -201,25 +209,48 @@ nlohmann::json Record::toJson() const {
 }
 
 const std::vector<std::string>& csvColumns() {
-  static const std::vector<std::string> cols = {"schema_version", "run_id",
-                                                "git_sha",        "timestamp_utc",
-                                                "host",           "device",
-                                                "torch_version",  "backend",
-                                                "world_size",     "mesh",
-                                                "suite",          "case",
-                                                "workload",       "shape",
-                                                "dtype",          "inputs",
-                                                "seed",           "family",
-                                                "strategy_id",    "strategy",
-                                                "status",         "max_abs_err",
-                                                "max_rel_err",    "mismatches",
-                                                "atol",           "rtol",
-                                                "time_us_median", "time_us_mean",
-                                                "time_us_stddev", "time_us_min",
-                                                "time_us_max",    "repetitions",
-                                                "peak_mem_bytes", "predicted_mem_bytes",
-                                                "comm_bytes",     "predicted_comm_bytes",
-                                                "comm_calls",     "message"};
+  static const std::vector<std::string> cols = {"schema_version",
+                                                "run_id",
+                                                "git_sha",
+                                                "timestamp_utc",
+                                                "host",
+                                                "device",
+                                                "torch_version",
+                                                "backend",
+                                                "world_size",
+                                                "mesh",
+                                                "suite",
+                                                "case",
+                                                "workload",
+                                                "shape",
+                                                "dtype",
+                                                "inputs",
+                                                "seed",
+                                                "family",
+                                                "strategy_id",
+                                                "strategy",
+                                                "status",
+                                                "max_abs_err",
+                                                "max_rel_err",
+                                                "mismatches",
+                                                "atol",
+                                                "rtol",
+                                                "err_ratio",
+                                                "worst_tensor",
+                                                "tensor_err_ratio",
+                                                "time_us_median",
+                                                "time_us_mean",
+                                                "time_us_stddev",
+                                                "time_us_min",
+                                                "time_us_max",
+                                                "time_us_samples",
+                                                "repetitions",
+                                                "peak_mem_bytes",
+                                                "predicted_mem_bytes",
+                                                "comm_bytes",
+                                                "predicted_comm_bytes",
+                                                "comm_calls",
+                                                "message"};
   return cols;
 }
 
@@ -227,6 +258,16 @@ std::string csvRow(const Record& r) {
   const auto t = [&](double TimingStats::*m) -> std::string {
     return r.timing ? fmtDouble((*r.timing).*m) : "";
   };
+  std::string tensorRatios, samples;
+  for (const auto& [t, v] : r.tensorErrRatio) {
+    tensorRatios +=
+        (tensorRatios.empty() ? "" : std::string(1, kListSeparator)) + t + "=" + fmtDouble(v);
+  }
+  if (r.timing) {
+    for (double v : r.timing->samplesUs) {
+      samples += (samples.empty() ? "" : std::string(1, kListSeparator)) + fmtDouble(v);
+    }
+  }
   std::string msg = r.message;
   for (char& c : msg) {
     if (c == '\n' || c == '\r') c = ' ';
@@ -257,11 +298,15 @@ std::string csvRow(const Record& r) {
                                            opt(r.mismatches),
                                            opt(r.atol),
                                            opt(r.rtol),
+                                           opt(r.errRatio),
+                                           r.worstTensor,
+                                           tensorRatios,
                                            t(&TimingStats::medianUs),
                                            t(&TimingStats::meanUs),
                                            t(&TimingStats::stddevUs),
                                            t(&TimingStats::minUs),
                                            t(&TimingStats::maxUs),
+                                           samples,
                                            std::to_string(r.repetitions),
                                            opt(r.peakMemBytes),
                                            opt(r.predictedMemBytes),

@@ -14,6 +14,10 @@ namespace sb::harness {
 // Bumped whenever a column is renamed, removed or changes meaning (adding one is compatible).
 inline constexpr int kSchemaVersion = 1;
 
+// Lists in one CSV field: per-repetition times "12.5;13.1;..." and per-tensor error ratios
+// "output=0.01;grad_weight=0.4". Readers split on ';' and then on '='.
+inline constexpr char kListSeparator = ';';
+
 enum class Status { kPass, kFail, kError, kUnsupported, kSkipped };
 const char* statusName(Status s);  // "pass", "fail", "error", "unsupported", "skipped"
 
@@ -52,6 +56,11 @@ struct Record {
   std::optional<int64_t> mismatches;
   std::optional<double> atol;
   std::optional<double> rtol;
+  // The worst tensor's max |a - e| / (atol + rtol |e|) (<= 1 passes; see ErrorStats), its name,
+  // and the same number for every compared tensor, worst rank first-seen order.
+  std::optional<double> errRatio;
+  std::string worstTensor;
+  std::vector<std::pair<std::string, double>> tensorErrRatio;
   std::string tolerance;  // "rtol=1.3e-06 atol=1e-05", "bitwise (reason)"
   std::optional<TimingStats> timing;
   int repetitions = 0;
@@ -68,6 +77,10 @@ struct Record {
 
 // The CSV header, in column order.
 const std::vector<std::string>& csvColumns();
+// `s` as one CSV field: quoted, with quotes doubled, where it holds a comma, quote or newline.
+std::string csvQuote(const std::string& s);
+// A double as records write it: 9 significant digits, "nan", "inf", "-inf".
+std::string formatDouble(double v);
 // One CSV line (no trailing newline), fields quoted where they need it (RFC 4180).
 std::string csvRow(const Record& r);
 

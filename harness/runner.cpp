@@ -92,6 +92,8 @@ nlohmann::json checksToJson(const Verification& v) {
                                                   : nlohmann::json(std::to_string(c.maxAbsErr));
     j["max_rel_err"] = std::isfinite(c.maxRelErr) ? nlohmann::json(c.maxRelErr)
                                                   : nlohmann::json(std::to_string(c.maxRelErr));
+    j["err_ratio"] = std::isfinite(c.errRatio) ? nlohmann::json(c.errRatio)
+                                               : nlohmann::json(std::to_string(c.errRatio));
     j["worst_index"] = c.worstIndex;
     j["tolerance"] = c.tolerance;
     if (!c.problem.empty()) j["problem"] = c.problem;
@@ -204,10 +206,32 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
       if (filter && !std::regex_search(s->id(), *filter)) continue;
       Applicability a = s->applies(c);
       if (a.kind == Applicability::Kind::kNotApplicable) continue;
-      pc.strategies.push_back({s, a});
+      pc.strategies.push_back({s, a, nullptr});
     }
     selected += pc.strategies.size();
     if (!pc.strategies.empty()) plan.push_back(std::move(pc));
+  }
+  for (const auto& [id, fault] : options.plantedFaults) {
+    const Strategy* s = registry.find(id);
+    if (!s) throw InputError("--plant-fault: no strategy has the id '" + id + "'");
+    std::shared_ptr<const Strategy> faulty = s->withPlantedFault(fault);
+    if (!faulty) {
+      std::string can;
+      for (const auto& f : s->plantableFaults()) can += (can.empty() ? "" : ", ") + f;
+      throw InputError("--plant-fault: strategy '" + id + "' has no fault '" + fault +
+                       "' (it has: " + (can.empty() ? "none" : can) + ")");
+    }
+    bool used = false;
+    for (auto& pc : plan) {
+      for (auto& e : pc.strategies) {
+        if (e.strategy == s) {
+          e.owned = faulty;
+          e.strategy = faulty.get();
+          used = true;
+        }
+      }
+    }
+    if (!used) throw InputError("--plant-fault: strategy '" + id + "' runs in no case");
   }
   if (selected == 0) {
     throw InputError(suite.file + ": " +
@@ -277,6 +301,20 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
     rec.maxAbsErr = maxAbs;
     rec.maxRelErr = maxRel;
     rec.mismatches = mism;
+    // Per tensor, the worst rank's distance to tolerance; the record's is the worst tensor's.
+    for (const auto& ch : v.checks) {
+      auto it = std::find_if(rec.tensorErrRatio.begin(), rec.tensorErrRatio.end(),
+                             [&](const auto& p) { return p.first == ch.tensor; });
+      if (it == rec.tensorErrRatio.end()) {
+        rec.tensorErrRatio.emplace_back(ch.tensor, ch.errRatio);
+      } else if (!(ch.errRatio <= it->second)) {  // NaN-safe: NaN replaces anything
+        it->second = ch.errRatio;
+      }
+      if (!rec.errRatio || !(ch.errRatio <= *rec.errRatio)) {
+        rec.errRatio = ch.errRatio;
+        rec.worstTensor = ch.tensor;
+      }
+    }
 
     // Communication: counted by the backend against the strategy's prediction, per rank.
     int64_t commMax = 0, predMax = 0, callsMax = 0;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,10 @@ struct RunOptions {
   std::optional<int> worldSize;      // every case's mesh must have this many ranks
   double warmupSec = 0.0;            // Google Benchmark warm-up per (case, strategy)
   std::chrono::milliseconds collectiveTimeout{std::chrono::minutes(5)};
+  // Test-only: (strategy id, fault name) pairs; the strategy runs with that deliberate bug
+  // under its own id (Strategy::withPlantedFault), so reports and gates can be tested end to
+  // end on a real failing row.
+  std::vector<std::pair<std::string, std::string>> plantedFaults;
 };
 
 // A case with the strategies it selected and whether each applies.
@@ -30,6 +35,7 @@ struct PlannedCase {
   struct Entry {
     const Strategy* strategy;
     Applicability applicability;
+    std::shared_ptr<const Strategy> owned;  // holds `strategy` when it is a planted-fault copy
   };
   std::vector<Entry> strategies;
 };

@@ -89,6 +89,14 @@ class Strategy {
   // Case-specific details for the record (e.g. sharding sequences at the case's shape).
   virtual nlohmann::json caseDetails(const CaseSpec& c) const { return nlohmann::json::object(); }
 
+  // Deliberate bugs this strategy can be built with, by name (e.g. "skip_forward_all_reduce"),
+  // and a copy of it with one of them under the same id. Test-only: `run --plant-fault` uses
+  // them to prove, end to end, that a wrong executor fails and that a report gates on it.
+  virtual std::vector<std::string> plantableFaults() const { return {}; }
+  virtual std::unique_ptr<Strategy> withPlantedFault(const std::string& fault) const {
+    return nullptr;
+  }
+
  private:
   std::string id_;
   std::string displayName_;

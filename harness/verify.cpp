@@ -1,6 +1,7 @@
 #include "harness/verify.h"
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -98,6 +99,7 @@ TensorCheck checkTensor(const std::string& tensor, int rank, const at::Tensor& a
   if (!actual.defined()) {
     c.problem = "missing (the executor returned no such tensor)";
     c.mismatches = c.numel;
+    c.errRatio = std::numeric_limits<double>::infinity();
     return c;
   }
   if (actual.sizes() != expected.sizes()) {
@@ -105,6 +107,7 @@ TensorCheck checkTensor(const std::string& tensor, int rank, const at::Tensor& a
     os << "local shape " << actual.sizes() << " but the declared layout holds " << expected.sizes();
     c.problem = os.str();
     c.mismatches = c.numel;
+    c.errRatio = std::numeric_limits<double>::infinity();
     return c;
   }
   if (actual.scalar_type() != expected.scalar_type()) {
@@ -112,12 +115,14 @@ TensorCheck checkTensor(const std::string& tensor, int rank, const at::Tensor& a
     os << "dtype " << actual.scalar_type() << " but the reference is " << expected.scalar_type();
     c.problem = os.str();
     c.mismatches = c.numel;
+    c.errRatio = std::numeric_limits<double>::infinity();
     return c;
   }
   const auto s = kernels::errorStats(actual, expected, tol.rtol, tol.atol, tol.exact);
   c.mismatches = s.mismatches;
   c.maxAbsErr = s.maxAbsErr;
   c.maxRelErr = s.maxRelErr;
+  c.errRatio = s.maxErrRatio;
   if (!s.worstIndex.empty()) {
     std::vector<int64_t> local = s.worstIndex;
     at::Tensor a = actual.detach().to(at::kCPU).to(at::kDouble);

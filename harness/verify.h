@@ -40,6 +40,7 @@ struct TensorCheck {
   int64_t mismatches = 0;
   double maxAbsErr = 0;
   double maxRelErr = 0;
+  double errRatio = 0;  // max |a - e| / (atol + rtol |e|): <= 1 passes; +inf for a problem
   std::vector<int64_t> worstIndex;  // in the full tensor's coordinates
   double worstActual = 0;
   double worstExpected = 0;

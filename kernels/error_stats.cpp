@@ -64,6 +64,14 @@ ErrorStats errorStatsCpu(const at::Tensor& actual, const at::Tensor& expected, d
   const at::Tensor relErr = at::where(diff.eq(0), at::zeros_like(diff), absErr / e.abs());
   s.maxAbsErr = absErr.max().item<double>();
   s.maxRelErr = relErr.max().item<double>();
+  if (exact) {
+    s.maxErrRatio = s.mismatches > 0 ? inf : 0.0;
+  } else {
+    const at::Tensor allowed = atol + rtol * e.abs();
+    const at::Tensor ratio =
+        at::where(absErr.eq(0), at::zeros_like(absErr), absErr / allowed);  // 0/0 is a match
+    s.maxErrRatio = ratio.max().item<double>();
+  }
 
   at::Tensor score;
   if (s.mismatches > 0) {

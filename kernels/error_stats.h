@@ -18,6 +18,10 @@ struct ErrorStats {
   int64_t mismatches = 0;
   double maxAbsErr = 0;  // +inf if any element is not finite
   double maxRelErr = 0;  // |a - e| / |e|; +inf where e == 0 and a != e
+  // How far the worst element is from its tolerance: max |a - e| / (atol + rtol * |e|), so
+  // that <= 1 matches and the reports can put every tensor on one scale. Bitwise comparisons
+  // give 0 when every element matches and +inf otherwise; non-finite elements give +inf.
+  double maxErrRatio = 0;
   // Index of the worst element: the mismatch furthest past its tolerance, or the largest
   // absolute error if every element matches. Empty for empty tensors.
   std::vector<int64_t> worstIndex;

@@ -3,8 +3,11 @@
 //   stratbench list [--family F] [--filter REGEX] [--json]
 //   stratbench run SUITE [--filter REGEX] [--backend threads] [--out DIR] [--repetitions N]
 //                        [--seed S] [--min-time SEC] [--world-size N]
+//   stratbench report RESULTS... [--baseline FILE...] [--out DIR] [--history DIR] [--gate]
+//                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
 //
-// Exit codes: 0 everything passed, 1 a strategy failed or errored, 2 bad input or usage.
+// Exit codes: 0 everything passed (run) or the gate passed (report), 1 a strategy failed or
+// errored (run) or the gate failed (report --gate), 2 bad input or usage.
 
 #include <iomanip>
 #include <iostream>
@@ -15,6 +18,7 @@
 
 #include "harness/registry.h"
 #include "harness/runner.h"
+#include "reports/report.h"
 
 namespace {
 
@@ -103,6 +107,38 @@ int main(int argc, char** argv) {
   run->add_option("--world-size", worldSize, "Require every case's mesh to have N ranks")
       ->check(CLI::PositiveNumber);
 
+  std::vector<std::string> plantFaults;
+  run->add_option("--plant-fault", plantFaults,
+                  "Test only: run strategy ID with a deliberate bug, as ID=FAULT (repeatable)");
+
+  auto* report = app.add_subcommand(
+      "report",
+      "Merge result files, compare with a baseline, gate, write report.md/html and plots");
+  sb::reports::ReportOptions ropts;
+  report->add_option("results", ropts.results, "results.csv files or run directories");
+  report->add_option("--baseline", ropts.baselines, "Baseline results.csv files or directories");
+  report->add_option("--out", ropts.outDir,
+                     "Report directory (default: that of the first results file)");
+  report->add_option("--history", ropts.historyDir,
+                     "Directory of runs (folders with results.csv) for the trend plots");
+  report->add_flag("--gate", ropts.gate, "Exit 1 when the gate fails");
+  report->add_flag("--gate-perf", ropts.gateOptions.hardPerf,
+                   "Time regressions fail the gate too (soft by default)");
+  report->add_flag("--allow-gone", ropts.gateOptions.allowGone,
+                   "A baseline row missing from the results only warns");
+  report
+      ->add_option("--perf-threshold", ropts.gateOptions.perfThresholdPct,
+                   "Minimum change of the median time, in %")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  report
+      ->add_option("--mem-threshold", ropts.gateOptions.memThresholdPct,
+                   "Minimum change of peak memory, in %")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  bool noPlots = false;
+  report->add_flag("--no-plots", noPlots, "Skip the matplotlib plots");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -111,6 +147,23 @@ int main(int argc, char** argv) {
   }
 
   if (*list) return listStrategies(family, listFilter, json);
+  if (*report) {
+    ropts.plots = !noPlots;
+    try {
+      return sb::reports::runReport(ropts, std::cout);
+    } catch (const sb::reports::ReportInputError& e) {
+      std::cerr << "stratbench report: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+  }
+  for (const auto& pf : plantFaults) {
+    const auto eq = pf.rfind('=');  // ids contain "=", fault names do not
+    if (eq == std::string::npos || eq == 0 || eq + 1 == pf.size()) {
+      std::cerr << "stratbench: --plant-fault '" << pf << "': expected STRATEGY_ID=FAULT\n";
+      return kExitBadInput;
+    }
+    opts.plantedFaults.emplace_back(pf.substr(0, eq), pf.substr(eq + 1));
+  }
 
   if (run->count("--repetitions")) opts.repetitions = repetitions;
   if (run->count("--seed")) opts.seed = seed;

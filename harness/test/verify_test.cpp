@@ -60,6 +60,24 @@ TEST(CheckTensor, AnErrorJustPastAtolPlusRtolFails) {
   EXPECT_FALSE(checkTensor("t", 0, ed + 1.1 * bound, ed, {0}, tol).passed());
 }
 
+TEST(CheckTensor, TheErrorRatioIsTheWorstErrorOverItsOwnAllowance) {
+  // Allowances: 1e-5 + 1.3e-6 * 100 = 1.4e-4 and 1e-5 + 1.3e-6 * 1 = 1.13e-5; errors 7e-5 and
+  // 1.13e-5 give ratios 0.5 and 1.0: the second element is the worst though its error is the
+  // smaller one.
+  const Tolerance tol{1.3e-6, 1e-5, false, ""};
+  const at::Tensor e = at::tensor({100.0, 1.0}, at::kDouble);
+  const at::Tensor a = e + at::tensor({7e-5, 1.13e-5}, at::kDouble);
+  EXPECT_NEAR(checkTensor("t", 0, a, e, {0}, tol).errRatio, 1.0, 1e-9);
+  EXPECT_EQ(checkTensor("t", 0, e.clone(), e, {0}, tol).errRatio, 0.0);
+  at::Tensor n = e.clone();
+  n[0] = std::nan("");
+  EXPECT_TRUE(std::isinf(checkTensor("t", 0, n, e, {0}, tol).errRatio));
+  // Bitwise: 0 when equal, infinite on any difference however small.
+  const Tolerance bit = Tolerance::bitwise("test");
+  EXPECT_EQ(checkTensor("t", 0, e.clone(), e, {0}, bit).errRatio, 0.0);
+  EXPECT_TRUE(std::isinf(checkTensor("t", 0, a, e, {0}, bit).errRatio));
+}
+
 TEST(CheckTensor, NanIsAMismatchEvenWhenTheReferenceHasNan) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   at::Tensor e = at::zeros({3}, at::kDouble);

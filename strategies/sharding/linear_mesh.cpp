@@ -106,6 +106,23 @@ class LinearMeshStrategy final : public harness::Strategy {
   int batchDim() const { return batchDim_; }
   PlantedFault fault() const { return fault_; }
 
+  // A contraction that is not split has no partial sums to lose; only a split batch has a
+  // shard offset to get wrong.
+  std::vector<PlantedFault> supportedFaults() const {
+    std::vector<PlantedFault> f;
+    if (!spec_.inAxes.empty()) f.push_back(PlantedFault::kSkipForwardAllReduce);
+    if (batchDim_ >= 0) f.push_back(PlantedFault::kShardOffsetOffByOne);
+    return f;
+  }
+  std::vector<std::string> plantableFaults() const override {
+    return plantedFaultNames(supportedFaults());
+  }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    const auto f = parsePlantedFault(name, supportedFaults());
+    if (!f) return nullptr;
+    return std::make_unique<LinearMeshStrategy>(spec_, batchDim_, *f, id(), displayName());
+  }
+
   std::vector<std::pair<std::string, std::string>> params() const override {
     std::string meshes;
     for (int d : spec_.meshDims) meshes += (meshes.empty() ? "" : ",") + std::to_string(d) + "-D";
@@ -368,6 +385,34 @@ void LinearMeshExecutor::step(RankContext&) {
 }
 
 }  // namespace
+
+const char* plantedFaultName(PlantedFault f) {
+  switch (f) {
+    case PlantedFault::kNone:
+      return "none";
+    case PlantedFault::kSkipForwardAllReduce:
+      return "skip_forward_all_reduce";
+    case PlantedFault::kShardOffsetOffByOne:
+      return "shard_offset_off_by_one";
+    case PlantedFault::kIgnorePlacements:
+      return "ignore_placements";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown planted fault");
+}
+
+std::optional<PlantedFault> parsePlantedFault(const std::string& name,
+                                              const std::vector<PlantedFault>& supported) {
+  for (PlantedFault f : supported) {
+    if (name == plantedFaultName(f)) return f;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> plantedFaultNames(const std::vector<PlantedFault>& faults) {
+  std::vector<std::string> names;
+  for (PlantedFault f : faults) names.emplace_back(plantedFaultName(f));
+  return names;
+}
 
 std::vector<LinearMeshSpec> linearMeshSpecs() {
   const std::vector<int> twoD = {2};

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,13 @@ enum class PlantedFault {
   kShardOffsetOffByOne,   // the input shard is taken one row away from where the spec puts it
   kIgnorePlacements,      // chunks are assumed to be in rank order whatever the placements say
 };
+
+// "skip_forward_all_reduce", "shard_offset_off_by_one", "ignore_placements" ("none" for kNone).
+const char* plantedFaultName(PlantedFault f);
+// The fault named `name` if it is one of `supported`; nullopt otherwise.
+std::optional<PlantedFault> parsePlantedFault(const std::string& name,
+                                              const std::vector<PlantedFault>& supported);
+std::vector<std::string> plantedFaultNames(const std::vector<PlantedFault>& faults);
 
 // A Linear sharding strategy of ColossalAI's auto-parallel linear handler: each of the batch
 // (the input's non-feature dimensions, logically flattened), in-feature and out-feature

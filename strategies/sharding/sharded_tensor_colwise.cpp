@@ -57,6 +57,12 @@ class ColwiseStrategy final : public ShardedTensorLinearStrategy {
   ColwiseStrategy(std::vector<int> placements, PlantedFault fault, const std::string& prefix)
       : ShardedTensorLinearStrategy("colwise", 0, std::move(placements), fault, prefix) {}
 
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    const auto f = parsePlantedFault(name, supportedFaults());
+    if (!f) return nullptr;
+    return std::make_unique<ColwiseStrategy>(explicitPlacements(), *f, "");
+  }
+
   nlohmann::json communication() const override {
     return nlohmann::json::array(
         {{{"phase", "forward"}, {"collective", "all_gather"}, {"operand", "input"}},

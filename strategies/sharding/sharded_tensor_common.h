@@ -39,6 +39,19 @@ class ShardedTensorLinearStrategy : public harness::Strategy {
 
   PlantedFault fault() const { return fault_; }
   int weightDim() const { return weightDim_; }
+  const std::vector<int>& explicitPlacements() const { return placements_; }
+
+  // Only chunks placed out of rank order can be mistaken for rank order.
+  std::vector<PlantedFault> supportedFaults() const {
+    if (placements_.empty()) return {};
+    for (size_t i = 0; i < placements_.size(); ++i) {
+      if (placements_[i] != static_cast<int>(i)) return {PlantedFault::kIgnorePlacements};
+    }
+    return {};
+  }
+  std::vector<std::string> plantableFaults() const override {
+    return plantedFaultNames(supportedFaults());
+  }
 
   // Chunk i on rank placements(n)[i]; rank order where none were given.
   std::vector<int> placements(int n) const {

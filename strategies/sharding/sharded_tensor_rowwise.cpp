@@ -56,6 +56,12 @@ class RowwiseStrategy final : public ShardedTensorLinearStrategy {
   RowwiseStrategy(std::vector<int> placements, PlantedFault fault, const std::string& prefix)
       : ShardedTensorLinearStrategy("rowwise", 1, std::move(placements), fault, prefix) {}
 
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    const auto f = parsePlantedFault(name, supportedFaults());
+    if (!f) return nullptr;
+    return std::make_unique<RowwiseStrategy>(explicitPlacements(), *f, "");
+  }
+
   nlohmann::json communication() const override {
     return nlohmann::json::array(
         {{{"phase", "forward"}, {"collective", "all_to_all"}, {"operand", "input features"}},

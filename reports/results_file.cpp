@@ -1,0 +1,287 @@
+#include "reports/results_file.h"
+
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <utility>
+
+// Line by line, on this thread: result files are small and a reader thread buys nothing.
+#define CSV_IO_NO_THREAD
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-truncation"  // the parser's file-name copy
+#include <libfccp/csv.h>
+#pragma GCC diagnostic pop
+
+#include "harness/records.h"
+
+namespace sb::reports {
+namespace {
+
+// Every column this reader knows, in the order `run` writes them. The CSV parser needs the
+// count at compile time; a test checks this list against harness::csvColumns().
+constexpr std::array<const char*, 42> kColumns = {"schema_version",
+                                                  "run_id",
+                                                  "git_sha",
+                                                  "timestamp_utc",
+                                                  "host",
+                                                  "device",
+                                                  "torch_version",
+                                                  "backend",
+                                                  "world_size",
+                                                  "mesh",
+                                                  "suite",
+                                                  "case",
+                                                  "workload",
+                                                  "shape",
+                                                  "dtype",
+                                                  "inputs",
+                                                  "seed",
+                                                  "family",
+                                                  "strategy_id",
+                                                  "strategy",
+                                                  "status",
+                                                  "max_abs_err",
+                                                  "max_rel_err",
+                                                  "mismatches",
+                                                  "atol",
+                                                  "rtol",
+                                                  "err_ratio",
+                                                  "worst_tensor",
+                                                  "tensor_err_ratio",
+                                                  "time_us_median",
+                                                  "time_us_mean",
+                                                  "time_us_stddev",
+                                                  "time_us_min",
+                                                  "time_us_max",
+                                                  "time_us_samples",
+                                                  "repetitions",
+                                                  "peak_mem_bytes",
+                                                  "predicted_mem_bytes",
+                                                  "comm_bytes",
+                                                  "predicted_comm_bytes",
+                                                  "comm_calls",
+                                                  "message"};
+constexpr size_t kN = kColumns.size();
+
+// Added to schema 1 after it first shipped (adding a column is compatible): a file without
+// them still reads, it just cannot be gated on per-repetition times or per-tensor errors.
+bool isOptional(const std::string& c) {
+  return c == "err_ratio" || c == "worst_tensor" || c == "tensor_err_ratio" ||
+         c == "time_us_samples";
+}
+
+using Reader = io::CSVReader<kN, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;
+
+template <size_t... I>
+void readHeader(Reader& r, std::index_sequence<I...>) {
+  r.read_header(io::ignore_extra_column | io::ignore_missing_column, kColumns[I]...);
+}
+
+template <size_t... I>
+bool readRow(Reader& r, std::array<std::string, kN>& f, std::index_sequence<I...>) {
+  return r.read_row(f[I]...);
+}
+
+// Field access by column name for one row, with errors naming the file, line and column.
+class Fields {
+ public:
+  Fields(const std::array<std::string, kN>& f, std::string where)
+      : f_(f), where_(std::move(where)) {}
+
+  const std::string& str(const char* col) const { return f_[index(col)]; }
+
+  std::optional<double> optDouble(const char* col) const {
+    const std::string& s = str(col);
+    if (s.empty()) return std::nullopt;
+    return toDouble(s, col);
+  }
+
+  std::optional<int64_t> optInt(const char* col) const {
+    const std::string& s = str(col);
+    if (s.empty()) return std::nullopt;
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    if (errno != 0 || end == s.c_str() || *end != '\0') bad(col, s, "an integer");
+    return v;
+  }
+
+  int64_t requiredInt(const char* col) const {
+    auto v = optInt(col);
+    if (!v) bad(col, "", "an integer");
+    return *v;
+  }
+
+  double toDouble(const std::string& s, const char* col) const {
+    if (s == "nan" || s == "-nan") return std::nan("");
+    if (s == "inf") return INFINITY;
+    if (s == "-inf") return -INFINITY;
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    if (errno == ERANGE || end == s.c_str() || *end != '\0') bad(col, s, "a number");
+    return v;
+  }
+
+  [[noreturn]] void bad(const char* col, const std::string& value, const char* expected) const {
+    throw ReportInputError(where_ + ": column '" + col + "': '" + value + "' is not " + expected);
+  }
+
+  const std::string& where() const { return where_; }
+
+ private:
+  static size_t index(const char* col) {
+    for (size_t i = 0; i < kN; ++i) {
+      if (std::string(kColumns[i]) == col) return i;
+    }
+    throw std::logic_error(std::string("reports: unknown column ") + col);
+  }
+  const std::array<std::string, kN>& f_;
+  std::string where_;
+};
+
+std::vector<std::string> splitList(const std::string& s) {
+  std::vector<std::string> out;
+  if (s.empty()) return out;
+  size_t start = 0;
+  while (true) {
+    const size_t pos = s.find(harness::kListSeparator, start);
+    out.push_back(s.substr(start, pos == std::string::npos ? std::string::npos : pos - start));
+    if (pos == std::string::npos) break;
+    start = pos + 1;
+  }
+  return out;
+}
+
+ResultRow parseRow(const Fields& f, const std::string& file, int line) {
+  ResultRow r;
+  r.file = file;
+  r.line = line;
+  r.schemaVersion = static_cast<int>(f.requiredInt("schema_version"));
+  if (r.schemaVersion != harness::kSchemaVersion) {
+    throw ReportInputError(f.where() + ": schema_version " + std::to_string(r.schemaVersion) +
+                           " is not one this stratbench reads (it reads " +
+                           std::to_string(harness::kSchemaVersion) + ")");
+  }
+  r.runId = f.str("run_id");
+  r.gitSha = f.str("git_sha");
+  r.timestampUtc = f.str("timestamp_utc");
+  r.host = f.str("host");
+  r.device = f.str("device");
+  r.torchVersion = f.str("torch_version");
+  r.backend = f.str("backend");
+  r.worldSize = static_cast<int>(f.requiredInt("world_size"));
+  r.mesh = f.str("mesh");
+  r.suite = f.str("suite");
+  r.caseName = f.str("case");
+  r.workload = f.str("workload");
+  r.shape = f.str("shape");
+  r.dtype = f.str("dtype");
+  r.inputs = f.str("inputs");
+  r.seed = static_cast<uint64_t>(f.requiredInt("seed"));
+  r.family = f.str("family");
+  r.strategyId = f.str("strategy_id");
+  r.strategy = f.str("strategy");
+  r.status = f.str("status");
+  static const std::array<const char*, 5> kStatuses = {"pass", "fail", "error", "unsupported",
+                                                       "skipped"};
+  if (std::find(kStatuses.begin(), kStatuses.end(), r.status) == kStatuses.end()) {
+    throw ReportInputError(f.where() + ": column 'status': '" + r.status +
+                           "' is not one of pass, fail, error, unsupported, skipped");
+  }
+  if (r.suite.empty() || r.caseName.empty() || r.strategyId.empty()) {
+    throw ReportInputError(f.where() + ": suite, case and strategy_id must not be empty");
+  }
+  r.maxAbsErr = f.optDouble("max_abs_err");
+  r.maxRelErr = f.optDouble("max_rel_err");
+  r.mismatches = f.optInt("mismatches");
+  r.atol = f.optDouble("atol");
+  r.rtol = f.optDouble("rtol");
+  r.errRatio = f.optDouble("err_ratio");
+  r.worstTensor = f.str("worst_tensor");
+  for (const auto& item : splitList(f.str("tensor_err_ratio"))) {
+    const size_t eq = item.rfind('=');
+    if (eq == std::string::npos || eq == 0) f.bad("tensor_err_ratio", item, "tensor=number");
+    r.tensorErrRatio.emplace_back(item.substr(0, eq),
+                                  f.toDouble(item.substr(eq + 1), "tensor_err_ratio"));
+  }
+  for (const auto& item : splitList(f.str("time_us_samples"))) {
+    r.timeSamplesUs.push_back(f.toDouble(item, "time_us_samples"));
+  }
+  r.timeMedianUs = f.optDouble("time_us_median");
+  r.timeMeanUs = f.optDouble("time_us_mean");
+  r.timeStddevUs = f.optDouble("time_us_stddev");
+  r.timeMinUs = f.optDouble("time_us_min");
+  r.timeMaxUs = f.optDouble("time_us_max");
+  r.repetitions = static_cast<int>(f.requiredInt("repetitions"));
+  r.peakMemBytes = f.optInt("peak_mem_bytes");
+  r.predictedMemBytes = f.optInt("predicted_mem_bytes");
+  r.commBytes = f.optInt("comm_bytes");
+  r.predictedCommBytes = f.optInt("predicted_comm_bytes");
+  r.commCalls = f.optInt("comm_calls");
+  r.message = f.str("message");
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> knownColumns() { return {kColumns.begin(), kColumns.end()}; }
+
+std::vector<ResultRow> readResults(const std::string& given) {
+  std::string path = given;
+  if (std::filesystem::is_directory(path)) path += "/results.csv";
+  if (!std::filesystem::is_regular_file(path)) {
+    throw ReportInputError(path + ": no such results file");
+  }
+  std::vector<ResultRow> rows;
+  try {
+    Reader reader(path);
+    readHeader(reader, std::make_index_sequence<kN>{});
+    std::vector<std::string> missing;
+    for (const char* c : kColumns) {
+      if (!isOptional(c) && !reader.has_column(c)) missing.emplace_back(c);
+    }
+    if (!missing.empty()) {
+      std::string list;
+      for (size_t i = 0; i < missing.size() && i < 6; ++i) list += (i ? ", " : "") + missing[i];
+      if (missing.size() > 6) list += ", ... (" + std::to_string(missing.size()) + " in all)";
+      throw ReportInputError(path + ":1: the header lacks column(s) " + list +
+                             "; expected the header of a stratbench results.csv (schema " +
+                             std::to_string(harness::kSchemaVersion) + ")");
+    }
+    std::array<std::string, kN> fields;
+    while (true) {
+      for (auto& f : fields) f.clear();
+      if (!readRow(reader, fields, std::make_index_sequence<kN>{})) break;
+      const int line = static_cast<int>(reader.get_file_line());
+      rows.push_back(parseRow(Fields(fields, path + ":" + std::to_string(line)), path, line));
+    }
+  } catch (const io::error::base& e) {
+    // The parser's own messages name the file and line ("Too few columns in line 7 in file
+    // ...").
+    throw ReportInputError(path + ": " + e.what());
+  }
+  return rows;
+}
+
+std::vector<ResultRow> readAll(const std::vector<std::string>& paths) {
+  std::vector<ResultRow> all;
+  std::map<std::string, std::string> seen;
+  for (const auto& p : paths) {
+    for (auto& r : readResults(p)) {
+      auto [it, fresh] = seen.emplace(r.key(), r.where());
+      if (!fresh) {
+        throw ReportInputError(r.where() + ": case '" + r.caseName + "' strategy '" + r.strategyId +
+                               "' on backend '" + r.backend + "' was already read at " +
+                               it->second + "; give each run's results once");
+      }
+      all.push_back(std::move(r));
+    }
+  }
+  return all;
+}
+
+}  // namespace sb::reports

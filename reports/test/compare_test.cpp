@@ -1,0 +1,261 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "reports/compare.h"
+#include "reports/stats.h"
+#include "reports/test/test_rows.h"
+
+namespace sb::reports {
+namespace {
+
+using test::passRow;
+using test::tempDir;
+using test::writeRun;
+
+// Writes both runs through the harness's writer, reads them back, and compares: the gate sees
+// exactly what it would see from `run`.
+struct Gate {
+  std::vector<ResultRow> current, baseline;
+  Comparison cmp;
+
+  Gate(const std::vector<harness::Record>& cur, const std::vector<harness::Record>& base,
+       GateOptions o = {}) {
+    static int n = 0;
+    ++n;
+    current = readResults(writeRun(tempDir("cur" + std::to_string(n)), cur));
+    if (!base.empty()) {
+      baseline = readResults(writeRun(tempDir("base" + std::to_string(n)), base));
+    }
+    cmp = compare(current, baseline, o);
+  }
+
+  const RowComparison& row(const std::string& id) const {
+    for (const auto& r : cmp.rows) {
+      if (r.any().strategyId == id) return r;
+    }
+    throw std::runtime_error("no row " + id);
+  }
+  std::string failures() const {
+    std::string s;
+    for (const auto& f : cmp.gateFailures()) s += f + "\n";
+    return s;
+  }
+};
+
+harness::Record failing(harness::Record r, double ratio) {
+  r.status = harness::Status::kFail;
+  r.errRatio = ratio;
+  r.maxAbsErr = 0.5;
+  r.mismatches = 12;
+  r.message = "output@rank0: 12/64 mismatched";
+  return r;
+}
+
+std::vector<double> scaled(const std::vector<double>& v, double f) {
+  std::vector<double> o;
+  for (double x : v) o.push_back(x * f);
+  return o;
+}
+
+const std::vector<double> kSamples = {100, 103, 98, 101, 99, 102, 97, 100, 104, 99};
+
+TEST(MannWhitney, FullySeparatedSamplesMatchTheNormalApproximationByHand) {
+  // a = 1..10, b = 11..20: U = 0; mean 50, variance 10*10*21/12 = 175, so
+  // z = (50 - 0.5) / sqrt(175) = 3.7418 and p = erfc(3.7418 / sqrt 2) = 1.826e-4.
+  std::vector<double> a, b;
+  for (int i = 1; i <= 10; ++i) a.push_back(i);
+  for (int i = 11; i <= 20; ++i) b.push_back(i);
+  const MannWhitney m = mannWhitneyU(a, b);
+  EXPECT_DOUBLE_EQ(m.u, 0.0);
+  EXPECT_NEAR(m.z, -3.7418, 1e-4);
+  EXPECT_NEAR(m.pValue, 1.826e-4, 2e-6);
+  EXPECT_NEAR(mannWhitneyU(b, a).pValue, m.pValue, 1e-15);  // two-sided: symmetric
+}
+
+TEST(MannWhitney, IdenticalSamplesGiveNoEvidence) {
+  EXPECT_DOUBLE_EQ(mannWhitneyU({5, 5, 5, 5}, {5, 5, 5, 5}).pValue, 1.0);
+  EXPECT_GT(mannWhitneyU(kSamples, kSamples).pValue, 0.9);
+}
+
+TEST(MannWhitney, TiesShareTheirMeanRank) {
+  // a = {1, 2}, b = {2, 3}: pairs (1,2) (1,3) (2,3) count 0 for a, (2,2) a half: U_a = 0.5.
+  EXPECT_DOUBLE_EQ(mannWhitneyU({1, 2}, {2, 3}).u, 0.5);
+}
+
+TEST(Gate, APassThatBecomesAFailFailsTheGateAndNamesTheStrategy) {
+  const auto good = passRow("linear-4x16", "sharding/linear/S0R=S0R.RR/0");
+  const auto other = passRow("linear-4x16", "sharding/linear/RR=RR.RR");
+  Gate g({failing(good, 40.0), other}, {good, other});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_EQ(g.row(good.strategyId).numerics, "regressed");
+  EXPECT_EQ(g.row(good.strategyId).verdict, Verdict::kRegressed);
+  EXPECT_EQ(g.row(other.strategyId).verdict, Verdict::kUnchanged);
+  ASSERT_EQ(g.cmp.gateFailures().size(), 1u) << g.failures();
+  EXPECT_NE(g.failures().find("sharding/linear/S0R=S0R.RR/0"), std::string::npos);
+  EXPECT_NE(g.failures().find("was pass, now fail"), std::string::npos);
+}
+
+TEST(Gate, AnErrorThatBecomesAnErrorStatusFailsTheGate) {
+  auto good = passRow("c", "s");
+  auto err = good;
+  err.status = harness::Status::kError;
+  err.message = "rank 2: boom";
+  Gate g({err}, {good});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_NE(g.failures().find("rank 2: boom"), std::string::npos);
+}
+
+TEST(Gate, AnErrorThatGrewPastItsToleranceFailsTheGate) {
+  const auto r = passRow("c", "s");
+  Gate g({failing(r, 30.0)}, {failing(r, 3.0)});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_EQ(g.row("s").numerics, "regressed");
+  EXPECT_NE(g.failures().find("grew"), std::string::npos);
+}
+
+TEST(Gate, AKnownFailureThatDidNotGrowIsReportedButDoesNotGate) {
+  const auto r = passRow("c", "s");
+  Gate g({failing(r, 3.0)}, {failing(r, 3.0)});
+  EXPECT_FALSE(g.cmp.gateFailed());
+  EXPECT_EQ(g.row("s").numerics, "still failing");
+  ASSERT_EQ(g.cmp.warnings().size(), 1u);
+}
+
+TEST(Gate, WithoutABaselineAFailingRowStillFailsTheGate) {
+  Gate g({failing(passRow("c", "s"), 5.0), passRow("c", "t")}, {});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_EQ(g.row("s").numerics, "new failure");
+  EXPECT_EQ(g.row("t").numerics, "ok");
+}
+
+TEST(Gate, ANaNErrorFailsEvenWhereTheRowClaimsPass) {
+  auto r = passRow("c", "s");
+  r.maxAbsErr = std::nan("");
+  Gate g({r}, {passRow("c", "s")});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_NE(g.failures().find("NaN"), std::string::npos);
+
+  auto inf = passRow("c", "s");
+  inf.errRatio = std::nan("");
+  Gate g2({inf}, {});
+  EXPECT_TRUE(g2.cmp.gateFailed());
+}
+
+TEST(Gate, NoiseWithinTheThresholdPasses) {
+  const auto base = passRow("c", "s", kSamples);
+  const auto cur = passRow("c", "s", scaled(kSamples, 1.04));  // 4% slower, surely noise
+  GateOptions o;
+  o.hardPerf = true;
+  Gate g({cur}, {base}, o);
+  EXPECT_FALSE(g.cmp.gateFailed()) << g.failures();
+  EXPECT_EQ(g.row("s").time, "unchanged");
+  EXPECT_NEAR(*g.row("s").timeChangePct, 4.0, 0.5);
+}
+
+TEST(Gate, ASignificantSlowdownPastTheThresholdFailsOnlyWithGatePerf) {
+  const auto base = passRow("c", "s", kSamples);
+  const auto cur = passRow("c", "s", scaled(kSamples, 1.25));
+  Gate soft({cur}, {base});
+  EXPECT_FALSE(soft.cmp.gateFailed()) << soft.failures();
+  EXPECT_EQ(soft.row("s").time, "regressed");
+  EXPECT_EQ(soft.row("s").verdict, Verdict::kRegressed);
+  EXPECT_LT(*soft.row("s").timePValue, 0.01);
+  ASSERT_EQ(soft.cmp.warnings().size(), 1u);
+
+  GateOptions o;
+  o.hardPerf = true;
+  Gate hard({cur}, {base}, o);
+  EXPECT_TRUE(hard.cmp.gateFailed());
+  EXPECT_NE(hard.failures().find("Mann-Whitney"), std::string::npos);
+}
+
+TEST(Gate, ASpeedupIsAnImprovementNotAFailure) {
+  GateOptions o;
+  o.hardPerf = true;
+  Gate g({passRow("c", "s", scaled(kSamples, 0.7))}, {passRow("c", "s", kSamples)}, o);
+  EXPECT_FALSE(g.cmp.gateFailed());
+  EXPECT_EQ(g.row("s").verdict, Verdict::kImproved);
+}
+
+TEST(Gate, AMedianShiftThatTheTestCannotConfirmIsMarkedNoisyNotFailed) {
+  // Two overlapping, widely spread samples whose medians differ by 15%.
+  const std::vector<double> base = {50, 150, 60, 140, 70, 130, 80, 120, 100, 100};
+  const std::vector<double> cur = {55, 160, 65, 150, 75, 145, 85, 135, 115, 115};
+  GateOptions o;
+  o.hardPerf = true;
+  Gate g({passRow("c", "s", cur)}, {passRow("c", "s", base)}, o);
+  EXPECT_GT(*g.row("s").timeChangePct, 10.0);
+  EXPECT_EQ(g.row("s").time, "not significant");
+  EXPECT_TRUE(g.row("s").noisy);
+  EXPECT_FALSE(g.cmp.gateFailed());
+}
+
+TEST(Gate, TooFewRepetitionsWarnInsteadOfGating) {
+  const std::vector<double> five = {100, 101, 99, 100, 102};
+  GateOptions o;
+  o.hardPerf = true;
+  Gate g({passRow("c", "s", scaled(five, 1.5))}, {passRow("c", "s", five)}, o);
+  EXPECT_EQ(g.row("s").time, "too few repetitions");
+  EXPECT_FALSE(g.cmp.gateFailed());
+  EXPECT_EQ(g.cmp.warnings().size(), 1u);
+}
+
+TEST(Gate, MemoryPastItsThresholdFailsAndWithinItPasses) {
+  auto base = passRow("c", "s");
+  auto grown = base;
+  grown.peakMemBytes = 10600;  // +6%
+  Gate g({grown}, {base});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_EQ(g.row("s").mem, "regressed");
+  EXPECT_NE(g.failures().find("10000 -> 10600"), std::string::npos);
+
+  auto slight = base;
+  slight.peakMemBytes = 10400;  // +4%
+  Gate ok({slight}, {base});
+  EXPECT_FALSE(ok.cmp.gateFailed());
+  EXPECT_EQ(ok.row("s").mem, "unchanged");
+}
+
+TEST(Gate, NewAndGoneRowsAreReportedNeverSilentlyIgnored) {
+  const auto kept = passRow("c", "kept");
+  Gate g({kept, passRow("c", "added")}, {kept, passRow("c", "removed")});
+  EXPECT_EQ(g.row("added").verdict, Verdict::kNew);
+  EXPECT_EQ(g.row("removed").verdict, Verdict::kGone);
+  EXPECT_EQ(g.cmp.rows.size(), 3u);
+  EXPECT_TRUE(g.cmp.gateFailed());  // a vanished row may hide a crash
+  EXPECT_NE(g.failures().find("removed"), std::string::npos);
+  bool newWarned = false;
+  for (const auto& w : g.cmp.warnings()) newWarned |= w.find("added") != std::string::npos;
+  EXPECT_TRUE(newWarned);
+
+  GateOptions o;
+  o.allowGone = true;
+  Gate allowed({kept, passRow("c", "added")}, {kept, passRow("c", "removed")}, o);
+  EXPECT_FALSE(allowed.cmp.gateFailed());
+  EXPECT_EQ(allowed.row("removed").verdict, Verdict::kGone);
+}
+
+TEST(Gate, AStrategyThatNoLongerRunsItsCaseFailsTheGate) {
+  auto now = passRow("c", "s");
+  now.status = harness::Status::kUnsupported;
+  now.message = "dimension 0 of size 1 cannot be split";
+  Gate g({now}, {passRow("c", "s")});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_NE(g.failures().find("now unsupported"), std::string::npos);
+}
+
+TEST(Gate, ABaselineFromAnotherSuiteIsRejected) {
+  auto other = passRow("c", "s");
+  other.suite = "sharding";
+  try {
+    Gate g({passRow("c", "s")}, {other});
+    ADD_FAILURE() << "expected a ReportInputError";
+  } catch (const ReportInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("suite(s) sharding"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("results.csv"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace sb::reports
