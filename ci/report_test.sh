@@ -114,6 +114,23 @@ else
     fail "the page does not show the failed gate"
 fi
 
+# The nightly job: a first night with no baseline promotes itself, a clean night passes the
+# gate against it, a night with a planted fault fails the gate and keeps the old baseline.
+nightly() { STRATBENCH_BUILD="$build" "$src/ci/nightly.sh" --no-setup --runs "$tmp/nightly" "$@"; }
+nargs=(--filter "$filter" --repetitions 10 --min-time 0.002)
+check "nightly: the first night promotes itself" 0 "promoted .* to the baseline" -- \
+  nightly --promote -- "${nargs[@]}"
+check "nightly: a clean night passes the gate against the baseline" 0 "gate: passed" -- \
+  nightly -- "${nargs[@]}"
+check "nightly: a faulty night fails the gate and keeps the baseline" 1 "baseline .* is kept" -- \
+  nightly --promote -- "${nargs[@]}" --plant-fault "$faulty=skip_forward_all_reduce"
+grep -q "GATE: .*$faulty" "$tmp/out" && pass "nightly: the gate names the strategy" ||
+  fail "nightly: the gate does not name the strategy"
+[ "$(find "$tmp/nightly" -mindepth 1 -maxdepth 1 -type d | wc -l)" -eq 3 ] &&
+  pass "nightly: three dated runs kept" || fail "nightly: dated runs"
+grep -q ",fail," "$tmp/nightly/baseline.csv" && fail "nightly: a failing run was promoted" ||
+  pass "nightly: the baseline holds no failing row"
+
 # Bad input: a clear error naming file and line, exit 2, and nothing written.
 csv="$tmp/base/results.csv"
 printf 'name,value\nx,1\n' >"$tmp/foreign.csv"
