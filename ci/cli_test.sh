@@ -54,5 +54,24 @@ check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --f
 check "list --family" 0 "31 strategies" -- "$sb" list --family sharding
 cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || { echo "FAIL results.csv changed"; failures=$((failures + 1)); }
 
+# solve checkpoint: two unit stages, inputs 1, tapes 2 (worked out in checkpoint_solver_test).
+echo '{"ftime":[1,1],"btime":[1,1,1],"x":[1,1,1],"xbar":[1,2,2],"ftmp":[0,0],"btmp":[0,0,0]}' \
+  >"$tmp/chain.json"
+check "solve checkpoint prints the schedule" 0 '"CF_0",' -- \
+  "$sb" solve checkpoint --chain "$tmp/chain.json" --budget 6
+check "solve checkpoint predicts time and peak" 0 '"predicted_peak": 6' -- \
+  "$sb" solve checkpoint --chain "$tmp/chain.json" --budget 6
+check "solve checkpoint: no schedule fits" 1 "fits a budget of 4 .*peaks at 7" -- \
+  "$sb" solve checkpoint --chain "$tmp/chain.json" --budget 4
+echo '{"ftime":[1,1],"btime":[1,1],"x":[1,1,1],"xbar":[1,2,2],"ftmp":[0,0],"btmp":[0,0,0]}' \
+  >"$tmp/short.json"
+check "solve checkpoint: malformed chain" 2 "short.json: key 'btime' must have L\+1 = 3" -- \
+  "$sb" solve checkpoint --chain "$tmp/short.json" --budget 6
+echo '{"ftime": [1,' >"$tmp/broken.json"
+check "solve checkpoint: not JSON" 2 "broken.json: not valid JSON" -- \
+  "$sb" solve checkpoint --chain "$tmp/broken.json" --budget 6
+check "solve checkpoint: unknown solver" 2 "" -- \
+  "$sb" solve checkpoint --chain "$tmp/chain.json" --budget 6 --solver magic
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

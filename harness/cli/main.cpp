@@ -5,10 +5,13 @@
 //                        [--seed S] [--min-time SEC] [--world-size N]
 //   stratbench report RESULTS... [--baseline FILE...] [--out DIR] [--history DIR] [--gate]
 //                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
+//   stratbench solve checkpoint --chain FILE.json --budget M [--solver S] [--slots N]
 //
 // Exit codes: 0 everything passed (run) or the gate passed (report), 1 a strategy failed or
-// errored (run) or the gate failed (report --gate), 2 bad input or usage.
+// errored (run), the gate failed (report --gate) or no schedule fits (solve), 2 bad input or
+// usage.
 
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <regex>
@@ -19,6 +22,7 @@
 #include "harness/registry.h"
 #include "harness/runner.h"
 #include "reports/report.h"
+#include "strategies/checkpointing/solvers.h"
 
 namespace {
 
@@ -67,6 +71,47 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
               << sb::harness::familyName(s->family()) << "  " << s->displayName() << "\n";
   }
   std::cout << shown.size() << " strategies\n";
+  return 0;
+}
+
+// `solve checkpoint`: prints the schedule as JSON; exit 1 when no schedule fits, 2 when the
+// chain file is malformed.
+int solveCheckpoint(const std::string& path, double budget, const std::string& solver, int slots) {
+  namespace ck = sb::strategies::checkpointing;
+  std::ifstream in(path);
+  if (!in) {
+    std::cerr << "stratbench solve: cannot read " << path << "\n";
+    return kExitBadInput;
+  }
+  ck::Chain chain;
+  try {
+    chain = ck::Chain::fromJson(nlohmann::json::parse(in), path);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::cerr << "stratbench solve: " << path << ": not valid JSON: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const ck::ChainError& e) {
+    std::cerr << "stratbench solve: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  const auto s = ck::solve(solver, chain, {budget, slots});
+  if (!s) {
+    const auto none = ck::solve("none", chain, {0, slots});
+    const auto full = ck::solve("full", chain, {0, slots});
+    std::cerr << "stratbench solve: no " << solver << " schedule of the " << chain.length()
+              << "-stage chain in " << path << " fits a budget of " << budget
+              << " (keeping every tape peaks at " << none->predictedPeak
+              << ", checkpointing every stage at " << full->predictedPeak << ")\n";
+    return 1;
+  }
+  nlohmann::json j;
+  j["solver"] = solver;
+  j["budget"] = budget;
+  j["length"] = chain.length();
+  j["schedule"] = s->names();
+  j["predicted_time"] = s->predictedTime;
+  j["predicted_peak"] = s->predictedPeak;
+  j["recomputed_forwards"] = s->recomputedForwards;
+  std::cout << j.dump(2) << "\n";
   return 0;
 }
 
@@ -139,6 +184,25 @@ int main(int argc, char** argv) {
   bool noPlots = false;
   report->add_flag("--no-plots", noPlots, "Skip the matplotlib plots");
 
+  auto* solveCmd = app.add_subcommand("solve", "Plan a strategy: a checkpoint schedule");
+  solveCmd->require_subcommand(1);
+  auto* ckpt = solveCmd->add_subcommand(
+      "checkpoint", "A checkpoint schedule for a chain (JSON, rotor's notation) under a budget");
+  std::string chainPath, solver = "rotor";
+  double budget = 0;
+  int slots = 500;
+  ckpt->add_option("--chain", chainPath, "Chain file: ftime, btime, x, xbar, ftmp, btmp")
+      ->required();
+  ckpt->add_option("--budget", budget, "Memory budget, counting the input x[0] (0: none)")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  ckpt->add_option("--solver", solver, "none, full, sqrt, greedy, revolve or rotor")
+      ->capture_default_str()
+      ->check(CLI::IsMember(sb::strategies::checkpointing::solverNames()));
+  ckpt->add_option("--slots", slots, "rotor: memory slots")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -147,6 +211,7 @@ int main(int argc, char** argv) {
   }
 
   if (*list) return listStrategies(family, listFilter, json);
+  if (*ckpt) return solveCheckpoint(chainPath, budget, solver, slots);
   if (*report) {
     ropts.plots = !noPlots;
     try {

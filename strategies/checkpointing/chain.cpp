@@ -1,0 +1,212 @@
+#include "strategies/checkpointing/chain.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace sb::strategies::checkpointing {
+namespace {
+
+struct Field {
+  const char* key;
+  std::vector<double> Chain::*member;
+  int extra;  // length is L + extra
+};
+
+const Field kFields[] = {{"ftime", &Chain::ftime, 0}, {"btime", &Chain::btime, 1},
+                         {"x", &Chain::x, 1},         {"xbar", &Chain::xbar, 1},
+                         {"ftmp", &Chain::ftmp, 0},   {"btmp", &Chain::btmp, 1}};
+
+}  // namespace
+
+void Chain::validate(const std::string& where) const {
+  const int L = length();
+  if (L < 1) throw ChainError(where + ": key 'ftime': a chain needs at least one stage");
+  for (const auto& f : kFields) {
+    const auto& v = this->*f.member;
+    if (static_cast<int>(v.size()) != L + f.extra) {
+      throw ChainError(where + ": key '" + f.key + "' must have " + (f.extra ? "L+1 = " : "L = ") +
+                       std::to_string(L + f.extra) + " values (ftime has L = " + std::to_string(L) +
+                       "), found " + std::to_string(v.size()));
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i]) || v[i] < 0) {
+        throw ChainError(where + ": key '" + f.key + "'[" + std::to_string(i) +
+                         "]: expected a non-negative number, found " + std::to_string(v[i]));
+      }
+    }
+  }
+  for (int i = 1; i <= L; ++i) {
+    if (xbar[i] < x[i]) {
+      throw ChainError(where + ": key 'xbar'[" + std::to_string(i) + "] = " +
+                       std::to_string(xbar[i]) + " is smaller than x[" + std::to_string(i) +
+                       "] = " + std::to_string(x[i]) + ", but it includes the stage's output");
+    }
+  }
+}
+
+nlohmann::json Chain::toJson() const {
+  nlohmann::json j;
+  for (const auto& f : kFields) j[f.key] = this->*f.member;
+  return j;
+}
+
+Chain Chain::fromJson(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw ChainError(where + ": expected a JSON object with the chain's keys");
+  Chain c;
+  for (const auto& f : kFields) {
+    if (!j.contains(f.key)) throw ChainError(where + ": missing key '" + f.key + "'");
+    const auto& a = j.at(f.key);
+    if (!a.is_array()) {
+      throw ChainError(where + ": key '" + f.key + "': expected a list of numbers, found " +
+                       a.dump());
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_number()) {
+        throw ChainError(where + ": key '" + f.key + "'[" + std::to_string(i) +
+                         "]: expected a number, found " + a[i].dump());
+      }
+      (c.*f.member).push_back(a[i].get<double>());
+    }
+  }
+  for (const auto& [k, v] : j.items()) {
+    const bool known = std::any_of(std::begin(kFields), std::end(kFields),
+                                   [&](const Field& f) { return k == f.key; });
+    if (!known) {
+      throw ChainError(where + ": unknown key '" + k +
+                       "' (expected ftime, btime, x, xbar, ftmp, btmp)");
+    }
+  }
+  c.validate(where);
+  return c;
+}
+
+std::string Op::name() const {
+  switch (kind) {
+    case Kind::kForwardCheck:
+      return "CF_" + std::to_string(stage);
+    case Kind::kForwardNoGrad:
+      return "Fn_" + std::to_string(stage);
+    case Kind::kForwardEnable:
+      return "Fe_" + std::to_string(stage);
+    case Kind::kLoss:
+      return "L";
+    case Kind::kBackward:
+      return "B_" + std::to_string(stage);
+  }
+  return "?";
+}
+
+Op Op::parse(const std::string& s) {
+  if (s == "L") return {Kind::kLoss, 0};
+  const auto us = s.find('_');
+  if (us == std::string::npos)
+    throw ChainError("operation '" + s + "': expected CF_i, Fn_i, Fe_i, L or B_i");
+  const std::string k = s.substr(0, us);
+  int stage = -1;
+  try {
+    size_t used = 0;
+    stage = std::stoi(s.substr(us + 1), &used);
+    if (used != s.size() - us - 1) stage = -1;
+  } catch (const std::exception&) {
+  }
+  if (stage < 0) throw ChainError("operation '" + s + "': the stage must be a number >= 0");
+  if (k == "CF") return {Kind::kForwardCheck, stage};
+  if (k == "Fn") return {Kind::kForwardNoGrad, stage};
+  if (k == "Fe") return {Kind::kForwardEnable, stage};
+  if (k == "B") return {Kind::kBackward, stage};
+  throw ChainError("operation '" + s + "': expected CF_i, Fn_i, Fe_i, L or B_i");
+}
+
+Simulation simulate(const Chain& chain, const std::vector<Op>& ops) {
+  const int L = chain.length();
+  Simulation sim;
+  // What is held, by name: "x3" (an input held on its own), "xbar3", "d3" (a gradient).
+  std::map<std::string, double> held;
+  double current = 0;
+  const auto hold = [&](const std::string& name, double size) {
+    held[name] = size;
+    current += size;
+  };
+  const auto release = [&](const std::string& name) {
+    auto it = held.find(name);
+    if (it == held.end()) return;
+    current -= it->second;
+    held.erase(it);
+  };
+  const auto has = [&](const std::string& name) { return held.count(name) > 0; };
+  // x[i] can be read where it is held on its own or inside xbar[i].
+  const auto haveX = [&](int i) {
+    return has("x" + std::to_string(i)) || (i > 0 && has("xbar" + std::to_string(i)));
+  };
+  const auto fail = [&](size_t at, const std::string& why) {
+    sim.valid = false;
+    sim.problem = "operation " + std::to_string(at) + " (" + ops[at].name() + "): " + why;
+    return sim;
+  };
+
+  hold("x0", chain.x[0]);
+  sim.peak = current;
+  bool lossDone = false;
+  int forwards = 0;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const Op& op = ops[k];
+    const int i = op.stage;
+    const std::string si = std::to_string(i), sn = std::to_string(i + 1);
+    if (op.isForward()) {
+      if (i >= L)
+        return fail(k, "there is no stage " + si + " (the chain has " + std::to_string(L) + ")");
+      if (!haveX(i)) return fail(k, "its input x[" + si + "] is not held");
+      ++forwards;
+      sim.time += chain.ftime[i];
+      if (op.kind == Op::Kind::kForwardEnable) {
+        if (has("xbar" + sn)) return fail(k, "xbar[" + sn + "] is already held");
+        sim.peak = std::max(sim.peak, current + chain.xbar[i + 1] + chain.ftmp[i]);
+        hold("xbar" + sn, chain.xbar[i + 1]);
+      } else {
+        if (has("x" + sn)) return fail(k, "x[" + sn + "] is already held");
+        sim.peak = std::max(sim.peak, current + chain.x[i + 1] + chain.ftmp[i]);
+        if (op.kind == Op::Kind::kForwardNoGrad) release("x" + si);
+        hold("x" + sn, chain.x[i + 1]);
+      }
+    } else if (op.kind == Op::Kind::kLoss) {
+      if (lossDone) return fail(k, "the loss already ran");
+      if (!haveX(L)) return fail(k, "its input x[" + std::to_string(L) + "] is not held");
+      lossDone = true;
+      sim.time += chain.btime[L];
+      sim.peak = std::max(sim.peak, current + chain.x[L] + chain.btmp[L]);
+      release("x" + std::to_string(L));
+      hold("d" + std::to_string(L), chain.x[L]);
+    } else {
+      if (i >= L) return fail(k, "there is no stage " + si);
+      if (!has("d" + sn)) return fail(k, "the gradient d[" + sn + "] is not held");
+      if (!has("xbar" + sn)) return fail(k, "xbar[" + sn + "] is not held");
+      if (!haveX(i)) return fail(k, "its input x[" + si + "] is not held");
+      sim.time += chain.btime[i];
+      sim.peak = std::max(sim.peak, current + chain.x[i] + chain.btmp[i]);
+      release("d" + sn);
+      release("xbar" + sn);
+      release("x" + si);
+      hold("d" + si, chain.x[i]);
+    }
+  }
+  if (!has("d0")) {
+    sim.valid = false;
+    sim.problem = "the schedule ends before the backward of stage 0 produced d[0]";
+    return sim;
+  }
+  if (held.size() != 1) {
+    std::string left;
+    for (const auto& [name, size] : held) {
+      if (name != "d0") left += (left.empty() ? "" : ", ") + name;
+    }
+    sim.valid = false;
+    sim.problem = "the schedule ends with values still held: " + left;
+    return sim;
+  }
+  sim.valid = true;
+  sim.recomputedForwards = forwards - L;
+  return sim;
+}
+
+}  // namespace sb::strategies::checkpointing

@@ -1,0 +1,72 @@
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace sb::strategies::checkpointing {
+
+// A linearized network in the notation of rotor (Beaumont et al., "Optimal checkpointing for
+// heterogeneous chains", 2019): L stages F_0 .. F_{L-1} and a loss.
+//
+//   x[i]     size of the input of stage i; x[0] is the network input, x[L] the loss input
+//   xbar[i]  size of everything stage i-1 leaves for its backward when run keeping its tape
+//            (its output x[i] included); xbar[0] is unused and conventionally x[0]
+//   ftime[i] forward time of stage i               (L values)
+//   btime[i] backward time of stage i; btime[L] is the loss, forward and backward (L + 1)
+//   ftmp[i]  memory stage i's forward needs besides its input and output        (L)
+//   btmp[i]  memory stage i's backward needs besides what it reads and writes   (L + 1)
+//
+// Sizes are in any unit (bytes for measured chains); times too (microseconds when measured).
+struct Chain {
+  std::vector<double> ftime, btime, x, xbar, ftmp, btmp;
+
+  int length() const { return static_cast<int>(ftime.size()); }
+  // Throws ChainError when the lengths do not fit together or a value is negative or not finite.
+  void validate(const std::string& where = "chain") const;
+  nlohmann::json toJson() const;
+  // Reads the keys ftime, btime, x, xbar, ftmp, btmp; errors name the key and index.
+  static Chain fromJson(const nlohmann::json& j, const std::string& where = "chain");
+};
+
+class ChainError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// rotor's operations:
+//   CF_i  forward of stage i keeping its input x[i] and only its output x[i+1]  ("check")
+//   Fn_i  forward of stage i keeping nothing: x[i] is freed, x[i+1] kept          ("no grad")
+//   Fe_i  forward of stage i keeping its tape: xbar[i+1] kept, x[i] kept          ("enable")
+//   L     the loss, forward and backward: reads x[L], writes its gradient d[L]
+//   B_i   backward of stage i: reads d[i+1], xbar[i+1] and x[i]; writes d[i]; frees the
+//         first two, and x[i] where it is held on its own (not as part of xbar[i])
+struct Op {
+  enum class Kind { kForwardCheck, kForwardNoGrad, kForwardEnable, kLoss, kBackward };
+  Kind kind;
+  int stage = 0;
+  std::string name() const;                  // "CF_3", "Fn_4", "Fe_2", "L", "B_0"
+  static Op parse(const std::string& name);  // throws ChainError
+  bool isForward() const { return kind != Kind::kLoss && kind != Kind::kBackward; }
+  bool operator==(const Op& o) const { return kind == o.kind && stage == o.stage; }
+};
+
+// What running a schedule on a chain costs, under rotor's memory model: every value held is
+// counted from when its operation starts to when an operation frees it; an operation also
+// holds its temporary memory while it runs.
+struct Simulation {
+  bool valid = false;
+  std::string problem;  // why a schedule is not valid: the first operation that cannot run
+  double time = 0;
+  double peak = 0;             // the budget of a valid schedule must be at least this
+  int recomputedForwards = 0;  // forwards beyond one per stage
+};
+
+// Replays `ops` from "x[0] held" to "d[0] produced, nothing else held": every operation's
+// inputs must be held, every stage's backward run once, in order, after the loss.
+Simulation simulate(const Chain& chain, const std::vector<Op>& ops);
+
+}  // namespace sb::strategies::checkpointing

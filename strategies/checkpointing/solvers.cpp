@@ -1,0 +1,392 @@
+// Checkpointing solvers: which stage outputs to keep and which to recompute under a budget.
+//
+// Every solver here returns a schedule in rotor's operations (chain.h) and lets the simulator
+// price it, so that a solver's prediction and the check of its budget are the same numbers.
+//
+// rotor, the optimal one, is the dynamic program of Beaumont, Eyraud-Dubois, Herrmann, Joly
+// and Shilova, "Optimal checkpointing for heterogeneous chains: how to train deep neural
+// networks with limited memory" (2019). Its sub-problem P(i, l, m) is: the input x[i] of stage
+// i is held (outside m), the gradient d[l+1] of stage l's output is held (inside m); run the
+// backward of stages l .. i in memory m and end holding only d[i]. Two moves solve it:
+//
+//   - chain:  Fe_i (keep stage i's tape xbar[i+1]), solve P(i+1, l, m - xbar[i+1]), B_i;
+//   - leaf j: CF_i, Fn_{i+1} .. Fn_{j-1} (run to x[j] keeping only x[i] and x[j]),
+//             solve P(j, l, m - x[j]), then P(i, j-1, m).
+//
+// and P(i, i, m) is Fe_i then B_i (P(L, L, m) is the loss). Each move is allowed only where
+// every operation in it fits m, counted exactly as the simulator counts, so a schedule rotor
+// returns is within its budget by construction and its simulated time is the table's value.
+// Memory is counted in slots of budget / slots, every size rounded up; where sizes and the
+// budget are integers and the budget is at most `slots`, a slot is one unit and the program
+// is exact.
+
+#include "strategies/checkpointing/solvers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+namespace sb::strategies::checkpointing {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+using Kind = Op::Kind;
+
+std::optional<Schedule> priced(const std::string& solver, const Chain& chain, std::vector<Op> ops,
+                               double budget) {
+  const Simulation s = simulate(chain, ops);
+  if (!s.valid) {
+    throw std::logic_error("solver " + solver + " built an invalid schedule: " + s.problem);
+  }
+  if (budget > 0 && s.peak > budget) return std::nullopt;
+  Schedule out;
+  out.solver = solver;
+  out.ops = std::move(ops);
+  out.predictedTime = s.time;
+  out.predictedPeak = s.peak;
+  out.recomputedForwards = s.recomputedForwards;
+  return out;
+}
+
+// The fastest of several candidate schedules that fits; ties go to the smaller peak.
+std::optional<Schedule> fastestFitting(const std::string& solver, const Chain& chain,
+                                       const std::vector<std::vector<Op>>& candidates,
+                                       double budget) {
+  std::optional<Schedule> best;
+  for (const auto& ops : candidates) {
+    auto s = priced(solver, chain, ops, budget);
+    if (!s) continue;
+    if (!best || s->predictedTime < best->predictedTime ||
+        (s->predictedTime == best->predictedTime && s->predictedPeak < best->predictedPeak)) {
+      best = std::move(s);
+    }
+  }
+  return best;
+}
+
+// ---- sqrt and greedy (Chen et al., "Training deep nets with sublinear memory cost", 2016) ---
+
+std::vector<int> sqrtBoundaries(int L) {
+  const int k = std::max(1, static_cast<int>(std::lround(std::sqrt(static_cast<double>(L)))));
+  std::vector<int> b;
+  for (int t = 0; t < k; ++t) b.push_back(t * L / k);
+  b.erase(std::unique(b.begin(), b.end()), b.end());
+  return b;
+}
+
+// Chen's greedy: walk the stages adding up the tapes they leave; when the sum would pass the
+// threshold, the stage starts a new segment.
+std::vector<int> greedyBoundaries(const Chain& c, double threshold) {
+  std::vector<int> b = {0};
+  double run = 0;
+  for (int i = 0; i < c.length(); ++i) {
+    if (run + c.xbar[i + 1] > threshold && i > b.back()) {
+      b.push_back(i);
+      run = 0;
+    }
+    run += c.xbar[i + 1];
+  }
+  return b;
+}
+
+// ---- revolve (Griewank and Walther, "Algorithm 799: revolve", 2000) -------------------------
+//
+// For a homogeneous chain of n steps (the loss is the last step) and s snapshots besides the
+// input, the fewest forward steps is C(n, s) = min over l of l + C(n - l, s - 1) + C(l, s):
+// advance l steps, keep a snapshot there, reverse the tail with one snapshot fewer, then the
+// head with the snapshot freed again; C(1, s) = 0 and C(n, 0) = n (n - 1) / 2. The minimum is
+// Griewank's binomial count; the table gives its split points.
+class Revolve {
+ public:
+  Revolve(int steps, int snapshots) : n_(steps), s_(snapshots) {
+    cost_.assign((n_ + 1) * (s_ + 1), 0);
+    split_.assign((n_ + 1) * (s_ + 1), 0);
+    for (int n = 2; n <= n_; ++n) {
+      at(cost_, n, 0) = static_cast<long>(n) * (n - 1) / 2;
+      for (int s = 1; s <= s_; ++s) {
+        long best = std::numeric_limits<long>::max();
+        int arg = 1;
+        for (int l = 1; l < n; ++l) {
+          const long c = l + at(cost_, n - l, s - 1) + at(cost_, l, s);
+          if (c < best) {
+            best = c;
+            arg = l;
+          }
+        }
+        at(cost_, n, s) = best;
+        at(split_, n, s) = arg;
+      }
+    }
+  }
+
+  // The schedule for the chain of L stages and the loss (n = L + 1) with s <= snapshots.
+  std::vector<Op> schedule(int L, int s) {
+    ops_.clear();
+    reverse(0, L + 1, s, L);
+    return ops_;
+  }
+  long forwardSteps(int n, int s) { return at(cost_, n, s); }
+
+ private:
+  template <class T>
+  T& at(std::vector<T>& v, int n, int s) {
+    return v[n * (s_ + 1) + s];
+  }
+  void leaf(int k, int L) {
+    if (k == L) {
+      ops_.push_back({Kind::kLoss, 0});
+    } else {
+      ops_.push_back({Kind::kForwardEnable, k});
+      ops_.push_back({Kind::kBackward, k});
+    }
+  }
+  void advance(int from, int to) {  // x[from] held; end holding x[from] and x[to]
+    for (int k = from; k < to; ++k) {
+      ops_.push_back({k == from ? Kind::kForwardCheck : Kind::kForwardNoGrad, k});
+    }
+  }
+  void reverse(int a, int b, int s, int L) {
+    const int n = b - a;
+    if (n == 1) {
+      leaf(a, L);
+      return;
+    }
+    if (s == 0) {
+      for (int k = b - 1; k >= a; --k) {
+        advance(a, k);
+        leaf(k, L);
+      }
+      return;
+    }
+    const int l = at(split_, n, s);
+    advance(a, a + l);
+    reverse(a + l, b, s - 1, L);
+    reverse(a, a + l, s, L);
+  }
+
+  int n_, s_;
+  std::vector<long> cost_;
+  std::vector<int> split_;
+  std::vector<Op> ops_;
+};
+
+// ---- rotor ----------------------------------------------------------------------------------
+
+class Rotor {
+ public:
+  Rotor(const Chain& c, double budget, int slots) : c_(c), L_(c.length()) {
+    bool integral = budget == std::floor(budget);
+    for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.btmp}) {
+      for (double s : *v) integral = integral && s == std::floor(s);
+    }
+    S_ = integral && budget <= slots ? static_cast<int>(budget) : slots;
+    const double unit = budget / S_;
+    const auto disc = [&](const std::vector<double>& v) {
+      std::vector<int> out;
+      // Rounding up keeps every schedule that fits in slots within the budget in bytes; the
+      // small allowance absorbs the division's rounding where a size is an exact multiple.
+      for (double s : v) out.push_back(static_cast<int>(std::ceil(s / unit - 1e-9)));
+      return out;
+    };
+    X_ = disc(c.x);
+    XB_ = disc(c.xbar);
+    FT_ = disc(c.ftmp);
+    BT_ = disc(c.btmp);
+    table_.assign(static_cast<size_t>(S_ + 1) * (L_ + 1) * (L_ + 1), kInf);
+    choice_.assign(table_.size(), 0);
+    fill();
+  }
+
+  double tableTime() const { return T(S_ - X_[0], 0, L_); }
+
+  std::optional<std::vector<Op>> schedule() {
+    const int m = S_ - X_[0];
+    if (m < 0 || T(m, 0, L_) == kInf) return std::nullopt;
+    std::vector<Op> ops;
+    emit(m, 0, L_, ops);
+    return ops;
+  }
+
+ private:
+  size_t idx(int m, int i, int l) const {
+    return (static_cast<size_t>(m) * (L_ + 1) + i) * (L_ + 1) + l;
+  }
+  double T(int m, int i, int l) const { return m < 0 ? kInf : table_[idx(m, i, l)]; }
+  int D(int l) const { return l < L_ ? X_[l + 1] : 0; }  // the gradient held, d[l+1]
+
+  void fill() {
+    for (int d = 0; d <= L_; ++d) {
+      for (int i = 0; i + d <= L_; ++i) {
+        const int l = i + d;
+        for (int m = 0; m <= S_; ++m) table_[idx(m, i, l)] = cost(m, i, l);
+      }
+    }
+  }
+
+  double cost(int m, int i, int l) {
+    if (i == L_) {  // the loss: d[L] and its temporary
+      return m >= X_[L_] + BT_[L_] ? c_.btime[L_] : kInf;
+    }
+    // B_i: d[i+1], the tape xbar[i+1], the new d[i] and the backward's temporary.
+    const bool backwardFits = m >= X_[i + 1] + XB_[i + 1] + X_[i] + BT_[i];
+    if (i == l) {
+      const bool fits = backwardFits && m >= X_[i + 1] + XB_[i + 1] + FT_[i];
+      return fits ? c_.ftime[i] + c_.btime[i] : kInf;
+    }
+    double best = kInf;
+    int arg = 0;
+    // chain: Fe_i keeps the tape while the rest runs.
+    if (backwardFits && m >= D(l) + XB_[i + 1] + FT_[i]) {
+      const double t = c_.ftime[i] + c_.btime[i] + T(m - XB_[i + 1], i + 1, l);
+      if (t < best) {
+        best = t;
+        arg = -1;
+      }
+    }
+    // leaf j: run to x[j] keeping x[i] and x[j] only.
+    double forward = 0;
+    int fwdPeak = X_[i + 1] + FT_[i];  // CF_i
+    for (int j = i + 1; j <= l; ++j) {
+      if (j > i + 1) fwdPeak = std::max(fwdPeak, X_[j - 1] + X_[j] + FT_[j - 1]);  // Fn_{j-1}
+      forward += c_.ftime[j - 1];
+      if (D(l) + fwdPeak > m) break;  // longer runs only add forwards
+      const double t = forward + T(m - X_[j], j, l) + T(m, i, j - 1);
+      if (t < best) {
+        best = t;
+        arg = j;
+      }
+    }
+    choice_[idx(m, i, l)] = arg;
+    return best;
+  }
+
+  void emit(int m, int i, int l, std::vector<Op>& ops) const {
+    if (i == L_) {
+      ops.push_back({Kind::kLoss, 0});
+      return;
+    }
+    if (i == l) {
+      ops.push_back({Kind::kForwardEnable, i});
+      ops.push_back({Kind::kBackward, i});
+      return;
+    }
+    const int arg = choice_[idx(m, i, l)];
+    if (arg < 0) {
+      ops.push_back({Kind::kForwardEnable, i});
+      emit(m - XB_[i + 1], i + 1, l, ops);
+      ops.push_back({Kind::kBackward, i});
+      return;
+    }
+    for (int k = i; k < arg; ++k) {
+      ops.push_back({k == i ? Kind::kForwardCheck : Kind::kForwardNoGrad, k});
+    }
+    emit(m - X_[arg], arg, l, ops);
+    emit(m, i, arg - 1, ops);
+  }
+
+  const Chain& c_;
+  int L_, S_;
+  std::vector<int> X_, XB_, FT_, BT_;
+  std::vector<double> table_;
+  std::vector<int> choice_;
+};
+
+}  // namespace
+
+std::vector<std::string> Schedule::names() const {
+  std::vector<std::string> n;
+  for (const auto& op : ops) n.push_back(op.name());
+  return n;
+}
+
+const std::vector<std::string>& solverNames() {
+  static const std::vector<std::string> names = {"none",   "full",    "sqrt",
+                                                 "greedy", "revolve", "rotor"};
+  return names;
+}
+
+std::vector<Op> revolveSchedule(int length, int snapshots) {
+  return Revolve(length + 1, snapshots).schedule(length, snapshots);
+}
+
+long revolveForwardSteps(int steps, int snapshots) {
+  return Revolve(steps, snapshots).forwardSteps(steps, snapshots);
+}
+
+std::vector<Op> segmentSchedule(int L, const std::vector<int>& b) {
+  if (b.empty() || b.front() != 0 || b.back() >= L || !std::is_sorted(b.begin(), b.end()) ||
+      std::adjacent_find(b.begin(), b.end()) != b.end()) {
+    throw std::logic_error("segment boundaries must start at 0, increase and stay below L");
+  }
+  std::vector<int> e = b;
+  e.push_back(L);
+  const int k = static_cast<int>(b.size());
+  std::vector<Op> ops;
+  for (int t = 0; t + 1 < k; ++t) {  // keep each segment's input, run to the next one's
+    for (int i = e[t]; i < e[t + 1]; ++i) {
+      ops.push_back({i == e[t] ? Kind::kForwardCheck : Kind::kForwardNoGrad, i});
+    }
+  }
+  for (int i = e[k - 1]; i < L; ++i) ops.push_back({Kind::kForwardEnable, i});  // last: taped
+  ops.push_back({Kind::kLoss, 0});
+  for (int t = k - 1; t >= 0; --t) {
+    if (t + 1 < k) {
+      for (int i = e[t]; i < e[t + 1]; ++i) ops.push_back({Kind::kForwardEnable, i});
+    }
+    for (int i = e[t + 1] - 1; i >= e[t]; --i) ops.push_back({Kind::kBackward, i});
+  }
+  return ops;
+}
+
+std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
+                              const SolveOptions& options) {
+  chain.validate();
+  const int L = chain.length();
+  const double budget = options.budget;
+  if (solver == "none") return priced(solver, chain, segmentSchedule(L, {0}), budget);
+  if (solver == "full") {
+    std::vector<int> all(L);
+    for (int i = 0; i < L; ++i) all[i] = i;
+    return priced(solver, chain, segmentSchedule(L, all), budget);
+  }
+  if (solver == "sqrt") return priced(solver, chain, segmentSchedule(L, sqrtBoundaries(L)), budget);
+  if (solver == "greedy") {
+    // Every threshold that changes the segmentation is a sum of consecutive tapes.
+    std::set<double> thresholds = {0.0};
+    for (int a = 1; a <= L; ++a) {
+      double s = 0;
+      for (int e = a; e <= L; ++e) thresholds.insert(s += chain.xbar[e]);
+    }
+    std::set<std::vector<int>> seen;
+    std::vector<std::vector<Op>> candidates;
+    for (double t : thresholds) {
+      auto b = greedyBoundaries(chain, t);
+      if (seen.insert(b).second) candidates.push_back(segmentSchedule(L, b));
+    }
+    return fastestFitting(solver, chain, candidates, budget);
+  }
+  if (solver == "revolve") {
+    std::vector<std::vector<Op>> candidates;
+    Revolve revolve(L + 1, L);
+    for (int s = 0; s <= L; ++s) candidates.push_back(revolve.schedule(L, s));
+    return fastestFitting(solver, chain, candidates, budget);
+  }
+  if (solver == "rotor") {
+    if (options.slots < 1) throw ChainError("rotor: --slots must be at least 1");
+    double b = budget;
+    if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;  // unconstrained
+    if (b <= 0) return priced(solver, chain, segmentSchedule(L, {0}), budget);
+    Rotor rotor(chain, b, options.slots);
+    auto ops = rotor.schedule();
+    if (!ops) return std::nullopt;
+    auto s = priced(solver, chain, std::move(*ops), budget);
+    if (s) s->tableTime = rotor.tableTime();
+    return s;
+  }
+  std::string known;
+  for (const auto& n : solverNames()) known += (known.empty() ? "" : ", ") + n;
+  throw ChainError("unknown checkpoint solver '" + solver + "' (known: " + known + ")");
+}
+
+}  // namespace sb::strategies::checkpointing
