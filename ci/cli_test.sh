@@ -54,6 +54,14 @@ check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --f
 check "list --family" 0 "31 strategies" -- "$sb" list --family sharding
 cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || { echo "FAIL results.csv changed"; failures=$((failures + 1)); }
 
+# The checkpointing suite's sweep with rotor: every feasible budget passes bitwise, the
+# infeasible ones are unsupported rows, nothing fails.
+check "checkpointing suite: rotor over the budget sweep" 0 "total +[0-9]+ +0 +0 +[0-9]+" -- \
+  "$sb" run "$src/suites/checkpointing.yaml" --filter rotor --repetitions 2 --out "$tmp/ckpt"
+grep -q 'densenet121/budget=0.2,.*checkpointing/rotor,.*,pass,' "$tmp/ckpt/results.csv" &&
+  { echo "ok   rotor fits DenseNet-121 at 20% of its activation peak"; passes=$((passes + 1)); } ||
+  { echo "FAIL rotor at 20% on DenseNet-121"; failures=$((failures + 1)); }
+
 # solve checkpoint: two unit stages, inputs 1, tapes 2 (worked out in checkpoint_solver_test).
 echo '{"ftime":[1,1],"btime":[1,1,1],"x":[1,1,1],"xbar":[1,2,2],"ftmp":[0,0],"btmp":[0,0,0]}' \
   >"$tmp/chain.json"

@@ -26,7 +26,10 @@ struct CaseSpec {
   int repetitions = 10;
   double minTimeSec = 0.01;             // per repetition
   std::vector<std::string> strategies;  // ids or regular expressions (full match)
-  std::string file;                     // where the case was read from, for messages
+  // Strategy parameters of the case (e.g. {"budget": 0.5} for checkpointing), read by the
+  // strategies that know them; a suite's `sweep` expands one case into one per value.
+  nlohmann::json params = nlohmann::json::object();
+  std::string file;  // where the case was read from, for messages
   int line = 0;
 
   std::string where() const { return file + ":" + std::to_string(line); }

@@ -203,6 +203,9 @@ nlohmann::json Record::toJson() const {
   j["comm_bytes"] = jopt(commBytes);
   j["predicted_comm_bytes"] = jopt(predictedCommBytes);
   j["comm_calls"] = jopt(commCalls);
+  j["predicted_time_us"] = jopt(predictedTimeUs);
+  j["params"] = nlohmann::json::object();
+  for (const auto& [k, v] : params) j["params"][k] = v;
   j["message"] = message;
   j["details"] = details;
   return j;
@@ -250,6 +253,8 @@ const std::vector<std::string>& csvColumns() {
                                                 "comm_bytes",
                                                 "predicted_comm_bytes",
                                                 "comm_calls",
+                                                "predicted_time_us",
+                                                "params",
                                                 "message"};
   return cols;
 }
@@ -267,6 +272,10 @@ std::string csvRow(const Record& r) {
     for (double v : r.timing->samplesUs) {
       samples += (samples.empty() ? "" : std::string(1, kListSeparator)) + fmtDouble(v);
     }
+  }
+  std::string paramsText;
+  for (const auto& [k, v] : r.params) {
+    paramsText += (paramsText.empty() ? "" : std::string(1, kListSeparator)) + k + "=" + v;
   }
   std::string msg = r.message;
   for (char& c : msg) {
@@ -313,6 +322,8 @@ std::string csvRow(const Record& r) {
                                            opt(r.commBytes),
                                            opt(r.predictedCommBytes),
                                            opt(r.commCalls),
+                                           opt(r.predictedTimeUs),
+                                           paramsText,
                                            msg};
   TORCH_INTERNAL_ASSERT(fields.size() == csvColumns().size());
   std::string line;

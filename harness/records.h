@@ -69,6 +69,9 @@ struct Record {
   std::optional<int64_t> commBytes;           // largest rank's counted bytes
   std::optional<int64_t> predictedCommBytes;  // largest rank's predicted bytes
   std::optional<int64_t> commCalls;           // largest rank's collective calls
+  std::optional<double> predictedTimeUs;      // the strategy's cost model, where it has one
+  // Family-specific parameters and numbers ("budget=0.5;recomputed_forwards=3").
+  std::vector<std::pair<std::string, std::string>> params;
   std::string message;
   nlohmann::json details = nlohmann::json::object();  // per tensor, per rank, layouts
 

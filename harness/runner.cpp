@@ -50,7 +50,7 @@ Verification verify(const CaseSpec& c, const reference::WorkloadData& data,
     const Tolerance tol = strategy.tolerance(name, c, full);
     at::Tensor covered = at::zeros(full.sizes(), at::kBool);
     for (int r = 0; r < n; ++r) {
-      const Box box = strategy.resultBox(name, c, r);
+      const Box box = strategy.resultBoxOf(name, c, r, full.sizes());
       sliceBox(covered, box).fill_(true);
       auto it = results[r].find(name);
       const at::Tensor actual = it == results[r].end() ? at::Tensor() : it->second;
@@ -272,10 +272,22 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
     std::vector<int64_t> peak(n, 0);
     std::vector<std::map<std::string, at::Tensor>> results(n);
 
+    std::mutex unsupportedMutex;
+    std::string unsupported;
     world.run([&](RankContext& ctx) {
       execs[ctx.rank()] = strategy.makeExecutor(c);
-      execs[ctx.rank()]->prepare(ctx, data);
+      try {
+        execs[ctx.rank()]->prepare(ctx, data);
+      } catch (const UnsupportedCase& e) {
+        std::lock_guard<std::mutex> lock(unsupportedMutex);
+        if (unsupported.empty()) unsupported = e.what();
+      }
     });
+    if (!unsupported.empty()) {
+      rec.status = Status::kUnsupported;
+      rec.message = unsupported;
+      return rec;
+    }
     // Warm-up: first-touch allocations and lazy initialisation stay out of the measurements.
     world.run([&](RankContext& ctx) { execs[ctx.rank()]->step(ctx); });
 
@@ -333,8 +345,9 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
         commProblem = "rank " + std::to_string(r) + " communicated " + counted.toString() +
                       " but the strategy predicts " + predicted.toString();
       }
-      if (auto m = strategy.predictPeakMemory(c, r))
-        memPredMax = std::max(memPredMax.value_or(0), *m);
+      auto m = execs[r]->predictedPeakBytes();
+      if (!m) m = strategy.predictPeakMemory(c, r);
+      if (m) memPredMax = std::max(memPredMax.value_or(0), *m);
     }
     rec.commBytes = commMax;
     rec.predictedCommBytes = predMax;
@@ -343,6 +356,9 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
     rec.peakMemBytes = *std::max_element(peak.begin(), peak.end());
     rec.predictedMemBytes = memPredMax;
     rec.details["peak_mem_bytes_per_rank"] = peak;
+    rec.predictedTimeUs = execs[0]->predictedTimeUs();
+    rec.params = execs[0]->recordParams();
+    if (auto d = execs[0]->details(); !d.empty()) rec.details["executor"] = d;
 
     // Timing: the slowest rank's step time per iteration.
     rec.timing =

@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,23 @@ class RankExecutor {
   virtual void step(RankContext& ctx) = 0;
   // This rank's local tensors from the last step, named as in WorkloadData::expected.
   virtual std::map<std::string, at::Tensor> results() const = 0;
+
+  // After a measured step: this rank's predicted peak bytes where the prediction needs what
+  // prepare() learnt (a profile, a plan); otherwise Strategy::predictPeakMemory is used.
+  virtual std::optional<int64_t> predictedPeakBytes() const { return std::nullopt; }
+  // Predicted step time in microseconds, from the strategy's cost model.
+  virtual std::optional<double> predictedTimeUs() const { return std::nullopt; }
+  // Family-specific numbers for the record's `params` column (budget, recomputed forwards,
+  // chunk size, ...) and details for its JSON (a schedule, a plan).
+  virtual std::vector<std::pair<std::string, std::string>> recordParams() const { return {}; }
+  virtual nlohmann::json details() const { return nlohmann::json::object(); }
+};
+
+// Thrown by prepare() when the case turns out to be one the strategy cannot run (e.g. no
+// checkpoint schedule fits the budget): the row is `unsupported` with this message.
+class UnsupportedCase : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 // A registered strategy: what it is, where it applies, how it lays out its results, what
@@ -76,6 +94,12 @@ class Strategy {
   // The box of `tensor` that `rank` holds after a step, by the strategy's declared layout
   // (never by asking the executor, so a misplaced shard shows up as a mismatch).
   virtual Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const = 0;
+  // The same, given the full tensor's shape: for strategies whose result shapes are known
+  // only from the reference (a whole network's gradients). Defaults to resultBox().
+  virtual Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                          at::IntArrayRef fullShape) const {
+    return resultBox(tensor, c, rank);
+  }
   // Per-rank calls and bytes of one step, for comparison with what the backend counted.
   virtual CommStats predictComm(const CaseSpec& c, int rank) const = 0;
   // Per-rank peak bytes of one step, where the strategy has a model of it.

@@ -64,9 +64,9 @@ nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
   }
 }
 
-const std::set<std::string> kCaseKeys = {"name",       "workload", "shape",  "mesh",
-                                         "dtype",      "inputs",   "seed",   "repetitions",
-                                         "min_time_s", "backend",  "device", "strategies"};
+const std::set<std::string> kCaseKeys = {
+    "name",        "workload",   "shape",   "mesh",   "dtype",      "inputs", "seed",
+    "repetitions", "min_time_s", "backend", "device", "strategies", "params", "sweep"};
 
 std::string keyList(const std::set<std::string>& keys) {
   std::string s;
@@ -144,6 +144,19 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
       if (c.device != "cpu") {
         fail(file, v, "key 'device' must be cpu in this build (got '" + c.device + "')");
       }
+    } else if (key == "params") {
+      if (!v.IsMap()) fail(file, v, "key 'params' must be a mapping of strategy parameters");
+      for (const auto& kv : v) c.params[kv.first.Scalar()] = toJson(file, kv.second);
+    } else if (key == "sweep") {
+      if (!v.IsMap() || v.size() == 0) {
+        fail(file, v, "key 'sweep' must map parameter names to lists of values");
+      }
+      for (const auto& kv : v) {
+        if (!kv.second.IsSequence() || kv.second.size() == 0) {
+          fail(file, kv.second,
+               "key 'sweep': '" + kv.first.Scalar() + "' must be a non-empty list");
+        }
+      }
     } else if (key == "strategies") {
       c.strategies.clear();
       if (v.IsScalar()) {
@@ -204,14 +217,41 @@ Suite parseSuite(const std::string& text, const std::string& file) {
       if (!have) fail(file, node, std::string("case is missing key '") + required + "'");
     }
     if (c.strategies.empty()) fail(file, node, "case '" + c.name + "' selects no strategies");
-    if (!names.insert(c.name).second) fail(file, node, "case name '" + c.name + "' is used twice");
     try {
       reference::findWorkload(c.workload)->validate(c.shape);
     } catch (const c10::Error& e) {
       fail(file, node["shape"] ? node["shape"] : node,
            "case '" + c.name + "': " + e.what_without_backtrace());
     }
-    suite.cases.push_back(std::move(c));
+    // A sweep is the cartesian product of its lists: one case per combination, named
+    // NAME/key=value/..., the values in its params.
+    std::vector<CaseSpec> expanded = {c};
+    YAML::Node sweep;  // the case's own, else the defaults'
+    if (node["sweep"]) {
+      sweep.reset(node["sweep"]);
+    } else if (root["defaults"] && root["defaults"]["sweep"]) {
+      sweep.reset(root["defaults"]["sweep"]);
+    }
+    if (sweep.IsDefined() && !sweep.IsNull()) {
+      for (const auto& kv : sweep) {
+        std::vector<CaseSpec> next;
+        for (const auto& base : expanded) {
+          for (const auto& value : kv.second) {
+            CaseSpec e = base;
+            e.params[kv.first.Scalar()] = toJson(file, value);
+            e.name += "/" + kv.first.Scalar() + "=" + value.Scalar();
+            next.push_back(std::move(e));
+          }
+        }
+        expanded = std::move(next);
+      }
+    }
+    for (auto& e : expanded) {
+      if (!names.insert(e.name).second) {
+        fail(file, node, "case name '" + e.name + "' is used twice");
+      }
+      suite.cases.push_back(std::move(e));
+    }
   }
   return suite;
 }

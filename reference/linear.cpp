@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "reference/chain_nets.h"
 #include "reference/workload.h"
 
 namespace sb::reference {
@@ -111,9 +112,13 @@ class LinearWorkload final : public Workload {
 const Workload* findWorkload(const std::string& name) {
   static const LinearWorkload linear;
   if (name == linear.name()) return &linear;
-  return nullptr;
+  return findChainWorkload(name);
 }
 
-std::vector<std::string> workloadNames() { return {"linear"}; }
+std::vector<std::string> workloadNames() {
+  std::vector<std::string> names = {"linear"};
+  for (const Workload* w : chainWorkloads()) names.push_back(w->name());
+  return names;
+}
 
 }  // namespace sb::reference

@@ -355,6 +355,12 @@ std::string reasons(const RowComparison& rc) {
   return s;
 }
 
+std::string paramsText(const std::vector<std::pair<std::string, std::string>>& params) {
+  std::string s;
+  for (const auto& [k, v] : params) s += (s.empty() ? "" : ";") + k + "=" + v;
+  return s;
+}
+
 std::string summaryCsv(const Comparison& cmp) {
   std::string out = csvLine({"suite",
                              "case",
@@ -391,6 +397,8 @@ std::string summaryCsv(const Comparison& cmp) {
                              "predicted_mem_bytes",
                              "comm_bytes",
                              "predicted_comm_bytes",
+                             "predicted_time_us",
+                             "params",
                              "numerics_verdict",
                              "verdict",
                              "gate",
@@ -437,6 +445,8 @@ std::string summaryCsv(const Comparison& cmp) {
                     c ? optInt(c->predictedMemBytes) : "",
                     c ? optInt(c->commBytes) : "",
                     c ? optInt(c->predictedCommBytes) : "",
+                    c ? f(c->predictedTimeUs) : "",
+                    c ? paramsText(c->params) : "",
                     rc.numerics,
                     verdictName(rc.verdict),
                     gateCell(rc),
@@ -747,6 +757,16 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
 
   doc.heading(2, "Across cases");
   if (auto p = plot("predicted_vs_measured")) doc.image(*p, "predicted vs measured");
+  // Family sweeps (checkpointing budgets): one plot per swept case family.
+  std::vector<std::string> sweeps;
+  for (const auto& e : fs::directory_iterator(files.plotsDir)) {
+    const std::string name = e.path().stem().string();
+    if (name.rfind("sweep_", 0) == 0 && e.path().extension() == ".png") sweeps.push_back(name);
+  }
+  std::sort(sweeps.begin(), sweeps.end());
+  for (const auto& name : sweeps) {
+    if (auto p = plot(name)) doc.image(*p, name);
+  }
   if (!history.empty()) {
     doc.paragraph("History: " + std::to_string(history.size()) + " runs in " + options.historyDir +
                   ", oldest " + history.front().timestamp + ", newest " + history.back().timestamp +

@@ -22,7 +22,7 @@ namespace {
 
 // Every column this reader knows, in the order `run` writes them. The CSV parser needs the
 // count at compile time; a test checks this list against harness::csvColumns().
-constexpr std::array<const char*, 42> kColumns = {"schema_version",
+constexpr std::array<const char*, 44> kColumns = {"schema_version",
                                                   "run_id",
                                                   "git_sha",
                                                   "timestamp_utc",
@@ -63,6 +63,8 @@ constexpr std::array<const char*, 42> kColumns = {"schema_version",
                                                   "comm_bytes",
                                                   "predicted_comm_bytes",
                                                   "comm_calls",
+                                                  "predicted_time_us",
+                                                  "params",
                                                   "message"};
 constexpr size_t kN = kColumns.size();
 
@@ -70,7 +72,7 @@ constexpr size_t kN = kColumns.size();
 // them still reads, it just cannot be gated on per-repetition times or per-tensor errors.
 bool isOptional(const std::string& c) {
   return c == "err_ratio" || c == "worst_tensor" || c == "tensor_err_ratio" ||
-         c == "time_us_samples";
+         c == "time_us_samples" || c == "predicted_time_us" || c == "params";
 }
 
 using Reader = io::CSVReader<kN, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;
@@ -222,6 +224,12 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.commBytes = f.optInt("comm_bytes");
   r.predictedCommBytes = f.optInt("predicted_comm_bytes");
   r.commCalls = f.optInt("comm_calls");
+  r.predictedTimeUs = f.optDouble("predicted_time_us");
+  for (const auto& item : splitList(f.str("params"))) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) f.bad("params", item, "key=value");
+    r.params.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
   r.message = f.str("message");
   return r;
 }

@@ -39,6 +39,8 @@ struct ResultRow {
   std::optional<double> timeMedianUs, timeMeanUs, timeStddevUs, timeMinUs, timeMaxUs;
   int repetitions = 0;
   std::optional<int64_t> peakMemBytes, predictedMemBytes, commBytes, predictedCommBytes, commCalls;
+  std::optional<double> predictedTimeUs;
+  std::vector<std::pair<std::string, std::string>> params;  // e.g. budget -> 0.5
   std::string message;
 
   // What matches a row to its baseline: the same strategy on the same case and backend.

@@ -14,9 +14,10 @@ import error_plot  # noqa: E402
 import history_plot  # noqa: E402
 import memory_plot  # noqa: E402
 import predicted_plot  # noqa: E402
+import sweep_plot  # noqa: E402
 import time_plot  # noqa: E402
 
-PLOTS = [time_plot, memory_plot, predicted_plot, error_plot, history_plot]
+PLOTS = [time_plot, memory_plot, predicted_plot, error_plot, history_plot, sweep_plot]
 
 
 def main(argv):

@@ -1,0 +1,365 @@
+// Activation checkpointing: run a network's chain of stages under a schedule that keeps some
+// activations and recomputes the others, and check that training computes exactly what it
+// computes without checkpointing.
+//
+// prepare() builds the network (the reference's parameters, from the seed), profiles its
+// chain (profiler.h: sizes in bytes, times in microseconds) and asks the strategy's solver for
+// a schedule under the case's budget: params.budget, a fraction of the peak of keeping every
+// tape (none), or unconstrained when absent. No schedule fits: the row is `unsupported`.
+//
+// step() runs the schedule through a custom autograd function, CheckpointedChain: its forward
+// runs the operations before the loss (CF_i and Fn_i without a tape, Fe_i with one), returns
+// x[L], and leaves the held values in a ScheduleRunner; the loss sum(y * target) is plain
+// autograd; its backward receives d[L] and runs the rest: recomputations and B_i, each a
+// backward through one stage's tape from d[i+1] to d[i], parameters' gradients accumulating
+// as they would in one backward. So the checkpointed chain is one node of an autograd graph
+// and could sit inside a larger model.
+//
+// What makes the gradients bitwise equal to the plain run's:
+//   - a recomputation repeats the stage's arithmetic on the same input values;
+//   - dropout draws the same mask: before a stage's first forward the generator's state is
+//     recorded; a recomputation runs from that state and restores the generator afterwards,
+//     so later first forwards draw what they would have drawn;
+//   - batch norm's running statistics are updated by a stage's first forward only
+//     (updateBuffers = false on recomputation; the batch statistics it normalises with are
+//     the same either way).
+// Planted faults (tests only): "no_rng_restore" recomputes with the generator as it is;
+// "stale_input" makes a recomputed stage read the slot of the stage before it.
+//
+// Cost: the schedule's recomputed forwards; memory: the simulator's peak for the profiled
+// chain, which the record compares with the peak the tracking allocator measured.
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <mutex>
+
+#include "harness/memory.h"
+#include "harness/registry.h"
+#include "reference/chain_nets.h"
+#include "strategies/checkpointing/profiler.h"
+#include "strategies/checkpointing/solvers.h"
+
+namespace sb::strategies::checkpointing {
+namespace {
+
+using harness::Applicability;
+using harness::CaseSpec;
+using reference::ChainNet;
+
+enum class Fault { kNone, kNoRngRestore, kStaleInput };
+
+const char* faultName(Fault f) {
+  switch (f) {
+    case Fault::kNone:
+      return "none";
+    case Fault::kNoRngRestore:
+      return "no_rng_restore";
+    case Fault::kStaleInput:
+      return "stale_input";
+  }
+  return "?";
+}
+
+// Runs a schedule's operations on a network, holding what the schedule says is held.
+class ScheduleRunner {
+ public:
+  ScheduleRunner(const ChainNet& net, const std::vector<Op>& ops, Fault fault)
+      : net_(net), ops_(ops), fault_(fault), L_(net.numStages()), recomputed_(L_, false) {
+    // Only a stage that runs forward twice needs its generator state kept (about 5 KiB for
+    // the CPU generator), and only until its backward.
+    std::vector<int> runs(L_, 0);
+    for (const Op& op : ops_) {
+      if (op.isForward() && ++runs[op.stage] > 1) recomputed_[op.stage] = true;
+    }
+  }
+
+  // The operations before the loss; returns x[L].
+  at::Tensor forwardPhase(const at::Tensor& x0) {
+    reset();
+    x_[0] = x0.detach();
+    for (; pc_ < ops_.size() && ops_[pc_].kind != Op::Kind::kLoss; ++pc_) run(ops_[pc_]);
+    TORCH_INTERNAL_ASSERT(pc_ < ops_.size(), "a schedule without the loss");
+    ++pc_;
+    at::Tensor y = value(L_);
+    x_[L_] = at::Tensor();  // the loss reads x[L] and frees it where it is held on its own
+    return y;
+  }
+
+  // The operations after the loss, from d[L]; returns d[0].
+  at::Tensor backwardPhase(const at::Tensor& dL) {
+    d_[L_] = dL;
+    for (; pc_ < ops_.size(); ++pc_) run(ops_[pc_]);
+    at::Tensor d0 = d_[0];
+    reset();
+    return d0;
+  }
+
+ private:
+  void reset() {
+    pc_ = 0;
+    x_.assign(L_ + 1, at::Tensor());
+    tapeIn_.assign(L_ + 1, at::Tensor());
+    tapeOut_.assign(L_ + 1, at::Tensor());
+    d_.assign(L_ + 1, at::Tensor());
+    firstDone_.assign(L_, false);
+    rng_.assign(L_, at::Tensor());
+  }
+
+  // The input of stage i's forward: x[i], except under the stale-input fault, where a
+  // recomputation reads the slot of the stage before when it holds a tensor of that shape.
+  at::Tensor inputOf(int i) const {
+    const at::Tensor v = value(i);
+    if (fault_ == Fault::kStaleInput && firstDone_[i] && i > 0 && x_[i - 1].defined() &&
+        x_[i - 1].sizes() == v.sizes()) {
+      return x_[i - 1];
+    }
+    return v;
+  }
+
+  // x[i]'s value: held on its own, or as the output inside stage i-1's tape.
+  at::Tensor value(int i) const {
+    if (x_[i].defined()) return x_[i];
+    TORCH_INTERNAL_ASSERT(i > 0 && tapeOut_[i].defined(), "x[", i, "] is not held");
+    return tapeOut_[i].detach();
+  }
+
+  at::Tensor runStage(int i, const at::Tensor& input) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    if (!firstDone_[i]) {
+      firstDone_[i] = true;
+      if (recomputed_[i]) rng_[i] = gen.get_state();
+      return net_.stage(i, input, /*updateBuffers=*/true);
+    }
+    const at::Tensor now = gen.get_state();
+    if (fault_ != Fault::kNoRngRestore) gen.set_state(rng_[i]);
+    at::Tensor out = net_.stage(i, input, /*updateBuffers=*/false);
+    if (fault_ != Fault::kNoRngRestore) gen.set_state(now);
+    return out;
+  }
+
+  void run(const Op& op) {
+    const int i = op.stage;
+    switch (op.kind) {
+      case Op::Kind::kForwardCheck:
+      case Op::Kind::kForwardNoGrad: {
+        at::NoGradGuard noGrad;
+        x_[i + 1] = runStage(i, inputOf(i));
+        if (op.kind == Op::Kind::kForwardNoGrad) x_[i] = at::Tensor();
+        break;
+      }
+      case Op::Kind::kForwardEnable: {
+        at::AutoGradMode grad(true);
+        tapeIn_[i + 1] = inputOf(i).detach().requires_grad_(true);
+        tapeOut_[i + 1] = runStage(i, tapeIn_[i + 1]);
+        break;
+      }
+      case Op::Kind::kBackward: {
+        at::AutoGradMode grad(true);
+        torch::autograd::backward({tapeOut_[i + 1]}, {d_[i + 1]});
+        d_[i] = tapeIn_[i + 1].grad();
+        d_[i + 1] = at::Tensor();
+        tapeIn_[i + 1] = at::Tensor();
+        tapeOut_[i + 1] = at::Tensor();
+        x_[i] = at::Tensor();
+        rng_[i] = at::Tensor();
+        break;
+      }
+      case Op::Kind::kLoss:
+        TORCH_INTERNAL_ASSERT(false, "a second loss in the schedule");
+    }
+  }
+
+  const ChainNet& net_;
+  const std::vector<Op>& ops_;
+  Fault fault_;
+  int L_;
+  size_t pc_ = 0;
+  std::vector<at::Tensor> x_, tapeIn_, tapeOut_, d_, rng_;
+  std::vector<bool> firstDone_, recomputed_;
+};
+
+// The checkpointed chain as one autograd node: forward runs the schedule up to the loss,
+// backward runs the rest of it.
+struct CheckpointedChain : public torch::autograd::Function<CheckpointedChain> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x0,
+                            int64_t runner) {
+    ctx->saved_data["runner"] = runner;
+    return reinterpret_cast<ScheduleRunner*>(runner)->forwardPhase(x0);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* runner = reinterpret_cast<ScheduleRunner*>(ctx->saved_data["runner"].toInt());
+    return {runner->backwardPhase(grads[0]), at::Tensor()};
+  }
+};
+
+class CheckpointStrategy;
+
+class CheckpointExecutor final : public harness::RankExecutor {
+ public:
+  CheckpointExecutor(const CheckpointStrategy& s, CaseSpec c) : strategy_(s), case_(std::move(c)) {}
+
+  void prepare(harness::RankContext& ctx, const reference::WorkloadData& data) override;
+  void step(harness::RankContext& ctx) override;
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+
+  std::optional<int64_t> predictedPeakBytes() const override {
+    // The model counts activations from x[0]; the rest of what is alive at the step's start
+    // (parameters, gradients, the network's input) stays alive throughout. Unlike rotor's
+    // model, the caller keeps the network's output y = x[L] until the backward is done (the
+    // record needs it; so does a training loop that logs its logits).
+    return static_cast<int64_t>(std::llround(startLive_ - chain_.x[0] + schedule_.predictedPeak +
+                                             chain_.x[chain_.length()]));
+  }
+  std::optional<double> predictedTimeUs() const override { return schedule_.predictedTime; }
+  std::vector<std::pair<std::string, std::string>> recordParams() const override;
+  nlohmann::json details() const override;
+
+ private:
+  const CheckpointStrategy& strategy_;
+  CaseSpec case_;
+  std::unique_ptr<ChainNet> net_;
+  Chain chain_;
+  Schedule schedule_;
+  double budgetFraction_ = 0, budgetBytes_ = 0, nonePeak_ = 0;
+  std::unique_ptr<ScheduleRunner> runner_;
+  double startLive_ = 0;
+  std::map<std::string, at::Tensor> results_;
+};
+
+class CheckpointStrategy final : public harness::Strategy {
+ public:
+  CheckpointStrategy(std::string solver, Fault fault)
+      : Strategy("checkpointing/" + solver, "checkpoint " + solver,
+                 harness::Family::kCheckpointing),
+        solver_(std::move(solver)),
+        fault_(fault) {}
+
+  const std::string& solver() const { return solver_; }
+  Fault fault() const { return fault_; }
+
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"solver", solver_}, {"case params", "budget (fraction of keeping every tape)"}};
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (!reference::findChainWorkload(c.workload)) {
+      return Applicability::notApplicable("workload '" + c.workload + "' is not a chain network");
+    }
+    if (c.meshSize() != 1) {
+      return Applicability::unsupported("checkpointing runs on one rank; the mesh has " +
+                                        std::to_string(c.meshSize()));
+    }
+    if (c.params.contains("budget")) {
+      const auto& b = c.params["budget"];
+      if (!b.is_number() || b.get<double>() <= 0) {
+        return Applicability::unsupported("params.budget must be a positive fraction, got " +
+                                          b.dump());
+      }
+    }
+    return Applicability::yes();
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
+    return std::make_unique<CheckpointExecutor>(*this, c);
+  }
+  harness::Box resultBox(const std::string&, const CaseSpec&, int) const override {
+    TORCH_INTERNAL_ASSERT(false, "checkpointing results are boxed by resultBoxOf");
+  }
+  harness::Box resultBoxOf(const std::string&, const CaseSpec&, int,
+                           at::IntArrayRef full) const override {
+    return harness::Box::whole(full);  // one rank holds every tensor whole
+  }
+  harness::CommStats predictComm(const CaseSpec&, int) const override { return {}; }
+  harness::Tolerance tolerance(const std::string&, const CaseSpec&,
+                               const at::Tensor&) const override {
+    return harness::Tolerance::bitwise(
+        "recomputation repeats the same arithmetic on the same values, dropout masks included");
+  }
+
+  std::vector<std::string> plantableFaults() const override {
+    return {faultName(Fault::kNoRngRestore), faultName(Fault::kStaleInput)};
+  }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    for (Fault f : {Fault::kNoRngRestore, Fault::kStaleInput}) {
+      if (name == faultName(f)) return std::make_unique<CheckpointStrategy>(solver_, f);
+    }
+    return nullptr;
+  }
+
+ private:
+  std::string solver_;
+  Fault fault_;
+};
+
+void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData&) {
+  harness::MemoryTracker::instance().install();
+  net_ =
+      reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype, case_.seed);
+  chain_ = profileChain(*net_, ctx.rank());
+  nonePeak_ = simulate(chain_, segmentSchedule(chain_.length(), {0})).peak;
+  if (case_.params.contains("budget")) budgetFraction_ = case_.params["budget"].get<double>();
+  budgetBytes_ = budgetFraction_ > 0 ? std::floor(budgetFraction_ * nonePeak_) : 0;
+  auto s = solve(strategy_.solver(), chain_, {budgetBytes_, 500});
+  if (!s) {
+    const auto full = solve("full", chain_, {0, 500});
+    throw harness::UnsupportedCase("no " + strategy_.solver() + " schedule fits a budget of " +
+                                   std::to_string(static_cast<int64_t>(budgetBytes_)) + " bytes (" +
+                                   std::to_string(budgetFraction_) + " of keeping every tape, " +
+                                   std::to_string(static_cast<int64_t>(nonePeak_)) +
+                                   " bytes; checkpointing every stage needs " +
+                                   std::to_string(static_cast<int64_t>(full->predictedPeak)) + ")");
+  }
+  schedule_ = *s;
+  runner_ = std::make_unique<ScheduleRunner>(*net_, schedule_.ops, strategy_.fault());
+}
+
+void CheckpointExecutor::step(harness::RankContext& ctx) {
+  // Every step starts from the reference's state: running statistics, zeroed gradients, the
+  // dropout generator's seed.
+  net_->resetBuffers();
+  net_->zeroGrad();
+  at::manual_seed(reference::ChainWorkload::dropoutSeed(case_.seed));
+  startLive_ = static_cast<double>(harness::MemoryTracker::instance().current(ctx.rank()));
+  const at::Tensor x0 = net_->input().detach().requires_grad_(true);
+  const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
+  torch::autograd::backward({(y * net_->target()).sum()});
+  results_.clear();
+  results_["output"] = y.detach();
+  results_["grad_input"] = x0.grad();
+  for (const auto& [name, p] : net_->parameters()) results_["grad/" + name] = p.grad();
+  for (const auto& [name, b] : net_->buffers()) results_["buffer/" + name] = b;
+}
+
+std::vector<std::pair<std::string, std::string>> CheckpointExecutor::recordParams() const {
+  return {{"solver", strategy_.solver()},
+          {"budget", budgetFraction_ > 0 ? std::to_string(budgetFraction_) : "none"},
+          {"budget_bytes", std::to_string(static_cast<int64_t>(budgetBytes_))},
+          {"none_peak_bytes", std::to_string(static_cast<int64_t>(nonePeak_))},
+          {"model_peak_bytes", std::to_string(static_cast<int64_t>(schedule_.predictedPeak))},
+          {"recomputed_forwards", std::to_string(schedule_.recomputedForwards)},
+          {"stages", std::to_string(chain_.length())}};
+}
+
+nlohmann::json CheckpointExecutor::details() const {
+  return {{"schedule", schedule_.names()},
+          {"chain", chain_.toJson()},
+          {"predicted_time_us", schedule_.predictedTime},
+          {"predicted_peak_bytes", schedule_.predictedPeak}};
+}
+
+std::vector<std::unique_ptr<harness::Strategy>> registerCheckpointing() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  for (const auto& s : solverNames())
+    out.push_back(std::make_unique<CheckpointStrategy>(s, Fault::kNone));
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::checkpointing
+
+SB_REGISTER_STRATEGIES(sb::strategies::checkpointing::registerCheckpointing);

@@ -1,0 +1,113 @@
+#include "strategies/checkpointing/profiler.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "harness/memory.h"
+
+namespace sb::strategies::checkpointing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double micros(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+double medianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double bytes(const at::Tensor& t) { return static_cast<double>(t.nbytes()); }
+
+}  // namespace
+
+Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
+  auto& mem = harness::MemoryTracker::instance();
+  TORCH_INTERNAL_ASSERT(mem.installed(), "profileChain needs the tracking allocator");
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const at::Tensor rngState = gen.get_state();
+  net.zeroGrad();  // backward accumulates in place: no gradient allocation in the numbers
+
+  const int L = net.numStages();
+  Chain c;
+  c.x.push_back(bytes(net.input()));
+  c.xbar.push_back(bytes(net.input()));
+  at::Tensor x = net.input().detach();
+  for (int i = 0; i < L; ++i) {
+    std::vector<double> ft, bt;
+    double xbar = 0, ftmp = 0, btmp = 0, xout = 0;
+    for (int r = 0; r < std::max(1, repetitions); ++r) {
+      // Fe_i: what a taped forward leaves alive (output and saved tensors) and its transient.
+      const int64_t before = mem.current(rank);
+      mem.resetPeak(rank);
+      const at::Tensor in = x.detach().requires_grad_(true);
+      const auto t0 = Clock::now();
+      at::Tensor out = net.stage(i, in, false);
+      const auto t1 = Clock::now();
+      const int64_t after = mem.current(rank);
+      xbar = std::max(xbar, static_cast<double>(after - before));
+      ftmp = std::max(ftmp, static_cast<double>(mem.peak(rank) - after));
+      ft.push_back(micros(t0, t1));
+      xout = bytes(out);
+
+      // Fn_i: the same forward without a tape may need other temporaries.
+      {
+        at::NoGradGuard noGrad;
+        const int64_t b = mem.current(rank);
+        mem.resetPeak(rank);
+        at::Tensor o = net.stage(i, x, false);
+        const int64_t a = mem.current(rank);
+        ftmp = std::max(ftmp, static_cast<double>(mem.peak(rank) - a));
+        (void)b;
+      }
+
+      // B_i: from d[i+1] (ones) to d[i]; its transient above what it holds and writes.
+      const at::Tensor d = at::ones_like(out);
+      const int64_t b3 = mem.current(rank);
+      mem.resetPeak(rank);
+      const auto t2 = Clock::now();
+      torch::autograd::backward({out}, {d});
+      const auto t3 = Clock::now();
+      btmp = std::max(btmp, static_cast<double>(mem.peak(rank) - b3) - bytes(in));
+      bt.push_back(micros(t2, t3));
+      out = at::Tensor();
+    }
+    {
+      at::NoGradGuard noGrad;
+      x = net.stage(i, x, false);
+    }
+    c.ftime.push_back(medianOf(ft));
+    c.btime.push_back(medianOf(bt));
+    c.x.push_back(xout);
+    c.xbar.push_back(std::max(xbar, xout));
+    c.ftmp.push_back(ftmp);
+    c.btmp.push_back(std::max(0.0, btmp));
+  }
+  // The loss, sum(y * target): forward and backward to d[L].
+  std::vector<double> lt;
+  double ltmp = 0;
+  for (int r = 0; r < std::max(1, repetitions); ++r) {
+    const at::Tensor y = x.detach().requires_grad_(true);
+    const int64_t before = mem.current(rank);
+    mem.resetPeak(rank);
+    const auto t0 = Clock::now();
+    torch::autograd::backward({(y * net.target()).sum()});
+    const auto t1 = Clock::now();
+    ltmp = std::max(ltmp, static_cast<double>(mem.peak(rank) - before) - bytes(y));
+    lt.push_back(micros(t0, t1));
+  }
+  c.btime.push_back(medianOf(lt));
+  c.btmp.push_back(std::max(0.0, ltmp));
+  net.zeroGrad();
+  gen.set_state(rngState);
+  c.validate("profile");
+  return c;
+}
+
+}  // namespace sb::strategies::checkpointing

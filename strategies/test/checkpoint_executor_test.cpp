@@ -1,0 +1,136 @@
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "harness/registry.h"
+#include "strategies/test/test_util.h"
+
+namespace sb::strategies {
+namespace {
+
+// CI-sized instances of every chain workload, dropout on where the workload has it.
+const std::map<std::string, nlohmann::json>& workloads() {
+  static const std::map<std::string, nlohmann::json> w = {
+      {"mlp_chain", {{"batch", 8}, {"width", 32}, {"depth", 6}, {"dropout", 0.2}}},
+      {"gpt2_stack",
+       {{"batch", 2}, {"seq", 16}, {"d_model", 32}, {"heads", 4}, {"layers", 3}, {"dropout", 0.2}}},
+      {"resnet18", {{"batch", 2}, {"image", 32}, {"width", 8}}},
+      {"densenet121",
+       {{"batch", 2}, {"image", 32}, {"growth", 8}, {"init", 8}, {"blocks", {8, 4, 2, 2}}}},
+  };
+  return w;
+}
+
+harness::CaseSpec chainCase(const std::string& workload, double budget) {
+  harness::CaseSpec c = test::linearCase({1, 1}, 1, {1});
+  c.workload = workload;
+  c.shape = workloads().at(workload);
+  if (budget > 0) c.params["budget"] = budget;
+  return c;
+}
+
+const harness::Strategy& strategy(const std::string& id) {
+  const harness::Strategy* s = harness::StrategyRegistry::global().find(id);
+  if (!s) throw std::runtime_error("no strategy " + id);
+  return *s;
+}
+
+std::string params(const harness::Record& r, const std::string& key) {
+  for (const auto& [k, v] : r.params) {
+    if (k == key) return v;
+  }
+  return "";
+}
+
+class CheckpointExecutor : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+// Every solver on every workload (the fixed schedules none, full and sqrt unconstrained, the
+// budget-driven ones at 85% of keeping every tape, where they must recompute): the
+// gradients of every parameter, the input's gradient, the output and the batch-norm buffers
+// are all compared bitwise with the plain run.
+TEST_P(CheckpointExecutor, GivesBitwiseTheGradientsAndBuffersOfThePlainRun) {
+  const auto& [workload, solver] = GetParam();
+  const bool fixed = solver == "none" || solver == "full" || solver == "sqrt";
+  const auto c = chainCase(workload, fixed ? 0 : 0.85);
+  const auto rec = test::run(c, strategy("checkpointing/" + solver));
+  if (rec.status == harness::Status::kUnsupported) {
+    EXPECT_NE(rec.message.find("fits a budget"), std::string::npos) << rec.message;
+    GTEST_SKIP() << solver << " has no schedule within 85% on " << workload << ": " << rec.message;
+  }
+  ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+  EXPECT_EQ(*rec.maxAbsErr, 0.0);
+  EXPECT_EQ(rec.tolerance.rfind("bitwise", 0), 0u) << rec.tolerance;
+  const auto& checks = rec.details["tensors"];
+  bool sawGrad = false, sawBuffer = false;
+  for (const auto& t : checks) {
+    const std::string name = t["tensor"];
+    sawGrad |= name.rfind("grad/", 0) == 0;
+    sawBuffer |= name.rfind("buffer/", 0) == 0;
+  }
+  EXPECT_TRUE(sawGrad);
+  if (workload == "resnet18" || workload == "densenet121") {
+    EXPECT_TRUE(sawBuffer);
+  }
+  if (!fixed) {
+    EXPECT_LE(std::stod(params(rec, "model_peak_bytes")), std::stod(params(rec, "budget_bytes")));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllWorkloadsAndSolvers, CheckpointExecutor,
+    ::testing::Combine(::testing::Values("mlp_chain", "gpt2_stack", "resnet18", "densenet121"),
+                       ::testing::Values("none", "full", "sqrt", "greedy", "revolve", "rotor")),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+
+TEST(CheckpointExecutorBudget, RotorRecomputesUnderATightBudgetAndStillMatches) {
+  for (const auto& [workload, shape] : workloads()) {
+    // The smallest budget in steps of 5% that rotor can meet.
+    harness::Record rec;
+    for (double b = 0.3; b <= 1.0; b += 0.05) {
+      rec = test::run(chainCase(workload, b), strategy("checkpointing/rotor"));
+      if (rec.status != harness::Status::kUnsupported) break;
+    }
+    ASSERT_EQ(rec.status, harness::Status::kPass) << workload << ": " << rec.message;
+    EXPECT_GT(std::stoi(params(rec, "recomputed_forwards")), 0) << workload;
+    EXPECT_LT(std::stod(params(rec, "model_peak_bytes")), std::stod(params(rec, "none_peak_bytes")))
+        << workload;
+  }
+}
+
+TEST(CheckpointExecutorBudget, AnInfeasibleBudgetIsAnUnsupportedRowThatSaysSo) {
+  const auto rec = test::run(chainCase("mlp_chain", 0.01), strategy("checkpointing/rotor"));
+  EXPECT_EQ(rec.status, harness::Status::kUnsupported);
+  EXPECT_NE(rec.message.find("no rotor schedule fits a budget of"), std::string::npos)
+      << rec.message;
+}
+
+// Planted faults: each must be reported as `fail`, not pass and not error.
+TEST(CheckpointPlantedFault, RecomputingWithoutRestoringTheGeneratorFails) {
+  const auto faulty = strategy("checkpointing/full").withPlantedFault("no_rng_restore");
+  ASSERT_TRUE(faulty);
+  const auto rec = test::run(chainCase("mlp_chain", 0), *faulty);
+  EXPECT_EQ(rec.status, harness::Status::kFail) << rec.message;
+  EXPECT_GT(*rec.mismatches, 0);
+  // The same strategy without the fault passes: the dropout masks are what differ.
+  EXPECT_EQ(test::run(chainCase("mlp_chain", 0), strategy("checkpointing/full")).status,
+            harness::Status::kPass);
+}
+
+TEST(CheckpointPlantedFault, ARecomputedStageReadingAStaleInputFails) {
+  const auto faulty = strategy("checkpointing/full").withPlantedFault("stale_input");
+  ASSERT_TRUE(faulty);
+  for (const char* w : {"mlp_chain", "gpt2_stack"}) {
+    const auto rec = test::run(chainCase(w, 0), *faulty);
+    EXPECT_EQ(rec.status, harness::Status::kFail) << w << ": " << rec.message;
+  }
+}
+
+TEST(CheckpointPlantedFault, WithoutRecomputationThereIsNothingForTheFaultsToBreak) {
+  // `none` never recomputes: the planted faults are dormant and the row passes, which shows
+  // the failures above come from recomputation, not from the fault plumbing.
+  const auto faulty = strategy("checkpointing/none").withPlantedFault("no_rng_restore");
+  EXPECT_EQ(test::run(chainCase("mlp_chain", 0), *faulty).status, harness::Status::kPass);
+}
+
+}  // namespace
+}  // namespace sb::strategies
