@@ -5,32 +5,13 @@ set -uo pipefail
 build=$1
 src=$2
 sb="$build/stratbench"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-check() {  # check NAME EXPECTED_RC PATTERN -- command...
-  local name=$1 want=$2 pattern=$3
-  shift 4
-  "$@" >"$tmp/out" 2>&1
-  local rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    echo "FAIL $name: exit $rc, expected $want"; sed 's/^/    /' "$tmp/out" | tail -5
-    failures=$((failures + 1))
-  elif ! grep -qE -- "$pattern" "$tmp/out"; then
-    echo "FAIL $name: output lacks /$pattern/"; sed 's/^/    /' "$tmp/out" | tail -5
-    failures=$((failures + 1))
-  else
-    echo "ok   $name"
-    passes=$((passes + 1))
-  fi
-}
+source "$src/ci/test_lib.sh"
 
 # A small real run: every ShardedTensor strategy on the uneven 13-feature cases.
 check "run passes and writes results" 0 "total +[0-9]+ +0 +0 +0" -- \
   "$sb" run "$src/suites/smoke.yaml" --filter sharded_tensor --out "$tmp/res" --repetitions 2
 rows=$(grep -c ',pass,' "$tmp/res/results.csv")
-[ "$rows" -ge 12 ] && echo "ok   results.csv has $rows pass rows" || { echo "FAIL results.csv pass rows: $rows"; failures=$((failures + 1)); }
+[ "$rows" -ge 12 ] && pass "results.csv has $rows pass rows" || fail "results.csv pass rows: $rows"
 cp "$tmp/res/results.csv" "$tmp/before.csv"
 
 cat >"$tmp/bad.yaml" <<'YAML'
@@ -43,7 +24,8 @@ cases:
 YAML
 check "malformed suite names file, line and key" 2 "bad.yaml:6: unknown key 'strategie'" -- \
   "$sb" run "$tmp/bad.yaml" --out "$tmp/res"
-cmp -s "$tmp/before.csv" "$tmp/res/results.csv" && echo "ok   bad input left results.csv untouched" || { echo "FAIL results.csv changed"; failures=$((failures + 1)); }
+cmp -s "$tmp/before.csv" "$tmp/res/results.csv" && pass "bad input left results.csv untouched" ||
+  fail "results.csv changed"
 check "filter selecting nothing" 2 "selects no strategy" -- \
   "$sb" run "$src/suites/smoke.yaml" --filter nothing-matches-this --out "$tmp/res"
 check "mesh size not the world size" 2 "but the world size is 3" -- \
@@ -52,15 +34,15 @@ check "missing suite file" 2 "cannot read the suite file" -- "$sb" run "$tmp/non
 check "unknown option" 2 "" -- "$sb" run "$src/suites/smoke.yaml" --bogus
 check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --filter 'S01R=S01R.RR/0'
 check "list --family" 0 "31 strategies" -- "$sb" list --family sharding
-cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || { echo "FAIL results.csv changed"; failures=$((failures + 1)); }
+cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || fail "results.csv changed"
 
 # The checkpointing suite's sweep with rotor: every feasible budget passes bitwise, the
 # infeasible ones are unsupported rows, nothing fails.
 check "checkpointing suite: rotor over the budget sweep" 0 "total +[0-9]+ +0 +0 +[0-9]+" -- \
   "$sb" run "$src/suites/checkpointing.yaml" --filter rotor --repetitions 2 --out "$tmp/ckpt"
 grep -q 'densenet121/budget=0.2,.*checkpointing/rotor,.*,pass,' "$tmp/ckpt/results.csv" &&
-  { echo "ok   rotor fits DenseNet-121 at 20% of its activation peak"; passes=$((passes + 1)); } ||
-  { echo "FAIL rotor at 20% on DenseNet-121"; failures=$((failures + 1)); }
+  pass "rotor fits DenseNet-121 at 20% of its activation peak" ||
+  fail "rotor at 20% on DenseNet-121"
 
 # solve checkpoint: two unit stages, inputs 1, tapes 2 (worked out in checkpoint_solver_test).
 echo '{"ftime":[1,1],"btime":[1,1,1],"x":[1,1,1],"xbar":[1,2,2],"ftmp":[0,0],"btmp":[0,0,0]}' \
@@ -81,5 +63,4 @@ check "solve checkpoint: not JSON" 2 "broken.json: not valid JSON" -- \
 check "solve checkpoint: unknown solver" 2 "" -- \
   "$sb" solve checkpoint --chain "$tmp/chain.json" --budget 6 --solver magic
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

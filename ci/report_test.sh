@@ -7,25 +7,7 @@ set -uo pipefail
 build=$1
 src=$2
 sb="$build/stratbench"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-pass() { echo "ok   $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1"; [ -f "$tmp/out" ] && sed 's/^/    /' "$tmp/out" | tail -8; failures=$((failures + 1)); }
-check() {  # check NAME EXPECTED_RC PATTERN -- command...
-  local name=$1 want=$2 pattern=$3
-  shift 4
-  "$@" >"$tmp/out" 2>&1
-  local rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    fail "$name: exit $rc, expected $want"
-  elif [ -n "$pattern" ] && ! grep -qE -- "$pattern" "$tmp/out"; then
-    fail "$name: output lacks /$pattern/"
-  else
-    pass "$name"
-  fi
-}
+source "$src/ci/test_lib.sh"
 
 # Two Linear strategies of the smoke suite, in every case of it they apply to: one splits the
 # contraction (so it can lose its all-reduce), one does not. Ten repetitions: the U test needs
@@ -153,5 +135,4 @@ check "a missing results file is bad input" 2 "nope.csv: no such results file" -
   "$sb" report "$tmp/nope.csv"
 cmp -s "$csv" "$tmp/base/results.csv" && pass "inputs untouched" || fail "inputs changed"
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

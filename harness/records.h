@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -78,7 +79,52 @@ struct Record {
   nlohmann::json toJson() const;
 };
 
-// The CSV header, in column order.
+// The CSV header, in column order; an array so that readers that need the count at compile
+// time (the CSV parser of reports/) use the same list.
+inline constexpr std::array<const char*, 44> kCsvColumns = {"schema_version",
+                                                            "run_id",
+                                                            "git_sha",
+                                                            "timestamp_utc",
+                                                            "host",
+                                                            "device",
+                                                            "torch_version",
+                                                            "backend",
+                                                            "world_size",
+                                                            "mesh",
+                                                            "suite",
+                                                            "case",
+                                                            "workload",
+                                                            "shape",
+                                                            "dtype",
+                                                            "inputs",
+                                                            "seed",
+                                                            "family",
+                                                            "strategy_id",
+                                                            "strategy",
+                                                            "status",
+                                                            "max_abs_err",
+                                                            "max_rel_err",
+                                                            "mismatches",
+                                                            "atol",
+                                                            "rtol",
+                                                            "err_ratio",
+                                                            "worst_tensor",
+                                                            "tensor_err_ratio",
+                                                            "time_us_median",
+                                                            "time_us_mean",
+                                                            "time_us_stddev",
+                                                            "time_us_min",
+                                                            "time_us_max",
+                                                            "time_us_samples",
+                                                            "repetitions",
+                                                            "peak_mem_bytes",
+                                                            "predicted_mem_bytes",
+                                                            "comm_bytes",
+                                                            "predicted_comm_bytes",
+                                                            "comm_calls",
+                                                            "predicted_time_us",
+                                                            "params",
+                                                            "message"};
 const std::vector<std::string>& csvColumns();
 // `s` as one CSV field: quoted, with quotes doubled, where it holds a comma, quote or newline.
 std::string csvQuote(const std::string& s);

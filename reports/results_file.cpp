@@ -20,52 +20,8 @@
 namespace sb::reports {
 namespace {
 
-// Every column this reader knows, in the order `run` writes them. The CSV parser needs the
-// count at compile time; a test checks this list against harness::csvColumns().
-constexpr std::array<const char*, 44> kColumns = {"schema_version",
-                                                  "run_id",
-                                                  "git_sha",
-                                                  "timestamp_utc",
-                                                  "host",
-                                                  "device",
-                                                  "torch_version",
-                                                  "backend",
-                                                  "world_size",
-                                                  "mesh",
-                                                  "suite",
-                                                  "case",
-                                                  "workload",
-                                                  "shape",
-                                                  "dtype",
-                                                  "inputs",
-                                                  "seed",
-                                                  "family",
-                                                  "strategy_id",
-                                                  "strategy",
-                                                  "status",
-                                                  "max_abs_err",
-                                                  "max_rel_err",
-                                                  "mismatches",
-                                                  "atol",
-                                                  "rtol",
-                                                  "err_ratio",
-                                                  "worst_tensor",
-                                                  "tensor_err_ratio",
-                                                  "time_us_median",
-                                                  "time_us_mean",
-                                                  "time_us_stddev",
-                                                  "time_us_min",
-                                                  "time_us_max",
-                                                  "time_us_samples",
-                                                  "repetitions",
-                                                  "peak_mem_bytes",
-                                                  "predicted_mem_bytes",
-                                                  "comm_bytes",
-                                                  "predicted_comm_bytes",
-                                                  "comm_calls",
-                                                  "predicted_time_us",
-                                                  "params",
-                                                  "message"};
+// Every column `run` writes: the parser needs the count at compile time.
+constexpr const auto& kColumns = harness::kCsvColumns;
 constexpr size_t kN = kColumns.size();
 
 // Added to schema 1 after it first shipped (adding a column is compatible): a file without
@@ -235,8 +191,6 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
 }
 
 }  // namespace
-
-std::vector<std::string> knownColumns() { return {kColumns.begin(), kColumns.end()}; }
 
 std::vector<ResultRow> readResults(const std::string& given) {
   std::string path = given;

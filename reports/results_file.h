@@ -57,9 +57,6 @@ struct ResultRow {
 // version it does not read.
 std::vector<ResultRow> readResults(const std::string& path);
 
-// The columns the reader knows, in the order `run` writes them.
-std::vector<std::string> knownColumns();
-
 // Every results file given, in order, as one list. Throws ReportInputError when two rows have
 // the same key (naming both places): a merge must not silently keep one of two answers.
 std::vector<ResultRow> readAll(const std::vector<std::string>& paths);

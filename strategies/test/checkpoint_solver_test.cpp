@@ -236,15 +236,20 @@ TEST(Solvers, NoneAndFullAreTheTwoExtremes) {
   EXPECT_FALSE(solve("rotor", c, {4, 500}).has_value());
 }
 
-TEST(Solvers, SqrtCutsAChainOfSixteenIntoFourSegments) {
+// L stages of unit time, inputs of size 1, tapes of size `tape`, no temporaries.
+Chain uniform(int L, double tape) {
   Chain c;
-  const int L = 16;
   c.ftime.assign(L, 1);
   c.ftmp.assign(L, 0);
   c.btime.assign(L + 1, 1);
   c.btmp.assign(L + 1, 0);
   c.x.assign(L + 1, 1);
-  c.xbar.assign(L + 1, 3);
+  c.xbar.assign(L + 1, tape);
+  return c;
+}
+
+TEST(Solvers, SqrtCutsAChainOfSixteenIntoFourSegments) {
+  const Chain c = uniform(16, 3);
   const auto s = solve("sqrt", c, {0, 500});
   ASSERT_TRUE(s.has_value());
   // Segments [0,4) [4,8) [8,12) [12,16): the first three are recomputed, 12 forwards.
@@ -277,14 +282,8 @@ TEST(Revolve, TheTableMatchesGriewanksBinomialCount) {
 }
 
 TEST(Revolve, ItsSchedulesAreValidAndCountTheirAdvances) {
-  Chain c;
   const int L = 9;
-  c.ftime.assign(L, 1);
-  c.ftmp.assign(L, 0);
-  c.btime.assign(L + 1, 1);
-  c.btmp.assign(L + 1, 0);
-  c.x.assign(L + 1, 1);
-  c.xbar.assign(L + 1, 2);
+  const Chain c = uniform(L, 2);
   for (int s = 0; s <= 4; ++s) {
     const auto sim = simulate(c, revolveSchedule(L, s));
     ASSERT_TRUE(sim.valid) << sim.problem;
