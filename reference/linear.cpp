@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "reference/chain_nets.h"
+#include "reference/transformer.h"
 #include "reference/workload.h"
 
 namespace sb::reference {
@@ -112,11 +113,12 @@ class LinearWorkload final : public Workload {
 const Workload* findWorkload(const std::string& name) {
   static const LinearWorkload linear;
   if (name == linear.name()) return &linear;
+  if (name == gpt2PrefillWorkload()->name()) return gpt2PrefillWorkload();
   return findChainWorkload(name);
 }
 
 std::vector<std::string> workloadNames() {
-  std::vector<std::string> names = {"linear"};
+  std::vector<std::string> names = {"linear", "gpt2_prefill"};
   for (const Workload* w : chainWorkloads()) names.push_back(w->name());
   return names;
 }

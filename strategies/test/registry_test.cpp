@@ -43,8 +43,11 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   std::set<std::string> ids;
   for (const auto* s : all) EXPECT_TRUE(ids.insert(s->id()).second) << s->id();
   // 24 from the 2-D generator (15 of them batch-split variants), 3 1-D data-parallel variants,
-  // 4 ShardedTensor strategies; one checkpointing strategy per solver.
-  EXPECT_EQ(all.size(), 37u);
+  // 4 ShardedTensor strategies; one checkpointing strategy per solver; three chunked regions.
+  EXPECT_EQ(all.size(), 40u);
+  for (const char* id : {"chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq"}) {
+    EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
+  }
   for (const char* id : {"checkpointing/none", "checkpointing/full", "checkpointing/sqrt",
                          "checkpointing/greedy", "checkpointing/revolve", "checkpointing/rotor"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;

@@ -1,0 +1,347 @@
+// Activation chunking of a transformer's regions along the sequence.
+//
+// A region of every block runs chunk by chunk over the tokens (dimension 1 of [batch, seq,
+// d_model]), `params.chunk` tokens at a time (the last chunk may be shorter), each chunk's
+// result written into a preallocated output at its offset, so that the region's
+// intermediates exist for one chunk at a time:
+//
+//   chunking/attention/seq  the queries are chunked; keys and values are computed for the
+//                           whole sequence once, so a chunk's scores are [chunk, keys]
+//                           instead of [seq, seq]
+//   chunking/ffn/seq        LN2 and the feed-forward block on chunks of tokens: the 4*d_model
+//                           hidden activation exists for one chunk at a time
+//   chunking/block/seq      the whole block per chunk of queries: LN1 of the chunk's rows,
+//                           attention to the whole sequence's keys and values, residual, LN2,
+//                           feed-forward, residual
+//
+// Training: the chunked region is one custom autograd function. Its forward runs without a
+// tape, its backward recomputes each chunk from the region's inputs with a tape and
+// backpropagates that chunk's gradient, so the backward's peak is one chunk's tape too.
+// Gradients that sum over tokens (the weights', and the keys' and values' in attention) are
+// then added chunk by chunk, in another order than the unchunked backward: they are compared
+// with the tolerance of a sum split in as many parts as there are chunks.
+//
+// Planted faults (tests only): "off_by_one" leaves the last row of every chunk uncomputed,
+// "wrong_offset" writes each chunk one row further than its place, "per_chunk_reduction"
+// softmaxes a chunk's queries over the chunk's own keys only.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <functional>
+
+#include "harness/memory.h"
+#include "harness/registry.h"
+#include "harness/verify.h"
+#include "reference/transformer.h"
+
+namespace sb::strategies::chunking {
+namespace {
+
+using harness::Applicability;
+using harness::CaseSpec;
+using reference::Transformer;
+using reference::TransformerShape;
+
+enum class Region { kAttention, kFfn, kBlock };
+enum class Fault { kNone, kOffByOne, kWrongOffset, kPerChunkReduction };
+
+const char* regionName(Region r) {
+  return r == Region::kAttention ? "attention" : r == Region::kFfn ? "ffn" : "block";
+}
+const char* faultName(Fault f) {
+  switch (f) {
+    case Fault::kNone:
+      return "none";
+    case Fault::kOffByOne:
+      return "off_by_one";
+    case Fault::kWrongOffset:
+      return "wrong_offset";
+    case Fault::kPerChunkReduction:
+      return "per_chunk_reduction";
+  }
+  return "?";
+}
+
+// One chunk of a region: from the region's inputs (up to three tensors) and the token range
+// [begin, end), that range's rows of the region's output.
+using ChunkFn = std::function<at::Tensor(const std::vector<at::Tensor>&, int64_t, int64_t)>;
+
+struct Chunking {
+  int64_t seq = 0, chunk = 0;
+  Fault fault = Fault::kNone;
+
+  // Runs `fn` chunk by chunk into a preallocated [batch, seq, d] output.
+  at::Tensor run(const ChunkFn& fn, const std::vector<at::Tensor>& in,
+                 at::IntArrayRef outShape) const {
+    at::Tensor out = at::empty(outShape, in.front().options().requires_grad(false));
+    for (int64_t s = 0; s < seq; s += chunk) {
+      int64_t e = std::min(seq, s + chunk);
+      if (fault == Fault::kOffByOne && e - s > 1) --e;  // the chunk's last row is never computed
+      const at::Tensor part = fn(in, s, e);
+      int64_t at = s;
+      if (fault == Fault::kWrongOffset) at = std::min(s + 1, seq - (e - s));
+      out.narrow(1, at, e - s).copy_(part);
+    }
+    return out;
+  }
+  int64_t chunks() const { return (seq + chunk - 1) / chunk; }
+};
+
+struct RegionContext {
+  ChunkFn fn;
+  Chunking chunking;
+  std::vector<int64_t> outShape;
+};
+
+// The chunked region as one autograd node: forward without a tape, backward chunk by chunk
+// with the chunk recomputed.
+struct ChunkedRegion : public torch::autograd::Function<ChunkedRegion> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& b, const at::Tensor& c, int64_t region) {
+    ctx->saved_data["region"] = region;
+    ctx->save_for_backward({a, b, c});
+    const auto* r = reinterpret_cast<const RegionContext*>(region);
+    return r->chunking.run(r->fn, {a, b, c}, r->outShape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto* r = reinterpret_cast<const RegionContext*>(ctx->saved_data["region"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    std::vector<at::Tensor> leaves;
+    for (const auto& t : saved) {
+      leaves.push_back(t.defined() ? t.detach().requires_grad_(true) : at::Tensor());
+    }
+    const int64_t T = r->chunking.seq, C = r->chunking.chunk;
+    for (int64_t s = 0; s < T; s += C) {
+      const int64_t e = std::min(T, s + C);
+      at::AutoGradMode grad(true);
+      const at::Tensor out = r->fn(leaves, s, e);
+      torch::autograd::backward({out}, {grads[0].narrow(1, s, e - s)});
+    }
+    torch::autograd::variable_list out;
+    for (const auto& l : leaves) out.push_back(l.defined() ? l.grad() : at::Tensor());
+    out.push_back(at::Tensor());
+    return out;
+  }
+};
+
+class ChunkedStrategy final : public harness::Strategy {
+ public:
+  ChunkedStrategy(Region region, Fault fault)
+      : Strategy(std::string("chunking/") + regionName(region) + "/seq",
+                 std::string("chunked ") + regionName(region) + " over the sequence",
+                 harness::Family::kChunking),
+        region_(region),
+        fault_(fault) {}
+
+  Region region() const { return region_; }
+  Fault fault() const { return fault_; }
+
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"region", regionName(region_)}, {"dim", "seq"}, {"case params", "chunk (tokens)"}};
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (c.workload != "gpt2_prefill") return Applicability::notApplicable("not gpt2_prefill");
+    if (c.meshSize() != 1) {
+      return Applicability::unsupported("chunking runs on one rank; the mesh has " +
+                                        std::to_string(c.meshSize()));
+    }
+    if (c.params.contains("chunk")) {
+      const auto& v = c.params["chunk"];
+      if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+        return Applicability::unsupported("params.chunk must be a positive integer, got " +
+                                          v.dump());
+      }
+    }
+    return Applicability::yes();
+  }
+
+  int64_t chunkOf(const CaseSpec& c) const {
+    const auto s = TransformerShape::parse(c.shape);
+    const int64_t chunk = c.params.contains("chunk") ? c.params["chunk"].get<int64_t>()
+                                                     : std::max<int64_t>(1, s.seq / 4);
+    return std::min(chunk, s.seq);
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override;
+
+  harness::Box resultBox(const std::string&, const CaseSpec&, int) const override {
+    TORCH_INTERNAL_ASSERT(false, "chunking results are boxed by resultBoxOf");
+  }
+  harness::Box resultBoxOf(const std::string&, const CaseSpec&, int,
+                           at::IntArrayRef full) const override {
+    return harness::Box::whole(full);
+  }
+  harness::CommStats predictComm(const CaseSpec&, int) const override { return {}; }
+
+  harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
+                               const at::Tensor& expected) const override {
+    const auto base = harness::Tolerance::defaultFor(c.dtype);
+    if (tensor.rfind("grad", 0) != 0) return base;
+    // Gradients summed over tokens are added chunk by chunk.
+    const auto s = TransformerShape::parse(c.shape);
+    int64_t parts = (s.seq + chunkOf(c) - 1) / chunkOf(c);
+    // The block region reads LN1 twice, for its chunk's queries inside and for every token's
+    // keys and values outside, so LN1's gradients add two partial sums even in one chunk.
+    if (region_ == Region::kBlock) parts = std::max<int64_t>(parts, 2);
+    return harness::splitReductionTolerance(base, c.dtype, s.batch * s.seq, parts, expected);
+  }
+
+  std::vector<std::string> plantableFaults() const override {
+    std::vector<std::string> f = {faultName(Fault::kOffByOne), faultName(Fault::kWrongOffset)};
+    if (region_ != Region::kFfn) f.push_back(faultName(Fault::kPerChunkReduction));
+    return f;
+  }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    for (const auto& f : plantableFaults()) {
+      if (f != name) continue;
+      for (Fault k : {Fault::kOffByOne, Fault::kWrongOffset, Fault::kPerChunkReduction}) {
+        if (name == faultName(k)) return std::make_unique<ChunkedStrategy>(region_, k);
+      }
+    }
+    return nullptr;
+  }
+
+ private:
+  Region region_;
+  Fault fault_;
+};
+
+class ChunkedExecutor final : public harness::RankExecutor {
+ public:
+  ChunkedExecutor(const ChunkedStrategy& s, const CaseSpec& c)
+      : strategy_(s), case_(c), shape_(TransformerShape::parse(c.shape)) {}
+
+  void prepare(harness::RankContext&, const reference::WorkloadData&) override {
+    model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
+    chunking_.seq = shape_.seq;
+    chunking_.chunk = strategy_.chunkOf(case_);
+    chunking_.fault = strategy_.fault();
+    const int64_t B = shape_.batch, T = shape_.seq, D = shape_.dModel;
+    const bool perChunk = strategy_.fault() == Fault::kPerChunkReduction;
+    regions_.resize(model_->layers());
+    for (int l = 0; l < model_->layers(); ++l) {
+      auto& r = regions_[l];
+      r.chunking = chunking_;
+      r.outShape = {B, T, D};
+      const Transformer& m = *model_;
+      switch (strategy_.region()) {
+        case Region::kAttention:  // inputs: ln1 output h, keys, values
+          r.fn = [&m, l, perChunk](const std::vector<at::Tensor>& in, int64_t s, int64_t e) {
+            if (perChunk) {
+              return m.attention(l, in[0].narrow(1, s, e - s), 0, in[1].narrow(2, s, e - s),
+                                 in[2].narrow(2, s, e - s), e - s);
+            }
+            return m.attention(l, in[0].narrow(1, s, e - s), s, in[1], in[2], e);
+          };
+          break;
+        case Region::kFfn:  // input: the residual stream after attention
+          r.fn = [&m, l](const std::vector<at::Tensor>& in, int64_t s, int64_t e) {
+            return m.ffn(l, m.ln2(l, in[0].narrow(1, s, e - s)));
+          };
+          break;
+        case Region::kBlock:  // inputs: the block's input x, keys, values
+          r.fn = [&m, l, perChunk](const std::vector<at::Tensor>& in, int64_t s, int64_t e) {
+            const at::Tensor xs = in[0].narrow(1, s, e - s);
+            const at::Tensor a = perChunk
+                                     ? m.attention(l, m.ln1(l, xs), 0, in[1].narrow(2, s, e - s),
+                                                   in[2].narrow(2, s, e - s), e - s)
+                                     : m.attention(l, m.ln1(l, xs), s, in[1], in[2], e);
+            const at::Tensor rs = xs + a;
+            return rs + m.ffn(l, m.ln2(l, rs));
+          };
+          break;
+      }
+    }
+  }
+
+  void step(harness::RankContext& ctx) override {
+    auto& mem = harness::MemoryTracker::instance();
+    const int64_t startLive = mem.current(ctx.rank());
+    const bool training = shape_.training;
+    if (training) model_->zeroGrad();
+    at::AutoGradMode grad(training);
+    const at::Tensor x0 = model_->input().detach().requires_grad_(training);
+    at::Tensor x = x0;
+    for (int l = 0; l < model_->layers(); ++l) x = layer(l, x);
+    results_.clear();
+    results_["output"] = x.detach();
+    if (training) {
+      torch::autograd::backward({(x * model_->target()).sum()});
+      results_["grad_input"] = x0.grad();
+      for (const auto& [n, p] : model_->parameters()) results_["grad/" + n] = p.grad();
+    }
+    // Above what was alive when the step began (parameters, gradients, the input): the
+    // activations. The runner resets the peak before the step it measures.
+    activationPeak_ = mem.peak(ctx.rank()) - startLive;
+  }
+
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+
+  std::vector<std::pair<std::string, std::string>> recordParams() const override {
+    return {{"region", regionName(strategy_.region())},
+            {"chunk", std::to_string(chunking_.chunk)},
+            {"chunks", std::to_string(chunking_.chunks())},
+            {"mode", shape_.training ? "training" : "inference"},
+            {"activation_peak_bytes", std::to_string(activationPeak_)}};
+  }
+
+ private:
+  at::Tensor region(int l, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+    return ChunkedRegion::apply(a, b, c, reinterpret_cast<int64_t>(&regions_[l]));
+  }
+
+  at::Tensor layer(int l, const at::Tensor& x) {
+    const Transformer& m = *model_;
+    switch (strategy_.region()) {
+      case Region::kAttention: {
+        const at::Tensor h = m.ln1(l, x);
+        const auto [k, v] = m.keysValues(l, h);
+        const at::Tensor r = x + region(l, h, k, v);
+        return r + m.ffn(l, m.ln2(l, r));
+      }
+      case Region::kFfn: {
+        const at::Tensor h = m.ln1(l, x);
+        const auto [k, v] = m.keysValues(l, h);
+        const at::Tensor r = x + m.attention(l, h, 0, k, v, shape_.seq);
+        const at::Tensor none = at::empty({0}, r.options());  // the function takes three inputs
+        return r + region(l, r, none, none);
+      }
+      case Region::kBlock: {
+        const auto [k, v] = m.keysValues(l, m.ln1(l, x));
+        return region(l, x, k, v);
+      }
+    }
+    TORCH_INTERNAL_ASSERT(false);
+  }
+
+  const ChunkedStrategy& strategy_;
+  CaseSpec case_;
+  TransformerShape shape_;
+  std::unique_ptr<Transformer> model_;
+  Chunking chunking_;
+  std::vector<RegionContext> regions_;
+  std::map<std::string, at::Tensor> results_;
+  int64_t activationPeak_ = 0;
+};
+
+std::unique_ptr<harness::RankExecutor> ChunkedStrategy::makeExecutor(const CaseSpec& c) const {
+  return std::make_unique<ChunkedExecutor>(*this, c);
+}
+
+std::vector<std::unique_ptr<harness::Strategy>> registerChunking() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  for (Region r : {Region::kAttention, Region::kFfn, Region::kBlock}) {
+    out.push_back(std::make_unique<ChunkedStrategy>(r, Fault::kNone));
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::chunking
+
+SB_REGISTER_STRATEGIES(sb::strategies::chunking::registerChunking);

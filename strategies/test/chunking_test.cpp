@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+
+#include "harness/registry.h"
+#include "strategies/test/test_util.h"
+
+namespace sb::strategies {
+namespace {
+
+harness::CaseSpec prefillCase(int64_t seq, int64_t chunk, bool training) {
+  harness::CaseSpec c = test::linearCase({1, 1}, 1, {1});
+  c.workload = "gpt2_prefill";
+  c.shape = {{"batch", 2}, {"seq", seq},  {"d_model", 32},
+             {"heads", 4}, {"layers", 2}, {"mode", training ? "training" : "inference"}};
+  c.params["chunk"] = chunk;
+  return c;
+}
+
+const harness::Strategy& strategy(const std::string& id) {
+  const harness::Strategy* s = harness::StrategyRegistry::global().find(id);
+  if (!s) throw std::runtime_error("no strategy " + id);
+  return *s;
+}
+
+class ChunkedRegion : public ::testing::TestWithParam<std::tuple<std::string, int64_t, bool>> {};
+
+// Every region, chunks that divide the sequence (16 of 96) and chunks that leave a shorter
+// last one (40 of 96: 40, 40, 16), inference and training: equal to the unchunked reference
+// within the dtype's tolerance (and the split-sum tolerance for gradients summed over tokens).
+TEST_P(ChunkedRegion, MatchesTheUnchunkedReference) {
+  const auto& [region, chunk, training] = GetParam();
+  const auto rec =
+      test::run(prefillCase(96, chunk, training), strategy("chunking/" + region + "/seq"));
+  ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+  bool sawGrad = false;
+  for (const auto& t : rec.details["tensors"]) {
+    sawGrad |= std::string(t["tensor"]).rfind("grad/", 0) == 0;
+  }
+  EXPECT_EQ(sawGrad, training);
+}
+
+INSTANTIATE_TEST_SUITE_P(RegionsChunksModes, ChunkedRegion,
+                         ::testing::Combine(::testing::Values("attention", "ffn", "block"),
+                                            ::testing::Values(int64_t{16}, int64_t{40}),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_chunk" +
+                                  std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_training" : "_inference");
+                         });
+
+TEST(ChunkedRegionWhole, OneChunkOfTheWholeSequenceIsBitwiseTheReference) {
+  for (const char* region : {"attention", "ffn", "block"}) {
+    const auto rec =
+        test::run(prefillCase(64, 64, false), strategy(std::string("chunking/") + region + "/seq"));
+    ASSERT_EQ(rec.status, harness::Status::kPass) << region << ": " << rec.message;
+    EXPECT_EQ(*rec.maxAbsErr, 0.0) << region;
+  }
+}
+
+TEST(ChunkedRegionMemory, ChunkingTheQueriesShrinksTheAttentionPeak) {
+  // The [seq, seq] scores dominate at 256 tokens; eighth-sized chunks hold an eighth of them.
+  const auto& s = strategy("chunking/attention/seq");
+  const auto whole = test::run(prefillCase(256, 256, false), s);
+  const auto chunked = test::run(prefillCase(256, 32, false), s);
+  ASSERT_EQ(whole.status, harness::Status::kPass);
+  ASSERT_EQ(chunked.status, harness::Status::kPass);
+  EXPECT_LT(*chunked.peakMemBytes * 2, *whole.peakMemBytes)
+      << *chunked.peakMemBytes << " vs " << *whole.peakMemBytes;
+}
+
+// Planted faults, each in inference and in training: reported as `fail`.
+class ChunkingPlantedFault
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, bool>> {};
+
+TEST_P(ChunkingPlantedFault, IsReportedAsFail) {
+  const auto& [region, fault, training] = GetParam();
+  const auto faulty = strategy("chunking/" + region + "/seq").withPlantedFault(fault);
+  ASSERT_TRUE(faulty) << region << " cannot plant " << fault;
+  const auto rec = test::run(prefillCase(96, 40, training), *faulty);
+  EXPECT_EQ(rec.status, harness::Status::kFail) << rec.message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, ChunkingPlantedFault,
+                         ::testing::Values(std::make_tuple("attention", "off_by_one", false),
+                                           std::make_tuple("ffn", "off_by_one", true),
+                                           std::make_tuple("block", "wrong_offset", false),
+                                           std::make_tuple("ffn", "wrong_offset", true),
+                                           std::make_tuple("attention", "per_chunk_reduction",
+                                                           false),
+                                           std::make_tuple("block", "per_chunk_reduction", true)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
+                                  (std::get<2>(info.param) ? "_training" : "_inference");
+                         });
+
+}  // namespace
+}  // namespace sb::strategies
