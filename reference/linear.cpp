@@ -114,11 +114,12 @@ const Workload* findWorkload(const std::string& name) {
   static const LinearWorkload linear;
   if (name == linear.name()) return &linear;
   if (name == gpt2PrefillWorkload()->name()) return gpt2PrefillWorkload();
+  if (name == vitEncoderWorkload()->name()) return vitEncoderWorkload();
   return findChainWorkload(name);
 }
 
 std::vector<std::string> workloadNames() {
-  std::vector<std::string> names = {"linear", "gpt2_prefill"};
+  std::vector<std::string> names = {"linear", "gpt2_prefill", "vit_encoder"};
   for (const Workload* w : chainWorkloads()) names.push_back(w->name());
   return names;
 }

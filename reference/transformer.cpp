@@ -9,15 +9,16 @@
 
 namespace sb::reference {
 
-TransformerShape TransformerShape::parse(const nlohmann::json& shape) {
-  TORCH_CHECK(shape.is_object(), "gpt2_prefill: shape must be a mapping");
+TransformerShape TransformerShape::parse(const nlohmann::json& shape, const std::string& workload) {
+  TORCH_CHECK(shape.is_object(), workload, ": shape must be a mapping");
   TransformerShape s;
+  s.causal = workload != "vit_encoder";
   for (auto it = shape.begin(); it != shape.end(); ++it) {
     const std::string& k = it.key();
     const auto& v = it.value();
     if (k == "mode") {
-      TORCH_CHECK(v.is_string() && (v == "inference" || v == "training"),
-                  "gpt2_prefill: shape key 'mode' must be inference or training, got ", v.dump());
+      TORCH_CHECK(v.is_string() && (v == "inference" || v == "training"), workload,
+                  ": shape key 'mode' must be inference or training, got ", v.dump());
       s.training = v == "training";
       continue;
     }
@@ -27,13 +28,13 @@ TransformerShape TransformerShape::parse(const nlohmann::json& shape) {
                      : k == "heads"   ? &s.heads
                      : k == "layers"  ? &s.layers
                                       : nullptr;
-    TORCH_CHECK(field, "gpt2_prefill: unknown shape key '", k,
+    TORCH_CHECK(field, workload, ": unknown shape key '", k,
                 "' (expected batch, seq, d_model, heads, layers, mode)");
-    TORCH_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, "gpt2_prefill: shape key '", k,
+    TORCH_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, workload, ": shape key '", k,
                 "' must be a positive integer, got ", v.dump());
     *field = v.get<int64_t>();
   }
-  TORCH_CHECK(s.dModel % s.heads == 0, "gpt2_prefill: shape key 'd_model' (", s.dModel,
+  TORCH_CHECK(s.dModel % s.heads == 0, workload, ": shape key 'd_model' (", s.dModel,
               ") must be a multiple of 'heads' (", s.heads, ")");
   return s;
 }
@@ -119,10 +120,12 @@ at::Tensor Transformer::attention(int l, const at::Tensor& hRows, int64_t begin,
                            .transpose(1, 2);
   const at::Tensor kk = k.narrow(2, 0, keyEnd), vv = v.narrow(2, 0, keyEnd);
   at::Tensor att = at::matmul(q, kk.transpose(-2, -1)) / std::sqrt(static_cast<double>(D / H));
-  // Query begin + i sees keys 0 .. begin + i.
-  const at::Tensor qpos = at::arange(begin, begin + rows, at::kLong).unsqueeze(1);
-  const at::Tensor kpos = at::arange(0, keyEnd, at::kLong).unsqueeze(0);
-  att = at::softmax(att.masked_fill(kpos.gt(qpos), -INFINITY), -1);
+  if (shape_.causal) {  // query begin + i sees keys 0 .. begin + i
+    const at::Tensor qpos = at::arange(begin, begin + rows, at::kLong).unsqueeze(1);
+    const at::Tensor kpos = at::arange(0, keyEnd, at::kLong).unsqueeze(0);
+    att = att.masked_fill(kpos.gt(qpos), -INFINITY);
+  }
+  att = at::softmax(att, -1);
   const at::Tensor y = at::matmul(att, vv).transpose(1, 2).reshape({hRows.size(0), rows, D});
   return at::linear(y, L.wo, L.bo);
 }
@@ -157,19 +160,21 @@ void Transformer::zeroGrad() const {
 
 namespace {
 
-class Gpt2Prefill final : public Workload {
+class TransformerWorkload final : public Workload {
  public:
-  std::string name() const override { return "gpt2_prefill"; }
-  std::string description() const override {
-    return "GPT-2-style pre-LN blocks on [batch, seq, d_model], inference or training";
+  TransformerWorkload(std::string name, std::string description)
+      : name_(std::move(name)), description_(std::move(description)) {}
+  std::string name() const override { return name_; }
+  std::string description() const override { return description_; }
+  void validate(const nlohmann::json& shape) const override {
+    TransformerShape::parse(shape, name_);
   }
-  void validate(const nlohmann::json& shape) const override { TransformerShape::parse(shape); }
   std::string shapeString(const nlohmann::json& shape) const override {
-    return TransformerShape::parse(shape).toString();
+    return TransformerShape::parse(shape, name_).toString();
   }
   WorkloadData build(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
                      InputMode) const override {
-    const auto s = TransformerShape::parse(shape);
+    const auto s = TransformerShape::parse(shape, name_);
     Transformer t(s, dtype, seed);
     WorkloadData d;
     d.inputs["input"] = t.input();
@@ -192,12 +197,24 @@ class Gpt2Prefill final : public Workload {
     }
     return d;
   }
+
+ private:
+  std::string name_, description_;
 };
 
 }  // namespace
 
 const Workload* gpt2PrefillWorkload() {
-  static const Gpt2Prefill w;
+  static const TransformerWorkload w(
+      "gpt2_prefill",
+      "GPT-2-style pre-LN blocks, causal, on [batch, seq, d_model]; inference or training");
+  return &w;
+}
+
+const Workload* vitEncoderWorkload() {
+  static const TransformerWorkload w(
+      "vit_encoder",
+      "ViT-style pre-LN encoder blocks, bidirectional, on [batch, patches, d_model]");
   return &w;
 }
 

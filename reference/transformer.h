@@ -20,8 +20,11 @@ namespace sb::reference {
 struct TransformerShape {
   int64_t batch = 1, seq = 256, dModel = 64, heads = 4, layers = 2;
   bool training = false;  // mode: inference (prefill) or training (forward and backward)
+  bool causal = true;     // GPT-2: a token sees those before it; ViT: every patch sees all
   // Throws naming the key; keys batch, seq, d_model, heads, layers, mode (inference|training).
-  static TransformerShape parse(const nlohmann::json& shape);
+  // `workload` is gpt2_prefill (causal) or vit_encoder (not).
+  static TransformerShape parse(const nlohmann::json& shape,
+                                const std::string& workload = "gpt2_prefill");
   std::string toString() const;
 };
 
@@ -41,6 +44,9 @@ class Transformer {
   // [batch, end - begin, d_model]. With begin = 0 and end = keyEnd = seq, the whole sequence.
   at::Tensor attention(int l, const at::Tensor& hRows, int64_t begin, const at::Tensor& k,
                        const at::Tensor& v, int64_t keyEnd) const;
+  // The keys the queries of rows up to `end` attend to: those before `end` when causal, all
+  // otherwise.
+  int64_t keyEnd(int64_t end) const { return shape_.causal ? end : shape_.seq; }
   at::Tensor ffn(int l, const at::Tensor& h) const;    // token-wise
   at::Tensor block(int l, const at::Tensor& x) const;  // unchunked
   at::Tensor forward(const at::Tensor& x) const;       // every block, unchunked
@@ -61,8 +67,10 @@ class Transformer {
   at::Tensor input_, target_;
 };
 
-// The `gpt2_prefill` workload: inference builds "output"; training also "grad_input" and
-// "grad/<parameter>" for every parameter, from loss = sum(output * target).
+// The `gpt2_prefill` (causal) and `vit_encoder` (bidirectional, over patch embeddings)
+// workloads: inference builds "output"; training also "grad_input" and "grad/<parameter>" for
+// every parameter, from loss = sum(output * target).
 const Workload* gpt2PrefillWorkload();
+const Workload* vitEncoderWorkload();
 
 }  // namespace sb::reference

@@ -145,7 +145,9 @@ class ChunkedStrategy final : public harness::Strategy {
   }
 
   Applicability applies(const CaseSpec& c) const override {
-    if (c.workload != "gpt2_prefill") return Applicability::notApplicable("not gpt2_prefill");
+    if (c.workload != "gpt2_prefill" && c.workload != "vit_encoder") {
+      return Applicability::notApplicable("not a transformer workload");
+    }
     if (c.meshSize() != 1) {
       return Applicability::unsupported("chunking runs on one rank; the mesh has " +
                                         std::to_string(c.meshSize()));
@@ -161,7 +163,7 @@ class ChunkedStrategy final : public harness::Strategy {
   }
 
   int64_t chunkOf(const CaseSpec& c) const {
-    const auto s = TransformerShape::parse(c.shape);
+    const auto s = TransformerShape::parse(c.shape, c.workload);
     const int64_t chunk = c.params.contains("chunk") ? c.params["chunk"].get<int64_t>()
                                                      : std::max<int64_t>(1, s.seq / 4);
     return std::min(chunk, s.seq);
@@ -183,7 +185,7 @@ class ChunkedStrategy final : public harness::Strategy {
     const auto base = harness::Tolerance::defaultFor(c.dtype);
     if (tensor.rfind("grad", 0) != 0) return base;
     // Gradients summed over tokens are added chunk by chunk.
-    const auto s = TransformerShape::parse(c.shape);
+    const auto s = TransformerShape::parse(c.shape, c.workload);
     int64_t parts = (s.seq + chunkOf(c) - 1) / chunkOf(c);
     // The block region reads LN1 twice, for its chunk's queries inside and for every token's
     // keys and values outside, so LN1's gradients add two partial sums even in one chunk.
@@ -214,7 +216,7 @@ class ChunkedStrategy final : public harness::Strategy {
 class ChunkedExecutor final : public harness::RankExecutor {
  public:
   ChunkedExecutor(const ChunkedStrategy& s, const CaseSpec& c)
-      : strategy_(s), case_(c), shape_(TransformerShape::parse(c.shape)) {}
+      : strategy_(s), case_(c), shape_(TransformerShape::parse(c.shape, c.workload)) {}
 
   void prepare(harness::RankContext&, const reference::WorkloadData&) override {
     model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
@@ -236,7 +238,7 @@ class ChunkedExecutor final : public harness::RankExecutor {
               return m.attention(l, in[0].narrow(1, s, e - s), 0, in[1].narrow(2, s, e - s),
                                  in[2].narrow(2, s, e - s), e - s);
             }
-            return m.attention(l, in[0].narrow(1, s, e - s), s, in[1], in[2], e);
+            return m.attention(l, in[0].narrow(1, s, e - s), s, in[1], in[2], m.keyEnd(e));
           };
           break;
         case Region::kFfn:  // input: the residual stream after attention
@@ -250,7 +252,7 @@ class ChunkedExecutor final : public harness::RankExecutor {
             const at::Tensor a = perChunk
                                      ? m.attention(l, m.ln1(l, xs), 0, in[1].narrow(2, s, e - s),
                                                    in[2].narrow(2, s, e - s), e - s)
-                                     : m.attention(l, m.ln1(l, xs), s, in[1], in[2], e);
+                                     : m.attention(l, m.ln1(l, xs), s, in[1], in[2], m.keyEnd(e));
             const at::Tensor rs = xs + a;
             return rs + m.ffn(l, m.ln2(l, rs));
           };

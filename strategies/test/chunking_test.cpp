@@ -48,6 +48,20 @@ INSTANTIATE_TEST_SUITE_P(RegionsChunksModes, ChunkedRegion,
                                   (std::get<2>(info.param) ? "_training" : "_inference");
                          });
 
+TEST(ChunkedRegionVit, EveryRegionMatchesOnABidirectionalEncoderAndPerChunkSoftmaxFails) {
+  for (bool training : {false, true}) {
+    auto c = prefillCase(97, 40, training);  // 97 patches: chunks of 40, 40, 17
+    c.workload = "vit_encoder";
+    for (const char* region : {"attention", "ffn", "block"}) {
+      const auto rec = test::run(c, strategy(std::string("chunking/") + region + "/seq"));
+      EXPECT_EQ(rec.status, harness::Status::kPass) << region << ": " << rec.message;
+    }
+    // Without a causal mask every query reads every key: a chunk's own keys are not enough.
+    const auto faulty = strategy("chunking/attention/seq").withPlantedFault("per_chunk_reduction");
+    EXPECT_EQ(test::run(c, *faulty).status, harness::Status::kFail);
+  }
+}
+
 TEST(ChunkedRegionWhole, OneChunkOfTheWholeSequenceIsBitwiseTheReference) {
   for (const char* region : {"attention", "ffn", "block"}) {
     const auto rec =
