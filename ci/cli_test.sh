@@ -44,6 +44,17 @@ grep -q 'densenet121/budget=0.2,.*checkpointing/rotor,.*,pass,' "$tmp/ckpt/resul
   pass "rotor fits DenseNet-121 at 20% of its activation peak" ||
   fail "rotor at 20% on DenseNet-121"
 
+# solve chunk: a plan under the limit, or exit 1 saying what the smallest plan needs.
+shape='{"batch": 1, "seq": 1024, "d_model": 64, "heads": 4, "layers": 2}'
+check "solve chunk prints a plan under the limit" 0 '"region": "block"' -- \
+  "$sb" solve chunk --shape "$shape" --max-memory 7000000
+check "solve chunk: no plan fits" 1 "fits --max-memory 1000 bytes; the smallest of" -- \
+  "$sb" solve chunk --shape "$shape" --max-memory 1000
+check "solve chunk: a bad shape names the key" 2 "shape key 'd_model' \(63\) must be a multiple" -- \
+  "$sb" solve chunk --shape '{"d_model": 63}' --max-memory 1000
+check "solve chunk: training is not searched" 2 "inference only" -- \
+  "$sb" solve chunk --shape '{"mode": "training"}' --max-memory 1000000
+
 # solve checkpoint: two unit stages, inputs 1, tapes 2 (worked out in checkpoint_solver_test).
 echo '{"ftime":[1,1],"btime":[1,1,1],"x":[1,1,1],"xbar":[1,2,2],"ftmp":[0,0],"btmp":[0,0,0]}' \
   >"$tmp/chain.json"

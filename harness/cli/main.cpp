@@ -6,6 +6,7 @@
 //   stratbench report RESULTS... [--baseline FILE...] [--out DIR] [--history DIR] [--gate]
 //                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
 //   stratbench solve checkpoint --chain FILE.json --budget M [--solver S] [--slots N]
+//   stratbench solve chunk --workload W --shape JSON --max-memory BYTES [--dtype D]
 //
 // Exit codes: 0 everything passed (run) or the gate passed (report), 1 a strategy failed or
 // errored (run), the gate failed (report --gate) or no schedule fits (solve), 2 bad input or
@@ -19,10 +20,13 @@
 #include <torch/version.h>
 #include <CLI/CLI.hpp>
 
+#include "harness/case.h"
 #include "harness/registry.h"
 #include "harness/runner.h"
+#include "reference/transformer.h"
 #include "reports/report.h"
 #include "strategies/checkpointing/solvers.h"
+#include "strategies/chunking/estimator.h"
 
 namespace {
 
@@ -115,6 +119,55 @@ int solveCheckpoint(const std::string& path, double budget, const std::string& s
   return 0;
 }
 
+// `solve chunk`: the search's plan as JSON; exit 1 when none fits, 2 on a bad shape.
+int solveChunk(const std::string& workload, const std::string& shapeText, double maxMemory,
+               const std::string& dtypeName) {
+  namespace ch = sb::strategies::chunking;
+  if (workload != "gpt2_prefill" && workload != "vit_encoder") {
+    std::cerr << "stratbench solve: --workload '" << workload
+              << "' is not one the chunk search knows (gpt2_prefill, vit_encoder)\n";
+    return kExitBadInput;
+  }
+  sb::reference::TransformerShape shape;
+  at::ScalarType dtype;
+  try {
+    shape = sb::reference::TransformerShape::parse(nlohmann::json::parse(shapeText), workload);
+    dtype = sb::harness::parseDtype(dtypeName);
+    if (shape.training) throw std::invalid_argument("the chunk search models inference only");
+  } catch (const nlohmann::json::parse_error& e) {
+    std::cerr << "stratbench solve: --shape is not valid JSON: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const c10::Error& e) {
+    std::cerr << "stratbench solve: --shape: " << e.what_without_backtrace() << "\n";
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::cerr << "stratbench solve: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  const auto r =
+      ch::searchChunkPlan(shape, c10::elementSize(dtype), static_cast<int64_t>(maxMemory));
+  if (!r.plan) {
+    std::cerr << "stratbench solve: no chunk plan of " << workload << " (" << shape.toString()
+              << ") fits --max-memory " << static_cast<int64_t>(maxMemory)
+              << " bytes; the smallest of " << r.plansTried << " plans needs " << r.smallest
+              << " (unchunked " << r.unchunked << ")\n";
+    return 1;
+  }
+  nlohmann::json j;
+  j["workload"] = workload;
+  j["shape"] = shape.toString();
+  j["max_memory"] = static_cast<int64_t>(maxMemory);
+  j["plan"] = {{"region", r.plan->region},
+               {"dim", "seq"},
+               {"chunk", r.plan->chunk},
+               {"chunks", (shape.seq + r.plan->chunk - 1) / r.plan->chunk}};
+  j["estimated_activation_peak_bytes"] = r.estimate;
+  j["unchunked_estimate_bytes"] = r.unchunked;
+  j["plans_tried"] = r.plansTried;
+  std::cout << j.dump(2) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,6 +256,20 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
 
+  auto* chunkCmd = solveCmd->add_subcommand(
+      "chunk", "A chunk plan for a transformer workload under an activation-memory limit");
+  std::string chunkWorkload = "gpt2_prefill", chunkShape, chunkDtype = "float32";
+  double maxMemory = 0;
+  chunkCmd->add_option("--workload", chunkWorkload, "gpt2_prefill or vit_encoder")
+      ->capture_default_str();
+  chunkCmd->add_option("--shape", chunkShape, "JSON, e.g. '{\"seq\": 1024, \"d_model\": 64}'")
+      ->required();
+  chunkCmd->add_option("--max-memory", maxMemory, "Activation memory limit in bytes")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  chunkCmd->add_option("--dtype", chunkDtype, "float32, float64, bfloat16, float16")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -212,6 +279,7 @@ int main(int argc, char** argv) {
 
   if (*list) return listStrategies(family, listFilter, json);
   if (*ckpt) return solveCheckpoint(chainPath, budget, solver, slots);
+  if (*chunkCmd) return solveChunk(chunkWorkload, chunkShape, maxMemory, chunkDtype);
   if (*report) {
     ropts.plots = !noPlots;
     try {

@@ -35,6 +35,7 @@
 #include "harness/registry.h"
 #include "harness/verify.h"
 #include "reference/transformer.h"
+#include "strategies/chunking/estimator.h"
 
 namespace sb::strategies::chunking {
 namespace {
@@ -44,11 +45,27 @@ using harness::CaseSpec;
 using reference::Transformer;
 using reference::TransformerShape;
 
-enum class Region { kAttention, kFfn, kBlock };
+enum class Region { kAttention, kFfn, kBlock, kAuto };
 enum class Fault { kNone, kOffByOne, kWrongOffset, kPerChunkReduction };
 
 const char* regionName(Region r) {
-  return r == Region::kAttention ? "attention" : r == Region::kFfn ? "ffn" : "block";
+  switch (r) {
+    case Region::kAttention:
+      return "attention";
+    case Region::kFfn:
+      return "ffn";
+    case Region::kBlock:
+      return "block";
+    case Region::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+Region regionOf(const std::string& name) {
+  if (name == "ffn") return Region::kFfn;
+  if (name == "block") return Region::kBlock;
+  return Region::kAttention;  // "attention", and "none": attention in one chunk
 }
 const char* faultName(Fault f) {
   switch (f) {
@@ -131,8 +148,11 @@ struct ChunkedRegion : public torch::autograd::Function<ChunkedRegion> {
 class ChunkedStrategy final : public harness::Strategy {
  public:
   ChunkedStrategy(Region region, Fault fault)
-      : Strategy(std::string("chunking/") + regionName(region) + "/seq",
-                 std::string("chunked ") + regionName(region) + " over the sequence",
+      : Strategy(region == Region::kAuto ? std::string("chunking/auto")
+                                         : std::string("chunking/") + regionName(region) + "/seq",
+                 region == Region::kAuto
+                     ? std::string("chunk plan searched under params.max_memory")
+                     : std::string("chunked ") + regionName(region) + " over the sequence",
                  harness::Family::kChunking),
         region_(region),
         fault_(fault) {}
@@ -151,6 +171,23 @@ class ChunkedStrategy final : public harness::Strategy {
     if (c.meshSize() != 1) {
       return Applicability::unsupported("chunking runs on one rank; the mesh has " +
                                         std::to_string(c.meshSize()));
+    }
+    if (region_ == Region::kAuto) {
+      if (TransformerShape::parse(c.shape, c.workload).training) {
+        return Applicability::unsupported("the chunk search models inference only");
+      }
+      const bool bytes = c.params.contains("max_memory");
+      const bool fraction = c.params.contains("max_memory_fraction");
+      if (bytes == fraction) {
+        return Applicability::unsupported(
+            "chunking/auto needs params.max_memory (bytes) or params.max_memory_fraction (of "
+            "the unchunked estimate), one of them");
+      }
+      const auto& v = c.params[bytes ? "max_memory" : "max_memory_fraction"];
+      if (!v.is_number() || v.get<double>() <= 0) {
+        return Applicability::unsupported("the memory limit must be a positive number, got " +
+                                          v.dump());
+      }
     }
     if (c.params.contains("chunk")) {
       const auto& v = c.params["chunk"];
@@ -194,6 +231,7 @@ class ChunkedStrategy final : public harness::Strategy {
   }
 
   std::vector<std::string> plantableFaults() const override {
+    if (region_ == Region::kAuto) return {};
     std::vector<std::string> f = {faultName(Fault::kOffByOne), faultName(Fault::kWrongOffset)};
     if (region_ != Region::kFfn) f.push_back(faultName(Fault::kPerChunkReduction));
     return f;
@@ -221,7 +259,9 @@ class ChunkedExecutor final : public harness::RankExecutor {
   void prepare(harness::RankContext&, const reference::WorkloadData&) override {
     model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
     chunking_.seq = shape_.seq;
+    region_ = strategy_.region();
     chunking_.chunk = strategy_.chunkOf(case_);
+    if (region_ == Region::kAuto) plan();
     chunking_.fault = strategy_.fault();
     const int64_t B = shape_.batch, T = shape_.seq, D = shape_.dModel;
     const bool perChunk = strategy_.fault() == Fault::kPerChunkReduction;
@@ -231,7 +271,9 @@ class ChunkedExecutor final : public harness::RankExecutor {
       r.chunking = chunking_;
       r.outShape = {B, T, D};
       const Transformer& m = *model_;
-      switch (strategy_.region()) {
+      switch (region_) {
+        case Region::kAuto:
+          TORCH_INTERNAL_ASSERT(false, "the plan names a region");
         case Region::kAttention:  // inputs: ln1 output h, keys, values
           r.fn = [&m, l, perChunk](const std::vector<at::Tensor>& in, int64_t s, int64_t e) {
             if (perChunk) {
@@ -280,16 +322,40 @@ class ChunkedExecutor final : public harness::RankExecutor {
     // Above what was alive when the step began (parameters, gradients, the input): the
     // activations. The runner resets the peak before the step it measures.
     activationPeak_ = mem.peak(ctx.rank()) - startLive;
+    startLive_ = startLive;
+  }
+
+  std::optional<int64_t> predictedPeakBytes() const override {
+    const auto e = estimate();
+    if (!e) return std::nullopt;
+    return startLive_ + *e;
+  }
+
+  std::optional<int64_t> estimate() const {
+    return estimateActivationPeak(shape_, {regionName(region_), chunking_.chunk},
+                                  c10::elementSize(case_.dtype));
   }
 
   std::map<std::string, at::Tensor> results() const override { return results_; }
 
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
-    return {{"region", regionName(strategy_.region())},
-            {"chunk", std::to_string(chunking_.chunk)},
-            {"chunks", std::to_string(chunking_.chunks())},
-            {"mode", shape_.training ? "training" : "inference"},
-            {"activation_peak_bytes", std::to_string(activationPeak_)}};
+    std::vector<std::pair<std::string, std::string>> out;
+    if (strategy_.region() == Region::kAuto) {
+      out = {{"max_memory", std::to_string(maxMemory_)},
+             {"plan", search_.plan ? search_.plan->region : "none"},
+             {"unchunked_estimate_bytes", std::to_string(search_.unchunked)},
+             {"plans_tried", std::to_string(search_.plansTried)}};
+    }
+    std::vector<std::pair<std::string, std::string>> own = {
+        {"region", regionName(region_)},
+        {"chunk", std::to_string(chunking_.chunk)},
+        {"chunks", std::to_string(chunking_.chunks())},
+        {"mode", shape_.training ? "training" : "inference"},
+        {"activation_peak_bytes", std::to_string(activationPeak_)},
+        {"estimated_activation_peak_bytes",
+         estimate() ? std::to_string(*estimate()) : std::string("n/a")}};
+    out.insert(out.end(), own.begin(), own.end());
+    return out;
   }
 
  private:
@@ -299,7 +365,9 @@ class ChunkedExecutor final : public harness::RankExecutor {
 
   at::Tensor layer(int l, const at::Tensor& x) {
     const Transformer& m = *model_;
-    switch (strategy_.region()) {
+    switch (region_) {
+      case Region::kAuto:
+        TORCH_INTERNAL_ASSERT(false, "the plan names a region");
       case Region::kAttention: {
         const at::Tensor h = m.ln1(l, x);
         const auto [k, v] = m.keysValues(l, h);
@@ -328,7 +396,32 @@ class ChunkedExecutor final : public harness::RankExecutor {
   Chunking chunking_;
   std::vector<RegionContext> regions_;
   std::map<std::string, at::Tensor> results_;
-  int64_t activationPeak_ = 0;
+  int64_t activationPeak_ = 0, startLive_ = 0;
+  Region region_ = Region::kAttention;
+  ChunkSearch search_;
+  int64_t maxMemory_ = 0;
+
+  // chunking/auto: the search's plan under the case's limit; none fits: unsupported.
+  void plan() {
+    const int64_t es = c10::elementSize(case_.dtype);
+    if (case_.params.contains("max_memory")) {
+      maxMemory_ = static_cast<int64_t>(case_.params["max_memory"].get<double>());
+    } else {
+      const int64_t unchunked = *estimateActivationPeak(shape_, {"none", shape_.seq}, es);
+      maxMemory_ = static_cast<int64_t>(case_.params["max_memory_fraction"].get<double>() *
+                                        static_cast<double>(unchunked));
+    }
+    search_ = searchChunkPlan(shape_, es, maxMemory_);
+    if (!search_.plan) {
+      throw harness::UnsupportedCase("no chunk plan fits max_memory " + std::to_string(maxMemory_) +
+                                     " bytes: the smallest of " +
+                                     std::to_string(search_.plansTried) + " plans needs " +
+                                     std::to_string(search_.smallest) + " (unchunked " +
+                                     std::to_string(search_.unchunked) + ")");
+    }
+    region_ = regionOf(search_.plan->region);
+    chunking_.chunk = search_.plan->chunk;
+  }
 };
 
 std::unique_ptr<harness::RankExecutor> ChunkedStrategy::makeExecutor(const CaseSpec& c) const {
@@ -337,7 +430,7 @@ std::unique_ptr<harness::RankExecutor> ChunkedStrategy::makeExecutor(const CaseS
 
 std::vector<std::unique_ptr<harness::Strategy>> registerChunking() {
   std::vector<std::unique_ptr<harness::Strategy>> out;
-  for (Region r : {Region::kAttention, Region::kFfn, Region::kBlock}) {
+  for (Region r : {Region::kAttention, Region::kFfn, Region::kBlock, Region::kAuto}) {
     out.push_back(std::make_unique<ChunkedStrategy>(r, Fault::kNone));
   }
   return out;

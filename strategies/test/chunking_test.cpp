@@ -82,6 +82,72 @@ TEST(ChunkedRegionMemory, ChunkingTheQueriesShrinksTheAttentionPeak) {
       << *chunked.peakMemBytes << " vs " << *whole.peakMemBytes;
 }
 
+std::string param(const harness::Record& r, const std::string& key) {
+  for (const auto& [k, v] : r.params) {
+    if (k == key) return v;
+  }
+  return "";
+}
+
+// The estimator against the tracking allocator, on every transformer workload, batch of one
+// and of two (where ATen copies strided chunks), every region, even and uneven chunks.
+TEST(ChunkEstimator, IsWithinFivePercentOfTheMeasuredPeakOnEveryWorkload) {
+  int compared = 0;
+  for (const char* workload : {"gpt2_prefill", "vit_encoder"}) {
+    for (int64_t batch : {1, 2}) {
+      for (int64_t chunk : {16, 40, 96}) {
+        auto c = prefillCase(96, chunk, false);
+        c.workload = workload;
+        c.shape["batch"] = batch;
+        for (const char* region : {"attention", "ffn", "block"}) {
+          const auto rec = test::run(c, strategy(std::string("chunking/") + region + "/seq"));
+          ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+          const double measured = std::stod(param(rec, "activation_peak_bytes"));
+          const double estimated = std::stod(param(rec, "estimated_activation_peak_bytes"));
+          EXPECT_NEAR(estimated, measured, 0.05 * measured)
+              << workload << " batch " << batch << " chunk " << chunk << " " << region;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 36);
+}
+
+TEST(ChunkSearch, NeverReturnsAPlanOverItsLimitAndTheRunStaysUnderIt) {
+  const auto& autoChunk = strategy("chunking/auto");
+  int fitted = 0;
+  for (double fraction : {1.5, 0.6, 0.3, 0.15, 0.08}) {
+    auto c = prefillCase(256, 1, false);
+    c.params.erase("chunk");
+    c.params["max_memory_fraction"] = fraction;
+    const auto rec = test::run(c, autoChunk);
+    if (rec.status == harness::Status::kUnsupported) {
+      EXPECT_NE(rec.message.find("no chunk plan fits"), std::string::npos) << rec.message;
+      continue;
+    }
+    ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+    const double limit = std::stod(param(rec, "max_memory"));
+    EXPECT_LE(std::stod(param(rec, "estimated_activation_peak_bytes")), limit) << fraction;
+    EXPECT_LE(std::stod(param(rec, "activation_peak_bytes")), limit) << fraction;
+    if (fraction >= 1) {
+      EXPECT_EQ(param(rec, "plan"), "none");
+    }
+    ++fitted;
+  }
+  EXPECT_GE(fitted, 3);
+}
+
+TEST(ChunkSearch, SaysClearlyWhenNoPlanFits) {
+  auto c = prefillCase(256, 1, false);
+  c.params.erase("chunk");
+  c.params["max_memory"] = 1000;
+  const auto rec = test::run(c, strategy("chunking/auto"));
+  EXPECT_EQ(rec.status, harness::Status::kUnsupported);
+  EXPECT_NE(rec.message.find("no chunk plan fits max_memory 1000 bytes"), std::string::npos)
+      << rec.message;
+}
+
 // Planted faults, each in inference and in training: reported as `fail`.
 class ChunkingPlantedFault
     : public ::testing::TestWithParam<std::tuple<std::string, std::string, bool>> {};

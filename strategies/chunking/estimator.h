@@ -1,0 +1,41 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "reference/transformer.h"
+
+namespace sb::strategies::chunking {
+
+// Which region of every block is chunked, and by how many tokens; region "none" runs blocks
+// unchunked (the plan of AutoChunk's search when nothing needs chunking).
+struct ChunkPlan {
+  std::string region = "none";  // none | attention | ffn | block
+  int64_t chunk = 0;
+};
+
+// The peak activation memory of an inference step under `plan`, in bytes above what is alive
+// when the step starts (parameters and the input), predicted node by node: every tensor the
+// blocks' ATen calls allocate, in program order, live from its allocation to its last use,
+// including the copies ATen makes where a view cannot be reshaped (a chunk of rows of a batch
+// of more than one sequence). Training is not modelled: nullopt.
+std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape& shape,
+                                              const ChunkPlan& plan, int64_t elementBytes);
+
+// AutoChunk's search under a memory limit (inference): no chunking when it fits; otherwise,
+// for each region, the largest chunk whose estimate fits (the fewest chunks cost the least
+// speed), and of those the plan with the largest chunk, ties going to the region that chunks
+// the least code (ffn, then attention, then block). nullopt when no plan fits; `smallest`
+// then holds the least any plan needs.
+struct ChunkSearch {
+  std::optional<ChunkPlan> plan;
+  int64_t estimate = 0;   // of the plan
+  int64_t unchunked = 0;  // the estimate without chunking
+  int64_t smallest = 0;   // the least estimate of any plan tried
+  int plansTried = 0;
+};
+ChunkSearch searchChunkPlan(const reference::TransformerShape& shape, int64_t elementBytes,
+                            int64_t maxMemory);
+
+}  // namespace sb::strategies::chunking
