@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "reference/chain_nets.h"
+#include "reference/evoformer.h"
 #include "reference/transformer.h"
 #include "reference/workload.h"
 
@@ -115,11 +116,12 @@ const Workload* findWorkload(const std::string& name) {
   if (name == linear.name()) return &linear;
   if (name == gpt2PrefillWorkload()->name()) return gpt2PrefillWorkload();
   if (name == vitEncoderWorkload()->name()) return vitEncoderWorkload();
+  if (name == evoformerPairWorkload()->name()) return evoformerPairWorkload();
   return findChainWorkload(name);
 }
 
 std::vector<std::string> workloadNames() {
-  std::vector<std::string> names = {"linear", "gpt2_prefill", "vit_encoder"};
+  std::vector<std::string> names = {"linear", "gpt2_prefill", "vit_encoder", "evoformer_pair"};
   for (const Workload* w : chainWorkloads()) names.push_back(w->name());
   return names;
 }

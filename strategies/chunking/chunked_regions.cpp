@@ -35,6 +35,7 @@
 #include "harness/registry.h"
 #include "harness/verify.h"
 #include "reference/transformer.h"
+#include "strategies/chunking/chunk_runner.h"
 #include "strategies/chunking/estimator.h"
 
 namespace sb::strategies::chunking {
@@ -46,7 +47,6 @@ using reference::Transformer;
 using reference::TransformerShape;
 
 enum class Region { kAttention, kFfn, kBlock, kAuto };
-enum class Fault { kNone, kOffByOne, kWrongOffset, kPerChunkReduction };
 
 const char* regionName(Region r) {
   switch (r) {
@@ -67,83 +67,6 @@ Region regionOf(const std::string& name) {
   if (name == "block") return Region::kBlock;
   return Region::kAttention;  // "attention", and "none": attention in one chunk
 }
-const char* faultName(Fault f) {
-  switch (f) {
-    case Fault::kNone:
-      return "none";
-    case Fault::kOffByOne:
-      return "off_by_one";
-    case Fault::kWrongOffset:
-      return "wrong_offset";
-    case Fault::kPerChunkReduction:
-      return "per_chunk_reduction";
-  }
-  return "?";
-}
-
-// One chunk of a region: from the region's inputs (up to three tensors) and the token range
-// [begin, end), that range's rows of the region's output.
-using ChunkFn = std::function<at::Tensor(const std::vector<at::Tensor>&, int64_t, int64_t)>;
-
-struct Chunking {
-  int64_t seq = 0, chunk = 0;
-  Fault fault = Fault::kNone;
-
-  // Runs `fn` chunk by chunk into a preallocated [batch, seq, d] output.
-  at::Tensor run(const ChunkFn& fn, const std::vector<at::Tensor>& in,
-                 at::IntArrayRef outShape) const {
-    at::Tensor out = at::empty(outShape, in.front().options().requires_grad(false));
-    for (int64_t s = 0; s < seq; s += chunk) {
-      int64_t e = std::min(seq, s + chunk);
-      if (fault == Fault::kOffByOne && e - s > 1) --e;  // the chunk's last row is never computed
-      const at::Tensor part = fn(in, s, e);
-      int64_t at = s;
-      if (fault == Fault::kWrongOffset) at = std::min(s + 1, seq - (e - s));
-      out.narrow(1, at, e - s).copy_(part);
-    }
-    return out;
-  }
-  int64_t chunks() const { return (seq + chunk - 1) / chunk; }
-};
-
-struct RegionContext {
-  ChunkFn fn;
-  Chunking chunking;
-  std::vector<int64_t> outShape;
-};
-
-// The chunked region as one autograd node: forward without a tape, backward chunk by chunk
-// with the chunk recomputed.
-struct ChunkedRegion : public torch::autograd::Function<ChunkedRegion> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
-                            const at::Tensor& b, const at::Tensor& c, int64_t region) {
-    ctx->saved_data["region"] = region;
-    ctx->save_for_backward({a, b, c});
-    const auto* r = reinterpret_cast<const RegionContext*>(region);
-    return r->chunking.run(r->fn, {a, b, c}, r->outShape);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto* r = reinterpret_cast<const RegionContext*>(ctx->saved_data["region"].toInt());
-    const auto saved = ctx->get_saved_variables();
-    std::vector<at::Tensor> leaves;
-    for (const auto& t : saved) {
-      leaves.push_back(t.defined() ? t.detach().requires_grad_(true) : at::Tensor());
-    }
-    const int64_t T = r->chunking.seq, C = r->chunking.chunk;
-    for (int64_t s = 0; s < T; s += C) {
-      const int64_t e = std::min(T, s + C);
-      at::AutoGradMode grad(true);
-      const at::Tensor out = r->fn(leaves, s, e);
-      torch::autograd::backward({out}, {grads[0].narrow(1, s, e - s)});
-    }
-    torch::autograd::variable_list out;
-    for (const auto& l : leaves) out.push_back(l.defined() ? l.grad() : at::Tensor());
-    out.push_back(at::Tensor());
-    return out;
-  }
-};
 
 class ChunkedStrategy final : public harness::Strategy {
  public:

@@ -62,6 +62,47 @@ TEST(ChunkedRegionVit, EveryRegionMatchesOnABidirectionalEncoderAndPerChunkSoftm
   }
 }
 
+std::string param(const harness::Record& r, const std::string& key);
+
+harness::CaseSpec pairCase(int64_t n, int64_t chunk, bool training) {
+  harness::CaseSpec c = test::linearCase({1, 1}, 1, {1});
+  c.workload = "evoformer_pair";
+  c.shape = {{"batch", 2},  {"n", n},      {"c", 8},
+             {"hidden", 8}, {"layers", 2}, {"mode", training ? "training" : "inference"}};
+  c.params["chunk"] = chunk;
+  return c;
+}
+
+// The pair update chunked over rows (dimension 1) or columns (dimension 2), even (8 of 32)
+// and uneven (12 of 32: 12, 12, 8) chunks, inference and training.
+TEST(ChunkedPair, EitherDimensionMatchesTheReferenceAndPlantedFaultsFail) {
+  for (const char* id : {"chunking/triangle/row", "chunking/triangle/col"}) {
+    for (bool training : {false, true}) {
+      for (int64_t chunk : {8, 12}) {
+        const auto rec = test::run(pairCase(32, chunk, training), strategy(id));
+        EXPECT_EQ(rec.status, harness::Status::kPass)
+            << id << " chunk " << chunk << (training ? " training: " : ": ") << rec.message;
+      }
+      for (const char* fault : {"off_by_one", "wrong_offset", "per_chunk_reduction"}) {
+        const auto faulty = strategy(id).withPlantedFault(fault);
+        ASSERT_TRUE(faulty);
+        EXPECT_EQ(test::run(pairCase(32, 12, training), *faulty).status, harness::Status::kFail)
+            << id << " " << fault;
+      }
+    }
+  }
+}
+
+TEST(ChunkedPair, ChunkingShrinksThePairStacksPeak) {
+  const auto& s = strategy("chunking/triangle/col");
+  const auto whole = test::run(pairCase(48, 48, false), s);
+  const auto chunked = test::run(pairCase(48, 6, false), s);
+  ASSERT_EQ(whole.status, harness::Status::kPass);
+  ASSERT_EQ(chunked.status, harness::Status::kPass);
+  EXPECT_LT(std::stod(param(chunked, "activation_peak_bytes")),
+            0.6 * std::stod(param(whole, "activation_peak_bytes")));
+}
+
 TEST(ChunkedRegionWhole, OneChunkOfTheWholeSequenceIsBitwiseTheReference) {
   for (const char* region : {"attention", "ffn", "block"}) {
     const auto rec =

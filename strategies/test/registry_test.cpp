@@ -44,8 +44,8 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   for (const auto* s : all) EXPECT_TRUE(ids.insert(s->id()).second) << s->id();
   // 24 from the 2-D generator (15 of them batch-split variants), 3 1-D data-parallel variants,
   // 4 ShardedTensor strategies; one checkpointing strategy per solver; three chunked regions
-  // and the searched chunk plan.
-  EXPECT_EQ(all.size(), 41u);
+  // and the searched chunk plan; the pair update chunked over rows and over columns.
+  EXPECT_EQ(all.size(), 43u);
   for (const char* id : {"chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }

@@ -1,0 +1,99 @@
+#pragma once
+
+// What every chunked executor shares: running a region chunk by chunk into a preallocated
+// output, and the custom autograd function whose backward recomputes each chunk.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <functional>
+#include <vector>
+
+namespace sb::strategies::chunking {
+
+// Planted faults, for tests: "off_by_one" leaves the last index of every chunk uncomputed,
+// "wrong_offset" writes each chunk one index further than its place, "per_chunk_reduction"
+// reduces over the chunked dimension within the chunk only.
+enum class Fault { kNone, kOffByOne, kWrongOffset, kPerChunkReduction };
+
+inline const char* faultName(Fault f) {
+  switch (f) {
+    case Fault::kNone:
+      return "none";
+    case Fault::kOffByOne:
+      return "off_by_one";
+    case Fault::kWrongOffset:
+      return "wrong_offset";
+    case Fault::kPerChunkReduction:
+      return "per_chunk_reduction";
+  }
+  return "?";
+}
+
+// One chunk of a region: from the region's inputs (up to three tensors) and the index range
+// [begin, end) of the chunked dimension, that range of the region's output.
+using ChunkFn = std::function<at::Tensor(const std::vector<at::Tensor>&, int64_t, int64_t)>;
+
+struct Chunking {
+  int64_t seq = 0, chunk = 0;  // the chunked dimension's extent and the chunk size
+  int64_t dim = 1;             // which dimension of the output is chunked
+  Fault fault = Fault::kNone;
+
+  // Runs `fn` chunk by chunk into a preallocated output.
+  at::Tensor run(const ChunkFn& fn, const std::vector<at::Tensor>& in,
+                 at::IntArrayRef outShape) const {
+    at::Tensor out = at::empty(outShape, in.front().options().requires_grad(false));
+    for (int64_t s = 0; s < seq; s += chunk) {
+      int64_t e = std::min(seq, s + chunk);
+      if (fault == Fault::kOffByOne && e - s > 1) --e;  // the chunk's last row is never computed
+      const at::Tensor part = fn(in, s, e);
+      int64_t at = s;
+      if (fault == Fault::kWrongOffset) at = std::min(s + 1, seq - (e - s));
+      out.narrow(dim, at, e - s).copy_(part);
+    }
+    return out;
+  }
+  int64_t chunks() const { return (seq + chunk - 1) / chunk; }
+};
+
+struct RegionContext {
+  ChunkFn fn;
+  Chunking chunking;
+  std::vector<int64_t> outShape;
+};
+
+// The chunked region as one autograd node: forward without a tape, backward chunk by chunk
+// with the chunk recomputed.
+struct ChunkedRegion : public torch::autograd::Function<ChunkedRegion> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& b, const at::Tensor& c, int64_t region) {
+    ctx->saved_data["region"] = region;
+    ctx->save_for_backward({a, b, c});
+    const auto* r = reinterpret_cast<const RegionContext*>(region);
+    return r->chunking.run(r->fn, {a, b, c}, r->outShape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto* r = reinterpret_cast<const RegionContext*>(ctx->saved_data["region"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    std::vector<at::Tensor> leaves;
+    for (const auto& t : saved) {
+      leaves.push_back(t.defined() ? t.detach().requires_grad_(true) : at::Tensor());
+    }
+    const int64_t T = r->chunking.seq, C = r->chunking.chunk;
+    for (int64_t s = 0; s < T; s += C) {
+      const int64_t e = std::min(T, s + C);
+      at::AutoGradMode grad(true);
+      const at::Tensor out = r->fn(leaves, s, e);
+      torch::autograd::backward({out}, {grads[0].narrow(r->chunking.dim, s, e - s)});
+    }
+    torch::autograd::variable_list out;
+    for (const auto& l : leaves) out.push_back(l.defined() ? l.grad() : at::Tensor());
+    out.push_back(at::Tensor());
+    return out;
+  }
+};
+
+}  // namespace sb::strategies::chunking
