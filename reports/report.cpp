@@ -361,7 +361,54 @@ std::string paramsText(const std::vector<std::pair<std::string, std::string>>& p
   return s;
 }
 
+std::optional<std::string> paramOf(const ResultRow& r, const std::string& key) {
+  for (const auto& [k, v] : r.params) {
+    if (k == key) return v;
+  }
+  return std::nullopt;
+}
+
+// A swept case's family: "prefill-1024/chunk=64" -> "prefill-1024".
+std::string sweepBase(const std::string& caseName) {
+  const size_t slash = caseName.rfind('/');
+  if (slash == std::string::npos || caseName.find('=', slash) == std::string::npos) return caseName;
+  return caseName.substr(0, slash);
+}
+
+// Chunking rows against the unchunked run of the same strategy in the same swept case (the
+// row whose params say chunks=1): activation memory saved and time lost, in %.
+struct AgainstUnchunked {
+  std::map<std::string, const ResultRow*> unchunked;
+  explicit AgainstUnchunked(const Comparison& cmp) {
+    for (const auto& rc : cmp.rows) {
+      const ResultRow* c = rc.current;
+      if (c && c->status == "pass" && paramOf(*c, "chunks") == std::optional<std::string>("1")) {
+        unchunked[key(*c)] = c;
+      }
+    }
+  }
+  static std::string key(const ResultRow& r) {
+    return r.suite + "|" + sweepBase(r.caseName) + "|" + r.strategyId;
+  }
+  std::pair<std::string, std::string> of(const ResultRow* c) const {
+    if (!c || c->status != "pass") return {"", ""};
+    const auto it = unchunked.find(key(*c));
+    const auto act = paramOf(*c, "activation_peak_bytes");
+    if (it == unchunked.end() || !act) return {"", ""};
+    const auto base = paramOf(*it->second, "activation_peak_bytes");
+    std::string reduction, slowdown;
+    if (base && std::stod(*base) > 0) {
+      reduction = harness::formatDouble((1 - std::stod(*act) / std::stod(*base)) * 100);
+    }
+    if (c->timeMedianUs && it->second->timeMedianUs && *it->second->timeMedianUs > 0) {
+      slowdown = harness::formatDouble((*c->timeMedianUs / *it->second->timeMedianUs - 1) * 100);
+    }
+    return {reduction, slowdown};
+  }
+};
+
 std::string summaryCsv(const Comparison& cmp) {
+  const AgainstUnchunked against(cmp);
   std::string out = csvLine({"suite",
                              "case",
                              "case_slug",
@@ -399,6 +446,8 @@ std::string summaryCsv(const Comparison& cmp) {
                              "predicted_comm_bytes",
                              "predicted_time_us",
                              "params",
+                             "activation_reduction_pct",
+                             "slowdown_pct",
                              "numerics_verdict",
                              "verdict",
                              "gate",
@@ -447,6 +496,8 @@ std::string summaryCsv(const Comparison& cmp) {
                     c ? optInt(c->predictedCommBytes) : "",
                     c ? f(c->predictedTimeUs) : "",
                     c ? paramsText(c->params) : "",
+                    against.of(c).first,
+                    against.of(c).second,
                     rc.numerics,
                     verdictName(rc.verdict),
                     gateCell(rc),

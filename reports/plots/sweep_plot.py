@@ -1,6 +1,9 @@
-"""Budget sweeps of the checkpointing family: for every case swept over `budget` (cases named
-NAME/budget=B), measured peak memory against the budget and step time against peak memory,
-one line per solver.
+"""Family sweeps, one figure per swept case (cases named NAME/key=value):
+
+- checkpointing budgets: measured peak memory against the budget, and step time against peak
+  memory, one line per solver (dotted: the prediction);
+- chunk sizes: activation peak and step time against the chunk size, one line per region;
+- chunk-search limits: the limit against the measured activation peak and step time.
 """
 import sys
 from collections import defaultdict
@@ -17,39 +20,101 @@ def params(row):
     return out
 
 
+def swept(row):
+    """(base case, key, value) of a swept case, or None."""
+    case = row["case"]
+    if "/" not in case or "=" not in case.rsplit("/", 1)[1]:
+        return None
+    base, last = case.rsplit("/", 1)
+    key, value = last.split("=", 1)
+    try:
+        return base, key, float(value)
+    except ValueError:
+        return None
+
+
+def slug(suite, base):
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in suite + "__" + base)
+
+
+def budget_figure(suite, base, lines):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    mib = 1024.0 * 1024.0
+    for k, (solver, pts) in enumerate(sorted(lines.items())):
+        pts.sort()
+        colour = "C%d" % (k % 10)
+        a.plot([p[0] for p in pts], [p[1] / mib for p in pts], marker="o", color=colour,
+               label=solver)
+        a.plot([p[0] for p in pts], [p[3] / mib for p in pts], linestyle=":", color=colour)
+        by_peak = sorted(pts, key=lambda p: p[1])
+        b.plot([p[1] / mib for p in by_peak], [p[2] / 1000.0 for p in by_peak], marker="o",
+               color=colour, label=solver)
+    a.set_xlabel("budget (fraction of keeping every tape)")
+    a.set_ylabel("peak memory of the step (MiB); dotted: predicted")
+    a.set_title("Peak memory against budget", fontsize=10)
+    a.legend(fontsize=8)
+    b.set_xlabel("measured peak memory (MiB)")
+    b.set_ylabel("step time, median (ms)")
+    b.set_title("Step time against peak memory", fontsize=10)
+    fig.suptitle("Checkpointing sweep: %s/%s" % (suite, base), fontsize=11)
+    return fig
+
+
+def chunk_figure(suite, base, key, lines):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    mib = 1024.0 * 1024.0
+    for k, (name, pts) in enumerate(sorted(lines.items())):
+        pts.sort()
+        colour = "C%d" % (k % 10)
+        xs = [p[0] if key == "chunk" else p[4] / mib for p in pts]
+        a.plot(xs, [p[1] / mib for p in pts], marker="o", color=colour, label=name)
+        if any(p[3] is not None for p in pts):
+            a.plot(xs, [(p[3] or 0) / mib for p in pts], linestyle=":", color=colour)
+        b.plot(xs, [p[2] / 1000.0 for p in pts], marker="o", color=colour, label=name)
+    if key == "chunk":
+        for ax in (a, b):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("chunk size (tokens, rows or columns)")
+    else:
+        lo = min(min(p[4] for p in pts) for pts in lines.values()) / mib
+        hi = max(max(p[4] for p in pts) for pts in lines.values()) / mib
+        a.plot([lo, hi], [lo, hi], color="#555", linestyle="--", linewidth=1, label="limit")
+        for ax in (a, b):
+            ax.set_xlabel("memory limit (MiB)")
+    a.set_ylabel("activation peak (MiB); dotted: estimated")
+    a.set_title("Activation memory", fontsize=10)
+    a.legend(fontsize=8)
+    b.set_ylabel("step time, median (ms)")
+    b.set_title("Step time", fontsize=10)
+    fig.suptitle("Chunking sweep over %s: %s/%s" % (key, suite, base), fontsize=11)
+    return fig
+
+
 def plot(report_dir, out_dir):
-    groups = defaultdict(lambda: defaultdict(list))  # (suite, base case) -> solver -> points
+    budgets = defaultdict(lambda: defaultdict(list))
+    chunks = defaultdict(lambda: defaultdict(list))
     for r in read_rows(report_dir + "/summary.csv"):
-        p = params(r)
-        if r["status"] != "pass" or "budget_bytes" not in p or "/budget=" not in r["case"]:
+        s = swept(r)
+        if r["status"] != "pass" or s is None:
             continue
-        base = r["case"].split("/budget=")[0]
-        groups[(r["suite"], base)][p.get("solver", r["strategy_id"])].append(
-            (float(r["case"].split("/budget=")[1]), num(r["peak_mem_bytes"]),
-             num(r["time_us_median"]), num(r["predicted_mem_bytes"])))
+        base, key, value = s
+        p = params(r)
+        time_us = num(r["time_us_median"])
+        if key == "budget" and "budget_bytes" in p:
+            budgets[(r["suite"], base)][p.get("solver", r["strategy_id"])].append(
+                (value, num(r["peak_mem_bytes"]), time_us, num(r["predicted_mem_bytes"])))
+        elif "activation_peak_bytes" in p:
+            est = p.get("estimated_activation_peak_bytes")
+            est = float(est) if est not in (None, "", "n/a") else None
+            limit = float(p.get("max_memory", 0) or 0)
+            chunks[(r["suite"], base, key)][r["strategy_id"]].append(
+                (value, float(p["activation_peak_bytes"]), time_us, est, limit))
     files = []
-    for (suite, base), solvers in groups.items():
-        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
-        mib = 1024.0 * 1024.0
-        for k, (solver, pts) in enumerate(sorted(solvers.items())):
-            pts.sort()
-            colour = "C%d" % (k % 10)
-            a.plot([p[0] for p in pts], [p[1] / mib for p in pts], marker="o", color=colour,
-                   label=solver)
-            a.plot([p[0] for p in pts], [p[3] / mib for p in pts], linestyle=":", color=colour)
-            by_peak = sorted(pts, key=lambda p: p[1])
-            b.plot([p[1] / mib for p in by_peak], [p[2] / 1000.0 for p in by_peak], marker="o",
-                   color=colour, label=solver)
-        a.set_xlabel("budget (fraction of keeping every tape)")
-        a.set_ylabel("peak memory of the step (MiB); dotted: predicted")
-        a.set_title("Peak memory against budget", fontsize=10)
-        a.legend(fontsize=8)
-        b.set_xlabel("measured peak memory (MiB)")
-        b.set_ylabel("step time, median (ms)")
-        b.set_title("Step time against peak memory", fontsize=10)
-        fig.suptitle("Checkpointing sweep: %s/%s" % (suite, base), fontsize=11)
-        slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in suite + "__" + base)
-        files.append(save(fig, out_dir, "sweep_" + slug))
+    for (suite, base), lines in budgets.items():
+        files.append(save(budget_figure(suite, base, lines), out_dir, "sweep_" + slug(suite, base)))
+    for (suite, base, key), lines in chunks.items():
+        files.append(save(chunk_figure(suite, base, key, lines), out_dir,
+                          "sweep_" + slug(suite, base)))
     return files
 
 
