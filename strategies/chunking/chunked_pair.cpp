@@ -21,6 +21,7 @@
 #include "harness/verify.h"
 #include "reference/evoformer.h"
 #include "strategies/chunking/chunk_runner.h"
+#include "strategies/chunking/estimator.h"
 
 namespace sb::strategies::chunking {
 namespace {
@@ -173,6 +174,7 @@ class PairExecutor final : public harness::RankExecutor {
       for (const auto& [n, p] : model_->parameters()) results_["grad/" + n] = p.grad();
     }
     activationPeak_ = mem.peak(ctx.rank()) - startLive;
+    startLive_ = startLive;
   }
 
   std::map<std::string, at::Tensor> results() const override { return results_; }
@@ -182,7 +184,18 @@ class PairExecutor final : public harness::RankExecutor {
             {"chunk", std::to_string(regions_.front().chunking.chunk)},
             {"chunks", std::to_string(regions_.front().chunking.chunks())},
             {"mode", shape_.training ? "training" : "inference"},
-            {"activation_peak_bytes", std::to_string(activationPeak_)}};
+            {"activation_peak_bytes", std::to_string(activationPeak_)},
+            {"estimated_activation_peak_bytes", estimate() ? std::to_string(*estimate()) : "n/a"}};
+  }
+
+  std::optional<int64_t> estimate() const {
+    return estimatePairActivationPeak(shape_, strategy_.dim(), regions_.front().chunking.chunk,
+                                      c10::elementSize(case_.dtype));
+  }
+  std::optional<int64_t> predictedPeakBytes() const override {
+    const auto e = estimate();
+    if (!e) return std::nullopt;
+    return startLive_ + *e;
   }
 
  private:
@@ -193,7 +206,7 @@ class PairExecutor final : public harness::RankExecutor {
   // One a layer, as each layer's backward recomputes that layer's chunks.
   std::vector<RegionContext> regions_, transitions_;
   std::map<std::string, at::Tensor> results_;
-  int64_t activationPeak_ = 0;
+  int64_t activationPeak_ = 0, startLive_ = 0;
 };
 
 std::unique_ptr<harness::RankExecutor> PairStrategy::makeExecutor(const CaseSpec& c) const {

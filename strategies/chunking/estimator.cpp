@@ -182,6 +182,86 @@ std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape&
   return m.peak();
 }
 
+std::optional<int64_t> estimatePairActivationPeak(const reference::PairShape& shape, int dim,
+                                                  int64_t chunk, int64_t elementBytes) {
+  if (shape.training) return std::nullopt;
+  const int64_t B = shape.batch, N = shape.n, C = shape.c, H = shape.hidden, es = elementBytes;
+  const int64_t Ez = B * N * N * C * es;
+  const int64_t step = std::min(chunk, N);
+  Counter m;
+  // A chunk of dimension 1 of [B, n, n, c] is contiguous for one batch entry; of dimension 2,
+  // never (unless it is the whole).
+  const auto contiguous = [&](int d, int64_t n) { return n == N || (d == 1 && B == 1); };
+  const auto layerNormRows = [&](int64_t rows, int64_t channels, bool contig) {
+    const int64_t out = rows * channels * es;
+    if (!contig) m.alloc(out);
+    m.alloc(out);
+    m.alloc(2 * rows * 4);
+    m.release(2 * rows * 4);
+    if (!contig) m.release(out);
+    return out;
+  };
+  // sigmoid(linear(zn, Wg)) * linear(zn, W) on `rows` positions: four tensors of the hidden
+  // width alive at the product, the input copied for each linear when strided.
+  const auto projection = [&](int64_t rows, bool contig) {
+    const int64_t hid = rows * H * es, copy = contig ? 0 : rows * C * es;
+    for (int k = 0; k < 2; ++k) {
+      m.alloc(copy);
+      m.alloc(hid);
+      m.release(copy);
+      if (k == 0) m.alloc(hid);  // sigmoid
+    }
+    m.alloc(hid);  // the product
+    m.release(3 * hid);
+    return hid;
+  };
+  for (int64_t l = 0; l < shape.layers; ++l) {
+    const int64_t zn = layerNormRows(B * N * N, C, true);
+    const int64_t whole = projection(B * N * N, true);
+    m.alloc(Ez);  // the triangle region's output
+    for (int64_t s = 0; s < N; s += step) {
+      const int64_t n = std::min(N, s + step) - s;
+      const int64_t rows = B * n * N;  // positions in the chunk
+      const int64_t part = projection(rows, contiguous(1, n));
+      // x = a b^T over k: batched matmul of permuted views, both sides copied when B > 1.
+      const int64_t x = rows * H * es;
+      const int64_t copies = B > 1 ? part + whole : 0;
+      m.alloc(copies);
+      m.alloc(x);
+      m.release(copies);
+      const int64_t lnx = layerNormRows(rows, H, false);  // x is a permuted view
+      m.alloc(rows * C * es);                             // o = LN(x) Wo
+      m.release(lnx);
+      const bool gateContig = dim == 1 ? contiguous(1, n) : contiguous(2, n);
+      if (!gateContig) m.alloc(rows * C * es);
+      m.alloc(rows * C * es);  // zn Wg
+      if (!gateContig) m.release(rows * C * es);
+      m.alloc(rows * C * es);  // sigmoid
+      m.alloc(rows * C * es);  // the gated update
+      m.release(2 * rows * C * es);
+      m.release(x + rows * C * es + part);  // x, o, and the chunk's projection at return
+      m.release(rows * C * es);             // copied into place
+    }
+    m.alloc(Ez);  // u = z + update
+    m.release(Ez);
+    m.alloc(Ez);  // the transition region's output
+    for (int64_t s = 0; s < N; s += step) {
+      const int64_t n = std::min(N, s + step) - s;
+      const int64_t rows = B * n * N, E = rows * C * es;
+      const int64_t h = layerNormRows(rows, C, contiguous(dim, n));
+      m.alloc(4 * E);  // W1
+      m.alloc(4 * E);  // relu
+      m.alloc(E);      // W2
+      m.alloc(E);      // residual
+      m.release(9 * E + h);
+      m.release(E);  // copied into place
+    }
+    m.release(Ez + zn + whole);  // u, zn and the whole projection at the iteration's end
+    if (l > 0) m.release(Ez);    // the previous layer's output
+  }
+  return m.peak();
+}
+
 ChunkSearch searchChunkPlan(const reference::TransformerShape& shape, int64_t elementBytes,
                             int64_t maxMemory) {
   TORCH_CHECK(!shape.training, "the chunk search models inference only (mode: inference)");

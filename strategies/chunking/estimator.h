@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "reference/evoformer.h"
 #include "reference/transformer.h"
 
 namespace sb::strategies::chunking {
@@ -22,6 +23,11 @@ struct ChunkPlan {
 // of more than one sequence). Training is not modelled: nullopt.
 std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape& shape,
                                               const ChunkPlan& plan, int64_t elementBytes);
+
+// The same for the Evoformer-style pair stack chunked over rows (dim 1) or columns (dim 2) by
+// `chunk` (the whole of n: unchunked). Inference only; nullopt for training.
+std::optional<int64_t> estimatePairActivationPeak(const reference::PairShape& shape, int dim,
+                                                  int64_t chunk, int64_t elementBytes);
 
 // AutoChunk's search under a memory limit (inference): no chunking when it fits; otherwise,
 // for each region, the largest chunk whose estimate fits (the fewest chunks cost the least
