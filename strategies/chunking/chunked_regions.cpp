@@ -10,6 +10,9 @@
 //                           instead of [seq, seq]
 //   chunking/ffn/seq        LN2 and the feed-forward block on chunks of tokens: the 4*d_model
 //                           hidden activation exists for one chunk at a time
+//   chunking/ln_residual/seq  the token-wise layer norms and residual adds (LN1, x + a, LN2,
+//                           r + f), each chunk by chunk into its own preallocated output;
+//                           attention and feed-forward whole. Same arithmetic: bitwise
 //   chunking/block/seq      the whole block per chunk of queries: LN1 of the chunk's rows,
 //                           attention to the whole sequence's keys and values, residual, LN2,
 //                           feed-forward, residual
@@ -29,6 +32,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <array>
 #include <functional>
 
 #include "harness/memory.h"
@@ -46,7 +50,7 @@ using harness::CaseSpec;
 using reference::Transformer;
 using reference::TransformerShape;
 
-enum class Region { kAttention, kFfn, kBlock, kAuto };
+enum class Region { kAttention, kFfn, kBlock, kLnResidual, kAuto };
 
 const char* regionName(Region r) {
   switch (r) {
@@ -56,6 +60,8 @@ const char* regionName(Region r) {
       return "ffn";
     case Region::kBlock:
       return "block";
+    case Region::kLnResidual:
+      return "ln_residual";
     case Region::kAuto:
       return "auto";
   }
@@ -65,6 +71,7 @@ const char* regionName(Region r) {
 Region regionOf(const std::string& name) {
   if (name == "ffn") return Region::kFfn;
   if (name == "block") return Region::kBlock;
+  if (name == "ln_residual") return Region::kLnResidual;
   return Region::kAttention;  // "attention", and "none": attention in one chunk
 }
 
@@ -156,7 +163,10 @@ class ChunkedStrategy final : public harness::Strategy {
   std::vector<std::string> plantableFaults() const override {
     if (region_ == Region::kAuto) return {};
     std::vector<std::string> f = {faultName(Fault::kOffByOne), faultName(Fault::kWrongOffset)};
-    if (region_ != Region::kFfn) f.push_back(faultName(Fault::kPerChunkReduction));
+    // Only attention reduces over the sequence.
+    if (region_ == Region::kAttention || region_ == Region::kBlock) {
+      f.push_back(faultName(Fault::kPerChunkReduction));
+    }
     return f;
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
@@ -189,7 +199,29 @@ class ChunkedExecutor final : public harness::RankExecutor {
     const int64_t B = shape_.batch, T = shape_.seq, D = shape_.dModel;
     const bool perChunk = strategy_.fault() == Fault::kPerChunkReduction;
     regions_.resize(model_->layers());
+    tokenwise_.resize(model_->layers());
     for (int l = 0; l < model_->layers(); ++l) {
+      // ln_residual: LN1, the attention's residual, LN2 and the feed-forward's residual, each
+      // token-wise, chunk by chunk (inputs x, or the two summands).
+      auto& t = tokenwise_[l];
+      const Transformer& tm = *model_;
+      const auto rows = [](const at::Tensor& v, int64_t s, int64_t e) {
+        return v.narrow(1, s, e - s);
+      };
+      for (auto& c : t) {
+        c.chunking = chunking_;
+        c.outShape = {B, T, D};
+      }
+      t[0].fn = [&tm, l, rows](const std::vector<at::Tensor>& in, int64_t s, int64_t e) {
+        return tm.ln1(l, rows(in[0], s, e));
+      };
+      t[1].fn = [rows](const std::vector<at::Tensor>& in, int64_t s, int64_t e) {
+        return rows(in[0], s, e) + rows(in[1], s, e);
+      };
+      t[2].fn = [&tm, l, rows](const std::vector<at::Tensor>& in, int64_t s, int64_t e) {
+        return tm.ln2(l, rows(in[0], s, e));
+      };
+      t[3].fn = t[1].fn;
       auto& r = regions_[l];
       r.chunking = chunking_;
       r.outShape = {B, T, D};
@@ -197,6 +229,8 @@ class ChunkedExecutor final : public harness::RankExecutor {
       switch (region_) {
         case Region::kAuto:
           TORCH_INTERNAL_ASSERT(false, "the plan names a region");
+        case Region::kLnResidual:
+          break;                  // tokenwise_ above
         case Region::kAttention:  // inputs: ln1 output h, keys, values
           r.fn = [&m, l, perChunk](const std::vector<at::Tensor>& in, int64_t s, int64_t e) {
             if (perChunk) {
@@ -308,6 +342,19 @@ class ChunkedExecutor final : public harness::RankExecutor {
         const auto [k, v] = m.keysValues(l, m.ln1(l, x));
         return region(l, x, k, v);
       }
+      case Region::kLnResidual: {
+        const at::Tensor none = at::empty({0}, x.options());
+        const auto apply = [&](int i, const at::Tensor& a, const at::Tensor& b) {
+          return ChunkedRegion::apply(a, b, none, reinterpret_cast<int64_t>(&tokenwise_[l][i]));
+        };
+        const at::Tensor h = apply(0, x, none);
+        const auto [k, v] = m.keysValues(l, h);
+        const at::Tensor a = m.attention(l, h, 0, k, v, shape_.seq);
+        const at::Tensor r = apply(1, x, a);
+        const at::Tensor h2 = apply(2, r, none);
+        const at::Tensor f = m.ffn(l, h2);
+        return apply(3, r, f);
+      }
     }
     TORCH_INTERNAL_ASSERT(false);
   }
@@ -318,6 +365,7 @@ class ChunkedExecutor final : public harness::RankExecutor {
   std::unique_ptr<Transformer> model_;
   Chunking chunking_;
   std::vector<RegionContext> regions_;
+  std::vector<std::array<RegionContext, 4>> tokenwise_;  // ln_residual's four, a layer
   std::map<std::string, at::Tensor> results_;
   int64_t activationPeak_ = 0, startLive_ = 0;
   Region region_ = Region::kAttention;
@@ -353,7 +401,8 @@ std::unique_ptr<harness::RankExecutor> ChunkedStrategy::makeExecutor(const CaseS
 
 std::vector<std::unique_ptr<harness::Strategy>> registerChunking() {
   std::vector<std::unique_ptr<harness::Strategy>> out;
-  for (Region r : {Region::kAttention, Region::kFfn, Region::kBlock, Region::kAuto}) {
+  for (Region r :
+       {Region::kAttention, Region::kFfn, Region::kBlock, Region::kLnResidual, Region::kAuto}) {
     out.push_back(std::make_unique<ChunkedStrategy>(r, Fault::kNone));
   }
   return out;

@@ -146,6 +146,29 @@ void block(Counter& m, const Sizes& s, const ChunkPlan& plan) {
     m.release(E + h + 2 * E);  // r, h, keys and values at return
     return;
   }
+  if (p.region == "ln_residual") {
+    // Four token-wise regions, each into its own preallocated output; attention and the
+    // feed-forward block whole, between them.
+    const auto tokenwise = [&](bool norm) {
+      m.alloc(E);
+      chunks([&](int64_t b, int64_t e) {
+        const int64_t n = e - b;
+        const int64_t part = norm ? layerNorm(m, s, n, contiguous(n)) : s.rows(n);
+        if (!norm) m.alloc(part);  // the sum of two chunks of rows
+        m.release(part);
+      });
+      return E;
+    };
+    const int64_t h = tokenwise(true);
+    linear(m, s, s.T, s.D, 2 * s.D, true);  // keys and values
+    const int64_t a = attention(m, s, s.T, s.T, true);
+    const int64_t r = tokenwise(false);
+    const int64_t h2 = tokenwise(true);
+    const int64_t f = ffn(m, s, s.T);
+    tokenwise(false);  // the block's output
+    m.release(h + 2 * E + a + r + h2 + f);
+    return;
+  }
   // block: keys and values from LN1 of every token, then every chunk the whole block.
   const int64_t h = layerNorm(m, s, s.T, true);
   linear(m, s, s.T, s.D, 2 * s.D, true);

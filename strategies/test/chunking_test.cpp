@@ -38,15 +38,14 @@ TEST_P(ChunkedRegion, MatchesTheUnchunkedReference) {
   EXPECT_EQ(sawGrad, training);
 }
 
-INSTANTIATE_TEST_SUITE_P(RegionsChunksModes, ChunkedRegion,
-                         ::testing::Combine(::testing::Values("attention", "ffn", "block"),
-                                            ::testing::Values(int64_t{16}, int64_t{40}),
-                                            ::testing::Bool()),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_chunk" +
-                                  std::to_string(std::get<1>(info.param)) +
-                                  (std::get<2>(info.param) ? "_training" : "_inference");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    RegionsChunksModes, ChunkedRegion,
+    ::testing::Combine(::testing::Values("attention", "ffn", "block", "ln_residual"),
+                       ::testing::Values(int64_t{16}, int64_t{40}), ::testing::Bool()),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_chunk" + std::to_string(std::get<1>(info.param)) +
+             (std::get<2>(info.param) ? "_training" : "_inference");
+    });
 
 TEST(ChunkedRegionVit, EveryRegionMatchesOnABidirectionalEncoderAndPerChunkSoftmaxFails) {
   for (bool training : {false, true}) {
@@ -103,6 +102,15 @@ TEST(ChunkedPair, ChunkingShrinksThePairStacksPeak) {
             0.6 * std::stod(param(whole, "activation_peak_bytes")));
 }
 
+TEST(ChunkedRegionLnResidual, TokenWiseChunksAreBitwiseAtAnyChunkSize) {
+  // Layer norms and residual adds work row by row: chunking them repeats the same arithmetic.
+  for (int64_t chunk : {7, 40, 96}) {
+    const auto rec = test::run(prefillCase(96, chunk, false), strategy("chunking/ln_residual/seq"));
+    ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+    EXPECT_EQ(*rec.maxAbsErr, 0.0) << chunk;
+  }
+}
+
 TEST(ChunkedRegionWhole, OneChunkOfTheWholeSequenceIsBitwiseTheReference) {
   for (const char* region : {"attention", "ffn", "block"}) {
     const auto rec =
@@ -140,7 +148,7 @@ TEST(ChunkEstimator, IsWithinFivePercentOfTheMeasuredPeakOnEveryWorkload) {
         auto c = prefillCase(96, chunk, false);
         c.workload = workload;
         c.shape["batch"] = batch;
-        for (const char* region : {"attention", "ffn", "block"}) {
+        for (const char* region : {"attention", "ffn", "block", "ln_residual"}) {
           const auto rec = test::run(c, strategy(std::string("chunking/") + region + "/seq"));
           ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
           const double measured = std::stod(param(rec, "activation_peak_bytes"));
@@ -152,7 +160,7 @@ TEST(ChunkEstimator, IsWithinFivePercentOfTheMeasuredPeakOnEveryWorkload) {
       }
     }
   }
-  EXPECT_EQ(compared, 36);
+  EXPECT_EQ(compared, 48);
   // And on the pair stack, over rows and columns.
   for (int64_t batch : {1, 2}) {
     for (int64_t chunk : {6, 12, 32}) {
@@ -219,6 +227,8 @@ TEST_P(ChunkingPlantedFault, IsReportedAsFail) {
 INSTANTIATE_TEST_SUITE_P(Faults, ChunkingPlantedFault,
                          ::testing::Values(std::make_tuple("attention", "off_by_one", false),
                                            std::make_tuple("ffn", "off_by_one", true),
+                                           std::make_tuple("ln_residual", "off_by_one", false),
+                                           std::make_tuple("ln_residual", "wrong_offset", true),
                                            std::make_tuple("block", "wrong_offset", false),
                                            std::make_tuple("ffn", "wrong_offset", true),
                                            std::make_tuple("attention", "per_chunk_reduction",

@@ -43,9 +43,9 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   std::set<std::string> ids;
   for (const auto* s : all) EXPECT_TRUE(ids.insert(s->id()).second) << s->id();
   // 24 from the 2-D generator (15 of them batch-split variants), 3 1-D data-parallel variants,
-  // 4 ShardedTensor strategies; one checkpointing strategy per solver; three chunked regions
+  // 4 ShardedTensor strategies; one checkpointing strategy per solver; four chunked regions
   // and the searched chunk plan; the pair update chunked over rows and over columns.
-  EXPECT_EQ(all.size(), 43u);
+  EXPECT_EQ(all.size(), 44u);
   for (const char* id : {"chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }
