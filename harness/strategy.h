@@ -127,4 +127,19 @@ class Strategy {
   Family family_;
 };
 
+// A strategy that runs on one rank and hands back every tensor whole (checkpointing,
+// chunking): its results are boxed by their full shape and it communicates nothing.
+class SingleRankStrategy : public Strategy {
+ public:
+  using Strategy::Strategy;
+  Box resultBox(const std::string&, const CaseSpec&, int) const override {
+    TORCH_INTERNAL_ASSERT(false, "whole results are boxed by resultBoxOf");
+  }
+  Box resultBoxOf(const std::string&, const CaseSpec&, int,
+                  at::IntArrayRef fullShape) const override {
+    return Box::whole(fullShape);
+  }
+  CommStats predictComm(const CaseSpec&, int) const override { return {}; }
+};
+
 }  // namespace sb::harness

@@ -2,6 +2,8 @@
 
 #include "reference/evoformer.h"
 
+#include "reference/reference_step.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -163,27 +165,7 @@ class EvoformerPair final : public Workload {
   WorkloadData build(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
                      InputMode) const override {
     const auto s = PairShape::parse(shape);
-    PairStack p(s, dtype, seed);
-    WorkloadData d;
-    d.inputs["input"] = p.input();
-    if (!s.training) {
-      at::NoGradGuard noGrad;
-      d.expected["output"] = p.forward(p.input());
-      d.checked = {"output"};
-      return d;
-    }
-    p.zeroGrad();
-    const at::Tensor z = p.input().detach().requires_grad_(true);
-    const at::Tensor y = p.forward(z);
-    torch::autograd::backward({(y * p.target()).sum()});
-    d.expected["output"] = y.detach();
-    d.expected["grad_input"] = z.grad().clone();
-    d.checked = {"output", "grad_input"};
-    for (const auto& [n, t] : p.parameters()) {
-      d.expected["grad/" + n] = t.grad().clone();
-      d.checked.push_back("grad/" + n);
-    }
-    return d;
+    return referenceStep(PairStack(s, dtype, seed), s.training);
   }
 };
 

@@ -2,6 +2,8 @@
 
 #include "reference/transformer.h"
 
+#include "reference/reference_step.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -175,27 +177,7 @@ class TransformerWorkload final : public Workload {
   WorkloadData build(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
                      InputMode) const override {
     const auto s = TransformerShape::parse(shape, name_);
-    Transformer t(s, dtype, seed);
-    WorkloadData d;
-    d.inputs["input"] = t.input();
-    if (!s.training) {
-      at::NoGradGuard noGrad;
-      d.expected["output"] = t.forward(t.input());
-      d.checked = {"output"};
-      return d;
-    }
-    t.zeroGrad();
-    const at::Tensor x = t.input().detach().requires_grad_(true);
-    const at::Tensor y = t.forward(x);
-    torch::autograd::backward({(y * t.target()).sum()});
-    d.expected["output"] = y.detach();
-    d.expected["grad_input"] = x.grad().clone();
-    d.checked = {"output", "grad_input"};
-    for (const auto& [n, p] : t.parameters()) {
-      d.expected["grad/" + n] = p.grad().clone();
-      d.checked.push_back("grad/" + n);
-    }
-    return d;
+    return referenceStep(Transformer(s, dtype, seed), s.training);
   }
 
  private:

@@ -231,11 +231,11 @@ class CheckpointExecutor final : public harness::RankExecutor {
   std::map<std::string, at::Tensor> results_;
 };
 
-class CheckpointStrategy final : public harness::Strategy {
+class CheckpointStrategy final : public harness::SingleRankStrategy {
  public:
   CheckpointStrategy(std::string solver, Fault fault)
-      : Strategy("checkpointing/" + solver, "checkpoint " + solver,
-                 harness::Family::kCheckpointing),
+      : SingleRankStrategy("checkpointing/" + solver, "checkpoint " + solver,
+                           harness::Family::kCheckpointing),
         solver_(std::move(solver)),
         fault_(fault) {}
 
@@ -267,14 +267,6 @@ class CheckpointStrategy final : public harness::Strategy {
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
     return std::make_unique<CheckpointExecutor>(*this, c);
   }
-  harness::Box resultBox(const std::string&, const CaseSpec&, int) const override {
-    TORCH_INTERNAL_ASSERT(false, "checkpointing results are boxed by resultBoxOf");
-  }
-  harness::Box resultBoxOf(const std::string&, const CaseSpec&, int,
-                           at::IntArrayRef full) const override {
-    return harness::Box::whole(full);  // one rank holds every tensor whole
-  }
-  harness::CommStats predictComm(const CaseSpec&, int) const override { return {}; }
   harness::Tolerance tolerance(const std::string&, const CaseSpec&,
                                const at::Tensor&) const override {
     return harness::Tolerance::bitwise(

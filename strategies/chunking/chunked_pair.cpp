@@ -31,12 +31,13 @@ using harness::CaseSpec;
 using reference::PairShape;
 using reference::PairStack;
 
-class PairStrategy final : public harness::Strategy {
+class PairStrategy final : public harness::SingleRankStrategy {
  public:
   PairStrategy(int dim, Fault fault)
-      : Strategy(std::string("chunking/triangle/") + (dim == 1 ? "row" : "col"),
-                 std::string("triangle update chunked over ") + (dim == 1 ? "rows" : "columns"),
-                 harness::Family::kChunking),
+      : SingleRankStrategy(
+            std::string("chunking/triangle/") + (dim == 1 ? "row" : "col"),
+            std::string("triangle update chunked over ") + (dim == 1 ? "rows" : "columns"),
+            harness::Family::kChunking),
         dim_(dim),
         fault_(fault) {}
 
@@ -67,14 +68,6 @@ class PairStrategy final : public harness::Strategy {
   }
 
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override;
-  harness::Box resultBox(const std::string&, const CaseSpec&, int) const override {
-    TORCH_INTERNAL_ASSERT(false, "chunking results are boxed by resultBoxOf");
-  }
-  harness::Box resultBoxOf(const std::string&, const CaseSpec&, int,
-                           at::IntArrayRef full) const override {
-    return harness::Box::whole(full);
-  }
-  harness::CommStats predictComm(const CaseSpec&, int) const override { return {}; }
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
     const auto base = harness::Tolerance::defaultFor(c.dtype);

@@ -75,15 +75,16 @@ Region regionOf(const std::string& name) {
   return Region::kAttention;  // "attention", and "none": attention in one chunk
 }
 
-class ChunkedStrategy final : public harness::Strategy {
+class ChunkedStrategy final : public harness::SingleRankStrategy {
  public:
   ChunkedStrategy(Region region, Fault fault)
-      : Strategy(region == Region::kAuto ? std::string("chunking/auto")
-                                         : std::string("chunking/") + regionName(region) + "/seq",
-                 region == Region::kAuto
-                     ? std::string("chunk plan searched under params.max_memory")
-                     : std::string("chunked ") + regionName(region) + " over the sequence",
-                 harness::Family::kChunking),
+      : SingleRankStrategy(
+            region == Region::kAuto ? std::string("chunking/auto")
+                                    : std::string("chunking/") + regionName(region) + "/seq",
+            region == Region::kAuto
+                ? std::string("chunk plan searched under params.max_memory")
+                : std::string("chunked ") + regionName(region) + " over the sequence",
+            harness::Family::kChunking),
         region_(region),
         fault_(fault) {}
 
@@ -137,15 +138,6 @@ class ChunkedStrategy final : public harness::Strategy {
   }
 
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override;
-
-  harness::Box resultBox(const std::string&, const CaseSpec&, int) const override {
-    TORCH_INTERNAL_ASSERT(false, "chunking results are boxed by resultBoxOf");
-  }
-  harness::Box resultBoxOf(const std::string&, const CaseSpec&, int,
-                           at::IntArrayRef full) const override {
-    return harness::Box::whole(full);
-  }
-  harness::CommStats predictComm(const CaseSpec&, int) const override { return {}; }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
