@@ -31,8 +31,10 @@ check "planted fault against a passing baseline fails the gate, naming the strat
   "$sb" report "$tmp/faulty" --baseline "$tmp/base" --gate --out "$tmp/rep"
 grep -qE "^smoke,.*,$faulty,.*,fail,pass,.*,regressed,fail," "$tmp/rep/summary.csv" &&
   pass "summary.csv marks the faulty strategy regressed" || fail "summary.csv verdict"
-grep -qE "RS01=RR\.RS01,.*,pass,pass,.*,ok,unchanged,ok," "$tmp/rep/summary.csv" &&
-  pass "summary.csv keeps the healthy strategy unchanged" || fail "summary.csv healthy row"
+# Its time may move on a shared machine (time gates softly: verdict regressed, gate warn), its
+# numerics must not.
+grep -qE "RS01=RR\.RS01,.*,pass,pass,.*,ok,[a-z]+,(ok|warn)," "$tmp/rep/summary.csv" &&
+  pass "summary.csv keeps the healthy strategy's numerics ok" || fail "summary.csv healthy row"
 check "without --gate the same report exits 0" 0 "report: " -- \
   "$sb" report "$tmp/faulty" --baseline "$tmp/base" --out "$tmp/rep2"
 
