@@ -29,15 +29,7 @@ at::Tensor ChainNet::forward(const at::Tensor& x) const {
   return h;
 }
 
-void ChainNet::zeroGrad() const {
-  for (const auto& [name, p] : params_) {
-    if (p.grad().defined()) {
-      p.mutable_grad().zero_();
-    } else {
-      p.mutable_grad() = at::zeros_like(p);
-    }
-  }
-}
+void ChainNet::zeroGrad() const { zeroGrads(params_); }
 
 void ChainNet::resetBuffers() const {
   for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].second.copy_(initialBuffers_[i].second);

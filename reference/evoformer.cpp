@@ -139,15 +139,7 @@ at::Tensor PairStack::forward(const at::Tensor& z) const {
   return h;
 }
 
-void PairStack::zeroGrad() const {
-  for (const auto& [name, p] : params_) {
-    if (p.grad().defined()) {
-      p.mutable_grad().zero_();
-    } else {
-      p.mutable_grad() = at::zeros_like(p);
-    }
-  }
-}
+void PairStack::zeroGrad() const { zeroGrads(params_); }
 
 namespace {
 

@@ -150,15 +150,7 @@ at::Tensor Transformer::forward(const at::Tensor& x) const {
   return h;
 }
 
-void Transformer::zeroGrad() const {
-  for (const auto& [name, p] : params_) {
-    if (p.grad().defined()) {
-      p.mutable_grad().zero_();
-    } else {
-      p.mutable_grad() = at::zeros_like(p);
-    }
-  }
-}
+void Transformer::zeroGrad() const { zeroGrads(params_); }
 
 namespace {
 

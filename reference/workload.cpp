@@ -44,4 +44,14 @@ std::string dimsString(at::IntArrayRef dims) {
   return s;
 }
 
+void zeroGrads(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  for (const auto& [name, p] : params) {
+    if (p.grad().defined()) {
+      p.mutable_grad().zero_();
+    } else {
+      p.mutable_grad() = at::zeros_like(p);
+    }
+  }
+}
+
 }  // namespace sb::reference

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -51,6 +52,10 @@ at::Tensor makeNormal(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed
                       InputMode mode);
 at::Tensor makeUniform(at::IntArrayRef shape, double bound, at::ScalarType dtype, uint64_t seed,
                        int stream, InputMode mode);
+
+// Zeroes every parameter's gradient in place, allocating zeros where there is none yet: a step
+// then accumulates into them, as a training loop with zero_grad() does.
+void zeroGrads(const std::vector<std::pair<std::string, at::Tensor>>& params);
 
 // "4x4x4x16".
 std::string dimsString(at::IntArrayRef dims);

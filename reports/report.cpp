@@ -459,6 +459,7 @@ std::string summaryCsv(const Comparison& cmp) {
     const ResultRow& a = rc.any();
     const ResultRow* c = rc.current;
     const ResultRow* b = rc.baseline;
+    const auto vsUnchunked = against.of(c);
     out += csvLine({a.suite,
                     a.caseName,
                     caseSlug(a.suite, a.caseName),
@@ -496,8 +497,8 @@ std::string summaryCsv(const Comparison& cmp) {
                     c ? optInt(c->predictedCommBytes) : "",
                     c ? f(c->predictedTimeUs) : "",
                     c ? paramsText(c->params) : "",
-                    against.of(c).first,
-                    against.of(c).second,
+                    vsUnchunked.first,
+                    vsUnchunked.second,
                     rc.numerics,
                     verdictName(rc.verdict),
                     gateCell(rc),

@@ -59,12 +59,9 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
       // Fn_i: the same forward without a tape may need other temporaries.
       {
         at::NoGradGuard noGrad;
-        const int64_t b = mem.current(rank);
         mem.resetPeak(rank);
         at::Tensor o = net.stage(i, x, false);
-        const int64_t a = mem.current(rank);
-        ftmp = std::max(ftmp, static_cast<double>(mem.peak(rank) - a));
-        (void)b;
+        ftmp = std::max(ftmp, static_cast<double>(mem.peak(rank) - mem.current(rank)));
       }
 
       // B_i: from d[i+1] (ones) to d[i]; its transient above what it holds and writes.

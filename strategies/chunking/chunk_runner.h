@@ -7,7 +7,10 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace sb::strategies::chunking {
@@ -29,6 +32,16 @@ inline const char* faultName(Fault f) {
       return "per_chunk_reduction";
   }
   return "?";
+}
+
+// The fault named `name` among `allowed` (names as faultName gives them); nullopt otherwise.
+inline std::optional<Fault> parseFault(const std::string& name,
+                                       const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) return std::nullopt;
+  for (Fault f : {Fault::kOffByOne, Fault::kWrongOffset, Fault::kPerChunkReduction}) {
+    if (name == faultName(f)) return f;
+  }
+  return std::nullopt;
 }
 
 // One chunk of a region: from the region's inputs (up to three tensors) and the index range

@@ -81,10 +81,8 @@ class PairStrategy final : public harness::SingleRankStrategy {
             faultName(Fault::kPerChunkReduction)};
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    for (Fault f : {Fault::kOffByOne, Fault::kWrongOffset, Fault::kPerChunkReduction}) {
-      if (name == faultName(f)) return std::make_unique<PairStrategy>(dim_, f);
-    }
-    return nullptr;
+    const auto f = parseFault(name, plantableFaults());
+    return f ? std::make_unique<PairStrategy>(dim_, *f) : nullptr;
   }
 
  private:
@@ -99,6 +97,8 @@ class PairExecutor final : public harness::RankExecutor {
 
   void prepare(harness::RankContext&, const reference::WorkloadData&) override {
     model_ = std::make_unique<PairStack>(shape_, case_.dtype, case_.seed);
+    estimate_ = estimatePairActivationPeak(shape_, strategy_.dim(), strategy_.chunkOf(case_),
+                                           c10::elementSize(case_.dtype));
     const bool perChunk = strategy_.fault() == Fault::kPerChunkReduction;
     const PairStack& m = *model_;
     regions_.resize(model_->layers());
@@ -178,17 +178,12 @@ class PairExecutor final : public harness::RankExecutor {
             {"chunks", std::to_string(regions_.front().chunking.chunks())},
             {"mode", shape_.training ? "training" : "inference"},
             {"activation_peak_bytes", std::to_string(activationPeak_)},
-            {"estimated_activation_peak_bytes", estimate() ? std::to_string(*estimate()) : "n/a"}};
+            {"estimated_activation_peak_bytes", estimate_ ? std::to_string(*estimate_) : "n/a"}};
   }
 
-  std::optional<int64_t> estimate() const {
-    return estimatePairActivationPeak(shape_, strategy_.dim(), regions_.front().chunking.chunk,
-                                      c10::elementSize(case_.dtype));
-  }
   std::optional<int64_t> predictedPeakBytes() const override {
-    const auto e = estimate();
-    if (!e) return std::nullopt;
-    return startLive_ + *e;
+    if (!estimate_) return std::nullopt;
+    return startLive_ + *estimate_;
   }
 
  private:
@@ -200,6 +195,7 @@ class PairExecutor final : public harness::RankExecutor {
   std::vector<RegionContext> regions_, transitions_;
   std::map<std::string, at::Tensor> results_;
   int64_t activationPeak_ = 0, startLive_ = 0;
+  std::optional<int64_t> estimate_;  // of the activation peak; none in training
 };
 
 std::unique_ptr<harness::RankExecutor> PairStrategy::makeExecutor(const CaseSpec& c) const {

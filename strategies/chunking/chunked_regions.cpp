@@ -162,13 +162,8 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
     return f;
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    for (const auto& f : plantableFaults()) {
-      if (f != name) continue;
-      for (Fault k : {Fault::kOffByOne, Fault::kWrongOffset, Fault::kPerChunkReduction}) {
-        if (name == faultName(k)) return std::make_unique<ChunkedStrategy>(region_, k);
-      }
-    }
-    return nullptr;
+    const auto f = parseFault(name, plantableFaults());
+    return f ? std::make_unique<ChunkedStrategy>(region_, *f) : nullptr;
   }
 
  private:
@@ -187,6 +182,9 @@ class ChunkedExecutor final : public harness::RankExecutor {
     region_ = strategy_.region();
     chunking_.chunk = strategy_.chunkOf(case_);
     if (region_ == Region::kAuto) plan();
+    // The plan is fixed from here: its estimate too.
+    estimate_ = estimateActivationPeak(shape_, {regionName(region_), chunking_.chunk},
+                                       c10::elementSize(case_.dtype));
     chunking_.fault = strategy_.fault();
     const int64_t B = shape_.batch, T = shape_.seq, D = shape_.dModel;
     const bool perChunk = strategy_.fault() == Fault::kPerChunkReduction;
@@ -275,14 +273,8 @@ class ChunkedExecutor final : public harness::RankExecutor {
   }
 
   std::optional<int64_t> predictedPeakBytes() const override {
-    const auto e = estimate();
-    if (!e) return std::nullopt;
-    return startLive_ + *e;
-  }
-
-  std::optional<int64_t> estimate() const {
-    return estimateActivationPeak(shape_, {regionName(region_), chunking_.chunk},
-                                  c10::elementSize(case_.dtype));
+    if (!estimate_) return std::nullopt;
+    return startLive_ + *estimate_;
   }
 
   std::map<std::string, at::Tensor> results() const override { return results_; }
@@ -302,7 +294,7 @@ class ChunkedExecutor final : public harness::RankExecutor {
         {"mode", shape_.training ? "training" : "inference"},
         {"activation_peak_bytes", std::to_string(activationPeak_)},
         {"estimated_activation_peak_bytes",
-         estimate() ? std::to_string(*estimate()) : std::string("n/a")}};
+         estimate_ ? std::to_string(*estimate_) : std::string("n/a")}};
     out.insert(out.end(), own.begin(), own.end());
     return out;
   }
@@ -360,6 +352,7 @@ class ChunkedExecutor final : public harness::RankExecutor {
   std::vector<std::array<RegionContext, 4>> tokenwise_;  // ln_residual's four, a layer
   std::map<std::string, at::Tensor> results_;
   int64_t activationPeak_ = 0, startLive_ = 0;
+  std::optional<int64_t> estimate_;  // of the activation peak, for the plan; none in training
   Region region_ = Region::kAttention;
   ChunkSearch search_;
   int64_t maxMemory_ = 0;
