@@ -1,20 +1,30 @@
 #include "harness/runner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <iomanip>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <ostream>
 #include <regex>
 #include <sstream>
+#include <thread>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 
+#include "harness/c10d_backend.h"
+#include "harness/dist_env.h"
 #include "harness/memory.h"
 #include "harness/registry.h"
 #include "harness/threads_backend.h"
+#include "harness/world.h"
 
 namespace sb::harness {
 namespace {
@@ -25,81 +35,51 @@ std::string errorText(const std::exception& e) {
   if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
   return e.what();
 }
-
-// Compares every rank's local tensors with the matching slices of the reference, and checks
-// that the declared layouts cover every element of every tensor.
-struct Verification {
-  std::vector<TensorCheck> checks;
-  std::vector<std::string> problems;  // coverage problems
-  bool passed() const {
-    if (!problems.empty()) return false;
-    for (const auto& c : checks) {
-      if (!c.passed()) return false;
-    }
-    return true;
-  }
-};
-
-Verification verify(const CaseSpec& c, const reference::WorkloadData& data,
-                    const Strategy& strategy,
-                    const std::vector<std::map<std::string, at::Tensor>>& results) {
-  Verification v;
-  const int n = static_cast<int>(results.size());
-  for (const auto& name : data.checked) {
-    const at::Tensor& full = data.expected.at(name);
-    const Tolerance tol = strategy.tolerance(name, c, full);
-    at::Tensor covered = at::zeros(full.sizes(), at::kBool);
-    for (int r = 0; r < n; ++r) {
-      const Box box = strategy.resultBoxOf(name, c, r, full.sizes());
-      sliceBox(covered, box).fill_(true);
-      auto it = results[r].find(name);
-      const at::Tensor actual = it == results[r].end() ? at::Tensor() : it->second;
-      v.checks.push_back(checkTensor(name, r, actual, sliceBox(full, box), box.offset, tol));
-    }
-    const int64_t missing = full.numel() - covered.sum().item<int64_t>();
-    if (missing > 0) {
-      v.problems.push_back(name + ": " + std::to_string(missing) +
-                           " elements are held by no rank's declared layout");
-    }
-  }
-  return v;
+int64_t nowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
-std::string summarize(const Verification& v) {
-  std::ostringstream os;
-  int shown = 0;
-  for (const auto& p : v.problems) os << (shown++ ? "; " : "") << p;
-  for (const auto& c : v.checks) {
-    if (c.passed()) continue;
-    if (shown == 3) {
-      os << "; ...";
-      break;
-    }
-    os << (shown++ ? "; " : "") << c.toString();
-  }
-  return os.str();
+nlohmann::json finiteOrText(double x) {
+  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(std::to_string(x));
+}
+double numberOrText(const nlohmann::json& j) {
+  return j.is_string() ? std::stod(j.get<std::string>()) : j.get<double>();
 }
 
-nlohmann::json checksToJson(const Verification& v) {
-  nlohmann::json arr = nlohmann::json::array();
-  for (const auto& c : v.checks) {
-    nlohmann::json j;
-    j["tensor"] = c.tensor;
-    j["rank"] = c.rank;
-    j["numel"] = c.numel;
-    j["mismatches"] = c.mismatches;
-    j["max_abs_err"] = std::isfinite(c.maxAbsErr) ? nlohmann::json(c.maxAbsErr)
-                                                  : nlohmann::json(std::to_string(c.maxAbsErr));
-    j["max_rel_err"] = std::isfinite(c.maxRelErr) ? nlohmann::json(c.maxRelErr)
-                                                  : nlohmann::json(std::to_string(c.maxRelErr));
-    j["err_ratio"] = std::isfinite(c.errRatio) ? nlohmann::json(c.errRatio)
-                                               : nlohmann::json(std::to_string(c.errRatio));
-    j["worst_index"] = c.worstIndex;
-    j["tolerance"] = c.tolerance;
-    if (!c.problem.empty()) j["problem"] = c.problem;
-    arr.push_back(j);
-  }
-  return arr;
+nlohmann::json checkToJson(const TensorCheck& c) {
+  nlohmann::json j;
+  j["tensor"] = c.tensor;
+  j["rank"] = c.rank;
+  j["numel"] = c.numel;
+  j["mismatches"] = c.mismatches;
+  j["max_abs_err"] = finiteOrText(c.maxAbsErr);
+  j["max_rel_err"] = finiteOrText(c.maxRelErr);
+  j["err_ratio"] = finiteOrText(c.errRatio);
+  j["worst_index"] = c.worstIndex;
+  j["worst_actual"] = finiteOrText(c.worstActual);
+  j["worst_expected"] = finiteOrText(c.worstExpected);
+  j["tolerance"] = c.tolerance;
+  if (!c.problem.empty()) j["problem"] = c.problem;
+  return j;
+}
+
+TensorCheck checkFromJson(const nlohmann::json& j) {
+  TensorCheck c;
+  c.tensor = j.at("tensor").get<std::string>();
+  c.rank = j.at("rank").get<int>();
+  c.numel = j.at("numel").get<int64_t>();
+  c.mismatches = j.at("mismatches").get<int64_t>();
+  c.maxAbsErr = numberOrText(j.at("max_abs_err"));
+  c.maxRelErr = numberOrText(j.at("max_rel_err"));
+  c.errRatio = numberOrText(j.at("err_ratio"));
+  c.worstIndex = j.at("worst_index").get<std::vector<int64_t>>();
+  c.worstActual = numberOrText(j.at("worst_actual"));
+  c.worstExpected = numberOrText(j.at("worst_expected"));
+  c.tolerance = j.at("tolerance").get<std::string>();
+  c.problem = j.value("problem", "");
+  return c;
 }
 
 nlohmann::json commToJson(const CommStats& s) {
@@ -112,16 +92,418 @@ nlohmann::json commToJson(const CommStats& s) {
   return j;
 }
 
+CommStats commFromJson(const nlohmann::json& j) {
+  CommStats s;
+  for (int i = 0; i < kNumCollectives; ++i) {
+    const char* name = collectiveName(static_cast<Collective>(i));
+    if (!j.contains(name)) continue;
+    s.entries[i].calls = j.at(name).at("calls").get<int64_t>();
+    s.entries[i].bytes = j.at(name).at("bytes").get<int64_t>();
+  }
+  return s;
+}
+
+// What one rank learnt in one row. On a c10d backend it travels as JSON to rank 0.
+struct RankOutcome {
+  explicit RankOutcome(int r = 0) : rank(r) {}
+  int rank;
+  std::string unsupported;  // prepare() said the case cannot run, and why
+  std::string error;        // what went wrong on this rank
+  int64_t errorAtMs = 0;    // wall clock of the error, to tell the first failure from its echoes
+  int64_t peak = 0;
+  CommStats counted, wire;
+  std::optional<int64_t> predictedPeak;
+  std::vector<TensorCheck> checks, checksAfter;  // after the measured step, after the timed ones
+};
+
+nlohmann::json outcomeToJson(const RankOutcome& o) {
+  nlohmann::json j;
+  j["rank"] = o.rank;
+  j["unsupported"] = o.unsupported;
+  j["error"] = o.error;
+  j["error_at_ms"] = o.errorAtMs;
+  j["peak"] = o.peak;
+  j["counted"] = commToJson(o.counted);
+  j["wire"] = commToJson(o.wire);
+  if (o.predictedPeak) j["predicted_peak"] = *o.predictedPeak;
+  nlohmann::json checks = nlohmann::json::array(), after = nlohmann::json::array();
+  for (const auto& c : o.checks) checks.push_back(checkToJson(c));
+  for (const auto& c : o.checksAfter) after.push_back(checkToJson(c));
+  j["checks"] = checks;
+  j["checks_after"] = after;
+  return j;
+}
+
+RankOutcome outcomeFromJson(const nlohmann::json& j) {
+  RankOutcome o;
+  o.rank = j.at("rank").get<int>();
+  o.unsupported = j.at("unsupported").get<std::string>();
+  o.error = j.at("error").get<std::string>();
+  o.errorAtMs = j.at("error_at_ms").get<int64_t>();
+  o.peak = j.at("peak").get<int64_t>();
+  o.counted = commFromJson(j.at("counted"));
+  o.wire = commFromJson(j.at("wire"));
+  if (j.contains("predicted_peak")) o.predictedPeak = j.at("predicted_peak").get<int64_t>();
+  for (const auto& c : j.at("checks")) o.checks.push_back(checkFromJson(c));
+  for (const auto& c : j.at("checks_after")) o.checksAfter.push_back(checkFromJson(c));
+  return o;
+}
+
+// Compares one rank's local tensors with the matching slices of the reference.
+std::vector<TensorCheck> verifyRank(const CaseSpec& c, const reference::WorkloadData& data,
+                                    const Strategy& strategy, int rank,
+                                    const std::map<std::string, at::Tensor>& results) {
+  std::vector<TensorCheck> checks;
+  for (const auto& name : data.checked) {
+    const at::Tensor& full = data.expected.at(name);
+    const Tolerance tol = strategy.tolerance(name, c, full);
+    const Box box = strategy.resultBoxOf(name, c, rank, full.sizes());
+    auto it = results.find(name);
+    const at::Tensor actual = it == results.end() ? at::Tensor() : it->second;
+    checks.push_back(checkTensor(name, rank, actual, sliceBox(full, box), box.offset, tol));
+  }
+  return checks;
+}
+
+// Elements of each checked tensor that no rank's declared layout holds.
+std::vector<std::string> coverageProblems(const CaseSpec& c, const reference::WorkloadData& data,
+                                          const Strategy& strategy, int n) {
+  std::vector<std::string> problems;
+  for (const auto& name : data.checked) {
+    const at::Tensor& full = data.expected.at(name);
+    at::Tensor covered = at::zeros(full.sizes(), at::kBool);
+    for (int r = 0; r < n; ++r) {
+      sliceBox(covered, strategy.resultBoxOf(name, c, r, full.sizes())).fill_(true);
+    }
+    const int64_t missing = full.numel() - covered.sum().item<int64_t>();
+    if (missing > 0) {
+      problems.push_back(name + ": " + std::to_string(missing) +
+                         " elements are held by no rank's declared layout");
+    }
+  }
+  return problems;
+}
+
+// Every rank's checks, tensor by tensor in the workload's order, then by rank.
+std::vector<TensorCheck> allChecks(const reference::WorkloadData& data,
+                                   const std::vector<RankOutcome>& ranks, bool after) {
+  std::vector<TensorCheck> out;
+  for (const auto& name : data.checked) {
+    for (const auto& o : ranks) {
+      for (const auto& ch : after ? o.checksAfter : o.checks) {
+        if (ch.tensor == name) out.push_back(ch);
+      }
+    }
+  }
+  return out;
+}
+
+bool allPassed(const std::vector<TensorCheck>& checks, const std::vector<std::string>& problems) {
+  return problems.empty() &&
+         std::all_of(checks.begin(), checks.end(), [](const auto& c) { return c.passed(); });
+}
+
+std::string summarize(const std::vector<TensorCheck>& checks,
+                      const std::vector<std::string>& problems) {
+  std::ostringstream os;
+  int shown = 0;
+  for (const auto& p : problems) os << (shown++ ? "; " : "") << p;
+  for (const auto& c : checks) {
+    if (c.passed()) continue;
+    if (shown == 3) {
+      os << "; ...";
+      break;
+    }
+    os << (shown++ ? "; " : "") << c.toString();
+  }
+  return os.str();
+}
+
+// What this process ran of one row: its ranks' outcomes, the timing (identical in every
+// process: each step's time is the maximum over the mesh), and rank 0's executor details.
+struct LocalRun {
+  std::vector<RankOutcome> ranks;
+  std::optional<TimingStats> timing;
+  std::optional<double> predictedTimeUs;
+  std::vector<std::pair<std::string, std::string>> params;
+  nlohmann::json executorDetails = nlohmann::json::object();
+};
+
+std::atomic<bool> rankFaultFired{false};
+
+// A planted rank fault, at most once per process.
+void maybeFireRankFault(const RunOptions& options, int rank) {
+  if (!options.rankFault || options.rankFault->rank != rank || rankFaultFired.exchange(true)) {
+    return;
+  }
+  switch (options.rankFault->kind) {
+    case RunOptions::RankFault::Kind::kThrow:
+      throw std::runtime_error("planted fault: rank " + std::to_string(rank) +
+                               " threw in its measured step");
+    case RunOptions::RankFault::Kind::kCrash:
+      std::cerr << "[rank " << rank << "] planted fault: killing myself with SIGKILL" << std::endl;
+      ::kill(::getpid(), SIGKILL);
+      break;
+    case RunOptions::RankFault::Kind::kHang:
+      std::cerr << "[rank " << rank << "] planted fault: hanging" << std::endl;
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+// The phases of one row on this process's ranks: prepare, a warm-up step, the measured step
+// (memory, communication, numerics), Google Benchmark timing, and the check that the timed
+// steps still give the verified results. An error is recorded on the local ranks and
+// `onError` runs (a c10d backend drops its groups, so that peers fail at once).
+LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData& data,
+                  const Strategy& strategy, const RunOptions& options,
+                  const std::function<void()>& onError) {
+  const std::vector<int> local = world.localRanks();
+  const int n = world.mesh().size();
+  LocalRun out;
+  std::vector<int> slot(n, -1);
+  for (int r : local) {
+    slot[r] = static_cast<int>(out.ranks.size());
+    out.ranks.emplace_back(r);
+  }
+  std::vector<std::unique_ptr<RankExecutor>> execs(n);
+  std::vector<double> stepSeconds(n, 0.0);
+  std::vector<std::map<std::string, at::Tensor>> results(n);
+  std::vector<int64_t> peak(n, 0);
+  try {
+    MemoryTracker::instance().install();
+    std::mutex mu;
+    world.run([&](RankContext& ctx) {
+      const int r = ctx.rank();
+      execs[r] = strategy.makeExecutor(c);
+      try {
+        execs[r]->prepare(ctx, data);
+      } catch (const UnsupportedCase& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        out.ranks[slot[r]].unsupported = e.what();
+      }
+    });
+    const bool unsupported = std::any_of(out.ranks.begin(), out.ranks.end(),
+                                         [](const auto& o) { return !o.unsupported.empty(); });
+    if (world.anyOverProcesses(unsupported)) return out;
+
+    // Warm-up: first-touch allocations and lazy initialisation stay out of the measurements.
+    world.run([&](RankContext& ctx) { execs[ctx.rank()]->step(ctx); });
+
+    // The measured step: communication counts, peak memory and the results to verify.
+    world.resetStats();
+    world.run([&](RankContext& ctx) {
+      const int r = ctx.rank();
+      MemoryTracker::instance().resetPeak(r);
+      maybeFireRankFault(options, r);
+      execs[r]->step(ctx);
+      peak[r] = MemoryTracker::instance().peak(r);
+      results[r] = execs[r]->results();
+    });
+    for (int r : local) {
+      RankOutcome& o = out.ranks[slot[r]];
+      o.checks = verifyRank(c, data, strategy, r, results[r]);
+      o.counted = world.stats(r);
+      o.wire = world.wireStats(r);
+      o.peak = peak[r];
+      o.predictedPeak = execs[r]->predictedPeakBytes();
+      if (!o.predictedPeak) o.predictedPeak = strategy.predictPeakMemory(c, r);
+    }
+    if (slot[0] >= 0) {
+      out.predictedTimeUs = execs[0]->predictedTimeUs();
+      out.params = execs[0]->recordParams();
+      out.executorDetails = execs[0]->details();
+    }
+
+    // Timing: the slowest rank's step time per iteration.
+    out.timing =
+        timeWithBenchmark(c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
+                          options.warmupSec, [&] { return timedStep(world, execs, stepSeconds); });
+
+    // As nccl-tests does, the timed runs are verified too: the last timed step must still
+    // give the reference results (catches state that leaks from step to step).
+    world.run([&](RankContext& ctx) { results[ctx.rank()] = execs[ctx.rank()]->results(); });
+    for (int r : local) {
+      out.ranks[slot[r]].checksAfter = verifyRank(c, data, strategy, r, results[r]);
+    }
+  } catch (const std::exception& e) {
+    const std::string text = errorText(e);
+    for (auto& o : out.ranks) {
+      if (o.error.empty()) {
+        o.error = text;
+        o.errorAtMs = nowMs();
+      }
+    }
+    if (onError) onError();
+  }
+  return out;
+}
+
+// The first failure and the ranks that failed after it (on a broken group).
+std::string errorMessage(const std::vector<RankOutcome>& ranks, bool perRankErrors) {
+  const RankOutcome* first = nullptr;
+  for (const auto& o : ranks) {
+    if (!o.error.empty() && (!first || o.errorAtMs < first->errorAtMs)) first = &o;
+  }
+  if (!first) return "";
+  if (!perRankErrors) return first->error;
+  std::string msg = "rank " + std::to_string(first->rank) + ": " + first->error;
+  std::string echoes;
+  for (const auto& o : ranks) {
+    if (&o == first || o.error.empty()) continue;
+    echoes += (echoes.empty() ? "" : ", ") + std::to_string(o.rank);
+  }
+  if (!echoes.empty()) msg += " (then ranks " + echoes + " failed on the broken group)";
+  return msg;
+}
+
+// The record of one row from every rank's outcome (all ranks of the mesh, in rank order).
+Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& data,
+               const Strategy& strategy, const std::vector<RankOutcome>& ranks,
+               const LocalRun& rank0, bool perRankErrors) {
+  rec.details["case"] = strategy.caseDetails(c);
+  {
+    const std::string& first = data.checked.front();
+    const Tolerance tol = strategy.tolerance(first, c, data.expected.at(first));
+    rec.atol = tol.atol;
+    rec.rtol = tol.rtol;
+    rec.tolerance = tol.toString();
+  }
+  if (const std::string err = errorMessage(ranks, perRankErrors); !err.empty()) {
+    rec.status = Status::kError;
+    rec.message = err;
+    return rec;
+  }
+  for (const auto& o : ranks) {
+    if (!o.unsupported.empty()) {
+      rec.status = Status::kUnsupported;
+      rec.message = o.unsupported;
+      return rec;
+    }
+  }
+  const int n = static_cast<int>(ranks.size());
+  const std::vector<std::string> problems = coverageProblems(c, data, strategy, n);
+  const std::vector<TensorCheck> checks = allChecks(data, ranks, false);
+  const std::vector<TensorCheck> after = allChecks(data, ranks, true);
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& ch : checks) tensors.push_back(checkToJson(ch));
+  rec.details["tensors"] = tensors;
+  double maxAbs = 0, maxRel = 0;
+  int64_t mism = 0;
+  for (const auto& ch : checks) {
+    maxAbs = std::max(maxAbs, ch.maxAbsErr);
+    maxRel = std::max(maxRel, ch.maxRelErr);
+    mism += ch.mismatches;
+  }
+  rec.maxAbsErr = maxAbs;
+  rec.maxRelErr = maxRel;
+  rec.mismatches = mism;
+  // Per tensor, the worst rank's distance to tolerance; the record's is the worst tensor's.
+  for (const auto& ch : checks) {
+    auto it = std::find_if(rec.tensorErrRatio.begin(), rec.tensorErrRatio.end(),
+                           [&](const auto& p) { return p.first == ch.tensor; });
+    if (it == rec.tensorErrRatio.end()) {
+      rec.tensorErrRatio.emplace_back(ch.tensor, ch.errRatio);
+    } else if (!(ch.errRatio <= it->second)) {  // NaN-safe: NaN replaces anything
+      it->second = ch.errRatio;
+    }
+    if (!rec.errRatio || !(ch.errRatio <= *rec.errRatio)) {
+      rec.errRatio = ch.errRatio;
+      rec.worstTensor = ch.tensor;
+    }
+  }
+
+  // Communication: counted by the backend against the strategy's prediction, per rank; where
+  // the backend emulated a collective, what crossed the wire is kept beside it.
+  int64_t commMax = 0, predMax = 0, callsMax = 0;
+  std::string commProblem;
+  nlohmann::json commRanks = nlohmann::json::array();
+  std::optional<int64_t> memPredMax;
+  std::vector<int64_t> peaks;
+  for (const auto& o : ranks) {
+    const CommStats predicted = strategy.predictComm(c, o.rank);
+    commMax = std::max(commMax, o.counted.totalBytes());
+    predMax = std::max(predMax, predicted.totalBytes());
+    callsMax = std::max(callsMax, o.counted.totalCalls());
+    nlohmann::json entry = {
+        {"rank", o.rank}, {"counted", commToJson(o.counted)}, {"predicted", commToJson(predicted)}};
+    if (!(o.wire == o.counted)) entry["wire"] = commToJson(o.wire);
+    commRanks.push_back(entry);
+    if (!(o.counted == predicted) && commProblem.empty()) {
+      commProblem = "rank " + std::to_string(o.rank) + " communicated " + o.counted.toString() +
+                    " but the strategy predicts " + predicted.toString();
+    }
+    if (o.predictedPeak) memPredMax = std::max(memPredMax.value_or(0), *o.predictedPeak);
+    peaks.push_back(o.peak);
+  }
+  rec.commBytes = commMax;
+  rec.predictedCommBytes = predMax;
+  rec.commCalls = callsMax;
+  rec.details["comm_per_rank"] = commRanks;
+  rec.peakMemBytes = *std::max_element(peaks.begin(), peaks.end());
+  rec.predictedMemBytes = memPredMax;
+  rec.details["peak_mem_bytes_per_rank"] = peaks;
+  rec.predictedTimeUs = rank0.predictedTimeUs;
+  rec.params = rank0.params;
+  if (!rank0.executorDetails.empty()) rec.details["executor"] = rank0.executorDetails;
+  if (rank0.timing) rec.timing = *rank0.timing;
+
+  if (!allPassed(checks, problems)) {
+    rec.status = Status::kFail;
+    rec.message = summarize(checks, problems);
+  } else if (!allPassed(after, {})) {
+    rec.status = Status::kFail;
+    rec.message = "results changed during the timed steps: " + summarize(after, {});
+  } else if (!commProblem.empty()) {
+    rec.status = Status::kFail;
+    rec.message = commProblem;
+  } else {
+    rec.status = Status::kPass;
+  }
+  return rec;
+}
+
 }  // namespace
 
-double timedStep(ThreadsWorld& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
+double timedStep(World& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
                  std::vector<double>& scratch) {
   world.run([&](RankContext& ctx) {
     const auto t0 = Clock::now();
     execs[ctx.rank()]->step(ctx);
     scratch[ctx.rank()] = std::chrono::duration<double>(Clock::now() - t0).count();
   });
-  return *std::max_element(scratch.begin(), scratch.end());
+  double slowest = 0;
+  for (int r : world.localRanks()) slowest = std::max(slowest, scratch[r]);
+  return world.maxOverProcesses(slowest);
+}
+
+RunOptions::RankFault parseRankFault(const std::string& text) {
+  RunOptions::RankFault f;
+  const auto at = text.find('@');
+  const std::string kind = text.substr(0, at);
+  bool ok = at != std::string::npos;
+  if (kind == "throw") {
+    f.kind = RunOptions::RankFault::Kind::kThrow;
+  } else if (kind == "crash") {
+    f.kind = RunOptions::RankFault::Kind::kCrash;
+  } else if (kind == "hang") {
+    f.kind = RunOptions::RankFault::Kind::kHang;
+  } else {
+    ok = false;
+  }
+  if (ok) {
+    try {
+      size_t used = 0;
+      f.rank = std::stoi(text.substr(at + 1), &used);
+      ok = used == text.size() - at - 1 && f.rank >= 0;
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  if (!ok) {
+    throw InputError("--plant-rank-fault '" + text +
+                     "': expected KIND@RANK with KIND throw, crash or hang, e.g. crash@2");
+  }
+  return f;
 }
 
 Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,
@@ -147,9 +529,17 @@ Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,
 }
 
 std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options) {
-  if (options.backend != "threads") {
-    throw InputError("backend '" + options.backend +
-                     "' is not available in this build (available: threads)");
+  {
+    const auto have = availableBackends();
+    if (std::find(have.begin(), have.end(), options.backend) == have.end()) {
+      std::string list;
+      for (const auto& b : have) list += (list.empty() ? "" : ", ") + b;
+      throw InputError("backend '" + options.backend + "' is not available in this build (" + list +
+                       ")");
+    }
+    if (options.rankFault && options.backend == "threads") {
+      throw InputError("--plant-rank-fault needs a multi-process backend (--backend gloo)");
+    }
   }
   std::optional<std::regex> filter;
   if (!options.filter.empty()) {
@@ -252,136 +642,12 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
     rec.message = a.reason;
     return rec;
   }
-  rec.details["case"] = strategy.caseDetails(c);
-  {
-    const std::string& first = data.checked.front();
-    const Tolerance tol = strategy.tolerance(first, c, data.expected.at(first));
-    rec.atol = tol.atol;
-    rec.rtol = tol.rtol;
-    rec.tolerance = tol.toString();
-  }
   try {
-    MemoryTracker::instance().install();
-    const DeviceMesh mesh(c.mesh);
-    const int n = mesh.size();
     ThreadsOptions topts;
     topts.timeout = options.collectiveTimeout;
-    ThreadsWorld world(mesh, topts);
-    std::vector<std::unique_ptr<RankExecutor>> execs(n);
-    std::vector<double> stepSeconds(n, 0.0);
-    std::vector<int64_t> peak(n, 0);
-    std::vector<std::map<std::string, at::Tensor>> results(n);
-
-    std::mutex unsupportedMutex;
-    std::string unsupported;
-    world.run([&](RankContext& ctx) {
-      execs[ctx.rank()] = strategy.makeExecutor(c);
-      try {
-        execs[ctx.rank()]->prepare(ctx, data);
-      } catch (const UnsupportedCase& e) {
-        std::lock_guard<std::mutex> lock(unsupportedMutex);
-        if (unsupported.empty()) unsupported = e.what();
-      }
-    });
-    if (!unsupported.empty()) {
-      rec.status = Status::kUnsupported;
-      rec.message = unsupported;
-      return rec;
-    }
-    // Warm-up: first-touch allocations and lazy initialisation stay out of the measurements.
-    world.run([&](RankContext& ctx) { execs[ctx.rank()]->step(ctx); });
-
-    // The measured step: communication counts, peak memory and the results to verify.
-    world.resetStats();
-    world.run([&](RankContext& ctx) {
-      const int r = ctx.rank();
-      MemoryTracker::instance().resetPeak(r);
-      execs[r]->step(ctx);
-      peak[r] = MemoryTracker::instance().peak(r);
-      results[r] = execs[r]->results();
-    });
-
-    const Verification v = verify(c, data, strategy, results);
-    rec.details["tensors"] = checksToJson(v);
-    double maxAbs = 0, maxRel = 0;
-    int64_t mism = 0;
-    for (const auto& ch : v.checks) {
-      maxAbs = std::max(maxAbs, ch.maxAbsErr);
-      maxRel = std::max(maxRel, ch.maxRelErr);
-      mism += ch.mismatches;
-    }
-    rec.maxAbsErr = maxAbs;
-    rec.maxRelErr = maxRel;
-    rec.mismatches = mism;
-    // Per tensor, the worst rank's distance to tolerance; the record's is the worst tensor's.
-    for (const auto& ch : v.checks) {
-      auto it = std::find_if(rec.tensorErrRatio.begin(), rec.tensorErrRatio.end(),
-                             [&](const auto& p) { return p.first == ch.tensor; });
-      if (it == rec.tensorErrRatio.end()) {
-        rec.tensorErrRatio.emplace_back(ch.tensor, ch.errRatio);
-      } else if (!(ch.errRatio <= it->second)) {  // NaN-safe: NaN replaces anything
-        it->second = ch.errRatio;
-      }
-      if (!rec.errRatio || !(ch.errRatio <= *rec.errRatio)) {
-        rec.errRatio = ch.errRatio;
-        rec.worstTensor = ch.tensor;
-      }
-    }
-
-    // Communication: counted by the backend against the strategy's prediction, per rank.
-    int64_t commMax = 0, predMax = 0, callsMax = 0;
-    std::string commProblem;
-    nlohmann::json commRanks = nlohmann::json::array();
-    std::optional<int64_t> memPredMax;
-    for (int r = 0; r < n; ++r) {
-      const CommStats& counted = world.stats(r);
-      const CommStats predicted = strategy.predictComm(c, r);
-      commMax = std::max(commMax, counted.totalBytes());
-      predMax = std::max(predMax, predicted.totalBytes());
-      callsMax = std::max(callsMax, counted.totalCalls());
-      commRanks.push_back(
-          {{"rank", r}, {"counted", commToJson(counted)}, {"predicted", commToJson(predicted)}});
-      if (!(counted == predicted) && commProblem.empty()) {
-        commProblem = "rank " + std::to_string(r) + " communicated " + counted.toString() +
-                      " but the strategy predicts " + predicted.toString();
-      }
-      auto m = execs[r]->predictedPeakBytes();
-      if (!m) m = strategy.predictPeakMemory(c, r);
-      if (m) memPredMax = std::max(memPredMax.value_or(0), *m);
-    }
-    rec.commBytes = commMax;
-    rec.predictedCommBytes = predMax;
-    rec.commCalls = callsMax;
-    rec.details["comm_per_rank"] = commRanks;
-    rec.peakMemBytes = *std::max_element(peak.begin(), peak.end());
-    rec.predictedMemBytes = memPredMax;
-    rec.details["peak_mem_bytes_per_rank"] = peak;
-    rec.predictedTimeUs = execs[0]->predictedTimeUs();
-    rec.params = execs[0]->recordParams();
-    if (auto d = execs[0]->details(); !d.empty()) rec.details["executor"] = d;
-
-    // Timing: the slowest rank's step time per iteration.
-    rec.timing =
-        timeWithBenchmark(c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
-                          options.warmupSec, [&] { return timedStep(world, execs, stepSeconds); });
-
-    // As nccl-tests does, the timed runs are verified too: the last timed step must still
-    // give the reference results (catches state that leaks from step to step).
-    world.run([&](RankContext& ctx) { results[ctx.rank()] = execs[ctx.rank()]->results(); });
-    const Verification after = verify(c, data, strategy, results);
-
-    if (!v.passed()) {
-      rec.status = Status::kFail;
-      rec.message = summarize(v);
-    } else if (!after.passed()) {
-      rec.status = Status::kFail;
-      rec.message = "results changed during the timed steps: " + summarize(after);
-    } else if (!commProblem.empty()) {
-      rec.status = Status::kFail;
-      rec.message = commProblem;
-    } else {
-      rec.status = Status::kPass;
-    }
+    ThreadsWorld world(DeviceMesh(c.mesh), topts);
+    const LocalRun run = runLocal(world, c, data, strategy, options, {});
+    return compose(rec, c, data, strategy, run.ranks, run, /*perRankErrors=*/false);
   } catch (const std::exception& e) {
     rec.status = Status::kError;
     rec.message = errorText(e);
@@ -389,14 +655,154 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
   return rec;
 }
 
-int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
-               std::ostream& out) {
+namespace {
+
+// One row as the suite loop sees it: the record (on the writing process) and whether the run
+// must stop.
+struct RowResult {
+  std::optional<Record> record;
+  bool stop = false;
+};
+using RowFn = std::function<RowResult(const CaseSpec&, const reference::WorkloadData*,
+                                      const std::string& buildError, const Strategy&)>;
+
+std::string seconds(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  os << ms.count() / 1000.0 << " s";
+  return os.str();
+}
+
+// A row of a multi-process run; see runPlanned in runner.h.
+RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
+                         const reference::WorkloadData* data, const std::string& buildError,
+                         const Strategy& strategy, const Provenance& prov,
+                         const RunOptions& options) {
+  const bool writer = session.rank() == 0;
+  Record rec = baseRecord(c, strategy, prov, options.backend);
+  const DeviceMesh mesh(c.mesh);
+  // Decided alike on every rank: no exchange needed.
+  if (mesh.size() > session.worldSize()) {
+    rec.status = Status::kSkipped;
+    rec.message = "mesh " + mesh.toString() + " needs " + std::to_string(mesh.size()) +
+                  " ranks but this run has " + std::to_string(session.worldSize()) +
+                  " (start it with `stratbench launch -n " + std::to_string(mesh.size()) + "`)";
+    return {writer ? std::optional<Record>(rec) : std::nullopt, false};
+  }
+  if (const Applicability a = strategy.applies(c); a.kind != Applicability::Kind::kApplies) {
+    rec.status = Status::kUnsupported;
+    rec.message = a.reason;
+    return {writer ? std::optional<Record>(rec) : std::nullopt, false};
+  }
+
+  const std::string key = "sb/row/" + std::to_string(seq);
+  const int rank = session.rank();
+  const bool inMesh = rank < mesh.size();
+  LocalRun local;
+  if (inMesh) {
+    World* world = nullptr;
+    std::string failure = buildError;
+    if (failure.empty()) {
+      try {
+        world = session.world(mesh);
+      } catch (const std::exception& e) {
+        failure = "building the " + options.backend + " process groups failed: " + errorText(e);
+        session.dropGroups();
+      }
+    }
+    if (world) {
+      local = runLocal(*world, c, *data, strategy, options, [&] { session.dropGroups(); });
+    } else {
+      local.ranks = {RankOutcome(rank)};
+      local.ranks[0].error = failure;
+      local.ranks[0].errorAtMs = nowMs();
+    }
+    if (!local.ranks[0].error.empty()) {
+      std::cerr << "[rank " << rank << "] " << c.name << " " << strategy.id() << ": "
+                << local.ranks[0].error << std::endl;
+    }
+    if (!writer) {
+      session.store().set(key + "/rank" + std::to_string(rank),
+                          outcomeToJson(local.ranks[0]).dump());
+    }
+  }
+
+  std::string action = "continue";
+  const auto timeout = session.timeout();
+  if (writer) {
+    // Every rank of the mesh reports; one that died or hangs never does.
+    std::vector<RankOutcome> ranks{local.ranks[0]};
+    std::vector<std::string> missing;
+    const auto deadline = ControlStore::Clock::now() + timeout;
+    for (int r = 1; r < mesh.size(); ++r) {
+      std::optional<std::string> dead;
+      auto v = session.store().waitFor(key + "/rank" + std::to_string(r), deadline, [&] {
+        dead = session.store().get(deadRankKey(r));
+        return dead.has_value();
+      });
+      if (v) {
+        ranks.push_back(outcomeFromJson(nlohmann::json::parse(*v)));
+      } else if (dead) {
+        missing.push_back("rank " + std::to_string(r) + " " + *dead);
+      } else {
+        missing.push_back("rank " + std::to_string(r) + " did not finish within the " +
+                          seconds(timeout) + " timeout (hung or unreachable)");
+      }
+    }
+    if (!missing.empty()) {
+      rec.status = Status::kError;
+      std::string msg;
+      for (const auto& m : missing) msg += (msg.empty() ? "" : "; ") + m;
+      rec.message = msg + " in case " + c.name + ", strategy " + strategy.id() +
+                    ": the process groups cannot be rebuilt without it, so the run stops";
+      if (const std::string others = errorMessage(ranks, true); !others.empty()) {
+        rec.message += " (" + others + ")";
+      }
+      action = "stop";
+    } else if (data) {
+      rec = compose(rec, c, *data, strategy, ranks, local, /*perRankErrors=*/true);
+      if (rec.status == Status::kError) action = "rebuild";
+    } else {
+      rec.status = Status::kError;
+      rec.message = buildError;
+    }
+    session.store().set(key + "/verdict", action);
+  } else {
+    // A rank of the mesh hears within two timeouts; one outside it waits as long as rank 0
+    // lives (the launcher marks a dead rank 0).
+    const auto deadline = inMesh
+                              ? ControlStore::Clock::now() + 2 * timeout + std::chrono::seconds(30)
+                              : ControlStore::Clock::time_point::max();
+    auto v = session.store().waitFor(key + "/verdict", deadline, [&] {
+      return session.store().get(deadRankKey(0)).has_value();
+    });
+    if (v) {
+      action = *v;
+    } else {
+      std::cerr << "[rank " << rank << "] rank 0 gave no verdict on case " << c.name << " "
+                << strategy.id() << "; stopping" << std::endl;
+      action = "stop";
+    }
+  }
+  if (action == "rebuild") session.rebuild();
+  return {writer ? std::optional<Record>(rec) : std::nullopt, action == "stop"};
+}
+
+// Drops everything written to it: the progress output of ranks other than 0.
+class NullBuffer final : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+};
+
+// Runs the plan row by row through `row`, printing progress and, when `writes`, the results.
+int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
+            std::ostream& out, bool writes, const RowFn& row) {
   const Provenance prov = Provenance::collect();
   nlohmann::json runInfo = {
       {"run_id", prov.runId},       {"git_sha", prov.gitSha}, {"timestamp_utc", prov.timestampUtc},
       {"host", prov.host},          {"device", prov.device},  {"torch_version", prov.torchVersion},
       {"backend", options.backend}, {"suite", suite.name},    {"suite_file", suite.file}};
-  ResultWriter writer(options.outDir, runInfo);
+  std::optional<ResultWriter> writer;
+  if (writes) writer.emplace(options.outDir, runInfo);
   out << "stratbench run " << suite.name << " (" << plan.size() << " cases, backend "
       << options.backend << ", run " << prov.runId << ")\n";
 
@@ -426,7 +832,8 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
   std::vector<Record> bad;
   Tally total;
   const auto runStart = Clock::now();
-  for (size_t i = 0; i < plan.size(); ++i) {
+  bool stopped = false;
+  for (size_t i = 0; i < plan.size() && !stopped; ++i) {
     const CaseSpec& c = plan[i].spec;
     const auto t0 = Clock::now();
     Tally tally;
@@ -438,18 +845,16 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
       buildError = "reference failed: " + errorText(e);
     }
     for (const auto& entry : plan[i].strategies) {
-      Record rec;
-      if (!buildError.empty()) {
-        rec = baseRecord(c, *entry.strategy, prov, options.backend);
-        rec.status = Status::kError;
-        rec.message = buildError;
-      } else {
-        rec = runStrategy(c, data, *entry.strategy, prov, options);
+      RowResult result = row(c, buildError.empty() ? &data : nullptr, buildError, *entry.strategy);
+      stopped = result.stop;
+      if (result.record) {
+        const Record& rec = *result.record;
+        if (writer) writer->add(rec);
+        tally.add(rec.status);
+        total.add(rec.status);
+        if (rec.status == Status::kFail || rec.status == Status::kError) bad.push_back(rec);
       }
-      writer.add(rec);
-      tally.add(rec.status);
-      total.add(rec.status);
-      if (rec.status == Status::kFail || rec.status == Status::kError) bad.push_back(rec);
+      if (stopped) break;
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     out << "[" << (i + 1) << "/" << plan.size() << "] " << c.name << " (" << c.workload << " "
@@ -480,11 +885,56 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
     out << statusName(r.status) << ": " << r.caseName << " " << r.strategyId << ": " << r.message
         << "\n";
   }
-  out << "results: " << writer.csvPath() << ", " << writer.jsonPath() << " (" << std::fixed
+  if (stopped) out << "stopped: a rank was lost; every finished row is in the results\n";
+  if (!writer) return stopped ? 1 : 0;
+  out << "results: " << writer->csvPath() << ", " << writer->jsonPath() << " (" << std::fixed
       << std::setprecision(1) << std::chrono::duration<double>(Clock::now() - runStart).count()
       << " s)\n"
       << std::defaultfloat;
-  return (total.fail + total.error) > 0 ? 1 : 0;
+  return (total.fail + total.error) > 0 || stopped ? 1 : 0;
+}
+
+}  // namespace
+
+int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
+               std::ostream& out) {
+  if (options.backend == "threads") {
+    const Provenance prov = Provenance::collect();
+    return runLoop(suite, plan, options, out, true,
+                   [&](const CaseSpec& c, const reference::WorkloadData* data,
+                       const std::string& buildError, const Strategy& s) -> RowResult {
+                     if (!data) {
+                       Record rec = baseRecord(c, s, prov, options.backend);
+                       rec.status = Status::kError;
+                       rec.message = buildError;
+                       return {rec, false};
+                     }
+                     return {runStrategy(c, *data, s, prov, options), false};
+                   });
+  }
+  DistEnv env;
+  try {
+    env = detectDistEnv();
+  } catch (const DistEnvError& e) {
+    throw InputError(e.what());
+  }
+  // A peer that vanishes mid-send must be an error on this rank, not a SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
+  Session session(env, options.backend, options.collectiveTimeout);
+  NullBuffer nothing;
+  std::ostream quiet(&nothing);
+  if (session.rank() == 0) {
+    out << "stratbench: " << env.worldSize << " ranks on " << options.backend << " (launcher "
+        << env.launcher << ", store " << env.masterAddr << ":" << env.masterPort << ", rank 0 at "
+        << session.localAddress() << ", timeout " << seconds(options.collectiveTimeout) << ")\n";
+  }
+  const Provenance prov = Provenance::collect();
+  int64_t seq = 0;
+  return runLoop(suite, plan, options, session.rank() == 0 ? out : quiet, session.rank() == 0,
+                 [&](const CaseSpec& c, const reference::WorkloadData* data,
+                     const std::string& buildError, const Strategy& s) {
+                   return distributedRow(session, seq++, c, data, buildError, s, prov, options);
+                 });
 }
 
 }  // namespace sb::harness

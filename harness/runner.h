@@ -23,6 +23,14 @@ struct RunOptions {
   std::optional<int> worldSize;      // every case's mesh must have this many ranks
   double warmupSec = 0.0;            // Google Benchmark warm-up per (case, strategy)
   std::chrono::milliseconds collectiveTimeout{std::chrono::minutes(5)};
+  // Test-only: a rank that fails on purpose in the measured step of the first row it runs
+  // (c10d backends): it throws, kills itself with SIGKILL, or hangs.
+  struct RankFault {
+    enum class Kind { kThrow, kCrash, kHang };
+    Kind kind = Kind::kThrow;
+    int rank = 0;
+  };
+  std::optional<RankFault> rankFault;
   // Test-only: (strategy id, fault name) pairs; the strategy runs with that deliberate bug
   // under its own id (Strategy::withPlantedFault), so reports and gates can be tested end to
   // end on a real failing row.
@@ -47,6 +55,9 @@ struct PlannedCase {
 // dimension).
 std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options);
 
+// Parses "throw@2", "crash@1", "hang@3"; throws InputError naming the text.
+RunOptions::RankFault parseRankFault(const std::string& text);
+
 // Runs one strategy on one case on the threads backend: prepare, a warm-up step, a measured
 // step (memory, communication, numerics), Google Benchmark timing, and a final check that the
 // timed steps still give the verified results. Errors become status=error, never exceptions.
@@ -55,14 +66,24 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
 
 // Runs a planned suite, writing results as it goes and printing one progress line per case
 // and a summary table. Returns the exit code: 0 all pass, 1 any fail or error.
+//
+// On a c10d backend (gloo, nccl) this process is one rank of a multi-process run (its rank,
+// world size and master address read from the environment, see dist_env.h): every process
+// runs the same plan, a case's mesh runs on world ranks 0..k-1, and each rank sends what it
+// measured to rank 0 through the store, which alone writes the one record per row (time of
+// the slowest rank, peak memory of the largest, communication per rank). A rank that fails
+// breaks its process groups so its peers fail at once; the row is an error naming the rank,
+// and the next row gets fresh groups. A rank that dies or hangs past the timeout stops the
+// run, with every finished row on disk.
 int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
                std::ostream& out);
 
-class ThreadsWorld;
+class World;
 
-// Runs one step on every rank and returns the slowest rank's seconds: the function the runner
-// hands to Google Benchmark. `scratch` holds per-rank times (sized to the world).
-double timedStep(ThreadsWorld& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
+// Runs one step on every local rank and returns the slowest rank's seconds over every process
+// of the mesh: the function the runner hands to Google Benchmark. `scratch` holds per-rank
+// times (sized to the mesh).
+double timedStep(World& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
                  std::vector<double>& scratch);
 
 // A record with every field the case and strategy determine, and status unsupported.

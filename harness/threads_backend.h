@@ -13,6 +13,7 @@
 #include "harness/comm.h"
 #include "harness/mesh.h"
 #include "harness/rank_context.h"
+#include "harness/world.h"
 
 namespace sb::harness {
 
@@ -33,22 +34,24 @@ struct ThreadsOptions {
 // results are deterministic and identical on every rank. A rank that throws, or waits past the
 // timeout, aborts the run: every rank blocked in a collective wakes and fails, and `run`
 // rethrows the first error with its rank.
-class ThreadsWorld {
+class ThreadsWorld final : public World {
  public:
   explicit ThreadsWorld(DeviceMesh mesh, ThreadsOptions options = {});
   ~ThreadsWorld();
   ThreadsWorld(const ThreadsWorld&) = delete;
   ThreadsWorld& operator=(const ThreadsWorld&) = delete;
 
-  const DeviceMesh& mesh() const { return mesh_; }
+  const DeviceMesh& mesh() const override { return mesh_; }
+  std::string backendName() const override { return "threads"; }
+  std::vector<int> localRanks() const override { return mesh_.ranks(); }
   int size() const { return mesh_.size(); }
 
   // Runs fn(ctx) on every rank at once and waits for all of them. Rethrows the first error.
-  void run(const std::function<void(RankContext&)>& fn);
+  void run(const std::function<void(RankContext&)>& fn) override;
 
   // Calls and bytes of every collective `rank` issued since the last resetStats().
-  const CommStats& stats(int rank) const { return stats_.at(rank); }
-  void resetStats();
+  const CommStats& stats(int rank) const override { return stats_.at(rank); }
+  void resetStats() override;
 
   class Group;
 

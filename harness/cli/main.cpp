@@ -1,8 +1,10 @@
 // The stratbench command line.
 //
 //   stratbench list [--family F] [--filter REGEX] [--json]
-//   stratbench run SUITE [--filter REGEX] [--backend threads] [--out DIR] [--repetitions N]
-//                        [--seed S] [--min-time SEC] [--world-size N]
+//   stratbench run SUITE [--filter REGEX] [--backend threads|gloo] [--out DIR] [--repetitions N]
+//                        [--seed S] [--min-time SEC] [--world-size N] [--timeout SEC]
+//   stratbench launch -n N [--nnodes K --node-rank I --master-addr A --master-port P]
+//                        [--hosts H0,H1,...] [--timeout SEC] -- run SUITE --backend gloo ...
 //   stratbench report RESULTS... [--baseline FILE...] [--out DIR] [--history DIR] [--gate]
 //                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
 //   stratbench solve checkpoint --chain FILE.json --budget M [--solver S] [--slots N]
@@ -16,11 +18,16 @@
 #include <iomanip>
 #include <iostream>
 #include <regex>
+#include <sstream>
 
 #include <torch/version.h>
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
+#include "harness/c10d_backend.h"
 #include "harness/case.h"
+#include "harness/launcher.h"
 #include "harness/registry.h"
 #include "harness/runner.h"
 #include "reference/transformer.h"
@@ -168,9 +175,91 @@ int solveChunk(const std::string& workload, const std::string& shapeText, double
   return 0;
 }
 
+// `stratbench launch -n N [...] -- COMMAND...`: everything after "--" is the ranks' command.
+int launchMain(int argc, char** argv) {
+  sb::harness::LaunchOptions o;
+  int split = argc;
+  for (int i = 2; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      split = i;
+      break;
+    }
+  }
+  CLI::App app{"stratbench launch: start N ranks of a multi-process run on this host"};
+  app.name("stratbench launch");
+  std::string hosts;
+  double timeoutSec = 300, graceSec = 10;
+  app.add_option("-n,--nproc-per-node", o.procsPerNode, "Ranks to start on this host")
+      ->required()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--nnodes", o.nnodes, "Hosts taking part, each running its own launch")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--node-rank", o.nodeRank, "This host's place among them (0 serves the store)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", o.masterAddr, "Address of node 0")->capture_default_str();
+  app.add_option("--master-port", o.masterPort, "Port of node 0's store (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--hosts", hosts,
+                 "Comma-separated hosts, node 0 first: sets --nnodes and --master-addr");
+  app.add_option("--timeout", timeoutSec, "Seconds the other ranks get to finish after a rank dies")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--grace", graceSec, "Seconds the ranks get after rank 0 has finished")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  std::vector<std::string> before;
+  for (int i = split - 1; i >= 2; --i) before.push_back(argv[i]);  // CLI11 wants them reversed
+  try {
+    app.parse(before);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitBadInput;
+  }
+  if (split + 1 >= argc) {
+    std::cerr << "stratbench launch: nothing to run: expected `-- run SUITE ...` after the "
+                 "options\n";
+    return kExitBadInput;
+  }
+  for (int i = split + 1; i < argc; ++i) o.command.push_back(argv[i]);
+  if (!hosts.empty()) {
+    std::vector<std::string> list;
+    std::stringstream ss(hosts);
+    for (std::string h; std::getline(ss, h, ',');) {
+      if (!h.empty()) list.push_back(h);
+    }
+    if (list.empty()) {
+      std::cerr << "stratbench launch: --hosts '" << hosts << "' names no host\n";
+      return kExitBadInput;
+    }
+    o.nnodes = static_cast<int>(list.size());
+    o.masterAddr = list.front();
+  }
+  if (o.nodeRank >= o.nnodes) {
+    std::cerr << "stratbench launch: --node-rank " << o.nodeRank << " is not below --nnodes "
+              << o.nnodes << "\n";
+    return kExitBadInput;
+  }
+  if (o.nnodes > 1 && o.masterPort == 0) {
+    std::cerr << "stratbench launch: --nnodes " << o.nnodes
+              << " needs --master-port: every host must know where node 0's store listens\n";
+    return kExitBadInput;
+  }
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSec * 1000));
+  o.grace = std::chrono::milliseconds(static_cast<int64_t>(graceSec * 1000));
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) {
+    std::cerr << "stratbench launch: cannot find this executable (/proc/self/exe)\n";
+    return 1;
+  }
+  self[len] = '\0';
+  return sb::harness::launch(o, self);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "launch") return launchMain(argc, argv);
   CLI::App app{
       "stratbench: verify, time and memory-profile parallelization and memory "
       "strategies against a plain LibTorch reference"};
@@ -193,8 +282,19 @@ int main(int argc, char** argv) {
   double minTime = 0;
   run->add_option("suite", suitePath, "Suite file, e.g. suites/smoke.yaml")->required();
   run->add_option("--filter", opts.filter, "Only strategy ids matching this regular expression");
-  run->add_option("--backend", opts.backend, "Communication backend")
-      ->check(CLI::IsMember({"threads"}));
+  run->add_option("--backend", opts.backend,
+                  "Communication backend: threads (one process), or gloo under `stratbench "
+                  "launch`, torchrun, srun or mpirun")
+      ->check(CLI::IsMember(sb::harness::availableBackends()))
+      ->capture_default_str();
+  double timeoutSec = 300;
+  run->add_option("--timeout", timeoutSec,
+                  "Seconds a rank may wait in a collective before the case fails")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  std::string rankFault;
+  run->add_option("--plant-rank-fault", rankFault,
+                  "Test only: KIND@RANK (throw, crash, hang) in the first row that rank runs");
   run->add_option("--out", opts.outDir, "Output directory for results.csv and results.json")
       ->capture_default_str();
   run->add_option("--repetitions", repetitions, "Timing repetitions (overrides the suite)")
@@ -302,7 +402,9 @@ int main(int argc, char** argv) {
   if (run->count("--seed")) opts.seed = seed;
   if (run->count("--min-time")) opts.minTimeSec = minTime;
   if (run->count("--world-size")) opts.worldSize = worldSize;
+  opts.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSec * 1000));
   try {
+    if (!rankFault.empty()) opts.rankFault = sb::harness::parseRankFault(rankFault);
     const auto suite = sb::harness::loadSuite(suitePath);
     const auto plan = sb::harness::planSuite(suite, opts);
     return sb::harness::runPlanned(suite, plan, opts, std::cout);
@@ -312,5 +414,9 @@ int main(int argc, char** argv) {
   } catch (const c10::Error& e) {
     std::cerr << "stratbench: " << e.what_without_backtrace() << "\n";
     return kExitBadInput;
+  } catch (const std::runtime_error& e) {
+    // A multi-process run that could not start: the store or a rank unreachable.
+    std::cerr << "stratbench: " << e.what() << "\n";
+    return 1;
   }
 }

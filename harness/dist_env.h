@@ -1,0 +1,50 @@
+#pragma once
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace sb::harness {
+
+// Where this process sits in a multi-process run, read from the environment its launcher set.
+//
+// Launchers and the variables read, first match wins:
+//   - `stratbench launch` and torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//     MASTER_ADDR, MASTER_PORT (torchrun also sets TORCHELASTIC_RUN_ID; with
+//     TORCHELASTIC_USE_AGENT_STORE=True its agent serves the store, as `launch` does with
+//     STRATBENCH_AGENT_STORE=1).
+//   - Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE; the
+//     master is the first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) unless
+//     MASTER_ADDR is set; the port, unless MASTER_PORT is set, is 15000 + SLURM_JOB_ID % 20000
+//     so that jobs sharing a node do not collide.
+//   - Open MPI's mpirun: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
+//     OMPI_COMM_WORLD_LOCAL_SIZE.
+//   - MPICH / Intel MPI (Hydra): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID.
+// Under mpirun, MASTER_ADDR must be exported (`mpirun -x MASTER_ADDR=host`) when the ranks
+// span hosts; on one host it defaults to 127.0.0.1. Nothing set: a world of one.
+struct DistEnv {
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  int localWorldSize = 1;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  std::string launcher = "none";  // "stratbench", "torchrun", "srun", "mpirun", "env"
+  bool agentServesStore = false;  // the launcher hosts the store; rank 0 connects as a client
+};
+
+// A malformed or inconsistent variable; the message names it and its value.
+class DistEnvError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Reads the variables above through `getenv` (returns nullptr for unset). Throws DistEnvError.
+DistEnv detectDistEnv(const std::function<const char*(const char*)>& getenv);
+// The process environment.
+DistEnv detectDistEnv();
+
+// The first host of a Slurm host list: "node[03-05,9],gpu1" -> "node03".
+std::string firstSlurmHost(const std::string& nodelist);
+
+}  // namespace sb::harness
