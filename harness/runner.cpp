@@ -229,13 +229,12 @@ struct LocalRun {
   nlohmann::json executorDetails = nlohmann::json::object();
 };
 
-std::atomic<bool> rankFaultFired{false};
+std::atomic<int> measuredSteps{0};
 
-// A planted rank fault, at most once per process.
+// A planted rank fault: in the measured step of the rank's `row`-th row.
 void maybeFireRankFault(const RunOptions& options, int rank) {
-  if (!options.rankFault || options.rankFault->rank != rank || rankFaultFired.exchange(true)) {
-    return;
-  }
+  if (!options.rankFault || options.rankFault->rank != rank) return;
+  if (++measuredSteps != options.rankFault->row) return;
   switch (options.rankFault->kind) {
     case RunOptions::RankFault::Kind::kThrow:
       throw std::runtime_error("planted fault: rank " + std::to_string(rank) +
@@ -479,6 +478,7 @@ double timedStep(World& world, std::vector<std::unique_ptr<RankExecutor>>& execs
 RunOptions::RankFault parseRankFault(const std::string& text) {
   RunOptions::RankFault f;
   const auto at = text.find('@');
+  const auto at2 = at == std::string::npos ? at : text.find('@', at + 1);
   const std::string kind = text.substr(0, at);
   bool ok = at != std::string::npos;
   if (kind == "throw") {
@@ -492,16 +492,24 @@ RunOptions::RankFault parseRankFault(const std::string& text) {
   }
   if (ok) {
     try {
+      const std::string rankText =
+          text.substr(at + 1, at2 == std::string::npos ? at2 : at2 - at - 1);
       size_t used = 0;
-      f.rank = std::stoi(text.substr(at + 1), &used);
-      ok = used == text.size() - at - 1 && f.rank >= 0;
+      f.rank = std::stoi(rankText, &used);
+      ok = used == rankText.size() && f.rank >= 0;
+      if (ok && at2 != std::string::npos) {
+        const std::string rowText = text.substr(at2 + 1);
+        f.row = std::stoi(rowText, &used);
+        ok = used == rowText.size() && f.row >= 1;
+      }
     } catch (const std::exception&) {
       ok = false;
     }
   }
   if (!ok) {
     throw InputError("--plant-rank-fault '" + text +
-                     "': expected KIND@RANK with KIND throw, crash or hang, e.g. crash@2");
+                     "': expected KIND@RANK[@ROW] with KIND throw, crash or hang, e.g. crash@2 or "
+                     "hang@1@5 (the rank's fifth row)");
   }
   return f;
 }
@@ -717,8 +725,9 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
       local.ranks[0].errorAtMs = nowMs();
     }
     if (!local.ranks[0].error.empty()) {
-      std::cerr << "[rank " << rank << "] " << c.name << " " << strategy.id() << ": "
-                << local.ranks[0].error << std::endl;
+      // One write, so that the ranks' lines do not interleave.
+      std::cerr << ("[rank " + std::to_string(rank) + "] " + c.name + " " + strategy.id() + ": " +
+                    local.ranks[0].error + "\n");
     }
     if (!writer) {
       session.store().set(key + "/rank" + std::to_string(rank),
@@ -732,7 +741,12 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
     // Every rank of the mesh reports; one that died or hangs never does.
     std::vector<RankOutcome> ranks{local.ranks[0]};
     std::vector<std::string> missing;
-    const auto deadline = ControlStore::Clock::now() + timeout;
+    // When rank 0 failed too, its own collective already waited out the timeout: the live
+    // ranks have failed alike by now, and only a dead or hung one will not report.
+    const auto wait = local.ranks[0].error.empty()
+                          ? timeout
+                          : std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10));
+    const auto deadline = ControlStore::Clock::now() + wait;
     for (int r = 1; r < mesh.size(); ++r) {
       std::optional<std::string> dead;
       auto v = session.store().waitFor(key + "/rank" + std::to_string(r), deadline, [&] {
@@ -886,7 +900,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
         << "\n";
   }
   if (stopped) out << "stopped: a rank was lost; every finished row is in the results\n";
-  if (!writer) return stopped ? 1 : 0;
+  if (!writer) return 0;  // rank 0 carries the verdict and the exit code
   out << "results: " << writer->csvPath() << ", " << writer->jsonPath() << " (" << std::fixed
       << std::setprecision(1) << std::chrono::duration<double>(Clock::now() - runStart).count()
       << " s)\n"

@@ -23,12 +23,13 @@ struct RunOptions {
   std::optional<int> worldSize;      // every case's mesh must have this many ranks
   double warmupSec = 0.0;            // Google Benchmark warm-up per (case, strategy)
   std::chrono::milliseconds collectiveTimeout{std::chrono::minutes(5)};
-  // Test-only: a rank that fails on purpose in the measured step of the first row it runs
+  // Test-only: a rank that fails on purpose in the measured step of the `row`-th row it runs
   // (c10d backends): it throws, kills itself with SIGKILL, or hangs.
   struct RankFault {
     enum class Kind { kThrow, kCrash, kHang };
     Kind kind = Kind::kThrow;
     int rank = 0;
+    int row = 1;
   };
   std::optional<RankFault> rankFault;
   // Test-only: (strategy id, fault name) pairs; the strategy runs with that deliberate bug
@@ -55,7 +56,7 @@ struct PlannedCase {
 // dimension).
 std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options);
 
-// Parses "throw@2", "crash@1", "hang@3"; throws InputError naming the text.
+// Parses "throw@2", "crash@1", "hang@3@5" (KIND@RANK[@ROW]); throws InputError naming the text.
 RunOptions::RankFault parseRankFault(const std::string& text);
 
 // Runs one strategy on one case on the threads backend: prepare, a warm-up step, a measured

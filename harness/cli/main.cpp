@@ -188,7 +188,7 @@ int launchMain(int argc, char** argv) {
   CLI::App app{"stratbench launch: start N ranks of a multi-process run on this host"};
   app.name("stratbench launch");
   std::string hosts;
-  double timeoutSec = 300, graceSec = 10;
+  double timeoutSec = 300, graceSec = 3;
   app.add_option("-n,--nproc-per-node", o.procsPerNode, "Ranks to start on this host")
       ->required()
       ->check(CLI::Range(1, 1024));
@@ -293,8 +293,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   std::string rankFault;
-  run->add_option("--plant-rank-fault", rankFault,
-                  "Test only: KIND@RANK (throw, crash, hang) in the first row that rank runs");
+  run->add_option(
+      "--plant-rank-fault", rankFault,
+      "Test only: KIND@RANK[@ROW] (throw, crash, hang) in that rank's ROW-th row (default 1)");
   run->add_option("--out", opts.outDir, "Output directory for results.csv and results.json")
       ->capture_default_str();
   run->add_option("--repetitions", repetitions, "Timing repetitions (overrides the suite)")
