@@ -28,33 +28,7 @@ leftovers() {
   fi
 }
 
-# Compares two results.csv files row by row: same rows and statuses, same communication,
-# identical errors on exact-input rows (both 0: bitwise equal to the reference).
-compare() {
-  python3 - "$1" "$2" <<'PY'
-import csv, sys
-def load(p):
-    return {(r["case"], r["strategy_id"]): r for r in csv.DictReader(open(p))}
-a, b = load(sys.argv[1]), load(sys.argv[2])
-bad = []
-if set(a) != set(b):
-    bad.append(f"rows differ: {len(a)} vs {len(b)}")
-for k in set(a) & set(b):
-    for col in ("status", "mismatches", "comm_bytes", "comm_calls", "predicted_comm_bytes"):
-        if a[k][col] != b[k][col]:
-            bad.append(f"{k} {col}: {a[k][col]} vs {b[k][col]}")
-    if a[k]["inputs"] == "exact" and (a[k]["max_abs_err"] != b[k]["max_abs_err"] or
-                                      a[k]["max_abs_err"] not in ("0", "")):
-        bad.append(f"{k} exact inputs: max_abs_err {a[k]['max_abs_err']} vs {b[k]['max_abs_err']}")
-    if b[k]["backend"] != "gloo" or b[k]["world_size"] != a[k]["world_size"]:
-        bad.append(f"{k}: backend {b[k]['backend']} world {b[k]['world_size']}")
-exact = sum(1 for k in b if b[k]["inputs"] == "exact")
-print(f"{len(b)} rows compared, {exact} on exact inputs")
-for line in bad[:10]:
-    print("DIFF", line)
-sys.exit(1 if bad else 0)
-PY
-}
+compare() { python3 "$src/ci/compare_results.py" "$@"; }
 
 # 1. The smoke suite on 4 processes equals the threads run.
 check "threads smoke run" 0 "total +[0-9]+ +0 +0" -- \
