@@ -134,6 +134,44 @@ by_env mpirun OMPI_COMM_WORLD_RANK={r} OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LO
   OMPI_COMM_WORLD_LOCAL_SIZE=4 MASTER_PORT=$port
 leftovers "launcher-less runs"
 
+# 7. Calibration: a profile per mesh, read by the cost model of the run.
+check "calibrate gloo 2x2" 0 "profile: " -- "$sb" launch -n 4 -- calibrate --backend gloo \
+  --mesh 2x2 --max-bytes 65536 --out "$tmp/gloo-2x2.json"
+grep -qE "^0,1 +reduce_scatter +65536 " "$tmp/out" && pass "calibrate prints nccl-tests-style rows" ||
+  fail "calibrate table"
+check "calibrate gloo 4" 0 "profile: " -- "$sb" launch -n 4 -- calibrate --backend gloo \
+  --mesh 4 --max-bytes 65536 --out "$tmp/gloo-4.json"
+python3 - "$tmp/gloo-2x2.json" <<'PY' && pass "profile: 3 groups x 5 collectives x 4 sizes" || fail "profile content"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["backend"] == "gloo" and p["mesh"] == "2x2", p["mesh"]
+assert sorted(p["groups"]) == ["0", "0,1", "1"], sorted(p["groups"])
+for g in p["groups"].values():
+    assert sorted(g["collectives"]) == ["all_gather", "all_reduce", "all_to_all", "broadcast",
+                                        "reduce_scatter"]
+    for f in g["collectives"].values():
+        assert f["latency_us"] >= 0 and len(f["points"]) == 4  # 1 KiB .. 64 KiB
+        assert all(pt["busbw_GBps"] > 0 for pt in f["points"])
+assert p["gemm_flops"]["us_per_byte"] > 0
+PY
+check "a run reads the profiles" 0 "total +[0-9]+ +0 +0" -- \
+  "$sb" launch -n 4 -- run "$src/suites/smoke.yaml" --backend gloo --out "$tmp/priced" \
+  --repetitions 3 --cost-profile "$tmp/gloo-2x2.json" --cost-profile "$tmp/gloo-4.json"
+python3 - "$tmp/priced/results.json" <<'PY' && pass "every sharding row has a predicted time from the profile" || fail "predicted times"
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["records"] if r["status"] == "pass"]
+assert rows
+for r in rows:
+    assert r["predicted_time_us"] and r["predicted_time_us"] > 0, r["strategy_id"]
+    pt = r["details"]["predicted_time"]
+    assert pt["compute_us"] > 0 and pt["comm_us"] >= 0 and "gloo" in pt["profile"]
+PY
+echo '{"schema_version": 1, "backend": "gloo", "mesh": "2x2", "groups": {"0": {}}}' >"$tmp/bad.json"
+check "malformed profile is exit 2 naming the key" 2 "bad.json: groups.0: missing key 'size'" -- \
+  "$sb" run "$src/suites/smoke.yaml" --cost-profile "$tmp/bad.json" --out "$tmp/unused"
+check "calibrate on threads" 0 "profile: " -- "$sb" calibrate --mesh 4 --max-bytes 4096 \
+  --out "$tmp/threads-4.json"
+
 check "bad launcher variable is exit 2 naming it" 2 "RANK=4 is not below WORLD_SIZE=4" -- \
   env RANK=4 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 "$sb" run "$src/suites/smoke.yaml" \
   --backend gloo --out "$tmp/bad"

@@ -355,10 +355,46 @@ std::string errorMessage(const std::vector<RankOutcome>& ranks, bool perRankErro
   return msg;
 }
 
+// The calibration profile of a backend and mesh, if one was given.
+const CostProfile* profileFor(const RunOptions& options, const CaseSpec& c) {
+  for (const auto& p : options.costProfiles) {
+    if (p.backend == options.backend && p.mesh == c.meshString()) return &p;
+  }
+  return nullptr;
+}
+
+// The cost model: the slowest rank's three matmuls (the profile's matmul fit) plus its
+// communication (each group's fits), where the strategy models its flops.
+void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n,
+                 const CostProfile& profile) {
+  double worst = -1, computeUs = 0, commUs = 0;
+  for (int r = 0; r < n; ++r) {
+    const std::optional<double> flops = strategy.predictFlops(c, r);
+    if (!flops) return;
+    double comm = 0;
+    for (const auto& [axes, stats] : strategy.predictCommByGroup(c, r)) {
+      const std::optional<double> us = profile.commUs(axes, stats);
+      if (!us) return;  // a collective the profile did not measure
+      comm += *us;
+    }
+    const double compute = 3 * profile.gemm.latencyUs + profile.gemm.usPerByte * *flops;
+    if (compute + comm > worst) {
+      worst = compute + comm;
+      computeUs = compute;
+      commUs = comm;
+    }
+  }
+  rec.predictedTimeUs = worst;
+  rec.details["predicted_time"] = {{"compute_us", computeUs},
+                                   {"comm_us", commUs},
+                                   {"profile", profile.backend + " " + profile.mesh + " on " +
+                                                   profile.host + " at " + profile.timestampUtc}};
+}
+
 // The record of one row from every rank's outcome (all ranks of the mesh, in rank order).
 Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& data,
                const Strategy& strategy, const std::vector<RankOutcome>& ranks,
-               const LocalRun& rank0, bool perRankErrors) {
+               const LocalRun& rank0, bool perRankErrors, const CostProfile* profile) {
   rec.details["case"] = strategy.caseDetails(c);
   {
     const std::string& first = data.checked.front();
@@ -442,6 +478,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   rec.predictedMemBytes = memPredMax;
   rec.details["peak_mem_bytes_per_rank"] = peaks;
   rec.predictedTimeUs = rank0.predictedTimeUs;
+  if (!rec.predictedTimeUs && profile) predictTime(rec, c, strategy, n, *profile);
   rec.params = rank0.params;
   if (!rank0.executorDetails.empty()) rec.details["executor"] = rank0.executorDetails;
   if (rank0.timing) rec.timing = *rank0.timing;
@@ -655,7 +692,8 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
     topts.timeout = options.collectiveTimeout;
     ThreadsWorld world(DeviceMesh(c.mesh), topts);
     const LocalRun run = runLocal(world, c, data, strategy, options, {});
-    return compose(rec, c, data, strategy, run.ranks, run, /*perRankErrors=*/false);
+    return compose(rec, c, data, strategy, run.ranks, run, /*perRankErrors=*/false,
+                   profileFor(options, c));
   } catch (const std::exception& e) {
     rec.status = Status::kError;
     rec.message = errorText(e);
@@ -773,7 +811,8 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
       }
       action = "stop";
     } else if (data) {
-      rec = compose(rec, c, *data, strategy, ranks, local, /*perRankErrors=*/true);
+      rec = compose(rec, c, *data, strategy, ranks, local, /*perRankErrors=*/true,
+                    profileFor(options, c));
       if (rec.status == Status::kError) action = "rebuild";
     } else {
       rec.status = Status::kError;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/cost_profile.h"
 #include "harness/records.h"
 #include "harness/strategy.h"
 #include "harness/suite.h"
@@ -23,6 +24,9 @@ struct RunOptions {
   std::optional<int> worldSize;      // every case's mesh must have this many ranks
   double warmupSec = 0.0;            // Google Benchmark warm-up per (case, strategy)
   std::chrono::milliseconds collectiveTimeout{std::chrono::minutes(5)};
+  // Calibration profiles (`stratbench calibrate`); a case uses the one of its backend and mesh
+  // to predict the step time of strategies that model their flops.
+  std::vector<CostProfile> costProfiles;
   // Test-only: a rank that fails on purpose in the measured step of the `row`-th row it runs
   // (c10d backends): it throws, kills itself with SIGKILL, or hangs.
   struct RankFault {

@@ -102,6 +102,20 @@ class Strategy {
   }
   // Per-rank calls and bytes of one step, for comparison with what the backend counted.
   virtual CommStats predictComm(const CaseSpec& c, int rank) const = 0;
+  // The same, per group of mesh axes, for the cost model (a calibration profile prices each
+  // group apart). Defaults to all of it on the whole mesh.
+  virtual std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,
+                                                                                 int rank) const {
+    std::vector<int> all(c.mesh.size());
+    for (size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
+    return {{all, predictComm(c, rank)}};
+  }
+  // Floating-point operations of this rank's matmuls in one step (forward and backward, three
+  // matmuls), where the strategy models them. With a calibration profile for the case's
+  // backend and mesh, the runner predicts the step time from this and the communication.
+  virtual std::optional<double> predictFlops(const CaseSpec& c, int rank) const {
+    return std::nullopt;
+  }
   // Per-rank peak bytes of one step, where the strategy has a model of it.
   virtual std::optional<int64_t> predictPeakMemory(const CaseSpec& c, int rank) const {
     return std::nullopt;

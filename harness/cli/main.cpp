@@ -3,8 +3,10 @@
 //   stratbench list [--family F] [--filter REGEX] [--json]
 //   stratbench run SUITE [--filter REGEX] [--backend threads|gloo] [--out DIR] [--repetitions N]
 //                        [--seed S] [--min-time SEC] [--world-size N] [--timeout SEC]
+//                        [--cost-profile FILE...]
 //   stratbench launch -n N [--nnodes K --node-rank I --master-addr A --master-port P]
 //                        [--hosts H0,H1,...] [--timeout SEC] -- run SUITE --backend gloo ...
+//   stratbench calibrate [--backend threads|gloo] [--mesh RxC] [--out FILE] [--max-bytes B]
 //   stratbench report RESULTS... [--baseline FILE...] [--out DIR] [--history DIR] [--gate]
 //                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
 //   stratbench solve checkpoint --chain FILE.json --budget M [--solver S] [--slots N]
@@ -14,6 +16,8 @@
 // errored (run), the gate failed (report --gate) or no schedule fits (solve), 2 bad input or
 // usage.
 
+#include <algorithm>
+#include <csignal>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -26,10 +30,12 @@
 #include <unistd.h>
 
 #include "harness/c10d_backend.h"
+#include "harness/calibrate.h"
 #include "harness/case.h"
 #include "harness/launcher.h"
 #include "harness/registry.h"
 #include "harness/runner.h"
+#include "harness/threads_backend.h"
 #include "reference/transformer.h"
 #include "reports/report.h"
 #include "strategies/checkpointing/solvers.h"
@@ -256,6 +262,37 @@ int launchMain(int argc, char** argv) {
   return sb::harness::launch(o, self);
 }
 
+// `stratbench calibrate`: on threads in this process, or on a c10d backend as one rank of a
+// launched run; rank 0 writes the profile.
+int calibrateMain(const std::string& backend, const std::string& meshText,
+                  const std::string& outPath, int64_t maxBytes) {
+  using namespace sb::harness;
+  DeviceMesh mesh(DeviceMesh::parseShape(meshText));
+  CalibrateOptions co;
+  co.sizes.erase(
+      std::remove_if(co.sizes.begin(), co.sizes.end(), [&](int64_t s) { return s > maxBytes; }),
+      co.sizes.end());
+  CostProfile profile;
+  bool writer = true;
+  if (backend == "threads") {
+    ThreadsWorld world(mesh);
+    profile = calibrate(world, co, std::cout);
+  } else {
+    const DistEnv env = detectDistEnv();
+    std::signal(SIGPIPE, SIG_IGN);
+    Session session(env, backend, std::chrono::minutes(5));
+    World* world = session.world(mesh);
+    if (!world) return 0;  // this rank is outside the mesh
+    writer = session.rank() == 0;
+    std::ostringstream quiet;
+    profile = calibrate(*world, co, writer ? std::cout : quiet);
+  }
+  if (!writer) return 0;
+  writeFileAtomic(outPath, profile.toJson().dump(2) + "\n");
+  std::cout << "profile: " << outPath << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -309,6 +346,26 @@ int main(int argc, char** argv) {
   std::vector<std::string> plantFaults;
   run->add_option("--plant-fault", plantFaults,
                   "Test only: run strategy ID with a deliberate bug, as ID=FAULT (repeatable)");
+
+  std::vector<std::string> profilePaths;
+  run->add_option("--cost-profile", profilePaths,
+                  "Calibration profile(s) from `stratbench calibrate`: predicted times of the "
+                  "cases on their backend and mesh come from it (repeatable)");
+
+  auto* calib = app.add_subcommand(
+      "calibrate",
+      "Measure latency and bandwidth of each collective per mesh axis, and matmul "
+      "throughput, into a cost profile");
+  std::string calibBackend = "threads", calibMesh = "2x2", calibOut = "out/calibration.json";
+  int64_t calibMax = int64_t{1} << 22;
+  calib->add_option("--backend", calibBackend, "threads, or gloo under `stratbench launch`")
+      ->check(CLI::IsMember(sb::harness::availableBackends()))
+      ->capture_default_str();
+  calib->add_option("--mesh", calibMesh, "Mesh shape, e.g. 2x2 or 4")->capture_default_str();
+  calib->add_option("--out", calibOut, "Profile file (JSON)")->capture_default_str();
+  calib->add_option("--max-bytes", calibMax, "Largest size per collective")
+      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 32))
+      ->capture_default_str();
 
   auto* report = app.add_subcommand(
       "report",
@@ -381,6 +438,20 @@ int main(int argc, char** argv) {
   if (*list) return listStrategies(family, listFilter, json);
   if (*ckpt) return solveCheckpoint(chainPath, budget, solver, slots);
   if (*chunkCmd) return solveChunk(chunkWorkload, chunkShape, maxMemory, chunkDtype);
+  if (*calib) {
+    try {
+      return calibrateMain(calibBackend, calibMesh, calibOut, calibMax);
+    } catch (const sb::harness::DistEnvError& e) {
+      std::cerr << "stratbench calibrate: " << e.what() << "\n";
+      return kExitBadInput;
+    } catch (const c10::Error& e) {
+      std::cerr << "stratbench calibrate: " << e.what_without_backtrace() << "\n";
+      return kExitBadInput;
+    } catch (const std::exception& e) {
+      std::cerr << "stratbench calibrate: " << e.what() << "\n";
+      return 1;
+    }
+  }
   if (*report) {
     ropts.plots = !noPlots;
     try {
@@ -406,6 +477,8 @@ int main(int argc, char** argv) {
   opts.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSec * 1000));
   try {
     if (!rankFault.empty()) opts.rankFault = sb::harness::parseRankFault(rankFault);
+    for (const auto& p : profilePaths)
+      opts.costProfiles.push_back(sb::harness::CostProfile::load(p));
     const auto suite = sb::harness::loadSuite(suitePath);
     const auto plan = sb::harness::planSuite(suite, opts);
     return sb::harness::runPlanned(suite, plan, opts, std::cout);

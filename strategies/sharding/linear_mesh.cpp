@@ -266,33 +266,55 @@ class LinearMeshStrategy final : public harness::Strategy {
     TORCH_INTERNAL_ASSERT(false, "no layout for tensor ", tensor);
   }
 
-  CommStats predictComm(const CaseSpec& c, int rank) const override {
+  // Each all-reduce on the group of the axes it reduces over.
+  std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,
+                                                                         int rank) const override {
     const LinearShape s = LinearShape::parse(c.shape);
     const DeviceMesh mesh(c.mesh);
     const Specs sp = specsFor(s);
     const int64_t es = c10::elementSize(c.dtype);
+    std::vector<std::pair<std::vector<int>, CommStats>> out;
     // A collective over a group of one rank counts its call and no bytes.
-    const auto bytes = [&](const std::vector<int>& axes, int64_t numel) {
-      return mesh.groupSize(axes) > 1 ? numel * es : 0;
+    const auto allReduce = [&](const std::vector<int>& axes, int64_t numel) {
+      CommStats st;
+      st.add(Collective::kAllReduce, mesh.groupSize(axes) > 1 ? numel * es : 0);
+      out.emplace_back(axes, st);
     };
-    CommStats p;
     if (!spec_.inAxes.empty()) {
-      p.add(Collective::kAllReduce,
-            bytes(spec_.inAxes, sp.output.box("output", s.output(), mesh, rank).numel()));
+      allReduce(spec_.inAxes, sp.output.box("output", s.output(), mesh, rank).numel());
     }
     if (!spec_.outAxes.empty()) {
-      p.add(Collective::kAllReduce,
-            bytes(spec_.outAxes, sp.input.box("input", s.input, mesh, rank).numel()));
+      allReduce(spec_.outAxes, sp.input.box("input", s.input, mesh, rank).numel());
     }
     if (!spec_.batchAxes.empty()) {
-      p.add(Collective::kAllReduce,
-            bytes(spec_.batchAxes, sp.weight.box("weight", s.weight(), mesh, rank).numel()));
-      if (s.bias) {
-        p.add(Collective::kAllReduce,
-              bytes(spec_.batchAxes, sp.bias.box("bias", {s.outFeatures}, mesh, rank).numel()));
+      allReduce(spec_.batchAxes, sp.weight.box("weight", s.weight(), mesh, rank).numel());
+      if (s.bias)
+        allReduce(spec_.batchAxes, sp.bias.box("bias", {s.outFeatures}, mesh, rank).numel());
+    }
+    return out;
+  }
+
+  CommStats predictComm(const CaseSpec& c, int rank) const override {
+    CommStats p;
+    for (const auto& [axes, st] : predictCommByGroup(c, rank)) {
+      for (int i = 0; i < harness::kNumCollectives; ++i) {
+        p.entries[i].calls += st.entries[i].calls;
+        p.entries[i].bytes += st.entries[i].bytes;
       }
     }
     return p;
+  }
+
+  // The local matmuls: y = x W^T on the shards, then dx = dy W and dW = dy^T x, each
+  // 2 x rows x in x out on the local extents.
+  std::optional<double> predictFlops(const CaseSpec& c, int rank) const override {
+    const LinearShape s = LinearShape::parse(c.shape);
+    const DeviceMesh mesh(c.mesh);
+    const Specs sp = specsFor(s);
+    const double x = static_cast<double>(sp.input.box("input", s.input, mesh, rank).numel());
+    const double out =
+        static_cast<double>(sp.weight.box("weight", s.weight(), mesh, rank).length[0]);
+    return 6 * x * out;
   }
 
   std::optional<int64_t> predictPeakMemory(const CaseSpec& c, int rank) const override {

@@ -76,6 +76,15 @@ class ColwiseStrategy final : public ShardedTensorLinearStrategy {
     return std::make_unique<ColwiseExecutor>(*this, c);
   }
 
+  // The three local matmuls over all n x b gathered rows and this rank's chunk.
+  std::optional<double> predictFlops(const harness::CaseSpec& c, int rank) const override {
+    const auto s = LinearShape::parse(c.shape);
+    const int n = static_cast<int>(c.mesh[0]);
+    const int64_t b = localRows(s, n);
+    const int64_t nc = chunkSizes(s.outFeatures, n)[chunkOfRank(placements(n), rank)];
+    return 6.0 * n * b * s.inFeatures * nc;
+  }
+
   harness::CommStats predictComm(const harness::CaseSpec& c, int rank) const override {
     const auto s = LinearShape::parse(c.shape);
     const int n = static_cast<int>(c.mesh[0]);
