@@ -825,9 +825,14 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
     const auto deadline = inMesh
                               ? ControlStore::Clock::now() + 2 * timeout + std::chrono::seconds(30)
                               : ControlStore::Clock::time_point::max();
-    auto v = session.store().waitFor(key + "/verdict", deadline, [&] {
-      return session.store().get(deadRankKey(0)).has_value();
-    });
+    std::optional<std::string> v;
+    try {
+      v = session.store().waitFor(key + "/verdict", deadline,
+                                  [&] { return session.store().get(deadRankKey(0)).has_value(); });
+    } catch (const std::exception& e) {
+      // The store went with rank 0 (srun, mpirun: rank 0 serves it).
+      std::cerr << ("[rank " + std::to_string(rank) + "] lost the store: " + errorText(e) + "\n");
+    }
     if (v) {
       action = *v;
     } else {
@@ -983,11 +988,27 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
   }
   const Provenance prov = Provenance::collect();
   int64_t seq = 0;
-  return runLoop(suite, plan, options, session.rank() == 0 ? out : quiet, session.rank() == 0,
-                 [&](const CaseSpec& c, const reference::WorkloadData* data,
-                     const std::string& buildError, const Strategy& s) {
-                   return distributedRow(session, seq++, c, data, buildError, s, prov, options);
-                 });
+  const int rc =
+      runLoop(suite, plan, options, session.rank() == 0 ? out : quiet, session.rank() == 0,
+              [&](const CaseSpec& c, const reference::WorkloadData* data,
+                  const std::string& buildError, const Strategy& s) {
+                return distributedRow(session, seq++, c, data, buildError, s, prov, options);
+              });
+  // Where rank 0 serves the store (srun, mpirun, torchrun without its agent store), it stays
+  // until every rank has read the last verdict; a lost rank never does, hence the bound.
+  try {
+    session.store().add("sb/finished", 1);
+    if (session.rank() == 0 && !env.agentServesStore) {
+      const auto deadline = ControlStore::Clock::now() + std::chrono::seconds(rc == 0 ? 30 : 5);
+      while (session.store().add("sb/finished", 0) < env.worldSize &&
+             ControlStore::Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  } catch (const std::exception&) {
+    // The store is gone: nothing left to wait for.
+  }
+  return rc;
 }
 
 }  // namespace sb::harness
