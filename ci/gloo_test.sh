@@ -48,6 +48,26 @@ sys.exit(0 if wire and all("all_to_all" in e["wire"] for r in wire for e in r["d
 PY
 leftovers "clean run"
 
+# bfloat16, which Gloo 1.13 cannot add: the all-reduce is an all-gather and a local sum, so
+# on exact inputs every tensor still equals the reference bitwise.
+cat >"$tmp/bf16.yaml" <<'YAML'
+suite: bf16
+defaults: {dtype: bfloat16, seed: 7, repetitions: 2, min_time_s: 0.001}
+cases:
+  - name: bf16-exact
+    workload: linear
+    shape: {input: [4, 8, 32], out_features: 16, bias: true}
+    mesh: 2x2
+    inputs: exact
+    strategies: ["sharding/linear/.*"]
+YAML
+check "threads bf16 run" 0 "total +[0-9]+ +0 +0" -- \
+  "$sb" run "$tmp/bf16.yaml" --out "$tmp/bf16-threads"
+check "gloo bf16 run" 0 "total +[0-9]+ +0 +0" -- \
+  "$sb" launch -n 4 -- run "$tmp/bf16.yaml" --backend gloo --out "$tmp/bf16-gloo"
+check "gloo bf16 records equal the threads records" 0 "rows compared, [1-9][0-9]* on exact" -- \
+  compare "$tmp/bf16-threads/results.csv" "$tmp/bf16-gloo/results.csv"
+
 # 2. A rank that throws: its row is an error naming it, the groups are rebuilt, the rest pass.
 start=$SECONDS
 check "a throwing rank fails its row and the suite goes on" 1 \

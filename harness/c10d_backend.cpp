@@ -1,5 +1,5 @@
 // c10d backends: LibTorch's own process groups (Gloo; NCCL where LibTorch has CUDA) behind the
-// harness's Communicator, one process per rank.
+// harness's Communicator, one process per rank. (Only Gloo is built so far.)
 //
 // Each mesh gets one process group per ordered set of mesh axes, named in the store by the
 // generation, the mesh and the member ranks, so that a failed row can be followed by fresh
@@ -12,8 +12,10 @@
 // uneven sizes. They are built here from the collectives it has: reduce-scatter is an
 // all-to-all of the blocks followed by a local sum in group rank order (the order the threads
 // backend adds in, so exact inputs give bitwise the same numbers); uneven all-gather pads
-// every block to the largest and trims. The Communicator counts what the executor asked for
-// (compared with the strategy's prediction); `wire` counts what was actually sent.
+// every block to the largest and trims. Nor can it add bfloat16: such an all-reduce is an
+// all-gather (the bits carried as float16) and a local sum in group rank order. The
+// Communicator counts what the executor asked for (compared with the strategy's prediction);
+// `wire` counts what was actually sent.
 
 #include "harness/c10d_backend.h"
 
@@ -44,10 +46,18 @@ namespace {
 std::string bytesToString(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> stringToBytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+// The bits of `t` as a type every backend moves: collectives that only copy (all-gather,
+// all-to-all, broadcast) carry bfloat16 as float16 of the same width, which Gloo 1.13 accepts.
+at::Tensor carrier(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+}
+
 // One c10d process group, type-erased: each call waits for its work to finish.
 class CollectiveGroup {
  public:
   virtual ~CollectiveGroup() = default;
+  // Whether the group can reduce this type itself (Gloo 1.13 cannot add bfloat16).
+  virtual bool reduces(at::ScalarType t) const = 0;
   virtual void allReduce(at::Tensor& t, c10d::ReduceOp op) = 0;
   virtual void allGather(std::vector<at::Tensor>& outs, at::Tensor& in) = 0;
   virtual void allToAll(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outRows,
@@ -59,7 +69,9 @@ class CollectiveGroup {
 template <class PG>
 class GroupOf final : public CollectiveGroup {
  public:
-  explicit GroupOf(c10::intrusive_ptr<PG> pg) : pg_(std::move(pg)) {}
+  GroupOf(c10::intrusive_ptr<PG> pg, bool reducesBf16)
+      : pg_(std::move(pg)), reducesBf16_(reducesBf16) {}
+  bool reduces(at::ScalarType t) const override { return t != at::kBFloat16 || reducesBf16_; }
   void allReduce(at::Tensor& t, c10d::ReduceOp op) override {
     std::vector<at::Tensor> ts{t};
     c10d::AllreduceOptions o;
@@ -67,17 +79,18 @@ class GroupOf final : public CollectiveGroup {
     pg_->allreduce(ts, o)->wait();
   }
   void allGather(std::vector<at::Tensor>& outs, at::Tensor& in) override {
-    std::vector<std::vector<at::Tensor>> o{outs};
-    std::vector<at::Tensor> i{in};
+    std::vector<std::vector<at::Tensor>> o(1);
+    for (const auto& t : outs) o[0].push_back(carrier(t));
+    std::vector<at::Tensor> i{carrier(in)};
     pg_->allgather(o, i)->wait();
-    outs = o[0];
   }
   void allToAll(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outRows,
                 std::vector<int64_t>& inRows) override {
-    pg_->alltoall_base(out, in, outRows, inRows)->wait();
+    at::Tensor o = carrier(out), i = carrier(in);
+    pg_->alltoall_base(o, i, outRows, inRows)->wait();
   }
   void broadcast(at::Tensor& t, int root) override {
-    std::vector<at::Tensor> ts{t};
+    std::vector<at::Tensor> ts{carrier(t)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
     pg_->broadcast(ts, o)->wait();
@@ -86,6 +99,7 @@ class GroupOf final : public CollectiveGroup {
 
  private:
   c10::intrusive_ptr<PG> pg_;
+  bool reducesBf16_;
 };
 
 int64_t rowElemsOf(const at::Tensor& t) {
@@ -106,6 +120,18 @@ class C10dCommunicator final : public Communicator {
 
  protected:
   void doAllReduce(at::Tensor& tensor) override {
+    if (!group_->reduces(tensor.scalar_type())) {
+      // Every rank's buffer, then the sum in group rank order, as the threads backend adds.
+      std::vector<at::Tensor> outs;
+      for (int r = 0; r < size(); ++r) outs.push_back(at::empty_like(tensor));
+      at::Tensor in = tensor;
+      group_->allGather(outs, in);
+      wire_->add(Collective::kAllGather, tensor.nbytes() * size());
+      at::Tensor sum = outs[0].clone();
+      for (int r = 1; r < size(); ++r) sum.add_(outs[r]);
+      tensor.copy_(sum);
+      return;
+    }
     group_->allReduce(tensor, c10d::ReduceOp::SUM);
     wire_->add(Collective::kAllReduce, tensor.nbytes());
   }
@@ -465,7 +491,8 @@ World* Session::world(const DeviceMesh& mesh) {
       opts->threads = 1;
       auto store = c10::make_intrusive<::c10d::PrefixStore>(name, s.store->impl().store);
       return std::make_shared<GroupOf<::c10d::ProcessGroupGloo>>(
-          c10::make_intrusive<::c10d::ProcessGroupGloo>(store, groupRank, size, opts));
+          c10::make_intrusive<::c10d::ProcessGroupGloo>(store, groupRank, size, opts),
+          /*reducesBf16=*/false);
     };
   }
 #endif
