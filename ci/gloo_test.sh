@@ -96,7 +96,7 @@ leftovers "crash"
 start=$SECONDS
 check "a hung rank stops the run within the timeout" 1 \
   "rank 1 did not finish within the 3 s timeout \(hung or unreachable\) in case" -- \
-  "$sb" launch -n 4 --timeout 3 -- run "$src/suites/smoke.yaml" --backend gloo \
+  "$sb" launch -n 4 --timeout 3 --grace 3 -- run "$src/suites/smoke.yaml" --backend gloo \
   --out "$tmp/hang" --repetitions 2 --timeout 3 --plant-rank-fault hang@1@2
 took=$((SECONDS - start))
 grep -q "rank 1 (pid [0-9]*) still running after rank 0 has finished: killing it" "$tmp/out" &&
@@ -104,6 +104,18 @@ grep -q "rank 1 (pid [0-9]*) still running after rank 0 has finished: killing it
 [ "$took" -le 20 ] && pass "hang: launch ended in ${took}s (timeout 3 s)" ||
   fail "hang: launch took ${took}s"
 leftovers "hang"
+
+# 4b. Rank 0 itself hangs: the others give up on its verdict and exit 1; the launcher kills it.
+start=$SECONDS
+check "a hung rank 0 ends the launch" 1 "rank 0 gave no verdict on case" -- \
+  "$sb" launch -n 4 --timeout 3 --grace 3 -- run "$src/suites/smoke.yaml" --backend gloo \
+  --out "$tmp/hang0" --repetitions 2 --timeout 3 --plant-rank-fault hang@0@2
+took=$((SECONDS - start))
+grep -q "rank 0 (pid [0-9]*) still running after rank [1-3] exited with code 1: killing it" \
+  "$tmp/out" && pass "hang@0: the launcher killed rank 0" || fail "hang@0: no kill message"
+[ "$took" -le 30 ] && pass "hang@0: launch ended in ${took}s (timeout 3 s)" ||
+  fail "hang@0: launch took ${took}s"
+leftovers "hang of rank 0"
 
 # 5. Killing one rank from outside, mid-run.
 "$sb" launch -n 4 --timeout 10 -- run "$src/suites/smoke.yaml" --backend gloo \

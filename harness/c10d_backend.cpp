@@ -119,7 +119,10 @@ class C10dCommunicator final : public Communicator {
   std::string backendName() const override { return backend_; }
 
  protected:
+  // Empty buffers never reach Gloo: Debian's Gloo divides by the byte count in all-gather
+  // (pytorch/pytorch#85234). Every rank decides alike, from sizes all ranks agree on.
   void doAllReduce(at::Tensor& tensor) override {
+    if (tensor.numel() == 0) return;
     if (!group_->reduces(tensor.scalar_type())) {
       // Every rank's buffer, then the sum in group rank order, as the threads backend adds.
       std::vector<at::Tensor> outs;
@@ -139,6 +142,10 @@ class C10dCommunicator final : public Communicator {
   at::Tensor doAllGather(const at::Tensor& input, const std::vector<int64_t>& rows) override {
     const int64_t maxRows = *std::max_element(rows.begin(), rows.end());
     std::vector<int64_t> shape = input.sizes().vec();
+    if (maxRows * rowElemsOf(input) == 0) {
+      shape[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+      return at::empty(shape, input.options());
+    }
     shape[0] = maxRows;
     at::Tensor block = input;
     if (input.size(0) != maxRows) {  // uneven: pad every block to the largest
@@ -158,6 +165,10 @@ class C10dCommunicator final : public Communicator {
     // All-to-all of the blocks, then the sum in group rank order.
     const int64_t mine = rows[rank()];
     std::vector<int64_t> shape = input.sizes().vec();
+    if (input.numel() == 0) {  // nothing anywhere: the same on every rank
+      shape[0] = mine;
+      return at::zeros(shape, input.options());
+    }
     shape[0] = mine * size();
     at::Tensor received = at::empty(shape, input.options());
     std::vector<int64_t> outRows(size(), mine);
@@ -183,6 +194,7 @@ class C10dCommunicator final : public Communicator {
   }
 
   void doBroadcast(at::Tensor& tensor, int root) override {
+    if (tensor.numel() == 0) return;
     group_->broadcast(tensor, root);
     wire_->add(Collective::kBroadcast, tensor.nbytes());
   }
@@ -247,11 +259,13 @@ std::string deadRankKey(int rank) { return "sb/dead/" + std::to_string(rank); }
 
 struct ControlStore::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
+  std::string prefix;
 };
 
 ControlStore::ControlStore(const std::string& host, int port, bool serve,
-                           std::chrono::milliseconds timeout)
+                           std::chrono::milliseconds timeout, std::string prefix)
     : impl_(std::make_unique<Impl>()) {
+  impl_->prefix = std::move(prefix);
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
   o.isServer = serve;
@@ -272,18 +286,19 @@ ControlStore::ControlStore(const std::string& host, int port, bool serve,
 ControlStore::~ControlStore() = default;
 
 int ControlStore::port() const { return impl_->store->getPort(); }
+const std::string& ControlStore::prefix() const { return impl_->prefix; }
 
 void ControlStore::set(const std::string& key, const std::string& value) {
-  impl_->store->set(key, stringToBytes(value));
+  impl_->store->set(impl_->prefix + key, stringToBytes(value));
 }
 
 std::optional<std::string> ControlStore::get(const std::string& key) {
-  if (!impl_->store->check({key})) return std::nullopt;
-  return bytesToString(impl_->store->get(key));
+  if (!impl_->store->check({impl_->prefix + key})) return std::nullopt;
+  return bytesToString(impl_->store->get(impl_->prefix + key));
 }
 
 int64_t ControlStore::add(const std::string& key, int64_t value) {
-  return impl_->store->add(key, value);
+  return impl_->store->add(impl_->prefix + key, value);
 }
 
 std::optional<std::string> ControlStore::waitFor(const std::string& key, Clock::time_point deadline,
@@ -434,13 +449,22 @@ Session::Session(const DistEnv& env, std::string backend, std::chrono::milliseco
                              ")");
   }
   const bool serve = env.rank == 0 && !env.agentServesStore;
-  s.store = std::make_unique<ControlStore>(env.masterAddr, env.masterPort, serve, timeout);
+  s.store = std::make_unique<ControlStore>(env.masterAddr, env.masterPort, serve, timeout,
+                                           env.runKey.empty() ? "" : env.runKey + "/");
 #if SB_HAVE_GLOO
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
     s.glooDevice = ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
     s.localAddress = std::string("interface ") + ifname;
   } else {
     s.localAddress = localAddressTowards(env.masterAddr, env.masterPort);
+    if (s.localAddress.rfind("127.", 0) == 0 && env.localWorldSize < env.worldSize) {
+      throw std::runtime_error(
+          "the master address '" + env.masterAddr + "' routes to loopback (" + s.localAddress +
+          ") but the ranks span hosts (" + std::to_string(env.localWorldSize) + " of " +
+          std::to_string(env.worldSize) +
+          " here): give MASTER_ADDR (--master-addr) as an address the other hosts reach, or "
+          "name the interface in GLOO_SOCKET_IFNAME");
+    }
     s.glooDevice = ::c10d::ProcessGroupGloo::createDeviceForHostname(s.localAddress);
   }
 #endif
@@ -489,7 +513,8 @@ World* Session::world(const DeviceMesh& mesh) {
       auto opts = ::c10d::ProcessGroupGloo::Options::create(s.timeout);
       opts->devices.push_back(s.glooDevice);
       opts->threads = 1;
-      auto store = c10::make_intrusive<::c10d::PrefixStore>(name, s.store->impl().store);
+      auto store =
+          c10::make_intrusive<::c10d::PrefixStore>(s.store->prefix() + name, s.store->impl().store);
       return std::make_shared<GroupOf<::c10d::ProcessGroupGloo>>(
           c10::make_intrusive<::c10d::ProcessGroupGloo>(store, groupRank, size, opts),
           /*reducesBf16=*/false);

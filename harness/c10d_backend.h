@@ -27,9 +27,12 @@ class ControlStore {
   using Clock = std::chrono::steady_clock;
   // Serves the store on `port` (0: any free port) when `serve`, else connects to host:port,
   // retrying until `timeout`. Throws naming the address.
-  ControlStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout);
+  // Every key is put under `prefix` (a run's namespace in a shared store).
+  ControlStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout,
+               std::string prefix = "");
   ~ControlStore();
   int port() const;
+  const std::string& prefix() const;
 
   void set(const std::string& key, const std::string& value);
   std::optional<std::string> get(const std::string& key);  // nullopt when absent

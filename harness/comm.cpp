@@ -85,7 +85,8 @@ at::Tensor Communicator::allGather(const at::Tensor& input, const std::vector<in
   TORCH_CHECK(input.dim() >= 1 && input.size(0) == rows[rank_], "all_gather: rank ", rank_,
               " holds ", input.dim() ? input.size(0) : 0, " rows but the row counts say ",
               rows[rank_]);
-  const int64_t rowElems = input.size(0) ? input.numel() / input.size(0) : 0;
+  int64_t rowElems = 1;  // from the shape, so that a rank holding no rows counts alike
+  for (int64_t d = 1; d < input.dim(); ++d) rowElems *= input.size(d);
   const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
   count(Collective::kAllGather, rowBytes(total, rowElems, input.element_size()));
   if (size_ == 1) return input.clone();

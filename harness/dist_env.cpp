@@ -1,27 +1,33 @@
 #include "harness/dist_env.h"
 
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 
 namespace sb::harness {
 namespace {
 
 using Getenv = std::function<const char*(const char*)>;
 
-int parseInt(const Getenv& getenv, const char* name, int minimum) {
+int64_t parseInt64(const Getenv& getenv, const char* name, int64_t minimum, int64_t maximum) {
   const char* v = getenv(name);
   const std::string text = v ? v : "";
   size_t used = 0;
-  long value = 0;
+  long long value = 0;
   try {
-    value = std::stol(text, &used);
+    value = std::stoll(text, &used);
   } catch (const std::exception&) {
     used = 0;
   }
-  if (text.empty() || used != text.size() || value < minimum || value > 1 << 24) {
+  if (text.empty() || used != text.size() || value < minimum || value > maximum) {
     throw DistEnvError(std::string(name) + "='" + text +
                        "': expected an integer >= " + std::to_string(minimum));
   }
-  return static_cast<int>(value);
+  return value;
+}
+
+int parseInt(const Getenv& getenv, const char* name, int minimum) {
+  return static_cast<int>(parseInt64(getenv, name, minimum, 1 << 24));
 }
 
 bool isSet(const Getenv& getenv, const char* name) {
@@ -74,6 +80,9 @@ DistEnv detectDistEnv(const Getenv& getenv) {
       e.agentServesStore = true;
     } else if (isSet(getenv, "TORCHELASTIC_RUN_ID")) {
       e.launcher = "torchrun";
+      const char* restart = getenv("TORCHELASTIC_RESTART_COUNT");
+      e.runKey = std::string("torchrun/") + getenv("TORCHELASTIC_RUN_ID") + "/" +
+                 (restart && *restart ? restart : "0");
       const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
       e.agentServesStore = agent && std::string(agent) == "True";
     } else {
@@ -85,6 +94,10 @@ DistEnv detectDistEnv(const Getenv& getenv) {
     }
   } else if (isSet(getenv, "SLURM_PROCID") && isSet(getenv, "SLURM_NTASKS")) {
     e.launcher = "srun";
+    const char* job = getenv("SLURM_JOB_ID");
+    const char* stepId = getenv("SLURM_STEP_ID");
+    e.runKey = std::string("slurm/") + (job && *job ? job : "?") + "." +
+               (stepId && *stepId ? stepId : "0");
     readRanks(getenv, e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr);
     // SLURM_NTASKS_PER_NODE is "4" or "4(x2)"; only its leading number matters here.
     if (const char* per = getenv("SLURM_NTASKS_PER_NODE"); per && *per) {
@@ -96,7 +109,9 @@ DistEnv detectDistEnv(const Getenv& getenv) {
       if (list && *list) e.masterAddr = firstSlurmHost(list);
     }
     if (!isSet(getenv, "MASTER_PORT") && isSet(getenv, "SLURM_JOB_ID")) {
-      e.masterPort = 15000 + parseInt(getenv, "SLURM_JOB_ID", 0) % 20000;
+      e.masterPort = static_cast<int>(
+          15000 +
+          parseInt64(getenv, "SLURM_JOB_ID", 0, std::numeric_limits<int64_t>::max()) % 20000);
     }
   } else if (isSet(getenv, "OMPI_COMM_WORLD_RANK")) {
     e.launcher = "mpirun";

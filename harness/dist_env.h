@@ -31,6 +31,10 @@ struct DistEnv {
   int masterPort = 29500;
   std::string launcher = "none";  // "stratbench", "torchrun", "srun", "mpirun", "env"
   bool agentServesStore = false;  // the launcher hosts the store; rank 0 connects as a client
+  // Namespace of this run's keys in a store that may outlive it or be shared: torchrun's agent
+  // store survives restarts ("torchrun/RUN_ID/RESTART_COUNT"), Slurm steps of one job may
+  // meet on one port ("slurm/JOB.STEP"). Empty where the store is the run's own.
+  std::string runKey;
 };
 
 // A malformed or inconsistent variable; the message names it and its value.

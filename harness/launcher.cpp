@@ -113,6 +113,8 @@ int launch(const LaunchOptions& o, const std::string& self) {
       signal(SIGTERM, SIG_DFL);
       signal(SIGPIPE, SIG_DFL);
       execve(argv[0], argv.data(), envp.data());
+      static const char msg[] = "stratbench launch: exec of the rank failed\n";
+      (void)!write(2, msg, sizeof(msg) - 1);  // async-signal-safe, unlike iostreams
       _exit(127);
     }
     children.push_back({rank, pid});

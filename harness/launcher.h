@@ -15,7 +15,7 @@ struct LaunchOptions {
   // How long the other ranks get to finish (and rank 0 to write its record) after a rank dies;
   // after rank 0 exits, the rest get `grace`.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  std::chrono::milliseconds grace{std::chrono::seconds(3)};
+  std::chrono::milliseconds grace{std::chrono::seconds(10)};
   std::vector<std::string> command;  // stratbench arguments, e.g. {"run", "suites/smoke.yaml"}
 };
 

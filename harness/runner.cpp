@@ -718,6 +718,10 @@ std::string seconds(std::chrono::milliseconds ms) {
   return os.str();
 }
 
+// Set when this rank stopped because rank 0 is gone or silent: it exits 1, so that a launcher
+// sees a failure.
+bool lostRank0 = false;
+
 // A row of a multi-process run; see runPlanned in runner.h.
 RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
                          const reference::WorkloadData* data, const std::string& buildError,
@@ -768,8 +772,15 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
                     local.ranks[0].error + "\n");
     }
     if (!writer) {
-      session.store().set(key + "/rank" + std::to_string(rank),
-                          outcomeToJson(local.ranks[0]).dump());
+      try {
+        session.store().set(key + "/rank" + std::to_string(rank),
+                            outcomeToJson(local.ranks[0]).dump());
+      } catch (const std::exception& e) {
+        // The store went with rank 0 (srun, mpirun: rank 0 serves it).
+        std::cerr << ("[rank " + std::to_string(rank) + "] lost the store: " + errorText(e) + "\n");
+        lostRank0 = true;
+        return {std::nullopt, true};
+      }
     }
   }
 
@@ -779,12 +790,8 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
     // Every rank of the mesh reports; one that died or hangs never does.
     std::vector<RankOutcome> ranks{local.ranks[0]};
     std::vector<std::string> missing;
-    // When rank 0 failed too, its own collective already waited out the timeout: the live
-    // ranks have failed alike by now, and only a dead or hung one will not report.
-    const auto wait = local.ranks[0].error.empty()
-                          ? timeout
-                          : std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10));
-    const auto deadline = ControlStore::Clock::now() + wait;
+    // A live rank blocked on a hung one fails at its own collective's timeout, within this.
+    const auto deadline = ControlStore::Clock::now() + timeout;
     for (int r = 1; r < mesh.size(); ++r) {
       std::optional<std::string> dead;
       auto v = session.store().waitFor(key + "/rank" + std::to_string(r), deadline, [&] {
@@ -811,24 +818,35 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
       }
       action = "stop";
     } else if (data) {
-      rec = compose(rec, c, *data, strategy, ranks, local, /*perRankErrors=*/true,
-                    profileFor(options, c));
-      if (rec.status == Status::kError) action = "rebuild";
+      try {
+        rec = compose(rec, c, *data, strategy, ranks, local, /*perRankErrors=*/true,
+                      profileFor(options, c));
+      } catch (const std::exception& e) {
+        rec.status = Status::kError;
+        rec.message = "composing the record failed: " + errorText(e);
+      }
     } else {
       rec.status = Status::kError;
       rec.message = buildError;
+    }
+    // Any rank that failed has dropped its groups: every rank starts the next row afresh.
+    if (action != "stop" &&
+        (rec.status == Status::kError ||
+         std::any_of(ranks.begin(), ranks.end(), [](const auto& o) { return !o.error.empty(); }))) {
+      action = "rebuild";
     }
     session.store().set(key + "/verdict", action);
   } else {
     // A rank of the mesh hears within two timeouts; one outside it waits as long as rank 0
     // lives (the launcher marks a dead rank 0).
     const auto deadline = inMesh
-                              ? ControlStore::Clock::now() + 2 * timeout + std::chrono::seconds(30)
+                              ? ControlStore::Clock::now() + 2 * timeout + std::chrono::seconds(5)
                               : ControlStore::Clock::time_point::max();
     std::optional<std::string> v;
     try {
-      v = session.store().waitFor(key + "/verdict", deadline,
-                                  [&] { return session.store().get(deadRankKey(0)).has_value(); });
+      v = session.store().waitFor(key + "/verdict", deadline, [&] {
+        return session.store().get(deadRankKey(0)) || session.store().get("sb/abandoned");
+      });
     } catch (const std::exception& e) {
       // The store went with rank 0 (srun, mpirun: rank 0 serves it).
       std::cerr << ("[rank " + std::to_string(rank) + "] lost the store: " + errorText(e) + "\n");
@@ -836,9 +854,15 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
     if (v) {
       action = *v;
     } else {
-      std::cerr << "[rank " << rank << "] rank 0 gave no verdict on case " << c.name << " "
-                << strategy.id() << "; stopping" << std::endl;
+      std::cerr << ("[rank " + std::to_string(rank) + "] rank 0 gave no verdict on case " + c.name +
+                    " " + strategy.id() + "; stopping\n");
       action = "stop";
+      lostRank0 = true;
+      // Ranks outside the mesh wait on rank 0 without a deadline: tell them.
+      try {
+        session.store().set("sb/abandoned", std::to_string(rank));
+      } catch (const std::exception&) {
+      }
     }
   }
   if (action == "rebuild") session.rebuild();
@@ -1008,7 +1032,7 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
   } catch (const std::exception&) {
     // The store is gone: nothing left to wait for.
   }
-  return rc;
+  return lostRank0 ? 1 : rc;
 }
 
 }  // namespace sb::harness

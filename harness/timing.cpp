@@ -55,6 +55,12 @@ TimingStats timeWithBenchmark(const std::string& name, int repetitions, double m
   std::string failure;
   auto* bench = benchmark::RegisterBenchmark(name.c_str(), [&](benchmark::State& state) {
     for (auto _ : state) {
+      // Google Benchmark runs the remaining repetitions after an error: no more steps, whose
+      // collectives would wait on ranks that have already given up.
+      if (!failure.empty()) {
+        state.SkipWithError("step failed");
+        break;
+      }
       try {
         state.SetIterationTime(step());
       } catch (const std::exception& e) {

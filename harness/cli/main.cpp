@@ -194,7 +194,7 @@ int launchMain(int argc, char** argv) {
   CLI::App app{"stratbench launch: start N ranks of a multi-process run on this host"};
   app.name("stratbench launch");
   std::string hosts;
-  double timeoutSec = 300, graceSec = 3;
+  double timeoutSec = 300, graceSec = 10;
   app.add_option("-n,--nproc-per-node", o.procsPerNode, "Ranks to start on this host")
       ->required()
       ->check(CLI::Range(1, 1024));

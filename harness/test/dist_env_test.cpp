@@ -61,9 +61,12 @@ TEST(DistEnv, TorchrunWithAndWithoutItsAgentStore) {
   EXPECT_EQ(e.launcher, "torchrun");
   EXPECT_FALSE(e.agentServesStore);  // rank 0 serves it
   EXPECT_EQ(e.masterAddr, "node7");
+  EXPECT_EQ(e.runKey, "torchrun/abc/0");
   env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["TORCHELASTIC_RESTART_COUNT"] = "2";
   e = detect(env);
-  EXPECT_TRUE(e.agentServesStore);  // the agent serves it on MASTER_PORT: rank 0 connects
+  EXPECT_TRUE(e.agentServesStore);        // the agent serves it on MASTER_PORT: rank 0 connects
+  EXPECT_EQ(e.runKey, "torchrun/abc/2");  // a restarted attempt never reads the last one's keys
 }
 
 TEST(DistEnv, Srun) {
@@ -71,7 +74,7 @@ TEST(DistEnv, Srun) {
                             {"SLURM_NTASKS", "8"},
                             {"SLURM_LOCALID", "2"},
                             {"SLURM_NTASKS_PER_NODE", "4(x2)"},
-                            {"SLURM_JOB_ID", "123456"},
+                            {"SLURM_JOB_ID", "123456789"},
                             {"SLURM_JOB_NODELIST", "gpu[07-08]"}});
   EXPECT_EQ(e.launcher, "srun");
   EXPECT_EQ(e.rank, 6);
@@ -79,7 +82,8 @@ TEST(DistEnv, Srun) {
   EXPECT_EQ(e.localRank, 2);
   EXPECT_EQ(e.localWorldSize, 4);
   EXPECT_EQ(e.masterAddr, "gpu07");
-  EXPECT_EQ(e.masterPort, 15000 + 123456 % 20000);
+  EXPECT_EQ(e.masterPort, 15000 + 123456789 % 20000);  // job ids pass 2^24 on big clusters
+  EXPECT_EQ(e.runKey, "slurm/123456789.0");
   // The step's node list wins over the job's, MASTER_ADDR/PORT over both.
   EXPECT_EQ(detect({{"SLURM_PROCID", "0"},
                     {"SLURM_NTASKS", "2"},
