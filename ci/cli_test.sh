@@ -52,8 +52,9 @@ check "solve chunk: no plan fits" 1 "fits --max-memory 1000 bytes; the smallest 
   "$sb" solve chunk --shape "$shape" --max-memory 1000
 check "solve chunk: a bad shape names the key" 2 "shape key 'd_model' \(63\) must be a multiple" -- \
   "$sb" solve chunk --shape '{"d_model": 63}' --max-memory 1000
-check "solve chunk: training is not searched" 2 "inference only" -- \
-  "$sb" solve chunk --shape '{"mode": "training"}' --max-memory 1000000
+check "solve chunk: training is searched with the training estimate" 0 '"region": "block"' -- \
+  "$sb" solve chunk --shape '{"mode": "training", "seq": 128, "d_model": 32, "heads": 4}' \
+  --max-memory 1000000
 
 # solve checkpoint: two unit stages, inputs 1, tapes 2 (worked out in checkpoint_solver_test).
 echo '{"ftime":[1,1],"btime":[1,1,1],"x":[1,1,1],"xbar":[1,2,2],"ftmp":[0,0],"btmp":[0,0,0]}' \

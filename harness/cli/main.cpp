@@ -146,7 +146,6 @@ int solveChunk(const std::string& workload, const std::string& shapeText, double
   try {
     shape = sb::reference::TransformerShape::parse(nlohmann::json::parse(shapeText), workload);
     dtype = sb::harness::parseDtype(dtypeName);
-    if (shape.training) throw std::invalid_argument("the chunk search models inference only");
   } catch (const nlohmann::json::parse_error& e) {
     std::cerr << "stratbench solve: --shape is not valid JSON: " << e.what() << "\n";
     return kExitBadInput;

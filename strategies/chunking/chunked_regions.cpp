@@ -104,9 +104,6 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
                                         std::to_string(c.meshSize()));
     }
     if (region_ == Region::kAuto) {
-      if (TransformerShape::parse(c.shape, c.workload).training) {
-        return Applicability::unsupported("the chunk search models inference only");
-      }
       const bool bytes = c.params.contains("max_memory");
       const bool fraction = c.params.contains("max_memory_fraction");
       if (bytes == fraction) {
@@ -352,7 +349,7 @@ class ChunkedExecutor final : public harness::RankExecutor {
   std::vector<std::array<RegionContext, 4>> tokenwise_;  // ln_residual's four, a layer
   std::map<std::string, at::Tensor> results_;
   int64_t activationPeak_ = 0, startLive_ = 0;
-  std::optional<int64_t> estimate_;  // of the activation peak, for the plan; none in training
+  std::optional<int64_t> estimate_;  // of the activation peak, for the plan
   Region region_ = Region::kAttention;
   ChunkSearch search_;
   int64_t maxMemory_ = 0;

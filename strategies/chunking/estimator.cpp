@@ -5,6 +5,10 @@
 #include "strategies/chunking/estimator.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
@@ -178,24 +182,565 @@ void block(Counter& m, const Sizes& s, const ChunkPlan& plan) {
     const int64_t n = e - b;
     const int64_t l1 = layerNorm(m, s, n, contiguous(n));
     const int64_t a = attention(m, s, n, keyEnd(s, e), true);
+    m.release(l1);       // a temporary of a's expression
     m.alloc(s.rows(n));  // rs = xs + a
-    m.release(a + l1);
     const int64_t l2 = layerNorm(m, s, n, true);
     const int64_t f = ffn(m, s, n);
     m.alloc(s.rows(n));  // rs + f
     m.release(f + l2);
-    m.release(s.rows(n));  // rs
-    m.release(s.rows(n));  // copied into place
+    m.release(s.rows(n) + a);  // rs and a at return
+    m.release(s.rows(n));      // copied into place
   });
   m.release(2 * E);  // keys and values at return
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training: autograd's tape, replayed.
+//
+// A forward with grad mode records, op by op, the tensors each backward node saves; the backward
+// runs the nodes in reverse order of creation (autograd's order for these graphs), and each
+// node allocates its inputs' gradients, then drops the gradient it consumed and its saved
+// tensors, then its parameters' gradient temporaries (accumulated in place into .grad, which
+// lives across steps; a slice of a fused parameter first becomes a full-size zero-padded
+// gradient). Gradients meeting at one tensor are added into a new buffer; a leaf keeps the
+// first gradient it gets and adds later ones in place. Storage is reference counted: a view
+// holds its base, a saved tensor lives until its node has run.
+
+class Tape {
+ public:
+  explicit Tape(Counter& m) : m_(m) {}
+  Counter& counter() { return m_; }
+
+  int alloc(int64_t bytes) {
+    m_.alloc(bytes);
+    store_.push_back({bytes, 1});
+    return static_cast<int>(store_.size()) - 1;
+  }
+  // A handle on bytes the counter already holds (a region's output).
+  int adopt(int64_t bytes) {
+    store_.push_back({bytes, 1});
+    return static_cast<int>(store_.size()) - 1;
+  }
+  void ref(int h) {
+    if (h >= 0) ++store_[h].refs;
+  }
+  void unref(int h) {
+    if (h < 0) return;
+    if (--store_[h].refs == 0) {
+      m_.release(store_[h].bytes);
+      unref(store_[h].base);
+    }
+  }
+  // A view of `h` (no bytes of its own; holds its base), strided when `strided`.
+  int view(int h, bool strided) {
+    ref(h);
+    store_.push_back({0, 1, h, strided});
+    return static_cast<int>(store_.size()) - 1;
+  }
+  // Whether a backward consuming gradient `h` first makes it contiguous.
+  bool strided(int h) const { return h >= 0 && store_[h].strided; }
+  int64_t bytes(int h) const { return h < 0 ? 0 : store_[h].bytes; }
+
+  int slot() { return nextSlot_++; }
+  void leaf(int slot) { leaves_.insert(slot); }
+
+  // A parameter's gradient temporary, from inside a node's backward.
+  void paramGrad(int64_t bytes, int64_t fullBytes = 0) {
+    m_.alloc(bytes);
+    params_.push_back({bytes, fullBytes});
+  }
+
+  using Fn = std::function<std::vector<std::pair<int, int>>(const std::vector<int>& grads)>;
+  // A node consuming the gradients of `outs` and saving `saved` (referenced until it runs).
+  void node(std::vector<int> outs, std::vector<int> saved, Fn fn) {
+    for (int h : saved) ref(h);
+    nodes_.push_back({std::move(outs), std::move(saved), std::move(fn)});
+  }
+
+  // Runs every node from the last; `grads` holds the seeded gradients and ends with the leaves'.
+  // A region's backward records and runs its own chunks' tapes meanwhile: this call owns the
+  // nodes recorded so far.
+  void backward(std::map<int, int>& grads) {
+    std::vector<Node> nodes;
+    nodes.swap(nodes_);
+    for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+      std::vector<int> in;
+      bool any = false;
+      for (int s : it->outs) {
+        auto g = grads.find(s);
+        in.push_back(g == grads.end() ? -1 : g->second);
+        if (g != grads.end()) {
+          any = true;
+          grads.erase(g);
+        }
+      }
+      std::vector<std::pair<int, int>> out;
+      if (any) out = it->fn(in);
+      for (int g : in) unref(g);
+      for (int h : it->saved) unref(h);
+      std::vector<ParamTemp> params;
+      params.swap(params_);
+      for (const auto& p : params) {
+        if (p.full > 0) {
+          m_.alloc(p.full);
+          m_.release(p.bytes);
+          m_.release(p.full);
+        } else {
+          m_.release(p.bytes);
+        }
+      }
+      for (const auto& [s, g] : out) accumulate(grads, s, g);
+    }
+  }
+
+ private:
+  void accumulate(std::map<int, int>& grads, int slot, int g) {
+    auto it = grads.find(slot);
+    if (slot < 0) {
+      unref(g);
+    } else if (it == grads.end()) {
+      grads[slot] = g;
+    } else if (leaves_.count(slot)) {
+      unref(g);  // added in place into the leaf's gradient
+    } else {
+      const int sum = alloc(bytes(g));
+      unref(it->second);
+      unref(g);
+      it->second = sum;
+    }
+  }
+
+  struct Storage {
+    int64_t bytes;
+    int refs;
+    int base = -1;
+    bool strided = false;
+  };
+  struct Node {
+    std::vector<int> outs;
+    std::vector<int> saved;
+    Fn fn;
+  };
+  struct ParamTemp {
+    int64_t bytes, full;
+  };
+  Counter& m_;
+  std::vector<Storage> store_;
+  std::vector<Node> nodes_;
+  std::vector<ParamTemp> params_;
+  std::set<int> leaves_;
+  int nextSlot_ = 0;
+};
+
+// A differentiable value: its gradient slot and its storage.
+struct Val {
+  int slot = -1;
+  int h = -1;
+};
+
+// The transformer's ops with their tapes (reference/transformer.cpp, chunked_regions.cpp).
+class TapedTransformer {
+ public:
+  TapedTransformer(Tape& t, const Sizes& s) : t_(t), s_(s) {}
+
+  int64_t E(int64_t n) const { return s_.rows(n); }
+  bool contiguous(int64_t n) const { return s_.B == 1 || n == s_.T; }
+
+  // x[:, b:b+n]: a view whose backward is a zero-padded full-size gradient.
+  Val rows(const Val& x) {
+    const Val v{t_.slot(), x.h};
+    t_.ref(x.h);
+    const int64_t full = E(s_.T);
+    t_.node({v.slot}, {}, [this, x, full](const std::vector<int>&) {
+      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(full)}};
+    });
+    return v;
+  }
+
+  // at::layer_norm on n rows. A strided input is copied inside the kernel, forward and
+  // backward alike, and saved as the view it is.
+  Val layerNorm(const Val& x, int64_t n, bool contig) {
+    const int copy = contig ? -1 : t_.alloc(E(n));
+    const Val y{t_.slot(), t_.alloc(E(n))};
+    const int64_t st = s_.B * n * std::max<int64_t>(s_.es, 4);  // float, double for double
+    const int mean = t_.alloc(st), rstd = t_.alloc(st);
+    t_.unref(copy);
+    const int64_t D = s_.D, es = s_.es;
+    t_.node({y.slot}, {x.h, mean, rstd}, [this, x, n, D, es, contig](const std::vector<int>& g) {
+      const int64_t copies = (contig ? 0 : E(n)) + (t_.strided(g[0]) ? E(n) : 0);
+      t_.counter().alloc(copies);
+      const int gx = t_.alloc(E(n));
+      t_.paramGrad(D * es);
+      t_.paramGrad(D * es);
+      t_.counter().alloc(2 * D * 4);  // the weight and bias gradients' float accumulators
+      t_.counter().release(2 * D * 4);
+      t_.counter().release(copies);
+      return std::vector<std::pair<int, int>>{{x.slot, gx}};
+    });
+    t_.unref(mean);
+    t_.unref(rstd);
+    return y;
+  }
+
+  // at::linear on n rows of `in` features; `fullW`/`fullB`: the fused parameter it slices.
+  Val linear(const Val& x, int64_t n, int64_t in, int64_t out, bool contig, int64_t fullW = 0,
+             int64_t fullB = 0) {
+    const int64_t es = s_.es, B = s_.B;
+    const int copy = contig ? -1 : t_.alloc(B * n * in * es);
+    const Val y{t_.slot(), t_.alloc(B * n * out * es)};
+    t_.node({y.slot}, {copy >= 0 ? copy : x.h},
+            [this, x, n, in, out, es, B, fullW, fullB](const std::vector<int>& g) {
+              // A strided gradient (a chunk of the region's) is made contiguous first.
+              const int64_t copy = t_.strided(g[0]) ? B * n * out * es : 0;
+              t_.counter().alloc(copy);
+              const int gx = t_.alloc(B * n * in * es);
+              t_.paramGrad(out * in * es, fullW);
+              t_.paramGrad(out * es, fullB);
+              t_.counter().release(copy);
+              return std::vector<std::pair<int, int>>{{x.slot, gx}};
+            });
+    t_.unref(copy);
+    return y;
+  }
+
+  Val gelu(const Val& x) {
+    const int64_t b = t_.bytes(x.h);
+    const Val y{t_.slot(), t_.alloc(b)};
+    t_.node({y.slot}, {x.h}, [this, x, b](const auto&) {
+      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(b)}};
+    });
+    return y;
+  }
+
+  // a + b on `n` rows.
+  Val add(const Val& a, const Val& b, int64_t n) {
+    const Val y{t_.slot(), t_.alloc(E(n))};
+    t_.node({y.slot}, {}, [this, a, b](const std::vector<int>& g) {
+      t_.ref(g[0]);
+      t_.ref(g[0]);  // the same gradient goes to both summands
+      return std::vector<std::pair<int, int>>{{a.slot, g[0]}, {b.slot, g[0]}};
+    });
+    return y;
+  }
+
+  // A view whose backward copies its (strided) gradient: reshapes of transposed heads.
+  Val reshaped(const Val& x, int64_t bytes) {
+    const Val v{t_.slot(), x.h};
+    t_.ref(x.h);
+    t_.node({v.slot}, {}, [this, x, bytes](const auto&) {
+      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(bytes)}};
+    });
+    return v;
+  }
+
+  // keysValues: the projection to keys and values, split, as heads.
+  std::pair<Val, Val> keysValues(const Val& h) {
+    const int64_t D = s_.D, T = s_.T;
+    const Val kv = linear(h, T, D, 2 * D, true, 3 * D * D * s_.es, 3 * D * s_.es);
+    // chunk(2): one node taking both halves' gradients back into one buffer.
+    const Val k0{t_.slot(), kv.h}, v0{t_.slot(), kv.h};
+    t_.ref(kv.h);
+    t_.ref(kv.h);
+    t_.node({k0.slot, v0.slot}, {}, [this, kv](const auto&) {
+      return std::vector<std::pair<int, int>>{{kv.slot, t_.alloc(t_.bytes(kv.h))}};
+    });
+    const Val k = reshaped(k0, E(T)), v = reshaped(v0, E(T));
+    t_.unref(kv.h);
+    t_.unref(k0.h);
+    t_.unref(v0.h);
+    return {k, v};
+  }
+
+  // Transformer::attention with its tape, for `n` query rows from `begin` and `keys` keys.
+  Val attention(const Val& hRows, int64_t n, int64_t begin, const Val& k, const Val& v,
+                int64_t keys) {
+    const int64_t D = s_.D, es = s_.es, S = s_.B * s_.H * n * keys * es;
+    const bool fold = s_.B > 1;
+    const Val qlin = linear(hRows, n, D, D, contiguous(n), 3 * D * D * es, 3 * D * es);
+    const Val q = reshaped(qlin, E(n));
+    const Val kk = rows(k), vv = rows(v);
+    // q k^T: batched over [B, H], the operands made contiguous when B > 1 (saved by bmm).
+    const int qc = fold ? t_.alloc(E(n)) : -1, kc = fold ? t_.alloc(E(keys)) : -1;
+    const Val sc{t_.slot(), t_.alloc(S)};
+    t_.node({sc.slot}, fold ? std::vector<int>{qc, kc} : std::vector<int>{qlin.h, k.h},
+            [this, q, kk, n, keys](const auto&) {
+              const int gk = t_.alloc(E(keys));
+              const int gq = t_.alloc(E(n));
+              return std::vector<std::pair<int, int>>{{kk.slot, gk}, {q.slot, gq}};
+            });
+    t_.unref(qc);
+    t_.unref(kc);
+    // / sqrt(d_head): a wrapped scalar and its float copy, nothing saved.
+    t_.counter().alloc(12);
+    const Val d{t_.slot(), t_.alloc(S)};
+    t_.counter().release(12);
+    t_.unref(sc.h);
+    t_.node({d.slot}, {}, [this, sc, S](const auto&) {
+      t_.counter().alloc(12);
+      const int g = t_.alloc(S);
+      t_.counter().release(12);
+      return std::vector<std::pair<int, int>>{{sc.slot, g}};
+    });
+    Val masked = d;
+    if (s_.causal) {
+      const int qpos = t_.alloc(n * 8), kpos = t_.alloc(keys * 8);
+      const int mask = t_.alloc(n * keys);
+      masked = Val{t_.slot(), t_.alloc(S)};
+      t_.unref(d.h);
+      t_.unref(kpos);
+      t_.unref(qpos);
+      t_.node({masked.slot}, {mask}, [this, d, S](const auto&) {
+        return std::vector<std::pair<int, int>>{{d.slot, t_.alloc(S)}};
+      });
+      t_.unref(mask);
+    }
+    const Val p{t_.slot(), t_.alloc(S)};
+    t_.unref(masked.h);
+    t_.node({p.slot}, {p.h}, [this, masked, S](const auto&) {
+      return std::vector<std::pair<int, int>>{{masked.slot, t_.alloc(S)}};
+    });
+    const int vc = fold ? t_.alloc(E(keys)) : -1;
+    const Val y1{t_.slot(), t_.alloc(E(n))};
+    t_.node({y1.slot}, {p.h, fold ? vc : v.h}, [this, vv, p, keys, S](const auto&) {
+      const int gv = t_.alloc(E(keys));
+      const int gp = t_.alloc(S);
+      return std::vector<std::pair<int, int>>{{vv.slot, gv}, {p.slot, gp}};
+    });
+    t_.unref(vc);
+    // transpose + reshape: a copy, whose backward copies the gradient back.
+    const Val yc{t_.slot(), t_.alloc(E(n))};
+    t_.unref(y1.h);
+    t_.node({yc.slot}, {}, [this, y1, n](const auto&) {
+      return std::vector<std::pair<int, int>>{{y1.slot, t_.alloc(E(n))}};
+    });
+    const Val o = linear(yc, n, D, D, true);
+    t_.unref(yc.h);
+    t_.unref(p.h);
+    t_.unref(q.h);
+    t_.unref(kk.h);
+    t_.unref(vv.h);
+    t_.unref(qlin.h);
+    return o;
+  }
+
+  Val ffn(const Val& h, int64_t n) {
+    const int64_t D = s_.D;
+    const Val u = linear(h, n, D, 4 * D, true);
+    const Val g = gelu(u);
+    const Val f = linear(g, n, 4 * D, D, true);
+    t_.unref(u.h);
+    t_.unref(g.h);
+    return f;
+  }
+
+  // ChunkedRegion: forward chunk by chunk without a tape (`forward` replays one chunk's
+  // allocations on the counter and returns the bytes of its part, still held); backward
+  // recomputes each chunk with a tape (`taped`, from the leaves) and backpropagates it.
+  Val region(const std::vector<Val>& in, const std::function<int64_t(int64_t, int64_t)>& forward,
+             const std::function<Val(const std::vector<Val>&, int64_t, int64_t)>& taped,
+             int64_t chunk) {
+    Counter& m = t_.counter();
+    const int64_t T = s_.T, C = std::min(chunk, T);
+    const Val out{t_.slot(), t_.alloc(E(T))};
+    for (int64_t b = 0; b < T; b += C) {
+      const int64_t e = std::min(T, b + C);
+      m.release(forward(b, e));  // copied into place
+    }
+    std::vector<int> saved;
+    for (const auto& v : in) saved.push_back(v.h);
+    t_.node({out.slot}, saved, [this, in, taped, T, C](const std::vector<int>& g) {
+      std::vector<Val> leaves;
+      for (const auto& v : in) {
+        leaves.push_back(Val{t_.slot(), v.h});
+        t_.leaf(leaves.back().slot);
+      }
+      std::map<int, int> grads;
+      for (int64_t b = 0; b < T; b += C) {
+        const int64_t e = std::min(T, b + C);
+        const Val o = taped(leaves, b, e);
+        // The chunk's gradient: a view of the region's, strided unless it is contiguous.
+        const int gv = t_.view(g[0], s_.B > 1 && e - b < T);
+        std::map<int, int> chunkGrads{{o.slot, gv}};
+        for (const auto& [s, h] : grads) chunkGrads[s] = h;
+        t_.backward(chunkGrads);
+        grads.clear();
+        for (const auto& l : leaves) {
+          if (chunkGrads.count(l.slot)) grads[l.slot] = chunkGrads[l.slot];
+        }
+        t_.unref(o.h);
+      }
+      std::vector<std::pair<int, int>> out;
+      for (size_t i = 0; i < in.size(); ++i) {
+        auto it = grads.find(leaves[i].slot);
+        if (it != grads.end()) out.push_back({in[i].slot, it->second});
+      }
+      return out;
+    });
+    return out;
+  }
+
+ private:
+  Tape& t_;
+  const Sizes& s_;
+};
+
+// One training step of the chunked executor (chunked_regions.cpp: layer() and step()).
+int64_t trainingPeak(const Sizes& s, const ChunkPlan& plan, int64_t layers) {
+  const ChunkPlan p = plan.region == "none" ? ChunkPlan{"attention", s.T} : plan;
+  Counter m;
+  Tape t(m);
+  TapedTransformer tt(t, s);
+  const int64_t T = s.T, E = s.rows(T);
+  const auto keyEnd = [&](int64_t e) { return s.causal ? e : T; };
+  const auto contiguous = [&](int64_t n) { return s.B == 1 || n == T; };
+  Val x{t.slot(), -1};  // the input: a leaf, allocated before the step
+  t.leaf(x.slot);
+  for (int64_t l = 0; l < layers; ++l) {
+    Val out;
+    if (p.region == "attention") {
+      const Val h = tt.layerNorm(x, T, true);
+      const auto [k, v] = tt.keysValues(h);
+      const Val a = tt.region(
+          {h, k, v},
+          [&](int64_t b, int64_t e) {
+            return attention(m, s, e - b, keyEnd(e), contiguous(e - b));
+          },
+          [&](const std::vector<Val>& in, int64_t b, int64_t e) {
+            const Val hs = tt.rows(in[0]);
+            const Val o = tt.attention(hs, e - b, b, in[1], in[2], keyEnd(e));
+            t.unref(hs.h);
+            return o;
+          },
+          p.chunk);
+      const Val r = tt.add(x, a, T);
+      t.unref(a.h);
+      const Val l2 = tt.layerNorm(r, T, true);
+      const Val f = tt.ffn(l2, T);
+      out = tt.add(r, f, T);
+      for (int hnd : {f.h, l2.h, r.h, k.h, v.h, h.h}) t.unref(hnd);
+    } else if (p.region == "ffn") {
+      const Val h = tt.layerNorm(x, T, true);
+      const auto [k, v] = tt.keysValues(h);
+      const Val a = tt.attention(h, T, 0, k, v, T);
+      const Val r = tt.add(x, a, T);
+      t.unref(a.h);
+      const Val f = tt.region(
+          {r},
+          [&](int64_t b, int64_t e) {
+            const int64_t n = e - b;
+            const int64_t l2 = layerNorm(m, s, n, contiguous(n));
+            const int64_t part = ffn(m, s, n);
+            m.release(l2);
+            return part;
+          },
+          [&](const std::vector<Val>& in, int64_t b, int64_t e) {
+            const int64_t n = e - b;
+            const Val rs = tt.rows(in[0]);
+            const Val l2 = tt.layerNorm(rs, n, contiguous(n));
+            const Val o = tt.ffn(l2, n);
+            t.unref(l2.h);
+            t.unref(rs.h);
+            return o;
+          },
+          p.chunk);
+      out = tt.add(r, f, T);
+      for (int hnd : {f.h, r.h, k.h, v.h, h.h}) t.unref(hnd);
+    } else if (p.region == "block") {
+      const Val h = tt.layerNorm(x, T, true);
+      const auto [k, v] = tt.keysValues(h);
+      t.unref(h.h);
+      out = tt.region(
+          {x, k, v},
+          [&](int64_t b, int64_t e) {
+            const int64_t n = e - b;
+            const int64_t l1 = layerNorm(m, s, n, contiguous(n));
+            const int64_t a = attention(m, s, n, keyEnd(e), true);
+            m.release(l1);       // a temporary of a's expression
+            m.alloc(s.rows(n));  // rs = xs + a
+            const int64_t l2 = layerNorm(m, s, n, true);
+            const int64_t f = ffn(m, s, n);
+            m.alloc(s.rows(n));  // rs + f
+            m.release(f + l2);
+            m.release(s.rows(n) + a);  // rs and a at return
+            return s.rows(n);
+          },
+          [&](const std::vector<Val>& in, int64_t b, int64_t e) {
+            const int64_t n = e - b;
+            const Val xs = tt.rows(in[0]);
+            const Val l1 = tt.layerNorm(xs, n, contiguous(n));
+            const Val a = tt.attention(l1, n, b, in[1], in[2], keyEnd(e));
+            t.unref(l1.h);  // a temporary of a's expression
+            const Val rs = tt.add(xs, a, n);
+            const Val l2 = tt.layerNorm(rs, n, true);
+            const Val f = tt.ffn(l2, n);
+            const Val o = tt.add(rs, f, n);
+            for (int hnd : {f.h, l2.h, rs.h, a.h, xs.h}) t.unref(hnd);
+            return o;
+          },
+          p.chunk);
+      t.unref(k.h);
+      t.unref(v.h);
+    } else {  // ln_residual: four token-wise regions around attention and the feed-forward
+      const Val none{-1, -1};
+      const auto norm = [&](const Val& in) {
+        return tt.region(
+            {in}, [&](int64_t b, int64_t e) { return layerNorm(m, s, e - b, contiguous(e - b)); },
+            [&](const std::vector<Val>& lv, int64_t b, int64_t e) {
+              const Val xs = tt.rows(lv[0]);
+              const Val o = tt.layerNorm(xs, e - b, contiguous(e - b));
+              t.unref(xs.h);
+              return o;
+            },
+            p.chunk);
+      };
+      const auto sum = [&](const Val& a, const Val& b2) {
+        return tt.region(
+            {a, b2},
+            [&](int64_t b, int64_t e) {
+              m.alloc(s.rows(e - b));
+              return s.rows(e - b);
+            },
+            [&](const std::vector<Val>& lv, int64_t b, int64_t e) {
+              const Val as = tt.rows(lv[0]), bs = tt.rows(lv[1]);
+              const Val o = tt.add(as, bs, e - b);
+              t.unref(as.h);
+              t.unref(bs.h);
+              return o;
+            },
+            p.chunk);
+      };
+      const Val h = norm(x);
+      const auto [k, v] = tt.keysValues(h);
+      const Val a = tt.attention(h, T, 0, k, v, T);
+      const Val r = sum(x, a);
+      const Val h2 = norm(r);
+      const Val f = tt.ffn(h2, T);
+      out = sum(r, f);
+      for (int hnd : {f.h, h2.h, r.h, a.h, k.h, v.h, h.h}) t.unref(hnd);
+      (void)none;
+    }
+    if (l > 0) t.unref(x.h);  // the previous layer's output, now held by this layer's tape
+    x = out;
+  }
+  // results_.clear(): the previous step's output and input gradient.
+  m.release(2 * E);
+  // loss = sum(x * target): the product and the sum live until backward returns; the seed
+  // gradient, ones, and its product with the target.
+  const int prod = t.alloc(E), total = t.alloc(4), ones = t.alloc(4);
+  std::map<int, int> grads{{x.slot, t.alloc(E)}};
+  t.backward(grads);
+  t.unref(ones);
+  t.unref(total);
+  t.unref(prod);
+  return m.peak();
 }
 
 }  // namespace
 
 std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape& shape,
                                               const ChunkPlan& plan, int64_t elementBytes) {
-  if (shape.training) return std::nullopt;
   const Sizes s{shape.batch, shape.seq, shape.dModel, shape.heads, elementBytes, shape.causal};
+  if (shape.training) return trainingPeak(s, plan, shape.layers);
   Counter m;
   const int64_t E = s.rows(s.T);
   for (int64_t l = 0; l < shape.layers; ++l) {
@@ -287,7 +832,6 @@ std::optional<int64_t> estimatePairActivationPeak(const reference::PairShape& sh
 
 ChunkSearch searchChunkPlan(const reference::TransformerShape& shape, int64_t elementBytes,
                             int64_t maxMemory) {
-  TORCH_CHECK(!shape.training, "the chunk search models inference only (mode: inference)");
   ChunkSearch out;
   out.unchunked = *estimateActivationPeak(shape, {"none", shape.seq}, elementBytes);
   out.smallest = out.unchunked;

@@ -16,11 +16,15 @@ struct ChunkPlan {
   int64_t chunk = 0;
 };
 
-// The peak activation memory of an inference step under `plan`, in bytes above what is alive
-// when the step starts (parameters and the input), predicted node by node: every tensor the
-// blocks' ATen calls allocate, in program order, live from its allocation to its last use,
-// including the copies ATen makes where a view cannot be reshaped (a chunk of rows of a batch
-// of more than one sequence). Training is not modelled: nullopt.
+// The peak activation memory of a step under `plan`, in bytes above what is alive when the
+// step starts (parameters, their gradients and the input), predicted node by node: every
+// tensor the blocks' ATen calls allocate, in program order, live from its allocation to its
+// last use, including the copies ATen makes where a view cannot be reshaped (a chunk of rows
+// of a batch of more than one sequence). In training, also autograd's tape: the tensors each
+// backward node saves, the backward's gradients in autograd's order (accumulated where they
+// meet), parameter-gradient temporaries, and each chunk's recomputed tape. Modelled for
+// float32 and float64; CPU kernels for bfloat16/float16 allocate float temporaries it does
+// not model.
 std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape& shape,
                                               const ChunkPlan& plan, int64_t elementBytes);
 
