@@ -338,6 +338,31 @@ struct Val {
   int h = -1;
 };
 
+// at::layer_norm over `rows` rows of `ch` channels. A strided input is copied inside the
+// kernel, forward and backward alike, and saved as the view it is; mean and rstd are saved.
+Val tapedLayerNorm(Tape& t, const Val& x, int64_t rows, int64_t ch, int64_t es, bool contig) {
+  const int64_t bytes = rows * ch * es;
+  const int copy = contig ? -1 : t.alloc(bytes);
+  const Val y{t.slot(), t.alloc(bytes)};
+  const int64_t st = rows * std::max<int64_t>(es, 4);  // float, double for double
+  const int mean = t.alloc(st), rstd = t.alloc(st);
+  t.unref(copy);
+  t.node({y.slot}, {x.h, mean, rstd}, [&t, x, bytes, ch, es, contig](const std::vector<int>& g) {
+    const int64_t copies = (contig ? 0 : bytes) + (t.strided(g[0]) ? bytes : 0);
+    t.counter().alloc(copies);
+    const int gx = t.alloc(bytes);
+    t.paramGrad(ch * es);
+    t.paramGrad(ch * es);
+    t.counter().alloc(2 * ch * 4);  // the weight and bias gradients' float accumulators
+    t.counter().release(2 * ch * 4);
+    t.counter().release(copies);
+    return std::vector<std::pair<int, int>>{{x.slot, gx}};
+  });
+  t.unref(mean);
+  t.unref(rstd);
+  return y;
+}
+
 // The transformer's ops with their tapes (reference/transformer.cpp, chunked_regions.cpp).
 class TapedTransformer {
  public:
@@ -357,29 +382,8 @@ class TapedTransformer {
     return v;
   }
 
-  // at::layer_norm on n rows. A strided input is copied inside the kernel, forward and
-  // backward alike, and saved as the view it is.
   Val layerNorm(const Val& x, int64_t n, bool contig) {
-    const int copy = contig ? -1 : t_.alloc(E(n));
-    const Val y{t_.slot(), t_.alloc(E(n))};
-    const int64_t st = s_.B * n * std::max<int64_t>(s_.es, 4);  // float, double for double
-    const int mean = t_.alloc(st), rstd = t_.alloc(st);
-    t_.unref(copy);
-    const int64_t D = s_.D, es = s_.es;
-    t_.node({y.slot}, {x.h, mean, rstd}, [this, x, n, D, es, contig](const std::vector<int>& g) {
-      const int64_t copies = (contig ? 0 : E(n)) + (t_.strided(g[0]) ? E(n) : 0);
-      t_.counter().alloc(copies);
-      const int gx = t_.alloc(E(n));
-      t_.paramGrad(D * es);
-      t_.paramGrad(D * es);
-      t_.counter().alloc(2 * D * 4);  // the weight and bias gradients' float accumulators
-      t_.counter().release(2 * D * 4);
-      t_.counter().release(copies);
-      return std::vector<std::pair<int, int>>{{x.slot, gx}};
-    });
-    t_.unref(mean);
-    t_.unref(rstd);
-    return y;
+    return tapedLayerNorm(t_, x, s_.B * n, s_.D, s_.es, contig);
   }
 
   // at::linear on n rows of `in` features; `fullW`/`fullB`: the fused parameter it slices.
@@ -735,6 +739,287 @@ int64_t trainingPeak(const Sizes& s, const ChunkPlan& plan, int64_t layers) {
   return m.peak();
 }
 
+// The pair stack's inference allocations (reference/evoformer.cpp), per region chunk.
+class PairInference {
+ public:
+  PairInference(Counter& m, const reference::PairShape& shape, int dim, int64_t es)
+      : m_(m), B(shape.batch), N(shape.n), C(shape.c), H(shape.hidden), dim_(dim), es_(es) {}
+
+  // A chunk of dimension 1 of [B, n, n, c] is contiguous for one batch entry; of dimension 2,
+  // never (unless it is the whole).
+  bool contiguous(int d, int64_t n) const { return n == N || (d == 1 && B == 1); }
+
+  int64_t layerNormRows(int64_t rows, int64_t channels, bool contig) {
+    const int64_t out = rows * channels * es_;
+    if (!contig) m_.alloc(out);
+    m_.alloc(out);
+    m_.alloc(2 * rows * 4);
+    m_.release(2 * rows * 4);
+    if (!contig) m_.release(out);
+    return out;
+  }
+  // sigmoid(linear(zn, Wg)) * linear(zn, W) on `rows` positions: four tensors of the hidden
+  // width alive at the product, the input copied for each linear when strided.
+  int64_t projection(int64_t rows, bool contig) {
+    const int64_t hid = rows * H * es_, copy = contig ? 0 : rows * C * es_;
+    for (int k = 0; k < 2; ++k) {
+      m_.alloc(copy);
+      m_.alloc(hid);
+      m_.release(copy);
+      if (k == 0) m_.alloc(hid);  // sigmoid
+    }
+    m_.alloc(hid);  // the product
+    m_.release(3 * hid);
+    return hid;
+  }
+  // One chunk of `n` of the triangle region; returns its part's bytes, still held. `whole`:
+  // the bytes of the other operand, projected on every position.
+  int64_t triangleChunk(int64_t n, int64_t whole) {
+    const int64_t rows = B * n * N;  // positions in the chunk
+    const int64_t part = projection(rows, contiguous(1, n));
+    // x = a b^T over k: batched matmul of permuted views, both sides copied when B > 1.
+    const int64_t x = rows * H * es_;
+    const int64_t copies = B > 1 ? part + whole : 0;
+    m_.alloc(copies);
+    m_.alloc(x);
+    m_.release(copies);
+    const int64_t lnx = layerNormRows(rows, H, false);  // x is a permuted view
+    m_.alloc(rows * C * es_);                           // o = LN(x) Wo
+    m_.release(lnx);
+    const bool gateContig = dim_ == 1 ? contiguous(1, n) : contiguous(2, n);
+    if (!gateContig) m_.alloc(rows * C * es_);
+    m_.alloc(rows * C * es_);  // zn Wg
+    if (!gateContig) m_.release(rows * C * es_);
+    m_.alloc(rows * C * es_);  // sigmoid
+    m_.alloc(rows * C * es_);  // the gated update
+    m_.release(2 * rows * C * es_);
+    m_.release(x + rows * C * es_ + part);  // x, o, and the chunk's projection at return
+    return rows * C * es_;
+  }
+  // One chunk of `n` of the transition region; returns its part's bytes, still held.
+  int64_t transitionChunk(int64_t n) {
+    const int64_t rows = B * n * N, E = rows * C * es_;
+    const int64_t h = layerNormRows(rows, C, contiguous(dim_, n));
+    m_.alloc(4 * E);  // W1
+    m_.alloc(4 * E);  // relu
+    m_.alloc(E);      // W2
+    m_.alloc(E);      // residual
+    m_.release(9 * E + h);
+    return E;
+  }
+
+ private:
+  Counter& m_;
+  int64_t B, N, C, H;
+  int dim_;
+  int64_t es_;
+};
+
+// The pair stack's ops with their tapes (reference/evoformer.cpp, chunked_pair.cpp), on
+// tensors of `rows` positions.
+class TapedPair {
+ public:
+  TapedPair(Tape& t, int64_t es) : t_(t), es_(es) {}
+
+  Val rows(const Val& x, int64_t full) {
+    const Val v{t_.slot(), x.h};
+    t_.ref(x.h);
+    t_.node({v.slot}, {}, [this, x, full](const auto&) {
+      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(full)}};
+    });
+    return v;
+  }
+  // at::linear on a 4-D input: a matmul over the folded rows (a strided input copied first,
+  // and saved so), then the bias added in place: two nodes.
+  Val linear(const Val& x, int64_t rows, int64_t in, int64_t out, bool contig) {
+    const int copy = contig ? -1 : t_.alloc(rows * in * es_);
+    const Val mm{t_.slot(), t_.alloc(rows * out * es_)};
+    t_.node({mm.slot}, {copy >= 0 ? copy : x.h}, [this, x, rows, in, out](const auto&) {
+      t_.paramGrad(out * in * es_);
+      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(rows * in * es_)}};
+    });
+    t_.unref(copy);
+    const Val y{t_.slot(), mm.h};
+    t_.node({y.slot}, {}, [this, mm, out](const std::vector<int>& g) {
+      t_.paramGrad(out * es_);
+      t_.ref(g[0]);
+      return std::vector<std::pair<int, int>>{{mm.slot, g[0]}};
+    });
+    return y;
+  }
+  // sigmoid or relu: the output saved.
+  Val activation(const Val& x) {
+    const int64_t b = t_.bytes(x.h);
+    const Val y{t_.slot(), t_.alloc(b)};
+    t_.node({y.slot}, {y.h}, [this, x, b](const auto&) {
+      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(b)}};
+    });
+    return y;
+  }
+  Val mul(const Val& a, const Val& b) {
+    const int64_t bytes = std::max(t_.bytes(a.h), t_.bytes(b.h));
+    const Val y{t_.slot(), t_.alloc(bytes)};
+    t_.node({y.slot}, {a.h, b.h}, [this, a, b, bytes](const auto&) {
+      const int gb = t_.alloc(bytes);
+      const int ga = t_.alloc(bytes);
+      return std::vector<std::pair<int, int>>{{b.slot, gb}, {a.slot, ga}};
+    });
+    return y;
+  }
+  Val add(const Val& a, const Val& b, int64_t bytes) {
+    const Val y{t_.slot(), t_.alloc(bytes)};
+    t_.node({y.slot}, {}, [this, a, b](const std::vector<int>& g) {
+      t_.ref(g[0]);
+      t_.ref(g[0]);
+      return std::vector<std::pair<int, int>>{{a.slot, g[0]}, {b.slot, g[0]}};
+    });
+    return y;
+  }
+  // sigmoid(linear(zn, Wg)) * linear(zn, W): the right operand first, as GCC evaluates it.
+  Val projection(const Val& zn, int64_t rows, int64_t C, int64_t H, bool contig) {
+    const Val p = linear(zn, rows, C, H, contig);
+    const Val g = linear(zn, rows, C, H, contig);
+    const Val sg = activation(g);
+    t_.unref(g.h);
+    const Val y = mul(sg, p);
+    t_.unref(sg.h);
+    t_.unref(p.h);
+    return y;
+  }
+  // einsum("bikh,bjkh->bijh"): one batched matmul of permuted views, both operands copied when
+  // B > 1 (and saved so). Gradients come back strided: a leaf's is cloned when accumulated.
+  Val einsum(const Val& a, const Val& b, int64_t xBytes, bool copies) {
+    const int ca = copies ? t_.alloc(t_.bytes(a.h)) : -1;
+    const int cb = copies ? t_.alloc(t_.bytes(b.h)) : -1;
+    const Val x{t_.slot(), t_.alloc(xBytes)};
+    const int64_t ab = aBytes_, bb = bBytes_;
+    t_.node({x.slot}, copies ? std::vector<int>{ca, cb} : std::vector<int>{a.h, b.h},
+            [this, a, b, ab, bb](const auto&) {
+              const int gb = t_.alloc(bb);
+              const int ga = t_.alloc(ab);
+              return std::vector<std::pair<int, int>>{{b.slot, gb}, {a.slot, ga}};
+            });
+    t_.unref(ca);
+    t_.unref(cb);
+    return x;
+  }
+  void operandBytes(int64_t a, int64_t b) {
+    aBytes_ = a;
+    bBytes_ = b;
+  }
+
+ private:
+  Tape& t_;
+  int64_t es_;
+  int64_t aBytes_ = 0, bBytes_ = 0;
+};
+
+// One training step of the pair executor (chunked_pair.cpp: step()).
+int64_t pairTrainingPeak(const reference::PairShape& shape, int dim, int64_t chunk, int64_t es) {
+  const int64_t B = shape.batch, N = shape.n, C = shape.c, H = shape.hidden;
+  const int64_t all = B * N * N, Ez = all * C * es, step = std::min(chunk, N);
+  const auto contiguous = [&](int d, int64_t n) { return n == N || (d == 1 && B == 1); };
+  Counter m;
+  Tape t(m);
+  TapedPair tp(t, es);
+  PairInference inf(m, shape, dim, es);
+  // A region: forward chunk by chunk without a tape, backward recomputing each chunk.
+  const auto region =
+      [&](const std::vector<Val>& in, int chunkDim, const std::function<int64_t(int64_t)>& forward,
+          const std::function<Val(const std::vector<Val>&, int64_t, int64_t)>& taped) {
+        const Val out{t.slot(), t.alloc(Ez)};
+        for (int64_t s = 0; s < N; s += step) m.release(forward(std::min(N, s + step) - s));
+        std::vector<int> saved;
+        for (const auto& v : in) saved.push_back(v.h);
+        t.node({out.slot}, saved, [&, in, chunkDim, taped](const std::vector<int>& g) {
+          std::vector<Val> leaves;
+          for (const auto& v : in) {
+            leaves.push_back(Val{t.slot(), v.h});
+            t.leaf(leaves.back().slot);
+          }
+          std::map<int, int> grads;
+          for (int64_t s = 0; s < N; s += step) {
+            const int64_t e = std::min(N, s + step);
+            const Val o = taped(leaves, s, e);
+            const int gv = t.view(g[0], !contiguous(chunkDim, e - s));
+            std::map<int, int> chunkGrads{{o.slot, gv}};
+            for (const auto& [sl, h] : grads) chunkGrads[sl] = h;
+            t.backward(chunkGrads);
+            grads.clear();
+            for (const auto& l : leaves) {
+              if (chunkGrads.count(l.slot)) grads[l.slot] = chunkGrads[l.slot];
+            }
+            t.unref(o.h);
+          }
+          std::vector<std::pair<int, int>> out;
+          for (size_t i = 0; i < in.size(); ++i) {
+            auto it = grads.find(leaves[i].slot);
+            if (it != grads.end()) out.push_back({in[i].slot, it->second});
+          }
+          return out;
+        });
+        return out;
+      };
+  Val z{t.slot(), -1};
+  t.leaf(z.slot);
+  for (int64_t l = 0; l < shape.layers; ++l) {
+    const Val zn = tapedLayerNorm(t, z, all, C, es, true);
+    const Val whole = tp.projection(zn, all, C, H, true);
+    const Val tri = region(
+        {zn, whole}, dim,
+        [&](int64_t n) { return inf.triangleChunk(n, whole.h >= 0 ? all * H * es : 0); },
+        [&](const std::vector<Val>& in, int64_t s, int64_t e) {
+          const int64_t n = e - s, rows = B * n * N;
+          const Val z1 = tp.rows(in[0], Ez);  // zn.narrow(1, s, n)
+          const Val part = tp.projection(z1, rows, C, H, contiguous(1, n));
+          // dim 1: a is the chunk's, b whole; dim 2: a whole, b the chunk's.
+          if (dim == 1) {
+            tp.operandBytes(rows * H * es, all * H * es);
+          } else {
+            tp.operandBytes(all * H * es, rows * H * es);
+          }
+          const Val x = dim == 1 ? tp.einsum(part, in[1], rows * H * es, B > 1)
+                                 : tp.einsum(in[1], part, rows * H * es, B > 1);
+          const Val xl = tapedLayerNorm(t, x, rows, H, es, false);  // x is a permuted view
+          const Val o = tp.linear(xl, rows, H, C, true);
+          const Val zg = dim == 1 ? z1 : tp.rows(in[0], Ez);  // zn.narrow(2, s, n) for dim 2
+          const Val g = tp.linear(zg, rows, C, C, dim == 1 ? contiguous(1, n) : contiguous(2, n));
+          const Val sg = tp.activation(g);
+          t.unref(g.h);
+          const Val y = tp.mul(sg, o);
+          for (int hnd : {sg.h, o.h, xl.h, x.h, part.h, z1.h}) t.unref(hnd);
+          if (dim != 1) t.unref(zg.h);
+          return y;
+        });
+    const Val u = tp.add(z, tri, Ez);
+    t.unref(tri.h);
+    const Val next = region(
+        {u}, dim, [&](int64_t n) { return inf.transitionChunk(n); },
+        [&](const std::vector<Val>& in, int64_t s, int64_t e) {
+          const int64_t n = e - s, rows = B * n * N;
+          const Val zs = tp.rows(in[0], Ez);
+          const Val h = tapedLayerNorm(t, zs, rows, C, es, contiguous(dim, n));
+          const Val l1 = tp.linear(h, rows, C, 4 * C, true);
+          const Val r = tp.activation(l1);
+          const Val l2 = tp.linear(r, rows, 4 * C, C, true);
+          const Val y = tp.add(zs, l2, rows * C * es);
+          for (int hnd : {l2.h, r.h, l1.h, h.h, zs.h}) t.unref(hnd);
+          return y;
+        });
+    for (int hnd : {u.h, whole.h, zn.h}) t.unref(hnd);
+    if (l > 0) t.unref(z.h);
+    z = next;
+  }
+  m.release(2 * Ez);  // results_.clear(): the previous step's output and input gradient
+  const int prod = t.alloc(Ez), total = t.alloc(4), ones = t.alloc(4);
+  std::map<int, int> grads{{z.slot, t.alloc(Ez)}};
+  t.backward(grads);
+  t.unref(ones);
+  t.unref(total);
+  t.unref(prod);
+  return m.peak();
+}
+
 }  // namespace
 
 std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape& shape,
@@ -752,77 +1037,24 @@ std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape&
 
 std::optional<int64_t> estimatePairActivationPeak(const reference::PairShape& shape, int dim,
                                                   int64_t chunk, int64_t elementBytes) {
-  if (shape.training) return std::nullopt;
+  if (shape.training) return pairTrainingPeak(shape, dim, chunk, elementBytes);
   const int64_t B = shape.batch, N = shape.n, C = shape.c, H = shape.hidden, es = elementBytes;
   const int64_t Ez = B * N * N * C * es;
   const int64_t step = std::min(chunk, N);
   Counter m;
-  // A chunk of dimension 1 of [B, n, n, c] is contiguous for one batch entry; of dimension 2,
-  // never (unless it is the whole).
-  const auto contiguous = [&](int d, int64_t n) { return n == N || (d == 1 && B == 1); };
-  const auto layerNormRows = [&](int64_t rows, int64_t channels, bool contig) {
-    const int64_t out = rows * channels * es;
-    if (!contig) m.alloc(out);
-    m.alloc(out);
-    m.alloc(2 * rows * 4);
-    m.release(2 * rows * 4);
-    if (!contig) m.release(out);
-    return out;
-  };
-  // sigmoid(linear(zn, Wg)) * linear(zn, W) on `rows` positions: four tensors of the hidden
-  // width alive at the product, the input copied for each linear when strided.
-  const auto projection = [&](int64_t rows, bool contig) {
-    const int64_t hid = rows * H * es, copy = contig ? 0 : rows * C * es;
-    for (int k = 0; k < 2; ++k) {
-      m.alloc(copy);
-      m.alloc(hid);
-      m.release(copy);
-      if (k == 0) m.alloc(hid);  // sigmoid
-    }
-    m.alloc(hid);  // the product
-    m.release(3 * hid);
-    return hid;
-  };
+  PairInference inf(m, shape, dim, es);
   for (int64_t l = 0; l < shape.layers; ++l) {
-    const int64_t zn = layerNormRows(B * N * N, C, true);
-    const int64_t whole = projection(B * N * N, true);
+    const int64_t zn = inf.layerNormRows(B * N * N, C, true);
+    const int64_t whole = inf.projection(B * N * N, true);
     m.alloc(Ez);  // the triangle region's output
     for (int64_t s = 0; s < N; s += step) {
-      const int64_t n = std::min(N, s + step) - s;
-      const int64_t rows = B * n * N;  // positions in the chunk
-      const int64_t part = projection(rows, contiguous(1, n));
-      // x = a b^T over k: batched matmul of permuted views, both sides copied when B > 1.
-      const int64_t x = rows * H * es;
-      const int64_t copies = B > 1 ? part + whole : 0;
-      m.alloc(copies);
-      m.alloc(x);
-      m.release(copies);
-      const int64_t lnx = layerNormRows(rows, H, false);  // x is a permuted view
-      m.alloc(rows * C * es);                             // o = LN(x) Wo
-      m.release(lnx);
-      const bool gateContig = dim == 1 ? contiguous(1, n) : contiguous(2, n);
-      if (!gateContig) m.alloc(rows * C * es);
-      m.alloc(rows * C * es);  // zn Wg
-      if (!gateContig) m.release(rows * C * es);
-      m.alloc(rows * C * es);  // sigmoid
-      m.alloc(rows * C * es);  // the gated update
-      m.release(2 * rows * C * es);
-      m.release(x + rows * C * es + part);  // x, o, and the chunk's projection at return
-      m.release(rows * C * es);             // copied into place
+      m.release(inf.triangleChunk(std::min(N, s + step) - s, whole));  // copied into place
     }
     m.alloc(Ez);  // u = z + update
     m.release(Ez);
     m.alloc(Ez);  // the transition region's output
     for (int64_t s = 0; s < N; s += step) {
-      const int64_t n = std::min(N, s + step) - s;
-      const int64_t rows = B * n * N, E = rows * C * es;
-      const int64_t h = layerNormRows(rows, C, contiguous(dim, n));
-      m.alloc(4 * E);  // W1
-      m.alloc(4 * E);  // relu
-      m.alloc(E);      // W2
-      m.alloc(E);      // residual
-      m.release(9 * E + h);
-      m.release(E);  // copied into place
+      m.release(inf.transitionChunk(std::min(N, s + step) - s));  // copied into place
     }
     m.release(Ez + zn + whole);  // u, zn and the whole projection at the iteration's end
     if (l > 0) m.release(Ez);    // the previous layer's output

@@ -29,7 +29,7 @@ std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape&
                                               const ChunkPlan& plan, int64_t elementBytes);
 
 // The same for the Evoformer-style pair stack chunked over rows (dim 1) or columns (dim 2) by
-// `chunk` (the whole of n: unchunked). Inference only; nullopt for training.
+// `chunk` (the whole of n: unchunked), in inference and in training.
 std::optional<int64_t> estimatePairActivationPeak(const reference::PairShape& shape, int dim,
                                                   int64_t chunk, int64_t elementBytes);
 
