@@ -363,6 +363,50 @@ Val tapedLayerNorm(Tape& t, const Val& x, int64_t rows, int64_t ch, int64_t es, 
   return y;
 }
 
+// ChunkedRegion (chunk_runner.h) on the tape: the forward runs chunk by chunk without a tape
+// (`forward(b, e)` replays one chunk's allocations on the counter and returns its part's
+// bytes, still held, then copied into the preallocated output); the backward recomputes
+// each chunk with a tape from leaves of the region's inputs (`taped(leaves, b, e)`) and
+// backpropagates that chunk's gradient, a view of the region's (strided where `strided`).
+// A leaf keeps its first chunk's gradient and adds the later ones in place.
+Val tapedRegion(Tape& t, const std::vector<Val>& in, int64_t outBytes, int64_t extent,
+                int64_t chunk, const std::function<int64_t(int64_t, int64_t)>& forward,
+                const std::function<Val(const std::vector<Val>&, int64_t, int64_t)>& taped,
+                const std::function<bool(int64_t, int64_t)>& strided) {
+  const int64_t C = std::min(chunk, extent);
+  const Val out{t.slot(), t.alloc(outBytes)};
+  for (int64_t b = 0; b < extent; b += C) t.counter().release(forward(b, std::min(extent, b + C)));
+  std::vector<int> saved;
+  for (const auto& v : in) saved.push_back(v.h);
+  t.node({out.slot}, saved, [&t, in, taped, strided, extent, C](const std::vector<int>& g) {
+    std::vector<Val> leaves;
+    for (const auto& v : in) {
+      leaves.push_back(Val{t.slot(), v.h});
+      t.leaf(leaves.back().slot);
+    }
+    std::map<int, int> grads;
+    for (int64_t b = 0; b < extent; b += C) {
+      const int64_t e = std::min(extent, b + C);
+      const Val o = taped(leaves, b, e);
+      std::map<int, int> chunkGrads = grads;
+      chunkGrads[o.slot] = t.view(g[0], strided(b, e));
+      t.backward(chunkGrads);
+      grads.clear();
+      for (const auto& l : leaves) {
+        if (chunkGrads.count(l.slot)) grads[l.slot] = chunkGrads[l.slot];
+      }
+      t.unref(o.h);
+    }
+    std::vector<std::pair<int, int>> out;
+    for (size_t i = 0; i < in.size(); ++i) {
+      auto it = grads.find(leaves[i].slot);
+      if (it != grads.end()) out.push_back({in[i].slot, it->second});
+    }
+    return out;
+  });
+  return out;
+}
+
 // The transformer's ops with their tapes (reference/transformer.cpp, chunked_regions.cpp).
 class TapedTransformer {
  public:
@@ -537,50 +581,14 @@ class TapedTransformer {
     return f;
   }
 
-  // ChunkedRegion: forward chunk by chunk without a tape (`forward` replays one chunk's
-  // allocations on the counter and returns the bytes of its part, still held); backward
-  // recomputes each chunk with a tape (`taped`, from the leaves) and backpropagates it.
+  // A chunked region over the sequence (tapedRegion).
   Val region(const std::vector<Val>& in, const std::function<int64_t(int64_t, int64_t)>& forward,
              const std::function<Val(const std::vector<Val>&, int64_t, int64_t)>& taped,
              int64_t chunk) {
-    Counter& m = t_.counter();
-    const int64_t T = s_.T, C = std::min(chunk, T);
-    const Val out{t_.slot(), t_.alloc(E(T))};
-    for (int64_t b = 0; b < T; b += C) {
-      const int64_t e = std::min(T, b + C);
-      m.release(forward(b, e));  // copied into place
-    }
-    std::vector<int> saved;
-    for (const auto& v : in) saved.push_back(v.h);
-    t_.node({out.slot}, saved, [this, in, taped, T, C](const std::vector<int>& g) {
-      std::vector<Val> leaves;
-      for (const auto& v : in) {
-        leaves.push_back(Val{t_.slot(), v.h});
-        t_.leaf(leaves.back().slot);
-      }
-      std::map<int, int> grads;
-      for (int64_t b = 0; b < T; b += C) {
-        const int64_t e = std::min(T, b + C);
-        const Val o = taped(leaves, b, e);
-        // The chunk's gradient: a view of the region's, strided unless it is contiguous.
-        const int gv = t_.view(g[0], s_.B > 1 && e - b < T);
-        std::map<int, int> chunkGrads{{o.slot, gv}};
-        for (const auto& [s, h] : grads) chunkGrads[s] = h;
-        t_.backward(chunkGrads);
-        grads.clear();
-        for (const auto& l : leaves) {
-          if (chunkGrads.count(l.slot)) grads[l.slot] = chunkGrads[l.slot];
-        }
-        t_.unref(o.h);
-      }
-      std::vector<std::pair<int, int>> out;
-      for (size_t i = 0; i < in.size(); ++i) {
-        auto it = grads.find(leaves[i].slot);
-        if (it != grads.end()) out.push_back({in[i].slot, it->second});
-      }
-      return out;
-    });
-    return out;
+    const int64_t T = s_.T;
+    const bool batched = s_.B > 1;
+    return tapedRegion(t_, in, E(T), T, chunk, forward, taped,
+                       [batched, T](int64_t b, int64_t e) { return batched && e - b < T; });
   }
 
  private:
@@ -923,42 +931,12 @@ int64_t pairTrainingPeak(const reference::PairShape& shape, int dim, int64_t chu
   Tape t(m);
   TapedPair tp(t, es);
   PairInference inf(m, shape, dim, es);
-  // A region: forward chunk by chunk without a tape, backward recomputing each chunk.
   const auto region =
       [&](const std::vector<Val>& in, int chunkDim, const std::function<int64_t(int64_t)>& forward,
           const std::function<Val(const std::vector<Val>&, int64_t, int64_t)>& taped) {
-        const Val out{t.slot(), t.alloc(Ez)};
-        for (int64_t s = 0; s < N; s += step) m.release(forward(std::min(N, s + step) - s));
-        std::vector<int> saved;
-        for (const auto& v : in) saved.push_back(v.h);
-        t.node({out.slot}, saved, [&, in, chunkDim, taped](const std::vector<int>& g) {
-          std::vector<Val> leaves;
-          for (const auto& v : in) {
-            leaves.push_back(Val{t.slot(), v.h});
-            t.leaf(leaves.back().slot);
-          }
-          std::map<int, int> grads;
-          for (int64_t s = 0; s < N; s += step) {
-            const int64_t e = std::min(N, s + step);
-            const Val o = taped(leaves, s, e);
-            const int gv = t.view(g[0], !contiguous(chunkDim, e - s));
-            std::map<int, int> chunkGrads{{o.slot, gv}};
-            for (const auto& [sl, h] : grads) chunkGrads[sl] = h;
-            t.backward(chunkGrads);
-            grads.clear();
-            for (const auto& l : leaves) {
-              if (chunkGrads.count(l.slot)) grads[l.slot] = chunkGrads[l.slot];
-            }
-            t.unref(o.h);
-          }
-          std::vector<std::pair<int, int>> out;
-          for (size_t i = 0; i < in.size(); ++i) {
-            auto it = grads.find(leaves[i].slot);
-            if (it != grads.end()) out.push_back({in[i].slot, it->second});
-          }
-          return out;
-        });
-        return out;
+        return tapedRegion(
+            t, in, Ez, N, step, [forward](int64_t b, int64_t e) { return forward(e - b); }, taped,
+            [&contiguous, chunkDim](int64_t b, int64_t e) { return !contiguous(chunkDim, e - b); });
       };
   Val z{t.slot(), -1};
   t.leaf(z.slot);
