@@ -894,32 +894,28 @@ class TapedPair {
     t_.unref(p.h);
     return y;
   }
-  // einsum("bikh,bjkh->bijh"): one batched matmul of permuted views, both operands copied when
-  // B > 1 (and saved so). Gradients come back strided: a leaf's is cloned when accumulated.
-  Val einsum(const Val& a, const Val& b, int64_t xBytes, bool copies) {
-    const int ca = copies ? t_.alloc(t_.bytes(a.h)) : -1;
-    const int cb = copies ? t_.alloc(t_.bytes(b.h)) : -1;
+  // einsum("bikh,bjkh->bijh") of a (`aBytes`) and b (`bBytes`): one batched matmul of
+  // permuted views, both operands copied when B > 1 (and saved so). Gradients come back
+  // strided: a leaf's is cloned when accumulated.
+  Val einsum(const Val& a, int64_t aBytes, const Val& b, int64_t bBytes, int64_t xBytes,
+             bool copies) {
+    const int ca = copies ? t_.alloc(aBytes) : -1;
+    const int cb = copies ? t_.alloc(bBytes) : -1;
     const Val x{t_.slot(), t_.alloc(xBytes)};
-    const int64_t ab = aBytes_, bb = bBytes_;
     t_.node({x.slot}, copies ? std::vector<int>{ca, cb} : std::vector<int>{a.h, b.h},
-            [this, a, b, ab, bb](const auto&) {
-              const int gb = t_.alloc(bb);
-              const int ga = t_.alloc(ab);
+            [this, a, b, aBytes, bBytes](const auto&) {
+              const int gb = t_.alloc(bBytes);
+              const int ga = t_.alloc(aBytes);
               return std::vector<std::pair<int, int>>{{b.slot, gb}, {a.slot, ga}};
             });
     t_.unref(ca);
     t_.unref(cb);
     return x;
   }
-  void operandBytes(int64_t a, int64_t b) {
-    aBytes_ = a;
-    bBytes_ = b;
-  }
 
  private:
   Tape& t_;
   int64_t es_;
-  int64_t aBytes_ = 0, bBytes_ = 0;
 };
 
 // One training step of the pair executor (chunked_pair.cpp: step()).
@@ -951,13 +947,9 @@ int64_t pairTrainingPeak(const reference::PairShape& shape, int dim, int64_t chu
           const Val z1 = tp.rows(in[0], Ez);  // zn.narrow(1, s, n)
           const Val part = tp.projection(z1, rows, C, H, contiguous(1, n));
           // dim 1: a is the chunk's, b whole; dim 2: a whole, b the chunk's.
-          if (dim == 1) {
-            tp.operandBytes(rows * H * es, all * H * es);
-          } else {
-            tp.operandBytes(all * H * es, rows * H * es);
-          }
-          const Val x = dim == 1 ? tp.einsum(part, in[1], rows * H * es, B > 1)
-                                 : tp.einsum(in[1], part, rows * H * es, B > 1);
+          const int64_t partBytes = rows * H * es, wholeBytes = all * H * es;
+          const Val x = dim == 1 ? tp.einsum(part, partBytes, in[1], wholeBytes, partBytes, B > 1)
+                                 : tp.einsum(in[1], wholeBytes, part, partBytes, partBytes, B > 1);
           const Val xl = tapedLayerNorm(t, x, rows, H, es, false);  // x is a permuted view
           const Val o = tp.linear(xl, rows, H, C, true);
           const Val zg = dim == 1 ? z1 : tp.rows(in[0], Ez);  // zn.narrow(2, s, n) for dim 2
