@@ -363,6 +363,39 @@ Val tapedLayerNorm(Tape& t, const Val& x, int64_t rows, int64_t ch, int64_t es, 
   return y;
 }
 
+// A view of x whose backward allocates a gradient of `gradBytes`: a slice (the gradient
+// zero-padded to the full tensor) or a reshape of transposed heads (the strided gradient
+// copied).
+Val tapedView(Tape& t, const Val& x, int64_t gradBytes) {
+  const Val v{t.slot(), x.h};
+  t.ref(x.h);
+  t.node({v.slot}, {}, [&t, x, gradBytes](const auto&) {
+    return std::vector<std::pair<int, int>>{{x.slot, t.alloc(gradBytes)}};
+  });
+  return v;
+}
+
+// An elementwise op whose backward saves its input (gelu) or its output (sigmoid, relu).
+Val tapedElementwise(Tape& t, const Val& x, bool savesOutput) {
+  const int64_t b = t.bytes(x.h);
+  const Val y{t.slot(), t.alloc(b)};
+  t.node({y.slot}, {savesOutput ? y.h : x.h}, [&t, x, b](const auto&) {
+    return std::vector<std::pair<int, int>>{{x.slot, t.alloc(b)}};
+  });
+  return y;
+}
+
+// a + b into `bytes`: nothing saved, the same gradient passed to both summands.
+Val tapedAdd(Tape& t, const Val& a, const Val& b, int64_t bytes) {
+  const Val y{t.slot(), t.alloc(bytes)};
+  t.node({y.slot}, {}, [&t, a, b](const std::vector<int>& g) {
+    t.ref(g[0]);
+    t.ref(g[0]);
+    return std::vector<std::pair<int, int>>{{a.slot, g[0]}, {b.slot, g[0]}};
+  });
+  return y;
+}
+
 // ChunkedRegion (chunk_runner.h) on the tape: the forward runs chunk by chunk without a tape
 // (`forward(b, e)` replays one chunk's allocations on the counter and returns its part's
 // bytes, still held, then copied into the preallocated output); the backward recomputes
@@ -415,16 +448,8 @@ class TapedTransformer {
   int64_t E(int64_t n) const { return s_.rows(n); }
   bool contiguous(int64_t n) const { return s_.B == 1 || n == s_.T; }
 
-  // x[:, b:b+n]: a view whose backward is a zero-padded full-size gradient.
-  Val rows(const Val& x) {
-    const Val v{t_.slot(), x.h};
-    t_.ref(x.h);
-    const int64_t full = E(s_.T);
-    t_.node({v.slot}, {}, [this, x, full](const std::vector<int>&) {
-      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(full)}};
-    });
-    return v;
-  }
+  // x[:, b:b+n] of a tensor of the whole sequence.
+  Val rows(const Val& x) { return tapedView(t_, x, E(s_.T)); }
 
   Val layerNorm(const Val& x, int64_t n, bool contig) {
     return tapedLayerNorm(t_, x, s_.B * n, s_.D, s_.es, contig);
@@ -451,35 +476,9 @@ class TapedTransformer {
     return y;
   }
 
-  Val gelu(const Val& x) {
-    const int64_t b = t_.bytes(x.h);
-    const Val y{t_.slot(), t_.alloc(b)};
-    t_.node({y.slot}, {x.h}, [this, x, b](const auto&) {
-      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(b)}};
-    });
-    return y;
-  }
-
+  Val gelu(const Val& x) { return tapedElementwise(t_, x, false); }
   // a + b on `n` rows.
-  Val add(const Val& a, const Val& b, int64_t n) {
-    const Val y{t_.slot(), t_.alloc(E(n))};
-    t_.node({y.slot}, {}, [this, a, b](const std::vector<int>& g) {
-      t_.ref(g[0]);
-      t_.ref(g[0]);  // the same gradient goes to both summands
-      return std::vector<std::pair<int, int>>{{a.slot, g[0]}, {b.slot, g[0]}};
-    });
-    return y;
-  }
-
-  // A view whose backward copies its (strided) gradient: reshapes of transposed heads.
-  Val reshaped(const Val& x, int64_t bytes) {
-    const Val v{t_.slot(), x.h};
-    t_.ref(x.h);
-    t_.node({v.slot}, {}, [this, x, bytes](const auto&) {
-      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(bytes)}};
-    });
-    return v;
-  }
+  Val add(const Val& a, const Val& b, int64_t n) { return tapedAdd(t_, a, b, E(n)); }
 
   // keysValues: the projection to keys and values, split, as heads.
   std::pair<Val, Val> keysValues(const Val& h) {
@@ -492,7 +491,7 @@ class TapedTransformer {
     t_.node({k0.slot, v0.slot}, {}, [this, kv](const auto&) {
       return std::vector<std::pair<int, int>>{{kv.slot, t_.alloc(t_.bytes(kv.h))}};
     });
-    const Val k = reshaped(k0, E(T)), v = reshaped(v0, E(T));
+    const Val k = tapedView(t_, k0, E(T)), v = tapedView(t_, v0, E(T));
     t_.unref(kv.h);
     t_.unref(k0.h);
     t_.unref(v0.h);
@@ -505,7 +504,7 @@ class TapedTransformer {
     const int64_t D = s_.D, es = s_.es, S = s_.B * s_.H * n * keys * es;
     const bool fold = s_.B > 1;
     const Val qlin = linear(hRows, n, D, D, contiguous(n), 3 * D * D * es, 3 * D * es);
-    const Val q = reshaped(qlin, E(n));
+    const Val q = tapedView(t_, qlin, E(n));
     const Val kk = rows(k), vv = rows(v);
     // q k^T: batched over [B, H], the operands made contiguous when B > 1 (saved by bmm).
     const int qc = fold ? t_.alloc(E(n)) : -1, kc = fold ? t_.alloc(E(keys)) : -1;
@@ -829,14 +828,6 @@ class TapedPair {
  public:
   TapedPair(Tape& t, int64_t es) : t_(t), es_(es) {}
 
-  Val rows(const Val& x, int64_t full) {
-    const Val v{t_.slot(), x.h};
-    t_.ref(x.h);
-    t_.node({v.slot}, {}, [this, x, full](const auto&) {
-      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(full)}};
-    });
-    return v;
-  }
   // at::linear on a 4-D input: a matmul over the folded rows (a strided input copied first,
   // and saved so), then the bias added in place: two nodes.
   Val linear(const Val& x, int64_t rows, int64_t in, int64_t out, bool contig) {
@@ -855,15 +846,6 @@ class TapedPair {
     });
     return y;
   }
-  // sigmoid or relu: the output saved.
-  Val activation(const Val& x) {
-    const int64_t b = t_.bytes(x.h);
-    const Val y{t_.slot(), t_.alloc(b)};
-    t_.node({y.slot}, {y.h}, [this, x, b](const auto&) {
-      return std::vector<std::pair<int, int>>{{x.slot, t_.alloc(b)}};
-    });
-    return y;
-  }
   Val mul(const Val& a, const Val& b) {
     const int64_t bytes = std::max(t_.bytes(a.h), t_.bytes(b.h));
     const Val y{t_.slot(), t_.alloc(bytes)};
@@ -874,20 +856,11 @@ class TapedPair {
     });
     return y;
   }
-  Val add(const Val& a, const Val& b, int64_t bytes) {
-    const Val y{t_.slot(), t_.alloc(bytes)};
-    t_.node({y.slot}, {}, [this, a, b](const std::vector<int>& g) {
-      t_.ref(g[0]);
-      t_.ref(g[0]);
-      return std::vector<std::pair<int, int>>{{a.slot, g[0]}, {b.slot, g[0]}};
-    });
-    return y;
-  }
   // sigmoid(linear(zn, Wg)) * linear(zn, W): the right operand first, as GCC evaluates it.
   Val projection(const Val& zn, int64_t rows, int64_t C, int64_t H, bool contig) {
     const Val p = linear(zn, rows, C, H, contig);
     const Val g = linear(zn, rows, C, H, contig);
-    const Val sg = activation(g);
+    const Val sg = tapedElementwise(t_, g, true);
     t_.unref(g.h);
     const Val y = mul(sg, p);
     t_.unref(sg.h);
@@ -944,7 +917,7 @@ int64_t pairTrainingPeak(const reference::PairShape& shape, int dim, int64_t chu
         [&](int64_t n) { return inf.triangleChunk(n, whole.h >= 0 ? all * H * es : 0); },
         [&](const std::vector<Val>& in, int64_t s, int64_t e) {
           const int64_t n = e - s, rows = B * n * N;
-          const Val z1 = tp.rows(in[0], Ez);  // zn.narrow(1, s, n)
+          const Val z1 = tapedView(t, in[0], Ez);  // zn.narrow(1, s, n)
           const Val part = tp.projection(z1, rows, C, H, contiguous(1, n));
           // dim 1: a is the chunk's, b whole; dim 2: a whole, b the chunk's.
           const int64_t partBytes = rows * H * es, wholeBytes = all * H * es;
@@ -952,27 +925,27 @@ int64_t pairTrainingPeak(const reference::PairShape& shape, int dim, int64_t chu
                                  : tp.einsum(in[1], wholeBytes, part, partBytes, partBytes, B > 1);
           const Val xl = tapedLayerNorm(t, x, rows, H, es, false);  // x is a permuted view
           const Val o = tp.linear(xl, rows, H, C, true);
-          const Val zg = dim == 1 ? z1 : tp.rows(in[0], Ez);  // zn.narrow(2, s, n) for dim 2
+          const Val zg = dim == 1 ? z1 : tapedView(t, in[0], Ez);  // zn.narrow(2, s, n) for dim 2
           const Val g = tp.linear(zg, rows, C, C, dim == 1 ? contiguous(1, n) : contiguous(2, n));
-          const Val sg = tp.activation(g);
+          const Val sg = tapedElementwise(t, g, true);
           t.unref(g.h);
           const Val y = tp.mul(sg, o);
           for (int hnd : {sg.h, o.h, xl.h, x.h, part.h, z1.h}) t.unref(hnd);
           if (dim != 1) t.unref(zg.h);
           return y;
         });
-    const Val u = tp.add(z, tri, Ez);
+    const Val u = tapedAdd(t, z, tri, Ez);
     t.unref(tri.h);
     const Val next = region(
         {u}, dim, [&](int64_t n) { return inf.transitionChunk(n); },
         [&](const std::vector<Val>& in, int64_t s, int64_t e) {
           const int64_t n = e - s, rows = B * n * N;
-          const Val zs = tp.rows(in[0], Ez);
+          const Val zs = tapedView(t, in[0], Ez);
           const Val h = tapedLayerNorm(t, zs, rows, C, es, contiguous(dim, n));
           const Val l1 = tp.linear(h, rows, C, 4 * C, true);
-          const Val r = tp.activation(l1);
+          const Val r = tapedElementwise(t, l1, true);
           const Val l2 = tp.linear(r, rows, 4 * C, C, true);
-          const Val y = tp.add(zs, l2, rows * C * es);
+          const Val y = tapedAdd(t, zs, l2, rows * C * es);
           for (int hnd : {l2.h, r.h, l1.h, h.h, zs.h}) t.unref(hnd);
           return y;
         });
@@ -1008,7 +981,7 @@ std::optional<int64_t> estimateActivationPeak(const reference::TransformerShape&
 std::optional<int64_t> estimatePairActivationPeak(const reference::PairShape& shape, int dim,
                                                   int64_t chunk, int64_t elementBytes) {
   if (shape.training) return pairTrainingPeak(shape, dim, chunk, elementBytes);
-  const int64_t B = shape.batch, N = shape.n, C = shape.c, H = shape.hidden, es = elementBytes;
+  const int64_t B = shape.batch, N = shape.n, C = shape.c, es = elementBytes;
   const int64_t Ez = B * N * N * C * es;
   const int64_t step = std::min(chunk, N);
   Counter m;
