@@ -1,7 +1,7 @@
 #pragma once
 
 // What every chunked executor shares: running a region chunk by chunk into a preallocated
-// output, and the custom autograd function whose backward recomputes each chunk.
+// output, the custom autograd function whose backward recomputes each chunk, and the step.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -9,9 +9,15 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "harness/memory.h"
+#include "harness/strategy.h"
 
 namespace sb::strategies::chunking {
 
@@ -107,6 +113,62 @@ struct ChunkedRegion : public torch::autograd::Function<ChunkedRegion> {
     out.push_back(at::Tensor());
     return out;
   }
+};
+
+// The step of every chunked executor on its model (input(), target(), parameters(),
+// zeroGrad()): the layers from the input, which requires grad in training, and there the
+// backward of sum(output * target) into zeroed gradients. Records the activation peak, above
+// what was alive when the step began (parameters, gradients, the input), beside the estimate
+// that prepare() puts in `estimate_`. The runner resets the peak before the step it measures.
+template <class Model>
+class ChunkedStepExecutor : public harness::RankExecutor {
+ public:
+  explicit ChunkedStepExecutor(bool training) : training_(training) {}
+
+  void step(harness::RankContext& ctx) override {
+    auto& mem = harness::MemoryTracker::instance();
+    const int64_t startLive = mem.current(ctx.rank());
+    if (training_) model_->zeroGrad();
+    at::AutoGradMode grad(training_);
+    const at::Tensor x0 = model_->input().detach().requires_grad_(training_);
+    const at::Tensor x = forward(x0);
+    results_.clear();
+    results_["output"] = x.detach();
+    if (training_) {
+      torch::autograd::backward({(x * model_->target()).sum()});
+      results_["grad_input"] = x0.grad();
+      for (const auto& [n, p] : model_->parameters()) results_["grad/" + n] = p.grad();
+    }
+    activationPeak_ = mem.peak(ctx.rank()) - startLive;
+    startLive_ = startLive;
+  }
+
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+
+  std::optional<int64_t> predictedPeakBytes() const override {
+    if (!estimate_) return std::nullopt;
+    return startLive_ + *estimate_;
+  }
+
+ protected:
+  // Every layer, from the step's input.
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+
+  // The record's mode, measured activation peak and estimate.
+  std::vector<std::pair<std::string, std::string>> peakParams() const {
+    return {{"mode", training_ ? "training" : "inference"},
+            {"activation_peak_bytes", std::to_string(activationPeak_)},
+            {"estimated_activation_peak_bytes",
+             estimate_ ? std::to_string(*estimate_) : std::string("n/a")}};
+  }
+
+  std::unique_ptr<Model> model_;
+  std::optional<int64_t> estimate_;  // of the activation peak, for the plan
+
+ private:
+  bool training_;
+  std::map<std::string, at::Tensor> results_;
+  int64_t activationPeak_ = 0, startLive_ = 0;
 };
 
 }  // namespace sb::strategies::chunking

@@ -90,10 +90,13 @@ class PairStrategy final : public harness::SingleRankStrategy {
   Fault fault_;
 };
 
-class PairExecutor final : public harness::RankExecutor {
+class PairExecutor final : public ChunkedStepExecutor<PairStack> {
  public:
   PairExecutor(const PairStrategy& s, const CaseSpec& c)
-      : strategy_(s), case_(c), shape_(PairShape::parse(c.shape)) {}
+      : ChunkedStepExecutor(PairShape::parse(c.shape).training),
+        strategy_(s),
+        case_(c),
+        shape_(PairShape::parse(c.shape)) {}
 
   void prepare(harness::RankContext&, const reference::WorkloadData&) override {
     model_ = std::make_unique<PairStack>(shape_, case_.dtype, case_.seed);
@@ -143,14 +146,20 @@ class PairExecutor final : public harness::RankExecutor {
     }
   }
 
-  void step(harness::RankContext& ctx) override {
-    auto& mem = harness::MemoryTracker::instance();
-    const int64_t startLive = mem.current(ctx.rank());
-    const bool training = shape_.training;
-    if (training) model_->zeroGrad();
-    at::AutoGradMode grad(training);
-    const at::Tensor z0 = model_->input().detach().requires_grad_(training);
-    at::Tensor z = z0;
+  std::vector<std::pair<std::string, std::string>> recordParams() const override {
+    std::vector<std::pair<std::string, std::string>> out = {
+        {"region", "triangle"},
+        {"dim", std::to_string(strategy_.dim())},
+        {"chunk", std::to_string(regions_.front().chunking.chunk)},
+        {"chunks", std::to_string(regions_.front().chunking.chunks())}};
+    const auto peak = peakParams();
+    out.insert(out.end(), peak.begin(), peak.end());
+    return out;
+  }
+
+ protected:
+  at::Tensor forward(const at::Tensor& input) override {
+    at::Tensor z = input;
     for (int l = 0; l < model_->layers(); ++l) {
       const at::Tensor zn = model_->normIn(l, z);
       const at::Tensor whole = strategy_.dim() == 1 ? model_->projB(l, zn) : model_->projA(l, zn);
@@ -159,43 +168,15 @@ class PairExecutor final : public harness::RankExecutor {
           z + ChunkedRegion::apply(zn, whole, none, reinterpret_cast<int64_t>(&regions_[l]));
       z = ChunkedRegion::apply(u, none, none, reinterpret_cast<int64_t>(&transitions_[l]));
     }
-    results_.clear();
-    results_["output"] = z.detach();
-    if (training) {
-      torch::autograd::backward({(z * model_->target()).sum()});
-      results_["grad_input"] = z0.grad();
-      for (const auto& [n, p] : model_->parameters()) results_["grad/" + n] = p.grad();
-    }
-    activationPeak_ = mem.peak(ctx.rank()) - startLive;
-    startLive_ = startLive;
-  }
-
-  std::map<std::string, at::Tensor> results() const override { return results_; }
-  std::vector<std::pair<std::string, std::string>> recordParams() const override {
-    return {{"region", "triangle"},
-            {"dim", std::to_string(strategy_.dim())},
-            {"chunk", std::to_string(regions_.front().chunking.chunk)},
-            {"chunks", std::to_string(regions_.front().chunking.chunks())},
-            {"mode", shape_.training ? "training" : "inference"},
-            {"activation_peak_bytes", std::to_string(activationPeak_)},
-            {"estimated_activation_peak_bytes", estimate_ ? std::to_string(*estimate_) : "n/a"}};
-  }
-
-  std::optional<int64_t> predictedPeakBytes() const override {
-    if (!estimate_) return std::nullopt;
-    return startLive_ + *estimate_;
+    return z;
   }
 
  private:
   const PairStrategy& strategy_;
   CaseSpec case_;
   PairShape shape_;
-  std::unique_ptr<PairStack> model_;
   // One a layer, as each layer's backward recomputes that layer's chunks.
   std::vector<RegionContext> regions_, transitions_;
-  std::map<std::string, at::Tensor> results_;
-  int64_t activationPeak_ = 0, startLive_ = 0;
-  std::optional<int64_t> estimate_;  // of the activation peak; none in training
 };
 
 std::unique_ptr<harness::RankExecutor> PairStrategy::makeExecutor(const CaseSpec& c) const {

@@ -168,10 +168,13 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
   Fault fault_;
 };
 
-class ChunkedExecutor final : public harness::RankExecutor {
+class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
  public:
   ChunkedExecutor(const ChunkedStrategy& s, const CaseSpec& c)
-      : strategy_(s), case_(c), shape_(TransformerShape::parse(c.shape, c.workload)) {}
+      : ChunkedStepExecutor(TransformerShape::parse(c.shape, c.workload).training),
+        strategy_(s),
+        case_(c),
+        shape_(TransformerShape::parse(c.shape, c.workload)) {}
 
   void prepare(harness::RankContext&, const reference::WorkloadData&) override {
     model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
@@ -247,35 +250,6 @@ class ChunkedExecutor final : public harness::RankExecutor {
     }
   }
 
-  void step(harness::RankContext& ctx) override {
-    auto& mem = harness::MemoryTracker::instance();
-    const int64_t startLive = mem.current(ctx.rank());
-    const bool training = shape_.training;
-    if (training) model_->zeroGrad();
-    at::AutoGradMode grad(training);
-    const at::Tensor x0 = model_->input().detach().requires_grad_(training);
-    at::Tensor x = x0;
-    for (int l = 0; l < model_->layers(); ++l) x = layer(l, x);
-    results_.clear();
-    results_["output"] = x.detach();
-    if (training) {
-      torch::autograd::backward({(x * model_->target()).sum()});
-      results_["grad_input"] = x0.grad();
-      for (const auto& [n, p] : model_->parameters()) results_["grad/" + n] = p.grad();
-    }
-    // Above what was alive when the step began (parameters, gradients, the input): the
-    // activations. The runner resets the peak before the step it measures.
-    activationPeak_ = mem.peak(ctx.rank()) - startLive;
-    startLive_ = startLive;
-  }
-
-  std::optional<int64_t> predictedPeakBytes() const override {
-    if (!estimate_) return std::nullopt;
-    return startLive_ + *estimate_;
-  }
-
-  std::map<std::string, at::Tensor> results() const override { return results_; }
-
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     std::vector<std::pair<std::string, std::string>> out;
     if (strategy_.region() == Region::kAuto) {
@@ -287,13 +261,18 @@ class ChunkedExecutor final : public harness::RankExecutor {
     std::vector<std::pair<std::string, std::string>> own = {
         {"region", regionName(region_)},
         {"chunk", std::to_string(chunking_.chunk)},
-        {"chunks", std::to_string(chunking_.chunks())},
-        {"mode", shape_.training ? "training" : "inference"},
-        {"activation_peak_bytes", std::to_string(activationPeak_)},
-        {"estimated_activation_peak_bytes",
-         estimate_ ? std::to_string(*estimate_) : std::string("n/a")}};
+        {"chunks", std::to_string(chunking_.chunks())}};
     out.insert(out.end(), own.begin(), own.end());
+    const auto peak = peakParams();
+    out.insert(out.end(), peak.begin(), peak.end());
     return out;
+  }
+
+ protected:
+  at::Tensor forward(const at::Tensor& input) override {
+    at::Tensor x = input;
+    for (int l = 0; l < model_->layers(); ++l) x = layer(l, x);
+    return x;
   }
 
  private:
@@ -343,13 +322,9 @@ class ChunkedExecutor final : public harness::RankExecutor {
   const ChunkedStrategy& strategy_;
   CaseSpec case_;
   TransformerShape shape_;
-  std::unique_ptr<Transformer> model_;
   Chunking chunking_;
   std::vector<RegionContext> regions_;
   std::vector<std::array<RegionContext, 4>> tokenwise_;  // ln_residual's four, a layer
-  std::map<std::string, at::Tensor> results_;
-  int64_t activationPeak_ = 0, startLive_ = 0;
-  std::optional<int64_t> estimate_;  // of the activation peak, for the plan
   Region region_ = Region::kAttention;
   ChunkSearch search_;
   int64_t maxMemory_ = 0;
