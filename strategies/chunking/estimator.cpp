@@ -100,6 +100,21 @@ int64_t ffn(Counter& m, const Sizes& s, int64_t n) {
 
 int64_t keyEnd(const Sizes& s, int64_t end) { return s.causal ? end : s.T; }
 
+// One chunk of `n` rows of the whole-block region (chunked_regions.cpp, Region::kBlock) against
+// `keys` keys; returns its output's bytes, still held.
+int64_t blockChunk(Counter& m, const Sizes& s, int64_t n, int64_t keys, bool contiguous) {
+  const int64_t l1 = layerNorm(m, s, n, contiguous);
+  const int64_t a = attention(m, s, n, keys, true);
+  m.release(l1);       // a temporary of a's expression
+  m.alloc(s.rows(n));  // rs = xs + a
+  const int64_t l2 = layerNorm(m, s, n, true);
+  const int64_t f = ffn(m, s, n);
+  m.alloc(s.rows(n));  // rs + f
+  m.release(f + l2);
+  m.release(s.rows(n) + a);  // rs and a at return
+  return s.rows(n);
+}
+
 // One block as ChunkedExecutor::layer runs it; the block's output stays allocated.
 void block(Counter& m, const Sizes& s, const ChunkPlan& plan) {
   // Unchunked is the attention region in one chunk: the executor runs it so.
@@ -179,17 +194,7 @@ void block(Counter& m, const Sizes& s, const ChunkPlan& plan) {
   m.release(h);
   m.alloc(E);
   chunks([&](int64_t b, int64_t e) {
-    const int64_t n = e - b;
-    const int64_t l1 = layerNorm(m, s, n, contiguous(n));
-    const int64_t a = attention(m, s, n, keyEnd(s, e), true);
-    m.release(l1);       // a temporary of a's expression
-    m.alloc(s.rows(n));  // rs = xs + a
-    const int64_t l2 = layerNorm(m, s, n, true);
-    const int64_t f = ffn(m, s, n);
-    m.alloc(s.rows(n));  // rs + f
-    m.release(f + l2);
-    m.release(s.rows(n) + a);  // rs and a at return
-    m.release(s.rows(n));      // copied into place
+    m.release(blockChunk(m, s, e - b, keyEnd(s, e), contiguous(e - b)));  // copied into place
   });
   m.release(2 * E);  // keys and values at return
 }
@@ -663,17 +668,7 @@ int64_t trainingPeak(const Sizes& s, const ChunkPlan& plan, int64_t layers) {
       out = tt.region(
           {x, k, v},
           [&](int64_t b, int64_t e) {
-            const int64_t n = e - b;
-            const int64_t l1 = layerNorm(m, s, n, contiguous(n));
-            const int64_t a = attention(m, s, n, keyEnd(e), true);
-            m.release(l1);       // a temporary of a's expression
-            m.alloc(s.rows(n));  // rs = xs + a
-            const int64_t l2 = layerNorm(m, s, n, true);
-            const int64_t f = ffn(m, s, n);
-            m.alloc(s.rows(n));  // rs + f
-            m.release(f + l2);
-            m.release(s.rows(n) + a);  // rs and a at return
-            return s.rows(n);
+            return blockChunk(m, s, e - b, keyEnd(e), contiguous(e - b));
           },
           [&](const std::vector<Val>& in, int64_t b, int64_t e) {
             const int64_t n = e - b;
