@@ -32,6 +32,8 @@ struct Sizes {
   int64_t B, T, D, H, es;
   bool causal;
   int64_t rows(int64_t n) const { return B * n * D * es; }  // [B, n, D]
+  // A chunk of rows of [B, T, D] is contiguous only for one sequence or the whole sequence.
+  bool contiguous(int64_t n) const { return B == 1 || n == T; }
 };
 
 // at::layer_norm of `n` rows: a contiguous copy of a strided input, the output, and the mean
@@ -121,8 +123,7 @@ void block(Counter& m, const Sizes& s, const ChunkPlan& plan) {
   const ChunkPlan p = plan.region == "none" ? ChunkPlan{"attention", s.T} : plan;
   const int64_t E = s.rows(s.T);
   const int64_t C = std::min(p.chunk, s.T);
-  // A chunk of rows of [B, T, D] is contiguous only for one sequence or the whole sequence.
-  const auto contiguous = [&](int64_t n) { return s.B == 1 || n == s.T; };
+  const auto contiguous = [&](int64_t n) { return s.contiguous(n); };
   const auto chunks = [&](const auto& fn) {
     for (int64_t b = 0; b < s.T; b += C) fn(b, std::min(s.T, b + C));
   };
@@ -451,7 +452,7 @@ class TapedTransformer {
   TapedTransformer(Tape& t, const Sizes& s) : t_(t), s_(s) {}
 
   int64_t E(int64_t n) const { return s_.rows(n); }
-  bool contiguous(int64_t n) const { return s_.B == 1 || n == s_.T; }
+  bool contiguous(int64_t n) const { return s_.contiguous(n); }
 
   // x[:, b:b+n] of a tensor of the whole sequence.
   Val rows(const Val& x) { return tapedView(t_, x, E(s_.T)); }
@@ -608,7 +609,7 @@ int64_t trainingPeak(const Sizes& s, const ChunkPlan& plan, int64_t layers) {
   TapedTransformer tt(t, s);
   const int64_t T = s.T, E = s.rows(T);
   const auto keyEnd = [&](int64_t e) { return s.causal ? e : T; };
-  const auto contiguous = [&](int64_t n) { return s.B == 1 || n == T; };
+  const auto contiguous = [&](int64_t n) { return s.contiguous(n); };
   Val x{t.slot(), -1};  // the input: a leaf, allocated before the step
   t.leaf(x.slot);
   for (int64_t l = 0; l < layers; ++l) {
@@ -890,11 +891,11 @@ class TapedPair {
 int64_t pairTrainingPeak(const reference::PairShape& shape, int dim, int64_t chunk, int64_t es) {
   const int64_t B = shape.batch, N = shape.n, C = shape.c, H = shape.hidden;
   const int64_t all = B * N * N, Ez = all * C * es, step = std::min(chunk, N);
-  const auto contiguous = [&](int d, int64_t n) { return n == N || (d == 1 && B == 1); };
   Counter m;
   Tape t(m);
   TapedPair tp(t, es);
   PairInference inf(m, shape, dim, es);
+  const auto contiguous = [&](int d, int64_t n) { return inf.contiguous(d, n); };
   const auto region =
       [&](const std::vector<Val>& in, int chunkDim, const std::function<int64_t(int64_t)>& forward,
           const std::function<Val(const std::vector<Val>&, int64_t, int64_t)>& taped) {
