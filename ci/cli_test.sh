@@ -12,6 +12,12 @@ check "run passes and writes results" 0 "total +[0-9]+ +0 +0 +0" -- \
   "$sb" run "$src/suites/smoke.yaml" --filter sharded_tensor --out "$tmp/res" --repetitions 2
 rows=$(grep -c ',pass,' "$tmp/res/results.csv")
 [ "$rows" -ge 12 ] && pass "results.csv has $rows pass rows" || fail "results.csv pass rows: $rows"
+python3 - "$tmp/res" <<'PY' && pass "results.json's run id is every row's" || fail "run ids differ"
+import csv, json, sys
+run = json.load(open(sys.argv[1] + "/results.json"))["run"]["run_id"]
+rows = {r["run_id"] for r in csv.DictReader(open(sys.argv[1] + "/results.csv"))}
+sys.exit(0 if rows == {run} else 1)
+PY
 cp "$tmp/res/results.csv" "$tmp/before.csv"
 
 cat >"$tmp/bad.yaml" <<'YAML'

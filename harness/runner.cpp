@@ -877,8 +877,7 @@ class NullBuffer final : public std::streambuf {
 
 // Runs the plan row by row through `row`, printing progress and, when `writes`, the results.
 int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
-            std::ostream& out, bool writes, const RowFn& row) {
-  const Provenance prov = Provenance::collect();
+            const Provenance& prov, std::ostream& out, bool writes, const RowFn& row) {
   nlohmann::json runInfo = {
       {"run_id", prov.runId},       {"git_sha", prov.gitSha}, {"timestamp_utc", prov.timestampUtc},
       {"host", prov.host},          {"device", prov.device},  {"torch_version", prov.torchVersion},
@@ -982,7 +981,7 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
                std::ostream& out) {
   if (options.backend == "threads") {
     const Provenance prov = Provenance::collect();
-    return runLoop(suite, plan, options, out, true,
+    return runLoop(suite, plan, options, prov, out, true,
                    [&](const CaseSpec& c, const reference::WorkloadData* data,
                        const std::string& buildError, const Strategy& s) -> RowResult {
                      if (!data) {
@@ -1013,7 +1012,7 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
   const Provenance prov = Provenance::collect();
   int64_t seq = 0;
   const int rc =
-      runLoop(suite, plan, options, session.rank() == 0 ? out : quiet, session.rank() == 0,
+      runLoop(suite, plan, options, prov, session.rank() == 0 ? out : quiet, session.rank() == 0,
               [&](const CaseSpec& c, const reference::WorkloadData* data,
                   const std::string& buildError, const Strategy& s) {
                 return distributedRow(session, seq++, c, data, buildError, s, prov, options);
