@@ -89,6 +89,16 @@ class Communicator {
 
   void barrier();
 
+  // Bytes of tensors the backend allocates inside one collective besides the tensor it returns
+  // (or reduces into), at their peak: what a memory model adds for the collective, since the
+  // memory tracker sees every one of them. `myBlockBytes` is this rank's block (all-reduce: its
+  // buffer; all-gather: its input; reduce-scatter: its output; all-to-all: its input),
+  // `maxBlockBytes` the largest block of any rank of the group.
+  virtual int64_t scratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
+                               at::ScalarType dtype) const {
+    return 0;
+  }
+
  protected:
   virtual void doAllReduce(at::Tensor& tensor);
   virtual at::Tensor doAllGather(const at::Tensor& input, const std::vector<int64_t>& rows);

@@ -35,6 +35,12 @@ class ThreadsCommunicator final : public Communicator {
 
   std::string backendName() const override { return "threads"; }
 
+  // The all-reduce sums into a fresh tensor before it copies back; the other collectives
+  // allocate only what they return.
+  int64_t scratchBytes(Collective c, int64_t myBlockBytes, int64_t, at::ScalarType) const override {
+    return c == Collective::kAllReduce ? myBlockBytes : 0;
+  }
+
  protected:
   void doAllReduce(at::Tensor& tensor) override {
     publish(tensor, {}, "all_reduce");
@@ -55,6 +61,9 @@ class ThreadsCommunicator final : public Communicator {
       parts.push_back(group_.slots[r]);
     }
     at::Tensor out = at::cat(parts, 0);
+    // Let go of the other ranks' buffers before they may leave: each rank's memory then peaks
+    // where its own code says, not when another thread happens to return.
+    parts.clear();
     finish("all_gather");
     return out;
   }
@@ -91,6 +100,7 @@ class ThreadsCommunicator final : public Communicator {
       parts.push_back(group_.slots[r].narrow(0, offset, recvRows[r]));
     }
     at::Tensor out = at::cat(parts, 0);
+    parts.clear();
     finish("all_to_all");
     return out;
   }
