@@ -13,6 +13,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <sstream>
 
@@ -317,26 +318,45 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
   TORCH_CHECK(!ec && std::filesystem::is_directory(dir_), "cannot create output directory '", dir_,
               "': ", ec.message());
   TORCH_CHECK(::access(dir_.c_str(), W_OK) == 0, "output directory '", dir_, "' is not writable");
-  flush();
+  write();
+}
+
+ResultWriter::~ResultWriter() {
+  try {
+    flush();
+  } catch (const std::exception& e) {
+    std::cerr << "stratbench: could not write the last results to " << dir_ << ": " << e.what()
+              << "\n";
+  }
 }
 
 void ResultWriter::add(const Record& r) {
   csvLines_.push_back(csvRow(r));
-  records_.push_back(r.toJson());
-  flush();
+  jsonRecords_.push_back(r.toJson().dump());
+  if (written_ == 0 || std::chrono::steady_clock::now() - lastWrite_ >= kFlushInterval) write();
 }
 
 void ResultWriter::flush() {
+  if (written_ != jsonRecords_.size()) write();
+}
+
+void ResultWriter::write() {
   std::string csv;
   for (size_t i = 0; i < csvColumns().size(); ++i) csv += (i ? "," : "") + csvColumns()[i];
   csv += "\n";
   for (const auto& l : csvLines_) csv += l + "\n";
   writeFileAtomic(csvPath(), csv);
-  nlohmann::json doc;
-  doc["schema_version"] = kSchemaVersion;
-  doc["run"] = runInfo_;
-  doc["records"] = records_;
-  writeFileAtomic(jsonPath(), doc.dump(1) + "\n");
+  // One record per line; the document's keys in the order nlohmann::json sorts them.
+  std::string json = "{\n \"records\": [";
+  for (size_t i = 0; i < jsonRecords_.size(); ++i) {
+    json += (i ? ",\n  " : "\n  ") + jsonRecords_[i];
+  }
+  json += jsonRecords_.empty() ? "],\n" : "\n ],\n";
+  json += " \"run\": " + runInfo_.dump() + ",\n";
+  json += " \"schema_version\": " + std::to_string(kSchemaVersion) + "\n}\n";
+  writeFileAtomic(jsonPath(), json);
+  written_ = jsonRecords_.size();
+  lastWrite_ = std::chrono::steady_clock::now();
 }
 
 }  // namespace sb::harness

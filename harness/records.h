@@ -1,6 +1,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -133,25 +134,36 @@ std::string formatDouble(double v);
 // One CSV line (no trailing newline), fields quoted where they need it (RFC 4180).
 std::string csvRow(const Record& r);
 
-// Writes `results.csv` and `results.json` in a directory, rewriting both after every record so
-// that an interrupted run keeps everything finished so far. Each file is written to a
-// temporary beside it, flushed to disk and renamed over the old one: a reader (or a crash)
-// sees the previous complete file or the new complete file, never a truncated one.
+// Writes `results.csv` and `results.json` in a directory, rewriting both as records arrive so
+// that an interrupted run keeps what it finished. Each file is written to a temporary beside
+// it, flushed to disk and renamed over the old one: a reader (or a crash) sees the previous
+// complete file or the new complete file, never a truncated one. Both files are rewritten
+// together, from the same records, at most once per `kFlushInterval` while records arrive
+// (so a suite of thousands of short rows does not spend its time rewriting files), at every
+// flush() (the runner calls it after each case) and when the writer is destroyed.
 class ResultWriter {
  public:
+  static constexpr std::chrono::milliseconds kFlushInterval{1000};
   // Creates `dir` if needed. Throws naming the directory if it cannot be written.
   explicit ResultWriter(std::string dir, nlohmann::json runInfo);
+  ~ResultWriter();
+  ResultWriter(const ResultWriter&) = delete;
+  ResultWriter& operator=(const ResultWriter&) = delete;
   void add(const Record& r);
+  // Writes both files now, if anything changed since they were last written.
+  void flush();
   const std::string& dir() const { return dir_; }
   std::string csvPath() const { return dir_ + "/results.csv"; }
   std::string jsonPath() const { return dir_ + "/results.json"; }
 
  private:
-  void flush();
+  void write();
   std::string dir_;
   nlohmann::json runInfo_;
   std::vector<std::string> csvLines_;
-  nlohmann::json records_ = nlohmann::json::array();
+  std::vector<std::string> jsonRecords_;  // each record serialised once
+  size_t written_ = 0;                    // records in the files on disk
+  std::chrono::steady_clock::time_point lastWrite_;
 };
 
 // Atomically replaces `path` with `content` (temporary file, fsync, rename).

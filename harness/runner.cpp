@@ -296,13 +296,20 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       maybeFireRankFault(options, r);
       execs[r]->step(ctx);
       peak[r] = MemoryTracker::instance().peak(r);
-      results[r] = execs[r]->results();
+    });
+    for (int r : local) {
+      out.ranks[slot[r]].counted = world.stats(r);
+      out.ranks[slot[r]].wire = world.wireStats(r);
+    }
+    // Untimed and uncounted: results laid out as the strategy declares them (pending sums
+    // reduced), then taken for verification.
+    world.run([&](RankContext& ctx) {
+      execs[ctx.rank()]->settle(ctx);
+      results[ctx.rank()] = execs[ctx.rank()]->results();
     });
     for (int r : local) {
       RankOutcome& o = out.ranks[slot[r]];
       o.checks = verifyRank(c, data, strategy, r, results[r]);
-      o.counted = world.stats(r);
-      o.wire = world.wireStats(r);
       o.peak = peak[r];
       o.predictedPeak = execs[r]->predictedPeakBytes();
       if (!o.predictedPeak) o.predictedPeak = strategy.predictPeakMemory(c, r);
@@ -320,7 +327,10 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
 
     // As nccl-tests does, the timed runs are verified too: the last timed step must still
     // give the reference results (catches state that leaks from step to step).
-    world.run([&](RankContext& ctx) { results[ctx.rank()] = execs[ctx.rank()]->results(); });
+    world.run([&](RankContext& ctx) {
+      execs[ctx.rank()]->settle(ctx);
+      results[ctx.rank()] = execs[ctx.rank()]->results();
+    });
     for (int r : local) {
       out.ranks[slot[r]].checksAfter = verifyRank(c, data, strategy, r, results[r]);
     }
@@ -377,7 +387,9 @@ void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n
       if (!us) return;  // a collective the profile did not measure
       comm += *us;
     }
-    const double compute = 3 * profile.gemm.latencyUs + profile.gemm.usPerByte * *flops;
+    // A strategy with no matmuls (a redistribution) models zero flops: communication alone.
+    const double compute =
+        *flops > 0 ? 3 * profile.gemm.latencyUs + profile.gemm.usPerByte * *flops : 0.0;
     if (compute + comm > worst) {
       worst = compute + comm;
       computeUs = compute;
@@ -595,7 +607,7 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
                        "' is not a valid regular expression: " + e.what());
     }
   }
-  const auto& registry = StrategyRegistry::global();
+  auto& registry = StrategyRegistry::global();
   std::vector<PlannedCase> plan;
   size_t selected = 0;
   for (CaseSpec c : suite.cases) {
@@ -607,6 +619,13 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
       throw InputError(c.where() + ": case '" + c.name + "' has mesh " + c.meshString() + " (" +
                        std::to_string(c.meshSize()) + " ranks) but the world size is " +
                        std::to_string(*options.worldSize));
+    }
+    try {
+      registry.expandFor(c);
+    } catch (const InputError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw InputError(c.where() + ": case '" + c.name + "': " + errorText(e));
     }
     PlannedCase pc{c, {}};
     std::vector<const Strategy*> chosen;
@@ -937,6 +956,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       }
       if (stopped) break;
     }
+    if (writer) writer->flush();
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     out << "[" << (i + 1) << "/" << plan.size() << "] " << c.name << " (" << c.workload << " "
         << reference::findWorkload(c.workload)->shapeString(c.shape) << ", mesh " << c.meshString()
@@ -968,6 +988,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   }
   if (stopped) out << "stopped: a rank was lost; every finished row is in the results\n";
   if (!writer) return 0;  // rank 0 carries the verdict and the exit code
+  writer->flush();
   out << "results: " << writer->csvPath() << ", " << writer->jsonPath() << " (" << std::fixed
       << std::setprecision(1) << std::chrono::duration<double>(Clock::now() - runStart).count()
       << " s)\n"
