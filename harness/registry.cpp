@@ -34,14 +34,26 @@ void StrategyRegistry::add(std::unique_ptr<Strategy> strategy) {
   TORCH_INTERNAL_ASSERT(strategy != nullptr);
   TORCH_INTERNAL_ASSERT(find(strategy->id()) == nullptr, "strategy id '", strategy->id(),
                         "' registered twice");
+  byId_[strategy->id()] = strategy.get();
   strategies_.push_back(std::move(strategy));
 }
 
 const Strategy* StrategyRegistry::find(const std::string& id) const {
-  for (const auto& s : strategies_) {
-    if (s->id() == id) return s.get();
+  auto it = byId_.find(id);
+  return it == byId_.end() ? nullptr : it->second;
+}
+
+void StrategyRegistry::addGenerator(GeneratorInfo info) {
+  TORCH_INTERNAL_ASSERT(info.generate, "generator without a function");
+  generators_.push_back(std::move(info));
+}
+
+void StrategyRegistry::expandFor(const CaseSpec& c) {
+  for (const auto& g : generators_) {
+    for (auto& s : g.generate(c)) {
+      if (find(s->id()) == nullptr) add(std::move(s));
+    }
   }
-  return nullptr;
 }
 
 std::vector<const Strategy*> StrategyRegistry::all() const {
@@ -67,6 +79,10 @@ std::vector<const Strategy*> StrategyRegistry::matching(const std::string& patte
 StrategyRegistrar::StrategyRegistrar(
     const std::function<std::vector<std::unique_ptr<Strategy>>()>& make) {
   for (auto& s : make()) StrategyRegistry::global().add(std::move(s));
+}
+
+StrategyRegistrar::StrategyRegistrar(StrategyRegistry::GeneratorInfo generator) {
+  StrategyRegistry::global().addGenerator(std::move(generator));
 }
 
 }  // namespace sb::harness

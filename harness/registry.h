@@ -1,6 +1,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,13 +23,33 @@ class StrategyRegistry {
   // Those whose id matches `pattern` entirely (ECMAScript regex); throws on a bad pattern.
   std::vector<const Strategy*> matching(const std::string& pattern) const;
 
+  // A family whose strategies depend on the case, e.g. every ordered pair of a case's layouts
+  // (`sharding/redistribute/<from>-><to>`): too many to register up front, so the generator
+  // makes those a case selects from when the case is planned. A generated strategy stays
+  // registered, and one generated again (the same id for another case) is the one already
+  // there, so ids stay unique. A generator throws for malformed case parameters.
+  using Generator = std::function<std::vector<std::unique_ptr<Strategy>>(const CaseSpec&)>;
+  struct GeneratorInfo {
+    std::string idPattern;  // "sharding/redistribute/<from>-><to>"
+    Family family;
+    std::string description;
+    Generator generate;
+  };
+  void addGenerator(GeneratorInfo info);
+  const std::vector<GeneratorInfo>& generators() const { return generators_; }
+  // Registers what every generator makes for `c`.
+  void expandFor(const CaseSpec& c);
+
  private:
   std::vector<std::unique_ptr<Strategy>> strategies_;
+  std::map<std::string, const Strategy*> byId_;
+  std::vector<GeneratorInfo> generators_;
 };
 
 // Registers what `make` returns when constructed; used through SB_REGISTER_STRATEGIES.
 struct StrategyRegistrar {
   explicit StrategyRegistrar(const std::function<std::vector<std::unique_ptr<Strategy>>()>& make);
+  explicit StrategyRegistrar(StrategyRegistry::GeneratorInfo generator);
 };
 
 }  // namespace sb::harness
@@ -38,3 +59,6 @@ struct StrategyRegistrar {
 // Registers the strategies a function of type std::vector<std::unique_ptr<Strategy>>() returns.
 #define SB_REGISTER_STRATEGIES(make_fn) \
   static const ::sb::harness::StrategyRegistrar SB_CONCAT(sbRegistrar_, __COUNTER__)(make_fn)
+// Registers a generator (StrategyRegistry::GeneratorInfo) of strategies made per case.
+#define SB_REGISTER_STRATEGY_GENERATOR(info) \
+  static const ::sb::harness::StrategyRegistrar SB_CONCAT(sbRegistrar_, __COUNTER__)(info)

@@ -49,6 +49,11 @@ class RankExecutor {
   // Timed: one forward and backward on the prepared shards. Must leave no state that changes
   // the next step's results (gradients are recomputed, not accumulated).
   virtual void step(RankContext& ctx) = 0;
+  // Untimed, and after the step's communication was counted: brings the last step's results
+  // into the layout resultBox() declares, where the step leaves them otherwise (pending sums of
+  // a partial layout are reduced over their group). Called before every results() that is
+  // verified; the default does nothing.
+  virtual void settle(RankContext& ctx) {}
   // This rank's local tensors from the last step, named as in WorkloadData::expected.
   virtual std::map<std::string, at::Tensor> results() const = 0;
 
