@@ -1,0 +1,660 @@
+#include "harness/redistribute.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <queue>
+#include <stdexcept>
+
+namespace sb::harness {
+namespace {
+
+std::string axesDigits(const std::vector<int>& axes) {
+  std::string s;
+  for (int a : axes) s += std::to_string(a);
+  return s;
+}
+
+bool isSuffix(const std::vector<int>& list, const std::vector<int>& tail) {
+  return !tail.empty() && tail.size() <= list.size() &&
+         std::equal(tail.begin(), tail.end(), list.end() - tail.size());
+}
+
+// Axes neither sharding a dimension nor holding pending sums.
+std::vector<int> replicatedAxes(const Layout& l, int meshNdim) {
+  std::vector<int> out;
+  for (int a = 0; a < meshNdim; ++a) {
+    if (!l.isPartial(a) && l.shardDimOf(a) < 0) out.push_back(a);
+  }
+  return out;
+}
+
+// Every non-empty subset of `axes`, in increasing order within each subset.
+std::vector<std::vector<int>> subsets(const std::vector<int>& axes) {
+  std::vector<std::vector<int>> out;
+  const int n = static_cast<int>(axes.size());
+  for (int mask = 1; mask < (1 << n); ++mask) {
+    std::vector<int> s;
+    for (int i = 0; i < n; ++i) {
+      if (mask & (1 << i)) s.push_back(axes[i]);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Every non-empty ordered sequence of distinct elements of `axes`.
+std::vector<std::vector<int>> arrangements(const std::vector<int>& axes) {
+  std::vector<std::vector<int>> out;
+  for (auto s : subsets(axes)) {
+    std::sort(s.begin(), s.end());
+    do {
+      out.push_back(s);
+    } while (std::next_permutation(s.begin(), s.end()));
+  }
+  return out;
+}
+
+std::vector<int> withoutSuffix(const std::vector<int>& list, size_t k) {
+  return std::vector<int>(list.begin(), list.end() - k);
+}
+
+int64_t numel(const Box& b) {
+  int64_t n = 1;
+  for (int64_t l : b.length) n *= l;
+  return n;
+}
+
+}  // namespace
+
+const char* stepKindName(StepKind k) {
+  switch (k) {
+    case StepKind::kSlice:
+      return "slice";
+    case StepKind::kAllGather:
+      return "all_gather";
+    case StepKind::kAllToAll:
+      return "all_to_all";
+    case StepKind::kAllReduce:
+      return "all_reduce";
+    case StepKind::kReduceScatter:
+      return "reduce_scatter";
+    case StepKind::kPartition:
+      return "partition";
+    case StepKind::kPad:
+      return "pad";
+  }
+  return "?";
+}
+
+std::optional<Collective> RedistStep::collective() const {
+  switch (kind) {
+    case StepKind::kAllGather:
+      return Collective::kAllGather;
+    case StepKind::kAllToAll:
+      return Collective::kAllToAll;
+    case StepKind::kAllReduce:
+      return Collective::kAllReduce;
+    case StepKind::kReduceScatter:
+      return Collective::kReduceScatter;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string RedistStep::toString() const {
+  const std::string t = axesDigits(axes);
+  std::string s = stepKindName(kind);
+  switch (kind) {
+    case StepKind::kSlice:
+      return s + "(dim " + std::to_string(dim) + ": R -> S" + t + ")";
+    case StepKind::kAllGather:
+      return s + "(dim " + std::to_string(dim) + ": S" + t + " -> R)";
+    case StepKind::kAllToAll:
+      return s + "(S" + t + " from dim " + std::to_string(dim) + " to dim " +
+             std::to_string(toDim) + ")";
+    case StepKind::kAllReduce:
+      return s + "(P" + t + " -> R)";
+    case StepKind::kReduceScatter:
+      return s + "(P" + t + " -> S" + t + " on dim " + std::to_string(dim) + ")";
+    case StepKind::kPartition:
+      return s + "(R -> P" + t + ")";
+    case StepKind::kPad:
+      return s + "(dim " + std::to_string(dim) + ": S" + t + " -> P" + t + ")";
+  }
+  return s;
+}
+
+std::optional<Layout> applyStep(const Layout& from, const RedistStep& st) {
+  if (st.axes.empty()) return std::nullopt;
+  const int nd = from.ndim();
+  const bool dimOk = st.dim >= 0 && st.dim < nd;
+  auto dims = from.dimAxes();
+  auto partial = from.partialAxes();
+  const auto isReplicated = [&](int a) { return !from.isPartial(a) && from.shardDimOf(a) < 0; };
+  const auto allOf = [&](auto pred) { return std::all_of(st.axes.begin(), st.axes.end(), pred); };
+  const bool sorted = std::is_sorted(st.axes.begin(), st.axes.end());
+  switch (st.kind) {
+    case StepKind::kSlice:
+      if (!dimOk || !allOf(isReplicated)) return std::nullopt;
+      dims[st.dim].insert(dims[st.dim].end(), st.axes.begin(), st.axes.end());
+      break;
+    case StepKind::kAllGather:
+      if (!dimOk || !isSuffix(dims[st.dim], st.axes)) return std::nullopt;
+      dims[st.dim] = withoutSuffix(dims[st.dim], st.axes.size());
+      break;
+    case StepKind::kAllToAll:
+      if (!dimOk || st.toDim < 0 || st.toDim >= nd || st.toDim == st.dim ||
+          !isSuffix(dims[st.dim], st.axes)) {
+        return std::nullopt;
+      }
+      dims[st.dim] = withoutSuffix(dims[st.dim], st.axes.size());
+      dims[st.toDim].insert(dims[st.toDim].end(), st.axes.begin(), st.axes.end());
+      break;
+    case StepKind::kAllReduce:
+      if (!sorted || !allOf([&](int a) { return from.isPartial(a); })) return std::nullopt;
+      for (int a : st.axes) partial.erase(std::find(partial.begin(), partial.end(), a));
+      break;
+    case StepKind::kReduceScatter:
+      if (!dimOk || !allOf([&](int a) { return from.isPartial(a); })) return std::nullopt;
+      for (int a : st.axes) partial.erase(std::find(partial.begin(), partial.end(), a));
+      dims[st.dim].insert(dims[st.dim].end(), st.axes.begin(), st.axes.end());
+      break;
+    case StepKind::kPartition:
+      if (!sorted || !allOf(isReplicated)) return std::nullopt;
+      partial.insert(partial.end(), st.axes.begin(), st.axes.end());
+      break;
+    case StepKind::kPad:
+      if (!dimOk || !isSuffix(dims[st.dim], st.axes)) return std::nullopt;
+      dims[st.dim] = withoutSuffix(dims[st.dim], st.axes.size());
+      partial.insert(partial.end(), st.axes.begin(), st.axes.end());
+      break;
+  }
+  // A repeated axis is caught by the constructor; it cannot arise from a valid step.
+  return Layout(std::move(dims), std::move(partial));
+}
+
+RedistStep transposeStep(const RedistStep& st) {
+  RedistStep t = st;
+  switch (st.kind) {
+    case StepKind::kSlice:
+      t.kind = StepKind::kPad;
+      break;
+    case StepKind::kPad:
+      t.kind = StepKind::kSlice;
+      break;
+    case StepKind::kAllGather:
+      t.kind = StepKind::kReduceScatter;
+      break;
+    case StepKind::kReduceScatter:
+      t.kind = StepKind::kAllGather;
+      break;
+    case StepKind::kAllToAll:
+      std::swap(t.dim, t.toDim);
+      break;
+    case StepKind::kAllReduce:
+    case StepKind::kPartition:
+      break;
+  }
+  return t;
+}
+
+std::vector<RedistStep> candidateSteps(const Layout& from, int meshNdim) {
+  std::vector<RedistStep> out;
+  const int nd = from.ndim();
+  const auto repl = replicatedAxes(from, meshNdim);
+  const auto& partial = from.partialAxes();
+  for (int d = 0; d < nd; ++d) {
+    const auto& axes = from.axesOf(d);
+    for (size_t k = 1; k <= axes.size(); ++k) {
+      const std::vector<int> tail(axes.end() - k, axes.end());
+      out.push_back({StepKind::kAllGather, tail, d, -1});
+      for (int e = 0; e < nd; ++e) {
+        if (e != d) out.push_back({StepKind::kAllToAll, tail, d, e});
+      }
+      out.push_back({StepKind::kPad, tail, d, -1});
+    }
+    for (const auto& seq : arrangements(repl)) out.push_back({StepKind::kSlice, seq, d, -1});
+    for (const auto& seq : arrangements(partial)) {
+      out.push_back({StepKind::kReduceScatter, seq, d, -1});
+    }
+  }
+  for (const auto& s : subsets(partial)) out.push_back({StepKind::kAllReduce, s, -1, -1});
+  for (const auto& s : subsets(repl)) out.push_back({StepKind::kPartition, s, -1, -1});
+  return out;
+}
+
+int RedistGeometry::ranks() const {
+  int64_t n = 1;
+  for (int64_t m : mesh) n *= m;
+  return static_cast<int>(n);
+}
+
+std::vector<int64_t> RedistGeometry::coords(int rank) const {
+  std::vector<int64_t> c(mesh.size());
+  int64_t r = rank;
+  for (int a = static_cast<int>(mesh.size()) - 1; a >= 0; --a) {
+    c[a] = r % mesh[a];
+    r /= mesh[a];
+  }
+  return c;
+}
+
+int64_t RedistGeometry::groupSize(const std::vector<int>& axes) const {
+  int64_t n = 1;
+  for (int a : axes) n *= mesh.at(a);
+  return n;
+}
+
+std::vector<int64_t> RedistGeometry::memberCoords(int rank, const std::vector<int>& axes,
+                                                  int64_t index) const {
+  auto c = coords(rank);
+  for (int i = static_cast<int>(axes.size()) - 1; i >= 0; --i) {
+    c[axes[i]] = index % mesh[axes[i]];
+    index /= mesh[axes[i]];
+  }
+  return c;
+}
+
+int64_t RedistGeometry::localBytes(const Layout& l, int rank) const {
+  return numel(l.box(shape, mesh, coords(rank))) * elemSize;
+}
+
+StepComm stepComm(const RedistGeometry& g, const Layout& before, const RedistStep& st, int rank) {
+  StepComm c;
+  c.collective = st.collective();
+  if (!c.collective || g.groupSize(st.axes) == 1) return {};
+  const auto after = applyStep(before, st);
+  if (!after) throw std::invalid_argument(st.toString() + " cannot act on " + before.sequence());
+  switch (st.kind) {
+    case StepKind::kAllGather:
+      c.bytes = g.localBytes(*after, rank);  // the gathered output
+      break;
+    default:
+      c.bytes = g.localBytes(before, rank);  // the input (all-reduce: the buffer)
+      break;
+  }
+  return c;
+}
+
+double RedistCostModel::stepUs(const RedistGeometry& g, const Layout& before,
+                               const RedistStep& st) const {
+  const int64_t n = g.groupSize(st.axes);
+  if (n == 1) return 0;
+  double worst = 0;
+  if (!st.collective()) {
+    const auto after = applyStep(before, st);
+    for (int r = 0; r < g.ranks(); ++r) {
+      worst = std::max(worst, g.localBytes(*after, r) / (copyGBps * 1e3));
+    }
+    return worst;
+  }
+  for (int r = 0; r < g.ranks(); ++r) {
+    const StepComm c = stepComm(g, before, st, r);
+    std::optional<double> us;
+    if (profile != nullptr) {
+      CommStats stats;
+      stats.add(*c.collective, c.bytes);
+      us = profile->commUs(st.axes, stats);
+    }
+    if (!us) {
+      us = latencyUs +
+           c.bytes * CostProfile::busFactor(*c.collective, static_cast<int>(n)) / (busGBps * 1e3);
+    }
+    worst = std::max(worst, *us);
+  }
+  return worst;
+}
+
+nlohmann::json RedistCostModel::toJson() const {
+  if (profile != nullptr) {
+    return {{"kind", "profile"},
+            {"profile", profile->backend + " " + profile->mesh + " on " + profile->host},
+            {"local_copy_GBps", copyGBps}};
+  }
+  return {{"kind", "default"},
+          {"latency_us", latencyUs},
+          {"bus_GBps", busGBps},
+          {"local_copy_GBps", copyGBps}};
+}
+
+std::string RedistPlan::path() const {
+  std::string s;
+  for (const auto& l : layouts) s += (s.empty() ? "" : " -> ") + l.sequence();
+  return s;
+}
+
+std::vector<std::pair<std::vector<int>, CommStats>> RedistPlan::commByGroup(const RedistGeometry& g,
+                                                                            int rank,
+                                                                            bool backward) const {
+  std::vector<std::pair<std::vector<int>, CommStats>> out;
+  auto add = [&](const std::vector<int>& axes, const StepComm& c) {
+    if (!c.collective) return;
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == axes; });
+    if (it == out.end()) {
+      out.emplace_back(axes, CommStats{});
+      it = out.end() - 1;
+    }
+    it->second.add(*c.collective, c.bytes);
+  };
+  for (size_t i = 0; i < steps.size(); ++i)
+    add(steps[i].axes, stepComm(g, layouts[i], steps[i], rank));
+  if (backward) {
+    const int meshNdim = static_cast<int>(g.mesh.size());
+    for (size_t i = steps.size(); i-- > 0;) {
+      const RedistStep t = transposeStep(steps[i]);
+      add(t.axes, stepComm(g, layouts[i + 1].dual(meshNdim), t, rank));
+    }
+  }
+  return out;
+}
+
+CommStats RedistPlan::comm(const RedistGeometry& g, int rank, bool backward) const {
+  CommStats total;
+  for (const auto& [axes, st] : commByGroup(g, rank, backward)) {
+    for (int i = 0; i < kNumCollectives; ++i) {
+      total.entries[i].calls += st.entries[i].calls;
+      total.entries[i].bytes += st.entries[i].bytes;
+    }
+  }
+  return total;
+}
+
+int64_t RedistPlan::maxRankBytes(const RedistGeometry& g) const {
+  int64_t worst = 0;
+  for (int r = 0; r < g.ranks(); ++r) worst = std::max(worst, comm(g, r).totalBytes());
+  return worst;
+}
+
+nlohmann::json RedistPlan::toJson(const RedistGeometry& g, int meshNdim) const {
+  nlohmann::json js = nlohmann::json::array();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    std::vector<int64_t> bytes;
+    for (int r = 0; r < g.ranks(); ++r) bytes.push_back(stepComm(g, layouts[i], steps[i], r).bytes);
+    const auto coll = steps[i].collective();
+    js.push_back({{"step", steps[i].toString()},
+                  {"kind", stepKindName(steps[i].kind)},
+                  {"collective", coll && g.groupSize(steps[i].axes) > 1
+                                     ? nlohmann::json(collectiveName(*coll))
+                                     : nlohmann::json(nullptr)},
+                  {"mesh_axes", steps[i].axes},
+                  {"from", layouts[i].sequence()},
+                  {"to", layouts[i + 1].sequence()},
+                  {"bytes_per_rank", bytes}});
+  }
+  std::vector<int64_t> perRank;
+  for (int r = 0; r < g.ranks(); ++r) perRank.push_back(comm(g, r).totalBytes());
+  nlohmann::json j = {{"from", from.sequence()},
+                      {"to", to.sequence()},
+                      {"path", path()},
+                      {"steps", js},
+                      {"predicted_time_us", predictedUs},
+                      {"predicted_bytes_per_rank", perRank},
+                      {"predicted_bytes_max_rank", maxRankBytes(g)}};
+  if (from.meshOrdered()) j["from_dtensor"] = from.dtensor(meshNdim);
+  if (to.meshOrdered()) j["to_dtensor"] = to.dtensor(meshNdim);
+  return j;
+}
+
+RedistPlan planFromSteps(const RedistGeometry& g, const Layout& from,
+                         const std::vector<RedistStep>& steps, const RedistCostModel& model) {
+  RedistPlan p;
+  p.from = from;
+  p.layouts = {from};
+  for (const auto& st : steps) {
+    const auto next = applyStep(p.layouts.back(), st);
+    if (!next) {
+      throw std::invalid_argument(st.toString() + " cannot act on " + p.layouts.back().sequence());
+    }
+    p.predictedUs += model.stepUs(g, p.layouts.back(), st);
+    p.steps.push_back(st);
+    p.layouts.push_back(*next);
+  }
+  p.to = p.layouts.back();
+  return p;
+}
+
+RedistPlan planRedistribution(const RedistGeometry& g, const Layout& from, const Layout& to,
+                              const RedistCostModel& model, PlanObjective objective) {
+  const int meshNdim = static_cast<int>(g.mesh.size());
+  // Lexicographic cost: the objective, then the other measure, then the number of steps. Times
+  // are compared with a relative tolerance, so that sums taken in another order tie.
+  struct Cost {
+    double first = 0, second = 0;
+    int steps = 0;
+  };
+  const auto less = [](const Cost& a, const Cost& b) {
+    const auto lt = [](double x, double y) { return x < y - 1e-9 * std::max(1.0, std::abs(y)); };
+    if (lt(a.first, b.first)) return true;
+    if (lt(b.first, a.first)) return false;
+    if (lt(a.second, b.second)) return true;
+    if (lt(b.second, a.second)) return false;
+    return a.steps < b.steps;
+  };
+  struct Node {
+    Cost cost;
+    std::optional<Layout> parent;
+    RedistStep step;
+    bool done = false;
+  };
+  std::map<Layout, Node> nodes;
+  using Entry = std::pair<Cost, Layout>;
+  auto cmp = [&](const Entry& a, const Entry& b) { return less(b.first, a.first); };
+  std::priority_queue<Entry, std::vector<Entry>, decltype(cmp)> queue(cmp);
+  nodes[from] = Node{};
+  queue.push({Cost{}, from});
+  while (!queue.empty()) {
+    const auto [cost, layout] = queue.top();
+    queue.pop();
+    Node& node = nodes[layout];
+    if (node.done) continue;
+    node.done = true;
+    if (layout == to) break;
+    for (const auto& st : candidateSteps(layout, meshNdim)) {
+      const auto next = applyStep(layout, st);
+      if (!next) continue;
+      const double us = model.stepUs(g, layout, st);
+      double bytes = 0;
+      for (int r = 0; r < g.ranks(); ++r) {
+        bytes = std::max(bytes, static_cast<double>(stepComm(g, layout, st, r).bytes));
+      }
+      Cost c = cost;
+      c.first += objective == PlanObjective::kTime ? us : bytes;
+      c.second += objective == PlanObjective::kTime ? bytes : us;
+      c.steps += 1;
+      auto it = nodes.find(*next);
+      if (it == nodes.end() || (!it->second.done && less(c, it->second.cost))) {
+        nodes[*next] = Node{c, layout, st, false};
+        queue.push({c, *next});
+      }
+    }
+  }
+  auto it = nodes.find(to);
+  if (it == nodes.end() || !it->second.done) {
+    throw std::invalid_argument("no redistribution from " + from.sequence() + " to " +
+                                to.sequence());
+  }
+  std::vector<RedistStep> steps;
+  for (Layout cur = to; cur != from;) {
+    const Node& n = nodes.at(cur);
+    steps.push_back(n.step);
+    cur = *n.parent;
+  }
+  std::reverse(steps.begin(), steps.end());
+  return planFromSteps(g, from, steps, model);
+}
+
+// --- The anchors ---------------------------------------------------------------------------
+
+namespace {
+
+// ColossalAI's _DimSpec difference for a 2-D mesh (shape_consistency's build_difference_2d_dict).
+constexpr double kAllGatherCost = 20, kShardCost = 5, kStepPenalty = 6;
+
+double colossalDimDiff(const std::vector<int>& s, const std::vector<int>& t) {
+  const size_t ls = s.size(), lt = t.size();
+  if (s == t) return 0;
+  if (ls == lt + 1 && std::equal(t.begin(), t.end(), s.begin())) return kAllGatherCost;
+  if (ls + 1 == lt && std::equal(s.begin(), s.end(), t.begin()) &&
+      std::find(s.begin(), s.end(), t.back()) == s.end()) {
+    return kShardCost;
+  }
+  if (ls == lt) return kAllGatherCost + kStepPenalty + kShardCost;
+  if (ls + 2 == lt) return kShardCost + kStepPenalty + kShardCost;
+  if (ls == lt + 2) return kAllGatherCost + kStepPenalty + kAllGatherCost;
+  if (ls + 1 == lt) {
+    return kAllGatherCost + kStepPenalty + kShardCost + kStepPenalty + kShardCost;
+  }
+  return kAllGatherCost + kStepPenalty + kAllGatherCost + kStepPenalty + kShardCost;
+}
+
+bool colossalKnows(const Layout& l) {
+  if (!l.partialAxes().empty()) return false;
+  for (const auto& axes : l.dimAxes()) {
+    if (!std::is_sorted(axes.begin(), axes.end())) return false;  // S10
+  }
+  return true;
+}
+
+double colossalDiff(const Layout& a, const Layout& b) {
+  double d = 0;
+  for (int i = 0; i < a.ndim(); ++i) d += colossalDimDiff(a.axesOf(i), b.axesOf(i));
+  return d;
+}
+
+// get_all_one_step_transform_spec: all-gathers, then all-to-alls, then shards.
+std::vector<RedistStep> colossalOneStep(const Layout& l, int meshNdim) {
+  std::vector<RedistStep> out;
+  const int nd = l.ndim();
+  for (int d = 0; d < nd; ++d) {
+    const auto& axes = l.axesOf(d);
+    if (!axes.empty()) out.push_back({StepKind::kAllGather, {axes.back()}, d, -1});
+  }
+  for (int f = 0; f + 1 < nd; ++f) {
+    for (int b = f + 1; b < nd; ++b) {
+      const auto& fl = l.axesOf(f);
+      const auto& bl = l.axesOf(b);
+      if (fl.empty() && bl.empty()) continue;
+      if (fl.size() >= 2 || bl.size() >= 2) continue;              // S01 never moves
+      if (!fl.empty() && !bl.empty() && fl[0] >= bl[0]) continue;  // would make S10
+      if (bl.empty()) {
+        out.push_back({StepKind::kAllToAll, fl, f, b});
+      } else {
+        out.push_back({StepKind::kAllToAll, bl, b, f});
+      }
+    }
+  }
+  const auto free = replicatedAxes(l, meshNdim);
+  for (int d = 0; d < nd; ++d) {
+    const auto& axes = l.axesOf(d);
+    for (int a : free) {
+      if (!axes.empty() && a <= axes.back()) continue;
+      out.push_back({StepKind::kSlice, {a}, d, -1});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::vector<RedistStep>> colossalGreedySteps(const Layout& from, const Layout& to,
+                                                           int meshNdim) {
+  if (meshNdim > 2 || !colossalKnows(from) || !colossalKnows(to)) return std::nullopt;
+  constexpr int kMaxTransformSteps = 20;
+  std::vector<RedistStep> steps;
+  if (from == to) return steps;
+  Layout cur = from;
+  for (int total = 0; total <= kMaxTransformSteps; ++total) {
+    double best = INFINITY;
+    std::optional<RedistStep> chosen;
+    Layout next = cur;
+    for (const auto& st : colossalOneStep(cur, meshNdim)) {
+      const auto cand = applyStep(cur, st);
+      if (!cand) continue;
+      if (*cand == to) {
+        steps.push_back(st);
+        return steps;
+      }
+      const double diff = colossalDiff(*cand, to);
+      if (diff <= best) {  // ColossalAI keeps the last of equally good candidates
+        best = diff;
+        chosen = st;
+        next = *cand;
+      }
+    }
+    if (!chosen) return std::nullopt;
+    steps.push_back(*chosen);
+    cur = next;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::vector<RedistStep>> dtensorSteps(const Layout& from, const Layout& to,
+                                                    int meshNdim) {
+  if (!from.meshOrdered() || !to.meshOrdered()) return std::nullopt;
+  const int nd = from.ndim();
+  auto current = from.placements(meshNdim);
+  const auto target = to.placements(meshNdim);
+  std::vector<RedistStep> steps;
+  Layout layout = from;
+  // One transform: mesh axis `i` from its current placement to `t`, checked against what DTensor
+  // believes the layout to be afterwards.
+  const auto transform = [&](int i, const Placement& t) -> bool {
+    const Placement& c = current[i];
+    RedistStep st;
+    st.axes = {i};
+    if (t.kind == Placement::Kind::kReplicate) {
+      if (c.kind == Placement::Kind::kPartial) {
+        st.kind = StepKind::kAllReduce;
+      } else {
+        st.kind = StepKind::kAllGather;
+        st.dim = c.dim;
+      }
+    } else if (t.kind == Placement::Kind::kShard) {
+      if (c.kind == Placement::Kind::kPartial) {
+        st.kind = StepKind::kReduceScatter;
+        st.dim = t.dim;
+      } else if (c.kind == Placement::Kind::kReplicate) {
+        st.kind = StepKind::kSlice;
+        st.dim = t.dim;
+      } else {
+        st.kind = StepKind::kAllToAll;
+        st.dim = c.dim;
+        st.toDim = t.dim;
+      }
+    } else {
+      if (c.kind != Placement::Kind::kReplicate) return false;  // Shard -> Partial: refused
+      st.kind = StepKind::kPartition;
+    }
+    const auto next = applyStep(layout, st);
+    current[i] = t;
+    if (!next || *next != Layout::fromPlacements(current, nd)) return false;
+    layout = *next;
+    steps.push_back(st);
+    return true;
+  };
+  bool sharded = false;
+  for (const auto& p : current) sharded = sharded || p.kind == Placement::Kind::kShard;
+  if (sharded) {
+    for (int i = meshNdim - 1; i >= 0; --i) {
+      Placement t = target[i];
+      if (t.kind == Placement::Kind::kShard) {
+        std::vector<int> cur, tgt;
+        for (int j = 0; j < i; ++j) {
+          if (current[j].kind == Placement::Kind::kShard && current[j].dim == t.dim)
+            cur.push_back(j);
+          if (target[j].kind == Placement::Kind::kShard && target[j].dim == t.dim) tgt.push_back(j);
+        }
+        if (cur != tgt) t = Placement::replicate();
+      }
+      if (!(current[i] == t) && !transform(i, t)) return std::nullopt;
+    }
+  }
+  for (int i = 0; i < meshNdim; ++i) {
+    if (!(current[i] == target[i]) && !transform(i, target[i])) return std::nullopt;
+  }
+  return steps;
+}
+
+}  // namespace sb::harness
