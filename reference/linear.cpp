@@ -114,6 +114,7 @@ class LinearWorkload final : public Workload {
 const Workload* findWorkload(const std::string& name) {
   static const LinearWorkload linear;
   if (name == linear.name()) return &linear;
+  if (name == tensorWorkload()->name()) return tensorWorkload();
   if (name == gpt2PrefillWorkload()->name()) return gpt2PrefillWorkload();
   if (name == vitEncoderWorkload()->name()) return vitEncoderWorkload();
   if (name == evoformerPairWorkload()->name()) return evoformerPairWorkload();
@@ -121,7 +122,8 @@ const Workload* findWorkload(const std::string& name) {
 }
 
 std::vector<std::string> workloadNames() {
-  std::vector<std::string> names = {"linear", "gpt2_prefill", "vit_encoder", "evoformer_pair"};
+  std::vector<std::string> names = {"linear", "tensor", "gpt2_prefill", "vit_encoder",
+                                    "evoformer_pair"};
   for (const Workload* w : chainWorkloads()) names.push_back(w->name());
   return names;
 }

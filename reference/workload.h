@@ -74,4 +74,12 @@ struct LinearShape {
   int64_t rows() const;  // product of the leading dims of the input
 };
 
+// A tensor case (workload "tensor"): the full shape of the one tensor that is redistributed.
+struct TensorShape {
+  std::vector<int64_t> dims;
+  // Throws naming the key on a malformed shape.
+  static TensorShape parse(const nlohmann::json& shape);
+};
+const Workload* tensorWorkload();
+
 }  // namespace sb::reference

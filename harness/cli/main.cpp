@@ -11,6 +11,8 @@
 //                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
 //   stratbench solve checkpoint --chain FILE.json --budget M [--solver S] [--slots N]
 //   stratbench solve chunk --workload W --shape JSON --max-memory BYTES [--dtype D]
+//   stratbench solve redistribute --shape JSON --mesh RxC (--from L --to L | --compare-anchors)
+//                        [--profile FILE] [--objective time|bytes] [--dtype D]
 //
 // Exit codes: 0 everything passed (run) or the gate passed (report), 1 a strategy failed or
 // errored (run), the gate failed (report --gate) or no schedule fits (solve), 2 bad input or
@@ -33,6 +35,7 @@
 #include "harness/calibrate.h"
 #include "harness/case.h"
 #include "harness/launcher.h"
+#include "harness/redistribute.h"
 #include "harness/registry.h"
 #include "harness/runner.h"
 #include "harness/threads_backend.h"
@@ -75,6 +78,13 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
       j["params"] = params;
       arr.push_back(j);
     }
+    for (const auto& gen : StrategyRegistry::global().generators()) {
+      if (!family.empty() && family != sb::harness::familyName(gen.family)) continue;
+      arr.push_back({{"id", gen.idPattern},
+                     {"family", sb::harness::familyName(gen.family)},
+                     {"generated", true},
+                     {"name", gen.description}});
+    }
     std::cout << arr.dump(2) << "\n";
     return 0;
   }
@@ -88,6 +98,170 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
               << sb::harness::familyName(s->family()) << "  " << s->displayName() << "\n";
   }
   std::cout << shown.size() << " strategies\n";
+  for (const auto& gen : StrategyRegistry::global().generators()) {
+    if (!family.empty() && family != sb::harness::familyName(gen.family)) continue;
+    std::cout << "generated per case: " << gen.idPattern << " ("
+              << sb::harness::familyName(gen.family) << "): " << gen.description << "\n";
+  }
+  return 0;
+}
+
+// `solve redistribute`: the planner's plan from one layout to another as JSON, with the paths
+// ColossalAI's greedy walk and DTensor's axis-by-axis rules take beside it; or, with
+// --compare-anchors, the comparison over every ordered pair of layouts (at most one partial
+// axis). Exit 2 naming the value for a malformed shape, mesh, layout or profile.
+int solveRedistribute(const std::string& shapeText, const std::string& meshText,
+                      const std::string& fromText, const std::string& toText,
+                      const std::string& profilePath, const std::string& objectiveText,
+                      const std::string& dtypeText, bool compare) {
+  namespace h = sb::harness;
+  h::RedistGeometry g;
+  try {
+    const auto shape = nlohmann::json::parse(shapeText);
+    if (!shape.is_array() || shape.empty() || shape.size() > 8) {
+      throw std::invalid_argument("must be a JSON list of 1 to 8 dimensions, e.g. [64, 32, 16]");
+    }
+    for (const auto& d : shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t{1} << 40)) {
+        throw std::invalid_argument("dimension " + d.dump() + " is not an integer from 0 to 2^40");
+      }
+      g.shape.push_back(d.get<int64_t>());
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "stratbench solve redistribute: --shape '" << shapeText << "': " << e.what()
+              << "\n";
+    return kExitBadInput;
+  }
+  try {
+    g.mesh = h::DeviceMesh::parseShape(meshText);
+    if (g.mesh.size() > 4 || h::DeviceMesh(g.mesh).size() > 4096) {
+      throw std::invalid_argument("at most 4 axes and 4096 ranks");
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "stratbench solve redistribute: --mesh '" << meshText << "': " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  try {
+    g.elemSize = static_cast<int64_t>(c10::elementSize(h::parseDtype(dtypeText)));
+  } catch (const std::exception& e) {
+    std::cerr << "stratbench solve redistribute: --dtype '" << dtypeText << "' is not a dtype\n";
+    return kExitBadInput;
+  }
+  std::optional<h::CostProfile> profile;
+  h::RedistCostModel model;
+  if (!profilePath.empty()) {
+    try {
+      profile = h::CostProfile::load(profilePath);
+    } catch (const std::exception& e) {
+      std::cerr << "stratbench solve redistribute: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+    if (profile->mesh != meshText) {
+      std::cerr << "stratbench solve redistribute: --profile " << profilePath
+                << " was measured on mesh " << profile->mesh << ", not " << meshText << "\n";
+      return kExitBadInput;
+    }
+    model.profile = &*profile;
+  }
+  const auto objective =
+      objectiveText == "bytes" ? h::PlanObjective::kBytes : h::PlanObjective::kTime;
+  const int ndim = static_cast<int>(g.shape.size());
+  const int meshNdim = static_cast<int>(g.mesh.size());
+  // A plan and its anchors for one pair, as JSON.
+  const auto anchorJson = [&](const std::optional<std::vector<h::RedistStep>>& steps,
+                              const h::Layout& from) -> nlohmann::json {
+    if (!steps) return nullptr;
+    const auto p = h::planFromSteps(g, from, *steps, model);
+    return {{"path", p.path()},
+            {"steps", p.steps.size()},
+            {"predicted_bytes_max_rank", p.maxRankBytes(g)},
+            {"predicted_time_us", p.predictedUs}};
+  };
+  if (!compare) {
+    if (fromText.empty() || toText.empty()) {
+      std::cerr << "stratbench solve redistribute: give --from and --to (or --compare-anchors)\n";
+      return kExitBadInput;
+    }
+    h::Layout from, to;
+    try {
+      from = h::Layout::parse(fromText, ndim, meshNdim);
+      to = h::Layout::parse(toText, ndim, meshNdim);
+    } catch (const h::LayoutError& e) {
+      std::cerr << "stratbench solve redistribute: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+    const auto plan = h::planRedistribution(g, from, to, model, objective);
+    nlohmann::json j = plan.toJson(g, meshNdim);
+    j["shape"] = g.shape;
+    j["mesh"] = meshText;
+    j["objective"] = objectiveText;
+    j["cost_model"] = model.toJson();
+    j["anchors"] = {
+        {"colossalai_greedy", anchorJson(h::colossalGreedySteps(from, to, meshNdim), from)},
+        {"dtensor", anchorJson(h::dtensorSteps(from, to, meshNdim), from)}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  // Every ordered pair of layouts with at most one partial axis.
+  const auto layouts = h::enumerateLayouts(ndim, meshNdim, 1);
+  struct Tally {
+    int pairs = 0, cheaper = 0, equal = 0, dearer = 0;
+    double saved = 0, bestSaving = 0;  // bytes saved, summed; the largest relative saving
+    int64_t planBytes = 0, anchorBytes = 0;
+  };
+  Tally colossal, dtensor;
+  nlohmann::json worse = nlohmann::json::array();
+  const auto tally = [&](Tally& t, const char* name, const h::RedistPlan& plan,
+                         const std::optional<std::vector<h::RedistStep>>& steps,
+                         const h::Layout& from) {
+    if (!steps) return;
+    const auto p = h::planFromSteps(g, from, *steps, model);
+    const int64_t ours = plan.maxRankBytes(g), theirs = p.maxRankBytes(g);
+    ++t.pairs;
+    t.planBytes += ours;
+    t.anchorBytes += theirs;
+    if (ours < theirs) {
+      ++t.cheaper;
+      t.saved += static_cast<double>(theirs - ours);
+      t.bestSaving = std::max(t.bestSaving, 1.0 - static_cast<double>(ours) / theirs);
+    } else if (ours == theirs) {
+      ++t.equal;
+    } else {
+      ++t.dearer;
+      worse.push_back({{"anchor", name},
+                       {"from", plan.from.sequence()},
+                       {"to", plan.to.sequence()},
+                       {"plan_bytes", ours},
+                       {"anchor_bytes", theirs}});
+    }
+  };
+  for (const auto& a : layouts) {
+    for (const auto& b : layouts) {
+      const auto plan = h::planRedistribution(g, a, b, model, objective);
+      tally(colossal, "colossalai_greedy", plan, h::colossalGreedySteps(a, b, meshNdim), a);
+      tally(dtensor, "dtensor", plan, h::dtensorSteps(a, b, meshNdim), a);
+    }
+  }
+  const auto tallyJson = [](const Tally& t) -> nlohmann::json {
+    return {{"pairs_with_a_path", t.pairs},
+            {"plan_cheaper", t.cheaper},
+            {"plan_equal", t.equal},
+            {"plan_more_bytes", t.dearer},
+            {"plan_bytes_total", t.planBytes},
+            {"anchor_bytes_total", t.anchorBytes},
+            {"mean_saving_where_cheaper", t.cheaper ? t.saved / t.cheaper : 0.0},
+            {"largest_relative_saving", t.bestSaving}};
+  };
+  nlohmann::json j = {{"shape", g.shape},
+                      {"mesh", meshText},
+                      {"layouts", layouts.size()},
+                      {"pairs", layouts.size() * layouts.size()},
+                      {"objective", objectiveText},
+                      {"cost_model", model.toJson()},
+                      {"colossalai_greedy", tallyJson(colossal)},
+                      {"dtensor", tallyJson(dtensor)},
+                      {"plan_more_bytes_than_an_anchor", worse}};
+  std::cout << j.dump(2) << "\n";
   return 0;
 }
 
@@ -394,7 +568,8 @@ int main(int argc, char** argv) {
   bool noPlots = false;
   report->add_flag("--no-plots", noPlots, "Skip the matplotlib plots");
 
-  auto* solveCmd = app.add_subcommand("solve", "Plan a strategy: a checkpoint schedule");
+  auto* solveCmd = app.add_subcommand(
+      "solve", "Plan a strategy: a checkpoint schedule, a chunk plan, a redistribution");
   solveCmd->require_subcommand(1);
   auto* ckpt = solveCmd->add_subcommand(
       "checkpoint", "A checkpoint schedule for a chain (JSON, rotor's notation) under a budget");
@@ -427,6 +602,25 @@ int main(int argc, char** argv) {
   chunkCmd->add_option("--dtype", chunkDtype, "float32, float64, bfloat16, float16")
       ->capture_default_str();
 
+  auto* redistCmd = solveCmd->add_subcommand(
+      "redistribute", "The cheapest redistribution plan between two layouts of a tensor");
+  std::string redistShape, redistMesh, redistFrom, redistTo, redistProfile,
+      redistObjective = "bytes", redistDtype = "float32";
+  bool redistCompare = false;
+  redistCmd->add_option("--shape", redistShape, "The full tensor's shape, JSON: [64, 32, 16]")
+      ->required();
+  redistCmd->add_option("--mesh", redistMesh, "Mesh extents, e.g. 2x2")->required();
+  redistCmd->add_option("--from", redistFrom, "Layout: [S01, R, R], S01RR or [Shard(0), Shard(0)]");
+  redistCmd->add_option("--to", redistTo, "Layout, in any of those spellings");
+  redistCmd->add_option("--profile", redistProfile, "Cost profile from `stratbench calibrate`");
+  redistCmd->add_option("--objective", redistObjective, "time or bytes")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"time", "bytes"}));
+  redistCmd->add_option("--dtype", redistDtype, "float32, float64, bfloat16, float16")
+      ->capture_default_str();
+  redistCmd->add_flag("--compare-anchors", redistCompare,
+                      "Compare with ColossalAI's and DTensor's paths over every pair of layouts");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -437,6 +631,10 @@ int main(int argc, char** argv) {
   if (*list) return listStrategies(family, listFilter, json);
   if (*ckpt) return solveCheckpoint(chainPath, budget, solver, slots);
   if (*chunkCmd) return solveChunk(chunkWorkload, chunkShape, maxMemory, chunkDtype);
+  if (*redistCmd) {
+    return solveRedistribute(redistShape, redistMesh, redistFrom, redistTo, redistProfile,
+                             redistObjective, redistDtype, redistCompare);
+  }
   if (*calib) {
     try {
       return calibrateMain(calibBackend, calibMesh, calibOut, calibMax);
