@@ -141,6 +141,42 @@ CostProfile calibrate(World& world, const CalibrateOptions& options, std::ostrea
         << " us, " << p.bytes / s / 1e9 << " GFLOP/s per rank\n";
   }
   profile.gemm = CostProfile::fit(gemm);
+
+  // Local data movement: a fresh tensor filled from another on every rank at once, as the
+  // steps of a redistribution do.
+  std::vector<CostProfile::Point> copies;
+  for (int64_t bytes : options.sizes) {
+    std::vector<at::Tensor> src(mesh.size());
+    world.run([&](RankContext& ctx) { src[ctx.rank()] = at::ones({bytes / 4}, at::kFloat); });
+    const double s = timeLoop(world, [&](RankContext& ctx) {
+      at::Tensor dst = at::empty_like(src[ctx.rank()]);
+      dst.copy_(src[ctx.rank()]);
+    });
+    CostProfile::Point p;
+    p.bytes = bytes / 4 * 4;
+    p.timeUs = s * 1e6;
+    p.algbwGBps = p.bytes / s / 1e9;
+    copies.push_back(p);
+  }
+  profile.copy = CostProfile::fit(copies);
+  out << "# copy: " << std::setprecision(3) << profile.copy->latencyUs << " us + "
+      << (profile.copy->usPerByte > 0 ? 1e-3 / profile.copy->usPerByte : 0) << " GB/s per rank\n";
+
+  // The fixed cost of a step: an empty one through the World, as the runner times a step
+  // (every rank woken, the slowest rank's time taken over the processes); the median of 7.
+  std::vector<double> empties;
+  for (int k = 0; k < 7; ++k) {
+    constexpr int kIters = 50;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kIters; ++i) {
+      world.run([](RankContext&) {});
+      world.maxOverProcesses(0.0);
+    }
+    empties.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / kIters);
+  }
+  std::sort(empties.begin(), empties.end());
+  profile.stepUs = world.maxOverProcesses(empties[empties.size() / 2]) * 1e6;
+  out << "# an empty step: " << std::setprecision(3) << *profile.stepUs << " us\n";
   return profile;
 }
 

@@ -87,6 +87,12 @@ std::optional<double> CostProfile::commUs(const std::vector<int>& axes,
   return us;
 }
 
+std::optional<double> CostProfile::localUs(const LocalWork& work) const {
+  if (work.copies == 0 && work.bytes == 0) return 0.0;
+  if (!copy) return std::nullopt;
+  return work.copies * copy->latencyUs + copy->usPerByte * work.bytes;
+}
+
 namespace {
 
 nlohmann::json fitToJson(const CostProfile::Fit& f) {
@@ -146,6 +152,8 @@ nlohmann::json CostProfile::toJson() const {
   }
   j["groups"] = gs;
   j["gemm_flops"] = fitToJson(gemm);
+  if (copy) j["copy_bytes"] = fitToJson(*copy);
+  if (stepUs) j["step_overhead_us"] = *stepUs;
   return j;
 }
 
@@ -178,6 +186,14 @@ CostProfile CostProfile::fromJson(const nlohmann::json& j, const std::string& fi
     p.groups[key] = group;
   }
   p.gemm = fitFromJson(need<nlohmann::json>(j, "gemm_flops", file), file + ": gemm_flops");
+  if (j.contains("copy_bytes")) p.copy = fitFromJson(j.at("copy_bytes"), file + ": copy_bytes");
+  if (j.contains("step_overhead_us")) {
+    const double us = need<double>(j, "step_overhead_us", file);
+    if (!(us >= 0) || us > 1e9) {
+      throw InputError(file + ": step_overhead_us must be a non-negative number of microseconds");
+    }
+    p.stepUs = us;
+  }
   return p;
 }
 

@@ -19,7 +19,22 @@ namespace sb::harness {
 // For each group of mesh axes ("0", "1", "0,1") and each collective, nccl-tests-style points
 // (size in nccl-tests' convention, time, algbw = size / time, busbw = algbw x the collective's
 // bus factor) and a least-squares fit time = latency + size / bandwidth, which prices any size.
-// For local compute, a fit of a float32 matmul's time against its flops.
+// For local compute, a fit of a float32 matmul's time against its flops; for local data
+// movement, a fit of allocating and copying a tensor against the bytes written; and the fixed
+// cost of one SPMD step through the backend's World (waking every rank and taking the slowest
+// rank's time), which every measured step pays once.
+//
+// Local work of a step, priced by the copy fit: `copies` kernels writing `bytes` in all.
+struct LocalWork {
+  int64_t copies = 0;
+  int64_t bytes = 0;
+  LocalWork& operator+=(const LocalWork& o) {
+    copies += o.copies;
+    bytes += o.bytes;
+    return *this;
+  }
+};
+
 struct CostProfile {
   struct Point {
     int64_t bytes = 0;
@@ -44,6 +59,8 @@ struct CostProfile {
   std::string timestampUtc;
   std::map<std::string, Group> groups;  // by axes key, "0,1"
   Fit gemm;                             // x: flops (2 m n k), not bytes
+  std::optional<Fit> copy;              // x: bytes written; absent in older profiles
+  std::optional<double> stepUs;         // an empty step; absent in older profiles
 
   // nccl-tests' bus bandwidth factor of a collective over n ranks.
   static double busFactor(Collective c, int n);
@@ -54,6 +71,8 @@ struct CostProfile {
   // Microseconds of `stats` issued on the group over `axes`; nullopt when the profile has no
   // fit for a collective that was used.
   std::optional<double> commUs(const std::vector<int>& axes, const CommStats& stats) const;
+  // Microseconds of local copies; nullopt when the profile has no copy fit and there is work.
+  std::optional<double> localUs(const LocalWork& work) const;
 
   nlohmann::json toJson() const;
   // Throws InputError naming `file` and the key on malformed input.

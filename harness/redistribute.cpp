@@ -361,6 +361,43 @@ CommStats RedistPlan::comm(const RedistGeometry& g, int rank, bool backward) con
   return total;
 }
 
+LocalWork RedistPlan::localWork(const RedistGeometry& g, int rank, bool backward) const {
+  const int meshNdim = static_cast<int>(g.mesh.size());
+  LocalWork w;
+  const auto add = [&](const Layout& before, const RedistStep& st) {
+    const int64_t n = g.groupSize(st.axes);
+    if (n == 1) return;
+    const Layout after = *applyStep(before, st);
+    const int64_t in = g.localBytes(before, rank), out = g.localBytes(after, rank);
+    switch (st.kind) {
+      case StepKind::kSlice:
+      case StepKind::kPartition:
+      case StepKind::kAllReduce:  // the copy it reduces in place
+        w += {1, out};
+        break;
+      case StepKind::kPad:  // zeros, then the piece
+        w += {2, out + in};
+        break;
+      case StepKind::kAllGather:  // staged in row order, then each block into place
+        if (st.dim != 0) w += {1 + n, in + out};
+        break;
+      case StepKind::kReduceScatter:  // staged in row order, then the result into place
+        if (st.dim != 0) w += {2, in + out};
+        break;
+      case StepKind::kAllToAll:  // every block out of the piece, every block into place
+        w += {2 * n, in + out};
+        break;
+    }
+  };
+  for (size_t i = 0; i < steps.size(); ++i) add(layouts[i], steps[i]);
+  if (backward) {
+    for (size_t i = steps.size(); i-- > 0;) {
+      add(layouts[i + 1].dual(meshNdim), transposeStep(steps[i]));
+    }
+  }
+  return w;
+}
+
 int64_t RedistPlan::maxRankBytes(const RedistGeometry& g) const {
   int64_t worst = 0;
   for (int r = 0; r < g.ranks(); ++r) worst = std::max(worst, comm(g, r).totalBytes());

@@ -119,6 +119,10 @@ struct RedistPlan {
   // The same per axis group, for a cost profile.
   std::vector<std::pair<std::vector<int>, CommStats>> commByGroup(const RedistGeometry& g, int rank,
                                                                   bool backward) const;
+  // Each rank's copies outside the collectives (staging buffers, slices, padding, assembling
+  // received blocks), forward and, with `backward`, the transposed steps: what RedistRunner
+  // does, for the copy fit of a calibration profile.
+  LocalWork localWork(const RedistGeometry& g, int rank, bool backward) const;
   // The largest total over ranks of the forward's counted bytes.
   int64_t maxRankBytes(const RedistGeometry& g) const;
   nlohmann::json toJson(const RedistGeometry& g, int meshNdim) const;

@@ -373,11 +373,14 @@ const CostProfile* profileFor(const RunOptions& options, const CaseSpec& c) {
   return nullptr;
 }
 
-// The cost model: the slowest rank's three matmuls (the profile's matmul fit) plus its
-// communication (each group's fits), where the strategy models its flops.
+// The cost model, per rank, the slowest rank's: the step's fixed cost (an empty step, where
+// the profile measured it), three matmuls (the profile's matmul fit) where the strategy models
+// its flops, its communication (each group's fits) and its local copies (the copy fit) where
+// it models them.
 void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n,
                  const CostProfile& profile) {
-  double worst = -1, computeUs = 0, commUs = 0;
+  double worst = -1, computeUs = 0, commUs = 0, localUs = 0;
+  const double overheadUs = profile.stepUs.value_or(0.0);
   for (int r = 0; r < n; ++r) {
     const std::optional<double> flops = strategy.predictFlops(c, r);
     if (!flops) return;
@@ -387,18 +390,27 @@ void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n
       if (!us) return;  // a collective the profile did not measure
       comm += *us;
     }
-    // A strategy with no matmuls (a redistribution) models zero flops: communication alone.
+    // A strategy with no matmuls (a redistribution) models zero flops.
     const double compute =
         *flops > 0 ? 3 * profile.gemm.latencyUs + profile.gemm.usPerByte * *flops : 0.0;
-    if (compute + comm > worst) {
-      worst = compute + comm;
+    double local = 0;
+    if (const auto work = strategy.predictLocalWork(c, r)) {
+      const std::optional<double> us = profile.localUs(*work);
+      if (!us) return;  // an older profile without the copy fit
+      local = *us;
+    }
+    if (overheadUs + compute + comm + local > worst) {
+      worst = overheadUs + compute + comm + local;
       computeUs = compute;
       commUs = comm;
+      localUs = local;
     }
   }
   rec.predictedTimeUs = worst;
-  rec.details["predicted_time"] = {{"compute_us", computeUs},
+  rec.details["predicted_time"] = {{"step_overhead_us", overheadUs},
+                                   {"compute_us", computeUs},
                                    {"comm_us", commUs},
+                                   {"local_us", localUs},
                                    {"profile", profile.backend + " " + profile.mesh + " on " +
                                                    profile.host + " at " + profile.timestampUtc}};
 }

@@ -13,6 +13,7 @@
 
 #include "harness/case.h"
 #include "harness/comm.h"
+#include "harness/cost_profile.h"
 #include "harness/layout.h"
 #include "harness/rank_context.h"
 #include "harness/verify.h"
@@ -119,6 +120,11 @@ class Strategy {
   // matmuls), where the strategy models them. With a calibration profile for the case's
   // backend and mesh, the runner predicts the step time from this and the communication.
   virtual std::optional<double> predictFlops(const CaseSpec& c, int rank) const {
+    return std::nullopt;
+  }
+  // Local data movement of this rank in one step (copies outside collectives and matmuls),
+  // where the strategy models it; a calibration profile prices it by its copy fit.
+  virtual std::optional<LocalWork> predictLocalWork(const CaseSpec& c, int rank) const {
     return std::nullopt;
   }
   // Per-rank peak bytes of one step, where the strategy has a model of it.

@@ -104,5 +104,29 @@ TEST(CostProfile, JsonRoundTripAndErrorsNameTheKey) {
   EXPECT_NE(errorOf(j).find("key 'mesh' has the wrong type"), std::string::npos);
 }
 
+TEST(CostProfile, LocalCopiesAndTheStepOverheadAreOptionalAndRoundTrip) {
+  CostProfile p = sample();
+  // An older profile has neither: no local work costs nothing, any local work is unpriced.
+  EXPECT_EQ(p.localUs({}), 0.0);
+  EXPECT_FALSE(p.localUs({2, 1000}));
+  EXPECT_FALSE(CostProfile::fromJson(p.toJson(), "p.json").stepUs);
+  // 3 us per copy and 1 GB/s (1e-3 us per byte): two copies writing 1000 bytes take 7 us.
+  p.copy = CostProfile::Fit{3, 1e-3, {}};
+  p.stepUs = 90;
+  EXPECT_DOUBLE_EQ(*p.localUs({2, 1000}), 7.0);
+  const CostProfile q = CostProfile::fromJson(p.toJson(), "p.json");
+  ASSERT_TRUE(q.copy && q.stepUs);
+  EXPECT_DOUBLE_EQ(q.copy->latencyUs, 3);
+  EXPECT_DOUBLE_EQ(*q.stepUs, 90);
+  nlohmann::json j = p.toJson();
+  j["step_overhead_us"] = -5;
+  try {
+    CostProfile::fromJson(j, "p.json");
+    FAIL() << "a negative step overhead was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("step_overhead_us"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace sb::harness

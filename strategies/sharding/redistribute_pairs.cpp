@@ -231,8 +231,11 @@ class PairStrategy final : public harness::Strategy {
     const RedistGeometry g = geometryOf(c);
     return planFor(c)->commByGroup(g, positionOf(c, rank), true);
   }
-  // No matmuls: with a calibration profile the step is priced by its collectives alone.
+  // No matmuls: with a calibration profile the step is priced by its collectives and copies.
   std::optional<double> predictFlops(const CaseSpec&, int) const override { return 0.0; }
+  std::optional<harness::LocalWork> predictLocalWork(const CaseSpec& c, int rank) const override {
+    return planFor(c)->localWork(geometryOf(c), positionOf(c, rank), true);
+  }
 
   // Moving data changes no bits. Sums of pending shares do: the output where `from` has pending
   // sums, the gradient where `to` has replicated axes (its gradient arrives as pending sums).

@@ -183,6 +183,14 @@ class ReshardStrategy final : public harness::Strategy {
     return s;
   }
   std::optional<double> predictFlops(const CaseSpec&, int) const override { return 0.0; }
+  // Each exchange copies every block out of its input and every received block into place.
+  std::optional<harness::LocalWork> predictLocalWork(const CaseSpec& c, int rank) const override {
+    const auto shape = reference::TensorShape::parse(c.shape).dims;
+    const int64_t es = c10::elementSize(c.dtype);
+    const int64_t in = boxOf(shape, fromDim_, from_, rank).numel() * es;
+    const int64_t out = boxOf(shape, toDim_, to_, rank).numel() * es;
+    return harness::LocalWork{4 * size(), 2 * (in + out)};
+  }
 
   std::vector<std::string> plantableFaults() const override {
     return to_ == rankOrder(size()) ? std::vector<std::string>{}
