@@ -1,5 +1,7 @@
 #include "harness/redistribute_exec.h"
 
+#include "kernels/pack.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -124,36 +126,37 @@ at::Tensor exchangeBoxes(const at::Tensor& local, const Box& mine, const std::ve
       if (me == 1) received[i] += 1;
     }
   }
+  // Blocks relative to the tensors they are cut from or written into.
+  const auto relative = [](const Box& b, const Box& base) {
+    kernels::Region r{b.offset, b.length};
+    for (size_t d = 0; d < r.offset.size(); ++d) r.offset[d] -= base.offset[d];
+    return r;
+  };
+  std::vector<kernels::Region> sendRegions, recvRegions;
+  for (int j = 0; j < n; ++j) {
+    sendRegions.push_back(relative(sendBoxes[j], mine));
+    recvRegions.push_back(relative(recvBoxes[j], outBox));
+  }
   at::Tensor recv;
   {
-    int64_t total = 0;
-    for (int64_t c : sendCounts) total += c;
-    at::Tensor send = at::empty({total}, local.options());
-    int64_t off = 0;
-    for (int j = 0; j < n; ++j) {
-      if (sendCounts[j] > 0) {
-        send.narrow(0, off, sendCounts[j])
-            .view(sendBoxes[j].length)
-            .copy_(relSlice(local, mine, sendBoxes[j]));
-      }
-      off += sendCounts[j];
-    }
+    const at::Tensor send = kernels::packRegions(local, sendRegions);
     recv = comm.allToAll(send, sent, received);
   }
-  at::Tensor out = offByOne ? at::zeros(outBox.length, local.options())
-                            : at::empty(outBox.length, local.options());
+  if (!offByOne) {
+    at::Tensor out = at::empty(outBox.length, local.options());
+    kernels::unpackRegions(recv, out, recvRegions);
+    return out;
+  }
+  // The planted fault's blocks are a size off: each goes where its own block belongs, cut to
+  // what arrived, the rest zeros.
+  at::Tensor out = at::zeros(outBox.length, local.options());
   int64_t off = 0;
   for (int i = 0; i < n; ++i) {
     const int64_t take = std::min(recvCounts[i], received[i]);
     if (take > 0) {
-      at::Tensor dst = relSlice(out, outBox, recvBoxes[i]);
-      if (take == recvCounts[i]) {
-        dst.copy_(recv.narrow(0, off, take).view(recvBoxes[i].length));
-      } else {  // the short block of the planted fault: what arrived, in order
-        at::Tensor staged = at::zeros({recvCounts[i]}, local.options());
-        staged.narrow(0, 0, take).copy_(recv.narrow(0, off, take));
-        dst.copy_(staged.view(recvBoxes[i].length));
-      }
+      at::Tensor staged = at::zeros({recvCounts[i]}, local.options());
+      staged.narrow(0, 0, take).copy_(recv.narrow(0, off, take));
+      relSlice(out, outBox, recvBoxes[i]).copy_(staged.view(recvBoxes[i].length));
     }
     off += received[i];
   }

@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <ATen/ATen.h>
+
+#include "kernels/cuda_api.h"
 
 namespace sb::kernels {
 namespace {
@@ -86,11 +89,43 @@ ErrorStats errorStatsCpu(const at::Tensor& actual, const at::Tensor& expected, d
   return s;
 }
 
-#ifndef SB_HAVE_CUDA_KERNELS
 ErrorStats errorStats(const at::Tensor& actual, const at::Tensor& expected, double rtol,
                       double atol, bool exact) {
+#ifdef SB_HAVE_CUDA_KERNELS
+  // Both on one GPU, in a dtype the kernel reads: one pass on the device, no host copy.
+  std::optional<cuda::Dtype> dt;
+  switch (actual.scalar_type()) {
+    case at::kFloat:
+      dt = cuda::Dtype::kFloat32;
+      break;
+    case at::kDouble:
+      dt = cuda::Dtype::kFloat64;
+      break;
+    case at::kHalf:
+      dt = cuda::Dtype::kFloat16;
+      break;
+    case at::kBFloat16:
+      dt = cuda::Dtype::kBFloat16;
+      break;
+    default:
+      break;
+  }
+  if (dt && actual.is_cuda() && expected.is_cuda() && actual.device() == expected.device() &&
+      actual.scalar_type() == expected.scalar_type() && actual.sizes() == expected.sizes()) {
+    const at::Tensor a = actual.detach().contiguous(), e = expected.detach().contiguous();
+    const auto raw =
+        cuda::errorStats(a.data_ptr(), e.data_ptr(), *dt, a.numel(), rtol, atol, exact);
+    ErrorStats s;
+    s.numel = a.numel();
+    s.mismatches = raw.mismatches;
+    s.maxAbsErr = raw.maxAbsErr;
+    s.maxRelErr = raw.maxRelErr;
+    s.maxErrRatio = raw.maxErrRatio;
+    if (s.numel > 0) s.worstIndex = unravel(raw.worst, actual.sizes());
+    return s;
+  }
+#endif
   return errorStatsCpu(actual, expected, rtol, atol, exact);
 }
-#endif
 
 }  // namespace sb::kernels
