@@ -20,7 +20,8 @@ int64_t total(const std::vector<Region>& regions) {
   return n;
 }
 
-#ifdef SB_HAVE_CUDA_KERNELS
+}  // namespace
+
 std::vector<cuda::BoxView> boxViews(const at::Tensor& t, const std::vector<Region>& regions) {
   TORCH_CHECK(t.dim() <= cuda::kMaxDims, "packing supports up to ", cuda::kMaxDims,
               " dimensions, got ", t.dim());
@@ -41,9 +42,6 @@ std::vector<cuda::BoxView> boxViews(const at::Tensor& t, const std::vector<Regio
   }
   return views;
 }
-#endif
-
-}  // namespace
 
 int64_t Region::numel() const {
   int64_t n = 1;

@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/cuda_api.h"
+
 namespace sb::kernels {
 
 // A box of a tensor: an offset and a length per dimension.
@@ -24,6 +26,10 @@ struct Region {
 at::Tensor packRegions(const at::Tensor& t, const std::vector<Region>& regions);
 // Writes consecutive pieces of the flat `packed` into the regions of `t` (the inverse).
 void unpackRegions(const at::Tensor& packed, at::Tensor& t, const std::vector<Region>& regions);
+
+// The regions of a tensor with `t`'s strides and storage offset as the CUDA kernel's boxes, packed
+// one after another. Throws for more than cuda::kMaxDims dimensions.
+std::vector<cuda::BoxView> boxViews(const at::Tensor& t, const std::vector<Region>& regions);
 
 // The CPU implementation, also the reference the CUDA kernel is tested against.
 void packRegionsCpu(const at::Tensor& t, const std::vector<Region>& regions, at::Tensor& packed);

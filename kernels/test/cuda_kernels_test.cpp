@@ -99,20 +99,7 @@ TEST_F(CudaKernels, PackingBoxesMatchesTheCpu) {
       {{4, 0, 0}, {3, 5, 3}}, {{0, 2, 1}, {4, 3, 2}}, {{1, 1, 0}, {0, 2, 3}}};
   at::Tensor expected = at::empty({3 * 5 * 3 + 4 * 3 * 2}, at::kFloat);
   packRegionsCpu(t, regions, expected);
-  std::vector<cuda::BoxView> views;
-  int64_t packed = 0;
-  for (const auto& r : regions) {
-    cuda::BoxView v;
-    v.ndim = 3;
-    for (int d = 0; d < 3; ++d) {
-      v.sizes[d] = r.length[d];
-      v.strides[d] = t.stride(d);
-      v.offset += r.offset[d] * t.stride(d);
-    }
-    v.packedOffset = packed;
-    packed += r.numel();
-    views.push_back(v);
-  }
+  const std::vector<cuda::BoxView> views = boxViews(t, regions);
   DeviceCopy src(t), out(expected);
   cuda::packBoxes(src.ptr, out.ptr, views.data(), static_cast<int>(views.size()), 4, false);
   at::Tensor got = at::empty_like(expected);

@@ -57,6 +57,34 @@ TEST(Pack, AStridedViewPacksItsOwnElements) {
   EXPECT_TRUE(at::equal(packRegions(t, regions), at::cat(parts)));
 }
 
+TEST(Pack, TheKernelsBoxViewsAddressTheElementsTheCpuPacks) {
+  // A strided view with a storage offset: transposed, then narrowed.
+  const at::Tensor base = at::arange(5 * 7 * 3, at::kFloat).view({5, 7, 3});
+  const at::Tensor t = base.transpose(0, 1).narrow(1, 1, 4);  // 7x4x3
+  const std::vector<Region> regions = {
+      {{4, 0, 0}, {3, 4, 3}}, {{0, 1, 1}, {4, 3, 2}}, {{1, 1, 0}, {0, 2, 3}}};
+  const auto views = boxViews(t, regions);
+  // Walk each box as the kernel does: from the storage, by its sizes and strides.
+  const float* storage = base.data_ptr<float>();
+  std::vector<float> walked;
+  for (const auto& v : views) {
+    int64_t numel = 1;
+    for (int d = 0; d < v.ndim; ++d) numel *= v.sizes[d];
+    for (int64_t k = 0; k < numel; ++k) {
+      int64_t rest = k, at = v.offset;
+      for (int d = v.ndim - 1; d >= 0; --d) {
+        at += (rest % v.sizes[d]) * v.strides[d];
+        rest /= v.sizes[d];
+      }
+      EXPECT_EQ(v.packedOffset + k, static_cast<int64_t>(walked.size()));
+      walked.push_back(storage[at]);
+    }
+  }
+  const at::Tensor packed = packRegions(t, regions);
+  ASSERT_EQ(packed.numel(), static_cast<int64_t>(walked.size()));
+  EXPECT_TRUE(at::equal(packed, at::tensor(walked)));
+}
+
 TEST(Pack, AWrongSizedBufferIsRefused) {
   at::Tensor t = at::zeros({7, 5, 3});
   EXPECT_THROW(unpackRegions(at::zeros({3}), t, someRegions()), c10::Error);
