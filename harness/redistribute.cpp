@@ -60,12 +60,6 @@ std::vector<int> withoutSuffix(const std::vector<int>& list, size_t k) {
   return std::vector<int>(list.begin(), list.end() - k);
 }
 
-int64_t numel(const Box& b) {
-  int64_t n = 1;
-  for (int64_t l : b.length) n *= l;
-  return n;
-}
-
 }  // namespace
 
 const char* stepKindName(StepKind k) {
@@ -247,18 +241,18 @@ int64_t RedistGeometry::groupSize(const std::vector<int>& axes) const {
   return n;
 }
 
-std::vector<int64_t> RedistGeometry::memberCoords(int rank, const std::vector<int>& axes,
+std::vector<int64_t> RedistGeometry::memberCoords(std::vector<int64_t> coords,
+                                                  const std::vector<int>& axes,
                                                   int64_t index) const {
-  auto c = coords(rank);
   for (int i = static_cast<int>(axes.size()) - 1; i >= 0; --i) {
-    c[axes[i]] = index % mesh[axes[i]];
+    coords[axes[i]] = index % mesh[axes[i]];
     index /= mesh[axes[i]];
   }
-  return c;
+  return coords;
 }
 
 int64_t RedistGeometry::localBytes(const Layout& l, int rank) const {
-  return numel(l.box(shape, mesh, coords(rank))) * elemSize;
+  return l.box(shape, mesh, coords(rank)).numel() * elemSize;
 }
 
 StepComm stepComm(const RedistGeometry& g, const Layout& before, const RedistStep& st, int rank) {

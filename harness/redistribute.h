@@ -74,8 +74,9 @@ struct RedistGeometry {
   int ranks() const;
   std::vector<int64_t> coords(int rank) const;  // row-major over the mesh
   int64_t groupSize(const std::vector<int>& axes) const;
-  // The mesh coordinates of member `index` of `rank`'s group over `axes`.
-  std::vector<int64_t> memberCoords(int rank, const std::vector<int>& axes, int64_t index) const;
+  // The mesh coordinates of member `index` of the group over `axes` of the rank at `coords`.
+  std::vector<int64_t> memberCoords(std::vector<int64_t> coords, const std::vector<int>& axes,
+                                    int64_t index) const;
   int64_t localBytes(const Layout& l, int rank) const;
 };
 

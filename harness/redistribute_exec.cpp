@@ -10,12 +10,6 @@
 namespace sb::harness {
 namespace {
 
-int64_t numelOf(const Box& b) {
-  int64_t n = 1;
-  for (int64_t l : b.length) n *= l;
-  return n;
-}
-
 Box intersect(const Box& a, const Box& b) {
   Box out;
   for (size_t d = 0; d < a.offset.size(); ++d) {
@@ -50,15 +44,6 @@ int64_t groupIndexOf(const std::vector<int64_t>& mesh, const std::vector<int64_t
   int64_t idx = 0;
   for (int a : axes) idx = idx * mesh[a] + coords[a];
   return idx;
-}
-
-std::vector<int64_t> memberCoordsOf(const std::vector<int64_t>& mesh, std::vector<int64_t> coords,
-                                    const std::vector<int>& axes, int64_t index) {
-  for (int i = static_cast<int>(axes.size()) - 1; i >= 0; --i) {
-    coords[axes[i]] = index % mesh[axes[i]];
-    index /= mesh[axes[i]];
-  }
-  return coords;
 }
 
 // The mesh axes not in `axes`, in order.
@@ -107,9 +92,9 @@ at::Tensor exchangeBoxes(const at::Tensor& local, const Box& mine, const std::ve
   std::vector<int64_t> sendCounts(n), recvCounts(n);
   for (int j = 0; j < n; ++j) {
     sendBoxes[j] = intersect(mine, dest[j]);
-    sendCounts[j] = numelOf(sendBoxes[j]);
+    sendCounts[j] = sendBoxes[j].numel();
     recvBoxes[j] = intersect(src[j], outBox);
-    recvCounts[j] = numelOf(recvBoxes[j]);
+    recvCounts[j] = recvBoxes[j].numel();
   }
   // The planted fault moves one element of every sender's first block into its second, and
   // every receiver expects exactly that.
@@ -121,7 +106,7 @@ at::Tensor exchangeBoxes(const at::Tensor& local, const Box& mine, const std::ve
       sent[1] += 1;
     }
     for (int i = 0; i < n; ++i) {
-      if (numelOf(intersect(src[i], dest[0])) == 0) continue;
+      if (intersect(src[i], dest[0]).numel() == 0) continue;
       if (me == 0) received[i] -= 1;
       if (me == 1) received[i] += 1;
     }
@@ -200,7 +185,7 @@ at::Tensor RedistRunner::step(const at::Tensor& in, const Layout& before,
   const Box outBox = after.box(g_.shape, g_.mesh, coords_);
   TORCH_INTERNAL_ASSERT(in.sizes().vec() == inBox.length, "rank ", ctx_.rank(), " holds ",
                         in.sizes(), " but ", before.sequence(), " gives it ", inBox.toString());
-  const auto member = [&](int64_t i) { return memberCoordsOf(g_.mesh, coords_, st.axes, i); };
+  const auto member = [&](int64_t i) { return g_.memberCoords(coords_, st.axes, i); };
   const auto opts = in.options();
   const int64_t d = st.dim;
   switch (st.kind) {
@@ -291,7 +276,7 @@ RedistRunner::Memory RedistRunner::memory(int64_t live, bool backward) const {
       const bool byOutput = st.kind == StepKind::kReduceScatter;
       int64_t maxBlock = 0;
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t pos = meshPosition(g_.mesh, memberCoordsOf(g_.mesh, coords_, st.axes, j));
+        const int64_t pos = meshPosition(g_.mesh, g_.memberCoords(coords_, st.axes, j));
         maxBlock =
             std::max(maxBlock, g_.localBytes(byOutput ? after : before, static_cast<int>(pos)));
       }

@@ -96,12 +96,9 @@ harness::PlanObjective caseObjective(const CaseSpec& c) {
       c.where() + ": params key 'objective' must be \"time\" or \"bytes\", got " + o.dump());
 }
 
-// The groups of `axes` of extent above one: where pending sums really are pending.
+// Whether the group over `axes` has more than one rank: where pending sums really are pending.
 bool anyRealAxis(const std::vector<int>& axes, const std::vector<int64_t>& mesh) {
-  for (int a : axes) {
-    if (mesh[a] > 1) return true;
-  }
-  return false;
+  return RedistGeometry{{}, mesh, 0}.groupSize(axes) > 1;
 }
 
 // This rank's starting value of a tensor laid out in `layout`: its piece of `full`, or, under
