@@ -102,6 +102,10 @@ check "solve: an axis used twice is exit 2" 2 "mesh axis 0 is used twice" -- \
   "$sb" solve redistribute --shape '[8, 8]' --mesh 2x2 --from '[S0, S0]' --to RR
 check "solve: a malformed shape is exit 2" 2 "--shape" -- \
   "$sb" solve redistribute --shape '[8, -1]' --mesh 2x2 --from RR --to RR
+check "solve: a shape whose bytes overflow is exit 2" 2 "2\^62 bytes" -- \
+  "$sb" solve redistribute --shape '[1099511627776, 1099511627776]' --mesh 2x2 --from RR --to RR
+check "solve: a dimension index past an int is exit 2, not a crash" 2 "dimensions" -- \
+  "$sb" solve redistribute --shape '[8, 8]' --mesh 2x2 --from '[Shard(99999999999999), R]' --to RR
 check "solve: priced by a calibration profile of the mesh" 0 '"kind": "profile"' -- bash -c \
   "'$sb' calibrate --mesh 2x2 --out '$tmp/p22.json' --max-bytes 4096 >/dev/null &&
    '$sb' solve redistribute --shape '[8, 8]' --mesh 2x2 --from S01R --to RS01 --profile '$tmp/p22.json'"

@@ -27,7 +27,9 @@ std::string stripSpaces(const std::string& s) {
 }
 
 bool allDigits(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(c); });
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c)) != 0;
+  });
 }
 
 std::vector<int> digitsToAxes(const std::string& digits) {
@@ -161,11 +163,18 @@ Layout Layout::parse(const std::string& original, int ndim, int meshNdim) {
 
   // DTensor's spelling names a placement per mesh axis; ColossalAI's an entry per dimension.
   bool dtensorForm = false;
+  bool allR = !entries.empty();
   for (const auto& e : entries) {
     if (e.rfind("Shard(", 0) == 0 || e.rfind("S(", 0) == 0 || e.rfind("Partial", 0) == 0 ||
         e == "P" || e == "Replicate()") {
       dtensorForm = true;
     }
+    allR = allR && e == "R";
+  }
+  // "[R, R]" is a replicated layout in either spelling: one entry per dimension or per axis.
+  if (allR && partialDigits.empty() && static_cast<int>(entries.size()) == meshNdim &&
+      meshNdim != ndim) {
+    return Layout(ndim);
   }
   if (dtensorForm) {
     if (!partialDigits.empty()) bad(text, "mixes DTensor placements with a 'P<axes>' suffix");
@@ -186,7 +195,9 @@ Layout Layout::parse(const std::string& original, int ndim, int meshNdim) {
         if (!allDigits(inner)) {
           bad(text, "'" + e + "' is not a placement (Shard(d), Replicate(), Partial(sum))");
         }
-        const int d = std::stoi(inner);
+        // Any dimension past the tensor's is refused; say so without parsing a number that
+        // does not fit an int.
+        const int d = inner.size() > 6 ? ndim : std::stoi(inner);
         if (d >= ndim) {
           bad(text, "'" + e + "' shards dimension " + inner + " but the tensor has " +
                         std::to_string(ndim) + " dimensions");

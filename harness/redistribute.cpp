@@ -6,6 +6,7 @@
 #include <map>
 #include <queue>
 #include <stdexcept>
+#include <tuple>
 
 namespace sb::harness {
 namespace {
@@ -122,6 +123,13 @@ std::string RedistStep::toString() const {
 
 std::optional<Layout> applyStep(const Layout& from, const RedistStep& st) {
   if (st.axes.empty()) return std::nullopt;
+  {
+    std::vector<int> sorted = st.axes;
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted.front() < 0 || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      return std::nullopt;  // a negative axis, or one named twice
+    }
+  }
   const int nd = from.ndim();
   const bool dimOk = st.dim >= 0 && st.dim < nd;
   auto dims = from.dimAxes();
@@ -471,7 +479,11 @@ RedistPlan planRedistribution(const RedistGeometry& g, const Layout& from, const
   };
   std::map<Layout, Node> nodes;
   using Entry = std::pair<Cost, Layout>;
-  auto cmp = [&](const Entry& a, const Entry& b) { return less(b.first, a.first); };
+  // The heap orders exactly (a strict weak order); the tolerance above only decides relaxations.
+  auto cmp = [](const Entry& a, const Entry& b) {
+    return std::tie(b.first.first, b.first.second, b.first.steps) <
+           std::tie(a.first.first, a.first.second, a.first.steps);
+  };
   std::priority_queue<Entry, std::vector<Entry>, decltype(cmp)> queue(cmp);
   nodes[from] = Node{};
   queue.push({Cost{}, from});

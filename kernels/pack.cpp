@@ -87,6 +87,9 @@ void unpackRegions(const at::Tensor& packed, at::Tensor& t, const std::vector<Re
   TORCH_CHECK(packed.dim() == 1 && packed.numel() == total(regions) && packed.is_contiguous(),
               "unpack: the packed buffer holds ", packed.numel(), " elements, the regions ",
               total(regions));
+  TORCH_CHECK(packed.device() == t.device() && packed.scalar_type() == t.scalar_type(),
+              "unpack: the packed buffer is ", packed.scalar_type(), " on ", packed.device(),
+              ", the tensor ", t.scalar_type(), " on ", t.device());
 #ifdef SB_HAVE_CUDA_KERNELS
   if (t.is_cuda()) {
     const auto views = boxViews(t, regions);

@@ -127,6 +127,12 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
       }
       g.shape.push_back(d.get<int64_t>());
     }
+    // Every byte count below is an int64: the whole tensor must fit one, with room to spare.
+    long double bytes = 8;
+    for (int64_t d : g.shape) bytes *= static_cast<long double>(d);
+    if (bytes > static_cast<long double>(int64_t{1} << 62)) {
+      throw std::invalid_argument("the tensor would hold more than 2^62 bytes");
+    }
   } catch (const std::exception& e) {
     std::cerr << "stratbench solve redistribute: --shape '" << shapeText << "': " << e.what()
               << "\n";

@@ -52,16 +52,27 @@ TEST(Layout, A3DTensorOnA2x2MeshHas24LayoutsWithAtMostOnePartialAxis) {
   EXPECT_EQ(enumerateLayouts(2, 1, 1).size(), 4u);
 }
 
+TEST(Layout, AllReplicatedReadsInEitherSpelling) {
+  // A 1-D tensor on a 2-D mesh: "[R, R]" is DTensor's (an entry per axis), "[R]" ColossalAI's.
+  EXPECT_EQ(Layout::parse("[R, R]", 1, 2), Layout(1));
+  EXPECT_EQ(Layout::parse("[R]", 1, 2), Layout(1));
+}
+
 TEST(Layout, ImpossibleLayoutsAreRefusedNamingTheProblem) {
   EXPECT_NE(errorOf("[Shard(3), Replicate()]", 3, 2).find("dimension 3"), std::string::npos);
   EXPECT_NE(errorOf("[S0, S0, R]", 3, 2).find("mesh axis 0 is used twice"), std::string::npos);
   EXPECT_NE(errorOf("[S0, R, R] P0", 3, 2).find("used twice"), std::string::npos);
   EXPECT_NE(errorOf("[S2, R, R]", 3, 2).find("mesh axis 2"), std::string::npos);
-  EXPECT_NE(errorOf("[R, R]", 3, 2).find("2 entries"), std::string::npos);
+  EXPECT_NE(errorOf("[R, R]", 3, 3).find("2 entries"), std::string::npos);
   EXPECT_NE(errorOf("[Shard(0)]", 3, 2).find("1 placements"), std::string::npos);
   EXPECT_NE(errorOf("[S0, Q, R]", 3, 2).find("'Q'"), std::string::npos);
   EXPECT_NE(errorOf("nonsense", 3, 2).find("layout 'nonsense'"), std::string::npos);
   EXPECT_NE(errorOf("", 3, 2).find("empty"), std::string::npos);
+  EXPECT_NE(errorOf("[Shard(99999999999999), R]", 3, 2).find("3 dimensions"), std::string::npos);
+  EXPECT_NE(errorOf("[Shard(-1), R]", 3, 2).find("is not a placement"), std::string::npos);
+  for (const char* junk : {"[", "S", "P", "[S0,]", "]", "[]", "[R, R] P", "[R,R]Q1", "S0S", "()"}) {
+    EXPECT_NE(errorOf(junk, 2, 2), "") << junk;
+  }
   EXPECT_THROW(Layout::parse("[S10, R]", 2, 2).dtensor(2), LayoutError);
 }
 

@@ -177,6 +177,14 @@ TEST(Redistribute, ThePlanNeverMovesMoreBytesThanColossalAIOrDTensor) {
   }
 }
 
+TEST(Redistribute, AStepNamingAnAxisTwiceCannotAct) {
+  const Layout partial = Layout::parse("[R, R] P1", 2, 2);
+  EXPECT_FALSE(applyStep(partial, {StepKind::kAllReduce, {1, 1}, -1, -1}));
+  EXPECT_FALSE(applyStep(partial, {StepKind::kReduceScatter, {1, 1}, 0, -1}));
+  EXPECT_FALSE(applyStep(Layout(2), {StepKind::kSlice, {0, 0}, 0, -1}));
+  EXPECT_FALSE(applyStep(Layout(2), {StepKind::kSlice, {-1}, 0, -1}));
+}
+
 TEST(Redistribute, AnUnknownStepIsRefusedNamingIt) {
   const RedistGeometry g{{8, 8}, {2}, 4};
   const RedistStep gatherNothing{StepKind::kAllGather, {0}, 0, -1};
