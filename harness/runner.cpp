@@ -302,11 +302,14 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       out.ranks[slot[r]].wire = world.wireStats(r);
     }
     // Untimed and uncounted: results laid out as the strategy declares them (pending sums
-    // reduced), then taken for verification.
-    world.run([&](RankContext& ctx) {
-      execs[ctx.rank()]->settle(ctx);
-      results[ctx.rank()] = execs[ctx.rank()]->results();
-    });
+    // reduced), then taken for verification; after the measured step and after the timing.
+    const auto takeResults = [&] {
+      world.run([&](RankContext& ctx) {
+        execs[ctx.rank()]->settle(ctx);
+        results[ctx.rank()] = execs[ctx.rank()]->results();
+      });
+    };
+    takeResults();
     for (int r : local) {
       RankOutcome& o = out.ranks[slot[r]];
       o.checks = verifyRank(c, data, strategy, r, results[r]);
@@ -327,10 +330,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
 
     // As nccl-tests does, the timed runs are verified too: the last timed step must still
     // give the reference results (catches state that leaks from step to step).
-    world.run([&](RankContext& ctx) {
-      execs[ctx.rank()]->settle(ctx);
-      results[ctx.rank()] = execs[ctx.rank()]->results();
-    });
+    takeResults();
     for (int r : local) {
       out.ranks[slot[r]].checksAfter = verifyRank(c, data, strategy, r, results[r]);
     }
