@@ -41,6 +41,20 @@ struct AllReduceFwdIdentityBwd : torch::autograd::Function<AllReduceFwdIdentityB
   }
 };
 
+struct AllReduceFwdAllReduceBwd : torch::autograd::Function<AllReduceFwdAllReduceBwd> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* comm) {
+    saveComm(ctx, *comm);
+    at::Tensor y = x.contiguous().clone();
+    comm->allReduce(y);
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor g = grads[0].contiguous().clone();
+    loadComm(ctx).allReduce(g);
+    return {g, at::Tensor()};
+  }
+};
+
 struct AllGatherFwdReduceScatterBwd : torch::autograd::Function<AllGatherFwdReduceScatterBwd> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Communicator* comm,
                             std::vector<int64_t> rows) {
@@ -92,6 +106,10 @@ at::Tensor identityFwdAllReduceBwd(const at::Tensor& x, Communicator& comm) {
 
 at::Tensor allReduceFwdIdentityBwd(const at::Tensor& x, Communicator& comm) {
   return AllReduceFwdIdentityBwd::apply(x, &comm);
+}
+
+at::Tensor allReduceFwdAllReduceBwd(const at::Tensor& x, Communicator& comm) {
+  return AllReduceFwdAllReduceBwd::apply(x, &comm);
 }
 
 at::Tensor allGatherFwdReduceScatterBwd(const at::Tensor& x, Communicator& comm,

@@ -24,6 +24,12 @@ at::Tensor identityFwdAllReduceBwd(const at::Tensor& x, Communicator& comm);
 // dimension was split over the group.
 at::Tensor allReduceFwdIdentityBwd(const at::Tensor& x, Communicator& comm);
 
+// Forward: all-reduce of partial sums. Backward: all-reduce of the gradient. For partial sums
+// whose total is consumed by computations that differ per rank (the statistics of a layer norm
+// over a split hidden dimension, of a batch norm over a split batch): each rank's gradient of
+// the total is then partial too.
+at::Tensor allReduceFwdAllReduceBwd(const at::Tensor& x, Communicator& comm);
+
 // Forward: all-gather along dim 0 (`rows[r]` rows from rank r). Backward: reduce-scatter of the
 // gradient back to each rank's rows.
 at::Tensor allGatherFwdReduceScatterBwd(const at::Tensor& x, Communicator& comm,

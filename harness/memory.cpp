@@ -1,5 +1,8 @@
 #include "harness/memory.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <mutex>
 #include <unordered_map>
 
@@ -77,20 +80,48 @@ void MemoryTracker::install() {
   });
 }
 
+namespace {
+// SB_MEMORY_TRACE=<rank>: every allocation and free of that rank's bucket on stderr, with the
+// live bytes after it; for building and checking memory models against what ATen allocates.
+int traceBucket() {
+  static const int bucket = [] {
+    const char* v = std::getenv("SB_MEMORY_TRACE");
+    return v == nullptr || *v == '\0' ? -1 : std::atoi(v);
+  }();
+  return bucket;
+}
+}  // namespace
+
 void MemoryTracker::resetPeak(int rank) {
   auto& b = buckets_[index(rank)];
   b.peak.store(b.current.load());
+  if (index(rank) == traceBucket())
+    std::fprintf(stderr, "mem reset at %lld\n", (long long)b.current.load());
+}
+
+void MemoryTracker::traceNote(int rank, const char* what) const {
+  if (index(rank) == traceBucket()) {
+    std::fprintf(stderr, "mem %s at %lld, peak %lld\n", what,
+                 (long long)buckets_[index(rank)].current.load(),
+                 (long long)buckets_[index(rank)].peak.load());
+  }
 }
 
 void MemoryTracker::allocated(int bucket, int64_t bytes) {
   auto& b = buckets_[bucket];
   const int64_t now = b.current.fetch_add(bytes) + bytes;
+  if (bucket == traceBucket())
+    std::fprintf(stderr, "mem +%lld -> %lld\n", (long long)bytes, (long long)now);
   int64_t peak = b.peak.load();
   while (now > peak && !b.peak.compare_exchange_weak(peak, now)) {
   }
 }
 
-void MemoryTracker::freed(int bucket, int64_t bytes) { buckets_[bucket].current.fetch_sub(bytes); }
+void MemoryTracker::freed(int bucket, int64_t bytes) {
+  const int64_t now = buckets_[bucket].current.fetch_sub(bytes) - bytes;
+  if (bucket == traceBucket())
+    std::fprintf(stderr, "mem -%lld -> %lld\n", (long long)bytes, (long long)now);
+}
 
 int MemoryTracker::threadBucket() { return tBucket; }
 

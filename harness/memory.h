@@ -29,6 +29,8 @@ class MemoryTracker {
   int64_t peak(int rank) const { return buckets_[index(rank)].peak.load(); }
   // Starts a new peak window for `rank` at its current live bytes.
   void resetPeak(int rank);
+  // With SB_MEMORY_TRACE=<rank> set, writes `what` into that rank's allocation trace (stderr).
+  void traceNote(int rank, const char* what) const;
 
   // Used by the allocator.
   void allocated(int bucket, int64_t bytes);

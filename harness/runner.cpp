@@ -296,6 +296,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       maybeFireRankFault(options, r);
       execs[r]->step(ctx);
       peak[r] = MemoryTracker::instance().peak(r);
+      MemoryTracker::instance().traceNote(r, "end of the measured step");
     });
     for (int r : local) {
       out.ranks[slot[r]].counted = world.stats(r);

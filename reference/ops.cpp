@@ -1,0 +1,540 @@
+// The "op" reference workload: one operator, forward and backward with plain LibTorch (ops.h).
+
+#include "reference/ops.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace sb::reference {
+namespace {
+
+// Each operator's keys beyond "op", and which of them are tensor shapes.
+struct OpKeys {
+  std::vector<std::string> required, optional;
+};
+
+const std::map<std::string, OpKeys>& opKeys() {
+  static const std::map<std::string, OpKeys> keys = {
+      {"addmm", {{"input", "other"}, {}}},
+      {"bmm", {{"input", "other"}, {}}},
+      {"matmul", {{"input", "other"}, {}}},
+      {"embedding", {{"input", "num_embeddings", "embedding_dim"}, {}}},
+      {"layer_norm", {{"input"}, {}}},
+      {"batch_norm", {{"input"}, {}}},
+      {"conv2d", {{"input", "out_channels", "kernel"}, {"stride", "padding"}}},
+      {"max_pool2d", {{"input", "kernel"}, {"stride"}}},
+      {"avg_pool2d", {{"input", "kernel"}, {"stride"}}},
+      {"add", {{"input", "other"}, {}}},
+      {"mul", {{"input", "other"}, {}}},
+      {"gelu", {{"input"}, {}}},
+      {"relu", {{"input"}, {}}},
+      {"dropout", {{"input", "p"}, {}}},
+      {"softmax", {{"input", "dim"}, {}}},
+      {"view", {{"input", "size"}, {}}},
+      {"permute", {{"input", "dims"}, {}}},
+      {"transpose", {{"input", "dim0", "dim1"}, {}}},
+      {"split", {{"input", "split_size", "dim"}, {}}},
+      {"sum", {{"input", "dims"}, {}}},
+  };
+  return keys;
+}
+
+std::string where(const OpShape& s) { return "op " + (s.op.empty() ? "?" : s.op) + ": "; }
+
+std::vector<int64_t> parseDims(const OpShape& s, const nlohmann::json& v, const std::string& key,
+                               bool allowMinusOne, bool allowEmpty) {
+  TORCH_CHECK(v.is_array() && (allowEmpty || !v.empty()) && v.size() <= 8, where(s), "shape key '",
+              key, "' must be a list of 1 to 8 dimensions, got ", v.dump());
+  std::vector<int64_t> dims;
+  for (const auto& d : v) {
+    TORCH_CHECK(d.is_number_integer() &&
+                    (d.get<int64_t>() > 0 || (allowMinusOne && d.get<int64_t>() == -1)),
+                where(s), "shape key '", key, "' must hold positive integers, got ", v.dump());
+    TORCH_CHECK(d.get<int64_t>() <= (1 << 24), where(s), "shape key '", key,
+                "' holds a dimension over 2^24: ", v.dump());
+    dims.push_back(d.get<int64_t>());
+  }
+  return dims;
+}
+
+int64_t normDim(const OpShape& s, int64_t d, int64_t ndim, const std::string& key) {
+  TORCH_CHECK(d >= -ndim && d < ndim, where(s), "shape key '", key, "' is ", d,
+              ", not a dimension of the ", ndim, "-dimensional input");
+  return d < 0 ? d + ndim : d;
+}
+
+int64_t numelOf(const std::vector<int64_t>& dims) {
+  return std::accumulate(dims.begin(), dims.end(), int64_t{1}, std::multiplies<>());
+}
+
+// Broadcast shape of two operands (numpy rules), or an error naming both.
+std::vector<int64_t> broadcastShape(const OpShape& s) {
+  const size_t n = std::max(s.input.size(), s.other.size());
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t a = i < n - s.input.size() ? 1 : s.input[i - (n - s.input.size())];
+    const int64_t b = i < n - s.other.size() ? 1 : s.other[i - (n - s.other.size())];
+    TORCH_CHECK(a == b || a == 1 || b == 1, where(s), "input ", dimsString(s.input), " and other ",
+                dimsString(s.other), " do not broadcast (dimension ", i, ": ", a, " vs ", b, ")");
+    out[i] = std::max(a, b);
+  }
+  return out;
+}
+
+std::vector<int64_t> viewShape(const OpShape& s) {
+  auto size = s.attrDims("size");
+  const int64_t n = numelOf(s.input);
+  int64_t known = 1, minus = -1;
+  for (size_t i = 0; i < size.size(); ++i) {
+    if (size[i] == -1) {
+      TORCH_CHECK(minus < 0, where(s), "shape key 'size' has more than one -1");
+      minus = static_cast<int64_t>(i);
+    } else {
+      known *= size[i];
+    }
+  }
+  if (minus >= 0) {
+    TORCH_CHECK(n % known == 0, where(s), "shape key 'size' ", dimsString(size),
+                " cannot view an input of ", n, " elements");
+    size[minus] = n / known;
+  }
+  TORCH_CHECK(numelOf(size) == n, where(s), "shape key 'size' ", dimsString(size), " has ",
+              numelOf(size), " elements, the input ", n);
+  return size;
+}
+
+std::vector<int64_t> permuteDims(const OpShape& s) {
+  const int64_t nd = static_cast<int64_t>(s.input.size());
+  if (s.op == "transpose") {
+    std::vector<int64_t> dims(nd);
+    std::iota(dims.begin(), dims.end(), 0);
+    std::swap(dims[normDim(s, s.attrInt("dim0"), nd, "dim0")],
+              dims[normDim(s, s.attrInt("dim1"), nd, "dim1")]);
+    return dims;
+  }
+  const auto& v = s.attrs.at("dims");
+  TORCH_CHECK(v.is_array() && static_cast<int64_t>(v.size()) == nd, where(s),
+              "shape key 'dims' must list all ", nd, " input dimensions, got ", v.dump());
+  std::vector<int64_t> dims;
+  std::vector<bool> seen(nd, false);
+  for (const auto& d : v) {
+    TORCH_CHECK(d.is_number_integer(), where(s), "shape key 'dims' must hold integers, got ",
+                v.dump());
+    const int64_t k = normDim(s, d.get<int64_t>(), nd, "dims");
+    TORCH_CHECK(!seen[k], where(s), "shape key 'dims' names dimension ", k, " twice");
+    seen[k] = true;
+    dims.push_back(k);
+  }
+  return dims;
+}
+
+int64_t convOut(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+}  // namespace
+
+const std::vector<std::string>& opNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& [op, keys] : opKeys()) n.push_back(op);
+    return n;
+  }();
+  return names;
+}
+
+OpShape OpShape::parse(const nlohmann::json& shape) {
+  OpShape s;
+  TORCH_CHECK(shape.is_object() && shape.contains("op") && shape.at("op").is_string(),
+              "op: shape must be a mapping with the key 'op' naming the operator (one of addmm, "
+              "bmm, matmul, embedding, layer_norm, batch_norm, conv2d, max_pool2d, avg_pool2d, "
+              "add, mul, gelu, relu, dropout, softmax, view, permute, transpose, split, sum)");
+  s.op = shape.at("op").get<std::string>();
+  const auto it = opKeys().find(s.op);
+  TORCH_CHECK(it != opKeys().end(), "op: unknown operator '", s.op,
+              "' (expected one of addmm, bmm, matmul, embedding, layer_norm, batch_norm, conv2d, "
+              "max_pool2d, avg_pool2d, add, mul, gelu, relu, dropout, softmax, view, permute, "
+              "transpose, split, sum)");
+  const OpKeys& keys = it->second;
+  for (auto k = shape.begin(); k != shape.end(); ++k) {
+    if (k.key() == "op") continue;
+    const bool known = std::count(keys.required.begin(), keys.required.end(), k.key()) +
+                           std::count(keys.optional.begin(), keys.optional.end(), k.key()) >
+                       0;
+    std::string expected;
+    for (const auto& r : keys.required) expected += (expected.empty() ? "" : ", ") + r;
+    for (const auto& o : keys.optional) expected += ", " + o + " (optional)";
+    TORCH_CHECK(known, where(s), "unknown shape key '", k.key(), "' (expected ", expected, ")");
+  }
+  for (const auto& r : keys.required) {
+    TORCH_CHECK(shape.contains(r), where(s), "shape key '", r, "' is missing");
+  }
+  for (auto k = shape.begin(); k != shape.end(); ++k) {
+    if (k.key() == "input") {
+      s.input = parseDims(s, k.value(), "input", false, false);
+    } else if (k.key() == "other") {
+      s.other = parseDims(s, k.value(), "other", false, false);
+    } else if (k.key() != "op") {
+      s.attrs[k.key()] = k.value();
+    }
+  }
+  const int64_t nd = static_cast<int64_t>(s.input.size());
+  const auto need = [&](bool ok, const std::string& what) {
+    TORCH_CHECK(ok, where(s), what, " (input ", dimsString(s.input),
+                s.other.empty() ? "" : ", other " + dimsString(s.other), ")");
+  };
+  if (s.op == "addmm") {
+    need(nd == 2 && s.other.size() == 2 && s.input[1] == s.other[0],
+         "addmm needs input [M, K] and other [K, N]");
+    s.bias = {s.other[1]};
+  } else if (s.op == "bmm") {
+    need(nd == 3 && s.other.size() == 3 && s.input[0] == s.other[0] && s.input[2] == s.other[1],
+         "bmm needs input [b, i, k] and other [b, k, j]");
+  } else if (s.op == "matmul") {
+    need((nd == 1 || nd == 2) && s.other.size() == 1 && s.input.back() == s.other[0],
+         "matmul here is the dot product ([k] x [k]) or matrix-vector product ([m, k] x [k])");
+  } else if (s.op == "embedding") {
+    const int64_t v = s.attrInt("num_embeddings"), e = s.attrInt("embedding_dim");
+    TORCH_CHECK(v > 0 && e > 0, where(s), "num_embeddings and embedding_dim must be positive");
+    s.weight = {v, e};
+  } else if (s.op == "layer_norm") {
+    s.weight = s.bias = {s.input.back()};
+  } else if (s.op == "batch_norm") {
+    need(nd >= 2 && nd <= 5, "batch_norm needs input [N, C, ...] of 2 to 5 dimensions");
+    s.weight = s.bias = {s.input[1]};
+  } else if (s.op == "conv2d") {
+    need(nd == 4, "conv2d needs input [N, C, H, W]");
+    const int64_t k = s.attrInt("kernel"),
+                  stride = s.attrs.contains("stride") ? s.attrInt("stride") : 1,
+                  pad = s.attrs.contains("padding") ? s.attrInt("padding") : 0;
+    TORCH_CHECK(k > 0 && stride > 0 && pad >= 0 && s.attrInt("out_channels") > 0, where(s),
+                "kernel, stride and out_channels must be positive and padding not negative");
+    need(convOut(s.input[2], k, stride, pad) > 0 && convOut(s.input[3], k, stride, pad) > 0,
+         "the kernel is larger than the padded input");
+    s.weight = {s.attrInt("out_channels"), s.input[1], k, k};
+    s.bias = {s.attrInt("out_channels")};
+  } else if (s.op == "max_pool2d" || s.op == "avg_pool2d") {
+    need(nd == 4, s.op + " needs input [N, C, H, W]");
+    const int64_t k = s.attrInt("kernel"),
+                  stride = s.attrs.contains("stride") ? s.attrInt("stride") : k;
+    TORCH_CHECK(k > 0 && stride > 0, where(s), "kernel and stride must be positive");
+    need(s.input[2] >= k && s.input[3] >= k, "the kernel is larger than the input");
+  } else if (s.op == "add" || s.op == "mul") {
+    broadcastShape(s);
+  } else if (s.op == "dropout") {
+    const double p = s.attrDouble("p");
+    TORCH_CHECK(p >= 0 && p < 1, where(s), "shape key 'p' must be in [0, 1), got ", p);
+  } else if (s.op == "softmax") {
+    normDim(s, s.attrInt("dim"), nd, "dim");
+  } else if (s.op == "view") {
+    viewShape(s);
+  } else if (s.op == "permute" || s.op == "transpose") {
+    permuteDims(s);
+  } else if (s.op == "split") {
+    normDim(s, s.attrInt("dim"), nd, "dim");
+    TORCH_CHECK(s.attrInt("split_size") > 0, where(s), "shape key 'split_size' must be positive");
+  } else if (s.op == "sum") {
+    for (int64_t d : s.attrDims("dims")) normDim(s, d, nd, "dims");
+  }
+  return s;
+}
+
+int64_t OpShape::attrInt(const std::string& key) const {
+  TORCH_CHECK(attrs.contains(key) && attrs.at(key).is_number_integer(), where(*this), "shape key '",
+              key, "' must be an integer",
+              attrs.contains(key) ? ", got " + attrs.at(key).dump() : " (it is missing)");
+  return attrs.at(key).get<int64_t>();
+}
+
+double OpShape::attrDouble(const std::string& key) const {
+  TORCH_CHECK(attrs.contains(key) && attrs.at(key).is_number(), where(*this), "shape key '", key,
+              "' must be a number", attrs.contains(key) ? ", got " + attrs.at(key).dump() : "");
+  return attrs.at(key).get<double>();
+}
+
+std::vector<int64_t> OpShape::attrDims(const std::string& key) const {
+  TORCH_CHECK(attrs.contains(key), where(*this), "shape key '", key, "' is missing");
+  const auto& v = attrs.at(key);
+  TORCH_CHECK(v.is_array() && !v.empty(), where(*this), "shape key '", key,
+              "' must be a non-empty list of integers, got ", v.dump());
+  std::vector<int64_t> out;
+  for (const auto& d : v) {
+    TORCH_CHECK(d.is_number_integer(), where(*this), "shape key '", key,
+                "' must hold integers, got ", v.dump());
+    out.push_back(d.get<int64_t>());
+  }
+  return out;
+}
+
+std::vector<std::string> OpShape::operands() const {
+  std::vector<std::string> names = {"input"};
+  if (!other.empty()) names.push_back("other");
+  if (!weight.empty()) names.push_back("weight");
+  if (!bias.empty()) names.push_back("bias");
+  return names;
+}
+
+const std::vector<int64_t>& OpShape::operandShape(const std::string& name) const {
+  if (name == "input") return input;
+  if (name == "other") return other;
+  if (name == "weight") return weight;
+  TORCH_CHECK(name == "bias", "no operand ", name);
+  return bias;
+}
+
+bool OpShape::differentiable(const std::string& name) const {
+  return !(op == "embedding" && name == "input");
+}
+
+std::vector<std::vector<int64_t>> OpShape::outputs() const {
+  const int64_t nd = static_cast<int64_t>(input.size());
+  if (op == "addmm") return {{input[0], other[1]}};
+  if (op == "bmm") return {{input[0], input[1], other[2]}};
+  if (op == "matmul") return {nd == 1 ? std::vector<int64_t>{} : std::vector<int64_t>{input[0]}};
+  if (op == "embedding") {
+    auto o = input;
+    o.push_back(weight[1]);
+    return {o};
+  }
+  if (op == "conv2d") {
+    const int64_t k = attrInt("kernel"), st = attrs.value("stride", 1),
+                  p = attrs.value("padding", 0);
+    return {{input[0], weight[0], convOut(input[2], k, st, p), convOut(input[3], k, st, p)}};
+  }
+  if (op == "max_pool2d" || op == "avg_pool2d") {
+    const int64_t k = attrInt("kernel"), st = attrs.value("stride", k);
+    return {{input[0], input[1], convOut(input[2], k, st, 0), convOut(input[3], k, st, 0)}};
+  }
+  if (op == "add" || op == "mul") return {broadcastShape(*this)};
+  if (op == "view") return {viewShape(*this)};
+  if (op == "permute" || op == "transpose") {
+    std::vector<int64_t> o;
+    for (int64_t d : permuteDims(*this)) o.push_back(input[d]);
+    return {o};
+  }
+  if (op == "split") {
+    const int64_t d = normDim(*this, attrInt("dim"), nd, "dim"), size = attrInt("split_size");
+    std::vector<std::vector<int64_t>> outs;
+    for (int64_t b = 0; b < input[d]; b += size) {
+      auto o = input;
+      o[d] = std::min(size, input[d] - b);
+      outs.push_back(o);
+    }
+    return outs;
+  }
+  if (op == "sum") {
+    const auto dims = reducedDims();
+    std::vector<int64_t> o;
+    for (int64_t d = 0; d < nd; ++d) {
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) o.push_back(input[d]);
+    }
+    return {o};
+  }
+  return {input};  // layer_norm, batch_norm, gelu, relu, dropout, softmax
+}
+
+std::vector<std::string> OpShape::outputNames() const {
+  const size_t n = outputs().size();
+  if (op != "split") return {"output"};
+  std::vector<std::string> names;
+  for (size_t i = 0; i < n; ++i) names.push_back("output" + std::to_string(i));
+  return names;
+}
+
+std::vector<int64_t> OpShape::reducedDims() const {
+  const int64_t nd = static_cast<int64_t>(input.size());
+  if (op == "softmax") return {normDim(*this, attrInt("dim"), nd, "dim")};
+  if (op == "layer_norm") return {nd - 1};
+  if (op == "sum") {
+    std::vector<int64_t> dims;
+    for (int64_t d : attrDims("dims")) dims.push_back(normDim(*this, d, nd, "dims"));
+    std::sort(dims.begin(), dims.end());
+    dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+    return dims;
+  }
+  if (op == "split") return {normDim(*this, attrInt("dim"), nd, "dim")};
+  return {};
+}
+
+std::string OpShape::toString() const {
+  std::string s = "op=" + op + ";input=" + dimsString(input);
+  if (!other.empty()) s += ";other=" + dimsString(other);
+  for (auto it = attrs.begin(); it != attrs.end(); ++it) {
+    if (it.value().is_array()) {
+      std::string dims;
+      for (const auto& d : it.value()) dims += (dims.empty() ? "" : "x") + d.dump();
+      s += ";" + it.key() + "=" + dims;
+    } else {
+      s += ";" + it.key() + "=" + it.value().dump();
+    }
+  }
+  return s;
+}
+
+at::Tensor dropoutKeepMask(const std::vector<int64_t>& fullShape,
+                           const std::vector<int64_t>& offset, const std::vector<int64_t>& length,
+                           uint64_t seed, double p, at::ScalarType dtype) {
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  const int64_t nd = static_cast<int64_t>(fullShape.size());
+  // The row-major index in the full tensor of every element of the box, then splitmix64 of
+  // (seed, index) in place, its logical shifts made of arithmetic ones and masks. In place, so
+  // that it holds at most two int64 tensors of the box's size (the memory models count them).
+  at::Tensor z = at::zeros(length, opts);
+  int64_t stride = 1;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    std::vector<int64_t> view(nd, 1);
+    view[d] = length[d];
+    z.add_(at::arange(offset[d], offset[d] + length[d], opts).mul_(stride).view(view));
+    stride *= fullShape[d];
+  }
+  const auto shr = [](const at::Tensor& t, int k) {
+    return at::__rshift__(t, k).bitwise_and_(static_cast<int64_t>((~0ull) >> k));
+  };
+  z.mul_(static_cast<int64_t>(0x9E3779B97F4A7C15ull))
+      .add_(static_cast<int64_t>(seed * 0xD1B54A32D192ED03ull));
+  z.bitwise_xor_(shr(z, 30)).mul_(static_cast<int64_t>(0xBF58476D1CE4E5B9ull));
+  z.bitwise_xor_(shr(z, 27)).mul_(static_cast<int64_t>(0x94D049BB133111EBull));
+  z.bitwise_xor_(shr(z, 31));
+  at::Tensor bits = shr(z, 11);
+  z.reset();
+  at::Tensor u = bits.to(at::kDouble);
+  bits.reset();
+  u.mul_(std::ldexp(1.0, -53));
+  at::Tensor keep = u.ge(p);
+  u.reset();
+  return keep.to(dtype);
+}
+
+std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, at::Tensor>& t,
+                                  uint64_t seed) {
+  const at::Tensor& x = t.at("input");
+  const auto get = [&](const char* name) {
+    const auto it = t.find(name);
+    return it == t.end() ? at::Tensor() : it->second;
+  };
+  const at::Tensor other = get("other"), w = get("weight"), b = get("bias");
+  const std::string& op = s.op;
+  if (op == "addmm") return {at::addmm(b, x, other)};
+  if (op == "bmm") return {at::bmm(x, other)};
+  if (op == "matmul") return {at::matmul(x, other)};
+  if (op == "embedding") return {at::embedding(w, x)};
+  if (op == "layer_norm") return {at::layer_norm(x, {s.input.back()}, w, b, 1e-5)};
+  if (op == "batch_norm") {
+    return {at::batch_norm(x, w, b, {}, {}, /*training=*/true, 0.1, 1e-5, false)};
+  }
+  if (op == "conv2d") {
+    const int64_t st = s.attrs.value("stride", 1), p = s.attrs.value("padding", 0);
+    return {at::conv2d(x, w, b, {st, st}, {p, p})};
+  }
+  if (op == "max_pool2d" || op == "avg_pool2d") {
+    const int64_t k = s.attrInt("kernel"), st = s.attrs.value("stride", k);
+    return {op == "max_pool2d" ? at::max_pool2d(x, {k, k}, {st, st})
+                               : at::avg_pool2d(x, {k, k}, {st, st})};
+  }
+  if (op == "add") return {x + other};
+  if (op == "mul") return {x * other};
+  if (op == "gelu") return {at::gelu(x)};
+  if (op == "relu") return {at::relu(x)};
+  if (op == "dropout") {
+    const double p = s.attrDouble("p");
+    std::vector<int64_t> zero(s.input.size(), 0);
+    return {
+        x *
+        dropoutKeepMask(s.input, zero, s.input, seed, p, x.scalar_type()).mul_(1.0 / (1.0 - p))};
+  }
+  if (op == "softmax") return {at::softmax(x, s.reducedDims()[0])};
+  if (op == "view") return {x.reshape(s.outputs()[0])};
+  if (op == "permute" || op == "transpose") return {x.permute(permuteDims(s))};
+  if (op == "split") {
+    auto parts = x.split(s.attrInt("split_size"), s.reducedDims()[0]);
+    return std::vector<at::Tensor>(parts.begin(), parts.end());
+  }
+  if (op == "sum") return {x.sum(s.reducedDims())};
+  TORCH_CHECK(false, "op: no reference for ", op);
+}
+
+namespace {
+
+class OpWorkload final : public Workload {
+ public:
+  std::string name() const override { return "op"; }
+  std::string description() const override {
+    return "one operator (addmm, bmm, embedding, layer_norm, conv2d, softmax, ...), forward and "
+           "backward";
+  }
+  void validate(const nlohmann::json& shape) const override {
+    const OpShape s = OpShape::parse(shape);
+    s.outputs();
+  }
+  std::string shapeString(const nlohmann::json& shape) const override {
+    return OpShape::parse(shape).toString();
+  }
+
+  WorkloadData build(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                     InputMode mode) const override {
+    const OpShape s = OpShape::parse(shape);
+    WorkloadData d;
+    int stream = 0;
+    for (const std::string& name : s.operands()) {
+      const auto& dims = s.operandShape(name);
+      if (s.op == "embedding" && name == "input") {
+        // Ids spread over the whole vocabulary, so every vocabulary shard sees some.
+        const at::Tensor u =
+            makeUniform(dims, 1.0, at::kDouble, seed, stream++, InputMode::kRandom);
+        d.inputs[name] = u.add(1)
+                             .mul(0.5 * static_cast<double>(s.weight[0]))
+                             .floor()
+                             .clamp(0, static_cast<double>(s.weight[0] - 1))
+                             .to(at::kLong);
+      } else if (name == "weight" || name == "bias") {
+        // Layer and batch norm start near their identity, as nn initialises them.
+        const bool norm = s.op == "layer_norm" || s.op == "batch_norm";
+        at::Tensor v = makeUniform(
+            dims, norm ? 0.5 : 1.0 / std::sqrt(static_cast<double>(numelOf(dims) / dims[0])), dtype,
+            seed, stream++, mode);
+        if (norm && name == "weight" && mode == InputMode::kRandom) v = v.add(1);
+        d.inputs[name] = v;
+      } else {
+        d.inputs[name] = makeNormal(dims, dtype, seed, stream++, mode);
+      }
+    }
+    const auto outputs = s.outputs();
+    const auto outNames = s.outputNames();
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      d.inputs["grad_" + outNames[i]] = makeNormal(outputs[i], dtype, seed, 10 + i, mode);
+    }
+
+    std::map<std::string, at::Tensor> leaves;
+    for (const std::string& name : s.operands()) {
+      leaves[name] = d.inputs[name].clone();
+      if (s.differentiable(name)) leaves[name].set_requires_grad(true);
+    }
+    const auto ys = opForward(s, leaves, seed);
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < ys.size(); ++i) grads.push_back(d.inputs["grad_" + outNames[i]]);
+    torch::autograd::backward(ys, grads);
+    for (size_t i = 0; i < ys.size(); ++i) {
+      d.expected[outNames[i]] = ys[i].detach();
+      d.checked.push_back(outNames[i]);
+    }
+    for (const std::string& name : s.operands()) {
+      if (!s.differentiable(name)) continue;
+      d.expected["grad_" + name] = leaves[name].grad();
+      d.checked.push_back("grad_" + name);
+    }
+    return d;
+  }
+};
+
+}  // namespace
+
+const Workload* opWorkload() {
+  static const OpWorkload w;
+  return &w;
+}
+
+}  // namespace sb::reference

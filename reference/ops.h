@@ -1,0 +1,86 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "reference/workload.h"
+
+namespace sb::reference {
+
+// One operator of a model, alone (workload "op"): the unit that an auto-parallel system gives a
+// set of sharding strategies (ColossalAI's node handlers, DTensor's per-op rules).
+//
+// A case's shape names the operator and its operands:
+//   {"op": "bmm", "input": [4, 8, 16], "other": [4, 16, 8]}
+// Operators and their keys (tensor shapes are lists of dimensions):
+//   addmm        input [M, K], other [K, N]; bias [N]            out = bias + input @ other
+//   bmm          input [b, i, k], other [b, k, j]
+//   matmul       input [k] or [m, k], other [k]                  dot and matrix-vector forms
+//   embedding    input (ids, any shape), num_embeddings, embedding_dim; weight [V, E]
+//   layer_norm   input [..., H]; weight, bias [H]                 over the last dimension
+//   batch_norm   input [N, C, ...]; weight, bias [C]              training statistics
+//   conv2d       input [N, C, H, W], out_channels, kernel, stride (1), padding (0); bias
+//   max_pool2d, avg_pool2d   input [N, C, H, W], kernel, stride (= kernel)
+//   add, mul     input, other (broadcasting)
+//   gelu, relu   input
+//   dropout      input, p: the mask is a function of each element's global index and the seed
+//   softmax      input, dim
+//   view         input, size (one -1 allowed)
+//   permute      input, dims;   transpose: input, dim0, dim1
+//   split        input, split_size, dim: outputs output0, output1, ...
+//   sum          input, dims
+// The loss is sum(output * grad_output) per output: the reference backward starts from a
+// deterministic grad_output, as the Linear reference does.
+struct OpShape {
+  std::string op;
+  std::vector<int64_t> input, other;  // `other` empty for one-tensor operators
+  std::vector<int64_t> weight, bias;  // parameters, derived from the keys; empty when none
+  nlohmann::json attrs = nlohmann::json::object();  // every other key, validated
+
+  // Throws naming the key and what was expected on a malformed shape.
+  static OpShape parse(const nlohmann::json& shape);
+
+  // The tensor operands in order: "input", then "other", "weight", "bias" where present.
+  std::vector<std::string> operands() const;
+  const std::vector<int64_t>& operandShape(const std::string& name) const;
+  // Whether the reference computes a gradient for the operand (not for embedding ids).
+  bool differentiable(const std::string& name) const;
+  // The outputs' shapes; one but for split.
+  std::vector<std::vector<int64_t>> outputs() const;
+  // "output", or "output0", "output1", ... for split; the gradient seeds are "grad_" + that.
+  std::vector<std::string> outputNames() const;
+
+  int64_t attrInt(const std::string& key) const;
+  double attrDouble(const std::string& key) const;
+  std::vector<int64_t> attrDims(const std::string& key) const;
+  // The dimensions that `op` reduces or normalises over (softmax's dim, sum's dims, ...),
+  // made non-negative; empty for operators without one.
+  std::vector<int64_t> reducedDims() const;
+  std::string toString() const;
+};
+
+// The operators OpShape::parse accepts.
+const std::vector<std::string>& opNames();
+
+// The dropout keep-mask of the elements of `box` (offset, length per dimension) of a tensor of
+// `fullShape`, as 0/1 values of `dtype`: element e is kept when a hash of (seed, its row-major
+// index in the full tensor) is at least p. Every rank draws the mask of its own shard and the
+// union is the mask of the unsharded run, whatever the sharding (DTensor's offset-based RNG
+// does the same with Philox offsets).
+at::Tensor dropoutKeepMask(const std::vector<int64_t>& fullShape,
+                           const std::vector<int64_t>& offset, const std::vector<int64_t>& length,
+                           uint64_t seed, double p, at::ScalarType dtype);
+
+// The operator on full tensors (`t` holds input, other, weight, bias by name), as plain
+// LibTorch computes it. `seed` seeds dropout.
+std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, at::Tensor>& t,
+                                  uint64_t seed);
+
+const Workload* opWorkload();
+
+}  // namespace sb::reference
