@@ -82,8 +82,11 @@ class LinearMeshExecutor final : public harness::RankExecutor {
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
   void step(RankContext& ctx) override;
   std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::optional<int64_t> predictedPeakBytes() const override { return predicted_; }
 
  private:
+  int64_t modelPeak(RankContext& ctx) const;
+
   const LinearMeshStrategy& strategy_;
   const CaseSpec& case_;
   at::Tensor x_, w_, b_, gradOut_;
@@ -91,6 +94,7 @@ class LinearMeshExecutor final : public harness::RankExecutor {
   harness::Communicator* outGroup_ = nullptr;
   harness::Communicator* batchGroup_ = nullptr;
   std::map<std::string, at::Tensor> results_;
+  std::optional<int64_t> predicted_;
 };
 
 class LinearMeshStrategy final : public harness::Strategy {
@@ -317,23 +321,6 @@ class LinearMeshStrategy final : public harness::Strategy {
     return 6 * x * out;
   }
 
-  std::optional<int64_t> predictPeakMemory(const CaseSpec& c, int rank) const override {
-    // Model: what the step must hold at its end. The prepared shards (x, W, b, dy) and the
-    // results (y, dx, dW, db); plus, where the forward all-reduces, the partial output it
-    // reduces from. Autograd's and the matmul kernels' transient buffers are not modelled.
-    const LinearShape s = LinearShape::parse(c.shape);
-    const DeviceMesh mesh(c.mesh);
-    const Specs sp = specsFor(s);
-    const int64_t es = c10::elementSize(c.dtype);
-    const int64_t x = sp.input.box("input", s.input, mesh, rank).numel();
-    const int64_t w = sp.weight.box("weight", s.weight(), mesh, rank).numel();
-    const int64_t b = s.bias ? sp.bias.box("bias", {s.outFeatures}, mesh, rank).numel() : 0;
-    const int64_t y = sp.output.box("output", s.output(), mesh, rank).numel();
-    int64_t elems = 2 * (x + w + b + y);
-    if (!spec_.inAxes.empty()) elems += y;
-    return elems * es;
-  }
-
  private:
   LinearMeshSpec spec_;
   int batchDim_;
@@ -369,6 +356,50 @@ void LinearMeshExecutor::prepare(RankContext& ctx, const reference::WorkloadData
   if (!spec.inAxes.empty()) inGroup_ = &ctx.group(spec.inAxes);
   if (!spec.outAxes.empty()) outGroup_ = &ctx.group(spec.outAxes);
   if (!spec.batchAxes.empty()) batchGroup_ = &ctx.group(spec.batchAxes);
+  predicted_ = modelPeak(ctx);
+}
+
+// The step's allocations replayed in order (the tracking allocator's counts, exactly):
+//   the previous step's results, dropped first;
+//   forward: y (one fused matmul with the bias); where the contraction is split, the partial
+//   product, a copy of it all-reduced through the backend's scratch, and y = copy + b;
+//   backward: the gradients of x, W and b (ATen's addmm/mm backward), then each one that is
+//   partial is all-reduced through a copy of it, which replaces it.
+int64_t LinearMeshExecutor::modelPeak(RankContext& ctx) const {
+  const int64_t X = x_.nbytes(), W = w_.nbytes(), B = b_.defined() ? b_.nbytes() : 0;
+  const int64_t O = gradOut_.nbytes();
+  const int64_t base = X + W + B + O;
+  const auto scratch = [&](harness::Communicator* g, int64_t bytes) {
+    return g == nullptr || g->size() == 1
+               ? 0
+               : g->scratchBytes(harness::Collective::kAllReduce, bytes, bytes, case_.dtype);
+  };
+  int64_t current = O + X + W + B, peak = current;  // the previous results
+  current = 0;
+  const auto alloc = [&](int64_t b) {
+    current += b;
+    peak = std::max(peak, current);
+  };
+  alloc(O);  // the (partial) product
+  if (inGroup_ && strategy_.fault() != PlantedFault::kSkipForwardAllReduce) {
+    alloc(O + scratch(inGroup_, O));      // its reduced copy, and the scratch
+    current -= O + scratch(inGroup_, O);  // the scratch and the product go, the copy stays
+    if (b_.defined()) {
+      alloc(O);  // y = copy + b
+      current -= O;
+    }
+  } else if (inGroup_ && b_.defined()) {
+    alloc(O);
+    current -= O;
+  }
+  alloc(X + W + B);
+  // Each partial gradient's all-reduce: a copy of it and the scratch, the original then freed.
+  if (outGroup_) alloc(X + scratch(outGroup_, X)), current -= X + scratch(outGroup_, X);
+  if (batchGroup_) {
+    alloc(W + scratch(batchGroup_, W)), current -= W + scratch(batchGroup_, W);
+    if (b_.defined()) alloc(B + scratch(batchGroup_, B)), current -= B + scratch(batchGroup_, B);
+  }
+  return base + peak;
 }
 
 void LinearMeshExecutor::step(RankContext&) {

@@ -323,8 +323,18 @@ class OpStrategy final : public harness::Strategy {
   Resolved resolve(const CaseSpec& c) const {
     Resolved r;
     r.shape = OpShape::parse(c.shape);
+    // The layouts for the case's shape: the generator's strategy of this name for it (names
+    // that do not spell every dimension, such as an embedding's "RR = R x S0R", stand for one
+    // strategy on ids of any rank).
     r.operands = spec_.operandLayouts;
     r.outputs = spec_.outputLayouts;
+    for (const auto& sp : opStrategySpecs(r.shape)) {
+      if (sp.name == spec_.name) {
+        r.operands = sp.operandLayouts;
+        r.outputs = sp.outputLayouts;
+        break;
+      }
+    }
     const int meshNdim = static_cast<int>(c.mesh.size());
     const DeviceMesh mesh(c.mesh);
     if (spec_.outputFromShape) {  // view: map each input dimension's shards to the output
@@ -420,23 +430,14 @@ class OpStrategy final : public harness::Strategy {
     if (c.workload != "op") return Applicability::notApplicable("not an op workload");
     const OpShape s = OpShape::parse(c.shape);
     if (s.op != spec_.op) return Applicability::notApplicable("another operator");
-    for (size_t i = 0; i < spec_.operands.size(); ++i) {
-      const auto ops = s.operands();
-      if (ops.size() != spec_.operands.size() ||
-          static_cast<int64_t>(s.operandShape(spec_.operands[i]).size()) != spec_.operandRanks[i]) {
-        return Applicability::notApplicable("generated for operands of other ranks");
-      }
+    if (s.operands() != spec_.operands) {
+      return Applicability::notApplicable("generated for other operands");
     }
-    if (spec_.outputLayouts.size() != s.outputs().size()) {
-      return Applicability::notApplicable("generated for another number of outputs");
-    }
-    // The following operators' strategies carry their output layouts, which depend on the
-    // operator's dimensions: a strategy generated for other dimensions is another one.
-    if (!spec_.outputFromShape && spec_.op != "bmm") {
-      const auto mine = opStrategySpecs(s);
-      const bool listed = std::any_of(
-          mine.begin(), mine.end(), [&](const OpStrategySpec& o) { return o.name == spec_.name; });
-      if (!listed) return Applicability::notApplicable("not generated for this shape");
+    // The generator's strategies for this shape: one of this name, or this is not one of them.
+    const auto mine = opStrategySpecs(s);
+    if (std::none_of(mine.begin(), mine.end(),
+                     [&](const OpStrategySpec& o) { return o.name == spec_.name; })) {
+      return Applicability::notApplicable("not generated for this shape");
     }
     const int meshNdim = static_cast<int>(c.mesh.size());
     if (std::find(spec_.meshDims.begin(), spec_.meshDims.end(), meshNdim) == spec_.meshDims.end()) {

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# End-to-end checks of single-operator sharding: suites/sharding-ops.yaml on threads (every
+# strategy passes or is unsupported naming a dimension, predicted == counted communication,
+# predicted peak memory equal to the measured peak on every row), a sample on gloo with 4
+# processes (every row passes, memory within 5%, the same errors and bytes as threads), and
+# planted faults through `run --plant-fault` (exit 1, status fail).
+# Usage: ci/sharding_ops_test.sh BUILD_DIR SOURCE_DIR
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+
+verify() {
+  python3 - "$1" "$2" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+limit = float(sys.argv[2])
+bad = [r for r in rows if r["status"] not in ("pass", "unsupported")]
+uns = [r for r in rows if r["status"] == "unsupported" and "dimension" not in r["message"]]
+comm = [r for r in rows if r["status"] == "pass" and r["comm_bytes"] != r["predicted_comm_bytes"]]
+worst, where, missing = 0.0, "", 0
+for r in rows:
+    if r["status"] != "pass":
+        continue
+    if not r["predicted_mem_bytes"]:
+        missing += 1
+        continue
+    m, p = float(r["peak_mem_bytes"]), float(r["predicted_mem_bytes"])
+    err = abs(p - m) / m if m else abs(p - m)
+    if err > worst:
+        worst, where = err, r["case"] + " " + r["strategy_id"]
+passed = sum(r["status"] == "pass" for r in rows)
+print(f"{len(rows)} rows, {passed} pass; failing: {len(bad)}; unsupported without a dimension: "
+      f"{len(uns)}; comm mismatches: {len(comm)}; no memory prediction: {missing}; "
+      f"worst memory error {worst:.2%} ({where})")
+for r in (bad + uns)[:5]:
+    print("  ", r["status"], r["case"], r["strategy_id"], r["message"][:200])
+sys.exit(0 if passed > 0 and not bad and not uns and not comm and not missing and worst <= limit
+         else 1)
+PY
+}
+
+# 1. The whole suite on threads.
+check "sharding-ops suite on threads" 0 "total +[0-9]+ +0 +0" -- \
+  "$sb" run "$src/suites/sharding-ops.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
+check "threads: every row passes, comm exact, memory exact" 0 "worst memory error 0.00%" -- \
+  verify "$tmp/threads/results.csv" 0.0
+
+# 2. A sample on gloo, 4 processes: the operators with communication of every kind.
+sample='^sharding/op/(addmm|bmm|embedding|layer_norm|batch_norm|dropout|sum)/'
+if "$sb" run --help | grep -q gloo; then
+  check "launch -n 4 gloo sample" 0 "4 ranks on gloo" -- \
+    "$sb" launch -n 4 -- run "$src/suites/sharding-ops.yaml" --backend gloo --out "$tmp/gloo" \
+    --repetitions 1 --min-time 0.0001 --filter "$sample"
+  check "gloo: every row passes, comm exact, memory within 5%" 0 "rows" -- \
+    verify "$tmp/gloo/results.csv" 0.05
+  check "gloo agrees with threads on the same rows" 0 "rows agree" -- \
+    python3 - "$tmp/threads/results.csv" "$tmp/gloo/results.csv" <<'PY'
+import csv, sys
+key = lambda r: (r["case"], r["strategy_id"])
+t = {key(r): r for r in csv.DictReader(open(sys.argv[1]))}
+g = [r for r in csv.DictReader(open(sys.argv[2])) if r["status"] == "pass"]
+assert len(g) > 40, len(g)
+for r in g:
+    o = t[key(r)]
+    for col in ("mismatches", "comm_bytes", "comm_calls"):
+        assert r[col] == o[col], (key(r), col, r[col], o[col])
+print(len(g), "rows agree")
+PY
+else
+  echo "SKIP: this build has no gloo backend"
+fi
+
+# 3. Planted faults, end to end: the row fails and the run exits 1.
+fault() {  # name case strategy-id fault
+  check "planted: $1" 1 "fail: " -- \
+    "$sb" run "$src/suites/sharding-ops.yaml" --out "$tmp/fault" --repetitions 1 \
+    --filter "^$3\$" --plant-fault "$3=$4"
+}
+fault "layer norm over a split hidden dim without the statistics all-reduce" \
+  "layer-norm-4x16-mesh2x2" "sharding/op/layer_norm/RS0=RS0.S0.S0" skip_stats_all_reduce
+fault "softmax over a sharded dim" "softmax-8x16-mesh2x2" "sharding/op/softmax/S0R=S0R" \
+  softmax_over_sharded_dim
+fault "vocabulary-split embedding without the mask" "embedding-4x16x16-mesh2x2" \
+  "sharding/op/embedding/RR=R.S0R" skip_vocab_mask
+fault "bmm with the batch split on one operand" "bmm-4x8x16-mesh2x2" \
+  "sharding/op/bmm/Sb01=Sb01.Sb01" batch_split_one_operand
+fault "dropout masks that differ per rank" "dropout-8x16-mesh2x2" "sharding/op/dropout/RR=RR" \
+  per_rank_dropout_seed
+
+finish
