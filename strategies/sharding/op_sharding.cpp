@@ -515,6 +515,53 @@ class OpStrategy final : public harness::Strategy {
     return out;
   }
 
+  // Floating-point operations of this rank's products, forward and backward (three products
+  // each of 2 x the local contraction): addmm, bmm, matmul and conv2d; none for the rest.
+  std::optional<double> predictFlops(const CaseSpec& c, int rank) const override {
+    const Resolved r = resolve(c);
+    const auto coords = DeviceMesh(c.mesh).coords(rank);
+    const auto box = [&](size_t i) {
+      return r.operands[i].box(r.shape.operandShape(spec_.operands[i]), c.mesh, coords);
+    };
+    const std::string& op = r.shape.op;
+    if (op == "addmm" || op == "bmm" || op == "matmul") {
+      const Box a = box(0), b = box(1);
+      // input [.., M, K] x other [.., K, N] (matmul: [M, K] x [K] or [K] x [K])
+      const double n = op == "matmul" ? 1.0 : static_cast<double>(b.length.back());
+      return 6.0 * static_cast<double>(a.numel()) * n;
+    }
+    if (op == "conv2d") {
+      const Box out = r.outputs[0].box(r.shape.outputs()[0], c.mesh, coords);
+      const Box w = box(1);
+      return 6.0 * static_cast<double>(out.numel()) * static_cast<double>(w.numel() / w.length[0]);
+    }
+    return 0.0;
+  }
+
+  // The memory traffic of the element-wise and reduction kernels, priced by the profile's copy
+  // fit: forward, the operands read and the outputs written; backward, the gradient seeds and
+  // saved operands read and the gradients written. A kernel per operand and output each way.
+  std::optional<harness::LocalWork> predictLocalWork(const CaseSpec& c, int rank) const override {
+    const Resolved r = resolve(c);
+    const auto coords = DeviceMesh(c.mesh).coords(rank);
+    const int64_t es = c10::elementSize(c.dtype);
+    int64_t operands = 0, outputs = 0, grads = 0;
+    for (size_t i = 0; i < spec_.operands.size(); ++i) {
+      const int64_t b =
+          r.operands[i].box(r.shape.operandShape(spec_.operands[i]), c.mesh, coords).numel() * es;
+      operands += b;
+      if (r.shape.differentiable(spec_.operands[i])) grads += b;
+    }
+    const auto outs = r.shape.outputs();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      outputs += r.outputs[i].box(outs[i], c.mesh, coords).numel() * es;
+    }
+    harness::LocalWork w;
+    w.copies = 2 * static_cast<int64_t>(spec_.operands.size() + outs.size());
+    w.bytes = 2 * operands + 2 * outputs + grads;
+    return w;
+  }
+
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     CommStats p;
     for (const auto& [axes, st] : predictCommByGroup(c, rank)) {
