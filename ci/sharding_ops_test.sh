@@ -3,7 +3,7 @@
 # strategy passes or is unsupported naming a dimension, predicted == counted communication,
 # predicted peak memory equal to the measured peak on every row), a sample on gloo with 4
 # processes (every row passes, memory within 5%, the same errors and bytes as threads), and
-# planted faults through `run --plant-fault` (exit 1, status fail).
+# planted faults through `run --plant-fault` (exit 1, status fail), Megatron's blocks included.
 # Usage: ci/sharding_ops_test.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
 build=$1
@@ -48,7 +48,7 @@ check "threads: every row passes, comm exact, memory exact" 0 "worst memory erro
   verify "$tmp/threads/results.csv" 0.0
 
 # 2. A sample on gloo, 4 processes: the operators with communication of every kind.
-sample='^sharding/op/(addmm|bmm|embedding|layer_norm|batch_norm|dropout|sum)/'
+sample='^sharding/(op/(addmm|bmm|embedding|layer_norm|batch_norm|dropout|sum)/|megatron/)'
 if "$sb" run --help | grep -q gloo; then
   check "launch -n 4 gloo sample" 0 "4 ranks on gloo" -- \
     "$sb" launch -n 4 -- run "$src/suites/sharding-ops.yaml" --backend gloo --out "$tmp/gloo" \
@@ -88,5 +88,10 @@ fault "bmm with the batch split on one operand" "bmm-4x8x16-mesh2x2" \
   "sharding/op/bmm/Sb01=Sb01.Sb01" batch_split_one_operand
 fault "dropout masks that differ per rank" "dropout-8x16-mesh2x2" "sharding/op/dropout/RR=RR" \
   per_rank_dropout_seed
+check "planted: sequence parallel all-reducing where it should reduce-scatter" 1 \
+  "communicated .*but the strategy predicts" -- \
+  "$sb" run "$src/suites/sharding-ops.yaml" --out "$tmp/fault" --repetitions 1 \
+  --filter '^sharding/megatron/tp_sp$' \
+  --plant-fault 'sharding/megatron/tp_sp=all_reduce_instead_of_reduce_scatter'
 
 finish

@@ -9,6 +9,7 @@
 
 #include "reference/chain_nets.h"
 #include "reference/evoformer.h"
+#include "reference/block.h"
 #include "reference/ops.h"
 #include "reference/transformer.h"
 #include "reference/workload.h"
@@ -117,6 +118,7 @@ const Workload* findWorkload(const std::string& name) {
   if (name == linear.name()) return &linear;
   if (name == tensorWorkload()->name()) return tensorWorkload();
   if (name == opWorkload()->name()) return opWorkload();
+  if (name == blockWorkload()->name()) return blockWorkload();
   if (name == gpt2PrefillWorkload()->name()) return gpt2PrefillWorkload();
   if (name == vitEncoderWorkload()->name()) return vitEncoderWorkload();
   if (name == evoformerPairWorkload()->name()) return evoformerPairWorkload();
@@ -124,7 +126,7 @@ const Workload* findWorkload(const std::string& name) {
 }
 
 std::vector<std::string> workloadNames() {
-  std::vector<std::string> names = {"linear", "tensor", "op", "gpt2_prefill", "vit_encoder",
+  std::vector<std::string> names = {"linear", "tensor", "op", "transformer_block", "gpt2_prefill", "vit_encoder",
                                     "evoformer_pair"};
   for (const Workload* w : chainWorkloads()) names.push_back(w->name());
   return names;

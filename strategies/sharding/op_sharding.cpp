@@ -483,6 +483,8 @@ class OpStrategy final : public harness::Strategy {
     TORCH_INTERNAL_ASSERT(false, "no layout for tensor ", tensor);
   }
 
+  // What the strategy's layouts require, whatever fault is planted: a fault that skips a
+  // collective fails on the count as well as on the numbers.
   std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,
                                                                          int rank) const override {
     const Resolved r = resolve(c);
@@ -497,18 +499,18 @@ class OpStrategy final : public harness::Strategy {
     };
     const auto outs = r.shape.outputs();
     for (size_t i = 0; i < r.outputs.size(); ++i) {
-      if (!r.outputs[i].partialAxes().empty() && fault_ != "skip_output_all_reduce") {
+      if (!r.outputs[i].partialAxes().empty()) {
         allReduce(r.outputs[i].partialAxes(), r.outputs[i].box(outs[i], c.mesh, coords).numel());
       }
     }
-    if (!r.statAxes.empty() && fault_ != "skip_stats_all_reduce") {
+    if (!r.statAxes.empty()) {
       const int64_t stats = statNumel(r, c, coords);
       allReduce(r.statAxes, stats);      // forward: the sum
       allReduce(r.statAxes, stats);      // forward: the centred sum of squares
       allReduce(r.statAxes, 2 * stats);  // backward: both sums of the input gradient
     }
     for (size_t i = 0; i < r.gradPartial.size(); ++i) {
-      if (r.gradPartial[i].empty() || fault_ == "skip_grad_all_reduce") continue;
+      if (r.gradPartial[i].empty()) continue;
       allReduce(r.gradPartial[i],
                 r.operands[i].box(r.shape.operandShape(spec_.operands[i]), c.mesh, coords).numel());
     }

@@ -172,6 +172,52 @@ TEST(OpPlantedFault, MissingAllReducesOfPartialOutputsAndGradients) {
               "skip_output_all_reduce");
 }
 
+CaseSpec blockCase(std::vector<int64_t> mesh) {
+  CaseSpec c = opCase({}, std::move(mesh));
+  c.workload = "transformer_block";
+  c.shape = {{"batch", 4}, {"seq", 8}, {"d_model", 32}, {"heads", 8}, {"dropout", 0.25}};
+  return c;
+}
+
+const harness::Strategy& megatron(bool sequenceParallel) {
+  const auto* s = harness::StrategyRegistry::global().find(
+      sequenceParallel ? "sharding/megatron/tp_sp" : "sharding/megatron/tp");
+  EXPECT_NE(s, nullptr);
+  return *s;
+}
+
+TEST(Megatron, TensorAndSequenceParallelBlocksMatchTheReferenceWithDropout) {
+  for (const auto& mesh : std::vector<std::vector<int64_t>>{{2}, {4}, {2, 2}}) {
+    for (bool sp : {false, true}) {
+      const auto rec = test::run(blockCase(mesh), megatron(sp));
+      EXPECT_EQ(rec.status, Status::kPass)
+          << (sp ? "tp_sp" : "tp") << " on " << mesh.size() << "-D: " << rec.message;
+      EXPECT_EQ(*rec.commBytes, *rec.predictedCommBytes);
+      ASSERT_TRUE(rec.predictedMemBytes.has_value());
+      EXPECT_EQ(*rec.predictedMemBytes, rec.peakMemBytes) << (sp ? "tp_sp" : "tp");
+    }
+  }
+}
+
+TEST(Megatron, AllReduceWhereSequenceParallelReduceScattersFailsOnCommunication) {
+  // Numerically right (the all-reduce of the whole, then this rank's shard), but double the
+  // wire bytes: the counted collectives are not the predicted ones.
+  auto bad = megatron(true).withPlantedFault("all_reduce_instead_of_reduce_scatter");
+  ASSERT_NE(bad, nullptr);
+  // The strategy's prediction is the correct one: compare against the unfaulted strategy's.
+  const auto rec = test::run(blockCase({4}), *bad);
+  EXPECT_EQ(rec.status, Status::kFail) << rec.message;
+  EXPECT_EQ(*rec.mismatches, 0) << "the numbers are right: only the communication is wrong";
+  EXPECT_NE(rec.message.find("communicated"), std::string::npos) << rec.message;
+}
+
+TEST(Megatron, MissingForwardAllReduceAndSharedGradientAllReduceFail) {
+  auto a = megatron(false).withPlantedFault("skip_forward_all_reduce");
+  EXPECT_EQ(test::run(blockCase({2}), *a).status, Status::kFail);
+  auto b = megatron(true).withPlantedFault("skip_shared_grad_all_reduce");
+  EXPECT_EQ(test::run(blockCase({2}), *b).status, Status::kFail);
+}
+
 TEST(OpMemoryModel, PredictedPeakIsTheMeasuredPeak) {
   // One strategy of each kind of model; the suite checks every row.
   const std::vector<std::pair<CaseSpec, std::string>> rows = {
