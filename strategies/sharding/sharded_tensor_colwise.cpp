@@ -120,6 +120,7 @@ void ColwiseExecutor::prepare(harness::RankContext& ctx, const reference::Worklo
     }
     columnOrder_ = at::tensor(order, at::kLong);
   }
+  predictPeak("colwise", columnOrder_);
 }
 
 void ColwiseExecutor::step(harness::RankContext&) {

@@ -119,6 +119,7 @@ void RowwiseExecutor::prepare(harness::RankContext& ctx, const reference::Worklo
     }
     featureOrder_ = at::tensor(order, at::kLong);
   }
+  predictPeak("rowwise", featureOrder_);
 }
 
 void RowwiseExecutor::step(harness::RankContext&) {
