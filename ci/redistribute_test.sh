@@ -11,36 +11,12 @@ src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 
-# Every row: pass, counted == predicted communication, memory within 5% (exact on threads).
-verify() {
-  python3 - "$1" "$2" <<'PY'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-limit = float(sys.argv[2])
-bad = [r for r in rows if r["status"] not in ("pass", "skipped")]
-comm = [r for r in rows if r["status"] == "pass" and r["comm_bytes"] != r["predicted_comm_bytes"]]
-worst, where = 0.0, ""
-for r in rows:
-    if r["status"] != "pass":
-        continue
-    m, p = float(r["peak_mem_bytes"]), float(r["predicted_mem_bytes"])
-    err = abs(p - m) / m if m else abs(p - m)
-    if err > worst:
-        worst, where = err, r["case"] + " " + r["strategy_id"]
-passed = sum(r["status"] == "pass" for r in rows)
-print(f"{len(rows)} rows, {passed} pass; not passing: {len(bad)}; comm mismatches: {len(comm)}; "
-      f"worst memory error {worst:.2%} ({where})")
-for r in bad[:5]:
-    print("  ", r["status"], r["case"], r["strategy_id"], r["message"][:200])
-sys.exit(0 if passed > 0 and not bad and not comm and worst <= limit else 1)
-PY
-}
 
 # 1. The whole suite on threads, quickly timed.
 check "redistribute suite on threads" 0 "total +[0-9]+ +0 +0" -- \
   "$sb" run "$src/suites/redistribute.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
 check "threads: every row passes, comm exact, memory exact" 0 "worst memory error 0.00%" -- \
-  verify "$tmp/threads/results.csv" 0.0
+  verify_rows "$tmp/threads/results.csv" 0.0
 
 # 2. A sample on gloo, 4 processes (the 2x4 and 2x2x2 cases need 8 ranks: skipped).
 sample='/(S01RR|RS0RP1|RRRP0)->|/(S0R|RRP1)->|sharded_tensor/'
@@ -49,7 +25,7 @@ if "$sb" run --help | grep -q gloo; then
     "$sb" launch -n 4 -- run "$src/suites/redistribute.yaml" --backend gloo --out "$tmp/gloo" \
     --repetitions 1 --min-time 0.0001 --filter "$sample"
   check "gloo: every row passes, comm exact, memory within 5%" 0 "rows" -- \
-    verify "$tmp/gloo/results.csv" 0.05
+    verify_rows "$tmp/gloo/results.csv" 0.05
   check "gloo equals threads on the same rows" 0 "" -- \
     python3 - "$tmp/threads/results.csv" "$tmp/gloo/results.csv" <<'PY'
 import csv, sys

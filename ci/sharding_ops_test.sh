@@ -11,41 +11,11 @@ src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 
-verify() {
-  python3 - "$1" "$2" <<'PY'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-limit = float(sys.argv[2])
-bad = [r for r in rows if r["status"] not in ("pass", "unsupported")]
-uns = [r for r in rows if r["status"] == "unsupported" and "dimension" not in r["message"]]
-comm = [r for r in rows if r["status"] == "pass" and r["comm_bytes"] != r["predicted_comm_bytes"]]
-worst, where, missing = 0.0, "", 0
-for r in rows:
-    if r["status"] != "pass":
-        continue
-    if not r["predicted_mem_bytes"]:
-        missing += 1
-        continue
-    m, p = float(r["peak_mem_bytes"]), float(r["predicted_mem_bytes"])
-    err = abs(p - m) / m if m else abs(p - m)
-    if err > worst:
-        worst, where = err, r["case"] + " " + r["strategy_id"]
-passed = sum(r["status"] == "pass" for r in rows)
-print(f"{len(rows)} rows, {passed} pass; failing: {len(bad)}; unsupported without a dimension: "
-      f"{len(uns)}; comm mismatches: {len(comm)}; no memory prediction: {missing}; "
-      f"worst memory error {worst:.2%} ({where})")
-for r in (bad + uns)[:5]:
-    print("  ", r["status"], r["case"], r["strategy_id"], r["message"][:200])
-sys.exit(0 if passed > 0 and not bad and not uns and not comm and not missing and worst <= limit
-         else 1)
-PY
-}
-
 # 1. The whole suite on threads.
 check "sharding-ops suite on threads" 0 "total +[0-9]+ +0 +0" -- \
   "$sb" run "$src/suites/sharding-ops.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
 check "threads: every row passes, comm exact, memory exact" 0 "worst memory error 0.00%" -- \
-  verify "$tmp/threads/results.csv" 0.0
+  verify_rows "$tmp/threads/results.csv" 0.0
 
 # 2. A sample on gloo, 4 processes: the operators with communication of every kind.
 sample='^sharding/(op/(addmm|bmm|embedding|layer_norm|batch_norm|dropout|sum)/|megatron/)'
@@ -54,7 +24,7 @@ if "$sb" run --help | grep -q gloo; then
     "$sb" launch -n 4 -- run "$src/suites/sharding-ops.yaml" --backend gloo --out "$tmp/gloo" \
     --repetitions 1 --min-time 0.0001 --filter "$sample"
   check "gloo: every row passes, comm exact, memory within 5%" 0 "rows" -- \
-    verify "$tmp/gloo/results.csv" 0.05
+    verify_rows "$tmp/gloo/results.csv" 0.05
   check "gloo agrees with threads on the same rows" 0 "rows agree" -- \
     python3 - "$tmp/threads/results.csv" "$tmp/gloo/results.csv" <<'PY'
 import csv, sys

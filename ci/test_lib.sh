@@ -30,3 +30,35 @@ finish() {
   echo "$passes passed, $failures failed"
   [ "$failures" -eq 0 ]
 }
+# `verify_rows RESULTS.csv LIMIT`: every row passes (or is skipped, or unsupported naming a
+# dimension), counted communication equals the prediction, every passing row has a memory
+# prediction and the largest error against the measured peak is at most LIMIT (a fraction).
+verify_rows() {
+  python3 - "$1" "$2" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+limit = float(sys.argv[2])
+bad = [r for r in rows if r["status"] not in ("pass", "unsupported", "skipped")]
+uns = [r for r in rows if r["status"] == "unsupported" and "dimension" not in r["message"]]
+comm = [r for r in rows if r["status"] == "pass" and r["comm_bytes"] != r["predicted_comm_bytes"]]
+worst, where, missing = 0.0, "", 0
+for r in rows:
+    if r["status"] != "pass":
+        continue
+    if not r["predicted_mem_bytes"]:
+        missing += 1
+        continue
+    m, p = float(r["peak_mem_bytes"]), float(r["predicted_mem_bytes"])
+    err = abs(p - m) / m if m else abs(p - m)
+    if err > worst:
+        worst, where = err, r["case"] + " " + r["strategy_id"]
+passed = sum(r["status"] == "pass" for r in rows)
+print(f"{len(rows)} rows, {passed} pass; failing: {len(bad)}; unsupported without a dimension: "
+      f"{len(uns)}; comm mismatches: {len(comm)}; no memory prediction: {missing}; "
+      f"worst memory error {worst:.2%} ({where})")
+for r in (bad + uns)[:5]:
+    print("  ", r["status"], r["case"], r["strategy_id"], r["message"][:200])
+sys.exit(0 if passed > 0 and not bad and not uns and not comm and not missing and worst <= limit
+         else 1)
+PY
+}

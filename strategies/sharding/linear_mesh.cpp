@@ -35,6 +35,7 @@
 #include "harness/autograd_comm.h"
 #include "harness/registry.h"
 #include "strategies/sharding/linear_strategies.h"
+#include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies {
 namespace {
@@ -303,14 +304,7 @@ class LinearMeshStrategy final : public harness::Strategy {
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
-    CommStats p;
-    for (const auto& [axes, st] : predictCommByGroup(c, rank)) {
-      for (int i = 0; i < harness::kNumCollectives; ++i) {
-        p.entries[i].calls += st.entries[i].calls;
-        p.entries[i].bytes += st.entries[i].bytes;
-      }
-    }
-    return p;
+    return totalComm(predictCommByGroup(c, rank));
   }
 
   // The local matmuls: y = x W^T on the shards, then dx = dy W and dW = dy^T x, each

@@ -25,12 +25,12 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
-#include <sstream>
 
 #include "harness/autograd_comm.h"
 #include "harness/registry.h"
 #include "reference/block.h"
 #include "reference/ops.h"
+#include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies {
 namespace {
@@ -284,14 +284,7 @@ class MegatronStrategy final : public harness::Strategy {
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
-    CommStats p;
-    for (const auto& [axes, st] : predictCommByGroup(c, rank)) {
-      for (int i = 0; i < harness::kNumCollectives; ++i) {
-        p.entries[i].calls += st.entries[i].calls;
-        p.entries[i].bytes += st.entries[i].bytes;
-      }
-    }
-    return p;
+    return totalComm(predictCommByGroup(c, rank));
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
@@ -650,17 +643,7 @@ int64_t MegatronExecutor::modelPeak(RankContext&) const {
     base += leaf.nbytes();
     results += leaf.nbytes();
   }
-  int64_t current = base + results, peak = current;
-  std::istringstream tokens(table);
-  std::string t;
-  while (tokens >> t) {
-    const auto it = size.find(t.substr(1));
-    TORCH_INTERNAL_ASSERT(it != size.end(), "memory table token ", t);
-    current += t[0] == '+' ? it->second : -it->second;
-    peak = std::max(peak, current);
-  }
-  TORCH_INTERNAL_ASSERT(current == base + results, "the memory table does not balance");
-  return peak;
+  return replayAllocations(table, size, base + results);
 }
 
 std::vector<std::unique_ptr<harness::Strategy>> registerMegatron() {

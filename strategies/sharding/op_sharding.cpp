@@ -18,6 +18,7 @@
 #include "harness/registry.h"
 #include "harness/suite.h"
 #include "strategies/sharding/op_strategies.h"
+#include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies {
 namespace {
@@ -565,14 +566,7 @@ class OpStrategy final : public harness::Strategy {
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
-    CommStats p;
-    for (const auto& [axes, st] : predictCommByGroup(c, rank)) {
-      for (int i = 0; i < harness::kNumCollectives; ++i) {
-        p.entries[i].calls += st.entries[i].calls;
-        p.entries[i].bytes += st.entries[i].bytes;
-      }
-    }
-    return p;
+    return totalComm(predictCommByGroup(c, rank));
   }
 
   // The statistics one rank all-reduces: a layer norm's one per row, a batch norm's one per

@@ -13,9 +13,8 @@
 // The first tokens release the previous step's results (output and gradients). "reordered" is a
 // placement other than rank order, which adds the index_select that puts chunks in order.
 
-#include <sstream>
-
 #include "strategies/sharding/sharded_tensor_common.h"
+#include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies {
 namespace {
@@ -70,17 +69,7 @@ std::optional<int64_t> shardedTensorLinearPeak(const std::string& backend, const
     }
   }
   if (table == nullptr) return std::nullopt;
-  int64_t current = base + results, peak = current;
-  std::istringstream tokens(table);
-  std::string t;
-  while (tokens >> t) {
-    const auto it = size.find(t.substr(1));
-    TORCH_INTERNAL_ASSERT(it != size.end(), "memory table token ", t);
-    current += t[0] == '+' ? it->second : -it->second;
-    peak = std::max(peak, current);
-  }
-  TORCH_INTERNAL_ASSERT(current == base + results, "the memory table does not balance");
-  return peak;
+  return replayAllocations(table, size, base + results);
 }
 
 }  // namespace sb::strategies

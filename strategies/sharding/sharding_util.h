@@ -1,0 +1,50 @@
+#pragma once
+
+// Small pieces the sharding executors share.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <c10/util/Exception.h>
+
+#include "harness/comm.h"
+
+namespace sb::strategies {
+
+// The total of a per-group communication prediction (Strategy::predictCommByGroup).
+inline harness::CommStats totalComm(
+    const std::vector<std::pair<std::vector<int>, harness::CommStats>>& byGroup) {
+  harness::CommStats total;
+  for (const auto& [axes, st] : byGroup) {
+    for (int i = 0; i < harness::kNumCollectives; ++i) {
+      total.entries[i].calls += st.entries[i].calls;
+      total.entries[i].bytes += st.entries[i].bytes;
+    }
+  }
+  return total;
+}
+
+// The peak of a recorded allocation sequence: `tokens` is one "+NAME" (allocation) or "-NAME"
+// (release) per event, NAME a key of `size`; `start` the bytes alive when the sequence begins.
+// Throws (internal error) on an unknown name or a sequence that does not return to `start`.
+inline int64_t replayAllocations(const char* tokens, const std::map<std::string, int64_t>& size,
+                                 int64_t start) {
+  int64_t current = start, peak = start;
+  std::istringstream in(tokens);
+  std::string t;
+  while (in >> t) {
+    const auto it = size.find(t.substr(1));
+    TORCH_INTERNAL_ASSERT(it != size.end(), "allocation sequence token ", t);
+    current += t[0] == '+' ? it->second : -it->second;
+    peak = std::max(peak, current);
+  }
+  TORCH_INTERNAL_ASSERT(current == start, "the allocation sequence does not balance");
+  return peak;
+}
+
+}  // namespace sb::strategies
