@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up and build as ./run.sh does, then run every test through ctest.
-# Extra arguments go to ctest, e.g. ./test.sh -R PlantedFault.
+# Extra arguments go to ctest, e.g. ./test.sh -R strategies_tests (GoogleTest binaries run as
+# shards; for one case: build/strategies/strategies_tests --gtest_filter='PlantedFault.*').
 set -euo pipefail
 cd "$(dirname "$0")"
 ci/setup.sh --test
