@@ -50,20 +50,6 @@ using harness::RankContext;
 using harness::ShardingSpec;
 using reference::LinearShape;
 
-std::string compactName(const std::string& name) {
-  // "S0S1 = S0R x RS1" -> "S0S1=S0R.RS1": regex-friendly and free of spaces.
-  std::string out;
-  for (size_t i = 0; i < name.size(); ++i) {
-    if (name.compare(i, 3, " x ") == 0) {
-      out += '.';
-      i += 2;
-    } else if (name[i] != ' ') {
-      out += name[i];
-    }
-  }
-  return out;
-}
-
 std::string axesString(const std::vector<int>& axes) {
   std::string s;
   for (int a : axes) s += std::to_string(a);

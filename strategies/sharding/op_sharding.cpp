@@ -38,19 +38,6 @@ using Axes = std::vector<int>;
 constexpr const char* kPrefix = "sharding/op/";
 constexpr double kEps = 1e-5;
 
-std::string compactName(const std::string& name) {
-  std::string out;
-  for (size_t i = 0; i < name.size(); ++i) {
-    if (name.compare(i, 3, " x ") == 0) {
-      out += '.';
-      i += 2;
-    } else if (name[i] != ' ') {
-      out += name[i];
-    }
-  }
-  return out;
-}
-
 Axes sortedUnique(Axes a) {
   std::sort(a.begin(), a.end());
   a.erase(std::unique(a.begin(), a.end()), a.end());

@@ -16,6 +16,21 @@
 
 namespace sb::strategies {
 
+// A strategy's name as its id spells it: "S0S1 = S0R x RS1" -> "S0S1=S0R.RS1" (regex-friendly
+// and free of spaces).
+inline std::string compactName(const std::string& name) {
+  std::string out;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name.compare(i, 3, " x ") == 0) {
+      out += '.';
+      i += 2;
+    } else if (name[i] != ' ') {
+      out += name[i];
+    }
+  }
+  return out;
+}
+
 // The total of a per-group communication prediction (Strategy::predictCommByGroup).
 inline harness::CommStats totalComm(
     const std::vector<std::pair<std::vector<int>, harness::CommStats>>& byGroup) {

@@ -17,21 +17,7 @@ namespace {
 using harness::Applicability;
 using harness::CaseSpec;
 using harness::Status;
-
-CaseSpec opCase(nlohmann::json shape, std::vector<int64_t> mesh, bool exact = false) {
-  CaseSpec c;
-  c.suite = "test";
-  c.name = "test";
-  c.workload = "op";
-  c.shape = std::move(shape);
-  c.mesh = std::move(mesh);
-  c.seed = 11;
-  c.inputs = exact ? reference::InputMode::kExact : reference::InputMode::kRandom;
-  c.repetitions = 1;
-  c.minTimeSec = 1e-4;
-  c.file = "test";
-  return c;
-}
+using test::opCase;
 
 // The strategies that select `c` (applicable or unsupported), from the set `set` ("" for all).
 std::vector<const harness::Strategy*> selected(const CaseSpec& c, const std::string& set = "") {

@@ -28,6 +28,16 @@ inline harness::CaseSpec linearCase(std::vector<int64_t> input, int64_t out,
   return c;
 }
 
+// A single-operator case (workload op) with quick timing.
+inline harness::CaseSpec opCase(nlohmann::json shape, std::vector<int64_t> mesh,
+                                bool exact = false) {
+  harness::CaseSpec c = linearCase({}, 0, std::move(mesh), exact);
+  c.workload = "op";
+  c.shape = std::move(shape);
+  c.seed = 11;
+  return c;
+}
+
 inline harness::Record run(const harness::CaseSpec& c, const harness::Strategy& s) {
   const auto data = reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
   return harness::runStrategy(c, data, s, harness::Provenance{}, harness::RunOptions{});
