@@ -7,9 +7,9 @@
 
 #include <cmath>
 
+#include "reference/block.h"
 #include "reference/chain_nets.h"
 #include "reference/evoformer.h"
-#include "reference/block.h"
 #include "reference/ops.h"
 #include "reference/transformer.h"
 #include "reference/workload.h"
@@ -126,8 +126,9 @@ const Workload* findWorkload(const std::string& name) {
 }
 
 std::vector<std::string> workloadNames() {
-  std::vector<std::string> names = {"linear", "tensor", "op", "transformer_block", "gpt2_prefill", "vit_encoder",
-                                    "evoformer_pair"};
+  std::vector<std::string> names = {
+      "linear",      "tensor",        "op", "transformer_block", "gpt2_prefill",
+      "vit_encoder", "evoformer_pair"};
   for (const Workload* w : chainWorkloads()) names.push_back(w->name());
   return names;
 }

@@ -208,9 +208,7 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
     s.weight = s.bias = {s.input[1]};
   } else if (s.op == "conv2d") {
     need(nd == 4, "conv2d needs input [N, C, H, W]");
-    const int64_t k = s.attrInt("kernel"),
-                  stride = s.attrs.contains("stride") ? s.attrInt("stride") : 1,
-                  pad = s.attrs.contains("padding") ? s.attrInt("padding") : 0;
+    const int64_t k = s.kernel(), stride = s.stride(), pad = s.padding();
     TORCH_CHECK(k > 0 && stride > 0 && pad >= 0 && s.attrInt("out_channels") > 0, where(s),
                 "kernel, stride and out_channels must be positive and padding not negative");
     need(convOut(s.input[2], k, stride, pad) > 0 && convOut(s.input[3], k, stride, pad) > 0,
@@ -219,8 +217,7 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
     s.bias = {s.attrInt("out_channels")};
   } else if (s.op == "max_pool2d" || s.op == "avg_pool2d") {
     need(nd == 4, s.op + " needs input [N, C, H, W]");
-    const int64_t k = s.attrInt("kernel"),
-                  stride = s.attrs.contains("stride") ? s.attrInt("stride") : k;
+    const int64_t k = s.kernel(), stride = s.stride();
     TORCH_CHECK(k > 0 && stride > 0, where(s), "kernel and stride must be positive");
     need(s.input[2] >= k && s.input[3] >= k, "the kernel is larger than the input");
   } else if (s.op == "add" || s.op == "mul") {
@@ -249,6 +246,13 @@ int64_t OpShape::attrInt(const std::string& key) const {
               attrs.contains(key) ? ", got " + attrs.at(key).dump() : " (it is missing)");
   return attrs.at(key).get<int64_t>();
 }
+
+int64_t OpShape::stride() const {
+  if (attrs.contains("stride")) return attrInt("stride");
+  return op == "conv2d" ? 1 : kernel();
+}
+
+int64_t OpShape::padding() const { return attrs.contains("padding") ? attrInt("padding") : 0; }
 
 double OpShape::attrDouble(const std::string& key) const {
   TORCH_CHECK(attrs.contains(key) && attrs.at(key).is_number(), where(*this), "shape key '", key,
@@ -301,12 +305,11 @@ std::vector<std::vector<int64_t>> OpShape::outputs() const {
     return {o};
   }
   if (op == "conv2d") {
-    const int64_t k = attrInt("kernel"), st = attrs.value("stride", 1),
-                  p = attrs.value("padding", 0);
+    const int64_t k = kernel(), st = stride(), p = padding();
     return {{input[0], weight[0], convOut(input[2], k, st, p), convOut(input[3], k, st, p)}};
   }
   if (op == "max_pool2d" || op == "avg_pool2d") {
-    const int64_t k = attrInt("kernel"), st = attrs.value("stride", k);
+    const int64_t k = kernel(), st = stride();
     return {{input[0], input[1], convOut(input[2], k, st, 0), convOut(input[3], k, st, 0)}};
   }
   if (op == "add" || op == "mul") return {broadcastShape(*this)};
@@ -427,11 +430,11 @@ std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, 
     return {at::batch_norm(x, w, b, {}, {}, /*training=*/true, 0.1, 1e-5, false)};
   }
   if (op == "conv2d") {
-    const int64_t st = s.attrs.value("stride", 1), p = s.attrs.value("padding", 0);
+    const int64_t st = s.stride(), p = s.padding();
     return {at::conv2d(x, w, b, {st, st}, {p, p})};
   }
   if (op == "max_pool2d" || op == "avg_pool2d") {
-    const int64_t k = s.attrInt("kernel"), st = s.attrs.value("stride", k);
+    const int64_t k = s.kernel(), st = s.stride();
     return {op == "max_pool2d" ? at::max_pool2d(x, {k, k}, {st, st})
                                : at::avg_pool2d(x, {k, k}, {st, st})};
   }

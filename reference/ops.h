@@ -56,6 +56,11 @@ struct OpShape {
   std::vector<std::string> outputNames() const;
 
   int64_t attrInt(const std::string& key) const;
+  // conv2d's and the poolings' window: the kernel, the stride (conv2d: 1, pooling: the
+  // kernel, when the shape does not give one) and the padding (0 when not given).
+  int64_t kernel() const { return attrInt("kernel"); }
+  int64_t stride() const;
+  int64_t padding() const;
   double attrDouble(const std::string& key) const;
   std::vector<int64_t> attrDims(const std::string& key) const;
   // The dimensions that `op` reduces or normalises over (softmax's dim, sum's dims, ...),

@@ -323,7 +323,6 @@ class OpStrategy final : public harness::Strategy {
         break;
       }
     }
-    const int meshNdim = static_cast<int>(c.mesh.size());
     const DeviceMesh mesh(c.mesh);
     if (spec_.outputFromShape) {  // view: map each input dimension's shards to the output
       const auto out = r.shape.outputs()[0];
@@ -363,7 +362,6 @@ class OpStrategy final : public harness::Strategy {
     }
     if (spec_.variant == "hidden") r.statAxes = r.operands[0].axesOf(r.operands[0].ndim() - 1);
     if (spec_.variant == "sync") r.statAxes = r.operands[0].axesOf(0);
-    (void)meshNdim;
     // Even shards, as ColossalAI requires; name the first dimension that does not divide.
     const auto check = [&](const std::string& what, const Layout& l,
                            const std::vector<int64_t>& shape) {
@@ -644,8 +642,7 @@ std::vector<at::Tensor> OpExecutor::forwardLocal(RankContext& ctx,
     // ATen's native im2col convolution (thnn_conv2d), not oneDNN's: its buffers are a function
     // of the shapes alone, where oneDNN's blocked reorders pad channels to the CPU's vector
     // width. The reference runs at::conv2d; the results agree to the dtype's tolerance.
-    const int64_t st = s.attrs.value("stride", 1), p = s.attrs.value("padding", 0);
-    const int64_t k = s.attrInt("kernel");
+    const int64_t st = s.stride(), p = s.padding(), k = s.kernel();
     if (r_.outputs[0].partialAxes().empty()) {
       return {at::thnn_conv2d(x, in[1], {k, k}, in[2], {st, st}, {p, p})};
     }
@@ -802,7 +799,7 @@ int64_t OpExecutor::modelPeak(RankContext& ctx) const {
   // backward, which recomputes them.
   int64_t columns = 0;
   if (op == "conv2d") {
-    const int64_t k = s.attrInt("kernel");
+    const int64_t k = s.kernel();
     columns = leaves_[0].size(0) * leaves_[0].size(1) * k * k * outputBoxes_[0].length[2] *
               outputBoxes_[0].length[3] * es;
   }

@@ -159,6 +159,7 @@ std::vector<OpStrategySpec> bmmSpecs(const reference::OpShape& s) {
 std::vector<OpStrategySpec> matmulSpecs(const reference::OpShape& s) {
   std::vector<OpStrategySpec> out;
   const std::vector<Axes> kSplits = {{}, {0}, {1}, {0, 1}};
+  // On a 1-D mesh too where only axis 0 is used.
   const auto dims = [](const Axes& a) {
     return a.empty() || (a.size() == 1 && a[0] == 0) ? std::vector<int>{1, 2} : std::vector<int>{2};
   };
@@ -175,12 +176,10 @@ std::vector<OpStrategySpec> matmulSpecs(const reference::OpShape& s) {
       bool clash = false;
       for (int a : m) clash |= std::count(k.begin(), k.end(), a) > 0;
       if (clash) continue;
-      std::vector<int> md = {2};
-      if (m.size() + k.size() <= 1 && (m.empty() || m[0] == 0) && (k.empty() || k[0] == 0)) {
-        md = {1, 2};
-      }
+      Axes used = m;
+      used.insert(used.end(), k.begin(), k.end());
       auto sp = spec(s, seq(m) + " = " + seq(m) + seq(k) + " x " + seq(k), {L({m, k}), L({k})},
-                     {L({m}, k)}, md);
+                     {L({m}, k)}, dims(used));
       sp.set = "beyond";
       out.push_back(sp);
     }
