@@ -10,6 +10,7 @@
 #include "reference/block.h"
 #include "reference/chain_nets.h"
 #include "reference/evoformer.h"
+#include "reference/graph.h"
 #include "reference/ops.h"
 #include "reference/transformer.h"
 #include "reference/workload.h"
@@ -122,13 +123,21 @@ const Workload* findWorkload(const std::string& name) {
   if (name == gpt2PrefillWorkload()->name()) return gpt2PrefillWorkload();
   if (name == vitEncoderWorkload()->name()) return vitEncoderWorkload();
   if (name == evoformerPairWorkload()->name()) return evoformerPairWorkload();
+  if (const Workload* g = findGraphWorkload(name)) return g;
   return findChainWorkload(name);
 }
 
 std::vector<std::string> workloadNames() {
-  std::vector<std::string> names = {
-      "linear",      "tensor",        "op", "transformer_block", "gpt2_prefill",
-      "vit_encoder", "evoformer_pair"};
+  std::vector<std::string> names = {"linear",
+                                    "tensor",
+                                    "op",
+                                    "transformer_block",
+                                    "gpt2_prefill",
+                                    "vit_encoder",
+                                    "evoformer_pair",
+                                    "gpt2",
+                                    "bert",
+                                    "mlp"};
   for (const Workload* w : chainWorkloads()) names.push_back(w->name());
   return names;
 }

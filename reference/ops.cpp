@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace sb::reference {
@@ -33,7 +34,7 @@ const std::map<std::string, OpKeys>& opKeys() {
       {"gelu", {{"input"}, {}}},
       {"relu", {{"input"}, {}}},
       {"dropout", {{"input", "p"}, {}}},
-      {"softmax", {{"input", "dim"}, {}}},
+      {"softmax", {{"input", "dim"}, {"scale", "causal"}}},
       {"view", {{"input", "size"}, {}}},
       {"permute", {{"input", "dims"}, {}}},
       {"transpose", {{"input", "dim0", "dim1"}, {}}},
@@ -226,7 +227,16 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
     const double p = s.attrDouble("p");
     TORCH_CHECK(p >= 0 && p < 1, where(s), "shape key 'p' must be in [0, 1), got ", p);
   } else if (s.op == "softmax") {
-    normDim(s, s.attrInt("dim"), nd, "dim");
+    const int64_t d = normDim(s, s.attrInt("dim"), nd, "dim");
+    if (s.attrs.contains("scale")) {
+      TORCH_CHECK(s.attrDouble("scale") > 0, where(s), "shape key 'scale' must be positive");
+    }
+    if (s.attrs.contains("causal")) {
+      TORCH_CHECK(s.attrs.at("causal").is_boolean(), where(s),
+                  "shape key 'causal' must be true or false, got ", s.attrs.at("causal").dump());
+      TORCH_CHECK(!s.causal() || (nd >= 2 && d == nd - 1), where(s),
+                  "a causal softmax normalises the last dimension of an input of 2 or more");
+    }
   } else if (s.op == "view") {
     viewShape(s);
   } else if (s.op == "permute" || s.op == "transpose") {
@@ -253,6 +263,24 @@ int64_t OpShape::stride() const {
 }
 
 int64_t OpShape::padding() const { return attrs.contains("padding") ? attrInt("padding") : 0; }
+
+double OpShape::scale() const { return attrs.contains("scale") ? attrDouble("scale") : 1.0; }
+
+bool OpShape::causal() const { return attrs.value("causal", false); }
+
+at::Tensor attentionSoftmax(const at::Tensor& x, int64_t dim, double scale, bool causal,
+                            int64_t rowOffset) {
+  at::Tensor z = scale == 1.0 ? x : x * scale;
+  if (causal) {
+    // Key j is hidden from query i (row rowOffset + i of the whole tensor) when j > i.
+    const auto opts = at::TensorOptions().dtype(at::kLong);
+    const at::Tensor rows = at::arange(rowOffset, rowOffset + x.size(-2), opts);
+    const at::Tensor cols = at::arange(x.size(-1), opts);
+    z = z.masked_fill(cols.unsqueeze(0) > rows.unsqueeze(1),
+                      -std::numeric_limits<double>::infinity());
+  }
+  return at::softmax(z, dim);
+}
 
 double OpShape::attrDouble(const std::string& key) const {
   TORCH_CHECK(attrs.contains(key) && attrs.at(key).is_number(), where(*this), "shape key '", key,
@@ -449,7 +477,9 @@ std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, 
         x *
         dropoutKeepMask(s.input, zero, s.input, seed, p, x.scalar_type()).mul_(1.0 / (1.0 - p))};
   }
-  if (op == "softmax") return {at::softmax(x, s.reducedDims()[0])};
+  if (op == "softmax") {
+    return {attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), 0)};
+  }
   if (op == "view") return {x.reshape(s.outputs()[0])};
   if (op == "permute" || op == "transpose") return {x.permute(permuteDims(s))};
   if (op == "split") {

@@ -29,7 +29,8 @@ namespace sb::reference {
 //   add, mul     input, other (broadcasting)
 //   gelu, relu   input
 //   dropout      input, p: the mask is a function of each element's global index and the seed
-//   softmax      input, dim
+//   softmax      input, dim; scale (1), causal (false): softmax(scale * input), with a causal
+//                mask over the last two dimensions (attention's scores) when causal
 //   view         input, size (one -1 allowed)
 //   permute      input, dims;   transpose: input, dim0, dim1
 //   split        input, split_size, dim: outputs output0, output1, ...
@@ -62,6 +63,8 @@ struct OpShape {
   int64_t stride() const;
   int64_t padding() const;
   double attrDouble(const std::string& key) const;
+  double scale() const;  // softmax's scale, 1 when not given
+  bool causal() const;   // softmax's causal mask, false when not given
   std::vector<int64_t> attrDims(const std::string& key) const;
   // The dimensions that `op` reduces or normalises over (softmax's dim, sum's dims, ...),
   // made non-negative; empty for operators without one.
@@ -80,6 +83,12 @@ const std::vector<std::string>& opNames();
 at::Tensor dropoutKeepMask(const std::vector<int64_t>& fullShape,
                            const std::vector<int64_t>& offset, const std::vector<int64_t>& length,
                            uint64_t seed, double p, at::ScalarType dtype);
+
+// softmax(scale * x) over `dim`; with `causal`, the entries above the diagonal of the last two
+// dimensions masked first, x's rows being rows rowOffset, rowOffset + 1, ... of the whole
+// tensor (a rank's box of attention scores) and its columns all of them.
+at::Tensor attentionSoftmax(const at::Tensor& x, int64_t dim, double scale, bool causal,
+                            int64_t rowOffset);
 
 // The operator on full tensors (`t` holds input, other, weight, bias by name), as plain
 // LibTorch computes it. `seed` seeds dropout.
