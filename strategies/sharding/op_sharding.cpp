@@ -90,14 +90,66 @@ std::vector<ViewGroup> viewGroups(const std::vector<int64_t>& in, const std::vec
   return groups;
 }
 
-// What a case resolves a strategy to: the shape and every layout on it.
-struct Resolved {
-  OpShape shape;
-  std::vector<Layout> operands, outputs;
-  std::vector<Axes> gradPartial;  // per operand: axes its gradient is partial over
-  Axes statAxes;                  // layer norm (hidden) and batch norm (sync): statistics group
-  std::string problem;            // non-empty: unsupported, naming the dimension
-};
+// The output layout of a view of an input laid out as `in`, or a message naming the dimension
+// whose shards the view would interleave. Per group, the input's shards must cover one
+// contiguous block of the flattened group: every sharded dimension but the last has one index
+// per rank (e.g. batch 2 over 2 ranks, heads split inside: [B, H] -> [B * H] sharded over both
+// axes, outer first); the flattened block is then cut the same way into the output's
+// dimensions.
+std::string viewLayout(const std::vector<int64_t>& inShape, const std::vector<int64_t>& outShape,
+                       const Layout& in, const harness::DeviceMesh& mesh, Layout& out) {
+  std::vector<Axes> dims(outShape.size());
+  for (const auto& g : viewGroups(inShape, outShape)) {
+    Axes axes;
+    int last = -1;
+    for (size_t k = 0; k < g.in.size(); ++k) {
+      if (!in.axesOf(g.in[k]).empty()) last = static_cast<int>(k);
+    }
+    for (int k = 0; k <= last; ++k) {
+      const int d = g.in[k];
+      const Axes& a = in.axesOf(d);
+      const int64_t parts = mesh.groupSize(a);
+      if (k < last && inShape[d] / parts != 1) {
+        const int inner = g.in[last];
+        return "view: dimension " + std::to_string(inner) + " of the input (size " +
+               std::to_string(inShape[inner]) + ", sharded " + in.compact() +
+               ") is split inside dimension " + std::to_string(d) + " (size " +
+               std::to_string(inShape[d]) + ", " + std::to_string(inShape[d] / parts) +
+               " indices per rank): the view interleaves its shards";
+      }
+      axes.insert(axes.end(), a.begin(), a.end());
+    }
+    // Cut the flattened block into the output dimensions, outermost first.
+    size_t next = 0;
+    for (size_t k = 0; k < g.out.size() && next < axes.size(); ++k) {
+      const int d = g.out[k];
+      int64_t rest = 1;
+      for (size_t a = next; a < axes.size(); ++a) rest *= mesh.groupSize({axes[a]});
+      if (outShape[d] % rest == 0) {  // the remaining axes all split this dimension
+        dims[d].assign(axes.begin() + static_cast<long>(next), axes.end());
+        next = axes.size();
+        break;
+      }
+      int64_t taken = 1;
+      size_t end = next;
+      while (end < axes.size() && taken < outShape[d]) taken *= mesh.groupSize({axes[end++]});
+      if (taken != outShape[d]) {
+        return "view: the input's shards (" + in.compact() + ") do not cut output dimension " +
+               std::to_string(d) + " (size " + std::to_string(outShape[d]) + ") evenly";
+      }
+      dims[d].assign(axes.begin() + static_cast<long>(next), axes.begin() + static_cast<long>(end));
+      next = end;
+    }
+    if (next < axes.size()) {
+      return "view: the input's shards (" + in.compact() +
+             ") do not map to the output's dimensions";
+    }
+  }
+  out = Layout(dims, {});
+  return "";
+}
+
+using Resolved = ResolvedOp;
 
 // Normalisation whose statistics span ranks: y = (x - mean) * rstd * w + b, with the mean and
 // variance over `dims` of the whole tensor while each rank holds a piece of those dimensions
@@ -164,6 +216,29 @@ struct SplitNorm : torch::autograd::Function<SplitNorm> {
   }
 };
 
+// The axes over which operand i's gradient holds partial sums (see op_strategies.h).
+Axes gradPartialOf(const OpStrategySpec& spec, const std::vector<Layout>& operands,
+                   const std::vector<Layout>& outputs, size_t i) {
+  // A bias is added after the pending sums are reduced: it meets only the output.
+  if (spec.operands[i] == "bias") {
+    Axes all;
+    for (const auto& l : outputs) {
+      for (const auto& d : l.dimAxes()) all.insert(all.end(), d.begin(), d.end());
+    }
+    return minus(sortedUnique(all), usedAxes(operands[i]));
+  }
+  Axes all;
+  for (const auto& l : operands) {
+    const Axes u = usedAxes(l);
+    all.insert(all.end(), u.begin(), u.end());
+  }
+  for (const auto& l : outputs) {
+    const Axes u = usedAxes(l);
+    all.insert(all.end(), u.begin(), u.end());
+  }
+  return minus(sortedUnique(all), usedAxes(operands[i]));
+}
+
 class OpStrategy;
 
 class OpExecutor final : public harness::RankExecutor {
@@ -175,7 +250,6 @@ class OpExecutor final : public harness::RankExecutor {
   std::optional<int64_t> predictedPeakBytes() const override { return predicted_; }
 
  private:
-  std::vector<at::Tensor> forwardLocal(RankContext& ctx, const std::vector<at::Tensor>& in);
   int64_t modelPeak(RankContext& ctx) const;
 
   const OpStrategy& strategy_;
@@ -215,7 +289,7 @@ class OpStrategy final : public harness::Strategy {
     }
     if (spec_.op == "dropout") f.push_back("per_rank_dropout_seed");
     for (size_t i = 0; i < spec_.operands.size(); ++i) {
-      if (!gradPartialOf(spec_.operandLayouts, spec_.outputLayouts, i).empty() &&
+      if (!gradPartialOf(spec_, spec_.operandLayouts, spec_.outputLayouts, i).empty() &&
           !(spec_.op == "embedding" && i == 0)) {
         f.push_back("skip_grad_all_reduce");
         break;
@@ -231,28 +305,6 @@ class OpStrategy final : public harness::Strategy {
     // each rank normalises over its piece of the dimension only.
     if (name == "softmax_over_sharded_dim") sp.variant = "fault_softmax";
     return std::make_unique<OpStrategy>(sp, name);
-  }
-
-  Axes gradPartialOf(const std::vector<Layout>& operands, const std::vector<Layout>& outputs,
-                     size_t i) const {
-    // A bias is added after the pending sums are reduced: it meets only the output.
-    if (spec_.operands[i] == "bias") {
-      Axes all;
-      for (const auto& l : outputs) {
-        for (const auto& d : l.dimAxes()) all.insert(all.end(), d.begin(), d.end());
-      }
-      return minus(sortedUnique(all), usedAxes(operands[i]));
-    }
-    Axes all;
-    for (const auto& l : operands) {
-      const Axes u = usedAxes(l);
-      all.insert(all.end(), u.begin(), u.end());
-    }
-    for (const auto& l : outputs) {
-      const Axes u = usedAxes(l);
-      all.insert(all.end(), u.begin(), u.end());
-    }
-    return minus(sortedUnique(all), usedAxes(operands[i]));
   }
 
   std::vector<std::pair<std::string, std::string>> params() const override {
@@ -309,81 +361,7 @@ class OpStrategy final : public harness::Strategy {
   }
 
   Resolved resolve(const CaseSpec& c) const {
-    Resolved r;
-    r.shape = OpShape::parse(c.shape);
-    // The layouts for the case's shape: the generator's strategy of this name for it (names
-    // that do not spell every dimension, such as an embedding's "RR = R x S0R", stand for one
-    // strategy on ids of any rank).
-    r.operands = spec_.operandLayouts;
-    r.outputs = spec_.outputLayouts;
-    for (const auto& sp : opStrategySpecs(r.shape)) {
-      if (sp.name == spec_.name) {
-        r.operands = sp.operandLayouts;
-        r.outputs = sp.outputLayouts;
-        break;
-      }
-    }
-    const DeviceMesh mesh(c.mesh);
-    if (spec_.outputFromShape) {  // view: map each input dimension's shards to the output
-      const auto out = r.shape.outputs()[0];
-      std::vector<Axes> dims(out.size());
-      for (const auto& g : viewGroups(r.shape.input, out)) {
-        for (size_t k = 0; k < g.in.size(); ++k) {
-          const Axes& axes = r.operands[0].axesOf(g.in[k]);
-          if (axes.empty()) continue;
-          const int64_t parts = mesh.groupSize(axes);
-          if (k != 0 || g.out.empty() || out[g.out[0]] % parts != 0) {
-            r.problem = "view: dimension " + std::to_string(g.in[k]) + " of the input (size " +
-                        std::to_string(r.shape.input[g.in[k]]) + ", sharded " +
-                        r.operands[0].compact() +
-                        ") does not map to one sharded output dimension: the view interleaves "
-                        "its shards";
-            return r;
-          }
-          dims[g.out[0]] = axes;
-        }
-      }
-      r.outputs = {Layout(dims, {})};
-    }
-    if (spec_.variant == "fault_softmax") {
-      // Shard the softmax dimension over the strategy's first axis instead of its own dim.
-      const int sd = static_cast<int>(r.shape.reducedDims()[0]);
-      const int axis = usedAxes(r.operands[0])[0];
-      auto dims = r.operands[0].dimAxes();
-      for (auto& d : dims) d.erase(std::remove(d.begin(), d.end(), axis), d.end());
-      dims[sd].push_back(axis);
-      r.operands = {Layout(dims, {})};
-      r.outputs = {Layout(dims, {})};
-    }
-    for (size_t i = 0; i < r.operands.size(); ++i) {
-      r.gradPartial.push_back(r.shape.differentiable(spec_.operands[i])
-                                  ? gradPartialOf(r.operands, r.outputs, i)
-                                  : Axes{});
-    }
-    if (spec_.variant == "hidden") r.statAxes = r.operands[0].axesOf(r.operands[0].ndim() - 1);
-    if (spec_.variant == "sync") r.statAxes = r.operands[0].axesOf(0);
-    // Even shards, as ColossalAI requires; name the first dimension that does not divide.
-    const auto check = [&](const std::string& what, const Layout& l,
-                           const std::vector<int64_t>& shape) {
-      for (int d = 0; d < l.ndim() && r.problem.empty(); ++d) {
-        const int64_t parts = mesh.groupSize(l.axesOf(d));
-        if (parts > 1 && shape[d] % parts != 0) {
-          r.problem = what + " dimension " + std::to_string(d) + " (size " +
-                      std::to_string(shape[d]) + ") does not divide evenly over mesh axes " +
-                      Layout(std::vector<Axes>{l.axesOf(d)}, {}).compact() + " (" +
-                      std::to_string(parts) + " ranks)";
-        }
-      }
-    };
-    for (size_t i = 0; i < r.operands.size(); ++i) {
-      check(spec_.operands[i], r.operands[i], r.shape.operandShape(spec_.operands[i]));
-    }
-    const auto outs = r.shape.outputs();
-    const auto names = r.shape.outputNames();
-    for (size_t i = 0; i < r.outputs.size() && i < outs.size(); ++i) {
-      check(names[i], r.outputs[i], outs[i]);
-    }
-    return r;
+    return resolveOp(spec_, OpShape::parse(c.shape), c.mesh);
   }
 
   nlohmann::json describe() const override {
@@ -419,29 +397,8 @@ class OpStrategy final : public harness::Strategy {
     if (s.operands() != spec_.operands) {
       return Applicability::notApplicable("generated for other operands");
     }
-    // The generator's strategies for this shape: one of this name, or this is not one of them.
-    const auto mine = opStrategySpecs(s);
-    if (std::none_of(mine.begin(), mine.end(),
-                     [&](const OpStrategySpec& o) { return o.name == spec_.name; })) {
-      return Applicability::notApplicable("not generated for this shape");
-    }
-    const int meshNdim = static_cast<int>(c.mesh.size());
-    if (std::find(spec_.meshDims.begin(), spec_.meshDims.end(), meshNdim) == spec_.meshDims.end()) {
-      return Applicability::notApplicable("not generated for a " + std::to_string(meshNdim) +
-                                          "-D mesh");
-    }
-    if (meshNdim == 2 && spec_.degenerateAxis >= 0) {
-      const int other = 1 - spec_.degenerateAxis;
-      if (c.mesh[other] != 1 || c.mesh[spec_.degenerateAxis] == 1) {
-        return Applicability::notApplicable("for a 2-D mesh with one axis of extent 1");
-      }
-    }
-    if (meshNdim == 1 && spec_.degenerateAxis > 0) {
-      return Applicability::notApplicable("for a 2-D mesh with one axis of extent 1");
-    }
-    if (spec_.meshMustBeFull &&
-        std::any_of(c.mesh.begin(), c.mesh.end(), [](int64_t e) { return e == 1; })) {
-      return Applicability::notApplicable("for a 2-D mesh without axes of extent 1");
+    if (const std::string why = opNotApplicable(spec_, s, c.mesh); !why.empty()) {
+      return Applicability::notApplicable(why);
     }
     const Resolved r = resolve(c);
     if (!r.problem.empty()) return Applicability::unsupported(r.problem);
@@ -473,94 +430,17 @@ class OpStrategy final : public harness::Strategy {
   // collective fails on the count as well as on the numbers.
   std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,
                                                                          int rank) const override {
-    const Resolved r = resolve(c);
-    const DeviceMesh mesh(c.mesh);
-    const auto coords = mesh.coords(rank);
-    const int64_t es = c10::elementSize(c.dtype);
-    std::vector<std::pair<std::vector<int>, CommStats>> out;
-    const auto allReduce = [&](const Axes& axes, int64_t numel) {
-      CommStats st;
-      st.add(Collective::kAllReduce, mesh.groupSize(axes) > 1 ? numel * es : 0);
-      out.emplace_back(axes, st);
-    };
-    const auto outs = r.shape.outputs();
-    for (size_t i = 0; i < r.outputs.size(); ++i) {
-      if (!r.outputs[i].partialAxes().empty()) {
-        allReduce(r.outputs[i].partialAxes(), r.outputs[i].box(outs[i], c.mesh, coords).numel());
-      }
-    }
-    if (!r.statAxes.empty()) {
-      const int64_t stats = statNumel(r, c, coords);
-      allReduce(r.statAxes, stats);      // forward: the sum
-      allReduce(r.statAxes, stats);      // forward: the centred sum of squares
-      allReduce(r.statAxes, 2 * stats);  // backward: both sums of the input gradient
-    }
-    for (size_t i = 0; i < r.gradPartial.size(); ++i) {
-      if (r.gradPartial[i].empty()) continue;
-      allReduce(r.gradPartial[i],
-                r.operands[i].box(r.shape.operandShape(spec_.operands[i]), c.mesh, coords).numel());
-    }
-    return out;
+    return opCommByGroup(resolve(c), c.mesh, rank, c.dtype);
   }
-
-  // Floating-point operations of this rank's products, forward and backward (three products
-  // each of 2 x the local contraction): addmm, bmm, matmul and conv2d; none for the rest.
   std::optional<double> predictFlops(const CaseSpec& c, int rank) const override {
-    const Resolved r = resolve(c);
-    const auto coords = DeviceMesh(c.mesh).coords(rank);
-    const auto box = [&](size_t i) {
-      return r.operands[i].box(r.shape.operandShape(spec_.operands[i]), c.mesh, coords);
-    };
-    const std::string& op = r.shape.op;
-    if (op == "addmm" || op == "bmm" || op == "matmul") {
-      const Box a = box(0), b = box(1);
-      // input [.., M, K] x other [.., K, N] (matmul: [M, K] x [K] or [K] x [K])
-      const double n = op == "matmul" ? 1.0 : static_cast<double>(b.length.back());
-      return 6.0 * static_cast<double>(a.numel()) * n;
-    }
-    if (op == "conv2d") {
-      const Box out = r.outputs[0].box(r.shape.outputs()[0], c.mesh, coords);
-      const Box w = box(1);
-      return 6.0 * static_cast<double>(out.numel()) * static_cast<double>(w.numel() / w.length[0]);
-    }
-    return 0.0;
+    return opFlops(resolve(c), c.mesh, rank);
   }
-
-  // The memory traffic of the element-wise and reduction kernels, priced by the profile's copy
-  // fit: forward, the operands read and the outputs written; backward, the gradient seeds and
-  // saved operands read and the gradients written. A kernel per operand and output each way.
   std::optional<harness::LocalWork> predictLocalWork(const CaseSpec& c, int rank) const override {
-    const Resolved r = resolve(c);
-    const auto coords = DeviceMesh(c.mesh).coords(rank);
-    const int64_t es = c10::elementSize(c.dtype);
-    int64_t operands = 0, outputs = 0, grads = 0;
-    for (size_t i = 0; i < spec_.operands.size(); ++i) {
-      const int64_t b =
-          r.operands[i].box(r.shape.operandShape(spec_.operands[i]), c.mesh, coords).numel() * es;
-      operands += b;
-      if (r.shape.differentiable(spec_.operands[i])) grads += b;
-    }
-    const auto outs = r.shape.outputs();
-    for (size_t i = 0; i < outs.size(); ++i) {
-      outputs += r.outputs[i].box(outs[i], c.mesh, coords).numel() * es;
-    }
-    harness::LocalWork w;
-    w.copies = 2 * static_cast<int64_t>(spec_.operands.size() + outs.size());
-    w.bytes = 2 * operands + 2 * outputs + grads;
-    return w;
+    return opLocalWork(resolve(c), c.mesh, rank, c.dtype);
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return totalComm(predictCommByGroup(c, rank));
-  }
-
-  // The statistics one rank all-reduces: a layer norm's one per row, a batch norm's one per
-  // channel.
-  static int64_t statNumel(const Resolved& r, const CaseSpec& c,
-                           const std::vector<int64_t>& coords) {
-    const Box in = r.operands[0].box(r.shape.input, c.mesh, coords);
-    if (r.shape.op == "layer_norm") return in.numel() / in.length.back();
-    return in.length[1];
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
@@ -620,105 +500,12 @@ void OpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) 
   predicted_ = modelPeak(ctx);
 }
 
-std::vector<at::Tensor> OpExecutor::forwardLocal(RankContext& ctx,
-                                                 const std::vector<at::Tensor>& in) {
-  const OpShape& s = r_.shape;
-  const std::string& op = s.op;
-  const std::string& fault = strategy_.fault();
-  const auto reduce = [&](const at::Tensor& y, size_t out = 0) {
-    const Axes& p = r_.outputs[out].partialAxes();
-    if (p.empty() || fault == "skip_output_all_reduce") return y;
-    return harness::allReduceFwdIdentityBwd(y, ctx.group(p));
-  };
-  // The statistics' group, or none when the planted fault skips their all-reduce.
-  Communicator* statComm =
-      r_.statAxes.empty() || fault == "skip_stats_all_reduce" ? nullptr : &ctx.group(r_.statAxes);
-  const at::Tensor& x = in[0];
-  if (op == "addmm") {
-    if (r_.outputs[0].partialAxes().empty()) return {at::addmm(in[2], x, in[1])};
-    return {reduce(at::mm(x, in[1])) + in[2]};  // the bias once, after the sum
-  }
-  if (op == "conv2d") {
-    // ATen's native im2col convolution (thnn_conv2d), not oneDNN's: its buffers are a function
-    // of the shapes alone, where oneDNN's blocked reorders pad channels to the CPU's vector
-    // width. The reference runs at::conv2d; the results agree to the dtype's tolerance.
-    const int64_t st = s.stride(), p = s.padding(), k = s.kernel();
-    if (r_.outputs[0].partialAxes().empty()) {
-      return {at::thnn_conv2d(x, in[1], {k, k}, in[2], {st, st}, {p, p})};
-    }
-    return {reduce(at::thnn_conv2d(x, in[1], {k, k}, {}, {st, st}, {p, p})) +
-            in[2].view({1, -1, 1, 1})};
-  }
-  if (op == "bmm") return {reduce(at::bmm(x, in[1]))};
-  if (op == "matmul") return {reduce(at::matmul(x, in[1]))};
-  if (op == "embedding") {
-    if (strategy_.spec().variant != "vocab") return {at::embedding(in[1], x)};
-    // This rank holds rows [v0, v0 + n) of the table: ids outside them look up row 0 and are
-    // zeroed, and the all-reduce adds the one rank's row that holds each id.
-    const int64_t v0 = operandBoxes_[1].offset[0], n = operandBoxes_[1].length[0];
-    if (fault == "skip_vocab_mask") return {reduce(at::embedding(in[1], (x - v0).clamp(0, n - 1)))};
-    const at::Tensor foreign = at::logical_or(x < v0, x >= v0 + n);
-    const at::Tensor local = (x - v0).masked_fill_(foreign, 0);
-    return {reduce(at::embedding(in[1], local).masked_fill_(foreign.unsqueeze(-1), 0))};
-  }
-  if (op == "layer_norm") {
-    if (strategy_.spec().variant != "hidden") {
-      return {at::layer_norm(x, {x.size(-1)}, in[1], in[2], kEps)};
-    }
-    // Statistics over the whole hidden dimension; with the planted fault, over this rank's
-    // piece only.
-    const double h = static_cast<double>(statComm ? s.input.back() : x.size(-1));
-    return {SplitNorm::apply(x, in[1], in[2], statComm, std::vector<int64_t>{x.dim() - 1},
-                             std::vector<int64_t>{x.size(-1)}, h)};
-  }
-  if (op == "batch_norm") {
-    if (strategy_.spec().variant != "sync") {
-      return {at::batch_norm(x, in[1], in[2], {}, {}, true, 0.1, kEps, false)};
-    }
-    // Synchronised statistics over the whole batch (every dimension but the channels).
-    std::vector<int64_t> dims = {0}, view(x.dim(), 1);
-    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-    view[1] = x.size(1);
-    const int64_t perSample = x.numel() / std::max<int64_t>(1, x.size(0) * x.size(1));
-    const double count = static_cast<double>((statComm ? s.input[0] : x.size(0)) * perSample);
-    return {SplitNorm::apply(x, in[1], in[2], statComm, dims, view, count)};
-  }
-  if (op == "dropout") {
-    const double p = s.attrDouble("p");
-    const uint64_t seed = fault == "per_rank_dropout_seed" ? case_.seed + 1 + rank_ : case_.seed;
-    at::Tensor keep = reference::dropoutKeepMask(s.input, operandBoxes_[0].offset,
-                                                 operandBoxes_[0].length, seed, p, x.scalar_type());
-    keep.mul_(1.0 / (1.0 - p));
-    return {x * keep};
-  }
-  if (op == "view") return {x.reshape(outputBoxes_[0].length)};
-  if (op == "sum") return {reduce(x.sum(s.reducedDims()))};
-  if (op == "split") {
-    auto parts = x.split(s.attrInt("split_size"), s.reducedDims()[0]);
-    return std::vector<at::Tensor>(parts.begin(), parts.end());
-  }
-  // The rest compute on their pieces exactly as on the whole tensor.
-  std::map<std::string, at::Tensor> t;
-  for (size_t i = 0; i < in.size(); ++i) t[strategy_.spec().operands[i]] = in[i];
-  return reference::opForward(s, t, case_.seed);
-}
-
 void OpExecutor::step(RankContext& ctx) {
   results_.clear();
   for (auto& l : leaves_) {
     if (l.requires_grad()) l.mutable_grad().reset();
   }
-  std::vector<at::Tensor> in;
-  for (size_t i = 0; i < leaves_.size(); ++i) {
-    const Axes& g = r_.gradPartial[i];
-    if (!g.empty() && strategy_.fault() != "skip_grad_all_reduce") {
-      in.push_back(harness::identityFwdAllReduceBwd(leaves_[i], ctx.group(g)));
-    } else {
-      in.push_back(leaves_[i]);
-    }
-  }
-  std::vector<at::Tensor> outs = forwardLocal(ctx, in);
-  in.clear();
+  std::vector<at::Tensor> outs = runOp(r_, ctx, leaves_, case_.seed, strategy_.fault());
   torch::autograd::backward(outs, gradOut_);
   const auto names = r_.shape.outputNames();
   for (size_t i = 0; i < outs.size(); ++i) results_[names[i]] = outs[i].detach();
@@ -960,6 +747,308 @@ int64_t OpExecutor::modelPeak(RankContext& ctx) const {
 std::unique_ptr<harness::Strategy> makeOpStrategy(const OpStrategySpec& spec,
                                                   const std::string& fault) {
   return std::make_unique<OpStrategy>(spec, fault);
+}
+
+std::vector<Layout> ResolvedOp::reducedOutputs() const {
+  std::vector<Layout> out;
+  for (const auto& l : outputs) out.emplace_back(l.dimAxes(), std::vector<int>{});
+  return out;
+}
+
+ResolvedOp resolveOp(const OpStrategySpec& spec, const OpShape& shape,
+                     const std::vector<int64_t>& meshShape) {
+  Resolved r;
+  r.spec = spec;
+  r.shape = shape;
+  // The layouts for the case's shape: the generator's strategy of this name for it (names
+  // that do not spell every dimension, such as an embedding's "RR = R x S0R", stand for one
+  // strategy on ids of any rank).
+  r.operands = spec.operandLayouts;
+  r.outputs = spec.outputLayouts;
+  for (const auto& sp : opStrategySpecs(r.shape)) {
+    if (sp.name == spec.name) {
+      r.operands = sp.operandLayouts;
+      r.outputs = sp.outputLayouts;
+      break;
+    }
+  }
+  const DeviceMesh mesh(meshShape);
+  if (spec.outputFromShape) {  // view: map each input dimension's shards to the output
+    Layout out;
+    r.problem = viewLayout(r.shape.input, r.shape.outputs()[0], r.operands[0], mesh, out);
+    if (!r.problem.empty()) return r;
+    r.outputs = {out};
+  }
+  if (spec.variant == "fault_softmax") {
+    // Shard the softmax dimension over the strategy's first axis instead of its own dim.
+    const int sd = static_cast<int>(r.shape.reducedDims()[0]);
+    const int axis = usedAxes(r.operands[0])[0];
+    auto dims = r.operands[0].dimAxes();
+    for (auto& d : dims) d.erase(std::remove(d.begin(), d.end(), axis), d.end());
+    dims[sd].push_back(axis);
+    r.operands = {Layout(dims, {})};
+    r.outputs = {Layout(dims, {})};
+  }
+  for (size_t i = 0; i < r.operands.size(); ++i) {
+    r.gradPartial.push_back(r.shape.differentiable(spec.operands[i])
+                                ? gradPartialOf(spec, r.operands, r.outputs, i)
+                                : Axes{});
+  }
+  if (spec.variant == "hidden") r.statAxes = r.operands[0].axesOf(r.operands[0].ndim() - 1);
+  if (spec.variant == "sync") r.statAxes = r.operands[0].axesOf(0);
+  // Even shards, as ColossalAI requires; name the first dimension that does not divide.
+  const auto check = [&](const std::string& what, const Layout& l,
+                         const std::vector<int64_t>& shape) {
+    for (int d = 0; d < l.ndim() && r.problem.empty(); ++d) {
+      const int64_t parts = mesh.groupSize(l.axesOf(d));
+      if (parts > 1 && shape[d] % parts != 0) {
+        r.problem = what + " dimension " + std::to_string(d) + " (size " +
+                    std::to_string(shape[d]) + ") does not divide evenly over mesh axes " +
+                    Layout(std::vector<Axes>{l.axesOf(d)}, {}).compact() + " (" +
+                    std::to_string(parts) + " ranks)";
+      }
+    }
+  };
+  for (size_t i = 0; i < r.operands.size(); ++i) {
+    check(spec.operands[i], r.operands[i], r.shape.operandShape(spec.operands[i]));
+  }
+  const auto outs = r.shape.outputs();
+  const auto names = r.shape.outputNames();
+  for (size_t i = 0; i < r.outputs.size() && i < outs.size(); ++i) {
+    check(names[i], r.outputs[i], outs[i]);
+  }
+  return r;
+}
+
+std::string opNotApplicable(const OpStrategySpec& spec, const OpShape& s,
+                            const std::vector<int64_t>& mesh) {
+  // The generator's strategies for this shape: one of this name, or this is not one of them.
+  const auto mine = opStrategySpecs(s);
+  if (std::none_of(mine.begin(), mine.end(),
+                   [&](const OpStrategySpec& o) { return o.name == spec.name; })) {
+    return "not generated for this shape";
+  }
+  const int meshNdim = static_cast<int>(mesh.size());
+  if (std::find(spec.meshDims.begin(), spec.meshDims.end(), meshNdim) == spec.meshDims.end()) {
+    return "not generated for a " + std::to_string(meshNdim) + "-D mesh";
+  }
+  if (meshNdim == 2 && spec.degenerateAxis >= 0) {
+    const int other = 1 - spec.degenerateAxis;
+    if (mesh[other] != 1 || mesh[spec.degenerateAxis] == 1) {
+      return "for a 2-D mesh with one axis of extent 1";
+    }
+  }
+  if (meshNdim == 1 && spec.degenerateAxis > 0) return "for a 2-D mesh with one axis of extent 1";
+  if (spec.meshMustBeFull &&
+      std::any_of(mesh.begin(), mesh.end(), [](int64_t e) { return e == 1; })) {
+    return "for a 2-D mesh without axes of extent 1";
+  }
+  return "";
+}
+
+namespace {
+// The statistics one rank all-reduces: a layer norm's one per row, a batch norm's one per
+// channel.
+int64_t statNumel(const Resolved& r, const std::vector<int64_t>& mesh,
+                  const std::vector<int64_t>& coords) {
+  const Box in = r.operands[0].box(r.shape.input, mesh, coords);
+  if (r.shape.op == "layer_norm") return in.numel() / in.length.back();
+  return in.length[1];
+}
+}  // namespace
+
+std::vector<std::pair<std::vector<int>, CommStats>> opCommByGroup(
+    const ResolvedOp& r, const std::vector<int64_t>& meshShape, int rank, at::ScalarType dtype) {
+  const DeviceMesh mesh(meshShape);
+  const auto coords = mesh.coords(rank);
+  const int64_t es = c10::elementSize(dtype);
+  std::vector<std::pair<std::vector<int>, CommStats>> out;
+  const auto allReduce = [&](const Axes& axes, int64_t numel) {
+    CommStats st;
+    st.add(Collective::kAllReduce, mesh.groupSize(axes) > 1 ? numel * es : 0);
+    out.emplace_back(axes, st);
+  };
+  const auto outs = r.shape.outputs();
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    if (!r.outputs[i].partialAxes().empty()) {
+      allReduce(r.outputs[i].partialAxes(), r.outputs[i].box(outs[i], meshShape, coords).numel());
+    }
+  }
+  if (!r.statAxes.empty()) {
+    const int64_t stats = statNumel(r, meshShape, coords);
+    allReduce(r.statAxes, stats);      // forward: the sum
+    allReduce(r.statAxes, stats);      // forward: the centred sum of squares
+    allReduce(r.statAxes, 2 * stats);  // backward: both sums of the input gradient
+  }
+  for (size_t i = 0; i < r.gradPartial.size(); ++i) {
+    if (r.gradPartial[i].empty()) continue;
+    allReduce(
+        r.gradPartial[i],
+        r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), meshShape, coords).numel());
+  }
+  return out;
+}
+
+// Floating-point operations of this rank's products, forward and backward (three products
+// each of 2 x the local contraction): addmm, bmm, matmul and conv2d; none for the rest.
+double opFlops(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank) {
+  const auto coords = DeviceMesh(mesh).coords(rank);
+  const auto box = [&](size_t i) {
+    return r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), mesh, coords);
+  };
+  const std::string& op = r.shape.op;
+  if (op == "addmm" || op == "bmm" || op == "matmul") {
+    const Box a = box(0), b = box(1);
+    // input [.., M, K] x other [.., K, N] (matmul: [M, K] x [K] or [K] x [K])
+    const double n = op == "matmul" ? 1.0 : static_cast<double>(b.length.back());
+    return 6.0 * static_cast<double>(a.numel()) * n;
+  }
+  if (op == "conv2d") {
+    const Box out = r.outputs[0].box(r.shape.outputs()[0], mesh, coords);
+    const Box w = box(1);
+    return 6.0 * static_cast<double>(out.numel()) * static_cast<double>(w.numel() / w.length[0]);
+  }
+  return 0.0;
+}
+
+// The memory traffic of the element-wise and reduction kernels, priced by the profile's copy
+// fit: forward, the operands read and the outputs written; backward, the gradient seeds and
+// saved operands read and the gradients written. A kernel per operand and output each way.
+harness::LocalWork opLocalWork(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank,
+                               at::ScalarType dtype) {
+  const auto coords = DeviceMesh(mesh).coords(rank);
+  const int64_t es = c10::elementSize(dtype);
+  int64_t operands = 0, outputs = 0, grads = 0;
+  for (size_t i = 0; i < r.spec.operands.size(); ++i) {
+    const int64_t b =
+        r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), mesh, coords).numel() * es;
+    operands += b;
+    if (r.shape.differentiable(r.spec.operands[i])) grads += b;
+  }
+  const auto outs = r.shape.outputs();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    outputs += r.outputs[i].box(outs[i], mesh, coords).numel() * es;
+  }
+  harness::LocalWork w;
+  w.copies = 2 * static_cast<int64_t>(r.spec.operands.size() + outs.size());
+  w.bytes = 2 * operands + 2 * outputs + grads;
+  return w;
+}
+
+namespace {
+
+std::vector<at::Tensor> forwardLocal(const Resolved& r_, RankContext& ctx,
+                                     const std::vector<at::Tensor>& in, uint64_t seed0,
+                                     const std::string& fault) {
+  const OpShape& s = r_.shape;
+  const std::string& op = s.op;
+  const auto reduce = [&](const at::Tensor& y, size_t out = 0) {
+    const Axes& p = r_.outputs[out].partialAxes();
+    if (p.empty() || fault == "skip_output_all_reduce") return y;
+    return harness::allReduceFwdIdentityBwd(y, ctx.group(p));
+  };
+  // The statistics' group, or none when the planted fault skips their all-reduce.
+  Communicator* statComm =
+      r_.statAxes.empty() || fault == "skip_stats_all_reduce" ? nullptr : &ctx.group(r_.statAxes);
+  const auto coords = ctx.mesh().coords(ctx.rank());
+  const std::vector<int64_t> mesh = ctx.mesh().shape();
+  const auto operandBox = [&](size_t i) {
+    return r_.operands[i].box(s.operandShape(r_.spec.operands[i]), mesh, coords);
+  };
+  const at::Tensor& x = in[0];
+  if (op == "addmm") {
+    if (r_.outputs[0].partialAxes().empty()) return {at::addmm(in[2], x, in[1])};
+    return {reduce(at::mm(x, in[1])) + in[2]};  // the bias once, after the sum
+  }
+  if (op == "conv2d") {
+    // ATen's native im2col convolution (thnn_conv2d), not oneDNN's: its buffers are a function
+    // of the shapes alone, where oneDNN's blocked reorders pad channels to the CPU's vector
+    // width. The reference runs at::conv2d; the results agree to the dtype's tolerance.
+    const int64_t st = s.stride(), p = s.padding(), k = s.kernel();
+    if (r_.outputs[0].partialAxes().empty()) {
+      return {at::thnn_conv2d(x, in[1], {k, k}, in[2], {st, st}, {p, p})};
+    }
+    return {reduce(at::thnn_conv2d(x, in[1], {k, k}, {}, {st, st}, {p, p})) +
+            in[2].view({1, -1, 1, 1})};
+  }
+  if (op == "bmm") return {reduce(at::bmm(x, in[1]))};
+  if (op == "matmul") return {reduce(at::matmul(x, in[1]))};
+  if (op == "embedding") {
+    if (r_.spec.variant != "vocab") return {at::embedding(in[1], x)};
+    // This rank holds rows [v0, v0 + n) of the table: ids outside them look up row 0 and are
+    // zeroed, and the all-reduce adds the one rank's row that holds each id.
+    const Box table = operandBox(1);
+    const int64_t v0 = table.offset[0], n = table.length[0];
+    if (fault == "skip_vocab_mask") return {reduce(at::embedding(in[1], (x - v0).clamp(0, n - 1)))};
+    const at::Tensor foreign = at::logical_or(x < v0, x >= v0 + n);
+    const at::Tensor local = (x - v0).masked_fill_(foreign, 0);
+    return {reduce(at::embedding(in[1], local).masked_fill_(foreign.unsqueeze(-1), 0))};
+  }
+  if (op == "layer_norm") {
+    if (r_.spec.variant != "hidden") {
+      return {at::layer_norm(x, {x.size(-1)}, in[1], in[2], kEps)};
+    }
+    // Statistics over the whole hidden dimension; with the planted fault, over this rank's
+    // piece only.
+    const double h = static_cast<double>(statComm ? s.input.back() : x.size(-1));
+    return {SplitNorm::apply(x, in[1], in[2], statComm, std::vector<int64_t>{x.dim() - 1},
+                             std::vector<int64_t>{x.size(-1)}, h)};
+  }
+  if (op == "batch_norm") {
+    if (r_.spec.variant != "sync") {
+      return {at::batch_norm(x, in[1], in[2], {}, {}, true, 0.1, kEps, false)};
+    }
+    // Synchronised statistics over the whole batch (every dimension but the channels).
+    std::vector<int64_t> dims = {0}, view(x.dim(), 1);
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    view[1] = x.size(1);
+    const int64_t perSample = x.numel() / std::max<int64_t>(1, x.size(0) * x.size(1));
+    const double count = static_cast<double>((statComm ? s.input[0] : x.size(0)) * perSample);
+    return {SplitNorm::apply(x, in[1], in[2], statComm, dims, view, count)};
+  }
+  if (op == "dropout") {
+    const double p = s.attrDouble("p");
+    const uint64_t seed =
+        fault == "per_rank_dropout_seed" ? seed0 + 1 + static_cast<uint64_t>(ctx.rank()) : seed0;
+    const Box box = operandBox(0);
+    at::Tensor keep =
+        reference::dropoutKeepMask(s.input, box.offset, box.length, seed, p, x.scalar_type());
+    keep.mul_(1.0 / (1.0 - p));
+    return {x * keep};
+  }
+  if (op == "view") return {x.reshape(r_.outputs[0].box(s.outputs()[0], mesh, coords).length)};
+  if (op == "softmax") {
+    // The causal mask needs the rows' place in the whole tensor (the softmax dimension, the
+    // last, is never split).
+    const int64_t rows = x.dim() >= 2 ? operandBox(0).offset[x.dim() - 2] : 0;
+    return {reference::attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), rows)};
+  }
+  if (op == "sum") return {reduce(x.sum(s.reducedDims()))};
+  if (op == "split") {
+    auto parts = x.split(s.attrInt("split_size"), s.reducedDims()[0]);
+    return std::vector<at::Tensor>(parts.begin(), parts.end());
+  }
+  // The rest compute on their pieces exactly as on the whole tensor.
+  std::map<std::string, at::Tensor> t;
+  for (size_t i = 0; i < in.size(); ++i) t[r_.spec.operands[i]] = in[i];
+  return reference::opForward(s, t, seed0);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> runOp(const ResolvedOp& r, RankContext& ctx,
+                              const std::vector<at::Tensor>& local, uint64_t seed,
+                              const std::string& fault) {
+  std::vector<at::Tensor> in;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const Axes& g = r.gradPartial[i];
+    if (!g.empty() && local[i].requires_grad() && fault != "skip_grad_all_reduce") {
+      in.push_back(harness::identityFwdAllReduceBwd(local[i], ctx.group(g)));
+    } else {
+      in.push_back(local[i]);
+    }
+  }
+  return forwardLocal(r, ctx, in, seed, fault);
 }
 
 namespace {

@@ -51,6 +51,39 @@ struct OpStrategySpec {
 // Every strategy of `op` for operands of the ranks of `shape`, on 1-D and 2-D meshes.
 std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& shape);
 
+// A strategy resolved for one shape on one mesh: the generator's layouts for that shape and the
+// communication they imply (the rules of the file comment).
+struct ResolvedOp {
+  OpStrategySpec spec;
+  reference::OpShape shape;
+  std::vector<harness::Layout> operands;      // never partial
+  std::vector<harness::Layout> outputs;       // pending sums are all-reduced in the forward
+  std::vector<std::vector<int>> gradPartial;  // per operand: axes its gradient is partial over
+  std::vector<int> statAxes;  // layer norm (hidden), batch norm (sync): the statistics' group
+  std::string problem;        // non-empty: it cannot run, naming the dimension
+
+  // The outputs' layouts once the forward's all-reduces are done (pending sums replicated).
+  std::vector<harness::Layout> reducedOutputs() const;
+};
+ResolvedOp resolveOp(const OpStrategySpec& spec, const reference::OpShape& shape,
+                     const std::vector<int64_t>& mesh);
+// Why `spec` is not one of the generator's strategies for `shape` on `mesh`, or cannot run
+// there ("" when it can).
+std::string opNotApplicable(const OpStrategySpec& spec, const reference::OpShape& shape,
+                            const std::vector<int64_t>& mesh);
+// One rank's forward of `r` on its local operands, with autograd: the operands' gradient
+// all-reduces, the operator on the pieces and the forward's all-reduces. `seed` seeds dropout.
+std::vector<at::Tensor> runOp(const ResolvedOp& r, harness::RankContext& ctx,
+                              const std::vector<at::Tensor>& local, uint64_t seed,
+                              const std::string& fault = "");
+// What one rank of `r` communicates in a step, per group of mesh axes; its matmul flops
+// (forward and backward); its other kernels' memory traffic.
+std::vector<std::pair<std::vector<int>, harness::CommStats>> opCommByGroup(
+    const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank, at::ScalarType dtype);
+double opFlops(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank);
+harness::LocalWork opLocalWork(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank,
+                               at::ScalarType dtype);
+
 std::unique_ptr<harness::Strategy> makeOpStrategy(const OpStrategySpec& spec,
                                                   const std::string& fault = "");
 
