@@ -628,6 +628,10 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
     if (options.seed) c.seed = *options.seed;
     if (options.minTimeSec) c.minTimeSec = *options.minTimeSec;
     c.backend = options.backend;
+    // Strategies that price a plan they choose (auto-sharding) read the case's profile here.
+    if (const CostProfile* p = profileFor(options, c); p && !c.params.contains("cost_profile")) {
+      c.params["cost_profile"] = p->toJson();
+    }
     if (options.worldSize && c.meshSize() != *options.worldSize) {
       throw InputError(c.where() + ": case '" + c.name + "' has mesh " + c.meshString() + " (" +
                        std::to_string(c.meshSize()) + " ranks) but the world size is " +

@@ -13,12 +13,18 @@
 //   stratbench solve chunk --workload W --shape JSON --max-memory BYTES [--dtype D]
 //   stratbench solve redistribute --shape JSON --mesh RxC (--from L --to L | --compare-anchors)
 //                        [--profile FILE] [--objective time|bytes] [--dtype D]
+//   stratbench solve shard --workload W --shape JSON --mesh RxC [--profile FILE |
+//                        --intra-node-bandwidth B --inter-node-bandwidth B] [--max-memory BYTES]
+//                        [--algo ilp|megatron|data-parallel|replicated] [--time-limit S]
+//                        [--mip-rel-gap PCT] [--out plan.json] [--dtype D]
+//   stratbench graph --workload gpt2|bert|mlp --shape JSON [--json]
 //
 // Exit codes: 0 everything passed (run) or the gate passed (report), 1 a strategy failed or
 // errored (run), the gate failed (report --gate) or no schedule fits (solve), 2 bad input or
 // usage.
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <fstream>
 #include <iomanip>
@@ -35,14 +41,17 @@
 #include "harness/calibrate.h"
 #include "harness/case.h"
 #include "harness/launcher.h"
+#include "harness/records.h"
 #include "harness/redistribute.h"
 #include "harness/registry.h"
 #include "harness/runner.h"
 #include "harness/threads_backend.h"
+#include "reference/graph.h"
 #include "reference/transformer.h"
 #include "reports/report.h"
 #include "strategies/checkpointing/solvers.h"
 #include "strategies/chunking/estimator.h"
+#include "strategies/sharding/auto/model.h"
 
 namespace {
 
@@ -269,6 +278,113 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
                       {"plan_more_bytes_than_an_anchor", worse}};
   std::cout << j.dump(2) << "\n";
   return 0;
+}
+
+// `graph`: a graph workload's nodes (shapes, arguments, layers), as text or JSON.
+int graphMain(const std::string& workload, const std::string& shapeText, bool json) {
+  try {
+    const auto g = sb::reference::buildGraph(workload, nlohmann::json::parse(shapeText));
+    if (json) {
+      std::cout << g.toJson().dump(2) << "\n";
+      return 0;
+    }
+    std::cout << g.workload << ": " << g.nodes.size() << " nodes, " << g.parameters.size()
+              << " parameters, output " << g.output << "\n";
+    for (const auto& n : g.nodes) {
+      std::cout << "  " << std::left << std::setw(24) << n.name << " " << n.shape.toString()
+                << " <- ";
+      for (size_t i = 0; i < n.args.size(); ++i) std::cout << (i ? ", " : "") << n.args[i];
+      std::cout << "\n";
+    }
+    return 0;
+  } catch (const nlohmann::json::exception& e) {
+    std::cerr << "stratbench graph: --shape is not valid JSON: " << e.what() << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "stratbench graph: --shape: " << e.what() << "\n";
+  }
+  return kExitBadInput;
+}
+
+// `solve shard`: a sharding plan of a whole model as JSON (stdout or --out); exit 1 when no
+// plan fits the memory limit (saying the least any plan needs), 2 for malformed input.
+struct ShardArgs {
+  std::string workload = "gpt2", shape = "{}", mesh, profile, algo = "ilp", out, dtype = "float32";
+  double intra = 0, inter = 0, maxMemory = 0, timeLimit = 60, gapPct = 0;
+};
+int solveShard(const ShardArgs& a) {
+  namespace h = sb::harness;
+  namespace as = sb::strategies::autoshard;
+  const std::string who = "stratbench solve shard: ";
+  nlohmann::json shape;
+  std::vector<int64_t> mesh;
+  at::ScalarType dtype = at::kFloat;
+  try {
+    shape = nlohmann::json::parse(a.shape);
+  } catch (const std::exception& e) {
+    std::cerr << who << "--shape is not valid JSON: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  try {
+    mesh = h::DeviceMesh::parseShape(a.mesh);
+    if (mesh.size() > 2) throw std::invalid_argument("plans are for 1-D and 2-D meshes");
+  } catch (const std::exception& e) {
+    std::cerr << who << "--mesh '" << a.mesh << "': " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  try {
+    dtype = h::parseDtype(a.dtype);
+  } catch (const std::exception& e) {
+    std::cerr << who << "--dtype '" << a.dtype << "' is not a dtype\n";
+    return kExitBadInput;
+  }
+  nlohmann::json params = nlohmann::json::object();
+  if (a.intra > 0) params["intra_node_bandwidth"] = a.intra;
+  if (a.inter > 0) params["inter_node_bandwidth"] = a.inter;
+  h::CostProfile profile;
+  try {
+    if (!a.profile.empty()) params["cost_profile"] = h::CostProfile::load(a.profile).toJson();
+  } catch (const std::exception& e) {
+    std::cerr << who << "--profile " << a.profile << ": " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    const as::CostOptions opts = as::costOptionsFrom(params, &profile, dtype);
+    const as::ShardingModel model(sb::reference::buildGraph(a.workload, shape), mesh, opts);
+    as::SolveOptions o;
+    o.algo = a.algo;
+    o.memoryLimit = a.maxMemory;
+    o.timeLimitSeconds = a.timeLimit;
+    o.relativeGap = a.gapPct / 100.0;
+    as::ShardingPlan plan = as::solvePlan(model, o);
+    plan.shape = shape;
+    plan.solver.totalSeconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string text = plan.toJson(model).dump(2) + "\n";
+    if (a.out.empty()) {
+      std::cout << text;
+    } else {
+      sb::harness::writeFileAtomic(a.out, text);
+      std::cerr << "stratbench solve shard: " << a.algo << " plan of " << a.workload << " on "
+                << a.mesh << " (" << plan.solver.status << ", " << plan.solver.seconds
+                << " s in CBC, " << plan.solver.totalSeconds << " s in all): predicted step "
+                << plan.predictedStepUs << " us, peak " << plan.predictedPeakBytes
+                << " bytes per rank -> " << a.out << "\n";
+    }
+    return 0;
+  } catch (const as::NoPlanError& e) {
+    std::cerr << who << e.what() << "\n";
+    return 1;
+  } catch (const h::InputError& e) {
+    std::cerr << who << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << who << "--shape: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const c10::Error& e) {
+    std::cerr << who << e.what_without_backtrace() << "\n";
+    return kExitBadInput;
+  }
 }
 
 // `solve checkpoint`: prints the schedule as JSON; exit 1 when no schedule fits, 2 when the
@@ -575,7 +691,8 @@ int main(int argc, char** argv) {
   report->add_flag("--no-plots", noPlots, "Skip the matplotlib plots");
 
   auto* solveCmd = app.add_subcommand(
-      "solve", "Plan a strategy: a checkpoint schedule, a chunk plan, a redistribution");
+      "solve",
+      "Plan a strategy: a checkpoint schedule, a chunk plan, a redistribution, a model's sharding");
   solveCmd->require_subcommand(1);
   auto* ckpt = solveCmd->add_subcommand(
       "checkpoint", "A checkpoint schedule for a chain (JSON, rotor's notation) under a budget");
@@ -627,6 +744,41 @@ int main(int argc, char** argv) {
   redistCmd->add_flag("--compare-anchors", redistCompare,
                       "Compare with ColossalAI's and DTensor's paths over every pair of layouts");
 
+  auto* shardCmd = solveCmd->add_subcommand(
+      "shard", "A sharding plan of a whole model on a device mesh (auto-sharding)");
+  ShardArgs shard;
+  shardCmd->add_option("--workload", shard.workload, "gpt2, bert or mlp")->capture_default_str();
+  shardCmd->add_option("--shape", shard.shape, "JSON, e.g. '{\"layers\": 12}'")
+      ->capture_default_str();
+  shardCmd->add_option("--mesh", shard.mesh, "Mesh extents, e.g. 2x4 (axis 0 across nodes)")
+      ->required();
+  shardCmd->add_option("--profile", shard.profile, "Cost profile from `stratbench calibrate`");
+  shardCmd->add_option("--intra-node-bandwidth", shard.intra, "GB/s of mesh axes in a node")
+      ->check(CLI::PositiveNumber);
+  shardCmd->add_option("--inter-node-bandwidth", shard.inter, "GB/s of groups across mesh axis 0")
+      ->check(CLI::PositiveNumber);
+  shardCmd->add_option("--max-memory", shard.maxMemory, "Bytes per rank (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  shardCmd->add_option("--algo", shard.algo, "ilp, megatron, data-parallel or replicated")
+      ->capture_default_str()
+      ->check(CLI::IsMember(sb::strategies::autoshard::planAlgos()));
+  shardCmd->add_option("--time-limit", shard.timeLimit, "Seconds for CBC")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  shardCmd->add_option("--mip-rel-gap", shard.gapPct, "Relative gap to stop at, in %")
+      ->check(CLI::NonNegativeNumber);
+  shardCmd->add_option("--out", shard.out, "Write the plan here (default: stdout)");
+  shardCmd->add_option("--dtype", shard.dtype, "float32, float64, bfloat16, float16")
+      ->capture_default_str();
+
+  auto* graphCmd = app.add_subcommand("graph", "Print a graph workload (gpt2, bert, mlp)");
+  std::string graphWorkload = "gpt2", graphShape = "{}";
+  bool graphJson = false;
+  graphCmd->add_option("--workload", graphWorkload, "gpt2, bert or mlp")->capture_default_str();
+  graphCmd->add_option("--shape", graphShape, "JSON, e.g. '{\"layers\": 2}'")
+      ->capture_default_str();
+  graphCmd->add_flag("--json", graphJson, "As JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -637,6 +789,8 @@ int main(int argc, char** argv) {
   if (*list) return listStrategies(family, listFilter, json);
   if (*ckpt) return solveCheckpoint(chainPath, budget, solver, slots);
   if (*chunkCmd) return solveChunk(chunkWorkload, chunkShape, maxMemory, chunkDtype);
+  if (*shardCmd) return solveShard(shard);
+  if (*graphCmd) return graphMain(graphWorkload, graphShape, graphJson);
   if (*redistCmd) {
     return solveRedistribute(redistShape, redistMesh, redistFrom, redistTo, redistProfile,
                              redistObjective, redistDtype, redistCompare);

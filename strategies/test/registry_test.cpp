@@ -54,14 +54,20 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // 4 ShardedTensor strategies; one checkpointing strategy per solver; four chunked regions
   // and the searched chunk plan; the pair update chunked over rows and over columns; 14
   // ShardedTensor reshards and reshuffles (2 x 2 dimension pairs x 4 placement pairs, less the
-  // 2 that move nothing); Megatron's tensor- and tensor + sequence-parallel blocks.
-  EXPECT_EQ(all.size(), 60u);
+  // 2 that move nothing); Megatron's tensor- and tensor + sequence-parallel blocks; the
+  // whole-model plans of the four auto-sharding algorithms and the plan read from a file.
+  EXPECT_EQ(all.size(), 65u);
   ASSERT_EQ(StrategyRegistry::global().generators().size(), 2u);
   std::set<std::string> patterns;
   for (const auto& g : StrategyRegistry::global().generators()) patterns.insert(g.idPattern);
   EXPECT_EQ(patterns, (std::set<std::string>{"sharding/redistribute/<from>-><to>",
                                              "sharding/op/<op>/<strategy>"}));
   for (const char* id : {"chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq"}) {
+    EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
+  }
+  for (const char* id :
+       {"sharding/auto/ilp", "sharding/auto/megatron", "sharding/auto/data-parallel",
+        "sharding/auto/replicated", "sharding/plan"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }
   for (const char* id : {"checkpointing/none", "checkpointing/full", "checkpointing/sqrt",

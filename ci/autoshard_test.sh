@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# End-to-end checks of auto-sharding: suites/autoshard.yaml on threads (every plan of every
+# algorithm passes against the plain model, communication counted == predicted), a memory limit
+# that data parallel cannot meet while the ILP's plan fits it (and its measured peak does), a
+# gloo sample with 4 processes, a planted fault (an edge that skips its redistribution fails),
+# and malformed input (exit 2 naming the file and key; exit 1 when no plan fits).
+# Usage: ci/autoshard_test.sh BUILD_DIR SOURCE_DIR
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+
+# 1. The suite on threads.
+check "autoshard suite on threads" 0 "total +[0-9]+ +0 +0 +[0-9]+" -- \
+  "$sb" run "$src/suites/autoshard.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
+check "threads: every row passes, comm exact, memory within 20%" 0 "worst memory error" -- \
+  verify_rows "$tmp/threads/results.csv" 0.20
+check "the memory-limited case: data parallel and Megatron unsupported, the ILP fits and passes" 0 "fits" -- \
+  python3 - "$tmp/threads/results.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["case"].endswith("max-memory")]
+by = {r["strategy_id"]: r for r in rows}
+dp, ilp = by["sharding/auto/data-parallel"], by["sharding/auto/ilp"]
+for r in (dp, by["sharding/auto/megatron"]):
+    assert r["status"] == "unsupported" and "no plan fits" in r["message"], r["message"]
+assert ilp["status"] == "pass", ilp["message"]
+limit = 150000
+assert float(ilp["predicted_mem_bytes"]) <= limit, ilp["predicted_mem_bytes"]
+assert float(ilp["peak_mem_bytes"]) <= limit, ilp["peak_mem_bytes"]
+print("ilp fits", ilp["peak_mem_bytes"], "<=", limit, "; data parallel:", dp["message"][:80])
+PY
+
+# 2. A gloo sample, 4 processes: the first case of the suite, every algorithm.
+python3 - "$src/suites/autoshard.yaml" "$tmp/sample.yaml" <<'PY'
+import sys
+lines, out, cases = open(sys.argv[1]).read().split("\n"), [], 0
+for line in lines:
+    if line.startswith("  - name:"):
+        cases += 1
+    if cases <= 1:
+        out.append(line)
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+PY
+if "$sb" run --help | grep -q gloo; then
+  check "launch -n 4 gloo autoshard sample" 0 "4 ranks on gloo" -- \
+    "$sb" launch -n 4 -- run "$tmp/sample.yaml" --backend gloo --out "$tmp/gloo" \
+    --repetitions 1 --min-time 0.0001
+  check "gloo: every row passes, comm exact" 0 "rows" -- verify_rows "$tmp/gloo/results.csv" 0.20
+else
+  echo "SKIP: this build has no gloo backend"
+fi
+
+# 3. A planted fault: the first edge that needs a redistribution skips it.
+check "planted: an edge without its redistribution fails" 1 "fail: " -- \
+  "$sb" run "$tmp/sample.yaml" --out "$tmp/fault" --repetitions 1 \
+  --filter '^sharding/auto/megatron$' --plant-fault 'sharding/auto/megatron=skip_edge_redistribution'
+
+# 4. Plans from files, and malformed input.
+"$sb" solve shard --workload gpt2 --shape '{"layers": 2}' --mesh 2x2 --out "$tmp/plan.json" \
+  >/dev/null 2>&1
+cat >"$tmp/plan.yaml" <<YAML
+suite: plan-file
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: stored-plan
+    workload: gpt2
+    shape: {layers: 2}
+    mesh: 2x2
+    strategies: [sharding/plan]
+    params: {plan: $tmp/plan.json}
+YAML
+check "a stored plan runs and passes" 0 "total +1 +0 +0 +0" -- \
+  "$sb" run "$tmp/plan.yaml" --out "$tmp/planrun"
+python3 - "$tmp/plan.json" "$tmp/bad.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["nodes"][5]["strategy"] = "no such strategy"
+json.dump(j, open(sys.argv[2], "w"))
+PY
+sed "s|$tmp/plan.json|$tmp/bad.json|" "$tmp/plan.yaml" >"$tmp/bad.yaml"
+check "a plan naming a strategy its node lacks: exit 2 naming the file and key" 2 \
+  "bad.json: key 'nodes\[5\].strategy'" -- "$sb" run "$tmp/bad.yaml" --out "$tmp/badrun"
+check "solve shard: malformed shape names the key" 2 "'heads'" -- \
+  "$sb" solve shard --workload gpt2 --shape '{"heads": 0}' --mesh 2x2
+check "solve shard: malformed profile names the file" 2 "nope.json" -- \
+  "$sb" solve shard --workload gpt2 --mesh 2x2 --profile "$tmp/nope.json"
+check "solve shard: no plan fits: exit 1 with the least it needs" 1 "the least any plan" -- \
+  "$sb" solve shard --workload gpt2 --shape '{"layers": 2}' --mesh 2x2 --max-memory 1000
+check "graph --json" 0 '"node_count": 33' -- \
+  "$sb" graph --workload gpt2 --shape '{"layers": 1}' --json
+
+finish

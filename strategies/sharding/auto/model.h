@@ -1,0 +1,194 @@
+#pragma once
+
+// Auto-sharding a whole model: the cost model of a graph's sharding plans, the plans
+// themselves, and the algorithms that choose one (Alpa's integer program, the hand-written
+// Megatron plan, data parallel, replicated).
+//
+// A plan gives every node of a reference::Graph one of its operator's strategies
+// (op_strategies.h): the layout each operand is read in and each output is written in. Where a
+// node reads a value in another layout than its producer wrote it, the edge redistributes it
+// (harness/redistribute.h's planner) in the forward, and the gradient back in the backward.
+// Parameters live in the layout of their first reader; a later reader (the LM head reading the
+// tied token embedding) redistributes them like any other edge.
+//
+// Costs, per rank, in microseconds, from a calibration profile (`stratbench calibrate`) or
+// from bandwidths given as MASE takes them:
+//   node      compute (the profile's matmul fit on the node's flops: three products each way),
+//             its collectives (each priced on its axis group), its element-wise traffic (the
+//             copy fit);
+//   edge      the forward redistribution and the backward one, steps priced the same way;
+//   step      the sum, plus the fixed cost of one SPMD step.
+// Without a profile: a collective of S bytes over n ranks on axes T takes latency + S x
+// busFactor(n) / bandwidth(T), bandwidth(T) the inter-node bandwidth where T includes mesh
+// axis 0 and the intra-node one otherwise (Alpa's and MASE's mesh: axis 0 across nodes); a
+// matmul runs at `gflops`; copies at `copy_gbps`.
+//
+// Memory, per rank: the tensors live at each point of the step (Alpa's liveness), walked over
+// the graph in execution order: at the start the parameters, the inputs' slices and the
+// gradient seed; in the forward each node's outputs until their last reader, and what each
+// node saves for its backward (addmm's and bmm's operands, layer norm's input and statistics,
+// softmax's output, GELU's input, dropout's mask) until its backward; in the backward the
+// activations' gradients from their first to their last use and the parameters' gradients from
+// their first. Views (split, permute, a view of a contiguous tensor) share their input's
+// storage; a view of a permuted tensor copies. The integer program puts one memory row per
+// program point of the first and last block and of the nodes outside the blocks: with repeated
+// blocks sharing their choices, a point's live bytes are affine in the block's index, so those
+// rows bound every other. Kernel temporaries (a softmax's scratch, a matmul's packed copies)
+// are not modelled: the record compares the prediction with the tracker's peak.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/cost_profile.h"
+#include "harness/placement.h"
+#include "harness/redistribute.h"
+#include "reference/graph.h"
+#include "strategies/sharding/auto/ilp.h"
+#include "strategies/sharding/op_strategies.h"
+
+namespace sb::strategies::autoshard {
+
+struct CostOptions {
+  const harness::CostProfile* profile = nullptr;  // priced by it where given
+  double intraGBps = 10.0;  // bandwidth of mesh axes inside a node (all but axis 0)
+  double interGBps = 10.0;  // bandwidth of groups that include mesh axis 0
+  double latencyUs = 10.0;  // per collective
+  double gflops = 20.0;     // matmul rate without a profile
+  double copyGBps = 10.0;   // element-wise traffic without a profile
+  at::ScalarType dtype = at::kFloat;
+};
+
+// One node's strategy, resolved on the graph's shapes and priced.
+struct Candidate {
+  ResolvedOp op;
+  std::vector<harness::Layout> outputs;  // after the forward's all-reduces
+  double computeUs = 0, commUs = 0, localUs = 0;
+  double us() const { return computeUs + commUs + localUs; }
+};
+
+struct PlanNode {
+  std::string node;
+  int candidate = -1;  // index into ShardingModel::candidates(node)
+};
+
+struct SolverInfo {
+  std::string algo;    // ilp, megatron, data-parallel, replicated, file
+  std::string status;  // the ILP's: optimal, feasible, ...; "hand-written" for the others
+  double objectiveUs = 0, bound = 0, gap = 0;
+  double seconds = 0;         // CBC's solve
+  double programSeconds = 0;  // building the program (classes, costs, edges, memory rows)
+  double totalSeconds = 0;    // the model (candidates, prices) and all of the above
+  int variables = 0, constraints = 0, classes = 0;
+  double memoryLimit = 0;
+};
+
+class ShardingModel {
+ public:
+  ShardingModel(reference::Graph graph, std::vector<int64_t> mesh, CostOptions options);
+
+  const reference::Graph& graph() const { return graph_; }
+  const std::vector<int64_t>& mesh() const { return mesh_; }
+  const CostOptions& options() const { return options_; }
+  const std::vector<Candidate>& candidates(int node) const { return candidates_.at(node); }
+  // The candidate of `node` named `strategy`, or -1.
+  int findCandidate(int node, const std::string& strategy) const;
+  // A candidate whose operands and outputs are all replicated (added where the generator has
+  // none, as for bmm).
+  int replicatedCandidate(int node) const;
+
+  // Microseconds of moving a tensor of `shape` from `from` to `to` and its gradient back, by
+  // the redistribution planner's cheapest paths (priced by the profile's fits, or by the
+  // slower of the two bandwidths); infinite where no path exists.
+  double edgeUs(const std::vector<int64_t>& shape, const harness::Layout& from,
+                const harness::Layout& to) const;
+  // The layout in which `value` exists under `choice` (its producer's output, or a
+  // parameter's first reader's operand layout); nullopt for the graph's inputs.
+  std::optional<harness::Layout> valueLayout(const std::string& value,
+                                             const std::vector<int>& choice) const;
+
+  // Predicted step of a plan (one candidate per node).
+  double stepUs(const std::vector<int>& choice) const;
+  int64_t peakBytes(const std::vector<int>& choice) const;
+  double stepOverheadUs() const;
+
+  // The integer program over node classes (repeated blocks share one choice per role;
+  // following nodes ride on their producer's choice), and the plan a selection means.
+  struct Program {
+    SelectionProblem problem;
+    std::vector<int> classOf;                    // per node
+    std::vector<std::vector<int>> memberChoice;  // per node: class choice -> candidate
+  };
+  Program program(double memoryLimit) const;
+  std::vector<int> planOf(const Program& p, const std::vector<int>& selection) const;
+  // The redistribution planner's cost model with these options (edges are planned with it).
+  harness::RedistCostModel redistModel() const;
+
+ private:
+  int64_t bytes(const std::vector<int64_t>& shape, const harness::Layout& l) const;
+  double commUs(const std::vector<int>& axes, const harness::CommStats& stats) const;
+  double copyUs(const harness::LocalWork& w) const;
+
+  reference::Graph graph_;
+  std::vector<int64_t> mesh_;
+  CostOptions options_;
+  std::vector<std::vector<Candidate>> candidates_;
+  std::map<std::string, int> firstReader_;  // parameter -> node index
+  const std::map<harness::Layout, double>& distancesFrom(const std::vector<int64_t>& shape,
+                                                         const harness::Layout& from) const;
+  mutable std::map<std::string, std::map<harness::Layout, double>> distances_;
+};
+
+// A plan as data: per node the strategy and the layouts of its arguments and results (the
+// shape of MASE's exported solution), with the predictions and the solver's record.
+struct ShardingPlan {
+  std::string workload;
+  nlohmann::json shape;
+  std::vector<int64_t> mesh;
+  std::vector<int> choice;  // per node, a candidate index
+  SolverInfo solver;
+  double predictedStepUs = 0;
+  int64_t predictedPeakBytes = 0;
+
+  nlohmann::json toJson(const ShardingModel& m) const;
+  // Reads a plan written by toJson for the model's graph and mesh; throws harness::InputError
+  // naming `file` and the key (a node missing, a strategy the node does not have, layouts that
+  // are not the strategy's).
+  static ShardingPlan fromJson(const nlohmann::json& j, const ShardingModel& m,
+                               const std::string& file);
+};
+
+struct SolveOptions {
+  std::string algo = "ilp";  // ilp, megatron, data-parallel, replicated
+  double memoryLimit = 0;    // bytes per rank, <= 0: none
+  double timeLimitSeconds = 60;
+  double relativeGap = 0;  // fraction
+};
+
+// The plan of `algo`. Throws NoPlanError when no plan fits the memory limit (with the least
+// the model needs) or the hand-written plan does not apply to the shape.
+class NoPlanError : public std::runtime_error {
+ public:
+  NoPlanError(const std::string& what, double minimumBytes)
+      : std::runtime_error(what), minimumBytes_(minimumBytes) {}
+  double minimumBytes() const { return minimumBytes_; }
+
+ private:
+  double minimumBytes_;
+};
+ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o);
+const std::vector<std::string>& planAlgos();
+
+// Cost options from a case's or the command line's parameters: cost_profile (a profile's
+// JSON), intra_node_bandwidth / inter_node_bandwidth (GB/s).
+CostOptions costOptionsFrom(const nlohmann::json& params, harness::CostProfile* storage,
+                            at::ScalarType dtype);
+
+}  // namespace sb::strategies::autoshard

@@ -1,0 +1,403 @@
+// Running a sharding plan of a whole model (model.h): `sharding/auto/<algo>` solves the plan
+// for the case (ilp, megatron, data-parallel, replicated) and `sharding/plan` reads one from a
+// file (params.plan); both run it with the same executor.
+//
+// The executor walks the graph in order on every rank (SPMD). Each node takes its operands in
+// the layouts its strategy reads and runs the operator's strategy (op_strategies.h's runOp:
+// its local compute and its collectives). Where a value was written in another layout, the
+// edge redistributes it with the planner's steps (harness/redistribute.h) in an autograd
+// function whose backward moves the gradient back with the planner's steps the other way:
+// gradients are kept whole in their tensor's layout (a replicated tensor's gradient is
+// replicated, as the operator strategies keep theirs). Parameters are sliced once, in their
+// first reader's layout. Values are dropped after their last reader, so that only what autograd
+// saved stays alive, which the memory model (model.h) counts.
+//
+// The record compares the output and every parameter's gradient with the plain LibTorch model
+// (reference/graph.h), the communication counted with the sum of the nodes' and the edges'
+// predictions, and the step time and peak memory with the plan's predictions.
+//
+// Planted fault `skip_edge_redistribution`: the first edge that needs a redistribution does
+// none; its consumer gets the producer's piece cut or zero-padded to the shape it expects.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <fstream>
+#include <mutex>
+
+#include "harness/redistribute_exec.h"
+#include "harness/registry.h"
+#include "harness/suite.h"
+#include "strategies/sharding/auto/model.h"
+#include "strategies/sharding/sharding_util.h"
+
+namespace sb::strategies::autoshard {
+namespace {
+
+using harness::Applicability;
+using harness::Box;
+using harness::CaseSpec;
+using harness::CommStats;
+using harness::Layout;
+using harness::RankContext;
+
+constexpr const char* kFault = "skip_edge_redistribution";
+
+// A case's model and plan.
+struct Solved {
+  std::unique_ptr<harness::CostProfile> profile = std::make_unique<harness::CostProfile>();
+  std::unique_ptr<ShardingModel> model;
+  ShardingPlan plan;
+  nlohmann::json json;
+  // Per node, per operand: the redistribution into the layout it reads (none: same layout, a
+  // graph input, or a parameter's first reader).
+  struct Edge {
+    int node = 0;
+    size_t operand = 0;
+    harness::RedistGeometry geometry;
+    harness::RedistPlan forward, backward;
+  };
+  std::vector<Edge> edges;
+  std::string problem;  // non-empty: no plan (unsupported)
+};
+
+std::string cacheKey(const std::string& id, const CaseSpec& c) {
+  return id + "|" + c.workload + "|" + c.shape.dump() + "|" + c.meshString() + "|" +
+         harness::dtypeName(c.dtype) + "|" + c.params.dump();
+}
+
+double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
+  if (!c.params.contains(key)) return fallback;
+  const auto& v = c.params.at(key);
+  if (!v.is_number() || v.get<double>() < 0) {
+    throw harness::InputError(c.where() + ": params." + key + ": expected a number >= 0, got " +
+                              v.dump());
+  }
+  return v.get<double>();
+}
+
+// Gradient moves back along the planner's steps the other way (see the file comment).
+struct EdgeRedistribute : torch::autograd::Function<EdgeRedistribute> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const harness::RedistRunner* fwd, const harness::RedistRunner* bwd) {
+    ctx->saved_data["bwd"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(bwd));
+    return fwd->run(x, false);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto* bwd = reinterpret_cast<const harness::RedistRunner*>(
+        static_cast<intptr_t>(ctx->saved_data["bwd"].toInt()));
+    return {bwd->run(grads[0].contiguous(), false), at::Tensor(), at::Tensor()};
+  }
+};
+
+class PlanStrategy;
+
+class PlanExecutor final : public harness::RankExecutor {
+ public:
+  PlanExecutor(const PlanStrategy& s, const CaseSpec& c, std::shared_ptr<const Solved> solved,
+               bool fault)
+      : strategy_(s), case_(c), solved_(std::move(solved)), fault_(fault) {}
+  void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
+  void step(RankContext& ctx) override;
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::optional<int64_t> predictedPeakBytes() const override {
+    return solved_->plan.predictedPeakBytes;
+  }
+  std::optional<double> predictedTimeUs() const override { return solved_->plan.predictedStepUs; }
+  std::vector<std::pair<std::string, std::string>> recordParams() const override {
+    const auto& s = solved_->plan.solver;
+    return {{"algo", s.algo}, {"solver_status", s.status}};
+  }
+  nlohmann::json details() const override { return solved_->json; }
+
+ private:
+  const PlanStrategy& strategy_;
+  const CaseSpec& case_;
+  std::shared_ptr<const Solved> solved_;
+  bool fault_;
+  std::map<std::string, at::Tensor> leaves_;
+  std::map<std::pair<int, size_t>, at::Tensor> data_;  // graph inputs, per reader
+  at::Tensor seed_;
+  std::vector<std::unique_ptr<harness::RedistRunner>> runners_;
+  std::map<std::string, at::Tensor> results_;
+};
+
+class PlanStrategy final : public harness::Strategy {
+ public:
+  // `algo` empty: the plan comes from params.plan.
+  explicit PlanStrategy(std::string algo, std::string fault = "")
+      : Strategy(algo.empty() ? "sharding/plan" : "sharding/auto/" + algo,
+                 algo.empty() ? "plan from params.plan" : "auto-sharding: " + algo,
+                 harness::Family::kSharding),
+        algo_(std::move(algo)),
+        fault_(std::move(fault)) {}
+
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"algo", algo_.empty() ? "file" : algo_}};
+  }
+  nlohmann::json describe() const override {
+    return {{"algo", algo_.empty() ? "file" : algo_},
+            {"workloads", reference::graphWorkloads()},
+            {"params",
+             {"max_memory", "time_limit", "mip_rel_gap", "intra_node_bandwidth",
+              "inter_node_bandwidth", "plan (sharding/plan)"}}};
+  }
+
+  std::shared_ptr<const Solved> solved(const CaseSpec& c) const {
+    const std::string key = cacheKey(id(), c);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    auto s = std::make_shared<Solved>();
+    const CostOptions opts = costOptionsFrom(c.params, s->profile.get(), c.dtype);
+    s->model =
+        std::make_unique<ShardingModel>(reference::buildGraph(c.workload, c.shape), c.mesh, opts);
+    try {
+      if (algo_.empty()) {
+        if (!c.params.contains("plan") || !c.params.at("plan").is_string()) {
+          throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file");
+        }
+        const std::string path = c.params.at("plan").get<std::string>();
+        std::ifstream in(path);
+        if (!in) throw harness::InputError(c.where() + ": params.plan: cannot read " + path);
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(in);
+        } catch (const nlohmann::json::exception& e) {
+          throw harness::InputError(path + ": not valid JSON: " + e.what());
+        }
+        s->plan = ShardingPlan::fromJson(j, *s->model, path);
+      } else {
+        SolveOptions o;
+        o.algo = algo_;
+        o.memoryLimit = numberParam(c, "max_memory", 0);
+        o.timeLimitSeconds = numberParam(c, "time_limit", 60);
+        o.relativeGap = numberParam(c, "mip_rel_gap", 0) / 100.0;
+        s->plan = solvePlan(*s->model, o);
+      }
+      s->plan.shape = c.shape;
+      s->json = s->plan.toJson(*s->model);
+      // The edges that redistribute.
+      const auto& g = s->model->graph();
+      for (size_t v = 0; v < g.nodes.size(); ++v) {
+        const auto& n = g.nodes[v];
+        const Candidate& cand = s->model->candidates(v)[s->plan.choice[v]];
+        for (size_t i = 0; i < n.args.size(); ++i) {
+          const auto from = s->model->valueLayout(n.args[i], s->plan.choice);
+          if (!from || *from == cand.op.operands[i]) continue;
+          Solved::Edge e;
+          e.node = static_cast<int>(v);
+          e.operand = i;
+          e.geometry = {g.valueShape(n.args[i]), c.mesh,
+                        static_cast<int64_t>(c10::elementSize(c.dtype))};
+          // The cheapest paths by the model's own pricing: what the plan's prediction counted.
+          const harness::RedistCostModel cm = s->model->redistModel();
+          e.forward = harness::planRedistribution(e.geometry, *from, cand.op.operands[i], cm,
+                                                  harness::PlanObjective::kTime);
+          e.backward = harness::planRedistribution(e.geometry, cand.op.operands[i], *from, cm,
+                                                   harness::PlanObjective::kTime);
+          s->edges.push_back(std::move(e));
+        }
+      }
+    } catch (const NoPlanError& e) {
+      s->problem = e.what();
+    }
+    cache_[key] = s;
+    return s;
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (!reference::findGraphWorkload(c.workload)) {
+      return Applicability::notApplicable("not a graph workload (gpt2, bert, mlp)");
+    }
+    if (c.mesh.empty() || c.mesh.size() > 2) {
+      return Applicability::notApplicable("plans are for 1-D and 2-D meshes");
+    }
+    const auto s = solved(c);
+    if (!s->problem.empty()) return Applicability::unsupported(s->problem);
+    return Applicability::yes();
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
+    return std::make_unique<PlanExecutor>(*this, c, solved(c), fault_ == kFault);
+  }
+
+  // Where a parameter lives: its first reader's operand.
+  static Layout parameterLayout(const Solved& s, const std::string& name) {
+    return *s.model->valueLayout(name, s.plan.choice);
+  }
+
+  Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
+    const auto s = solved(c);
+    const auto& g = s->model->graph();
+    const auto coords = harness::DeviceMesh(c.mesh).coords(rank);
+    if (tensor == "output") {
+      return s->model->valueLayout(g.output, s->plan.choice)
+          ->box(g.valueShape(g.output), c.mesh, coords);
+    }
+    const std::string name = tensor.substr(5);  // grad/<parameter>
+    return parameterLayout(*s, name).box(g.valueShape(name), c.mesh, coords);
+  }
+
+  std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,
+                                                                         int rank) const override {
+    const auto s = solved(c);
+    std::vector<std::pair<std::vector<int>, CommStats>> out;
+    const auto& g = s->model->graph();
+    for (size_t v = 0; v < g.nodes.size(); ++v) {
+      const Candidate& cand = s->model->candidates(v)[s->plan.choice[v]];
+      for (auto& p : opCommByGroup(cand.op, c.mesh, rank, c.dtype)) out.push_back(p);
+    }
+    for (const auto& e : s->edges) {
+      for (auto& p : e.forward.commByGroup(e.geometry, rank, false)) out.push_back(p);
+      for (auto& p : e.backward.commByGroup(e.geometry, rank, false)) out.push_back(p);
+    }
+    return out;
+  }
+  CommStats predictComm(const CaseSpec& c, int rank) const override {
+    return totalComm(predictCommByGroup(c, rank));
+  }
+
+  harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
+                               const at::Tensor& expected) const override {
+    // The plan sums partial products over ranks and runs bmm where the reference runs a
+    // batched matmul: bounded as a split reduction over every rank of the longest sum.
+    const harness::Tolerance base = Strategy::tolerance(tensor, c, expected);
+    const auto s = solved(c);
+    int64_t length = 1;
+    for (const auto& n : s->model->graph().nodes) {
+      for (const auto& o : n.shape.outputs()) {
+        int64_t numel = 1;
+        for (int64_t d : o) numel *= d;
+        length = std::max(length, numel);
+      }
+    }
+    return harness::splitReductionTolerance(base, c.dtype, length, c.meshSize(), expected);
+  }
+
+  nlohmann::json caseDetails(const CaseSpec& c) const override {
+    const auto s = solved(c);
+    if (!s->problem.empty()) return {{"problem", s->problem}};
+    nlohmann::json j = s->json;
+    j["edges_redistributed"] = s->edges.size();
+    return j;
+  }
+
+  std::vector<std::string> plantableFaults() const override { return {kFault}; }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    if (name != kFault) return nullptr;
+    return std::make_unique<PlanStrategy>(algo_, name);
+  }
+
+ private:
+  std::string algo_, fault_;
+  mutable std::mutex mu_;
+  mutable std::map<std::string, std::shared_ptr<const Solved>> cache_;
+};
+
+void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
+  const auto& m = *solved_->model;
+  const auto& g = m.graph();
+  const auto coords = ctx.mesh().coords(ctx.rank());
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const auto& n = g.nodes[v];
+    const Candidate& cand = m.candidates(v)[solved_->plan.choice[v]];
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const std::string& a = n.args[i];
+      const Box box = cand.op.operands[i].box(g.valueShape(a), case_.mesh, coords);
+      if (g.isInput(a)) {
+        data_[{static_cast<int>(v), i}] = harness::sliceBox(data.inputs.at(a), box).clone();
+      } else if (g.isParameter(a) && !leaves_.count(a)) {
+        leaves_[a] = harness::sliceBox(data.inputs.at(a), box).clone().set_requires_grad(true);
+      }
+    }
+  }
+  const Box out = m.valueLayout(g.output, solved_->plan.choice)
+                      ->box(g.valueShape(g.output), case_.mesh, coords);
+  seed_ = harness::sliceBox(data.inputs.at("grad_output"), out).clone();
+}
+
+void PlanExecutor::step(RankContext& ctx) {
+  results_.clear();
+  runners_.clear();
+  for (auto& [name, l] : leaves_) l.mutable_grad().reset();
+  const auto& m = *solved_->model;
+  const auto& g = m.graph();
+  const auto& choice = solved_->plan.choice;
+  // How many reads each value has left, to drop it after its last.
+  std::map<std::string, int> reads;
+  for (const auto& n : g.nodes) {
+    for (const auto& a : n.args) ++reads[a];
+  }
+  std::map<std::pair<int, size_t>, const Solved::Edge*> edges;
+  for (const auto& e : solved_->edges) edges[{e.node, e.operand}] = &e;
+  bool faultDone = !fault_;
+  std::map<std::string, at::Tensor> values;
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const auto& n = g.nodes[v];
+    const Candidate& cand = m.candidates(v)[choice[v]];
+    std::vector<at::Tensor> local;
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const std::string& a = n.args[i];
+      at::Tensor t;
+      if (g.isInput(a)) {
+        t = data_.at({static_cast<int>(v), i});
+      } else if (g.isParameter(a)) {
+        t = leaves_.at(a);
+      } else {
+        t = values.at(a);
+      }
+      if (auto it = edges.find({static_cast<int>(v), i}); it != edges.end()) {
+        const Solved::Edge& e = *it->second;
+        if (!faultDone) {
+          // The planted fault: no redistribution; the piece cut or padded to the expected shape.
+          faultDone = true;
+          const auto want =
+              cand.op.operands[i].box(e.geometry.shape, case_.mesh, ctx.mesh().coords(ctx.rank()));
+          for (int64_t d = 0; d < t.dim(); ++d) {
+            if (t.size(d) > want.length[d]) t = t.narrow(d, 0, want.length[d]);
+          }
+          std::vector<int64_t> pad;
+          for (int64_t d = t.dim() - 1; d >= 0; --d) {
+            pad.push_back(0);
+            pad.push_back(want.length[d] - t.size(d));
+          }
+          t = at::constant_pad_nd(t, pad, 0);
+        } else {
+          runners_.push_back(
+              std::make_unique<harness::RedistRunner>(e.geometry, e.forward, ctx, case_.dtype));
+          const harness::RedistRunner* fwd = runners_.back().get();
+          runners_.push_back(
+              std::make_unique<harness::RedistRunner>(e.geometry, e.backward, ctx, case_.dtype));
+          t = EdgeRedistribute::apply(t, fwd, runners_.back().get());
+        }
+      }
+      local.push_back(t);
+      if (!g.isInput(a) && !g.isParameter(a) && --reads[a] == 0 && a != g.output) values.erase(a);
+    }
+    auto outs = runOp(cand.op, ctx, local, case_.seed + n.seedOffset);
+    local.clear();
+    const auto names = n.outputs();
+    for (size_t j = 0; j < names.size(); ++j) {
+      if (reads[names[j]] > 0 || names[j] == g.output) values[names[j]] = outs[j];
+    }
+  }
+  at::Tensor out = values.at(g.output);
+  values.clear();
+  torch::autograd::backward({out}, {seed_});
+  results_["output"] = out.detach();
+  for (const auto& [name, l] : leaves_) results_["grad/" + name] = l.grad();
+}
+
+std::vector<std::unique_ptr<harness::Strategy>> registerAll() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  for (const auto& algo : planAlgos()) out.push_back(std::make_unique<PlanStrategy>(algo));
+  out.push_back(std::make_unique<PlanStrategy>(""));
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::autoshard
+
+SB_REGISTER_STRATEGIES(sb::strategies::autoshard::registerAll);
