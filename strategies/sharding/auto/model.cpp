@@ -592,14 +592,29 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
     };
   }
   if (algo == "data-parallel") {
-    return [&g](int v, const Candidate& c) {
+    // Every parameter replicated, and every node that computes on data (reads an activation or
+    // looks up ids) splits its work over every mesh axis: its outputs use them all, along the
+    // batch, the sequence or the batched heads, since a replicated weight allows no other.
+    std::vector<int> axes;
+    for (int a = 0; a < meshNdim; ++a) {
+      if (m.mesh()[a] > 1) axes.push_back(a);
+    }
+    return [&g, axes](int v, const Candidate& c) {
       const auto& n = g.nodes[v];
+      bool data = false;
       for (size_t i = 0; i < n.args.size(); ++i) {
         const Layout& l = c.op.operands[i];
-        if (g.isParameter(n.args[i]) ? l != Layout(l.ndim()) : !onlyDimZero(l, -1)) return false;
+        if (g.isParameter(n.args[i]) && l != Layout(l.ndim())) return false;
+        data |= !g.isParameter(n.args[i]);
       }
       for (const auto& l : c.outputs) {
-        if (!onlyDimZero(l, -1)) return false;
+        if (!data) {
+          if (l != Layout(l.ndim())) return false;  // a parameter's view stays replicated
+          continue;
+        }
+        for (int a : axes) {
+          if (l.shardDimOf(a) < 0) return false;
+        }
       }
       return true;
     };
