@@ -138,6 +138,26 @@ TEST(SelectionEdges, AForbiddenPairIsAvoidedEvenWhereItsSidesAreCheapest) {
   EXPECT_DOUBLE_EQ(m.peakMemory, 1);
 }
 
+TEST(SelectionMemory, RowsThatEachLeaveRoomCanTogetherFitNothing) {
+  SelectionProblem p;
+  p.vars = {{"x", {0, 0}, {}}, {"y", {0, 0}, {}}};
+  // Each row is over 10 bytes for exactly one of the four choices (x, y) = (0, 0), (1, 1),
+  // (0, 1), (1, 0), with 11 bytes at the least; alone, each leaves room for every choice of x
+  // and of y, so only the program as a whole can find that nothing fits.
+  p.memory = {{"a", 0, {{0, {5, 0}}, {1, {6, 0}}}},
+              {"b", 0, {{0, {0, 5}}, {1, {0, 6}}}},
+              {"c", 0, {{0, {5, 0}}, {1, {0, 6}}}},
+              {"d", 0, {{0, {0, 5}}, {1, {6, 0}}}}};
+  p.memoryLimit = 10;
+  EXPECT_EQ(solveIlp(p).status, "infeasible");
+  EXPECT_EQ(solveBruteForce(p).status, "infeasible");
+  const Selection least = solveMinPeakMemory(p);
+  EXPECT_EQ(least.status, "optimal");
+  EXPECT_DOUBLE_EQ(least.peakMemory, 11);
+  p.memoryLimit = 11;
+  EXPECT_EQ(solveIlp(p).status, "optimal");
+}
+
 TEST(SelectionProblemShape, NoVarsIsTheEmptyChoiceAndRowsKeepTheirConstants) {
   SelectionProblem p;
   p.memory = {{"weights", 100, {}}};
@@ -210,10 +230,30 @@ TEST(SelectionBruteForce, RefusesMoreCombinationsThanItsLimit) {
 
 // ---- Random problems against enumeration -------------------------------------------------
 
+// Makes choice `to` of var v a copy of choice `from`, everywhere: its cost, its row or column of
+// every edge, its bytes in every row; then adds `worse` to each of those numbers.
+void copyChoice(SelectionProblem& p, int v, int from, int to, double worse) {
+  p.vars[v].cost[to] = p.vars[v].cost[from] + worse;
+  for (auto& e : p.edges) {
+    if (e.u == v) {
+      for (size_t l = 0; l < e.cost[to].size(); ++l) e.cost[to][l] = e.cost[from][l] + worse;
+    }
+    if (e.v == v) {
+      for (auto& row : e.cost) row[to] = row[from] + worse;
+    }
+  }
+  for (auto& row : p.memory) {
+    for (auto& [var, bytes] : row.terms) {
+      if (var == v) bytes[to] = bytes[from] + worse;
+    }
+  }
+}
+
 // 2-6 vars of 1-5 choices; edges that are random, constant or additive (folded by the
 // presolve), self edges, parallel edges both ways, some forbidden pairs; memory rows with
-// integer bytes (so a limit equal to a peak is met exactly) and repeated vars; limits around
-// the peak of a random choice, often below every peak.
+// integer bytes (so a limit equal to a peak is met exactly) and repeated vars; choices that
+// copy another or are worse than it in everything (closed by the presolve); limits around the
+// peak of a random choice, often below every peak.
 SelectionProblem randomProblem(std::mt19937& rng) {
   auto uniform = [&](double lo, double hi) {
     return std::uniform_real_distribution<>(lo, hi)(rng);
@@ -267,6 +307,12 @@ SelectionProblem randomProblem(std::mt19937& rng) {
       std::vector<double> bytes(size(v));
       for (auto& x : bytes) x = integer(0, 100);
       row.terms.emplace_back(v, bytes);
+    }
+  }
+  for (int v = 0; v < vars; ++v) {
+    if (size(v) >= 2 && integer(0, 2) == 0) {
+      const int from = integer(0, size(v) - 1), to = (from + integer(1, size(v) - 1)) % size(v);
+      copyChoice(p, v, from, to, integer(0, 1) == 0 ? 0 : integer(1, 5));
     }
   }
   if (!p.memory.empty() && integer(0, 3) != 0) {
@@ -370,6 +416,57 @@ TEST(SelectionRandom, TheSmallestPeakIsTheEnumeratedOneAndTheTightestLimitThatFi
   }
 }
 
+// Rows whose bytes differ by up to twelve orders of magnitude, and a row giving choice 0 of
+// every other var 1e18 bytes (how a caller keeps choices out of the smallest peak): every row
+// must still count, the small ones beside the large ones.
+TEST(SelectionRandom, RowsOfVeryDifferentMagnitudesAllCount) {
+  std::mt19937 rng(3);
+  auto integer = [&](int lo, int hi) { return std::uniform_int_distribution<>(lo, hi)(rng); };
+  int barredSmallest = 0;
+  for (int i = 0; i < 100; ++i) {
+    SelectionProblem p = randomProblem(rng);
+    SCOPED_TRACE("problem " + std::to_string(i));
+    for (auto& row : p.memory) {
+      const double scale = std::pow(10.0, integer(0, 12));  // integers times it stay exact
+      row.constant *= scale;
+      for (auto& [v, bytes] : row.terms) {
+        for (auto& b : bytes) b *= scale;
+      }
+    }
+    SelectionProblem::MemoryRow barred{"barred", 0, {}};
+    for (int v = 0; v < static_cast<int>(p.vars.size()); v += 2) {
+      std::vector<double> bytes(p.vars[v].cost.size(), 0);
+      if (bytes.size() >= 2) bytes[0] = 1e18;
+      barred.terms.emplace_back(v, bytes);
+    }
+    p.memory.push_back(barred);
+
+    double smallest = kInf;
+    for (const auto& c : allChoices(p)) {
+      if (evaluate(p, c) < kInf) smallest = std::min(smallest, peakMemory(p, c));
+    }
+    const Selection least = solveMinPeakMemory(p);
+    if (smallest == kInf) {
+      EXPECT_EQ(least.status, "infeasible");
+      continue;
+    }
+    ASSERT_EQ(least.status, "optimal");
+    EXPECT_EQ(least.peakMemory, smallest);
+    barredSmallest += smallest < 1e18;
+
+    if (p.memoryLimit > 0) {  // randomProblem's limit, over the new bytes: near the smallest
+      p.memoryLimit = smallest + integer(0, 2) * smallest / 4;
+    }
+    const Selection ilp = solveIlp(p);
+    const Selection brute = solveBruteForce(p);
+    ASSERT_EQ(ilp.status, brute.status);
+    if (brute.status != "optimal") continue;
+    EXPECT_TRUE(near(ilp.objective, brute.objective)) << ilp.objective << " vs " << brute.objective;
+    EXPECT_TRUE(fits(p, ilp.choice)) << ilp.peakMemory << " > " << p.memoryLimit;
+  }
+  EXPECT_GE(barredSmallest, 50);  // most smallest peaks keep out of the barred choices
+}
+
 TEST(SelectionRandom, AnAllowedGapStopsWithinIt) {
   std::mt19937 rng(99);
   SelectionOptions loose;
@@ -389,6 +486,60 @@ TEST(SelectionRandom, AnAllowedGapStopsWithinIt) {
     EXPECT_LE(s.gap, 0.5 + kObjectiveTolerance);
     EXPECT_EQ(s.objective, evaluate(p, s.choice));
     EXPECT_TRUE(fits(p, s.choice));
+  }
+}
+
+// 40 vars of 20 choices in a chain with 20 skip edges, the fast choices holding the most bytes,
+// and 40 memory rows of 10 vars each under a limit that rules out most fast choices: CBC's
+// bound stays far below its best choice for seconds (25% after 5 s when this was written).
+SelectionProblem hardProblem() {
+  std::mt19937 rng(1);
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<>(lo, hi)(rng);
+  };
+  auto integer = [&](int lo, int hi) { return std::uniform_int_distribution<>(lo, hi)(rng); };
+  constexpr int kVars = 40, kChoices = 20;
+  SelectionProblem p;
+  Matrix bytes(kVars, std::vector<double>(kChoices));
+  for (int v = 0; v < kVars; ++v) {
+    auto& var = p.vars.emplace_back();
+    for (int k = 0; k < kChoices; ++k) {
+      var.cost.push_back(uniform(100, 200) * (k + 1) / kChoices);
+      bytes[v][k] = integer(1, 100) * 1e6 * (kChoices - k);
+    }
+  }
+  for (int i = 0; i < 60; ++i) {
+    SelectionProblem::Edge e;
+    e.u = i < kVars - 1 ? i : integer(0, kVars - 2);
+    e.v = i < kVars - 1 ? i + 1 : integer(e.u + 1, kVars - 1);
+    e.cost.assign(kChoices, std::vector<double>(kChoices, 0));
+    for (int k = 0; k < kChoices; ++k) {
+      for (int l = 0; l < kChoices; ++l) e.cost[k][l] = k == l ? 0 : uniform(5, 80);
+    }
+    p.edges.push_back(e);
+  }
+  for (int r = 0; r < kVars; ++r) {
+    auto& row = p.memory.emplace_back();
+    for (int v = std::max(0, r - 5); v < std::min(kVars, r + 5); ++v)
+      row.terms.emplace_back(v, bytes[v]);
+  }
+  p.memoryLimit = 0.6 * solveIlp(p).peakMemory;
+  return p;
+}
+
+TEST(SelectionTimeLimit, StoppingEarlyIsNeverReportedAsOptimal) {
+  const SelectionProblem p = hardProblem();
+  SelectionOptions quick;
+  quick.timeLimitSeconds = 0.2;
+  const Selection s = solveIlp(p, quick);
+  ASSERT_TRUE(s.status == "feasible" || s.status == "no_solution") << s.status;
+  if (s.status == "feasible") {
+    EXPECT_TRUE(fits(p, s.choice));
+    EXPECT_EQ(s.objective, evaluate(p, s.choice));
+    EXPECT_GT(s.gap, 0);
+    EXPECT_LE(s.bound, s.objective);
+  } else {
+    EXPECT_TRUE(s.choice.empty());
   }
 }
 

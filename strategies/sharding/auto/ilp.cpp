@@ -1,12 +1,15 @@
 // The program of ilp.h, built for CBC: first the presolve the header describes (self edges,
-// parallel edges, closed choices, additive edges), then one column per open choice s[v][k] and
-// per allowed pair e[k][l] of every edge left, then CBC's branch and bound with all of its
-// output silenced. Both goals share the same columns and rows; only the objective and the
-// memory rows differ:
+// parallel edges, closed and dominated choices, additive edges), then one column per open
+// choice s[v][k] and per allowed pair e[k][l] of every edge left, then CBC's branch and bound
+// with all of its output silenced. The goals share the columns and rows; only the objective,
+// the memory rows and which edges keep their e differ:
 //
-//   time         objective c.s + R.e; memory rows  const + m.s <= memoryLimit
-//   peak memory  objective z;         memory rows  const + m.s - z <= 0, edges only where
-//                                     they forbid a pair (their cost does not count)
+//   time         objective c.s + R.e; rows const + m.s <= memoryLimit; every edge
+//   peak memory  objective z;         rows const + m.s - z <= 0;       edges that forbid a pair
+//   least bytes  objective c.s;       no memory rows;                  edges that forbid a pair
+//
+// (least bytes, with each choice's largest bytes as c, finds the peak the smallest peak's
+// presolve closes choices under).
 
 #include "strategies/sharding/auto/ilp.h"
 
@@ -17,6 +20,9 @@
 #include <map>
 #include <stdexcept>
 
+#include <CbcHeuristic.hpp>
+#include <CbcHeuristicDiveCoefficient.hpp>
+#include <CbcHeuristicFPump.hpp>
 #include <CbcModel.hpp>
 #include <CoinPackedMatrix.hpp>
 #include <OsiClpSolverInterface.hpp>
@@ -28,6 +34,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // An edge is folded into its vars' costs when R[k][l] - a[k] - b[l] is within this fraction
 // of its largest entry: rounding in the subtraction, not a real difference.
 constexpr double kFoldTolerance = 1e-12;
+// A sum of bytes is over a limit when above it by more than this fraction of the limit.
+constexpr double kSumTolerance = 1e-12;
 
 using Matrix = std::vector<std::vector<double>>;
 using Clock = std::chrono::steady_clock;
@@ -89,8 +97,24 @@ double peakOf(const SelectionProblem& problem, const std::vector<int>& choice) {
 
 // ---- Presolve ----------------------------------------------------------------------------
 
+// The memory rows with each var's terms merged: [row] -> var -> bytes per choice.
+using Terms = std::vector<std::map<int, std::vector<double>>>;
+
+Terms mergedTerms(const SelectionProblem& problem) {
+  Terms rows;
+  for (const auto& row : problem.memory) {
+    auto& merged = rows.emplace_back();
+    for (const auto& [v, bytes] : row.terms) {
+      auto [it, fresh] = merged.try_emplace(v, bytes.size(), 0.0);
+      for (size_t k = 0; k < bytes.size(); ++k) it->second[k] += bytes[k];
+    }
+  }
+  return rows;
+}
+
 // The problem as the program sees it (ilp.h's presolve): self edges and additive edges folded
-// into the var costs, parallel edges merged, choices that cannot be taken closed.
+// into the var costs, parallel edges merged, choices that cannot be taken or are dominated
+// closed.
 struct Reduced {
   Matrix cost;                          // [var][choice]
   std::vector<std::vector<char>> open;  // [var][choice]
@@ -103,9 +127,10 @@ struct Reduced {
 };
 
 // Closes every choice of one end of an edge that is forbidden against every open choice of the
-// other end, until none is left to close (arc consistency).
-void closeUnreachable(Reduced& reduced) {
-  for (bool changed = true; changed;) {
+// other end, until none is left to close (arc consistency). Returns whether it closed any.
+bool closeUnreachable(Reduced& reduced) {
+  bool closed = false;
+  for (bool changed = true; changed; closed |= changed) {
     changed = false;
     for (const auto& edge : reduced.edges) {
       auto& openU = reduced.open[edge.u];
@@ -128,8 +153,74 @@ void closeUnreachable(Reduced& reduced) {
       }
     }
   }
-  for (const auto& open : reduced.open) {
-    if (std::find(open.begin(), open.end(), 1) == open.end()) reduced.infeasible = true;
+  return closed;
+}
+
+// Closes every choice that would put some memory row over `limit` whatever the other vars in
+// the row choose: the row's constant, this choice's bytes and the least bytes of every other
+// var's open choices add up to more. Returns whether it closed any.
+bool closeOverLimit(Reduced& reduced, const SelectionProblem& problem, const Terms& terms,
+                    double limit) {
+  bool closed = false;
+  for (size_t r = 0; r < terms.size(); ++r) {
+    double least = problem.memory[r].constant;
+    std::map<int, double> leastOf;
+    for (const auto& [v, bytes] : terms[r]) {
+      double m = kInf;
+      for (size_t k = 0; k < bytes.size(); ++k) {
+        if (reduced.open[v][k]) m = std::min(m, bytes[k]);
+      }
+      leastOf[v] = m;
+      least += m;
+    }
+    if (!std::isfinite(least)) continue;  // a var with nothing open: infeasible anyway
+    for (const auto& [v, bytes] : terms[r]) {
+      for (size_t k = 0; k < bytes.size(); ++k) {
+        const double row = least - leastOf[v] + bytes[k];
+        // Sums in another order may differ by rounding: a row at the limit is not over it.
+        if (reduced.open[v][k] && row - limit > kSumTolerance * std::max(1.0, std::abs(limit))) {
+          reduced.open[v][k] = 0;
+          closed = true;
+        }
+      }
+    }
+  }
+  return closed;
+}
+
+// Whether choice a of var v is at least as good as choice b in everything the program sees: its
+// cost, each edge's entries against every open choice of the other end, each memory row's bytes.
+// Replacing b by a in any choice then costs no more, fits wherever b did and forbids no pair.
+bool atLeastAsGood(const Reduced& reduced, const Terms& terms, int v, int a, int b) {
+  if (reduced.cost[v][a] > reduced.cost[v][b]) return false;
+  for (const auto& edge : reduced.edges) {
+    if (edge.u == v) {
+      for (size_t l = 0; l < edge.cost[a].size(); ++l) {
+        if (reduced.open[edge.v][l] && edge.cost[a][l] > edge.cost[b][l]) return false;
+      }
+    } else if (edge.v == v) {
+      for (size_t k = 0; k < edge.cost.size(); ++k) {
+        if (reduced.open[edge.u][k] && edge.cost[k][a] > edge.cost[k][b]) return false;
+      }
+    }
+  }
+  for (const auto& row : terms) {
+    const auto it = row.find(v);
+    if (it != row.end() && it->second[a] > it->second[b]) return false;
+  }
+  return true;
+}
+
+// Closes every choice that another open choice is at least as good as. A closed choice
+// dominates nothing, so of equal choices the last one compared stays, and no var loses its last.
+void closeDominated(Reduced& reduced, const Terms& terms) {
+  for (size_t v = 0; v < reduced.open.size(); ++v) {
+    auto& open = reduced.open[v];
+    for (size_t b = 0; b < open.size(); ++b) {
+      for (size_t a = 0; a < open.size() && open[b]; ++a) {
+        if (a != b && open[a] && atLeastAsGood(reduced, terms, v, a, b)) open[b] = 0;
+      }
+    }
   }
 }
 
@@ -166,7 +257,8 @@ bool foldIfAdditive(const Reduced::Pair& edge, Reduced& reduced) {
   return true;
 }
 
-Reduced reduce(const SelectionProblem& problem) {
+// The reduced problem; `limit` (bytes, +infinity for none) closes the choices no row can fit.
+Reduced reduce(const SelectionProblem& problem, const Terms& terms, double limit) {
   Reduced reduced;
   for (const auto& var : problem.vars) {
     reduced.cost.push_back(var.cost);
@@ -195,8 +287,15 @@ Reduced reduce(const SelectionProblem& problem) {
     }
   }
   for (auto& [ends, cost] : merged) reduced.edges.push_back({ends.first, ends.second, cost});
-  closeUnreachable(reduced);
+  for (bool changed = true; changed;) {
+    changed = closeUnreachable(reduced);
+    if (limit < kInf) changed |= closeOverLimit(reduced, problem, terms, limit);
+  }
+  for (const auto& open : reduced.open) {
+    if (std::find(open.begin(), open.end(), 1) == open.end()) reduced.infeasible = true;
+  }
   if (reduced.infeasible) return reduced;
+  closeDominated(reduced, terms);
   std::vector<Reduced::Pair> kept;
   for (auto& edge : reduced.edges) {
     if (!foldIfAdditive(edge, reduced)) kept.push_back(std::move(edge));
@@ -205,22 +304,11 @@ Reduced reduce(const SelectionProblem& problem) {
   return reduced;
 }
 
-// The memory rows with each var's terms merged: [row] -> var -> bytes per choice.
-std::vector<std::map<int, std::vector<double>>> mergedTerms(const SelectionProblem& problem) {
-  std::vector<std::map<int, std::vector<double>>> rows;
-  for (const auto& row : problem.memory) {
-    auto& merged = rows.emplace_back();
-    for (const auto& [v, bytes] : row.terms) {
-      auto [it, fresh] = merged.try_emplace(v, bytes.size(), 0.0);
-      for (size_t k = 0; k < bytes.size(); ++k) it->second[k] += bytes[k];
-    }
-  }
-  return rows;
-}
-
 // ---- The program -------------------------------------------------------------------------
 
-enum class Goal { kTime, kPeakMemory };
+// kLeastBytes: the reduced costs alone (peakBound sets them to bytes), edges only where they
+// forbid a pair, no memory rows.
+enum class Goal { kTime, kPeakMemory, kLeastBytes };
 
 // A linear program in the triplet form CoinPackedMatrix is built from.
 struct Program {
@@ -229,6 +317,7 @@ struct Program {
   std::vector<int> rowIndex, colIndex;
   std::vector<double> element;
   std::vector<std::vector<int>> column;  // [var][choice]: the column of s, -1 where closed
+  double memoryUnit = 1;                 // smallest peak: bytes per unit of z
 
   int addColumn(double lower, double upper, double cost) {
     colLower.push_back(lower);
@@ -252,22 +341,22 @@ struct Program {
 
 // The program of `goal` for a reduced problem that is not infeasible. Sets `infeasible` when a
 // memory row without terms is over the limit on its own.
-Program buildProgram(const SelectionProblem& problem, const Reduced& reduced, Goal goal,
-                     bool& infeasible) {
+Program buildProgram(const SelectionProblem& problem, const Terms& terms, const Reduced& reduced,
+                     Goal goal, bool& infeasible) {
   Program program;
   for (size_t v = 0; v < reduced.cost.size(); ++v) {
     auto& columns = program.column.emplace_back(reduced.cost[v].size(), -1);
     const int oneChoice = program.addRow(1, 1);
     for (size_t k = 0; k < columns.size(); ++k) {
       if (!reduced.open[v][k]) continue;
-      columns[k] = program.addColumn(0, 1, goal == Goal::kTime ? reduced.cost[v][k] : 0);
+      columns[k] = program.addColumn(0, 1, goal == Goal::kPeakMemory ? 0 : reduced.cost[v][k]);
       program.add(oneChoice, columns[k], 1);
     }
   }
   for (const auto& edge : reduced.edges) {
     const auto& sU = program.column[edge.u];
     const auto& sV = program.column[edge.v];
-    if (goal == Goal::kPeakMemory) {
+    if (goal != Goal::kTime) {
       bool forbidsAPair = false;
       for (size_t k = 0; k < sU.size(); ++k) {
         for (size_t l = 0; l < sV.size(); ++l) {
@@ -297,42 +386,57 @@ Program buildProgram(const SelectionProblem& problem, const Reduced& reduced, Go
       }
     }
   }
-  const auto terms = mergedTerms(problem);
+  // Memory rows are divided by their largest byte count: bytes are 1e9 and more where every
+  // other coefficient is near 1, and Clp's simplex stalls on that range. Only open choices
+  // count: a choice closed for needing 1e18 bytes must not shrink the others to nothing.
+  auto largestBytes = [&](const std::map<int, std::vector<double>>& rowTerms) {
+    double largest = 0;
+    for (const auto& [v, bytes] : rowTerms) {
+      for (size_t k = 0; k < bytes.size(); ++k) {
+        if (reduced.open[v][k]) largest = std::max(largest, std::abs(bytes[k]));
+      }
+    }
+    return largest;
+  };
+  auto addTerms = [&](int row, const std::map<int, std::vector<double>>& rowTerms, double unit) {
+    for (const auto& [v, bytes] : rowTerms) {
+      for (size_t k = 0; k < bytes.size(); ++k) {
+        const int s = program.column[v][k];
+        if (s >= 0 && bytes[k] != 0) program.add(row, s, bytes[k] / unit);
+      }
+    }
+  };
   if (goal == Goal::kTime && problem.memoryLimit > 0) {
+    // const_r + m_r.s <= memoryLimit, each row in its own unit.
     for (size_t r = 0; r < terms.size(); ++r) {
       const double room = problem.memoryLimit - problem.memory[r].constant;
-      if (terms[r].empty()) {
+      const double unit = largestBytes(terms[r]);
+      if (unit == 0) {
         infeasible |= room < 0;
         continue;
       }
-      const int row = program.addRow(-kInf, room);
-      for (const auto& [v, bytes] : terms[r]) {
-        for (size_t k = 0; k < bytes.size(); ++k) {
-          if (program.column[v][k] >= 0 && bytes[k] != 0)
-            program.add(row, program.column[v][k], bytes[k]);
-        }
-      }
+      addTerms(program.addRow(-kInf, room / unit), terms[r], unit);
     }
   }
   if (goal == Goal::kPeakMemory && !terms.empty()) {
+    // const_r + m_r.s <= z: one unit for every row, that of z.
+    for (size_t r = 0; r < terms.size(); ++r) {
+      program.memoryUnit = std::max(program.memoryUnit, largestBytes(terms[r]));
+    }
     const int z = program.addColumn(-kInf, kInf, 1);
     for (size_t r = 0; r < terms.size(); ++r) {
-      const int row = program.addRow(-kInf, -problem.memory[r].constant);
+      const int row = program.addRow(-kInf, -problem.memory[r].constant / program.memoryUnit);
       program.add(row, z, -1);
-      for (const auto& [v, bytes] : terms[r]) {
-        for (size_t k = 0; k < bytes.size(); ++k) {
-          if (program.column[v][k] >= 0 && bytes[k] != 0)
-            program.add(row, program.column[v][k], bytes[k]);
-        }
-      }
+      addTerms(row, terms[r], program.memoryUnit);
     }
   }
   return program;
 }
 
 struct Solved {
-  std::string status;       // as Selection::status
-  std::vector<int> choice;  // empty without a solution
+  std::string status;  // as Selection::status
+  bool found = false;  // a choice, possibly the empty one
+  std::vector<int> choice;
   double bound = 0;
 };
 
@@ -359,9 +463,21 @@ Solved runCbc(const Program& program, const SelectionOptions& options) {
   if (auto* clp = dynamic_cast<OsiClpSolverInterface*>(model.solver())) {
     clp->getModelPtr()->messageHandler()->setLogLevel(0);
   }
+  model.setUseElapsedTime(true);  // the limit is wall time, as Selection::seconds is
   model.setMaximumSeconds(options.timeLimitSeconds);
   model.setAllowableFractionGap(options.relativeGap);
-  model.initialSolve();
+  // Branch on pseudo-costs alone: with a thousand binaries over tens of thousands of columns,
+  // strong branching's trial solves took seconds per node. Rounding, the feasibility pump and
+  // diving find the first choice that fits a tight memory limit (and one at all for the
+  // smallest peak, where the relaxation is fractional everywhere) long before branching would.
+  model.setNumberStrong(0);
+  model.setNumberBeforeTrust(0);
+  CbcRounding rounding(model);
+  CbcHeuristicFPump pump(model);
+  CbcHeuristicDiveCoefficient dive(model);
+  model.addHeuristic(&rounding);  // each is copied
+  model.addHeuristic(&pump);
+  model.addHeuristic(&dive);
   model.branchAndBound();
 
   Solved solved;
@@ -376,6 +492,7 @@ Solved runCbc(const Program& program, const SelectionOptions& options) {
     return solved;
   }
   solved.status = model.isProvenOptimal() ? "optimal" : "feasible";
+  solved.found = true;
   for (size_t v = 0; v < program.column.size(); ++v) {
     int chosen = -1;
     for (size_t k = 0; k < program.column[v].size(); ++k) {
@@ -403,15 +520,53 @@ void checkOptions(const SelectionOptions& options) {
   }
 }
 
+// A bound on the smallest peak, from a choice that forbids no pair: for every var the choice
+// whose largest bytes in any row are least, or where that forbids a pair, CBC's choice with
+// those bytes as costs. +infinity where there is none. Closing the choices that cannot fit under
+// it keeps a bar of 1e18 bytes from setting the unit every row is written in.
+double peakBound(const SelectionProblem& problem, const Terms& terms,
+                 const SelectionOptions& options) {
+  Matrix largest;
+  std::vector<int> choice;
+  for (size_t v = 0; v < problem.vars.size(); ++v) {
+    auto& bytes = largest.emplace_back(problem.vars[v].cost.size(), 0.0);
+    for (const auto& row : terms) {
+      const auto it = row.find(v);
+      if (it == row.end()) continue;
+      for (size_t k = 0; k < bytes.size(); ++k) bytes[k] = std::max(bytes[k], it->second[k]);
+    }
+    choice.push_back(std::min_element(bytes.begin(), bytes.end()) - bytes.begin());
+  }
+  if (objectiveOf(problem, choice) < kInf) return peakOf(problem, choice);
+
+  Reduced reduced = reduce(problem, terms, kInf);
+  if (reduced.infeasible) return kInf;
+  double unit = 1;
+  for (const auto& bytes : largest) {
+    for (const double b : bytes) unit = std::max(unit, std::abs(b));
+  }
+  for (size_t v = 0; v < largest.size(); ++v) {
+    for (size_t k = 0; k < largest[v].size(); ++k) reduced.cost[v][k] = largest[v][k] / unit;
+  }
+  bool infeasible = false;
+  const Program program = buildProgram(problem, terms, reduced, Goal::kLeastBytes, infeasible);
+  const Solved solved = runCbc(program, options);
+  return solved.found ? peakOf(problem, solved.choice) : kInf;
+}
+
 Selection solve(const SelectionProblem& problem, const SelectionOptions& options, Goal goal) {
   validate(problem);
   checkOptions(options);
   const auto start = Clock::now();
   Selection selection;
-  const Reduced reduced = reduce(problem);
+  const Terms terms = mergedTerms(problem);
+  double limit = kInf;
+  if (goal == Goal::kTime && problem.memoryLimit > 0) limit = problem.memoryLimit;
+  if (goal == Goal::kPeakMemory) limit = peakBound(problem, terms, options);
+  const Reduced reduced = reduce(problem, terms, limit);
   bool infeasible = reduced.infeasible;
   Program program;
-  if (!infeasible) program = buildProgram(problem, reduced, goal, infeasible);
+  if (!infeasible) program = buildProgram(problem, terms, reduced, goal, infeasible);
   selection.variables = program.columns();
   selection.constraints = program.rows();
 
@@ -421,13 +576,15 @@ Selection solve(const SelectionProblem& problem, const SelectionOptions& options
   } else if (problem.vars.empty()) {
     // Nothing to choose (and CBC wants integers): the empty choice is the answer.
     solved.status = "optimal";
+    solved.found = true;
     solved.bound = goal == Goal::kTime ? 0 : peakOf(problem, {});
   } else {
     solved = runCbc(program, options);
+    if (goal == Goal::kPeakMemory) solved.bound *= program.memoryUnit;
   }
 
   selection.status = solved.status;
-  if (!solved.choice.empty() || (problem.vars.empty() && solved.status == "optimal")) {
+  if (solved.found) {
     selection.choice = solved.choice;
     selection.objective = objectiveOf(problem, selection.choice);
     selection.peakMemory = peakOf(problem, selection.choice);

@@ -3,7 +3,7 @@
 // Auto-sharding's strategy selection: one sharding choice per node of a model graph, the
 // fastest combination that fits in memory. This is the integer program of Alpa (Zheng et al.,
 // "Alpa: Automating Inter- and Intra-Operator Parallelism for Distributed Deep Learning",
-// OSDI 2022, section 4.2), solved with COIN-OR CBC; building the problem from a graph is done
+// OSDI 2022, section 4), solved with COIN-OR CBC; building the problem from a graph is done
 // elsewhere, and this file knows nothing of graphs or tensors.
 //
 // A problem has decisions v (a node, or a class of nodes that must choose alike), each with
@@ -12,7 +12,7 @@
 // choice k into the layout choice l of v wants; and memory rows, each one program point at
 // which the bytes live on a rank are a constant plus one term per decision, m[v][k].
 //
-// The program, in Alpa's words:
+// Alpa's program:
 //
 //   s[v][k] in {0, 1},   sum_k s[v][k] = 1                 one choice per decision
 //   e[k][l] in [0, 1]    for every edge (u, v), u != v:
@@ -33,18 +33,41 @@
 //     pays R[k][k]: it is added to c[v][k];
 //   - parallel edges between the same two decisions are summed into one (transposed where
 //     they run the other way);
-//   - a choice that cannot be taken is dropped: a forbidden diagonal of a self edge, or a row
-//     (column) of an edge that is forbidden against every choice still open for the other end;
-//     this repeats until nothing more is dropped, and a decision with nothing left makes the
-//     problem infeasible without a solve;
+//   - a choice that cannot be taken is closed (gets no column): a forbidden diagonal of a self
+//     edge; a row (column) of an edge that is forbidden against every choice still open for the
+//     other end; a choice that puts some memory row over the limit even with the fewest bytes
+//     every other decision in the row has open. This repeats until nothing more closes, and a
+//     decision with nothing left makes the problem infeasible without a solve;
+//   - a choice is closed when another open choice of its decision is at least as good in
+//     everything: its cost, its entry against every open choice across every edge, its bytes
+//     in every memory row. Swapping it for the other in any answer costs no more, fits wherever
+//     it fitted and forbids no pair (of identical choices one stays);
 //   - an edge whose matrix over the choices left is R[k][l] = a[k] + b[l] (a constant is the
 //     common case: the same resharding whatever is chosen) costs a[k] on u and b[l] on v, so
 //     it is folded into c and needs no e at all.
 // Decisions with a single choice left stay in the program, fixed by their own row.
 //
+// The smallest peak (solveMinPeakMemory) is the same program with another objective: minimise
+// z subject to const_r + m_r.s <= z for every row; edge costs do not count, and an edge only
+// keeps its e columns where it forbids a pair. Its memory limit, for closing choices, is the
+// peak of one choice without a forbidden pair: each decision's choice with the fewest bytes in
+// its largest row, or where those forbid a pair, CBC's cheapest choice with those bytes as
+// costs (a second, quick solve). A caller that bars choices with 1e18 bytes thus gets them
+// closed instead of setting the scale every row is written in.
+//
+// CBC: a memory row is divided by its largest byte count among open choices (the smallest
+// peak's rows by the largest of all, z's unit), since Clp's simplex stalls on bytes of 1e9
+// beside costs near 1; a limit then holds to CBC's feasibility tolerance, about 1e-7 of that
+// unit. Branching is on pseudo-costs with no strong branching, and rounding, the feasibility
+// pump and diving look for choices. Without a memory limit the relaxation is tight on a tree of
+// edges and nearly so otherwise, and a 40 x 20 problem solves in a tenth of a second; a tight
+// limit makes it a knapsack, and the time limit then decides. CBC checks that limit between
+// nodes and heuristics, so a solve can run past it somewhat.
+//
 // Units are the caller's: costs in microseconds, memory in bytes per rank. The objective and
 // peak memory this file reports are always recomputed from the rounded choices with evaluate()
-// and peakMemory(), never read back from the solver.
+// and peakMemory(), never read back from the solver. Results are deterministic short of the
+// time limit: CBC runs on one thread with fixed seeds.
 
 #include <cstdint>
 #include <string>
@@ -81,12 +104,12 @@ struct SelectionProblem {
 };
 
 struct SelectionOptions {
-  double timeLimitSeconds = 60;
-  double relativeGap = 0.0;  // stop once (objective - bound) / |objective| is within this
+  double timeLimitSeconds = 60;  // wall time
+  double relativeGap = 0.0;      // stop once (objective - bound) / |objective| is within this
 };
 
-// A solve's answer. When no choice was found (infeasible, no_solution) choice is empty and
-// objective, gap and peakMemory are 0.
+// A solve's answer. When no choice was found (infeasible, no_solution) choice is empty;
+// objective, gap and peakMemory are 0, and bound is CBC's bound where it has one (no_solution).
 struct Selection {
   // "optimal"; "feasible" (stopped by the time limit or the gap, with a choice); "infeasible";
   // "no_solution" (stopped by the time limit before any choice was found).
@@ -102,7 +125,8 @@ struct Selection {
 };
 
 // The objective of `choice`: var costs plus edge costs; +infinity when an edge's pair is
-// forbidden. Throws std::invalid_argument when choice does not have one valid index per var.
+// forbidden. Throws std::invalid_argument as validate() does, and when choice does not have one
+// valid index per var.
 double evaluate(const SelectionProblem& problem, const std::vector<int>& choice);
 
 // The largest memory row's value under `choice`; 0 when there are no rows. Throws as evaluate.
@@ -114,20 +138,21 @@ double peakMemory(const SelectionProblem& problem, const std::vector<int>& choic
 // edge, -infinity), bytes or a constant that are not finite, a NaN memory limit.
 void validate(const SelectionProblem& problem);
 
-// The fastest choice within problem.memoryLimit, by CBC. Validates the problem first.
-// Deterministic: the same problem and options give the same choice (short of the time limit).
+// The fastest choice within problem.memoryLimit, by CBC. Validates the problem (throws as
+// validate()) and the options (throws std::invalid_argument unless timeLimitSeconds > 0 and
+// relativeGap >= 0) first.
 Selection solveIlp(const SelectionProblem& problem, const SelectionOptions& options = {});
 
 // The same answer by trying every combination (status "optimal" or "infeasible"); among equal
-// objectives, the first in lexicographic order of choice. Throws std::invalid_argument when the
-// number of combinations exceeds maxCombinations.
+// objectives, the first in lexicographic order of choice. Throws std::invalid_argument as
+// validate() does, and when the number of combinations exceeds maxCombinations.
 Selection solveBruteForce(const SelectionProblem& problem, int64_t maxCombinations = 10'000'000);
 
 // The smallest memory limit under which some choice exists: the minimum over choices without
 // a forbidden pair of peakMemory, time cost ignored (problem.memoryLimit too). Returns the
 // choice achieving it; objective is evaluate() of that choice, while bound and gap are about
 // peak memory: bound is the solver's lower bound on the peak, gap = (peakMemory - bound) /
-// max(1e-9, |peakMemory|).
+// max(1e-9, |peakMemory|). Validates and throws as solveIlp.
 Selection solveMinPeakMemory(const SelectionProblem& problem, const SelectionOptions& options = {});
 
 }  // namespace sb::strategies::autoshard
