@@ -382,27 +382,36 @@ Graph buildGraph(const std::string& workload, const nlohmann::json& shape) {
                                 "' (expected gpt2, bert or mlp)");
   }
   const GraphShape s = GraphShape::parse(workload, shape);
-  if (workload == "mlp") return mlpGraph(s);
-  return gpt2(s, workload == "bert");
+  Graph g = workload == "mlp" ? mlpGraph(s) : gpt2(s, workload == "bert");
+  g.index();
+  return g;
+}
+
+void Graph::index() {
+  nodeIndex.clear();
+  isParameterName.clear();
+  for (size_t i = 0; i < nodes.size(); ++i) nodeIndex[nodes[i].name] = static_cast<int>(i);
+  for (const auto& [name, dims] : parameters) isParameterName[name] = true;
+  for (const auto& [name, dims] : inputs) isParameterName[name] = false;
 }
 
 std::pair<int, int> Graph::producer(const std::string& value) const {
+  if (auto it = nodeIndex.find(value); it != nodeIndex.end()) return {it->second, 0};
   const auto colon = value.rfind(':');
-  const std::string base = colon == std::string::npos ? value : value.substr(0, colon);
-  const int index = colon == std::string::npos ? 0 : std::stoi(value.substr(colon + 1));
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (nodes[i].name == base) return {static_cast<int>(i), index};
-  }
-  return {-1, 0};
+  if (colon == std::string::npos) return {-1, 0};
+  const auto it = nodeIndex.find(value.substr(0, colon));
+  if (it == nodeIndex.end()) return {-1, 0};
+  return {it->second, std::stoi(value.substr(colon + 1))};
 }
 
 bool Graph::isParameter(const std::string& value) const {
-  return std::any_of(parameters.begin(), parameters.end(),
-                     [&](const auto& p) { return p.first == value; });
+  const auto it = isParameterName.find(value);
+  return it != isParameterName.end() && it->second;
 }
 
 bool Graph::isInput(const std::string& value) const {
-  return std::any_of(inputs.begin(), inputs.end(), [&](const auto& p) { return p.first == value; });
+  const auto it = isParameterName.find(value);
+  return it != isParameterName.end() && !it->second;
 }
 
 std::vector<int64_t> Graph::valueShape(const std::string& value) const {

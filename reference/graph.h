@@ -73,6 +73,11 @@ struct Graph {
   // The model's inputs (data) and parameters, with their full shapes, in order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> inputs, parameters;
   std::string output;  // the value the model returns
+  // Lookups by name, filled by buildGraph (index()): node by name, and which names are
+  // parameters and inputs.
+  std::map<std::string, int> nodeIndex;
+  std::map<std::string, bool> isParameterName;
+  void index();
 
   // The node index producing `value`, with the output's index; {-1, 0} for inputs and
   // parameters.
