@@ -1,4 +1,5 @@
-// The stratbench command line.
+// The stratbench command line, the full harness (stratbench-core; `stratbench`, the front in
+// front.cpp, runs `solve checkpoint` itself and hands every other command here).
 //
 //   stratbench list [--family F] [--filter REGEX] [--json]
 //   stratbench run SUITE [--filter REGEX] [--backend threads|gloo] [--out DIR] [--repetitions N]
@@ -10,6 +11,7 @@
 //   stratbench report RESULTS... [--baseline FILE...] [--out DIR] [--history DIR] [--gate]
 //                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
 //   stratbench solve checkpoint --chain FILE.json --budget M [--solver S] [--slots N]
+//                        [--max-solver-memory BYTES]
 //   stratbench solve chunk --workload W --shape JSON --max-memory BYTES [--dtype D]
 //   stratbench solve redistribute --shape JSON --mesh RxC (--from L --to L | --compare-anchors)
 //                        [--profile FILE] [--objective time|bytes] [--dtype D]
@@ -40,6 +42,7 @@
 #include "harness/c10d_backend.h"
 #include "harness/calibrate.h"
 #include "harness/case.h"
+#include "harness/cli/solve_checkpoint.h"
 #include "harness/launcher.h"
 #include "harness/records.h"
 #include "harness/redistribute.h"
@@ -387,47 +390,6 @@ int solveShard(const ShardArgs& a) {
   }
 }
 
-// `solve checkpoint`: prints the schedule as JSON; exit 1 when no schedule fits, 2 when the
-// chain file is malformed.
-int solveCheckpoint(const std::string& path, double budget, const std::string& solver, int slots) {
-  namespace ck = sb::strategies::checkpointing;
-  std::ifstream in(path);
-  if (!in) {
-    std::cerr << "stratbench solve: cannot read " << path << "\n";
-    return kExitBadInput;
-  }
-  ck::Chain chain;
-  try {
-    chain = ck::Chain::fromJson(nlohmann::json::parse(in), path);
-  } catch (const nlohmann::json::parse_error& e) {
-    std::cerr << "stratbench solve: " << path << ": not valid JSON: " << e.what() << "\n";
-    return kExitBadInput;
-  } catch (const ck::ChainError& e) {
-    std::cerr << "stratbench solve: " << e.what() << "\n";
-    return kExitBadInput;
-  }
-  const auto s = ck::solve(solver, chain, {budget, slots});
-  if (!s) {
-    const auto none = ck::solve("none", chain, {0, slots});
-    const auto full = ck::solve("full", chain, {0, slots});
-    std::cerr << "stratbench solve: no " << solver << " schedule of the " << chain.length()
-              << "-stage chain in " << path << " fits a budget of " << budget
-              << " (keeping every tape peaks at " << none->predictedPeak
-              << ", checkpointing every stage at " << full->predictedPeak << ")\n";
-    return 1;
-  }
-  nlohmann::json j;
-  j["solver"] = solver;
-  j["budget"] = budget;
-  j["length"] = chain.length();
-  j["schedule"] = s->names();
-  j["predicted_time"] = s->predictedTime;
-  j["predicted_peak"] = s->predictedPeak;
-  j["recomputed_forwards"] = s->recomputedForwards;
-  std::cout << j.dump(2) << "\n";
-  return 0;
-}
-
 // `solve chunk`: the search's plan as JSON; exit 1 when none fits, 2 on a bad shape.
 int solveChunk(const std::string& workload, const std::string& shapeText, double maxMemory,
                const std::string& dtypeName) {
@@ -710,6 +672,10 @@ int main(int argc, char** argv) {
   ckpt->add_option("--slots", slots, "rotor: memory slots")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  double maxSolverMemory = 0;
+  ckpt->add_option("--max-solver-memory", maxSolverMemory,
+                   "rotor: bytes its table may take (default: a quarter of physical memory)")
+      ->check(CLI::NonNegativeNumber);
 
   auto* chunkCmd = solveCmd->add_subcommand(
       "chunk", "A chunk plan for a transformer workload under an activation-memory limit");
@@ -787,7 +753,7 @@ int main(int argc, char** argv) {
   }
 
   if (*list) return listStrategies(family, listFilter, json);
-  if (*ckpt) return solveCheckpoint(chainPath, budget, solver, slots);
+  if (*ckpt) return sb::cli::solveCheckpoint(chainPath, budget, solver, slots, maxSolverMemory);
   if (*chunkCmd) return solveChunk(chunkWorkload, chunkShape, maxMemory, chunkDtype);
   if (*shardCmd) return solveShard(shard);
   if (*graphCmd) return graphMain(graphWorkload, graphShape, graphJson);

@@ -26,6 +26,9 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <thread>
+
+#include <unistd.h>
 
 namespace sb::strategies::checkpointing {
 namespace {
@@ -171,11 +174,14 @@ class Revolve {
   std::vector<Op> ops_;
 };
 
-// ---- rotor ----------------------------------------------------------------------------------
+// ---- rotor, the reference table ---------------------------------------------------------------
+//
+// The first implementation, kept as the fast one's reference (tests compare their optima, the
+// benchmark their speed): one table indexed (m, i, l), filled entry by entry.
 
-class Rotor {
+class RotorReference {
  public:
-  Rotor(const Chain& c, double budget, int slots) : c_(c), L_(c.length()) {
+  RotorReference(const Chain& c, double budget, int slots) : c_(c), L_(c.length()) {
     bool integral = budget == std::floor(budget);
     for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.btmp}) {
       for (double s : *v) integral = integral && s == std::floor(s);
@@ -292,6 +298,189 @@ class Rotor {
   std::vector<int> choice_;
 };
 
+// ---- rotor --------------------------------------------------------------------------------------
+//
+// The same program as RotorReference, laid out for the way it is read: one row of S + 1 slot
+// values per sub-chain (i, l), i <= l only (half the reference's table). A move's condition on
+// m is a threshold (every fit is "m >= some sum"), so each move is one pass over the row's
+// slots from its threshold up, reading the rows of two shorter sub-chains at fixed offsets:
+// contiguous, branch-free loops the compiler vectorises, where the reference jumps across
+// slices of its table. A move also starts no lower than where the rows it reads become finite
+// (kept per row), which skips the slot counts too small for the rest of the chain. Sub-chains of
+// one length depend only on shorter ones, so each length's rows are filled in parallel over the
+// cores. Moves are tried in the reference's order and replace the best only when strictly cheaper,
+// so both make the same choices and the same schedule.
+class Rotor {
+ public:
+  Rotor(const Chain& c, double budget, int slots, double maxBytes) : c_(c), L_(c.length()) {
+    bool integral = budget == std::floor(budget);
+    for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.btmp}) {
+      for (double s : *v) integral = integral && s == std::floor(s);
+    }
+    S_ = integral && budget <= slots ? static_cast<int>(budget) : slots;
+    const double unit = budget / S_;
+    const auto disc = [&](const std::vector<double>& v) {
+      std::vector<int> out;
+      for (double s : v) out.push_back(static_cast<int>(std::ceil(s / unit - 1e-9)));
+      return out;
+    };
+    X_ = disc(c.x);
+    XB_ = disc(c.xbar);
+    FT_ = disc(c.ftmp);
+    BT_ = disc(c.btmp);
+    row_ = static_cast<size_t>(S_) + 1;
+    const double pairs = (L_ + 1.0) * (L_ + 2.0) / 2;
+    // Per sub-chain: a time and a choice per slot count, and where the row turns finite.
+    const double bytes =
+        pairs * (static_cast<double>(row_) * (sizeof(double) + sizeof(int32_t)) + sizeof(int));
+    if (bytes > maxBytes) {
+      throw SolverLimitError("rotor: the table of a " + std::to_string(L_) + "-stage chain at " +
+                                 std::to_string(S_) + " slots needs " +
+                                 std::to_string(static_cast<int64_t>(bytes)) + " bytes, over the " +
+                                 std::to_string(static_cast<int64_t>(maxBytes)) +
+                                 " allowed (--max-solver-memory; fewer --slots shrink it)",
+                             bytes);
+    }
+    table_.assign(static_cast<size_t>(pairs) * row_, kInf);
+    choice_.assign(table_.size(), 0);
+    first_.assign(static_cast<size_t>(pairs), S_ + 1);
+    fill();
+  }
+
+  double tableTime() const { return T(S_ - X_[0], 0, L_); }
+
+  std::optional<std::vector<Op>> schedule() const {
+    const int m = S_ - X_[0];
+    if (m < 0 || T(m, 0, L_) == kInf) return std::nullopt;
+    std::vector<Op> ops;
+    emit(m, 0, L_, ops);
+    return ops;
+  }
+
+ private:
+  // Row (i, l), i <= l: rows of sub-chains starting at i follow those starting before it.
+  size_t rowIndex(int i, int l) const {
+    const size_t before = static_cast<size_t>(i) * (2 * static_cast<size_t>(L_) + 3 - i) / 2;
+    return (before + static_cast<size_t>(l - i)) * row_;
+  }
+  double T(int m, int i, int l) const { return m < 0 ? kInf : table_[rowIndex(i, l) + m]; }
+  int D(int l) const { return l < L_ ? X_[l + 1] : 0; }
+
+  void fill() {
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int d = 0; d <= L_; ++d) {
+      // Threads only where the length's rows are worth waking them for.
+      const int rows = L_ - d + 1;
+      const double work = static_cast<double>(rows) * (d + 1) * static_cast<double>(row_);
+      const int n = work > 2e5 ? std::min(threads, rows) : 1;
+      if (n <= 1) {
+        for (int i = 0; i + d <= L_; ++i) fillRow(i, i + d);
+        continue;
+      }
+      std::vector<std::thread> pool;
+      for (int t = 0; t < n; ++t) {
+        pool.emplace_back([this, t, n, d] {
+          for (int i = t; i + d <= L_; i += n) fillRow(i, i + d);
+        });
+      }
+      for (auto& th : pool) th.join();
+    }
+  }
+
+  // The row's first slot count with a finite time (S + 1: none): below it a move that reads
+  // the row can be skipped outright.
+  int first(int i, int l) const { return first_[rowIndex(i, l) / row_]; }
+
+  void fillRow(int i, int l) {
+    fillMoves(i, l);
+    const double* row = &table_[rowIndex(i, l)];
+    int m = 0;
+    while (m <= S_ && row[m] == kInf) ++m;
+    first_[rowIndex(i, l) / row_] = m;
+  }
+
+  void fillMoves(int i, int l) {
+    double* row = &table_[rowIndex(i, l)];
+    int32_t* ch = &choice_[rowIndex(i, l)];
+    const int S = S_;
+    if (i == L_) {  // the loss: d[L] and its temporary
+      for (int m = X_[L_] + BT_[L_]; m <= S; ++m) row[m] = c_.btime[L_];
+      return;
+    }
+    // B_i: d[i+1], the tape xbar[i+1], the new d[i] and the backward's temporary.
+    const int backward = X_[i + 1] + XB_[i + 1] + X_[i] + BT_[i];
+    if (i == l) {
+      const double t = c_.ftime[i] + c_.btime[i];
+      for (int m = std::max(backward, X_[i + 1] + XB_[i + 1] + FT_[i]); m <= S; ++m) row[m] = t;
+      return;
+    }
+    // chain: Fe_i keeps the tape while the rest runs.
+    {
+      const double* next = &table_[rowIndex(i + 1, l)];
+      const double t0 = c_.ftime[i] + c_.btime[i];
+      const int off = XB_[i + 1];
+      for (int m = std::max({backward, D(l) + off + FT_[i], off + first(i + 1, l)}); m <= S; ++m) {
+        const double t = t0 + next[m - off];
+        if (t < row[m]) {
+          row[m] = t;
+          ch[m] = -1;
+        }
+      }
+    }
+    // leaf j: run to x[j] keeping x[i] and x[j] only.
+    double forward = 0;
+    int fwdPeak = X_[i + 1] + FT_[i];  // CF_i
+    for (int j = i + 1; j <= l; ++j) {
+      if (j > i + 1) fwdPeak = std::max(fwdPeak, X_[j - 1] + X_[j] + FT_[j - 1]);  // Fn_{j-1}
+      forward += c_.ftime[j - 1];
+      const int from = D(l) + fwdPeak;
+      if (from > S) break;  // longer runs only add forwards
+      const double* after = &table_[rowIndex(j, l)];
+      const double* before = &table_[rowIndex(i, j - 1)];
+      const int off = X_[j];
+      for (int m = std::max({from, off + first(j, l), first(i, j - 1)}); m <= S; ++m) {
+        const double t = forward + after[m - off] + before[m];
+        if (t < row[m]) {
+          row[m] = t;
+          ch[m] = j;
+        }
+      }
+    }
+  }
+
+  void emit(int m, int i, int l, std::vector<Op>& ops) const {
+    if (i == L_) {
+      ops.push_back({Kind::kLoss, 0});
+      return;
+    }
+    if (i == l) {
+      ops.push_back({Kind::kForwardEnable, i});
+      ops.push_back({Kind::kBackward, i});
+      return;
+    }
+    const int arg = choice_[rowIndex(i, l) + m];
+    if (arg < 0) {
+      ops.push_back({Kind::kForwardEnable, i});
+      emit(m - XB_[i + 1], i + 1, l, ops);
+      ops.push_back({Kind::kBackward, i});
+      return;
+    }
+    for (int k = i; k < arg; ++k) {
+      ops.push_back({k == i ? Kind::kForwardCheck : Kind::kForwardNoGrad, k});
+    }
+    emit(m - X_[arg], arg, l, ops);
+    emit(m, i, arg - 1, ops);
+  }
+
+  const Chain& c_;
+  int L_, S_;
+  size_t row_ = 0;
+  std::vector<int> X_, XB_, FT_, BT_;
+  std::vector<double> table_;
+  std::vector<int32_t> choice_;
+  std::vector<int> first_;
+};
+
 }  // namespace
 
 std::vector<std::string> Schedule::names() const {
@@ -377,7 +566,8 @@ std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
     double b = budget;
     if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;  // unconstrained
     if (b <= 0) return priced(solver, chain, segmentSchedule(L, {0}), budget);
-    Rotor rotor(chain, b, options.slots);
+    Rotor rotor(chain, b, options.slots,
+                options.maxSolverBytes > 0 ? options.maxSolverBytes : defaultSolverBytes());
     auto ops = rotor.schedule();
     if (!ops) return std::nullopt;
     auto s = priced(solver, chain, std::move(*ops), budget);
@@ -387,6 +577,26 @@ std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
   std::string known;
   for (const auto& n : solverNames()) known += (known.empty() ? "" : ", ") + n;
   throw ChainError("unknown checkpoint solver '" + solver + "' (known: " + known + ")");
+}
+
+std::optional<Schedule> solveRotorReference(const Chain& chain, const SolveOptions& options) {
+  chain.validate();
+  const int L = chain.length();
+  double b = options.budget;
+  if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;
+  if (b <= 0) return priced("rotor", chain, segmentSchedule(L, {0}), options.budget);
+  RotorReference rotor(chain, b, options.slots);
+  auto ops = rotor.schedule();
+  if (!ops) return std::nullopt;
+  auto s = priced("rotor", chain, std::move(*ops), options.budget);
+  if (s) s->tableTime = rotor.tableTime();
+  return s;
+}
+
+double defaultSolverBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || size <= 0) return 4.0 * (1 << 30);
+  return static_cast<double>(pages) * static_cast<double>(size) / 4;
 }
 
 }  // namespace sb::strategies::checkpointing

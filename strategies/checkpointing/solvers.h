@@ -23,6 +23,22 @@ struct Schedule {
 struct SolveOptions {
   double budget = 0;  // counts the input x[0]; <= 0 means unconstrained
   int slots = 500;    // rotor: memory is discretised into this many slots of budget / slots
+  // rotor: the most bytes its table may take; <= 0: defaultSolverBytes().
+  double maxSolverBytes = 0;
+};
+
+// A quarter of the machine's physical memory: what rotor's table may take by default.
+double defaultSolverBytes();
+
+// Thrown when a solver would need more memory than allowed: nothing is allocated.
+class SolverLimitError : public ChainError {
+ public:
+  SolverLimitError(const std::string& what, double neededBytes)
+      : ChainError(what), neededBytes_(neededBytes) {}
+  double neededBytes() const { return neededBytes_; }
+
+ private:
+  double neededBytes_;
 };
 
 // The names solve() knows: none, full, sqrt, greedy, revolve, rotor.
@@ -38,6 +54,10 @@ const std::vector<std::string>& solverNames();
 //   rotor    Beaumont et al.'s optimal dynamic program over memory slots
 std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
                               const SolveOptions& options);
+
+// rotor's first implementation (one table indexed by slot, then sub-chain), kept as the
+// reference the fast one is tested and benchmarked against: the same optimum, much slower.
+std::optional<Schedule> solveRotorReference(const Chain& chain, const SolveOptions& options);
 
 // Griewank's schedule with `snapshots` snapshots besides the input, and its number of
 // forward steps besides the one taped forward per stage (the revolve table's value).

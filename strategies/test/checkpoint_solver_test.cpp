@@ -321,4 +321,46 @@ TEST(ChainJson, MalformedChainsNameTheKeyAndIndex) {
 }
 
 }  // namespace
+// The fast rotor is the reference table's program laid out for speed: the same schedule (so
+// the same time and peak) on every chain, budget and slot count tried, integral and not.
+TEST(RotorSolver, TheFastTableMakesTheReferenceTablesSchedules) {
+  std::mt19937 rng(2026);
+  for (int trial = 0; trial < 60; ++trial) {
+    Chain c = randomChain(rng, 2 + trial % 25);
+    if (trial % 3 == 0) {  // sizes that are not whole slots
+      for (auto* v : {&c.x, &c.xbar, &c.ftmp, &c.btmp}) {
+        for (double& s : *v) s = s * 1000.37;
+      }
+    }
+    for (double frac : {0.25, 0.4, 0.6, 0.8, 1.0, 0.0}) {
+      for (int slots : {7, 60, 500}) {
+        const SolveOptions o{frac * nonePeak(c), slots};
+        const auto fast = solve("rotor", c, o);
+        const auto ref = solveRotorReference(c, o);
+        ASSERT_EQ(fast.has_value(), ref.has_value()) << c.toJson().dump() << " budget " << o.budget;
+        if (!fast) continue;
+        EXPECT_EQ(fast->names(), ref->names()) << c.toJson().dump() << " budget " << o.budget;
+        EXPECT_EQ(fast->predictedTime, ref->predictedTime);
+        EXPECT_EQ(fast->tableTime, ref->tableTime);
+      }
+    }
+  }
+}
+
+// A table over the memory allowed is refused before anything is allocated, naming its size.
+TEST(RotorSolver, ATableOverTheMemoryAllowedIsRefused) {
+  std::mt19937 rng(7);
+  const Chain c = randomChain(rng, 2000);
+  SolveOptions o{nonePeak(c) / 2, 500};
+  o.maxSolverBytes = 1e9;
+  try {
+    solve("rotor", c, o);
+    FAIL() << "a 2,000-stage table at 500 slots fit in 1 GB";
+  } catch (const SolverLimitError& e) {
+    // (2001 x 2002 / 2) sub-chains x (501 slots x 12 bytes + 4).
+    EXPECT_NEAR(e.neededBytes(), 2001.0 * 2002 / 2 * (501 * 12 + 4), 1.0);
+    EXPECT_NE(std::string(e.what()).find("--max-solver-memory"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace sb::strategies::checkpointing
