@@ -581,15 +581,7 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
   const reference::Graph& g = m.graph();
   const int meshNdim = static_cast<int>(m.mesh().size());
   if (algo == "replicated") {
-    return [&m](int v, const Candidate& c) {
-      return m.replicatedCandidate(v) >= 0 && [&] {
-        for (const auto& l : c.op.operands)
-          if (l != Layout(l.ndim())) return false;
-        for (const auto& l : c.outputs)
-          if (l != Layout(l.ndim())) return false;
-        return true;
-      }();
-    };
+    return [](int, const Candidate& c) { return allReplicated(c.op); };
   }
   if (algo == "data-parallel") {
     // Every parameter replicated, and every node that computes on data (reads an activation or
