@@ -24,7 +24,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -174,14 +176,13 @@ class Revolve {
   std::vector<Op> ops_;
 };
 
-// ---- rotor, the reference table ---------------------------------------------------------------
+// ---- rotor: what both tables share ------------------------------------------------------------
 //
-// The first implementation, kept as the fast one's reference (tests compare their optima, the
-// benchmark their speed): one table indexed (m, i, l), filled entry by entry.
-
-class RotorReference {
+// The chain's sizes in slots, the program's value T(m, i, l) and choice (-1: chain, j: leaf j)
+// as each table stores them, and the schedule read back from the choices.
+class RotorSlots {
  public:
-  RotorReference(const Chain& c, double budget, int slots) : c_(c), L_(c.length()) {
+  RotorSlots(const Chain& c, double budget, int slots) : c_(c), L_(c.length()) {
     bool integral = budget == std::floor(budget);
     for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.btmp}) {
       for (double s : *v) integral = integral && s == std::floor(s);
@@ -199,14 +200,12 @@ class RotorReference {
     XB_ = disc(c.xbar);
     FT_ = disc(c.ftmp);
     BT_ = disc(c.btmp);
-    table_.assign(static_cast<size_t>(S_ + 1) * (L_ + 1) * (L_ + 1), kInf);
-    choice_.assign(table_.size(), 0);
-    fill();
   }
+  virtual ~RotorSlots() = default;
 
   double tableTime() const { return T(S_ - X_[0], 0, L_); }
 
-  std::optional<std::vector<Op>> schedule() {
+  std::optional<std::vector<Op>> schedule() const {
     const int m = S_ - X_[0];
     if (m < 0 || T(m, 0, L_) == kInf) return std::nullopt;
     std::vector<Op> ops;
@@ -214,12 +213,59 @@ class RotorReference {
     return ops;
   }
 
+ protected:
+  virtual double T(int m, int i, int l) const = 0;
+  virtual int choiceAt(int m, int i, int l) const = 0;
+  int D(int l) const { return l < L_ ? X_[l + 1] : 0; }  // the gradient held, d[l+1]
+
+  void emit(int m, int i, int l, std::vector<Op>& ops) const {
+    if (i == L_) {
+      ops.push_back({Kind::kLoss, 0});
+      return;
+    }
+    if (i == l) {
+      ops.push_back({Kind::kForwardEnable, i});
+      ops.push_back({Kind::kBackward, i});
+      return;
+    }
+    const int arg = choiceAt(m, i, l);
+    if (arg < 0) {
+      ops.push_back({Kind::kForwardEnable, i});
+      emit(m - XB_[i + 1], i + 1, l, ops);
+      ops.push_back({Kind::kBackward, i});
+      return;
+    }
+    for (int k = i; k < arg; ++k) {
+      ops.push_back({k == i ? Kind::kForwardCheck : Kind::kForwardNoGrad, k});
+    }
+    emit(m - X_[arg], arg, l, ops);
+    emit(m, i, arg - 1, ops);
+  }
+
+  const Chain& c_;
+  int L_, S_ = 1;
+  std::vector<int> X_, XB_, FT_, BT_;
+};
+
+// ---- rotor, the reference table ---------------------------------------------------------------
+//
+// The first implementation, kept as the fast one's reference (tests compare their optima, the
+// benchmark their speed): one table indexed (m, i, l), filled entry by entry.
+
+class RotorReference final : public RotorSlots {
+ public:
+  RotorReference(const Chain& c, double budget, int slots) : RotorSlots(c, budget, slots) {
+    table_.assign(static_cast<size_t>(S_ + 1) * (L_ + 1) * (L_ + 1), kInf);
+    choice_.assign(table_.size(), 0);
+    fill();
+  }
+
  private:
   size_t idx(int m, int i, int l) const {
     return (static_cast<size_t>(m) * (L_ + 1) + i) * (L_ + 1) + l;
   }
-  double T(int m, int i, int l) const { return m < 0 ? kInf : table_[idx(m, i, l)]; }
-  int D(int l) const { return l < L_ ? X_[l + 1] : 0; }  // the gradient held, d[l+1]
+  double T(int m, int i, int l) const override { return m < 0 ? kInf : table_[idx(m, i, l)]; }
+  int choiceAt(int m, int i, int l) const override { return choice_[idx(m, i, l)]; }
 
   void fill() {
     for (int d = 0; d <= L_; ++d) {
@@ -267,33 +313,6 @@ class RotorReference {
     return best;
   }
 
-  void emit(int m, int i, int l, std::vector<Op>& ops) const {
-    if (i == L_) {
-      ops.push_back({Kind::kLoss, 0});
-      return;
-    }
-    if (i == l) {
-      ops.push_back({Kind::kForwardEnable, i});
-      ops.push_back({Kind::kBackward, i});
-      return;
-    }
-    const int arg = choice_[idx(m, i, l)];
-    if (arg < 0) {
-      ops.push_back({Kind::kForwardEnable, i});
-      emit(m - XB_[i + 1], i + 1, l, ops);
-      ops.push_back({Kind::kBackward, i});
-      return;
-    }
-    for (int k = i; k < arg; ++k) {
-      ops.push_back({k == i ? Kind::kForwardCheck : Kind::kForwardNoGrad, k});
-    }
-    emit(m - X_[arg], arg, l, ops);
-    emit(m, i, arg - 1, ops);
-  }
-
-  const Chain& c_;
-  int L_, S_;
-  std::vector<int> X_, XB_, FT_, BT_;
   std::vector<double> table_;
   std::vector<int> choice_;
 };
@@ -310,24 +329,9 @@ class RotorReference {
 // one length depend only on shorter ones, so each length's rows are filled in parallel over the
 // cores. Moves are tried in the reference's order and replace the best only when strictly cheaper,
 // so both make the same choices and the same schedule.
-class Rotor {
+class Rotor final : public RotorSlots {
  public:
-  Rotor(const Chain& c, double budget, int slots, double maxBytes) : c_(c), L_(c.length()) {
-    bool integral = budget == std::floor(budget);
-    for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.btmp}) {
-      for (double s : *v) integral = integral && s == std::floor(s);
-    }
-    S_ = integral && budget <= slots ? static_cast<int>(budget) : slots;
-    const double unit = budget / S_;
-    const auto disc = [&](const std::vector<double>& v) {
-      std::vector<int> out;
-      for (double s : v) out.push_back(static_cast<int>(std::ceil(s / unit - 1e-9)));
-      return out;
-    };
-    X_ = disc(c.x);
-    XB_ = disc(c.xbar);
-    FT_ = disc(c.ftmp);
-    BT_ = disc(c.btmp);
+  Rotor(const Chain& c, double budget, int slots, double maxBytes) : RotorSlots(c, budget, slots) {
     row_ = static_cast<size_t>(S_) + 1;
     const double pairs = (L_ + 1.0) * (L_ + 2.0) / 2;
     // Per sub-chain: a time and a choice per slot count, and where the row turns finite.
@@ -347,24 +351,14 @@ class Rotor {
     fill();
   }
 
-  double tableTime() const { return T(S_ - X_[0], 0, L_); }
-
-  std::optional<std::vector<Op>> schedule() const {
-    const int m = S_ - X_[0];
-    if (m < 0 || T(m, 0, L_) == kInf) return std::nullopt;
-    std::vector<Op> ops;
-    emit(m, 0, L_, ops);
-    return ops;
-  }
-
  private:
   // Row (i, l), i <= l: rows of sub-chains starting at i follow those starting before it.
   size_t rowIndex(int i, int l) const {
     const size_t before = static_cast<size_t>(i) * (2 * static_cast<size_t>(L_) + 3 - i) / 2;
     return (before + static_cast<size_t>(l - i)) * row_;
   }
-  double T(int m, int i, int l) const { return m < 0 ? kInf : table_[rowIndex(i, l) + m]; }
-  int D(int l) const { return l < L_ ? X_[l + 1] : 0; }
+  double T(int m, int i, int l) const override { return m < 0 ? kInf : table_[rowIndex(i, l) + m]; }
+  int choiceAt(int m, int i, int l) const override { return choice_[rowIndex(i, l) + m]; }
 
   void fill() {
     const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -448,38 +442,28 @@ class Rotor {
     }
   }
 
-  void emit(int m, int i, int l, std::vector<Op>& ops) const {
-    if (i == L_) {
-      ops.push_back({Kind::kLoss, 0});
-      return;
-    }
-    if (i == l) {
-      ops.push_back({Kind::kForwardEnable, i});
-      ops.push_back({Kind::kBackward, i});
-      return;
-    }
-    const int arg = choice_[rowIndex(i, l) + m];
-    if (arg < 0) {
-      ops.push_back({Kind::kForwardEnable, i});
-      emit(m - XB_[i + 1], i + 1, l, ops);
-      ops.push_back({Kind::kBackward, i});
-      return;
-    }
-    for (int k = i; k < arg; ++k) {
-      ops.push_back({k == i ? Kind::kForwardCheck : Kind::kForwardNoGrad, k});
-    }
-    emit(m - X_[arg], arg, l, ops);
-    emit(m, i, arg - 1, ops);
-  }
-
-  const Chain& c_;
-  int L_, S_;
   size_t row_ = 0;
-  std::vector<int> X_, XB_, FT_, BT_;
   std::vector<double> table_;
   std::vector<int32_t> choice_;
   std::vector<int> first_;
 };
+
+// rotor's schedule with the table `make` builds for a budget in bytes (without a budget, what
+// keeping every tape peaks at), priced by the simulator.
+std::optional<Schedule> solveRotor(
+    const Chain& chain, const SolveOptions& options,
+    const std::function<std::unique_ptr<RotorSlots>(double budget)>& make) {
+  const int L = chain.length();
+  double b = options.budget;
+  if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;  // unconstrained
+  if (b <= 0) return priced("rotor", chain, segmentSchedule(L, {0}), options.budget);
+  const auto rotor = make(b);
+  auto ops = rotor->schedule();
+  if (!ops) return std::nullopt;
+  auto s = priced("rotor", chain, std::move(*ops), options.budget);
+  if (s) s->tableTime = rotor->tableTime();
+  return s;
+}
 
 }  // namespace
 
@@ -563,16 +547,11 @@ std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
   }
   if (solver == "rotor") {
     if (options.slots < 1) throw ChainError("rotor: --slots must be at least 1");
-    double b = budget;
-    if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;  // unconstrained
-    if (b <= 0) return priced(solver, chain, segmentSchedule(L, {0}), budget);
-    Rotor rotor(chain, b, options.slots,
-                options.maxSolverBytes > 0 ? options.maxSolverBytes : defaultSolverBytes());
-    auto ops = rotor.schedule();
-    if (!ops) return std::nullopt;
-    auto s = priced(solver, chain, std::move(*ops), budget);
-    if (s) s->tableTime = rotor.tableTime();
-    return s;
+    return solveRotor(chain, options, [&](double b) {
+      return std::make_unique<Rotor>(
+          chain, b, options.slots,
+          options.maxSolverBytes > 0 ? options.maxSolverBytes : defaultSolverBytes());
+    });
   }
   std::string known;
   for (const auto& n : solverNames()) known += (known.empty() ? "" : ", ") + n;
@@ -581,16 +560,9 @@ std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
 
 std::optional<Schedule> solveRotorReference(const Chain& chain, const SolveOptions& options) {
   chain.validate();
-  const int L = chain.length();
-  double b = options.budget;
-  if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;
-  if (b <= 0) return priced("rotor", chain, segmentSchedule(L, {0}), options.budget);
-  RotorReference rotor(chain, b, options.slots);
-  auto ops = rotor.schedule();
-  if (!ops) return std::nullopt;
-  auto s = priced("rotor", chain, std::move(*ops), options.budget);
-  if (s) s->tableTime = rotor.tableTime();
-  return s;
+  return solveRotor(chain, options, [&](double b) {
+    return std::make_unique<RotorReference>(chain, b, options.slots);
+  });
 }
 
 double defaultSolverBytes() {
