@@ -640,8 +640,6 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
   };
 }
 
-std::string seqOf(const Layout& l) { return l.sequence(); }
-
 }  // namespace
 
 const std::vector<std::string>& planAlgos() {
@@ -739,7 +737,7 @@ nlohmann::json ShardingPlan::toJson(const ShardingModel& m) const {
     const auto& n = m.graph().nodes[v];
     const Candidate& c = m.candidates(v)[choice[v]];
     const auto place = [&](const Layout& l) {
-      nlohmann::json j = {{"sequence", seqOf(l)}};
+      nlohmann::json j = {{"sequence", l.sequence()}};
       try {
         j["placements"] = l.dtensor(meshNdim);
       } catch (const std::exception&) {
@@ -827,9 +825,9 @@ ShardingPlan ShardingPlan::fromJson(const nlohmann::json& j, const ShardingModel
         const std::string& op = c.op.spec.operands[i];
         if (!n.at("args").contains(op)) continue;
         const auto& a = n.at("args").at(op);
-        if (!a.contains("sequence") || a.at("sequence") != seqOf(c.op.operands[i])) {
+        if (!a.contains("sequence") || a.at("sequence") != c.op.operands[i].sequence()) {
           fail(key + ".args." + op + ".sequence",
-               "strategy " + c.op.spec.name + " reads it as " + seqOf(c.op.operands[i]));
+               "strategy " + c.op.spec.name + " reads it as " + c.op.operands[i].sequence());
         }
       }
     }
