@@ -1,6 +1,8 @@
 #include "harness/registry.h"
 
 #include <regex>
+#include <set>
+#include <stdexcept>
 
 #include <c10/util/Exception.h>
 
@@ -43,6 +45,56 @@ const Strategy* StrategyRegistry::find(const std::string& id) const {
   return it == byId_.end() ? nullptr : it->second;
 }
 
+std::string StrategyRegistry::originOf(const std::string& id) const {
+  auto it = origins_.find(id);
+  return it == origins_.end() ? "built-in" : it->second;
+}
+
+void StrategyRegistry::holdRegistrations() {
+  dropHeld();
+  holding_ = true;
+}
+
+void StrategyRegistry::dropHeld() {
+  holding_ = false;
+  heldMakers_.clear();
+  heldGenerators_.clear();
+}
+
+std::vector<std::string> StrategyRegistry::commitHeld(const std::string& origin) {
+  holding_ = false;
+  std::vector<Maker> makers = std::move(heldMakers_);
+  std::vector<GeneratorInfo> gens = std::move(heldGenerators_);
+  dropHeld();
+  std::vector<std::unique_ptr<Strategy>> made;
+  std::set<std::string> seen;
+  for (const auto& make : makers) {
+    for (auto& s : make()) {
+      if (s == nullptr)
+        throw std::invalid_argument("a registration function returned a null strategy");
+      if (find(s->id()) != nullptr) {
+        throw std::invalid_argument("strategy id '" + s->id() + "' is already registered (" +
+                                    originOf(s->id()) + ")");
+      }
+      if (!seen.insert(s->id()).second) {
+        throw std::invalid_argument("strategy id '" + s->id() + "' is registered twice by it");
+      }
+      made.push_back(std::move(s));
+    }
+  }
+  std::vector<std::string> ids;
+  for (auto& s : made) {
+    ids.push_back(s->id());
+    origins_[s->id()] = origin;
+    add(std::move(s));
+  }
+  for (auto& g : gens) {
+    g.origin = origin;
+    addGenerator(std::move(g));
+  }
+  return ids;
+}
+
 void StrategyRegistry::addGenerator(GeneratorInfo info) {
   TORCH_INTERNAL_ASSERT(info.generate, "generator without a function");
   generators_.push_back(std::move(info));
@@ -51,7 +103,9 @@ void StrategyRegistry::addGenerator(GeneratorInfo info) {
 void StrategyRegistry::expandFor(const CaseSpec& c) {
   for (const auto& g : generators_) {
     for (auto& s : g.generate(c)) {
-      if (find(s->id()) == nullptr) add(std::move(s));
+      if (find(s->id()) != nullptr) continue;
+      if (g.origin != "built-in") origins_[s->id()] = g.origin;
+      add(std::move(s));
     }
   }
 }
@@ -78,11 +132,21 @@ std::vector<const Strategy*> StrategyRegistry::matching(const std::string& patte
 
 StrategyRegistrar::StrategyRegistrar(
     const std::function<std::vector<std::unique_ptr<Strategy>>()>& make) {
-  for (auto& s : make()) StrategyRegistry::global().add(std::move(s));
+  auto& registry = StrategyRegistry::global();
+  if (registry.holding()) {
+    registry.hold(make);
+    return;
+  }
+  for (auto& s : make()) registry.add(std::move(s));
 }
 
 StrategyRegistrar::StrategyRegistrar(StrategyRegistry::GeneratorInfo generator) {
-  StrategyRegistry::global().addGenerator(std::move(generator));
+  auto& registry = StrategyRegistry::global();
+  if (registry.holding()) {
+    registry.hold(std::move(generator));
+    return;
+  }
+  registry.addGenerator(std::move(generator));
 }
 
 }  // namespace sb::harness

@@ -11,13 +11,18 @@
 namespace sb::harness {
 
 // Every strategy, by id. Filled before main() by the registrars at the bottom of each executor
-// file (SB_REGISTER_STRATEGIES); a duplicate id is a hard error.
+// file (SB_REGISTER_STRATEGIES), and by plugins (harness/plugin.h) as they are loaded. A
+// duplicate id among the built-in strategies is a hard error; one from a plugin refuses the
+// plugin (held registrations, below).
 class StrategyRegistry {
  public:
   static StrategyRegistry& global();
 
+  // Adds a built-in strategy; its id must be new.
   void add(std::unique_ptr<Strategy> strategy);
   const Strategy* find(const std::string& id) const;
+  // Where `id` came from: "built-in", or the path of the plugin that registered it.
+  std::string originOf(const std::string& id) const;
   // In registration order: by file, then in the order each file lists them.
   std::vector<const Strategy*> all() const;
   // Those whose id matches `pattern` entirely (ECMAScript regex); throws on a bad pattern.
@@ -34,16 +39,36 @@ class StrategyRegistry {
     Family family;
     std::string description;
     Generator generate;
+    std::string origin = "built-in";  // set when a plugin's generator is committed
   };
   void addGenerator(GeneratorInfo info);
   const std::vector<GeneratorInfo>& generators() const { return generators_; }
   // Registers what every generator makes for `c`.
   void expandFor(const CaseSpec& c);
 
+  // Held registrations, for the plugin loader (harness/plugin_loader.h). While held, registrars
+  // (a plugin's, running inside dlopen) queue their functions instead of calling them, so that
+  // nothing of a plugin runs before the loader has checked the API version it was built
+  // against. commitHeld() then makes and adds them all, or none: it throws
+  // std::invalid_argument naming the first id that is already registered (and where from) or
+  // that the plugin registers twice. dropHeld() forgets them.
+  using Maker = std::function<std::vector<std::unique_ptr<Strategy>>()>;
+  void holdRegistrations();
+  bool holding() const { return holding_; }
+  void hold(Maker make) { heldMakers_.push_back(std::move(make)); }
+  void hold(GeneratorInfo generator) { heldGenerators_.push_back(std::move(generator)); }
+  // Returns the ids added.
+  std::vector<std::string> commitHeld(const std::string& origin);
+  void dropHeld();
+
  private:
   std::vector<std::unique_ptr<Strategy>> strategies_;
   std::map<std::string, const Strategy*> byId_;
+  std::map<std::string, std::string> origins_;  // ids that came from a plugin
   std::vector<GeneratorInfo> generators_;
+  bool holding_ = false;
+  std::vector<Maker> heldMakers_;
+  std::vector<GeneratorInfo> heldGenerators_;
 };
 
 // Registers what `make` returns when constructed; used through SB_REGISTER_STRATEGIES.

@@ -546,7 +546,18 @@ std::string plotsScript() {
   if (const char* d = std::getenv("STRATBENCH_PLOTS_DIR"); d && *d) {
     return std::string(d) + "/make_plots.py";
   }
-  return std::string(SB_SOURCE_DIR) + "/reports/plots/make_plots.py";
+  // The checkout this was built from, else an installation's share/stratbench/plots beside
+  // bin/ (cmake --install).
+  const std::string checkout = std::string(SB_SOURCE_DIR) + "/reports/plots/make_plots.py";
+  if (fs::is_regular_file(checkout)) return checkout;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path installed =
+        exe.parent_path().parent_path() / "share/stratbench/plots/make_plots.py";
+    if (fs::is_regular_file(installed)) return installed.string();
+  }
+  return checkout;
 }
 
 // Runs the plot scripts on DIR; returns an empty string or what went wrong.

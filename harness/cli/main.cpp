@@ -1,10 +1,10 @@
 // The stratbench command line, the full harness (stratbench-core; `stratbench`, the front in
 // front.cpp, runs `solve checkpoint` itself and hands every other command here).
 //
-//   stratbench list [--family F] [--filter REGEX] [--json]
+//   stratbench list [--family F] [--filter REGEX] [--json] [--plugin LIB.so...]
 //   stratbench run SUITE [--filter REGEX] [--backend threads|gloo] [--out DIR] [--repetitions N]
 //                        [--seed S] [--min-time SEC] [--world-size N] [--timeout SEC]
-//                        [--cost-profile FILE...]
+//                        [--cost-profile FILE...] [--plugin LIB.so...]
 //   stratbench launch -n N [--nnodes K --node-rank I --master-addr A --master-port P]
 //                        [--hosts H0,H1,...] [--timeout SEC] -- run SUITE --backend gloo ...
 //   stratbench calibrate [--backend threads|gloo] [--mesh RxC] [--out FILE] [--max-bytes B]
@@ -23,7 +23,8 @@
 //
 // Exit codes: 0 everything passed (run) or the gate passed (report), 1 a strategy failed or
 // errored (run), the gate failed (report --gate) or no schedule fits (solve), 2 bad input or
-// usage.
+// usage (a plugin refused included). Plugins (harness/plugin.h) come from --plugin and from
+// STRATBENCH_PLUGIN_PATH (files or folders, ':'-separated).
 
 #include <algorithm>
 #include <chrono>
@@ -44,6 +45,7 @@
 #include "harness/case.h"
 #include "harness/cli/solve_checkpoint.h"
 #include "harness/launcher.h"
+#include "harness/plugin_loader.h"
 #include "harness/records.h"
 #include "harness/redistribute.h"
 #include "harness/registry.h"
@@ -85,6 +87,7 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
       j["id"] = s->id();
       j["name"] = s->displayName();
       j["family"] = sb::harness::familyName(s->family());
+      j["origin"] = StrategyRegistry::global().originOf(s->id());
       nlohmann::json params = nlohmann::json::object();
       for (const auto& [k, v] : s->params()) params[k] = v;
       j["params"] = params;
@@ -95,6 +98,7 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
       arr.push_back({{"id", gen.idPattern},
                      {"family", sb::harness::familyName(gen.family)},
                      {"generated", true},
+                     {"origin", gen.origin},
                      {"name", gen.description}});
     }
     std::cout << arr.dump(2) << "\n";
@@ -107,13 +111,19 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
             << "  name\n";
   for (const auto* s : shown) {
     std::cout << std::left << std::setw(idWidth) << s->id() << "  " << std::setw(10)
-              << sb::harness::familyName(s->family()) << "  " << s->displayName() << "\n";
+              << sb::harness::familyName(s->family()) << "  " << s->displayName();
+    // Built-in strategies say nothing more; a plugin's name the library they came from.
+    const std::string origin = StrategyRegistry::global().originOf(s->id());
+    if (origin != "built-in") std::cout << "  [plugin " << origin << "]";
+    std::cout << "\n";
   }
   std::cout << shown.size() << " strategies\n";
   for (const auto& gen : StrategyRegistry::global().generators()) {
     if (!family.empty() && family != sb::harness::familyName(gen.family)) continue;
     std::cout << "generated per case: " << gen.idPattern << " ("
-              << sb::harness::familyName(gen.family) << "): " << gen.description << "\n";
+              << sb::harness::familyName(gen.family) << "): " << gen.description;
+    if (gen.origin != "built-in") std::cout << " [plugin " << gen.origin << "]";
+    std::cout << "\n";
   }
   return 0;
 }
@@ -566,7 +576,13 @@ int main(int argc, char** argv) {
   list->add_option("--family", family, "Only this family")
       ->check(CLI::IsMember({"sharding", "chunking", "checkpointing"}));
   list->add_option("--filter", listFilter, "Only ids matching this regular expression");
-  list->add_flag("--json", json, "Print JSON: id, name, family, parameters, sharding sequences");
+  list->add_flag("--json", json,
+                 "Print JSON: id, name, family, origin, parameters, sharding sequences");
+  std::vector<std::string> pluginPaths;
+  const char* pluginHelp =
+      "Load strategies from this shared library (repeatable; STRATBENCH_PLUGIN_PATH adds more, "
+      "':'-separated files or folders)";
+  list->add_option("--plugin", pluginPaths, pluginHelp);
 
   auto* run = app.add_subcommand("run", "Run a suite: verify, time and profile every strategy");
   std::string suitePath;
@@ -603,6 +619,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> plantFaults;
   run->add_option("--plant-fault", plantFaults,
                   "Test only: run strategy ID with a deliberate bug, as ID=FAULT (repeatable)");
+
+  run->add_option("--plugin", pluginPaths, pluginHelp);
 
   std::vector<std::string> profilePaths;
   run->add_option("--cost-profile", profilePaths,
@@ -752,6 +770,14 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitBadInput;
   }
 
+  if (*list || *run) {
+    try {
+      sb::harness::loadPlugins(pluginPaths);
+    } catch (const sb::harness::PluginError& e) {
+      std::cerr << "stratbench: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+  }
   if (*list) return listStrategies(family, listFilter, json);
   if (*ckpt) return sb::cli::solveCheckpoint(chainPath, budget, solver, slots, maxSolverMemory);
   if (*chunkCmd) return solveChunk(chunkWorkload, chunkShape, maxMemory, chunkDtype);

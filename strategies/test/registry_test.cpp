@@ -132,5 +132,85 @@ TEST(Registry, ListDescribesShardingSequencesForEveryOperand) {
   }
 }
 
+// Plugins (harness/plugin_loader.cpp) register through held registrations: nothing of a plugin
+// runs before its API version is checked, and a plugin is added whole or not at all.
+namespace plugins {
+
+class Named final : public harness::SingleRankStrategy {
+ public:
+  explicit Named(const std::string& id) : SingleRankStrategy(id, id, harness::Family::kChunking) {}
+  Applicability applies(const harness::CaseSpec&) const override {
+    return Applicability::notApplicable("test strategy");
+  }
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec&) const override {
+    return nullptr;
+  }
+};
+
+StrategyRegistry::Maker maker(std::vector<std::string> ids, int* calls) {
+  return [ids, calls] {
+    ++*calls;
+    std::vector<std::unique_ptr<harness::Strategy>> out;
+    for (const auto& id : ids) out.push_back(std::make_unique<Named>(id));
+    return out;
+  };
+}
+
+TEST(PluginRegistration, HeldMakersRunOnlyAtCommitAndRecordTheirOrigin) {
+  StrategyRegistry r;
+  r.add(std::make_unique<Named>("built/in"));
+  int calls = 0;
+  r.holdRegistrations();
+  r.hold(maker({"mine/a", "mine/b"}, &calls));
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(r.find("mine/a"), nullptr);
+  const auto ids = r.commitHeld("/plugins/libmine.so");
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(ids, (std::vector<std::string>{"mine/a", "mine/b"}));
+  ASSERT_NE(r.find("mine/b"), nullptr);
+  EXPECT_EQ(r.originOf("mine/a"), "/plugins/libmine.so");
+  EXPECT_EQ(r.originOf("built/in"), "built-in");
+  EXPECT_FALSE(r.holding());
+}
+
+TEST(PluginRegistration, ADuplicateIdRefusesThePluginWholeNamingWhereTheFirstCameFrom) {
+  StrategyRegistry r;
+  int calls = 0;
+  r.holdRegistrations();
+  r.hold(maker({"mine/a"}, &calls));
+  r.commitHeld("/p/libfirst.so");
+  r.holdRegistrations();
+  r.hold(maker({"mine/new", "mine/a"}, &calls));
+  try {
+    r.commitHeld("/p/libsecond.so");
+    FAIL() << "a duplicate id was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'mine/a' is already registered (/p/libfirst.so)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(r.find("mine/new"), nullptr) << "part of a refused plugin was added";
+  EXPECT_EQ(r.all().size(), 1u);
+
+  r.holdRegistrations();
+  r.hold(maker({"mine/twice"}, &calls));
+  r.hold(maker({"mine/twice"}, &calls));
+  EXPECT_THROW(r.commitHeld("/p/libthird.so"), std::invalid_argument);
+  EXPECT_EQ(r.find("mine/twice"), nullptr);
+}
+
+TEST(PluginRegistration, DroppedRegistrationsNeverRun) {
+  StrategyRegistry r;
+  int calls = 0;
+  r.holdRegistrations();
+  r.hold(maker({"mine/a"}, &calls));
+  r.dropHeld();
+  EXPECT_FALSE(r.holding());
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(r.all().empty());
+}
+
+}  // namespace plugins
+
 }  // namespace
 }  // namespace sb::strategies
