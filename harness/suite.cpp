@@ -1,7 +1,13 @@
 #include "harness/suite.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -34,6 +40,37 @@ T number(const std::string& file, const YAML::Node& n, const std::string& key,
   }
 }
 
+// A whole number in [lo, hi] written with digits only: yaml-cpp would read "-5" into a
+// uint64_t as 18446744073709551611 and "1e3" not at all.
+uint64_t wholeNumber(const std::string& file, const YAML::Node& n, const std::string& key,
+                     uint64_t lo, uint64_t hi) {
+  const std::string expected =
+      "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
+  if (!n.IsScalar()) fail(file, n, "key '" + key + "' must be " + expected);
+  const std::string& t = n.Scalar();
+  bool digits = !t.empty() && t.size() <= 20;
+  for (char ch : t) digits = digits && std::isdigit(static_cast<unsigned char>(ch));
+  errno = 0;
+  const unsigned long long v = digits ? std::strtoull(t.c_str(), nullptr, 10) : 0;
+  if (!digits || errno == ERANGE || v < lo || v > hi) {
+    fail(file, n, "key '" + key + "' must be " + expected + ", got '" + t + "'");
+  }
+  return v;
+}
+
+// A finite number in (lo, hi]: YAML's .inf and .nan are refused, not run forever or compared
+// false.
+double realNumber(const std::string& file, const YAML::Node& n, const std::string& key, double lo,
+                  double hi, const std::string& unit) {
+  std::ostringstream expected;
+  expected << "a number of " << unit << " in (" << lo << ", " << hi << "]";
+  const double v = number<double>(file, n, key, expected.str());
+  if (!std::isfinite(v) || !(v > lo) || v > hi) {
+    fail(file, n, "key '" + key + "' must be " + expected.str() + ", got '" + n.Scalar() + "'");
+  }
+  return v;
+}
+
 nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
   switch (n.Type()) {
     case YAML::NodeType::Map: {
@@ -54,7 +91,8 @@ nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
         long long v = std::stoll(s, &used);
         if (used == s.size()) return v;
         double d = std::stod(s, &used);
-        if (used == s.size()) return d;
+        // "nan" and "inf" stay text, which every reader of a number refuses.
+        if (used == s.size() && std::isfinite(d)) return d;
       } catch (const std::exception&) {
       }
       return s;
@@ -64,9 +102,106 @@ nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
   }
 }
 
+// Limits on what a suite file may make the reader do (README, "Limits").
+constexpr size_t kMaxSuiteBytes = size_t{16} << 20;
+constexpr int kMaxDepth = 32;
+constexpr int64_t kMaxNodes = 1000000;
+constexpr size_t kMaxSweepCases = 10000;
+constexpr size_t kMaxCases = 100000;
+constexpr size_t kMaxNameBytes = 200;
+
+// Where `text` is not UTF-8: the offset of the first bad byte, or -1.
+int64_t firstInvalidUtf8(const std::string& text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return static_cast<int64_t>(i);
+    }
+    if (i + len > n) return static_cast<int64_t>(i);
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    const bool overlong =
+        (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
+    if (overlong || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return static_cast<int64_t>(i);
+    }
+    i += len;
+  }
+  return -1;
+}
+
+void checkText(const std::string& file, const YAML::Node& n, const std::string& text) {
+  if (const int64_t at = firstInvalidUtf8(text); at >= 0) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", static_cast<unsigned char>(text[at]));
+    fail(file, n,
+         "not UTF-8 text: byte " + std::string(hex) + " at offset " + std::to_string(at) + " of '" +
+             text.substr(0, at) + "...'");
+  }
+}
+
+// Walks the whole document once before anything reads it: every mapping key given once, every
+// key a plain value, all text UTF-8, and the document bounded in depth and in nodes, counting
+// every alias each time it is used (an alias "bomb" of nested anchors is refused here instead
+// of being expanded exponentially later).
+void checkTree(const std::string& file, const YAML::Node& n, int depth, int64_t* nodes) {
+  if (++*nodes > kMaxNodes) {
+    fail(file, n,
+         "the suite expands to more than " + std::to_string(kMaxNodes) +
+             " values, counting each use of an alias (anchors that repeat anchors?)");
+  }
+  if (depth > kMaxDepth) {
+    fail(file, n, "values are nested deeper than " + std::to_string(kMaxDepth) + " levels");
+  }
+  switch (n.Type()) {
+    case YAML::NodeType::Scalar:
+      checkText(file, n, n.Scalar());
+      break;
+    case YAML::NodeType::Sequence:
+      for (const auto& v : n) checkTree(file, v, depth + 1, nodes);
+      break;
+    case YAML::NodeType::Map: {
+      std::set<std::string> seen;
+      for (const auto& kv : n) {
+        if (!kv.first.IsScalar()) fail(file, kv.first, "a mapping key must be a plain value");
+        const std::string key = kv.first.Scalar();
+        checkText(file, kv.first, key);
+        if (!seen.insert(key).second) {
+          fail(file, kv.first,
+               "key '" + key +
+                   "' is given twice in the same mapping (YAML would keep one "
+                   "of them and drop the other)");
+        }
+        checkTree(file, kv.second, depth + 1, nodes);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
 const std::set<std::string> kCaseKeys = {
-    "name",        "workload",   "shape",   "mesh",   "dtype",      "inputs", "seed",
-    "repetitions", "min_time_s", "backend", "device", "strategies", "params", "sweep"};
+    "name",        "workload",   "shape",  "mesh",       "dtype",  "inputs", "seed",
+    "repetitions", "min_time_s", "device", "strategies", "params", "sweep"};
 
 std::string keyList(const std::set<std::string>& keys) {
   std::string s;
@@ -79,12 +214,28 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
   for (const auto& kv : node) {
     const std::string key = kv.first.Scalar();
     const YAML::Node& v = kv.second;
+    if (key == "backend") {
+      fail(file, kv.first,
+           "key 'backend' is not a case key: the backend is chosen for the whole run "
+           "(`stratbench run --backend threads|gloo`)");
+    }
     if (!kCaseKeys.count(key)) {
       fail(file, kv.first,
            "unknown key '" + key + "' (expected one of: " + keyList(kCaseKeys) + ")");
     }
     if (key == "name") {
       c.name = scalar(file, v, key);
+      if (c.name.empty() || c.name.size() > kMaxNameBytes) {
+        fail(file, v, "key 'name' must be 1 to " + std::to_string(kMaxNameBytes) + " bytes long");
+      }
+      for (char ch : c.name) {
+        const auto u = static_cast<unsigned char>(ch);
+        if (u < 0x20 || u == 0x7f) {
+          fail(file, v,
+               "key 'name' must not hold control characters (a newline, a tab, ...): "
+               "names are printed, written in result files and matched by reports");
+        }
+      }
     } else if (key == "workload") {
       c.workload = scalar(file, v, key);
       if (!reference::findWorkload(c.workload)) {
@@ -98,7 +249,7 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
     } else if (key == "mesh") {
       std::vector<int64_t> mesh;
       if (v.IsSequence()) {
-        for (const auto& d : v) mesh.push_back(number<int64_t>(file, d, key, "a positive integer"));
+        for (const auto& d : v) mesh.push_back(wholeNumber(file, d, key, 1, 64));
       } else {
         try {
           mesh = DeviceMesh::parseShape(scalar(file, v, key));
@@ -109,7 +260,7 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
       if (mesh.empty()) fail(file, v, "key 'mesh' needs at least one axis");
       int64_t n = 1;
       for (int64_t d : mesh) {
-        if (d <= 0) fail(file, v, "key 'mesh' must have positive extents");
+        if (d <= 0 || d > 64) fail(file, v, "key 'mesh' must have extents from 1 to 64");
         n *= d;
       }
       if (n > 64) fail(file, v, "key 'mesh' has " + std::to_string(n) + " ranks; at most 64");
@@ -130,15 +281,11 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
         fail(file, v, "key 'inputs' must be random or exact, got '" + s + "'");
       }
     } else if (key == "seed") {
-      c.seed = number<uint64_t>(file, v, key, "a non-negative integer");
+      c.seed = wholeNumber(file, v, key, 0, std::numeric_limits<uint64_t>::max());
     } else if (key == "repetitions") {
-      c.repetitions = number<int>(file, v, key, "a positive integer");
-      if (c.repetitions < 1) fail(file, v, "key 'repetitions' must be at least 1");
+      c.repetitions = static_cast<int>(wholeNumber(file, v, key, 1, 100000));
     } else if (key == "min_time_s") {
-      c.minTimeSec = number<double>(file, v, key, "a number of seconds");
-      if (!(c.minTimeSec > 0)) fail(file, v, "key 'min_time_s' must be positive");
-    } else if (key == "backend") {
-      c.backend = scalar(file, v, key);
+      c.minTimeSec = realNumber(file, v, key, 0, 3600, "seconds");
     } else if (key == "device") {
       c.device = scalar(file, v, key);
       if (c.device != "cpu") {
@@ -173,6 +320,10 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
 }  // namespace
 
 Suite parseSuite(const std::string& text, const std::string& file) {
+  if (text.size() > kMaxSuiteBytes) {
+    throw InputError(file + ": " + std::to_string(text.size()) + " bytes; a suite is at most " +
+                     std::to_string(kMaxSuiteBytes) + " bytes");
+  }
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -180,6 +331,8 @@ Suite parseSuite(const std::string& text, const std::string& file) {
     throw InputError(file + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
   if (!root.IsMap()) throw InputError(file + ":1: a suite must be a mapping with a 'cases' list");
+  int64_t nodes = 0;
+  checkTree(file, root, 0, &nodes);
 
   Suite suite;
   suite.file = file;
@@ -233,12 +386,26 @@ Suite parseSuite(const std::string& text, const std::string& file) {
       sweep.reset(root["defaults"]["sweep"]);
     }
     if (sweep.IsDefined() && !sweep.IsNull()) {
+      size_t product = 1;
+      for (const auto& kv : sweep) {
+        product *= std::max<size_t>(kv.second.size(), 1);
+        if (product > kMaxSweepCases) {
+          fail(file, sweep,
+               "case '" + c.name + "': the sweep makes more than " +
+                   std::to_string(kMaxSweepCases) + " cases");
+        }
+      }
       for (const auto& kv : sweep) {
         std::vector<CaseSpec> next;
         for (const auto& base : expanded) {
           for (const auto& value : kv.second) {
             CaseSpec e = base;
             e.params[kv.first.Scalar()] = toJson(file, value);
+            if (!value.IsScalar()) {
+              fail(file, value,
+                   "key 'sweep': the values of '" + kv.first.Scalar() +
+                       "' must be plain values (they name the cases)");
+            }
             e.name += "/" + kv.first.Scalar() + "=" + value.Scalar();
             next.push_back(std::move(e));
           }
@@ -251,6 +418,9 @@ Suite parseSuite(const std::string& text, const std::string& file) {
         fail(file, node, "case name '" + e.name + "' is used twice");
       }
       suite.cases.push_back(std::move(e));
+    }
+    if (suite.cases.size() > kMaxCases) {
+      fail(file, node, "the suite has more than " + std::to_string(kMaxCases) + " cases");
     }
   }
   return suite;

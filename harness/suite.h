@@ -25,7 +25,6 @@ class InputError : public std::runtime_error {
 //     seed: 1234
 //     repetitions: 10
 //     min_time_s: 0.01           # per repetition
-//     backend: threads
 //     device: cpu
 //   cases:
 //     - name: linear-4x4x4x16

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "harness/suite.h"
 
 namespace sb::harness {
@@ -83,7 +85,8 @@ TEST(Suite, BadValuesNameTheKeyAndValue) {
   EXPECT_NE(e.find("bad.yaml:7"), std::string::npos) << e;
   EXPECT_NE(e.find("unknown dtype 'float8'"), std::string::npos) << e;
   e = errorOf(head + shape + "    mesh: 4\n    repetitions: many\n");
-  EXPECT_NE(e.find("key 'repetitions' must be a positive integer, got 'many'"), std::string::npos)
+  EXPECT_NE(e.find("key 'repetitions' must be a whole number from 1 to 100000, got 'many'"),
+            std::string::npos)
       << e;
   e = errorOf(head + shape + "    mesh: 4\n    inputs: integers\n");
   EXPECT_NE(e.find("key 'inputs' must be random or exact"), std::string::npos) << e;
@@ -113,6 +116,106 @@ TEST(Suite, UnknownWorkloadDuplicateNamesAndNoCasesAreRejected) {
   EXPECT_NE(errorOf("cases:\n" + c + c).find("case name 'a' is used twice"), std::string::npos);
   EXPECT_NE(errorOf("sweet: smoke\ncases:\n" + c).find("unknown top-level key 'sweet'"),
             std::string::npos);
+}
+
+// Hostile and careless suites (issue 15): each is exit 2 naming the line and key, never a
+// crash, a hang, a wrapped number or a setting silently dropped.
+const char* kCase = R"(    workload: linear
+    shape: {input: [4, 16], out_features: 8}
+    mesh: 2x2
+    strategies: ["sharding/linear/.*"]
+)";
+
+std::string oneCase(const std::string& extra, const std::string& name = "a") {
+  return "cases:\n  - name: " + name + "\n" + kCase + extra;
+}
+
+TEST(SuiteHostile, NumbersAreCheckedForKindRangeNanAndInfinity) {
+  EXPECT_NE(
+      errorOf(oneCase("    min_time_s: .inf\n"))
+          .find(
+              "bad.yaml:7: key 'min_time_s' must be a number of seconds in (0, 3600], got '.inf'"),
+      std::string::npos)
+      << errorOf(oneCase("    min_time_s: .inf\n"));
+  EXPECT_NE(errorOf(oneCase("    min_time_s: .nan\n")).find("min_time_s"), std::string::npos);
+  EXPECT_NE(errorOf(oneCase("    seed: -5\n"))
+                .find("key 'seed' must be a whole number from 0 to 18446744073709551615, got '-5'"),
+            std::string::npos)
+      << errorOf(oneCase("    seed: -5\n"));
+  EXPECT_NE(errorOf(oneCase("    repetitions: 1e9\n")).find("key 'repetitions'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(oneCase("    repetitions: 100001\n")).find("from 1 to 100000"),
+            std::string::npos);
+  EXPECT_EQ(parseSuite(oneCase("    seed: 18446744073709551615\n"), "ok.yaml").cases[0].seed,
+            18446744073709551615ull);
+  EXPECT_NE(errorOf("cases:\n  - name: a\n    workload: linear\n    shape: {input: [4, 16], "
+                    "out_features: 8}\n    mesh: [4294967296, 4294967296]\n    strategies: [x]\n")
+                .find("key 'mesh'"),
+            std::string::npos);
+}
+
+TEST(SuiteHostile, DuplicateKeysAnywhereAreNamed) {
+  EXPECT_NE(errorOf(oneCase("    mesh: 4\n")).find("bad.yaml:7: key 'mesh' is given twice"),
+            std::string::npos)
+      << errorOf(oneCase("    mesh: 4\n"));
+  EXPECT_NE(errorOf(oneCase("    params: {budget: 0.5, budget: 0.9}\n"))
+                .find("key 'budget' is given twice"),
+            std::string::npos);
+  EXPECT_NE(errorOf("suite: a\nsuite: b\n" + oneCase("")).find("key 'suite' is given twice"),
+            std::string::npos);
+}
+
+TEST(SuiteHostile, ACaseLevelBackendIsRefusedNotIgnored) {
+  EXPECT_NE(errorOf(oneCase("    backend: gloo\n")).find("the backend is chosen for the whole run"),
+            std::string::npos);
+  EXPECT_NE(errorOf("defaults: {backend: gloo}\n" + oneCase("")).find("key 'backend'"),
+            std::string::npos);
+}
+
+TEST(SuiteHostile, AnAliasBombIsRefusedQuickly) {
+  std::string yaml = "defaults:\n  params:\n    a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 12; ++i) {
+    yaml += "    a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) yaml += std::string(k ? ", " : "") + "*a" + std::to_string(i - 1);
+    yaml += "]\n";
+  }
+  yaml += oneCase("");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = errorOf(yaml);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_NE(e.find("more than 1000000 values"), std::string::npos) << e;
+}
+
+TEST(SuiteHostile, DeepNestingAndHugeSweepsAreRefused) {
+  std::string deep = "[";
+  for (int i = 0; i < 40; ++i) deep += "[";
+  deep += std::string(41, ']');
+  EXPECT_NE(errorOf(oneCase("    params: {x: " + deep + "}\n")).find("nested deeper than 32"),
+            std::string::npos);
+  std::string sweep = "    sweep: {";
+  for (int k = 0; k < 5; ++k) {
+    sweep += std::string(k ? ", " : "") + "p" + std::to_string(k) + ": [";
+    for (int v = 0; v < 10; ++v) sweep += std::string(v ? ", " : "") + std::to_string(v);
+    sweep += "]";
+  }
+  sweep += "}\n";
+  EXPECT_NE(errorOf(oneCase(sweep)).find("the sweep makes more than 10000 cases"),
+            std::string::npos)
+      << errorOf(oneCase(sweep));
+}
+
+TEST(SuiteHostile, TextMustBeUtf8AndNamesFreeOfControlCharacters) {
+  const std::string bad = errorOf(oneCase("", "caf\xff"));
+  EXPECT_NE(bad.find("not UTF-8 text: byte 0xff at offset 3"), std::string::npos) << bad;
+  EXPECT_NE(errorOf(oneCase("", "\"two\\nlines\"")).find("control characters"), std::string::npos);
+  EXPECT_NO_THROW(parseSuite(oneCase("", "caf\xc3\xa9"), "ok.yaml"));
+}
+
+TEST(SuiteHostile, NanAndInfinityInParamsStayTextThatNoNumberReaderAccepts) {
+  const auto s = parseSuite(oneCase("    params: {budget: nan, chunk: inf, x: 1.5}\n"), "ok.yaml");
+  EXPECT_TRUE(s.cases[0].params["budget"].is_string());
+  EXPECT_TRUE(s.cases[0].params["chunk"].is_string());
+  EXPECT_EQ(s.cases[0].params["x"].get<double>(), 1.5);
 }
 
 TEST(Suite, AMissingFileIsAnInputError) {
