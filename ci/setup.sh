@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build ccache git pkg-config
-          libtorch-dev libgloo-dev libopenblas0-openmp coinor-libcbc-dev
+          libtorch-dev libgloo-dev libopenblas0-openmp coinor-libcbc-dev libre2-dev
           libbenchmark-dev libgtest-dev googletest
           libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfccp-dev
           python3 python3-matplotlib)

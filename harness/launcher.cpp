@@ -83,6 +83,9 @@ int launch(const LaunchOptions& o, const std::string& self) {
   const pid_t launcherPid = getpid();
   std::vector<Child> children;
   for (int local = 0; local < o.procsPerNode; ++local) {
+    // A signal while starting the ranks stops the starting: the watch loop below then stops
+    // the ranks already started.
+    if (interrupted) break;
     const int rank = o.nodeRank * o.procsPerNode + local;
     std::vector<std::string> env = inherited;
     env.push_back("RANK=" + std::to_string(rank));

@@ -1,6 +1,9 @@
 #include "harness/records.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -318,15 +321,35 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
   TORCH_CHECK(!ec && std::filesystem::is_directory(dir_), "cannot create output directory '", dir_,
               "': ", ec.message());
   TORCH_CHECK(::access(dir_.c_str(), W_OK) == 0, "output directory '", dir_, "' is not writable");
+  const std::string lockPath = dir_ + "/.stratbench.lock";
+  lockFd_ = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  TORCH_CHECK(lockFd_ >= 0, "cannot open ", lockPath, ": ", std::strerror(errno));
+  if (::flock(lockFd_, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    const ssize_t n = ::pread(lockFd_, buf, sizeof buf - 1, 0);
+    ::close(lockFd_);
+    lockFd_ = -1;
+    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    throw OutputBusy("output directory '" + dir_ + "' is in use by another run (pid " + pid +
+                     "): wait for it, or give this run another --out");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  (void)!::ftruncate(lockFd_, 0);
+  (void)!::pwrite(lockFd_, pid.data(), pid.size(), 0);
   write();
 }
 
 ResultWriter::~ResultWriter() {
   try {
-    flush();
+    if (!committed_) flush();
   } catch (const std::exception& e) {
     std::cerr << "stratbench: could not write the last results to " << dir_ << ": " << e.what()
               << "\n";
+  }
+  if (lockFd_ >= 0) {
+    (void)!::ftruncate(lockFd_, 0);  // no pid: nobody holds it
+    ::close(lockFd_);                // releases the lock
   }
 }
 
@@ -340,12 +363,11 @@ void ResultWriter::flush() {
   if (written_ != jsonRecords_.size()) write();
 }
 
-void ResultWriter::write() {
+std::pair<std::string, std::string> ResultWriter::contents() const {
   std::string csv;
   for (size_t i = 0; i < csvColumns().size(); ++i) csv += (i ? "," : "") + csvColumns()[i];
   csv += "\n";
   for (const auto& l : csvLines_) csv += l + "\n";
-  writeFileAtomic(csvPath(), csv);
   // One record per line; the document's keys in the order nlohmann::json sorts them.
   std::string json = "{\n \"records\": [";
   for (size_t i = 0; i < jsonRecords_.size(); ++i) {
@@ -354,9 +376,50 @@ void ResultWriter::write() {
   json += jsonRecords_.empty() ? "],\n" : "\n ],\n";
   json += " \"run\": " + runInfo_.dump() + ",\n";
   json += " \"schema_version\": " + std::to_string(kSchemaVersion) + "\n}\n";
-  writeFileAtomic(jsonPath(), json);
+  return {csv, json};
+}
+
+void ResultWriter::write() {
+  const auto [csv, json] = contents();
+  writeFileAtomic(dir_ + "/results.partial.csv", csv);
+  writeFileAtomic(dir_ + "/results.partial.json", json);
   written_ = jsonRecords_.size();
   lastWrite_ = std::chrono::steady_clock::now();
+}
+
+void ResultWriter::commit() {
+  const auto [csv, json] = contents();
+  // Both complete on disk before either replaces its file.
+  const std::string csvTmp = csvPath() + ".new." + std::to_string(::getpid());
+  const std::string jsonTmp = jsonPath() + ".new." + std::to_string(::getpid());
+  try {
+    writeFileAtomic(csvTmp, csv);
+    writeFileAtomic(jsonTmp, json);
+  } catch (...) {
+    ::unlink(csvTmp.c_str());
+    ::unlink(jsonTmp.c_str());
+    throw;
+  }
+  sigset_t hold, previous;
+  sigemptyset(&hold);
+  sigaddset(&hold, SIGINT);
+  sigaddset(&hold, SIGTERM);
+  sigaddset(&hold, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &hold, &previous);
+  const bool jsonOk = std::rename(jsonTmp.c_str(), jsonPath().c_str()) == 0;
+  const int jsonErr = errno;
+  const bool csvOk = jsonOk && std::rename(csvTmp.c_str(), csvPath().c_str()) == 0;
+  const int csvErr = errno;
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  ::unlink(csvTmp.c_str());
+  ::unlink(jsonTmp.c_str());
+  TORCH_CHECK(jsonOk, "cannot replace ", jsonPath(), ": ", std::strerror(jsonErr));
+  TORCH_CHECK(csvOk, "cannot replace ", csvPath(), " (", jsonPath(),
+              " already holds the new results): ", std::strerror(csvErr));
+  committed_ = true;
+  written_ = jsonRecords_.size();
+  ::unlink((dir_ + "/results.partial.csv").c_str());
+  ::unlink((dir_ + "/results.partial.json").c_str());
 }
 
 }  // namespace sb::harness

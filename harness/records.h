@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -134,36 +135,57 @@ std::string formatDouble(double v);
 // One CSV line (no trailing newline), fields quoted where they need it (RFC 4180).
 std::string csvRow(const Record& r);
 
-// Writes `results.csv` and `results.json` in a directory, rewriting both as records arrive so
-// that an interrupted run keeps what it finished. Each file is written to a temporary beside
-// it, flushed to disk and renamed over the old one: a reader (or a crash) sees the previous
-// complete file or the new complete file, never a truncated one. Both files are rewritten
-// together, from the same records, at most once per `kFlushInterval` while records arrive
-// (so a suite of thousands of short rows does not spend its time rewriting files), at every
-// flush() (the runner calls it after each case) and when the writer is destroyed.
+// Writes a run's `results.csv` and `results.json` into a directory, one consistent set:
+//
+//   - The directory is locked for the writer's lifetime (an flock on `.stratbench.lock`, which
+//     holds the owner's pid): a second run into it is refused with the first one's pid, and a
+//     lock left by a process that died is free again.
+//   - While the run goes on, the records so far go to `results.partial.csv` and
+//     `results.partial.json` (rewritten together, at most once per `kFlushInterval` while
+//     records arrive, at every flush() and when the writer is destroyed), so an interrupted run
+//     keeps what it finished there.
+//   - commit() (the end of the run) writes the full set to temporaries, flushed to disk, and
+//     only then renames them over `results.json` and `results.csv`, with SIGINT and SIGTERM
+//     held off between the two renames. The previous set stays whole until the new one is
+//     complete; a write that fails (a full disk) leaves it as it was.
+// Every file is replaced by rename, so a reader sees a previous complete file or a new
+// complete one, never a truncated one.
 class ResultWriter {
  public:
   static constexpr std::chrono::milliseconds kFlushInterval{1000};
-  // Creates `dir` if needed. Throws naming the directory if it cannot be written.
+  // Creates `dir` if needed and takes its lock. Throws OutputBusy when another live process
+  // holds it, and a c10::Error naming the directory if it cannot be written.
   explicit ResultWriter(std::string dir, nlohmann::json runInfo);
   ~ResultWriter();
   ResultWriter(const ResultWriter&) = delete;
   ResultWriter& operator=(const ResultWriter&) = delete;
   void add(const Record& r);
-  // Writes both files now, if anything changed since they were last written.
+  // Writes the partial files now, if anything changed since they were last written.
   void flush();
+  // Replaces results.csv and results.json with every record added, and removes the partial
+  // files.
+  void commit();
   const std::string& dir() const { return dir_; }
   std::string csvPath() const { return dir_ + "/results.csv"; }
   std::string jsonPath() const { return dir_ + "/results.json"; }
 
  private:
   void write();
+  std::pair<std::string, std::string> contents() const;  // csv, json
   std::string dir_;
   nlohmann::json runInfo_;
+  int lockFd_ = -1;
   std::vector<std::string> csvLines_;
   std::vector<std::string> jsonRecords_;  // each record serialised once
-  size_t written_ = 0;                    // records in the files on disk
+  size_t written_ = 0;                    // records in the partial files on disk
+  bool committed_ = false;
   std::chrono::steady_clock::time_point lastWrite_;
+};
+
+// Another run holds the output directory's lock.
+class OutputBusy : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 // Atomically replaces `path` with `content` (temporary file, fsync, rename).

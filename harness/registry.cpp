@@ -1,10 +1,12 @@
 #include "harness/registry.h"
 
-#include <regex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
 #include <c10/util/Exception.h>
+
+#include "harness/id_pattern.h"
 
 namespace sb::harness {
 
@@ -117,15 +119,15 @@ std::vector<const Strategy*> StrategyRegistry::all() const {
 }
 
 std::vector<const Strategy*> StrategyRegistry::matching(const std::string& pattern) const {
-  std::regex re;
+  std::optional<IdPattern> re;
   try {
-    re = std::regex(pattern, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    TORCH_CHECK(false, "'", pattern, "' is not a valid regular expression: ", e.what());
+    re.emplace(pattern);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, e.what());
   }
   std::vector<const Strategy*> out;
   for (const auto& s : strategies_) {
-    if (std::regex_match(s->id(), re)) out.push_back(s.get());
+    if (re->fullMatch(s->id())) out.push_back(s.get());
   }
   return out;
 }

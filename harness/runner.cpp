@@ -10,7 +10,7 @@
 #include <map>
 #include <mutex>
 #include <ostream>
-#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -21,6 +21,7 @@
 
 #include "harness/c10d_backend.h"
 #include "harness/dist_env.h"
+#include "harness/id_pattern.h"
 #include "harness/memory.h"
 #include "harness/registry.h"
 #include "harness/threads_backend.h"
@@ -113,6 +114,7 @@ struct RankOutcome {
   int64_t peak = 0;
   CommStats counted, wire;
   std::optional<int64_t> predictedPeak;
+  std::optional<int64_t> memoryLimit;            // RankExecutor::memoryLimitBytes
   std::vector<TensorCheck> checks, checksAfter;  // after the measured step, after the timed ones
 };
 
@@ -126,6 +128,7 @@ nlohmann::json outcomeToJson(const RankOutcome& o) {
   j["counted"] = commToJson(o.counted);
   j["wire"] = commToJson(o.wire);
   if (o.predictedPeak) j["predicted_peak"] = *o.predictedPeak;
+  if (o.memoryLimit) j["memory_limit"] = *o.memoryLimit;
   nlohmann::json checks = nlohmann::json::array(), after = nlohmann::json::array();
   for (const auto& c : o.checks) checks.push_back(checkToJson(c));
   for (const auto& c : o.checksAfter) after.push_back(checkToJson(c));
@@ -144,6 +147,7 @@ RankOutcome outcomeFromJson(const nlohmann::json& j) {
   o.counted = commFromJson(j.at("counted"));
   o.wire = commFromJson(j.at("wire"));
   if (j.contains("predicted_peak")) o.predictedPeak = j.at("predicted_peak").get<int64_t>();
+  if (j.contains("memory_limit")) o.memoryLimit = j.at("memory_limit").get<int64_t>();
   for (const auto& c : j.at("checks")) o.checks.push_back(checkFromJson(c));
   for (const auto& c : j.at("checks_after")) o.checksAfter.push_back(checkFromJson(c));
   return o;
@@ -317,6 +321,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       o.peak = peak[r];
       o.predictedPeak = execs[r]->predictedPeakBytes();
       if (!o.predictedPeak) o.predictedPeak = strategy.predictPeakMemory(c, r);
+      o.memoryLimit = execs[r]->memoryLimitBytes();
     }
     if (slot[0] >= 0) {
       out.predictedTimeUs = execs[0]->predictedTimeUs();
@@ -478,7 +483,8 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   std::string commProblem;
   nlohmann::json commRanks = nlohmann::json::array();
   std::optional<int64_t> memPredMax;
-  std::vector<int64_t> peaks;
+  std::vector<int64_t> peaks, memLimits;
+  std::string memProblem;
   for (const auto& o : ranks) {
     const CommStats predicted = strategy.predictComm(c, o.rank);
     commMax = std::max(commMax, o.counted.totalBytes());
@@ -494,7 +500,14 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
     }
     if (o.predictedPeak) memPredMax = std::max(memPredMax.value_or(0), *o.predictedPeak);
     peaks.push_back(o.peak);
+    if (o.memoryLimit && o.peak > *o.memoryLimit && memProblem.empty()) {
+      memProblem = "rank " + std::to_string(o.rank) + " peaked at " + std::to_string(o.peak) +
+                   " bytes, over the " + std::to_string(*o.memoryLimit) +
+                   " bytes it promised to stay within (the case's memory budget)";
+    }
+    if (o.memoryLimit) memLimits.push_back(*o.memoryLimit);
   }
+  if (!memLimits.empty()) rec.details["memory_limit_bytes_per_rank"] = memLimits;
   rec.commBytes = commMax;
   rec.predictedCommBytes = predMax;
   rec.commCalls = callsMax;
@@ -517,6 +530,9 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   } else if (!commProblem.empty()) {
     rec.status = Status::kFail;
     rec.message = commProblem;
+  } else if (!memProblem.empty()) {
+    rec.status = Status::kFail;
+    rec.message = memProblem;
   } else {
     rec.status = Status::kPass;
   }
@@ -611,19 +627,19 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
       throw InputError("--plant-rank-fault needs a multi-process backend (--backend gloo)");
     }
   }
-  std::optional<std::regex> filter;
+  std::optional<IdPattern> filter;
   if (!options.filter.empty()) {
     try {
-      filter.emplace(options.filter, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      throw InputError("--filter '" + options.filter +
-                       "' is not a valid regular expression: " + e.what());
+      filter.emplace(options.filter);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(std::string("--filter: ") + e.what());
     }
   }
   auto& registry = StrategyRegistry::global();
   std::vector<PlannedCase> plan;
   size_t selected = 0;
   for (CaseSpec c : suite.cases) {
+    const nlohmann::json userParams = c.params;  // before the runner adds its own
     if (options.repetitions) c.repetitions = *options.repetitions;
     if (options.seed) c.seed = *options.seed;
     if (options.minTimeSec) c.minTimeSec = *options.minTimeSec;
@@ -673,8 +689,25 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
         if (std::find(chosen.begin(), chosen.end(), s) == chosen.end()) chosen.push_back(s);
       }
     }
+    // A parameter that none of the case's strategies reads would be silently ignored (a
+    // misspelt `budgt: 0.5` ran with no budget and passed): refused, naming the key.
+    {
+      std::set<std::string> known;
+      for (const Strategy* s : chosen) {
+        for (const auto& k : s->caseParams()) known.insert(k);
+      }
+      for (const auto& item : userParams.items()) {
+        if (known.count(item.key())) continue;
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        throw InputError(
+            c.where() + ": case '" + c.name + "': params key '" + item.key() +
+            "' is read by none of its strategies (" +
+            (known.empty() ? std::string("they read no parameters") : "they read: " + list) + ")");
+      }
+    }
     for (const Strategy* s : chosen) {
-      if (filter && !std::regex_search(s->id(), *filter)) continue;
+      if (filter && !filter->search(s->id())) continue;
       Applicability a = s->applies(c);
       if (a.kind == Applicability::Kind::kNotApplicable) continue;
       pc.strategies.push_back({s, a, nullptr});
@@ -1005,7 +1038,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   }
   if (stopped) out << "stopped: a rank was lost; every finished row is in the results\n";
   if (!writer) return 0;  // rank 0 carries the verdict and the exit code
-  writer->flush();
+  writer->commit();
   out << "results: " << writer->csvPath() << ", " << writer->jsonPath() << " (" << std::fixed
       << std::setprecision(1) << std::chrono::duration<double>(Clock::now() - runStart).count()
       << " s)\n"

@@ -63,6 +63,11 @@ class RankExecutor {
   virtual std::optional<int64_t> predictedPeakBytes() const { return std::nullopt; }
   // Predicted step time in microseconds, from the strategy's cost model.
   virtual std::optional<double> predictedTimeUs() const { return std::nullopt; }
+  // After prepare: the bytes this rank's measured peak must stay within, where the strategy
+  // promises one (a checkpoint schedule's budget, a plan's memory limit), in the tracker's
+  // terms (harness/memory.h: everything live, not only activations). A measured peak over it
+  // fails the row, however right its numbers are.
+  virtual std::optional<int64_t> memoryLimitBytes() const { return std::nullopt; }
   // Family-specific numbers for the record's `params` column (budget, recomputed forwards,
   // chunk size, ...) and details for its JSON (a schedule, a plan).
   virtual std::vector<std::pair<std::string, std::string>> recordParams() const { return {}; }
@@ -90,6 +95,10 @@ class Strategy {
 
   // Parameters as shown by `stratbench list` (e.g. mesh_axes, placements).
   virtual std::vector<std::pair<std::string, std::string>> params() const { return {}; }
+  // The keys of a case's `params` (and `sweep`) this strategy reads, e.g. {"budget"}. A key
+  // that none of a case's strategies reads is a mistake in the suite (a misspelt `budgt` would
+  // otherwise run with no budget and pass), and `run` refuses it with exit 2.
+  virtual std::vector<std::string> caseParams() const { return {}; }
   // Family-specific listing details; for sharding, the sharding sequence of every operand
   // for the workload's canonical shape and the communication in forward and backward.
   virtual nlohmann::json describe() const { return nlohmann::json::object(); }

@@ -158,6 +158,8 @@ class UnevenColwiseStrategy final : public sb::harness::Strategy {
   std::vector<std::pair<std::string, std::string>> params() const override {
     return {{"meshes", "1-D"}, {"case params", "shares (one positive integer per rank)"}};
   }
+  // The case parameters it reads; `run` refuses a case whose params no strategy reads.
+  std::vector<std::string> caseParams() const override { return {"shares"}; }
 
   // Which cases it runs: linear workloads on 1-D meshes; `unsupported` (a row saying why) where
   // the shares are malformed or leave a rank without features.

@@ -10,7 +10,7 @@
 //   stratbench calibrate [--backend threads|gloo] [--mesh RxC] [--out FILE] [--max-bytes B]
 //   stratbench report RESULTS... [--baseline FILE...] [--out DIR] [--history DIR] [--gate]
 //                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
-//   stratbench solve checkpoint --chain FILE.json --budget M [--solver S] [--slots N]
+//   stratbench solve checkpoint --chain FILE.json --budget M|none [--solver S] [--slots N]
 //                        [--max-solver-memory BYTES]
 //   stratbench solve chunk --workload W --shape JSON --max-memory BYTES [--dtype D]
 //   stratbench solve redistribute --shape JSON --mesh RxC (--from L --to L | --compare-anchors)
@@ -32,8 +32,9 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
-#include <regex>
+#include <limits>
 #include <sstream>
+#include <thread>
 
 #include <torch/version.h>
 #include <CLI/CLI.hpp>
@@ -43,7 +44,9 @@
 #include "harness/c10d_backend.h"
 #include "harness/calibrate.h"
 #include "harness/case.h"
+#include "harness/cli/numbers.h"
 #include "harness/cli/solve_checkpoint.h"
+#include "harness/id_pattern.h"
 #include "harness/launcher.h"
 #include "harness/plugin_loader.h"
 #include "harness/records.h"
@@ -65,19 +68,19 @@ constexpr int kExitBadInput = 2;
 using sb::harness::StrategyRegistry;
 
 int listStrategies(const std::string& family, const std::string& filter, bool json) {
-  std::optional<std::regex> re;
+  std::optional<sb::harness::IdPattern> re;
   if (!filter.empty()) {
     try {
-      re.emplace(filter, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      std::cerr << "stratbench: --filter '" << filter << "' is not a valid regular expression\n";
+      re.emplace(filter);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "stratbench: --filter: " << e.what() << "\n";
       return kExitBadInput;
     }
   }
   std::vector<const sb::harness::Strategy*> shown;
   for (const auto* s : StrategyRegistry::global().all()) {
     if (!family.empty() && family != sb::harness::familyName(s->family())) continue;
-    if (re && !std::regex_search(s->id(), *re)) continue;
+    if (re && !re->search(s->id())) continue;
     shown.push_back(s);
   }
   if (json) {
@@ -464,21 +467,21 @@ int launchMain(int argc, char** argv) {
   double timeoutSec = 300, graceSec = 10;
   app.add_option("-n,--nproc-per-node", o.procsPerNode, "Ranks to start on this host")
       ->required()
-      ->check(CLI::Range(1, 1024));
+      ->check(sb::cli::wholeNumber(1, 1024, "ranks"));
   app.add_option("--nnodes", o.nnodes, "Hosts taking part, each running its own launch")
-      ->check(CLI::Range(1, 4096));
+      ->check(sb::cli::wholeNumber(1, 4096, "hosts"));
   app.add_option("--node-rank", o.nodeRank, "This host's place among them (0 serves the store)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(sb::cli::wholeNumber(0, 4095, "hosts"));
   app.add_option("--master-addr", o.masterAddr, "Address of node 0")->capture_default_str();
   app.add_option("--master-port", o.masterPort, "Port of node 0's store (0: any free port)")
-      ->check(CLI::Range(0, 65535));
+      ->check(sb::cli::wholeNumber(0, 65535, "port"));
   app.add_option("--hosts", hosts,
                  "Comma-separated hosts, node 0 first: sets --nnodes and --master-addr");
   app.add_option("--timeout", timeoutSec, "Seconds the other ranks get to finish after a rank dies")
-      ->check(CLI::PositiveNumber)
+      ->check(sb::cli::realNumber(0, 86400, true, "seconds"))
       ->capture_default_str();
   app.add_option("--grace", graceSec, "Seconds the ranks get after rank 0 has finished")
-      ->check(CLI::PositiveNumber)
+      ->check(sb::cli::realNumber(0, 86400, true, "seconds"))
       ->capture_default_str();
   std::vector<std::string> before;
   for (int i = split - 1; i >= 2; --i) before.push_back(argv[i]);  // CLI11 wants them reversed
@@ -506,6 +509,18 @@ int launchMain(int argc, char** argv) {
     }
     o.nnodes = static_cast<int>(list.size());
     o.masterAddr = list.front();
+  }
+  {
+    // Every rank is a process that loads LibTorch and runs its own threads: beyond a few per
+    // core a host only thrashes (and a thousand forks take minutes to stop).
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int most = std::max(8, 8 * cores);
+    if (o.procsPerNode > most) {
+      std::cerr << "stratbench launch: -n " << o.procsPerNode << ": at most " << most
+                << " ranks on this host (8 per CPU core, at least 8; it has " << cores
+                << "): each rank is a process running LibTorch\n";
+      return kExitBadInput;
+    }
   }
   if (o.nodeRank >= o.nnodes) {
     std::cerr << "stratbench launch: --node-rank " << o.nodeRank << " is not below --nnodes "
@@ -600,7 +615,7 @@ int main(int argc, char** argv) {
   double timeoutSec = 300;
   run->add_option("--timeout", timeoutSec,
                   "Seconds a rank may wait in a collective before the case fails")
-      ->check(CLI::PositiveNumber)
+      ->check(sb::cli::realNumber(0, 86400, true, "seconds"))
       ->capture_default_str();
   std::string rankFault;
   run->add_option(
@@ -609,12 +624,13 @@ int main(int argc, char** argv) {
   run->add_option("--out", opts.outDir, "Output directory for results.csv and results.json")
       ->capture_default_str();
   run->add_option("--repetitions", repetitions, "Timing repetitions (overrides the suite)")
-      ->check(CLI::PositiveNumber);
-  run->add_option("--seed", seed, "Input seed (overrides the suite)");
+      ->check(sb::cli::wholeNumber(1, 100000, "repetitions"));
+  run->add_option("--seed", seed, "Input seed (overrides the suite)")
+      ->check(sb::cli::wholeNumber(0, std::numeric_limits<uint64_t>::max(), "seed"));
   run->add_option("--min-time", minTime, "Minimum seconds per repetition (overrides the suite)")
-      ->check(CLI::PositiveNumber);
+      ->check(sb::cli::realNumber(0, 3600, true, "seconds"));
   run->add_option("--world-size", worldSize, "Require every case's mesh to have N ranks")
-      ->check(CLI::PositiveNumber);
+      ->check(sb::cli::wholeNumber(1, 1024, "ranks"));
 
   std::vector<std::string> plantFaults;
   run->add_option("--plant-fault", plantFaults,
@@ -639,7 +655,7 @@ int main(int argc, char** argv) {
   calib->add_option("--mesh", calibMesh, "Mesh shape, e.g. 2x2 or 4")->capture_default_str();
   calib->add_option("--out", calibOut, "Profile file (JSON)")->capture_default_str();
   calib->add_option("--max-bytes", calibMax, "Largest size per collective")
-      ->check(CLI::Range(int64_t{1024}, int64_t{1} << 32))
+      ->check(sb::cli::wholeNumber(1024, uint64_t{1} << 32, "bytes"))
       ->capture_default_str();
 
   auto* report = app.add_subcommand(
@@ -661,12 +677,12 @@ int main(int argc, char** argv) {
       ->add_option("--perf-threshold", ropts.gateOptions.perfThresholdPct,
                    "Minimum change of the median time, in %")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(sb::cli::realNumber(0, 1000, true, "percent"));
   report
       ->add_option("--mem-threshold", ropts.gateOptions.memThresholdPct,
                    "Minimum change of peak memory, in %")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(sb::cli::realNumber(0, 1000, false, "percent"));
   bool noPlots = false;
   report->add_flag("--no-plots", noPlots, "Skip the matplotlib plots");
 
@@ -676,24 +692,8 @@ int main(int argc, char** argv) {
   solveCmd->require_subcommand(1);
   auto* ckpt = solveCmd->add_subcommand(
       "checkpoint", "A checkpoint schedule for a chain (JSON, rotor's notation) under a budget");
-  std::string chainPath, solver = "rotor";
-  double budget = 0;
-  int slots = 500;
-  ckpt->add_option("--chain", chainPath, "Chain file: ftime, btime, x, xbar, ftmp, btmp")
-      ->required();
-  ckpt->add_option("--budget", budget, "Memory budget, counting the input x[0] (0: none)")
-      ->required()
-      ->check(CLI::NonNegativeNumber);
-  ckpt->add_option("--solver", solver, "none, full, sqrt, greedy, revolve or rotor")
-      ->capture_default_str()
-      ->check(CLI::IsMember(sb::strategies::checkpointing::solverNames()));
-  ckpt->add_option("--slots", slots, "rotor: memory slots")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  double maxSolverMemory = 0;
-  ckpt->add_option("--max-solver-memory", maxSolverMemory,
-                   "rotor: bytes its table may take (default: a quarter of physical memory)")
-      ->check(CLI::NonNegativeNumber);
+  sb::cli::CheckpointArgs ckptArgs;
+  sb::cli::addCheckpointOptions(ckpt, ckptArgs);
 
   auto* chunkCmd = solveCmd->add_subcommand(
       "chunk", "A chunk plan for a transformer workload under an activation-memory limit");
@@ -705,7 +705,7 @@ int main(int argc, char** argv) {
       ->required();
   chunkCmd->add_option("--max-memory", maxMemory, "Activation memory limit in bytes")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(sb::cli::byteCount(1));
   chunkCmd->add_option("--dtype", chunkDtype, "float32, float64, bfloat16, float16")
       ->capture_default_str();
 
@@ -738,19 +738,19 @@ int main(int argc, char** argv) {
       ->required();
   shardCmd->add_option("--profile", shard.profile, "Cost profile from `stratbench calibrate`");
   shardCmd->add_option("--intra-node-bandwidth", shard.intra, "GB/s of mesh axes in a node")
-      ->check(CLI::PositiveNumber);
+      ->check(sb::cli::realNumber(0, 1e6, true, "GB/s"));
   shardCmd->add_option("--inter-node-bandwidth", shard.inter, "GB/s of groups across mesh axis 0")
-      ->check(CLI::PositiveNumber);
+      ->check(sb::cli::realNumber(0, 1e6, true, "GB/s"));
   shardCmd->add_option("--max-memory", shard.maxMemory, "Bytes per rank (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(sb::cli::byteCount(0));
   shardCmd->add_option("--algo", shard.algo, "ilp, megatron, data-parallel or replicated")
       ->capture_default_str()
       ->check(CLI::IsMember(sb::strategies::autoshard::planAlgos()));
   shardCmd->add_option("--time-limit", shard.timeLimit, "Seconds for CBC")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(sb::cli::realNumber(0, 86400, true, "seconds"));
   shardCmd->add_option("--mip-rel-gap", shard.gapPct, "Relative gap to stop at, in %")
-      ->check(CLI::NonNegativeNumber);
+      ->check(sb::cli::realNumber(0, 100, false, "percent"));
   shardCmd->add_option("--out", shard.out, "Write the plan here (default: stdout)");
   shardCmd->add_option("--dtype", shard.dtype, "float32, float64, bfloat16, float16")
       ->capture_default_str();
@@ -779,7 +779,7 @@ int main(int argc, char** argv) {
     }
   }
   if (*list) return listStrategies(family, listFilter, json);
-  if (*ckpt) return sb::cli::solveCheckpoint(chainPath, budget, solver, slots, maxSolverMemory);
+  if (*ckpt) return sb::cli::solveCheckpoint(ckptArgs);
   if (*chunkCmd) return solveChunk(chunkWorkload, chunkShape, maxMemory, chunkDtype);
   if (*shardCmd) return solveShard(shard);
   if (*graphCmd) return graphMain(graphWorkload, graphShape, graphJson);
@@ -832,6 +832,9 @@ int main(int argc, char** argv) {
     const auto plan = sb::harness::planSuite(suite, opts);
     return sb::harness::runPlanned(suite, plan, opts, std::cout);
   } catch (const sb::harness::InputError& e) {
+    std::cerr << "stratbench: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const sb::harness::OutputBusy& e) {
     std::cerr << "stratbench: " << e.what() << "\n";
     return kExitBadInput;
   } catch (const c10::Error& e) {

@@ -6,15 +6,39 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "harness/cli/numbers.h"
 #include "strategies/checkpointing/solvers.h"
 
 namespace sb::cli {
 
 constexpr int kExitBadInput = 2;
 
-int solveCheckpoint(const std::string& path, double budget, const std::string& solver, int slots,
-                    double maxSolverBytes) {
+void addCheckpointOptions(CLI::App* app, CheckpointArgs& a) {
+  app->add_option("--chain", a.chain, "Chain file: ftime, btime, x, xbar, ftmp, btmp")->required();
+  // 0 is not "no budget": a schedule printed for it would peak over it. Say `none` for that.
+  app->add_option("--budget", a.budget,
+                  "Memory budget, counting the input x[0], in the chain's unit (> 0), or none")
+      ->required()
+      ->check(realNumber(0, 1e30, /*openLow=*/true, "memory units (or 'none')") |
+              CLI::IsMember({"none"}));
+  app->add_option("--solver", a.solver, "none, full, sqrt, greedy, revolve or rotor")
+      ->capture_default_str()
+      ->check(CLI::IsMember(sb::strategies::checkpointing::solverNames()));
+  app->add_option("--slots", a.slots, "rotor: memory slots")
+      ->capture_default_str()
+      ->check(wholeNumber(1, 1000000, "slots"));
+  app->add_option("--max-solver-memory", a.maxSolverMemory,
+                  "rotor: bytes its table may take (default: a quarter of physical memory)")
+      ->check(byteCount(1));
+}
+
+int solveCheckpoint(const CheckpointArgs& a) {
   namespace ck = sb::strategies::checkpointing;
+  const std::string& path = a.chain;
+  const std::string& solver = a.solver;
+  const int slots = a.slots;
+  const double budget = a.budget == "none" ? 0 : std::stod(a.budget);
+  const double maxSolverBytes = a.maxSolverMemory;
   std::ifstream in(path);
   if (!in) {
     std::cerr << "stratbench solve: cannot read " << path << "\n";
@@ -52,7 +76,7 @@ int solveCheckpoint(const std::string& path, double budget, const std::string& s
   }
   nlohmann::json j;
   j["solver"] = solver;
-  j["budget"] = budget;
+  j["budget"] = a.budget == "none" ? nlohmann::json(nullptr) : nlohmann::json(budget);
   j["length"] = chain.length();
   j["schedule"] = s->names();
   j["predicted_time"] = s->predictedTime;
@@ -65,29 +89,15 @@ int solveCheckpoint(const std::string& path, double budget, const std::string& s
 int solveCheckpointMain(int argc, char** argv) {
   CLI::App app{"A checkpoint schedule for a chain (JSON, rotor's notation) under a budget",
                "stratbench solve checkpoint"};
-  std::string chainPath, solver = "rotor";
-  double budget = 0, maxSolverMemory = 0;
-  int slots = 500;
-  app.add_option("--chain", chainPath, "Chain file: ftime, btime, x, xbar, ftmp, btmp")->required();
-  app.add_option("--budget", budget, "Memory budget, counting the input x[0] (0: none)")
-      ->required()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--solver", solver, "none, full, sqrt, greedy, revolve or rotor")
-      ->capture_default_str()
-      ->check(CLI::IsMember(sb::strategies::checkpointing::solverNames()));
-  app.add_option("--slots", slots, "rotor: memory slots")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--max-solver-memory", maxSolverMemory,
-                 "rotor: bytes its table may take (default: a quarter of physical memory)")
-      ->check(CLI::NonNegativeNumber);
+  CheckpointArgs args;
+  addCheckpointOptions(&app, args);
   try {
     app.parse(argc - 2, argv + 2);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : kExitBadInput;
   }
-  return solveCheckpoint(chainPath, budget, solver, slots, maxSolverMemory);
+  return solveCheckpoint(args);
 }
 
 }  // namespace sb::cli

@@ -5,12 +5,26 @@
 
 #include <string>
 
+namespace CLI {
+class App;
+}
+
 namespace sb::cli {
 
+struct CheckpointArgs {
+  std::string chain;
+  std::string budget;  // a positive number in the chain's memory unit, or "none"
+  std::string solver = "rotor";
+  int slots = 500;
+  double maxSolverMemory = 0;  // 0: a quarter of physical memory
+};
+
+// The subcommand's options, each checked strictly (harness/cli/numbers.h).
+void addCheckpointOptions(CLI::App* app, CheckpointArgs& args);
+
 // Prints the schedule as JSON. Exit 0; 1 when no schedule of the solver fits the budget; 2 for
-// a malformed chain file or a table over maxSolverBytes (<= 0: a quarter of physical memory).
-int solveCheckpoint(const std::string& path, double budget, const std::string& solver, int slots,
-                    double maxSolverBytes);
+// a malformed chain file or a table over maxSolverMemory.
+int solveCheckpoint(const CheckpointArgs& args);
 
 // The subcommand's own parser: argv holds "stratbench solve checkpoint ...".
 int solveCheckpointMain(int argc, char** argv);

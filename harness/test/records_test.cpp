@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -117,16 +119,18 @@ TEST(Records, FieldsWithCommasQuotesAndNewlinesSurviveARoundTrip) {
   EXPECT_EQ(col("time_us_median"), "");  // not timed: empty, not zero
 }
 
-TEST(Records, TheWriterKeepsBothFilesCompleteAndInStep) {
+TEST(Records, TheWriterKeepsBothPartialFilesCompleteAndInStepUntilItCommits) {
   const std::string dir = tempDir("writer");
   ResultWriter w(dir, {{"suite", "t"}});
-  EXPECT_EQ(slurp(w.csvPath()).find('\n'), slurp(w.csvPath()).size() - 1);  // header only
-  const auto countBoth = [&] {
-    std::istringstream csv(slurp(w.csvPath()));
+  const std::string partialCsv = dir + "/results.partial.csv";
+  const std::string partialJson = dir + "/results.partial.json";
+  EXPECT_EQ(slurp(partialCsv).find('\n'), slurp(partialCsv).size() - 1);  // header only
+  const auto countBoth = [&](const std::string& csvPath, const std::string& jsonPath) {
+    std::istringstream csv(slurp(csvPath));
     std::string line;
     int lines = 0;
     while (std::getline(csv, line)) ++lines;
-    const auto j = nlohmann::json::parse(slurp(w.jsonPath()));
+    const auto j = nlohmann::json::parse(slurp(jsonPath));
     // Whenever the files are read, they describe the same records.
     EXPECT_EQ(static_cast<size_t>(lines - 1), j["records"].size());
     return j;
@@ -136,25 +140,41 @@ TEST(Records, TheWriterKeepsBothFilesCompleteAndInStep) {
     r.caseName = "case" + std::to_string(i);
     r.status = Status::kPass;
     w.add(r);
-    const auto j = countBoth();
+    const auto j = countBoth(partialCsv, partialJson);
     // The first record is written at once; later ones at least once a second or at flush().
     EXPECT_GE(j["records"].size(), 1u);
     EXPECT_LE(j["records"].size(), static_cast<size_t>(i + 1));
   }
   w.flush();
-  const auto j = countBoth();
+  EXPECT_EQ(countBoth(partialCsv, partialJson)["records"].size(), 3u);
+  EXPECT_FALSE(std::filesystem::exists(w.csvPath())) << "replaced before the run was complete";
+  w.commit();
+  const auto j = countBoth(w.csvPath(), w.jsonPath());
   ASSERT_EQ(j["records"].size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(j["records"][i]["case"], "case" + std::to_string(i));
   EXPECT_EQ(j["run"]["suite"], "t");
+  EXPECT_FALSE(std::filesystem::exists(partialCsv));
+  EXPECT_FALSE(std::filesystem::exists(partialJson));
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos)
+        << "left a temporary behind: " << entry.path();
+    EXPECT_EQ(entry.path().string().find(".new"), std::string::npos)
         << "left a temporary behind: " << entry.path();
   }
   std::filesystem::remove_all(dir);
 }
 
-TEST(Records, TheWriterWritesWhatItHoldsWhenItIsDestroyed) {
+TEST(Records, AnInterruptedRunKeepsThePreviousSetWholeAndItsOwnRowsInThePartialFiles) {
   const std::string dir = tempDir("writer-dtor");
+  {
+    ResultWriter first(dir, {{"suite", "old"}});
+    Record r;
+    r.caseName = "old";
+    first.add(r);
+    first.commit();
+  }
+  const std::string oldCsv = slurp(dir + "/results.csv");
+  const std::string oldJson = slurp(dir + "/results.json");
   {
     ResultWriter w(dir, {{"suite", "t"}});
     for (int i = 0; i < 5; ++i) {
@@ -162,8 +182,29 @@ TEST(Records, TheWriterWritesWhatItHoldsWhenItIsDestroyed) {
       r.caseName = "case" + std::to_string(i);
       w.add(r);
     }
+  }  // destroyed without commit(): the run did not end
+  EXPECT_EQ(slurp(dir + "/results.csv"), oldCsv);
+  EXPECT_EQ(slurp(dir + "/results.json"), oldJson);
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/results.partial.json"))["records"].size(), 5u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Records, ASecondWriterIntoTheSameDirectoryIsRefusedNamingTheFirstsPid) {
+  const std::string dir = tempDir("writer-lock");
+  {
+    ResultWriter first(dir, {{"suite", "a"}});
+    try {
+      ResultWriter second(dir, {{"suite", "b"}});
+      FAIL() << "two writers held one directory";
+    } catch (const OutputBusy& e) {
+      EXPECT_NE(std::string(e.what()).find("is in use by another run (pid " +
+                                           std::to_string(::getpid()) + ")"),
+                std::string::npos)
+          << e.what();
+    }
   }
-  EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/results.json"))["records"].size(), 5u);
+  // The lock goes with its holder.
+  EXPECT_NO_THROW(ResultWriter(dir, {{"suite", "c"}}));
   std::filesystem::remove_all(dir);
 }
 

@@ -68,6 +68,7 @@ inline harness::Record passRow(const std::string& caseName, const std::string& i
 inline std::string writeRun(const std::string& dir, const std::vector<harness::Record>& rows) {
   harness::ResultWriter w(dir, nlohmann::json::object());
   for (const auto& r : rows) w.add(r);
+  w.commit();
   return w.csvPath();
 }
 

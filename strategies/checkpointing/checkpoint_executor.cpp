@@ -233,6 +233,7 @@ class CheckpointExecutor final : public harness::RankExecutor {
 
 class CheckpointStrategy final : public harness::SingleRankStrategy {
  public:
+  std::vector<std::string> caseParams() const override { return {"budget"}; }
   CheckpointStrategy(std::string solver, Fault fault)
       : SingleRankStrategy("checkpointing/" + solver, "checkpoint " + solver,
                            harness::Family::kCheckpointing),

@@ -77,6 +77,9 @@ Region regionOf(const std::string& name) {
 
 class ChunkedStrategy final : public harness::SingleRankStrategy {
  public:
+  std::vector<std::string> caseParams() const override {
+    return {"chunk", "max_memory", "max_memory_fraction"};
+  }
   ChunkedStrategy(Region region, Fault fault)
       : SingleRankStrategy(
             region == Region::kAuto ? std::string("chunking/auto")

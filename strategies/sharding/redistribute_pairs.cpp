@@ -149,6 +149,9 @@ class PairExecutor final : public harness::RankExecutor {
 
 class PairStrategy final : public harness::Strategy {
  public:
+  std::vector<std::string> caseParams() const override {
+    return {"layouts", "max_partial", "objective"};
+  }
   PairStrategy(Layout from, Layout to, RedistFault fault = RedistFault::kNone)
       : Strategy(kPrefix + from.compact() + "->" + to.compact(),
                  from.sequence() + " -> " + to.sequence(), harness::Family::kSharding),

@@ -134,3 +134,63 @@ TEST(CheckpointPlantedFault, WithoutRecomputationThereIsNothingForTheFaultsToBre
 
 }  // namespace
 }  // namespace sb::strategies
+
+namespace sb::strategies {
+namespace {
+
+// A strategy that promises a memory limit (RankExecutor::memoryLimitBytes) is judged on it: the
+// same correct executor passes under a limit it keeps and fails, on memory alone, under one it
+// breaks. Wraps checkpointing/none, whose numbers are exact.
+class LimitedExecutor final : public harness::RankExecutor {
+ public:
+  LimitedExecutor(std::unique_ptr<harness::RankExecutor> inner, int64_t limit)
+      : inner_(std::move(inner)), limit_(limit) {}
+  void prepare(harness::RankContext& ctx, const reference::WorkloadData& d) override {
+    inner_->prepare(ctx, d);
+  }
+  void step(harness::RankContext& ctx) override { inner_->step(ctx); }
+  std::map<std::string, at::Tensor> results() const override { return inner_->results(); }
+  std::optional<int64_t> memoryLimitBytes() const override { return limit_; }
+
+ private:
+  std::unique_ptr<harness::RankExecutor> inner_;
+  int64_t limit_;
+};
+
+class LimitedStrategy final : public harness::SingleRankStrategy {
+ public:
+  LimitedStrategy(const harness::Strategy& inner, int64_t limit)
+      : SingleRankStrategy("test/limited", "limited", harness::Family::kCheckpointing),
+        inner_(inner),
+        limit_(limit) {}
+  harness::Applicability applies(const harness::CaseSpec& c) const override {
+    return inner_.applies(c);
+  }
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
+    return std::make_unique<LimitedExecutor>(inner_.makeExecutor(c), limit_);
+  }
+
+ private:
+  const harness::Strategy& inner_;
+  int64_t limit_;
+};
+
+TEST(MemoryPromise, AMeasuredPeakOverTheLimitAStrategyPromisedFailsTheRow) {
+  const auto& none = strategy("checkpointing/none");
+  const auto c = chainCase("mlp_chain", 0);
+  const auto kept = test::run(c, LimitedStrategy(none, int64_t{1} << 40));
+  ASSERT_EQ(kept.status, harness::Status::kPass) << kept.message;
+  ASSERT_TRUE(kept.peakMemBytes);
+  const int64_t half = *kept.peakMemBytes / 2;
+  const auto broken = test::run(c, LimitedStrategy(none, half));
+  EXPECT_EQ(broken.status, harness::Status::kFail);
+  EXPECT_EQ(*broken.mismatches, 0) << "the numbers are right; only the promise is broken";
+  EXPECT_NE(
+      broken.message.find("over the " + std::to_string(half) + " bytes it promised to stay within"),
+      std::string::npos)
+      << broken.message;
+  EXPECT_EQ(broken.details["memory_limit_bytes_per_rank"][0].get<int64_t>(), half);
+}
+
+}  // namespace
+}  // namespace sb::strategies

@@ -106,6 +106,12 @@ class PlanExecutor final : public harness::RankExecutor {
     return solved_->plan.predictedPeakBytes;
   }
   std::optional<double> predictedTimeUs() const override { return solved_->plan.predictedStepUs; }
+  // A plan chosen under params.max_memory promises to fit it on every rank.
+  std::optional<int64_t> memoryLimitBytes() const override {
+    const double limit = numberParam(case_, "max_memory", 0);
+    if (!(limit > 0)) return std::nullopt;
+    return static_cast<int64_t>(limit);
+  }
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     const auto& s = solved_->plan.solver;
     return {{"algo", s.algo}, {"solver_status", s.status}};
@@ -126,6 +132,10 @@ class PlanExecutor final : public harness::RankExecutor {
 
 class PlanStrategy final : public harness::Strategy {
  public:
+  std::vector<std::string> caseParams() const override {
+    return {"plan",         "max_memory",           "time_limit",          "mip_rel_gap",
+            "cost_profile", "intra_node_bandwidth", "inter_node_bandwidth"};
+  }
   // `algo` empty: the plan comes from params.plan.
   explicit PlanStrategy(std::string algo, std::string fault = "")
       : Strategy(algo.empty() ? "sharding/plan" : "sharding/auto/" + algo,

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# End-to-end checks that careless and hostile input is exit 2 with a message naming the option,
+# key or value, quickly, and with an earlier run's results left as they were (issue 15):
+# numbers (NaN, infinity, signs, overflow), patterns that backtrack or are huge, settings that
+# would be ignored (a misspelt params key, a case-level backend, duplicate keys), YAML alias
+# bombs and sweeps, text that is not UTF-8, and answers that would be wrong (a checkpoint
+# budget of 0). The suite reader's own cases are in harness/test/suite_test.cpp.
+# Usage: ci/hostile_input_test.sh BUILD_DIR SOURCE_DIR
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+
+# A small valid suite and an earlier run's results, which no refused run may touch.
+cat > "$tmp/ok.yaml" <<'Y'
+suite: ok
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: lin
+    workload: linear
+    shape: {input: [8, 16], out_features: 8}
+    mesh: 2
+    strategies: ["sharding/linear/sharded_tensor/colwise"]
+Y
+"$sb" run "$tmp/ok.yaml" --out "$tmp/keep" > /dev/null 2>&1
+sum_before=$(cat "$tmp/keep"/results.* | md5sum)
+unchanged() {
+  [ "$(cat "$tmp/keep"/results.* | md5sum)" = "$sum_before" ] || { echo "results changed"; return 1; }
+}
+bad() {  # NAME PATTERN ARGS...: exit 2, the message matches, within 60 s, old results kept
+  local name=$1 pattern=$2
+  shift 2
+  check "$name" 2 "$pattern" -- timeout 60 "$@"
+  unchanged || fail "$name: the earlier results were changed"
+}
+suite() {  # NAME: writes $tmp/NAME.yaml from stdin
+  cat > "$tmp/$1.yaml"
+}
+
+# 1. Numbers on the command line.
+bad "--min-time nan" "--min-time: expected a number of seconds in \(0, 3600\], got 'nan'" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --min-time nan
+bad "--min-time inf" "got 'inf'" "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --min-time inf
+bad "--seed -5" "--seed: expected a whole number of seed from 0 to 18446744073709551615, got '-5'" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --seed -5
+bad "--repetitions 0" "from 1 to 100000, got '0'" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --repetitions 0
+bad "--timeout -1" "--timeout: expected a number of seconds" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --timeout -1
+bad "solve chunk --max-memory 1e30" "--max-memory: expected a whole number of bytes from 1 to 2\^62" \
+  "$sb" solve chunk --workload gpt2_prefill --shape '{"seq": 64}' --max-memory 1e30
+bad "report --mem-threshold nan" "--mem-threshold: expected a number of percent in \[0, 1000\], got 'nan'" \
+  "$sb" report "$tmp/keep" --mem-threshold nan --no-plots
+bad "report --perf-threshold 0" "--perf-threshold: expected a number of percent in \(0, 1000\]" \
+  "$sb" report "$tmp/keep" --perf-threshold 0 --no-plots
+bad "solve shard --mip-rel-gap nan" "--mip-rel-gap" \
+  "$sb" solve shard --workload mlp --mesh 2x2 --mip-rel-gap nan
+bad "launch -n 1000 on this host" "-n 1000: at most [0-9]+ ranks on this host" \
+  "$sb" launch -n 1000 -- run "$tmp/ok.yaml" --backend gloo
+
+# 2. Checkpoint budgets: 0 is not "none", NaN is bad input.
+cat > "$tmp/chain.json" <<'J'
+{"ftime": [1, 1, 1], "btime": [2, 2, 2, 1], "x": [4, 4, 4, 4], "xbar": [8, 8, 8, 4],
+ "ftmp": [0, 0, 0], "btmp": [0, 0, 0, 0]}
+J
+bad "solve checkpoint --budget 0" "--budget: .*got '0'" \
+  "$sb" solve checkpoint --chain "$tmp/chain.json" --budget 0
+bad "solve checkpoint --budget nan" "--budget: .*got 'nan'" \
+  "$sb" solve checkpoint --chain "$tmp/chain.json" --budget nan
+check "solve checkpoint --budget none: the unconstrained schedule" 0 '"budget": null' -- \
+  "$sb" solve checkpoint --chain "$tmp/chain.json" --budget none
+check "solve checkpoint: a schedule's peak is within its budget" 0 "within" -- bash -c "
+  '$sb' solve checkpoint --chain '$tmp/chain.json' --budget 28 | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j[\"predicted_peak\"] <= 28, j
+print(\"within\", j[\"predicted_peak\"])'"
+
+# 3. Patterns: linear-time matching, bounded length.
+bad "--filter '(.|.)*Z' ends at once" "selects no strategy" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --filter '(.|.)*Z'
+long=$(python3 -c 'print("(a|b)" * 20000)')
+bad "a 100 kB --filter" "--filter: the pattern is 100000 bytes long; at most 1000" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --filter "$long"
+check "list --filter with a 100 kB pattern" 2 "at most 1000" -- "$sb" list --filter "$long"
+bad "a lookahead (not RE2) names RE2's reason" "not a valid regular expression" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --filter '(?!x)lin'
+
+# 4. Settings that would be ignored.
+sed 's/    mesh: 2/    mesh: 2\n    params: {budgt: 0.5}/' "$tmp/ok.yaml" | suite misspelt
+bad "a params key no strategy reads" \
+  "misspelt.yaml:4: case 'lin': params key 'budgt' is read by none of its strategies \(they read no parameters\)" \
+  "$sb" run "$tmp/misspelt.yaml" --out "$tmp/keep"
+cat > "$tmp/ckpt.yaml" <<'Y'
+cases:
+  - name: mlp
+    workload: mlp_chain
+    shape: {batch: 4, width: 16, depth: 4, dropout: 0.1}
+    mesh: 1
+    params: {budgt: 0.5}
+    strategies: ["checkpointing/rotor"]
+Y
+bad "a misspelt checkpoint budget" "params key 'budgt' is read by none of its strategies \(they read: budget\)" \
+  "$sb" run "$tmp/ckpt.yaml" --out "$tmp/keep"
+sed 's/    mesh: 2/    mesh: 2\n    backend: gloo/' "$tmp/ok.yaml" | suite backend
+bad "a case-level backend" "key 'backend' is not a case key" \
+  "$sb" run "$tmp/backend.yaml" --out "$tmp/keep"
+sed 's/    mesh: 2/    mesh: 2\n    mesh: 4/' "$tmp/ok.yaml" | suite dup
+bad "a duplicate key" "dup.yaml:8: key 'mesh' is given twice" "$sb" run "$tmp/dup.yaml" --out "$tmp/keep"
+
+# 5. Unbounded work and text that is not UTF-8.
+python3 - "$tmp/bomb.yaml" <<'PY'
+import sys
+lines = ["defaults:", "  params:", "    a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+for i in range(1, 12):
+    lines.append(f"    a{i}: &a{i} [" + ", ".join(f"*a{i-1}" for _ in range(10)) + "]")
+lines += ["cases:", "  - name: lin", "    workload: linear",
+          "    shape: {input: [8, 16], out_features: 8}", "    mesh: 2",
+          "    strategies: [x]"]
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+PY
+bad "a YAML alias bomb" "more than 1000000 values" "$sb" run "$tmp/bomb.yaml" --out "$tmp/keep"
+sed 's/    mesh: 2/    mesh: 2\n    sweep: {a: [1,2,3,4,5,6,7,8,9,10], b: [1,2,3,4,5,6,7,8,9,10], c: [1,2,3,4,5,6,7,8,9,10], d: [1,2,3,4,5,6,7,8,9,10, 11]}/' \
+  "$tmp/ok.yaml" | suite sweep
+bad "a sweep of 11000 cases" "the sweep makes more than 10000 cases" \
+  "$sb" run "$tmp/sweep.yaml" --out "$tmp/keep"
+sed "s/name: lin/name: lin$(printf '\xff')/" "$tmp/ok.yaml" | suite latin1
+bad "a case name that is not UTF-8" "not UTF-8 text: byte 0xff" \
+  "$sb" run "$tmp/latin1.yaml" --out "$tmp/keep"
+
+# 6. Result files: one run per output folder, and the previous set whole until the new one is.
+wait_lock() {  # DIR: until a run holds DIR's lock (at most 30 s)
+  for _ in $(seq 300); do
+    [ -s "$1/.stratbench.lock" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+"$sb" run "$tmp/ok.yaml" --out "$tmp/busy" --repetitions 3 --min-time 1 > /dev/null 2>&1 &
+first=$!
+wait_lock "$tmp/busy"
+check "a second run into the same --out is refused, naming the first" 2 \
+  "is in use by another run \(pid $first\)" -- "$sb" run "$tmp/ok.yaml" --out "$tmp/busy"
+wait "$first"
+check "the first run's files are one set" 0 "" -- python3 - "$tmp/busy" <<'PY'
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1] + "/results.csv")))
+doc = json.load(open(sys.argv[1] + "/results.json"))
+assert len(rows) == len(doc["records"]) == 1, (len(rows), len(doc["records"]))
+assert {r["run_id"] for r in rows} == {doc["run"]["run_id"]}
+PY
+sum_keep=$(cat "$tmp/busy"/results.csv "$tmp/busy"/results.json | md5sum)
+"$sb" run "$tmp/ok.yaml" --out "$tmp/busy" --repetitions 3 --min-time 1 > /dev/null 2>&1 &
+second=$!
+wait_lock "$tmp/busy" && sleep 1
+kill -TERM "$second"  # (a background job of a script ignores SIGINT)
+wait "$second"
+check "an interrupted run leaves the previous set as it was" 0 "" -- bash -c \
+  "[ \"\$(cat '$tmp/busy'/results.csv '$tmp/busy'/results.json | md5sum)\" = '$sum_keep' ]"
+
+finish

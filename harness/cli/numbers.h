@@ -1,0 +1,103 @@
+#pragma once
+
+// Strict numbers on the command line: CLI11 validators that read the whole text as a number of
+// the kind asked for and check it against a range, before CLI11 converts it. CLI11's own checks
+// accept what its conversion accepts: "nan" passes PositiveNumber (every comparison with NaN is
+// false), "-5" becomes 18446744073709551611 in a uint64_t, "1e30" wraps in an int64_t. Here
+// each of those is exit 2 with a message naming the option, the value and the range, e.g.
+// "--min-time: expected a number of seconds in (0, 3600], got 'nan'".
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace sb::cli {
+
+// Largest byte count an option takes: 2^62, so that sums of a few stay inside int64_t.
+inline constexpr double kMaxBytes = 4611686018427387904.0;
+
+namespace detail {
+
+inline std::string shortNumber(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+// A finite decimal number, the whole text (strtod's syntax, without hex, inf or nan).
+inline bool parseReal(const std::string& text, double* out) {
+  if (text.empty() || text.size() > 64) return false;
+  for (char ch : text) {
+    if (!(std::isdigit(static_cast<unsigned char>(ch)) || ch == '.' || ch == 'e' || ch == 'E' ||
+          ch == '+' || ch == '-')) {
+      return false;
+    }
+  }
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace detail
+
+// A whole number in [lo, hi], digits only (no sign, exponent or fraction); `what` names it in
+// the message ("repetitions", "ranks").
+inline CLI::Validator wholeNumber(uint64_t lo, uint64_t hi, const std::string& what) {
+  const std::string expected = "expected a whole number of " + what + " from " +
+                               std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        bool digits = !text.empty() && text.size() <= 20;
+        for (char ch : text) digits = digits && std::isdigit(static_cast<unsigned char>(ch));
+        if (!digits) return expected + ", got '" + text + "'";
+        errno = 0;
+        const unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
+        if (errno == ERANGE || v < lo || v > hi) return expected + ", got '" + text + "'";
+        return std::string();
+      },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+// A finite real number in [lo, hi], or (lo, hi] when `openLow`; `what` names its unit.
+inline CLI::Validator realNumber(double lo, double hi, bool openLow, const std::string& what) {
+  const std::string range = std::string(openLow ? "(" : "[") + detail::shortNumber(lo) + ", " +
+                            detail::shortNumber(hi) + "]";
+  const std::string expected = "expected a number of " + what + " in " + range;
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (!detail::parseReal(text, &v) || v > hi || v < lo || (openLow && v == lo)) {
+          return expected + ", got '" + text + "'";
+        }
+        return std::string();
+      },
+      "NUMBER in " + range);
+}
+
+// A byte count in [lo, 2^62]: a whole number, written plainly or in scientific notation
+// ("4096", "1e9", "1.5e9"); the option's variable may be a double, which then holds it exactly.
+inline CLI::Validator byteCount(double lo, const std::string& what = "bytes") {
+  const std::string expected = "expected a whole number of " + what + " from " +
+                               detail::shortNumber(lo) + " to 2^62 (" +
+                               detail::shortNumber(kMaxBytes) + ")";
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (!detail::parseReal(text, &v) || v < lo || v > kMaxBytes || v != std::floor(v)) {
+          return expected + ", got '" + text + "'";
+        }
+        return std::string();
+      },
+      "BYTES");
+}
+
+}  // namespace sb::cli
