@@ -12,6 +12,8 @@
 #   --promote    after a passing gate, copy this run's results.csv over the baseline
 #   --gate-perf  time regressions fail the gate too (soft by default)
 #   --no-setup   skip ci/setup.sh (already built; STRATBENCH_BUILD names the build directory)
+#   --fuzz S     first run every fuzz target for S seconds (ci/fuzz.sh; 600 for the nightly
+#                depth ./test.sh does not have time for); a finding fails the night with exit 1
 #
 # Exit codes: 0 gate passed, 1 gate failed (the report names the rows and why), 2 bad input.
 set -euo pipefail
@@ -22,6 +24,7 @@ runs=${STRATBENCH_RUNS:-out/nightly}
 baseline=${STRATBENCH_BASELINE:-}
 promote=0
 setup=1
+fuzz=0
 report_args=()
 run_args=()
 while [ $# -gt 0 ]; do
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
     --promote) promote=1; shift ;;
     --gate-perf) report_args+=(--gate-perf); shift ;;
     --no-setup) setup=0; shift ;;
+    --fuzz) fuzz=$2; shift 2 ;;
     --) shift; run_args=("$@"); break ;;
     *) echo "nightly: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -41,6 +45,9 @@ baseline=${baseline:-$runs/baseline.csv}
 
 [ "$setup" -eq 1 ] && ci/setup.sh
 sb=${STRATBENCH_BUILD:-./build}/stratbench
+if [ "$fuzz" != 0 ]; then
+  ci/fuzz.sh "${STRATBENCH_BUILD:-./build}" "$fuzz" || { echo "nightly: fuzzing found a crash" >&2; exit 1; }
+fi
 run_dir="$runs/$(date -u +%Y-%m-%dT%H%M%SZ)"
 n=1
 while [ -e "$run_dir" ]; do  # two runs in one second keep both

@@ -15,7 +15,7 @@ packages=(build-essential cmake ninja-build ccache git pkg-config
           libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfccp-dev
           python3 python3-matplotlib)
 if [ "${1:-}" = "--test" ]; then
-  packages+=(chromium iproute2 procps)
+  packages+=(chromium iproute2 procps clang libclang-rt-14-dev)
 fi
 # Debian's LibTorch is only needed when no other LibTorch was given.
 if [ -n "${CMAKE_PREFIX_PATH:-}" ]; then

@@ -209,6 +209,24 @@ std::string keyList(const std::set<std::string>& keys) {
   return s;
 }
 
+// A case name as result files and reports can hold it: 1 to kMaxNameBytes bytes, no control
+// characters (the text is UTF-8 already, checkTree).
+void checkName(const std::string& file, const YAML::Node& n, const std::string& name,
+               const std::string& what) {
+  if (name.empty() || name.size() > kMaxNameBytes) {
+    fail(file, n, what + " must be 1 to " + std::to_string(kMaxNameBytes) + " bytes long");
+  }
+  for (char ch : name) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7f) {
+      fail(file, n,
+           what +
+               " must not hold control characters (a newline, a tab, ...): "
+               "names are printed, written in result files and matched by reports");
+    }
+  }
+}
+
 // Applies the keys of `node` (a defaults block or a case) onto `c`.
 void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
   for (const auto& kv : node) {
@@ -225,17 +243,7 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
     }
     if (key == "name") {
       c.name = scalar(file, v, key);
-      if (c.name.empty() || c.name.size() > kMaxNameBytes) {
-        fail(file, v, "key 'name' must be 1 to " + std::to_string(kMaxNameBytes) + " bytes long");
-      }
-      for (char ch : c.name) {
-        const auto u = static_cast<unsigned char>(ch);
-        if (u < 0x20 || u == 0x7f) {
-          fail(file, v,
-               "key 'name' must not hold control characters (a newline, a tab, ...): "
-               "names are printed, written in result files and matched by reports");
-        }
-      }
+      checkName(file, v, c.name, "key 'name'");
     } else if (key == "workload") {
       c.workload = scalar(file, v, key);
       if (!reference::findWorkload(c.workload)) {
@@ -414,6 +422,11 @@ Suite parseSuite(const std::string& text, const std::string& file) {
       }
     }
     for (auto& e : expanded) {
+      // A sweep's values become part of the name (found by ci/fuzz/suite_fuzz.cpp: a value
+      // holding a control character made a name the result files could not hold).
+      if (e.name != c.name) {
+        checkName(file, node, e.name, "case '" + c.name + "': the name its sweep makes");
+      }
       if (!names.insert(e.name).second) {
         fail(file, node, "case name '" + e.name + "' is used twice");
       }

@@ -211,6 +211,15 @@ TEST(SuiteHostile, TextMustBeUtf8AndNamesFreeOfControlCharacters) {
   EXPECT_NO_THROW(parseSuite(oneCase("", "caf\xc3\xa9"), "ok.yaml"));
 }
 
+// Found by ci/fuzz/suite_fuzz.cpp: a sweep's values become part of the case names, so a value
+// holding a control character made a name no result file could hold.
+TEST(SuiteHostile, ASweepValueCannotPutAControlCharacterIntoACaseName) {
+  const std::string e = errorOf(oneCase("    sweep: {budget: [0.5, \"\\x01x\"]}\n"));
+  EXPECT_NE(e.find("case 'a': the name its sweep makes must not hold control characters"),
+            std::string::npos)
+      << e;
+}
+
 TEST(SuiteHostile, NanAndInfinityInParamsStayTextThatNoNumberReaderAccepts) {
   const auto s = parseSuite(oneCase("    params: {budget: nan, chunk: inf, x: 1.5}\n"), "ok.yaml");
   EXPECT_TRUE(s.cases[0].params["budget"].is_string());

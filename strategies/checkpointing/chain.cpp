@@ -69,7 +69,8 @@ Chain Chain::fromJson(const nlohmann::json& j, const std::string& where) {
       (c.*f.member).push_back(a[i].get<double>());
     }
   }
-  for (const auto& [k, v] : j.items()) {
+  for (const auto& item : j.items()) {
+    const std::string& k = item.key();
     const bool known = std::any_of(std::begin(kFields), std::end(kFields),
                                    [&](const Field& f) { return k == f.key; });
     if (!known) {

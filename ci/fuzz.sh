@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# libFuzzer targets for the readers of untrusted input (ci/fuzz/*_fuzz.cpp): built with clang,
+# libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer, each run for SECONDS from its
+# corpus in ci/fuzz/corpus/TARGET (kept in the repository; what a run finds new stays in the
+# build folder). A crash, a sanitizer report or a broken property is a failure: its input is
+# kept as BUILD/fuzz/crash-TARGET-*, to be added to the corpus and to a test once fixed.
+#
+#   ci/fuzz.sh BUILD_DIR SECONDS [TARGET...]     # ./test.sh: chain, numbers, suite for 10 s;
+#                                                 # ci/nightly.sh --fuzz 600: all five
+#
+# Targets: chain (the checkpoint chain reader and the solvers on what it accepts), numbers (the
+# command line's numbers), suite (the suite reader), profile (the cost-profile reader), results
+# (the result-file reader of `report`). The readers' own files are compiled with
+# instrumentation; what they call in the built libraries (LibTorch, the harness) is not.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+secs=$2
+shift 2
+src=$(cd "$(dirname "$0")/.." && pwd)
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results)
+
+command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 2; }
+out="$build/fuzz"
+mkdir -p "$out"
+libdir=/usr/lib/$(gcc -print-multiarch)
+flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -fno-omit-frame-pointer -D_GLIBCXX_USE_CXX11_ABI=1 -I"$src" -Wno-unused-command-line-argument)
+torch=(-isystem /usr/include/torch/csrc/api/include)
+rpath=(-Wl,-rpath,"$build/harness" -Wl,-rpath,"$build/reference" -Wl,-rpath,"$build/kernels")
+harness=(-L"$build/harness" -lstratbench_harness -L"$build/reference" -lstratbench_reference
+         -L"$build/kernels" -lstratbench_kernels -L"$libdir" -lc10 -ltorch -ltorch_cpu)
+
+build_target() {
+  local t=$1 bin="$out/$1_fuzz"
+  local srcs=("$src/ci/fuzz/${t}_fuzz.cpp")
+  local extra=()
+  case "$t" in
+    chain) srcs+=("$src/strategies/checkpointing/chain.cpp" "$src/strategies/checkpointing/solvers.cpp") ;;
+    numbers) ;;
+    suite) srcs+=("$src/harness/suite.cpp" "$src/harness/mesh.cpp")
+           extra=("${torch[@]}" "${harness[@]}" -lyaml-cpp "${rpath[@]}") ;;
+    profile) srcs+=("$src/harness/cost_profile.cpp")
+             extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
+    results) srcs+=("$src/reports/results_file.cpp")
+             extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
+    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results)"; exit 2 ;;
+  esac
+  # Rebuilt only when a source is newer than the binary.
+  local newest
+  newest=$(ls -t "${srcs[@]}" "$src/ci/fuzz.sh" | head -1)
+  if [ ! -x "$bin" ] || [ "$newest" -nt "$bin" ]; then
+    clang++ "${flags[@]}" "${srcs[@]}" -o "$bin" "${extra[@]}" -lpthread
+  fi
+}
+
+status=0
+for t in "${targets[@]}"; do
+  build_target "$t"
+  corpus="$src/ci/fuzz/corpus/$t"
+  found="$out/corpus-$t"
+  mkdir -p "$found"
+  echo "fuzz: $t for ${secs}s ($(ls "$corpus" 2>/dev/null | wc -l) corpus inputs)"
+  # Leaks are not what these targets look for: LibTorch's static state reads as leaked.
+  if ! ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      "$out/${t}_fuzz" -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=4096 \
+      -artifact_prefix="$out/crash-$t-" -print_final_stats=0 "$found" "$corpus" \
+      > "$out/$t.log" 2>&1; then
+    echo "fuzz: $t FAILED; the input is $out/crash-$t-*; log $out/$t.log"
+    tail -30 "$out/$t.log"
+    status=1
+  else
+    grep -E "^#[0-9]+.*DONE|Done [0-9]+ runs" "$out/$t.log" | tail -1 || true
+  fi
+done
+exit $status
