@@ -90,6 +90,19 @@ std::string formatDouble(double v) {
   return buf;
 }
 
+std::string csvTextField(const std::string& s) {
+  if (!s.empty() && std::string("=+-@\t\r").find(s[0]) != std::string::npos) return "'" + s;
+  return s;
+}
+
+std::string csvTextValue(const std::string& field) {
+  if (field.size() >= 2 && field[0] == '\'' &&
+      std::string("=+-@\t\r").find(field[1]) != std::string::npos) {
+    return field.substr(1);
+  }
+  return field;
+}
+
 std::string csvQuote(const std::string& s) {
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string q = "\"";
@@ -246,22 +259,22 @@ std::string csvRow(const Record& r) {
                                            r.provenance.runId,
                                            r.provenance.gitSha,
                                            r.provenance.timestampUtc,
-                                           r.provenance.host,
-                                           r.provenance.device,
+                                           csvTextField(r.provenance.host),
+                                           csvTextField(r.provenance.device),
                                            r.provenance.torchVersion,
                                            r.backend,
                                            std::to_string(r.worldSize),
                                            r.mesh,
-                                           r.suite,
-                                           r.caseName,
-                                           r.workload,
-                                           r.shape,
+                                           csvTextField(r.suite),
+                                           csvTextField(r.caseName),
+                                           csvTextField(r.workload),
+                                           csvTextField(r.shape),
                                            r.dtype,
                                            r.inputs,
                                            std::to_string(r.seed),
                                            r.family,
-                                           r.strategyId,
-                                           r.strategy,
+                                           csvTextField(r.strategyId),
+                                           csvTextField(r.strategy),
                                            statusName(r.status),
                                            opt(r.maxAbsErr),
                                            opt(r.maxRelErr),
@@ -269,8 +282,8 @@ std::string csvRow(const Record& r) {
                                            opt(r.atol),
                                            opt(r.rtol),
                                            opt(r.errRatio),
-                                           r.worstTensor,
-                                           tensorRatios,
+                                           csvTextField(r.worstTensor),
+                                           csvTextField(tensorRatios),
                                            t(&TimingStats::medianUs),
                                            t(&TimingStats::meanUs),
                                            t(&TimingStats::stddevUs),
@@ -284,8 +297,8 @@ std::string csvRow(const Record& r) {
                                            opt(r.predictedCommBytes),
                                            opt(r.commCalls),
                                            opt(r.predictedTimeUs),
-                                           paramsText,
-                                           msg};
+                                           csvTextField(paramsText),
+                                           csvTextField(msg)};
   TORCH_INTERNAL_ASSERT(fields.size() == csvColumns().size());
   std::string line;
   for (size_t i = 0; i < fields.size(); ++i) line += (i ? "," : "") + quote(fields[i]);

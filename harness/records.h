@@ -130,6 +130,12 @@ inline constexpr std::array<const char*, 44> kCsvColumns = {"schema_version",
 const std::vector<std::string>& csvColumns();
 // `s` as one CSV field: quoted, with quotes doubled, where it holds a comma, quote or newline.
 std::string csvQuote(const std::string& s);
+// A text field as result files write it: one that a spreadsheet would run as a formula (it
+// starts with =, +, -, @, a tab or a carriage return) gets a leading apostrophe, the usual
+// defence against CSV injection; csvTextValue removes it again when `report` reads the file.
+// Applied to the text columns (names, shape, params, message), never to numbers.
+std::string csvTextField(const std::string& s);
+std::string csvTextValue(const std::string& field);
 // A double as records write it: 9 significant digits, "nan", "inf", "-inf".
 std::string formatDouble(double v);
 // One CSV line (no trailing newline), fields quoted where they need it (RFC 4180).

@@ -49,7 +49,8 @@ class Fields {
   Fields(const std::array<std::string, kN>& f, std::string where)
       : f_(f), where_(std::move(where)) {}
 
-  const std::string& str(const char* col) const { return f_[index(col)]; }
+  // The field as the run wrote the value: a text field's CSV-injection apostrophe removed.
+  std::string str(const char* col) const { return harness::csvTextValue(f_[index(col)]); }
 
   std::optional<double> optDouble(const char* col) const {
     const std::string& s = str(col);
@@ -71,6 +72,28 @@ class Fields {
     auto v = optInt(col);
     if (!v) bad(col, "", "an integer");
     return *v;
+  }
+
+  // A time, a count or a size a run writes: finite and not negative. NaN or a negative value
+  // cannot come from `stratbench run`, and read as numbers they would pass the gate's
+  // comparisons (a NaN time is never "slower"), so they are refused, naming the column.
+  std::optional<double> optTime(const char* col) const {
+    const auto v = optDouble(col);
+    if (v && !(std::isfinite(*v) && *v >= 0)) {
+      bad(col, str(col), "a finite, non-negative time (no run writes this)");
+    }
+    return v;
+  }
+  double time(const std::string& s, const char* col) const {
+    const double v = toDouble(s, col);
+    if (!(std::isfinite(v) && v >= 0))
+      bad(col, s, "a finite, non-negative time (no run writes this)");
+    return v;
+  }
+  std::optional<int64_t> optCount(const char* col) const {
+    const auto v = optInt(col);
+    if (v && *v < 0) bad(col, str(col), "a count of 0 or more (no run writes this)");
+    return v;
   }
 
   double toDouble(const std::string& s, const char* col) const {
@@ -155,7 +178,7 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   }
   r.maxAbsErr = f.optDouble("max_abs_err");
   r.maxRelErr = f.optDouble("max_rel_err");
-  r.mismatches = f.optInt("mismatches");
+  r.mismatches = f.optCount("mismatches");
   r.atol = f.optDouble("atol");
   r.rtol = f.optDouble("rtol");
   r.errRatio = f.optDouble("err_ratio");
@@ -167,20 +190,20 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
                                   f.toDouble(item.substr(eq + 1), "tensor_err_ratio"));
   }
   for (const auto& item : splitList(f.str("time_us_samples"))) {
-    r.timeSamplesUs.push_back(f.toDouble(item, "time_us_samples"));
+    r.timeSamplesUs.push_back(f.time(item, "time_us_samples"));
   }
-  r.timeMedianUs = f.optDouble("time_us_median");
-  r.timeMeanUs = f.optDouble("time_us_mean");
-  r.timeStddevUs = f.optDouble("time_us_stddev");
-  r.timeMinUs = f.optDouble("time_us_min");
-  r.timeMaxUs = f.optDouble("time_us_max");
+  r.timeMedianUs = f.optTime("time_us_median");
+  r.timeMeanUs = f.optTime("time_us_mean");
+  r.timeStddevUs = f.optTime("time_us_stddev");
+  r.timeMinUs = f.optTime("time_us_min");
+  r.timeMaxUs = f.optTime("time_us_max");
   r.repetitions = static_cast<int>(f.requiredInt("repetitions"));
-  r.peakMemBytes = f.optInt("peak_mem_bytes");
-  r.predictedMemBytes = f.optInt("predicted_mem_bytes");
-  r.commBytes = f.optInt("comm_bytes");
-  r.predictedCommBytes = f.optInt("predicted_comm_bytes");
-  r.commCalls = f.optInt("comm_calls");
-  r.predictedTimeUs = f.optDouble("predicted_time_us");
+  r.peakMemBytes = f.optCount("peak_mem_bytes");
+  r.predictedMemBytes = f.optCount("predicted_mem_bytes");
+  r.commBytes = f.optCount("comm_bytes");
+  r.predictedCommBytes = f.optCount("predicted_comm_bytes");
+  r.commCalls = f.optCount("comm_calls");
+  r.predictedTimeUs = f.optTime("predicted_time_us");
   for (const auto& item : splitList(f.str("params"))) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0) f.bad("params", item, "key=value");

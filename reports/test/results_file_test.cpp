@@ -141,6 +141,44 @@ TEST(ResultsFile, ATimeThatIsNotANumberIsAnError) {
   expectInputError([&] { readResults(path); }, {"results.csv:2:", "time_us_samples", "'fast'"});
 }
 
+// Values no run writes are refused, not compared: a NaN median is never "slower" and a
+// negative peak always "improved".
+TEST(ResultsFile, ANanTimeOrANegativeSizeIsRefusedNamingTheColumn) {
+  const std::string dir = tempDir("impossible");
+  harness::Record r = passRow("c", "s", std::vector<double>(9, 77.25));
+  r.peakMemBytes = 123456789;
+  const std::string path = writeRun(dir, {r});
+  const std::string good = slurp(path);
+  editLine(path, 2, "77.25;", "nan;");
+  expectInputError([&] { readResults(path); },
+                   {"results.csv:2:", "time_us_samples", "'nan'", "non-negative time"});
+  writeText(path, good);
+  editLine(path, 2, "123456789", "-123456789");
+  expectInputError([&] { readResults(path); },
+                   {"results.csv:2:", "peak_mem_bytes", "'-123456789'", "0 or more"});
+  writeText(path, good);
+  EXPECT_EQ(readResults(path).size(), 1u);
+}
+
+// CSV injection: text a spreadsheet would run as a formula is written with a leading
+// apostrophe, and `report` reads back exactly what the run had.
+TEST(ResultsFile, FormulaLikeTextIsDefusedInTheFileAndReadBackAsItWas) {
+  const std::string dir = tempDir("injection");
+  harness::Record r = passRow("=HYPERLINK(\"http://x\")", "s");
+  r.message = "-2+3 @everyone";
+  r.shape = "+1";
+  const std::string path = writeRun(dir, {r});
+  const std::string text = slurp(path);
+  EXPECT_NE(text.find(",\"'=HYPERLINK(\"\"http://x\"\")\","), std::string::npos) << text;
+  EXPECT_NE(text.find(",'-2+3 @everyone"), std::string::npos) << text;
+  EXPECT_EQ(text.find(",=HYPERLINK"), std::string::npos) << text;
+  const auto rows = readResults(path);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].caseName, "=HYPERLINK(\"http://x\")");
+  EXPECT_EQ(rows[0].message, "-2+3 @everyone");
+  EXPECT_EQ(rows[0].shape, "+1");
+}
+
 TEST(ResultsFile, AnUnknownSchemaVersionIsAnError) {
   const std::string dir = tempDir("schema");
   const std::string path = writeRun(dir, {passRow("c", "s")});
