@@ -14,6 +14,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "harness/mesh.h"
+#include "harness/parse_number.h"
 
 namespace sb::harness {
 namespace {
@@ -47,13 +48,9 @@ uint64_t wholeNumber(const std::string& file, const YAML::Node& n, const std::st
   const std::string expected =
       "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
   if (!n.IsScalar()) fail(file, n, "key '" + key + "' must be " + expected);
-  const std::string& t = n.Scalar();
-  bool digits = !t.empty() && t.size() <= 20;
-  for (char ch : t) digits = digits && std::isdigit(static_cast<unsigned char>(ch));
-  errno = 0;
-  const unsigned long long v = digits ? std::strtoull(t.c_str(), nullptr, 10) : 0;
-  if (!digits || errno == ERANGE || v < lo || v > hi) {
-    fail(file, n, "key '" + key + "' must be " + expected + ", got '" + t + "'");
+  uint64_t v = 0;
+  if (!parseWholeNumber(n.Scalar(), lo, hi, &v)) {
+    fail(file, n, "key '" + key + "' must be " + expected + ", got '" + n.Scalar() + "'");
   }
   return v;
 }

@@ -7,7 +7,6 @@
 // each of those is exit 2 with a message naming the option, the value and the range, e.g.
 // "--min-time: expected a number of seconds in (0, 3600], got 'nan'".
 
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +15,8 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+
+#include "harness/parse_number.h"
 
 namespace sb::cli {
 
@@ -30,23 +31,6 @@ inline std::string shortNumber(double v) {
   return s.str();
 }
 
-// A finite decimal number, the whole text (strtod's syntax, without hex, inf or nan).
-inline bool parseReal(const std::string& text, double* out) {
-  if (text.empty() || text.size() > 64) return false;
-  for (char ch : text) {
-    if (!(std::isdigit(static_cast<unsigned char>(ch)) || ch == '.' || ch == 'e' || ch == 'E' ||
-          ch == '+' || ch == '-')) {
-      return false;
-    }
-  }
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return false;
-  *out = v;
-  return true;
-}
-
 }  // namespace detail
 
 // A whole number in [lo, hi], digits only (no sign, exponent or fraction); `what` names it in
@@ -56,12 +40,8 @@ inline CLI::Validator wholeNumber(uint64_t lo, uint64_t hi, const std::string& w
                                std::to_string(lo) + " to " + std::to_string(hi);
   return CLI::Validator(
       [=](std::string& text) -> std::string {
-        bool digits = !text.empty() && text.size() <= 20;
-        for (char ch : text) digits = digits && std::isdigit(static_cast<unsigned char>(ch));
-        if (!digits) return expected + ", got '" + text + "'";
-        errno = 0;
-        const unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
-        if (errno == ERANGE || v < lo || v > hi) return expected + ", got '" + text + "'";
+        uint64_t v = 0;
+        if (!harness::parseWholeNumber(text, lo, hi, &v)) return expected + ", got '" + text + "'";
         return std::string();
       },
       "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
@@ -75,7 +55,7 @@ inline CLI::Validator realNumber(double lo, double hi, bool openLow, const std::
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         double v = 0;
-        if (!detail::parseReal(text, &v) || v > hi || v < lo || (openLow && v == lo)) {
+        if (!harness::parseFiniteReal(text, &v) || v > hi || v < lo || (openLow && v == lo)) {
           return expected + ", got '" + text + "'";
         }
         return std::string();
@@ -92,7 +72,7 @@ inline CLI::Validator byteCount(double lo, const std::string& what = "bytes") {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         double v = 0;
-        if (!detail::parseReal(text, &v) || v < lo || v > kMaxBytes || v != std::floor(v)) {
+        if (!harness::parseFiniteReal(text, &v) || v < lo || v > kMaxBytes || v != std::floor(v)) {
           return expected + ", got '" + text + "'";
         }
         return std::string();
