@@ -16,6 +16,7 @@
 #include "reference/chain_nets.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
@@ -70,6 +71,11 @@ WorkloadData ChainWorkload::build(const nlohmann::json& shape, at::ScalarType dt
     d.expected["buffer/" + name] = b.clone();
     d.checked.push_back("buffer/" + name);
   }
+  // The state the step leaves for the next one: the CPU generator dropout draws from. A
+  // strategy that recomputes dropout must leave it where the plain step does
+  // (torch.utils.checkpoint restores it too), or the next step's masks differ.
+  d.expected["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  d.checked.push_back("rng/cpu");
   return d;
 }
 

@@ -24,7 +24,10 @@
 //     (updateBuffers = false on recomputation; the batch statistics it normalises with are
 //     the same either way).
 // Planted faults (tests only): "no_rng_restore" recomputes with the generator as it is;
-// "stale_input" makes a recomputed stage read the slot of the stage before it.
+// "stale_input" makes a recomputed stage read the slot of the stage before it;
+// "rng_left_after_recompute" recomputes with the right masks but leaves the generator where
+// the recomputation left it: every number of the step is right, and only the generator state
+// it hands to the next step (compared as "rng/cpu") is wrong.
 //
 // Cost: the schedule's recomputed forwards; memory: the simulator's peak for the profiled
 // chain, which the record compares with the peak the tracking allocator measured.
@@ -50,7 +53,7 @@ using harness::Applicability;
 using harness::CaseSpec;
 using reference::ChainNet;
 
-enum class Fault { kNone, kNoRngRestore, kStaleInput };
+enum class Fault { kNone, kNoRngRestore, kStaleInput, kRngLeftAfterRecompute };
 
 const char* faultName(Fault f) {
   switch (f) {
@@ -60,6 +63,8 @@ const char* faultName(Fault f) {
       return "no_rng_restore";
     case Fault::kStaleInput:
       return "stale_input";
+    case Fault::kRngLeftAfterRecompute:
+      return "rng_left_after_recompute";
   }
   return "?";
 }
@@ -137,7 +142,9 @@ class ScheduleRunner {
     const at::Tensor now = gen.get_state();
     if (fault_ != Fault::kNoRngRestore) gen.set_state(rng_[i]);
     at::Tensor out = net_.stage(i, input, /*updateBuffers=*/false);
-    if (fault_ != Fault::kNoRngRestore) gen.set_state(now);
+    if (fault_ != Fault::kNoRngRestore && fault_ != Fault::kRngLeftAfterRecompute) {
+      gen.set_state(now);
+    }
     return out;
   }
 
@@ -275,10 +282,11 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   }
 
   std::vector<std::string> plantableFaults() const override {
-    return {faultName(Fault::kNoRngRestore), faultName(Fault::kStaleInput)};
+    return {faultName(Fault::kNoRngRestore), faultName(Fault::kStaleInput),
+            faultName(Fault::kRngLeftAfterRecompute)};
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    for (Fault f : {Fault::kNoRngRestore, Fault::kStaleInput}) {
+    for (Fault f : {Fault::kNoRngRestore, Fault::kStaleInput, Fault::kRngLeftAfterRecompute}) {
       if (name == faultName(f)) return std::make_unique<CheckpointStrategy>(solver_, f);
     }
     return nullptr;
@@ -326,6 +334,7 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
   results_["grad_input"] = x0.grad();
   for (const auto& [name, p] : net_->parameters()) results_["grad/" + name] = p.grad();
   for (const auto& [name, b] : net_->buffers()) results_["buffer/" + name] = b;
+  results_["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
 }
 
 std::vector<std::pair<std::string, std::string>> CheckpointExecutor::recordParams() const {

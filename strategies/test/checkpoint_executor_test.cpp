@@ -125,6 +125,21 @@ TEST(CheckpointPlantedFault, ARecomputedStageReadingAStaleInputFails) {
   }
 }
 
+// The state a step leaves for the next one is compared too: a recomputation that does not put
+// the generator back computes every number right and still breaks the next step's masks.
+TEST(CheckpointPlantedFault, LeavingTheGeneratorWhereARecomputationLeftItFailsOnTheStateAfter) {
+  const auto faulty = strategy("checkpointing/full").withPlantedFault("rng_left_after_recompute");
+  ASSERT_TRUE(faulty);
+  const auto rec = test::run(chainCase("mlp_chain", 0), *faulty);
+  EXPECT_EQ(rec.status, harness::Status::kFail) << rec.message;
+  EXPECT_EQ(rec.worstTensor, "rng/cpu") << rec.message;
+  for (const auto& t : rec.details["tensors"]) {
+    if (t["tensor"] != "rng/cpu") EXPECT_EQ(t["mismatches"], 0) << t.dump();
+  }
+  // Without dropout there is nothing to recompute differently: the fault is dormant.
+  EXPECT_EQ(test::run(chainCase("resnet18", 0), *faulty).status, harness::Status::kPass);
+}
+
 TEST(CheckpointPlantedFault, WithoutRecomputationThereIsNothingForTheFaultsToBreak) {
   // `none` never recomputes: the planted faults are dormant and the row passes, which shows
   // the failures above come from recomputation, not from the fault plumbing.
