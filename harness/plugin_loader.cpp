@@ -43,10 +43,16 @@ LoadedPlugin loadPlugin(const std::string& path) {
 
   auto& registry = StrategyRegistry::global();
   registry.holdRegistrations();
+  // Whatever refuses the plugin below, what its registrars queued is dropped, never made.
+  struct DropUncommitted {
+    StrategyRegistry& registry;
+    ~DropUncommitted() {
+      if (registry.holding()) registry.dropHeld();
+    }
+  } dropUncommitted{registry};
   // A path without a slash would make dlopen search the library path instead of this file.
   void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
-    registry.dropHeld();
     std::string why = dlMessage();
     std::string hint;
     if (why.find("undefined symbol") != std::string::npos) {
@@ -63,14 +69,12 @@ LoadedPlugin loadPlugin(const std::string& path) {
   using InfoFn = const sb_plugin_info* (*)();
   auto fn = reinterpret_cast<InfoFn>(dlsym(handle, "stratbench_plugin"));
   if (fn == nullptr) {
-    registry.dropHeld();
     throw PluginError(where +
                       " is not a stratbench plugin: it has no `stratbench_plugin` symbol "
                       "(one of its files must say SB_PLUGIN(\"name\"); see harness/plugin.h)");
   }
   const sb_plugin_info* info = fn();
   if (info == nullptr || info->api_version != SB_PLUGIN_API_VERSION) {
-    registry.dropHeld();
     std::ostringstream msg;
     msg << where << " was built against stratbench plugin API version "
         << (info ? std::to_string(info->api_version) : std::string("(none)"))
@@ -80,7 +84,6 @@ LoadedPlugin loadPlugin(const std::string& path) {
   }
   const std::string torchVersion = info->torch_version ? info->torch_version : "";
   if (torchVersion != TORCH_VERSION) {
-    registry.dropHeld();
     throw PluginError(where + " was built against LibTorch " + torchVersion +
                       "; this stratbench runs LibTorch " + TORCH_VERSION +
                       ": rebuild the plugin against this installation");

@@ -64,7 +64,6 @@ void StrategyRegistry::dropHeld() {
 }
 
 std::vector<std::string> StrategyRegistry::commitHeld(const std::string& origin) {
-  holding_ = false;
   std::vector<Maker> makers = std::move(heldMakers_);
   std::vector<GeneratorInfo> gens = std::move(heldGenerators_);
   dropHeld();

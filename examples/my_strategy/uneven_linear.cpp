@@ -76,6 +76,13 @@ std::vector<int64_t> offsets(int64_t features, const std::vector<int64_t>& share
   return off;
 }
 
+// The feature offsets of a case whose shares applies() has accepted.
+std::vector<int64_t> featureOffsets(const CaseSpec& c) {
+  std::vector<int64_t> shares;
+  readShares(c, &shares);
+  return offsets(LinearShape::parse(c.shape).outFeatures, shares);
+}
+
 class UnevenColwiseStrategy;
 
 // One rank's executor: prepare() takes this rank's slices of the full tensors, step() runs one
@@ -87,9 +94,7 @@ class UnevenColwiseExecutor final : public sb::harness::RankExecutor {
   void prepare(sb::harness::RankContext& ctx, const sb::reference::WorkloadData& data) override {
     world_ = &ctx.world();
     const auto s = LinearShape::parse(case_.shape);
-    std::vector<int64_t> shares;
-    readShares(case_, &shares);
-    const auto off = offsets(s.outFeatures, shares);
+    const auto off = featureOffsets(case_);
     const int64_t lo = off[ctx.rank()], hi = off[ctx.rank() + 1];
     // Copies, not views: a rank holds its own memory, as it would on its own device.
     x_ = data.inputs.at("input").reshape({s.rows(), s.inFeatures}).clone();
@@ -187,9 +192,7 @@ class UnevenColwiseStrategy final : public sb::harness::Strategy {
   // the reference with it and compares; it never asks the executor.
   Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
     const auto s = LinearShape::parse(c.shape);
-    std::vector<int64_t> shares;
-    readShares(c, &shares);
-    const auto off = offsets(s.outFeatures, shares);
+    const auto off = featureOffsets(c);
     const int64_t lo = off[rank], len = off[rank + 1] - off[rank];
     if (tensor == "grad_input") return Box::whole(s.input);  // all-reduced: every rank whole
     if (tensor == "grad_weight") return Box{{lo, 0}, {len, s.inFeatures}};
@@ -215,9 +218,7 @@ class UnevenColwiseStrategy final : public sb::harness::Strategy {
   // Three matmuls of rows x K x N_r each (forward, dX, dW), for the cost model.
   std::optional<double> predictFlops(const CaseSpec& c, int rank) const override {
     const auto s = LinearShape::parse(c.shape);
-    std::vector<int64_t> shares;
-    readShares(c, &shares);
-    const auto off = offsets(s.outFeatures, shares);
+    const auto off = featureOffsets(c);
     return 6.0 * s.rows() * s.inFeatures * (off[rank + 1] - off[rank]);
   }
 
