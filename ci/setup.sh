@@ -2,7 +2,8 @@
 # Shared first step of ./run.sh and ./test.sh: installs whatever is missing from Debian's
 # packages, then configures (once) and builds into build/. Idempotent: with everything in
 # place it costs a dpkg query and a no-op ninja. `--test` adds what only the tests need
-# (chromium, to open the HTML report in a real headless browser).
+# (chromium, to open the HTML report in a real headless browser, and clang for the fuzz
+# targets); `--deps-only` installs and does not build (ci/sanitize.sh builds its own folder).
 #
 # Another LibTorch (e.g. a CUDA build inside PyTorch) is used when CMAKE_PREFIX_PATH points at
 # it: CMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)').
@@ -14,7 +15,15 @@ packages=(build-essential cmake ninja-build ccache git pkg-config
           libbenchmark-dev libgtest-dev googletest
           libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfccp-dev
           python3 python3-matplotlib)
-if [ "${1:-}" = "--test" ]; then
+test_deps=0 build=1
+for arg in "$@"; do
+  case "$arg" in
+    --test) test_deps=1 ;;
+    --deps-only) build=0 ;;
+    *) echo "setup: unknown option '$arg' (expected --test or --deps-only)" >&2; exit 2 ;;
+  esac
+done
+if [ "$test_deps" = 1 ]; then
   packages+=(chromium iproute2 procps clang libclang-rt-14-dev)
 fi
 # Debian's LibTorch is only needed when no other LibTorch was given.
@@ -37,6 +46,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 
+[ "$build" = 1 ] || exit 0
 jobs=$(nproc)
 if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
