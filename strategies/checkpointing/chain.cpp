@@ -36,6 +36,22 @@ void Chain::validate(const std::string& where) const {
       }
     }
   }
+  if (!fetmp.empty()) {
+    if (static_cast<int>(fetmp.size()) != L) {
+      throw ChainError(where + ": key 'fetmp' must have L = " + std::to_string(L) +
+                       " values, found " + std::to_string(fetmp.size()));
+    }
+    for (size_t i = 0; i < fetmp.size(); ++i) {
+      if (!std::isfinite(fetmp[i]) || fetmp[i] < 0) {
+        throw ChainError(where + ": key 'fetmp'[" + std::to_string(i) +
+                         "]: expected a non-negative number, found " + std::to_string(fetmp[i]));
+      }
+    }
+  }
+  if (!std::isfinite(lossBytes) || lossBytes < 0) {
+    throw ChainError(where + ": key 'loss_bytes': expected a non-negative number, found " +
+                     std::to_string(lossBytes));
+  }
   for (int i = 1; i <= L; ++i) {
     if (xbar[i] < x[i]) {
       throw ChainError(where + ": key 'xbar'[" + std::to_string(i) + "] = " +
@@ -48,6 +64,12 @@ void Chain::validate(const std::string& where) const {
 nlohmann::json Chain::toJson() const {
   nlohmann::json j;
   for (const auto& f : kFields) j[f.key] = this->*f.member;
+  if (!fetmp.empty()) j["fetmp"] = fetmp;
+  if (outputKept) {
+    j["output_kept"] = true;
+    j["loss_bytes"] = lossBytes;
+  }
+  if (lossGradKept) j["loss_grad_kept"] = true;
   return j;
 }
 
@@ -69,13 +91,46 @@ Chain Chain::fromJson(const nlohmann::json& j, const std::string& where) {
       (c.*f.member).push_back(a[i].get<double>());
     }
   }
+  const auto flag = [&](const char* key) {
+    if (!j.contains(key)) return false;
+    if (!j.at(key).is_boolean()) {
+      throw ChainError(where + ": key '" + key + "': expected true or false, found " +
+                       j.at(key).dump());
+    }
+    return j.at(key).get<bool>();
+  };
+  if (j.contains("fetmp")) {
+    const auto& a = j.at("fetmp");
+    if (!a.is_array()) {
+      throw ChainError(where + ": key 'fetmp': expected a list of numbers, found " + a.dump());
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_number()) {
+        throw ChainError(where + ": key 'fetmp'[" + std::to_string(i) +
+                         "]: expected a number, found " + a[i].dump());
+      }
+      c.fetmp.push_back(a[i].get<double>());
+    }
+  }
+  c.outputKept = flag("output_kept");
+  c.lossGradKept = flag("loss_grad_kept");
+  if (j.contains("loss_bytes")) {
+    if (!j.at("loss_bytes").is_number()) {
+      throw ChainError(where + ": key 'loss_bytes': expected a number, found " +
+                       j.at("loss_bytes").dump());
+    }
+    c.lossBytes = j.at("loss_bytes").get<double>();
+  }
   for (const auto& item : j.items()) {
     const std::string& k = item.key();
     const bool known = std::any_of(std::begin(kFields), std::end(kFields),
-                                   [&](const Field& f) { return k == f.key; });
+                                   [&](const Field& f) { return k == f.key; }) ||
+                       k == "fetmp" || k == "output_kept" || k == "loss_bytes" ||
+                       k == "loss_grad_kept";
     if (!known) {
       throw ChainError(where + ": unknown key '" + k +
-                       "' (expected ftime, btime, x, xbar, ftmp, btmp)");
+                       "' (expected ftime, btime, x, xbar, ftmp, btmp, fetmp, output_kept, "
+                       "loss_bytes, loss_grad_kept)");
     }
   }
   c.validate(where);
@@ -150,6 +205,7 @@ Simulation simulate(const Chain& chain, const std::vector<Op>& ops) {
   sim.peak = current;
   bool lossDone = false;
   int forwards = 0;
+  std::vector<bool> backwardDone(L, false);
   for (size_t k = 0; k < ops.size(); ++k) {
     const Op& op = ops[k];
     const int i = op.stage;
@@ -162,7 +218,7 @@ Simulation simulate(const Chain& chain, const std::vector<Op>& ops) {
       sim.time += chain.ftime[i];
       if (op.kind == Op::Kind::kForwardEnable) {
         if (has("xbar" + sn)) return fail(k, "xbar[" + sn + "] is already held");
-        sim.peak = std::max(sim.peak, current + chain.xbar[i + 1] + chain.ftmp[i]);
+        sim.peak = std::max(sim.peak, current + chain.xbar[i + 1] + chain.taped(i));
         hold("xbar" + sn, chain.xbar[i + 1]);
       } else {
         if (has("x" + sn)) return fail(k, "x[" + sn + "] is already held");
@@ -176,17 +232,30 @@ Simulation simulate(const Chain& chain, const std::vector<Op>& ops) {
       lossDone = true;
       sim.time += chain.btime[L];
       sim.peak = std::max(sim.peak, current + chain.x[L] + chain.btmp[L]);
-      release("x" + std::to_string(L));
+      if (chain.outputKept) {
+        // x[L] stays, as "y" where it is held on its own, or later, when B_{L-1} frees xbar[L].
+        if (has("x" + std::to_string(L))) {
+          release("x" + std::to_string(L));
+          hold("y", chain.x[L]);
+        }
+        hold("loss", chain.lossBytes);
+      } else {
+        release("x" + std::to_string(L));
+      }
       hold("d" + std::to_string(L), chain.x[L]);
+      sim.peak = std::max(sim.peak, current);
     } else {
       if (i >= L) return fail(k, "there is no stage " + si);
+      if (backwardDone[i]) return fail(k, "the backward of stage " + si + " already ran");
+      backwardDone[i] = true;
       if (!has("d" + sn)) return fail(k, "the gradient d[" + sn + "] is not held");
       if (!has("xbar" + sn)) return fail(k, "xbar[" + sn + "] is not held");
       if (!haveX(i)) return fail(k, "its input x[" + si + "] is not held");
       sim.time += chain.btime[i];
       sim.peak = std::max(sim.peak, current + chain.x[i] + chain.btmp[i]);
-      release("d" + sn);
+      if (!(chain.lossGradKept && i + 1 == L)) release("d" + sn);
       release("xbar" + sn);
+      if (chain.outputKept && i + 1 == L && !has("y")) hold("y", chain.x[L]);
       release("x" + si);
       hold("d" + si, chain.x[i]);
     }
@@ -196,6 +265,9 @@ Simulation simulate(const Chain& chain, const std::vector<Op>& ops) {
     sim.problem = "the schedule ends before the backward of stage 0 produced d[0]";
     return sim;
   }
+  // What the step keeps to its end (output_kept, loss_grad_kept) is not left over.
+  for (const char* kept : {"y", "loss"}) held.erase(kept);
+  if (chain.lossGradKept) held.erase("d" + std::to_string(L));
   if (held.size() != 1) {
     std::string left;
     for (const auto& [name, size] : held) {

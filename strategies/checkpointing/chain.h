@@ -18,17 +18,41 @@ namespace sb::strategies::checkpointing {
 //   ftime[i] forward time of stage i               (L values)
 //   btime[i] backward time of stage i; btime[L] is the loss, forward and backward (L + 1)
 //   ftmp[i]  memory stage i's forward needs besides its input and output        (L)
+//   fetmp[i] optional: the same for its taped forward (Fe_i), where it differs from the
+//            untaped ones' (CF_i, Fn_i): autograd keeps some temporaries as the tape, and
+//            no-grad kernels may take other paths. Absent: ftmp serves both        (L)
 //   btmp[i]  memory stage i's backward needs besides what it reads and writes   (L + 1)
 //
 // Sizes are in any unit (bytes for measured chains); times too (microseconds when measured).
+//
+// Two optional terms describe the training step the chain runs in, beyond rotor's model
+// (which frees x[L] at the loss and d[L] at B_{L-1}); a measured chain sets both, a chain
+// without them is rotor's model exactly:
+//   output_kept  the step keeps the network's output x[L] and the loss to the end: after the
+//                loss, x[L] stays held (where it is held inside xbar[L], its bytes stay when
+//                B_{L-1} frees the rest of the tape), and `loss_bytes` more (the loss value and
+//                the gradient the backward is seeded with)
+//   loss_grad_kept  d[L] stays held until the step ends (the chain runs as one autograd node,
+//                whose incoming gradient the engine holds until the node's backward returns)
 struct Chain {
   std::vector<double> ftime, btime, x, xbar, ftmp, btmp;
+  std::vector<double> fetmp;  // empty: ftmp
+  bool outputKept = false;
+  double lossBytes = 0;
+  bool lossGradKept = false;
 
   int length() const { return static_cast<int>(ftime.size()); }
+  double taped(int i) const { return fetmp.empty() ? ftmp[i] : fetmp[i]; }  // Fe_i's ftmp
+  // The most the two step terms add to rotor's peak at any point: a bound for solvers (rotor's
+  // dynamic program) that plan in rotor's model.
+  double stepTermsBound() const {
+    return (outputKept ? x.back() + lossBytes : 0) + (lossGradKept ? x.back() : 0);
+  }
   // Throws ChainError when the lengths do not fit together or a value is negative or not finite.
   void validate(const std::string& where = "chain") const;
   nlohmann::json toJson() const;
-  // Reads the keys ftime, btime, x, xbar, ftmp, btmp; errors name the key and index.
+  // Reads the keys ftime, btime, x, xbar, ftmp, btmp (and optionally fetmp, output_kept,
+  // loss_bytes, loss_grad_kept); errors name the key and index.
   static Chain fromJson(const nlohmann::json& j, const std::string& where = "chain");
 };
 

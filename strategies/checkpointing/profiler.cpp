@@ -41,7 +41,7 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
   at::Tensor x = net.input().detach();
   for (int i = 0; i < L; ++i) {
     std::vector<double> ft, bt;
-    double xbar = 0, ftmp = 0, btmp = 0, xout = 0;
+    double xbar = 0, fetmp = 0, ftmp = 0, btmp = 0, xout = 0;
     for (int r = 0; r < std::max(1, repetitions); ++r) {
       // Fe_i: what a taped forward leaves alive (output and saved tensors) and its transient.
       const int64_t before = mem.current(rank);
@@ -52,7 +52,7 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
       const auto t1 = Clock::now();
       const int64_t after = mem.current(rank);
       xbar = std::max(xbar, static_cast<double>(after - before));
-      ftmp = std::max(ftmp, static_cast<double>(mem.peak(rank) - after));
+      fetmp = std::max(fetmp, static_cast<double>(mem.peak(rank) - after));
       ft.push_back(micros(t0, t1));
       xout = bytes(out);
 
@@ -84,23 +84,31 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
     c.x.push_back(xout);
     c.xbar.push_back(std::max(xbar, xout));
     c.ftmp.push_back(ftmp);
+    c.fetmp.push_back(fetmp);
     c.btmp.push_back(std::max(0.0, btmp));
   }
-  // The loss, sum(y * target): forward and backward to d[L].
+  // The loss, sum(y * target): forward and backward to d[L], as the executor's step runs it
+  // (the loss in a statement of its own, so that the product is freed before the backward).
   std::vector<double> lt;
-  double ltmp = 0;
+  double ltmp = 0, lossBytes = 0;
   for (int r = 0; r < std::max(1, repetitions); ++r) {
     const at::Tensor y = x.detach().requires_grad_(true);
     const int64_t before = mem.current(rank);
     mem.resetPeak(rank);
     const auto t0 = Clock::now();
-    torch::autograd::backward({(y * net.target()).sum()});
+    const at::Tensor loss = (y * net.target()).sum();
+    torch::autograd::backward({loss});
     const auto t1 = Clock::now();
     ltmp = std::max(ltmp, static_cast<double>(mem.peak(rank) - before) - bytes(y));
     lt.push_back(micros(t0, t1));
+    lossBytes = 2 * bytes(loss);  // the loss and the gradient its backward is seeded with
   }
   c.btime.push_back(medianOf(lt));
   c.btmp.push_back(std::max(0.0, ltmp));
+  // The executor's step keeps its output and loss, and runs the chain as one autograd node.
+  c.outputKept = true;
+  c.lossBytes = lossBytes;
+  c.lossGradKept = true;
   net.zeroGrad();
   gen.set_state(rngState);
   c.validate("profile");

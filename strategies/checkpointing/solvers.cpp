@@ -184,7 +184,7 @@ class RotorSlots {
  public:
   RotorSlots(const Chain& c, double budget, int slots) : c_(c), L_(c.length()) {
     bool integral = budget == std::floor(budget);
-    for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.btmp}) {
+    for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.fetmp, &c.btmp}) {
       for (double s : *v) integral = integral && s == std::floor(s);
     }
     S_ = integral && budget <= slots ? static_cast<int>(budget) : slots;
@@ -199,6 +199,7 @@ class RotorSlots {
     X_ = disc(c.x);
     XB_ = disc(c.xbar);
     FT_ = disc(c.ftmp);
+    FE_ = c.fetmp.empty() ? FT_ : disc(c.fetmp);
     BT_ = disc(c.btmp);
   }
   virtual ~RotorSlots() = default;
@@ -244,7 +245,7 @@ class RotorSlots {
 
   const Chain& c_;
   int L_, S_ = 1;
-  std::vector<int> X_, XB_, FT_, BT_;
+  std::vector<int> X_, XB_, FT_, FE_, BT_;  // FE_: taped forwards' ftmp
 };
 
 // ---- rotor, the reference table ---------------------------------------------------------------
@@ -283,13 +284,13 @@ class RotorReference final : public RotorSlots {
     // B_i: d[i+1], the tape xbar[i+1], the new d[i] and the backward's temporary.
     const bool backwardFits = m >= X_[i + 1] + XB_[i + 1] + X_[i] + BT_[i];
     if (i == l) {
-      const bool fits = backwardFits && m >= X_[i + 1] + XB_[i + 1] + FT_[i];
+      const bool fits = backwardFits && m >= X_[i + 1] + XB_[i + 1] + FE_[i];
       return fits ? c_.ftime[i] + c_.btime[i] : kInf;
     }
     double best = kInf;
     int arg = 0;
     // chain: Fe_i keeps the tape while the rest runs.
-    if (backwardFits && m >= D(l) + XB_[i + 1] + FT_[i]) {
+    if (backwardFits && m >= D(l) + XB_[i + 1] + FE_[i]) {
       const double t = c_.ftime[i] + c_.btime[i] + T(m - XB_[i + 1], i + 1, l);
       if (t < best) {
         best = t;
@@ -405,7 +406,7 @@ class Rotor final : public RotorSlots {
     const int backward = X_[i + 1] + XB_[i + 1] + X_[i] + BT_[i];
     if (i == l) {
       const double t = c_.ftime[i] + c_.btime[i];
-      for (int m = std::max(backward, X_[i + 1] + XB_[i + 1] + FT_[i]); m <= S; ++m) row[m] = t;
+      for (int m = std::max(backward, X_[i + 1] + XB_[i + 1] + FE_[i]); m <= S; ++m) row[m] = t;
       return;
     }
     // chain: Fe_i keeps the tape while the rest runs.
@@ -413,7 +414,7 @@ class Rotor final : public RotorSlots {
       const double* next = &table_[rowIndex(i + 1, l)];
       const double t0 = c_.ftime[i] + c_.btime[i];
       const int off = XB_[i + 1];
-      for (int m = std::max({backward, D(l) + off + FT_[i], off + first(i + 1, l)}); m <= S; ++m) {
+      for (int m = std::max({backward, D(l) + off + FE_[i], off + first(i + 1, l)}); m <= S; ++m) {
         const double t = t0 + next[m - off];
         if (t < row[m]) {
           row[m] = t;
@@ -457,11 +458,21 @@ std::optional<Schedule> solveRotor(
   double b = options.budget;
   if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;  // unconstrained
   if (b <= 0) return priced("rotor", chain, segmentSchedule(L, {0}), options.budget);
-  const auto rotor = make(b);
-  auto ops = rotor->schedule();
-  if (!ops) return std::nullopt;
-  auto s = priced("rotor", chain, std::move(*ops), options.budget);
-  if (s) s->tableTime = rotor->tableTime();
+  const auto attempt = [&](double budget) -> std::optional<Schedule> {
+    const auto rotor = make(budget);
+    auto ops = rotor->schedule();
+    if (!ops) return std::nullopt;
+    auto s = priced("rotor", chain, std::move(*ops), options.budget);
+    if (s) s->tableTime = rotor->tableTime();
+    return s;
+  };
+  // The program plans in rotor's model; the chain's step terms (output_kept, loss_grad_kept)
+  // add at most stepTermsBound() anywhere, so where its schedule does not fit with them, the
+  // one it finds for the budget less that bound does (optimal for that smaller budget).
+  auto s = attempt(b);
+  if (!s && options.budget > 0 && chain.stepTermsBound() > 0 && b > chain.stepTermsBound()) {
+    s = attempt(b - chain.stepTermsBound());
+  }
   return s;
 }
 
