@@ -221,6 +221,7 @@ nlohmann::json Record::toJson() const {
   j["predicted_comm_bytes"] = jopt(predictedCommBytes);
   j["comm_calls"] = jopt(commCalls);
   j["predicted_time_us"] = jopt(predictedTimeUs);
+  j["mispredicted"] = mispredicted;
   j["params"] = nlohmann::json::object();
   for (const auto& [k, v] : params) j["params"][k] = v;
   j["message"] = message;
@@ -297,6 +298,7 @@ std::string csvRow(const Record& r) {
                                            opt(r.predictedCommBytes),
                                            opt(r.commCalls),
                                            opt(r.predictedTimeUs),
+                                           r.mispredicted,
                                            csvTextField(paramsText),
                                            csvTextField(msg)};
   TORCH_INTERNAL_ASSERT(fields.size() == csvColumns().size());

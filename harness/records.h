@@ -73,6 +73,10 @@ struct Record {
   std::optional<int64_t> predictedCommBytes;  // largest rank's predicted bytes
   std::optional<int64_t> commCalls;           // largest rank's collective calls
   std::optional<double> predictedTimeUs;      // the strategy's cost model, where it has one
+  // The predictions the measurement contradicts, beyond the tolerance the strategy states
+  // (Strategy::predictionTolerance): "", "memory", "time" or "memory+time". A flagged row
+  // fails `report`'s gate; the message and details["prediction"] say by how much.
+  std::string mispredicted;
   // Family-specific parameters and numbers ("budget=0.5;recomputed_forwards=3").
   std::vector<std::pair<std::string, std::string>> params;
   std::string message;
@@ -83,7 +87,7 @@ struct Record {
 
 // The CSV header, in column order; an array so that readers that need the count at compile
 // time (the CSV parser of reports/) use the same list.
-inline constexpr std::array<const char*, 44> kCsvColumns = {"schema_version",
+inline constexpr std::array<const char*, 45> kCsvColumns = {"schema_version",
                                                             "run_id",
                                                             "git_sha",
                                                             "timestamp_utc",
@@ -125,6 +129,7 @@ inline constexpr std::array<const char*, 44> kCsvColumns = {"schema_version",
                                                             "predicted_comm_bytes",
                                                             "comm_calls",
                                                             "predicted_time_us",
+                                                            "mispredicted",
                                                             "params",
                                                             "message"};
 const std::vector<std::string>& csvColumns();

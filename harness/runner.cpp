@@ -7,6 +7,7 @@
 #include <csignal>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <ostream>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "harness/c10d_backend.h"
 #include "harness/dist_env.h"
@@ -421,6 +423,46 @@ void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n
                                                    profile.host + " at " + profile.timestampUtc}};
 }
 
+// Every prediction against its measurement: the relative error, in details["prediction"],
+// and Record::mispredicted where it is past the strategy's stated tolerance. Returns the
+// sentence for the message ("" when nothing is mispredicted).
+std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& tol) {
+  nlohmann::json j = nlohmann::json::object();
+  std::vector<std::string> flagged, why;
+  const auto judge = [&](const char* what, const char* unit, double measured, double predicted,
+                         const std::optional<double>& tolerance) {
+    const double err = measured != 0 ? std::abs(measured - predicted) / std::abs(measured)
+                                     : (predicted == 0 ? 0.0 : std::numeric_limits<double>::infinity());
+    j[what] = {{"measured", measured},
+               {"predicted", predicted},
+               {"relative_error", std::isfinite(err) ? nlohmann::json(err) : nlohmann::json("inf")},
+               {"tolerance", tolerance ? nlohmann::json(*tolerance) : nlohmann::json("none")}};
+    if (tolerance && !(err <= *tolerance)) {
+      flagged.push_back(what);
+      std::ostringstream s;
+      s << what << " measured " << measured << " " << unit << ", predicted " << predicted << " "
+        << unit << " (" << std::setprecision(3) << 100 * err << "% off; the strategy claims "
+        << 100 * *tolerance << "%)";
+      why.push_back(s.str());
+    }
+  };
+  if (rec.peakMemBytes && rec.predictedMemBytes) {
+    judge("memory", "bytes", static_cast<double>(*rec.peakMemBytes),
+          static_cast<double>(*rec.predictedMemBytes), tol.memory);
+  }
+  if (rec.timing && rec.predictedTimeUs) {
+    judge("time", "us", rec.timing->medianUs, *rec.predictedTimeUs, tol.time);
+  }
+  if (!j.empty()) rec.details["prediction"] = j;
+  std::string flags, text;
+  for (size_t i = 0; i < flagged.size(); ++i) {
+    flags += (i ? "+" : "") + flagged[i];
+    text += (i ? "; " : "") + why[i];
+  }
+  rec.mispredicted = flags;
+  return text.empty() ? "" : "mispredicted: " + text;
+}
+
 // The record of one row from every rank's outcome (all ranks of the mesh, in rank order).
 Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& data,
                const Strategy& strategy, const std::vector<RankOutcome>& ranks,
@@ -520,6 +562,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   rec.params = rank0.params;
   if (!rank0.executorDetails.empty()) rec.details["executor"] = rank0.executorDetails;
   if (rank0.timing) rec.timing = *rank0.timing;
+  const std::string mispredicted = judgePredictions(rec, strategy.predictionTolerance());
 
   if (!allPassed(checks, problems)) {
     rec.status = Status::kFail;
@@ -535,6 +578,9 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
     rec.message = memProblem;
   } else {
     rec.status = Status::kPass;
+  }
+  if (!mispredicted.empty()) {
+    rec.message += (rec.message.empty() ? "" : "; ") + mispredicted;
   }
   return rec;
 }
@@ -982,6 +1028,12 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   std::vector<Record> bad;
   Tally total;
   const auto runStart = Clock::now();
+  // LibTorch settles its intra-op thread count lazily, at the first parallel region or
+  // get_num_threads() (the threads backend's world asks). Until then OpenMP's default is in
+  // force, which can differ (logical cores against LibTorch's physical ones), and BLAS splits
+  // a matmul by it: a reference built before the first world would not be bitwise the
+  // numbers of the same arithmetic run after it. Settled here, before the first reference.
+  at::internal::lazy_init_num_threads();
   bool stopped = false;
   for (size_t i = 0; i < plan.size() && !stopped; ++i) {
     const CaseSpec& c = plan[i].spec;

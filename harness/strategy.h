@@ -136,6 +136,18 @@ class Strategy {
   virtual std::optional<LocalWork> predictLocalWork(const CaseSpec& c, int rank) const {
     return std::nullopt;
   }
+  // How far a measurement may be from this strategy's predictions before the row is flagged
+  // `mispredicted` (Record::mispredicted): |measured - predicted| / measured, per prediction.
+  // Memory: 5% unless a strategy states otherwise (the tracker counts every byte, so a model
+  // is either right or has a known reason); time: no claim unless a strategy states one (on
+  // a shared machine a step's time moves by more than any cost model's error). nullopt: the
+  // prediction is shown and its error recorded, never judged.
+  struct PredictionTolerance {
+    std::optional<double> memory = 0.05;
+    std::optional<double> time;
+  };
+  virtual PredictionTolerance predictionTolerance() const { return {}; }
+
   // Per-rank peak bytes of one step, where the strategy has a model of it.
   virtual std::optional<int64_t> predictPeakMemory(const CaseSpec& c, int rank) const {
     return std::nullopt;

@@ -86,6 +86,21 @@ void judgeNumerics(RowComparison& rc) {
   }
 }
 
+// A prediction `run` found past its strategy's tolerance is a broken model: the row's own
+// verdict, with or without a baseline.
+void judgePrediction(RowComparison& rc, const GateOptions& o) {
+  const ResultRow& cur = *rc.current;
+  if (cur.mispredicted.empty()) {
+    if (cur.predictedMemBytes || cur.predictedTimeUs) rc.prediction = "ok";
+    return;
+  }
+  rc.prediction = "mispredicted (" + cur.mispredicted + ")";
+  std::string why = "prediction: " + cur.mispredicted + " mispredicted";
+  const auto at = cur.message.find("mispredicted: ");
+  if (at != std::string::npos) why += " (" + cur.message.substr(at + 14) + ")";
+  (o.allowMispredicted ? rc.warnings : rc.gateFailures).push_back(why);
+}
+
 double cvOf(const ResultRow& r) {
   if (r.timeSamplesUs.size() >= 2) {
     const double m = mean(r.timeSamplesUs);
@@ -227,6 +242,7 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
       matched.insert(c.key());
     }
     judgeNumerics(rc);
+    judgePrediction(rc, options);
     if (rc.baseline) {
       judgeTime(rc, options);
       judgeMemory(rc, options);
@@ -237,7 +253,8 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
     if (cmp.hasBaseline && !rc.baseline) {
       rc.verdict = Verdict::kNew;
       rc.warnings.push_back("new: not in the baseline");
-    } else if (regressed || rc.numerics == "new failure") {
+    } else if (regressed || rc.numerics == "new failure" ||
+               (!rc.current->mispredicted.empty() && !options.allowMispredicted)) {
       rc.verdict = Verdict::kRegressed;
     } else if (improved) {
       rc.verdict = Verdict::kImproved;

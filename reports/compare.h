@@ -9,7 +9,9 @@
 namespace sb::reports {
 
 // How results are compared with a baseline and what fails the gate (DESIGN.md, "Gating
-// semantics"). Numerics always gate; memory gates past its threshold; time gates only with
+// semantics"). Numerics always gate, and so does a row `run` flagged `mispredicted` (a
+// prediction past the tolerance its strategy states) unless allowMispredicted; memory gates
+// past its threshold; time gates only with
 // `hardPerf`, and then only when the median moved past the threshold and the Mann-Whitney U
 // test over the repetitions says the move is significant.
 struct GateOptions {
@@ -20,6 +22,7 @@ struct GateOptions {
   double noisyCv = 0.10;           // stddev / mean above which a row is marked noisy
   bool hardPerf = false;           // --gate-perf
   bool allowGone = false;          // a row missing from the current run only warns
+  bool allowMispredicted = false;  // a row flagged `mispredicted` only warns
 };
 
 enum class Verdict { kRegressed, kImproved, kUnchanged, kNew, kGone };
@@ -40,6 +43,9 @@ struct RowComparison {
   bool noisy = false;        // cv above GateOptions::noisyCv on either side
   std::optional<double> memChangePct;
   std::string mem = "n/a";  // "regressed", "improved", "unchanged", "n/a"
+  // The row's own predictions against its measurements, as `run` judged them: "ok" or
+  // "mispredicted (memory)" etc.; "n/a" for a row with no prediction judged.
+  std::string prediction = "n/a";
   Verdict verdict = Verdict::kUnchanged;
 
   std::vector<std::string> gateFailures;  // each a sentence naming why

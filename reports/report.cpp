@@ -449,6 +449,7 @@ std::string summaryCsv(const Comparison& cmp) {
                              "activation_reduction_pct",
                              "slowdown_pct",
                              "numerics_verdict",
+                             "prediction_verdict",
                              "verdict",
                              "gate",
                              "reasons"});
@@ -500,6 +501,7 @@ std::string summaryCsv(const Comparison& cmp) {
                     vsUnchunked.first,
                     vsUnchunked.second,
                     rc.numerics,
+                    rc.prediction,
                     verdictName(rc.verdict),
                     gateCell(rc),
                     reasons(rc)});
@@ -695,7 +697,11 @@ Table caseTable(const std::vector<const RowComparison*>& rows, bool hasBaseline,
     row.push_back({tol, ""});
     row.push_back({c ? timeText(*c) + (rc->noisy ? " (noisy)" : "") : "-", ""});
     row.push_back({c ? bytes(c->peakMemBytes) : "-", ""});
-    row.push_back({c ? predictedVsMeasured(c->predictedMemBytes, c->peakMemBytes) : "-", ""});
+    const bool memOff = c && c->mispredicted.find("memory") != std::string::npos;
+    row.push_back({c ? predictedVsMeasured(c->predictedMemBytes, c->peakMemBytes) +
+                           (memOff ? " (mispredicted)" : "")
+                     : "-",
+                   memOff ? "fail" : ""});
     row.push_back({c ? predictedVsMeasured(c->predictedCommBytes, c->commBytes) : "-", ""});
     if (hasBaseline) {
       row.push_back(statusCell(rc->baseline ? rc->baseline->status : "new"));
@@ -797,7 +803,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     doc.paragraph("No baseline given: every row is judged on its own (numerics only).");
   }
   if (failures.empty()) {
-    doc.paragraph("Gate passed: no numerics regression, no memory regression" +
+    doc.paragraph("Gate passed: no numerics regression, no misprediction, no memory regression" +
                       std::string(options.gateOptions.hardPerf ? ", no time regression" : "") + ".",
                   "gate-pass");
   } else {
@@ -813,7 +819,9 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
                 " over >= " + std::to_string(options.gateOptions.minSamples) +
                 " repetitions a side (" + (options.gateOptions.hardPerf ? "hard" : "soft") +
                 "); memory " + fmt("%.3g", options.gateOptions.memThresholdPct) +
-                "% (hard); numerics hard.");
+                "% (hard); numerics hard; predictions within each strategy's stated tolerance " +
+                (options.gateOptions.allowMispredicted ? "(soft: --allow-mispredicted)."
+                                                       : "(hard)."));
 
   doc.heading(2, "Summary by family");
   doc.table(familyTable(cmp));

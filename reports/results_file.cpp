@@ -28,7 +28,8 @@ constexpr size_t kN = kColumns.size();
 // them still reads, it just cannot be gated on per-repetition times or per-tensor errors.
 bool isOptional(const std::string& c) {
   return c == "err_ratio" || c == "worst_tensor" || c == "tensor_err_ratio" ||
-         c == "time_us_samples" || c == "predicted_time_us" || c == "params";
+         c == "time_us_samples" || c == "predicted_time_us" || c == "params" ||
+         c == "mispredicted";
 }
 
 using Reader = io::CSVReader<kN, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;
@@ -204,6 +205,11 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.predictedCommBytes = f.optCount("predicted_comm_bytes");
   r.commCalls = f.optCount("comm_calls");
   r.predictedTimeUs = f.optTime("predicted_time_us");
+  r.mispredicted = f.str("mispredicted");
+  if (r.mispredicted != "" && r.mispredicted != "memory" && r.mispredicted != "time" &&
+      r.mispredicted != "memory+time") {
+    f.bad("mispredicted", r.mispredicted, "empty, memory, time or memory+time");
+  }
   for (const auto& item : splitList(f.str("params"))) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0) f.bad("params", item, "key=value");

@@ -673,6 +673,8 @@ int main(int argc, char** argv) {
                    "Time regressions fail the gate too (soft by default)");
   report->add_flag("--allow-gone", ropts.gateOptions.allowGone,
                    "A baseline row missing from the results only warns");
+  report->add_flag("--allow-mispredicted", ropts.gateOptions.allowMispredicted,
+                   "A row whose prediction is past its strategy's tolerance only warns");
   report
       ->add_option("--perf-threshold", ropts.gateOptions.perfThresholdPct,
                    "Minimum change of the median time, in %")

@@ -96,6 +96,36 @@ TEST(Gate, APassThatBecomesAFailFailsTheGateAndNamesTheStrategy) {
   EXPECT_NE(g.failures().find("was pass, now fail"), std::string::npos);
 }
 
+// A row `run` flagged mispredicted fails the gate on its own, baseline or not (and reads back
+// from the results file it was written to); --allow-mispredicted makes it a warning.
+TEST(Gate, AMispredictedRowFailsTheGateUnlessAllowed) {
+  auto good = passRow("chain", "checkpointing/rotor");
+  good.predictedMemBytes = 10000;
+  auto off = good;
+  off.predictedMemBytes = 8000;
+  off.mispredicted = "memory";
+  off.message = "mispredicted: memory measured 10000 bytes, predicted 8000 bytes (20% off; the "
+                "strategy claims 5%)";
+  for (bool withBaseline : {false, true}) {
+    Gate g({off}, withBaseline ? std::vector<harness::Record>{good} : std::vector<harness::Record>{});
+    EXPECT_TRUE(g.cmp.gateFailed()) << withBaseline;
+    EXPECT_EQ(g.row(off.strategyId).prediction, "mispredicted (memory)");
+    EXPECT_EQ(g.row(off.strategyId).current->mispredicted, "memory");
+    EXPECT_NE(g.failures().find("memory mispredicted (memory measured 10000 bytes"),
+              std::string::npos)
+        << g.failures();
+    EXPECT_EQ(g.row(off.strategyId).numerics, "ok") << "the numbers themselves are right";
+  }
+  GateOptions allow;
+  allow.allowMispredicted = true;
+  Gate allowed({off}, {good}, allow);
+  EXPECT_FALSE(allowed.cmp.gateFailed()) << allowed.failures();
+  ASSERT_EQ(allowed.cmp.warnings().size(), 1u);
+  Gate fine({good}, {good});
+  EXPECT_FALSE(fine.cmp.gateFailed());
+  EXPECT_EQ(fine.row(good.strategyId).prediction, "ok");
+}
+
 TEST(Gate, AnErrorThatBecomesAnErrorStatusFailsTheGate) {
   auto good = passRow("c", "s");
   auto err = good;

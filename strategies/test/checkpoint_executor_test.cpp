@@ -71,8 +71,16 @@ TEST_P(CheckpointExecutor, GivesBitwiseTheGradientsAndBuffersOfThePlainRun) {
   if (workload == "resnet18" || workload == "densenet121") {
     EXPECT_TRUE(sawBuffer);
   }
+  // The memory model is exact to the byte (chain.h: rotor's model plus the step's own terms),
+  // so the prediction is the tracker's measurement, and the budget a promise the row keeps.
+  ASSERT_TRUE(rec.peakMemBytes && rec.predictedMemBytes);
+  EXPECT_EQ(*rec.peakMemBytes, *rec.predictedMemBytes) << workload << " " << solver;
+  EXPECT_EQ(rec.mispredicted, "");
+  EXPECT_EQ(rec.details["prediction"]["memory"]["relative_error"].get<double>(), 0.0);
   if (!fixed) {
     EXPECT_LE(std::stod(params(rec, "model_peak_bytes")), std::stod(params(rec, "budget_bytes")));
+    ASSERT_TRUE(rec.details.contains("memory_limit_bytes_per_rank")) << rec.details.dump();
+    EXPECT_LE(*rec.peakMemBytes, rec.details["memory_limit_bytes_per_rank"][0].get<int64_t>());
   }
 }
 
@@ -134,10 +142,30 @@ TEST(CheckpointPlantedFault, LeavingTheGeneratorWhereARecomputationLeftItFailsOn
   EXPECT_EQ(rec.status, harness::Status::kFail) << rec.message;
   EXPECT_EQ(rec.worstTensor, "rng/cpu") << rec.message;
   for (const auto& t : rec.details["tensors"]) {
-    if (t["tensor"] != "rng/cpu") EXPECT_EQ(t["mismatches"], 0) << t.dump();
+    if (t["tensor"] != "rng/cpu") {
+      EXPECT_EQ(t["mismatches"], 0) << t.dump();
+    }
   }
   // Without dropout there is nothing to recompute differently: the fault is dormant.
   EXPECT_EQ(test::run(chainCase("resnet18", 0), *faulty).status, harness::Status::kPass);
+}
+
+// The budget is judged on the measured peak: a solver that ignores it computes every number
+// right and still fails, on memory alone.
+TEST(CheckpointPlantedFault, ASolverThatIgnoresTheBudgetFailsOnTheMeasuredPeak) {
+  const auto faulty = strategy("checkpointing/rotor").withPlantedFault("ignore_budget");
+  ASSERT_TRUE(faulty);
+  const auto c = chainCase("mlp_chain", 0.6);
+  const auto rec = test::run(c, *faulty);
+  EXPECT_EQ(rec.status, harness::Status::kFail) << rec.message;
+  EXPECT_EQ(*rec.mismatches, 0) << "the numbers are right; only the budget is broken";
+  EXPECT_NE(rec.message.find("bytes it promised to stay within"), std::string::npos)
+      << rec.message;
+  // The prediction is still exact: the schedule is just not the one the budget allows.
+  EXPECT_EQ(rec.mispredicted, "");
+  const auto honest = test::run(c, strategy("checkpointing/rotor"));
+  EXPECT_EQ(honest.status, harness::Status::kPass) << honest.message;
+  EXPECT_LT(*honest.peakMemBytes, *rec.peakMemBytes);
 }
 
 TEST(CheckpointPlantedFault, WithoutRecomputationThereIsNothingForTheFaultsToBreak) {
@@ -189,6 +217,69 @@ class LimitedStrategy final : public harness::SingleRankStrategy {
   const harness::Strategy& inner_;
   int64_t limit_;
 };
+
+// A prediction is judged against its measurement: an executor whose memory model is off by
+// more than its strategy's stated tolerance is flagged `mispredicted` (the gate fails on it);
+// within the tolerance it is not. Wraps checkpointing/none, whose prediction is exact.
+class ScaledPredictionExecutor final : public harness::RankExecutor {
+ public:
+  ScaledPredictionExecutor(std::unique_ptr<harness::RankExecutor> inner, double scale)
+      : inner_(std::move(inner)), scale_(scale) {}
+  void prepare(harness::RankContext& ctx, const reference::WorkloadData& d) override {
+    inner_->prepare(ctx, d);
+  }
+  void step(harness::RankContext& ctx) override { inner_->step(ctx); }
+  std::map<std::string, at::Tensor> results() const override { return inner_->results(); }
+  std::optional<int64_t> predictedPeakBytes() const override {
+    return static_cast<int64_t>(static_cast<double>(*inner_->predictedPeakBytes()) * scale_);
+  }
+
+ private:
+  std::unique_ptr<harness::RankExecutor> inner_;
+  double scale_;
+};
+
+class ScaledPredictionStrategy final : public harness::SingleRankStrategy {
+ public:
+  ScaledPredictionStrategy(const harness::Strategy& inner, double scale,
+                           std::optional<double> tolerance)
+      : SingleRankStrategy("test/scaled", "scaled", harness::Family::kCheckpointing),
+        inner_(inner),
+        scale_(scale),
+        tolerance_(tolerance) {}
+  harness::Applicability applies(const harness::CaseSpec& c) const override {
+    return inner_.applies(c);
+  }
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
+    return std::make_unique<ScaledPredictionExecutor>(inner_.makeExecutor(c), scale_);
+  }
+  PredictionTolerance predictionTolerance() const override {
+    PredictionTolerance t;
+    t.memory = tolerance_;
+    return t;
+  }
+
+ private:
+  const harness::Strategy& inner_;
+  double scale_;
+  std::optional<double> tolerance_;
+};
+
+TEST(PredictionVerdict, AMemoryPredictionPastItsToleranceIsFlaggedMispredicted) {
+  const auto& none = strategy("checkpointing/none");
+  const auto c = chainCase("mlp_chain", 0);
+  // 20% under the measurement, against the default claim of 5%.
+  const auto off = test::run(c, ScaledPredictionStrategy(none, 0.8, 0.05));
+  EXPECT_EQ(off.status, harness::Status::kPass) << "the numbers are right";
+  EXPECT_EQ(off.mispredicted, "memory");
+  EXPECT_NE(off.message.find("mispredicted: memory measured"), std::string::npos) << off.message;
+  EXPECT_NEAR(off.details["prediction"]["memory"]["relative_error"].get<double>(), 0.2, 1e-3);
+  // 3% off is within the 5% claimed; and a strategy that claims nothing is never flagged.
+  EXPECT_EQ(test::run(c, ScaledPredictionStrategy(none, 0.97, 0.05)).mispredicted, "");
+  const auto unclaimed = test::run(c, ScaledPredictionStrategy(none, 0.5, std::nullopt));
+  EXPECT_EQ(unclaimed.mispredicted, "");
+  EXPECT_EQ(unclaimed.details["prediction"]["memory"]["tolerance"], "none");
+}
 
 TEST(MemoryPromise, AMeasuredPeakOverTheLimitAStrategyPromisedFailsTheRow) {
   const auto& none = strategy("checkpointing/none");
