@@ -159,4 +159,34 @@ wait "$second"
 check "an interrupted run leaves the previous set as it was" 0 "" -- bash -c \
   "[ \"\$(cat '$tmp/busy'/results.csv '$tmp/busy'/results.json | md5sum)\" = '$sum_keep' ]"
 
+# Promises judged on measurements (class 8). The first row of a process is judged like any
+# other: LibTorch settles its thread count before the first reference (with OMP_NUM_THREADS
+# unset this row failed bitwise once). A checkpoint budget is a promise on the measured peak:
+# the same solver ignoring it fails with right numbers; honest, it passes with the
+# prediction equal to the measurement.
+cat > "$tmp/budget.yaml" <<'Y'
+cases:
+  - name: mlp
+    workload: mlp_chain
+    shape: {batch: 32, width: 128, depth: 12, dropout: 0.1}
+    mesh: 1
+    params: {budget: 0.3}
+    strategies: ["checkpointing/rotor"]
+    repetitions: 1
+    min_time_s: 0.0001
+Y
+check "the first row of a process passes bitwise, OMP_NUM_THREADS unset" 0 "total +1 +0 +0 +0" -- \
+  env -u OMP_NUM_THREADS "$sb" run "$tmp/budget.yaml" --out "$tmp/budget"
+check "the honest schedule's peak is its prediction, within its budget" 0 "" -- python3 - \
+  "$tmp/budget/results.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["records"][0]
+limit = r["details"]["memory_limit_bytes_per_rank"][0]
+assert r["status"] == "pass" and r["mispredicted"] == "", r["message"]
+assert r["peak_mem_bytes"] == r["predicted_mem_bytes"] <= limit, (r["peak_mem_bytes"], limit)
+PY
+check "planted: a schedule over its budget fails on the measured peak" 1 \
+  "bytes it promised to stay within" -- "$sb" run "$tmp/budget.yaml" --out "$tmp/budget-fault" \
+  --plant-fault 'checkpointing/rotor=ignore_budget'
+
 finish
