@@ -189,4 +189,24 @@ check "planted: a schedule over its budget fails on the measured peak" 1 \
   "bytes it promised to stay within" -- "$sb" run "$tmp/budget.yaml" --out "$tmp/budget-fault" \
   --plant-fault 'checkpointing/rotor=ignore_budget'
 
+# report writes one set: interrupted while its plots are drawn (SIGTERM), the previous
+# report stays exactly as it was; the next report clears the dead one's staging folder.
+"$sb" report "$tmp/budget" --out "$tmp/rep" --no-plots >/dev/null 2>&1
+snapshot() { (cd "$tmp/rep" && find . -path ./.report.new.\* -prune -o -type f -print0 | sort -z |
+  xargs -0 md5sum); }
+snapshot >"$tmp/rep.before"
+printf '#!/bin/sh\nsleep 5\n' >"$tmp/slowpy" && chmod +x "$tmp/slowpy"
+STRATBENCH_PYTHON="$tmp/slowpy" "$sb" report "$tmp/budget-fault" --out "$tmp/rep" >/dev/null 2>&1 &
+reporter=$!
+sleep 2
+kill -TERM "$reporter"
+wait "$reporter" 2>/dev/null
+check "an interrupted report leaves the previous set as it was" 0 "" -- \
+  bash -c "diff <(cd '$tmp/rep' && find . -path ./.report.new.\* -prune -o -type f -print0 |
+    sort -z | xargs -0 md5sum) '$tmp/rep.before'"
+check "the next report clears the dead one's staging folder and writes its set" 0 "" -- \
+  bash -c "'$sb' report '$tmp/budget-fault' --out '$tmp/rep' --no-plots >/dev/null &&
+    ! ls -a '$tmp/rep' | grep -q report.new &&
+    grep -q 'promised to stay within' '$tmp/rep/summary.csv'"
+
 finish

@@ -1,12 +1,16 @@
 #include "reports/report.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -724,6 +728,64 @@ void writeText(const std::string& path, const std::string& text) {
   harness::writeFileAtomic(path, text);
 }
 
+constexpr const char* kStagingPrefix = ".report.new.";
+
+// Removes the staging folder unless the set was committed (an exception on the way out).
+struct StagingGuard {
+  std::string path;
+  ~StagingGuard() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Staging folders of reports that died before their commit (SIGKILL, a crash): their pid is
+// gone. A live one belongs to a report still writing; it is left alone.
+void removeStaleStaging(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kStagingPrefix, 0) != 0) continue;
+    const std::string pidText = name.substr(std::string(kStagingPrefix).size());
+    char* end = nullptr;
+    const long pid = std::strtol(pidText.c_str(), &end, 10);
+    if (end == pidText.c_str() || *end != '\0' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+}
+
+// Moves a complete staged set into the report folder, with SIGINT, SIGTERM and SIGHUP held so
+// that an interrupt lands before or after the whole move. Files of the previous set that the
+// new one does not have (a plot no longer drawn, history.csv) go, so that the folder is
+// exactly the new set. report.html is moved last.
+void commitSet(const std::string& stage, const std::string& dir,
+               const std::vector<std::string>& files) {
+  sigset_t hold, previous;
+  sigemptyset(&hold);
+  sigaddset(&hold, SIGINT);
+  sigaddset(&hold, SIGTERM);
+  sigaddset(&hold, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &hold, &previous);
+  std::string problem;
+  std::error_code ec;
+  fs::create_directories(dir + "/plots", ec);
+  const std::set<std::string> keep(files.begin(), files.end());
+  for (const auto& e : fs::directory_iterator(dir + "/plots", ec)) {
+    if (e.path().extension() == ".png" && !keep.count("plots/" + e.path().filename().string())) {
+      fs::remove(e.path(), ec);
+    }
+  }
+  if (!keep.count("history.csv")) fs::remove(dir + "/history.csv", ec);
+  for (const auto& f : files) {
+    if (std::rename((stage + "/" + f).c_str(), (dir + "/" + f).c_str()) != 0 && problem.empty()) {
+      problem = "cannot move " + stage + "/" + f + " to " + dir + "/" + f + ": " +
+                std::strerror(errno);
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (!problem.empty()) throw std::runtime_error(problem);
+}
+
 }  // namespace
 
 std::string caseSlug(const std::string& suite, const std::string& caseName) {
@@ -755,36 +817,38 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   }
   const Comparison cmp = compare(current, baseline, options.gateOptions);
 
+  // The report is one set of files (CSVs, plots, report.md, report.html), built whole in a
+  // staging folder inside the report's and moved into place only when complete (commitSet):
+  // an interrupted or failed report leaves the previous set as it was, never a mix.
   ReportFiles files;
   const std::string dir =
       options.outDir.empty() ? defaultOutDir(resultPaths.front()) : options.outDir;
-  files.plotsDir = dir + "/plots";
   std::error_code ec;
-  fs::create_directories(files.plotsDir, ec);
+  fs::create_directories(dir, ec);
   if (ec) throw ReportInputError(dir + ": cannot create the report directory: " + ec.message());
-  files.summaryCsv = dir + "/summary.csv";
-  files.tensorsCsv = dir + "/tensors.csv";
-  writeText(files.summaryCsv, summaryCsv(cmp));
-  writeText(files.tensorsCsv, tensorsCsv(current));
+  removeStaleStaging(dir);
+  const std::string stage = dir + "/" + kStagingPrefix + std::to_string(::getpid());
+  fs::remove_all(stage, ec);
+  fs::create_directories(stage + "/plots", ec);
+  if (ec) throw ReportInputError(stage + ": cannot create the staging folder: " + ec.message());
+  StagingGuard guard{stage};
+  std::vector<std::string> staged = {"summary.csv", "tensors.csv"};
+  writeText(stage + "/summary.csv", summaryCsv(cmp));
+  writeText(stage + "/tensors.csv", tensorsCsv(current));
   if (!history.empty()) {
-    files.historyCsv = dir + "/history.csv";
-    writeText(files.historyCsv, historyCsv(history));
-  } else {
-    fs::remove(dir + "/history.csv", ec);  // a stale one would plot another report's history
+    staged.push_back("history.csv");
+    writeText(stage + "/history.csv", historyCsv(history));
   }
 
-  // Plots: stale PNGs go first, so that the report embeds only what this run drew.
-  for (const auto& e : fs::directory_iterator(files.plotsDir)) {
-    if (e.path().extension() == ".png") fs::remove(e.path(), ec);
-  }
   if (options.plots)
-    files.plotProblem = runPlots(dir);
+    files.plotProblem = runPlots(stage);
   else
     files.plotProblem = "plots not requested (--no-plots)";
   const auto plot = [&](const std::string& name) -> std::optional<std::string> {
     const std::string rel = "plots/" + name + ".png";
-    if (fs::is_regular_file(dir + "/" + rel) && fs::file_size(dir + "/" + rel) > 0) {
+    if (fs::is_regular_file(stage + "/" + rel) && fs::file_size(stage + "/" + rel) > 0) {
       files.plots.push_back(dir + "/" + rel);
+      staged.push_back(rel);
       return rel;
     }
     return std::nullopt;
@@ -830,7 +894,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   if (auto p = plot("predicted_vs_measured")) doc.image(*p, "predicted vs measured");
   // Family sweeps (checkpointing budgets): one plot per swept case family.
   std::vector<std::string> sweeps;
-  for (const auto& e : fs::directory_iterator(files.plotsDir)) {
+  for (const auto& e : fs::directory_iterator(stage + "/plots")) {
     const std::string name = e.path().stem().string();
     if (name.rfind("sweep_", 0) == 0 && e.path().extension() == ".png") sweeps.push_back(name);
   }
@@ -866,11 +930,18 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     }
   }
 
+  writeText(stage + "/report.md", doc.markdown());
+  writeText(stage + "/report.html",
+            doc.html("stratbench report: " + joined(distinct(current, &ResultRow::suite)), stage));
+  staged.push_back("report.md");
+  staged.push_back("report.html");  // last: a reader that sees it sees the whole set
+  commitSet(stage, dir, staged);
+  files.plotsDir = dir + "/plots";
+  files.summaryCsv = dir + "/summary.csv";
+  files.tensorsCsv = dir + "/tensors.csv";
+  if (!history.empty()) files.historyCsv = dir + "/history.csv";
   files.markdown = dir + "/report.md";
   files.html = dir + "/report.html";
-  writeText(files.markdown, doc.markdown());
-  writeText(files.html,
-            doc.html("stratbench report: " + joined(distinct(current, &ResultRow::suite)), dir));
 
   // The console summary.
   int pass = 0, bad = 0;
