@@ -431,8 +431,9 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
   std::vector<std::string> flagged, why;
   const auto judge = [&](const char* what, const char* unit, double measured, double predicted,
                          const std::optional<double>& tolerance) {
-    const double err = measured != 0 ? std::abs(measured - predicted) / std::abs(measured)
-                                     : (predicted == 0 ? 0.0 : std::numeric_limits<double>::infinity());
+    const double err = measured != 0
+                           ? std::abs(measured - predicted) / std::abs(measured)
+                           : (predicted == 0 ? 0.0 : std::numeric_limits<double>::infinity());
     j[what] = {{"measured", measured},
                {"predicted", predicted},
                {"relative_error", std::isfinite(err) ? nlohmann::json(err) : nlohmann::json("inf")},

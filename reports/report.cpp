@@ -778,8 +778,8 @@ void commitSet(const std::string& stage, const std::string& dir,
   if (!keep.count("history.csv")) fs::remove(dir + "/history.csv", ec);
   for (const auto& f : files) {
     if (std::rename((stage + "/" + f).c_str(), (dir + "/" + f).c_str()) != 0 && problem.empty()) {
-      problem = "cannot move " + stage + "/" + f + " to " + dir + "/" + f + ": " +
-                std::strerror(errno);
+      problem =
+          "cannot move " + stage + "/" + f + " to " + dir + "/" + f + ": " + std::strerror(errno);
     }
   }
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
@@ -878,14 +878,14 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     doc.paragraph("Warnings (" + std::to_string(warnings.size()) + "), reported but not gating:");
     doc.list(warnings);
   }
-  doc.paragraph("Thresholds: time " + fmt("%.3g", options.gateOptions.perfThresholdPct) +
-                "% on the median and Mann-Whitney p < " + fmt("%.3g", options.gateOptions.alpha) +
-                " over >= " + std::to_string(options.gateOptions.minSamples) +
-                " repetitions a side (" + (options.gateOptions.hardPerf ? "hard" : "soft") +
-                "); memory " + fmt("%.3g", options.gateOptions.memThresholdPct) +
-                "% (hard); numerics hard; predictions within each strategy's stated tolerance " +
-                (options.gateOptions.allowMispredicted ? "(soft: --allow-mispredicted)."
-                                                       : "(hard)."));
+  doc.paragraph(
+      "Thresholds: time " + fmt("%.3g", options.gateOptions.perfThresholdPct) +
+      "% on the median and Mann-Whitney p < " + fmt("%.3g", options.gateOptions.alpha) +
+      " over >= " + std::to_string(options.gateOptions.minSamples) + " repetitions a side (" +
+      (options.gateOptions.hardPerf ? "hard" : "soft") + "); memory " +
+      fmt("%.3g", options.gateOptions.memThresholdPct) +
+      "% (hard); numerics hard; predictions within each strategy's stated tolerance " +
+      (options.gateOptions.allowMispredicted ? "(soft: --allow-mispredicted)." : "(hard)."));
 
   doc.heading(2, "Summary by family");
   doc.table(familyTable(cmp));

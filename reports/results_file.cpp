@@ -28,8 +28,7 @@ constexpr size_t kN = kColumns.size();
 // them still reads, it just cannot be gated on per-repetition times or per-tensor errors.
 bool isOptional(const std::string& c) {
   return c == "err_ratio" || c == "worst_tensor" || c == "tensor_err_ratio" ||
-         c == "time_us_samples" || c == "predicted_time_us" || c == "params" ||
-         c == "mispredicted";
+         c == "time_us_samples" || c == "predicted_time_us" || c == "params" || c == "mispredicted";
 }
 
 using Reader = io::CSVReader<kN, io::trim_chars<' ', '\t'>, io::double_quote_escape<',', '"'>>;

@@ -104,10 +104,12 @@ TEST(Gate, AMispredictedRowFailsTheGateUnlessAllowed) {
   auto off = good;
   off.predictedMemBytes = 8000;
   off.mispredicted = "memory";
-  off.message = "mispredicted: memory measured 10000 bytes, predicted 8000 bytes (20% off; the "
-                "strategy claims 5%)";
+  off.message =
+      "mispredicted: memory measured 10000 bytes, predicted 8000 bytes (20% off; the "
+      "strategy claims 5%)";
   for (bool withBaseline : {false, true}) {
-    Gate g({off}, withBaseline ? std::vector<harness::Record>{good} : std::vector<harness::Record>{});
+    Gate g({off},
+           withBaseline ? std::vector<harness::Record>{good} : std::vector<harness::Record>{});
     EXPECT_TRUE(g.cmp.gateFailed()) << withBaseline;
     EXPECT_EQ(g.row(off.strategyId).prediction, "mispredicted (memory)");
     EXPECT_EQ(g.row(off.strategyId).current->mispredicted, "memory");

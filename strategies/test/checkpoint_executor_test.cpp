@@ -159,8 +159,7 @@ TEST(CheckpointPlantedFault, ASolverThatIgnoresTheBudgetFailsOnTheMeasuredPeak) 
   const auto rec = test::run(c, *faulty);
   EXPECT_EQ(rec.status, harness::Status::kFail) << rec.message;
   EXPECT_EQ(*rec.mismatches, 0) << "the numbers are right; only the budget is broken";
-  EXPECT_NE(rec.message.find("bytes it promised to stay within"), std::string::npos)
-      << rec.message;
+  EXPECT_NE(rec.message.find("bytes it promised to stay within"), std::string::npos) << rec.message;
   // The prediction is still exact: the schedule is just not the one the budget allows.
   EXPECT_EQ(rec.mispredicted, "");
   const auto honest = test::run(c, strategy("checkpointing/rotor"));
