@@ -18,7 +18,7 @@ secs=$2
 shift 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results)
+[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results plan)
 
 command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 2; }
 out="$build/fuzz"
@@ -44,7 +44,14 @@ build_target() {
              extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
     results) srcs+=("$src/reports/results_file.cpp")
              extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
-    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results)"; exit 2 ;;
+    # The plan reader, the model it reads plans of and the operator strategies it resolves
+    # (instrumented; the last registers its executors, unused here); the integer program
+    # (gcc's build, not instrumented) only because the model's translation unit refers to it.
+    plan) srcs+=("$src/strategies/sharding/auto/model.cpp" "$src/strategies/sharding/op_specs.cpp"
+                 "$src/strategies/sharding/op_sharding.cpp")
+          extra=("${torch[@]}" "${harness[@]}" "$build/strategies/libstratbench_autoshard_ilp.a"
+                 $(pkg-config --libs cbc) "${rpath[@]}") ;;
+    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan)"; exit 2 ;;
   esac
   # Rebuilt only when a source is newer than the binary.
   local newest
