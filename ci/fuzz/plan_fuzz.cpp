@@ -19,12 +19,9 @@ using sb::strategies::autoshard::ShardingModel;
 // One small GPT-2 block on a 2x2 mesh, as ci/fuzz/corpus/plan's plans were solved for.
 const ShardingModel& model() {
   static const ShardingModel m(
-      sb::reference::buildGraph("gpt2", {{"batch", 2},
-                                         {"seq", 4},
-                                         {"d_model", 8},
-                                         {"heads", 2},
-                                         {"layers", 1},
-                                         {"vocab", 16}}),
+      sb::reference::buildGraph(
+          "gpt2",
+          {{"batch", 2}, {"seq", 4}, {"d_model", 8}, {"heads", 2}, {"layers", 1}, {"vocab", 16}}),
       {2, 2}, {});
   return m;
 }

@@ -400,6 +400,19 @@ int64_t ShardingModel::peakBytes(const std::vector<int>& choice) const {
   return static_cast<int64_t>(peak);
 }
 
+std::vector<std::pair<std::string, int64_t>> ShardingModel::livenessRows(
+    const std::vector<int>& choice) const {
+  std::vector<std::pair<std::string, int64_t>> rows;
+  forEachLivenessRow(
+      *this, firstReader_, [](int) { return true; },
+      [&](const NodeRow& r) {
+        double live = 0;
+        for (const auto& [v, b] : r.terms) live += (*b)[choice[v]];
+        rows.emplace_back(r.what, static_cast<int64_t>(live));
+      });
+  return rows;
+}
+
 ShardingModel::Program ShardingModel::program(double memoryLimit) const {
   Program p;
   const int N = static_cast<int>(graph_.nodes.size());

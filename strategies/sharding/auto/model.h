@@ -117,6 +117,9 @@ class ShardingModel {
   // Predicted step of a plan (one candidate per node).
   double stepUs(const std::vector<int>& choice) const;
   int64_t peakBytes(const std::vector<int>& choice) const;
+  // Every program point's live bytes for a plan, in execution order ("forward, after N",
+  // "backward of N"): where the peak is, and what a measured trace is compared with.
+  std::vector<std::pair<std::string, int64_t>> livenessRows(const std::vector<int>& choice) const;
   double stepOverheadUs() const;
 
   // The integer program over node classes (repeated blocks share one choice per role;

@@ -26,6 +26,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "harness/memory.h"
 #include "harness/redistribute_exec.h"
 #include "harness/registry.h"
 #include "harness/suite.h"
@@ -116,7 +117,15 @@ class PlanExecutor final : public harness::RankExecutor {
     const auto& s = solved_->plan.solver;
     return {{"algo", s.algo}, {"solver_status", s.status}};
   }
-  nlohmann::json details() const override { return solved_->json; }
+  nlohmann::json details() const override {
+    nlohmann::json j = solved_->json;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& [what, bytes] : solved_->model->livenessRows(solved_->plan.choice)) {
+      rows.push_back({{"at", what}, {"live_bytes", bytes}});
+    }
+    j["memory_rows"] = rows;
+    return j;
+  }
 
  private:
   const PlanStrategy& strategy_;
@@ -392,6 +401,9 @@ void PlanExecutor::step(RankContext& ctx) {
     for (size_t j = 0; j < names.size(); ++j) {
       if (reads[names[j]] > 0 || names[j] == g.output) values[names[j]] = outs[j];
     }
+    outs.clear();
+    // SB_MEMORY_TRACE: the model's forward rows are "after node v".
+    harness::MemoryTracker::instance().traceNote(ctx.rank(), ("after " + n.name).c_str());
   }
   at::Tensor out = values.at(g.output);
   values.clear();
