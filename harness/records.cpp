@@ -402,6 +402,17 @@ void ResultWriter::write() {
   lastWrite_ = std::chrono::steady_clock::now();
 }
 
+SignalHold::SignalHold() {
+  sigset_t hold;
+  sigemptyset(&hold);
+  sigaddset(&hold, SIGINT);
+  sigaddset(&hold, SIGTERM);
+  sigaddset(&hold, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &hold, &previous_);
+}
+
+SignalHold::~SignalHold() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+
 void ResultWriter::commit() {
   const auto [csv, json] = contents();
   // Both complete on disk before either replaces its file.
@@ -415,17 +426,15 @@ void ResultWriter::commit() {
     ::unlink(jsonTmp.c_str());
     throw;
   }
-  sigset_t hold, previous;
-  sigemptyset(&hold);
-  sigaddset(&hold, SIGINT);
-  sigaddset(&hold, SIGTERM);
-  sigaddset(&hold, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &hold, &previous);
-  const bool jsonOk = std::rename(jsonTmp.c_str(), jsonPath().c_str()) == 0;
-  const int jsonErr = errno;
-  const bool csvOk = jsonOk && std::rename(csvTmp.c_str(), csvPath().c_str()) == 0;
-  const int csvErr = errno;
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  bool jsonOk = false, csvOk = false;
+  int jsonErr = 0, csvErr = 0;
+  {
+    const SignalHold hold;
+    jsonOk = std::rename(jsonTmp.c_str(), jsonPath().c_str()) == 0;
+    jsonErr = errno;
+    csvOk = jsonOk && std::rename(csvTmp.c_str(), csvPath().c_str()) == 0;
+    csvErr = errno;
+  }
   ::unlink(csvTmp.c_str());
   ::unlink(jsonTmp.c_str());
   TORCH_CHECK(jsonOk, "cannot replace ", jsonPath(), ": ", std::strerror(jsonErr));

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <signal.h>
+
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -201,5 +203,19 @@ class OutputBusy : public std::runtime_error {
 
 // Atomically replaces `path` with `content` (temporary file, fsync, rename).
 void writeFileAtomic(const std::string& path, const std::string& content);
+
+// Holds SIGINT, SIGTERM and SIGHUP off this thread while alive, for the few renames that
+// replace one set of files by another (results.csv with results.json, a report's files): an
+// interrupt lands before or after the whole replacement, never inside it.
+class SignalHold {
+ public:
+  SignalHold();
+  ~SignalHold();
+  SignalHold(const SignalHold&) = delete;
+  SignalHold& operator=(const SignalHold&) = delete;
+
+ private:
+  sigset_t previous_;
+};
 
 }  // namespace sb::harness

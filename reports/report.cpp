@@ -1,6 +1,5 @@
 #include "reports/report.h"
 
-#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -754,18 +753,9 @@ void removeStaleStaging(const std::string& dir) {
   }
 }
 
-// Moves a complete staged set into the report folder, with SIGINT, SIGTERM and SIGHUP held so
-// that an interrupt lands before or after the whole move. Files of the previous set that the
-// new one does not have (a plot no longer drawn, history.csv) go, so that the folder is
-// exactly the new set. report.html is moved last.
-void commitSet(const std::string& stage, const std::string& dir,
-               const std::vector<std::string>& files) {
-  sigset_t hold, previous;
-  sigemptyset(&hold);
-  sigaddset(&hold, SIGINT);
-  sigaddset(&hold, SIGTERM);
-  sigaddset(&hold, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &hold, &previous);
+// The moves of commitSet; returns the first problem ("" when none), the other moves still made.
+std::string moveSet(const std::string& stage, const std::string& dir,
+                    const std::vector<std::string>& files) {
   std::string problem;
   std::error_code ec;
   fs::create_directories(dir + "/plots", ec);
@@ -782,7 +772,20 @@ void commitSet(const std::string& stage, const std::string& dir,
           "cannot move " + stage + "/" + f + " to " + dir + "/" + f + ": " + std::strerror(errno);
     }
   }
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return problem;
+}
+
+// Moves a complete staged set into the report folder, with SIGINT, SIGTERM and SIGHUP held so
+// that an interrupt lands before or after the whole move. Files of the previous set that the
+// new one does not have (a plot no longer drawn, history.csv) go, so that the folder is
+// exactly the new set. report.html is moved last.
+void commitSet(const std::string& stage, const std::string& dir,
+               const std::vector<std::string>& files) {
+  std::string problem;
+  {
+    const harness::SignalHold hold;
+    problem = moveSet(stage, dir, files);
+  }
   if (!problem.empty()) throw std::runtime_error(problem);
 }
 

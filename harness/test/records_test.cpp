@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/records.h"
+#include "harness/test/temp_dir.h"
 
 namespace sb::harness {
 namespace {
@@ -51,19 +52,7 @@ std::vector<std::string> parseCsvLine(const std::string& line) {
 
 // A folder name under the system's temporary folder, removed when the test binary exits.
 std::string tempDir(const std::string& name) {
-  struct Cleanup {
-    std::vector<std::filesystem::path> dirs;
-    ~Cleanup() {
-      std::error_code ec;
-      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
-    }
-  };
-  static Cleanup cleanup;
-  auto dir = std::filesystem::temp_directory_path() /
-             ("sb_records_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  cleanup.dirs.push_back(dir);
-  return dir.string();
+  return sb::test::scratchDir("sb_records", name, /*create=*/false);
 }
 
 TEST(Records, TheCsvHeaderHasEveryColumnTheIssueNamesInItsSpelling) {

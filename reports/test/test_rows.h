@@ -11,25 +11,13 @@
 #include <vector>
 
 #include "harness/records.h"
+#include "harness/test/temp_dir.h"
 
 namespace sb::reports::test {
 
 // A fresh folder under the system's temporary folder, removed when the test binary exits.
 inline std::string tempDir(const std::string& name) {
-  struct Cleanup {
-    std::vector<std::filesystem::path> dirs;
-    ~Cleanup() {
-      std::error_code ec;
-      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
-    }
-  };
-  static Cleanup cleanup;
-  const auto d = std::filesystem::temp_directory_path() /
-                 ("sb_reports_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  cleanup.dirs.push_back(d);
-  return d.string();
+  return sb::test::scratchDir("sb_reports", name);
 }
 
 // A passing, timed row of case `caseName` and strategy `id`; `samples` are its repetitions.

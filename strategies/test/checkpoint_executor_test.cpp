@@ -180,114 +180,86 @@ TEST(CheckpointPlantedFault, WithoutRecomputationThereIsNothingForTheFaultsToBre
 namespace sb::strategies {
 namespace {
 
-// A strategy that promises a memory limit (RankExecutor::memoryLimitBytes) is judged on it: the
-// same correct executor passes under a limit it keeps and fails, on memory alone, under one it
-// breaks. Wraps checkpointing/none, whose numbers are exact.
-class LimitedExecutor final : public harness::RankExecutor {
+// A wrapper of a correct strategy (checkpointing/none, whose numbers and memory prediction are
+// exact) that changes only what it promises: a memory limit (RankExecutor::memoryLimitBytes),
+// a prediction scaled away from the truth, the tolerance it claims for that prediction.
+struct Promises {
+  std::optional<int64_t> limit;
+  double predictionScale = 1.0;
+  std::optional<double> memoryTolerance = 0.05;
+};
+
+class PromisingExecutor final : public harness::RankExecutor {
  public:
-  LimitedExecutor(std::unique_ptr<harness::RankExecutor> inner, int64_t limit)
-      : inner_(std::move(inner)), limit_(limit) {}
+  PromisingExecutor(std::unique_ptr<harness::RankExecutor> inner, Promises p)
+      : inner_(std::move(inner)), p_(p) {}
   void prepare(harness::RankContext& ctx, const reference::WorkloadData& d) override {
     inner_->prepare(ctx, d);
   }
   void step(harness::RankContext& ctx) override { inner_->step(ctx); }
   std::map<std::string, at::Tensor> results() const override { return inner_->results(); }
-  std::optional<int64_t> memoryLimitBytes() const override { return limit_; }
-
- private:
-  std::unique_ptr<harness::RankExecutor> inner_;
-  int64_t limit_;
-};
-
-class LimitedStrategy final : public harness::SingleRankStrategy {
- public:
-  LimitedStrategy(const harness::Strategy& inner, int64_t limit)
-      : SingleRankStrategy("test/limited", "limited", harness::Family::kCheckpointing),
-        inner_(inner),
-        limit_(limit) {}
-  harness::Applicability applies(const harness::CaseSpec& c) const override {
-    return inner_.applies(c);
-  }
-  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
-    return std::make_unique<LimitedExecutor>(inner_.makeExecutor(c), limit_);
-  }
-
- private:
-  const harness::Strategy& inner_;
-  int64_t limit_;
-};
-
-// A prediction is judged against its measurement: an executor whose memory model is off by
-// more than its strategy's stated tolerance is flagged `mispredicted` (the gate fails on it);
-// within the tolerance it is not. Wraps checkpointing/none, whose prediction is exact.
-class ScaledPredictionExecutor final : public harness::RankExecutor {
- public:
-  ScaledPredictionExecutor(std::unique_ptr<harness::RankExecutor> inner, double scale)
-      : inner_(std::move(inner)), scale_(scale) {}
-  void prepare(harness::RankContext& ctx, const reference::WorkloadData& d) override {
-    inner_->prepare(ctx, d);
-  }
-  void step(harness::RankContext& ctx) override { inner_->step(ctx); }
-  std::map<std::string, at::Tensor> results() const override { return inner_->results(); }
+  std::optional<int64_t> memoryLimitBytes() const override { return p_.limit; }
   std::optional<int64_t> predictedPeakBytes() const override {
-    return static_cast<int64_t>(static_cast<double>(*inner_->predictedPeakBytes()) * scale_);
+    return static_cast<int64_t>(static_cast<double>(*inner_->predictedPeakBytes()) *
+                                p_.predictionScale);
   }
 
  private:
   std::unique_ptr<harness::RankExecutor> inner_;
-  double scale_;
+  Promises p_;
 };
 
-class ScaledPredictionStrategy final : public harness::SingleRankStrategy {
+class PromisingStrategy final : public harness::SingleRankStrategy {
  public:
-  ScaledPredictionStrategy(const harness::Strategy& inner, double scale,
-                           std::optional<double> tolerance)
-      : SingleRankStrategy("test/scaled", "scaled", harness::Family::kCheckpointing),
+  PromisingStrategy(const harness::Strategy& inner, Promises p)
+      : SingleRankStrategy("test/promising", "promising", harness::Family::kCheckpointing),
         inner_(inner),
-        scale_(scale),
-        tolerance_(tolerance) {}
+        p_(p) {}
   harness::Applicability applies(const harness::CaseSpec& c) const override {
     return inner_.applies(c);
   }
   std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
-    return std::make_unique<ScaledPredictionExecutor>(inner_.makeExecutor(c), scale_);
+    return std::make_unique<PromisingExecutor>(inner_.makeExecutor(c), p_);
   }
   PredictionTolerance predictionTolerance() const override {
     PredictionTolerance t;
-    t.memory = tolerance_;
+    t.memory = p_.memoryTolerance;
     return t;
   }
 
  private:
   const harness::Strategy& inner_;
-  double scale_;
-  std::optional<double> tolerance_;
+  Promises p_;
 };
 
+// A prediction is judged against its measurement: off by more than the strategy's stated
+// tolerance, the row is flagged `mispredicted` (the gate fails on it); within it, not.
 TEST(PredictionVerdict, AMemoryPredictionPastItsToleranceIsFlaggedMispredicted) {
   const auto& none = strategy("checkpointing/none");
   const auto c = chainCase("mlp_chain", 0);
   // 20% under the measurement, against the default claim of 5%.
-  const auto off = test::run(c, ScaledPredictionStrategy(none, 0.8, 0.05));
+  const auto off = test::run(c, PromisingStrategy(none, {std::nullopt, 0.8, 0.05}));
   EXPECT_EQ(off.status, harness::Status::kPass) << "the numbers are right";
   EXPECT_EQ(off.mispredicted, "memory");
   EXPECT_NE(off.message.find("mispredicted: memory measured"), std::string::npos) << off.message;
   EXPECT_NEAR(off.details["prediction"]["memory"]["relative_error"].get<double>(), 0.2, 1e-3);
   // 3% off is within the 5% claimed; and a strategy that claims nothing is never flagged.
-  EXPECT_EQ(test::run(c, ScaledPredictionStrategy(none, 0.97, 0.05)).mispredicted, "");
-  const auto unclaimed = test::run(c, ScaledPredictionStrategy(none, 0.5, std::nullopt));
+  EXPECT_EQ(test::run(c, PromisingStrategy(none, {std::nullopt, 0.97, 0.05})).mispredicted, "");
+  const auto unclaimed = test::run(c, PromisingStrategy(none, {std::nullopt, 0.5, std::nullopt}));
   EXPECT_EQ(unclaimed.mispredicted, "");
   EXPECT_EQ(unclaimed.details["prediction"]["memory"]["tolerance"], "none");
 }
 
+// A strategy that promises a memory limit is judged on it: the same correct executor passes
+// under a limit it keeps and fails, on memory alone, under one it breaks.
 TEST(MemoryPromise, AMeasuredPeakOverTheLimitAStrategyPromisedFailsTheRow) {
   const auto& none = strategy("checkpointing/none");
   const auto c = chainCase("mlp_chain", 0);
-  const auto kept = test::run(c, LimitedStrategy(none, int64_t{1} << 40));
+  const auto kept = test::run(c, PromisingStrategy(none, {int64_t{1} << 40}));
   ASSERT_EQ(kept.status, harness::Status::kPass) << kept.message;
   ASSERT_TRUE(kept.peakMemBytes);
   const int64_t half = *kept.peakMemBytes / 2;
-  const auto broken = test::run(c, LimitedStrategy(none, half));
+  const auto broken = test::run(c, PromisingStrategy(none, {half}));
   EXPECT_EQ(broken.status, harness::Status::kFail);
   EXPECT_EQ(*broken.mismatches, 0) << "the numbers are right; only the promise is broken";
   EXPECT_NE(
