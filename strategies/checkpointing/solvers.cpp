@@ -192,8 +192,13 @@ class RotorSlots {
     const auto disc = [&](const std::vector<double>& v) {
       std::vector<int> out;
       // Rounding up keeps every schedule that fits in slots within the budget in bytes; the
-      // small allowance absorbs the division's rounding where a size is an exact multiple.
-      for (double s : v) out.push_back(static_cast<int>(std::ceil(s / unit - 1e-9)));
+      // small allowance absorbs the division's rounding where a size is an exact multiple. A
+      // size over the whole budget can never fit: S + 1 slots say so without overflowing an
+      // int (an untaped forward's temporaries may be far larger than anything taped).
+      for (double s : v) {
+        const double q = std::ceil(s / unit - 1e-9);
+        out.push_back(q > S_ ? S_ + 1 : static_cast<int>(q));
+      }
       return out;
     };
     X_ = disc(c.x);

@@ -50,6 +50,45 @@ TEST(ChainSimulation, CheckpointingTheMiddleInputCostsWhatWasWorkedOutByHand) {
   EXPECT_EQ(s.recomputedForwards, 1);
 }
 
+// The step's own terms (chain.h: output_kept, loss_bytes, loss_grad_kept), worked by hand on
+// the same chain with a loss of 1: Fe_0 3, Fe_1 5; L peaks at 6 (x2 read, d2 written), keeps
+// the loss (1) and d2 (1): 7; B_1 peaks at 8 (d1 written), frees xbar2 but keeps x2's bytes as
+// the output (1) and d2 (the engine's): 7; B_0 peaks at 8 and ends holding d0, d2, the output
+// and the loss: 4. rotor's model alone peaks at 7; the terms add at most x2 + 1 + x2 = 3.
+TEST(ChainSimulation, TheStepsOwnTermsCostWhatWasWorkedOutByHand) {
+  Chain c = twoStages();
+  c.outputKept = true;
+  c.lossBytes = 1;
+  c.lossGradKept = true;
+  const auto s = simulate(c, ops({"Fe_0", "Fe_1", "L", "B_1", "B_0"}));
+  ASSERT_TRUE(s.valid) << s.problem;
+  EXPECT_EQ(s.peak, 8);
+  EXPECT_EQ(c.stepTermsBound(), 3);
+  // A backward that ran already cannot run again, though d2 is still held.
+  const auto twice = simulate(c, ops({"Fe_0", "Fe_1", "L", "B_1", "Fe_1", "B_1", "B_0"}));
+  EXPECT_FALSE(twice.valid);
+  EXPECT_NE(twice.problem.find("the backward of stage 1 already ran"), std::string::npos)
+      << twice.problem;
+}
+
+// Taped and untaped forwards priced apart (fetmp): an untaped forward whose temporaries dwarf
+// the budget rules out recomputation, and rotor keeps every tape instead (the fuzz target's
+// first finding: those sizes once overflowed rotor's slot count).
+TEST(ChainSimulation, TapedAndUntapedForwardsHaveTheirOwnTemporaries) {
+  Chain c = twoStages();
+  c.ftmp = {1e80, 1e80};
+  c.fetmp = {0, 0};
+  EXPECT_EQ(simulate(c, ops({"Fe_0", "Fe_1", "L", "B_1", "B_0"})).peak, 7);
+  EXPECT_EQ(simulate(c, ops({"CF_0", "Fe_1", "L", "B_1", "Fe_0", "B_0"})).peak, 1e80 + 2);
+  SolveOptions o;
+  o.budget = 7;
+  o.slots = 50;
+  const auto s = solve("rotor", c, o);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->names(), (std::vector<std::string>{"Fe_0", "Fe_1", "L", "B_1", "B_0"}));
+  EXPECT_EQ(s->predictedPeak, 7);
+}
+
 TEST(ChainSimulation, InvalidSchedulesNameTheFirstOperationThatCannotRun) {
   const Chain c = twoStages();
   auto s = simulate(c, ops({"Fn_0", "Fe_1", "L", "B_1", "Fe_0", "B_0"}));
@@ -318,6 +357,25 @@ TEST(ChainJson, MalformedChainsNameTheKeyAndIndex) {
   bad = ok;
   bad.insert(1, "\"xbarr\":[],");
   EXPECT_NE(err(bad).find("unknown key 'xbarr'"), std::string::npos) << err(bad);
+  // The optional terms: checked as strictly, and kept by the round trip.
+  bad = ok;
+  bad.insert(1, "\"output_kept\":1,");
+  EXPECT_NE(err(bad).find("key 'output_kept': expected true or false"), std::string::npos)
+      << err(bad);
+  bad = ok;
+  bad.insert(1, "\"loss_bytes\":-1,");
+  EXPECT_NE(err(bad).find("key 'loss_bytes': expected a non-negative number"), std::string::npos)
+      << err(bad);
+  bad = ok;
+  bad.insert(1, "\"fetmp\":[0],");
+  EXPECT_NE(err(bad).find("key 'fetmp' must have L = 2 values"), std::string::npos) << err(bad);
+  std::string full = ok;
+  full.insert(1, R"("fetmp":[0,1],"output_kept":true,"loss_bytes":8,"loss_grad_kept":true,)");
+  const Chain c = Chain::fromJson(nlohmann::json::parse(full), "c.json");
+  EXPECT_EQ(Chain::fromJson(c.toJson(), "again").toJson(), c.toJson());
+  EXPECT_TRUE(c.outputKept && c.lossGradKept);
+  EXPECT_EQ(c.lossBytes, 8);
+  EXPECT_EQ(c.taped(1), 1);
 }
 
 }  // namespace
