@@ -198,15 +198,30 @@ snapshot >"$tmp/rep.before"
 printf '#!/bin/sh\nsleep 5\n' >"$tmp/slowpy" && chmod +x "$tmp/slowpy"
 STRATBENCH_PYTHON="$tmp/slowpy" "$sb" report "$tmp/budget-fault" --out "$tmp/rep" >/dev/null 2>&1 &
 reporter=$!
-sleep 2
+staged=0  # killed only once the new set is being staged (its plots are being drawn)
+for _ in $(seq 150); do
+  ls -A "$tmp/rep" | grep -q '^\.report\.new\.' && { staged=1; break; }
+  sleep 0.1
+done
 kill -TERM "$reporter"
 wait "$reporter" 2>/dev/null
 check "an interrupted report leaves the previous set as it was" 0 "" -- \
-  bash -c "diff <(cd '$tmp/rep' && find . -path ./.report.new.\* -prune -o -type f -print0 |
-    sort -z | xargs -0 md5sum) '$tmp/rep.before'"
+  bash -c "[ $staged = 1 ] && diff <(cd '$tmp/rep' && find . -path ./.report.new.\* -prune -o \
+    -type f -print0 | sort -z | xargs -0 md5sum) '$tmp/rep.before'"
 check "the next report clears the dead one's staging folder and writes its set" 0 "" -- \
   bash -c "'$sb' report '$tmp/budget-fault' --out '$tmp/rep' --no-plots >/dev/null &&
     ! ls -a '$tmp/rep' | grep -q report.new &&
     grep -q 'promised to stay within' '$tmp/rep/summary.csv'"
+
+# A report folder the set cannot be moved into whole (plots/ is a file): exit 2 before any
+# file is moved, the previous report kept.
+"$sb" report "$tmp/budget" --out "$tmp/rep2" --no-plots >/dev/null 2>&1
+rm -rf "$tmp/rep2/plots" && touch "$tmp/rep2/plots"
+(cd "$tmp/rep2" && md5sum summary.csv report.html) >"$tmp/rep2.sums"
+check "a report whose plots/ is a file is refused before moving anything" 2 \
+  "plots is not a folder the report can be written to" -- \
+  "$sb" report "$tmp/budget-fault" --out "$tmp/rep2" --no-plots
+check "the refused report left the previous one as it was" 0 "" -- \
+  bash -c "cd '$tmp/rep2' && md5sum -c --quiet '$tmp/rep2.sums' && ! ls -A | grep -q report.new"
 
 finish

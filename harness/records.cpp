@@ -1,7 +1,6 @@
 #include "harness/records.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -11,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -402,16 +402,27 @@ void ResultWriter::write() {
   lastWrite_ = std::chrono::steady_clock::now();
 }
 
+namespace {
+constexpr int kHeldSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+volatile std::sig_atomic_t gHeldSignal = 0;
+extern "C" void noteHeldSignal(int sig) { gHeldSignal = sig; }
+}  // namespace
+
 SignalHold::SignalHold() {
-  sigset_t hold;
-  sigemptyset(&hold);
-  sigaddset(&hold, SIGINT);
-  sigaddset(&hold, SIGTERM);
-  sigaddset(&hold, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &hold, &previous_);
+  gHeldSignal = 0;
+  struct sigaction note = {};
+  note.sa_handler = noteHeldSignal;
+  sigemptyset(&note.sa_mask);
+  for (int i = 0; i < 3; ++i) sigaction(kHeldSignals[i], &note, &previous_[i]);
 }
 
-SignalHold::~SignalHold() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+SignalHold::~SignalHold() {
+  for (int i = 0; i < 3; ++i) sigaction(kHeldSignals[i], &previous_[i], nullptr);
+  if (const int sig = gHeldSignal; sig != 0) {
+    gHeldSignal = 0;
+    std::raise(sig);  // now, with the previous disposition: the replacement is complete
+  }
+}
 
 void ResultWriter::commit() {
   const auto [csv, json] = contents();

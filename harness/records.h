@@ -204,9 +204,12 @@ class OutputBusy : public std::runtime_error {
 // Atomically replaces `path` with `content` (temporary file, fsync, rename).
 void writeFileAtomic(const std::string& path, const std::string& content);
 
-// Holds SIGINT, SIGTERM and SIGHUP off this thread while alive, for the few renames that
-// replace one set of files by another (results.csv with results.json, a report's files): an
-// interrupt lands before or after the whole replacement, never inside it.
+// Holds SIGINT, SIGTERM and SIGHUP off while alive, for the few renames that replace one set
+// of files by another (results.csv with results.json, a report's files): an interrupt lands
+// before or after the whole replacement, never inside it. Process-wide: a handler that only
+// notes the signal is installed for the three (a mask would cover the calling thread only,
+// and `run` has OpenMP's threads alive), and the destructor restores the previous handlers
+// and then raises what arrived in between.
 class SignalHold {
  public:
   SignalHold();
@@ -215,7 +218,7 @@ class SignalHold {
   SignalHold& operator=(const SignalHold&) = delete;
 
  private:
-  sigset_t previous_;
+  struct sigaction previous_[3];
 };
 
 }  // namespace sb::harness

@@ -436,13 +436,17 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
                            : (predicted == 0 ? 0.0 : std::numeric_limits<double>::infinity());
     j[what] = {{"measured", measured},
                {"predicted", predicted},
-               {"relative_error", std::isfinite(err) ? nlohmann::json(err) : nlohmann::json("inf")},
+               {"relative_error", std::isfinite(err) ? nlohmann::json(err)
+                                  : std::isnan(err)  ? nlohmann::json("nan")
+                                                     : nlohmann::json("inf")},
                {"tolerance", tolerance ? nlohmann::json(*tolerance) : nlohmann::json("none")}};
     if (tolerance && !(err <= *tolerance)) {
       flagged.push_back(what);
+      // Bytes as integers; the error with the digits that show it past the claim.
       std::ostringstream s;
-      s << what << " measured " << measured << " " << unit << ", predicted " << predicted << " "
-        << unit << " (" << std::setprecision(3) << 100 * err << "% off; the strategy claims "
+      s << what << " measured " << std::fixed << std::setprecision(unit[0] == 'b' ? 0 : 1)
+        << measured << " " << unit << ", predicted " << predicted << " " << unit << " ("
+        << std::defaultfloat << std::setprecision(6) << 100 * err << "% off; the strategy claims "
         << 100 * *tolerance << "%)";
       why.push_back(s.str());
     }

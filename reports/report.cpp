@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -738,14 +739,28 @@ struct StagingGuard {
   }
 };
 
-// Staging folders of reports that died before their commit (SIGKILL, a crash): their pid is
-// gone. A live one belongs to a report still writing; it is left alone.
+// This host's name, as staging folders carry it.
+std::string hostName() {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "host";
+  return host;
+}
+
+// The staging folder of this process: .report.new.HOST.PID (the host, so that a report folder
+// shared between machines never has one machine's live staging taken for a dead one).
+std::string stagingName() {
+  return std::string(kStagingPrefix) + hostName() + "." + std::to_string(::getpid());
+}
+
+// Staging folders of this host's reports that died before their commit (SIGKILL, a crash):
+// their pid is gone. A live one, or another host's, is left alone.
 void removeStaleStaging(const std::string& dir) {
   std::error_code ec;
+  const std::string mine = std::string(kStagingPrefix) + hostName() + ".";
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(kStagingPrefix, 0) != 0) continue;
-    const std::string pidText = name.substr(std::string(kStagingPrefix).size());
+    if (name.rfind(mine, 0) != 0) continue;
+    const std::string pidText = name.substr(mine.size());
     char* end = nullptr;
     const long pid = std::strtol(pidText.c_str(), &end, 10);
     if (end == pidText.c_str() || *end != '\0' || pid <= 0) continue;
@@ -753,12 +768,38 @@ void removeStaleStaging(const std::string& dir) {
   }
 }
 
-// The moves of commitSet; returns the first problem ("" when none), the other moves still made.
-std::string moveSet(const std::string& stage, const std::string& dir,
-                    const std::vector<std::string>& files) {
-  std::string problem;
+// Whether the staged set can be moved in: every destination folder a writable folder on the
+// staging folder's file system (a rename cannot cross one), no destination a folder. Checked
+// before anything is moved, so that a set is moved whole or not at all. Returns the problem.
+std::string checkDestinations(const std::string& stage, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir + "/plots", ec);
+  struct stat st = {}, staged = {};
+  for (const std::string& d : {dir, dir + "/plots"}) {
+    if (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return d + " is not a folder the report can be written to";
+    }
+    if (::access(d.c_str(), W_OK) != 0) return d + ": " + std::strerror(errno);
+    if (::stat(stage.c_str(), &staged) == 0 && staged.st_dev != st.st_dev) {
+      return d + " is on another file system than " + stage +
+             " (a symbolic link?): the report's files cannot be moved into it whole";
+    }
+  }
+  return "";
+}
+
+// The moves of commitSet, in order, stopping at the first that fails; the previous set's
+// files that the new one does not have go only once every move succeeded. Returns the problem.
+std::string moveSet(const std::string& stage, const std::string& dir,
+                    const std::vector<std::string>& files) {
+  for (const auto& f : files) {
+    const std::string to = dir + "/" + f;
+    if (fs::is_directory(to)) return to + " is a folder; the report's file cannot replace it";
+    if (std::rename((stage + "/" + f).c_str(), to.c_str()) != 0) {
+      return "cannot move " + stage + "/" + f + " to " + to + ": " + std::strerror(errno);
+    }
+  }
+  std::error_code ec;
   const std::set<std::string> keep(files.begin(), files.end());
   for (const auto& e : fs::directory_iterator(dir + "/plots", ec)) {
     if (e.path().extension() == ".png" && !keep.count("plots/" + e.path().filename().string())) {
@@ -766,13 +807,7 @@ std::string moveSet(const std::string& stage, const std::string& dir,
     }
   }
   if (!keep.count("history.csv")) fs::remove(dir + "/history.csv", ec);
-  for (const auto& f : files) {
-    if (std::rename((stage + "/" + f).c_str(), (dir + "/" + f).c_str()) != 0 && problem.empty()) {
-      problem =
-          "cannot move " + stage + "/" + f + " to " + dir + "/" + f + ": " + std::strerror(errno);
-    }
-  }
-  return problem;
+  return "";
 }
 
 // Moves a complete staged set into the report folder, with SIGINT, SIGTERM and SIGHUP held so
@@ -781,6 +816,9 @@ std::string moveSet(const std::string& stage, const std::string& dir,
 // exactly the new set. report.html is moved last.
 void commitSet(const std::string& stage, const std::string& dir,
                const std::vector<std::string>& files) {
+  if (const std::string problem = checkDestinations(stage, dir); !problem.empty()) {
+    throw ReportInputError(problem);
+  }
   std::string problem;
   {
     const harness::SignalHold hold;
@@ -830,7 +868,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   fs::create_directories(dir, ec);
   if (ec) throw ReportInputError(dir + ": cannot create the report directory: " + ec.message());
   removeStaleStaging(dir);
-  const std::string stage = dir + "/" + kStagingPrefix + std::to_string(::getpid());
+  const std::string stage = dir + "/" + stagingName();
   fs::remove_all(stage, ec);
   fs::create_directories(stage + "/plots", ec);
   if (ec) throw ReportInputError(stage + ": cannot create the staging folder: " + ec.message());

@@ -1,10 +1,15 @@
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -235,4 +240,33 @@ TEST(TimingStats, SummaryOfKnownSamples) {
 }
 
 }  // namespace
+// SignalHold holds a signal sent to the whole process (whichever thread takes it) until the
+// files are replaced, then delivers it to the handler that was there before.
+volatile std::sig_atomic_t gHup = 0;
+extern "C" void onHup(int) { gHup = 1; }
+
+TEST(SignalHold, AProcessWideSignalWaitsForTheEndOfTheHoldAndThenArrives) {
+  struct sigaction mine = {}, old = {};
+  mine.sa_handler = onHup;
+  sigemptyset(&mine.sa_mask);
+  ASSERT_EQ(sigaction(SIGHUP, &mine, &old), 0);
+  gHup = 0;
+  // A thread that exists before the hold, as OpenMP's do during `run`: a mask set by the
+  // holding thread would not cover it, and the signal could be taken there.
+  std::atomic<bool> go{false};
+  std::thread other([&] {
+    while (!go) std::this_thread::yield();
+    ::kill(::getpid(), SIGHUP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  });
+  {
+    const harness::SignalHold hold;
+    go = true;
+    other.join();
+    EXPECT_EQ(gHup, 0) << "delivered inside the hold";
+  }
+  EXPECT_EQ(gHup, 1) << "not delivered after the hold";
+  sigaction(SIGHUP, &old, nullptr);
+}
+
 }  // namespace sb::harness

@@ -120,6 +120,11 @@ Chain Chain::fromJson(const nlohmann::json& j, const std::string& where) {
                        j.at("loss_bytes").dump());
     }
     c.lossBytes = j.at("loss_bytes").get<double>();
+    if (!c.outputKept) {
+      throw ChainError(where +
+                       ": key 'loss_bytes': only with \"output_kept\": true (the loss is "
+                       "held only where the step keeps its output)");
+    }
   }
   for (const auto& item : j.items()) {
     const std::string& k = item.key();

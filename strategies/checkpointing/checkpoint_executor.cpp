@@ -119,8 +119,8 @@ class ScheduleRunner {
         rank_(rank),
         L_(net.numStages()),
         recomputed_(L_, false) {
-    // Only a stage that runs forward twice needs its generator state kept (about 5 KiB for
-    // the CPU generator), and only until its backward.
+    // Only a stage that runs forward twice needs its generator state kept (a RngSnapshot),
+    // and only until its backward.
     std::vector<int> runs(L_, 0);
     for (const Op& op : ops_) {
       if (op.isForward() && ++runs[op.stage] > 1) recomputed_[op.stage] = true;

@@ -363,7 +363,11 @@ TEST(ChainJson, MalformedChainsNameTheKeyAndIndex) {
   EXPECT_NE(err(bad).find("key 'output_kept': expected true or false"), std::string::npos)
       << err(bad);
   bad = ok;
-  bad.insert(1, "\"loss_bytes\":-1,");
+  bad.insert(1, "\"loss_bytes\":8,");
+  EXPECT_NE(err(bad).find("key 'loss_bytes': only with \"output_kept\": true"), std::string::npos)
+      << err(bad);
+  bad = ok;
+  bad.insert(1, "\"output_kept\":true,\"loss_bytes\":-1,");
   EXPECT_NE(err(bad).find("key 'loss_bytes': expected a non-negative number"), std::string::npos)
       << err(bad);
   bad = ok;
