@@ -91,7 +91,11 @@ void judgeNumerics(RowComparison& rc) {
 void judgePrediction(RowComparison& rc, const GateOptions& o) {
   const ResultRow& cur = *rc.current;
   if (cur.mispredicted.empty()) {
-    if (cur.predictedMemBytes || cur.predictedTimeUs) rc.prediction = "ok";
+    if (!cur.predictionsJudged) {
+      rc.prediction = "not judged";  // a results file from before runs judged predictions
+    } else if (cur.predictedMemBytes || cur.predictedTimeUs) {
+      rc.prediction = "ok";
+    }
     return;
   }
   rc.prediction = "mispredicted (" + cur.mispredicted + ")";

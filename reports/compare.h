@@ -44,7 +44,8 @@ struct RowComparison {
   std::optional<double> memChangePct;
   std::string mem = "n/a";  // "regressed", "improved", "unchanged", "n/a"
   // The row's own predictions against its measurements, as `run` judged them: "ok" or
-  // "mispredicted (memory)" etc.; "n/a" for a row with no prediction judged.
+  // "mispredicted (memory)" etc.; "not judged" for a results file from before runs judged
+  // them; "n/a" for a row without predictions.
   std::string prediction = "n/a";
   Verdict verdict = Verdict::kUnchanged;
 

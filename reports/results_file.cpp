@@ -242,12 +242,14 @@ std::vector<ResultRow> readResults(const std::string& given) {
                              "; expected the header of a stratbench results.csv (schema " +
                              std::to_string(harness::kSchemaVersion) + ")");
     }
+    const bool judged = reader.has_column("mispredicted");
     std::array<std::string, kN> fields;
     while (true) {
       for (auto& f : fields) f.clear();
       if (!readRow(reader, fields, std::make_index_sequence<kN>{})) break;
       const int line = static_cast<int>(reader.get_file_line());
       rows.push_back(parseRow(Fields(fields, path + ":" + std::to_string(line)), path, line));
+      rows.back().predictionsJudged = judged;
     }
   } catch (const io::error::base& e) {
     // The parser's own messages name the file and line ("Too few columns in line 7 in file

@@ -40,7 +40,9 @@ struct ResultRow {
   int repetitions = 0;
   std::optional<int64_t> peakMemBytes, predictedMemBytes, commBytes, predictedCommBytes, commCalls;
   std::optional<double> predictedTimeUs;
-  std::string mispredicted;                                 // "", "memory", "time", "memory+time"
+  std::string mispredicted;
+  bool predictionsJudged = true;  // false for files written before runs judged predictions // "",
+                                  // "memory", "time", "memory+time"
   std::vector<std::pair<std::string, std::string>> params;  // e.g. budget -> 0.5
   std::string message;
 

@@ -128,6 +128,20 @@ TEST(Gate, AMispredictedRowFailsTheGateUnlessAllowed) {
   EXPECT_EQ(fine.row(good.strategyId).prediction, "ok");
 }
 
+// A row from a results file written before runs judged predictions (no `mispredicted`
+// column) says so rather than "ok".
+TEST(Gate, ARowWhosePredictionsWereNeverJudgedSaysSo) {
+  auto good = passRow("chain", "checkpointing/rotor");
+  good.predictedMemBytes = 10000;
+  auto rows = readResults(writeRun(tempDir("unjudged"), {good}));
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_TRUE(rows[0].predictionsJudged);
+  rows[0].predictionsJudged = false;
+  const Comparison cmp = compare(rows, {}, {});
+  EXPECT_EQ(cmp.rows[0].prediction, "not judged");
+  EXPECT_FALSE(cmp.gateFailed());
+}
+
 TEST(Gate, AnErrorThatBecomesAnErrorStatusFailsTheGate) {
   auto good = passRow("c", "s");
   auto err = good;
