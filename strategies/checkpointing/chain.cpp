@@ -10,12 +10,16 @@ namespace {
 struct Field {
   const char* key;
   std::vector<double> Chain::*member;
-  int extra;  // length is L + extra
+  int extra;              // length is L + extra
+  bool optional = false;  // may be absent (empty)
 };
 
-const Field kFields[] = {{"ftime", &Chain::ftime, 0}, {"btime", &Chain::btime, 1},
-                         {"x", &Chain::x, 1},         {"xbar", &Chain::xbar, 1},
-                         {"ftmp", &Chain::ftmp, 0},   {"btmp", &Chain::btmp, 1}};
+const Field kFields[] = {
+    {"ftime", &Chain::ftime, 0},      {"btime", &Chain::btime, 1}, {"x", &Chain::x, 1},
+    {"xbar", &Chain::xbar, 1},        {"ftmp", &Chain::ftmp, 0},   {"btmp", &Chain::btmp, 1},
+    {"fetmp", &Chain::fetmp, 0, true}};
+// The step's terms besides the lists (chain.h).
+const char* const kStepKeys[] = {"output_kept", "loss_bytes", "loss_grad_kept"};
 
 }  // namespace
 
@@ -24,6 +28,7 @@ void Chain::validate(const std::string& where) const {
   if (L < 1) throw ChainError(where + ": key 'ftime': a chain needs at least one stage");
   for (const auto& f : kFields) {
     const auto& v = this->*f.member;
+    if (f.optional && v.empty()) continue;
     if (static_cast<int>(v.size()) != L + f.extra) {
       throw ChainError(where + ": key '" + f.key + "' must have " + (f.extra ? "L+1 = " : "L = ") +
                        std::to_string(L + f.extra) + " values (ftime has L = " + std::to_string(L) +
@@ -33,18 +38,6 @@ void Chain::validate(const std::string& where) const {
       if (!std::isfinite(v[i]) || v[i] < 0) {
         throw ChainError(where + ": key '" + f.key + "'[" + std::to_string(i) +
                          "]: expected a non-negative number, found " + std::to_string(v[i]));
-      }
-    }
-  }
-  if (!fetmp.empty()) {
-    if (static_cast<int>(fetmp.size()) != L) {
-      throw ChainError(where + ": key 'fetmp' must have L = " + std::to_string(L) +
-                       " values, found " + std::to_string(fetmp.size()));
-    }
-    for (size_t i = 0; i < fetmp.size(); ++i) {
-      if (!std::isfinite(fetmp[i]) || fetmp[i] < 0) {
-        throw ChainError(where + ": key 'fetmp'[" + std::to_string(i) +
-                         "]: expected a non-negative number, found " + std::to_string(fetmp[i]));
       }
     }
   }
@@ -63,8 +56,9 @@ void Chain::validate(const std::string& where) const {
 
 nlohmann::json Chain::toJson() const {
   nlohmann::json j;
-  for (const auto& f : kFields) j[f.key] = this->*f.member;
-  if (!fetmp.empty()) j["fetmp"] = fetmp;
+  for (const auto& f : kFields) {
+    if (!(f.optional && (this->*f.member).empty())) j[f.key] = this->*f.member;
+  }
   if (outputKept) {
     j["output_kept"] = true;
     j["loss_bytes"] = lossBytes;
@@ -77,6 +71,7 @@ Chain Chain::fromJson(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw ChainError(where + ": expected a JSON object with the chain's keys");
   Chain c;
   for (const auto& f : kFields) {
+    if (f.optional && !j.contains(f.key)) continue;
     if (!j.contains(f.key)) throw ChainError(where + ": missing key '" + f.key + "'");
     const auto& a = j.at(f.key);
     if (!a.is_array()) {
@@ -99,19 +94,6 @@ Chain Chain::fromJson(const nlohmann::json& j, const std::string& where) {
     }
     return j.at(key).get<bool>();
   };
-  if (j.contains("fetmp")) {
-    const auto& a = j.at("fetmp");
-    if (!a.is_array()) {
-      throw ChainError(where + ": key 'fetmp': expected a list of numbers, found " + a.dump());
-    }
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (!a[i].is_number()) {
-        throw ChainError(where + ": key 'fetmp'[" + std::to_string(i) +
-                         "]: expected a number, found " + a[i].dump());
-      }
-      c.fetmp.push_back(a[i].get<double>());
-    }
-  }
   c.outputKept = flag("output_kept");
   c.lossGradKept = flag("loss_grad_kept");
   if (j.contains("loss_bytes")) {
@@ -128,15 +110,17 @@ Chain Chain::fromJson(const nlohmann::json& j, const std::string& where) {
   }
   for (const auto& item : j.items()) {
     const std::string& k = item.key();
-    const bool known = std::any_of(std::begin(kFields), std::end(kFields),
-                                   [&](const Field& f) { return k == f.key; }) ||
-                       k == "fetmp" || k == "output_kept" || k == "loss_bytes" ||
-                       k == "loss_grad_kept";
-    if (!known) {
-      throw ChainError(where + ": unknown key '" + k +
-                       "' (expected ftime, btime, x, xbar, ftmp, btmp, fetmp, output_kept, "
-                       "loss_bytes, loss_grad_kept)");
+    std::string expected;
+    bool known = false;
+    for (const auto& f : kFields) {
+      known |= k == f.key;
+      expected += (expected.empty() ? "" : ", ") + std::string(f.key);
     }
+    for (const char* s : kStepKeys) {
+      known |= k == s;
+      expected += std::string(", ") + s;
+    }
+    if (!known) throw ChainError(where + ": unknown key '" + k + "' (expected " + expected + ")");
   }
   c.validate(where);
   return c;
