@@ -95,12 +95,14 @@ int traceBucket() {
 void MemoryTracker::resetPeak(int rank) {
   auto& b = buckets_[index(rank)];
   b.peak.store(b.current.load());
-  if (index(rank) == traceBucket())
+  if (tracing(rank))
     std::fprintf(stderr, "mem reset at %lld\n", (long long)b.current.load());
 }
 
+bool MemoryTracker::tracing(int rank) const { return index(rank) == traceBucket(); }
+
 void MemoryTracker::traceNote(int rank, const char* what) const {
-  if (index(rank) == traceBucket()) {
+  if (tracing(rank)) {
     std::fprintf(stderr, "mem %s at %lld, peak %lld\n", what,
                  (long long)buckets_[index(rank)].current.load(),
                  (long long)buckets_[index(rank)].peak.load());

@@ -31,6 +31,9 @@ class MemoryTracker {
   void resetPeak(int rank);
   // With SB_MEMORY_TRACE=<rank> set, writes `what` into that rank's allocation trace (stderr).
   void traceNote(int rank, const char* what) const;
+  // Whether `rank` is traced: callers that build a note's text check this first, so that an
+  // untraced step (a timed one) does not pay for it.
+  bool tracing(int rank) const;
 
   // Used by the allocator.
   void allocated(int bucket, int64_t bytes);

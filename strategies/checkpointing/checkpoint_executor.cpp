@@ -193,7 +193,9 @@ class ScheduleRunner {
 
   // SB_MEMORY_TRACE: marks where each operation starts in the allocation trace.
   void note(const Op& op) const {
-    harness::MemoryTracker::instance().traceNote(rank_, ("op " + op.name()).c_str());
+    if (auto& mem = harness::MemoryTracker::instance(); mem.tracing(rank_)) {
+      mem.traceNote(rank_, ("op " + op.name()).c_str());
+    }
   }
 
   void run(const Op& op) {

@@ -403,7 +403,9 @@ void PlanExecutor::step(RankContext& ctx) {
     }
     outs.clear();
     // SB_MEMORY_TRACE: the model's forward rows are "after node v".
-    harness::MemoryTracker::instance().traceNote(ctx.rank(), ("after " + n.name).c_str());
+    if (auto& mem = harness::MemoryTracker::instance(); mem.tracing(ctx.rank())) {
+      mem.traceNote(ctx.rank(), ("after " + n.name).c_str());
+    }
   }
   at::Tensor out = values.at(g.output);
   values.clear();
