@@ -42,6 +42,18 @@ struct BoxView {
 void packBoxes(void* strided, void* packed, const BoxView* boxes, int count, int64_t elemSize,
                bool unpack, void* stream = nullptr);
 
+// Attention forward by online softmax (kernels/attention.h) on contiguous device arrays of
+// `dtype` (kFloat32 or kBFloat16): q and out [batchHeads, tq, headDim], k and v [batchHeads, tk,
+// headDim]; lse [batchHeads, tq] is float32 whatever the dtype. One thread block per 64 queries
+// of one head walks that head's keys 64 at a time through shared memory, in float32. Causal as
+// onlineSoftmaxAttentionCpu: the queries are the last tq positions; a row that sees no key gets
+// 0 and lse -inf. Asynchronous on `stream`. Throws std::invalid_argument for another dtype or
+// headDim > kMaxAttentionHeadDim.
+constexpr int64_t kMaxAttentionHeadDim = 128;
+void attentionForward(const void* q, const void* k, const void* v, void* out, float* lse,
+                      Dtype dtype, int64_t batchHeads, int64_t tq, int64_t tk, int64_t headDim,
+                      bool causal, double scale, void* stream = nullptr);
+
 // Device memory for tests and callers without a tensor library.
 void* deviceAlloc(int64_t bytes);
 void deviceFree(void* p);

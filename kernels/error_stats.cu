@@ -90,7 +90,9 @@ __global__ void errorStatsKernel(const T* a, const T* e, long long n, double rto
     const double av = toDouble(a[i]), ev = toDouble(e[i]);
     const double diff = fabs(av - ev);
     const bool finite = isfinite(av) && isfinite(ev);
-    const double allowed = atol + rtol * fabs(ev);
+    // Rounded as the CPU rounds it, a product and then a sum: nvcc would otherwise contract
+    // them into one fused multiply-add, and the ratios would differ in the last bit.
+    const double allowed = __dadd_rn(atol, __dmul_rn(rtol, fabs(ev)));
     bool bad;
     if (exact) {
       const Bits ab = reinterpret_cast<const Bits*>(a)[i];
@@ -106,7 +108,7 @@ __global__ void errorStatsKernel(const T* a, const T* e, long long n, double rto
     p.maxAbs = nanMax(p.maxAbs, absErr);
     p.maxRel = nanMax(p.maxRel, relErr);
     p.maxRatio = nanMax(p.maxRatio, ratio);
-    const double excess = exact ? absErr : absErr - allowed;
+    const double excess = exact ? absErr : __dsub_rn(absErr, allowed);
     if (bad && better(excess, i, p.badScore, p.badIndex)) {
       p.badScore = excess;
       p.badIndex = i;

@@ -1,0 +1,101 @@
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "kernels/cuda_api.h"
+
+namespace sb::kernels {
+namespace {
+
+void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention: q, k and v must be [B, H, T, D], got ", q.sizes(), ", ", k.sizes(),
+              " and ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes(), "attention: k and v must have one shape, got ", k.sizes(),
+              " and ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3),
+              "attention: q ", q.sizes(), " and k ", k.sizes(), " differ in B, H or D");
+  TORCH_CHECK(at::isFloatingType(q.scalar_type()) && q.scalar_type() == k.scalar_type() &&
+                  q.scalar_type() == v.scalar_type(),
+              "attention: q, k and v must have one floating dtype, got ", q.scalar_type(), ", ",
+              k.scalar_type(), " and ", v.scalar_type());
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device(),
+              "attention: q, k and v must be on one device, got ", q.device(), ", ", k.device(),
+              " and ", v.device());
+}
+
+}  // namespace
+
+AttentionResult onlineSoftmaxAttentionCpu(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, int64_t keyChunk, bool causal,
+                                          double scale) {
+  checkInputs(q, k, v);
+  TORCH_CHECK(keyChunk >= 1, "attention: keyChunk must be at least 1, got ", keyChunk);
+  const int64_t tq = q.size(2), tk = k.size(2);
+  const at::ScalarType input = q.scalar_type();
+  const at::ScalarType math = (input == at::kHalf || input == at::kBFloat16) ? at::kFloat : input;
+  const double inf = std::numeric_limits<double>::infinity();
+
+  const at::Tensor scaledQ = q.to(math) * scale;
+  const std::vector<int64_t> rowShape = {q.size(0), q.size(1), tq, 1};
+  at::Tensor m = at::full(rowShape, -inf, scaledQ.options());  // running row maximum
+  at::Tensor l = at::zeros(rowShape, scaledQ.options());       // running sum of exp(score - m)
+  at::Tensor acc = at::zeros_like(scaledQ);                    // running sum of exp(score - m) v
+  // The last key each query row sees: the queries are the last tq of the tk positions.
+  const at::Tensor lastKey =
+      at::arange(tq, q.options().dtype(at::kLong)).add_(tk - tq).unsqueeze(1);
+
+  for (int64_t start = 0; start < tk; start += keyChunk) {
+    const int64_t len = std::min(keyChunk, tk - start);
+    const at::Tensor keys = k.narrow(2, start, len).to(math);
+    const at::Tensor values = v.narrow(2, start, len).to(math);
+    at::Tensor scores = at::matmul(scaledQ, keys.transpose(-2, -1));  // [B, H, tq, len]
+    if (causal) {
+      const at::Tensor key = at::arange(start, start + len, lastKey.options());
+      scores.masked_fill_(key.gt(lastKey), -inf);
+    }
+    const at::Tensor mNew = at::maximum(m, scores.amax(-1, /*keepdim=*/true));
+    // A row that has seen no key yet has m_new = -inf, and exp(-inf - -inf) is NaN: such a row
+    // subtracts 0 instead, which turns its masked scores and its empty past into exp(-inf) = 0.
+    const at::Tensor shift = at::where(mNew.isneginf(), at::zeros_like(mNew), mNew);
+    const at::Tensor p = (scores - shift).exp_();
+    const at::Tensor rescale = (m - shift).exp_();  // exp(m_old - m_new)
+    l.mul_(rescale).add_(p.sum(-1, /*keepdim=*/true));
+    acc.mul_(rescale).add_(at::matmul(p, values));
+    m = mNew;
+  }
+
+  // A row that saw no key (causal, tq > tk) has l = 0 and acc = 0: output 0, lse -inf.
+  AttentionResult r;
+  r.out = acc.div_(at::where(l.eq(0), at::ones_like(l), l)).to(input);
+  r.lse = (m + l.log()).squeeze(-1).to(at::kFloat);
+  return r;
+}
+
+AttentionResult onlineSoftmaxAttention(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, int64_t keyChunk, bool causal,
+                                       double scale) {
+#ifdef SB_HAVE_CUDA_KERNELS
+  if (q.is_cuda()) {
+    checkInputs(q, k, v);
+    TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+                "attention: the CUDA kernel takes float32 or bfloat16, got ", q.scalar_type());
+    const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    AttentionResult r;
+    r.out = at::empty_like(qc);
+    r.lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    cuda::attentionForward(
+        qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), r.out.data_ptr(), r.lse.data_ptr<float>(),
+        q.scalar_type() == at::kFloat ? cuda::Dtype::kFloat32 : cuda::Dtype::kBFloat16,
+        q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
+    return r;
+  }
+#endif
+  return onlineSoftmaxAttentionCpu(q, k, v, keyChunk, causal, scale);
+}
+
+}  // namespace sb::kernels

@@ -1,0 +1,47 @@
+#pragma once
+
+// Scaled dot-product attention, forward, by online softmax (FlashAttention's recurrence): the
+// keys are walked a block at a time, and each query row keeps a running maximum m of its scores,
+// a running denominator l = sum exp(score - m) and an unnormalised output acc = sum exp(score -
+// m) v. When a block raises the maximum from m_old to m_new, l and acc are first multiplied by
+// exp(m_old - m_new), so that every term is relative to the same maximum; at the end out = acc /
+// l and lse = m + log l. The full Tq x Tk score matrix never exists: only one block of it.
+//
+// On CPU (onlineSoftmaxAttentionCpu) each block is one ATen matmul per step; on a CUDA tensor
+// the kernel of kernels/attention.cu does the same per tile of queries and keys in shared memory.
+// The CPU implementation is the reference the kernel is tested against.
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace sb::kernels {
+
+struct AttentionResult {
+  at::Tensor out;  // [B, H, Tq, D], q's dtype
+  // [B, H, Tq], float32 whatever the inputs: log sum_j exp(scale * q_i . k_j) over the keys row
+  // i sees, what a backward pass or a merge of partial attentions over key shards needs.
+  at::Tensor lse;
+};
+
+// softmax(scale * q k^T [causal mask]) v for q [B, H, Tq, D] and k, v [B, H, Tk, D] of one
+// floating dtype on one device, walking the keys `keyChunk` (>= 1) at a time; the temporaries
+// are O(B * H * Tq * keyChunk). Arithmetic is in float32 for float16 and bfloat16 inputs and in
+// the input dtype otherwise; `out` is rounded back to the input dtype.
+//
+// Causal: the queries are the last Tq of the Tk positions, so query i sees keys
+// j <= i + (Tk - Tq) (with Tq == Tk, the usual lower triangle). Where Tq > Tk the first Tq - Tk
+// rows see no key: their output is 0 and their lse -inf. Throws (c10::Error) for other shapes,
+// mixed dtypes or devices, and keyChunk < 1.
+AttentionResult onlineSoftmaxAttentionCpu(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, int64_t keyChunk, bool causal,
+                                          double scale);
+
+// Dispatches on the device: the CUDA kernel where built and the tensors live on a GPU (float32
+// or bfloat16, D <= 128, else throws; its key tile is its own, so keyChunk only matters to the
+// CPU walk and the results agree to rounding), the CPU implementation otherwise.
+AttentionResult onlineSoftmaxAttention(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, int64_t keyChunk, bool causal,
+                                       double scale);
+
+}  // namespace sb::kernels
