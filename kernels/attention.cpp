@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels/cuda_api.h"
+#include "kernels/stream.h"
 
 namespace sb::kernels {
 namespace {
@@ -91,7 +92,7 @@ AttentionResult onlineSoftmaxAttention(const at::Tensor& q, const at::Tensor& k,
     cuda::attentionForward(
         qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), r.out.data_ptr(), r.lse.data_ptr<float>(),
         q.scalar_type() == at::kFloat ? cuda::Dtype::kFloat32 : cuda::Dtype::kBFloat16,
-        q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), causal, scale);
+        q.size(0) * q.size(1), q.size(2), k.size(2), q.size(3), causal, scale, currentStream(q));
     return r;
   }
 #endif

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels/cuda_api.h"
+#include "kernels/stream.h"
 
 namespace sb::kernels {
 namespace {
@@ -113,8 +114,8 @@ ErrorStats errorStats(const at::Tensor& actual, const at::Tensor& expected, doub
   if (dt && actual.is_cuda() && expected.is_cuda() && actual.device() == expected.device() &&
       actual.scalar_type() == expected.scalar_type() && actual.sizes() == expected.sizes()) {
     const at::Tensor a = actual.detach().contiguous(), e = expected.detach().contiguous();
-    const auto raw =
-        cuda::errorStats(a.data_ptr(), e.data_ptr(), *dt, a.numel(), rtol, atol, exact);
+    const auto raw = cuda::errorStats(a.data_ptr(), e.data_ptr(), *dt, a.numel(), rtol, atol, exact,
+                                      currentStream(a));
     ErrorStats s;
     s.numel = a.numel();
     s.mismatches = raw.mismatches;

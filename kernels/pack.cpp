@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "kernels/cuda_api.h"
+#include "kernels/stream.h"
 
 namespace sb::kernels {
 namespace {
@@ -75,7 +76,7 @@ at::Tensor packRegions(const at::Tensor& t, const std::vector<Region>& regions) 
     // Offsets are in elements from the storage's start.
     void* base = static_cast<char*>(t.data_ptr()) - t.storage_offset() * t.element_size();
     cuda::packBoxes(base, packed.data_ptr(), views.data(), static_cast<int>(views.size()),
-                    t.element_size(), /*unpack=*/false);
+                    t.element_size(), /*unpack=*/false, currentStream(t));
     return packed;
   }
 #endif
@@ -95,7 +96,8 @@ void unpackRegions(const at::Tensor& packed, at::Tensor& t, const std::vector<Re
     const auto views = boxViews(t, regions);
     void* base = static_cast<char*>(t.data_ptr()) - t.storage_offset() * t.element_size();
     cuda::packBoxes(base, const_cast<void*>(packed.data_ptr()), views.data(),
-                    static_cast<int>(views.size()), t.element_size(), /*unpack=*/true);
+                    static_cast<int>(views.size()), t.element_size(), /*unpack=*/true,
+                    currentStream(t));
     return;
   }
 #endif
