@@ -1,5 +1,5 @@
 // c10d backends: LibTorch's own process groups (Gloo; NCCL where LibTorch has CUDA) behind the
-// harness's Communicator, one process per rank. (Only Gloo is built so far.)
+// harness's Communicator, one process per rank (with NCCL, one GPU per rank: the local rank's).
 //
 // Each mesh gets one process group per ordered set of mesh axes, named in the store by the
 // generation, the mesh and the member ranks, so that a failed row can be followed by fresh
@@ -38,7 +38,12 @@
 #define USE_C10D_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
+#if SB_HAVE_NCCL
+#define USE_C10D_NCCL 1
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
+#include "harness/device.h"
 #include "harness/memory.h"
 
 namespace sb::harness {
@@ -80,40 +85,52 @@ void waitAlone(WorkPtr work) {
   }
 }
 
+// `keepsWork`: the backend's worker holds a finished work for a while (Gloo), so a collective
+// also waits until it lets go (waitAlone). NCCL's watchdog holds every work until its kernel
+// ends, and its wait() only orders the caller's stream after it: there, wait() alone.
 template <class PG>
 class GroupOf final : public CollectiveGroup {
  public:
-  GroupOf(c10::intrusive_ptr<PG> pg, bool reducesBf16)
-      : pg_(std::move(pg)), reducesBf16_(reducesBf16) {}
+  GroupOf(c10::intrusive_ptr<PG> pg, bool reducesBf16, bool keepsWork = true)
+      : pg_(std::move(pg)), reducesBf16_(reducesBf16), keepsWork_(keepsWork) {}
   bool reduces(at::ScalarType t) const override { return t != at::kBFloat16 || reducesBf16_; }
   void allReduce(at::Tensor& t, c10d::ReduceOp op) override {
     std::vector<at::Tensor> ts{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op;
-    waitAlone(pg_->allreduce(ts, o));
+    finish(pg_->allreduce(ts, o));
   }
   void allGather(std::vector<at::Tensor>& outs, at::Tensor& in) override {
     std::vector<std::vector<at::Tensor>> o(1);
     for (const auto& t : outs) o[0].push_back(carrier(t));
     std::vector<at::Tensor> i{carrier(in)};
-    waitAlone(pg_->allgather(o, i));
+    finish(pg_->allgather(o, i));
   }
   void allToAll(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& outRows,
                 std::vector<int64_t>& inRows) override {
     at::Tensor o = carrier(out), i = carrier(in);
-    waitAlone(pg_->alltoall_base(o, i, outRows, inRows));
+    finish(pg_->alltoall_base(o, i, outRows, inRows));
   }
   void broadcast(at::Tensor& t, int root) override {
     std::vector<at::Tensor> ts{carrier(t)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    waitAlone(pg_->broadcast(ts, o));
+    finish(pg_->broadcast(ts, o));
   }
   void barrier() override { pg_->barrier()->wait(); }
 
  private:
+  template <class WorkPtr>
+  void finish(WorkPtr work) {
+    if (keepsWork_) {
+      waitAlone(std::move(work));
+    } else {
+      work->wait();
+    }
+  }
   c10::intrusive_ptr<PG> pg_;
   bool reducesBf16_;
+  bool keepsWork_;
 };
 
 int64_t rowElemsOf(const at::Tensor& t) {
@@ -276,6 +293,9 @@ bool c10dBackendBuilt(const std::string& name) {
 #if SB_HAVE_GLOO
   if (name == "gloo") return true;
 #endif
+#if SB_HAVE_NCCL
+  if (name == "nccl") return true;
+#endif
   return false;
 }
 
@@ -382,6 +402,7 @@ class C10dWorld final : public World {
 
   void run(const std::function<void(RankContext&)>& fn) override {
     ScopedMemoryRank memory(rank_);
+    RankDeviceScope device(rank_);
     fn(ctx_);
   }
 
@@ -400,15 +421,21 @@ class C10dWorld final : public World {
 
   double maxOverProcesses(double value) override {
     if (!control_) return value;
-    at::Tensor t = at::full({1}, value, at::kDouble);
+    at::Tensor t = at::full({1}, value, controlOptions(at::kDouble));
     control_->allReduce(t, c10d::ReduceOp::MAX);
     return t.item<double>();
   }
   bool anyOverProcesses(bool value) override {
     if (!control_) return value;
-    at::Tensor t = at::full({1}, value ? 1 : 0, at::kInt);
+    at::Tensor t = at::full({1}, value ? 1 : 0, controlOptions(at::kInt));
     control_->allReduce(t, c10d::ReduceOp::MAX);
     return t.item<int>() != 0;
+  }
+
+  // NCCL moves device memory only: the runner's own reductions go through this rank's GPU.
+  at::TensorOptions controlOptions(at::ScalarType dtype) const {
+    auto o = at::TensorOptions().dtype(dtype);
+    return backend_ == "nccl" ? o.device(at::kCUDA, currentCudaDevice()) : o;
   }
 
   Communicator& groupFor(const std::vector<int>& axes) {
@@ -469,6 +496,7 @@ struct Session::Impl {
 #if SB_HAVE_GLOO
   std::shared_ptr<::gloo::transport::Device> glooDevice;
 #endif
+  int cudaDevice = -1;  // nccl: this process's GPU
 };
 
 Session::Session(const DistEnv& env, std::string backend, std::chrono::milliseconds timeout)
@@ -486,6 +514,21 @@ Session::Session(const DistEnv& env, std::string backend, std::chrono::milliseco
   const bool serve = env.rank == 0 && !env.agentServesStore;
   s.store = std::make_unique<ControlStore>(env.masterAddr, env.masterPort, serve, timeout,
                                            env.runKey.empty() ? "" : env.runKey + "/");
+  if (s.backend == "nccl") {
+    // One GPU per rank: the local rank's, as torchrun's LOCAL_RANK and the launcher assign.
+    std::string why;
+    if (!cudaUsable(&why)) throw std::runtime_error("backend 'nccl' needs a CUDA device: " + why);
+    const int count = cudaDeviceCount();
+    if (env.localWorldSize > count) {
+      throw std::runtime_error(
+          "backend 'nccl' runs one rank per GPU, but " + std::to_string(env.localWorldSize) +
+          " ranks share this host's " + std::to_string(count) +
+          " GPU(s) (NCCL refuses two ranks of one communicator on one GPU); use the threads "
+          "backend for several ranks on one GPU");
+    }
+    s.cudaDevice = env.localRank % count;
+    setCudaDevice(s.cudaDevice);
+  }
 #if SB_HAVE_GLOO
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
     s.glooDevice = ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
@@ -553,6 +596,19 @@ World* Session::world(const DeviceMesh& mesh) {
       return std::make_shared<GroupOf<::c10d::ProcessGroupGloo>>(
           c10::make_intrusive<::c10d::ProcessGroupGloo>(store, groupRank, size, opts),
           /*reducesBf16=*/false);
+    };
+  }
+#endif
+#if SB_HAVE_NCCL
+  if (s.backend == "nccl") {
+    factory = [&s](const std::string& name, int groupRank, int size) {
+      auto opts = ::c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = s.timeout;
+      auto store =
+          c10::make_intrusive<::c10d::PrefixStore>(s.store->prefix() + name, s.store->impl().store);
+      return std::make_shared<GroupOf<::c10d::ProcessGroupNCCL>>(
+          c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, groupRank, size, opts),
+          /*reducesBf16=*/true, /*keepsWork=*/false);
     };
   }
 #endif

@@ -46,7 +46,12 @@ void deleteTracked(void* ptr) {
 
 class TrackingCpuAllocator final : public c10::Allocator {
  public:
+  // LibTorch 2.3 made allocate() non-const and added copy_data().
+#if SB_TORCH_VERSION_NUM >= 203
+  c10::DataPtr allocate(size_t n) override {
+#else
   c10::DataPtr allocate(size_t n) const override {
+#endif
     void* data = gBase->raw_allocate(n);
     const int bucket = MemoryTracker::threadBucket();
     if (data != nullptr) {
@@ -58,6 +63,11 @@ class TrackingCpuAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &deleteTracked; }
+#if SB_TORCH_VERSION_NUM >= 203
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
 };
 
 }  // namespace
@@ -95,8 +105,7 @@ int traceBucket() {
 void MemoryTracker::resetPeak(int rank) {
   auto& b = buckets_[index(rank)];
   b.peak.store(b.current.load());
-  if (tracing(rank))
-    std::fprintf(stderr, "mem reset at %lld\n", (long long)b.current.load());
+  if (tracing(rank)) std::fprintf(stderr, "mem reset at %lld\n", (long long)b.current.load());
 }
 
 bool MemoryTracker::tracing(int rank) const { return index(rank) == traceBucket(); }

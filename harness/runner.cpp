@@ -22,6 +22,7 @@
 #include <ATen/Parallel.h>
 
 #include "harness/c10d_backend.h"
+#include "harness/device.h"
 #include "harness/dist_env.h"
 #include "harness/id_pattern.h"
 #include "harness/memory.h"
@@ -233,6 +234,8 @@ struct LocalRun {
   std::optional<double> predictedTimeUs;
   std::vector<std::pair<std::string, std::string>> params;
   nlohmann::json executorDetails = nlohmann::json::object();
+  // On CUDA: the caching allocator's own numbers for the measured step (this process's device).
+  nlohmann::json deviceMemory;
 };
 
 std::atomic<int> measuredSteps{0};
@@ -296,6 +299,13 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
 
     // The measured step: communication counts, peak memory and the results to verify.
     world.resetStats();
+    const bool cuda = reference::caseDevice().is_cuda();
+    DeviceMemoryStats before;
+    const int64_t hookBefore = cudaAllocationsSeen();
+    if (cuda) {
+      resetDevicePeak();
+      before = deviceMemoryStats();
+    }
     world.run([&](RankContext& ctx) {
       const int r = ctx.rank();
       MemoryTracker::instance().resetPeak(r);
@@ -304,6 +314,23 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       peak[r] = MemoryTracker::instance().peak(r);
       MemoryTracker::instance().traceNote(r, "end of the measured step");
     });
+    if (cuda) {
+      // The rank peaks above are the allocation hook's: tensor bytes per rank, as on the CPU.
+      // The allocator's own peak is the device's (every rank of this process on it), in its
+      // rounded blocks; kept beside them.
+      const DeviceMemoryStats after = deviceMemoryStats();
+      const int64_t hookSaw = cudaAllocationsSeen() - hookBefore;
+      out.deviceMemory = {
+          {"allocated_peak_over_start_bytes", after.allocatedPeak - before.allocatedCurrent},
+          {"reserved_peak_bytes", after.reservedPeak},
+          {"allocations_seen_by_hook", hookSaw}};
+      if (hookSaw == 0 && after.allocatedPeak > before.allocatedCurrent) {
+        // The hook saw nothing while the allocator allocated: per-rank peaks are unknown. With
+        // one rank here the device's peak is the rank's.
+        out.deviceMemory["note"] = "the allocation hook saw no allocation of this step";
+        if (local.size() == 1) peak[local[0]] = after.allocatedPeak - before.allocatedCurrent;
+      }
+    }
     for (int r : local) {
       out.ranks[slot[r]].counted = world.stats(r);
       out.ranks[slot[r]].wire = world.wireStats(r);
@@ -566,6 +593,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   if (!rec.predictedTimeUs && profile) predictTime(rec, c, strategy, n, *profile);
   rec.params = rank0.params;
   if (!rank0.executorDetails.empty()) rec.details["executor"] = rank0.executorDetails;
+  if (!rank0.deviceMemory.is_null()) rec.details["cuda_allocator"] = rank0.deviceMemory;
   if (rank0.timing) rec.timing = *rank0.timing;
   const std::string mispredicted = judgePredictions(rec, strategy.predictionTolerance());
 
@@ -595,9 +623,10 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
 double timedStep(World& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
                  std::vector<double>& scratch) {
   world.run([&](RankContext& ctx) {
-    const auto t0 = Clock::now();
+    StepTimer timer;
+    timer.start();
     execs[ctx.rank()]->step(ctx);
-    scratch[ctx.rank()] = std::chrono::duration<double>(Clock::now() - t0).count();
+    scratch[ctx.rank()] = timer.stopSeconds();
   });
   double slowest = 0;
   for (int r : world.localRanks()) slowest = std::max(slowest, scratch[r]);
@@ -643,10 +672,22 @@ RunOptions::RankFault parseRankFault(const std::string& text) {
   return f;
 }
 
+// Why this process cannot run a case on its device ("" when it can): a case on `device: cuda`
+// where LibTorch has no CUDA or no device is found is skipped, saying which.
+std::string deviceMissing(const CaseSpec& c) {
+  std::string why;
+  if (c.device == "cuda" && !cudaUsable(&why)) return "device cuda: " + why;
+  return "";
+}
+
 Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,
                   const std::string& backend) {
   Record r;
   r.provenance = p;
+  if (c.device == "cuda") {
+    const int d = currentCudaDevice();
+    r.provenance.device = "cuda:" + std::to_string(d) + " (" + cudaDeviceDescription(d) + ")";
+  }
   r.backend = backend;
   r.worldSize = static_cast<int>(c.meshSize());
   r.mesh = c.meshString();
@@ -801,6 +842,11 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
 Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const Strategy& strategy,
                    const Provenance& provenance, const RunOptions& options) {
   Record rec = baseRecord(c, strategy, provenance, options.backend);
+  if (std::string why = deviceMissing(c); !why.empty()) {
+    rec.status = Status::kSkipped;
+    rec.message = why;
+    return rec;
+  }
   const Applicability a = strategy.applies(c);
   if (a.kind != Applicability::Kind::kApplies) {
     rec.status = Status::kUnsupported;
@@ -856,6 +902,11 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
     rec.message = "mesh " + mesh.toString() + " needs " + std::to_string(mesh.size()) +
                   " ranks but this run has " + std::to_string(session.worldSize()) +
                   " (start it with `stratbench launch -n " + std::to_string(mesh.size()) + "`)";
+    return {writer ? std::optional<Record>(rec) : std::nullopt, false};
+  }
+  if (std::string why = deviceMissing(c); !why.empty()) {
+    rec.status = Status::kSkipped;
+    rec.message = why;
     return {writer ? std::optional<Record>(rec) : std::nullopt, false};
   }
   if (const Applicability a = strategy.applies(c); a.kind != Applicability::Kind::kApplies) {
@@ -1046,8 +1097,16 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     Tally tally;
     reference::WorkloadData data;
     std::string buildError;
+    // The reference and every strategy of the case make their tensors on its device.
+    const bool onDevice = c.device == "cuda" && deviceMissing(c).empty();
+    reference::setCaseDevice(onDevice ? at::Device(at::kCUDA, currentCudaDevice())
+                                      : at::Device(at::kCPU));
+    if (onDevice) installCudaMemoryTracking(nullptr);
     try {
-      data = reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
+      if (c.device != "cuda" || onDevice) {
+        data = reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
+        if (onDevice) synchronizeDevice();
+      }
     } catch (const std::exception& e) {
       buildError = "reference failed: " + errorText(e);
     }

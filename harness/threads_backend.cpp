@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "harness/device.h"
 #include "harness/memory.h"
 
 namespace sb::harness {
@@ -116,12 +117,16 @@ class ThreadsCommunicator final : public Communicator {
   void doBarrier() override { world_.arriveAndWait(group_, globalRank_, "barrier"); }
 
  private:
+  // On a GPU each rank queues its work on its own stream: what it publishes must be finished
+  // before another rank reads it, and what it read before another may reuse or free it.
   void publish(const at::Tensor& t, std::vector<int64_t> rows, const char* what) {
+    waitForStream(t);
     group_.slots[rank()] = t;
     group_.rows[rank()] = std::move(rows);
     world_.arriveAndWait(group_, globalRank_, what);
   }
   void finish(const char* what) {
+    waitForStream(group_.slots[rank()]);
     world_.arriveAndWait(group_, globalRank_, what);
     group_.slots[rank()] = at::Tensor();
   }
@@ -238,6 +243,7 @@ void ThreadsWorld::abort(const std::string& reason) {
 void ThreadsWorld::runRank(int rank, const std::function<void(RankContext&)>& fn) {
   ScopedMemoryRank attribution(rank);
   try {
+    RankDeviceScope device(rank);
     fn(*contexts_[rank]);
   } catch (const std::exception& e) {
     std::string msg = e.what();

@@ -28,7 +28,9 @@ struct Tolerance {
 // 2^-24 for fp32, 2^-53 fp64, 2^-11 fp16, 2^-8 bf16); max|reference| stands in for the terms'
 // magnitude, so atol = max(default atol, R * u * max|expected|). A lost partial sum or a
 // misplaced shard is off by the size of the values themselves and stays far outside it.
-// Returns `base` unchanged for bitwise comparisons and for parts <= 1.
+// Returns `base` unchanged for bitwise comparisons and, on the CPU, for parts <= 1. On CUDA an
+// unsplit product gets (2 u + R * u_acc) * max|expected| (u_acc: cuBLAS's fp32 or fp64
+// accumulation), since cuBLAS chooses its summation order by the operands' layout.
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
                                   int64_t parts, const at::Tensor& expected);
 

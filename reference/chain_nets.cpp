@@ -143,10 +143,10 @@ class Init {
     return net_.param(name, makeNormal({n}, dtype_, seed_, stream_++, InputMode::kRandom) * 0.02);
   }
   at::Tensor ones(const std::string& name, int64_t n) {
-    return net_.param(name, at::ones({n}, at::TensorOptions().dtype(dtype_)));
+    return net_.param(name, at::ones({n}, caseOptions(dtype_)));
   }
   at::Tensor zeros(const std::string& name, int64_t n) {
-    return net_.param(name, at::zeros({n}, at::TensorOptions().dtype(dtype_)));
+    return net_.param(name, at::zeros({n}, caseOptions(dtype_)));
   }
   void data(at::IntArrayRef in, at::IntArrayRef out) {
     net_.setData(makeNormal(in, dtype_, seed_, 1000, InputMode::kRandom),
@@ -157,10 +157,8 @@ class Init {
   // statistics only when asked.
   std::function<at::Tensor(const at::Tensor&, bool)> batchNorm(const std::string& name, int64_t c) {
     at::Tensor w = ones(name + ".weight", c), b = zeros(name + ".bias", c);
-    at::Tensor rm =
-        net_.buffer(name + ".running_mean", at::zeros({c}, at::TensorOptions().dtype(dtype_)));
-    at::Tensor rv =
-        net_.buffer(name + ".running_var", at::ones({c}, at::TensorOptions().dtype(dtype_)));
+    at::Tensor rm = net_.buffer(name + ".running_mean", at::zeros({c}, caseOptions(dtype_)));
+    at::Tensor rv = net_.buffer(name + ".running_var", at::ones({c}, caseOptions(dtype_)));
     return [w, b, rm, rv](const at::Tensor& x, bool update) {
       return at::batch_norm(x, w, b, update ? rm : at::Tensor(), update ? rv : at::Tensor(),
                             /*training=*/true, /*momentum=*/0.1, /*eps=*/1e-5,
@@ -247,7 +245,7 @@ class Gpt2Stack final : public ChainWorkload {
     const double p = k.prob("dropout", 0.1);
     auto net = std::make_unique<ChainNet>();
     Init init(*net, dtype, seed);
-    const at::Tensor causal = at::ones({T, T}, at::kBool).triu(1);
+    const at::Tensor causal = at::ones({T, T}, caseOptions(at::kBool)).triu(1);
     for (int64_t l = 0; l < layers; ++l) {
       const std::string n = "h" + std::to_string(l);
       at::Tensor ln1w = init.ones(n + ".ln_1.weight", D), ln1b = init.zeros(n + ".ln_1.bias", D);

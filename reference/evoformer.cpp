@@ -60,10 +60,10 @@ PairStack::PairStack(const PairShape& s, at::ScalarType dtype, uint64_t seed) : 
     return param(n, makeNormal({len}, dtype, seed, stream++, InputMode::kRandom) * 0.02);
   };
   const auto ones = [&](const std::string& n, int64_t len) {
-    return param(n, at::ones({len}, at::TensorOptions().dtype(dtype)));
+    return param(n, at::ones({len}, caseOptions(dtype)));
   };
   const auto zeros = [&](const std::string& n, int64_t len) {
-    return param(n, at::zeros({len}, at::TensorOptions().dtype(dtype)));
+    return param(n, at::zeros({len}, caseOptions(dtype)));
   };
   const int64_t C = s.c, H = s.hidden;
   for (int64_t l = 0; l < s.layers; ++l) {

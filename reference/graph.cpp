@@ -223,7 +223,7 @@ at::Tensor attentionRef(const Params& p, const std::string& h, const at::Tensor&
   at::Tensor scores =
       at::matmul(q, k.transpose(-1, -2)).mul(1.0 / std::sqrt(static_cast<double>(dh)));
   if (causal) {
-    scores = scores.masked_fill(at::ones({S, S}, at::kBool).triu(1),
+    scores = scores.masked_fill(at::ones({S, S}, scores.options().dtype(at::kBool)).triu(1),
                                 -std::numeric_limits<double>::infinity());
   }
   at::Tensor probs = at::softmax(scores, -1);
@@ -486,7 +486,7 @@ std::map<std::string, at::Tensor> graphInputs(const Graph& g, at::ScalarType dty
                       .clamp(0, static_cast<double>(s.vocab - 1))
                       .to(at::kLong);
     } else if (name == "positions") {
-      out[name] = at::arange(s.tokens(), at::TensorOptions().dtype(at::kLong)).remainder(s.seq);
+      out[name] = at::arange(s.tokens(), caseOptions(at::kLong)).remainder(s.seq);
     } else {
       out[name] = makeNormal(dims, dtype, seed, stream++, mode);
     }

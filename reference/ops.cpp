@@ -273,7 +273,7 @@ at::Tensor attentionSoftmax(const at::Tensor& x, int64_t dim, double scale, bool
   at::Tensor z = scale == 1.0 ? x : x * scale;
   if (causal) {
     // Key j is hidden from query i (row rowOffset + i of the whole tensor) when j > i.
-    const auto opts = at::TensorOptions().dtype(at::kLong);
+    const auto opts = x.options().dtype(at::kLong);
     const at::Tensor rows = at::arange(rowOffset, rowOffset + x.size(-2), opts);
     const at::Tensor cols = at::arange(x.size(-1), opts);
     z = z.masked_fill(cols.unsqueeze(0) > rows.unsqueeze(1),
@@ -409,7 +409,7 @@ std::string OpShape::toString() const {
 at::Tensor dropoutKeepMask(const std::vector<int64_t>& fullShape,
                            const std::vector<int64_t>& offset, const std::vector<int64_t>& length,
                            uint64_t seed, double p, at::ScalarType dtype) {
-  const auto opts = at::TensorOptions().dtype(at::kLong);
+  const auto opts = caseOptions(at::kLong);
   const int64_t nd = static_cast<int64_t>(fullShape.size());
   // The row-major index in the full tensor of every element of the box, then splitmix64 of
   // (seed, index) in place, its logical shifts made of arithmetic ones and masks. In place, so

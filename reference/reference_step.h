@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "reference/workload.h"
@@ -16,7 +17,7 @@ WorkloadData referenceStep(const Model& m, bool training) {
   WorkloadData d;
   d.inputs["input"] = m.input();
   if (!training) {
-    at::NoGradGuard noGrad;
+    c10::NoGradGuard noGrad;
     d.expected["output"] = m.forward(m.input());
     d.checked = {"output"};
     return d;

@@ -65,10 +65,10 @@ Transformer::Transformer(const TransformerShape& s, at::ScalarType dtype, uint64
     return param(n, makeNormal({len}, dtype, seed, stream++, InputMode::kRandom) * 0.02);
   };
   const auto ones = [&](const std::string& n) {
-    return param(n, at::ones({D}, at::TensorOptions().dtype(dtype)));
+    return param(n, at::ones({D}, caseOptions(dtype)));
   };
   const auto zeros = [&](const std::string& n) {
-    return param(n, at::zeros({D}, at::TensorOptions().dtype(dtype)));
+    return param(n, at::zeros({D}, caseOptions(dtype)));
   };
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string n = "h" + std::to_string(l);
@@ -123,8 +123,9 @@ at::Tensor Transformer::attention(int l, const at::Tensor& hRows, int64_t begin,
   const at::Tensor kk = k.narrow(2, 0, keyEnd), vv = v.narrow(2, 0, keyEnd);
   at::Tensor att = at::matmul(q, kk.transpose(-2, -1)) / std::sqrt(static_cast<double>(D / H));
   if (shape_.causal) {  // query begin + i sees keys 0 .. begin + i
-    const at::Tensor qpos = at::arange(begin, begin + rows, at::kLong).unsqueeze(1);
-    const at::Tensor kpos = at::arange(0, keyEnd, at::kLong).unsqueeze(0);
+    const at::Tensor qpos =
+        at::arange(begin, begin + rows, att.options().dtype(at::kLong)).unsqueeze(1);
+    const at::Tensor kpos = at::arange(0, keyEnd, att.options().dtype(at::kLong)).unsqueeze(0);
     att = att.masked_fill(kpos.gt(qpos), -INFINITY);
   }
   att = at::softmax(att, -1);

@@ -20,22 +20,30 @@ at::Tensor exactValues(at::IntArrayRef shape, at::ScalarType dtype, const at::Ge
   return at::randint(-2, 3, shape, gen, at::TensorOptions().dtype(at::kLong)).to(dtype);
 }
 
+at::Device gCaseDevice{at::kCPU};
+
 }  // namespace
+
+at::Device caseDevice() { return gCaseDevice; }
+void setCaseDevice(at::Device device) { gCaseDevice = device; }
+at::TensorOptions caseOptions(at::ScalarType dtype) {
+  return at::TensorOptions().dtype(dtype).device(gCaseDevice);
+}
 
 at::Tensor makeNormal(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed, int stream,
                       InputMode mode) {
   auto gen = generatorFor(seed, stream);
-  if (mode == InputMode::kExact) return exactValues(shape, dtype, gen);
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+  if (mode == InputMode::kExact) return exactValues(shape, dtype, gen).to(caseDevice());
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(caseDevice(), dtype);
 }
 
 at::Tensor makeUniform(at::IntArrayRef shape, double bound, at::ScalarType dtype, uint64_t seed,
                        int stream, InputMode mode) {
   auto gen = generatorFor(seed, stream);
-  if (mode == InputMode::kExact) return exactValues(shape, dtype, gen);
+  if (mode == InputMode::kExact) return exactValues(shape, dtype, gen).to(caseDevice());
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
   t.uniform_(-bound, bound, gen);
-  return t.to(dtype);
+  return t.to(caseDevice(), dtype);
 }
 
 std::string dimsString(at::IntArrayRef dims) {

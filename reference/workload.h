@@ -46,6 +46,14 @@ class Workload {
 const Workload* findWorkload(const std::string& name);
 std::vector<std::string> workloadNames();
 
+// The device a case's tensors live on (its `device:`), set by the runner before it builds the
+// case's reference and runs its strategies; the CPU unless set. Inputs are drawn on the CPU from
+// the seeded generators below and then moved, so that every device sees the same values.
+at::Device caseDevice();
+void setCaseDevice(at::Device device);
+// `dtype` on caseDevice(): what a workload's own parameters and index tensors are made with.
+at::TensorOptions caseOptions(at::ScalarType dtype);
+
 // Deterministic tensor generation shared by the workloads: `stream` separates the tensors of
 // one case so that each draws from its own generator.
 at::Tensor makeNormal(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed, int stream,

@@ -608,8 +608,9 @@ int main(int argc, char** argv) {
   run->add_option("suite", suitePath, "Suite file, e.g. suites/smoke.yaml")->required();
   run->add_option("--filter", opts.filter, "Only strategy ids matching this regular expression");
   run->add_option("--backend", opts.backend,
-                  "Communication backend: threads (one process), or gloo under `stratbench "
-                  "launch`, torchrun, srun or mpirun")
+                  "Communication backend: threads (one process), or gloo or nccl (a CUDA "
+                  "LibTorch; one GPU per rank) under `stratbench launch`, torchrun, srun or "
+                  "mpirun")
       ->check(CLI::IsMember(sb::harness::availableBackends()))
       ->capture_default_str();
   double timeoutSec = 300;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 #include "harness/records.h"

@@ -90,6 +90,23 @@ TEST(Suite, BadValuesNameTheKeyAndValue) {
       << e;
   e = errorOf(head + shape + "    mesh: 4\n    inputs: integers\n");
   EXPECT_NE(e.find("key 'inputs' must be random or exact"), std::string::npos) << e;
+  e = errorOf(head + shape + "    mesh: 4\n    device: gpu\n");
+  EXPECT_NE(e.find("bad.yaml:7"), std::string::npos) << e;
+  EXPECT_NE(e.find("key 'device' must be cpu or cuda (got 'gpu')"), std::string::npos) << e;
+}
+
+// A suite for GPU machines reads the same everywhere: whether a process can run its cases is
+// the runner's question (it skips them, saying why, where there is no CUDA).
+TEST(Suite, CudaCasesParseOnEveryBuild) {
+  const Suite s = parseSuite(
+      "defaults:\n  device: cuda\ncases:\n  - name: a\n    workload: linear\n    strategies: "
+      "[x]\n    shape: {input: [4, 4], out_features: 2}\n    mesh: 4\n  - name: b\n    workload: "
+      "linear\n    strategies: [x]\n    shape: {input: [4, 4], out_features: 2}\n    mesh: 4\n"
+      "    device: cpu\n",
+      "gpu.yaml");
+  ASSERT_EQ(s.cases.size(), 2u);
+  EXPECT_EQ(s.cases[0].device, "cuda");
+  EXPECT_EQ(s.cases[1].device, "cpu");
 }
 
 TEST(Suite, AWrongShapeNamesTheShapeKey) {

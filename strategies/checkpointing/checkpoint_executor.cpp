@@ -46,6 +46,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -54,6 +55,7 @@
 
 #include "harness/memory.h"
 #include "harness/registry.h"
+#include "reference/autograd_engine.h"
 #include "reference/chain_nets.h"
 #include "strategies/checkpointing/profiler.h"
 #include "strategies/checkpointing/solvers.h"
@@ -204,7 +206,7 @@ class ScheduleRunner {
     switch (op.kind) {
       case Op::Kind::kForwardCheck:
       case Op::Kind::kForwardNoGrad: {
-        at::NoGradGuard noGrad;
+        c10::NoGradGuard noGrad;
         x_[i + 1] = runStage(i, inputOf(i));
         if (op.kind == Op::Kind::kForwardNoGrad) x_[i] = at::Tensor();
         break;
@@ -217,7 +219,7 @@ class ScheduleRunner {
       }
       case Op::Kind::kBackward: {
         at::AutoGradMode grad(true);
-        torch::autograd::backward({tapeOut_[i + 1]}, {d_[i + 1]});
+        reference::backward({tapeOut_[i + 1]}, {d_[i + 1]});
         d_[i] = tapeIn_[i + 1].grad();
         d_[i + 1] = at::Tensor();
         tapeIn_[i + 1] = at::Tensor();
@@ -318,6 +320,20 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
       return Applicability::unsupported("checkpointing runs on one rank; the mesh has " +
                                         std::to_string(c.meshSize()));
     }
+    if (c.device == "cuda") {
+      // Recomputed dropout must draw the masks the first forward drew: RngSnapshot saves and
+      // restores the CPU generator, not CUDA's (Philox seed and offset), so far.
+      const bool hasDropout = c.workload == "mlp_chain" || c.workload == "gpt2_stack";
+      const double p =
+          c.shape.is_object() && c.shape.contains("dropout") && c.shape["dropout"].is_number()
+              ? c.shape["dropout"].get<double>()
+              : 0.1;  // chain_nets.cpp's default
+      if (hasDropout && p > 0) {
+        return Applicability::unsupported(
+            "dropout on CUDA: recomputation restores the CPU generator only, not CUDA's; set "
+            "shape.dropout: 0");
+      }
+    }
     if (c.params.contains("budget")) {
       const auto& b = c.params["budget"];
       if (!b.is_number() || b.get<double>() <= 0) {
@@ -389,7 +405,7 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
   // The loss in its own statement: a temporary y * target would live until the end of the
   // full expression, through the whole backward.
   const at::Tensor loss = (y * net_->target()).sum();
-  torch::autograd::backward({loss});
+  reference::backward({loss});
   results_.clear();
   results_["output"] = y.detach();
   results_["grad_input"] = x0.grad();

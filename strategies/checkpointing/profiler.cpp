@@ -2,21 +2,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>
 
+#include "harness/device.h"
 #include "harness/memory.h"
+#include "reference/autograd_engine.h"
 
 namespace sb::strategies::checkpointing {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double micros(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::micro>(b - a).count();
-}
 
 double medianOf(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -47,18 +44,18 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
       const int64_t before = mem.current(rank);
       mem.resetPeak(rank);
       const at::Tensor in = x.detach().requires_grad_(true);
-      const auto t0 = Clock::now();
+      harness::StepTimer timer;  // CUDA events on a GPU: the work, not its launch
+      timer.start();
       at::Tensor out = net.stage(i, in, false);
-      const auto t1 = Clock::now();
+      ft.push_back(timer.stopSeconds() * 1e6);
       const int64_t after = mem.current(rank);
       xbar = std::max(xbar, static_cast<double>(after - before));
       fetmp = std::max(fetmp, static_cast<double>(mem.peak(rank) - after));
-      ft.push_back(micros(t0, t1));
       xout = bytes(out);
 
       // Fn_i: the same forward without a tape may need other temporaries.
       {
-        at::NoGradGuard noGrad;
+        c10::NoGradGuard noGrad;
         mem.resetPeak(rank);
         at::Tensor o = net.stage(i, x, false);
         ftmp = std::max(ftmp, static_cast<double>(mem.peak(rank) - mem.current(rank)));
@@ -68,15 +65,14 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
       const at::Tensor d = at::ones_like(out);
       const int64_t b3 = mem.current(rank);
       mem.resetPeak(rank);
-      const auto t2 = Clock::now();
-      torch::autograd::backward({out}, {d});
-      const auto t3 = Clock::now();
+      timer.start();
+      reference::backward({out}, {d});
+      bt.push_back(timer.stopSeconds() * 1e6);
       btmp = std::max(btmp, static_cast<double>(mem.peak(rank) - b3) - bytes(in));
-      bt.push_back(micros(t2, t3));
       out = at::Tensor();
     }
     {
-      at::NoGradGuard noGrad;
+      c10::NoGradGuard noGrad;
       x = net.stage(i, x, false);
     }
     c.ftime.push_back(medianOf(ft));
@@ -95,12 +91,12 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
     const at::Tensor y = x.detach().requires_grad_(true);
     const int64_t before = mem.current(rank);
     mem.resetPeak(rank);
-    const auto t0 = Clock::now();
+    harness::StepTimer timer;
+    timer.start();
     const at::Tensor loss = (y * net.target()).sum();
-    torch::autograd::backward({loss});
-    const auto t1 = Clock::now();
+    reference::backward({loss});
+    lt.push_back(timer.stopSeconds() * 1e6);
     ltmp = std::max(ltmp, static_cast<double>(mem.peak(rank) - before) - bytes(y));
-    lt.push_back(micros(t0, t1));
     lossBytes = 2 * bytes(loss);  // the loss and the gradient its backward is seeded with
   }
   c.btime.push_back(medianOf(lt));

@@ -18,6 +18,7 @@
 
 #include "harness/memory.h"
 #include "harness/strategy.h"
+#include "reference/autograd_engine.h"
 
 namespace sb::strategies::chunking {
 
@@ -106,7 +107,7 @@ struct ChunkedRegion : public torch::autograd::Function<ChunkedRegion> {
       const int64_t e = std::min(T, s + C);
       at::AutoGradMode grad(true);
       const at::Tensor out = r->fn(leaves, s, e);
-      torch::autograd::backward({out}, {grads[0].narrow(r->chunking.dim, s, e - s)});
+      reference::backward({out}, {grads[0].narrow(r->chunking.dim, s, e - s)});
     }
     torch::autograd::variable_list out;
     for (const auto& l : leaves) out.push_back(l.defined() ? l.grad() : at::Tensor());
@@ -135,7 +136,7 @@ class ChunkedStepExecutor : public harness::RankExecutor {
     results_.clear();
     results_["output"] = x.detach();
     if (training_) {
-      torch::autograd::backward({(x * model_->target()).sum()});
+      reference::backward({(x * model_->target()).sum()});
       results_["grad_input"] = x0.grad();
       for (const auto& [n, p] : model_->parameters()) results_["grad/" + n] = p.grad();
     }

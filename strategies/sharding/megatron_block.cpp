@@ -28,6 +28,7 @@
 
 #include "harness/autograd_comm.h"
 #include "harness/registry.h"
+#include "reference/autograd_engine.h"
 #include "reference/block.h"
 #include "reference/ops.h"
 #include "strategies/sharding/sharding_util.h"
@@ -394,7 +395,7 @@ void MegatronExecutor::step(RankContext&) {
     out = r + dropout(m, 1);
   }
   p.clear();
-  torch::autograd::backward({out}, {gradOut_});
+  reference::backward({out}, {gradOut_});
   results_["output"] = out.detach();
   results_["grad_input"] = x_.grad();
   for (const auto& [name, leaf] : params_) results_["grad/" + name] = leaf.grad();

@@ -18,6 +18,7 @@
 #include "harness/autograd_comm.h"
 #include "harness/registry.h"
 #include "harness/suite.h"
+#include "reference/autograd_engine.h"
 #include "strategies/sharding/op_strategies.h"
 #include "strategies/sharding/sharding_util.h"
 
@@ -507,7 +508,7 @@ void OpExecutor::step(RankContext& ctx) {
     if (l.requires_grad()) l.mutable_grad().reset();
   }
   std::vector<at::Tensor> outs = runOp(r_, ctx, leaves_, case_.seed, strategy_.fault());
-  torch::autograd::backward(outs, gradOut_);
+  reference::backward(outs, gradOut_);
   const auto names = r_.shape.outputNames();
   for (size_t i = 0; i < outs.size(); ++i) results_[names[i]] = outs[i].detach();
   for (size_t i = 0; i < leaves_.size(); ++i) {

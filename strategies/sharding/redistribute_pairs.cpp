@@ -25,6 +25,7 @@
 #include "harness/redistribute_exec.h"
 #include "harness/registry.h"
 #include "harness/suite.h"
+#include "reference/autograd_engine.h"
 
 namespace sb::strategies {
 namespace {
@@ -314,7 +315,7 @@ void PairExecutor::step(RankContext&) {
   y_ = at::Tensor();
   x_.mutable_grad().reset();
   at::Tensor y = (*runner_)(x_);
-  torch::autograd::backward({y}, {gradOut_});
+  reference::backward({y}, {gradOut_});
   y_ = y.detach();
 }
 

@@ -118,7 +118,7 @@ void ColwiseExecutor::prepare(harness::RankContext& ctx, const reference::Worklo
     for (int i = 0; i < n_; ++i) {
       for (int64_t k = 0; k < sizes[i]; ++k) order.push_back(start[place_[i]] + k);
     }
-    columnOrder_ = at::tensor(order, at::kLong);
+    columnOrder_ = at::tensor(order, at::kLong).to(reference::caseDevice());
   }
   predictPeak("colwise", columnOrder_);
 }

@@ -23,6 +23,7 @@
 
 #include "harness/redistribute_exec.h"
 #include "harness/registry.h"
+#include "reference/autograd_engine.h"
 
 namespace sb::strategies {
 namespace {
@@ -234,7 +235,7 @@ void ReshardExecutor::step(harness::RankContext&) {
   x_.mutable_grad().reset();
   at::Tensor y =
       ExchangeFn::apply(x_, static_cast<int64_t>(reinterpret_cast<intptr_t>(&exchange_)));
-  torch::autograd::backward({y}, {gradOut_});
+  reference::backward({y}, {gradOut_});
   results_["output"] = y.detach();
   results_["grad_input"] = x_.grad();
 }

@@ -117,7 +117,7 @@ void RowwiseExecutor::prepare(harness::RankContext& ctx, const reference::Worklo
       const int c = chunkOfRank(place_, dst);
       for (int64_t f = 0; f < sizes[c]; ++f) order.push_back(offsets[c] + f);
     }
-    featureOrder_ = at::tensor(order, at::kLong);
+    featureOrder_ = at::tensor(order, at::kLong).to(reference::caseDevice());
   }
   predictPeak("rowwise", featureOrder_);
 }

@@ -86,7 +86,7 @@ void expectSameFunction(const std::string& workload, const nlohmann::json& shape
   ASSERT_NE(w, nullptr);
   const auto chain = w->makeNet(shape, at::kFloat, 11);
   const auto plain = w->makeNet(shape, at::kFloat, 11);
-  at::NoGradGuard noGrad;
+  c10::NoGradGuard noGrad;
   const at::Tensor a = chain->forward(chain->input());
   const at::Tensor b = whole(Named(*plain), plain->input());
   ASSERT_EQ(a.sizes(), b.sizes());
