@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# On a GPU machine: builds stratbench against the CUDA LibTorch of its PyTorch, with the Debian
+# packages ci/gpu/fetch_deps.sh downloaded into .debs (carried with the checkout; unpacked with
+# `dpkg -x` into a private prefix, never into /), then runs the GPU checks:
+#   1. the CUDA kernels' tests (label gpu) against their CPU implementations;
+#   2. the unit tests (every family's executors and the harness, on this LibTorch);
+#   3. suites/gpu.yaml on `threads` (every rank of a mesh on the one GPU, each on its own
+#      stream) and on `nccl` (one process per GPU through `stratbench launch`);
+#   4. the report of both runs.
+# Logs, results and the report go to out/gpu; where $OUT is set (a lent GPU machine returns
+# what is under it, a few files), only the archive gpu-run.tgz of all of them and the summary
+# tables, summary.txt, go there. Every step runs under its own time limit, so that a hung step still
+# leaves the others' results.
+#
+# Usage: ci/gpu/run.sh [STEPS]   STEPS: any of build,kernels,unit,threads,nccl,report
+#                                 (default: all, in that order)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+src=$PWD
+out=$src/out/gpu
+mkdir -p "$out"
+steps=${1:-build,kernels,unit,threads,nccl,report}
+has() { [[ ",$steps," == *",$1,"* ]]; }
+log=$out/logs
+mkdir -p "$log"
+step() { echo "=== $* ($(date +%T))"; }
+
+deps=${SB_GPU_DEPS:-/tmp/sbdeps}
+lib=$deps/usr/lib/x86_64-linux-gnu
+if [[ ! -d $deps/usr ]]; then
+  step "unpacking $(ls .debs/*.deb 2>/dev/null | wc -l) carried packages into $deps"
+  mkdir -p "$deps"
+  for f in .debs/*.deb; do dpkg -x "$f" "$deps"; done
+  # What Debian's alternatives and multiarch symlinks would have made.
+  for l in blas lapack; do
+    ln -sf "$l/lib$l.so.3" "$lib/lib$l.so.3"
+    ln -sf "lib$l.so.3" "$lib/lib$l.so"
+    ln -sf "$l-netlib.pc" "$lib/pkgconfig/$l.pc"
+  done
+fi
+export LD_LIBRARY_PATH=$lib:$lib/blas:$lib/lapack${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PKG_CONFIG_SYSROOT_DIR=$deps
+export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$deps/usr/share/pkgconfig
+torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+build=${SB_GPU_BUILD:-$src/build-gpu}
+sb=$build/stratbench
+
+if has build; then
+  step "configure (LibTorch $(python3 -c 'import torch; print(torch.__version__)'))"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" -DPKG_CONFIG_EXECUTABLE="$deps/usr/bin/pkgconf" \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" \
+    >"$log/configure.log" 2>&1
+  rc=$?
+  grep -E "stratbench:|CUDA|Error|error" "$log/configure.log" | head -30
+  if ((rc != 0)); then
+    tail -40 "$log/configure.log"
+    exit 1
+  fi
+  step "build"
+  # What the GPU checks use (not the fuzzers, benchmarks and report tests).
+  timeout "${SB_GPU_BUILD_TIMEOUT:-420}" cmake --build "$build" -j "$(nproc)" --target stratbench \
+    stratbench-core kernels_gpu_tests harness_gpu_tests kernels_tests harness_tests \
+    strategies_tests -- -k 0 >"$log/build.log" 2>&1
+  rc=$?
+  grep -E "error|FAILED" "$log/build.log" | head -40
+  tail -3 "$log/build.log"
+  ((rc == 0)) || echo "build failed ($rc); the steps below use whatever was built"
+fi
+
+if has kernels; then
+  step "GPU tests: the CUDA kernels against their CPU implementations, the device layer"
+  for t in kernels/kernels_gpu_tests harness/harness_gpu_tests; do
+    [[ -x $build/$t ]] || { echo "missing $t"; continue; }
+    timeout 180 "$build/$t" >"$log/$(basename "$t").log" 2>&1
+    echo "$t: exit $?"
+    grep -E '^\[  (FAILED|PASSED|SKIPPED) ' "$log/$(basename "$t").log" | head -12
+  done
+fi
+
+if has unit; then
+  step "unit tests"
+  for t in strategies/strategies_tests harness/harness_tests kernels/kernels_tests; do
+    [[ -x $build/$t ]] || { echo "missing $t"; continue; }
+    timeout 240 "$build/$t" --gtest_brief=1 >"$log/$(basename "$t").log" 2>&1
+    echo "$t: exit $? ($(grep -cE '^\[  FAILED  \]' "$log/$(basename "$t").log") failed)"
+    grep -E '^\[  FAILED  \]' "$log/$(basename "$t").log" | head -10
+  done
+fi
+
+if has threads; then
+  step "suites/gpu.yaml on threads"
+  timeout "${SB_GPU_THREADS_TIMEOUT:-600}" "$sb" run suites/gpu.yaml --timeout 60 ${SB_GPU_RUN_ARGS:-} --out "$out/threads" \
+    >"$log/threads.log" 2>&1
+  echo "exit $?"
+  tail -25 "$log/threads.log"
+fi
+
+if has nccl; then
+  step "suites/gpu.yaml on nccl ($(nvidia-smi -L | wc -l) GPU)"
+  n=$(nvidia-smi -L | wc -l)
+  timeout "${SB_GPU_NCCL_TIMEOUT:-300}" "$sb" launch -n "$n" -- run suites/gpu.yaml --backend nccl --timeout 60 ${SB_GPU_RUN_ARGS:-} \
+    --out "$out/nccl" \
+    >"$log/nccl.log" 2>&1
+  echo "exit $?"
+  tail -15 "$log/nccl.log"
+fi
+
+if has report; then
+  step "report"
+  "$sb" list >/dev/null 2>&1
+  echo "stratbench list: exit $?"
+  for r in threads nccl; do
+    [[ -f $out/$r/results.csv || -f $out/$r/results.partial.csv ]] || continue
+    [[ -f $out/$r/results.csv ]] || cp "$out/$r/results.partial.csv" "$out/$r/results.csv"
+    timeout 120 "$sb" report "$out/$r" --no-plots >"$log/report-$r.log" 2>&1
+    echo "report $r: exit $?"
+  done
+  python3 "$src/ci/gpu/summary.py" "$out" | tee "$out/summary.txt"
+fi
+
+tar -C "$out" -czf "$src/out/gpu-run.tgz" . && mv "$src/out/gpu-run.tgz" "$out/"
+if [[ -n ${OUT:-} ]]; then
+  cp "$out/gpu-run.tgz" "$OUT/"
+  [[ -f $out/summary.txt ]] && cp "$out/summary.txt" "$OUT/"
+fi
+ls -la "$out"
