@@ -240,7 +240,6 @@ struct StepTimer::State {
 #if SB_TORCH_CUDA
   bool cuda = false;
   cudaEvent_t begin = nullptr, end = nullptr;
-  cudaStream_t stream = nullptr;
 #endif
 };
 
@@ -264,8 +263,8 @@ StepTimer::~StepTimer() {
 void StepTimer::start() {
 #if SB_TORCH_CUDA
   if (state_->cuda) {
-    state_->stream = c10::cuda::getCurrentCUDAStream().stream();
-    check(cudaEventRecord(state_->begin, state_->stream), "cudaEventRecord");
+    check(cudaEventRecord(state_->begin, c10::cuda::getCurrentCUDAStream().stream()),
+          "cudaEventRecord");
     return;
   }
 #endif
