@@ -115,11 +115,8 @@ std::pair<at::Tensor, at::Tensor> Transformer::keysValues(int l, const at::Tenso
 
 at::Tensor Transformer::attention(int l, const at::Tensor& hRows, int64_t begin,
                                   const at::Tensor& k, const at::Tensor& v, int64_t keyEnd) const {
-  const auto& L = layers_[l];
   const int64_t D = shape_.dModel, H = shape_.heads, rows = hRows.size(1);
-  const at::Tensor q = at::linear(hRows, L.wqkv.narrow(0, 0, D), L.bqkv.narrow(0, 0, D))
-                           .reshape({hRows.size(0), rows, H, D / H})
-                           .transpose(1, 2);
+  const at::Tensor q = queries(l, hRows);
   const at::Tensor kk = k.narrow(2, 0, keyEnd), vv = v.narrow(2, 0, keyEnd);
   at::Tensor att = at::matmul(q, kk.transpose(-2, -1)) / std::sqrt(static_cast<double>(D / H));
   if (shape_.causal) {  // query begin + i sees keys 0 .. begin + i
@@ -130,7 +127,20 @@ at::Tensor Transformer::attention(int l, const at::Tensor& hRows, int64_t begin,
   }
   att = at::softmax(att, -1);
   const at::Tensor y = at::matmul(att, vv).transpose(1, 2).reshape({hRows.size(0), rows, D});
-  return at::linear(y, L.wo, L.bo);
+  return project(l, y);
+}
+
+at::Tensor Transformer::queries(int l, const at::Tensor& hRows) const {
+  const auto& L = layers_[l];
+  const int64_t D = shape_.dModel, H = shape_.heads;
+  return at::linear(hRows, L.wqkv.narrow(0, 0, D), L.bqkv.narrow(0, 0, D))
+      .reshape({hRows.size(0), hRows.size(1), H, D / H})
+      .transpose(1, 2);
+}
+
+at::Tensor Transformer::project(int l, const at::Tensor& merged) const {
+  const auto& L = layers_[l];
+  return at::linear(merged, L.wo, L.bo);
 }
 
 at::Tensor Transformer::ffn(int l, const at::Tensor& h) const {

@@ -44,6 +44,11 @@ class Transformer {
   // [batch, end - begin, d_model]. With begin = 0 and end = keyEnd = seq, the whole sequence.
   at::Tensor attention(int l, const at::Tensor& hRows, int64_t begin, const at::Tensor& k,
                        const at::Tensor& v, int64_t keyEnd) const;
+  // attention()'s two ends, for a strategy that computes its middle another way: the queries
+  // of `hRows` per head, [batch, heads, rows, d_model / heads], and the output projection of
+  // the heads' results merged back to [batch, rows, d_model].
+  at::Tensor queries(int l, const at::Tensor& hRows) const;
+  at::Tensor project(int l, const at::Tensor& merged) const;
   // The keys the queries of rows up to `end` attend to: those before `end` when causal, all
   // otherwise.
   int64_t keyEnd(int64_t end) const { return shape_.causal ? end : shape_.seq; }

@@ -61,6 +61,37 @@ TEST(ChunkedRegionVit, EveryRegionMatchesOnABidirectionalEncoderAndPerChunkSoftm
   }
 }
 
+// The online-softmax attention: key blocks that divide the sequence, leave a shorter last one
+// (40 of 96), one key a block, and one block of every key; causal (GPT-2) and not (ViT). The
+// scores of one block are all that exist, and the output equals the reference's within the
+// split-sum tolerance. Forgetting the mask or the 1/sqrt(d) is a failed row; a training case
+// is unsupported, saying why; no memory prediction is claimed, and the record says so.
+TEST(OnlineAttention, MatchesTheReferenceAndPlantedFaultsFail) {
+  for (int64_t chunk : {16, 40, 1, 96}) {
+    const auto rec =
+        test::run(prefillCase(96, chunk, false), strategy("chunking/attention/online"));
+    EXPECT_EQ(rec.status, harness::Status::kPass) << "chunk " << chunk << ": " << rec.message;
+    EXPECT_TRUE(rec.mispredicted.empty()) << rec.mispredicted;
+    EXPECT_NE(rec.details["executor"]["memory_model"].get<std::string>().find("none yet"),
+              std::string::npos);
+  }
+  auto vit = prefillCase(97, 40, false);
+  vit.workload = "vit_encoder";
+  EXPECT_EQ(test::run(vit, strategy("chunking/attention/online")).status, harness::Status::kPass);
+  for (const char* fault : {"no_mask", "wrong_scale"}) {
+    const auto faulty = strategy("chunking/attention/online").withPlantedFault(fault);
+    ASSERT_TRUE(faulty) << fault;
+    EXPECT_EQ(test::run(prefillCase(96, 40, false), *faulty).status, harness::Status::kFail)
+        << fault;
+  }
+  // Without causality ViT has nothing to forget: its scale fault still fails.
+  const auto scale = strategy("chunking/attention/online").withPlantedFault("wrong_scale");
+  EXPECT_EQ(test::run(vit, *scale).status, harness::Status::kFail);
+  const auto train = test::run(prefillCase(96, 40, true), strategy("chunking/attention/online"));
+  EXPECT_EQ(train.status, harness::Status::kUnsupported);
+  EXPECT_NE(train.message.find("forward only"), std::string::npos) << train.message;
+}
+
 std::string param(const harness::Record& r, const std::string& key);
 
 harness::CaseSpec pairCase(int64_t n, int64_t chunk, bool training) {

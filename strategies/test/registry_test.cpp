@@ -51,18 +51,19 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   std::set<std::string> ids;
   for (const auto* s : all) EXPECT_TRUE(ids.insert(s->id()).second) << s->id();
   // 24 from the 2-D generator (15 of them batch-split variants), 3 1-D data-parallel variants,
-  // 4 ShardedTensor strategies; one checkpointing strategy per solver; four chunked regions
-  // and the searched chunk plan; the pair update chunked over rows and over columns; 14
-  // ShardedTensor reshards and reshuffles (2 x 2 dimension pairs x 4 placement pairs, less the
-  // 2 that move nothing); Megatron's tensor- and tensor + sequence-parallel blocks; the
-  // whole-model plans of the four auto-sharding algorithms and the plan read from a file.
-  EXPECT_EQ(all.size(), 65u);
+  // 4 ShardedTensor strategies; one checkpointing strategy per solver; four chunked regions,
+  // the searched chunk plan and the online-softmax attention; the pair update chunked over rows and
+  // over columns; 14 ShardedTensor reshards and reshuffles (2 x 2 dimension pairs x 4 placement
+  // pairs, less the 2 that move nothing); Megatron's tensor- and tensor + sequence-parallel blocks;
+  // the whole-model plans of the four auto-sharding algorithms and the plan read from a file.
+  EXPECT_EQ(all.size(), 66u);
   ASSERT_EQ(StrategyRegistry::global().generators().size(), 2u);
   std::set<std::string> patterns;
   for (const auto& g : StrategyRegistry::global().generators()) patterns.insert(g.idPattern);
   EXPECT_EQ(patterns, (std::set<std::string>{"sharding/redistribute/<from>-><to>",
                                              "sharding/op/<op>/<strategy>"}));
-  for (const char* id : {"chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq"}) {
+  for (const char* id : {"chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq",
+                         "chunking/attention/online"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }
   for (const char* id :

@@ -1,0 +1,196 @@
+// Flash-style attention: the keys chunked, with an online softmax.
+//
+//   chunking/attention/online  every block's attention core, softmax(q k^T / sqrt(d)) v, walks
+//                              the keys `params.chunk` at a time, keeping per query row the
+//                              running maximum, the running denominator and the unnormalised
+//                              output, rescaled by exp(m_old - m_new) as a new block raises
+//                              the maximum (FlashAttention's recurrence). The [seq, seq]
+//                              scores never exist; a block's [seq, chunk] scores do.
+//
+// The walk is kernels::onlineSoftmaxAttention: on CUDA tensors kernels/attention.cu (64-query
+// tiles, 64-key tiles through shared memory; its tile, not `chunk`, sets the blocking), on the
+// CPU onlineSoftmaxAttentionCpu (ATen products per key block of `chunk`). Queries, keys,
+// values and the output projection are the reference's own (Transformer::queries,
+// keysValues, project), so only the softmax's arithmetic differs from the reference: the
+// exponentials are summed block by block, in another order, and the output is compared with
+// the tolerance of a sum split into as many parts as there are blocks (at least two: even one
+// block sums exp(s - max) in another order than at::softmax).
+//
+// Prefill (inference) only: the walk has no backward yet, and a training case is unsupported,
+// saying so. No memory model yet either: the record says so (details.memory_model), and the
+// row carries no prediction to judge.
+//
+// Planted faults (tests only): "no_mask" forgets causality (every query sees every key),
+// "wrong_scale" scales the scores by 1/d instead of 1/sqrt(d).
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness/registry.h"
+#include "harness/verify.h"
+#include "kernels/attention.h"
+#include "kernels/cuda_api.h"
+#include "reference/transformer.h"
+#include "strategies/chunking/chunk_runner.h"
+
+namespace sb::strategies::chunking {
+namespace {
+
+using harness::Applicability;
+using harness::CaseSpec;
+using reference::Transformer;
+using reference::TransformerShape;
+
+class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
+ public:
+  explicit OnlineAttentionStrategy(std::string fault = "")
+      : SingleRankStrategy("chunking/attention/online",
+                           "attention over key chunks with an online softmax (flash-style)",
+                           harness::Family::kChunking),
+        fault_(std::move(fault)) {}
+
+  const std::string& fault() const { return fault_; }
+
+  std::vector<std::string> caseParams() const override { return {"chunk"}; }
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"region", "attention"}, {"dim", "keys"}, {"case params", "chunk (keys a block)"}};
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (c.workload != "gpt2_prefill" && c.workload != "vit_encoder") {
+      return Applicability::notApplicable("not a transformer workload");
+    }
+    if (c.meshSize() != 1) {
+      return Applicability::unsupported("chunking runs on one rank; the mesh has " +
+                                        std::to_string(c.meshSize()));
+    }
+    const auto s = TransformerShape::parse(c.shape, c.workload);
+    if (s.training) {
+      return Applicability::unsupported(
+          "the online-softmax attention is forward only (no backward yet): prefill cases only");
+    }
+    if (c.device == "cuda") {
+      if (s.dModel / s.heads > kernels::cuda::kMaxAttentionHeadDim) {
+        return Applicability::unsupported("the CUDA kernel takes head dims up to " +
+                                          std::to_string(kernels::cuda::kMaxAttentionHeadDim) +
+                                          ", the case has " + std::to_string(s.dModel / s.heads));
+      }
+      if (c.dtype != at::kFloat && c.dtype != at::kBFloat16) {
+        return Applicability::unsupported("the CUDA kernel takes float32 or bfloat16");
+      }
+    }
+    if (c.params.contains("chunk")) {
+      const auto& v = c.params["chunk"];
+      if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+        return Applicability::unsupported("params.chunk must be a positive integer, got " +
+                                          v.dump());
+      }
+    }
+    return Applicability::yes();
+  }
+
+  int64_t chunkOf(const CaseSpec& c) const {
+    const auto s = TransformerShape::parse(c.shape, c.workload);
+    const int64_t chunk = c.params.contains("chunk") ? c.params["chunk"].get<int64_t>()
+                                                     : std::max<int64_t>(1, s.seq / 4);
+    return std::min(chunk, s.seq);
+  }
+
+  harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
+                               const at::Tensor& expected) const override {
+    const auto s = TransformerShape::parse(c.shape, c.workload);
+    const int64_t chunk = chunkOf(c);
+    const int64_t parts = std::max<int64_t>(2, (s.seq + chunk - 1) / chunk);
+    return harness::splitReductionTolerance(harness::Tolerance::defaultFor(c.dtype), c.dtype, s.seq,
+                                            parts, expected);
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override;
+
+  std::vector<std::string> plantableFaults() const override { return {"no_mask", "wrong_scale"}; }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    const auto f = plantableFaults();
+    if (std::find(f.begin(), f.end(), name) == f.end()) return nullptr;
+    return std::make_unique<OnlineAttentionStrategy>(name);
+  }
+
+ private:
+  std::string fault_;
+};
+
+class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
+ public:
+  OnlineAttentionExecutor(const OnlineAttentionStrategy& s, const CaseSpec& c)
+      : ChunkedStepExecutor(/*training=*/false),
+        strategy_(s),
+        case_(c),
+        shape_(TransformerShape::parse(c.shape, c.workload)),
+        chunk_(s.chunkOf(c)) {}
+
+  void prepare(harness::RankContext&, const reference::WorkloadData&) override {
+    model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
+  }
+
+  std::vector<std::pair<std::string, std::string>> recordParams() const override {
+    std::vector<std::pair<std::string, std::string>> out = {
+        {"region", "attention"},
+        {"key_chunk", std::to_string(chunk_)},
+        {"walk", case_.device == "cuda" ? "kernels/attention.cu" : "onlineSoftmaxAttentionCpu"}};
+    const auto peak = peakParams();
+    out.insert(out.end(), peak.begin(), peak.end());
+    return out;
+  }
+
+  nlohmann::json details() const override {
+    return {{"memory_model",
+             "none yet: the walk's temporaries per key block (scores, exponentials, the "
+             "running statistics, and the copies ATen makes of the key and value blocks) are "
+             "not modelled; the measured peak is recorded without a prediction"}};
+  }
+
+ protected:
+  at::Tensor forward(const at::Tensor& input) override {
+    const Transformer& m = *model_;
+    const int64_t dh = shape_.dModel / shape_.heads;
+    const std::string& fault = strategy_.fault();
+    const double scale = fault == "wrong_scale" ? 1.0 / static_cast<double>(dh)
+                                                : 1.0 / std::sqrt(static_cast<double>(dh));
+    const bool causal = shape_.causal && fault != "no_mask";
+    at::Tensor x = input;
+    for (int l = 0; l < m.layers(); ++l) {
+      const at::Tensor h = m.ln1(l, x);
+      const auto [k, v] = m.keysValues(l, h);
+      const at::Tensor q = m.queries(l, h);
+      const at::Tensor heads = kernels::onlineSoftmaxAttention(q, k, v, chunk_, causal, scale).out;
+      const at::Tensor y =
+          heads.transpose(1, 2).reshape({heads.size(0), heads.size(2), shape_.dModel});
+      const at::Tensor r = x + m.project(l, y);
+      x = r + m.ffn(l, m.ln2(l, r));
+    }
+    return x;
+  }
+
+ private:
+  const OnlineAttentionStrategy& strategy_;
+  CaseSpec case_;
+  TransformerShape shape_;
+  int64_t chunk_;
+};
+
+std::unique_ptr<harness::RankExecutor> OnlineAttentionStrategy::makeExecutor(
+    const CaseSpec& c) const {
+  return std::make_unique<OnlineAttentionExecutor>(*this, c);
+}
+
+std::vector<std::unique_ptr<harness::Strategy>> registerOnlineAttention() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  out.push_back(std::make_unique<OnlineAttentionStrategy>());
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::chunking
+
+SB_REGISTER_STRATEGIES(sb::strategies::chunking::registerOnlineAttention);
