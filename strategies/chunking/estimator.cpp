@@ -102,6 +102,51 @@ int64_t ffn(Counter& m, const Sizes& s, int64_t n) {
 
 int64_t keyEnd(const Sizes& s, int64_t end) { return s.causal ? end : s.T; }
 
+// kernels::onlineSoftmaxAttentionCpu on the queries, keys and values of every token, keys
+// `chunk` at a time (float32 and float64: the walk's arithmetic is the input's own); returns
+// the output's bytes, still held. The queries and keys are head views of the projections:
+// folding [B, H] for a product copies them when B > 1, as in attention() above.
+int64_t onlineAttention(Counter& m, const Sizes& s, int64_t chunk) {
+  const int64_t E = s.rows(s.T), rowS = s.B * s.H * s.T * s.es, flags = s.B * s.H * s.T;
+  const bool foldCopies = s.B > 1;
+  m.alloc(E);             // scaledQ = q * scale, laid out as q
+  m.alloc(2 * rowS + E);  // the running maximum and denominator, the accumulator
+  m.alloc(s.T * 8);       // the last key of each query row (int64)
+  for (int64_t start = 0; start < s.T; start += chunk) {
+    const int64_t len = std::min(chunk, s.T - start), Ek = s.rows(len);
+    const int64_t scores = s.B * s.H * s.T * len * s.es;
+    if (foldCopies) m.alloc(E + Ek);  // scaledQ and the keys' transpose made contiguous
+    m.alloc(scores);
+    if (foldCopies) m.release(E + Ek);
+    if (s.causal) {
+      m.alloc(len * 8 + s.T * len);  // the keys' positions and the bool mask
+      m.release(len * 8 + s.T * len);
+    }
+    m.alloc(rowS);  // the block's row maximum
+    m.alloc(rowS);  // m_new
+    m.release(rowS);
+    m.alloc(rowS + flags + rowS);  // zeros_like(m_new), isneginf, the shift
+    m.release(flags + rowS);
+    m.alloc(scores);  // p = exp(scores - shift)
+    m.alloc(rowS);    // the rescale exp(m - shift)
+    m.alloc(rowS);    // p's row sum, added into l
+    m.release(rowS);
+    if (foldCopies) m.alloc(Ek);  // the values made contiguous
+    m.alloc(E);                   // p v, added into the accumulator
+    if (foldCopies) m.release(Ek);
+    m.release(E);
+    m.release(rowS);                           // the previous maximum, replaced by m_new
+    m.release(rowS + scores + rowS + scores);  // the rescale, p, the shift and the scores
+  }
+  m.alloc(rowS + flags + rowS);  // ones_like(l), l == 0, and the divisor
+  m.release(rowS + flags + rowS);
+  m.alloc(2 * rowS);  // log(l) and the log-sum-exp
+  m.release(rowS);
+  m.release(s.T * 8 + 2 * rowS + E);  // the last keys, l, m and scaledQ at return
+  m.release(rowS);                    // the log-sum-exp, which the executor drops
+  return E;                           // the accumulator, normalised in place
+}
+
 // One chunk of `n` rows of the whole-block region (chunked_regions.cpp, Region::kBlock) against
 // `keys` keys; returns its output's bytes, still held.
 int64_t blockChunk(Counter& m, const Sizes& s, int64_t n, int64_t keys, bool contiguous) {
@@ -164,6 +209,36 @@ void block(Counter& m, const Sizes& s, const ChunkPlan& plan) {
       m.release(l2);
     }
     m.release(E + h + 2 * E);  // r, h, keys and values at return
+    return;
+  }
+  if (p.region == "online" || p.region == "online/cuda") {
+    // OnlineAttentionExecutor::forward (online_attention.cpp), with the CPU walk or, on CUDA
+    // tensors, the kernel, whose dispatcher makes q, k and v contiguous and writes the output
+    // and the float log-sum-exp; its output is contiguous per head, so merging the heads back
+    // copies it (the CPU walk's accumulator is laid out as q: there it is a view).
+    const bool kernel = p.region == "online/cuda";
+    const int64_t h = layerNorm(m, s, s.T, true);
+    linear(m, s, s.T, s.D, 2 * s.D, true);  // keys and values
+    linear(m, s, s.T, s.D, s.D, true);      // queries
+    int64_t heads;
+    if (kernel) {
+      const int64_t lse = s.B * s.H * s.T * 4;
+      m.alloc(3 * E + E + lse);  // q, k, v made contiguous; the output; the log-sum-exp
+      m.release(3 * E);          // at the dispatcher's return
+      m.release(lse);            // dropped by the executor
+      m.alloc(E);                // the heads merged back: a copy
+      heads = 2 * E;
+    } else {
+      heads = onlineAttention(m, s, C);
+    }
+    linear(m, s, s.T, s.D, s.D, true);  // the output projection, a temporary
+    m.alloc(E);                         // r = x + the projection
+    m.release(E);
+    const int64_t l2 = layerNorm(m, s, s.T, true);
+    const int64_t f = ffn(m, s, s.T);
+    m.alloc(E);  // r + f
+    m.release(f + l2);
+    m.release(E + heads + E + 2 * E + h);  // r, the heads, q, keys and values, h at return
     return;
   }
   if (p.region == "ln_residual") {

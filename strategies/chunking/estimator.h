@@ -12,7 +12,9 @@ namespace sb::strategies::chunking {
 // Which region of every block is chunked, and by how many tokens; region "none" runs blocks
 // unchunked (the plan of AutoChunk's search when nothing needs chunking).
 struct ChunkPlan {
-  std::string region = "none";  // none | attention | ffn | block
+  // none | attention | ffn | block | ln_residual, or online (chunking/attention/online's CPU
+  // walk over key blocks) | online/cuda (its CUDA kernel, whose blocking is its own)
+  std::string region = "none";
   int64_t chunk = 0;
 };
 

@@ -17,8 +17,10 @@
 // block sums exp(s - max) in another order than at::softmax).
 //
 // Prefill (inference) only: the walk has no backward yet, and a training case is unsupported,
-// saying so. No memory model yet either: the record says so (details.memory_model), and the
-// row carries no prediction to judge.
+// saying so. Memory: the chunking estimator replays the walk (estimator.cpp, onlineAttention;
+// the kernel's dispatcher on CUDA tensors), exact to the byte on the CPU in float32 and
+// float64; half types are computed in float with temporaries it does not replay, and their
+// rows carry no prediction (details.memory_model says so).
 //
 // Planted faults (tests only): "no_mask" forgets causality (every query sees every key),
 // "wrong_scale" scales the scores by 1/d instead of 1/sqrt(d).
@@ -34,6 +36,7 @@
 #include "kernels/cuda_api.h"
 #include "reference/transformer.h"
 #include "strategies/chunking/chunk_runner.h"
+#include "strategies/chunking/estimator.h"
 
 namespace sb::strategies::chunking {
 namespace {
@@ -131,6 +134,13 @@ class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
 
   void prepare(harness::RankContext&, const reference::WorkloadData&) override {
     model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
+    // The estimator replays float32 and float64 (as for the other regions): the CPU walk
+    // computes half types in float, with temporaries it does not model.
+    if (case_.dtype == at::kFloat || case_.dtype == at::kDouble) {
+      const bool kernel = reference::caseDevice().is_cuda();
+      estimate_ = estimateActivationPeak(shape_, {kernel ? "online/cuda" : "online", chunk_},
+                                         c10::elementSize(case_.dtype));
+    }
   }
 
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
@@ -144,10 +154,14 @@ class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
   }
 
   nlohmann::json details() const override {
+    if (estimate_) {
+      return {{"memory_model",
+               "the chunking estimator's replay of the walk (estimator.cpp, onlineAttention)"}};
+    }
     return {{"memory_model",
-             "none yet: the walk's temporaries per key block (scores, exponentials, the "
-             "running statistics, and the copies ATen makes of the key and value blocks) are "
-             "not modelled; the measured peak is recorded without a prediction"}};
+             "none for " + harness::dtypeName(case_.dtype) +
+                 ": the walk computes half types in float, with temporaries the estimator does "
+                 "not replay; the measured peak is recorded without a prediction"}};
   }
 
  protected:
