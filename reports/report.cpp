@@ -1,5 +1,6 @@
 #include "reports/report.h"
 
+#include <ftw.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -730,13 +731,25 @@ void writeText(const std::string& path, const std::string& text) {
 
 constexpr const char* kStagingPrefix = ".report.new.";
 
+// Removes a folder and everything in it, without following links; best effort. POSIX's nftw,
+// not std::filesystem::remove_all: on the GPU machine (LibTorch 2.11 from a pip wheel, GCC 13)
+// report crashed right after its last line, with its staging folder left behind, the one
+// remove_all left to do; std::filesystem's symbols may resolve to the copy a wheel's LibTorch
+// carries from its own toolchain. Not confirmed there yet (README, GPU).
+void removeTree(const std::string& path) {
+  ::nftw(
+      path.c_str(),
+      [](const char* p, const struct stat*, int, struct FTW*) {
+        std::remove(p);
+        return 0;
+      },
+      16, FTW_DEPTH | FTW_PHYS);
+}
+
 // Removes the staging folder unless the set was committed (an exception on the way out).
 struct StagingGuard {
   std::string path;
-  ~StagingGuard() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+  ~StagingGuard() { removeTree(path); }
 };
 
 // This host's name, as staging folders carry it.
@@ -764,7 +777,7 @@ void removeStaleStaging(const std::string& dir) {
     char* end = nullptr;
     const long pid = std::strtol(pidText.c_str(), &end, 10);
     if (end == pidText.c_str() || *end != '\0' || pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) removeTree(e.path().string());
   }
 }
 
@@ -869,7 +882,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   if (ec) throw ReportInputError(dir + ": cannot create the report directory: " + ec.message());
   removeStaleStaging(dir);
   const std::string stage = dir + "/" + stagingName();
-  fs::remove_all(stage, ec);
+  removeTree(stage);
   fs::create_directories(stage + "/plots", ec);
   if (ec) throw ReportInputError(stage + ": cannot create the staging folder: " + ec.message());
   StagingGuard guard{stage};
