@@ -85,8 +85,9 @@ check "solve checkpoint: unknown solver" 2 "" -- \
 
 # The GPU suite on a build or machine without CUDA: every row is skipped, saying why, and the
 # run still succeeds (a CPU CI box can run the nightly suite's file without failing it).
-if "$sb" run "$src/suites/gpu.yaml" --out "$tmp/gpu" >"$tmp/gpu.log" 2>&1 &&
-  python3 - "$tmp/gpu/results.csv" <<'PY'; then
+"$sb" run "$src/suites/gpu.yaml" --out "$tmp/gpu" >"$tmp/gpu.log" 2>&1
+gpu_rc=$?
+if [ "$gpu_rc" = 0 ] && python3 - "$tmp/gpu/results.csv" <<'PY'; then
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 ok = rows and all(r["status"] == "skipped" and r["message"].startswith("device cuda: ")
@@ -96,7 +97,7 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
   pass "suites/gpu.yaml without CUDA: every row skipped with the reason"
-elif grep -q "cuda:0 (" "$tmp/gpu/results.csv" 2>/dev/null; then
+elif [ "$gpu_rc" = 0 ] && grep -q "cuda:0 (" "$tmp/gpu/results.csv" 2>/dev/null; then
   pass "suites/gpu.yaml ran on a GPU here (ci/gpu/run.sh checks its rows)"
 else
   fail "suites/gpu.yaml without CUDA: $(tail -3 "$tmp/gpu.log")"

@@ -91,8 +91,14 @@ void waitAlone(WorkPtr work) {
 template <class PG>
 class GroupOf final : public CollectiveGroup {
  public:
-  GroupOf(c10::intrusive_ptr<PG> pg, bool reducesBf16, bool keepsWork = true)
-      : pg_(std::move(pg)), reducesBf16_(reducesBf16), keepsWork_(keepsWork) {}
+  // `barrierDevice`: the GPU of this rank, for a backend whose barrier runs on one (NCCL would
+  // otherwise guess it from the group rank, another process's GPU in a subgroup); -1: none.
+  GroupOf(c10::intrusive_ptr<PG> pg, bool reducesBf16, bool keepsWork = true,
+          int barrierDevice = -1)
+      : pg_(std::move(pg)),
+        reducesBf16_(reducesBf16),
+        keepsWork_(keepsWork),
+        barrierDevice_(barrierDevice) {}
   bool reduces(at::ScalarType t) const override { return t != at::kBFloat16 || reducesBf16_; }
   void allReduce(at::Tensor& t, c10d::ReduceOp op) override {
     std::vector<at::Tensor> ts{t};
@@ -117,7 +123,11 @@ class GroupOf final : public CollectiveGroup {
     o.rootRank = root;
     finish(pg_->broadcast(ts, o));
   }
-  void barrier() override { pg_->barrier()->wait(); }
+  void barrier() override {
+    c10d::BarrierOptions o;
+    if (barrierDevice_ >= 0) o.device_ids = {barrierDevice_};
+    pg_->barrier(o)->wait();
+  }
 
  private:
   template <class WorkPtr>
@@ -131,6 +141,7 @@ class GroupOf final : public CollectiveGroup {
   c10::intrusive_ptr<PG> pg_;
   bool reducesBf16_;
   bool keepsWork_;
+  int barrierDevice_;
 };
 
 int64_t rowElemsOf(const at::Tensor& t) {
@@ -608,7 +619,7 @@ World* Session::world(const DeviceMesh& mesh) {
           c10::make_intrusive<::c10d::PrefixStore>(s.store->prefix() + name, s.store->impl().store);
       return std::make_shared<GroupOf<::c10d::ProcessGroupNCCL>>(
           c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, groupRank, size, opts),
-          /*reducesBf16=*/true, /*keepsWork=*/false);
+          /*reducesBf16=*/true, /*keepsWork=*/false, s.cudaDevice);
     };
   }
 #endif

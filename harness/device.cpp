@@ -20,6 +20,7 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -29,12 +30,9 @@
 namespace sb::harness {
 namespace {
 
+#if SB_TORCH_CUDA
 bool onCuda() { return reference::caseDevice().is_cuda(); }
 
-#if SB_TORCH_CUDA
-void check(cudaError_t e, const char* what) {
-  TORCH_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
-}
 
 c10::cuda::CUDAStream rankStream(int rank, int device);
 
@@ -61,12 +59,14 @@ void warmLibraries() {
 // thread). Never destroyed: the engine's device threads outlive it otherwise.
 class RankEngine final : public torch::autograd::Engine {
  public:
-  explicit RankEngine(int rank) : rank_(rank) {
-    // LibTorch 2.x starts an engine's device threads under one process-wide once-flag, so
-    // that only the first engine to run a backward would ever get them: the default engine
-    // takes the flag here, and this engine starts its own threads itself.
+  RankEngine(int rank, int device) : rank_(rank), device_(device) {
+    // Recent LibTorch starts an engine's device threads under one process-wide flag, so that
+    // only the first engine to run a backward would ever get them; older versions (1.13) keep
+    // a flag per engine. The default engine takes the flag first, this engine tries its own,
+    // and where that started nothing it starts its threads itself.
     Engine::get_default_engine().initialize_device_threads_pool();
-    start_device_threads();
+    initialize_device_threads_pool();
+    if (device_ready_queues_.empty()) start_device_threads();
   }
   void thread_init(int device, const std::shared_ptr<torch::autograd::ReadyQueue>& ready_queue,
                    bool should_increment) override {
@@ -74,7 +74,7 @@ class RankEngine final : public torch::autograd::Engine {
     // must stay on this engine: LibTorch's reentrant path waits on the calling engine's queue,
     // and on another engine's it would wait forever.
     reference::ScopedAutogradEngine self(this);
-    if (device < cudaDeviceCount()) {
+    if (device == device_) {  // only the rank's GPU: the others' threads stay idle
       c10::cuda::CUDAGuard onDevice(static_cast<c10::DeviceIndex>(device));
       c10::cuda::CUDAStreamGuard onStream(rankStream(rank_, device));
       warmLibraries();
@@ -85,6 +85,7 @@ class RankEngine final : public torch::autograd::Engine {
 
  private:
   int rank_;
+  int device_;
 };
 
 // Per (rank, device): the rank's stream and engine, made on first use and kept.
@@ -109,14 +110,14 @@ c10::cuda::CUDAStream rankStream(int rank, int device) {
   return *res.streams[device];
 }
 
-torch::autograd::Engine* rankEngine(int rank) {
+torch::autograd::Engine* rankEngine(int rank, int device) {
   {
     std::lock_guard<std::mutex> lock(gRankMutex);
     if (auto* e = rankResources()[rank].engine) return e;
   }
   // Made outside the lock: its device threads take the rank's stream as they start, and the
   // constructor waits for them.
-  auto* made = new RankEngine(rank);
+  auto* made = new RankEngine(rank, device);
   std::lock_guard<std::mutex> lock(gRankMutex);
   auto& res = rankResources()[rank];
   if (!res.engine) res.engine = made;  // else another thread made it first: this one is leaked
@@ -153,6 +154,7 @@ bool cudaUsable(std::string* why) {
 
 int currentCudaDevice() {
 #if SB_TORCH_CUDA
+  if (cudaDeviceCount() == 0) return -1;
   return c10::cuda::current_device();
 #else
   return -1;
@@ -204,7 +206,7 @@ RankDeviceScope::RankDeviceScope(int rank) {
       reference::caseDevice().index() < 0 ? currentCudaDevice() : reference::caseDevice().index();
   state_ = std::make_unique<State>(rankStream(rank, device));
   warmLibraries();
-  state_->engine = std::make_unique<reference::ScopedAutogradEngine>(rankEngine(rank));
+  state_->engine = std::make_unique<reference::ScopedAutogradEngine>(rankEngine(rank, device));
 #else
   (void)rank;
 #endif
@@ -221,15 +223,15 @@ RankDeviceScope::~RankDeviceScope() {
 
 void synchronizeDevice() {
 #if SB_TORCH_CUDA
-  if (cudaDeviceCount() > 0) check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  if (cudaDeviceCount() > 0) C10_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
 }
 
 void waitForStream(const at::Tensor& t) {
 #if SB_TORCH_CUDA
   if (!t.defined() || !t.is_cuda()) return;
-  check(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(t.device().index()).stream()),
-        "waiting for a rank's stream");
+  C10_CUDA_CHECK(
+      cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(t.device().index()).stream()));
 #else
   (void)t;
 #endif
@@ -247,8 +249,8 @@ StepTimer::StepTimer() : state_(std::make_unique<State>()) {
 #if SB_TORCH_CUDA
   if (onCuda()) {
     state_->cuda = true;
-    check(cudaEventCreate(&state_->begin), "cudaEventCreate");
-    check(cudaEventCreate(&state_->end), "cudaEventCreate");
+    C10_CUDA_CHECK(cudaEventCreate(&state_->begin));
+    C10_CUDA_CHECK(cudaEventCreate(&state_->end));
   }
 #endif
 }
@@ -263,8 +265,7 @@ StepTimer::~StepTimer() {
 void StepTimer::start() {
 #if SB_TORCH_CUDA
   if (state_->cuda) {
-    check(cudaEventRecord(state_->begin, c10::cuda::getCurrentCUDAStream().stream()),
-          "cudaEventRecord");
+    C10_CUDA_CHECK(cudaEventRecord(state_->begin, c10::cuda::getCurrentCUDAStream().stream()));
     return;
   }
 #endif
@@ -275,11 +276,10 @@ double StepTimer::stopSeconds() {
 #if SB_TORCH_CUDA
   if (state_->cuda) {
     // The step's last work may be on the rank's stream or, waited for by it, on a collective's.
-    check(cudaEventRecord(state_->end, c10::cuda::getCurrentCUDAStream().stream()),
-          "cudaEventRecord");
-    check(cudaEventSynchronize(state_->end), "cudaEventSynchronize");
+    C10_CUDA_CHECK(cudaEventRecord(state_->end, c10::cuda::getCurrentCUDAStream().stream()));
+    C10_CUDA_CHECK(cudaEventSynchronize(state_->end));
     float ms = 0;
-    check(cudaEventElapsedTime(&ms, state_->begin, state_->end), "cudaEventElapsedTime");
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, state_->begin, state_->end));
     return ms / 1e3;
   }
 #endif

@@ -325,10 +325,10 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
           {"reserved_peak_bytes", after.reservedPeak},
           {"allocations_seen_by_hook", hookSaw}};
       if (hookSaw == 0 && after.allocatedPeak > before.allocatedCurrent) {
-        // The hook saw nothing while the allocator allocated: per-rank peaks are unknown. With
-        // one rank here the device's peak is the rank's.
-        out.deviceMemory["note"] = "the allocation hook saw no allocation of this step";
-        if (local.size() == 1) peak[local[0]] = after.allocatedPeak - before.allocatedCurrent;
+        // The hook saw nothing while the allocator allocated: the per-rank peaks are unknown
+        // (the allocator's own peak over the start is beside them).
+        out.deviceMemory["note"] =
+            "the allocation hook saw no allocation of this step: per-rank peaks are not known";
       }
     }
     for (int r : local) {
@@ -684,7 +684,7 @@ Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,
                   const std::string& backend) {
   Record r;
   r.provenance = p;
-  if (c.device == "cuda") {
+  if (c.device == "cuda" && cudaUsable(nullptr)) {
     const int d = currentCudaDevice();
     r.provenance.device = "cuda:" + std::to_string(d) + " (" + cudaDeviceDescription(d) + ")";
   }

@@ -24,6 +24,7 @@
 #include "harness/autograd_comm.h"
 #include "harness/plugin.h"
 #include "harness/registry.h"
+#include "reference/autograd_engine.h"
 
 // The plugin's one SB_PLUGIN: its name, and the API version it is compiled against.
 SB_PLUGIN("my_strategy");
@@ -116,7 +117,10 @@ class UnevenColwiseExecutor final : public sb::harness::RankExecutor {
     // Megatron's f: the forward uses X as it is; the backward all-reduces dX over the ranks.
     at::Tensor xIn = planted_ ? x : sb::harness::identityFwdAllReduceBwd(x, *world_);
     at::Tensor y = at::linear(xIn, w, b);
-    torch::autograd::backward({y}, {gradOut_});
+    // stratbench's backward, not torch::autograd::backward: on a GPU each rank of the threads
+    // backend has its own autograd engine, without which ranks that all-reduce inside their
+    // backward would wait for each other on LibTorch's one shared device thread.
+    sb::reference::backward({y}, {gradOut_});
     results_ = {{"output", y.detach().reshape(outputShape_)},
                 {"grad_input", x.grad().reshape(inputShape_)},
                 {"grad_weight", w.grad()}};

@@ -102,6 +102,7 @@ TEST_F(CudaHarness, EachRanksAllocationsCountAgainstItBackwardIncluded) {
 
 TEST_F(CudaHarness, StepTimerTimesTheQueuedWorkNotItsLaunch) {
   const at::Tensor a = at::randn({4096, 4096}, cuda());
+  synchronizeDevice();  // made on the default stream; read on rank 0's
   RankDeviceScope scope(0);
   (void)at::matmul(a, a);  // warm-up: cuBLAS handle and workspace
   StepTimer timer;

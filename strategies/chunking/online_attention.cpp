@@ -134,11 +134,13 @@ class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
 
   void prepare(harness::RankContext&, const reference::WorkloadData&) override {
     model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
+    // The kernel runs where it was built and a device is found; otherwise the ATen walk runs,
+    // on whatever device the tensors are.
+    kernel_ = reference::caseDevice().is_cuda() && kernels::cuda::available(nullptr);
     // The estimator replays float32 and float64 (as for the other regions): the CPU walk
     // computes half types in float, with temporaries it does not model.
     if (case_.dtype == at::kFloat || case_.dtype == at::kDouble) {
-      const bool kernel = reference::caseDevice().is_cuda();
-      estimate_ = estimateActivationPeak(shape_, {kernel ? "online/cuda" : "online", chunk_},
+      estimate_ = estimateActivationPeak(shape_, {kernel_ ? "online/cuda" : "online", chunk_},
                                          c10::elementSize(case_.dtype));
     }
   }
@@ -147,7 +149,7 @@ class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
     std::vector<std::pair<std::string, std::string>> out = {
         {"region", "attention"},
         {"key_chunk", std::to_string(chunk_)},
-        {"walk", case_.device == "cuda" ? "kernels/attention.cu" : "onlineSoftmaxAttentionCpu"}};
+        {"walk", kernel_ ? "kernels/attention.cu" : "onlineSoftmaxAttentionCpu"}};
     const auto peak = peakParams();
     out.insert(out.end(), peak.begin(), peak.end());
     return out;
@@ -191,6 +193,7 @@ class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
   CaseSpec case_;
   TransformerShape shape_;
   int64_t chunk_;
+  bool kernel_ = false;
 };
 
 std::unique_ptr<harness::RankExecutor> OnlineAttentionStrategy::makeExecutor(

@@ -30,6 +30,7 @@
 #include "harness/redistribute_exec.h"
 #include "harness/registry.h"
 #include "harness/suite.h"
+#include "reference/autograd_engine.h"
 #include "strategies/sharding/auto/model.h"
 #include "strategies/sharding/sharding_util.h"
 
@@ -409,7 +410,7 @@ void PlanExecutor::step(RankContext& ctx) {
   }
   at::Tensor out = values.at(g.output);
   values.clear();
-  torch::autograd::backward({out}, {seed_});
+  reference::backward({out}, {seed_});
   results_["output"] = out.detach();
   for (const auto& [name, l] : leaves_) results_["grad/" + name] = l.grad();
 }
