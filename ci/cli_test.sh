@@ -103,4 +103,12 @@ else
   fail "suites/gpu.yaml without CUDA: $(tail -3 "$tmp/gpu.log")"
 fi
 
+# Executors run their backward through reference::backward, the rank's own autograd engine on
+# a GPU: torch::autograd::backward there deadlocks ranks that communicate inside backward
+# (the plan executor did, on the H100). The benchmark's raw-LibTorch baseline may.
+uses=$(grep -rn "torch::autograd::backward\|\.backward(" "$src/strategies" "$src/examples" \
+  --include=*.cpp --include=*.h | grep -v "estimator.cpp" | grep -v ":[0-9]*: *//" || true)
+[ -z "$uses" ] && pass "no executor runs its backward on LibTorch's default engine" ||
+  fail "executors calling LibTorch's backward directly: $uses"
+
 finish
