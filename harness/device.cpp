@@ -33,7 +33,6 @@ namespace {
 #if SB_TORCH_CUDA
 bool onCuda() { return reference::caseDevice().is_cuda(); }
 
-
 c10::cuda::CUDAStream rankStream(int rank, int device);
 
 // cuBLAS keeps a workspace per (handle, stream), and a handle per thread, made on a thread's
