@@ -19,6 +19,7 @@
 #include "harness/memory.h"
 #include "harness/strategy.h"
 #include "reference/autograd_engine.h"
+#include "reference/transformer.h"
 
 namespace sb::strategies::chunking {
 
@@ -53,6 +54,24 @@ inline std::optional<Fault> parseFault(const std::string& name,
 
 // One chunk of a region: from the region's inputs (up to three tensors) and the index range
 // [begin, end) of the chunked dimension, that range of the region's output.
+// A transformer case's params.chunk: why it is not a positive integer, or "" when it is (or
+// when it is absent).
+inline std::string badChunkParam(const harness::CaseSpec& c) {
+  if (!c.params.contains("chunk")) return "";
+  const auto& v = c.params["chunk"];
+  if (v.is_number_integer() && v.get<int64_t>() > 0) return "";
+  return "params.chunk must be a positive integer, got " + v.dump();
+}
+
+// Its chunk over the sequence: params.chunk (a quarter of the sequence where absent), at most
+// the whole sequence.
+inline int64_t sequenceChunkOf(const harness::CaseSpec& c) {
+  const auto s = reference::TransformerShape::parse(c.shape, c.workload);
+  const int64_t chunk = c.params.contains("chunk") ? c.params["chunk"].get<int64_t>()
+                                                   : std::max<int64_t>(1, s.seq / 4);
+  return std::min(chunk, s.seq);
+}
+
 using ChunkFn = std::function<at::Tensor(const std::vector<at::Tensor>&, int64_t, int64_t)>;
 
 struct Chunking {

@@ -84,22 +84,13 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
         return Applicability::unsupported("the CUDA kernel takes float32 or bfloat16");
       }
     }
-    if (c.params.contains("chunk")) {
-      const auto& v = c.params["chunk"];
-      if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
-        return Applicability::unsupported("params.chunk must be a positive integer, got " +
-                                          v.dump());
-      }
+    if (const std::string bad = badChunkParam(c); !bad.empty()) {
+      return Applicability::unsupported(bad);
     }
     return Applicability::yes();
   }
 
-  int64_t chunkOf(const CaseSpec& c) const {
-    const auto s = TransformerShape::parse(c.shape, c.workload);
-    const int64_t chunk = c.params.contains("chunk") ? c.params["chunk"].get<int64_t>()
-                                                     : std::max<int64_t>(1, s.seq / 4);
-    return std::min(chunk, s.seq);
-  }
+  int64_t chunkOf(const CaseSpec& c) const { return sequenceChunkOf(c); }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
