@@ -54,6 +54,19 @@ inline std::optional<Fault> parseFault(const std::string& name,
 
 // One chunk of a region: from the region's inputs (up to three tensors) and the index range
 // [begin, end) of the chunked dimension, that range of the region's output.
+// Why a chunker of transformer regions cannot take the case at all (not a transformer
+// workload; more than one rank), or nullopt when it can.
+inline std::optional<harness::Applicability> transformerCaseRefusal(const harness::CaseSpec& c) {
+  if (c.workload != "gpt2_prefill" && c.workload != "vit_encoder") {
+    return harness::Applicability::notApplicable("not a transformer workload");
+  }
+  if (c.meshSize() != 1) {
+    return harness::Applicability::unsupported("chunking runs on one rank; the mesh has " +
+                                               std::to_string(c.meshSize()));
+  }
+  return std::nullopt;
+}
+
 // A transformer case's params.chunk: why it is not a positive integer, or "" when it is (or
 // when it is absent).
 inline std::string badChunkParam(const harness::CaseSpec& c) {

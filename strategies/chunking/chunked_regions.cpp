@@ -99,13 +99,7 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
   }
 
   Applicability applies(const CaseSpec& c) const override {
-    if (c.workload != "gpt2_prefill" && c.workload != "vit_encoder") {
-      return Applicability::notApplicable("not a transformer workload");
-    }
-    if (c.meshSize() != 1) {
-      return Applicability::unsupported("chunking runs on one rank; the mesh has " +
-                                        std::to_string(c.meshSize()));
-    }
+    if (auto refused = transformerCaseRefusal(c)) return *refused;
     if (region_ == Region::kAuto) {
       const bool bytes = c.params.contains("max_memory");
       const bool fraction = c.params.contains("max_memory_fraction");

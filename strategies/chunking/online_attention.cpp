@@ -62,13 +62,7 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
   }
 
   Applicability applies(const CaseSpec& c) const override {
-    if (c.workload != "gpt2_prefill" && c.workload != "vit_encoder") {
-      return Applicability::notApplicable("not a transformer workload");
-    }
-    if (c.meshSize() != 1) {
-      return Applicability::unsupported("chunking runs on one rank; the mesh has " +
-                                        std::to_string(c.meshSize()));
-    }
+    if (auto refused = transformerCaseRefusal(c)) return *refused;
     const auto s = TransformerShape::parse(c.shape, c.workload);
     if (s.training) {
       return Applicability::unsupported(
