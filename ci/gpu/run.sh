@@ -14,7 +14,18 @@
 #
 # Usage: ci/gpu/run.sh [STEPS]   STEPS: any of build,kernels,unit,threads,nccl,report
 #                                 (default: all, in that order)
+# SB_GPU_DEADLINE (seconds, default 560) bounds the whole script: each step's limit is cut to
+# what is left of it less a reserve for the report and the archive, so a lent machine's call
+# limit never kills the script before it has packed what it has.
 set -uo pipefail
+started=$SECONDS
+deadline=${SB_GPU_DEADLINE:-560}
+# limit SECONDS: the step's own limit, or what is left before the deadline less 30 s.
+limit() {
+  local left=$((deadline - (SECONDS - started) - 30))
+  ((left < 5)) && left=5
+  echo $(($1 < left ? $1 : left))
+}
 cd "$(dirname "$0")/../.."
 src=$PWD
 out=$src/out/gpu
@@ -60,7 +71,7 @@ if has build; then
   fi
   step "build"
   # What the GPU checks use (not the fuzzers, benchmarks and report tests).
-  timeout "${SB_GPU_BUILD_TIMEOUT:-420}" cmake --build "$build" -j "$(nproc)" --target stratbench \
+  timeout "$(limit "${SB_GPU_BUILD_TIMEOUT:-420}")" cmake --build "$build" -j "$(nproc)" --target stratbench \
     stratbench-core kernels_gpu_tests harness_gpu_tests kernels_tests harness_tests \
     strategies_tests -- -k 0 >"$log/build.log" 2>&1
   rc=$?
@@ -73,7 +84,7 @@ if has kernels; then
   step "GPU tests: the CUDA kernels against their CPU implementations, the device layer"
   for t in kernels/kernels_gpu_tests harness/harness_gpu_tests; do
     [[ -x $build/$t ]] || { echo "missing $t"; continue; }
-    timeout 180 "$build/$t" >"$log/$(basename "$t").log" 2>&1
+    timeout "$(limit 180)" "$build/$t" >"$log/$(basename "$t").log" 2>&1
     echo "$t: exit $?"
     grep -E '^\[  (FAILED|PASSED|SKIPPED) ' "$log/$(basename "$t").log" | head -12
   done
@@ -83,7 +94,7 @@ if has unit; then
   step "unit tests"
   for t in strategies/strategies_tests harness/harness_tests kernels/kernels_tests; do
     [[ -x $build/$t ]] || { echo "missing $t"; continue; }
-    timeout 240 "$build/$t" --gtest_brief=1 >"$log/$(basename "$t").log" 2>&1
+    timeout "$(limit 240)" "$build/$t" --gtest_brief=1 >"$log/$(basename "$t").log" 2>&1
     echo "$t: exit $? ($(grep -cE '^\[  FAILED  \]' "$log/$(basename "$t").log") failed)"
     grep -E '^\[  FAILED  \]' "$log/$(basename "$t").log" | head -10
   done
@@ -91,7 +102,7 @@ fi
 
 if has threads; then
   step "suites/gpu.yaml on threads"
-  timeout "${SB_GPU_THREADS_TIMEOUT:-600}" "$sb" run suites/gpu.yaml --timeout 60 ${SB_GPU_RUN_ARGS:-} --out "$out/threads" \
+  timeout "$(limit "${SB_GPU_THREADS_TIMEOUT:-600}")" "$sb" run suites/gpu.yaml --timeout 60 ${SB_GPU_RUN_ARGS:-} --out "$out/threads" \
     >"$log/threads.log" 2>&1
   echo "exit $?"
   tail -25 "$log/threads.log"
@@ -100,7 +111,7 @@ fi
 if has nccl; then
   step "suites/gpu.yaml on nccl ($(nvidia-smi -L | wc -l) GPU)"
   n=$(nvidia-smi -L | wc -l)
-  timeout "${SB_GPU_NCCL_TIMEOUT:-300}" "$sb" launch -n "$n" -- run suites/gpu.yaml --backend nccl --timeout 60 ${SB_GPU_RUN_ARGS:-} \
+  timeout "$(limit "${SB_GPU_NCCL_TIMEOUT:-300}")" "$sb" launch -n "$n" -- run suites/gpu.yaml --backend nccl --timeout 60 ${SB_GPU_RUN_ARGS:-} \
     --out "$out/nccl" \
     >"$log/nccl.log" 2>&1
   echo "exit $?"
