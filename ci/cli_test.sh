@@ -111,4 +111,47 @@ uses=$(grep -rn "torch::autograd::backward\|\.backward(" "$src/strategies" "$src
 [ -z "$uses" ] && pass "no executor runs its backward on LibTorch's default engine" ||
   fail "executors calling LibTorch's backward directly: $uses"
 
+# SB_MEMORY_TRACE and reports/memory_trace.py: the peak rebuilt from the trace's lines equals
+# the peak the tracker kept and the row recorded, for a chunked training step (one rank) and a
+# sharded Linear (rank 0 of two), and what is live there is named by the operators that made it.
+cat >"$tmp/trace.yaml" <<'EOF'
+suite: trace
+defaults: {seed: 1, repetitions: 1, min_time_s: 0.001}
+cases:
+  - name: train
+    workload: gpt2_prefill
+    shape: {batch: 2, seq: 256, d_model: 64, heads: 4, layers: 1, mode: training}
+    mesh: 1
+    strategies: ["chunking/attention/seq"]
+    params: {chunk: 64}
+  - name: lin
+    workload: linear
+    shape: {input: [4, 64, 128], out_features: 96, bias: true}
+    mesh: 2
+    strategies: ["sharding/linear/RS0=RR.RS0"]
+EOF
+SB_MEMORY_TRACE=0 "$sb" run "$tmp/trace.yaml" --out "$tmp/trace" >/dev/null 2>"$tmp/trace.err"
+python3 "$src/reports/memory_trace.py" "$tmp/trace.err" >"$tmp/trace.txt"
+trace_rc=$?
+if [ "$trace_rc" = 0 ] && python3 - "$tmp/trace/results.csv" "$tmp/trace.txt" <<'PY'; then
+import csv, re, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+text = open(sys.argv[2]).read()
+peaks = [int(p) for p in re.findall(r"peak (\d+) B", text)]
+want = [int(r["peak_mem_bytes"]) for r in rows]
+named = "aten::_softmax_backward_data < SoftmaxBackward0" in text and "aten::addmm" in text
+print(peaks, want, named)
+sys.exit(0 if peaks == want and named else 1)
+PY
+  pass "memory_trace.py: the peaks the trace rebuilds are the rows', by operator"
+else
+  fail "memory_trace.py (exit $trace_rc): $(head -5 "$tmp/trace.txt")"
+fi
+# A trace that lost one free (a planted gap): the rebuilt peak no longer adds up, and it says so.
+awk '/^mem -/ && !dropped {dropped=1; next} {print}' "$tmp/trace.err" >"$tmp/trace-gap.err"
+check "memory_trace.py: a trace missing a line is reported" 3 "MISMATCH" -- \
+  python3 "$src/reports/memory_trace.py" "$tmp/trace-gap.err"
+check "memory_trace.py: no measured step" 2 "no measured step" -- \
+  python3 "$src/reports/memory_trace.py" "$tmp/trace.yaml"
+
 finish

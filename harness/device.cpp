@@ -331,7 +331,7 @@ bool installCudaMemoryTracking(std::string* why) {
           cudaLive()[e.addr_] = {bucket, bytes};
         }
         gCudaAllocations.fetch_add(1);
-        MemoryTracker::instance().allocated(bucket, bytes);
+        MemoryTracker::instance().allocated(bucket, bytes, reinterpret_cast<const void*>(e.addr_));
       } else if (e.action_ == TraceEntry::FREE_REQUESTED) {
         LiveCuda a{MemoryTracker::kUnattributed, 0};
         {
@@ -341,7 +341,7 @@ bool installCudaMemoryTracking(std::string* why) {
           a = it->second;
           cudaLive().erase(it);
         }
-        MemoryTracker::instance().freed(a.bucket, a.bytes);
+        MemoryTracker::instance().freed(a.bucket, a.bytes, reinterpret_cast<const void*>(e.addr_));
       }
     });
     ok = true;

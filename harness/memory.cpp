@@ -4,8 +4,11 @@
 #include <cstdlib>
 
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
+#include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -40,7 +43,7 @@ void deleteTracked(void* ptr) {
       liveAllocations().erase(it);
     }
   }
-  MemoryTracker::instance().freed(a.bucket, a.bytes);
+  MemoryTracker::instance().freed(a.bucket, a.bytes, ptr);
   gBase->raw_deleter()(ptr);
 }
 
@@ -58,7 +61,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(gLiveMutex);
       liveAllocations()[data] = {bucket, static_cast<int64_t>(n)};
     }
-    MemoryTracker::instance().allocated(bucket, static_cast<int64_t>(n));
+    MemoryTracker::instance().allocated(bucket, static_cast<int64_t>(n), data);
     return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
   }
 
@@ -69,6 +72,43 @@ class TrackingCpuAllocator final : public c10::Allocator {
   }
 #endif
 };
+
+// SB_MEMORY_TRACE=<rank>: every allocation and free of that rank's bucket on stderr, with the
+// live bytes after it and the operators that made it; for building and checking memory models
+// against what ATen allocates.
+int traceBucket() {
+  static const int bucket = [] {
+    const char* v = std::getenv("SB_MEMORY_TRACE");
+    return v == nullptr || *v == '\0' ? -1 : std::atoi(v);
+  }();
+  return bucket;
+}
+
+// The RecordFunction scopes open on this thread (ATen operators, autograd nodes), outermost
+// first. Kept only while tracing: a global callback costs every operator a call.
+thread_local std::vector<const char*> tOps;
+std::mutex gTraceMutex;
+
+std::unique_ptr<at::ObserverContext> opStarted(const at::RecordFunction& fn) {
+  tOps.push_back(fn.name());
+  return nullptr;
+}
+
+void opEnded(const at::RecordFunction&, at::ObserverContext*) {
+  if (!tOps.empty()) tOps.pop_back();
+}
+
+// " in OP < CALLER < ...": the innermost scopes first, at most six.
+std::string opContext() {
+  std::string s;
+  int shown = 0;
+  for (auto it = tOps.rbegin(); it != tOps.rend() && shown < 6; ++it, ++shown) {
+    s += shown == 0 ? " in " : " < ";
+    s += *it;
+  }
+  if (static_cast<int>(tOps.size()) > shown) s += " < ...";
+  return s;
+}
 
 }  // namespace
 
@@ -86,52 +126,61 @@ void MemoryTracker::install() {
     static TrackingCpuAllocator allocator;
     // Highest priority, so nothing installed later at a default priority replaces it.
     c10::SetCPUAllocator(&allocator, /*priority=*/255);
+    if (traceBucket() >= 0) {
+      at::addGlobalCallback(
+          at::RecordFunctionCallback(&opStarted, &opEnded)
+              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    }
     installed_.store(true);
   });
 }
 
-namespace {
-// SB_MEMORY_TRACE=<rank>: every allocation and free of that rank's bucket on stderr, with the
-// live bytes after it; for building and checking memory models against what ATen allocates.
-int traceBucket() {
-  static const int bucket = [] {
-    const char* v = std::getenv("SB_MEMORY_TRACE");
-    return v == nullptr || *v == '\0' ? -1 : std::atoi(v);
-  }();
-  return bucket;
-}
-}  // namespace
-
 void MemoryTracker::resetPeak(int rank) {
   auto& b = buckets_[index(rank)];
   b.peak.store(b.current.load());
-  if (tracing(rank)) std::fprintf(stderr, "mem reset at %lld\n", (long long)b.current.load());
+  if (tracing(rank)) {
+    std::lock_guard<std::mutex> lock(gTraceMutex);
+    std::fprintf(stderr, "mem reset at %lld\n", (long long)b.current.load());
+  }
 }
 
 bool MemoryTracker::tracing(int rank) const { return index(rank) == traceBucket(); }
 
 void MemoryTracker::traceNote(int rank, const char* what) const {
   if (tracing(rank)) {
+    std::lock_guard<std::mutex> lock(gTraceMutex);
     std::fprintf(stderr, "mem %s at %lld, peak %lld\n", what,
                  (long long)buckets_[index(rank)].current.load(),
                  (long long)buckets_[index(rank)].peak.load());
   }
 }
 
-void MemoryTracker::allocated(int bucket, int64_t bytes) {
+void MemoryTracker::allocated(int bucket, int64_t bytes, const void* ptr) {
   auto& b = buckets_[bucket];
-  const int64_t now = b.current.fetch_add(bytes) + bytes;
-  if (bucket == traceBucket())
-    std::fprintf(stderr, "mem +%lld -> %lld\n", (long long)bytes, (long long)now);
+  int64_t now = 0;
+  if (bucket == traceBucket()) {
+    // The traced bucket's lines are written under the lock of its update, so that their order
+    // is the order of the updates (another rank's thread may free this rank's tensors).
+    std::lock_guard<std::mutex> lock(gTraceMutex);
+    now = b.current.fetch_add(bytes) + bytes;
+    std::fprintf(stderr, "mem +%lld -> %lld @%p%s\n", (long long)bytes, (long long)now, ptr,
+                 opContext().c_str());
+  } else {
+    now = b.current.fetch_add(bytes) + bytes;
+  }
   int64_t peak = b.peak.load();
   while (now > peak && !b.peak.compare_exchange_weak(peak, now)) {
   }
 }
 
-void MemoryTracker::freed(int bucket, int64_t bytes) {
-  const int64_t now = buckets_[bucket].current.fetch_sub(bytes) - bytes;
-  if (bucket == traceBucket())
-    std::fprintf(stderr, "mem -%lld -> %lld\n", (long long)bytes, (long long)now);
+void MemoryTracker::freed(int bucket, int64_t bytes, const void* ptr) {
+  if (bucket == traceBucket()) {
+    std::lock_guard<std::mutex> lock(gTraceMutex);
+    const int64_t now = buckets_[bucket].current.fetch_sub(bytes) - bytes;
+    std::fprintf(stderr, "mem -%lld -> %lld @%p\n", (long long)bytes, (long long)now, ptr);
+    return;
+  }
+  buckets_[bucket].current.fetch_sub(bytes);
 }
 
 int MemoryTracker::threadBucket() { return tBucket; }

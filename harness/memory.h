@@ -29,15 +29,19 @@ class MemoryTracker {
   int64_t peak(int rank) const { return buckets_[index(rank)].peak.load(); }
   // Starts a new peak window for `rank` at its current live bytes.
   void resetPeak(int rank);
-  // With SB_MEMORY_TRACE=<rank> set, writes `what` into that rank's allocation trace (stderr).
+  // With SB_MEMORY_TRACE=<rank> set, every allocation and free of that rank goes to stderr,
+  // one line each: "mem +BYTES -> LIVE @PTR in OP < CALLER < ..." (the ATen operators and
+  // autograd nodes running on the allocating thread, innermost first, from LibTorch's
+  // RecordFunction) and "mem -BYTES -> LIVE @PTR". reports/memory_trace.py reads it back and
+  // says what is live at the measured step's peak. traceNote writes `what` into that trace.
   void traceNote(int rank, const char* what) const;
   // Whether `rank` is traced: callers that build a note's text check this first, so that an
   // untraced step (a timed one) does not pay for it.
   bool tracing(int rank) const;
 
-  // Used by the allocator.
-  void allocated(int bucket, int64_t bytes);
-  void freed(int bucket, int64_t bytes);
+  // Used by the allocators (CPU and CUDA); `ptr` only names the block in the trace.
+  void allocated(int bucket, int64_t bytes, const void* ptr = nullptr);
+  void freed(int bucket, int64_t bytes, const void* ptr = nullptr);
   static int threadBucket();
 
  private:

@@ -6,13 +6,16 @@
 #   2. the unit tests (every family's executors and the harness, on this LibTorch);
 #   3. suites/gpu.yaml on `threads` (every rank of a mesh on the one GPU, each on its own
 #      stream) and on `nccl` (one process per GPU through `stratbench launch`);
-#   4. the report of both runs.
+#   4. the report of both runs;
+#   5. (step `trace`) the rows of the threads run whose memory was mispredicted, rerun with
+#      SB_MEMORY_TRACE=0: what is live at each one's peak, by the operator that allocated it
+#      (reports/memory_trace.py), the terms the GPU's memory models lack.
 # Logs, results and the report go to out/gpu; where $OUT is set (a lent GPU machine returns
 # what is under it, a few files), only the archive gpu-run.tgz of all of them and the summary
 # tables, summary.txt, go there. Every step runs under its own time limit, so that a hung step still
 # leaves the others' results.
 #
-# Usage: ci/gpu/run.sh [STEPS]   STEPS: any of build,kernels,unit,threads,nccl,report
+# Usage: ci/gpu/run.sh [STEPS]   STEPS: any of build,kernels,unit,threads,nccl,report,trace
 #                                 (default: all, in that order)
 # SB_GPU_DEADLINE (seconds, default 560) bounds the whole script: each step's limit is cut to
 # what is left of it less a reserve for the report and the archive, so a lent machine's call
@@ -30,7 +33,7 @@ cd "$(dirname "$0")/../.."
 src=$PWD
 out=$src/out/gpu
 mkdir -p "$out"
-steps=${1:-build,kernels,unit,threads,nccl,report}
+steps=${1:-build,kernels,unit,threads,nccl,report,trace}
 has() { [[ ",$steps," == *",$1,"* ]]; }
 log=$out/logs
 mkdir -p "$log"
@@ -54,6 +57,7 @@ export PKG_CONFIG_SYSROOT_DIR=$deps
 export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$deps/usr/share/pkgconfig
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 build=${SB_GPU_BUILD:-$src/build-gpu}
+suite=${SB_GPU_SUITE:-suites/gpu.yaml}
 sb=$build/stratbench
 
 if has build; then
@@ -102,7 +106,7 @@ fi
 
 if has threads; then
   step "suites/gpu.yaml on threads"
-  timeout "$(limit "${SB_GPU_THREADS_TIMEOUT:-600}")" "$sb" run suites/gpu.yaml --timeout 60 ${SB_GPU_RUN_ARGS:-} --out "$out/threads" \
+  timeout "$(limit "${SB_GPU_THREADS_TIMEOUT:-600}")" "$sb" run "$suite" --timeout 60 ${SB_GPU_RUN_ARGS:-} --out "$out/threads" \
     >"$log/threads.log" 2>&1
   echo "exit $?"
   tail -25 "$log/threads.log"
@@ -111,7 +115,7 @@ fi
 if has nccl; then
   step "suites/gpu.yaml on nccl ($(nvidia-smi -L | wc -l) GPU)"
   n=$(nvidia-smi -L | wc -l)
-  timeout "$(limit "${SB_GPU_NCCL_TIMEOUT:-300}")" "$sb" launch -n "$n" -- run suites/gpu.yaml --backend nccl --timeout 60 ${SB_GPU_RUN_ARGS:-} \
+  timeout "$(limit "${SB_GPU_NCCL_TIMEOUT:-300}")" "$sb" launch -n "$n" -- run "$suite" --backend nccl --timeout 60 ${SB_GPU_RUN_ARGS:-} \
     --out "$out/nccl" \
     >"$log/nccl.log" 2>&1
   echo "exit $?"
@@ -131,9 +135,38 @@ if has report; then
   python3 "$src/ci/gpu/summary.py" "$out" | tee "$out/summary.txt"
 fi
 
+if has trace && [[ -f $out/threads/results.csv || -f $out/threads/results.partial.csv ]]; then
+  step "memory traces of the mispredicted rows"
+  res=$out/threads/results.csv
+  [[ -f $res ]] || res=$out/threads/results.partial.csv
+  mkdir -p "$out/trace"
+  python3 - "$res" >"$out/trace/ids.txt" <<'PY'
+import csv, re, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if "memory" in (r.get("mispredicted") or "")]
+for i in sorted({r["strategy_id"] for r in rows}):
+    print(i)
+PY
+  echo "$(wc -l <"$out/trace/ids.txt") strategies with a mispredicted row"
+  n=0
+  while read -r id; do
+    n=$((n + 1))
+    # One run per strategy, every case of the suite that has it, rank 0 traced.
+    SB_MEMORY_TRACE=0 timeout "$(limit 120)" "$sb" run "$suite" --timeout 60 \
+      --filter "^$(printf '%s' "$id" | sed 's/[][\.*^$+?(){}|]/\\&/g')\$" --repetitions 1 \
+      --min-time 0.001 --out "$out/trace/run$n" >/dev/null 2>"$out/trace/trace$n.txt"
+    echo "$id: exit $?"
+    python3 "$src/reports/memory_trace.py" "$out/trace/trace$n.txt" \
+      --results "$out/trace/run$n/results.csv" >"$out/trace/peaks$n.txt" 2>&1
+    # The traces themselves are large; what is live at the peaks is what comes back.
+    gzip -f "$out/trace/trace$n.txt"
+  done <"$out/trace/ids.txt"
+  cat "$out"/trace/peaks*.txt >"$out/trace-peaks.txt" 2>/dev/null
+fi
+
 tar -C "$out" -czf "$src/out/gpu-run.tgz" . && mv "$src/out/gpu-run.tgz" "$out/"
 if [[ -n ${OUT:-} ]]; then
   cp "$out/gpu-run.tgz" "$OUT/"
   [[ -f $out/summary.txt ]] && cp "$out/summary.txt" "$OUT/"
+  [[ -f $out/trace-peaks.txt ]] && cp "$out/trace-peaks.txt" "$OUT/"
 fi
 ls -la "$out"

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""What is live at a measured step's peak, from a SB_MEMORY_TRACE allocation trace.
+
+    SB_MEMORY_TRACE=0 stratbench run suite.yaml --filter ID 2>trace.txt
+    reports/memory_trace.py trace.txt
+
+The trace (harness/memory.h) has one line per allocation and free of the traced rank, on the
+CPU or on CUDA alike:
+
+    mem +BYTES -> LIVE @PTR in OP < CALLER < ...     (innermost operator first)
+    mem -BYTES -> LIVE @PTR
+    mem reset at LIVE                                 (a measured step starts)
+    mem end of the measured step at LIVE, peak PEAK
+    mem NOTE at LIVE, peak PEAK                       (a strategy's own marks)
+
+For each measured step (one per row that ran, in the order of the run), this prints the bytes
+live at its start and at its peak, and what is live at the peak grouped by the operator that
+allocated it: the terms a memory model has to have. The peak it reconstructs from the lines is
+checked against the one the tracker itself kept; they differ only if lines are missing (then it
+says so and exits 3); so does every line's live total against the sum of the lines before it. Exit codes: 0 done, 2 bad arguments or an unreadable file, 3 a step whose
+reconstructed peak disagrees with the tracker's.
+"""
+import argparse
+import re
+import sys
+
+ALLOC = re.compile(r"^mem \+(\d+) -> (-?\d+) @(\S+)(?: in (.*))?$")
+FREE = re.compile(r"^mem -(\d+) -> (-?\d+) @(\S+)$")
+RESET = re.compile(r"^mem reset at (-?\d+)$")
+END = re.compile(r"^mem end of the measured step at (-?\d+), peak (-?\d+)$")
+NOTE = re.compile(r"^mem (.*) at (-?\d+), peak (-?\d+)$")
+
+
+GENERIC = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+           "aten::new_empty_strided", "aten::resize_"}
+
+
+class Step:
+    def __init__(self, index, line, start):
+        self.index, self.line, self.start = index, line, start
+        self.peak, self.peak_line = start, line
+        self.tracker_peak = None
+        self.notes = []  # (line, text): a strategy's marks inside the step
+        self.live_at_peak = {}
+
+
+def group_key(context, depth):
+    if not context:
+        return "(no operator: the runner, a backend or a strategy's own code)"
+    parts = [p for p in context.split(" < ") if p != "..."]
+    # The autograd engine's wrapper repeats the node's name: keep the node itself.
+    parts = [p for p in parts if not p.startswith("autograd::engine::evaluate_function: ")] or parts
+    # A factory that every operator allocates through says less than the operator that called it.
+    while len(parts) > 1 and parts[0] in GENERIC:
+        parts = parts[1:]
+    return " < ".join(parts[:depth])
+
+
+def parse(lines):
+    """The measured steps, each with its peak and what is live there."""
+    events = []  # (line, '+'|'-', ptr, bytes, context)
+    steps, step = [], None
+    for n, raw in enumerate(lines, 1):
+        line = raw.rstrip("\n")
+        if not line.startswith("mem "):
+            continue
+        m = ALLOC.match(line)
+        if m:
+            events.append((n, "+", m[3], int(m[1]), m[4] or "", step.index if step else None,
+                           int(m[2])))
+            if step and int(m[2]) > step.peak:
+                step.peak, step.peak_line = int(m[2]), n
+            continue
+        m = FREE.match(line)
+        if m:
+            events.append((n, "-", m[3], int(m[1]), "", None, int(m[2])))
+            continue
+        m = RESET.match(line)
+        if m:
+            step = Step(len(steps), n, int(m[1]))
+            steps.append(step)
+            continue
+        m = END.match(line)
+        if m and step:
+            step.tracker_peak = int(m[2])
+            step = None
+            continue
+        m = NOTE.match(line)
+        if m and step:
+            step.notes.append((n, m[1]))
+    # Replay once, keeping what is live at each step's peak (its start, if nothing rose above),
+    # and checking every line's live bytes against the sum of what the lines before it left
+    # live (the tracker writes each line under the lock of its update, so they agree to the
+    # byte unless a line is missing). The first line fixes what was live before the trace.
+    at = {s.peak_line: s for s in steps}
+    starts = {s.line: s for s in steps if s.peak_line == s.line}
+    live = {}  # ptr -> (bytes, context, line, step index or None)
+    total, offset, gap = 0, None, None
+    for n, kind, ptr, nbytes, ctx, idx, now in events:
+        for line in [l for l in starts if l < n]:
+            starts.pop(line).live_at_peak = dict(live)
+        if kind == "+":
+            old = live.get(ptr)
+            total += nbytes - (old[0] if old else 0)
+            live[ptr] = (nbytes, ctx, n, idx)
+        else:
+            old = live.pop(ptr, None)
+            total -= old[0] if old else 0
+        if offset is None:
+            offset = now - total
+        elif gap is None and now - total != offset:
+            gap = (n, now, total + offset)
+        if n in at:
+            at[n].live_at_peak = dict(live)
+    for s in starts.values():
+        s.live_at_peak = dict(live)
+    return [s for s in steps if s.tracker_peak is not None], gap
+
+
+def mib(b):
+    return f"{b / 2**20:10.2f} MiB"
+
+
+def report(step, depth, listing, out, label=None):
+    live = step.live_at_peak or {}
+    total = sum(b for b, *_ in live.values())
+    before = [(p, v) for p, v in live.items() if v[3] != step.index]
+    during = [(p, v) for p, v in live.items() if v[3] == step.index]
+    notes = [t for n, t in step.notes if n < step.peak_line]
+    if label:
+        out.write(f"== {label}\n")
+    out.write(f"measured step {step.index + 1} (trace line {step.line}): {step.start} B live at "
+              f"its start, peak {step.peak} B (+{step.peak - step.start} B) at line "
+              f"{step.peak_line}" + (f", after the mark '{notes[-1]}'" if notes else "") + "\n")
+    ok = step.peak == step.tracker_peak and total == step.peak
+    if not ok:
+        out.write(f"  MISMATCH: the tracker's peak is {step.tracker_peak} B and the allocations "
+                  f"live at the reconstructed peak sum to {total} B: lines are missing\n")
+    out.write(f"  live at the peak: {len(live)} allocations, {total} B ({mib(total).strip()})\n")
+    groups = {}
+    for _, (b, ctx, _, _) in during:
+        g = groups.setdefault(group_key(ctx, depth), [0, 0])
+        g[0] += b
+        g[1] += 1
+    made_before = sum(b for _, (b, *_rest) in before)
+    out.write(f"  {mib(made_before)}  {len(before):4d}x  allocated before the step (inputs, "
+              "parameters, what the executor holds)\n")
+    for key, (b, count) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+        out.write(f"  {mib(b)}  {count:4d}x  {key}\n")
+    if listing:
+        out.write("  in the order they were made:\n")
+        for ptr, (b, ctx, n, s) in sorted(live.items(), key=lambda kv: kv[1][2]):
+            where = "before" if s != step.index else "step"
+            out.write(f"    line {n:7d} {where:6s} {b:14d} B  {ctx or '-'}\n")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trace", help="the stderr of a run with SB_MEMORY_TRACE=<rank> set ('-': stdin)")
+    ap.add_argument("--step", type=int, default=0,
+                    help="only the N-th measured step (1 = the first row that ran; default: all)")
+    ap.add_argument("--depth", type=int, default=2,
+                    help="how many operator scopes name a group, innermost first (default 2)")
+    ap.add_argument("--list", action="store_true", help="also list every live allocation")
+    ap.add_argument("--results", metavar="CSV",
+                    help="the run's results.csv: names each step by its row (case, strategy, "
+                         "measured and predicted peak); the rows that have a measured peak are "
+                         "the steps, in order")
+    a = ap.parse_args()
+    if a.depth < 1:
+        ap.error("--depth must be at least 1")
+    try:
+        f = sys.stdin if a.trace == "-" else open(a.trace, encoding="utf-8", errors="replace")
+        lines = f.readlines()
+    except OSError as e:
+        print(f"memory_trace.py: {a.trace}: {e.strerror}", file=sys.stderr)
+        return 2
+    steps, gap = parse(lines)
+    if gap:
+        n, said, summed = gap
+        print(f"memory_trace.py: {a.trace}:{n}: the trace says {said} B live, its lines add up to "
+              f"{summed} B: a line is missing (or two threads wrote it unordered)", file=sys.stderr)
+    if not steps:
+        print(f"memory_trace.py: {a.trace}: no measured step (no 'mem reset' ... 'mem end of the "
+              "measured step' lines): was SB_MEMORY_TRACE set to a rank that ran?", file=sys.stderr)
+        return 2
+    labels = [None] * len(steps)
+    if a.results:
+        import csv
+        try:
+            rows = [r for r in csv.DictReader(open(a.results, encoding="utf-8"))
+                    if r.get("peak_mem_bytes")]
+        except OSError as e:
+            print(f"memory_trace.py: {a.results}: {e.strerror}", file=sys.stderr)
+            return 2
+        if len(rows) != len(steps):
+            print(f"memory_trace.py: {a.results} has {len(rows)} rows with a measured peak and "
+                  f"{a.trace} {len(steps)} measured steps: not the same run?", file=sys.stderr)
+            return 2
+        labels = [f"{r['case']} {r['strategy_id']}: row peak {r['peak_mem_bytes']} B (its "
+                  f"largest rank), predicted {r.get('predicted_mem_bytes') or 'none'}"
+                  for r in rows]
+    if a.step:
+        if a.step > len(steps):
+            print(f"memory_trace.py: {a.trace}: --step {a.step}, but the trace has "
+                  f"{len(steps)} measured steps", file=sys.stderr)
+            return 2
+        steps, labels = [steps[a.step - 1]], [labels[a.step - 1]]
+    ok = True
+    for s, label in zip(steps, labels):
+        ok = report(s, a.depth, a.list, sys.stdout, label) and ok
+    return 0 if ok and not gap else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
