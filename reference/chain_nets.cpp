@@ -20,6 +20,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <mutex>
 #include <set>
 
 namespace sb::reference {
@@ -76,7 +77,24 @@ WorkloadData ChainWorkload::build(const nlohmann::json& shape, at::ScalarType dt
   // (torch.utils.checkpoint restores it too), or the next step's masks differ.
   d.expected["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
   d.checked.push_back("rng/cpu");
+  // On a GPU the masks come from its generator: the state it is left in counts the same way.
+  if (x.is_cuda()) {
+    d.expected["rng/cuda"] = deviceGeneratorState(x.device());
+    d.checked.push_back("rng/cuda");
+  }
   return d;
+}
+
+at::Tensor deviceGeneratorState(const at::Device& device) {
+#if SB_TORCH_VERSION_NUM >= 201
+  at::Generator g = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  const int64_t state[] = {static_cast<int64_t>(g.current_seed()),
+                           static_cast<int64_t>(g.get_offset())};
+  return at::tensor(at::ArrayRef<int64_t>(state), at::kLong);
+#else
+  TORCH_CHECK(false, "the state of the ", device, " generator needs LibTorch 2.1 or later");
+#endif
 }
 
 namespace {

@@ -73,12 +73,19 @@ class ChainWorkload : public Workload {
                                             uint64_t seed) const = 0;
   // The plain reference: every stage taped, loss, backward. Expected tensors: "output",
   // "grad_input", "grad/<parameter>" for every parameter, and "buffer/<name>" for every
-  // buffer after the step. Dropout draws from the default CPU generator seeded by
-  // dropoutSeed(seed) at the start of the step.
+  // buffer after the step. Dropout draws from the default generator of the tensors' device,
+  // seeded (every device's) by dropoutSeed(seed) at the start of the step; the state the step
+  // leaves is expected too: "rng/cpu" (the CPU generator's get_state()) and, on a GPU,
+  // "rng/cuda" (deviceGeneratorState).
   WorkloadData build(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
                      InputMode mode) const override;
   static uint64_t dropoutSeed(uint64_t seed) { return seed * 2654435761u + 17; }
 };
+
+// The state of a GPU's default generator (CUDA's Philox), which dropout on its tensors draws
+// from, as a CPU int64 tensor [seed, offset]. Needs LibTorch 2.1 or later (the offset), as the
+// CUDA side does anyway.
+at::Tensor deviceGeneratorState(const at::Device& device);
 
 const ChainWorkload* findChainWorkload(const std::string& name);
 std::vector<const Workload*> chainWorkloads();

@@ -76,7 +76,7 @@ if has build; then
   step "build"
   # What the GPU checks use (not the fuzzers, benchmarks and report tests).
   timeout "$(limit "${SB_GPU_BUILD_TIMEOUT:-420}")" cmake --build "$build" -j "$(nproc)" --target stratbench \
-    stratbench-core kernels_gpu_tests harness_gpu_tests kernels_tests harness_tests \
+    stratbench-core kernels_gpu_tests harness_gpu_tests strategies_gpu_tests kernels_tests harness_tests \
     strategies_tests -- -k 0 >"$log/build.log" 2>&1
   rc=$?
   grep -E "error|FAILED" "$log/build.log" | head -40
@@ -85,8 +85,8 @@ if has build; then
 fi
 
 if has kernels; then
-  step "GPU tests: the CUDA kernels against their CPU implementations, the device layer"
-  for t in kernels/kernels_gpu_tests harness/harness_gpu_tests; do
+  step "GPU tests: the CUDA kernels against their CPU implementations, the device layer, executors"
+  for t in kernels/kernels_gpu_tests harness/harness_gpu_tests strategies/strategies_gpu_tests; do
     [[ -x $build/$t ]] || { echo "missing $t"; continue; }
     timeout "$(limit 180)" "$build/$t" >"$log/$(basename "$t").log" 2>&1
     echo "$t: exit $?"

@@ -19,12 +19,14 @@
 //   - a recomputation repeats the stage's arithmetic on the same input values;
 //   - dropout draws the same mask: before a stage's first forward the generator's state is
 //     recorded; a recomputation runs from that state and restores the generator afterwards,
-//     so later first forwards draw what they would have drawn. The recorded states are
-//     generator copies (RngSnapshot, 2.5 KiB of Mersenne Twister each), host bookkeeping
-//     beside the tensors, as torch.utils.checkpoint keeps its stashes in host memory beside a
-//     GPU's: neither the tracker nor the chain model counts them. (get_state() would make each
-//     a 5 KiB tensor, a third of a small MLP stage's activation, and the measured peak would
-//     then be the model's plus a term no checkpointing model has.);
+//     so later first forwards draw what they would have drawn. On a GPU that is the device's
+//     generator too (Philox seed and offset), which dropout on its tensors draws from. The
+//     recorded states are generator copies (RngSnapshot, 2.5 KiB of Mersenne Twister each,
+//     16 bytes for a GPU's), host bookkeeping beside the tensors, as torch.utils.checkpoint
+//     keeps its stashes in host memory beside a GPU's: neither the tracker nor the chain model
+//     counts them. (get_state() would make each a 5 KiB tensor, a third of a small MLP stage's
+//     activation, and the measured peak would then be the model's plus a term no checkpointing
+//     model has.);
 //   - batch norm's running statistics are updated by a stage's first forward only
 //     (updateBuffers = false on recomputation; the batch statistics it normalises with are
 //     the same either way).
@@ -32,9 +34,9 @@
 // "stale_input" makes a recomputed stage read the slot of the stage before it;
 // "rng_left_after_recompute" recomputes with the right masks but leaves the generator where
 // the recomputation left it: every number of the step is right, and only the generator state
-// it hands to the next step (compared as "rng/cpu") is wrong; "ignore_budget" solves without
-// the budget (keeping every tape where that is fastest) and still promises it: right numbers,
-// a measured peak over the promise.
+// it hands to the next step (compared as "rng/cpu", and "rng/cuda" on a GPU) is wrong;
+// "ignore_budget" solves without the budget (keeping every tape where that is fastest) and still
+// promises it: right numbers, a measured peak over the promise.
 //
 // The budget is a promise on the measured peak (memoryLimitBytes): what was live at the
 // step's start, less x[0], plus the budget. The model is exact to the byte on the chain
@@ -52,6 +54,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 #include "harness/memory.h"
 #include "harness/registry.h"
@@ -85,30 +88,60 @@ const char* faultName(Fault f) {
   return "?";
 }
 
-// The default CPU generator's state, kept outside the tensor allocator.
+// The generator state dropout draws from, kept outside the tensor allocator: the default CPU
+// generator's (a Mersenne Twister copy) and, for a stage on a GPU, that device's default
+// generator's (CUDA's Philox seed and offset, as torch.utils.checkpoint's get/set_rng_state
+// keep them): every dropout on a GPU tensor draws from the latter and advances its offset.
 class RngSnapshot {
  public:
   RngSnapshot() = default;
-  static RngSnapshot take() {
+  static RngSnapshot take(const c10::Device& device) {
     RngSnapshot s;
-    s.state_ = generator()->clone();
+    s.state_ = cpuGenerator()->clone();
+    if (!device.is_cpu()) {
+#if SB_TORCH_VERSION_NUM >= 201
+      at::Generator g = at::globalContext().defaultGenerator(device);
+      std::lock_guard<std::mutex> lock(g.mutex());
+      s.device_ = device;
+      s.seed_ = g.current_seed();
+      s.offset_ = g.get_offset();
+#else
+      TORCH_CHECK(false, "recomputing dropout on ", device, " needs LibTorch 2.1 or later");
+#endif
+    }
     return s;
   }
   bool held() const { return state_ != nullptr; }
   void restore() const {
-    at::CPUGeneratorImpl* g = generator();
-    std::lock_guard<std::mutex> lock(g->mutex_);
-    g->set_engine(state_->engine());
-    g->set_next_float_normal_sample(state_->next_float_normal_sample());
-    g->set_next_double_normal_sample(state_->next_double_normal_sample());
+    at::CPUGeneratorImpl* g = cpuGenerator();
+    {
+      std::lock_guard<std::mutex> lock(g->mutex_);
+      g->set_engine(state_->engine());
+      g->set_next_float_normal_sample(state_->next_float_normal_sample());
+      g->set_next_double_normal_sample(state_->next_double_normal_sample());
+    }
+#if SB_TORCH_VERSION_NUM >= 201
+    if (device_) {
+      at::Generator d = at::globalContext().defaultGenerator(*device_);
+      std::lock_guard<std::mutex> lock(d.mutex());
+      d.set_current_seed(seed_);  // CUDA's resets the offset to 0: set it second
+      d.set_offset(offset_);
+    }
+#endif
   }
-  void clear() { state_.reset(); }
+  void clear() {
+    state_.reset();
+    device_.reset();
+  }
 
  private:
-  static at::CPUGeneratorImpl* generator() {
+  static at::CPUGeneratorImpl* cpuGenerator() {
     return at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
   }
   std::shared_ptr<at::CPUGeneratorImpl> state_;
+  std::optional<c10::Device> device_;
+  uint64_t seed_ = 0;
+  uint64_t offset_ = 0;
 };
 
 // Runs a schedule's operations on a network, holding what the schedule says is held.
@@ -183,10 +216,10 @@ class ScheduleRunner {
   at::Tensor runStage(int i, const at::Tensor& input) {
     if (!firstDone_[i]) {
       firstDone_[i] = true;
-      if (recomputed_[i]) rng_[i] = RngSnapshot::take();
+      if (recomputed_[i]) rng_[i] = RngSnapshot::take(input.device());
       return net_.stage(i, input, /*updateBuffers=*/true);
     }
-    const RngSnapshot now = RngSnapshot::take();
+    const RngSnapshot now = RngSnapshot::take(input.device());
     if (fault_ != Fault::kNoRngRestore) rng_[i].restore();
     at::Tensor out = net_.stage(i, input, /*updateBuffers=*/false);
     if (fault_ != Fault::kNoRngRestore && fault_ != Fault::kRngLeftAfterRecompute) now.restore();
@@ -320,9 +353,9 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
       return Applicability::unsupported("checkpointing runs on one rank; the mesh has " +
                                         std::to_string(c.meshSize()));
     }
+#if SB_TORCH_VERSION_NUM < 201
     if (c.device == "cuda") {
-      // Recomputed dropout must draw the masks the first forward drew: RngSnapshot saves and
-      // restores the CPU generator, not CUDA's (Philox seed and offset), so far.
+      // A GPU's generator offset (recomputed dropout's masks) is readable from LibTorch 2.1.
       const bool hasDropout = c.workload == "mlp_chain" || c.workload == "gpt2_stack";
       const double p =
           c.shape.is_object() && c.shape.contains("dropout") && c.shape["dropout"].is_number()
@@ -330,10 +363,11 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
               : 0.1;  // chain_nets.cpp's default
       if (hasDropout && p > 0) {
         return Applicability::unsupported(
-            "dropout on CUDA: recomputation restores the CPU generator only, not CUDA's; set "
+            "dropout on CUDA needs LibTorch 2.1 or later (the generator's offset); set "
             "shape.dropout: 0");
       }
     }
+#endif
     if (c.params.contains("budget")) {
       const auto& b = c.params["budget"];
       if (!b.is_number() || b.get<double>() <= 0) {
@@ -412,6 +446,7 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
   for (const auto& [name, p] : net_->parameters()) results_["grad/" + name] = p.grad();
   for (const auto& [name, b] : net_->buffers()) results_["buffer/" + name] = b;
   results_["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  if (x0.is_cuda()) results_["rng/cuda"] = reference::deviceGeneratorState(x0.device());
 }
 
 std::vector<std::pair<std::string, std::string>> CheckpointExecutor::recordParams() const {
