@@ -38,29 +38,29 @@ std::string Tolerance::toString() const {
   return os.str();
 }
 
+double unitRoundoff(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble:
+      return std::ldexp(1.0, -53);
+    case at::kFloat:
+      return std::ldexp(1.0, -24);
+    case at::kHalf:
+      return std::ldexp(1.0, -11);
+    case at::kBFloat16:
+      return std::ldexp(1.0, -8);
+    default:
+      return 0;
+  }
+}
+
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
                                   int64_t parts, const at::Tensor& expected) {
   // On CUDA even an unsplit product may be summed in another order: cuBLAS picks its kernel
   // (and split-K) by the operands' shapes and layouts, which a strategy changes.
   const bool cublasOrder = parts <= 1 && expected.is_cuda();
   if (base.exact || (parts <= 1 && !cublasOrder) || !at::isFloatingType(dtype)) return base;
-  double u = 0;
-  switch (dtype) {
-    case at::kDouble:
-      u = std::ldexp(1.0, -53);
-      break;
-    case at::kFloat:
-      u = std::ldexp(1.0, -24);
-      break;
-    case at::kHalf:
-      u = std::ldexp(1.0, -11);
-      break;
-    case at::kBFloat16:
-      u = std::ldexp(1.0, -8);
-      break;
-    default:
-      return base;
-  }
+  const double u = unitRoundoff(dtype);
+  if (u == 0) return base;
   const double scale = expected.numel() ? expected.abs().max().item<double>() : 0.0;
   // cuBLAS accumulates in fp32 (fp64 for double) and rounds the result once: the two orders
   // differ by the accumulation's rounding and one rounding of the output each.

@@ -31,6 +31,10 @@ struct Tolerance {
 // Returns `base` unchanged for bitwise comparisons and, on the CPU, for parts <= 1. On CUDA an
 // unsplit product gets (2 u + R * u_acc) * max|expected| (u_acc: cuBLAS's fp32 or fp64
 // accumulation), since cuBLAS chooses its summation order by the operands' layout.
+// The unit roundoff of a floating dtype (2^-53 double, 2^-24 float, 2^-11 half, 2^-8 bfloat16);
+// 0 for other types.
+double unitRoundoff(at::ScalarType dtype);
+
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
                                   int64_t parts, const at::Tensor& expected);
 
