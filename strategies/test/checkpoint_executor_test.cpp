@@ -8,6 +8,9 @@
 namespace sb::strategies {
 namespace {
 
+using test::param;
+using test::strategy;
+
 // CI-sized instances of every chain workload, dropout on where the workload has it.
 const std::map<std::string, nlohmann::json>& workloads() {
   static const std::map<std::string, nlohmann::json> w = {
@@ -27,19 +30,6 @@ harness::CaseSpec chainCase(const std::string& workload, double budget) {
   c.shape = workloads().at(workload);
   if (budget > 0) c.params["budget"] = budget;
   return c;
-}
-
-const harness::Strategy& strategy(const std::string& id) {
-  const harness::Strategy* s = harness::StrategyRegistry::global().find(id);
-  if (!s) throw std::runtime_error("no strategy " + id);
-  return *s;
-}
-
-std::string params(const harness::Record& r, const std::string& key) {
-  for (const auto& [k, v] : r.params) {
-    if (k == key) return v;
-  }
-  return "";
 }
 
 class CheckpointExecutor : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
@@ -78,7 +68,7 @@ TEST_P(CheckpointExecutor, GivesBitwiseTheGradientsAndBuffersOfThePlainRun) {
   EXPECT_EQ(rec.mispredicted, "");
   EXPECT_EQ(rec.details["prediction"]["memory"]["relative_error"].get<double>(), 0.0);
   if (!fixed) {
-    EXPECT_LE(std::stod(params(rec, "model_peak_bytes")), std::stod(params(rec, "budget_bytes")));
+    EXPECT_LE(std::stod(param(rec, "model_peak_bytes")), std::stod(param(rec, "budget_bytes")));
     ASSERT_TRUE(rec.details.contains("memory_limit_bytes_per_rank")) << rec.details.dump();
     EXPECT_LE(*rec.peakMemBytes, rec.details["memory_limit_bytes_per_rank"][0].get<int64_t>());
   }
@@ -99,8 +89,8 @@ TEST(CheckpointExecutorBudget, RotorRecomputesUnderATightBudgetAndStillMatches) 
       if (rec.status != harness::Status::kUnsupported) break;
     }
     ASSERT_EQ(rec.status, harness::Status::kPass) << workload << ": " << rec.message;
-    EXPECT_GT(std::stoi(params(rec, "recomputed_forwards")), 0) << workload;
-    EXPECT_LT(std::stod(params(rec, "model_peak_bytes")), std::stod(params(rec, "none_peak_bytes")))
+    EXPECT_GT(std::stoi(param(rec, "recomputed_forwards")), 0) << workload;
+    EXPECT_LT(std::stod(param(rec, "model_peak_bytes")), std::stod(param(rec, "none_peak_bytes")))
         << workload;
   }
 }

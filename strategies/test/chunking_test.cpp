@@ -6,6 +6,9 @@
 namespace sb::strategies {
 namespace {
 
+using test::param;
+using test::strategy;
+
 harness::CaseSpec prefillCase(int64_t seq, int64_t chunk, bool training) {
   harness::CaseSpec c = test::linearCase({1, 1}, 1, {1});
   c.workload = "gpt2_prefill";
@@ -13,12 +16,6 @@ harness::CaseSpec prefillCase(int64_t seq, int64_t chunk, bool training) {
              {"heads", 4}, {"layers", 2}, {"mode", training ? "training" : "inference"}};
   c.params["chunk"] = chunk;
   return c;
-}
-
-const harness::Strategy& strategy(const std::string& id) {
-  const harness::Strategy* s = harness::StrategyRegistry::global().find(id);
-  if (!s) throw std::runtime_error("no strategy " + id);
-  return *s;
 }
 
 class ChunkedRegion : public ::testing::TestWithParam<std::tuple<std::string, int64_t, bool>> {};
@@ -88,8 +85,6 @@ TEST(OnlineAttention, MatchesTheReferenceAndPlantedFaultsFail) {
   EXPECT_EQ(train.status, harness::Status::kUnsupported);
   EXPECT_NE(train.message.find("forward only"), std::string::npos) << train.message;
 }
-
-std::string param(const harness::Record& r, const std::string& key);
 
 // Its memory: the estimator's replay of the walk equals the measured activation peak to the
 // byte, over batches 1 and 2 (where folding [B, H] copies the head views), causal and not,
@@ -199,13 +194,6 @@ TEST(ChunkedRegionMemory, ChunkingTheQueriesShrinksTheAttentionPeak) {
   ASSERT_EQ(chunked.status, harness::Status::kPass);
   EXPECT_LT(*chunked.peakMemBytes * 2, *whole.peakMemBytes)
       << *chunked.peakMemBytes << " vs " << *whole.peakMemBytes;
-}
-
-std::string param(const harness::Record& r, const std::string& key) {
-  for (const auto& [k, v] : r.params) {
-    if (k == key) return v;
-  }
-  return "";
 }
 
 // Runs every region of both transformer workloads, batch of one and of two (where ATen copies

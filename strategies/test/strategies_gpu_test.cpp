@@ -21,6 +21,9 @@
 namespace sb::strategies {
 namespace {
 
+using test::param;
+using test::strategy;
+
 class OnCuda : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -32,19 +35,6 @@ class OnCuda : public ::testing::Test {
   }
   void TearDown() override { reference::setCaseDevice(at::kCPU); }
 };
-
-const harness::Strategy& strategy(const std::string& id) {
-  const harness::Strategy* s = harness::StrategyRegistry::global().find(id);
-  if (!s) throw std::runtime_error("no strategy " + id);
-  return *s;
-}
-
-std::string param(const harness::Record& r, const std::string& key) {
-  for (const auto& [k, v] : r.params) {
-    if (k == key) return v;
-  }
-  return "";
-}
 
 harness::CaseSpec chainCase(const std::string& workload, double budget) {
   static const std::map<std::string, nlohmann::json> shapes = {

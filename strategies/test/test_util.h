@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/case.h"
+#include "harness/registry.h"
 #include "harness/runner.h"
 
 namespace sb::strategies::test {
@@ -41,6 +42,21 @@ inline harness::CaseSpec opCase(nlohmann::json shape, std::vector<int64_t> mesh,
 inline harness::Record run(const harness::CaseSpec& c, const harness::Strategy& s) {
   const auto data = reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
   return harness::runStrategy(c, data, s, harness::Provenance{}, harness::RunOptions{});
+}
+
+// A registered strategy by id; throws if there is none.
+inline const harness::Strategy& strategy(const std::string& id) {
+  const harness::Strategy* s = harness::StrategyRegistry::global().find(id);
+  if (!s) throw std::runtime_error("no strategy " + id);
+  return *s;
+}
+
+// A record's parameter by name ("" if it has none).
+inline std::string param(const harness::Record& r, const std::string& key) {
+  for (const auto& [k, v] : r.params) {
+    if (k == key) return v;
+  }
+  return "";
 }
 
 }  // namespace sb::strategies::test
