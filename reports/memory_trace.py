@@ -22,6 +22,7 @@ reconstructed peak disagrees with the tracker's.
 """
 import argparse
 import re
+import signal
 import sys
 
 ALLOC = re.compile(r"^mem \+(\d+) -> (-?\d+) @(\S+)(?: in (.*))?$")
@@ -156,6 +157,7 @@ def report(step, depth, listing, out, label=None):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace", help="the stderr of a run with SB_MEMORY_TRACE=<rank> set ('-': stdin)")
     ap.add_argument("--step", type=int, default=0,
