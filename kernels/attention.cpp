@@ -29,11 +29,14 @@ void checkInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) 
               " and ", v.device());
 }
 
-}  // namespace
+// The last key each query row sees: the queries are the last tq of the tk positions.
+at::Tensor lastKeys(int64_t tq, int64_t tk, const at::TensorOptions& options) {
+  return at::arange(tq, options.dtype(at::kLong)).add_(tk - tq).unsqueeze(1);
+}
 
-AttentionResult onlineSoftmaxAttentionCpu(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, int64_t keyChunk, bool causal,
-                                          double scale) {
+// The walk; lse in the arithmetic's dtype.
+AttentionResult walk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     int64_t keyChunk, bool causal, double scale) {
   checkInputs(q, k, v);
   TORCH_CHECK(keyChunk >= 1, "attention: keyChunk must be at least 1, got ", keyChunk);
   const int64_t tq = q.size(2), tk = k.size(2);
@@ -46,9 +49,7 @@ AttentionResult onlineSoftmaxAttentionCpu(const at::Tensor& q, const at::Tensor&
   at::Tensor m = at::full(rowShape, -inf, scaledQ.options());  // running row maximum
   at::Tensor l = at::zeros(rowShape, scaledQ.options());       // running sum of exp(score - m)
   at::Tensor acc = at::zeros_like(scaledQ);                    // running sum of exp(score - m) v
-  // The last key each query row sees: the queries are the last tq of the tk positions.
-  const at::Tensor lastKey =
-      at::arange(tq, q.options().dtype(at::kLong)).add_(tk - tq).unsqueeze(1);
+  const at::Tensor lastKey = lastKeys(tq, tk, q.options());
 
   for (int64_t start = 0; start < tk; start += keyChunk) {
     const int64_t len = std::min(keyChunk, tk - start);
@@ -73,8 +74,71 @@ AttentionResult onlineSoftmaxAttentionCpu(const at::Tensor& q, const at::Tensor&
   // A row that saw no key (causal, tq > tk) has l = 0 and acc = 0: output 0, lse -inf.
   AttentionResult r;
   r.out = acc.div_(at::where(l.eq(0), at::ones_like(l), l)).to(input);
-  r.lse = (m + l.log()).squeeze(-1).to(at::kFloat);
+  r.lse = (m + l.log()).squeeze(-1);
   return r;
+}
+
+}  // namespace
+
+AttentionResult onlineSoftmaxAttentionCpu(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, int64_t keyChunk, bool causal,
+                                          double scale) {
+  AttentionResult r = walk(q, k, v, keyChunk, causal, scale);
+  r.lse = r.lse.to(at::kFloat);
+  return r;
+}
+
+AttentionResult onlineSoftmaxAttentionForTraining(const at::Tensor& q, const at::Tensor& k,
+                                                  const at::Tensor& v, int64_t keyChunk,
+                                                  bool causal, double scale) {
+  if (q.is_cuda()) return onlineSoftmaxAttention(q, k, v, keyChunk, causal, scale);
+  return walk(q, k, v, keyChunk, causal, scale);
+}
+
+AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v, const at::Tensor& out,
+                                              const at::Tensor& lse, const at::Tensor& dout,
+                                              int64_t keyChunk, bool causal, double scale) {
+  checkInputs(q, k, v);
+  TORCH_CHECK(keyChunk >= 1, "attention backward: keyChunk must be at least 1, got ", keyChunk);
+  TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "attention backward: out ",
+              out.sizes(), " and dout ", dout.sizes(), " must be shaped as q ", q.sizes());
+  TORCH_CHECK(lse.dim() == 3 && lse.sizes() == q.sizes().slice(0, 3),
+              "attention backward: lse must be [B, H, Tq] = ", q.sizes().slice(0, 3), ", got ",
+              lse.sizes());
+  const int64_t tq = q.size(2), tk = k.size(2);
+  const at::ScalarType input = q.scalar_type();
+  const at::ScalarType math = (input == at::kHalf || input == at::kBFloat16) ? at::kFloat : input;
+  const double inf = std::numeric_limits<double>::infinity();
+
+  const at::Tensor scaledQ = q.to(math) * scale;
+  const at::Tensor dO = dout.to(math);
+  // delta_i = sum_d dout_id out_id, which every block's ds subtracts.
+  const at::Tensor delta = (dO * out.to(math)).sum(-1, /*keepdim=*/true);
+  // A row that saw no key has lse -inf and every score -inf: subtracting 0 makes its p 0.
+  const at::Tensor rowLse = lse.to(math).unsqueeze(-1);
+  const at::Tensor shift = at::where(rowLse.isneginf(), at::zeros_like(rowLse), rowLse);
+  at::Tensor dq = at::zeros_like(scaledQ);
+  at::Tensor dk = at::empty(k.sizes(), scaledQ.options());
+  at::Tensor dv = at::empty(v.sizes(), scaledQ.options());
+  const at::Tensor lastKey = lastKeys(tq, tk, q.options());
+
+  for (int64_t start = 0; start < tk; start += keyChunk) {
+    const int64_t len = std::min(keyChunk, tk - start);
+    const at::Tensor keys = k.narrow(2, start, len).to(math);
+    const at::Tensor values = v.narrow(2, start, len).to(math);
+    at::Tensor scores = at::matmul(scaledQ, keys.transpose(-2, -1));  // [B, H, tq, len]
+    if (causal) {
+      const at::Tensor key = at::arange(start, start + len, lastKey.options());
+      scores.masked_fill_(key.gt(lastKey), -inf);
+    }
+    const at::Tensor p = scores.sub_(shift).exp_();  // the block's probabilities, in place
+    dv.narrow(2, start, len).copy_(at::matmul(p.transpose(-2, -1), dO));
+    const at::Tensor ds = at::matmul(dO, values.transpose(-2, -1)).sub_(delta).mul_(p);
+    dq.add_(at::matmul(ds, keys), scale);
+    dk.narrow(2, start, len).copy_(at::matmul(ds.transpose(-2, -1), scaledQ));
+  }
+  return {dq.to(input), dk.to(input), dv.to(input)};
 }
 
 AttentionResult onlineSoftmaxAttention(const at::Tensor& q, const at::Tensor& k,

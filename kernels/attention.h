@@ -44,4 +44,28 @@ AttentionResult onlineSoftmaxAttention(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, int64_t keyChunk, bool causal,
                                        double scale);
 
+// For training: onlineSoftmaxAttention, but on the CPU `lse` stays in the walk's arithmetic
+// dtype (float64 for float64 inputs; float32 otherwise, as the kernel's), since the backward
+// recomputes every block's probabilities from it and a float32 lse would round float64's.
+AttentionResult onlineSoftmaxAttentionForTraining(const at::Tensor& q, const at::Tensor& k,
+                                                  const at::Tensor& v, int64_t keyChunk,
+                                                  bool causal, double scale);
+
+struct AttentionGrads {
+  at::Tensor dq, dk, dv;  // shaped and typed as q, k and v
+};
+
+// The backward of the attention above (FlashAttention's): the keys walked `keyChunk` at a time
+// again, each block's probabilities recomputed from the saved lse, p = exp(scale q k^T - lse),
+// never the whole [Tq, Tk] matrix. With delta = rowsum(dout * out):
+//   dv_block = p^T dout,  ds = p * (dout v_block^T - delta),  dq += scale ds k_block,
+//   dk_block = scale ds^T q.
+// ATen products on whatever device the tensors are (no CUDA kernel: on a GPU it is the same
+// walk in cuBLAS products). `out` and `lse` are the forward's; rows that saw no key (lse -inf)
+// get zero gradients. Arithmetic in float32 for half types, in the input dtype otherwise.
+AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v, const at::Tensor& out,
+                                              const at::Tensor& lse, const at::Tensor& dout,
+                                              int64_t keyChunk, bool causal, double scale);
+
 }  // namespace sb::kernels
