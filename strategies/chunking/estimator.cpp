@@ -106,12 +106,18 @@ int64_t keyEnd(const Sizes& s, int64_t end) { return s.causal ? end : s.T; }
 // `chunk` at a time (float32 and float64: the walk's arithmetic is the input's own); returns
 // the output's bytes, still held. The queries and keys are head views of the projections:
 // folding [B, H] for a product copies them when B > 1, as in attention() above.
-int64_t onlineAttention(Counter& m, const Sizes& s, int64_t chunk) {
+// Training keeps the log-sum-exp (`keepLse`: OnlineAttentionFn saves it for the backward).
+int64_t onlineAttention(Counter& m, const Sizes& s, int64_t chunk, bool keepLse = false) {
   const int64_t E = s.rows(s.T), rowS = s.B * s.H * s.T * s.es, flags = s.B * s.H * s.T;
   const bool foldCopies = s.B > 1;
-  m.alloc(E);             // scaledQ = q * scale, laid out as q
+  const int64_t scalar = s.es == 8 ? 8 : 12;  // `* scale`: the wrapped double, and its float copy
+  m.alloc(scalar);
+  m.alloc(E);  // scaledQ = q * scale, laid out as q
+  m.release(scalar);
   m.alloc(2 * rowS + E);  // the running maximum and denominator, the accumulator
   m.alloc(s.T * 8);       // the last key of each query row (int64)
+  m.alloc(8);             // add_(tk - tq)'s wrapped scalar
+  m.release(8);
   for (int64_t start = 0; start < s.T; start += chunk) {
     const int64_t len = std::min(chunk, s.T - start), Ek = s.rows(len);
     const int64_t scores = s.B * s.H * s.T * len * s.es;
@@ -143,7 +149,7 @@ int64_t onlineAttention(Counter& m, const Sizes& s, int64_t chunk) {
   m.alloc(2 * rowS);  // log(l) and the log-sum-exp
   m.release(rowS);
   m.release(s.T * 8 + 2 * rowS + E);  // the last keys, l, m and scaledQ at return
-  m.release(rowS);                    // the log-sum-exp, which the executor drops
+  if (!keepLse) m.release(rowS);      // the log-sum-exp, which inference drops
   return E;                           // the accumulator, normalised in place
 }
 
@@ -651,6 +657,98 @@ class TapedTransformer {
     return o;
   }
 
+  // OnlineAttentionExecutor::forward in training (online_attention.cpp): the queries, then
+  // OnlineAttentionFn, one node: its forward the walk (`kernel`: the CUDA kernel's dispatcher)
+  // on the counter, saving q, k, v (views), the output and the log-sum-exp; its backward
+  // kernels::onlineSoftmaxAttentionBackward's walk over key blocks of `chunk`. Then the heads
+  // merged (a view of the walk's output, laid out as q; a copy of the kernel's) and the output
+  // projection, which is returned.
+  Val onlineAttention(const Val& h, const Val& k, const Val& v, int64_t chunk, bool kernel) {
+    const int64_t D = s_.D, es = s_.es, T = s_.T, Eall = E(T);
+    const Val qlin = linear(h, T, D, D, true, 3 * D * D * es, 3 * D * es);
+    const Val q = tapedView(t_, qlin, Eall);
+    Counter& m = t_.counter();
+    int64_t lseBytes = s_.B * s_.H * T * es;
+    if (kernel) {
+      lseBytes = s_.B * s_.H * T * 4;
+      m.alloc(3 * Eall + Eall + lseBytes);  // q, k, v made contiguous; the output; lse
+      m.release(3 * Eall);
+    } else {
+      chunking::onlineAttention(m, s_, chunk, /*keepLse=*/true);  // the output and lse stay
+    }
+    const Val out{t_.slot(), t_.adopt(Eall)};
+    const int lse = t_.adopt(lseBytes);
+    t_.node({out.slot}, {q.h, k.h, v.h, out.h, lse}, [this, q, k, v, chunk](const auto&) {
+      return onlineAttentionBackward(q, k, v, chunk);
+    });
+    t_.unref(lse);
+    // The heads merged: a view of the walk's output; a copy of the kernel's, contiguous per head.
+    // Either way the gradient comes back as a strided view of the projection's.
+    const Val y{t_.slot(), kernel ? t_.alloc(Eall) : out.h};
+    if (!kernel) t_.ref(out.h);
+    t_.node({y.slot}, {}, [this, out](const std::vector<int>& g) {
+      return std::vector<std::pair<int, int>>{{out.slot, t_.view(g[0], true)}};
+    });
+    const Val o = linear(y, T, D, D, true);
+    t_.unref(y.h);
+    t_.unref(out.h);
+    t_.unref(q.h);
+    t_.unref(qlin.h);
+    return o;
+  }
+
+  // kernels::onlineSoftmaxAttentionBackward on the counter; the gradients of q, k and v.
+  std::vector<std::pair<int, int>> onlineAttentionBackward(const Val& q, const Val& k, const Val& v,
+                                                           int64_t chunk) {
+    Counter& m = t_.counter();
+    const int64_t T = s_.T, Eall = E(T), es = s_.es;
+    const int64_t rowS = s_.B * s_.H * T * es, flags = s_.B * s_.H * T;
+    const bool fold = s_.B > 1;  // folding [B, H] for a product copies strided head views
+    const int64_t scalar = es == 8 ? 8 : 12;
+    m.alloc(scalar);
+    m.alloc(Eall);  // scaledQ = q * scale, laid out as q
+    m.release(scalar);
+    m.alloc(Eall);  // dout * out
+    m.alloc(rowS);  // delta, its row sum
+    m.release(Eall);
+    m.alloc(rowS + flags + rowS);  // zeros_like(lse), isneginf, the shift
+    m.release(rowS + flags);
+    const int gq = t_.alloc(Eall), gk = t_.alloc(Eall), gv = t_.alloc(Eall);
+    m.alloc(T * 8);  // the last key of each query row
+    m.alloc(8);      // add_'s wrapped scalar
+    m.release(8);
+    for (int64_t start = 0; start < T; start += chunk) {
+      const int64_t len = std::min(chunk, T - start), Ek = s_.rows(len);
+      const int64_t S = s_.B * s_.H * T * len * es;
+      const int64_t copyQK = fold ? Eall + Ek : 0, copyE = fold ? Eall : 0, copyK = fold ? Ek : 0;
+      m.alloc(copyQK);  // scaledQ and the keys' transpose made contiguous
+      m.alloc(S);       // the scores, then p in place
+      m.release(copyQK);
+      if (s_.causal) {
+        m.alloc(len * 8 + T * len);  // the keys' positions and the bool mask
+        m.release(len * 8 + T * len);
+      }
+      m.alloc(copyE);  // dout made contiguous
+      m.alloc(Ek);     // p^T dout, copied into dv
+      m.release(copyE);
+      m.release(Ek);
+      m.alloc(copyQK);  // dout and the values' transpose made contiguous
+      m.alloc(S);       // ds = (dout v^T - delta) * p
+      m.release(copyQK);
+      m.alloc(copyK);  // the keys made contiguous
+      m.alloc(Eall);   // ds k, added into dq
+      m.release(copyK);
+      m.release(Eall);
+      m.alloc(copyE);  // scaledQ made contiguous
+      m.alloc(Ek);     // ds^T scaledQ, copied into dk
+      m.release(copyE);
+      m.release(Ek);
+      m.release(2 * S);
+    }
+    m.release(T * 8 + rowS + rowS + Eall);  // the last keys, the shift, delta, scaledQ
+    return {{q.slot, gq}, {k.slot, gk}, {v.slot, gv}};
+  }
+
   Val ffn(const Val& h, int64_t n) {
     const int64_t D = s_.D;
     const Val u = linear(h, n, D, 4 * D, true);
@@ -689,7 +787,17 @@ int64_t trainingPeak(const Sizes& s, const ChunkPlan& plan, int64_t layers) {
   t.leaf(x.slot);
   for (int64_t l = 0; l < layers; ++l) {
     Val out;
-    if (p.region == "attention") {
+    if (p.region == "online" || p.region == "online/cuda") {
+      const Val h = tt.layerNorm(x, T, true);
+      const auto [k, v] = tt.keysValues(h);
+      const Val a = tt.onlineAttention(h, k, v, std::min(p.chunk, T), p.region == "online/cuda");
+      const Val r = tt.add(x, a, T);
+      t.unref(a.h);
+      const Val l2 = tt.layerNorm(r, T, true);
+      const Val f = tt.ffn(l2, T);
+      out = tt.add(r, f, T);
+      for (int hnd : {f.h, l2.h, r.h, k.h, v.h, h.h}) t.unref(hnd);
+    } else if (p.region == "attention") {
       const Val h = tt.layerNorm(x, T, true);
       const auto [k, v] = tt.keysValues(h);
       const Val a = tt.region(
@@ -808,7 +916,7 @@ int64_t trainingPeak(const Sizes& s, const ChunkPlan& plan, int64_t layers) {
   m.release(2 * E);
   // loss = sum(x * target): the product and the sum live until backward returns; the seed
   // gradient, ones, and its product with the target.
-  const int prod = t.alloc(E), total = t.alloc(4), ones = t.alloc(4);
+  const int prod = t.alloc(E), total = t.alloc(s.es), ones = t.alloc(s.es);  // scalars of the dtype
   std::map<int, int> grads{{x.slot, t.alloc(E)}};
   t.backward(grads);
   t.unref(ones);
@@ -1025,7 +1133,7 @@ int64_t pairTrainingPeak(const reference::PairShape& shape, int dim, int64_t chu
     z = next;
   }
   m.release(2 * Ez);  // results_.clear(): the previous step's output and input gradient
-  const int prod = t.alloc(Ez), total = t.alloc(4), ones = t.alloc(4);
+  const int prod = t.alloc(Ez), total = t.alloc(es), ones = t.alloc(es);  // scalars of the dtype
   std::map<int, int> grads{{z.slot, t.alloc(Ez)}};
   t.backward(grads);
   t.unref(ones);

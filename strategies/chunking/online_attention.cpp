@@ -16,16 +16,19 @@
 // the tolerance of a sum split into as many parts as there are blocks (at least two: even one
 // block sums exp(s - max) in another order than at::softmax).
 //
-// Prefill (inference) only: the walk has no backward yet, and a training case is unsupported,
-// saying so. Memory: the chunking estimator replays the walk (estimator.cpp, onlineAttention;
-// the kernel's dispatcher on CUDA tensors), exact to the byte on the CPU in float32 and
-// float64; half types are computed in float with temporaries it does not replay, and their
-// rows carry no prediction (details.memory_model says so).
+// Training: the core is one autograd node, OnlineAttentionFn, whose backward walks the key
+// blocks again (kernels::onlineSoftmaxAttentionBackward, ATen products on any device). Memory:
+// the chunking estimator replays the walk (estimator.cpp, onlineAttention; the kernel's
+// dispatcher on CUDA tensors) and, in training, the node's saved tensors and its backward walk
+// (TapedTransformer::onlineAttention), exact to the byte on the CPU in float32 and float64;
+// half types are computed in float with temporaries it does not replay, and their rows carry
+// no prediction (details.memory_model says so).
 //
 // Planted faults (tests only): "no_mask" forgets causality (every query sees every key),
 // "wrong_scale" scales the scores by 1/d instead of 1/sqrt(d).
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -64,10 +67,6 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
   Applicability applies(const CaseSpec& c) const override {
     if (auto refused = transformerCaseRefusal(c)) return *refused;
     const auto s = TransformerShape::parse(c.shape, c.workload);
-    if (s.training) {
-      return Applicability::unsupported(
-          "the online-softmax attention is forward only (no backward yet): prefill cases only");
-    }
     if (c.device == "cuda") {
       if (s.dModel / s.heads > kernels::cuda::kMaxAttentionHeadDim) {
         return Applicability::unsupported("the CUDA kernel takes head dims up to " +
@@ -108,10 +107,38 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
   std::string fault_;
 };
 
+// Training: the attention core as one autograd node. Forward: the walk (or the kernel) without a
+// tape, saving q, k and v (views of the projections, which the projections' nodes hold anyway),
+// the output and lse, O(T) per row, never a score matrix. Backward: the block walk of
+// kernels::onlineSoftmaxAttentionBackward, which recomputes each block's probabilities.
+struct OnlineAttentionFn : public torch::autograd::Function<OnlineAttentionFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, int64_t chunk, bool causal,
+                            double scale) {
+    kernels::AttentionResult r =
+        kernels::onlineSoftmaxAttentionForTraining(q, k, v, chunk, causal, scale);
+    ctx->save_for_backward({q, k, v, r.out, r.lse});
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    return r.out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const kernels::AttentionGrads g = kernels::onlineSoftmaxAttentionBackward(
+        saved[0], saved[1], saved[2], saved[3], saved[4], grads[0],
+        ctx->saved_data["chunk"].toInt(), ctx->saved_data["causal"].toBool(),
+        ctx->saved_data["scale"].toDouble());
+    return {g.dq, g.dk, g.dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
  public:
   OnlineAttentionExecutor(const OnlineAttentionStrategy& s, const CaseSpec& c)
-      : ChunkedStepExecutor(/*training=*/false),
+      : ChunkedStepExecutor(TransformerShape::parse(c.shape, c.workload).training),
         strategy_(s),
         case_(c),
         shape_(TransformerShape::parse(c.shape, c.workload)),
@@ -164,7 +191,9 @@ class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
       const at::Tensor h = m.ln1(l, x);
       const auto [k, v] = m.keysValues(l, h);
       const at::Tensor q = m.queries(l, h);
-      const at::Tensor heads = kernels::onlineSoftmaxAttention(q, k, v, chunk_, causal, scale).out;
+      const at::Tensor heads =
+          shape_.training ? OnlineAttentionFn::apply(q, k, v, chunk_, causal, scale)
+                          : kernels::onlineSoftmaxAttention(q, k, v, chunk_, causal, scale).out;
       const at::Tensor y =
           heads.transpose(1, 2).reshape({heads.size(0), heads.size(2), shape_.dModel});
       const at::Tensor r = x + m.project(l, y);

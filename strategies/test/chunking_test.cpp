@@ -81,9 +81,35 @@ TEST(OnlineAttention, MatchesTheReferenceAndPlantedFaultsFail) {
   // Without causality ViT has nothing to forget: its scale fault still fails.
   const auto scale = strategy("chunking/attention/online").withPlantedFault("wrong_scale");
   EXPECT_EQ(test::run(vit, *scale).status, harness::Status::kFail);
-  const auto train = test::run(prefillCase(96, 40, true), strategy("chunking/attention/online"));
-  EXPECT_EQ(train.status, harness::Status::kUnsupported);
-  EXPECT_NE(train.message.find("forward only"), std::string::npos) << train.message;
+}
+
+// Training: the output and every gradient (input, every parameter) against the plain step, in
+// float32 and float64, causal and not, key blocks that divide the sequence and one that leaves a
+// shorter last block; the planted faults fail in training too.
+TEST(OnlineAttention, TrainsWithTheBlockWalkBackward) {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (const char* workload : {"gpt2_prefill", "vit_encoder"}) {
+      for (int64_t chunk : {16, 40, 96}) {
+        auto c = prefillCase(96, chunk, true);
+        c.workload = workload;
+        c.dtype = dtype;
+        const auto rec = test::run(c, strategy("chunking/attention/online"));
+        ASSERT_EQ(rec.status, harness::Status::kPass)
+            << workload << " chunk " << chunk << " " << c10::toString(dtype) << ": " << rec.message;
+        int grads = 0;
+        for (const auto& t : rec.details["tensors"]) {
+          grads += t["tensor"].get<std::string>().rfind("grad", 0) == 0;
+        }
+        EXPECT_GT(grads, 10) << rec.details["tensors"].dump();
+        EXPECT_EQ(param(rec, "mode"), "training");
+      }
+    }
+  }
+  for (const char* fault : {"no_mask", "wrong_scale"}) {
+    const auto faulty = strategy("chunking/attention/online").withPlantedFault(fault);
+    EXPECT_EQ(test::run(prefillCase(96, 40, true), *faulty).status, harness::Status::kFail)
+        << fault;
+  }
 }
 
 // Its memory: the estimator's replay of the walk equals the measured activation peak to the
@@ -119,6 +145,30 @@ TEST(OnlineAttention, ItsMemoryModelIsExactAndSmallerBlocksHoldLess) {
     }
   }
   EXPECT_EQ(compared, 64);
+
+  // Training: the step's peak (in the backward walk, or the feed-forward's for small blocks)
+  // replayed with OnlineAttentionFn's saved tensors and its backward walk's temporaries.
+  int trained = 0;
+  for (int64_t batch : {1, 2}) {
+    for (const char* workload : {"gpt2_prefill", "vit_encoder"}) {
+      for (auto dtype : {at::kFloat, at::kDouble}) {
+        for (int64_t chunk : {1, 40, 97}) {
+          auto c = prefillCase(97, chunk, true);
+          c.workload = workload;
+          c.dtype = dtype;
+          c.shape["batch"] = batch;
+          const auto rec = test::run(c, strategy("chunking/attention/online"));
+          ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+          EXPECT_EQ(param(rec, "estimated_activation_peak_bytes"),
+                    param(rec, "activation_peak_bytes"))
+              << "training " << workload << " batch " << batch << " " << c10::toString(dtype)
+              << " chunk " << chunk;
+          ++trained;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(trained, 24);
   auto bf16 = prefillCase(96, 40, false);
   bf16.dtype = at::kBFloat16;
   const auto rec = test::run(bf16, strategy("chunking/attention/online"));

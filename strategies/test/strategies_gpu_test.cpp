@@ -4,9 +4,10 @@
 //     generator, so a recomputed stage must run from the seed and offset its first forward saw
 //     and put them back after (the CPU generator alone would leave every recomputed mask new).
 //     The plain step's generator state is compared too ("rng/cuda").
-//   - The online-softmax attention as a chunking executor: the CUDA kernel against the
-//     reference attention, its planted faults, and the chunking estimator's replay of the
-//     kernel path's memory against the caching allocator's per-rank peak.
+//   - The online-softmax attention as a chunking executor, prefill and training: the CUDA
+//     kernel (and the ATen backward walk) against the reference, its planted faults, and the
+//     chunking estimator's replays of the kernel path's memory against the caching
+//     allocator's per-rank peak.
 
 #include <gtest/gtest.h>
 
@@ -100,29 +101,34 @@ TEST_F(OnCuda, CheckpointingPlantedGeneratorFaultsFail) {
   }
 }
 
-harness::CaseSpec prefillCase(int64_t seq, int64_t chunk) {
+harness::CaseSpec prefillCase(int64_t seq, int64_t chunk, bool training = false) {
   harness::CaseSpec c = test::linearCase({1, 1}, 1, {1});
   c.device = "cuda";
   c.workload = "gpt2_prefill";
   c.shape = {{"batch", 2}, {"seq", seq},  {"d_model", 128},
-             {"heads", 4}, {"layers", 2}, {"mode", "inference"}};
+             {"heads", 4}, {"layers", 2}, {"mode", training ? "training" : "inference"}};
   c.params["chunk"] = chunk;
   return c;
 }
 
 // The kernel as a chunking executor: causal and not, blocks that divide the sequence and one
-// that leaves a short last block; its memory replay against the allocator hook's peak.
+// that leaves a short last block, prefill and training (the kernel's forward, the ATen walk's
+// backward in cuBLAS products); its memory replays against the allocator hook's peak.
 TEST_F(OnCuda, OnlineAttentionMatchesTheReferenceAndItsMemoryModel) {
-  for (const char* workload : {"gpt2_prefill", "vit_encoder"}) {
-    for (int64_t chunk : {64, 40}) {
-      auto c = prefillCase(200, chunk);
-      c.workload = workload;
-      const auto rec = test::run(c, strategy("chunking/attention/online"));
-      ASSERT_EQ(rec.status, harness::Status::kPass)
-          << workload << " " << chunk << ": " << rec.message;
-      EXPECT_EQ(param(rec, "estimated_activation_peak_bytes"), param(rec, "activation_peak_bytes"))
-          << workload << " chunk " << chunk;
-      EXPECT_TRUE(rec.mispredicted.empty()) << rec.mispredicted << ": " << rec.message;
+  for (bool training : {false, true}) {
+    for (const char* workload : {"gpt2_prefill", "vit_encoder"}) {
+      for (int64_t chunk : {64, 40}) {
+        auto c = prefillCase(200, chunk, training);
+        c.workload = workload;
+        const auto rec = test::run(c, strategy("chunking/attention/online"));
+        const std::string what = std::string(workload) + " chunk " + std::to_string(chunk) +
+                                 (training ? " training" : "");
+        ASSERT_EQ(rec.status, harness::Status::kPass) << what << ": " << rec.message;
+        EXPECT_EQ(param(rec, "estimated_activation_peak_bytes"),
+                  param(rec, "activation_peak_bytes"))
+            << what;
+        EXPECT_TRUE(rec.mispredicted.empty()) << what << ": " << rec.message;
+      }
     }
   }
   for (const char* fault : {"no_mask", "wrong_scale"}) {
