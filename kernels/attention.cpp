@@ -34,6 +34,25 @@ at::Tensor lastKeys(int64_t tq, int64_t tk, const at::TensorOptions& options) {
   return at::arange(tq, options.dtype(at::kLong)).add_(tk - tq).unsqueeze(1);
 }
 
+// One key block of a walk: its keys and values in the arithmetic's dtype (views where that is
+// theirs) and its scores scaledQ k^T [B, H, tq, len], -inf where a causal query may not look.
+struct KeyBlock {
+  at::Tensor keys, values, scores;
+};
+KeyBlock keyBlock(const at::Tensor& scaledQ, const at::Tensor& k, const at::Tensor& v,
+                  int64_t start, int64_t len, at::ScalarType math, bool causal,
+                  const at::Tensor& lastKey) {
+  KeyBlock b;
+  b.keys = k.narrow(2, start, len).to(math);
+  b.values = v.narrow(2, start, len).to(math);
+  b.scores = at::matmul(scaledQ, b.keys.transpose(-2, -1));
+  if (causal) {
+    const at::Tensor key = at::arange(start, start + len, lastKey.options());
+    b.scores.masked_fill_(key.gt(lastKey), -std::numeric_limits<double>::infinity());
+  }
+  return b;
+}
+
 // The walk; lse in the arithmetic's dtype.
 AttentionResult walk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      int64_t keyChunk, bool causal, double scale) {
@@ -53,13 +72,8 @@ AttentionResult walk(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
   for (int64_t start = 0; start < tk; start += keyChunk) {
     const int64_t len = std::min(keyChunk, tk - start);
-    const at::Tensor keys = k.narrow(2, start, len).to(math);
-    const at::Tensor values = v.narrow(2, start, len).to(math);
-    at::Tensor scores = at::matmul(scaledQ, keys.transpose(-2, -1));  // [B, H, tq, len]
-    if (causal) {
-      const at::Tensor key = at::arange(start, start + len, lastKey.options());
-      scores.masked_fill_(key.gt(lastKey), -inf);
-    }
+    const KeyBlock block = keyBlock(scaledQ, k, v, start, len, math, causal, lastKey);
+    const at::Tensor &values = block.values, &scores = block.scores;
     const at::Tensor mNew = at::maximum(m, scores.amax(-1, /*keepdim=*/true));
     // A row that has seen no key yet has m_new = -inf, and exp(-inf - -inf) is NaN: such a row
     // subtracts 0 instead, which turns its masked scores and its empty past into exp(-inf) = 0.
@@ -109,7 +123,6 @@ AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Ten
   const int64_t tq = q.size(2), tk = k.size(2);
   const at::ScalarType input = q.scalar_type();
   const at::ScalarType math = (input == at::kHalf || input == at::kBFloat16) ? at::kFloat : input;
-  const double inf = std::numeric_limits<double>::infinity();
 
   const at::Tensor scaledQ = q.to(math) * scale;
   const at::Tensor dO = dout.to(math);
@@ -125,13 +138,9 @@ AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Ten
 
   for (int64_t start = 0; start < tk; start += keyChunk) {
     const int64_t len = std::min(keyChunk, tk - start);
-    const at::Tensor keys = k.narrow(2, start, len).to(math);
-    const at::Tensor values = v.narrow(2, start, len).to(math);
-    at::Tensor scores = at::matmul(scaledQ, keys.transpose(-2, -1));  // [B, H, tq, len]
-    if (causal) {
-      const at::Tensor key = at::arange(start, start + len, lastKey.options());
-      scores.masked_fill_(key.gt(lastKey), -inf);
-    }
+    KeyBlock block = keyBlock(scaledQ, k, v, start, len, math, causal, lastKey);
+    const at::Tensor &keys = block.keys, &values = block.values;
+    at::Tensor& scores = block.scores;
     const at::Tensor p = scores.sub_(shift).exp_();  // the block's probabilities, in place
     dv.narrow(2, start, len).copy_(at::matmul(p.transpose(-2, -1), dO));
     const at::Tensor ds = at::matmul(dO, values.transpose(-2, -1)).sub_(delta).mul_(p);

@@ -787,16 +787,22 @@ int64_t trainingPeak(const Sizes& s, const ChunkPlan& plan, int64_t layers) {
   t.leaf(x.slot);
   for (int64_t l = 0; l < layers; ++l) {
     Val out;
-    if (p.region == "online" || p.region == "online/cuda") {
-      const Val h = tt.layerNorm(x, T, true);
-      const auto [k, v] = tt.keysValues(h);
-      const Val a = tt.onlineAttention(h, k, v, std::min(p.chunk, T), p.region == "online/cuda");
+    // The rest of a block whose attention output is `a`: r = x + a, then r + ffn(LN2(r)); the
+    // locals h, k and v go with the block's.
+    const auto rest = [&](const Val& a, const Val& h, const Val& k, const Val& v) {
       const Val r = tt.add(x, a, T);
       t.unref(a.h);
       const Val l2 = tt.layerNorm(r, T, true);
       const Val f = tt.ffn(l2, T);
-      out = tt.add(r, f, T);
+      const Val o = tt.add(r, f, T);
       for (int hnd : {f.h, l2.h, r.h, k.h, v.h, h.h}) t.unref(hnd);
+      return o;
+    };
+    if (p.region == "online" || p.region == "online/cuda") {
+      const Val h = tt.layerNorm(x, T, true);
+      const auto [k, v] = tt.keysValues(h);
+      out = rest(tt.onlineAttention(h, k, v, std::min(p.chunk, T), p.region == "online/cuda"), h, k,
+                 v);
     } else if (p.region == "attention") {
       const Val h = tt.layerNorm(x, T, true);
       const auto [k, v] = tt.keysValues(h);
@@ -812,12 +818,7 @@ int64_t trainingPeak(const Sizes& s, const ChunkPlan& plan, int64_t layers) {
             return o;
           },
           p.chunk);
-      const Val r = tt.add(x, a, T);
-      t.unref(a.h);
-      const Val l2 = tt.layerNorm(r, T, true);
-      const Val f = tt.ffn(l2, T);
-      out = tt.add(r, f, T);
-      for (int hnd : {f.h, l2.h, r.h, k.h, v.h, h.h}) t.unref(hnd);
+      out = rest(a, h, k, v);
     } else if (p.region == "ffn") {
       const Val h = tt.layerNorm(x, T, true);
       const auto [k, v] = tt.keysValues(h);
