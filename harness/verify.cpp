@@ -64,7 +64,7 @@ Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, i
   const double scale = expected.numel() ? expected.abs().max().item<double>() : 0.0;
   // cuBLAS accumulates in fp32 (fp64 for double) and rounds the result once: the two orders
   // differ by the accumulation's rounding and one rounding of the output each.
-  const double acc = dtype == at::kDouble ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  const double acc = unitRoundoff(dtype == at::kDouble ? at::kDouble : at::kFloat);
   const double atol = cublasOrder ? (2 * u + static_cast<double>(length) * acc) * scale
                                   : static_cast<double>(length) * u * scale;
   if (atol <= base.atol) return base;

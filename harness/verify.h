@@ -22,6 +22,10 @@ struct Tolerance {
   std::string toString() const;
 };
 
+// The unit roundoff of a floating dtype (2^-53 double, 2^-24 float, 2^-11 half, 2^-8 bfloat16);
+// 0 for other types.
+double unitRoundoff(at::ScalarType dtype);
+
 // The tolerance for a tensor that a strategy reduces over a dimension of `length` elements split
 // across `parts` ranks, so that its summation order differs from the reference's. The classical
 // bound on the rounding of a length-R sum is about R * u * sum|terms| (u: the unit roundoff,
@@ -31,10 +35,6 @@ struct Tolerance {
 // Returns `base` unchanged for bitwise comparisons and, on the CPU, for parts <= 1. On CUDA an
 // unsplit product gets (2 u + R * u_acc) * max|expected| (u_acc: cuBLAS's fp32 or fp64
 // accumulation), since cuBLAS chooses its summation order by the operands' layout.
-// The unit roundoff of a floating dtype (2^-53 double, 2^-24 float, 2^-11 half, 2^-8 bfloat16);
-// 0 for other types.
-double unitRoundoff(at::ScalarType dtype);
-
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
                                   int64_t parts, const at::Tensor& expected);
 

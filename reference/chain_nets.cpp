@@ -85,16 +85,31 @@ WorkloadData ChainWorkload::build(const nlohmann::json& shape, at::ScalarType dt
   return d;
 }
 
-at::Tensor deviceGeneratorState(const at::Device& device) {
+PhiloxState devicePhiloxState(const at::Device& device) {
 #if SB_TORCH_VERSION_NUM >= 201
   at::Generator g = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(g.mutex());
-  const int64_t state[] = {static_cast<int64_t>(g.current_seed()),
-                           static_cast<int64_t>(g.get_offset())};
-  return at::tensor(at::ArrayRef<int64_t>(state), at::kLong);
+  return {g.current_seed(), g.get_offset()};
 #else
   TORCH_CHECK(false, "the state of the ", device, " generator needs LibTorch 2.1 or later");
 #endif
+}
+
+void setDevicePhiloxState(const at::Device& device, const PhiloxState& state) {
+#if SB_TORCH_VERSION_NUM >= 201
+  at::Generator g = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_current_seed(state.seed);  // CUDA's resets the offset to 0: set it second
+  g.set_offset(state.offset);
+#else
+  TORCH_CHECK(false, "the state of the ", device, " generator needs LibTorch 2.1 or later");
+#endif
+}
+
+at::Tensor deviceGeneratorState(const at::Device& device) {
+  const PhiloxState s = devicePhiloxState(device);
+  const int64_t state[] = {static_cast<int64_t>(s.seed), static_cast<int64_t>(s.offset)};
+  return at::tensor(at::ArrayRef<int64_t>(state), at::kLong);
 }
 
 namespace {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -83,8 +84,14 @@ class ChainWorkload : public Workload {
 };
 
 // The state of a GPU's default generator (CUDA's Philox), which dropout on its tensors draws
-// from, as a CPU int64 tensor [seed, offset]. Needs LibTorch 2.1 or later (the offset), as the
-// CUDA side does anyway.
+// from: its seed and offset, read and set under the generator's lock. Needs LibTorch 2.1 or
+// later (the offset), as the CUDA side does anyway; throws otherwise.
+struct PhiloxState {
+  uint64_t seed = 0, offset = 0;
+};
+PhiloxState devicePhiloxState(const at::Device& device);
+void setDevicePhiloxState(const at::Device& device, const PhiloxState& state);
+// The same as a CPU int64 tensor [seed, offset], as a step's results compare it ("rng/cuda").
 at::Tensor deviceGeneratorState(const at::Device& device);
 
 const ChainWorkload* findChainWorkload(const std::string& name);

@@ -98,17 +98,7 @@ class RngSnapshot {
   static RngSnapshot take(const c10::Device& device) {
     RngSnapshot s;
     s.state_ = cpuGenerator()->clone();
-    if (!device.is_cpu()) {
-#if SB_TORCH_VERSION_NUM >= 201
-      at::Generator g = at::globalContext().defaultGenerator(device);
-      std::lock_guard<std::mutex> lock(g.mutex());
-      s.device_ = device;
-      s.seed_ = g.current_seed();
-      s.offset_ = g.get_offset();
-#else
-      TORCH_CHECK(false, "recomputing dropout on ", device, " needs LibTorch 2.1 or later");
-#endif
-    }
+    if (!device.is_cpu()) s.device_ = {device, reference::devicePhiloxState(device)};
     return s;
   }
   bool held() const { return state_ != nullptr; }
@@ -120,14 +110,7 @@ class RngSnapshot {
       g->set_next_float_normal_sample(state_->next_float_normal_sample());
       g->set_next_double_normal_sample(state_->next_double_normal_sample());
     }
-#if SB_TORCH_VERSION_NUM >= 201
-    if (device_) {
-      at::Generator d = at::globalContext().defaultGenerator(*device_);
-      std::lock_guard<std::mutex> lock(d.mutex());
-      d.set_current_seed(seed_);  // CUDA's resets the offset to 0: set it second
-      d.set_offset(offset_);
-    }
-#endif
+    if (device_) reference::setDevicePhiloxState(device_->first, device_->second);
   }
   void clear() {
     state_.reset();
@@ -139,9 +122,7 @@ class RngSnapshot {
     return at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
   }
   std::shared_ptr<at::CPUGeneratorImpl> state_;
-  std::optional<c10::Device> device_;
-  uint64_t seed_ = 0;
-  uint64_t offset_ = 0;
+  std::optional<std::pair<c10::Device, reference::PhiloxState>> device_;
 };
 
 // Runs a schedule's operations on a network, holding what the schedule says is held.
@@ -353,21 +334,6 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
       return Applicability::unsupported("checkpointing runs on one rank; the mesh has " +
                                         std::to_string(c.meshSize()));
     }
-#if SB_TORCH_VERSION_NUM < 201
-    if (c.device == "cuda") {
-      // A GPU's generator offset (recomputed dropout's masks) is readable from LibTorch 2.1.
-      const bool hasDropout = c.workload == "mlp_chain" || c.workload == "gpt2_stack";
-      const double p =
-          c.shape.is_object() && c.shape.contains("dropout") && c.shape["dropout"].is_number()
-              ? c.shape["dropout"].get<double>()
-              : 0.1;  // chain_nets.cpp's default
-      if (hasDropout && p > 0) {
-        return Applicability::unsupported(
-            "dropout on CUDA needs LibTorch 2.1 or later (the generator's offset); set "
-            "shape.dropout: 0");
-      }
-    }
-#endif
     if (c.params.contains("budget")) {
       const auto& b = c.params["budget"];
       if (!b.is_number() || b.get<double>() <= 0) {

@@ -52,8 +52,6 @@ inline std::optional<Fault> parseFault(const std::string& name,
   return std::nullopt;
 }
 
-// One chunk of a region: from the region's inputs (up to three tensors) and the index range
-// [begin, end) of the chunked dimension, that range of the region's output.
 // Why a chunker of transformer regions cannot take the case at all (not a transformer
 // workload; more than one rank), or nullopt when it can.
 inline std::optional<harness::Applicability> transformerCaseRefusal(const harness::CaseSpec& c) {
@@ -85,6 +83,8 @@ inline int64_t sequenceChunkOf(const harness::CaseSpec& c) {
   return std::min(chunk, s.seq);
 }
 
+// One chunk of a region: from the region's inputs (up to three tensors) and the index range
+// [begin, end) of the chunked dimension, that range of the region's output.
 using ChunkFn = std::function<at::Tensor(const std::vector<at::Tensor>&, int64_t, int64_t)>;
 
 struct Chunking {

@@ -107,13 +107,29 @@ int64_t keyEnd(const Sizes& s, int64_t end) { return s.causal ? end : s.T; }
 // the output's bytes, still held. The queries and keys are head views of the projections:
 // folding [B, H] for a product copies them when B > 1, as in attention() above.
 // Training keeps the log-sum-exp (`keepLse`: OnlineAttentionFn saves it for the backward).
+// scaledQ = q * scale, laid out as q, in both walks: the scale is wrapped as a double tensor
+// and, for float, copied to one while the product is made.
+int64_t scaledQueries(Counter& m, const Sizes& s) {
+  const int64_t scalar = s.es == 8 ? 8 : 12;
+  m.alloc(scalar);
+  m.alloc(s.rows(s.T));
+  m.release(scalar);
+  return s.rows(s.T);
+}
+
+// The CUDA kernel's dispatcher (kernels::onlineSoftmaxAttention): q, k and v made contiguous
+// until it returns, the output and the float log-sum-exp it returns; the latter's bytes.
+int64_t kernelAttention(Counter& m, const Sizes& s) {
+  const int64_t E = s.rows(s.T), lse = s.B * s.H * s.T * 4;
+  m.alloc(3 * E + E + lse);
+  m.release(3 * E);
+  return lse;
+}
+
 int64_t onlineAttention(Counter& m, const Sizes& s, int64_t chunk, bool keepLse = false) {
   const int64_t E = s.rows(s.T), rowS = s.B * s.H * s.T * s.es, flags = s.B * s.H * s.T;
   const bool foldCopies = s.B > 1;
-  const int64_t scalar = s.es == 8 ? 8 : 12;  // `* scale`: the wrapped double, and its float copy
-  m.alloc(scalar);
-  m.alloc(E);  // scaledQ = q * scale, laid out as q
-  m.release(scalar);
+  scaledQueries(m, s);
   m.alloc(2 * rowS + E);  // the running maximum and denominator, the accumulator
   m.alloc(s.T * 8);       // the last key of each query row (int64)
   m.alloc(8);             // add_(tk - tq)'s wrapped scalar
@@ -228,11 +244,8 @@ void block(Counter& m, const Sizes& s, const ChunkPlan& plan) {
     linear(m, s, s.T, s.D, s.D, true);      // queries
     int64_t heads;
     if (kernel) {
-      const int64_t lse = s.B * s.H * s.T * 4;
-      m.alloc(3 * E + E + lse);  // q, k, v made contiguous; the output; the log-sum-exp
-      m.release(3 * E);          // at the dispatcher's return
-      m.release(lse);            // dropped by the executor
-      m.alloc(E);                // the heads merged back: a copy
+      m.release(kernelAttention(m, s));  // the log-sum-exp, dropped by the executor
+      m.alloc(E);                        // the heads merged back: a copy
       heads = 2 * E;
     } else {
       heads = onlineAttention(m, s, C);
@@ -670,9 +683,7 @@ class TapedTransformer {
     Counter& m = t_.counter();
     int64_t lseBytes = s_.B * s_.H * T * es;
     if (kernel) {
-      lseBytes = s_.B * s_.H * T * 4;
-      m.alloc(3 * Eall + Eall + lseBytes);  // q, k, v made contiguous; the output; lse
-      m.release(3 * Eall);
+      lseBytes = kernelAttention(m, s_);  // the output and lse stay
     } else {
       chunking::onlineAttention(m, s_, chunk, /*keepLse=*/true);  // the output and lse stay
     }
@@ -704,10 +715,7 @@ class TapedTransformer {
     const int64_t T = s_.T, Eall = E(T), es = s_.es;
     const int64_t rowS = s_.B * s_.H * T * es, flags = s_.B * s_.H * T;
     const bool fold = s_.B > 1;  // folding [B, H] for a product copies strided head views
-    const int64_t scalar = es == 8 ? 8 : 12;
-    m.alloc(scalar);
-    m.alloc(Eall);  // scaledQ = q * scale, laid out as q
-    m.release(scalar);
+    scaledQueries(m, s_);
     m.alloc(Eall);  // dout * out
     m.alloc(rowS);  // delta, its row sum
     m.release(Eall);
