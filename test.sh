@@ -4,6 +4,8 @@
 # shards; for one case: build/strategies/strategies_tests --gtest_filter='PlantedFault.*').
 set -euo pipefail
 cd "$(dirname "$0")"
+# The rooms include only rooms below them (docs/architecture.md): seconds, before the build.
+ci/check_includes.sh
 ci/setup.sh --test
 cd build
 exec ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"

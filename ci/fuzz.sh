@@ -28,7 +28,7 @@ flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -fno-omit-frame-pointer -D_GLIBCXX_USE_CXX11_ABI=1 -I"$src" -Wno-unused-command-line-argument)
 torch=(-isystem /usr/include/torch/csrc/api/include)
 ccache=$(command -v ccache || true)
-rpath=(-Wl,-rpath,"$build/harness" -Wl,-rpath,"$build/reference" -Wl,-rpath,"$build/kernels")
+rpath=(-Wl,-rpath,"$build/harness" -Wl,-rpath,"$build/strategies" -Wl,-rpath,"$build/reference" -Wl,-rpath,"$build/kernels")
 harness=(-L"$build/harness" -lstratbench_harness -L"$build/reference" -lstratbench_reference
          -L"$build/kernels" -lstratbench_kernels -L"$libdir" -lc10 -ltorch -ltorch_cpu)
 
@@ -39,18 +39,19 @@ build_target() {
   case "$t" in
     chain) srcs+=("$src/strategies/checkpointing/chain.cpp" "$src/strategies/checkpointing/solvers.cpp") ;;
     numbers) ;;
-    suite) srcs+=("$src/harness/suite.cpp" "$src/harness/mesh.cpp")
+    suite) srcs+=("$src/harness/run/suite.cpp" "$src/harness/comm/mesh.cpp")
            extra=("${torch[@]}" "${harness[@]}" -lyaml-cpp "${rpath[@]}") ;;
-    profile) srcs+=("$src/harness/cost_profile.cpp")
+    profile) srcs+=("$src/harness/dist/cost_profile.cpp")
              extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
     results) srcs+=("$src/reports/results_file.cpp")
              extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
     # The plan reader, the model it reads plans of and the operator strategies it resolves
     # (instrumented; the last registers its executors, unused here); the integer program
     # (gcc's build, not instrumented) only because the model's translation unit refers to it.
-    plan) srcs+=("$src/strategies/sharding/auto/model.cpp" "$src/strategies/sharding/op_specs.cpp"
-                 "$src/strategies/sharding/op_sharding.cpp")
-          extra=("${torch[@]}" "${harness[@]}" "$build/strategies/libstratbench_autoshard_ilp.a"
+    plan) srcs+=("$src/strategies/sharding/auto/"{cost_model,liveness,plan_json}.cpp
+                 "$src/strategies/sharding/ops/"*.cpp)
+          extra=("${torch[@]}" "${harness[@]}" -L"$build/strategies" -lstratbench_layout
+                 "$build/strategies/libstratbench_autoshard_ilp.a"
                  $(pkg-config --libs cbc) "${rpath[@]}") ;;
     *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan)"; exit 2 ;;
   esac

@@ -20,16 +20,18 @@ check "cmake --install into a temporary prefix" 0 "" -- cmake --install "$build"
 check "installed: binaries, libraries, API headers, CMake package" 0 "" -- bash -c "
   set -e
   for f in bin/stratbench bin/stratbench-core lib/libstratbench_harness.so \
-           lib/libstratbench_reference.so lib/libstratbench_kernels.so \
+           lib/libstratbench_reference.so lib/libstratbench_kernels.so lib/libstratbench_layout.so \
            include/stratbench/harness/strategy.h include/stratbench/harness/registry.h \
-           include/stratbench/harness/plugin.h include/stratbench/harness/rank_context.h \
-           include/stratbench/harness/comm.h include/stratbench/harness/layout.h \
+           include/stratbench/harness/plugin.h include/stratbench/harness/comm/rank_context.h \
+           include/stratbench/harness/comm/comm.h include/stratbench/harness/box.h \
+           include/stratbench/strategies/sharding/layout/placement.h \
            include/stratbench/reference/workload.h share/stratbench/plots/make_plots.py \
            lib/cmake/stratbench/stratbenchConfig.cmake \
            lib/cmake/stratbench/stratbenchConfigVersion.cmake; do
     test -e '$prefix/'\$f || { echo missing \$f; exit 1; }
   done
-  for f in harness/runner.h harness/threads_backend.h strategies; do
+  for f in harness/run/runner.h harness/comm/threads_backend.h strategies/sharding/ops \
+           strategies/sharding/layout/redistribute.h; do
     test ! -e '$prefix/include/stratbench/'\$f || { echo internal \$f installed; exit 1; }
   done"
 # The installed headers are a closed set: together they compile with nothing but LibTorch's and

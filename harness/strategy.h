@@ -12,11 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/case.h"
-#include "harness/comm.h"
-#include "harness/cost_profile.h"
-#include "harness/layout.h"
-#include "harness/rank_context.h"
-#include "harness/verify.h"
+#include "harness/error.h"
+#include "harness/comm/comm.h"
+#include "harness/dist/cost_profile.h"
+#include "harness/box.h"
+#include "harness/comm/rank_context.h"
+#include "harness/measure/verify.h"
 #include "reference/workload.h"
 
 namespace sb::harness {
@@ -72,13 +73,6 @@ class RankExecutor {
   // chunk size, ...) and details for its JSON (a schedule, a plan).
   virtual std::vector<std::pair<std::string, std::string>> recordParams() const { return {}; }
   virtual nlohmann::json details() const { return nlohmann::json::object(); }
-};
-
-// Thrown by prepare() when the case turns out to be one the strategy cannot run (e.g. no
-// checkpoint schedule fits the budget): the row is `unsupported` with this message.
-class UnsupportedCase : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
 };
 
 // A registered strategy: what it is, where it applies, how it lays out its results, what

@@ -15,7 +15,7 @@
 #include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
-#include "harness/records.h"
+#include "harness/run/records.h"
 
 namespace sb::reports {
 namespace {

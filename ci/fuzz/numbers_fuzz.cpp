@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "harness/cli/numbers.h"
+#include "cli/numbers.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/suite.h"
+#include "harness/run/suite.h"
 #include "reference/graph.h"
 #include "strategies/sharding/auto/model.h"
 

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/cost_profile.h"
-#include "harness/suite.h"
+#include "harness/dist/cost_profile.h"
+#include "harness/run/suite.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const nlohmann::json j =

@@ -77,7 +77,7 @@ if has build; then
   # What the GPU checks use (not the fuzzers, benchmarks and report tests).
   timeout "$(limit "${SB_GPU_BUILD_TIMEOUT:-420}")" cmake --build "$build" -j "$(nproc)" --target stratbench \
     stratbench-core kernels_gpu_tests harness_gpu_tests strategies_gpu_tests kernels_tests harness_tests \
-    strategies_tests -- -k 0 >"$log/build.log" 2>&1
+    strategies_tests layout_tests -- -k 0 >"$log/build.log" 2>&1
   rc=$?
   grep -E "error|FAILED" "$log/build.log" | head -40
   tail -3 "$log/build.log"
@@ -96,7 +96,7 @@ fi
 
 if has unit; then
   step "unit tests"
-  for t in strategies/strategies_tests harness/harness_tests kernels/kernels_tests; do
+  for t in strategies/strategies_tests strategies/layout_tests harness/harness_tests kernels/kernels_tests; do
     [[ -x $build/$t ]] || { echo "missing $t"; continue; }
     timeout "$(limit 240)" "$build/$t" --gtest_brief=1 >"$log/$(basename "$t").log" 2>&1
     echo "$t: exit $? ($(grep -cE '^\[  FAILED  \]' "$log/$(basename "$t").log") failed)"

@@ -21,7 +21,7 @@
 #include <numeric>
 #include <optional>
 
-#include "harness/autograd_comm.h"
+#include "harness/comm/autograd_comm.h"
 #include "harness/plugin.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"

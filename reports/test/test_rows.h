@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/records.h"
+#include "harness/run/records.h"
 #include "harness/test/temp_dir.h"
 
 namespace sb::reports::test {

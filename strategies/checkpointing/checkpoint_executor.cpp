@@ -56,7 +56,7 @@
 #include <mutex>
 #include <optional>
 
-#include "harness/memory.h"
+#include "harness/measure/memory.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/chain_nets.h"

@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "harness/device.h"
-#include "harness/memory.h"
+#include "harness/measure/device.h"
+#include "harness/measure/memory.h"
 #include "reference/autograd_engine.h"
 
 namespace sb::strategies::checkpointing {

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/memory.h"
+#include "harness/measure/memory.h"
 #include "harness/strategy.h"
 #include "reference/autograd_engine.h"
 #include "reference/transformer.h"

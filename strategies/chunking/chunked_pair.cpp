@@ -16,9 +16,9 @@
 // Planted faults: off_by_one, wrong_offset, and per_chunk_reduction, which sums x over the
 // chunk's own k only.
 
-#include "harness/memory.h"
+#include "harness/measure/memory.h"
 #include "harness/registry.h"
-#include "harness/verify.h"
+#include "harness/measure/verify.h"
 #include "reference/evoformer.h"
 #include "strategies/chunking/chunk_runner.h"
 #include "strategies/chunking/estimator.h"

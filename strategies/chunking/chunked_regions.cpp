@@ -35,9 +35,9 @@
 #include <array>
 #include <functional>
 
-#include "harness/memory.h"
+#include "harness/measure/memory.h"
 #include "harness/registry.h"
-#include "harness/verify.h"
+#include "harness/measure/verify.h"
 #include "reference/transformer.h"
 #include "strategies/chunking/chunk_runner.h"
 #include "strategies/chunking/estimator.h"

@@ -18,9 +18,9 @@
 //
 // Training: the core is one autograd node, OnlineAttentionFn, whose backward walks the key
 // blocks again (kernels::onlineSoftmaxAttentionBackward, ATen products on any device). Memory:
-// the chunking estimator replays the walk (estimator.cpp, onlineAttention; the kernel's
-// dispatcher on CUDA tensors) and, in training, the node's saved tensors and its backward walk
-// (TapedTransformer::onlineAttention), exact to the byte on the CPU in float32 and float64;
+// the chunking estimator replays the walk (estimator/transformer_replay.cpp, onlineAttention; the
+// kernel's dispatcher on CUDA tensors) and, in training, the node's saved tensors and its backward
+// walk (TapedTransformer::onlineAttention), exact to the byte on the CPU in float32 and float64;
 // half types are computed in float with temporaries it does not replay, and their rows carry
 // no prediction (details.memory_model says so).
 //
@@ -33,8 +33,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "harness/measure/verify.h"
 #include "harness/registry.h"
-#include "harness/verify.h"
 #include "kernels/attention.h"
 #include "kernels/cuda_api.h"
 #include "reference/transformer.h"
@@ -170,7 +170,8 @@ class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
   nlohmann::json details() const override {
     if (estimate_) {
       return {{"memory_model",
-               "the chunking estimator's replay of the walk (estimator.cpp, onlineAttention)"}};
+               "the chunking estimator's replay of the walk (estimator/transformer_replay.cpp, "
+               "onlineAttention)"}};
     }
     return {{"memory_model",
              "none for " + harness::dtypeName(case_.dtype) +

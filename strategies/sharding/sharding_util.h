@@ -12,7 +12,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "harness/comm.h"
+#include "harness/comm/comm.h"
 
 namespace sb::strategies {
 

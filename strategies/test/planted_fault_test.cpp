@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/registry.h"
-#include "strategies/sharding/linear_strategies.h"
+#include "strategies/sharding/linear/linear_strategies.h"
 #include "strategies/test/test_util.h"
 
 namespace sb::strategies {

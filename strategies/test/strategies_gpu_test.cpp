@@ -13,8 +13,8 @@
 
 #include <map>
 
-#include "harness/device.h"
-#include "harness/memory.h"
+#include "harness/measure/device.h"
+#include "harness/measure/memory.h"
 #include "harness/registry.h"
 #include "reference/workload.h"
 #include "strategies/test/test_util.h"

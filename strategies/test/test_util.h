@@ -7,7 +7,7 @@
 
 #include "harness/case.h"
 #include "harness/registry.h"
-#include "harness/runner.h"
+#include "harness/run/runner.h"
 
 namespace sb::strategies::test {
 

@@ -47,12 +47,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/cost_profile.h"
-#include "harness/placement.h"
-#include "harness/redistribute.h"
+#include "harness/dist/cost_profile.h"
+#include "strategies/sharding/layout/placement.h"
+#include "strategies/sharding/layout/redistribute.h"
 #include "reference/graph.h"
 #include "strategies/sharding/auto/ilp.h"
-#include "strategies/sharding/op_strategies.h"
+#include "strategies/sharding/ops/op_strategies.h"
 
 namespace sb::strategies::autoshard {
 

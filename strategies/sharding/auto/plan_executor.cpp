@@ -26,10 +26,10 @@
 #include <fstream>
 #include <mutex>
 
-#include "harness/memory.h"
-#include "harness/redistribute_exec.h"
+#include "harness/measure/memory.h"
+#include "strategies/sharding/layout/redistribute_exec.h"
 #include "harness/registry.h"
-#include "harness/suite.h"
+#include "harness/run/suite.h"
 #include "reference/autograd_engine.h"
 #include "strategies/sharding/auto/model.h"
 #include "strategies/sharding/sharding_util.h"

@@ -1,0 +1,36 @@
+// The `stratbench` command: a front that starts in milliseconds.
+//
+// LibTorch takes about a second to load (its shared libraries' relocations), which a command
+// that reads a JSON chain and prints a schedule has no use for. So `solve checkpoint` runs
+// here, in a program linked without LibTorch; every other command runs in `stratbench-core`
+// (harness/cli/main.cpp), the full harness, found beside this program, which this process
+// becomes (execv, the same arguments), so that exit codes, signals and output are its own.
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "cli/solve_checkpoint.h"
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "solve" && std::string(argv[2]) == "checkpoint") {
+    return sb::cli::solveCheckpointMain(argc, argv);
+  }
+  char self[PATH_MAX];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) {
+    std::cerr << "stratbench: cannot find this executable (/proc/self/exe): "
+              << std::strerror(errno) << "\n";
+    return 2;
+  }
+  self[len] = '\0';
+  std::string core(self);
+  core = core.substr(0, core.rfind('/') + 1) + "stratbench-core";
+  execv(core.c_str(), argv);
+  std::cerr << "stratbench: cannot run " << core << ": " << std::strerror(errno) << "\n";
+  return 2;
+}

@@ -1,0 +1,86 @@
+// The stratbench command line, the full harness (stratbench-core; `stratbench`, the front in
+// front.cpp, runs `solve checkpoint` itself and hands every other command here).
+//
+//   stratbench list [--family F] [--filter REGEX] [--json] [--plugin LIB.so...]
+//   stratbench run SUITE [--filter REGEX] [--backend threads|gloo] [--out DIR] [--repetitions N]
+//                        [--seed S] [--min-time SEC] [--world-size N] [--timeout SEC]
+//                        [--cost-profile FILE...] [--plugin LIB.so...]
+//   stratbench launch -n N [--nnodes K --node-rank I --master-addr A --master-port P]
+//                        [--hosts H0,H1,...] [--timeout SEC] -- run SUITE --backend gloo ...
+//   stratbench calibrate [--backend threads|gloo] [--mesh RxC] [--out FILE] [--max-bytes B]
+//   stratbench report RESULTS... [--baseline FILE...] [--out DIR] [--history DIR] [--gate]
+//                        [--gate-perf] [--perf-threshold PCT] [--mem-threshold PCT]
+//   stratbench solve checkpoint --chain FILE.json --budget M|none [--solver S] [--slots N]
+//                        [--max-solver-memory BYTES]
+//   stratbench solve chunk --workload W --shape JSON --max-memory BYTES [--dtype D]
+//   stratbench solve redistribute --shape JSON --mesh RxC (--from L --to L | --compare-anchors)
+//                        [--profile FILE] [--objective time|bytes] [--dtype D]
+//   stratbench solve shard --workload W --shape JSON --mesh RxC [--profile FILE |
+//                        --intra-node-bandwidth B --inter-node-bandwidth B] [--max-memory BYTES]
+//                        [--algo ilp|megatron|data-parallel|replicated] [--time-limit S]
+//                        [--mip-rel-gap PCT] [--out plan.json] [--dtype D]
+//   stratbench graph --workload gpt2|bert|mlp --shape JSON [--json]
+//
+// Exit codes: 0 everything passed (run) or the gate passed (report), 1 a strategy failed or
+// errored (run), the gate failed (report --gate) or no schedule fits (solve), 2 bad input or
+// usage (a plugin refused included). Plugins (harness/plugin.h) come from --plugin and from
+// STRATBENCH_PLUGIN_PATH (files or folders, ':'-separated).
+//
+// This file builds the parser from the subcommands (cli/commands.h, one file each), parses and
+// dispatches; `launch` takes the command line whole (cli/launch.cpp).
+
+#include <string>
+
+#include <torch/version.h>
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/solve_checkpoint.h"
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "launch") return sb::cli::launchMain(argc, argv);
+  CLI::App app{
+      "stratbench: verify, time and memory-profile parallelization and memory "
+      "strategies against a plain LibTorch reference"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("stratbench (LibTorch ") + TORCH_VERSION + ")");
+
+  const sb::cli::Command list = sb::cli::addList(app);
+  const sb::cli::Command run = sb::cli::addRun(app);
+  const sb::cli::Command calib = sb::cli::addCalibrate(app);
+  const sb::cli::Command report = sb::cli::addReport(app);
+
+  auto* solveCmd = app.add_subcommand(
+      "solve",
+      "Plan a strategy: a checkpoint schedule, a chunk plan, a redistribution, a model's sharding");
+  solveCmd->require_subcommand(1);
+  auto* ckpt = solveCmd->add_subcommand(
+      "checkpoint", "A checkpoint schedule for a chain (JSON, rotor's notation) under a budget");
+  sb::cli::CheckpointArgs ckptArgs;
+  sb::cli::addCheckpointOptions(ckpt, ckptArgs);
+
+  const sb::cli::Command chunkCmd = sb::cli::addSolveChunk(*solveCmd);
+  const sb::cli::Command redistCmd = sb::cli::addSolveRedistribute(*solveCmd);
+  const sb::cli::Command shardCmd = sb::cli::addSolveShard(*solveCmd);
+
+  const sb::cli::Command graphCmd = sb::cli::addGraph(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : sb::cli::kExitBadInput;
+  }
+
+  // Exactly one subcommand was chosen (require_subcommand); `run` is the one left.
+  if (*list.app) return list.run();
+  if (*ckpt) return sb::cli::solveCheckpoint(ckptArgs);
+  if (*chunkCmd.app) return chunkCmd.run();
+  if (*shardCmd.app) return shardCmd.run();
+  if (*graphCmd.app) return graphCmd.run();
+  if (*redistCmd.app) return redistCmd.run();
+  if (*calib.app) return calib.run();
+  if (*report.app) return report.run();
+  return run.run();
+}

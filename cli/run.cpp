@@ -1,0 +1,130 @@
+// `stratbench run SUITE`: verify, time and profile every strategy of a suite (harness/run), on
+// threads or as one rank of a launched run. One subcommand per file (cli/commands.h).
+
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/numbers.h"
+#include "harness/comm/c10d_backend.h"
+#include "harness/dist/cost_profile.h"
+#include "harness/error.h"
+#include "harness/run/records.h"
+#include "harness/run/runner.h"
+#include "harness/run/suite.h"
+
+namespace {
+
+using sb::cli::kExitBadInput;
+
+struct RunArgs {
+  std::string suitePath;
+  sb::harness::RunOptions opts;
+  int repetitions = 0, worldSize = 0;
+  uint64_t seed = 0;
+  double minTime = 0;
+  double timeoutSec = 300;
+  std::string rankFault;
+  std::vector<std::string> plantFaults;
+  std::vector<std::string> pluginPaths;
+  std::vector<std::string> profilePaths;
+};
+
+// The suite's run, once the plugins are loaded; `run` is the parsed subcommand (which options
+// were given).
+int runSuite(RunArgs& a, const CLI::App& run) {
+  auto& opts = a.opts;
+  for (const auto& pf : a.plantFaults) {
+    const auto eq = pf.rfind('=');  // ids contain "=", fault names do not
+    if (eq == std::string::npos || eq == 0 || eq + 1 == pf.size()) {
+      std::cerr << "stratbench: --plant-fault '" << pf << "': expected STRATEGY_ID=FAULT\n";
+      return kExitBadInput;
+    }
+    opts.plantedFaults.emplace_back(pf.substr(0, eq), pf.substr(eq + 1));
+  }
+
+  if (run.count("--repetitions")) opts.repetitions = a.repetitions;
+  if (run.count("--seed")) opts.seed = a.seed;
+  if (run.count("--min-time")) opts.minTimeSec = a.minTime;
+  if (run.count("--world-size")) opts.worldSize = a.worldSize;
+  opts.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeoutSec * 1000));
+  try {
+    if (!a.rankFault.empty()) opts.rankFault = sb::harness::parseRankFault(a.rankFault);
+    for (const auto& p : a.profilePaths)
+      opts.costProfiles.push_back(sb::harness::CostProfile::load(p));
+    const auto suite = sb::harness::loadSuite(a.suitePath);
+    const auto plan = sb::harness::planSuite(suite, opts);
+    return sb::harness::runPlanned(suite, plan, opts, std::cout);
+  } catch (const sb::harness::InputError& e) {
+    std::cerr << "stratbench: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const sb::harness::OutputBusy& e) {
+    std::cerr << "stratbench: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const c10::Error& e) {
+    std::cerr << "stratbench: " << e.what_without_backtrace() << "\n";
+    return kExitBadInput;
+  } catch (const std::runtime_error& e) {
+    // A multi-process run that could not start: the store or a rank unreachable.
+    std::cerr << "stratbench: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace
+
+namespace sb::cli {
+
+Command addRun(CLI::App& app) {
+  const auto a = std::make_shared<RunArgs>();
+  auto* run = app.add_subcommand("run", "Run a suite: verify, time and profile every strategy");
+  run->add_option("suite", a->suitePath, "Suite file, e.g. suites/smoke.yaml")->required();
+  run->add_option("--filter", a->opts.filter, "Only strategy ids matching this regular expression");
+  run->add_option("--backend", a->opts.backend,
+                  "Communication backend: threads (one process), or gloo or nccl (a CUDA "
+                  "LibTorch; one GPU per rank) under `stratbench launch`, torchrun, srun or "
+                  "mpirun")
+      ->check(CLI::IsMember(sb::harness::availableBackends()))
+      ->capture_default_str();
+  run->add_option("--timeout", a->timeoutSec,
+                  "Seconds a rank may wait in a collective before the case fails")
+      ->check(sb::cli::realNumber(0, 86400, true, "seconds"))
+      ->capture_default_str();
+  run->add_option(
+      "--plant-rank-fault", a->rankFault,
+      "Test only: KIND@RANK[@ROW] (throw, crash, hang) in that rank's ROW-th row (default 1)");
+  run->add_option("--out", a->opts.outDir, "Output directory for results.csv and results.json")
+      ->capture_default_str();
+  run->add_option("--repetitions", a->repetitions, "Timing repetitions (overrides the suite)")
+      ->check(sb::cli::wholeNumber(1, 100000, "repetitions"));
+  run->add_option("--seed", a->seed, "Input seed (overrides the suite)")
+      ->check(sb::cli::wholeNumber(0, std::numeric_limits<uint64_t>::max(), "seed"));
+  run->add_option("--min-time", a->minTime, "Minimum seconds per repetition (overrides the suite)")
+      ->check(sb::cli::realNumber(0, 3600, true, "seconds"));
+  run->add_option("--world-size", a->worldSize, "Require every case's mesh to have N ranks")
+      ->check(sb::cli::wholeNumber(1, 1024, "ranks"));
+
+  run->add_option("--plant-fault", a->plantFaults,
+                  "Test only: run strategy ID with a deliberate bug, as ID=FAULT (repeatable)");
+
+  run->add_option("--plugin", a->pluginPaths, kPluginHelp);
+
+  run->add_option("--cost-profile", a->profilePaths,
+                  "Calibration profile(s) from `stratbench calibrate`: predicted times of the "
+                  "cases on their backend and mesh come from it (repeatable)");
+  return {run, [a, run] {
+            if (!loadPluginsOrSay(a->pluginPaths)) return kExitBadInput;
+            return runSuite(*a, *run);
+          }};
+}
+
+}  // namespace sb::cli

@@ -1,0 +1,146 @@
+// `stratbench solve shard`: a sharding plan of a whole model on a device mesh (auto-sharding,
+// strategies/sharding/auto/model.h). One subcommand per file (cli/commands.h).
+
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/numbers.h"
+#include "harness/case.h"
+#include "harness/comm/mesh.h"
+#include "harness/dist/cost_profile.h"
+#include "harness/error.h"
+#include "harness/run/records.h"
+#include "reference/graph.h"
+#include "strategies/sharding/auto/model.h"
+
+namespace {
+
+using sb::cli::kExitBadInput;
+
+// `solve shard`: a sharding plan of a whole model as JSON (stdout or --out); exit 1 when no
+// plan fits the memory limit (saying the least any plan needs), 2 for malformed input.
+struct ShardArgs {
+  std::string workload = "gpt2", shape = "{}", mesh, profile, algo = "ilp", out, dtype = "float32";
+  double intra = 0, inter = 0, maxMemory = 0, timeLimit = 60, gapPct = 0;
+};
+int solveShard(const ShardArgs& a) {
+  namespace h = sb::harness;
+  namespace as = sb::strategies::autoshard;
+  const std::string who = "stratbench solve shard: ";
+  nlohmann::json shape;
+  std::vector<int64_t> mesh;
+  at::ScalarType dtype = at::kFloat;
+  try {
+    shape = nlohmann::json::parse(a.shape);
+  } catch (const std::exception& e) {
+    std::cerr << who << "--shape is not valid JSON: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  try {
+    mesh = h::DeviceMesh::parseShape(a.mesh);
+    if (mesh.size() > 2) throw std::invalid_argument("plans are for 1-D and 2-D meshes");
+  } catch (const std::exception& e) {
+    std::cerr << who << "--mesh '" << a.mesh << "': " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  try {
+    dtype = h::parseDtype(a.dtype);
+  } catch (const std::exception& e) {
+    std::cerr << who << "--dtype '" << a.dtype << "' is not a dtype\n";
+    return kExitBadInput;
+  }
+  nlohmann::json params = nlohmann::json::object();
+  if (a.intra > 0) params["intra_node_bandwidth"] = a.intra;
+  if (a.inter > 0) params["inter_node_bandwidth"] = a.inter;
+  h::CostProfile profile;
+  try {
+    if (!a.profile.empty()) params["cost_profile"] = h::CostProfile::load(a.profile).toJson();
+  } catch (const std::exception& e) {
+    std::cerr << who << "--profile " << a.profile << ": " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    const as::CostOptions opts = as::costOptionsFrom(params, &profile, dtype);
+    const as::ShardingModel model(sb::reference::buildGraph(a.workload, shape), mesh, opts);
+    as::SolveOptions o;
+    o.algo = a.algo;
+    o.memoryLimit = a.maxMemory;
+    o.timeLimitSeconds = a.timeLimit;
+    o.relativeGap = a.gapPct / 100.0;
+    as::ShardingPlan plan = as::solvePlan(model, o);
+    plan.shape = shape;
+    plan.solver.totalSeconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string text = plan.toJson(model).dump(2) + "\n";
+    if (a.out.empty()) {
+      std::cout << text;
+    } else {
+      sb::harness::writeFileAtomic(a.out, text);
+      std::cerr << "stratbench solve shard: " << a.algo << " plan of " << a.workload << " on "
+                << a.mesh << " (" << plan.solver.status << ", " << plan.solver.seconds
+                << " s in CBC, " << plan.solver.totalSeconds << " s in all): predicted step "
+                << plan.predictedStepUs << " us, peak " << plan.predictedPeakBytes
+                << " bytes per rank -> " << a.out << "\n";
+    }
+    return 0;
+  } catch (const as::NoPlanError& e) {
+    std::cerr << who << e.what() << "\n";
+    return 1;
+  } catch (const h::InputError& e) {
+    std::cerr << who << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << who << "--shape: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const c10::Error& e) {
+    std::cerr << who << e.what_without_backtrace() << "\n";
+    return kExitBadInput;
+  }
+}
+
+}  // namespace
+
+namespace sb::cli {
+
+Command addSolveShard(CLI::App& solve) {
+  const auto shard = std::make_shared<ShardArgs>();
+  auto* shardCmd = solve.add_subcommand(
+      "shard", "A sharding plan of a whole model on a device mesh (auto-sharding)");
+  shardCmd->add_option("--workload", shard->workload, "gpt2, bert or mlp")->capture_default_str();
+  shardCmd->add_option("--shape", shard->shape, "JSON, e.g. '{\"layers\": 12}'")
+      ->capture_default_str();
+  shardCmd->add_option("--mesh", shard->mesh, "Mesh extents, e.g. 2x4 (axis 0 across nodes)")
+      ->required();
+  shardCmd->add_option("--profile", shard->profile, "Cost profile from `stratbench calibrate`");
+  shardCmd->add_option("--intra-node-bandwidth", shard->intra, "GB/s of mesh axes in a node")
+      ->check(sb::cli::realNumber(0, 1e6, true, "GB/s"));
+  shardCmd->add_option("--inter-node-bandwidth", shard->inter, "GB/s of groups across mesh axis 0")
+      ->check(sb::cli::realNumber(0, 1e6, true, "GB/s"));
+  shardCmd->add_option("--max-memory", shard->maxMemory, "Bytes per rank (0: no limit)")
+      ->check(sb::cli::byteCount(0));
+  shardCmd->add_option("--algo", shard->algo, "ilp, megatron, data-parallel or replicated")
+      ->capture_default_str()
+      ->check(CLI::IsMember(sb::strategies::autoshard::planAlgos()));
+  shardCmd->add_option("--time-limit", shard->timeLimit, "Seconds for CBC")
+      ->capture_default_str()
+      ->check(sb::cli::realNumber(0, 86400, true, "seconds"));
+  shardCmd->add_option("--mip-rel-gap", shard->gapPct, "Relative gap to stop at, in %")
+      ->check(sb::cli::realNumber(0, 100, false, "percent"));
+  shardCmd->add_option("--out", shard->out, "Write the plan here (default: stdout)");
+  shardCmd->add_option("--dtype", shard->dtype, "float32, float64, bfloat16, float16")
+      ->capture_default_str();
+  return {shardCmd, [shard] { return solveShard(*shard); }};
+}
+
+}  // namespace sb::cli

@@ -1,0 +1,146 @@
+#include "harness/comm/comm.h"
+
+#include <numeric>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+namespace sb::harness {
+
+const char* collectiveName(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllToAll:
+      return "all_to_all";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kBarrier:
+      return "barrier";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown collective");
+}
+
+int64_t CommStats::totalBytes() const {
+  int64_t n = 0;
+  for (const auto& e : entries) n += e.bytes;
+  return n;
+}
+
+int64_t CommStats::totalCalls() const {
+  int64_t n = 0;
+  for (const auto& e : entries) n += e.calls;
+  return n;
+}
+
+bool CommStats::operator==(const CommStats& o) const {
+  for (int i = 0; i < kNumCollectives; ++i) {
+    if (entries[i].calls != o.entries[i].calls || entries[i].bytes != o.entries[i].bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string CommStats::toString() const {
+  std::ostringstream os;
+  bool first = true;
+  for (int i = 0; i < kNumCollectives; ++i) {
+    if (entries[i].calls == 0) continue;
+    if (!first) os << ", ";
+    first = false;
+    os << collectiveName(static_cast<Collective>(i)) << " " << entries[i].calls << "x "
+       << entries[i].bytes << " B";
+  }
+  return first ? "none" : os.str();
+}
+
+void Communicator::unsupported(Collective c) const {
+  TORCH_CHECK(false, "Backend ", backendName(), " does not support ", collectiveName(c));
+}
+
+void Communicator::count(Collective c, int64_t bytes) {
+  if (stats_ != nullptr) stats_->add(c, size_ > 1 ? bytes : 0);
+}
+
+void Communicator::checkRows(const std::vector<int64_t>& rows, const char* what) const {
+  TORCH_CHECK(static_cast<int>(rows.size()) == size_, what, ": expected ", size_,
+              " row counts (one per rank), got ", rows.size());
+  for (int64_t r : rows) TORCH_CHECK(r >= 0, what, ": negative row count ", r);
+}
+
+void Communicator::allReduce(at::Tensor& tensor) {
+  TORCH_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
+  count(Collective::kAllReduce, tensor.nbytes());
+  if (size_ == 1) return;
+  doAllReduce(tensor);
+}
+
+at::Tensor Communicator::allGather(const at::Tensor& input, const std::vector<int64_t>& rows) {
+  checkRows(rows, "all_gather");
+  TORCH_CHECK(input.dim() >= 1 && input.size(0) == rows[rank_], "all_gather: rank ", rank_,
+              " holds ", input.dim() ? input.size(0) : 0, " rows but the row counts say ",
+              rows[rank_]);
+  int64_t rowElems = 1;  // from the shape, so that a rank holding no rows counts alike
+  for (int64_t d = 1; d < input.dim(); ++d) rowElems *= input.size(d);
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  count(Collective::kAllGather, rowBytes(total, rowElems, input.element_size()));
+  if (size_ == 1) return input.clone();
+  return doAllGather(input.contiguous(), rows);
+}
+
+at::Tensor Communicator::reduceScatter(const at::Tensor& input, const std::vector<int64_t>& rows) {
+  checkRows(rows, "reduce_scatter");
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  TORCH_CHECK(input.dim() >= 1 && input.size(0) == total, "reduce_scatter: input has ",
+              input.dim() ? input.size(0) : 0, " rows, the row counts add up to ", total);
+  count(Collective::kReduceScatter, input.nbytes());
+  if (size_ == 1) return input.clone();
+  return doReduceScatter(input.contiguous(), rows);
+}
+
+at::Tensor Communicator::allToAll(const at::Tensor& input, const std::vector<int64_t>& sendRows,
+                                  const std::vector<int64_t>& recvRows) {
+  checkRows(sendRows, "all_to_all send");
+  checkRows(recvRows, "all_to_all recv");
+  const int64_t total = std::accumulate(sendRows.begin(), sendRows.end(), int64_t{0});
+  TORCH_CHECK(input.dim() >= 1 && input.size(0) == total, "all_to_all: input has ",
+              input.dim() ? input.size(0) : 0, " rows, the send counts add up to ", total);
+  count(Collective::kAllToAll, input.nbytes());
+  if (size_ == 1) return input.clone();
+  return doAllToAll(input.contiguous(), sendRows, recvRows);
+}
+
+void Communicator::broadcast(at::Tensor& tensor, int root) {
+  TORCH_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " outside group of ", size_);
+  TORCH_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
+  count(Collective::kBroadcast, tensor.nbytes());
+  if (size_ == 1) return;
+  doBroadcast(tensor, root);
+}
+
+void Communicator::barrier() {
+  count(Collective::kBarrier, 0);
+  if (size_ == 1) return;
+  doBarrier();
+}
+
+void Communicator::doAllReduce(at::Tensor&) { unsupported(Collective::kAllReduce); }
+at::Tensor Communicator::doAllGather(const at::Tensor&, const std::vector<int64_t>&) {
+  unsupported(Collective::kAllGather);
+}
+at::Tensor Communicator::doReduceScatter(const at::Tensor&, const std::vector<int64_t>&) {
+  unsupported(Collective::kReduceScatter);
+}
+at::Tensor Communicator::doAllToAll(const at::Tensor&, const std::vector<int64_t>&,
+                                    const std::vector<int64_t>&) {
+  unsupported(Collective::kAllToAll);
+}
+void Communicator::doBroadcast(at::Tensor&, int) { unsupported(Collective::kBroadcast); }
+void Communicator::doBarrier() { unsupported(Collective::kBarrier); }
+
+}  // namespace sb::harness

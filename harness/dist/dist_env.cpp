@@ -1,0 +1,146 @@
+#include "harness/dist/dist_env.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+
+namespace sb::harness {
+namespace {
+
+using Getenv = std::function<const char*(const char*)>;
+
+int64_t parseInt64(const Getenv& getenv, const char* name, int64_t minimum, int64_t maximum) {
+  const char* v = getenv(name);
+  const std::string text = v ? v : "";
+  size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size() || value < minimum || value > maximum) {
+    throw DistEnvError(std::string(name) + "='" + text +
+                       "': expected an integer >= " + std::to_string(minimum));
+  }
+  return value;
+}
+
+int parseInt(const Getenv& getenv, const char* name, int minimum) {
+  return static_cast<int>(parseInt64(getenv, name, minimum, 1 << 24));
+}
+
+bool isSet(const Getenv& getenv, const char* name) {
+  const char* v = getenv(name);
+  return v && *v;
+}
+
+// Reads the rank, world size and local rank/size variables of one launcher.
+void readRanks(const Getenv& getenv, DistEnv& e, const char* rank, const char* size,
+               const char* localRank, const char* localSize) {
+  e.rank = parseInt(getenv, rank, 0);
+  e.worldSize = parseInt(getenv, size, 1);
+  e.localRank = localRank && isSet(getenv, localRank) ? parseInt(getenv, localRank, 0) : e.rank;
+  e.localWorldSize =
+      localSize && isSet(getenv, localSize) ? parseInt(getenv, localSize, 1) : e.worldSize;
+  if (e.rank >= e.worldSize) {
+    throw DistEnvError(std::string(rank) + "=" + std::to_string(e.rank) + " is not below " + size +
+                       "=" + std::to_string(e.worldSize));
+  }
+}
+
+}  // namespace
+
+std::string firstSlurmHost(const std::string& nodelist) {
+  // The first entry ends at a comma outside brackets.
+  size_t end = 0;
+  int depth = 0;
+  for (; end < nodelist.size(); ++end) {
+    if (nodelist[end] == '[') ++depth;
+    if (nodelist[end] == ']') --depth;
+    if (nodelist[end] == ',' && depth == 0) break;
+  }
+  const std::string first = nodelist.substr(0, end);
+  const size_t open = first.find('[');
+  if (open == std::string::npos) return first;
+  // "node[03-05,9]": the prefix and the first number of the range, zero padding kept.
+  const size_t stop = first.find_first_of(",-]", open + 1);
+  if (stop == std::string::npos || stop == open + 1) {
+    throw DistEnvError("SLURM node list '" + nodelist + "': cannot read its first host");
+  }
+  return first.substr(0, open) + first.substr(open + 1, stop - open - 1);
+}
+
+DistEnv detectDistEnv(const Getenv& getenv) {
+  DistEnv e;
+  if (isSet(getenv, "RANK") || isSet(getenv, "WORLD_SIZE")) {
+    readRanks(getenv, e, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+    if (isSet(getenv, "STRATBENCH_AGENT_STORE")) {
+      e.launcher = "stratbench";
+      e.agentServesStore = true;
+    } else if (isSet(getenv, "TORCHELASTIC_RUN_ID")) {
+      e.launcher = "torchrun";
+      const char* restart = getenv("TORCHELASTIC_RESTART_COUNT");
+      e.runKey = std::string("torchrun/") + getenv("TORCHELASTIC_RUN_ID") + "/" +
+                 (restart && *restart ? restart : "0");
+      const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+      e.agentServesStore = agent && std::string(agent) == "True";
+    } else {
+      e.launcher = "env";
+    }
+    if (e.worldSize > 1 && !isSet(getenv, "MASTER_ADDR")) {
+      throw DistEnvError("RANK/WORLD_SIZE are set (world of " + std::to_string(e.worldSize) +
+                         ") but MASTER_ADDR is not: the ranks cannot find each other");
+    }
+  } else if (isSet(getenv, "SLURM_PROCID") && isSet(getenv, "SLURM_NTASKS")) {
+    e.launcher = "srun";
+    const char* job = getenv("SLURM_JOB_ID");
+    const char* stepId = getenv("SLURM_STEP_ID");
+    e.runKey = std::string("slurm/") + (job && *job ? job : "?") + "." +
+               (stepId && *stepId ? stepId : "0");
+    readRanks(getenv, e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr);
+    // SLURM_NTASKS_PER_NODE is "4" or "4(x2)"; only its leading number matters here.
+    if (const char* per = getenv("SLURM_NTASKS_PER_NODE"); per && *per) {
+      e.localWorldSize = std::atoi(per) > 0 ? std::atoi(per) : e.worldSize;
+    }
+    if (!isSet(getenv, "MASTER_ADDR")) {
+      const char* list = isSet(getenv, "SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST")
+                                                              : getenv("SLURM_JOB_NODELIST");
+      if (list && *list) e.masterAddr = firstSlurmHost(list);
+    }
+    if (!isSet(getenv, "MASTER_PORT") && isSet(getenv, "SLURM_JOB_ID")) {
+      e.masterPort = static_cast<int>(
+          15000 +
+          parseInt64(getenv, "SLURM_JOB_ID", 0, std::numeric_limits<int64_t>::max()) % 20000);
+    }
+  } else if (isSet(getenv, "OMPI_COMM_WORLD_RANK")) {
+    e.launcher = "mpirun";
+    readRanks(getenv, e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+              "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE");
+  } else if (isSet(getenv, "PMI_RANK")) {
+    e.launcher = "mpirun";
+    readRanks(getenv, e, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", nullptr);
+  } else {
+    return e;  // a world of one
+  }
+  if (e.launcher == "mpirun" && !isSet(getenv, "MASTER_ADDR") && e.localWorldSize < e.worldSize) {
+    throw DistEnvError("mpirun started " + std::to_string(e.worldSize) + " ranks, " +
+                       std::to_string(e.localWorldSize) +
+                       " per host, but MASTER_ADDR is not set: export it (mpirun -x "
+                       "MASTER_ADDR=<host of rank 0>)");
+  }
+  if (isSet(getenv, "MASTER_ADDR")) e.masterAddr = getenv("MASTER_ADDR");
+  if (isSet(getenv, "MASTER_PORT")) {
+    e.masterPort = parseInt(getenv, "MASTER_PORT", 1);
+    if (e.masterPort > 65535)
+      throw DistEnvError("MASTER_PORT=" + std::to_string(e.masterPort) +
+                         ": expected a port number below 65536");
+  }
+  return e;
+}
+
+DistEnv detectDistEnv() {
+  return detectDistEnv([](const char* name) { return std::getenv(name); });
+}
+
+}  // namespace sb::harness

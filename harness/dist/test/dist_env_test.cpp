@@ -1,0 +1,159 @@
+// The launcher environments a multi-process run reads: stratbench launch, torchrun, srun,
+// mpirun (Open MPI and Hydra), and the errors for malformed or inconsistent variables.
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "harness/dist/dist_env.h"
+
+namespace sb::harness {
+namespace {
+
+DistEnv detect(const std::map<std::string, std::string>& env) {
+  return detectDistEnv([&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+std::string errorOf(const std::map<std::string, std::string>& env) {
+  try {
+    detect(env);
+  } catch (const DistEnvError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DistEnv, NothingSetIsAWorldOfOne) {
+  const DistEnv e = detect({{"HOME", "/root"}});
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.worldSize, 1);
+  EXPECT_EQ(e.launcher, "none");
+  EXPECT_FALSE(e.agentServesStore);
+}
+
+TEST(DistEnv, StratbenchLaunch) {
+  const DistEnv e = detect({{"RANK", "5"},
+                            {"WORLD_SIZE", "8"},
+                            {"LOCAL_RANK", "1"},
+                            {"LOCAL_WORLD_SIZE", "4"},
+                            {"MASTER_ADDR", "10.0.0.1"},
+                            {"MASTER_PORT", "29400"},
+                            {"STRATBENCH_AGENT_STORE", "1"}});
+  EXPECT_EQ(e.launcher, "stratbench");
+  EXPECT_TRUE(e.agentServesStore);
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.worldSize, 8);
+  EXPECT_EQ(e.localRank, 1);
+  EXPECT_EQ(e.localWorldSize, 4);
+  EXPECT_EQ(e.masterAddr, "10.0.0.1");
+  EXPECT_EQ(e.masterPort, 29400);
+}
+
+TEST(DistEnv, TorchrunWithAndWithoutItsAgentStore) {
+  std::map<std::string, std::string> env{{"RANK", "0"},           {"WORLD_SIZE", "2"},
+                                         {"LOCAL_RANK", "0"},     {"MASTER_ADDR", "node7"},
+                                         {"MASTER_PORT", "1234"}, {"TORCHELASTIC_RUN_ID", "abc"}};
+  DistEnv e = detect(env);
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_FALSE(e.agentServesStore);  // rank 0 serves it
+  EXPECT_EQ(e.masterAddr, "node7");
+  EXPECT_EQ(e.runKey, "torchrun/abc/0");
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["TORCHELASTIC_RESTART_COUNT"] = "2";
+  e = detect(env);
+  EXPECT_TRUE(e.agentServesStore);        // the agent serves it on MASTER_PORT: rank 0 connects
+  EXPECT_EQ(e.runKey, "torchrun/abc/2");  // a restarted attempt never reads the last one's keys
+}
+
+TEST(DistEnv, Srun) {
+  const DistEnv e = detect({{"SLURM_PROCID", "6"},
+                            {"SLURM_NTASKS", "8"},
+                            {"SLURM_LOCALID", "2"},
+                            {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                            {"SLURM_JOB_ID", "123456789"},
+                            {"SLURM_JOB_NODELIST", "gpu[07-08]"}});
+  EXPECT_EQ(e.launcher, "srun");
+  EXPECT_EQ(e.rank, 6);
+  EXPECT_EQ(e.worldSize, 8);
+  EXPECT_EQ(e.localRank, 2);
+  EXPECT_EQ(e.localWorldSize, 4);
+  EXPECT_EQ(e.masterAddr, "gpu07");
+  EXPECT_EQ(e.masterPort, 15000 + 123456789 % 20000);  // job ids pass 2^24 on big clusters
+  EXPECT_EQ(e.runKey, "slurm/123456789.0");
+  // The step's node list wins over the job's, MASTER_ADDR/PORT over both.
+  EXPECT_EQ(detect({{"SLURM_PROCID", "0"},
+                    {"SLURM_NTASKS", "2"},
+                    {"SLURM_STEP_NODELIST", "a1,b2"},
+                    {"SLURM_JOB_NODELIST", "z[1-9]"}})
+                .masterAddr,
+            "a1");
+  const DistEnv m = detect({{"SLURM_PROCID", "0"},
+                            {"SLURM_NTASKS", "2"},
+                            {"SLURM_JOB_NODELIST", "z[1-9]"},
+                            {"MASTER_ADDR", "head"},
+                            {"MASTER_PORT", "4000"}});
+  EXPECT_EQ(m.masterAddr, "head");
+  EXPECT_EQ(m.masterPort, 4000);
+}
+
+TEST(DistEnv, OpenMpiAndHydra) {
+  DistEnv e = detect({{"OMPI_COMM_WORLD_RANK", "3"},
+                      {"OMPI_COMM_WORLD_SIZE", "4"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  EXPECT_EQ(e.launcher, "mpirun");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.worldSize, 4);
+  EXPECT_EQ(e.masterAddr, "127.0.0.1");  // one host: no MASTER_ADDR needed
+  e = detect({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}});
+  EXPECT_EQ(e.launcher, "mpirun");
+  EXPECT_EQ(e.rank, 1);
+  EXPECT_EQ(e.localRank, 1);
+  // Across hosts, the master must be named.
+  EXPECT_NE(errorOf({{"OMPI_COMM_WORLD_RANK", "0"},
+                     {"OMPI_COMM_WORLD_SIZE", "8"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}})
+                .find("MASTER_ADDR is not set"),
+            std::string::npos);
+}
+
+TEST(DistEnv, ExplicitRankWinsOverSchedulers) {
+  const DistEnv e = detect({{"RANK", "1"},
+                            {"WORLD_SIZE", "2"},
+                            {"MASTER_ADDR", "h"},
+                            {"SLURM_PROCID", "7"},
+                            {"SLURM_NTASKS", "8"}});
+  EXPECT_EQ(e.launcher, "env");
+  EXPECT_EQ(e.rank, 1);
+}
+
+TEST(DistEnv, MalformedVariablesAreNamed) {
+  EXPECT_NE(
+      errorOf({{"RANK", "two"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}}).find("RANK='two'"),
+      std::string::npos);
+  EXPECT_NE(errorOf({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}})
+                .find("RANK=4 is not below WORLD_SIZE=4"),
+            std::string::npos);
+  EXPECT_NE(errorOf({{"RANK", "0"}, {"WORLD_SIZE", "2"}}).find("MASTER_ADDR is not"),
+            std::string::npos);
+  EXPECT_NE(errorOf({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}})
+                .find("MASTER_PORT=70000"),
+            std::string::npos);
+  EXPECT_NE(errorOf({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "-1"}}).find("SLURM_NTASKS='-1'"),
+            std::string::npos);
+}
+
+TEST(DistEnv, FirstSlurmHost) {
+  EXPECT_EQ(firstSlurmHost("node01"), "node01");
+  EXPECT_EQ(firstSlurmHost("node[03-05,9],gpu1"), "node03");
+  EXPECT_EQ(firstSlurmHost("a,b"), "a");
+  EXPECT_EQ(firstSlurmHost("rack1-n[10,12]"), "rack1-n10");
+  EXPECT_THROW(firstSlurmHost("node[]"), DistEnvError);
+}
+
+}  // namespace
+}  // namespace sb::harness

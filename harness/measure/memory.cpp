@@ -1,0 +1,194 @@
+#include "harness/measure/memory.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+namespace sb::harness {
+namespace {
+
+thread_local int tBucket = MemoryTracker::kUnattributed;
+
+// Which bucket and how many bytes each live allocation was counted as. ATen frees some buffers
+// through the allocator's raw deleter with nothing but the pointer (and asserts that a DataPtr's
+// context is its data), so the bookkeeping is keyed by the pointer rather than carried in a
+// context object.
+struct LiveAllocation {
+  int bucket;
+  int64_t bytes;
+};
+std::mutex gLiveMutex;
+std::unordered_map<void*, LiveAllocation>& liveAllocations() {
+  static auto* live = new std::unordered_map<void*, LiveAllocation>();  // outlives static dtors
+  return *live;
+}
+c10::Allocator* gBase = nullptr;
+
+void deleteTracked(void* ptr) {
+  if (ptr == nullptr) return;
+  LiveAllocation a{MemoryTracker::kUnattributed, 0};
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    auto it = liveAllocations().find(ptr);
+    if (it != liveAllocations().end()) {
+      a = it->second;
+      liveAllocations().erase(it);
+    }
+  }
+  MemoryTracker::instance().freed(a.bucket, a.bytes, ptr);
+  gBase->raw_deleter()(ptr);
+}
+
+class TrackingCpuAllocator final : public c10::Allocator {
+ public:
+  // LibTorch 2.3 made allocate() non-const and added copy_data().
+#if SB_TORCH_VERSION_NUM >= 203
+  c10::DataPtr allocate(size_t n) override {
+#else
+  c10::DataPtr allocate(size_t n) const override {
+#endif
+    void* data = gBase->raw_allocate(n);
+    const int bucket = MemoryTracker::threadBucket();
+    if (data != nullptr) {
+      std::lock_guard<std::mutex> lock(gLiveMutex);
+      liveAllocations()[data] = {bucket, static_cast<int64_t>(n)};
+    }
+    MemoryTracker::instance().allocated(bucket, static_cast<int64_t>(n), data);
+    return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &deleteTracked; }
+#if SB_TORCH_VERSION_NUM >= 203
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+};
+
+// SB_MEMORY_TRACE=<rank>: every allocation and free of that rank's bucket on stderr, with the
+// live bytes after it and the operators that made it; for building and checking memory models
+// against what ATen allocates.
+int traceBucket() {
+  static const int bucket = [] {
+    const char* v = std::getenv("SB_MEMORY_TRACE");
+    return v == nullptr || *v == '\0' ? -1 : std::atoi(v);
+  }();
+  return bucket;
+}
+
+// The RecordFunction scopes open on this thread (ATen operators, autograd nodes), outermost
+// first. Kept only while tracing: a global callback costs every operator a call.
+thread_local std::vector<const char*> tOps;
+std::mutex gTraceMutex;
+
+std::unique_ptr<at::ObserverContext> opStarted(const at::RecordFunction& fn) {
+  tOps.push_back(fn.name());
+  return nullptr;
+}
+
+void opEnded(const at::RecordFunction&, at::ObserverContext*) {
+  if (!tOps.empty()) tOps.pop_back();
+}
+
+// " in OP < CALLER < ...": the innermost scopes first, at most six.
+std::string opContext() {
+  std::string s;
+  int shown = 0;
+  for (auto it = tOps.rbegin(); it != tOps.rend() && shown < 6; ++it, ++shown) {
+    s += shown == 0 ? " in " : " < ";
+    s += *it;
+  }
+  if (static_cast<int>(tOps.size()) > shown) s += " < ...";
+  return s;
+}
+
+}  // namespace
+
+MemoryTracker& MemoryTracker::instance() {
+  static MemoryTracker tracker;
+  return tracker;
+}
+
+void MemoryTracker::install() {
+  static std::once_flag once;
+  std::call_once(once, [this] {
+    gBase = c10::GetDefaultCPUAllocator();
+    TORCH_INTERNAL_ASSERT(gBase->raw_deleter() != nullptr,
+                          "the default CPU allocator has no raw deleter to wrap");
+    static TrackingCpuAllocator allocator;
+    // Highest priority, so nothing installed later at a default priority replaces it.
+    c10::SetCPUAllocator(&allocator, /*priority=*/255);
+    if (traceBucket() >= 0) {
+      at::addGlobalCallback(
+          at::RecordFunctionCallback(&opStarted, &opEnded)
+              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    }
+    installed_.store(true);
+  });
+}
+
+void MemoryTracker::resetPeak(int rank) {
+  auto& b = buckets_[index(rank)];
+  b.peak.store(b.current.load());
+  if (tracing(rank)) {
+    std::lock_guard<std::mutex> lock(gTraceMutex);
+    std::fprintf(stderr, "mem reset at %lld\n", (long long)b.current.load());
+  }
+}
+
+bool MemoryTracker::tracing(int rank) const { return index(rank) == traceBucket(); }
+
+void MemoryTracker::traceNote(int rank, const char* what) const {
+  if (tracing(rank)) {
+    std::lock_guard<std::mutex> lock(gTraceMutex);
+    std::fprintf(stderr, "mem %s at %lld, peak %lld\n", what,
+                 (long long)buckets_[index(rank)].current.load(),
+                 (long long)buckets_[index(rank)].peak.load());
+  }
+}
+
+void MemoryTracker::allocated(int bucket, int64_t bytes, const void* ptr) {
+  auto& b = buckets_[bucket];
+  int64_t now = 0;
+  if (bucket == traceBucket()) {
+    // The traced bucket's lines are written under the lock of its update, so that their order
+    // is the order of the updates (another rank's thread may free this rank's tensors).
+    std::lock_guard<std::mutex> lock(gTraceMutex);
+    now = b.current.fetch_add(bytes) + bytes;
+    std::fprintf(stderr, "mem +%lld -> %lld @%p%s\n", (long long)bytes, (long long)now, ptr,
+                 opContext().c_str());
+  } else {
+    now = b.current.fetch_add(bytes) + bytes;
+  }
+  int64_t peak = b.peak.load();
+  while (now > peak && !b.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void MemoryTracker::freed(int bucket, int64_t bytes, const void* ptr) {
+  if (bucket == traceBucket()) {
+    std::lock_guard<std::mutex> lock(gTraceMutex);
+    const int64_t now = buckets_[bucket].current.fetch_sub(bytes) - bytes;
+    std::fprintf(stderr, "mem -%lld -> %lld @%p\n", (long long)bytes, (long long)now, ptr);
+    return;
+  }
+  buckets_[bucket].current.fetch_sub(bytes);
+}
+
+int MemoryTracker::threadBucket() { return tBucket; }
+
+ScopedMemoryRank::ScopedMemoryRank(int rank) : previous_(tBucket) {
+  tBucket = MemoryTracker::index(rank);
+}
+
+ScopedMemoryRank::~ScopedMemoryRank() { tBucket = previous_; }
+
+}  // namespace sb::harness

@@ -1,0 +1,180 @@
+// A row's record (see compose.h), and the record every row starts from.
+
+#include "harness/run/compose.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "harness/measure/device.h"
+#include "harness/run/predict.h"
+#include "harness/run/row_checks.h"
+#include "harness/run/runner.h"
+
+namespace sb::harness {
+
+std::string errorMessage(const std::vector<RankOutcome>& ranks, bool perRankErrors) {
+  const RankOutcome* first = nullptr;
+  for (const auto& o : ranks) {
+    if (!o.error.empty() && (!first || o.errorAtMs < first->errorAtMs)) first = &o;
+  }
+  if (!first) return "";
+  if (!perRankErrors) return first->error;
+  std::string msg = "rank " + std::to_string(first->rank) + ": " + first->error;
+  std::string echoes;
+  for (const auto& o : ranks) {
+    if (&o == first || o.error.empty()) continue;
+    echoes += (echoes.empty() ? "" : ", ") + std::to_string(o.rank);
+  }
+  if (!echoes.empty()) msg += " (then ranks " + echoes + " failed on the broken group)";
+  return msg;
+}
+
+Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& data,
+               const Strategy& strategy, const std::vector<RankOutcome>& ranks,
+               const LocalRun& rank0, bool perRankErrors, const CostProfile* profile) {
+  rec.details["case"] = strategy.caseDetails(c);
+  {
+    const std::string& first = data.checked.front();
+    const Tolerance tol = strategy.tolerance(first, c, data.expected.at(first));
+    rec.atol = tol.atol;
+    rec.rtol = tol.rtol;
+    rec.tolerance = tol.toString();
+  }
+  if (const std::string err = errorMessage(ranks, perRankErrors); !err.empty()) {
+    rec.status = Status::kError;
+    rec.message = err;
+    return rec;
+  }
+  for (const auto& o : ranks) {
+    if (!o.unsupported.empty()) {
+      rec.status = Status::kUnsupported;
+      rec.message = o.unsupported;
+      return rec;
+    }
+  }
+  const int n = static_cast<int>(ranks.size());
+  const std::vector<std::string> problems = coverageProblems(c, data, strategy, n);
+  const std::vector<TensorCheck> checks = allChecks(data, ranks, false);
+  const std::vector<TensorCheck> after = allChecks(data, ranks, true);
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& ch : checks) tensors.push_back(checkToJson(ch));
+  rec.details["tensors"] = tensors;
+  double maxAbs = 0, maxRel = 0;
+  int64_t mism = 0;
+  for (const auto& ch : checks) {
+    maxAbs = std::max(maxAbs, ch.maxAbsErr);
+    maxRel = std::max(maxRel, ch.maxRelErr);
+    mism += ch.mismatches;
+  }
+  rec.maxAbsErr = maxAbs;
+  rec.maxRelErr = maxRel;
+  rec.mismatches = mism;
+  // Per tensor, the worst rank's distance to tolerance; the record's is the worst tensor's.
+  for (const auto& ch : checks) {
+    auto it = std::find_if(rec.tensorErrRatio.begin(), rec.tensorErrRatio.end(),
+                           [&](const auto& p) { return p.first == ch.tensor; });
+    if (it == rec.tensorErrRatio.end()) {
+      rec.tensorErrRatio.emplace_back(ch.tensor, ch.errRatio);
+    } else if (!(ch.errRatio <= it->second)) {  // NaN-safe: NaN replaces anything
+      it->second = ch.errRatio;
+    }
+    if (!rec.errRatio || !(ch.errRatio <= *rec.errRatio)) {
+      rec.errRatio = ch.errRatio;
+      rec.worstTensor = ch.tensor;
+    }
+  }
+
+  // Communication: counted by the backend against the strategy's prediction, per rank; where
+  // the backend emulated a collective, what crossed the wire is kept beside it.
+  int64_t commMax = 0, predMax = 0, callsMax = 0;
+  std::string commProblem;
+  nlohmann::json commRanks = nlohmann::json::array();
+  std::optional<int64_t> memPredMax;
+  std::vector<int64_t> peaks, memLimits;
+  std::string memProblem;
+  for (const auto& o : ranks) {
+    const CommStats predicted = strategy.predictComm(c, o.rank);
+    commMax = std::max(commMax, o.counted.totalBytes());
+    predMax = std::max(predMax, predicted.totalBytes());
+    callsMax = std::max(callsMax, o.counted.totalCalls());
+    nlohmann::json entry = {
+        {"rank", o.rank}, {"counted", commToJson(o.counted)}, {"predicted", commToJson(predicted)}};
+    if (!(o.wire == o.counted)) entry["wire"] = commToJson(o.wire);
+    commRanks.push_back(entry);
+    if (!(o.counted == predicted) && commProblem.empty()) {
+      commProblem = "rank " + std::to_string(o.rank) + " communicated " + o.counted.toString() +
+                    " but the strategy predicts " + predicted.toString();
+    }
+    if (o.predictedPeak) memPredMax = std::max(memPredMax.value_or(0), *o.predictedPeak);
+    peaks.push_back(o.peak);
+    if (o.memoryLimit && o.peak > *o.memoryLimit && memProblem.empty()) {
+      memProblem = "rank " + std::to_string(o.rank) + " peaked at " + std::to_string(o.peak) +
+                   " bytes, over the " + std::to_string(*o.memoryLimit) +
+                   " bytes it promised to stay within (the case's memory budget)";
+    }
+    if (o.memoryLimit) memLimits.push_back(*o.memoryLimit);
+  }
+  if (!memLimits.empty()) rec.details["memory_limit_bytes_per_rank"] = memLimits;
+  rec.commBytes = commMax;
+  rec.predictedCommBytes = predMax;
+  rec.commCalls = callsMax;
+  rec.details["comm_per_rank"] = commRanks;
+  rec.peakMemBytes = *std::max_element(peaks.begin(), peaks.end());
+  rec.predictedMemBytes = memPredMax;
+  rec.details["peak_mem_bytes_per_rank"] = peaks;
+  rec.predictedTimeUs = rank0.predictedTimeUs;
+  if (!rec.predictedTimeUs && profile) predictTime(rec, c, strategy, n, *profile);
+  rec.params = rank0.params;
+  if (!rank0.executorDetails.empty()) rec.details["executor"] = rank0.executorDetails;
+  if (!rank0.deviceMemory.is_null()) rec.details["cuda_allocator"] = rank0.deviceMemory;
+  if (rank0.timing) rec.timing = *rank0.timing;
+  const std::string mispredicted = judgePredictions(rec, strategy.predictionTolerance());
+
+  if (!allPassed(checks, problems)) {
+    rec.status = Status::kFail;
+    rec.message = summarize(checks, problems);
+  } else if (!allPassed(after, {})) {
+    rec.status = Status::kFail;
+    rec.message = "results changed during the timed steps: " + summarize(after, {});
+  } else if (!commProblem.empty()) {
+    rec.status = Status::kFail;
+    rec.message = commProblem;
+  } else if (!memProblem.empty()) {
+    rec.status = Status::kFail;
+    rec.message = memProblem;
+  } else {
+    rec.status = Status::kPass;
+  }
+  if (!mispredicted.empty()) {
+    rec.message += (rec.message.empty() ? "" : "; ") + mispredicted;
+  }
+  return rec;
+}
+
+Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,
+                  const std::string& backend) {
+  Record r;
+  r.provenance = p;
+  if (c.device == "cuda" && cudaUsable(nullptr)) {
+    const int d = currentCudaDevice();
+    r.provenance.device = "cuda:" + std::to_string(d) + " (" + cudaDeviceDescription(d) + ")";
+  }
+  r.backend = backend;
+  r.worldSize = static_cast<int>(c.meshSize());
+  r.mesh = c.meshString();
+  r.suite = c.suite;
+  r.caseName = c.name;
+  r.workload = c.workload;
+  r.shape = reference::findWorkload(c.workload)->shapeString(c.shape);
+  r.dtype = dtypeName(c.dtype);
+  r.inputs = c.inputs == reference::InputMode::kExact ? "exact" : "random";
+  r.seed = c.seed;
+  r.family = familyName(s.family());
+  r.strategyId = s.id();
+  r.strategy = s.displayName();
+  r.repetitions = c.repetitions;
+  r.status = Status::kUnsupported;
+  return r;
+}
+
+}  // namespace sb::harness

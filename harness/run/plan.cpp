@@ -1,0 +1,157 @@
+// Planning a suite (see plan.h).
+
+#include "harness/run/plan.h"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "harness/comm/c10d_backend.h"
+#include "harness/id_pattern.h"
+#include "harness/measure/device.h"
+#include "harness/registry.h"
+#include "harness/run/predict.h"
+#include "harness/run/run_util.h"
+
+namespace sb::harness {
+
+std::string deviceMissing(const CaseSpec& c) {
+  std::string why;
+  if (c.device == "cuda" && !cudaUsable(&why)) return "device cuda: " + why;
+  return "";
+}
+
+std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options) {
+  {
+    const auto have = availableBackends();
+    if (std::find(have.begin(), have.end(), options.backend) == have.end()) {
+      std::string list;
+      for (const auto& b : have) list += (list.empty() ? "" : ", ") + b;
+      throw InputError("backend '" + options.backend + "' is not available in this build (" + list +
+                       ")");
+    }
+    if (options.rankFault && options.backend == "threads") {
+      throw InputError("--plant-rank-fault needs a multi-process backend (--backend gloo)");
+    }
+  }
+  std::optional<IdPattern> filter;
+  if (!options.filter.empty()) {
+    try {
+      filter.emplace(options.filter);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(std::string("--filter: ") + e.what());
+    }
+  }
+  auto& registry = StrategyRegistry::global();
+  std::vector<PlannedCase> plan;
+  size_t selected = 0;
+  for (CaseSpec c : suite.cases) {
+    const nlohmann::json userParams = c.params;  // before the runner adds its own
+    if (options.repetitions) c.repetitions = *options.repetitions;
+    if (options.seed) c.seed = *options.seed;
+    if (options.minTimeSec) c.minTimeSec = *options.minTimeSec;
+    c.backend = options.backend;
+    // Strategies that price a plan they choose (auto-sharding) read the case's profile here.
+    if (const CostProfile* p = profileFor(options, c); p && !c.params.contains("cost_profile")) {
+      c.params["cost_profile"] = p->toJson();
+    }
+    if (options.worldSize && c.meshSize() != *options.worldSize) {
+      throw InputError(c.where() + ": case '" + c.name + "' has mesh " + c.meshString() + " (" +
+                       std::to_string(c.meshSize()) + " ranks) but the world size is " +
+                       std::to_string(*options.worldSize));
+    }
+    try {
+      registry.expandFor(c);
+    } catch (const InputError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw InputError(c.where() + ": case '" + c.name + "': " + errorText(e));
+    }
+    PlannedCase pc{c, {}};
+    std::vector<const Strategy*> chosen;
+    for (const auto& pattern : c.strategies) {
+      std::vector<const Strategy*> matched;
+      if (const Strategy* exact = registry.find(pattern)) {
+        // Named by id: the user asked for exactly this strategy on this case, so a case it
+        // cannot run is an error in the suite, not a row.
+        const Applicability a = exact->applies(c);
+        if (a.kind != Applicability::Kind::kApplies) {
+          throw InputError(c.where() + ": case '" + c.name + "': strategy '" + pattern +
+                           "' cannot run it: " + a.reason);
+        }
+        matched.push_back(exact);
+      } else {
+        try {
+          matched = registry.matching(pattern);
+        } catch (const c10::Error& e) {
+          throw InputError(c.where() + ": case '" + c.name + "': " + e.what_without_backtrace());
+        }
+        if (matched.empty()) {
+          throw InputError(c.where() + ": case '" + c.name + "': '" + pattern +
+                           "' is neither a strategy id nor a pattern matching one (see "
+                           "`stratbench list`)");
+        }
+      }
+      for (const Strategy* s : matched) {
+        if (std::find(chosen.begin(), chosen.end(), s) == chosen.end()) chosen.push_back(s);
+      }
+    }
+    // A parameter that none of the case's strategies reads would be silently ignored (a
+    // misspelt `budgt: 0.5` ran with no budget and passed): refused, naming the key.
+    {
+      std::set<std::string> known;
+      for (const Strategy* s : chosen) {
+        for (const auto& k : s->caseParams()) known.insert(k);
+      }
+      for (const auto& item : userParams.items()) {
+        if (known.count(item.key())) continue;
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        throw InputError(
+            c.where() + ": case '" + c.name + "': params key '" + item.key() +
+            "' is read by none of its strategies (" +
+            (known.empty() ? std::string("they read no parameters") : "they read: " + list) + ")");
+      }
+    }
+    for (const Strategy* s : chosen) {
+      if (filter && !filter->search(s->id())) continue;
+      Applicability a = s->applies(c);
+      if (a.kind == Applicability::Kind::kNotApplicable) continue;
+      pc.strategies.push_back({s, a, nullptr});
+    }
+    selected += pc.strategies.size();
+    if (!pc.strategies.empty()) plan.push_back(std::move(pc));
+  }
+  for (const auto& [id, fault] : options.plantedFaults) {
+    const Strategy* s = registry.find(id);
+    if (!s) throw InputError("--plant-fault: no strategy has the id '" + id + "'");
+    std::shared_ptr<const Strategy> faulty = s->withPlantedFault(fault);
+    if (!faulty) {
+      std::string can;
+      for (const auto& f : s->plantableFaults()) can += (can.empty() ? "" : ", ") + f;
+      throw InputError("--plant-fault: strategy '" + id + "' has no fault '" + fault +
+                       "' (it has: " + (can.empty() ? "none" : can) + ")");
+    }
+    bool used = false;
+    for (auto& pc : plan) {
+      for (auto& e : pc.strategies) {
+        if (e.strategy == s) {
+          e.owned = faulty;
+          e.strategy = faulty.get();
+          used = true;
+        }
+      }
+    }
+    if (!used) throw InputError("--plant-fault: strategy '" + id + "' runs in no case");
+  }
+  if (selected == 0) {
+    throw InputError(suite.file + ": " +
+                     (options.filter.empty()
+                          ? std::string("no case selects a strategy that "
+                                        "applies to it")
+                          : "--filter '" + options.filter + "' selects no strategy of any case"));
+  }
+  return plan;
+}
+
+}  // namespace sb::harness

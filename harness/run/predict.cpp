@@ -1,0 +1,101 @@
+// A row's predictions and their verdict (see predict.h).
+
+#include "harness/run/predict.h"
+
+#include <cmath>
+#include <iomanip>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+namespace sb::harness {
+
+const CostProfile* profileFor(const RunOptions& options, const CaseSpec& c) {
+  for (const auto& p : options.costProfiles) {
+    if (p.backend == options.backend && p.mesh == c.meshString()) return &p;
+  }
+  return nullptr;
+}
+
+void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n,
+                 const CostProfile& profile) {
+  double worst = -1, computeUs = 0, commUs = 0, localUs = 0;
+  const double overheadUs = profile.stepUs.value_or(0.0);
+  for (int r = 0; r < n; ++r) {
+    const std::optional<double> flops = strategy.predictFlops(c, r);
+    if (!flops) return;
+    double comm = 0;
+    for (const auto& [axes, stats] : strategy.predictCommByGroup(c, r)) {
+      const std::optional<double> us = profile.commUs(axes, stats);
+      if (!us) return;  // a collective the profile did not measure
+      comm += *us;
+    }
+    // A strategy with no matmuls (a redistribution) models zero flops.
+    const double compute =
+        *flops > 0 ? 3 * profile.gemm.latencyUs + profile.gemm.usPerByte * *flops : 0.0;
+    double local = 0;
+    if (const auto work = strategy.predictLocalWork(c, r)) {
+      const std::optional<double> us = profile.localUs(*work);
+      if (!us) return;  // an older profile without the copy fit
+      local = *us;
+    }
+    if (overheadUs + compute + comm + local > worst) {
+      worst = overheadUs + compute + comm + local;
+      computeUs = compute;
+      commUs = comm;
+      localUs = local;
+    }
+  }
+  rec.predictedTimeUs = worst;
+  rec.details["predicted_time"] = {{"step_overhead_us", overheadUs},
+                                   {"compute_us", computeUs},
+                                   {"comm_us", commUs},
+                                   {"local_us", localUs},
+                                   {"profile", profile.backend + " " + profile.mesh + " on " +
+                                                   profile.host + " at " + profile.timestampUtc}};
+}
+
+std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& tol) {
+  nlohmann::json j = nlohmann::json::object();
+  std::vector<std::string> flagged, why;
+  const auto judge = [&](const char* what, const char* unit, double measured, double predicted,
+                         const std::optional<double>& tolerance) {
+    const double err = measured != 0
+                           ? std::abs(measured - predicted) / std::abs(measured)
+                           : (predicted == 0 ? 0.0 : std::numeric_limits<double>::infinity());
+    j[what] = {{"measured", measured},
+               {"predicted", predicted},
+               {"relative_error", std::isfinite(err) ? nlohmann::json(err)
+                                  : std::isnan(err)  ? nlohmann::json("nan")
+                                                     : nlohmann::json("inf")},
+               {"tolerance", tolerance ? nlohmann::json(*tolerance) : nlohmann::json("none")}};
+    if (tolerance && !(err <= *tolerance)) {
+      flagged.push_back(what);
+      // Bytes as integers; the error with the digits that show it past the claim.
+      std::ostringstream s;
+      s << what << " measured " << std::fixed << std::setprecision(unit[0] == 'b' ? 0 : 1)
+        << measured << " " << unit << ", predicted " << predicted << " " << unit << " ("
+        << std::defaultfloat << std::setprecision(6) << 100 * err << "% off; the strategy claims "
+        << 100 * *tolerance << "%)";
+      why.push_back(s.str());
+    }
+  };
+  if (rec.peakMemBytes && rec.predictedMemBytes) {
+    judge("memory", "bytes", static_cast<double>(*rec.peakMemBytes),
+          static_cast<double>(*rec.predictedMemBytes), tol.memory);
+  }
+  if (rec.timing && rec.predictedTimeUs) {
+    judge("time", "us", rec.timing->medianUs, *rec.predictedTimeUs, tol.time);
+  }
+  if (!j.empty()) rec.details["prediction"] = j;
+  std::string flags, text;
+  for (size_t i = 0; i < flagged.size(); ++i) {
+    flags += (i ? "+" : "") + flagged[i];
+    text += (i ? "; " : "") + why[i];
+  }
+  rec.mispredicted = flags;
+  return text.empty() ? "" : "mispredicted: " + text;
+}
+
+}  // namespace sb::harness

@@ -1,0 +1,82 @@
+#pragma once
+
+// What a run tells the outside while it goes: the runner calls a RunObserver at each step
+// (session, suite, case, row, summary, results) and never prints itself, as google/benchmark's
+// runner hands its runs to reporters and llvm lit's to its progress callback. The console
+// observer prints `stratbench run`'s progress lines and summary table. Its own file so that how
+// a run is shown can change, or be replaced by a caller, without touching how it runs.
+
+#include <chrono>
+#include <cstddef>
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/case.h"
+#include "harness/dist/dist_env.h"
+#include "harness/run/plan.h"
+#include "harness/run/records.h"
+#include "harness/run/run_options.h"
+#include "harness/run/suite.h"
+
+namespace sb::harness {
+
+// Receives a run's events in order: sessionStarted (multi-process runs only), suiteStarted,
+// then per case caseStarted, rowFinished for each record, caseFinished; then suiteFinished and,
+// where this process writes the results, resultsWritten. Every method does nothing by default:
+// a plain RunObserver is a silent one (ranks other than 0 of a multi-process run get one).
+class RunObserver {
+ public:
+  virtual ~RunObserver() = default;
+  // A multi-process run's session is up (rank 0 only): the launcher's environment, the
+  // backend, rank 0's address and the collective timeout.
+  virtual void sessionStarted(const DistEnv& env, const std::string& backend,
+                              const std::string& rank0Address, std::chrono::milliseconds timeout) {}
+  // The results directory is taken; nothing has run yet.
+  virtual void suiteStarted(const Suite& suite, const std::vector<PlannedCase>& plan,
+                            const RunOptions& options, const Provenance& prov) {}
+  // Case `index` (from 0) of `count` starts: its reference is built next.
+  virtual void caseStarted(size_t index, size_t count, const CaseSpec& c) {}
+  // A row's record, as written (on the process that writes the results).
+  virtual void rowFinished(const Record& rec) {}
+  // Case `index` of `count` is done (or stopped), `seconds` after it started.
+  virtual void caseFinished(size_t index, size_t count, const CaseSpec& c, double seconds) {}
+  // Every case is done, or the run `stopped` because a rank was lost.
+  virtual void suiteFinished(bool stopped) {}
+  // The results files are committed, `seconds` after the run started.
+  virtual void resultsWritten(const std::string& csvPath, const std::string& jsonPath,
+                              double seconds) {}
+};
+
+// `stratbench run`'s console output: one line per case with its counts and time, then a table
+// of counts per case, every failed or errored row with its message, and where the results are.
+class ConsoleObserver final : public RunObserver {
+ public:
+  explicit ConsoleObserver(std::ostream& out) : out_(out) {}
+  void sessionStarted(const DistEnv& env, const std::string& backend,
+                      const std::string& rank0Address, std::chrono::milliseconds timeout) override;
+  void suiteStarted(const Suite& suite, const std::vector<PlannedCase>& plan,
+                    const RunOptions& options, const Provenance& prov) override;
+  void caseStarted(size_t index, size_t count, const CaseSpec& c) override;
+  void rowFinished(const Record& rec) override;
+  void caseFinished(size_t index, size_t count, const CaseSpec& c, double seconds) override;
+  void suiteFinished(bool stopped) override;
+  void resultsWritten(const std::string& csvPath, const std::string& jsonPath,
+                      double seconds) override;
+
+  // Rows by status, of one case or of the run.
+  struct Tally {
+    int pass = 0, fail = 0, error = 0, unsupported = 0, skipped = 0;
+    void add(Status s);
+  };
+
+ private:
+  std::ostream& out_;
+  Tally tally_;  // the current case's
+  Tally total_;
+  std::vector<std::pair<std::string, Tally>> tallies_;
+  std::vector<Record> bad_;
+};
+
+}  // namespace sb::harness

@@ -1,0 +1,42 @@
+#pragma once
+
+// A row's numerical verdict: each rank's results against the reference, whether the ranks'
+// declared layouts cover every element, and the checks gathered and summarised for the record.
+// Its own file because the row on this process's ranks and the record's composition both use
+// it, and none of it depends on how the row ran.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "harness/case.h"
+#include "harness/measure/verify.h"
+#include "harness/run/rank_outcome.h"
+#include "harness/strategy.h"
+#include "reference/workload.h"
+
+namespace sb::harness {
+
+// Compares one rank's local tensors with the matching slices of the reference.
+std::vector<TensorCheck> verifyRank(const CaseSpec& c, const reference::WorkloadData& data,
+                                    const Strategy& strategy, int rank,
+                                    const std::map<std::string, at::Tensor>& results);
+
+// Elements of each checked tensor that no rank's declared layout holds.
+std::vector<std::string> coverageProblems(const CaseSpec& c, const reference::WorkloadData& data,
+                                          const Strategy& strategy, int n);
+
+// Every rank's checks, tensor by tensor in the workload's order, then by rank.
+std::vector<TensorCheck> allChecks(const reference::WorkloadData& data,
+                                   const std::vector<RankOutcome>& ranks, bool after);
+
+// No coverage problem and every check passed.
+bool allPassed(const std::vector<TensorCheck>& checks, const std::vector<std::string>& problems);
+
+// The problems and the first failed checks, at most three in all, "; "-separated.
+std::string summarize(const std::vector<TensorCheck>& checks,
+                      const std::vector<std::string>& problems);
+
+}  // namespace sb::harness

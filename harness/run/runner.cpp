@@ -1,0 +1,191 @@
+// One row on threads: the phases of a row on this process's ranks (runLocal, which the
+// multi-process row uses too), the timed step Google Benchmark repeats, and runStrategy, the row
+// on the threads backend. The rest of the runner is beside it in harness/run/: planning
+// (plan.cpp), verification (row_checks.cpp), predictions (predict.cpp), the record
+// (compose.cpp), the multi-process row (distributed_row.cpp), the suite loop (suite_run.cpp)
+// and its output (progress.cpp).
+
+#include "harness/run/runner.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include <ATen/ATen.h>
+
+#include "harness/comm/threads_backend.h"
+#include "harness/comm/world.h"
+#include "harness/measure/device.h"
+#include "harness/measure/memory.h"
+#include "harness/run/compose.h"
+#include "harness/run/faults.h"
+#include "harness/run/local_run.h"
+#include "harness/run/plan.h"
+#include "harness/run/predict.h"
+#include "harness/run/row_checks.h"
+#include "harness/run/run_util.h"
+
+namespace sb::harness {
+
+LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData& data,
+                  const Strategy& strategy, const RunOptions& options,
+                  const std::function<void()>& onError) {
+  const std::vector<int> local = world.localRanks();
+  const int n = world.mesh().size();
+  LocalRun out;
+  std::vector<int> slot(n, -1);
+  for (int r : local) {
+    slot[r] = static_cast<int>(out.ranks.size());
+    out.ranks.emplace_back(r);
+  }
+  std::vector<std::unique_ptr<RankExecutor>> execs(n);
+  std::vector<double> stepSeconds(n, 0.0);
+  std::vector<std::map<std::string, at::Tensor>> results(n);
+  std::vector<int64_t> peak(n, 0);
+  try {
+    MemoryTracker::instance().install();
+    std::mutex mu;
+    world.run([&](RankContext& ctx) {
+      const int r = ctx.rank();
+      execs[r] = strategy.makeExecutor(c);
+      try {
+        execs[r]->prepare(ctx, data);
+      } catch (const UnsupportedCase& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        out.ranks[slot[r]].unsupported = e.what();
+      }
+    });
+    const bool unsupported = std::any_of(out.ranks.begin(), out.ranks.end(),
+                                         [](const auto& o) { return !o.unsupported.empty(); });
+    if (world.anyOverProcesses(unsupported)) return out;
+
+    // Warm-up: first-touch allocations and lazy initialisation stay out of the measurements.
+    world.run([&](RankContext& ctx) { execs[ctx.rank()]->step(ctx); });
+
+    // The measured step: communication counts, peak memory and the results to verify.
+    world.resetStats();
+    const bool cuda = reference::caseDevice().is_cuda();
+    DeviceMemoryStats before;
+    const int64_t hookBefore = cudaAllocationsSeen();
+    if (cuda) {
+      resetDevicePeak();
+      before = deviceMemoryStats();
+    }
+    world.run([&](RankContext& ctx) {
+      const int r = ctx.rank();
+      MemoryTracker::instance().resetPeak(r);
+      maybeFireRankFault(options, r);
+      execs[r]->step(ctx);
+      peak[r] = MemoryTracker::instance().peak(r);
+      MemoryTracker::instance().traceNote(r, "end of the measured step");
+    });
+    if (cuda) {
+      // The rank peaks above are the allocation hook's: tensor bytes per rank, as on the CPU.
+      // The allocator's own peak is the device's (every rank of this process on it), in its
+      // rounded blocks; kept beside them.
+      const DeviceMemoryStats after = deviceMemoryStats();
+      const int64_t hookSaw = cudaAllocationsSeen() - hookBefore;
+      out.deviceMemory = {
+          {"allocated_peak_over_start_bytes", after.allocatedPeak - before.allocatedCurrent},
+          {"reserved_peak_bytes", after.reservedPeak},
+          {"allocations_seen_by_hook", hookSaw}};
+      if (hookSaw == 0 && after.allocatedPeak > before.allocatedCurrent) {
+        // The hook saw nothing while the allocator allocated: the per-rank peaks are unknown
+        // (the allocator's own peak over the start is beside them).
+        out.deviceMemory["note"] =
+            "the allocation hook saw no allocation of this step: per-rank peaks are not known";
+      }
+    }
+    for (int r : local) {
+      out.ranks[slot[r]].counted = world.stats(r);
+      out.ranks[slot[r]].wire = world.wireStats(r);
+    }
+    // Untimed and uncounted: results laid out as the strategy declares them (pending sums
+    // reduced), then taken for verification; after the measured step and after the timing.
+    const auto takeResults = [&] {
+      world.run([&](RankContext& ctx) {
+        execs[ctx.rank()]->settle(ctx);
+        results[ctx.rank()] = execs[ctx.rank()]->results();
+      });
+    };
+    takeResults();
+    for (int r : local) {
+      RankOutcome& o = out.ranks[slot[r]];
+      o.checks = verifyRank(c, data, strategy, r, results[r]);
+      o.peak = peak[r];
+      o.predictedPeak = execs[r]->predictedPeakBytes();
+      if (!o.predictedPeak) o.predictedPeak = strategy.predictPeakMemory(c, r);
+      o.memoryLimit = execs[r]->memoryLimitBytes();
+    }
+    if (slot[0] >= 0) {
+      out.predictedTimeUs = execs[0]->predictedTimeUs();
+      out.params = execs[0]->recordParams();
+      out.executorDetails = execs[0]->details();
+    }
+
+    // Timing: the slowest rank's step time per iteration.
+    out.timing =
+        timeWithBenchmark(c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
+                          options.warmupSec, [&] { return timedStep(world, execs, stepSeconds); });
+
+    // As nccl-tests does, the timed runs are verified too: the last timed step must still
+    // give the reference results (catches state that leaks from step to step).
+    takeResults();
+    for (int r : local) {
+      out.ranks[slot[r]].checksAfter = verifyRank(c, data, strategy, r, results[r]);
+    }
+  } catch (const std::exception& e) {
+    const std::string text = errorText(e);
+    for (auto& o : out.ranks) {
+      if (o.error.empty()) {
+        o.error = text;
+        o.errorAtMs = nowMs();
+      }
+    }
+    if (onError) onError();
+  }
+  return out;
+}
+
+double timedStep(World& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
+                 std::vector<double>& scratch) {
+  world.run([&](RankContext& ctx) {
+    StepTimer timer;
+    timer.start();
+    execs[ctx.rank()]->step(ctx);
+    scratch[ctx.rank()] = timer.stopSeconds();
+  });
+  double slowest = 0;
+  for (int r : world.localRanks()) slowest = std::max(slowest, scratch[r]);
+  return world.maxOverProcesses(slowest);
+}
+
+Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const Strategy& strategy,
+                   const Provenance& provenance, const RunOptions& options) {
+  Record rec = baseRecord(c, strategy, provenance, options.backend);
+  if (std::string why = deviceMissing(c); !why.empty()) {
+    rec.status = Status::kSkipped;
+    rec.message = why;
+    return rec;
+  }
+  const Applicability a = strategy.applies(c);
+  if (a.kind != Applicability::Kind::kApplies) {
+    rec.status = Status::kUnsupported;
+    rec.message = a.reason;
+    return rec;
+  }
+  try {
+    ThreadsOptions topts;
+    topts.timeout = options.collectiveTimeout;
+    ThreadsWorld world(DeviceMesh(c.mesh), topts);
+    const LocalRun run = runLocal(world, c, data, strategy, options, {});
+    return compose(rec, c, data, strategy, run.ranks, run, /*perRankErrors=*/false,
+                   profileFor(options, c));
+  } catch (const std::exception& e) {
+    rec.status = Status::kError;
+    rec.message = errorText(e);
+  }
+  return rec;
+}
+
+}  // namespace sb::harness

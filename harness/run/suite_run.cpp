@@ -1,0 +1,109 @@
+// The suite loop and runPlanned, the run's entry point (see suite_run.h and runner.h). Nothing
+// here prints: the run's progress and summary go to a RunObserver (progress.h).
+
+#include "harness/run/suite_run.h"
+
+#include <chrono>
+
+#include <ATen/Parallel.h>
+
+#include "harness/measure/device.h"
+#include "harness/run/distributed_row.h"
+#include "harness/run/run_util.h"
+#include "harness/run/runner.h"
+
+namespace sb::harness {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
+            const Provenance& prov, RunObserver& observer, bool writes, const RowFn& row) {
+  nlohmann::json runInfo = {
+      {"run_id", prov.runId},       {"git_sha", prov.gitSha}, {"timestamp_utc", prov.timestampUtc},
+      {"host", prov.host},          {"device", prov.device},  {"torch_version", prov.torchVersion},
+      {"backend", options.backend}, {"suite", suite.name},    {"suite_file", suite.file}};
+  std::optional<ResultWriter> writer;
+  if (writes) writer.emplace(options.outDir, runInfo);
+  observer.suiteStarted(suite, plan, options, prov);
+
+  bool anyBad = false;  // a row failed or errored
+  const auto runStart = Clock::now();
+  // LibTorch settles its intra-op thread count lazily, at the first parallel region or
+  // get_num_threads() (the threads backend's world asks). Until then OpenMP's default is in
+  // force, which can differ (logical cores against LibTorch's physical ones), and BLAS splits
+  // a matmul by it: a reference built before the first world would not be bitwise the
+  // numbers of the same arithmetic run after it. Settled here, before the first reference.
+  at::internal::lazy_init_num_threads();
+  bool stopped = false;
+  for (size_t i = 0; i < plan.size() && !stopped; ++i) {
+    const CaseSpec& c = plan[i].spec;
+    const auto t0 = Clock::now();
+    observer.caseStarted(i, plan.size(), c);
+    reference::WorkloadData data;
+    std::string buildError;
+    // The reference and every strategy of the case make their tensors on its device.
+    const bool onDevice = c.device == "cuda" && deviceMissing(c).empty();
+    reference::setCaseDevice(onDevice ? at::Device(at::kCUDA, currentCudaDevice())
+                                      : at::Device(at::kCPU));
+    if (onDevice) installCudaMemoryTracking(nullptr);
+    try {
+      if (c.device != "cuda" || onDevice) {
+        data = reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
+        if (onDevice) synchronizeDevice();
+      }
+    } catch (const std::exception& e) {
+      buildError = "reference failed: " + errorText(e);
+    }
+    for (const auto& entry : plan[i].strategies) {
+      RowResult result = row(c, buildError.empty() ? &data : nullptr, buildError, *entry.strategy);
+      stopped = result.stop;
+      if (result.record) {
+        const Record& rec = *result.record;
+        if (writer) writer->add(rec);
+        if (rec.status == Status::kFail || rec.status == Status::kError) anyBad = true;
+        observer.rowFinished(rec);
+      }
+      if (stopped) break;
+    }
+    if (writer) writer->flush();
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    observer.caseFinished(i, plan.size(), c, secs);
+  }
+
+  observer.suiteFinished(stopped);
+  if (!writer) return 0;  // rank 0 carries the verdict and the exit code
+  writer->commit();
+  observer.resultsWritten(writer->csvPath(), writer->jsonPath(),
+                          std::chrono::duration<double>(Clock::now() - runStart).count());
+  return anyBad || stopped ? 1 : 0;
+}
+
+int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
+               std::ostream& out) {
+  ConsoleObserver console(out);
+  return runPlanned(suite, plan, options, console);
+}
+
+int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
+               RunObserver& observer) {
+  if (options.backend == "threads") {
+    const Provenance prov = Provenance::collect();
+    return runLoop(suite, plan, options, prov, observer, true,
+                   [&](const CaseSpec& c, const reference::WorkloadData* data,
+                       const std::string& buildError, const Strategy& s) -> RowResult {
+                     if (!data) {
+                       Record rec = baseRecord(c, s, prov, options.backend);
+                       rec.status = Status::kError;
+                       rec.message = buildError;
+                       return {rec, false};
+                     }
+                     return {runStrategy(c, *data, s, prov, options), false};
+                   });
+  }
+  return runDistributed(suite, plan, options, observer);
+}
+
+}  // namespace sb::harness

@@ -1,0 +1,252 @@
+// Suite files: what a valid one gives, and that every malformed one is rejected with the file,
+// line and key.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "harness/run/suite.h"
+
+namespace sb::harness {
+namespace {
+
+std::string errorOf(const std::string& yaml) {
+  try {
+    parseSuite(yaml, "bad.yaml");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kValid = R"(suite: demo
+defaults:
+  dtype: float64
+  repetitions: 3
+cases:
+  - name: a
+    workload: linear
+    shape: {input: [4, 16], out_features: 8}
+    mesh: 2x2
+    strategies: ["sharding/linear/.*"]
+  - name: b
+    workload: linear
+    shape: {input: [4, 16], out_features: 8, bias: false}
+    mesh: [4]
+    dtype: bfloat16
+    inputs: exact
+    strategies: sharding/linear/RR=RR.RR
+)";
+
+TEST(Suite, AValidSuiteAppliesDefaultsAndCaseOverrides) {
+  const Suite s = parseSuite(kValid, "demo.yaml");
+  EXPECT_EQ(s.name, "demo");
+  ASSERT_EQ(s.cases.size(), 2u);
+  EXPECT_EQ(s.cases[0].dtype, at::kDouble);
+  EXPECT_EQ(s.cases[0].repetitions, 3);
+  EXPECT_EQ(s.cases[0].mesh, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(s.cases[0].line, 6);
+  EXPECT_EQ(s.cases[1].dtype, at::kBFloat16);
+  EXPECT_EQ(s.cases[1].mesh, (std::vector<int64_t>{4}));
+  EXPECT_EQ(s.cases[1].inputs, reference::InputMode::kExact);
+  EXPECT_EQ(s.cases[1].strategies, (std::vector<std::string>{"sharding/linear/RR=RR.RR"}));
+  EXPECT_EQ(s.cases[1].shape["bias"], false);
+}
+
+TEST(Suite, InvalidYamlNamesTheLine) {
+  const auto e = errorOf("cases:\n  - name: [unclosed\n");
+  EXPECT_NE(e.find("bad.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("not valid YAML"), std::string::npos) << e;
+}
+
+TEST(Suite, AnUnknownKeyNamesTheFileLineAndKey) {
+  const auto e = errorOf(
+      "cases:\n  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
+      "out_features: 2}\n    mesh: 4\n    strategy: [x]\n");
+  EXPECT_NE(e.find("bad.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key 'strategy'"), std::string::npos) << e;
+}
+
+TEST(Suite, AMissingKeyIsNamed) {
+  const auto e = errorOf(
+      "cases:\n  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
+      "out_features: 2}\n    strategies: [x]\n");
+  EXPECT_NE(e.find("bad.yaml:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing key 'mesh'"), std::string::npos) << e;
+}
+
+TEST(Suite, BadValuesNameTheKeyAndValue) {
+  const std::string head = "cases:\n  - name: a\n    workload: linear\n    strategies: [x]\n";
+  const std::string shape = "    shape: {input: [4, 4], out_features: 2}\n";
+  auto e = errorOf(head + shape + "    mesh: 2y2\n");
+  EXPECT_NE(e.find("bad.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("key 'mesh'"), std::string::npos) << e;
+  e = errorOf(head + shape + "    mesh: 4\n    dtype: float8\n");
+  EXPECT_NE(e.find("bad.yaml:7"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown dtype 'float8'"), std::string::npos) << e;
+  e = errorOf(head + shape + "    mesh: 4\n    repetitions: many\n");
+  EXPECT_NE(e.find("key 'repetitions' must be a whole number from 1 to 100000, got 'many'"),
+            std::string::npos)
+      << e;
+  e = errorOf(head + shape + "    mesh: 4\n    inputs: integers\n");
+  EXPECT_NE(e.find("key 'inputs' must be random or exact"), std::string::npos) << e;
+  e = errorOf(head + shape + "    mesh: 4\n    device: gpu\n");
+  EXPECT_NE(e.find("bad.yaml:7"), std::string::npos) << e;
+  EXPECT_NE(e.find("key 'device' must be cpu or cuda (got 'gpu')"), std::string::npos) << e;
+}
+
+// A suite for GPU machines reads the same everywhere: whether a process can run its cases is
+// the runner's question (it skips them, saying why, where there is no CUDA).
+TEST(Suite, CudaCasesParseOnEveryBuild) {
+  const Suite s = parseSuite(
+      "defaults:\n  device: cuda\ncases:\n  - name: a\n    workload: linear\n    strategies: "
+      "[x]\n    shape: {input: [4, 4], out_features: 2}\n    mesh: 4\n  - name: b\n    workload: "
+      "linear\n    strategies: [x]\n    shape: {input: [4, 4], out_features: 2}\n    mesh: 4\n"
+      "    device: cpu\n",
+      "gpu.yaml");
+  ASSERT_EQ(s.cases.size(), 2u);
+  EXPECT_EQ(s.cases[0].device, "cuda");
+  EXPECT_EQ(s.cases[1].device, "cpu");
+}
+
+TEST(Suite, AWrongShapeNamesTheShapeKey) {
+  const std::string head =
+      "cases:\n  - name: a\n    workload: linear\n    strategies: [x]\n"
+      "    mesh: 4\n";
+  auto e = errorOf(head + "    shape: {input: [4, 4]}\n");
+  EXPECT_NE(e.find("bad.yaml:6"), std::string::npos) << e;
+  EXPECT_NE(e.find("'out_features' is missing"), std::string::npos) << e;
+  e = errorOf(head + "    shape: {input: [4, -4], out_features: 2}\n");
+  EXPECT_NE(e.find("'input' must hold positive integers"), std::string::npos) << e;
+  e = errorOf(head + "    shape: {input: [4, 4], out_features: 2, heads: 3}\n");
+  EXPECT_NE(e.find("unknown shape key 'heads'"), std::string::npos) << e;
+}
+
+TEST(Suite, UnknownWorkloadDuplicateNamesAndNoCasesAreRejected) {
+  EXPECT_NE(errorOf("cases:\n  - name: a\n    workload: conv\n").find("unknown workload 'conv'"),
+            std::string::npos);
+  EXPECT_NE(errorOf("suite: x\n").find("key 'cases' is missing"), std::string::npos);
+  EXPECT_NE(errorOf("cases: []\n").find("non-empty list"), std::string::npos);
+  const std::string c =
+      "  - name: a\n    workload: linear\n    shape: {input: [4, 4], "
+      "out_features: 2}\n    mesh: 4\n    strategies: [x]\n";
+  EXPECT_NE(errorOf("cases:\n" + c + c).find("case name 'a' is used twice"), std::string::npos);
+  EXPECT_NE(errorOf("sweet: smoke\ncases:\n" + c).find("unknown top-level key 'sweet'"),
+            std::string::npos);
+}
+
+// Hostile and careless suites (issue 15): each is exit 2 naming the line and key, never a
+// crash, a hang, a wrapped number or a setting silently dropped.
+const char* kCase = R"(    workload: linear
+    shape: {input: [4, 16], out_features: 8}
+    mesh: 2x2
+    strategies: ["sharding/linear/.*"]
+)";
+
+std::string oneCase(const std::string& extra, const std::string& name = "a") {
+  return "cases:\n  - name: " + name + "\n" + kCase + extra;
+}
+
+TEST(SuiteHostile, NumbersAreCheckedForKindRangeNanAndInfinity) {
+  EXPECT_NE(
+      errorOf(oneCase("    min_time_s: .inf\n"))
+          .find(
+              "bad.yaml:7: key 'min_time_s' must be a number of seconds in (0, 3600], got '.inf'"),
+      std::string::npos)
+      << errorOf(oneCase("    min_time_s: .inf\n"));
+  EXPECT_NE(errorOf(oneCase("    min_time_s: .nan\n")).find("min_time_s"), std::string::npos);
+  EXPECT_NE(errorOf(oneCase("    seed: -5\n"))
+                .find("key 'seed' must be a whole number from 0 to 18446744073709551615, got '-5'"),
+            std::string::npos)
+      << errorOf(oneCase("    seed: -5\n"));
+  EXPECT_NE(errorOf(oneCase("    repetitions: 1e9\n")).find("key 'repetitions'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(oneCase("    repetitions: 100001\n")).find("from 1 to 100000"),
+            std::string::npos);
+  EXPECT_EQ(parseSuite(oneCase("    seed: 18446744073709551615\n"), "ok.yaml").cases[0].seed,
+            18446744073709551615ull);
+  EXPECT_NE(errorOf("cases:\n  - name: a\n    workload: linear\n    shape: {input: [4, 16], "
+                    "out_features: 8}\n    mesh: [4294967296, 4294967296]\n    strategies: [x]\n")
+                .find("key 'mesh'"),
+            std::string::npos);
+}
+
+TEST(SuiteHostile, DuplicateKeysAnywhereAreNamed) {
+  EXPECT_NE(errorOf(oneCase("    mesh: 4\n")).find("bad.yaml:7: key 'mesh' is given twice"),
+            std::string::npos)
+      << errorOf(oneCase("    mesh: 4\n"));
+  EXPECT_NE(errorOf(oneCase("    params: {budget: 0.5, budget: 0.9}\n"))
+                .find("key 'budget' is given twice"),
+            std::string::npos);
+  EXPECT_NE(errorOf("suite: a\nsuite: b\n" + oneCase("")).find("key 'suite' is given twice"),
+            std::string::npos);
+}
+
+TEST(SuiteHostile, ACaseLevelBackendIsRefusedNotIgnored) {
+  EXPECT_NE(errorOf(oneCase("    backend: gloo\n")).find("the backend is chosen for the whole run"),
+            std::string::npos);
+  EXPECT_NE(errorOf("defaults: {backend: gloo}\n" + oneCase("")).find("key 'backend'"),
+            std::string::npos);
+}
+
+TEST(SuiteHostile, AnAliasBombIsRefusedQuickly) {
+  std::string yaml = "defaults:\n  params:\n    a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 12; ++i) {
+    yaml += "    a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) yaml += std::string(k ? ", " : "") + "*a" + std::to_string(i - 1);
+    yaml += "]\n";
+  }
+  yaml += oneCase("");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = errorOf(yaml);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_NE(e.find("more than 1000000 values"), std::string::npos) << e;
+}
+
+TEST(SuiteHostile, DeepNestingAndHugeSweepsAreRefused) {
+  std::string deep = "[";
+  for (int i = 0; i < 40; ++i) deep += "[";
+  deep += std::string(41, ']');
+  EXPECT_NE(errorOf(oneCase("    params: {x: " + deep + "}\n")).find("nested deeper than 32"),
+            std::string::npos);
+  std::string sweep = "    sweep: {";
+  for (int k = 0; k < 5; ++k) {
+    sweep += std::string(k ? ", " : "") + "p" + std::to_string(k) + ": [";
+    for (int v = 0; v < 10; ++v) sweep += std::string(v ? ", " : "") + std::to_string(v);
+    sweep += "]";
+  }
+  sweep += "}\n";
+  EXPECT_NE(errorOf(oneCase(sweep)).find("the sweep makes more than 10000 cases"),
+            std::string::npos)
+      << errorOf(oneCase(sweep));
+}
+
+TEST(SuiteHostile, TextMustBeUtf8AndNamesFreeOfControlCharacters) {
+  const std::string bad = errorOf(oneCase("", "caf\xff"));
+  EXPECT_NE(bad.find("not UTF-8 text: byte 0xff at offset 3"), std::string::npos) << bad;
+  EXPECT_NE(errorOf(oneCase("", "\"two\\nlines\"")).find("control characters"), std::string::npos);
+  EXPECT_NO_THROW(parseSuite(oneCase("", "caf\xc3\xa9"), "ok.yaml"));
+}
+
+// Found by ci/fuzz/suite_fuzz.cpp: a sweep's values become part of the case names, so a value
+// holding a control character made a name no result file could hold.
+TEST(SuiteHostile, ASweepValueCannotPutAControlCharacterIntoACaseName) {
+  const std::string e = errorOf(oneCase("    sweep: {budget: [0.5, \"\\x01x\"]}\n"));
+  EXPECT_NE(e.find("case 'a': the name its sweep makes must not hold control characters"),
+            std::string::npos)
+      << e;
+}
+
+TEST(SuiteHostile, NanAndInfinityInParamsStayTextThatNoNumberReaderAccepts) {
+  const auto s = parseSuite(oneCase("    params: {budget: nan, chunk: inf, x: 1.5}\n"), "ok.yaml");
+  EXPECT_TRUE(s.cases[0].params["budget"].is_string());
+  EXPECT_TRUE(s.cases[0].params["chunk"].is_string());
+  EXPECT_EQ(s.cases[0].params["x"].get<double>(), 1.5);
+}
+
+TEST(Suite, AMissingFileIsAnInputError) {
+  EXPECT_THROW(loadSuite("/nonexistent/suite.yaml"), InputError);
+}
+
+}  // namespace
+}  // namespace sb::harness

@@ -1,0 +1,55 @@
+#pragma once
+
+// The report as a document: headings, paragraphs, tables, lists and images, in order, built
+// once by report.cpp and rendered by each renderer (render_markdown.cpp, render_html.cpp), as
+// google/benchmark's reporters each render one run. Internal to reports/.
+
+#include <string>
+#include <vector>
+
+namespace sb::reports {
+
+// ---- a small document model, rendered both as Markdown and as HTML --------------------------
+
+struct Cell {
+  std::string text;
+  std::string cls;  // a status or verdict: colours the HTML cell
+};
+
+struct Table {
+  std::vector<std::string> head;
+  std::vector<std::vector<Cell>> rows;
+  std::string id;  // HTML id, for the browser test and for links
+};
+
+struct Block {
+  enum class Kind { kHeading, kParagraph, kTable, kList, kImage };
+  explicit Block(Kind k) : kind(k) {}
+  Kind kind;
+  int level = 2;
+  std::string text;  // heading / paragraph text, image alt
+  std::string path;  // image path relative to the report
+  std::string cls;   // paragraph class (e.g. "gate-fail")
+  Table table;
+  std::vector<std::string> items;
+};
+
+class Document {
+ public:
+  void heading(int level, std::string text);
+  void paragraph(std::string text, std::string cls = "");
+  void table(Table t);
+  void list(std::vector<std::string> items);
+  void image(std::string path, std::string alt);
+
+  // Markdown: tables as pipe tables, images as links to their files (render_markdown.cpp).
+  std::string markdown() const;
+  // Self-contained: styles inline, every image a data: URI. A script counts the images that
+  // decoded, so a headless browser can check that every plot loads (render_html.cpp).
+  std::string html(const std::string& title, const std::string& baseDir) const;
+
+ private:
+  std::vector<Block> blocks_;
+};
+
+}  // namespace sb::reports

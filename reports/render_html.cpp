@@ -1,0 +1,136 @@
+// The document (document.h) as one self-contained HTML page: report.html, every plot embedded
+// as a data: URI.
+
+#include <fstream>
+#include <sstream>
+
+#include "reports/document.h"
+
+namespace sb::reports {
+namespace {
+
+std::string htmlEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
+    }
+  }
+  return o;
+}
+
+std::string base64(const std::string& in) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const unsigned v = (static_cast<unsigned char>(in[i]) << 16) |
+                       (static_cast<unsigned char>(in[i + 1]) << 8) |
+                       static_cast<unsigned char>(in[i + 2]);
+    out += k[(v >> 18) & 63];
+    out += k[(v >> 12) & 63];
+    out += k[(v >> 6) & 63];
+    out += k[v & 63];
+  }
+  if (i < in.size()) {
+    unsigned v = static_cast<unsigned char>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<unsigned char>(in[i + 1]) << 8;
+    out += k[(v >> 18) & 63];
+    out += k[(v >> 12) & 63];
+    out += i + 1 < in.size() ? k[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string Document::html(const std::string& title, const std::string& baseDir) const {
+  std::ostringstream o;
+  o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>"
+    << htmlEscape(title) << "</title>\n<style>\n"
+    << "body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1400px;"
+       "padding:0 1em;color:#222}\n"
+       "table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}\n"
+       "th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}\n"
+       "th{background:#f3f3f3}\n"
+       "td.pass,td.ok,td.unchanged{background:#e9f7ec}\n"
+       "td.fail,td.error,td.regressed{background:#fde2e1;font-weight:bold}\n"
+       "td.unsupported,td.skipped,td.gone,td.new,td.warn{background:#fff5d6}\n"
+       "td.improved,td.fixed{background:#dff0ff}\n"
+       "p.gate-fail{color:#a40000;font-weight:bold;font-size:1.2em}\n"
+       "p.gate-pass{color:#176b2c;font-weight:bold;font-size:1.2em}\n"
+       "img.plot{max-width:100%;border:1px solid #ddd;margin:.3em 0}\n"
+       "h2{border-bottom:1px solid #ccc;margin-top:1.6em}\n"
+    << "</style></head>\n<body>\n";
+  for (const auto& b : blocks_) {
+    switch (b.kind) {
+      case Block::Kind::kHeading:
+        o << "<h" << b.level << ">" << htmlEscape(b.text) << "</h" << b.level << ">\n";
+        break;
+      case Block::Kind::kParagraph:
+        o << "<p" << (b.cls.empty() ? "" : " class=\"" + b.cls + "\"") << ">" << htmlEscape(b.text)
+          << "</p>\n";
+        break;
+      case Block::Kind::kList:
+        o << "<ul>\n";
+        for (const auto& i : b.items) o << "<li>" << htmlEscape(i) << "</li>\n";
+        o << "</ul>\n";
+        break;
+      case Block::Kind::kImage:
+        o << "<div><img class=\"plot\" alt=\"" << htmlEscape(b.text)
+          << "\" src=\"data:image/png;base64," << base64(slurp(baseDir + "/" + b.path))
+          << "\"></div>\n";
+        break;
+      case Block::Kind::kTable: {
+        const Table& t = b.table;
+        o << "<table" << (t.id.empty() ? "" : " id=\"" + htmlEscape(t.id) + "\"") << "><thead><tr>";
+        for (const auto& h : t.head) o << "<th>" << htmlEscape(h) << "</th>";
+        o << "</tr></thead><tbody>\n";
+        for (const auto& r : t.rows) {
+          o << "<tr>";
+          for (const auto& c : r) {
+            o << "<td" << (c.cls.empty() ? "" : " class=\"" + htmlEscape(c.cls) + "\"") << ">"
+              << htmlEscape(c.text) << "</td>";
+          }
+          o << "</tr>\n";
+        }
+        o << "</tbody></table>\n";
+        break;
+      }
+    }
+  }
+  o << "<script>\nwindow.addEventListener('load', function () {\n"
+       "  var imgs = document.images, ok = 0, broken = [];\n"
+       "  for (var i = 0; i < imgs.length; i++) {\n"
+       "    if (imgs[i].complete && imgs[i].naturalWidth > 0) ok++; else "
+       "broken.push(imgs[i].alt);\n"
+       "  }\n"
+       "  document.body.setAttribute('data-images-total', imgs.length);\n"
+       "  document.body.setAttribute('data-images-loaded', ok);\n"
+       "  document.body.setAttribute('data-images-broken', broken.join('|'));\n"
+       "});\n</script>\n</body></html>\n";
+  return o.str();
+}
+
+}  // namespace sb::reports

@@ -1,0 +1,62 @@
+// The document (document.h) as Markdown: report.md.
+
+#include <sstream>
+
+#include "reports/document.h"
+
+namespace sb::reports {
+namespace {
+
+std::string mdEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '|')
+      o += "\\|";
+    else if (c == '\n')
+      o += ' ';
+    else
+      o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+std::string Document::markdown() const {
+  std::ostringstream o;
+  for (const auto& b : blocks_) {
+    switch (b.kind) {
+      case Block::Kind::kHeading:
+        o << std::string(b.level, '#') << " " << b.text << "\n\n";
+        break;
+      case Block::Kind::kParagraph:
+        o << b.text << "\n\n";
+        break;
+      case Block::Kind::kList:
+        for (const auto& i : b.items) o << "- " << mdEscape(i) << "\n";
+        o << "\n";
+        break;
+      case Block::Kind::kImage:
+        o << "![" << b.text << "](" << b.path << ")\n\n";
+        break;
+      case Block::Kind::kTable: {
+        const Table& t = b.table;
+        o << "|";
+        for (const auto& h : t.head) o << " " << mdEscape(h) << " |";
+        o << "\n|";
+        for (size_t i = 0; i < t.head.size(); ++i) o << "---|";
+        o << "\n";
+        for (const auto& r : t.rows) {
+          o << "|";
+          for (const auto& c : r) o << " " << mdEscape(c.text) << " |";
+          o << "\n";
+        }
+        o << "\n";
+        break;
+      }
+    }
+  }
+  return o.str();
+}
+
+}  // namespace sb::reports

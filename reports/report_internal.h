@@ -1,0 +1,84 @@
+#pragma once
+
+// The parts of `stratbench report` (report.cpp's flow) that live in files of their own: the
+// tables of the document (tables.cpp), the CSV outputs (summary_csv.cpp), the plots subprocess
+// (plots.cpp) and the staging folder the set is built in (staging.cpp). Internal to reports/.
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "reports/compare.h"
+#include "reports/document.h"
+#include "reports/results_file.h"
+
+namespace sb::reports {
+
+// ---- tables.cpp -----------------------------------------------------------------------------
+
+// `v` formatted by printf's format `f`.
+std::string fmt(const char* f, double v);
+// The distinct values of `field` over `rows`, and a set as "a, b, c" ("-" when empty).
+std::set<std::string> distinct(const std::vector<ResultRow>& rows, std::string ResultRow::*field);
+std::string joined(const std::set<std::string>& s);
+// The provenance of the results and the baseline, the counts per family, and one case's rows.
+Table provenanceTable(const std::vector<ResultRow>& cur, const std::vector<ResultRow>& base);
+Table familyTable(const Comparison& cmp);
+Table caseTable(const std::vector<const RowComparison*>& rows, bool hasBaseline,
+                const std::string& id);
+
+// ---- summary_csv.cpp ------------------------------------------------------------------------
+
+// One run of a --history directory.
+struct HistoryRun {
+  std::string dir;
+  std::string timestamp;  // earliest row's
+  std::vector<ResultRow> rows;
+};
+
+// A row's gate failures and warnings, "; "-separated.
+std::string reasons(const RowComparison& rc);
+// summary.csv (a row per comparison), tensors.csv (a row per tensor's error) and history.csv
+// (a row per run and result).
+std::string summaryCsv(const Comparison& cmp);
+std::string tensorsCsv(const std::vector<ResultRow>& rows);
+std::string historyCsv(const std::vector<HistoryRun>& runs);
+
+// ---- plots.cpp ------------------------------------------------------------------------------
+
+// Runs the plot scripts on DIR; returns an empty string or what went wrong.
+std::string runPlots(const std::string& dir);
+
+// ---- staging.cpp ----------------------------------------------------------------------------
+
+// Writes `text` to `path` atomically (harness::writeFileAtomic).
+void writeText(const std::string& path, const std::string& text);
+// Removes a folder and everything in it, without following links; best effort. POSIX's nftw,
+// not std::filesystem::remove_all: on the GPU machine (LibTorch 2.11 from a pip wheel, GCC 13)
+// report crashed right after its last line, with its staging folder left behind, the one
+// remove_all left to do; std::filesystem's symbols may resolve to the copy a wheel's LibTorch
+// carries from its own toolchain. Not confirmed there yet (README, GPU).
+void removeTree(const std::string& path);
+
+// Removes the staging folder unless the set was committed (an exception on the way out).
+struct StagingGuard {
+  std::string path;
+  ~StagingGuard() { removeTree(path); }
+};
+
+// The staging folder of this process: .report.new.HOST.PID (the host, so that a report folder
+// shared between machines never has one machine's live staging taken for a dead one).
+std::string stagingName();
+
+// Staging folders of this host's reports that died before their commit (SIGKILL, a crash):
+// their pid is gone. A live one, or another host's, is left alone.
+void removeStaleStaging(const std::string& dir);
+
+// Moves a complete staged set into the report folder, with SIGINT, SIGTERM and SIGHUP held so
+// that an interrupt lands before or after the whole move. Files of the previous set that the
+// new one does not have (a plot no longer drawn, history.csv) go, so that the folder is
+// exactly the new set. report.html is moved last.
+void commitSet(const std::string& stage, const std::string& dir,
+               const std::vector<std::string>& files);
+
+}  // namespace sb::reports

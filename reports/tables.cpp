@@ -1,0 +1,191 @@
+// The document's tables (report_internal.h): provenance, the summary by family and one table
+// per case, with the cell formatting they share.
+
+#include <cstdio>
+#include <map>
+
+#include "reports/report_internal.h"
+
+namespace sb::reports {
+
+// ---- formatting ----------------------------------------------------------------------------
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+namespace {
+
+std::string bytes(const std::optional<int64_t>& v) {
+  if (!v) return "-";
+  const double b = static_cast<double>(*v);
+  if (b < 1024) return std::to_string(*v) + " B";
+  if (b < 1024.0 * 1024) return fmt("%.1f KiB", b / 1024);
+  if (b < 1024.0 * 1024 * 1024) return fmt("%.1f MiB", b / 1024 / 1024);
+  return fmt("%.2f GiB", b / 1024 / 1024 / 1024);
+}
+
+std::string timeText(const ResultRow& r) {
+  if (!r.timeMedianUs) return "-";
+  std::string s = fmt("%.4g", *r.timeMedianUs);
+  if (r.timeStddevUs) s += " ± " + fmt("%.2g", *r.timeStddevUs);
+  return s;
+}
+
+std::string pctText(const std::optional<double>& v) { return v ? fmt("%+.1f%%", *v) : ""; }
+
+std::string predictedVsMeasured(const std::optional<int64_t>& pred,
+                                const std::optional<int64_t>& meas) {
+  if (!pred && !meas) return "-";
+  return bytes(pred) + " / " + bytes(meas);
+}
+
+std::string errText(const ResultRow& r) {
+  if (!r.errRatio) return r.maxAbsErr ? "abs " + fmt("%.2g", *r.maxAbsErr) : "-";
+  return fmt("%.3g", *r.errRatio) + (r.worstTensor.empty() ? "" : " (" + r.worstTensor + ")");
+}
+
+}  // namespace
+
+std::set<std::string> distinct(const std::vector<ResultRow>& rows, std::string ResultRow::*field) {
+  std::set<std::string> s;
+  for (const auto& r : rows) s.insert(r.*field);
+  return s;
+}
+
+std::string joined(const std::set<std::string>& s) {
+  std::string o;
+  for (const auto& x : s) o += (o.empty() ? "" : ", ") + x;
+  return o.empty() ? "-" : o;
+}
+
+namespace {
+
+Cell statusCell(const std::string& s) { return {s.empty() ? "-" : s, s}; }
+
+}  // namespace
+
+Table provenanceTable(const std::vector<ResultRow>& cur, const std::vector<ResultRow>& base) {
+  Table t;
+  t.id = "provenance";
+  t.head = {"", "results"};
+  if (!base.empty()) t.head.push_back("baseline");
+  const std::vector<std::pair<std::string, std::string ResultRow::*>> fields = {
+      {"git sha", &ResultRow::gitSha},  {"host", &ResultRow::host},
+      {"device", &ResultRow::device},   {"LibTorch", &ResultRow::torchVersion},
+      {"backend", &ResultRow::backend}, {"suite", &ResultRow::suite},
+      {"run id", &ResultRow::runId},    {"started (UTC)", &ResultRow::timestampUtc}};
+  for (const auto& [name, field] : fields) {
+    std::vector<Cell> row = {{name, ""}, {joined(distinct(cur, field)), ""}};
+    if (!base.empty()) row.push_back({joined(distinct(base, field)), ""});
+    t.rows.push_back(std::move(row));
+  }
+  std::set<std::string> files;
+  for (const auto& r : cur) files.insert(r.file);
+  std::vector<Cell> row = {{"files", ""}, {joined(files), ""}};
+  if (!base.empty()) {
+    std::set<std::string> bf;
+    for (const auto& r : base) bf.insert(r.file);
+    row.push_back({joined(bf), ""});
+  }
+  t.rows.push_back(std::move(row));
+  return t;
+}
+
+Table familyTable(const Comparison& cmp) {
+  static const std::vector<std::string> kStatuses = {"pass", "fail", "error", "unsupported",
+                                                     "skipped"};
+  static const std::vector<Verdict> kVerdicts = {
+      Verdict::kRegressed, Verdict::kImproved, Verdict::kUnchanged, Verdict::kNew, Verdict::kGone};
+  std::map<std::string, std::map<std::string, int>> counts;
+  std::vector<std::string> order;
+  for (const auto& rc : cmp.rows) {
+    const std::string fam = rc.any().family;
+    if (!counts.count(fam)) order.push_back(fam);
+    auto& c = counts[fam];
+    if (rc.current) c[rc.current->status]++;
+    c[verdictName(rc.verdict)]++;
+  }
+  Table t;
+  t.id = "summary";
+  t.head = {"family"};
+  for (const auto& s : kStatuses) t.head.push_back(s);
+  if (cmp.hasBaseline) {
+    for (auto v : kVerdicts) t.head.push_back(verdictName(v));
+  }
+  for (const auto& fam : order) {
+    std::vector<Cell> row = {{fam, ""}};
+    for (const auto& s : kStatuses) {
+      const int n = counts[fam][s];
+      row.push_back({std::to_string(n), n ? s : ""});
+    }
+    if (cmp.hasBaseline) {
+      for (auto v : kVerdicts) {
+        const int n = counts[fam][verdictName(v)];
+        row.push_back({std::to_string(n), n ? verdictName(v) : ""});
+      }
+    }
+    t.rows.push_back(std::move(row));
+  }
+  return t;
+}
+
+Table caseTable(const std::vector<const RowComparison*>& rows, bool hasBaseline,
+                const std::string& id) {
+  Table t;
+  t.id = id;
+  t.head = {"strategy",
+            "status",
+            "err / tol (worst tensor)",
+            "tolerance",
+            "time us (median ± sd)",
+            "peak mem",
+            "mem predicted / measured",
+            "comm predicted / measured"};
+  if (hasBaseline) {
+    for (const char* h : {"baseline status", "Δ time", "Δ mem", "verdict"}) t.head.push_back(h);
+  }
+  t.head.push_back("notes");
+  for (const RowComparison* rc : rows) {
+    const ResultRow& a = rc->any();
+    const ResultRow* c = rc->current;
+    std::vector<Cell> row;
+    row.push_back(
+        {a.strategy.empty() ? a.strategyId : a.strategy + "  [" + a.strategyId + "]", ""});
+    row.push_back(statusCell(c ? c->status : "gone"));
+    row.push_back({c ? errText(*c) : "-", ""});
+    std::string tol = "-";
+    if (c && c->atol && c->rtol) {
+      tol = (*c->atol == 0 && *c->rtol == 0)
+                ? "bitwise"
+                : "rtol " + fmt("%.2g", *c->rtol) + " atol " + fmt("%.2g", *c->atol);
+    }
+    row.push_back({tol, ""});
+    row.push_back({c ? timeText(*c) + (rc->noisy ? " (noisy)" : "") : "-", ""});
+    row.push_back({c ? bytes(c->peakMemBytes) : "-", ""});
+    const bool memOff = c && c->mispredicted.find("memory") != std::string::npos;
+    row.push_back({c ? predictedVsMeasured(c->predictedMemBytes, c->peakMemBytes) +
+                           (memOff ? " (mispredicted)" : "")
+                     : "-",
+                   memOff ? "fail" : ""});
+    row.push_back({c ? predictedVsMeasured(c->predictedCommBytes, c->commBytes) : "-", ""});
+    if (hasBaseline) {
+      row.push_back(statusCell(rc->baseline ? rc->baseline->status : "new"));
+      row.push_back({pctText(rc->timeChangePct) +
+                         (rc->time == "n/a" || rc->time == "unchanged" ? "" : " " + rc->time),
+                     rc->time == "regressed" || rc->time == "improved" ? rc->time : ""});
+      row.push_back({pctText(rc->memChangePct),
+                     rc->mem == "regressed" || rc->mem == "improved" ? rc->mem : ""});
+      row.push_back({verdictName(rc->verdict), verdictName(rc->verdict)});
+    }
+    std::string notes = reasons(*rc);
+    if (notes.empty() && c && c->status != "pass") notes = c->message;
+    row.push_back({notes, rc->gateFailures.empty() ? "" : "fail"});
+    t.rows.push_back(std::move(row));
+  }
+  return t;
+}
+
+}  // namespace sb::reports

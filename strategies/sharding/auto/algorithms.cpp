@@ -1,0 +1,209 @@
+// The plan algorithms of auto-sharding (model.h's solvePlan): Alpa's integer program, and the
+// hand-written families (Megatron, data parallel, replicated) solved as the same program over
+// the candidates they allow. Its own file: the baselines' rules, apart from the model they
+// choose in.
+
+#include "strategies/sharding/auto/model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+
+#include "harness/error.h"
+#include "strategies/sharding/auto/model_internal.h"
+
+namespace sb::strategies::autoshard {
+namespace {
+
+using harness::InputError;
+using harness::Layout;
+
+// Which candidates a hand-written plan family allows (the solver picks the rest).
+using Allowed = std::function<bool(int node, const Candidate&)>;
+
+bool onlyDimZero(const Layout& l, int axis) {
+  for (int d = 1; d < l.ndim(); ++d) {
+    const auto& a = l.axesOf(d);
+    if (axis < 0 ? !a.empty() : std::find(a.begin(), a.end(), axis) != a.end()) return false;
+  }
+  return true;
+}
+
+bool endsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Megatron-LM's placement of a parameter: column-parallel query, key, value and MLP input
+// projections (their output features split over the tensor-parallel axis), row-parallel output
+// projections (their input features split), a vocabulary-parallel embedding and head; the rest
+// replicated.
+Layout megatronParam(const std::string& name, int ndim, int tp) {
+  const auto split = [&](int dim) {
+    std::vector<std::vector<int>> d(ndim);
+    d[dim] = {tp};
+    return Layout(d, {});
+  };
+  for (const char* col : {"attn.q.", "attn.k.", "attn.v.", "mlp.fc."}) {
+    if (name.find(col) != std::string::npos) return split(ndim - 1);
+  }
+  if (endsWith(name, "attn.proj.weight") || endsWith(name, "mlp.proj.weight")) return split(0);
+  if (name == "wte") return split(0);
+  if (name == "lm_head.bias") return split(0);
+  return Layout(ndim);
+}
+
+Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
+  const reference::Graph& g = m.graph();
+  const int meshNdim = static_cast<int>(m.mesh().size());
+  if (algo == "replicated") {
+    return [](int, const Candidate& c) { return allReplicated(c.op); };
+  }
+  if (algo == "data-parallel") {
+    // Every parameter replicated, and every node that computes on data (reads an activation or
+    // looks up ids) splits its work over every mesh axis: its outputs use them all, along the
+    // batch, the sequence or the batched heads, since a replicated weight allows no other.
+    std::vector<int> axes;
+    for (int a = 0; a < meshNdim; ++a) {
+      if (m.mesh()[a] > 1) axes.push_back(a);
+    }
+    return [&g, axes](int v, const Candidate& c) {
+      const auto& n = g.nodes[v];
+      bool data = false;
+      for (size_t i = 0; i < n.args.size(); ++i) {
+        const Layout& l = c.op.operands[i];
+        if (g.isParameter(n.args[i]) && l != Layout(l.ndim())) return false;
+        data |= !g.isParameter(n.args[i]);
+      }
+      for (const auto& l : c.outputs) {
+        if (!data) {
+          if (l != Layout(l.ndim())) return false;  // a parameter's view stays replicated
+          continue;
+        }
+        for (int a : axes) {
+          if (l.shardDimOf(a) < 0) return false;
+        }
+      }
+      return true;
+    };
+  }
+  // megatron
+  const int tp = meshNdim - 1, dp = meshNdim == 2 ? 0 : -1;
+  return [&g, tp, dp](int v, const Candidate& c) {
+    const auto& n = g.nodes[v];
+    const auto activationOk = [&](const Layout& l) {
+      if (dp >= 0 && !onlyDimZero(l, dp)) return false;
+      // Tokens ([T, features]) are not split over the tensor-parallel axis: no sequence
+      // parallelism in this plan.
+      if (l.ndim() == 2) {
+        const auto& a = l.axesOf(0);
+        if (std::find(a.begin(), a.end(), tp) != a.end()) return false;
+      }
+      return true;
+    };
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const Layout& l = c.op.operands[i];
+      if (g.isParameter(n.args[i])) {
+        if (l != megatronParam(n.args[i], l.ndim(), tp)) return false;
+      } else if (!g.isInput(n.args[i]) && !activationOk(l)) {
+        return false;
+      }
+    }
+    for (const auto& l : c.outputs) {
+      if (!activationOk(l)) return false;
+    }
+    return true;
+  };
+}
+
+}  // namespace
+
+const std::vector<std::string>& planAlgos() {
+  static const std::vector<std::string> a = {"ilp", "megatron", "data-parallel", "replicated"};
+  return a;
+}
+
+ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
+  const auto& algos = planAlgos();
+  if (std::find(algos.begin(), algos.end(), o.algo) == algos.end()) {
+    throw InputError("--algo '" + o.algo +
+                     "' is not one of ilp, megatron, data-parallel, replicated");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  // A hand-written family's plan does not bend to the memory limit: it is solved without one
+  // and checked against it below.
+  ShardingModel::Program p = m.program(o.algo == "ilp" ? o.memoryLimit : 0);
+  // A hand-written family: the program over the candidates it allows (the others priced out
+  // of reach), so that its activations take their cheapest layouts.
+  constexpr double kBarred = 1e9;
+  if (o.algo != "ilp") {
+    const Allowed allowed = allowedFor(m, o.algo);
+    for (size_t v = 0; v < m.graph().nodes.size(); ++v) {
+      auto& cost = p.problem.vars[p.classOf[v]].cost;
+      bool any = false;
+      for (size_t k = 0; k < cost.size(); ++k) {
+        if (!allowed(static_cast<int>(v), m.candidates(v)[p.memberChoice[v][k]])) {
+          cost[k] += kBarred;
+        } else {
+          any = true;
+        }
+      }
+      if (!any) {
+        throw NoPlanError(o.algo + ": node " + m.graph().nodes[v].name + " (" +
+                              m.graph().nodes[v].shape.toString() +
+                              ") has no strategy of that plan on this mesh",
+                          0);
+      }
+    }
+  }
+  SelectionOptions so;
+  so.timeLimitSeconds = o.timeLimitSeconds;
+  so.relativeGap = o.relativeGap;
+  Selection sel = solveIlp(p.problem, so);
+  if (sel.status == "infeasible" || sel.status == "no_solution" || sel.objective >= kBarred) {
+    SelectionProblem free = p.problem;
+    free.memoryLimit = 0;
+    // The least memory of the plans this algorithm may choose: barred choices made too big.
+    SelectionProblem::MemoryRow barred;
+    barred.what = "choices outside " + o.algo;
+    for (size_t c = 0; c < free.vars.size(); ++c) {
+      std::vector<double> b;
+      for (double cost : free.vars[c].cost) b.push_back(cost >= kBarred ? 1e18 : 0.0);
+      barred.terms.emplace_back(static_cast<int>(c), b);
+    }
+    free.memory.push_back(barred);
+    const Selection least = solveMinPeakMemory(free, so);
+    throw NoPlanError(o.algo + ": no plan fits " +
+                          std::to_string(static_cast<int64_t>(o.memoryLimit)) +
+                          " bytes per rank; the least any plan of it needs is " +
+                          std::to_string(static_cast<int64_t>(least.peakMemory)) + " bytes",
+                      least.peakMemory);
+  }
+  ShardingPlan plan;
+  plan.workload = m.graph().workload;
+  plan.mesh = m.mesh();
+  plan.choice = m.planOf(p, sel.choice);
+  plan.solver.algo = o.algo;
+  plan.solver.status = sel.status;
+  plan.solver.objectiveUs = sel.objective;
+  plan.solver.bound = sel.bound;
+  plan.solver.gap = sel.gap;
+  plan.solver.seconds = sel.seconds;
+  plan.solver.variables = sel.variables;
+  plan.solver.constraints = sel.constraints;
+  plan.solver.classes = static_cast<int>(p.problem.vars.size());
+  plan.solver.memoryLimit = o.memoryLimit;
+  plan.solver.programSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - sel.seconds;
+  plan.predictedStepUs = m.stepUs(plan.choice);
+  plan.predictedPeakBytes = m.peakBytes(plan.choice);
+  if (o.memoryLimit > 0 && plan.predictedPeakBytes > o.memoryLimit) {
+    throw NoPlanError(
+        o.algo + ": no plan fits " + std::to_string(static_cast<int64_t>(o.memoryLimit)) +
+            " bytes per rank; its plan needs " + std::to_string(plan.predictedPeakBytes) + " bytes",
+        static_cast<double>(plan.predictedPeakBytes));
+  }
+  return plan;
+}
+
+}  // namespace sb::strategies::autoshard

@@ -1,0 +1,268 @@
+// The cost model of auto-sharding (model.h): a ShardingModel's candidates and their prices,
+// the edges' redistribution costs, a plan's predicted step, and the cost options from a case's
+// parameters. The memory side is liveness.cpp; the integer program over these prices is
+// program.cpp.
+
+#include "strategies/sharding/auto/model.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+#include "harness/comm/mesh.h"
+#include "harness/error.h"
+#include "strategies/sharding/auto/model_internal.h"
+#include "strategies/sharding/layout/redistribute.h"
+
+namespace sb::strategies::autoshard {
+namespace {
+
+using harness::Box;
+using harness::InputError;
+using harness::Layout;
+using reference::Graph;
+using reference::GraphNode;
+using Axes = std::vector<int>;
+
+}  // namespace
+
+bool allReplicated(const ResolvedOp& r) {
+  for (const auto& l : r.operands) {
+    if (l != Layout(l.ndim())) return false;
+  }
+  for (const auto& l : r.outputs) {
+    if (l != Layout(l.ndim())) return false;
+  }
+  return true;
+}
+
+ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions options)
+    : graph_(std::move(graph)), mesh_(std::move(mesh)), options_(options) {
+  for (size_t v = 0; v < graph_.nodes.size(); ++v) {
+    const GraphNode& n = graph_.nodes[v];
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      if (graph_.isParameter(n.args[i]) && !firstReader_.count(n.args[i])) {
+        firstReader_[n.args[i]] = static_cast<int>(v);
+      }
+    }
+  }
+  // Candidates: the generator's strategies that apply on this mesh and divide evenly, plus a
+  // replicated one where the generator has none (bmm).
+  std::map<std::string, std::vector<Candidate>> byShape;
+  for (const GraphNode& n : graph_.nodes) {
+    const std::string key = n.shape.toString() + "|" + nlohmann::json(n.shape.attrs).dump();
+    auto it = byShape.find(key);
+    if (it != byShape.end()) {
+      candidates_.push_back(it->second);
+      continue;
+    }
+    std::vector<OpStrategySpec> specs = opStrategySpecs(n.shape);
+    std::vector<Candidate> cands;
+    bool replicated = false;
+    for (const auto& spec : specs) {
+      if (spec.variant.rfind("fault", 0) == 0) continue;
+      if (!opNotApplicable(spec, n.shape, mesh_).empty()) continue;
+      ResolvedOp r = resolveOp(spec, n.shape, mesh_);
+      if (!r.problem.empty()) continue;
+      replicated |= allReplicated(r);
+      Candidate c;
+      c.op = r;
+      cands.push_back(c);
+    }
+    if (!replicated && !specs.empty()) {
+      OpStrategySpec spec = specs.front();
+      spec.name = "replicated";
+      spec.set = "beyond";
+      spec.variant.clear();
+      spec.degenerateAxis = -1;
+      spec.meshMustBeFull = false;
+      spec.meshDims = {1, 2};
+      spec.outputFromShape = false;
+      for (auto& l : spec.operandLayouts) l = Layout(l.ndim());
+      spec.outputLayouts.clear();
+      for (const auto& o : n.shape.outputs())
+        spec.outputLayouts.emplace_back(static_cast<int>(o.size()));
+      Candidate c;
+      c.op = resolveOp(spec, n.shape, mesh_);
+      cands.push_back(c);
+    }
+    for (auto& c : cands) {
+      c.outputs = c.op.reducedOutputs();
+      const double flops = opFlops(c.op, mesh_, 0);
+      if (flops > 0) {
+        c.computeUs = options_.profile ? 3 * options_.profile->gemm.latencyUs +
+                                             options_.profile->gemm.usPerByte * flops
+                                       : flops / (options_.gflops * 1e3);
+      }
+      for (const auto& [axes, stats] : opCommByGroup(c.op, mesh_, 0, options_.dtype)) {
+        c.commUs += commUs(axes, stats);
+      }
+      c.localUs = copyUs(opLocalWork(c.op, mesh_, 0, options_.dtype));
+    }
+    byShape[key] = cands;
+    candidates_.push_back(cands);
+  }
+}
+
+int ShardingModel::findCandidate(int node, const std::string& strategy) const {
+  const auto& c = candidates_.at(node);
+  for (size_t k = 0; k < c.size(); ++k) {
+    if (c[k].op.spec.name == strategy) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+int ShardingModel::replicatedCandidate(int node) const {
+  const auto& c = candidates_.at(node);
+  for (size_t k = 0; k < c.size(); ++k) {
+    if (allReplicated(c[k].op)) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+int64_t ShardingModel::bytes(const std::vector<int64_t>& shape, const Layout& l) const {
+  const Box b = l.box(shape, mesh_, harness::DeviceMesh(mesh_).coords(0));
+  return b.numel() * static_cast<int64_t>(c10::elementSize(options_.dtype));
+}
+
+double ShardingModel::commUs(const Axes& axes, const harness::CommStats& stats) const {
+  const harness::DeviceMesh mesh(mesh_);
+  const int n = static_cast<int>(mesh.groupSize(axes));
+  if (n <= 1 || stats.totalCalls() == 0) return 0;
+  if (options_.profile) {
+    if (const auto us = options_.profile->commUs(axes, stats)) return *us;
+  }
+  const bool inter = std::find(axes.begin(), axes.end(), 0) != axes.end() && mesh_.size() > 1;
+  const double bw = inter ? options_.interGBps : options_.intraGBps;
+  double us = 0;
+  for (int c = 0; c < harness::kNumCollectives; ++c) {
+    const auto& e = stats.entries[c];
+    if (e.calls == 0) continue;
+    us += static_cast<double>(e.calls) * options_.latencyUs +
+          static_cast<double>(e.bytes) *
+              harness::CostProfile::busFactor(static_cast<harness::Collective>(c), n) / (bw * 1e3);
+  }
+  return us;
+}
+
+double ShardingModel::copyUs(const harness::LocalWork& w) const {
+  if (w.bytes == 0 && w.copies == 0) return 0;
+  if (options_.profile) {
+    if (const auto us = options_.profile->localUs(w)) return *us;
+  }
+  return static_cast<double>(w.bytes) / (options_.copyGBps * 1e3);
+}
+
+double ShardingModel::stepOverheadUs() const {
+  return options_.profile ? options_.profile->stepUs.value_or(0.0) : 0.0;
+}
+
+harness::RedistCostModel ShardingModel::redistModel() const {
+  harness::RedistCostModel cm;
+  cm.latencyUs = options_.latencyUs;
+  cm.busGBps = std::min(options_.intraGBps, options_.interGBps);
+  cm.copyGBps = options_.copyGBps;
+  cm.profile = options_.profile;
+  return cm;
+}
+
+// The planner's costs from `from` to every layout of a tensor of `shape` (one Dijkstra over
+// the planner's steps, priced as it prices them), cached: an edge's cost matrix asks for many
+// targets from few sources.
+const std::map<Layout, double>& ShardingModel::distancesFrom(const std::vector<int64_t>& shape,
+                                                             const Layout& from) const {
+  std::string key = from.compact() + "@";
+  for (int64_t d : shape) key += std::to_string(d) + ",";
+  if (auto it = distances_.find(key); it != distances_.end()) return it->second;
+  const harness::RedistGeometry g{shape, mesh_,
+                                  static_cast<int64_t>(c10::elementSize(options_.dtype))};
+  const harness::RedistCostModel cm = redistModel();
+  const int meshNdim = static_cast<int>(mesh_.size());
+  std::map<Layout, double> dist;
+  std::set<std::pair<double, Layout>> queue;
+  dist[from] = 0;
+  queue.insert({0.0, from});
+  while (!queue.empty()) {
+    const auto [d, l] = *queue.begin();
+    queue.erase(queue.begin());
+    if (d > dist[l]) continue;
+    for (const auto& st : harness::candidateSteps(l, meshNdim)) {
+      const auto next = harness::applyStep(l, st);
+      if (!next) continue;
+      const double nd = d + cm.stepUs(g, l, st);
+      auto it = dist.find(*next);
+      if (it == dist.end() || nd < it->second) {
+        if (it != dist.end()) queue.erase({it->second, *next});
+        dist[*next] = nd;
+        queue.insert({nd, *next});
+      }
+    }
+  }
+  return distances_.emplace(key, std::move(dist)).first->second;
+}
+
+double ShardingModel::edgeUs(const std::vector<int64_t>& shape, const Layout& from,
+                             const Layout& to) const {
+  if (from == to) return 0;
+  const auto& there = distancesFrom(shape, from);
+  const auto& back = distancesFrom(shape, to);
+  const auto a = there.find(to), b = back.find(from);
+  if (a == there.end() || b == back.end()) return std::numeric_limits<double>::infinity();
+  return a->second + b->second;
+}
+
+std::optional<Layout> ShardingModel::valueLayout(const std::string& value,
+                                                 const std::vector<int>& choice) const {
+  if (graph_.isInput(value)) return std::nullopt;
+  if (graph_.isParameter(value)) {
+    const int v = firstReader_.at(value);
+    const GraphNode& n = graph_.nodes[v];
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      if (n.args[i] == value) return candidates_[v][choice[v]].op.operands[i];
+    }
+  }
+  const auto [p, j] = graph_.producer(value);
+  return candidates_[p][choice[p]].outputs[j];
+}
+
+double ShardingModel::stepUs(const std::vector<int>& choice) const {
+  double us = stepOverheadUs();
+  for (size_t v = 0; v < graph_.nodes.size(); ++v) {
+    const Candidate& c = candidates_[v][choice[v]];
+    us += c.us();
+    const GraphNode& n = graph_.nodes[v];
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      if (graph_.isInput(n.args[i])) continue;
+      if (graph_.isParameter(n.args[i]) && firstReader_.at(n.args[i]) == static_cast<int>(v))
+        continue;
+      us += edgeUs(graph_.valueShape(n.args[i]), *valueLayout(n.args[i], choice), c.op.operands[i]);
+    }
+  }
+  return us;
+}
+
+CostOptions costOptionsFrom(const nlohmann::json& params, harness::CostProfile* storage,
+                            at::ScalarType dtype) {
+  CostOptions o;
+  o.dtype = dtype;
+  if (params.contains("cost_profile")) {
+    *storage = harness::CostProfile::fromJson(params.at("cost_profile"), "cost_profile");
+    o.profile = storage;
+  }
+  for (const auto& [key, field] :
+       {std::pair<const char*, double*>{"intra_node_bandwidth", &o.intraGBps},
+        {"inter_node_bandwidth", &o.interGBps}}) {
+    if (!params.contains(key)) continue;
+    const auto& v = params.at(key);
+    if (!v.is_number() || v.get<double>() <= 0) {
+      throw InputError(std::string("params.") + key + ": expected a bandwidth in GB/s (> 0), got " +
+                       v.dump());
+    }
+    *field = v.get<double>();
+  }
+  return o;
+}
+
+}  // namespace sb::strategies::autoshard

@@ -1,0 +1,181 @@
+// Memory per rank of a plan (model.h): the liveness walk over the graph in execution order,
+// a plan's peak and its rows. Its own file because the walk is one long function that the
+// cost model does not need, and that program.cpp reuses for the integer program's memory rows.
+
+#include "strategies/sharding/auto/model.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "harness/comm/mesh.h"
+#include "strategies/sharding/auto/model_internal.h"
+
+namespace sb::strategies::autoshard {
+namespace {
+
+using harness::Box;
+using harness::Layout;
+using reference::Graph;
+using reference::GraphNode;
+
+bool isAliasOp(const std::string& op) {
+  return op == "view" || op == "permute" || op == "transpose" || op == "split";
+}
+
+}  // namespace
+
+void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>& firstReader,
+                        const std::function<bool(int layer)>& wants,
+                        const std::function<void(const NodeRow&)>& sink) {
+  const Graph& g = m.graph();
+  const int N = static_cast<int>(g.nodes.size());
+  const int64_t es = static_cast<int64_t>(c10::elementSize(m.options().dtype));
+  const auto coords = harness::DeviceMesh(m.mesh()).coords(0);
+  const auto boxBytes = [&](const std::vector<int64_t>& shape, const Layout& l) {
+    return static_cast<double>(l.box(shape, m.mesh(), coords).numel() * es);
+  };
+  const auto perCand = [&](int v, auto fn) {
+    std::vector<double> b;
+    for (const auto& c : m.candidates(v)) b.push_back(fn(c));
+    return b;
+  };
+  const auto add = [](std::vector<double>& acc, const std::vector<double>& x) {
+    if (acc.empty()) acc.assign(x.size(), 0.0);
+    for (size_t k = 0; k < x.size(); ++k) acc[k] += x[k];
+  };
+  // Whether a node's output is a new tensor (views share their input's storage; a view of a
+  // permuted tensor copies), and whose storage it lives in.
+  std::vector<bool> allocates(N, true);
+  std::vector<int> root(N);
+  for (int v = 0; v < N; ++v) {
+    const GraphNode& n = g.nodes[v];
+    root[v] = v;
+    if (!isAliasOp(n.shape.op)) continue;
+    const auto [p, j] = g.producer(n.args[0]);
+    const bool copies = n.shape.op == "view" && p >= 0 &&
+                        (g.nodes[p].shape.op == "permute" || g.nodes[p].shape.op == "transpose");
+    if (!copies) {
+      allocates[v] = false;
+      root[v] = p >= 0 ? root[p] : -1;  // -1: a view of a parameter or input
+    }
+  }
+  std::vector<int> lastUse(N, -1);
+  std::map<std::string, int> lastReader;
+  for (int v = 0; v < N; ++v) {
+    for (const auto& a : g.nodes[v].args) {
+      lastReader[a] = v;
+      const auto [p, j] = g.producer(a);
+      if (p >= 0 && root[p] >= 0) lastUse[root[p]] = std::max(lastUse[root[p]], v);
+    }
+  }
+  const int outputNode = g.producer(g.output).first;
+  const auto isActivation = [&](const std::string& a) {
+    if (g.isInput(a) || g.isParameter(a)) return false;
+    return root[g.producer(a).first] >= 0;
+  };
+  // Per node: its outputs, what it saves, the parameters it owns and the inputs it slices,
+  // its activation operands (their gradients), and each owned parameter's gradient.
+  std::vector<std::vector<double>> out(N), saved(N), base(N), grads(N);
+  std::vector<std::tuple<int, int, std::vector<double>>> paramGrads;  // owner, last reader
+  for (int v = 0; v < N; ++v) {
+    const GraphNode& n = g.nodes[v];
+    out[v] = perCand(v, [&](const Candidate& c) {
+      double b = 0;
+      const auto shapes = n.shape.outputs();
+      for (size_t j = 0; j < shapes.size(); ++j) b += boxBytes(shapes[j], c.outputs[j]);
+      return b;
+    });
+    const auto operand = [&](size_t i) {
+      return perCand(v, [&](const Candidate& c) {
+        return boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.op.operands[i]);
+      });
+    };
+    const std::string& op = n.shape.op;
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const std::string& a = n.args[i];
+      const bool owned = g.isParameter(a) && firstReader.at(a) == v;
+      if (owned) paramGrads.emplace_back(v, lastReader.at(a), operand(i));
+      if (owned || g.isInput(a)) add(base[v], operand(i));
+      if (!isActivation(a)) continue;
+      add(grads[v], operand(i));
+      if (op == "addmm" || op == "bmm" ||
+          (i == 0 && (op == "layer_norm" || op == "gelu" || op == "dropout"))) {
+        add(saved[v], operand(i));  // dropout: its mask, of the input's size
+      }
+    }
+    if (op == "layer_norm") {  // the mean and inverse deviation per row, in float
+      add(saved[v], perCand(v, [&](const Candidate& c) {
+            const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
+            return 2.0 * in.numel() / std::max<int64_t>(1, in.length.back()) * 4;
+          }));
+    }
+    if (op == "softmax") add(saved[v], out[v]);
+  }
+  NodeRow always;
+  for (int v = 0; v < N; ++v) {
+    if (!base[v].empty()) always.terms.emplace_back(v, &base[v]);
+  }
+  always.terms.emplace_back(outputNode, &out[outputNode]);  // the gradient seed
+  // Forward: after node t.
+  for (int t = 0; t < N; ++t) {
+    if (!wants(g.nodes[t].layer)) continue;
+    NodeRow r = always;
+    r.what = "forward, after " + g.nodes[t].name;
+    r.layer = g.nodes[t].layer;
+    for (int u = 0; u <= t; ++u) {
+      if (!saved[u].empty()) r.terms.emplace_back(u, &saved[u]);
+      if (allocates[u] && (lastUse[u] > t || u == outputNode || u == t)) {
+        r.terms.emplace_back(u, &out[u]);
+      }
+    }
+    sink(r);
+  }
+  // Backward: during node t's backward (its saved tensors and its outputs' gradients still
+  // held, its operands' gradients made), with the output kept for the results.
+  for (int t = N - 1; t >= 0; --t) {
+    if (!wants(g.nodes[t].layer)) continue;
+    NodeRow r = always;
+    r.what = "backward of " + g.nodes[t].name;
+    r.layer = g.nodes[t].layer;
+    r.terms.emplace_back(outputNode, &out[outputNode]);
+    for (int u = 0; u <= t; ++u) {
+      if (!saved[u].empty()) r.terms.emplace_back(u, &saved[u]);
+      // An activation's gradient, from its last reader's backward to its producer's.
+      if (allocates[u] && lastUse[u] >= t) r.terms.emplace_back(u, &out[u]);
+    }
+    for (const auto& [owner, last, bytes] : paramGrads) {
+      if (last >= t) r.terms.emplace_back(owner, &bytes);
+    }
+    if (!grads[t].empty()) r.terms.emplace_back(t, &grads[t]);
+    sink(r);
+  }
+}
+
+int64_t ShardingModel::peakBytes(const std::vector<int>& choice) const {
+  double peak = 0;
+  forEachLivenessRow(
+      *this, firstReader_, [](int) { return true; },
+      [&](const NodeRow& r) {
+        double live = 0;
+        for (const auto& [v, b] : r.terms) live += (*b)[choice[v]];
+        peak = std::max(peak, live);
+      });
+  return static_cast<int64_t>(peak);
+}
+
+std::vector<std::pair<std::string, int64_t>> ShardingModel::livenessRows(
+    const std::vector<int>& choice) const {
+  std::vector<std::pair<std::string, int64_t>> rows;
+  forEachLivenessRow(
+      *this, firstReader_, [](int) { return true; },
+      [&](const NodeRow& r) {
+        double live = 0;
+        for (const auto& [v, b] : r.terms) live += (*b)[choice[v]];
+        rows.emplace_back(r.what, static_cast<int64_t>(live));
+      });
+  return rows;
+}
+
+}  // namespace sb::strategies::autoshard

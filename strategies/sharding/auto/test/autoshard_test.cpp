@@ -1,0 +1,159 @@
+// Auto-sharding: the graph workloads against their plain references, the integer program
+// against brute force on graphs small enough to enumerate, and the program's objective and
+// memory rows against the model's own evaluation of the plan they select.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness/run/suite.h"
+#include "reference/graph.h"
+#include "strategies/sharding/auto/model.h"
+
+namespace {
+
+using namespace sb;
+using strategies::autoshard::CostOptions;
+using strategies::autoshard::ShardingModel;
+using strategies::autoshard::ShardingPlan;
+using strategies::autoshard::SolveOptions;
+
+// Running the graph node by node on whole tensors computes what the plain LibTorch model
+// (written apart, in reference/graph.cpp's modelRef) computes.
+TEST(GraphWorkload, UnshardedGraphEqualsPlainModel) {
+  const std::vector<std::pair<std::string, nlohmann::json>> cases = {
+      {"gpt2", {{"layers", 2}, {"dropout", 0.25}}},
+      {"bert", {{"layers", 2}, {"heads", 2}}},
+      {"mlp", {{"layers", 3}, {"batch", 8}, {"d_model", 16}}},
+  };
+  for (const auto& [workload, shape] : cases) {
+    const auto* w = reference::findWorkload(workload);
+    ASSERT_NE(w, nullptr) << workload;
+    const auto data = w->build(shape, at::kDouble, 7, reference::InputMode::kRandom);
+    const auto g = reference::buildGraph(workload, shape);
+    std::map<std::string, at::Tensor> values;
+    for (const auto& [name, dims] : g.inputs) values[name] = data.inputs.at(name);
+    for (const auto& [name, dims] : g.parameters) values[name] = data.inputs.at(name);
+    const auto out = reference::runGraph(g, values, 7).at(g.output);
+    const at::Tensor& expected = data.expected.at("output");
+    ASSERT_EQ(out.sizes(), expected.sizes()) << workload;
+    EXPECT_TRUE(at::allclose(out, expected, 1e-10, 1e-10))
+        << workload << ": max difference " << (out - expected).abs().max().item<double>();
+    // Every parameter has a checked gradient.
+    EXPECT_EQ(data.checked.size(), 1 + g.parameters.size()) << workload;
+  }
+}
+
+TEST(GraphWorkload, MalformedShapesNameTheKey) {
+  EXPECT_THROW(
+      {
+        try {
+          reference::buildGraph("gpt2", {{"heads", 3}});
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("'d_model'"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  EXPECT_THROW(reference::buildGraph("gpt2", {{"layer", 2}}), std::invalid_argument);
+  EXPECT_THROW(reference::buildGraph("gpt3", nlohmann::json::object()), std::invalid_argument);
+}
+
+// The program's optimum is brute force's over every combination of the classes' choices, with
+// and without a memory limit; and the objective and peak of the selected plan are what the
+// model computes for it node by node (the linearised edges and the kept memory rows are exact).
+TEST(AutoShard, IlpEqualsBruteForceAndTheModel) {
+  const std::vector<std::pair<nlohmann::json, std::vector<int64_t>>> cases = {
+      {{{"layers", 2}, {"batch", 8}, {"d_model", 8}}, {2, 2}},
+      {{{"layers", 3}, {"batch", 8}, {"d_model", 8}}, {4}},
+      {{{"layers", 1}, {"batch", 16}, {"d_model", 16}}, {2, 2}},
+  };
+  for (const auto& [shape, mesh] : cases) {
+    const ShardingModel m(reference::buildGraph("mlp", shape), mesh, CostOptions{});
+    const auto p = m.program(0);
+    const auto ilp = strategies::autoshard::solveIlp(p.problem);
+    const auto brute = strategies::autoshard::solveBruteForce(p.problem);
+    ASSERT_EQ(ilp.status, "optimal");
+    EXPECT_NEAR(ilp.objective, brute.objective, 1e-6 * brute.objective) << shape.dump();
+    const auto plan = m.planOf(p, ilp.choice);
+    EXPECT_NEAR(m.stepUs(plan), ilp.objective + m.stepOverheadUs(), 1e-6 * ilp.objective);
+    EXPECT_EQ(m.peakBytes(plan), static_cast<int64_t>(ilp.peakMemory)) << shape.dump();
+    // A limit between the least and the unconstrained plan's peak.
+    const auto least = strategies::autoshard::solveMinPeakMemory(p.problem);
+    if (least.peakMemory < ilp.peakMemory) {
+      auto limited = p.problem;
+      limited.memoryLimit = (least.peakMemory + ilp.peakMemory) / 2;
+      const auto a = strategies::autoshard::solveIlp(limited);
+      const auto b = strategies::autoshard::solveBruteForce(limited);
+      ASSERT_EQ(a.status, "optimal");
+      EXPECT_NEAR(a.objective, b.objective, 1e-6 * b.objective);
+      EXPECT_LE(a.peakMemory, limited.memoryLimit);
+      EXPECT_LE(m.peakBytes(m.planOf(p, a.choice)), limited.memoryLimit);
+    }
+  }
+}
+
+// Repeated blocks share their choices: the program does not grow with the number of layers.
+TEST(AutoShard, ProgramSizeDoesNotGrowWithLayers) {
+  const auto size = [](int layers) {
+    const ShardingModel m(reference::buildGraph("gpt2", {{"layers", layers}}), {2, 2},
+                          CostOptions{});
+    const auto p = m.program(0);
+    return std::make_pair(p.problem.vars.size(), p.problem.memory.size());
+  };
+  EXPECT_EQ(size(3), size(12));
+  EXPECT_LT(size(3).first, 40u);
+}
+
+// Megatron's plan splits the column-parallel weights' output features and the row-parallel
+// ones' input features over the tensor-parallel axis, and the vocabulary over it too.
+TEST(AutoShard, MegatronPlacesParametersAsMegatronDoes) {
+  const ShardingModel m(reference::buildGraph("gpt2", {{"layers", 2}}), {2, 2}, CostOptions{});
+  SolveOptions o;
+  o.algo = "megatron";
+  const ShardingPlan plan = strategies::autoshard::solvePlan(m, o);
+  const auto layout = [&](const std::string& p) {
+    return m.valueLayout(p, plan.choice)->compact();
+  };
+  EXPECT_EQ(layout("h0.attn.q.weight"), "RS1");
+  EXPECT_EQ(layout("h1.mlp.fc.weight"), "RS1");
+  EXPECT_EQ(layout("h0.attn.proj.weight"), "S1R");
+  EXPECT_EQ(layout("h1.mlp.proj.weight"), "S1R");
+  EXPECT_EQ(layout("wte"), "S1R");
+  EXPECT_EQ(layout("h0.ln_1.weight"), "R");
+}
+
+// A plan file names the node and key it gets wrong.
+TEST(AutoShard, MalformedPlanFilesNameTheKey) {
+  const ShardingModel m(reference::buildGraph("gpt2", {{"layers", 1}}), {2, 2}, CostOptions{});
+  SolveOptions o;
+  const ShardingPlan plan = strategies::autoshard::solvePlan(m, o);
+  const nlohmann::json good = plan.toJson(m);
+  const auto message = [&](nlohmann::json j) {
+    try {
+      ShardingPlan::fromJson(j, m, "plan.json");
+    } catch (const harness::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(good), "no error");
+  nlohmann::json j = good;
+  j["nodes"][3]["strategy"] = "S9R = S9R";
+  EXPECT_NE(message(j).find("plan.json: key 'nodes[3].strategy'"), std::string::npos) << message(j);
+  j = good;
+  j["mesh"] = {4};
+  EXPECT_NE(message(j).find("key 'mesh'"), std::string::npos) << message(j);
+  j = good;
+  j["nodes"][0]["args"]["weight"]["sequence"] = "[S0, S1]";
+  EXPECT_NE(message(j).find("key 'nodes[0].args.weight.sequence'"), std::string::npos)
+      << message(j);
+  j = good;
+  j["nodes"].erase(j["nodes"].begin());
+  EXPECT_NE(message(j).find("key 'nodes'"), std::string::npos) << message(j);
+}
+
+}  // namespace

@@ -1,0 +1,57 @@
+#pragma once
+
+// What the operators' strategy generators share (op_specs_common.cpp): ColossalAI's spelling
+// of layouts, its enumeration of dimension splits and the following operators' generator.
+// Only the family files under strategies/sharding/ops/ include it.
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strategies/sharding/ops/op_strategies.h"
+
+namespace sb::strategies {
+
+// "S01" for the mesh axes {0, 1}, "R" for none.
+std::string seq(const std::vector<int>& a);
+
+// A layout from per-dimension axes and pending-sum axes.
+harness::Layout L(std::vector<std::vector<int>> dims, std::vector<int> partial = {});
+
+// The axis pairs of a 2-D mesh in ColossalAI's order: (0, 1) then (1, 0). A constant, not a
+// vector: generators run while the registrars do (op_rule.h).
+inline constexpr std::pair<int, int> kPairs[] = {{0, 1}, {1, 0}};
+
+OpStrategySpec spec(const reference::OpShape& s, std::string name,
+                    std::vector<harness::Layout> operands, std::vector<harness::Layout> outputs,
+                    std::vector<int> meshDims);
+
+// Every way to shard `dims` (a list of tensor dimensions) over a 2-D mesh as ColossalAI's
+// enumerate_all_possible_{1,2}d_sharding does, and on a 1-D mesh, with the empty split last.
+struct DimSplit {
+  std::map<int, std::vector<int>> axes;
+  std::vector<int> meshDims;
+};
+std::vector<DimSplit> enumerateSplits(const std::vector<int>& dims);
+
+std::vector<std::vector<int>> dimsOf(const DimSplit& sp, int ndim);
+
+std::string seqOf(const std::vector<std::vector<int>>& dims);
+
+// A following operator's outputs for an input laid out as `in`, and the strategy's name.
+struct FollowingOutputs {
+  std::vector<harness::Layout> layouts;
+  std::string name;
+};
+// Following operators: one strategy per layout of the input (shards nested in mesh order, no
+// pending sums), the output's layout following it as `outputs` says. `keepReducedWhole`: the
+// operator's reduced dimension is never split (softmax, split).
+std::vector<OpStrategySpec> followingSpecs(
+    const reference::OpShape& s, bool keepReducedWhole,
+    const std::function<FollowingOutputs(const harness::Layout& in)>& outputs);
+// The output laid out as the input, named "out = in".
+FollowingOutputs sameLayout(const harness::Layout& in);
+
+}  // namespace sb::strategies

@@ -1,0 +1,64 @@
+// softmax (attention's, with its scale and causal mask): one strategy per layout of its input
+// that keeps the softmax dimension whole, as ColossalAI's generator forces it. The planted
+// fault shards that dimension, so that each rank normalises over its piece only.
+
+#include <algorithm>
+
+#include "strategies/sharding/ops/op_rule.h"
+#include "strategies/sharding/ops/op_specs_common.h"
+
+namespace sb::strategies {
+namespace {
+
+void softmaxLayouts(ResolvedOp& r, const harness::DeviceMesh&) {
+  if (r.spec.variant == "fault_softmax") {
+    // Shard the softmax dimension over the strategy's first axis instead of its own dim.
+    const int sd = static_cast<int>(r.shape.reducedDims()[0]);
+    const int axis = usedAxes(r.operands[0])[0];
+    auto dims = r.operands[0].dimAxes();
+    for (auto& d : dims) d.erase(std::remove(d.begin(), d.end(), axis), d.end());
+    dims[sd].push_back(axis);
+    r.operands = {harness::Layout(dims, {})};
+    r.outputs = {harness::Layout(dims, {})};
+  }
+}
+
+std::vector<at::Tensor> softmaxForward(const LocalForward& f) {
+  const reference::OpShape& s = f.r.shape;
+  const at::Tensor& x = f.in[0];
+  // The causal mask needs the rows' place in the whole tensor (the softmax dimension, the
+  // last, is never split).
+  const int64_t rows = x.dim() >= 2 ? f.operandBox(0).offset[x.dim() - 2] : 0;
+  return {reference::attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), rows)};
+}
+
+// The output, then the input's gradient.
+void softmaxMemory(MemoryReplay& m) {
+  m.dropPreviousResults(false, false);
+  m.alloc(m.O);
+  m.alloc(m.sumG);
+}
+
+OpRule softmaxRule() {
+  OpRule r;
+  r.canonicalShapes = [] {
+    return std::vector<nlohmann::json>{{{"op", "softmax"}, {"input", {8, 16}}, {"dim", -1}}};
+  };
+  r.specs = [](const reference::OpShape& s) { return followingSpecs(s, true, sameLayout); };
+  r.layouts = softmaxLayouts;
+  r.faults = [](const OpStrategySpec& sp) {
+    std::vector<std::string> own;
+    if (usedAxes(sp.operandLayouts[0]).size() > 0) own.push_back("softmax_over_sharded_dim");
+    return commonFaults(sp, own);
+  };
+  r.forward = softmaxForward;
+  r.memory = softmaxMemory;
+  r.flops = noFlops;
+  r.statistics = noStatistics;
+  return r;
+}
+
+}  // namespace
+}  // namespace sb::strategies
+
+SB_REGISTER_OP_RULE("softmax", sb::strategies::softmaxRule());

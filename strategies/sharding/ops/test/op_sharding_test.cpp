@@ -1,0 +1,228 @@
+// Single-operator sharding strategies: how many each generator makes for the shapes ColossalAI's
+// tests use (counts from its generators, not from ours), that planted faults fail, that shapes
+// which cannot be sharded are `unsupported` naming the dimension, and that the memory model
+// is the measurement.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "harness/registry.h"
+#include "strategies/sharding/ops/op_strategies.h"
+#include "strategies/test/test_util.h"
+
+namespace sb::strategies {
+namespace {
+
+using harness::Applicability;
+using harness::CaseSpec;
+using harness::Status;
+using test::opCase;
+
+// The strategies that select `c` (applicable or unsupported), from the set `set` ("" for all).
+std::vector<const harness::Strategy*> selected(const CaseSpec& c, const std::string& set = "") {
+  auto& reg = harness::StrategyRegistry::global();
+  reg.expandFor(c);
+  std::vector<const harness::Strategy*> out;
+  for (const auto* s : reg.matching("sharding/op/.*")) {
+    if (s->applies(c).kind == Applicability::Kind::kNotApplicable) continue;
+    if (!set.empty() && s->describe().value("set", "") != set) continue;
+    out.push_back(s);
+  }
+  return out;
+}
+
+const harness::Strategy* byName(const CaseSpec& c, const std::string& name) {
+  for (const auto* s : selected(c)) {
+    if (s->displayName() == name) return s;
+  }
+  ADD_FAILURE() << "no strategy named " << name;
+  return nullptr;
+}
+
+const nlohmann::json kAddmm = {{"op", "addmm"}, {"input", {16, 32}}, {"other", {32, 16}}};
+const nlohmann::json kBmm = {{"op", "bmm"}, {"input", {4, 8, 16}}, {"other", {4, 16, 8}}};
+const nlohmann::json kEmbedding = {
+    {"op", "embedding"}, {"input", {4, 16, 16}}, {"num_embeddings", 64}, {"embedding_dim", 32}};
+const nlohmann::json kLayerNorm = {{"op", "layer_norm"}, {"input", {4, 16}}};
+const nlohmann::json kBatchNorm = {{"op", "batch_norm"}, {"input", {8, 4, 6, 6}}};
+const nlohmann::json kConv = {
+    {"op", "conv2d"}, {"input", {4, 4, 8, 8}}, {"out_channels", 8}, {"kernel", 3}, {"padding", 1}};
+
+TEST(OpStrategyCounts, MatchColossalAIGenerators) {
+  // LinearProjectionStrategyGenerator on a 2-D input: 14.
+  EXPECT_EQ(selected(opCase(kAddmm, {2, 2}), "colossalai").size(), 14u);
+  EXPECT_EQ(selected(opCase(kAddmm, {4}), "colossalai").size(), 4u);
+  // BatchedMatMulStrategyGenerator: 7 on a 2x2 mesh, 1 on a 1x4 mesh (counted as 1-D).
+  EXPECT_EQ(selected(opCase(kBmm, {2, 2})).size(), 7u);
+  EXPECT_EQ(selected(opCase(kBmm, {1, 4})).size(), 1u);
+  EXPECT_EQ(selected(opCase(kBmm, {4})).size(), 1u);
+  // EmbeddingStrategyGenerator for ids (4, 16, 16): 4 that keep the ids whole and 5 that split
+  // them, each on any of the 3 id dimensions; plus our 3 vocabulary splits.
+  EXPECT_EQ(selected(opCase(kEmbedding, {2, 2}), "colossalai").size(), 19u);
+  EXPECT_EQ(selected(opCase(kEmbedding, {2, 2}), "beyond").size(), 3u);
+  // LayerNormGenerator, (4, 16): the batch dimension only; plus 5 hidden-dimension splits.
+  EXPECT_EQ(selected(opCase(kLayerNorm, {2, 2}), "colossalai").size(), 4u);
+  EXPECT_EQ(selected(opCase(kLayerNorm, {2, 2}), "beyond").size(), 5u);
+  // BatchNormStrategyGenerator: 4 plain and 5 with synchronised statistics.
+  size_t sync = 0;
+  const auto bn = selected(opCase(kBatchNorm, {2, 2}));
+  for (const auto* s : bn) sync += s->describe().value("variant", "") == "sync";
+  EXPECT_EQ(bn.size() - sync, 4u);
+  EXPECT_EQ(sync, 5u);
+  // ConvStrategyGenerator: 16; NormalPoolStrategyGenerator: 9.
+  EXPECT_EQ(selected(opCase(kConv, {2, 2})).size(), 16u);
+  EXPECT_EQ(selected(opCase({{"op", "max_pool2d"}, {"input", {4, 4, 8, 8}}, {"kernel", 2}}, {2, 2}))
+                .size(),
+            9u);
+  // BinaryElementwiseStrategyGenerator on a 2-D output: 9, with or without broadcasting.
+  EXPECT_EQ(selected(opCase({{"op", "add"}, {"input", {8, 16}}, {"other", {16}}}, {2, 2})).size(),
+            9u);
+  EXPECT_EQ(
+      selected(opCase({{"op", "mul"}, {"input", {8, 16}}, {"other", {8, 16}}}, {2, 2})).size(), 9u);
+  // Softmax keeps its dimension whole: 4 of the 9 layouts of a 2-D input.
+  EXPECT_EQ(selected(opCase({{"op", "softmax"}, {"input", {8, 16}}, {"dim", -1}}, {2, 2})).size(),
+            4u);
+}
+
+TEST(OpStrategyCounts, ListedWithEveryOperandsShardingSequence) {
+  const auto* s = byName(opCase(kBmm, {2, 2}), "Sb0Si1 = Sb0Si1 x Sb0");
+  ASSERT_NE(s, nullptr);
+  const auto seq = s->describe().at("sharding_sequences");
+  EXPECT_EQ(seq.at("input"), "[S0, S1, R]");
+  EXPECT_EQ(seq.at("other"), "[S0, R, R]");
+  EXPECT_EQ(seq.at("output"), "[S0, S1, R]");
+}
+
+TEST(OpStrategyShapes, AShapeThatDoesNotDivideIsUnsupportedNamingTheDimension) {
+  const nlohmann::json odd = {{"op", "addmm"}, {"input", {16, 30}}, {"other", {30, 16}}};
+  const auto* s = byName(opCase(odd, {2, 2}), "RR = RS01 x S01R");
+  ASSERT_NE(s, nullptr);
+  const auto a = s->applies(opCase(odd, {2, 2}));
+  EXPECT_EQ(a.kind, Applicability::Kind::kUnsupported);
+  EXPECT_NE(a.reason.find("dimension 1 (size 30)"), std::string::npos) << a.reason;
+  // A view that interleaves its shards names the input dimension.
+  const nlohmann::json view = {{"op", "view"}, {"input", {8, 16}}, {"size", {128}}};
+  for (const auto* v : selected(opCase(view, {2, 2}))) {
+    if (v->displayName() != "view(RS0)") continue;
+    const auto b = v->applies(opCase(view, {2, 2}));
+    EXPECT_EQ(b.kind, Applicability::Kind::kUnsupported);
+    EXPECT_NE(b.reason.find("dimension 1"), std::string::npos) << b.reason;
+  }
+}
+
+// Runs `name` on `c` with `fault` planted and expects `fail`.
+void expectFails(const CaseSpec& c, const std::string& name, const std::string& fault) {
+  const auto* s = byName(c, name);
+  ASSERT_NE(s, nullptr);
+  auto bad = s->withPlantedFault(fault);
+  ASSERT_NE(bad, nullptr) << name << " cannot plant " << fault;
+  const auto rec = test::run(c, *bad);
+  EXPECT_EQ(rec.status, Status::kFail) << name << " with " << fault << ": " << rec.message;
+  // The same strategy without the fault passes.
+  const auto good = test::run(c, *s);
+  EXPECT_EQ(good.status, Status::kPass) << name << ": " << good.message;
+}
+
+TEST(OpPlantedFault, LayerNormOverASplitHiddenDimWithoutTheStatisticsAllReduce) {
+  expectFails(opCase({{"op", "layer_norm"}, {"input", {8, 32}}}, {2, 2}), "RS0 = RS0 x S0 x S0",
+              "skip_stats_all_reduce");
+}
+
+TEST(OpPlantedFault, SynchronisedBatchNormWithoutTheStatisticsAllReduce) {
+  expectFails(opCase(kBatchNorm, {2, 2}), "S0R = S0R x R WITH SYNC_BN", "skip_stats_all_reduce");
+}
+
+TEST(OpPlantedFault, SoftmaxOverAShardedDim) {
+  expectFails(opCase({{"op", "softmax"}, {"input", {8, 16}}, {"dim", -1}}, {2, 2}), "S0R = S0R",
+              "softmax_over_sharded_dim");
+}
+
+TEST(OpPlantedFault, VocabularySplitEmbeddingThatDoesNotMaskForeignIds) {
+  expectFails(opCase(kEmbedding, {2, 2}), "RR = R x S0R", "skip_vocab_mask");
+}
+
+TEST(OpPlantedFault, BmmWithTheBatchSplitOnOneOperandOnly) {
+  expectFails(opCase(kBmm, {2, 2}), "Sb01 = Sb01 x Sb01", "batch_split_one_operand");
+}
+
+TEST(OpPlantedFault, DropoutMasksThatDifferPerRankOnAReplicatedTensor) {
+  expectFails(opCase({{"op", "dropout"}, {"input", {8, 16}}, {"p", 0.25}}, {2, 2}), "RR = RR",
+              "per_rank_dropout_seed");
+}
+
+TEST(OpPlantedFault, MissingAllReducesOfPartialOutputsAndGradients) {
+  expectFails(opCase(kAddmm, {2, 2}), "RR = RS01 x S01R", "skip_output_all_reduce");
+  expectFails(opCase(kAddmm, {2, 2}), "S0S1 = S0R x RS1", "skip_grad_all_reduce");
+  expectFails(opCase({{"op", "sum"}, {"input", {8, 16}}, {"dims", {0}}}, {2, 2}), "RP0 = S0R",
+              "skip_output_all_reduce");
+}
+
+CaseSpec blockCase(std::vector<int64_t> mesh) {
+  CaseSpec c = opCase({}, std::move(mesh));
+  c.workload = "transformer_block";
+  c.shape = {{"batch", 4}, {"seq", 8}, {"d_model", 32}, {"heads", 8}, {"dropout", 0.25}};
+  return c;
+}
+
+const harness::Strategy& megatron(bool sequenceParallel) {
+  const auto* s = harness::StrategyRegistry::global().find(
+      sequenceParallel ? "sharding/megatron/tp_sp" : "sharding/megatron/tp");
+  EXPECT_NE(s, nullptr);
+  return *s;
+}
+
+TEST(Megatron, TensorAndSequenceParallelBlocksMatchTheReferenceWithDropout) {
+  for (const auto& mesh : std::vector<std::vector<int64_t>>{{2}, {4}, {2, 2}}) {
+    for (bool sp : {false, true}) {
+      const auto rec = test::run(blockCase(mesh), megatron(sp));
+      EXPECT_EQ(rec.status, Status::kPass)
+          << (sp ? "tp_sp" : "tp") << " on " << mesh.size() << "-D: " << rec.message;
+      EXPECT_EQ(*rec.commBytes, *rec.predictedCommBytes);
+      ASSERT_TRUE(rec.predictedMemBytes.has_value());
+      EXPECT_EQ(*rec.predictedMemBytes, rec.peakMemBytes) << (sp ? "tp_sp" : "tp");
+    }
+  }
+}
+
+TEST(Megatron, AllReduceWhereSequenceParallelReduceScattersFailsOnCommunication) {
+  // Numerically right (the all-reduce of the whole, then this rank's shard), but double the
+  // wire bytes: the counted collectives are not the predicted ones.
+  auto bad = megatron(true).withPlantedFault("all_reduce_instead_of_reduce_scatter");
+  ASSERT_NE(bad, nullptr);
+  // The strategy's prediction is the correct one: compare against the unfaulted strategy's.
+  const auto rec = test::run(blockCase({4}), *bad);
+  EXPECT_EQ(rec.status, Status::kFail) << rec.message;
+  EXPECT_EQ(*rec.mismatches, 0) << "the numbers are right: only the communication is wrong";
+  EXPECT_NE(rec.message.find("communicated"), std::string::npos) << rec.message;
+}
+
+TEST(Megatron, MissingForwardAllReduceAndSharedGradientAllReduceFail) {
+  auto a = megatron(false).withPlantedFault("skip_forward_all_reduce");
+  EXPECT_EQ(test::run(blockCase({2}), *a).status, Status::kFail);
+  auto b = megatron(true).withPlantedFault("skip_shared_grad_all_reduce");
+  EXPECT_EQ(test::run(blockCase({2}), *b).status, Status::kFail);
+}
+
+TEST(OpMemoryModel, PredictedPeakIsTheMeasuredPeak) {
+  // One strategy of each kind of model; the suite checks every row.
+  const std::vector<std::pair<CaseSpec, std::string>> rows = {
+      {opCase(kAddmm, {2, 2}), "S0R = S0S1 x S1R"},
+      {opCase(kEmbedding, {2, 2}), "RR = R x S01R"},
+      {opCase({{"op", "layer_norm"}, {"input", {8, 32}}}, {2, 2}), "S0S1 = S0S1 x S1 x S1"},
+      {opCase(kBatchNorm, {2, 2}), "S0S1 = S0S1 x S1 WITH SYNC_BN"},
+      {opCase(kConv, {2, 2}), "S0R = S0S1 x S1R"},
+      {opCase({{"op", "dropout"}, {"input", {8, 16}}, {"p", 0.25}}, {2, 2}), "S0S1 = S0S1"},
+  };
+  for (const auto& [c, name] : rows) {
+    const auto* s = byName(c, name);
+    ASSERT_NE(s, nullptr);
+    const auto rec = test::run(c, *s);
+    ASSERT_EQ(rec.status, Status::kPass) << name << ": " << rec.message;
+    ASSERT_TRUE(rec.predictedMemBytes.has_value()) << name;
+    EXPECT_EQ(*rec.predictedMemBytes, rec.peakMemBytes) << name;
+  }
+}
+
+}  // namespace
+}  // namespace sb::strategies
