@@ -54,11 +54,6 @@ const OpRule& opRule(const std::string& op) {
 }
 
 void registerOpRule(const std::string& op, OpRule rule) {
-  TORCH_CHECK(std::find(std::begin(kOpOrder), std::end(kOpOrder), op) != std::end(kOpOrder),
-              "op rule '", op,
-              "': not in kOpOrder (strategies/sharding/ops/op_rule.cpp), the order `stratbench "
-              "list` shows operators in: add it there");
-  TORCH_CHECK(rules().count(op) == 0, "op rule '", op, "' is registered twice");
   const std::pair<const char*, bool> parts[] = {
       {"canonicalShapes", static_cast<bool>(rule.canonicalShapes)},
       {"specs", static_cast<bool>(rule.specs)},
@@ -73,6 +68,11 @@ void registerOpRule(const std::string& op, OpRule rule) {
     TORCH_CHECK(set, "op rule '", op, "': the part '", part,
                 "' is empty (every part of an OpRule is required, op_rule.h)");
   }
+  TORCH_CHECK(std::find(std::begin(kOpOrder), std::end(kOpOrder), op) != std::end(kOpOrder),
+              "op rule '", op,
+              "': not in kOpOrder (strategies/sharding/ops/op_rule.cpp), the order `stratbench "
+              "list` shows operators in: add it there");
+  TORCH_CHECK(rules().count(op) == 0, "op rule '", op, "' is registered twice");
   rules().emplace(op, std::move(rule));
   if (complete()) {
     auto run = std::move(pending());

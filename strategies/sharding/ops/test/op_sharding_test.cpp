@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "harness/registry.h"
+#include "strategies/sharding/ops/op_rule.h"
 #include "strategies/sharding/ops/op_strategies.h"
 #include "strategies/test/test_util.h"
 
@@ -18,6 +20,30 @@ using harness::Applicability;
 using harness::CaseSpec;
 using harness::Status;
 using test::opCase;
+
+// An operator's rule is one registration with every part: one left empty, an operator with no
+// place in the listing order, or a second rule for a registered operator is refused at
+// registration, naming the operator and what is wrong, never a silent fall-through.
+TEST(OpRule, RegistrationRefusesAMissingPartAnUnlistedOperatorAndADuplicate) {
+  const auto refused = [](const std::string& op, OpRule rule) -> std::string {
+    try {
+      registerOpRule(op, std::move(rule));
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "";
+  };
+  OpRule noMemory = opRule("relu");
+  noMemory.memory = nullptr;
+  EXPECT_NE(refused("relu", noMemory).find("op rule 'relu': the part 'memory' is empty"),
+            std::string::npos);
+  EXPECT_NE(refused("silu", opRule("relu")).find("op rule 'silu': not in kOpOrder"),
+            std::string::npos);
+  EXPECT_NE(refused("relu", opRule("relu")).find("op rule 'relu' is registered twice"),
+            std::string::npos);
+  EXPECT_NE(refused("cosh", OpRule{}).find("the part 'canonicalShapes' is empty"),
+            std::string::npos);
+}
 
 // The strategies that select `c` (applicable or unsupported), from the set `set` ("" for all).
 std::vector<const harness::Strategy*> selected(const CaseSpec& c, const std::string& set = "") {

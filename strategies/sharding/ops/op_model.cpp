@@ -1,0 +1,291 @@
+// The operator strategies' model, generic over the operators: a strategy's resolution on a mesh
+// (its operands' and outputs' layouts, the partial sums of each gradient, why it cannot run),
+// what one rank communicates, its flops and local work, the memory-replay vocabulary the rules
+// write their allocations in, the rules' shared defaults, and one rank's forward (runOp). The
+// strategy and executor that use them are op_sharding.cpp; each operator's own parts are its
+// rule's file (op_rule.h).
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "harness/comm/autograd_comm.h"
+#include "harness/registry.h"
+#include "reference/autograd_engine.h"
+#include "strategies/sharding/ops/op_rule.h"
+#include "strategies/sharding/ops/op_strategies.h"
+#include "strategies/sharding/sharding_util.h"
+
+namespace sb::strategies {
+namespace {
+
+using harness::Box;
+using harness::CaseSpec;
+using harness::Collective;
+using harness::CommStats;
+using harness::Communicator;
+using harness::DeviceMesh;
+using harness::Layout;
+using harness::RankContext;
+using reference::OpShape;
+using Axes = std::vector<int>;
+using Resolved = ResolvedOp;
+
+}  // namespace
+
+int64_t MemoryReplay::scratch(const Axes& axes, int64_t b) const {
+  return ctx.mesh().groupSize(axes) > 1
+             ? ctx.group(axes).scratchBytes(Collective::kAllReduce, b, b, dtype)
+             : 0;
+}
+
+void MemoryReplay::dropPreviousResults(bool outputsAreViews, bool gradientsAreViews) {
+  const int64_t previous = (outputsAreViews ? 0 : O) + (gradientsAreViews ? 0 : sumG);
+  alloc(previous);
+  release(previous);
+}
+
+void MemoryReplay::reduceCopy() {
+  if (!reduces) return;
+  alloc(O);
+  alloc(scratch(outPartial, O));
+  release(scratch(outPartial, O));
+  release(O);
+}
+
+void MemoryReplay::gradAllReduces() {
+  if (fault == "skip_grad_all_reduce") return;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (g[i] == 0 || r.gradPartial[i].empty()) continue;
+    const int64_t sc = scratch(r.gradPartial[i], g[i]);
+    alloc(g[i] + sc);
+    release(g[i] + sc);
+  }
+}
+
+at::Tensor LocalForward::reduce(const at::Tensor& y, size_t out) const {
+  const Axes& p = r.outputs[out].partialAxes();
+  if (p.empty() || fault == "skip_output_all_reduce") return y;
+  return harness::allReduceFwdIdentityBwd(y, ctx.group(p));
+}
+
+Box LocalForward::operandBox(size_t i) const {
+  return r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), mesh, coords);
+}
+
+std::vector<std::string> commonFaults(const OpStrategySpec& spec,
+                                      const std::vector<std::string>& own, int noGradient) {
+  std::vector<std::string> f;
+  bool partialOut = false;
+  for (const auto& l : spec.outputLayouts) partialOut |= !l.partialAxes().empty();
+  if (partialOut) f.push_back("skip_output_all_reduce");
+  f.insert(f.end(), own.begin(), own.end());
+  for (size_t i = 0; i < spec.operands.size(); ++i) {
+    if (!gradPartialOf(spec, spec.operandLayouts, spec.outputLayouts, i).empty() &&
+        static_cast<int>(i) != noGradient) {
+      f.push_back("skip_grad_all_reduce");
+      break;
+    }
+  }
+  return f;
+}
+
+void keepLayouts(ResolvedOp&, const DeviceMesh&) {}
+
+std::vector<at::Tensor> referenceForward(const LocalForward& f) {
+  // The rest compute on their pieces exactly as on the whole tensor.
+  std::map<std::string, at::Tensor> t;
+  for (size_t i = 0; i < f.in.size(); ++i) t[f.r.spec.operands[i]] = f.in[i];
+  return reference::opForward(f.r.shape, t, f.seed);
+}
+
+double noFlops(const ResolvedOp&, const std::vector<int64_t>&, int) { return 0.0; }
+
+int64_t noStatistics(const Box&) {
+  TORCH_INTERNAL_ASSERT(false, "statistics over ranks asked of an operator without them");
+}
+
+std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& s) {
+  return opRule(s.op).specs(s);
+}
+
+std::vector<Layout> ResolvedOp::reducedOutputs() const {
+  std::vector<Layout> out;
+  for (const auto& l : outputs) out.emplace_back(l.dimAxes(), std::vector<int>{});
+  return out;
+}
+
+ResolvedOp resolveOp(const OpStrategySpec& spec, const OpShape& shape,
+                     const std::vector<int64_t>& meshShape) {
+  Resolved r;
+  r.spec = spec;
+  r.shape = shape;
+  // The layouts for the case's shape: the generator's strategy of this name for it (names
+  // that do not spell every dimension, such as an embedding's "RR = R x S0R", stand for one
+  // strategy on ids of any rank).
+  r.operands = spec.operandLayouts;
+  r.outputs = spec.outputLayouts;
+  for (const auto& sp : opStrategySpecs(r.shape)) {
+    if (sp.name == spec.name) {
+      r.operands = sp.operandLayouts;
+      r.outputs = sp.outputLayouts;
+      break;
+    }
+  }
+  const DeviceMesh mesh(meshShape);
+  // The operator's own layouts for the case (view: each input dimension's shards mapped to the
+  // output).
+  opRule(spec.op).layouts(r, mesh);
+  if (!r.problem.empty()) return r;
+  for (size_t i = 0; i < r.operands.size(); ++i) {
+    r.gradPartial.push_back(r.shape.differentiable(spec.operands[i])
+                                ? gradPartialOf(spec, r.operands, r.outputs, i)
+                                : Axes{});
+  }
+  if (spec.variant == "hidden") r.statAxes = r.operands[0].axesOf(r.operands[0].ndim() - 1);
+  if (spec.variant == "sync") r.statAxes = r.operands[0].axesOf(0);
+  // Even shards, as ColossalAI requires; name the first dimension that does not divide.
+  const auto check = [&](const std::string& what, const Layout& l,
+                         const std::vector<int64_t>& shape) {
+    for (int d = 0; d < l.ndim() && r.problem.empty(); ++d) {
+      const int64_t parts = mesh.groupSize(l.axesOf(d));
+      if (parts > 1 && shape[d] % parts != 0) {
+        r.problem = what + " dimension " + std::to_string(d) + " (size " +
+                    std::to_string(shape[d]) + ") does not divide evenly over mesh axes " +
+                    Layout(std::vector<Axes>{l.axesOf(d)}, {}).compact() + " (" +
+                    std::to_string(parts) + " ranks)";
+      }
+    }
+  };
+  for (size_t i = 0; i < r.operands.size(); ++i) {
+    check(spec.operands[i], r.operands[i], r.shape.operandShape(spec.operands[i]));
+  }
+  const auto outs = r.shape.outputs();
+  const auto names = r.shape.outputNames();
+  for (size_t i = 0; i < r.outputs.size() && i < outs.size(); ++i) {
+    check(names[i], r.outputs[i], outs[i]);
+  }
+  return r;
+}
+
+std::string opNotApplicable(const OpStrategySpec& spec, const OpShape& s,
+                            const std::vector<int64_t>& mesh) {
+  // The generator's strategies for this shape: one of this name, or this is not one of them.
+  const auto mine = opStrategySpecs(s);
+  if (std::none_of(mine.begin(), mine.end(),
+                   [&](const OpStrategySpec& o) { return o.name == spec.name; })) {
+    return "not generated for this shape";
+  }
+  const int meshNdim = static_cast<int>(mesh.size());
+  if (std::find(spec.meshDims.begin(), spec.meshDims.end(), meshNdim) == spec.meshDims.end()) {
+    return "not generated for a " + std::to_string(meshNdim) + "-D mesh";
+  }
+  if (meshNdim == 2 && spec.degenerateAxis >= 0) {
+    const int other = 1 - spec.degenerateAxis;
+    if (mesh[other] != 1 || mesh[spec.degenerateAxis] == 1) {
+      return "for a 2-D mesh with one axis of extent 1";
+    }
+  }
+  if (meshNdim == 1 && spec.degenerateAxis > 0) return "for a 2-D mesh with one axis of extent 1";
+  if (spec.meshMustBeFull &&
+      std::any_of(mesh.begin(), mesh.end(), [](int64_t e) { return e == 1; })) {
+    return "for a 2-D mesh without axes of extent 1";
+  }
+  return "";
+}
+
+namespace {
+// The statistics one rank all-reduces: a layer norm's one per row, a batch norm's one per
+// channel.
+int64_t statNumel(const Resolved& r, const std::vector<int64_t>& mesh,
+                  const std::vector<int64_t>& coords) {
+  const Box in = r.operands[0].box(r.shape.input, mesh, coords);
+  return opRule(r.shape.op).statistics(in);
+}
+}  // namespace
+
+std::vector<std::pair<std::vector<int>, CommStats>> opCommByGroup(
+    const ResolvedOp& r, const std::vector<int64_t>& meshShape, int rank, at::ScalarType dtype) {
+  const DeviceMesh mesh(meshShape);
+  const auto coords = mesh.coords(rank);
+  const int64_t es = c10::elementSize(dtype);
+  std::vector<std::pair<std::vector<int>, CommStats>> out;
+  const auto allReduce = [&](const Axes& axes, int64_t numel) {
+    CommStats st;
+    st.add(Collective::kAllReduce, mesh.groupSize(axes) > 1 ? numel * es : 0);
+    out.emplace_back(axes, st);
+  };
+  const auto outs = r.shape.outputs();
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    if (!r.outputs[i].partialAxes().empty()) {
+      allReduce(r.outputs[i].partialAxes(), r.outputs[i].box(outs[i], meshShape, coords).numel());
+    }
+  }
+  if (!r.statAxes.empty()) {
+    const int64_t stats = statNumel(r, meshShape, coords);
+    allReduce(r.statAxes, stats);      // forward: the sum
+    allReduce(r.statAxes, stats);      // forward: the centred sum of squares
+    allReduce(r.statAxes, 2 * stats);  // backward: both sums of the input gradient
+  }
+  for (size_t i = 0; i < r.gradPartial.size(); ++i) {
+    if (r.gradPartial[i].empty()) continue;
+    allReduce(
+        r.gradPartial[i],
+        r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), meshShape, coords).numel());
+  }
+  return out;
+}
+
+// Floating-point operations of this rank's products, forward and backward (three products
+// each of 2 x the local contraction): addmm, bmm, matmul and conv2d; none for the rest.
+double opFlops(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank) {
+  return opRule(r.shape.op).flops(r, mesh, rank);
+}
+
+// The memory traffic of the element-wise and reduction kernels, priced by the profile's copy
+// fit: forward, the operands read and the outputs written; backward, the gradient seeds and
+// saved operands read and the gradients written. A kernel per operand and output each way.
+harness::LocalWork opLocalWork(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank,
+                               at::ScalarType dtype) {
+  const auto coords = DeviceMesh(mesh).coords(rank);
+  const int64_t es = c10::elementSize(dtype);
+  int64_t operands = 0, outputs = 0, grads = 0;
+  for (size_t i = 0; i < r.spec.operands.size(); ++i) {
+    const int64_t b =
+        r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), mesh, coords).numel() * es;
+    operands += b;
+    if (r.shape.differentiable(r.spec.operands[i])) grads += b;
+  }
+  const auto outs = r.shape.outputs();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    outputs += r.outputs[i].box(outs[i], mesh, coords).numel() * es;
+  }
+  harness::LocalWork w;
+  w.copies = 2 * static_cast<int64_t>(r.spec.operands.size() + outs.size());
+  w.bytes = 2 * operands + 2 * outputs + grads;
+  return w;
+}
+
+std::vector<at::Tensor> runOp(const ResolvedOp& r, RankContext& ctx,
+                              const std::vector<at::Tensor>& local, uint64_t seed,
+                              const std::string& fault) {
+  std::vector<at::Tensor> in;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const Axes& g = r.gradPartial[i];
+    if (!g.empty() && local[i].requires_grad() && fault != "skip_grad_all_reduce") {
+      in.push_back(harness::identityFwdAllReduceBwd(local[i], ctx.group(g)));
+    } else {
+      in.push_back(local[i]);
+    }
+  }
+  // The statistics' group, or none when the planted fault skips their all-reduce.
+  Communicator* statComm =
+      r.statAxes.empty() || fault == "skip_stats_all_reduce" ? nullptr : &ctx.group(r.statAxes);
+  const LocalForward f{
+      r, ctx, in, seed, fault, statComm, ctx.mesh().coords(ctx.rank()), ctx.mesh().shape()};
+  return opRule(r.shape.op).forward(f);
+}
+
+}  // namespace sb::strategies
