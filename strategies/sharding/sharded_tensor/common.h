@@ -187,6 +187,16 @@ std::optional<int64_t> shardedTensorLinearPeak(const std::string& backend, const
                                                const std::map<std::string, int64_t>& size,
                                                int64_t base, int64_t results);
 
+// The bytes at::mm(a, b) holds beyond its result while it runs, measured once on the calling
+// thread (its rank's allocator bucket) with operands of these sizes, a transposed one as the
+// transposed view of a contiguous tensor, as the executors' products and their backward see
+// them. LibTorch 1.13 multiplies bfloat16 on a CPU with AVX-512 (avx512bw, vl and dq) through
+// oneDNN, whose scratch pad comes from the CPU allocator and depends on the shape, the CPU's
+// ISA and the threads; elsewhere (float32's BLAS, ATen's own bfloat16 gemm) it is 0. 0 off the
+// CPU, where the model makes no claim.
+int64_t matmulScratchBytes(at::IntArrayRef aSizes, bool aTransposed, at::IntArrayRef bSizes,
+                           bool bTransposed, at::ScalarType dtype);
+
 // What both executors hold and do alike: this rank's own batch flattened to [b, K], its chunk
 // of the weight, the whole bias, its rows of grad_output, and the whole-group communicator.
 class ShardedTensorExecutorBase : public harness::RankExecutor {
@@ -208,17 +218,34 @@ class ShardedTensorExecutorBase : public harness::RankExecutor {
     const int64_t K = s.inFeatures, N = s.outFeatures;
     const int64_t nc = kind == "colwise" ? w_.size(0) : 0;
     const int64_t kc = kind == "rowwise" ? w_.size(1) : 0;
-    const std::map<std::string, int64_t> size = {{"X", x_.nbytes()},
-                                                 {"AG", n_ * b_ * K * es},
-                                                 {"W", w_.nbytes()},
-                                                 {"BIAS", bias_.nbytes()},
-                                                 {"Y", b_ * N * es},
-                                                 {"P", nc * n_ * b_ * es},
-                                                 {"GOT", n_ * kc * b_ * es},
-                                                 {"PART", n_ * b_ * N * es},
-                                                 {"S8", 8},
-                                                 {"S4", 4},
-                                                 {"ZERO", 0}};
+    std::map<std::string, int64_t> size = {{"X", x_.nbytes()},
+                                           {"AG", n_ * b_ * K * es},
+                                           {"W", w_.nbytes()},
+                                           {"BIAS", bias_.nbytes()},
+                                           {"Y", b_ * N * es},
+                                           {"P", nc * n_ * b_ * es},
+                                           {"GOT", n_ * kc * b_ * es},
+                                           {"PART", n_ * b_ * N * es},
+                                           {"MMF", 0},
+                                           {"MMA", 0},
+                                           {"MMB", 0},
+                                           {"S8", 8},
+                                           {"S4", 4},
+                                           {"ZERO", 0}};
+    // The products' scratch, in the order the step runs them (colwise: w . all^T, then its
+    // backward's grad^T . w and grad . all; rowwise: blocks . w^T, then grad^T . blocks and
+    // grad . w), with the operands' layouts autograd's mm backward picks for them.
+    const int64_t rows = n_ * b_;
+    const auto dt = case_.dtype;
+    if (kind == "colwise") {
+      size["MMF"] = matmulScratchBytes({nc, K}, false, {K, rows}, true, dt);
+      size["MMA"] = matmulScratchBytes({rows, nc}, true, {nc, K}, false, dt);
+      size["MMB"] = matmulScratchBytes({nc, rows}, false, {rows, K}, false, dt);
+    } else {
+      size["MMF"] = matmulScratchBytes({rows, kc}, false, {kc, N}, true, dt);
+      size["MMA"] = matmulScratchBytes({N, rows}, true, {rows, kc}, false, dt);
+      size["MMB"] = matmulScratchBytes({rows, N}, false, {N, kc}, false, dt);
+    }
     const int64_t base = x_.nbytes() + w_.nbytes() + bias_.nbytes() + gradOut_.nbytes() +
                          (reordered ? order.nbytes() : 0);
     const int64_t results = b_ * N * es + x_.nbytes() + w_.nbytes() + bias_.nbytes();

@@ -10,9 +10,14 @@
 //   GOT  rowwise: its features of every rank's rows, [n k_c, b]
 //   PART rowwise: the partial products of every rank's rows, [n b, N]
 //   S8, S4, ZERO   scalars and empty tensors
+//   MMF, MMA, MMB  the scratch the forward product and the backward's two products hold while
+//                  they run (matmulScratchBytes): zero where LibTorch's product allocates none
+//                  through the CPU allocator (float32 and float64 on every CPU, bfloat16
+//                  without AVX-512); oneDNN's scratch pad where bfloat16 runs on oneDNN.
 // The first tokens release the previous step's results (output and gradients). "reordered" is a
 // placement other than rank order, which adds the index_select that puts chunks in order.
 
+#include "harness/measure/memory.h"
 #include "strategies/sharding/sharded_tensor/common.h"
 #include "strategies/sharding/sharding_util.h"
 
@@ -29,33 +34,53 @@ struct MemoryTable {
 
 const MemoryTable kTables[] = {
     {"threads", "colwise", false, 0,
-     "-Y -X -W -BIAS +AG +P +P +Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P -Y +P -P +AG "
-     "+W -P +X -AG -Y -P -P -AG "},
+     "-Y -X -W -BIAS +AG +P +MMF -MMF +P +Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P -Y +P -P +AG "
+     "+MMA -MMA "
+     "+W +MMB -MMB -P +X -AG -Y -P -P -AG "},
     {"threads", "rowwise", false, 0,
-     "-Y -X -W -BIAS +X +GOT -X +GOT +PART +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
-     "+PART +W +GOT -PART +GOT -GOT +X -GOT +X -X -PART -GOT -GOT "},
+     "-Y -X -W -BIAS +X +GOT -X +GOT +PART +MMF -MMF +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
+     "+PART +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X -PART -GOT -GOT "},
     {"threads", "colwise", true, 4,
-     "-Y -X -W -BIAS +AG +P +P +Y +ZERO +Y -Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P "
-     "-Y +P -P +AG +W -P +X -AG -Y -P -P -AG "},
+     "-Y -X -W -BIAS +AG +P +MMF -MMF +P +Y +ZERO +Y -Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P "
+     "-Y +P -P +AG +MMA -MMA +W +MMB -MMB -P +X -AG -Y -P -P -AG "},
     {"threads", "rowwise", true, 4,
-     "-Y -X -W -BIAS +ZERO +X +GOT +GOT +PART +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
-     "+PART +W +GOT -PART +GOT -GOT +X -GOT +X -X +X -X -PART -GOT -GOT -X "},
+     "-Y -X -W -BIAS +ZERO +X +GOT +GOT +PART +MMF -MMF +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
+     "+PART +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X +X -X -PART -GOT -GOT -X "},
     {"gloo", "colwise", false, 4,
-     "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +P +Y +Y +BIAS +BIAS -BIAS +Y +P "
-     "-Y +P -P +AG +W -P +AG +X -AG -AG -Y -P -P -AG "},
+     "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +MMF -MMF +P +Y +Y +BIAS +BIAS -BIAS +Y +P "
+     "-Y +P -P +AG +MMA -MMA +W +MMB -MMB -P +AG +X -AG -AG -Y -P -P -AG "},
     {"gloo", "rowwise", false, 4,
-     "-Y -X -W -BIAS +X +GOT -X +GOT +PART +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS +Y "
-     "+Y +Y +Y +PART -Y -Y -Y -Y +W +GOT -PART +GOT -GOT +X -GOT +X -X -PART -GOT -GOT "},
+     "-Y -X -W -BIAS +X +GOT -X +GOT +PART +MMF -MMF +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS +Y "
+     "+Y +Y +Y +PART -Y -Y -Y -Y +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X -PART "
+     "-GOT -GOT "},
     {"gloo", "colwise", true, 4,
-     "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +P +Y +ZERO +Y -Y +Y +BIAS +BIAS "
-     "-BIAS +Y +P -Y +P -P +AG +W -P +AG +X -AG -AG -Y -P -P -AG "},
+     "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +MMF -MMF +P +Y +ZERO +Y -Y +Y +BIAS +BIAS "
+     "-BIAS +Y +P -Y +P -P +AG +MMA -MMA +W +MMB -MMB -P +AG +X -AG -AG -Y -P -P -AG "},
     {"gloo", "rowwise", true, 4,
-     "-Y -X -W -BIAS +ZERO +X +GOT +GOT +PART +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS "
-     "+Y +Y +Y +Y +PART -Y -Y -Y -Y +W +GOT -PART +GOT -GOT +X -GOT +X -X +X -X -PART "
+     "-Y -X -W -BIAS +ZERO +X +GOT +GOT +PART +MMF -MMF +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS "
+     "+Y +Y +Y +Y +PART -Y -Y -Y -Y +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X +X "
+     "-X -PART "
      "-GOT -GOT -X "},
 };
 
 }  // namespace
+
+int64_t matmulScratchBytes(at::IntArrayRef aSizes, bool aTransposed, at::IntArrayRef bSizes,
+                           bool bTransposed, at::ScalarType dtype) {
+  const auto opts = at::TensorOptions().dtype(dtype).device(reference::caseDevice());
+  if (!opts.device().is_cpu()) return 0;
+  const auto make = [&](at::IntArrayRef sizes, bool transposed) {
+    return transposed ? at::zeros({sizes[1], sizes[0]}, opts).t() : at::zeros(sizes, opts);
+  };
+  const at::Tensor a = make(aSizes, aTransposed), b = make(bSizes, bTransposed);
+  auto& tracker = harness::MemoryTracker::instance();
+  const int bucket = harness::MemoryTracker::threadBucket();
+  const int64_t before = tracker.current(bucket);
+  tracker.resetPeak(bucket);
+  const at::Tensor out = at::mm(a, b);
+  const int64_t held = tracker.peak(bucket) - before - static_cast<int64_t>(out.nbytes());
+  return std::max<int64_t>(held, 0);
+}
 
 std::optional<int64_t> shardedTensorLinearPeak(const std::string& backend, const std::string& kind,
                                                bool reordered, int ranks,

@@ -2,9 +2,14 @@
 // pass against the LibTorch reference on output and every gradient, with the communication it
 // predicts.
 
+#include <iostream>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "harness/registry.h"
+#include "strategies/sharding/sharded_tensor/common.h"
 #include "strategies/test/test_util.h"
 
 namespace sb::strategies {
@@ -106,6 +111,12 @@ TEST(LinearSharding, WorksInDoublePrecisionAndBFloat16) {
 // adds the bias to a product already rounded, which bfloat16 shows where the sum cancels
 // against the bias) and the recorded allocation sequence, in the type's element size,
 // predicts the peak to the byte, on 2 and 4 ranks, even and uneven, placements reordered.
+//
+// LibTorch 1.13 multiplies bfloat16 through oneDNN on a CPU with AVX-512 (avx512bw, vl, dq),
+// whose scratch pad comes from the tracked allocator, and through ATen's own gemm elsewhere.
+// The model measures the scratch of each product (matmulScratchBytes); bfloat16 runs both with
+// oneDNN on and with it off (torch.backends.mkldnn.enabled = False), so a CPU that has both
+// paths checks both, and the test says which path each pass exercised.
 TEST(LinearSharding, ShardedTensorPassesWithItsPeakPredictedInEveryFloatType) {
   struct Shape {
     std::vector<int64_t> input;
@@ -113,8 +124,27 @@ TEST(LinearSharding, ShardedTensorPassesWithItsPeakPredictedInEveryFloatType) {
     int64_t ranks;
   };
   const std::vector<Shape> shapes = {{{4, 6, 40}, 24, 2}, {{8, 64}, 64, 4}, {{16, 17}, 13, 4}};
+  const bool onednnWas = at::globalContext().userEnabledMkldnn();
   int compared = 0;
-  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+  struct Pass {
+    at::ScalarType dtype;
+    bool onednn;
+  };
+  const std::vector<Pass> passes = {
+      {at::kFloat, true}, {at::kDouble, true}, {at::kBFloat16, true}, {at::kBFloat16, false}};
+  for (const Pass& pass : passes) {
+    at::globalContext().setUserEnabledMkldnn(pass.onednn);
+    const auto dtype = pass.dtype;
+    // The first shape's forward product, as colwise runs it on 2 ranks.
+    const int64_t scratch = strategies::matmulScratchBytes({12, 40}, false, {40, 24}, true, dtype);
+    const std::string path =
+        std::string(c10::toString(dtype)) + (pass.onednn ? ", oneDNN on: " : ", oneDNN off: ") +
+        (scratch > 0 ? "a product with " + std::to_string(scratch) + " B of scratch (oneDNN)"
+                     : "products without scratch in the tracked allocator");
+    std::cout << "[ path     ] " << path << "\n";
+    ::testing::Test::RecordProperty(
+        std::string("path_") + c10::toString(dtype) + (pass.onednn ? "_onednn_on" : "_onednn_off"),
+        path);
     for (const auto& sh : shapes) {
       auto c = test::linearCase(sh.input, sh.out, {sh.ranks});
       c.dtype = dtype;
@@ -122,8 +152,7 @@ TEST(LinearSharding, ShardedTensorPassesWithItsPeakPredictedInEveryFloatType) {
            harness::StrategyRegistry::global().matching("sharding/linear/sharded_tensor/.*")) {
         if (s->applies(c).kind != harness::Applicability::Kind::kApplies) continue;
         const auto rec = test::run(c, *s);
-        const std::string what =
-            s->id() + " " + c10::toString(dtype) + " on " + std::to_string(sh.ranks) + " ranks";
+        const std::string what = s->id() + " on " + std::to_string(sh.ranks) + " ranks, " + path;
         ASSERT_EQ(rec.status, harness::Status::kPass) << what << ": " << rec.message;
         ASSERT_TRUE(rec.predictedMemBytes.has_value()) << what;
         EXPECT_EQ(*rec.predictedMemBytes, *rec.peakMemBytes) << what;
@@ -131,7 +160,8 @@ TEST(LinearSharding, ShardedTensorPassesWithItsPeakPredictedInEveryFloatType) {
       }
     }
   }
-  EXPECT_EQ(compared, 3 * (2 + 4 + 4));  // colwise, rowwise (and reordered on 4 ranks)
+  at::globalContext().setUserEnabledMkldnn(onednnWas);
+  EXPECT_EQ(compared, 4 * (2 + 4 + 4));  // colwise, rowwise (and reordered on 4 ranks)
 }
 
 }  // namespace
