@@ -52,7 +52,14 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
   // replicated one where the generator has none (bmm).
   std::map<std::string, std::vector<Candidate>> byShape;
   for (const GraphNode& n : graph_.nodes) {
-    const std::string key = n.shape.toString() + "|" + nlohmann::json(n.shape.attrs).dump();
+    // The model's inputs take no gradient (only parameters and computed values do), so
+    // autograd never runs the all-reduce of an input operand's partial gradient: a node that
+    // reads an input is priced without it, and so is not the same candidate set as a node of
+    // the same shape that reads a computed value.
+    std::string inputArgs;
+    for (const auto& a : n.args) inputArgs += graph_.isInput(a) ? 'i' : '-';
+    const std::string key =
+        n.shape.toString() + "|" + nlohmann::json(n.shape.attrs).dump() + "|" + inputArgs;
     auto it = byShape.find(key);
     if (it != byShape.end()) {
       candidates_.push_back(it->second);
@@ -89,6 +96,9 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
       cands.push_back(c);
     }
     for (auto& c : cands) {
+      for (size_t i = 0; i < n.args.size() && i < c.op.gradPartial.size(); ++i) {
+        if (graph_.isInput(n.args[i])) c.op.gradPartial[i].clear();
+      }
       c.outputs = c.op.reducedOutputs();
       const double flops = opFlops(c.op, mesh_, 0);
       if (flops > 0) {
