@@ -57,7 +57,7 @@ void writeText(const std::string& path, const std::string& text);
 // not std::filesystem::remove_all: on the GPU machine (LibTorch 2.11 from a pip wheel, GCC 13)
 // report crashed right after its last line, with its staging folder left behind, the one
 // remove_all left to do; std::filesystem's symbols may resolve to the copy a wheel's LibTorch
-// carries from its own toolchain. Not confirmed there yet (README, GPU).
+// carries from its own toolchain. Not confirmed there yet (docs/gpu.md).
 void removeTree(const std::string& path);
 
 // Removes the staging folder unless the set was committed (an exception on the way out).

@@ -1,6 +1,6 @@
 // An uneven column-parallel Linear: a strategy written outside stratbench, built against the
-// installed package and loaded with `stratbench run --plugin` (README, "Write your own
-// strategy", walks through this file).
+// installed package and loaded with `stratbench run --plugin` (docs/write-a-strategy.md
+// walks through this file).
 //
 // Megatron's column-parallel Linear gives every rank the same number of output features. This
 // one gives rank r a share of them proportional to `shares[r]` (a case parameter), as one

@@ -146,7 +146,7 @@ bool cudaUsable(std::string* why) {
   }
   return true;
 #else
-  if (why) *why = "this build's LibTorch has no CUDA (build against a CUDA LibTorch: README, GPU)";
+  if (why) *why = "this build's LibTorch has no CUDA (build against a CUDA LibTorch: docs/gpu.md)";
   return false;
 #endif
 }

@@ -99,7 +99,7 @@ nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
   }
 }
 
-// Limits on what a suite file may make the reader do (README, "Limits").
+// Limits on what a suite file may make the reader do (docs/suites.md, "Limits").
 constexpr size_t kMaxSuiteBytes = size_t{16} << 20;
 constexpr int kMaxDepth = 32;
 constexpr int64_t kMaxNodes = 1000000;
