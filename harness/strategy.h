@@ -11,12 +11,12 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
-#include "harness/case.h"
-#include "harness/error.h"
-#include "harness/comm/comm.h"
-#include "harness/dist/cost_profile.h"
 #include "harness/box.h"
+#include "harness/case.h"
+#include "harness/comm/comm.h"
 #include "harness/comm/rank_context.h"
+#include "harness/dist/cost_profile.h"
+#include "harness/error.h"
 #include "harness/measure/verify.h"
 #include "reference/workload.h"
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/dist/dist_env.h"
 #include "harness/comm/world.h"
+#include "harness/dist/dist_env.h"
 
 namespace sb::harness {
 

@@ -4,8 +4,8 @@
 #include <iosfwd>
 #include <vector>
 
-#include "harness/dist/cost_profile.h"
 #include "harness/comm/world.h"
+#include "harness/dist/cost_profile.h"
 
 namespace sb::harness {
 

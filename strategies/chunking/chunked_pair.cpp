@@ -17,8 +17,8 @@
 // chunk's own k only.
 
 #include "harness/measure/memory.h"
-#include "harness/registry.h"
 #include "harness/measure/verify.h"
+#include "harness/registry.h"
 #include "reference/evoformer.h"
 #include "strategies/chunking/chunk_runner.h"
 #include "strategies/chunking/estimator.h"

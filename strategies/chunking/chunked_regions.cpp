@@ -36,8 +36,8 @@
 #include <functional>
 
 #include "harness/measure/memory.h"
-#include "harness/registry.h"
 #include "harness/measure/verify.h"
+#include "harness/registry.h"
 #include "reference/transformer.h"
 #include "strategies/chunking/chunk_runner.h"
 #include "strategies/chunking/estimator.h"

@@ -10,9 +10,9 @@
 #include <chrono>
 
 #include "harness/comm/autograd_comm.h"
+#include "harness/comm/threads_backend.h"
 #include "harness/measure/device.h"
 #include "harness/measure/memory.h"
-#include "harness/comm/threads_backend.h"
 #include "reference/autograd_engine.h"
 #include "reference/workload.h"
 

@@ -11,10 +11,10 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "harness/comm/threads_backend.h"
 #include "harness/measure/memory.h"
 #include "harness/registry.h"
 #include "harness/run/runner.h"
-#include "harness/comm/threads_backend.h"
 
 namespace {
 

@@ -48,10 +48,10 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/dist/cost_profile.h"
-#include "strategies/sharding/layout/placement.h"
-#include "strategies/sharding/layout/redistribute.h"
 #include "reference/graph.h"
 #include "strategies/sharding/auto/ilp.h"
+#include "strategies/sharding/layout/placement.h"
+#include "strategies/sharding/layout/redistribute.h"
 #include "strategies/sharding/ops/op_strategies.h"
 
 namespace sb::strategies::autoshard {

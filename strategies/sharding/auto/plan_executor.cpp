@@ -27,11 +27,11 @@
 #include <mutex>
 
 #include "harness/measure/memory.h"
-#include "strategies/sharding/layout/redistribute_exec.h"
 #include "harness/registry.h"
 #include "harness/run/suite.h"
 #include "reference/autograd_engine.h"
 #include "strategies/sharding/auto/model.h"
+#include "strategies/sharding/layout/redistribute_exec.h"
 #include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies::autoshard {

@@ -22,10 +22,10 @@
 
 #include <mutex>
 
-#include "strategies/sharding/layout/redistribute_exec.h"
 #include "harness/registry.h"
 #include "harness/run/suite.h"
 #include "reference/autograd_engine.h"
+#include "strategies/sharding/layout/redistribute_exec.h"
 
 namespace sb::strategies {
 namespace {

@@ -21,9 +21,9 @@
 
 #include <numeric>
 
-#include "strategies/sharding/layout/redistribute_exec.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
+#include "strategies/sharding/layout/redistribute_exec.h"
 
 namespace sb::strategies {
 namespace {
