@@ -4,7 +4,11 @@
 
 #include "strategies/sharding/auto/model.h"
 
+#include <algorithm>
+#include <sstream>
+
 #include "harness/error.h"
+#include "reference/graph.h"
 
 namespace sb::strategies::autoshard {
 namespace {
@@ -81,6 +85,37 @@ ShardingPlan ShardingPlan::fromJson(const nlohmann::json& j, const ShardingModel
   if (j.at("mesh") != nlohmann::json(m.mesh())) {
     fail("mesh", "expected " + nlohmann::json(m.mesh()).dump() + ", got " + j.at("mesh").dump());
   }
+  if (j.contains("format") && j.at("format") != "stratbench.sharding_plan/1") {
+    fail("format", "expected \"stratbench.sharding_plan/1\", got " + j.at("format").dump());
+  }
+  // The shape the plan was solved for: a plan for d_model 32 has the same nodes as one for
+  // d_model 64, but its layouts, costs and memory are another model's.
+  if (!j.contains("shape")) fail("shape", "missing (the model shape the plan was solved for)");
+  {
+    reference::GraphShape planShape;
+    try {
+      planShape = reference::GraphShape::parse(m.graph().workload, j.at("shape"));
+    } catch (const std::exception& e) {
+      fail("shape", e.what());
+    }
+    const reference::GraphShape& caseShape = m.graph().shape;
+    const std::pair<const char*, std::pair<double, double>> fields[] = {
+        {"batch", {double(planShape.batch), double(caseShape.batch)}},
+        {"seq", {double(planShape.seq), double(caseShape.seq)}},
+        {"d_model", {double(planShape.dModel), double(caseShape.dModel)}},
+        {"heads", {double(planShape.heads), double(caseShape.heads)}},
+        {"layers", {double(planShape.layers), double(caseShape.layers)}},
+        {"vocab", {double(planShape.vocab), double(caseShape.vocab)}},
+        {"dropout", {planShape.dropout, caseShape.dropout}}};
+    for (const auto& [name, values] : fields) {
+      if (values.first != values.second) {
+        std::ostringstream os;
+        os << "the plan was solved for " << name << " " << values.first << ", the case has "
+           << values.second << " (a plan is for one model shape: solve it again)";
+        fail(std::string("shape.") + name, os.str());
+      }
+    }
+  }
   const auto& nodes = j.at("nodes");
   const size_t N = m.graph().nodes.size();
   if (!nodes.is_array() || nodes.size() != N) {
@@ -104,15 +139,70 @@ ShardingPlan ShardingPlan::fromJson(const nlohmann::json& j, const ShardingModel
            "node " + g.name + " has no strategy " + n.at("strategy").dump() + " on this mesh");
     }
     const Candidate& c = m.candidates(v)[k];
+    if (n.contains("op") && n.at("op") != g.shape.op) {
+      fail(key + ".op", "node " + g.name + " is " + g.shape.op + ", not " + n.at("op").dump());
+    }
+    // Everything else a node says is what its strategy implies on this mesh: a layout, a value
+    // or a placement edited by hand would not change the run, so it is refused, not ignored.
+    const int meshNdim = static_cast<int>(m.mesh().size());
+    const auto checkPlacement = [&](const std::string& where, const nlohmann::json& p,
+                                    const Layout& l, const std::string& what) {
+      if (!p.is_object()) fail(where, "expected a mapping with its sequence");
+      for (const auto& [field, value] : p.items()) {
+        const bool known = field == "sequence" || field == "placements" ||
+                           (field == "value" && what == "reads it as");
+        if (!known) fail(where + "." + field, "unknown field");
+      }
+      if (!p.contains("sequence") || p.at("sequence") != l.sequence()) {
+        fail(where + ".sequence", "strategy " + c.op.spec.name + " " + what + " " + l.sequence());
+      }
+      if (p.contains("placements")) {
+        std::string dtensor;
+        try {
+          dtensor = l.dtensor(meshNdim);
+        } catch (const std::exception&) {
+          fail(where + ".placements", "strategy " + c.op.spec.name + " " + what + " " +
+                                          l.sequence() + ", which DTensor cannot spell");
+        }
+        if (p.at("placements") != dtensor) {
+          fail(where + ".placements", "strategy " + c.op.spec.name + " " + what + " " + dtensor);
+        }
+      }
+    };
     if (n.contains("args")) {
+      const auto& args = n.at("args");
+      if (!args.is_object()) fail(key + ".args", "expected a mapping of the operands");
+      for (const auto& [name, a] : args.items()) {
+        const auto& ops = c.op.spec.operands;
+        if (std::find(ops.begin(), ops.end(), name) == ops.end()) {
+          fail(key + ".args." + name,
+               "node " + g.name + " (" + g.shape.op + ") has no operand '" + name + "'");
+        }
+      }
       for (size_t i = 0; i < c.op.spec.operands.size(); ++i) {
         const std::string& op = c.op.spec.operands[i];
-        if (!n.at("args").contains(op)) continue;
-        const auto& a = n.at("args").at(op);
-        if (!a.contains("sequence") || a.at("sequence") != c.op.operands[i].sequence()) {
-          fail(key + ".args." + op + ".sequence",
-               "strategy " + c.op.spec.name + " reads it as " + c.op.operands[i].sequence());
+        const std::string where = key + ".args." + op;
+        if (!args.contains(op)) fail(where, "missing: every operand of the node is listed");
+        const auto& a = args.at(op);
+        checkPlacement(where, a, c.op.operands[i], "reads it as");
+        if (a.contains("value") && a.at("value") != g.args[i]) {
+          fail(where + ".value", "node " + g.name + " reads \"" + g.args[i] + "\" there");
         }
+      }
+    }
+    if (n.contains("results")) {
+      const auto& results = n.at("results");
+      const auto names = g.outputs();
+      if (!results.is_object()) fail(key + ".results", "expected a mapping of the outputs");
+      for (const auto& [name, r] : results.items()) {
+        if (std::find(names.begin(), names.end(), name) == names.end()) {
+          fail(key + ".results." + name, "node " + g.name + " has no output '" + name + "'");
+        }
+      }
+      for (size_t o = 0; o < names.size(); ++o) {
+        const std::string where = key + ".results." + names[o];
+        if (!results.contains(names[o])) fail(where, "missing: every output of the node is listed");
+        checkPlacement(where, results.at(names[o]), c.outputs[o], "leaves it as");
       }
     }
     plan.choice.push_back(k);

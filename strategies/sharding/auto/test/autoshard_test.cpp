@@ -131,7 +131,8 @@ TEST(AutoShard, MegatronPlacesParametersAsMegatronDoes) {
 TEST(AutoShard, MalformedPlanFilesNameTheKey) {
   const ShardingModel m(reference::buildGraph("gpt2", {{"layers", 1}}), {2, 2}, CostOptions{});
   SolveOptions o;
-  const ShardingPlan plan = strategies::autoshard::solvePlan(m, o);
+  ShardingPlan plan = strategies::autoshard::solvePlan(m, o);
+  plan.shape = {{"layers", 1}};
   const nlohmann::json good = plan.toJson(m);
   const auto message = [&](nlohmann::json j) {
     try {
@@ -155,6 +156,77 @@ TEST(AutoShard, MalformedPlanFilesNameTheKey) {
   j = good;
   j["nodes"].erase(j["nodes"].begin());
   EXPECT_NE(message(j).find("key 'nodes'"), std::string::npos) << message(j);
+}
+
+// A plan is data checked against the case it runs on: every field either drives the run (the
+// strategy per node) or must agree with what that strategy implies for this graph and mesh.
+// An edit that the executor would ignore is refused, naming the node and the field; so is a
+// plan solved for another shape of the same model.
+TEST(AutoShard, PlansEditedOrForAnotherShapeAreRefusedNamingTheField) {
+  const nlohmann::json shape = {{"layers", 1}, {"d_model", 32}};
+  const ShardingModel m(reference::buildGraph("gpt2", shape), {2, 2}, CostOptions{});
+  ShardingPlan plan = strategies::autoshard::solvePlan(m, SolveOptions{});
+  plan.shape = shape;
+  const nlohmann::json good = plan.toJson(m);
+  const auto message = [&](const nlohmann::json& j) {
+    try {
+      ShardingPlan::fromJson(j, m, "plan.json");
+    } catch (const harness::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ASSERT_EQ(message(good), "no error");
+  // The first node with a sharded result, and the first node with two or more operands.
+  size_t sharded = 0, binary = 0;
+  for (size_t v = 0; v < good["nodes"].size(); ++v) {
+    const auto& n = good["nodes"][v];
+    if (!sharded && n["results"].begin().value()["sequence"].get<std::string>().find('S') !=
+                        std::string::npos) {
+      sharded = v;
+    }
+    if (!binary && n["args"].size() >= 2) binary = v;
+  }
+  ASSERT_GT(sharded, 0u);
+  ASSERT_GT(binary, 0u);
+  const std::string s = "nodes[" + std::to_string(sharded) + "]";
+  const std::string b = "nodes[" + std::to_string(binary) + "]";
+  const auto refused = [&](nlohmann::json j, const std::string& key) {
+    const std::string what = message(j);
+    EXPECT_NE(what.find("plan.json: key '" + key + "'"), std::string::npos)
+        << "expected a refusal naming " << key << ", got: " << what;
+  };
+  nlohmann::json j = good;
+  auto& result = j["nodes"][sharded]["results"].begin().value();
+  result["sequence"] = "[R, R, R]";
+  refused(j, s + ".results." + j["nodes"][sharded]["results"].begin().key() + ".sequence");
+  j = good;
+  j["nodes"][sharded]["results"].begin().value()["placements"] = "[Replicate(), Replicate()]";
+  refused(j, s + ".results." + j["nodes"][sharded]["results"].begin().key() + ".placements");
+  j = good;
+  auto& arg = j["nodes"][binary]["args"].begin().value();
+  arg["placements"] = "[Shard(0), Shard(0)]";
+  refused(j, b + ".args." + j["nodes"][binary]["args"].begin().key() + ".placements");
+  j = good;
+  j["nodes"][binary]["args"].begin().value()["value"] = "wte";
+  refused(j, b + ".args." + j["nodes"][binary]["args"].begin().key() + ".value");
+  j = good;
+  j["nodes"][binary]["args"]["extra"] = {{"sequence", "[R]"}, {"value", "wte"}};
+  refused(j, b + ".args.extra");
+  j = good;
+  j["nodes"][binary]["args"].erase(j["nodes"][binary]["args"].begin());
+  refused(j, b + ".args." + good["nodes"][binary]["args"].begin().key());
+  j = good;
+  j["nodes"][binary]["op"] = "relu";
+  refused(j, b + ".op");
+  j = good;
+  j["shape"]["d_model"] = 64;
+  refused(j, "shape.d_model");
+  EXPECT_NE(message(j).find("solved for d_model 64, the case has 32"), std::string::npos)
+      << message(j);
+  j = good;
+  j.erase("shape");
+  refused(j, "shape");
 }
 
 }  // namespace
