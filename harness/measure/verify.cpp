@@ -53,6 +53,23 @@ double unitRoundoff(at::ScalarType dtype) {
   }
 }
 
+Tolerance reorderedSumTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
+                                const at::Tensor& expected) {
+  if (base.exact || length <= 1 || !at::isFloatingType(dtype)) return base;
+  const double u = unitRoundoff(dtype);
+  const double scale = expected.numel() ? expected.abs().max().item<double>() : 0.0;
+  const double atol = static_cast<double>(length) * u * scale;
+  if (atol <= base.atol) return base;
+  Tolerance t = base;
+  t.atol = atol;
+  std::ostringstream os;
+  os << "a sum of " << length
+     << " terms on one rank, by a kernel that orders it by its own shapes and threads: atol = "
+     << length << " * u * max|reference|";
+  t.reason = os.str();
+  return t;
+}
+
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
                                   int64_t parts, const at::Tensor& expected) {
   // On CUDA even an unsplit product may be summed in another order: cuBLAS picks its kernel

@@ -38,6 +38,15 @@ double unitRoundoff(at::ScalarType dtype);
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
                                   int64_t parts, const at::Tensor& expected);
 
+// The tolerance of a tensor that a rank sums from `length` terms on one rank, as the reference
+// does, but through a kernel on other shapes (its piece, or the whole tensor on a thread of a
+// mesh): CPU kernels pick their blocking, and oneDNN its reduction split, by the shapes and the
+// threads, so the same terms are added in another order. Bounded as splitReductionTolerance's
+// sum (atol = R * u * max|expected|) with the reason saying so; `base` for bitwise comparisons,
+// lengths of 1 and non-float types.
+Tolerance reorderedSumTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
+                                const at::Tensor& expected);
+
 // The comparison of one local tensor of one rank against its slice of the reference.
 struct TensorCheck {
   std::string tensor;  // "output", "grad_weight", ...

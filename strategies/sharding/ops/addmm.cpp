@@ -51,6 +51,7 @@ OpRule addmmRule() {
   r.memory = addmmMemory;
   r.flops = addmmFlops;
   r.statistics = noStatistics;
+  r.reductionLength = productReductionLength;
   return r;
 }
 

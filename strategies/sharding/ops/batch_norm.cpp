@@ -88,6 +88,7 @@ OpRule batchNormRule() {
   r.flops = noFlops;
   // One statistic per channel.
   r.statistics = [](const harness::Box& in) { return in.length[1]; };
+  r.reductionLength = noReduction;
   return r;
 }
 

@@ -63,6 +63,15 @@ OpRule convRule() {
   r.memory = convMemory;
   r.flops = convFlops;
   r.statistics = noStatistics;
+  // The output sums C_in k k terms, the input's gradient C_out k k, the weight's and the
+  // bias's every output position of every image (N H_out W_out).
+  r.reductionLength = [](const reference::OpShape& s, const std::string& tensor) -> int64_t {
+    const auto out = s.outputs()[0];
+    const int64_t k = s.kernel();
+    if (tensor == "grad_input") return out[1] * k * k;
+    if (tensor == "grad_weight" || tensor == "grad_bias") return out[0] * out[2] * out[3];
+    return s.input[1] * k * k;
+  };
   return r;
 }
 

@@ -44,6 +44,7 @@ OpRule dropoutRule() {
   r.memory = dropoutMemory;
   r.flops = noFlops;
   r.statistics = noStatistics;
+  r.reductionLength = noReduction;
   return r;
 }
 

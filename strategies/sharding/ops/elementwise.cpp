@@ -78,6 +78,7 @@ OpRule elementwiseRule(nlohmann::json canonical,
   r.memory = std::move(memory);
   r.flops = noFlops;
   r.statistics = noStatistics;
+  r.reductionLength = noReduction;
   return r;
 }
 

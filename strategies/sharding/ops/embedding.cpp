@@ -136,6 +136,7 @@ OpRule embeddingRule() {
   r.memory = embeddingMemory;
   r.flops = noFlops;
   r.statistics = noStatistics;
+  r.reductionLength = noReduction;
   return r;
 }
 

@@ -94,6 +94,7 @@ OpRule layerNormRule() {
   r.flops = noFlops;
   // One statistic per row.
   r.statistics = [](const harness::Box& in) { return in.numel() / in.length.back(); };
+  r.reductionLength = noReduction;
   return r;
 }
 

@@ -125,6 +125,7 @@ OpRule bmmRule() {
     return productFlops(op, mesh, rank, false);
   };
   r.statistics = noStatistics;
+  r.reductionLength = productReductionLength;
   return r;
 }
 

@@ -103,6 +103,18 @@ std::vector<at::Tensor> referenceForward(const LocalForward& f) {
 
 double noFlops(const ResolvedOp&, const std::vector<int64_t>&, int) { return 0.0; }
 
+int64_t noReduction(const OpShape&, const std::string&) { return 0; }
+
+int64_t productReductionLength(const OpShape& s, const std::string& tensor) {
+  const int64_t k = s.input.empty() ? 1 : s.input.back();
+  const int64_t rows =
+      std::accumulate(s.input.begin(), s.input.end(), int64_t{1}, std::multiplies<>()) /
+      std::max<int64_t>(k, 1);
+  if (tensor == "grad_input") return s.other.size() >= 2 ? s.other.back() : 1;
+  if (tensor == "grad_other" || tensor == "grad_bias") return rows;
+  return k;  // the output
+}
+
 int64_t noStatistics(const Box&) {
   TORCH_INTERNAL_ASSERT(false, "statistics over ranks asked of an operator without them");
 }

@@ -63,6 +63,7 @@ void registerOpRule(const std::string& op, OpRule rule) {
       {"memory", static_cast<bool>(rule.memory)},
       {"flops", static_cast<bool>(rule.flops)},
       {"statistics", static_cast<bool>(rule.statistics)},
+      {"reductionLength", static_cast<bool>(rule.reductionLength)},
   };
   for (const auto& [part, set] : parts) {
     TORCH_CHECK(set, "op rule '", op, "': the part '", part,

@@ -124,6 +124,11 @@ struct OpRule {
   // The statistics one rank all-reduces, given its box of the input (opCommByGroup), for
   // operators whose statistics can span ranks; noStatistics for the rest.
   std::function<int64_t(const harness::Box& input)> statistics;
+  // The length of the longest sum the reference computes an element of `tensor` (an output or
+  // "grad_<operand>") with, for products and convolutions (OpStrategy::tolerance): a rank sums
+  // the same terms through a kernel on other shapes, in another order. 0 where the operator
+  // computes each element as the reference does (noReduction).
+  std::function<int64_t(const reference::OpShape& s, const std::string& tensor)> reductionLength;
 };
 
 // The rule of `op`; throws naming the operators there are rules for when there is none.
@@ -159,6 +164,11 @@ std::vector<at::Tensor> referenceForward(const LocalForward& f);
 double noFlops(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank);
 // For operators without statistics over ranks: never asked (an internal error if it is).
 int64_t noStatistics(const harness::Box& input);
+// For operators whose elements are not sums of products: 0.
+int64_t noReduction(const reference::OpShape& s, const std::string& tensor);
+// [.., M, K] x [K, N] (addmm, bmm, matmul): the output sums K terms, the input's gradient N,
+// the other operand's and the bias's every row of the input (M, times the batch).
+int64_t productReductionLength(const reference::OpShape& s, const std::string& tensor);
 
 // The axes over which operand i's gradient holds partial sums (see op_strategies.h).
 std::vector<int> gradPartialOf(const OpStrategySpec& spec,

@@ -297,6 +297,13 @@ class OpStrategy final : public harness::Strategy {
     for (const auto& n : spec_.operands)
       length = std::max(length, numelOf(r.shape.operandShape(n)));
     for (const auto& o : r.shape.outputs()) length = std::max(length, numelOf(o));
+    if (parts > 1) return harness::splitReductionTolerance(base, c.dtype, length, parts, expected);
+    // Nothing split, but a product or convolution summed by a kernel on other shapes (the
+    // rank's pieces, or the whole tensors on a rank's thread) adds its terms in another order.
+    const int64_t reduced = opRule(r.shape.op).reductionLength(r.shape, tensor);
+    if (reduced > 1 && !expected.is_cuda()) {
+      return harness::reorderedSumTolerance(base, c.dtype, reduced, expected);
+    }
     return harness::splitReductionTolerance(base, c.dtype, length, parts, expected);
   }
 

@@ -43,6 +43,7 @@ OpRule poolRule(const char* op, void (*memory)(MemoryReplay&)) {
   r.memory = memory;
   r.flops = noFlops;
   r.statistics = noStatistics;
+  r.reductionLength = noReduction;
   return r;
 }
 

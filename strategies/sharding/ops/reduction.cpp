@@ -52,6 +52,7 @@ OpRule sumRule() {
   r.memory = sumMemory;
   r.flops = noFlops;
   r.statistics = noStatistics;
+  r.reductionLength = noReduction;
   return r;
 }
 

@@ -55,6 +55,7 @@ OpRule softmaxRule() {
   r.memory = softmaxMemory;
   r.flops = noFlops;
   r.statistics = noStatistics;
+  r.reductionLength = noReduction;
   return r;
 }
 

@@ -164,6 +164,7 @@ OpRule viewLikeRule(nlohmann::json canonical) {
   };
   r.flops = noFlops;
   r.statistics = noStatistics;
+  r.reductionLength = noReduction;
   return r;
 }
 
