@@ -144,6 +144,18 @@ void MemoryTracker::resetPeak(int rank) {
   }
 }
 
+int64_t MemoryTracker::heldDuring(int rank, const std::function<void()>& op) {
+  auto& b = buckets_[index(rank)];
+  const int64_t before = b.current.load();
+  const int64_t windowPeak = b.peak.exchange(before);
+  op();
+  const int64_t held = b.peak.load() - before;
+  int64_t seen = b.peak.load();
+  while (seen < windowPeak && !b.peak.compare_exchange_weak(seen, windowPeak)) {
+  }
+  return held;
+}
+
 bool MemoryTracker::tracing(int rank) const { return index(rank) == traceBucket(); }
 
 void MemoryTracker::traceNote(int rank, const char* what) const {

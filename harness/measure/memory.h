@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 namespace sb::harness {
 
@@ -29,6 +30,10 @@ class MemoryTracker {
   int64_t peak(int rank) const { return buckets_[index(rank)].peak.load(); }
   // Starts a new peak window for `rank` at its current live bytes.
   void resetPeak(int rank);
+  // The most bytes above its current live bytes that `rank` holds while `op` runs (a model
+  // measuring a kernel's scratch in prepare): its peak window and its trace are left as they
+  // were (no reset line; the window's peak stays at least what it was).
+  int64_t heldDuring(int rank, const std::function<void()>& op);
   // With SB_MEMORY_TRACE=<rank> set, every allocation and free of that rank goes to stderr,
   // one line each: "mem +BYTES -> LIVE @PTR in OP < CALLER < ..." (the ATen operators and
   // autograd nodes running on the allocating thread, innermost first, from LibTorch's

@@ -36,6 +36,7 @@
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "strategies/sharding/linear/linear_strategies.h"
+#include "strategies/sharding/matmul_scratch.h"
 #include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies {
@@ -83,6 +84,8 @@ class LinearMeshExecutor final : public harness::RankExecutor {
   harness::Communicator* batchGroup_ = nullptr;
   std::map<std::string, at::Tensor> results_;
   std::optional<int64_t> predicted_;
+  int64_t scratchForward_ = 0, scratchGradWeight_ = 0, scratchGradInput_ = 0;  // modelPeak
+  bool fusedAddmm_ = false;
 };
 
 class LinearMeshStrategy final : public harness::Strategy {
@@ -341,6 +344,19 @@ void LinearMeshExecutor::prepare(RankContext& ctx, const reference::WorkloadData
   if (!spec.inAxes.empty()) inGroup_ = &ctx.group(spec.inAxes);
   if (!spec.outAxes.empty()) outGroup_ = &ctx.group(spec.outAxes);
   if (!spec.batchAxes.empty()) batchGroup_ = &ctx.group(spec.batchAxes);
+  // The products' scratch, on this CPU (matmul_scratch.h): the forward as the step calls it,
+  // the backward's two with the layouts autograd's mm backward gives them, over the rows of the
+  // flattened input.
+  {
+    const int64_t k = x_.size(-1), n = w_.size(0), rows = x_.numel() / std::max<int64_t>(k, 1);
+    const bool fusedBias = b_.defined() && !inGroup_;
+    // at::linear runs addmm for a 2-D input, or a contiguous 3-D one, with a bias; matmul
+    // (mm on the flattened input) otherwise.
+    fusedAddmm_ = fusedBias && (x_.dim() == 2 || (x_.dim() == 3 && x_.is_contiguous()));
+    scratchForward_ = linearScratchBytes(x_.sizes(), w_.sizes(), fusedBias, case_.dtype);
+    scratchGradWeight_ = matmulScratchBytes({n, rows}, true, {rows, k}, false, case_.dtype);
+    scratchGradInput_ = matmulScratchBytes({rows, n}, false, {n, k}, false, case_.dtype);
+  }
   predicted_ = modelPeak(ctx);
 }
 
@@ -348,8 +364,11 @@ void LinearMeshExecutor::prepare(RankContext& ctx, const reference::WorkloadData
 //   the previous step's results, dropped first;
 //   forward: y (one fused matmul with the bias); where the contraction is split, the partial
 //   product, a copy of it all-reduced through the backend's scratch, and y = copy + b;
-//   backward: the gradients of x, W and b (ATen's addmm/mm backward), then each one that is
-//   partial is all-reduced through a copy of it, which replaces it.
+//   backward: the gradients of x, W and b (addmm's backward: x's, W's, then b's sum; where the
+//   bias is added after the product: b's sum, then mm's backward, W's first), then each one
+//   that is partial is all-reduced through a copy of it, which replaces it;
+//   and each product's scratch (matmul_scratch.h: oneDNN's, in bfloat16 on AVX-512), held
+//   while it runs, right after its result.
 int64_t LinearMeshExecutor::modelPeak(RankContext& ctx) const {
   const int64_t X = x_.nbytes(), W = w_.nbytes(), B = b_.defined() ? b_.nbytes() : 0;
   const int64_t O = gradOut_.nbytes();
@@ -365,7 +384,12 @@ int64_t LinearMeshExecutor::modelPeak(RankContext& ctx) const {
     current += b;
     peak = std::max(peak, current);
   };
+  const auto transient = [&](int64_t b) {
+    alloc(b);
+    current -= b;
+  };
   alloc(O);  // the (partial) product
+  transient(scratchForward_);
   if (inGroup_ && strategy_.fault() != PlantedFault::kSkipForwardAllReduce) {
     alloc(O + scratch(inGroup_, O));      // its reduced copy, and the scratch
     current -= O + scratch(inGroup_, O);  // the scratch and the product go, the copy stays
@@ -377,7 +401,22 @@ int64_t LinearMeshExecutor::modelPeak(RankContext& ctx) const {
     alloc(O);
     current -= O;
   }
-  alloc(X + W + B);
+  // AddmmBackward0 computes mat1's gradient (x's) first, MmBackward0 mat2's (W's): the order
+  // the traces show, which places each product's scratch.
+  // Where the bias is added after the product (y + b), its gradient's sum comes first.
+  if (fusedAddmm_) {
+    alloc(X);
+    transient(scratchGradInput_);
+    alloc(W);
+    transient(scratchGradWeight_);
+    alloc(B);
+  } else {
+    alloc(B);
+    alloc(W);
+    transient(scratchGradWeight_);
+    alloc(X);
+    transient(scratchGradInput_);
+  }
   // Each partial gradient's all-reduce: a copy of it and the scratch, the original then freed.
   if (outGroup_) alloc(X + scratch(outGroup_, X)), current -= X + scratch(outGroup_, X);
   if (batchGroup_) {

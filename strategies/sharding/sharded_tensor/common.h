@@ -16,6 +16,7 @@
 #include "harness/strategy.h"
 #include "reference/autograd_engine.h"
 #include "strategies/sharding/linear/linear_strategies.h"
+#include "strategies/sharding/matmul_scratch.h"
 
 namespace sb::strategies {
 
@@ -186,16 +187,6 @@ std::optional<int64_t> shardedTensorLinearPeak(const std::string& backend, const
                                                bool reordered, int ranks,
                                                const std::map<std::string, int64_t>& size,
                                                int64_t base, int64_t results);
-
-// The bytes at::mm(a, b) holds beyond its result while it runs, measured once on the calling
-// thread (its rank's allocator bucket) with operands of these sizes, a transposed one as the
-// transposed view of a contiguous tensor, as the executors' products and their backward see
-// them. LibTorch 1.13 multiplies bfloat16 on a CPU with AVX-512 (avx512bw, vl and dq) through
-// oneDNN, whose scratch pad comes from the CPU allocator and depends on the shape, the CPU's
-// ISA and the threads; elsewhere (float32's BLAS, ATen's own bfloat16 gemm) it is 0. 0 off the
-// CPU, where the model makes no claim.
-int64_t matmulScratchBytes(at::IntArrayRef aSizes, bool aTransposed, at::IntArrayRef bSizes,
-                           bool bTransposed, at::ScalarType dtype);
 
 // What both executors hold and do alike: this rank's own batch flattened to [b, K], its chunk
 // of the weight, the whole bias, its rows of grad_output, and the whole-group communicator.

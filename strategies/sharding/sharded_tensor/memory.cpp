@@ -17,7 +17,6 @@
 // The first tokens release the previous step's results (output and gradients). "reordered" is a
 // placement other than rank order, which adds the index_select that puts chunks in order.
 
-#include "harness/measure/memory.h"
 #include "strategies/sharding/sharded_tensor/common.h"
 #include "strategies/sharding/sharding_util.h"
 
@@ -64,23 +63,6 @@ const MemoryTable kTables[] = {
 };
 
 }  // namespace
-
-int64_t matmulScratchBytes(at::IntArrayRef aSizes, bool aTransposed, at::IntArrayRef bSizes,
-                           bool bTransposed, at::ScalarType dtype) {
-  const auto opts = at::TensorOptions().dtype(dtype).device(reference::caseDevice());
-  if (!opts.device().is_cpu()) return 0;
-  const auto make = [&](at::IntArrayRef sizes, bool transposed) {
-    return transposed ? at::zeros({sizes[1], sizes[0]}, opts).t() : at::zeros(sizes, opts);
-  };
-  const at::Tensor a = make(aSizes, aTransposed), b = make(bSizes, bTransposed);
-  auto& tracker = harness::MemoryTracker::instance();
-  const int bucket = harness::MemoryTracker::threadBucket();
-  const int64_t before = tracker.current(bucket);
-  tracker.resetPeak(bucket);
-  const at::Tensor out = at::mm(a, b);
-  const int64_t held = tracker.peak(bucket) - before - static_cast<int64_t>(out.nbytes());
-  return std::max<int64_t>(held, 0);
-}
 
 std::optional<int64_t> shardedTensorLinearPeak(const std::string& backend, const std::string& kind,
                                                bool reordered, int ranks,
