@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <string>
 
 #include <ATen/ATen.h>
 
@@ -53,21 +54,30 @@ double unitRoundoff(at::ScalarType dtype) {
   }
 }
 
-Tolerance reorderedSumTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
-                                const at::Tensor& expected) {
-  if (base.exact || length <= 1 || !at::isFloatingType(dtype)) return base;
-  const double u = unitRoundoff(dtype);
-  const double scale = expected.numel() ? expected.abs().max().item<double>() : 0.0;
-  const double atol = static_cast<double>(length) * u * scale;
+namespace {
+
+double maxAbs(const at::Tensor& t) { return t.numel() ? t.abs().max().item<double>() : 0.0; }
+
+// `base` with atol raised to `atol` and the reason said, or `base` where it is already wider.
+Tolerance widened(const Tolerance& base, double atol, const std::string& reason) {
   if (atol <= base.atol) return base;
   Tolerance t = base;
   t.atol = atol;
+  t.reason = reason;
+  return t;
+}
+
+}  // namespace
+
+Tolerance reorderedSumTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
+                                const at::Tensor& expected) {
+  if (base.exact || length <= 1 || !at::isFloatingType(dtype)) return base;
   std::ostringstream os;
   os << "a sum of " << length
      << " terms on one rank, by a kernel that orders it by its own shapes and threads: atol = "
      << length << " * u * max|reference|";
-  t.reason = os.str();
-  return t;
+  return widened(base, static_cast<double>(length) * unitRoundoff(dtype) * maxAbs(expected),
+                 os.str());
 }
 
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
@@ -78,15 +88,12 @@ Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, i
   if (base.exact || (parts <= 1 && !cublasOrder) || !at::isFloatingType(dtype)) return base;
   const double u = unitRoundoff(dtype);
   if (u == 0) return base;
-  const double scale = expected.numel() ? expected.abs().max().item<double>() : 0.0;
+  const double scale = maxAbs(expected);
   // cuBLAS accumulates in fp32 (fp64 for double) and rounds the result once: the two orders
   // differ by the accumulation's rounding and one rounding of the output each.
   const double acc = unitRoundoff(dtype == at::kDouble ? at::kDouble : at::kFloat);
   const double atol = cublasOrder ? (2 * u + static_cast<double>(length) * acc) * scale
                                   : static_cast<double>(length) * u * scale;
-  if (atol <= base.atol) return base;
-  Tolerance t = base;
-  t.atol = atol;
   std::ostringstream os;
   if (cublasOrder) {
     os << "cuBLAS may add a sum of " << length
@@ -97,8 +104,7 @@ Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, i
        << " ranks is added in another order than the reference's: atol = " << length
        << " * u * max|reference|";
   }
-  t.reason = os.str();
-  return t;
+  return widened(base, atol, os.str());
 }
 
 std::string TensorCheck::toString() const {

@@ -209,34 +209,34 @@ class ShardedTensorExecutorBase : public harness::RankExecutor {
     const int64_t K = s.inFeatures, N = s.outFeatures;
     const int64_t nc = kind == "colwise" ? w_.size(0) : 0;
     const int64_t kc = kind == "rowwise" ? w_.size(1) : 0;
-    std::map<std::string, int64_t> size = {{"X", x_.nbytes()},
-                                           {"AG", n_ * b_ * K * es},
-                                           {"W", w_.nbytes()},
-                                           {"BIAS", bias_.nbytes()},
-                                           {"Y", b_ * N * es},
-                                           {"P", nc * n_ * b_ * es},
-                                           {"GOT", n_ * kc * b_ * es},
-                                           {"PART", n_ * b_ * N * es},
-                                           {"MMF", 0},
-                                           {"MMA", 0},
-                                           {"MMB", 0},
-                                           {"S8", 8},
-                                           {"S4", 4},
-                                           {"ZERO", 0}};
     // The products' scratch, in the order the step runs them (colwise: w . all^T, then its
     // backward's grad^T . w and grad . all; rowwise: blocks . w^T, then grad^T . blocks and
     // grad . w), with the operands' layouts autograd's mm backward picks for them.
     const int64_t rows = n_ * b_;
     const auto dt = case_.dtype;
-    if (kind == "colwise") {
-      size["MMF"] = matmulScratchBytes({nc, K}, false, {K, rows}, true, dt);
-      size["MMA"] = matmulScratchBytes({rows, nc}, true, {nc, K}, false, dt);
-      size["MMB"] = matmulScratchBytes({nc, rows}, false, {rows, K}, false, dt);
-    } else {
-      size["MMF"] = matmulScratchBytes({rows, kc}, false, {kc, N}, true, dt);
-      size["MMA"] = matmulScratchBytes({N, rows}, true, {rows, kc}, false, dt);
-      size["MMB"] = matmulScratchBytes({rows, N}, false, {N, kc}, false, dt);
-    }
+    const bool colwise = kind == "colwise";
+    const int64_t forward = colwise ? matmulScratchBytes({nc, K}, false, {K, rows}, true, dt)
+                                    : matmulScratchBytes({rows, kc}, false, {kc, N}, true, dt);
+    const int64_t firstBackward = colwise
+                                      ? matmulScratchBytes({rows, nc}, true, {nc, K}, false, dt)
+                                      : matmulScratchBytes({N, rows}, true, {rows, kc}, false, dt);
+    const int64_t secondBackward = colwise
+                                       ? matmulScratchBytes({nc, rows}, false, {rows, K}, false, dt)
+                                       : matmulScratchBytes({rows, N}, false, {N, kc}, false, dt);
+    const std::map<std::string, int64_t> size = {{"X", x_.nbytes()},
+                                                 {"AG", n_ * b_ * K * es},
+                                                 {"W", w_.nbytes()},
+                                                 {"BIAS", bias_.nbytes()},
+                                                 {"Y", b_ * N * es},
+                                                 {"P", nc * n_ * b_ * es},
+                                                 {"GOT", n_ * kc * b_ * es},
+                                                 {"PART", n_ * b_ * N * es},
+                                                 {"MMF", forward},
+                                                 {"MMA", firstBackward},
+                                                 {"MMB", secondBackward},
+                                                 {"S8", 8},
+                                                 {"S4", 4},
+                                                 {"ZERO", 0}};
     const int64_t base = x_.nbytes() + w_.nbytes() + bias_.nbytes() + gradOut_.nbytes() +
                          (reordered ? order.nbytes() : 0);
     const int64_t results = b_ * N * es + x_.nbytes() + w_.nbytes() + bias_.nbytes();
