@@ -109,6 +109,22 @@ class Strategy {
                           at::IntArrayRef fullShape) const {
     return resultBox(tensor, c, rank);
   }
+  // The box of `tensor` (full shape `fullShape`) that the specification this strategy claims
+  // to implement gives `rank` (its ColossalAI sharding sequence, its ShardedTensor
+  // ChunkShardingSpec and placements), with that specification's text for messages. An
+  // override derives it from the specification as written, the strategy's name, by code that
+  // shares nothing with its executor's layout code (strategies/sharding/layout/spec_boxes.h):
+  // the runner fails a row whose declared resultBoxOf() differs from it, which catches a layout
+  // that is wrong and computed consistently with itself, so that every tensor check passes.
+  // nullopt: the strategy states no specification for this tensor (the default).
+  struct SpecifiedBox {
+    Box box;
+    std::string spec;  // "ColossalAI `S0S1 = S0R x RS1_0` (grad_weight: the weight's [S1, R])"
+  };
+  virtual std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c,
+                                                   int rank, at::IntArrayRef fullShape) const {
+    return std::nullopt;
+  }
   // Per-rank calls and bytes of one step, for comparison with what the backend counted.
   virtual CommStats predictComm(const CaseSpec& c, int rank) const = 0;
   // The same, per group of mesh axes, for the cost model (a calibration profile prices each

@@ -53,7 +53,12 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
     }
   }
   const int n = static_cast<int>(ranks.size());
-  const std::vector<std::string> problems = coverageProblems(c, data, strategy, n);
+  std::vector<std::string> problems = coverageProblems(c, data, strategy, n);
+  // The declared layout against the strategy's specification: a wrong layout computed
+  // consistently passes every tensor check, so it fails the row here.
+  const SpecCheck spec = specCheck(c, data, strategy, n);
+  if (spec.checked > 0 || !spec.problems.empty()) rec.details["spec_check"] = spec.toJson();
+  problems.insert(problems.end(), spec.problems.begin(), spec.problems.end());
   const std::vector<TensorCheck> checks = allChecks(data, ranks, false);
   const std::vector<TensorCheck> after = allChecks(data, ranks, true);
   nlohmann::json tensors = nlohmann::json::array();

@@ -3,6 +3,8 @@
 #include "harness/run/row_checks.h"
 
 #include <algorithm>
+#include <exception>
+#include <optional>
 #include <sstream>
 
 #include "harness/box.h"
@@ -40,6 +42,49 @@ std::vector<std::string> coverageProblems(const CaseSpec& c, const reference::Wo
     }
   }
   return problems;
+}
+
+nlohmann::json SpecCheck::toJson() const {
+  return {{"checked", checked}, {"specs", specs}, {"problems", problems}};
+}
+
+SpecCheck specCheck(const CaseSpec& c, const reference::WorkloadData& data,
+                    const Strategy& strategy, int n) {
+  SpecCheck out;
+  for (const auto& name : data.checked) {
+    const at::IntArrayRef shape = data.expected.at(name).sizes();
+    std::string first;  // the first rank's mismatch, named in full
+    int differing = 0;
+    for (int r = 0; r < n; ++r) {
+      std::optional<Strategy::SpecifiedBox> spec;
+      try {
+        spec = strategy.specifiedBox(name, c, r, shape);
+      } catch (const std::exception& e) {
+        // A specification that cannot be read is the strategy's bug, and must not pass unseen.
+        out.problems.push_back("layout: the specification of " + name + " on rank " +
+                               std::to_string(r) + " could not be read: " + e.what());
+        break;
+      }
+      if (!spec) continue;
+      ++out.checked;
+      if (std::find(out.specs.begin(), out.specs.end(), spec->spec) == out.specs.end()) {
+        out.specs.push_back(spec->spec);
+      }
+      const Box declared = strategy.resultBoxOf(name, c, r, shape);
+      if (declared == spec->box) continue;
+      if (differing++ == 0) {
+        first = "layout: " + name + " on rank " + std::to_string(r) + " is declared " +
+                declared.toString() + " but the strategy's specification " + spec->spec + " puts " +
+                spec->box.toString() + " there";
+      }
+    }
+    if (differing > 1) {
+      first += " (and on " + std::to_string(differing - 1) + " more rank" +
+               (differing > 2 ? "s" : "") + ")";
+    }
+    if (differing > 0) out.problems.push_back(first);
+  }
+  return out;
 }
 
 std::vector<TensorCheck> allChecks(const reference::WorkloadData& data,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include "harness/case.h"
 #include "harness/measure/verify.h"
@@ -27,6 +28,23 @@ std::vector<TensorCheck> verifyRank(const CaseSpec& c, const reference::Workload
 // Elements of each checked tensor that no rank's declared layout holds.
 std::vector<std::string> coverageProblems(const CaseSpec& c, const reference::WorkloadData& data,
                                           const Strategy& strategy, int n);
+
+// The declared layout against the one the strategy's specification gives: for every checked
+// tensor and rank where Strategy::specifiedBox states a box, resultBoxOf must declare that box.
+// The tensor checks compare each rank with the slice its strategy declares, so a layout that is
+// wrong and computed consistently passes them all; this check does not.
+struct SpecCheck {
+  // One per tensor whose declared box differs from the specified one on some rank ("layout:
+  // grad_weight on rank 1 is declared ... but the strategy's specification ... puts ...
+  // there"), or whose specification could not be read.
+  std::vector<std::string> problems;
+  int64_t checked = 0;             // tensor x rank pairs compared
+  std::vector<std::string> specs;  // the distinct specification texts, in order of first use
+  // {"checked": N, "specs": [...], "problems": [...]}, for the record's details.
+  nlohmann::json toJson() const;
+};
+SpecCheck specCheck(const CaseSpec& c, const reference::WorkloadData& data,
+                    const Strategy& strategy, int n);
 
 // Every rank's checks, tensor by tensor in the workload's order, then by rank.
 std::vector<TensorCheck> allChecks(const reference::WorkloadData& data,

@@ -35,6 +35,7 @@
 #include "harness/comm/autograd_comm.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
+#include "strategies/sharding/layout/spec_boxes.h"
 #include "strategies/sharding/linear/linear_strategies.h"
 #include "strategies/sharding/matmul_scratch.h"
 #include "strategies/sharding/sharding_util.h"
@@ -102,11 +103,16 @@ class LinearMeshStrategy final : public harness::Strategy {
   PlantedFault fault() const { return fault_; }
 
   // A contraction that is not split has no partial sums to lose; only a split batch has a
-  // shard offset to get wrong.
+  // shard offset to get wrong; only a strategy that splits something on a 2-D mesh has two
+  // axes to swap.
   std::vector<PlantedFault> supportedFaults() const {
     std::vector<PlantedFault> f;
     if (!spec_.inAxes.empty()) f.push_back(PlantedFault::kSkipForwardAllReduce);
     if (batchDim_ >= 0) f.push_back(PlantedFault::kShardOffsetOffByOne);
+    const bool splits = !spec_.batchAxes.empty() || !spec_.inAxes.empty() || !spec_.outAxes.empty();
+    if (splits && std::count(spec_.meshDims.begin(), spec_.meshDims.end(), 2)) {
+      f.push_back(PlantedFault::kConsistentWrongLayout);
+    }
     return f;
   }
   std::vector<std::string> plantableFaults() const override {
@@ -115,7 +121,17 @@ class LinearMeshStrategy final : public harness::Strategy {
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
     const auto f = parsePlantedFault(name, supportedFaults());
     if (!f) return nullptr;
-    return std::make_unique<LinearMeshStrategy>(spec_, batchDim_, *f, id(), displayName());
+    LinearMeshSpec spec = spec_;
+    if (*f == PlantedFault::kConsistentWrongLayout) {
+      // Mesh axes 0 and 1 swapped everywhere the executor and the declared layout look (the
+      // name stays): "S0S1 = S0R x RS1" runs as S1S0 = S1R x RS0, and "S01R" as S10R, its
+      // shards in reverse order. On a square mesh its numbers, communication and memory are
+      // those of a right strategy; only its layout is not the named one.
+      for (auto* axes : {&spec.batchAxes, &spec.inAxes, &spec.outAxes}) {
+        for (int& a : *axes) a = 1 - a;
+      }
+    }
+    return std::make_unique<LinearMeshStrategy>(spec, batchDim_, *f, id(), displayName());
   }
 
   std::vector<std::pair<std::string, std::string>> params() const override {
@@ -204,6 +220,9 @@ class LinearMeshStrategy final : public harness::Strategy {
       return Applicability::notApplicable("not generated for a " + std::to_string(meshDims) +
                                           "-D mesh");
     }
+    if (fault_ == PlantedFault::kConsistentWrongLayout && meshDims != 2) {
+      return Applicability::notApplicable("the planted fault swaps two mesh axes");
+    }
     const LinearShape s = LinearShape::parse(c.shape);
     const int64_t nd = static_cast<int64_t>(s.input.size());
     if (batchDim_ >= nd - 1) {
@@ -263,6 +282,38 @@ class LinearMeshStrategy final : public harness::Strategy {
     if (tensor == "grad_weight") return sp.weight.box(tensor, s.weight(), mesh, rank);
     if (tensor == "grad_bias") return sp.bias.box(tensor, {s.outFeatures}, mesh, rank);
     TORCH_INTERNAL_ASSERT(false, "no layout for tensor ", tensor);
+  }
+
+  // The box ColossalAI's strategy gives, from its name as displayed ("S0S1 = S0R x RS1_0"),
+  // through its linear handler's logical-to-physical specs (spec_boxes.h), never through
+  // specsFor: a layout that specsFor gets wrong for both the executor and resultBox shows here.
+  std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
+                                           at::IntArrayRef fullShape) const override {
+    const auto inputDims = static_cast<int64_t>(LinearShape::parse(c.shape).input.size());
+    const harness::ColossalLinearSequences seq =
+        harness::colossalLinearSequences(displayName(), inputDims);
+    // Each gradient has its operand's layout.
+    const std::map<std::string, std::pair<const char*, const std::string*>> operands = {
+        {"output", {"the output's", &seq.output}},
+        {"grad_input", {"the input's", &seq.input}},
+        {"grad_weight", {"the weight's", &seq.weight}},
+        {"grad_bias", {"the bias's", &seq.bias}}};
+    const auto it = operands.find(tensor);
+    if (it == operands.end()) return std::nullopt;
+    const auto& [operand, sequence] = it->second;
+    return SpecifiedBox{
+        harness::colossalSequenceBox(*sequence, fullShape, c.mesh, rank),
+        "ColossalAI `" + displayName() + "` (" + tensor + ": " + operand + " " + *sequence + ")"};
+  }
+
+  // Memory judged exactly: the model replays the step's allocations (modelPeak), products'
+  // scratch included, and predicts the tracker's peak to the byte in every float type, with
+  // oneDNN on and off (LinearSharding.MeshStrategiesPredictTheirPeakInBFloat16WithOneDnnOnAndOff;
+  // docs/sharding.md). Any byte off is a change in the step that the model no longer describes.
+  PredictionTolerance predictionTolerance() const override {
+    PredictionTolerance t;
+    t.memory = 0.0;
+    return t;
   }
 
   // Each all-reduce on the group of the axes it reduces over.
@@ -473,6 +524,8 @@ const char* plantedFaultName(PlantedFault f) {
       return "shard_offset_off_by_one";
     case PlantedFault::kIgnorePlacements:
       return "ignore_placements";
+    case PlantedFault::kConsistentWrongLayout:
+      return "consistent_wrong_layout";
   }
   TORCH_INTERNAL_ASSERT(false, "unknown planted fault");
 }

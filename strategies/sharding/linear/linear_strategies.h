@@ -16,9 +16,14 @@ enum class PlantedFault {
   kSkipForwardAllReduce,  // the partial sums of a split contraction are never all-reduced
   kShardOffsetOffByOne,   // the input shard is taken one row away from where the spec puts it
   kIgnorePlacements,      // chunks are assumed to be in rank order whatever the placements say
+  // A layout other than the named one, declared and computed alike (the mesh axes swapped;
+  // ShardedTensor's placements rotated), so that every tensor check passes: only the check of
+  // the declared layout against the specification (Strategy::specifiedBox) can catch it.
+  kConsistentWrongLayout,
 };
 
-// "skip_forward_all_reduce", "shard_offset_off_by_one", "ignore_placements" ("none" for kNone).
+// "skip_forward_all_reduce", "shard_offset_off_by_one", "ignore_placements",
+// "consistent_wrong_layout" ("none" for kNone).
 const char* plantedFaultName(PlantedFault f);
 // The fault named `name` if it is one of `supported`; nullopt otherwise.
 std::optional<PlantedFault> parsePlantedFault(const std::string& name,

@@ -5,7 +5,9 @@
 // ShardedTensor's SPMD input convention, in which every rank brings its own batch (here: chunk
 // r of the case's input along dimension 0) and gets its own rows of the output back.
 
+#include <algorithm>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "harness/comm/autograd_comm.h"
 #include "harness/strategy.h"
 #include "reference/autograd_engine.h"
+#include "strategies/sharding/layout/spec_boxes.h"
 #include "strategies/sharding/linear/linear_strategies.h"
 #include "strategies/sharding/matmul_scratch.h"
 
@@ -44,23 +47,30 @@ class ShardedTensorLinearStrategy : public harness::Strategy {
   int weightDim() const { return weightDim_; }
   const std::vector<int>& explicitPlacements() const { return placements_; }
 
-  // Only chunks placed out of rank order can be mistaken for rank order.
+  // Only chunks placed out of rank order can be mistaken for rank order; any placements can be
+  // rotated.
   std::vector<PlantedFault> supportedFaults() const {
-    if (placements_.empty()) return {};
     for (size_t i = 0; i < placements_.size(); ++i) {
-      if (placements_[i] != static_cast<int>(i)) return {PlantedFault::kIgnorePlacements};
+      if (placements_[i] != static_cast<int>(i)) {
+        return {PlantedFault::kIgnorePlacements, PlantedFault::kConsistentWrongLayout};
+      }
     }
-    return {};
+    return {PlantedFault::kConsistentWrongLayout};
   }
   std::vector<std::string> plantableFaults() const override {
     return plantedFaultNames(supportedFaults());
   }
 
-  // Chunk i on rank placements(n)[i]; rank order where none were given.
+  // Chunk i on rank placements(n)[i]; rank order where none were given. The executor and the
+  // declared layout both place chunks by this, so the planted kConsistentWrongLayout (chunk i
+  // on the rank of chunk i + 1) is wrong and consistent: only the layout check catches it.
   std::vector<int> placements(int n) const {
-    if (!placements_.empty()) return placements_;
     std::vector<int> p(n);
     std::iota(p.begin(), p.end(), 0);
+    if (!placements_.empty()) p = placements_;
+    if (fault_ == PlantedFault::kConsistentWrongLayout) {
+      std::rotate(p.begin(), p.begin() + (p.empty() ? 0 : 1), p.end());
+    }
     return p;
   }
 
@@ -159,6 +169,58 @@ class ShardedTensorLinearStrategy : public harness::Strategy {
 
   // Rows of the flattened [rows, features] view that each rank brings as its own batch.
   static int64_t localRows(const reference::LinearShape& s, int n) { return s.rows() / n; }
+
+  // The boxes PyTorch's sharded Linear gives, from the strategy's name as displayed
+  // ("ShardedTensor colwise placements=[2,0,3,1]"; none: rank order), never from placements():
+  // the weight, and so its gradient, by ChunkShardingSpec(dim, placements), dim 0 for colwise
+  // (the weight is [out_features, in_features]) and 1 for rowwise; the bias replicated, whole;
+  // and, ShardedTensor's SPMD convention, each rank's own batch in and its own output rows back:
+  // chunk r of the input and output along dimension 0 on rank r.
+  std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const harness::CaseSpec& c,
+                                           int rank, at::IntArrayRef fullShape) const override {
+    const std::string& name = displayName();
+    const std::string kind = name.rfind("ShardedTensor colwise", 0) == 0   ? "colwise"
+                             : name.rfind("ShardedTensor rowwise", 0) == 0 ? "rowwise"
+                                                                           : "";
+    TORCH_CHECK(!kind.empty(), "`", name, "` names neither ShardedTensor colwise nor rowwise");
+    const int64_t weightDim = kind == "colwise" ? 0 : 1;
+    std::vector<int> rankOrder(c.mesh.at(0));
+    std::iota(rankOrder.begin(), rankOrder.end(), 0);
+    std::vector<int> chunkPlacements = rankOrder;
+    if (const size_t at = name.find("placements=["); at != std::string::npos) {
+      const auto spec = harness::parseChunkShardingSpec("(dim=" + std::to_string(weightDim) + ", " +
+                                                        name.substr(at + 11) + ")");
+      TORCH_CHECK(spec.has_value(), "`", name, "`: its placements are not a list of ranks");
+      chunkPlacements = spec->placements;
+    }
+    if (tensor == "grad_weight") {
+      std::string list;
+      for (int p : chunkPlacements) list += (list.empty() ? "" : ", ") + std::to_string(p);
+      return SpecifiedBox{harness::chunkSpecBox(weightDim, chunkPlacements, fullShape, rank),
+                          "ShardedTensor " + kind + " (the weight's ChunkShardingSpec(dim=" +
+                              std::to_string(weightDim) + ", placements=[" + list + "]))"};
+    }
+    if (tensor == "grad_bias") {
+      return SpecifiedBox{harness::Box{std::vector<int64_t>(fullShape.size(), 0), fullShape.vec()},
+                          "ShardedTensor " + kind + " (the bias replicated)"};
+    }
+    if (tensor == "output" || tensor == "grad_input") {
+      return SpecifiedBox{harness::chunkSpecBox(0, rankOrder, fullShape, rank),
+                          "ShardedTensor " + kind + " (" + tensor +
+                              ": each rank's own batch, chunk r of dimension 0 on rank r)"};
+    }
+    return std::nullopt;
+  }
+
+  // Memory judged exactly: the recorded allocation sequence (memory.cpp), products' scratch
+  // measured in prepare, predicts the tracker's peak to the byte in every float type, even and
+  // uneven, placements reordered
+  // (LinearSharding.ShardedTensorPassesWithItsPeakPredictedInEveryFloatType; docs/sharding.md).
+  PredictionTolerance predictionTolerance() const override {
+    PredictionTolerance t;
+    t.memory = 0.0;
+    return t;
+  }
 
   harness::Box resultBox(const std::string& tensor, const harness::CaseSpec& c,
                          int rank) const override {

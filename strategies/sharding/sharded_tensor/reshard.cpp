@@ -19,11 +19,15 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
+#include "strategies/sharding/layout/spec_boxes.h"
+#include "strategies/sharding/linear/linear_strategies.h"
 
 namespace sb::strategies {
 namespace {
@@ -96,7 +100,7 @@ class ReshardExecutor final : public harness::RankExecutor {
 class ReshardStrategy final : public harness::Strategy {
  public:
   ReshardStrategy(int fromDim, int toDim, std::vector<int> from, std::vector<int> to,
-                  bool ignorePlacements = false)
+                  PlantedFault fault = PlantedFault::kNone)
       : Strategy("sharding/sharded_tensor/" +
                      std::string(fromDim == toDim ? "reshuffle" : "reshard") +
                      "/dim=" + std::to_string(fromDim) + "->" + std::to_string(toDim) +
@@ -109,7 +113,7 @@ class ReshardStrategy final : public harness::Strategy {
         toDim_(toDim),
         from_(std::move(from)),
         to_(std::move(to)),
-        ignorePlacements_(ignorePlacements) {}
+        fault_(fault) {}
 
   int size() const { return static_cast<int>(from_.size()); }
 
@@ -159,20 +163,56 @@ class ReshardStrategy final : public harness::Strategy {
     for (int r = 0; r < size(); ++r) b.push_back(boxOf(shape, fromDim_, from_, r));
     return b;
   }
-  // The planted fault sends as if the new chunks were in rank order.
+  // The new chunks' placements, as the executor and the declared layout both place them: the
+  // planted kConsistentWrongLayout rotates them (chunk i on the rank of chunk i + 1), a wrong
+  // layout consistent with itself that only the check against the name's spec catches.
+  std::vector<int> targetPlacements() const {
+    std::vector<int> p = to_;
+    if (fault_ == PlantedFault::kConsistentWrongLayout)
+      std::rotate(p.begin(), p.begin() + 1, p.end());
+    return p;
+  }
+  // The planted ignore_placements sends as if the new chunks were in rank order.
   std::vector<Box> newBoxes(const std::vector<int64_t>& shape) const {
+    const bool ignore = fault_ == PlantedFault::kIgnorePlacements;
     std::vector<Box> b;
     for (int r = 0; r < size(); ++r) {
-      b.push_back(boxOf(shape, toDim_, ignorePlacements_ ? rankOrder(size()) : to_, r));
+      b.push_back(boxOf(shape, toDim_, ignore ? rankOrder(size()) : targetPlacements(), r));
     }
     return b;
   }
 
   Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
     const auto shape = reference::TensorShape::parse(c.shape).dims;
-    if (tensor == "output") return boxOf(shape, toDim_, to_, rank);
+    if (tensor == "output") return boxOf(shape, toDim_, targetPlacements(), rank);
     if (tensor == "grad_input") return boxOf(shape, fromDim_, from_, rank);
     TORCH_INTERNAL_ASSERT(false, "no layout for tensor ", tensor);
+  }
+
+  // The boxes of the two ChunkShardingSpecs in the strategy's name as displayed
+  // ("... ChunkShardingSpec(dim=0, [0,1,2,3]) -> (dim=1, [2,0,3,1])"), never from its members:
+  // the output has the target spec's; the input's gradient, the input's, the source spec's.
+  std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec&, int rank,
+                                           at::IntArrayRef fullShape) const override {
+    if (tensor != "output" && tensor != "grad_input") return std::nullopt;
+    const std::string& name = displayName();
+    const size_t source = name.find("ChunkShardingSpec("), arrow = name.find(" -> ");
+    TORCH_CHECK(source != std::string::npos && arrow != std::string::npos && source < arrow, "`",
+                name, "` does not name two ChunkShardingSpecs");
+    const std::string text =
+        tensor == "output" ? name.substr(arrow + 4) : name.substr(source, arrow - source);
+    const auto spec = harness::parseChunkShardingSpec(text);
+    TORCH_CHECK(spec.has_value(), "`", text, "` in `", name, "` is not a ChunkShardingSpec");
+    return SpecifiedBox{harness::chunkSpecBox(spec->dim, spec->placements, fullShape, rank),
+                        "ShardedTensor `" + text + "` (" + tensor + ")"};
+  }
+
+  // Memory judged exactly: the exchange's model (prepare) predicts the tracker's peak to the
+  // byte (ShardedTensorReshard.UnevenReshardsAndReshufflesPassWithTheirMemoryPredicted).
+  PredictionTolerance predictionTolerance() const override {
+    PredictionTolerance t;
+    t.memory = 0.0;
+    return t;
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
@@ -180,7 +220,7 @@ class ReshardStrategy final : public harness::Strategy {
     const int64_t es = c10::elementSize(c.dtype);
     CommStats s;
     s.add(Collective::kAllToAll, boxOf(shape, fromDim_, from_, rank).numel() * es);
-    s.add(Collective::kAllToAll, boxOf(shape, toDim_, to_, rank).numel() * es);
+    s.add(Collective::kAllToAll, boxOf(shape, toDim_, targetPlacements(), rank).numel() * es);
     return s;
   }
   std::optional<double> predictFlops(const CaseSpec&, int) const override { return 0.0; }
@@ -189,23 +229,28 @@ class ReshardStrategy final : public harness::Strategy {
     const auto shape = reference::TensorShape::parse(c.shape).dims;
     const int64_t es = c10::elementSize(c.dtype);
     const int64_t in = boxOf(shape, fromDim_, from_, rank).numel() * es;
-    const int64_t out = boxOf(shape, toDim_, to_, rank).numel() * es;
+    const int64_t out = boxOf(shape, toDim_, targetPlacements(), rank).numel() * es;
     return harness::LocalWork{4 * size(), 2 * (in + out)};
   }
 
+  // Only new chunks placed out of rank order can be mistaken for rank order; any can be rotated.
+  std::vector<PlantedFault> supportedFaults() const {
+    if (to_ == rankOrder(size())) return {PlantedFault::kConsistentWrongLayout};
+    return {PlantedFault::kIgnorePlacements, PlantedFault::kConsistentWrongLayout};
+  }
   std::vector<std::string> plantableFaults() const override {
-    return to_ == rankOrder(size()) ? std::vector<std::string>{}
-                                    : std::vector<std::string>{"ignore_placements"};
+    return plantedFaultNames(supportedFaults());
   }
   std::unique_ptr<Strategy> withPlantedFault(const std::string& name) const override {
-    if (name != "ignore_placements" || plantableFaults().empty()) return nullptr;
-    return std::make_unique<ReshardStrategy>(fromDim_, toDim_, from_, to_, true);
+    const auto f = parsePlantedFault(name, supportedFaults());
+    if (!f) return nullptr;
+    return std::make_unique<ReshardStrategy>(fromDim_, toDim_, from_, to_, *f);
   }
 
  private:
   int fromDim_, toDim_;
   std::vector<int> from_, to_;
-  bool ignorePlacements_;
+  PlantedFault fault_;
 };
 
 void ReshardExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData& data) {

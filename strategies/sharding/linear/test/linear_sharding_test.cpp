@@ -69,6 +69,10 @@ TEST_P(LinearSharding, MatchesTheReferenceWithThePredictedCommunication) {
   // Every rank's every tensor was compared.
   const size_t tensors = 4 * c.meshSize();
   EXPECT_EQ(rec.details["tensors"].size(), tensors);
+  // And every one's declared box was the one the strategy's name specifies (spec_check_test.cpp).
+  ASSERT_TRUE(rec.details.contains("spec_check")) << "no layout was checked against the name";
+  EXPECT_EQ(rec.details["spec_check"]["checked"], tensors);
+  EXPECT_TRUE(rec.details["spec_check"]["problems"].empty()) << rec.details["spec_check"].dump();
 }
 
 std::string name(const ::testing::TestParamInfo<Param>& info) {
