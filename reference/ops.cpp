@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 namespace sb::reference {
 namespace {
@@ -20,7 +21,7 @@ struct OpKeys {
 
 const std::map<std::string, OpKeys>& opKeys() {
   static const std::map<std::string, OpKeys> keys = {
-      {"addmm", {{"input", "other"}, {}}},
+      {"addmm", {{"input", "other"}, {"bias"}}},
       {"bmm", {{"input", "other"}, {}}},
       {"matmul", {{"input", "other"}, {}}},
       {"embedding", {{"input", "num_embeddings", "embedding_dim"}, {}}},
@@ -36,6 +37,8 @@ const std::map<std::string, OpKeys>& opKeys() {
       {"dropout", {{"input", "p"}, {}}},
       {"softmax", {{"input", "dim"}, {"scale", "causal"}}},
       {"view", {{"input", "size"}, {}}},
+      {"reshape", {{"input", "size"}, {}}},
+      {"getitem", {{"input", "index"}, {}}},
       {"permute", {{"input", "dims"}, {}}},
       {"transpose", {{"input", "dim0", "dim1"}, {}}},
       {"split", {{"input", "split_size", "dim"}, {}}},
@@ -108,6 +111,25 @@ std::vector<int64_t> viewShape(const OpShape& s) {
   return size;
 }
 
+// getitem's rows of the input's first dimension, [start, stop): one for an integer index
+// (negative counting from the end), the range for [start, stop].
+std::pair<int64_t, int64_t> getitemRange(const OpShape& s) {
+  const auto& v = s.attrs.at("index");
+  const int64_t n = s.input.empty() ? 0 : s.input[0];
+  if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    TORCH_CHECK(i >= -n && i < n, where(s), "shape key 'index' is ", i,
+                ", not a row of the first dimension's ", n);
+    return {i < 0 ? i + n : i, (i < 0 ? i + n : i) + 1};
+  }
+  TORCH_CHECK(v.is_array() && v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer(),
+              where(s), "shape key 'index' must be an integer or [start, stop], got ", v.dump());
+  const int64_t start = v[0].get<int64_t>(), stop = v[1].get<int64_t>();
+  TORCH_CHECK(0 <= start && start < stop && stop <= n, where(s), "shape key 'index' ", v.dump(),
+              " is not a non-empty range of the first dimension's ", n, " rows");
+  return {start, stop};
+}
+
 std::vector<int64_t> permuteDims(const OpShape& s) {
   const int64_t nd = static_cast<int64_t>(s.input.size());
   if (s.op == "transpose") {
@@ -150,16 +172,18 @@ const std::vector<std::string>& opNames() {
 
 OpShape OpShape::parse(const nlohmann::json& shape) {
   OpShape s;
-  TORCH_CHECK(shape.is_object() && shape.contains("op") && shape.at("op").is_string(),
-              "op: shape must be a mapping with the key 'op' naming the operator (one of addmm, "
-              "bmm, matmul, embedding, layer_norm, batch_norm, conv2d, max_pool2d, avg_pool2d, "
-              "add, mul, gelu, relu, dropout, softmax, view, permute, transpose, split, sum)");
+  TORCH_CHECK(
+      shape.is_object() && shape.contains("op") && shape.at("op").is_string(),
+      "op: shape must be a mapping with the key 'op' naming the operator (one of addmm, "
+      "bmm, matmul, embedding, layer_norm, batch_norm, conv2d, max_pool2d, avg_pool2d, "
+      "add, mul, gelu, relu, dropout, softmax, view, reshape, permute, transpose, split, sum, "
+      "getitem)");
   s.op = shape.at("op").get<std::string>();
   const auto it = opKeys().find(s.op);
   TORCH_CHECK(it != opKeys().end(), "op: unknown operator '", s.op,
               "' (expected one of addmm, bmm, matmul, embedding, layer_norm, batch_norm, conv2d, "
-              "max_pool2d, avg_pool2d, add, mul, gelu, relu, dropout, softmax, view, permute, "
-              "transpose, split, sum)");
+              "max_pool2d, avg_pool2d, add, mul, gelu, relu, dropout, softmax, view, reshape, "
+              "permute, transpose, split, sum, getitem)");
   const OpKeys& keys = it->second;
   for (auto k = shape.begin(); k != shape.end(); ++k) {
     if (k.key() == "op") continue;
@@ -192,6 +216,13 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
     need(nd == 2 && s.other.size() == 2 && s.input[1] == s.other[0],
          "addmm needs input [M, K] and other [K, N]");
     s.bias = {s.other[1]};
+    if (s.attrs.contains("bias")) {  // [N] (a Linear's) or [M, N] (a full bias, not broadcast)
+      s.bias = parseDims(s, s.attrs.at("bias"), "bias", false, false);
+      TORCH_CHECK(s.bias == std::vector<int64_t>{s.other[1]} ||
+                      s.bias == (std::vector<int64_t>{s.input[0], s.other[1]}),
+                  where(s), "shape key 'bias' must be [N] = [", s.other[1], "] or [M, N] = [",
+                  s.input[0], ", ", s.other[1], "], got ", s.attrs.at("bias").dump());
+    }
   } else if (s.op == "bmm") {
     need(nd == 3 && s.other.size() == 3 && s.input[0] == s.other[0] && s.input[2] == s.other[1],
          "bmm needs input [b, i, k] and other [b, k, j]");
@@ -237,8 +268,10 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
       TORCH_CHECK(!s.causal() || (nd >= 2 && d == nd - 1), where(s),
                   "a causal softmax normalises the last dimension of an input of 2 or more");
     }
-  } else if (s.op == "view") {
+  } else if (s.op == "view" || s.op == "reshape") {
     viewShape(s);
+  } else if (s.op == "getitem") {
+    getitemRange(s);
   } else if (s.op == "permute" || s.op == "transpose") {
     permuteDims(s);
   } else if (s.op == "split") {
@@ -341,7 +374,17 @@ std::vector<std::vector<int64_t>> OpShape::outputs() const {
     return {{input[0], input[1], convOut(input[2], k, st, 0), convOut(input[3], k, st, 0)}};
   }
   if (op == "add" || op == "mul") return {broadcastShape(*this)};
-  if (op == "view") return {viewShape(*this)};
+  if (op == "view" || op == "reshape") return {viewShape(*this)};
+  if (op == "getitem") {
+    auto o = input;
+    const auto [start, stop] = getitemRange(*this);
+    if (attrs.at("index").is_number_integer()) {
+      o.erase(o.begin());
+    } else {
+      o[0] = stop - start;
+    }
+    return {o};
+  }
   if (op == "permute" || op == "transpose") {
     std::vector<int64_t> o;
     for (int64_t d : permuteDims(*this)) o.push_back(input[d]);
@@ -388,6 +431,7 @@ std::vector<int64_t> OpShape::reducedDims() const {
     return dims;
   }
   if (op == "split") return {normDim(*this, attrInt("dim"), nd, "dim")};
+  if (op == "getitem") return {0};  // the indexed dimension
   return {};
 }
 
@@ -480,7 +524,12 @@ std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, 
   if (op == "softmax") {
     return {attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), 0)};
   }
-  if (op == "view") return {x.reshape(s.outputs()[0])};
+  if (op == "view" || op == "reshape") return {x.reshape(s.outputs()[0])};
+  if (op == "getitem") {
+    const auto [start, stop] = getitemRange(s);
+    if (s.attrs.at("index").is_number_integer()) return {x.select(0, start)};
+    return {x.slice(0, start, stop)};
+  }
   if (op == "permute" || op == "transpose") return {x.permute(permuteDims(s))};
   if (op == "split") {
     auto parts = x.split(s.attrInt("split_size"), s.reducedDims()[0]);

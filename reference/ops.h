@@ -18,7 +18,8 @@ namespace sb::reference {
 // A case's shape names the operator and its operands:
 //   {"op": "bmm", "input": [4, 8, 16], "other": [4, 16, 8]}
 // Operators and their keys (tensor shapes are lists of dimensions):
-//   addmm        input [M, K], other [K, N]; bias [N]            out = bias + input @ other
+//   addmm        input [M, K], other [K, N]; bias [N], or [M, N] with "bias": [M, N]
+//                                                                out = bias + input @ other
 //   bmm          input [b, i, k], other [b, k, j]
 //   matmul       input [k] or [m, k], other [k]                  dot and matrix-vector forms
 //   embedding    input (ids, any shape), num_embeddings, embedding_dim; weight [V, E]
@@ -32,6 +33,10 @@ namespace sb::reference {
 //   softmax      input, dim; scale (1), causal (false): softmax(scale * input), with a causal
 //                mask over the last two dimensions (attention's scores) when causal
 //   view         input, size (one -1 allowed)
+//   reshape      input, size (one -1 allowed): as view, but a strategy of its own (ColossalAI's
+//                DefaultReshapeGenerator gathers the input whatever its layout)
+//   getitem      input, index: an integer (input[index], the first dimension dropped) or
+//                [start, stop] (input[start:stop]), on the first dimension
 //   permute      input, dims;   transpose: input, dim0, dim1
 //   split        input, split_size, dim: outputs output0, output1, ...
 //   sum          input, dims

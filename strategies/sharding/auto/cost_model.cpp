@@ -70,6 +70,10 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
     bool replicated = false;
     for (const auto& spec : specs) {
       if (spec.variant.rfind("fault", 0) == 0) continue;
+      // A view that gathers its input whole (ColossalAI's FULLY REPLICATED view) holds the
+      // gathered copy, which the liveness model does not count: the plan would promise too
+      // little. The replicated layouts it reaches are candidates anyway.
+      if (spec.gatherInput) continue;
       if (!opNotApplicable(spec, n.shape, mesh_).empty()) continue;
       ResolvedOp r = resolveOp(spec, n.shape, mesh_);
       if (!r.problem.empty()) continue;
@@ -81,7 +85,10 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
     if (!replicated && !specs.empty()) {
       OpStrategySpec spec = specs.front();
       spec.name = "replicated";
+      spec.colossalName = "replicated";
       spec.set = "beyond";
+      spec.gatherInput = false;
+      spec.buffers.clear();
       spec.variant.clear();
       spec.degenerateAxis = -1;
       spec.meshMustBeFull = false;
@@ -266,9 +273,12 @@ CostOptions costOptionsFrom(const nlohmann::json& params, harness::CostProfile* 
         {"inter_node_bandwidth", &o.interGBps}}) {
     if (!params.contains(key)) continue;
     const auto& v = params.at(key);
-    if (!v.is_number() || v.get<double>() <= 0) {
-      throw InputError(std::string("params.") + key + ": expected a bandwidth in GB/s (> 0), got " +
-                       v.dump());
+    // Bounded below as well: a bandwidth of 1e-300 GB/s prices a transfer at 1e300 us, past
+    // what the integer program can hold (CBC asserts on costs of 1e25 and more).
+    if (!v.is_number() || !(v.get<double>() >= kMinBandwidthGBps) ||
+        !(v.get<double>() <= kMaxBandwidthGBps)) {
+      throw InputError(std::string("params.") + key + ": expected a bandwidth in GB/s from 1e-06 " +
+                       "to 1e+06, got " + v.dump());
     }
     *field = v.get<double>();
   }

@@ -1,6 +1,6 @@
-// addmm (a Linear's [M, K] x [K, N] + bias): ColossalAI's LinearProjectionStrategyGenerator on
-// a 2-D input, 14 strategies on a 2x2 mesh. A split K leaves pending sums, all-reduced before
-// the bias is added once.
+// addmm (a Linear's [M, K] x [K, N] + bias [N], or a full bias [M, N]): ColossalAI's
+// LinearProjectionStrategyGenerator on a 2-D input, 14 strategies on a 2x2 mesh. A split K
+// leaves pending sums, all-reduced before the bias is added once.
 
 #include "strategies/sharding/ops/contraction.h"
 #include "strategies/sharding/ops/op_specs_common.h"
@@ -8,11 +8,21 @@
 namespace sb::strategies {
 namespace {
 
+// A bias [N] is laid out as the output's columns (replicated over its rows' axes, whose ranks
+// then hold partial sums of its gradient); a bias [M, N] as the whole output, as ColossalAI's
+// addmm handler lays out a bias that is not broadcast (its logical sharding, the output's,
+// kept whole). ColossalAI names both by the product alone; the key of the second says its bias
+// ("S0S1 = S0R x RS1 + bias S0S1"), so that its ids differ from the first's.
 std::vector<OpStrategySpec> addmmSpecs(const reference::OpShape& s) {
+  const bool fullBias = s.bias.size() == 2;
   std::vector<OpStrategySpec> out;
   for (const auto& m : linearSplits(false)) {
-    out.push_back(spec(s, m.name, {L({m.m, m.k}), L({m.k, m.n}), L({m.n})}, {L({m.m, m.n}, m.k)},
-                       m.meshDims));
+    const harness::Layout bias = fullBias ? L({m.m, m.n}) : L({m.n});
+    OpStrategySpec sp =
+        spec(s, fullBias ? m.name + " + bias " + bias.compact() : m.name,
+             {L({m.m, m.k}), L({m.k, m.n}), bias}, {L({m.m, m.n}, m.k)}, m.meshDims);
+    sp.colossalName = m.name;
+    out.push_back(sp);
   }
   return out;
 }
@@ -42,7 +52,9 @@ double addmmFlops(const ResolvedOp& r, const std::vector<int64_t>& mesh, int ran
 OpRule addmmRule() {
   OpRule r;
   r.canonicalShapes = [] {
-    return std::vector<nlohmann::json>{{{"op", "addmm"}, {"input", {16, 32}}, {"other", {32, 16}}}};
+    return std::vector<nlohmann::json>{
+        {{"op", "addmm"}, {"input", {16, 32}}, {"other", {32, 16}}},
+        {{"op", "addmm"}, {"input", {16, 32}}, {"other", {32, 16}}, {"bias", {16, 16}}}};
   };
   r.specs = addmmSpecs;
   r.layouts = keepLayouts;

@@ -21,6 +21,9 @@ std::vector<OpStrategySpec> batchNormSpecs(const reference::OpShape& s) {
         s, seqOf({n, c}) + " = " + seqOf({n, c}) + " x " + seq(c) + (sync ? " WITH SYNC_BN" : ""),
         {L(d), L({c}), L({c})}, {L(d)}, std::move(meshDims));
     if (sync) sp.variant = "sync";
+    // The running statistics are laid out as the weight, as ColossalAI's generator declares
+    // them: split with the channels, replicated over a batch split (SYNC_BN).
+    sp.buffers = {{"running_mean", L({c})}, {"running_var", L({c})}};
     out.push_back(sp);
   };
   make({}, {0}, {1, 2}, false);

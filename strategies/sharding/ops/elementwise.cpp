@@ -35,8 +35,12 @@ std::vector<OpStrategySpec> binarySpecs(const reference::OpShape& s) {
     const auto d = dimsOf(sp, static_cast<int>(dims.size()));
     const Layout a = broadcastLayout(d, outShape, s.input),
                  b = broadcastLayout(d, outShape, s.other);
-    out.push_back(
-        spec(s, seqOf(d) + " = " + a.compact() + " x " + b.compact(), {a, b}, {L(d)}, sp.meshDims));
+    OpStrategySpec e =
+        spec(s, seqOf(d) + " = " + a.compact() + " x " + b.compact(), {a, b}, {L(d)}, sp.meshDims);
+    // ColossalAI spells every operand with the output's (logical, broadcast) sequence.
+    const std::string o = colossalSeq(L(d));
+    e.colossalName = o + " = " + o + " <binary-elementwise-op> " + o;
+    out.push_back(e);
   }
   return out;
 }

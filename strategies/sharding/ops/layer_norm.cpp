@@ -21,8 +21,13 @@ std::vector<OpStrategySpec> layerNormSpecs(const reference::OpShape& s) {
   std::vector<OpStrategySpec> out;
   for (const auto& sp : enumerateSplits(batch)) {
     const auto d = dimsOf(sp, r);
-    out.push_back(spec(s, seqOf(d) + " = " + seqOf(d) + " x R x R", {L(d), L({{}}), L({{}})},
-                       {L(d)}, sp.meshDims));
+    OpStrategySpec n = spec(s, seqOf(d) + " = " + seqOf(d) + " x R x R", {L(d), L({{}}), L({{}})},
+                            {L(d)}, sp.meshDims);
+    // ColossalAI: "[out] = [input] x [weight]" (the bias not named), but its unsplit strategy
+    // is spelled by hand.
+    n.colossalName =
+        sp.axes.empty() ? "RR = RR x R" : colossalSeq(L(d)) + " = " + colossalSeq(L(d)) + " x [R]";
+    out.push_back(n);
   }
   // Beyond ColossalAI: the hidden dimension split, statistics all-reduced; alone and with a
   // batch split on the other axis.
@@ -39,6 +44,7 @@ std::vector<OpStrategySpec> layerNormSpecs(const reference::OpShape& s) {
     auto sp =
         spec(s, seqOf(d) + " = " + seqOf(d) + " x " + seq(h) + " x " + seq(h),
              {L(d), L({h}), L({h})}, {L(d)}, oneD ? std::vector<int>{1, 2} : std::vector<int>{2});
+    sp.colossalName = colossalSeq(L(d)) + " = " + colossalSeq(L(d)) + " x " + colossalSeq(L({h}));
     sp.set = "beyond";
     sp.variant = "hidden";
     out.push_back(sp);

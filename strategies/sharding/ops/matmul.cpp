@@ -61,6 +61,8 @@ std::vector<OpStrategySpec> matmulSpecs(const reference::OpShape& s) {
   if (s.input.size() == 1) {
     for (const auto& k : kSplits) {
       auto sp = spec(s, "R = " + seq(k) + " x " + seq(k), {L({k}), L({k})}, {L({}, k)}, dims(k));
+      // ColossalAI's DotProductStrategyGenerator: "R = S0 dot S0" (S01 is ours).
+      sp.colossalName = "R = " + seq(k) + " dot " + seq(k);
       sp.set = "beyond";
       out.push_back(sp);
     }
@@ -75,6 +77,10 @@ std::vector<OpStrategySpec> matmulSpecs(const reference::OpShape& s) {
       used.insert(used.end(), k.begin(), k.end());
       auto sp = spec(s, seq(m) + " = " + seq(m) + seq(k) + " x " + seq(k), {L({m, k}), L({k})},
                      {L({m}, k)}, dims(used));
+      // ColossalAI's MatVecStrategyGenerator has two of these, spelled "R = R x R" and
+      // "S0R = S0R x R"; the rest, ours, keep our spelling.
+      if (m.empty() && k.empty()) sp.colossalName = "R = R x R";
+      if (m.size() == 1 && k.empty()) sp.colossalName = seq(m) + "R = " + seq(m) + "R x R";
       sp.set = "beyond";
       out.push_back(sp);
     }

@@ -6,14 +6,18 @@
 // rule's file (op_rule.h).
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "harness/comm/autograd_comm.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
+#include "strategies/sharding/layout/redistribute.h"
+#include "strategies/sharding/layout/redistribute_exec.h"
 #include "strategies/sharding/ops/op_rule.h"
 #include "strategies/sharding/ops/op_strategies.h"
 #include "strategies/sharding/sharding_util.h"
@@ -33,7 +37,64 @@ using reference::OpShape;
 using Axes = std::vector<int>;
 using Resolved = ResolvedOp;
 
+// A FULLY REPLICATED strategy's gather (OpStrategySpec::gatherInput): the geometry of the whole
+// input, and the redistribution from its layout to replicated.
+struct GatherPlan {
+  harness::RedistGeometry geometry;
+  harness::RedistPlan plan;
+};
+GatherPlan gatherPlan(const Resolved& r, const std::vector<int64_t>& mesh, at::ScalarType dtype) {
+  GatherPlan p;
+  p.geometry.shape = r.shape.input;
+  p.geometry.mesh = mesh;
+  p.geometry.elemSize = static_cast<int64_t>(c10::elementSize(dtype));
+  p.plan = harness::planRedistribution(p.geometry, r.operands[0],
+                                       Layout(static_cast<int>(r.shape.input.size())),
+                                       harness::RedistCostModel{});
+  return p;
+}
+
+// Whether the strategy gathers its input over more than one rank.
+bool gathers(const Resolved& r, const DeviceMesh& mesh) {
+  return r.spec.gatherInput && mesh.groupSize(usedAxes(r.operands[0])) > 1;
+}
+
+// Forward: the input gathered whole by the redistribution's steps (the runner's address travels
+// as an integer, as RedistributeFn's does; it lives while the forward runs). Backward: this
+// rank's box of the whole gradient, a copy of its own, with nothing communicated.
+struct GatherFwdSliceBwd : torch::autograd::Function<GatherFwdSliceBwd> {
+  static at::Tensor forward(torch::autograd::AutogradContext* actx, const at::Tensor& x,
+                            int64_t runner, std::vector<int64_t> offset) {
+    actx->saved_data["offset"] = offset;
+    actx->saved_data["length"] = x.sizes().vec();
+    return reinterpret_cast<const harness::RedistRunner*>(static_cast<intptr_t>(runner))
+        ->run(x, false);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* actx,
+                                                 torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto offset = actx->saved_data["offset"].toIntVector();
+    const auto length = actx->saved_data["length"].toIntVector();
+    at::Tensor g = grads[0];
+    for (size_t d = 0; d < offset.size(); ++d) {
+      g = g.narrow(static_cast<int64_t>(d), offset[d], length[d]);
+    }
+    return {g.clone(at::MemoryFormat::Contiguous), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+bool MemoryReplay::gathersInput() const { return gathers(r, ctx.mesh()); }
+
+void MemoryReplay::gatherInput() {
+  if (!gathersInput()) return;
+  const GatherPlan p = gatherPlan(r, ctx.mesh().shape(), dtype);
+  const harness::RedistRunner runner(p.geometry, p.plan, ctx, dtype);
+  const auto mem = runner.memory(current, false);
+  peak = std::max(peak, mem.peak);
+  current = mem.live;
+}
 
 int64_t MemoryReplay::scratch(const Axes& axes, int64_t b) const {
   return ctx.mesh().groupSize(axes) > 1
@@ -143,6 +204,11 @@ ResolvedOp resolveOp(const OpStrategySpec& spec, const OpShape& shape,
     if (sp.name == spec.name) {
       r.operands = sp.operandLayouts;
       r.outputs = sp.outputLayouts;
+      // A view keeps its input's shards or gathers it as the case's shapes allow.
+      r.spec.gatherInput = sp.gatherInput;
+      r.spec.outputFromShape = sp.outputFromShape;
+      r.spec.colossalName = sp.colossalName;
+      r.spec.buffers = sp.buffers;
       break;
     }
   }
@@ -247,6 +313,10 @@ std::vector<std::pair<std::vector<int>, CommStats>> opCommByGroup(
         r.gradPartial[i],
         r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), meshShape, coords).numel());
   }
+  if (gathers(r, mesh)) {  // the input's gather, forward only
+    const GatherPlan p = gatherPlan(r, meshShape, dtype);
+    for (auto& g : p.plan.commByGroup(p.geometry, rank, false)) out.push_back(std::move(g));
+  }
   return out;
 }
 
@@ -277,6 +347,10 @@ harness::LocalWork opLocalWork(const ResolvedOp& r, const std::vector<int64_t>& 
   harness::LocalWork w;
   w.copies = 2 * static_cast<int64_t>(r.spec.operands.size() + outs.size());
   w.bytes = 2 * operands + 2 * outputs + grads;
+  if (gathers(r, DeviceMesh(mesh))) {
+    const GatherPlan p = gatherPlan(r, mesh, dtype);
+    w += p.plan.localWork(p.geometry, rank, false);
+  }
   return w;
 }
 
@@ -284,10 +358,26 @@ std::vector<at::Tensor> runOp(const ResolvedOp& r, RankContext& ctx,
                               const std::vector<at::Tensor>& local, uint64_t seed,
                               const std::string& fault) {
   std::vector<at::Tensor> in;
+  // A FULLY REPLICATED strategy gathers its input whole first; the runner lives while the
+  // forward runs, which is all the gather needs of it.
+  std::optional<GatherPlan> gather;
+  std::optional<harness::RedistRunner> runner;
+  if (gathers(r, ctx.mesh())) {
+    gather = gatherPlan(r, ctx.mesh().shape(), local[0].scalar_type());
+    runner.emplace(gather->geometry, gather->plan, ctx, local[0].scalar_type());
+  }
   for (size_t i = 0; i < local.size(); ++i) {
     const Axes& g = r.gradPartial[i];
     if (!g.empty() && local[i].requires_grad() && fault != "skip_grad_all_reduce") {
       in.push_back(harness::identityFwdAllReduceBwd(local[i], ctx.group(g)));
+    } else if (i == 0 && runner) {
+      // The planted fault keeps the first rank's box of the gradient on every rank.
+      auto offset = r.operands[0]
+                        .box(r.shape.input, ctx.mesh().shape(), ctx.mesh().coords(ctx.rank()))
+                        .offset;
+      if (fault == "gather_first_box") offset.assign(offset.size(), 0);
+      in.push_back(GatherFwdSliceBwd::apply(
+          local[0], static_cast<int64_t>(reinterpret_cast<intptr_t>(&*runner)), offset));
     } else {
       in.push_back(local[i]);
     }

@@ -96,6 +96,12 @@ struct MemoryReplay {
   // After the operator's backward node: each partial gradient is all-reduced through a copy,
   // which replaces it.
   void gradAllReduces();
+  // A FULLY REPLICATED strategy's gather of its input (OpStrategySpec::gatherInput): the
+  // redistribution's steps, each step's output and the backend's scratch (RedistRunner::memory);
+  // the whole input stays, as the output is a view of it. Nothing over a group of one.
+  void gatherInput();
+  // Whether the strategy gathers its input over more than one rank.
+  bool gathersInput() const;
 
   int64_t current = 0, peak = 0;
 };

@@ -19,6 +19,7 @@
 #include "harness/registry.h"
 #include "harness/run/suite.h"
 #include "reference/autograd_engine.h"
+#include "strategies/sharding/layout/spec_boxes.h"
 #include "strategies/sharding/ops/op_rule.h"
 #include "strategies/sharding/ops/op_strategies.h"
 #include "strategies/sharding/sharding_util.h"
@@ -119,7 +120,8 @@ class OpExecutor final : public harness::RankExecutor {
 class OpStrategy final : public harness::Strategy {
  public:
   OpStrategy(OpStrategySpec spec, std::string fault)
-      : Strategy(kPrefix + spec.op + "/" + compactName(spec.name), spec.name,
+      : Strategy(kPrefix + spec.op + "/" + compactName(spec.name),
+                 spec.colossalName.empty() ? spec.name : spec.colossalName,
                  harness::Family::kSharding),
         spec_(std::move(spec)),
         fault_(std::move(fault)) {}
@@ -137,6 +139,8 @@ class OpStrategy final : public harness::Strategy {
     // The softmax dimension sharded over the strategy's first axis (resolve() moves it there):
     // each rank normalises over its piece of the dimension only.
     if (name == "softmax_over_sharded_dim") sp.variant = "fault_softmax";
+    // getitem's likewise: each rank indexes its piece of the indexed dimension (getitem.cpp).
+    if (name == "index_dim_sharded") sp.variant = "fault_getitem";
     return std::make_unique<OpStrategy>(sp, name);
   }
 
@@ -155,6 +159,7 @@ class OpStrategy final : public harness::Strategy {
     for (size_t i = 0; i < names.size() && i < r.outputs.size(); ++i) {
       j[names[i]] = r.outputs[i].sequence();
     }
+    for (const auto& [name, layout] : r.spec.buffers) j[name] = layout.sequence();
     return j;
   }
 
@@ -208,6 +213,7 @@ class OpStrategy final : public harness::Strategy {
             spec_.outputLayouts[i].sequence();
       }
     }
+    for (const auto& [name, layout] : spec_.buffers) seqs[name] = layout.sequence();
     nlohmann::json ranks = nlohmann::json::object();
     for (size_t i = 0; i < spec_.operands.size(); ++i)
       ranks[spec_.operands[i]] = spec_.operandRanks[i];
@@ -220,7 +226,11 @@ class OpStrategy final : public harness::Strategy {
 
   nlohmann::json caseDetails(const CaseSpec& c) const override {
     const Resolved r = resolve(c);
-    return {{"sharding_sequences", sequences(r)}, {"communication", commJson(r)}};
+    // ColossalAI's name for the case's shapes: a view's or getitem's follows them, while the
+    // strategy's displayName is that of the shape it was registered for.
+    return {{"colossalai_name", r.spec.colossalName.empty() ? r.spec.name : r.spec.colossalName},
+            {"sharding_sequences", sequences(r)},
+            {"communication", commJson(r)}};
   }
 
   Applicability applies(const CaseSpec& c) const override {
@@ -274,6 +284,71 @@ class OpStrategy final : public harness::Strategy {
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return totalComm(predictCommByGroup(c, rank));
+  }
+
+  // The boxes ColossalAI's name gives (harness::Strategy::specifiedBox), read from the name by
+  // strategies/sharding/layout/spec_boxes.h, which shares no code with the layouts the
+  // executor runs: the first operand's gradient has the operand's sequence (the name's first
+  // after "=", or before "->"), and the output the name's left side where it is written
+  // "OUT = ..." (a following operator's output, and getitem's, depend on the case's shapes,
+  // not only on the name; a sum's pending output is reduced before it is compared). A
+  // sequence that shards a dimension unevenly is not ColossalAI's (it requires even shards):
+  // no claim.
+  std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
+                                           at::IntArrayRef fullShape) const override {
+    std::string name = displayName();
+    for (const char* tail : {" WITH SYNC_BN"}) {
+      const auto at = name.find(tail);
+      if (at != std::string::npos) name.erase(at);
+    }
+    const auto under = name.rfind('_');
+    if (under != std::string::npos &&
+        name.find_first_not_of("0123456789", under + 1) == std::string::npos) {
+      name.erase(under);
+    }
+    std::string seq;
+    const auto eq = name.find(" = ");
+    const auto arrow = name.find(" -> ");
+    if (tensor == "grad_" + spec_.operands.front()) {
+      if (eq != std::string::npos) {
+        seq = name.substr(eq + 3);
+        for (const char* sep : {" x ", " dot ", " <"}) seq = seq.substr(0, seq.find(sep));
+      } else if (arrow != std::string::npos) {
+        seq = name.substr(0, arrow);
+      }
+    } else if (eq != std::string::npos && spec_.op != "getitem" &&
+               resolve(c).shape.outputNames().size() == 1 &&
+               tensor == resolve(c).shape.outputNames()[0]) {
+      seq = name.substr(0, eq);
+    } else if (arrow != std::string::npos && name.substr(arrow + 4) == "FULLY REPLICATED") {
+      if (tensor != resolve(c).shape.outputNames()[0]) return std::nullopt;
+      seq = "R";  // every dimension whole
+    }
+    if (seq.empty() || seq.find('P') != std::string::npos) return std::nullopt;
+    if (seq == "R") {
+      return SpecifiedBox{harness::Box::whole(fullShape),
+                          "ColossalAI `" + displayName() + "` (" + tensor + ": replicated)"};
+    }
+    const auto dims = harness::parseColossalSequence(seq);
+    if (!dims || dims->size() != fullShape.size()) return std::nullopt;
+    for (size_t d = 0; d < dims->size(); ++d) {
+      int64_t parts = 1;
+      for (int a : (*dims)[d]) parts *= c.mesh.at(static_cast<size_t>(a));
+      if (fullShape[d] % parts != 0) return std::nullopt;
+    }
+    return SpecifiedBox{harness::colossalSequenceBox(seq, fullShape, c.mesh, rank),
+                        "ColossalAI `" + displayName() + "` (" + tensor + ": " + seq + ")"};
+  }
+
+  // Memory is judged exactly: every rule replays the step's allocations (op_rule.h,
+  // MemoryReplay) from the local shapes, the kernels' documented temporaries and the backend's
+  // scratch, and predicts the tracked peak to the byte, so any difference is a model bug that
+  // the default 5% would hide. Time: no claim (the default).
+  PredictionTolerance predictionTolerance() const override {
+    PredictionTolerance t;
+    t.memory = 0.0;
+    t.time = std::nullopt;
+    return t;
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,

@@ -17,6 +17,8 @@ std::string seq(const Axes& a) {
   return s;
 }
 
+std::string colossalSeq(const Layout& l) { return Layout(l.dimAxes(), {}).sequence(); }
+
 Layout L(std::vector<Axes> dims, Axes partial) {
   return Layout(std::move(dims), std::move(partial));
 }
@@ -26,6 +28,7 @@ OpStrategySpec spec(const reference::OpShape& s, std::string name, std::vector<L
   OpStrategySpec sp;
   sp.op = s.op;
   sp.name = std::move(name);
+  sp.colossalName = sp.name;  // the generators whose names ColossalAI writes as ours
   sp.operands = s.operands();
   sp.operandLayouts = std::move(operands);
   sp.outputLayouts = std::move(outputs);
@@ -71,17 +74,24 @@ std::vector<OpStrategySpec> followingSpecs(
   const int r = static_cast<int>(s.input.size());
   const auto reduced = s.reducedDims();
   std::vector<OpStrategySpec> out;
+  int index = -1;  // the input layout's place among the predecessor's (the file comment)
   for (int meshNdim : {1, 2}) {
     for (const Layout& in : harness::enumerateLayouts(r, meshNdim, 0)) {
+      if (meshNdim == 2 && in.maxAxis() < 1) continue;  // the 1-D strategy, listed once
+      ++index;
       // Softmax and split keep their dimension whole, as ColossalAI's generators force it.
       if (keepReducedWhole && !in.axesOf(static_cast<int>(reduced[0])).empty()) {
         continue;
       }
       std::vector<int> meshDims = {meshNdim};
-      if (meshNdim == 2 && in.maxAxis() < 1) continue;  // the 1-D strategy, listed once
       if (meshNdim == 1) meshDims = {1, 2};
       FollowingOutputs outs = outputs(in);
-      out.push_back(spec(s, outs.name, {in}, outs.layouts, meshDims));
+      OpStrategySpec sp = spec(s, outs.name, {in}, outs.layouts, meshDims);
+      sp.colossalName =
+          (outs.colossal.empty() ? colossalSeq(in) + " -> " + colossalSeq(outs.layouts[0])
+                                 : outs.colossal) +
+          "_" + std::to_string(index);
+      out.push_back(sp);
     }
   }
   return out;

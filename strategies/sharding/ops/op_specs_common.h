@@ -17,6 +17,10 @@ namespace sb::strategies {
 // "S01" for the mesh axes {0, 1}, "R" for none.
 std::string seq(const std::vector<int>& a);
 
+// ColossalAI's sharding sequence of a layout, "[S0, R]": its dimensions only (a pending sum is
+// not part of a ColossalAI sequence; its all-reduce is a communication action).
+std::string colossalSeq(const harness::Layout& l);
+
 // A layout from per-dimension axes and pending-sum axes.
 harness::Layout L(std::vector<std::vector<int>> dims, std::vector<int> partial = {});
 
@@ -40,18 +44,28 @@ std::vector<std::vector<int>> dimsOf(const DimSplit& sp, int ndim);
 
 std::string seqOf(const std::vector<std::vector<int>>& dims);
 
-// A following operator's outputs for an input laid out as `in`, and the strategy's name.
+// A following operator's outputs for an input laid out as `in`, and the strategy's names: the
+// key (OpStrategySpec::name) and ColossalAI's name less its "_<index>" suffix; empty for
+// ColossalAI's usual "[input] -> [output]".
 struct FollowingOutputs {
   std::vector<harness::Layout> layouts;
   std::string name;
+  std::string colossal = "";
 };
 // Following operators: one strategy per layout of the input (shards nested in mesh order, no
 // pending sums), the output's layout following it as `outputs` says. `keepReducedWhole`: the
 // operator's reduced dimension is never split (softmax, split).
+//
+// ColossalAI names a following operator's strategy after the predecessor's strategy it follows
+// ("[S0, R] -> [S0, R]_1": the predecessor's strategy 1). A single operator's predecessor is
+// taken to offer every layout of the input, in the order enumerated here (1-D mesh first, then
+// those only a 2-D mesh has, each once); the suffix is the input layout's place in that list,
+// counting the layouts that an operator keeping its reduced dimension whole skips, so that a
+// strategy's name does not change with which others exist.
 std::vector<OpStrategySpec> followingSpecs(
     const reference::OpShape& s, bool keepReducedWhole,
     const std::function<FollowingOutputs(const harness::Layout& in)>& outputs);
-// The output laid out as the input, named "out = in".
+// The output laid out as the input, named "out = in" (ColossalAI: "[in] -> [out]_<index>").
 FollowingOutputs sameLayout(const harness::Layout& in);
 
 }  // namespace sb::strategies

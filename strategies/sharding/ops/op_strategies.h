@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/strategy.h"
@@ -31,8 +32,16 @@ namespace sb::strategies {
 
 // One strategy of one operator, for operands of given ranks.
 struct OpStrategySpec {
-  std::string op;    // "bmm"
-  std::string name;  // ColossalAI's name, e.g. "Sb0Si1 = Sb0Si1 x Sb0", "S0S1 = S0 x RS1_2"
+  std::string op;  // "bmm"
+  // The strategy's key: its id is "sharding/op/<op>/" + compactName(name), stored plans and
+  // suites name it by this, and a case's generator is searched for it (resolveOp). Written
+  // before ColossalAI's names were, and kept so that ids stay stable: "S0RRR = S0RRR".
+  std::string name;
+  // ColossalAI's name, as its generator writes it ("[S0, R, R, R] = [S0, R, R, R]",
+  // "Sb0Si1 = Sb0Si1 x Sb0", "[S0, R] -> [S0, R]_1"): what `stratbench list` shows. The suffix
+  // of a following operator's name is the index of its input's layout among the layouts the
+  // predecessor offers (op_specs_common.h, followingSpecs). Empty: the key is shown.
+  std::string colossalName;
   std::string set = "colossalai";     // "colossalai", or "beyond" for splits ColossalAI refuses
   std::vector<std::string> operands;  // names, in the reference's order
   std::vector<harness::Layout> operandLayouts;  // never partial
@@ -46,6 +55,16 @@ struct OpStrategySpec {
   std::string variant;          // "", "hidden" (layer norm), "sync" (batch norm), "vocab"
   // For operators whose output layout depends on the shape (view): computed when applied.
   bool outputFromShape = false;
+  // ColossalAI's "FULLY REPLICATED" strategies (view's where its shards cannot be kept,
+  // reshape's always): the input, laid out as operandLayouts[0], is gathered whole before the
+  // operator, which every rank then runs on the whole input (its output replicated). The
+  // backward communicates nothing: every rank has the same gradient of the whole input and
+  // keeps its box of it (ColossalAI's GATHER_FWD_SPLIT_BWD).
+  bool gatherInput = false;
+  // Tensors the operator updates but does not differentiate, with the layouts the generator
+  // declares for them (batch norm's running_mean and running_var): listed with the operands'
+  // sharding sequences.
+  std::vector<std::pair<std::string, harness::Layout>> buffers;
 };
 
 // Every strategy of `op` for operands of the ranks of `shape`, on 1-D and 2-D meshes.

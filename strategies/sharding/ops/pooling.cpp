@@ -11,7 +11,9 @@ std::vector<OpStrategySpec> poolSpecs(const reference::OpShape& s) {
   std::vector<OpStrategySpec> out;
   for (const auto& sp : enumerateSplits({0, 1})) {
     const auto d = dimsOf(sp, 4);
-    out.push_back(spec(s, seqOf(d) + " = " + seqOf(d), {L(d)}, {L(d)}, sp.meshDims));
+    OpStrategySpec p = spec(s, seqOf(d) + " = " + seqOf(d), {L(d)}, {L(d)}, sp.meshDims);
+    p.colossalName = colossalSeq(L(d)) + " = " + colossalSeq(L(d));  // output = input
+    out.push_back(p);
   }
   return out;
 }

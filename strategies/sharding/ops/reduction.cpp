@@ -26,6 +26,7 @@ std::vector<OpStrategySpec> sumSpecs(const reference::OpShape& s) {
       }
     }
     const Layout out = L(d, partial);
+    // ColossalAI's "[in] -> [out]", the pending sums' all-reduce not being part of a sequence.
     return FollowingOutputs{{out}, out.compact() + " = " + in.compact()};
   });
 }

@@ -1,10 +1,19 @@
-// Operators whose outputs are views of their input: view, permute, transpose and split. One
-// strategy per layout of the input (split keeps its dimension whole); a permutation moves the
-// input's shards with its dimensions, and a view maps them to its output's shape when a case
-// applies it (viewLayout), or names the dimension whose shards it would interleave. Their
-// outputs (and, for view, the input's gradient) allocate nothing of their own.
+// Operators whose outputs are views of their input: view, reshape, permute, transpose and
+// split (ColossalAI's ViewGenerator, DefaultReshapeGenerator, PermuteGenerator,
+// TransposeGenerator, SplitGenerator). One strategy per layout of the input (split keeps its
+// dimension whole); a permutation moves the input's shards with its dimensions, and a view
+// maps them to its output's shape when a case applies it (viewLayout), or names the dimension
+// whose shards it would interleave. Where ColossalAI's rule cannot keep a view's shards
+// (colossalViewOutput), its gathering strategy is there too, and every reshape gathers: the
+// input is gathered whole first and the output replicated ("[S0, R] -> FULLY REPLICATED_1";
+// OpStrategySpec::gatherInput). Their outputs (and, for
+// view, the input's gradient) allocate nothing of their own beyond the gathered input.
+//
+// The planted fault of a gathering strategy hands every rank the first rank's box of the whole
+// gradient instead of its own.
 
 #include <numeric>
+#include <optional>
 
 #include "strategies/sharding/ops/op_rule.h"
 #include "strategies/sharding/ops/op_specs_common.h"
@@ -102,12 +111,74 @@ std::string viewLayout(const std::vector<int64_t>& inShape, const std::vector<in
   return "";
 }
 
+// The output layout of a view of an input laid out as `in`, as ColossalAI's ViewGenerator
+// infers it (check_keep_sharding_status, infer_output_dim_partition_dict), or nullopt where it
+// gathers the input instead. It keeps the shards when every group of input dimensions that the
+// view merges or splits holds one sharded dimension at most, the group's first (outermost):
+// its shards are then contiguous blocks of the flattened group, and go to the group's first
+// output dimension. A rule of the shapes alone; an output dimension that the shards do not
+// divide is refused when the case is resolved (resolveOp), naming it.
+std::optional<Layout> colossalViewOutput(const reference::OpShape& s, const Layout& in) {
+  const auto outShape = s.outputs()[0];
+  std::vector<Axes> out(outShape.size());
+  for (const auto& g : viewGroups(s.input, outShape)) {
+    int sharded = 0;
+    for (int d : g.in) sharded += in.axesOf(d).empty() ? 0 : 1;
+    if (sharded == 0) continue;
+    if (sharded > 1 || in.axesOf(g.in.front()).empty() || g.out.empty()) return std::nullopt;
+    out[g.out.front()] = in.axesOf(g.in.front());
+  }
+  return L(out);
+}
+
+// A strategy that gathers its input whole (OpStrategySpec::gatherInput), its output replicated.
+void gatherWhole(OpStrategySpec& sp, const reference::OpShape& s) {
+  sp.gatherInput = true;
+  sp.variant = "gather";
+  sp.outputFromShape = false;
+  sp.outputLayouts = {Layout(static_cast<int>(s.outputs()[0].size()))};
+}
+
+// One strategy per layout of the input that keeps its shards, mapped to the output by
+// viewLayout when a case applies it (under the same ids as always), and, where ColossalAI's
+// ViewGenerator gathers instead, ColossalAI's gathering strategy beside it (id
+// "gather(S0S1)"). Ours keeps shards in more cases than ColossalAI's rule (several sharded
+// dimensions merged, the outer ones one index per rank: gpt2's heads folded into the batch);
+// those are the `beyond` set, named after the input with the mapping left to the case.
 std::vector<OpStrategySpec> viewSpecs(const reference::OpShape& s) {
-  auto out = followingSpecs(s, false, [](const Layout& in) {
-    // replaced by the shape's mapping when applied
-    return FollowingOutputs{{in}, "view(" + in.compact() + ")"};
+  const auto keep = followingSpecs(s, false, [&](const Layout& in) {
+    const auto colossal = colossalViewOutput(s, in);
+    return FollowingOutputs{
+        {in},
+        "view(" + in.compact() + ")",
+        colossalSeq(in) + " -> " + (colossal ? colossalSeq(*colossal) : "VIEWED SHARDS")};
   });
-  for (auto& sp : out) sp.outputFromShape = true;
+  std::vector<OpStrategySpec> out;
+  for (auto sp : keep) {
+    sp.outputFromShape = true;
+    const bool colossalKeeps = colossalViewOutput(s, sp.operandLayouts[0]).has_value();
+    if (!colossalKeeps) sp.set = "beyond";
+    out.push_back(sp);
+    if (!colossalKeeps) {
+      OpStrategySpec g = sp;
+      g.set = "colossalai";
+      g.name = "gather(" + sp.operandLayouts[0].compact() + ")";
+      const std::string suffix = sp.colossalName.substr(sp.colossalName.rfind('_'));
+      g.colossalName = colossalSeq(sp.operandLayouts[0]) + " -> FULLY REPLICATED" + suffix;
+      gatherWhole(g, s);
+      out.push_back(g);
+    }
+  }
+  return out;
+}
+
+// reshape: ColossalAI's DefaultReshapeGenerator, every layout of the input gathered whole.
+std::vector<OpStrategySpec> reshapeSpecs(const reference::OpShape& s) {
+  auto out = followingSpecs(s, false, [&](const Layout& in) {
+    return FollowingOutputs{
+        {in}, "reshape(" + in.compact() + ")", colossalSeq(in) + " -> FULLY REPLICATED"};
+  });
+  for (auto& sp : out) gatherWhole(sp, s);
   return out;
 }
 
@@ -138,13 +209,14 @@ std::vector<OpStrategySpec> permuteSpecs(const reference::OpShape& s) {
                             }();
     std::vector<Axes> d;
     for (int64_t p : perm) d.push_back(in.axesOf(static_cast<int>(p)));
-    return FollowingOutputs{{L(d)}, in.compact() + " = " + in.compact()};
+    return FollowingOutputs{{L(d)}, in.compact() + " = " + in.compact()};  // [in] -> [out]
   });
 }
 
 std::vector<OpStrategySpec> splitSpecs(const reference::OpShape& s) {
   return followingSpecs(s, true, [&](const Layout& in) {
-    FollowingOutputs outs{{}, in.compact() + " = " + in.compact()};
+    // ColossalAI's SplitGenerator names a strategy after its input alone: "[in]_<index>".
+    FollowingOutputs outs{{}, in.compact() + " = " + in.compact(), colossalSeq(in)};
     for (size_t i = 0; i < s.outputs().size(); ++i) outs.layouts.push_back(in);
     return outs;
   });
@@ -168,16 +240,35 @@ OpRule viewLikeRule(nlohmann::json canonical) {
   return r;
 }
 
-OpRule viewRule() {
-  OpRule r = viewLikeRule({{"op", "view"}, {"input", {8, 16}}, {"size", {128}}});
-  r.specs = viewSpecs;
+// A view forward; the gradient a view of the seed. Gathered first (a FULLY REPLICATED
+// strategy): the output a view of the gathered input, and the input's gradient this rank's box
+// of the seed, copied.
+void viewMemory(MemoryReplay& m) {
+  if (!m.gathersInput()) {
+    m.dropPreviousResults(true, true);
+    return;
+  }
+  m.dropPreviousResults(false, false);
+  m.gatherInput();
+  m.alloc(m.sumG);
+}
+
+OpRule viewRule(nlohmann::json canonical,
+                std::function<std::vector<OpStrategySpec>(const reference::OpShape&)> specs) {
+  OpRule r = viewLikeRule(std::move(canonical));
+  r.specs = std::move(specs);
   r.layouts = viewLayouts;
+  // On this rank's piece, or on the whole input once gathered (runOp).
   r.forward = [](const LocalForward& f) {
     return std::vector<at::Tensor>{
         f.in[0].reshape(f.r.outputs[0].box(f.r.shape.outputs()[0], f.mesh, f.coords).length)};
   };
-  // A view forward; the gradient a view of the seed.
-  r.memory = [](MemoryReplay& m) { m.dropPreviousResults(true, true); };
+  r.memory = viewMemory;
+  r.faults = [](const OpStrategySpec& sp) {
+    return commonFaults(sp, sp.gatherInput && !usedAxes(sp.operandLayouts[0]).empty()
+                                ? std::vector<std::string>{"gather_first_box"}
+                                : std::vector<std::string>{});
+  };
   return r;
 }
 
@@ -199,7 +290,12 @@ OpRule splitRule() {
 }  // namespace
 }  // namespace sb::strategies
 
-SB_REGISTER_OP_RULE("view", sb::strategies::viewRule());
+SB_REGISTER_OP_RULE("view",
+                    sb::strategies::viewRule({{"op", "view"}, {"input", {8, 16}}, {"size", {128}}},
+                                             sb::strategies::viewSpecs));
+SB_REGISTER_OP_RULE(
+    "reshape", sb::strategies::viewRule({{"op", "reshape"}, {"input", {8, 16}}, {"size", {4, 32}}},
+                                        sb::strategies::reshapeSpecs));
 SB_REGISTER_OP_RULE("permute", sb::strategies::viewLikeRule({{"op", "permute"},
                                                              {"input", {4, 8, 16}},
                                                              {"dims", {2, 0, 1}}}));
