@@ -9,9 +9,13 @@
 #include <tuple>
 
 #include "strategies/sharding/layout/redistribute_internal.h"
+#include "strategies/sharding/layout/redistribute_testing.h"
 
 namespace sb::harness {
 namespace {
+
+// The planted pricing fault (redistribute_testing.h); set only by ScopedPriceFault.
+PriceFault gPriceFault = PriceFault::kNone;
 
 std::string axesDigits(const std::vector<int>& axes) {
   std::string s;
@@ -281,6 +285,25 @@ StepComm stepComm(const RedistGeometry& g, const Layout& before, const RedistSte
   return c;
 }
 
+int64_t stepBytes(const RedistGeometry& g, const Layout& before, const RedistStep& st) {
+  int64_t worst = 0;
+  // The planted fault prices a reduce-scatter by its output, all-gather's convention turned
+  // around: every plan stays valid, only the planner's choices are misled.
+  if (gPriceFault == PriceFault::kReduceScatterPricedByOutput &&
+      st.kind == StepKind::kReduceScatter && g.groupSize(st.axes) > 1) {
+    const Layout after = *applyStep(before, st);
+    for (int r = 0; r < g.ranks(); ++r) worst = std::max(worst, g.localBytes(after, r));
+    return worst;
+  }
+  for (int r = 0; r < g.ranks(); ++r) worst = std::max(worst, stepComm(g, before, st, r).bytes);
+  return worst;
+}
+
+ScopedPriceFault::ScopedPriceFault(PriceFault fault) : previous_(gPriceFault) {
+  gPriceFault = fault;
+}
+ScopedPriceFault::~ScopedPriceFault() { gPriceFault = previous_; }
+
 double RedistCostModel::stepUs(const RedistGeometry& g, const Layout& before,
                                const RedistStep& st) const {
   const int64_t n = g.groupSize(st.axes);
@@ -294,7 +317,11 @@ double RedistCostModel::stepUs(const RedistGeometry& g, const Layout& before,
     return worst;
   }
   for (int r = 0; r < g.ranks(); ++r) {
-    const StepComm c = stepComm(g, before, st, r);
+    StepComm c = stepComm(g, before, st, r);
+    // The planted fault times an all-gather by what each rank sends, not what it gathers.
+    if (gPriceFault == PriceFault::kAllGatherTimedByInput && st.kind == StepKind::kAllGather) {
+      c.bytes = g.localBytes(before, r);
+    }
     std::optional<double> us;
     if (profile != nullptr) {
       CommStats stats;
@@ -499,10 +526,7 @@ RedistPlan planRedistribution(const RedistGeometry& g, const Layout& from, const
       const auto next = applyStep(layout, st);
       if (!next) continue;
       const double us = model.stepUs(g, layout, st);
-      double bytes = 0;
-      for (int r = 0; r < g.ranks(); ++r) {
-        bytes = std::max(bytes, static_cast<double>(stepComm(g, layout, st, r).bytes));
-      }
+      const double bytes = static_cast<double>(stepBytes(g, layout, st));
       Cost c = cost;
       c.first += objective == PlanObjective::kTime ? us : bytes;
       c.second += objective == PlanObjective::kTime ? bytes : us;

@@ -89,6 +89,10 @@ struct StepComm {
   int64_t bytes = 0;
 };
 StepComm stepComm(const RedistGeometry& g, const Layout& before, const RedistStep& step, int rank);
+// The planner's byte price of a step: the most bytes any rank's Communicator counts for it (the
+// slowest rank's, as the planner prices time). Tested against what the threads backend counts
+// when the step runs (test/redistribute_price_test.cpp).
+int64_t stepBytes(const RedistGeometry& g, const Layout& before, const RedistStep& step);
 
 // Prices steps. The default model, used when no calibration profile is given, is a ring on a
 // uniform network: a collective of nccl-tests size S over n ranks takes
