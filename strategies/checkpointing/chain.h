@@ -43,8 +43,8 @@ struct Chain {
 
   int length() const { return static_cast<int>(ftime.size()); }
   double taped(int i) const { return fetmp.empty() ? ftmp[i] : fetmp[i]; }  // Fe_i's ftmp
-  // The most the two step terms add to rotor's peak at any point: a bound for solvers (rotor's
-  // dynamic program) that plan in rotor's model.
+  // The most the two step terms add to rotor's peak at any point: what they hold from B_{L-1}
+  // to the end (E in solvers.cpp, where rotor's table counts them exactly).
   double stepTermsBound() const {
     return (outputKept ? x.back() + lossBytes : 0) + (lossGradKept ? x.back() : 0);
   }

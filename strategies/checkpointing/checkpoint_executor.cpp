@@ -61,6 +61,7 @@
 #include "reference/autograd_engine.h"
 #include "reference/chain_nets.h"
 #include "strategies/checkpointing/profiler.h"
+#include "strategies/checkpointing/run_schedule.h"
 #include "strategies/checkpointing/solvers.h"
 
 namespace sb::strategies::checkpointing {
@@ -146,6 +147,7 @@ class ScheduleRunner {
   // The operations before the loss; returns x[L].
   at::Tensor forwardPhase(const at::Tensor& x0) {
     reset();
+    forwardRuns_.assign(L_, 0);
     x_[0] = x0.detach();
     for (; pc_ < ops_.size() && ops_[pc_].kind != Op::Kind::kLoss; ++pc_) run(ops_[pc_]);
     TORCH_INTERNAL_ASSERT(pc_ < ops_.size(), "a schedule without the loss");
@@ -164,6 +166,9 @@ class ScheduleRunner {
     reset();
     return d0;
   }
+
+  // How many times each stage's forward ran in the last step: what the schedule recomputed.
+  const std::vector<int>& forwardRuns() const { return forwardRuns_; }
 
  private:
   void reset() {
@@ -195,6 +200,7 @@ class ScheduleRunner {
   }
 
   at::Tensor runStage(int i, const at::Tensor& input) {
+    ++forwardRuns_[i];
     if (!firstDone_[i]) {
       firstDone_[i] = true;
       if (recomputed_[i]) rng_[i] = RngSnapshot::take(input.device());
@@ -256,6 +262,7 @@ class ScheduleRunner {
   std::vector<at::Tensor> x_, tapeIn_, tapeOut_, d_;
   std::vector<RngSnapshot> rng_;
   std::vector<bool> firstDone_, recomputed_;
+  std::vector<int> forwardRuns_;
 };
 
 // The checkpointed chain as one autograd node: forward runs the schedule up to the loss,
@@ -321,6 +328,14 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
 
   const std::string& solver() const { return solver_; }
   Fault fault() const { return fault_; }
+
+  // The profiled chain's simulation predicts the measured peak to the byte for every solver's
+  // schedule (solver_execution_test.cpp executes them), so it is judged exactly.
+  PredictionTolerance predictionTolerance() const override {
+    PredictionTolerance t;
+    t.memory = 0.0;
+    return t;
+  }
 
   std::vector<std::pair<std::string, std::string>> params() const override {
     return {{"solver", solver_}, {"case params", "budget (fraction of keeping every tape)"}};
@@ -440,6 +455,36 @@ std::vector<std::unique_ptr<harness::Strategy>> registerCheckpointing() {
 }
 
 }  // namespace
+
+int ExecutedSchedule::totalForwards() const {
+  int n = 0;
+  for (int f : forwards) n += f;
+  return n;
+}
+
+ExecutedSchedule executeSchedule(const ChainNet& net, const std::vector<Op>& ops, double x0Bytes,
+                                 int rank) {
+  auto& mem = harness::MemoryTracker::instance();
+  TORCH_CHECK(mem.installed(), "executeSchedule needs the tracking allocator installed");
+  const harness::ScopedMemoryRank scope(rank);
+  ScheduleRunner runner(net, ops, Fault::kNone, rank);
+  net.resetBuffers();
+  net.zeroGrad();
+  const int64_t start = mem.current(rank);
+  mem.resetPeak(rank);
+  {
+    // As CheckpointExecutor::step: the loss in a statement of its own.
+    const at::Tensor x0 = net.input().detach().requires_grad_(true);
+    const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(&runner));
+    const at::Tensor loss = (y * net.target()).sum();
+    reference::backward({loss});
+  }
+  ExecutedSchedule out;
+  out.peak = static_cast<double>(mem.peak(rank) - start) + x0Bytes;
+  out.forwards = runner.forwardRuns();
+  return out;
+}
+
 }  // namespace sb::strategies::checkpointing
 
 SB_REGISTER_STRATEGIES(sb::strategies::checkpointing::registerCheckpointing);

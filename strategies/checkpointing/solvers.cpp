@@ -19,8 +19,18 @@
 // Memory is counted in slots of budget / slots, every size rounded up; where sizes and the
 // budget are integers and the budget is at most `slots`, a slot is one unit and the program
 // is exact.
+//
+// The step's own terms (chain.h) are in the program. From the loss to the end the step holds,
+// beyond rotor's model, the loss (output_kept), x[L] (output_kept; until B_{L-1}, only where
+// held on its own, not in xbar[L]) and, from B_{L-1} on, d[L] (loss_grad_kept): E in all. A
+// sub-chain (i, l < L) runs wholly after the loss, behind a leaf move to x[L] (held on its
+// own), so with d[L] counted 0 (until B_{L-1} it is in m anyway) it holds E throughout: rows
+// (i, l < L) are rotor's model, and rows (i, L) read them at m - E. Besides those, in a row
+// (i, L) only a chain move's B_i runs after the loss: beside E, or where i = L-1 beside the
+// loss alone (x[L] is in the tape B_{L-1} frees); and the loss must fit d[L] and the loss.
 
 #include "strategies/checkpointing/solvers.h"
+#include "strategies/checkpointing/solvers_testing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +47,9 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 using Kind = Op::Kind;
+
+// The planted recurrence error (solvers_testing.h); set only by ScopedRotorFault.
+RotorFault gRotorFault = RotorFault::kNone;
 
 std::optional<Schedule> priced(const std::string& solver, const Chain& chain, std::vector<Op> ops,
                                double budget) {
@@ -183,7 +196,8 @@ class Revolve {
 class RotorSlots {
  public:
   RotorSlots(const Chain& c, double budget, int slots) : c_(c), L_(c.length()) {
-    bool integral = budget == std::floor(budget);
+    const double lossBytes = c.outputKept ? c.lossBytes : 0;
+    bool integral = budget == std::floor(budget) && lossBytes == std::floor(lossBytes);
     for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.fetmp, &c.btmp}) {
       for (double s : *v) integral = integral && s == std::floor(s);
     }
@@ -203,9 +217,19 @@ class RotorSlots {
     };
     X_ = disc(c.x);
     XB_ = disc(c.xbar);
+    if (gRotorFault == RotorFault::kTapeWithoutItsOutput) {
+      for (int i = 1; i <= L_; ++i) XB_[i] = std::max(0, XB_[i] - X_[i]);
+    }
     FT_ = disc(c.ftmp);
     FE_ = c.fetmp.empty() ? FT_ : disc(c.fetmp);
     BT_ = disc(c.btmp);
+    // Sums with the step's terms rounded up whole: apart, each part would cost up to a slot.
+    const double e = (c.outputKept ? c.x[L_] + lossBytes : 0) + (c.lossGradKept ? c.x[L_] : 0);
+    LB_ = disc({lossBytes})[0];
+    E_ = disc({e})[0];
+    DL_ = c.lossGradKept ? 0 : X_[L_];
+    for (int i = 0; i < L_; ++i)
+      BE_.push_back(disc({c.btmp[i] + (i + 1 == L_ ? lossBytes : e)})[0]);
   }
   virtual ~RotorSlots() = default;
 
@@ -222,7 +246,16 @@ class RotorSlots {
  protected:
   virtual double T(int m, int i, int l) const = 0;
   virtual int choiceAt(int m, int i, int l) const = 0;
-  int D(int l) const { return l < L_ ? X_[l + 1] : 0; }  // the gradient held, d[l+1]
+  // The gradient d[l+1] held in P(i, l, m); d[L] in rows (i, L - 1) as they count it.
+  int D(int l) const { return l == L_ ? 0 : l + 1 == L_ ? DL_ : X_[l + 1]; }
+  // B_i's d[i+1], tape, d[i] and temporary in row (i, l); in rows (i, L), and what is beside.
+  int backwardNeeds(int i, int l) const {
+    if (l == L_) return X_[i + 1] + XB_[i + 1] + X_[i] + BE_[i];
+    return (i + 1 == L_ ? DL_ : X_[i + 1]) + XB_[i + 1] + X_[i] + BT_[i];
+  }
+  int lossNeeds() const { return X_[L_] + std::max(BT_[L_], LB_); }  // d[L], then the loss too
+  // Row (i, l) reads the rows (i, j - 1) of its leaf moves at m - shift(l).
+  int shift(int l) const { return l == L_ ? E_ : 0; }
 
   void emit(int m, int i, int l, std::vector<Op>& ops) const {
     if (i == L_) {
@@ -245,12 +278,14 @@ class RotorSlots {
       ops.push_back({k == i ? Kind::kForwardCheck : Kind::kForwardNoGrad, k});
     }
     emit(m - X_[arg], arg, l, ops);
-    emit(m, i, arg - 1, ops);
+    emit(m - shift(l), i, arg - 1, ops);
   }
 
   const Chain& c_;
   int L_, S_ = 1;
   std::vector<int> X_, XB_, FT_, FE_, BT_;  // FE_: taped forwards' ftmp
+  int LB_ = 0, E_ = 0, DL_ = 0;             // the loss; E (above); d[L] as rows (i, L - 1) count it
+  std::vector<int> BE_;  // btmp[i] and what the step holds beside B_i in rows (i, L)
 };
 
 // ---- rotor, the reference table ---------------------------------------------------------------
@@ -283,13 +318,10 @@ class RotorReference final : public RotorSlots {
   }
 
   double cost(int m, int i, int l) {
-    if (i == L_) {  // the loss: d[L] and its temporary
-      return m >= X_[L_] + BT_[L_] ? c_.btime[L_] : kInf;
-    }
-    // B_i: d[i+1], the tape xbar[i+1], the new d[i] and the backward's temporary.
-    const bool backwardFits = m >= X_[i + 1] + XB_[i + 1] + X_[i] + BT_[i];
+    if (i == L_) return m >= lossNeeds() ? c_.btime[L_] : kInf;
+    const bool backwardFits = m >= backwardNeeds(i, l);
     if (i == l) {
-      const bool fits = backwardFits && m >= X_[i + 1] + XB_[i + 1] + FE_[i];
+      const bool fits = backwardFits && m >= D(l) + XB_[i + 1] + FE_[i];
       return fits ? c_.ftime[i] + c_.btime[i] : kInf;
     }
     double best = kInf;
@@ -309,7 +341,7 @@ class RotorReference final : public RotorSlots {
       if (j > i + 1) fwdPeak = std::max(fwdPeak, X_[j - 1] + X_[j] + FT_[j - 1]);  // Fn_{j-1}
       forward += c_.ftime[j - 1];
       if (D(l) + fwdPeak > m) break;  // longer runs only add forwards
-      const double t = forward + T(m - X_[j], j, l) + T(m, i, j - 1);
+      const double t = forward + T(m - X_[j], j, l) + T(m - shift(l), i, j - 1);
       if (t < best) {
         best = t;
         arg = j;
@@ -403,15 +435,14 @@ class Rotor final : public RotorSlots {
     double* row = &table_[rowIndex(i, l)];
     int32_t* ch = &choice_[rowIndex(i, l)];
     const int S = S_;
-    if (i == L_) {  // the loss: d[L] and its temporary
-      for (int m = X_[L_] + BT_[L_]; m <= S; ++m) row[m] = c_.btime[L_];
+    if (i == L_) {
+      for (int m = lossNeeds(); m <= S; ++m) row[m] = c_.btime[L_];
       return;
     }
-    // B_i: d[i+1], the tape xbar[i+1], the new d[i] and the backward's temporary.
-    const int backward = X_[i + 1] + XB_[i + 1] + X_[i] + BT_[i];
+    const int backward = backwardNeeds(i, l);
     if (i == l) {
       const double t = c_.ftime[i] + c_.btime[i];
-      for (int m = std::max(backward, X_[i + 1] + XB_[i + 1] + FE_[i]); m <= S; ++m) row[m] = t;
+      for (int m = std::max(backward, D(l) + XB_[i + 1] + FE_[i]); m <= S; ++m) row[m] = t;
       return;
     }
     // chain: Fe_i keeps the tape while the rest runs.
@@ -437,9 +468,9 @@ class Rotor final : public RotorSlots {
       if (from > S) break;  // longer runs only add forwards
       const double* after = &table_[rowIndex(j, l)];
       const double* before = &table_[rowIndex(i, j - 1)];
-      const int off = X_[j];
-      for (int m = std::max({from, off + first(j, l), first(i, j - 1)}); m <= S; ++m) {
-        const double t = forward + after[m - off] + before[m];
+      const int off = X_[j], sh = shift(l);
+      for (int m = std::max({from, off + first(j, l), sh + first(i, j - 1)}); m <= S; ++m) {
+        const double t = forward + after[m - off] + before[m - sh];
         if (t < row[m]) {
           row[m] = t;
           ch[m] = j;
@@ -463,21 +494,17 @@ std::optional<Schedule> solveRotor(
   double b = options.budget;
   if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;  // unconstrained
   if (b <= 0) return priced("rotor", chain, segmentSchedule(L, {0}), options.budget);
-  const auto attempt = [&](double budget) -> std::optional<Schedule> {
-    const auto rotor = make(budget);
-    auto ops = rotor->schedule();
-    if (!ops) return std::nullopt;
-    auto s = priced("rotor", chain, std::move(*ops), options.budget);
-    if (s) s->tableTime = rotor->tableTime();
-    return s;
-  };
-  // The program plans in rotor's model; the chain's step terms (output_kept, loss_grad_kept)
-  // add at most stepTermsBound() anywhere, so where its schedule does not fit with them, the
-  // one it finds for the budget less that bound does (optimal for that smaller budget).
-  auto s = attempt(b);
-  if (!s && options.budget > 0 && chain.stepTermsBound() > 0 && b > chain.stepTermsBound()) {
-    s = attempt(b - chain.stepTermsBound());
-  }
+  // The table counts the step's terms as the simulator does, so its schedule fits the budget
+  // (rounding every size up), and is the fastest of rotor's form that does: nothing to retry.
+  const auto rotor = make(b);
+  auto ops = rotor->schedule();
+  const bool fromTable = ops.has_value();
+  // Unconstrained, rounding every size up may leave no schedule in the slots at keeping every
+  // tape's peak: that schedule then, the fastest of all (no table value).
+  if (!ops && options.budget <= 0) ops = segmentSchedule(L, {0});
+  if (!ops) return std::nullopt;
+  auto s = priced("rotor", chain, std::move(*ops), options.budget);
+  if (s && fromTable) s->tableTime = rotor->tableTime();
   return s;
 }
 
@@ -586,5 +613,10 @@ double defaultSolverBytes() {
   if (pages <= 0 || size <= 0) return 4.0 * (1 << 30);
   return static_cast<double>(pages) * static_cast<double>(size) / 4;
 }
+
+ScopedRotorFault::ScopedRotorFault(RotorFault fault) : previous_(gRotorFault) {
+  gRotorFault = fault;
+}
+ScopedRotorFault::~ScopedRotorFault() { gRotorFault = previous_; }
 
 }  // namespace sb::strategies::checkpointing

@@ -1,0 +1,30 @@
+#pragma once
+
+// Test-only: a deliberate error in rotor's recurrence, for the planted-fault test of the check
+// that judges the solvers by executing every schedule of a small chain
+// (test/solver_execution_test.cpp). Not part of the solvers' API: nothing but that test
+// includes this header, and without it rotor is the program solvers.cpp describes.
+
+namespace sb::strategies::checkpointing {
+
+enum class RotorFault {
+  kNone,
+  // Every stage's tape xbar[i+1] is counted without the output x[i+1] it holds: a stage's
+  // activation counted once too few in the chain move and in the taped leaf.
+  kTapeWithoutItsOutput,
+};
+
+// Sets rotor's fault for the scope's lifetime, process-wide (tests run one at a time; the table
+// reads it when it is built).
+class ScopedRotorFault {
+ public:
+  explicit ScopedRotorFault(RotorFault fault);
+  ~ScopedRotorFault();
+  ScopedRotorFault(const ScopedRotorFault&) = delete;
+  ScopedRotorFault& operator=(const ScopedRotorFault&) = delete;
+
+ private:
+  RotorFault previous_;
+};
+
+}  // namespace sb::strategies::checkpointing
