@@ -34,6 +34,7 @@ using reference::PairStack;
 class PairStrategy final : public harness::SingleRankStrategy {
  public:
   std::vector<std::string> caseParams() const override { return {"chunk"}; }
+  PredictionTolerance predictionTolerance() const override { return exactMemory(); }
   PairStrategy(int dim, Fault fault)
       : SingleRankStrategy(
             std::string("chunking/triangle/") + (dim == 1 ? "row" : "col"),

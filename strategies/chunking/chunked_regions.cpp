@@ -80,6 +80,7 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
   std::vector<std::string> caseParams() const override {
     return {"chunk", "max_memory", "max_memory_fraction"};
   }
+  PredictionTolerance predictionTolerance() const override { return exactMemory(); }
   ChunkedStrategy(Region region, Fault fault)
       : SingleRankStrategy(
             region == Region::kAuto ? std::string("chunking/auto")

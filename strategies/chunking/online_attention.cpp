@@ -60,6 +60,7 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
   const std::string& fault() const { return fault_; }
 
   std::vector<std::string> caseParams() const override { return {"chunk"}; }
+  PredictionTolerance predictionTolerance() const override { return exactMemory(); }
   std::vector<std::pair<std::string, std::string>> params() const override {
     return {{"region", "attention"}, {"dim", "keys"}, {"case params", "chunk (keys a block)"}};
   }

@@ -50,7 +50,13 @@ int64_t attention(Counter& m, const Sizes& s, int64_t n, int64_t keys, bool rows
   if (foldCopies) m.alloc(En + Ek);  // q and k^T made contiguous
   m.alloc(scores);                   // q k^T
   if (foldCopies) m.release(En + Ek);
-  m.alloc(scores);  // / sqrt(d_head)
+  // / sqrt(d_head): the divisor is wrapped as a double tensor and, for float, copied to one
+  // while the quotient is made (as in scaledQueries below). Without a mask this is the
+  // attention's peak (vit_encoder).
+  const int64_t scalar = s.es == 8 ? 8 : 12;
+  m.alloc(scalar);
+  m.alloc(scores);
+  m.release(scalar);
   m.release(scores);
   if (s.causal) {
     const int64_t mask = n * keys + (n + keys) * 8;  // bool mask and the two position aranges
