@@ -10,7 +10,8 @@
 #
 # Targets: chain (the checkpoint chain reader and the solvers on what it accepts), numbers (the
 # command line's numbers), suite (the suite reader), profile (the cost-profile reader), results
-# (the result-file reader of `report`). The readers' own files are compiled with
+# (the result-file reader of `report`), plan (the sharding-plan reader), graph (the graph
+# workloads' --shape reader, through the strict JSON parser). The readers' own files are compiled with
 # instrumentation; what they call in the built libraries (LibTorch, the harness) is not.
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -18,7 +19,7 @@ secs=$2
 shift 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results plan)
+[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results plan graph)
 
 command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 2; }
 out="$build/fuzz"
@@ -53,7 +54,11 @@ build_target() {
           extra=("${torch[@]}" "${harness[@]}" -L"$build/strategies" -lstratbench_layout
                  "$build/strategies/libstratbench_autoshard_ilp.a"
                  $(pkg-config --libs cbc) "${rpath[@]}") ;;
-    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan)"; exit 2 ;;
+    # The graph builder (instrumented) and the strict JSON parser (a header); the rest of the
+    # reference library (the operators the graph names) from the build.
+    graph) srcs+=("$src/reference/graph.cpp")
+           extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
+    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan, graph)"; exit 2 ;;
   esac
   # Rebuilt only when a source is newer than the binary.
   local newest

@@ -224,4 +224,110 @@ check "a report whose plots/ is a file is refused before moving anything" 2 \
 check "the refused report left the previous one as it was" 0 "" -- \
   bash -c "cd '$tmp/rep2' && md5sum -c --quiet '$tmp/rep2.sums' && ! ls -A | grep -q report.new"
 
+# 7. Second round (issue 34): the commands added since the first.
+# Overwriting: --out replaces only a regular file (or nothing); a FIFO, a folder, a symbolic
+# link to a FIFO are refused before any work, with no *.tmp.PID left behind.
+mkfifo "$tmp/fifo"
+ln -s "$tmp/fifo" "$tmp/to-fifo"
+mkdir -p "$tmp/outdir"
+for target in fifo to-fifo outdir; do
+  check "solve shard --out $target is refused" 2 "only a regular file or a new path" -- \
+    timeout 60 "$sb" solve shard --workload mlp --mesh 2 --out "$tmp/$target"
+done
+check "calibrate --out a FIFO is refused" 2 "is a FIFO" -- \
+  timeout 60 "$sb" calibrate --mesh 2 --out "$tmp/fifo"
+check "a refused --out leaves no temporary file" 0 "" -- \
+  bash -c "! ls '$tmp' '$tmp/outdir' | grep -q '\.tmp\.'"
+check "solve shard --out through a link to a regular file writes the file" 0 "" -- bash -c \
+  "echo old > '$tmp/plan-target.json' && ln -sf '$tmp/plan-target.json' '$tmp/plan-link.json' &&
+   '$sb' solve shard --workload mlp --mesh 2 --out '$tmp/plan-link.json' 2>/dev/null &&
+   [ -L '$tmp/plan-link.json' ] && grep -q '\"choices\"\|\"nodes\"\|\"solver\"' '$tmp/plan-target.json'"
+
+# Crashes: a symlink loop on the plugin path and under --history, costs past CBC's range,
+# a suite's time_limit 0, a huge mesh, a misspelt graph shape key in a suite.
+mkdir -p "$tmp/loop"
+ln -s "$tmp/loop/a" "$tmp/loop/b" && ln -s "$tmp/loop/b" "$tmp/loop/a"
+check "a symlink loop in a STRATBENCH_PLUGIN_PATH folder is no crash" 0 "" -- \
+  env STRATBENCH_PLUGIN_PATH="$tmp/loop" timeout 60 "$sb" list --family sharding
+check "--plugin given a symlink loop says so, not 'no such file'" 2 "Too many levels of symbolic links" -- \
+  timeout 60 "$sb" list --plugin "$tmp/loop/a"
+mkdir -p "$tmp/hist" && cp -r "$tmp/budget" "$tmp/hist/run1"
+ln -s "$tmp/hist/x" "$tmp/hist/y" && ln -s "$tmp/hist/y" "$tmp/hist/x"
+check "a symlink loop under report --history is no crash" 0 "" -- \
+  timeout 60 "$sb" report "$tmp/budget" --history "$tmp/hist" --out "$tmp/rep-loop" --no-plots
+bad "solve shard --intra-node-bandwidth 1e-300" "--intra-node-bandwidth: expected a number of GB/s in \[1e-06, 1e\+06\]" \
+  "$sb" solve shard --workload mlp --mesh 2x2 --intra-node-bandwidth 1e-300
+bad "solve shard --mesh 65536x65536" "--mesh '65536x65536'.*more than 4096 ranks" \
+  "$sb" solve shard --workload mlp --mesh 65536x65536
+bad "calibrate --mesh 2000 (threads)" "--mesh: .*more than 64 ranks" \
+  "$sb" calibrate --mesh 2000 --out "$tmp/cal.json"
+cat > "$tmp/ilp0.yaml" <<'Y'
+cases:
+  - name: m
+    workload: mlp
+    shape: {layers: 2}
+    mesh: 2
+    params: {time_limit: 0}
+    strategies: ["sharding/auto/ilp"]
+Y
+bad "a suite's time_limit 0" "params.time_limit: expected a number of seconds in \(0, 86400\], got 0" \
+  "$sb" run "$tmp/ilp0.yaml" --out "$tmp/keep"
+sed 's/shape: {layers: 2}/shape: {layrs: 2}/; s/params: {time_limit: 0}/params: {}/' "$tmp/ilp0.yaml" | suite mlpkey
+bad "a misspelt mlp shape key in a suite" "mlpkey.yaml:4: .*unknown shape key 'layrs'" \
+  "$sb" run "$tmp/mlpkey.yaml" --out "$tmp/keep"
+
+# Wrong answers: a family's plan whose cost passes 1e9 us is still its plan; max_memory 1e30;
+# a chunk search whose scores overflow int64; calibrate on one size.
+check "solve shard --algo replicated on a 24-layer GPT-2: a plan, not 'no plan fits 0 bytes'" 0 \
+  '"algo": "replicated"' -- timeout 120 "$sb" solve shard --workload gpt2 \
+  --shape '{"layers": 24, "d_model": 1024, "seq": 1024, "batch": 32}' --mesh 2 --algo replicated
+sed 's/params: {time_limit: 0}/params: {max_memory: 1e30}/' "$tmp/ilp0.yaml" | suite maxmem
+bad "a suite's max_memory 1e30" "params.max_memory: expected a whole number of bytes from 0 to 2\^62" \
+  "$sb" run "$tmp/maxmem.yaml" --out "$tmp/keep"
+bad "solve chunk on a shape whose scores overflow int64" "--shape: .*(2\^56|at most 1048576)" \
+  "$sb" solve chunk --workload gpt2_prefill --shape '{"seq": 1000000, "batch": 100000}' --max-memory 1e9
+bad "calibrate --max-bytes 1024 (one size: no bandwidth)" "--max-bytes: expected a whole number of bytes from 4096" \
+  "$sb" calibrate --mesh 2 --max-bytes 1024 --out "$tmp/cal.json"
+
+# Unbounded time: --compare-anchors stops at its limit with exit 1, saying how far it got.
+check "solve redistribute --compare-anchors on 2x2x2 stops at --time-limit" 1 \
+  "stopped at the time limit .* of [0-9]+ ordered pairs" -- timeout 60 "$sb" solve redistribute \
+  --shape '[8,8,8]' --mesh 2x2x2 --compare-anchors --time-limit 2
+
+# Silent acceptance: duplicate JSON keys, a profile missing a group or of another schema.
+bad "graph --shape with a duplicate key" "--shape: key 'layers' is given twice" \
+  "$sb" graph --workload mlp --shape '{"layers": 2, "layers": 3}'
+bad "solve shard --shape with a duplicate key" "--shape: key 'layers' is given twice" \
+  "$sb" solve shard --workload mlp --mesh 2 --shape '{"layers": 2, "layers": 3}'
+python3 - "$src/ci/fuzz/corpus/profile/mesh2.json" "$tmp" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+for name, change in [("v19", lambda j: j.update(schema_version=1.9)),
+                     ("vbig", lambda j: j.update(schema_version=4294967297)),
+                     ("nogroup", lambda j: j.update(groups={})),
+                     ("lat308", lambda j: [f.update(latency_us=1e308) for g in j["groups"].values()
+                                           for f in g["collectives"].values()])]:
+    j = json.loads(json.dumps(p))
+    change(j)
+    json.dump(j, open(f"{sys.argv[2]}/profile-{name}.json", "w"))
+PY
+bad "a profile of schema_version 1.9" "schema_version 1.9 is not 1" \
+  "$sb" solve shard --workload mlp --mesh 2 --profile "$tmp/profile-v19.json"
+bad "a profile of schema_version 4294967297" "schema_version 4294967297 is not 1" \
+  "$sb" solve shard --workload mlp --mesh 2 --profile "$tmp/profile-vbig.json"
+bad "a profile missing a group" "group \"0\" of mesh 2 is missing" \
+  "$sb" solve shard --workload mlp --mesh 2 --profile "$tmp/profile-nogroup.json"
+bad "a profile with latencies of 1e308" "latency_us' must be a number of microseconds from 0 to 1e\+09" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --cost-profile "$tmp/profile-lat308.json"
+sed 's/params: {time_limit: 0}/params: {mip_rel_gap: 1e9}/' "$tmp/ilp0.yaml" | suite gap
+bad "a suite's mip_rel_gap 1e9" "params.mip_rel_gap: expected a number of percent in \[0, 100\]" \
+  "$sb" run "$tmp/gap.yaml" --out "$tmp/keep"
+
+# Results: a case name that starts with = reaches summary.csv defused.
+sed "s/name: lin/name: '=1+1'/" "$tmp/ok.yaml" | suite formula
+"$sb" run "$tmp/formula.yaml" --out "$tmp/formula" >/dev/null 2>&1
+check "summary.csv defuses a cell that starts with =" 0 "" -- bash -c \
+  "'$sb' report '$tmp/formula' --out '$tmp/formula-rep' --no-plots >/dev/null &&
+   grep -q \"'=1+1\" '$tmp/formula-rep/summary.csv' && ! grep -q ',=1+1' '$tmp/formula-rep/summary.csv'"
+
 finish

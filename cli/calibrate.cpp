@@ -10,6 +10,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -20,18 +22,30 @@
 #include "harness/comm/threads_backend.h"
 #include "harness/dist/calibrate.h"
 #include "harness/dist/dist_env.h"
-#include "harness/run/records.h"
+#include "harness/error.h"
+#include "harness/out_file.h"
 
 namespace {
 
 using sb::cli::kExitBadInput;
+
+// The threads backend runs a thread per rank in this process: as many as a suite's mesh may have.
+constexpr int64_t kMaxThreadRanks = 64;
 
 // `stratbench calibrate`: on threads in this process, or on a c10d backend as one rank of a
 // launched run; rank 0 writes the profile.
 int calibrateMain(const std::string& backend, const std::string& meshText,
                   const std::string& outPath, int64_t maxBytes) {
   using namespace sb::harness;
-  DeviceMesh mesh(DeviceMesh::parseShape(meshText));
+  std::vector<int64_t> shape;
+  try {
+    shape = DeviceMesh::parseShape(meshText,
+                                   backend == "threads" ? kMaxThreadRanks : DeviceMesh::kMaxRanks);
+  } catch (const c10::Error& e) {
+    throw InputError(std::string("--mesh: ") + e.what_without_backtrace() +
+                     (backend == "threads" ? " (the threads backend runs a thread per rank)" : ""));
+  }
+  DeviceMesh mesh(shape);
   CalibrateOptions co;
   co.sizes.erase(
       std::remove_if(co.sizes.begin(), co.sizes.end(), [&](int64_t s) { return s > maxBytes; }),
@@ -39,6 +53,7 @@ int calibrateMain(const std::string& backend, const std::string& meshText,
   CostProfile profile;
   bool writer = true;
   if (backend == "threads") {
+    checkResultPath(outPath);  // refused before minutes of measuring, not after
     ThreadsWorld world(mesh);
     profile = calibrate(world, co, std::cout);
   } else {
@@ -52,7 +67,7 @@ int calibrateMain(const std::string& backend, const std::string& meshText,
     profile = calibrate(*world, co, writer ? std::cout : quiet);
   }
   if (!writer) return 0;
-  writeFileAtomic(outPath, profile.toJson().dump(2) + "\n");
+  replaceResultFile(outPath, profile.toJson().dump(2) + "\n");
   std::cout << "profile: " << outPath << "\n";
   return 0;
 }
@@ -76,12 +91,22 @@ Command addCalibrate(CLI::App& app) {
       ->capture_default_str();
   calib->add_option("--mesh", a->calibMesh, "Mesh shape, e.g. 2x2 or 4")->capture_default_str();
   calib->add_option("--out", a->calibOut, "Profile file (JSON)")->capture_default_str();
-  calib->add_option("--max-bytes", a->calibMax, "Largest size per collective")
-      ->check(sb::cli::wholeNumber(1024, uint64_t{1} << 32, "bytes"))
+  // At least two sizes (1024 and 4096 bytes): a bandwidth is fitted from the sizes' times, and
+  // one size alone fits a latency with an infinite bandwidth.
+  calib->add_option("--max-bytes", a->calibMax, "Largest size per collective (at least 4096)")
+      ->check(sb::cli::wholeNumber(4096, uint64_t{1} << 32, "bytes"))
       ->capture_default_str();
   return {calib, [a] {
             try {
               return calibrateMain(a->calibBackend, a->calibMesh, a->calibOut, a->calibMax);
+            } catch (const sb::harness::InputError& e) {
+              std::cerr << "stratbench calibrate: " << e.what() << "\n";
+              return kExitBadInput;
+            } catch (const std::system_error& e) {
+              // A thread or a socket the system would not give: not the input's fault.
+              std::cerr << "stratbench calibrate: mesh " << a->calibMesh
+                        << ": the system refused a resource: " << e.what() << "\n";
+              return 1;
             } catch (const sb::harness::DistEnvError& e) {
               std::cerr << "stratbench calibrate: " << e.what() << "\n";
               return kExitBadInput;

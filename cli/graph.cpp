@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "harness/json_strict.h"
 #include "reference/graph.h"
 
 namespace {
@@ -20,7 +21,9 @@ using sb::cli::kExitBadInput;
 // `graph`: a graph workload's nodes (shapes, arguments, layers), as text or JSON.
 int graphMain(const std::string& workload, const std::string& shapeText, bool json) {
   try {
-    const auto g = sb::reference::buildGraph(workload, nlohmann::json::parse(shapeText));
+    // Strict: a key given twice is refused (the suite reader refuses it too), not the last kept.
+    const auto g =
+        sb::reference::buildGraph(workload, sb::harness::parseJsonNoDuplicates(shapeText));
     if (json) {
       std::cout << g.toJson().dump(2) << "\n";
       return 0;

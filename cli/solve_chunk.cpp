@@ -13,6 +13,7 @@
 #include "cli/common.h"
 #include "cli/numbers.h"
 #include "harness/case.h"
+#include "harness/error.h"
 #include "reference/transformer.h"
 #include "strategies/chunking/estimator.h"
 
@@ -44,8 +45,13 @@ int solveChunk(const std::string& workload, const std::string& shapeText, double
     std::cerr << "stratbench solve: " << e.what() << "\n";
     return kExitBadInput;
   }
-  const auto r =
-      ch::searchChunkPlan(shape, c10::elementSize(dtype), static_cast<int64_t>(maxMemory));
+  ch::ChunkSearch r;
+  try {
+    r = ch::searchChunkPlan(shape, c10::elementSize(dtype), static_cast<int64_t>(maxMemory));
+  } catch (const sb::harness::InputError& e) {
+    std::cerr << "stratbench solve: --shape: " << e.what() << "\n";
+    return kExitBadInput;
+  }
   if (!r.plan) {
     std::cerr << "stratbench solve: no chunk plan of " << workload << " (" << shape.toString()
               << ") fits --max-memory " << static_cast<int64_t>(maxMemory)

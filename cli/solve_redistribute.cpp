@@ -3,6 +3,8 @@
 // (strategies/sharding/layout/redistribute.h, redistribute_anchors.h). This file only parses
 // the arguments and prints. One subcommand per file (cli/commands.h).
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -15,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/numbers.h"
 #include "harness/case.h"
 #include "harness/comm/mesh.h"
 #include "harness/dist/cost_profile.h"
@@ -33,7 +36,7 @@ using sb::cli::kExitBadInput;
 int solveRedistribute(const std::string& shapeText, const std::string& meshText,
                       const std::string& fromText, const std::string& toText,
                       const std::string& profilePath, const std::string& objectiveText,
-                      const std::string& dtypeText, bool compare) {
+                      const std::string& dtypeText, bool compare, double timeLimit) {
   namespace h = sb::harness;
   h::RedistGeometry g;
   try {
@@ -59,8 +62,8 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
     return kExitBadInput;
   }
   try {
-    g.mesh = h::DeviceMesh::parseShape(meshText);
-    if (g.mesh.size() > 4 || h::DeviceMesh(g.mesh).size() > 4096) {
+    g.mesh = h::DeviceMesh::parseShape(meshText, 4096);
+    if (g.mesh.size() > 4) {
       throw std::invalid_argument("at most 4 axes and 4096 ranks");
     }
   } catch (const std::exception& e) {
@@ -116,7 +119,25 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  nlohmann::json j = h::compareWithAnchors(g, model, objective);
+  h::CompareLimits limits;
+  limits.maxSeconds = timeLimit;
+  if (::isatty(STDERR_FILENO)) {
+    // Larger meshes take minutes (2x2x2: 40,000 pairs): said while it runs, on a terminal.
+    limits.progress = [](size_t done, size_t total) {
+      std::cerr << "\rstratbench solve redistribute: " << done << " of " << total << " pairs"
+                << std::flush;
+    };
+  }
+  nlohmann::json j;
+  try {
+    j = h::compareWithAnchors(g, model, objective, limits);
+  } catch (const h::CompareStopped& e) {
+    if (limits.progress) std::cerr << "\n";
+    std::cerr << "stratbench solve redistribute: --compare-anchors " << e.what()
+              << "; give a longer --time-limit or a smaller mesh or shape\n";
+    return 1;
+  }
+  if (limits.progress) std::cerr << "\n";
   j["shape"] = g.shape;
   j["mesh"] = meshText;
   j["objective"] = objectiveText;
@@ -134,6 +155,7 @@ Command addSolveRedistribute(CLI::App& solve) {
     std::string redistShape, redistMesh, redistFrom, redistTo, redistProfile,
         redistObjective = "bytes", redistDtype = "float32";
     bool redistCompare = false;
+    double redistTimeLimit = 300;
   };
   const auto a = std::make_shared<Args>();
   auto* redistCmd = solve.add_subcommand(
@@ -152,10 +174,15 @@ Command addSolveRedistribute(CLI::App& solve) {
       ->capture_default_str();
   redistCmd->add_flag("--compare-anchors", a->redistCompare,
                       "Compare with ColossalAI's and DTensor's paths over every pair of layouts");
+  redistCmd
+      ->add_option("--time-limit", a->redistTimeLimit,
+                   "Seconds --compare-anchors may take before it stops (exit 1)")
+      ->capture_default_str()
+      ->check(sb::cli::realNumber(0, 86400, true, "seconds"));
   return {redistCmd, [a] {
             return solveRedistribute(a->redistShape, a->redistMesh, a->redistFrom, a->redistTo,
                                      a->redistProfile, a->redistObjective, a->redistDtype,
-                                     a->redistCompare);
+                                     a->redistCompare, a->redistTimeLimit);
           }};
 }
 

@@ -19,6 +19,8 @@
 #include "harness/comm/mesh.h"
 #include "harness/dist/cost_profile.h"
 #include "harness/error.h"
+#include "harness/json_strict.h"
+#include "harness/out_file.h"
 #include "harness/run/records.h"
 #include "reference/graph.h"
 #include "strategies/sharding/auto/model.h"
@@ -26,6 +28,9 @@
 namespace {
 
 using sb::cli::kExitBadInput;
+
+// The most ranks a plan is solved for.
+constexpr int64_t kMaxPlanRanks = 4096;
 
 // `solve shard`: a sharding plan of a whole model as JSON (stdout or --out); exit 1 when no
 // plan fits the memory limit (saying the least any plan needs), 2 for malformed input.
@@ -41,13 +46,17 @@ int solveShard(const ShardArgs& a) {
   std::vector<int64_t> mesh;
   at::ScalarType dtype = at::kFloat;
   try {
-    shape = nlohmann::json::parse(a.shape);
-  } catch (const std::exception& e) {
+    shape = h::parseJsonNoDuplicates(a.shape);
+  } catch (const nlohmann::json::exception& e) {
     std::cerr << who << "--shape is not valid JSON: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << who << "--shape: " << e.what() << "\n";
     return kExitBadInput;
   }
   try {
-    mesh = h::DeviceMesh::parseShape(a.mesh);
+    // As many ranks as `solve redistribute` plans for: the model prices every choice on them.
+    mesh = h::DeviceMesh::parseShape(a.mesh, kMaxPlanRanks);
     if (mesh.size() > 2) throw std::invalid_argument("plans are for 1-D and 2-D meshes");
   } catch (const std::exception& e) {
     std::cerr << who << "--mesh '" << a.mesh << "': " << e.what() << "\n";
@@ -69,6 +78,14 @@ int solveShard(const ShardArgs& a) {
     std::cerr << who << "--profile " << a.profile << ": " << e.what() << "\n";
     return kExitBadInput;
   }
+  if (!a.out.empty()) {
+    try {
+      h::checkResultPath(a.out);  // refused before the solve, not after it
+    } catch (const h::InputError& e) {
+      std::cerr << who << "--out: " << e.what() << "\n";
+      return kExitBadInput;
+    }
+  }
   try {
     const auto start = std::chrono::steady_clock::now();
     const as::CostOptions opts = as::costOptionsFrom(params, &profile, dtype);
@@ -86,7 +103,7 @@ int solveShard(const ShardArgs& a) {
     if (a.out.empty()) {
       std::cout << text;
     } else {
-      sb::harness::writeFileAtomic(a.out, text);
+      h::replaceResultFile(a.out, text);
       std::cerr << "stratbench solve shard: " << a.algo << " plan of " << a.workload << " on "
                 << a.mesh << " (" << plan.solver.status << ", " << plan.solver.seconds
                 << " s in CBC, " << plan.solver.totalSeconds << " s in all): predicted step "
@@ -100,7 +117,8 @@ int solveShard(const ShardArgs& a) {
   } catch (const h::InputError& e) {
     std::cerr << who << e.what() << "\n";
     return kExitBadInput;
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::logic_error& e) {
+    // The graph workloads say what is wrong with a shape as std::invalid_argument.
     std::cerr << who << "--shape: " << e.what() << "\n";
     return kExitBadInput;
   } catch (const c10::Error& e) {
@@ -124,9 +142,11 @@ Command addSolveShard(CLI::App& solve) {
       ->required();
   shardCmd->add_option("--profile", shard->profile, "Cost profile from `stratbench calibrate`");
   shardCmd->add_option("--intra-node-bandwidth", shard->intra, "GB/s of mesh axes in a node")
-      ->check(sb::cli::realNumber(0, 1e6, true, "GB/s"));
+      ->check(sb::cli::realNumber(sb::strategies::autoshard::kMinBandwidthGBps,
+                                  sb::strategies::autoshard::kMaxBandwidthGBps, false, "GB/s"));
   shardCmd->add_option("--inter-node-bandwidth", shard->inter, "GB/s of groups across mesh axis 0")
-      ->check(sb::cli::realNumber(0, 1e6, true, "GB/s"));
+      ->check(sb::cli::realNumber(sb::strategies::autoshard::kMinBandwidthGBps,
+                                  sb::strategies::autoshard::kMaxBandwidthGBps, false, "GB/s"));
   shardCmd->add_option("--max-memory", shard->maxMemory, "Bytes per rank (0: no limit)")
       ->check(sb::cli::byteCount(0));
   shardCmd->add_option("--algo", shard->algo, "ilp, megatron, data-parallel or replicated")

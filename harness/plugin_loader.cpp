@@ -32,6 +32,10 @@ LoadedPlugin loadPlugin(const std::string& path) {
   const std::string where = "plugin '" + path + "'";
   std::error_code ec;
   const auto status = fs::status(path, ec);
+  // A loop of symbolic links, or a folder that cannot be read, is not "no such file".
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    throw PluginError(where + ": " + ec.message());
+  }
   if (!fs::exists(status)) throw PluginError(where + ": no such file");
   if (fs::is_directory(status)) {
     throw PluginError(where +
@@ -109,14 +113,27 @@ std::vector<std::string> pluginPathsFromEnvironment() {
   while (std::getline(ss, entry, ':')) {
     if (entry.empty()) continue;
     std::error_code ec;
-    if (fs::is_directory(entry, ec)) {
+    const auto status = fs::status(entry, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory) {
+      throw PluginError("STRATBENCH_PLUGIN_PATH: '" + entry + "': " + ec.message());
+    }
+    if (fs::is_directory(status)) {
+      // One level, every step with an error code: an entry that is a loop of symbolic links
+      // or unreadable is skipped (it is no plugin file), never an uncaught filesystem_error.
       std::vector<std::string> files;
-      for (const auto& f : fs::directory_iterator(entry, ec)) {
-        if (f.is_regular_file() && f.path().extension() == ".so") files.push_back(f.path());
+      fs::directory_iterator it(entry, ec), end;
+      if (ec) throw PluginError("STRATBENCH_PLUGIN_PATH: '" + entry + "': " + ec.message());
+      for (; it != end; it.increment(ec)) {
+        if (ec) break;
+        std::error_code fileEc;
+        if (it->is_regular_file(fileEc) && it->path().extension() == ".so") {
+          files.push_back(it->path());
+        }
       }
+      if (ec) throw PluginError("STRATBENCH_PLUGIN_PATH: '" + entry + "': " + ec.message());
       std::sort(files.begin(), files.end());
       out.insert(out.end(), files.begin(), files.end());
-    } else if (fs::exists(entry, ec)) {
+    } else if (fs::exists(status)) {
       out.push_back(entry);
     } else {
       throw PluginError("STRATBENCH_PLUGIN_PATH: '" + entry +

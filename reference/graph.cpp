@@ -362,6 +362,15 @@ GraphShape GraphShape::parse(const std::string& workload, const nlohmann::json& 
     }
     s.dropout = v.get<double>();
   }
+  // The largest tensor's elements (the MLP's hidden, the attention scores, the logits), so
+  // that every byte count the planners sum from the graph stays far inside int64.
+  const long double rows = static_cast<long double>(s.batch) * s.seq;
+  const long double widest = std::max({4.0L * s.dModel, static_cast<long double>(s.heads) * s.seq,
+                                       static_cast<long double>(s.vocab)});
+  if (rows * widest > static_cast<long double>(int64_t{1} << 48)) {
+    throw std::invalid_argument(workload + ": shape " + shape.dump() +
+                                " makes a tensor of more than 2^48 elements; choose a smaller one");
+  }
   if (s.dModel % s.heads != 0) {
     throw std::invalid_argument(workload + ": shape key 'd_model' (" + std::to_string(s.dModel) +
                                 ") must be a multiple of 'heads' (" + std::to_string(s.heads) +

@@ -22,13 +22,32 @@ namespace {
 // ---- inputs ---------------------------------------------------------------------------------
 
 std::vector<HistoryRun> readHistory(const std::string& dir) {
-  if (!fs::is_directory(dir)) throw ReportInputError(dir + ": --history expects a directory");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw ReportInputError(dir + ": --history expects a directory" +
+                           (ec ? " (" + ec.message() + ")" : ""));
+  }
   std::vector<HistoryRun> runs;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (!e.is_directory() || !fs::is_regular_file(e.path() / "results.csv")) continue;
+  // One level, every step with an error code: an entry that is a loop of symbolic links or
+  // cannot be read is no run, never an uncaught filesystem_error.
+  fs::directory_iterator it(dir, ec), end;
+  if (ec) throw ReportInputError(dir + ": --history: " + ec.message());
+  for (; it != end; it.increment(ec)) {
+    if (ec) throw ReportInputError(dir + ": --history: " + ec.message());
+    std::error_code entryEc;
+    if (!it->is_directory(entryEc) || !fs::is_regular_file(it->path() / "results.csv", entryEc)) {
+      continue;
+    }
     HistoryRun run;
-    run.dir = e.path().string();
-    run.rows = readResults(run.dir);
+    run.dir = it->path().string();
+    try {
+      run.rows = readResults(run.dir);
+    } catch (const ReportInputError& e) {
+      // One unreadable run leaves out that run, said on stderr, not the whole history.
+      std::cerr << "stratbench report: --history: leaving out " << run.dir << ": " << e.what()
+                << "\n";
+      continue;
+    }
     if (run.rows.empty()) continue;
     run.timestamp = run.rows.front().timestampUtc;
     for (const auto& r : run.rows) run.timestamp = std::min(run.timestamp, r.timestampUtc);

@@ -1,6 +1,8 @@
 // The report's CSV outputs (report_internal.h): summary.csv, tensors.csv and history.csv, a
 // row each per comparison, per tensor's error and per run's result.
 
+#include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
@@ -14,9 +16,23 @@ namespace {
 
 // ---- outputs --------------------------------------------------------------------------------
 
+// A cell as a spreadsheet shows it, never runs it: text that starts with = + - @ (a case name,
+// a message, a shape from a results file) gets the results files' leading quote
+// (harness::csvTextField); a number, a negative change included, stays a number.
+std::string defusedCell(const std::string& field) {
+  if (field.empty()) return field;
+  char* end = nullptr;
+  std::strtod(field.c_str(), &end);
+  const bool number =
+      end == field.c_str() + field.size() && !std::isspace(static_cast<unsigned char>(field[0]));
+  return number ? field : harness::csvTextField(field);
+}
+
 std::string csvLine(const std::vector<std::string>& fields) {
   std::string s;
-  for (size_t i = 0; i < fields.size(); ++i) s += (i ? "," : "") + harness::csvQuote(fields[i]);
+  for (size_t i = 0; i < fields.size(); ++i) {
+    s += (i ? "," : "") + harness::csvQuote(defusedCell(fields[i]));
+  }
   return s + "\n";
 }
 

@@ -14,6 +14,9 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<int> ranks)
   int64_t n = 1;
   for (int64_t extent : shape_) {
     TORCH_CHECK(extent > 0, "mesh extents must be positive, got ", toString());
+    // Checked before the product can overflow: the rank list below is sized by it.
+    TORCH_CHECK(extent <= kMaxRanks / n, "mesh ", toString(), " has more than ", kMaxRanks,
+                " positions");
     n *= extent;
   }
   if (ranks_.empty()) {
@@ -89,8 +92,10 @@ std::string DeviceMesh::toString() const {
   return s;
 }
 
-std::vector<int64_t> DeviceMesh::parseShape(const std::string& text) {
+std::vector<int64_t> DeviceMesh::parseShape(const std::string& text, int64_t maxRanks) {
+  maxRanks = std::min(maxRanks, kMaxRanks);
   std::vector<int64_t> shape;
+  int64_t ranks = 1;
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t end = text.find('x', pos);
@@ -98,7 +103,18 @@ std::vector<int64_t> DeviceMesh::parseShape(const std::string& text) {
     const std::string part = text.substr(pos, end - pos);
     TORCH_CHECK(!part.empty() && part.find_first_not_of("0123456789") == std::string::npos,
                 "mesh '", text, "' is not of the form RxC or N (e.g. 2x2, 4)");
-    shape.push_back(std::stoll(part));
+    TORCH_CHECK(static_cast<int>(shape.size()) < kMaxAxes, "mesh '", text, "' has more than ",
+                kMaxAxes, " axes");
+    // Digits past the limit's length are over it: no conversion that could overflow.
+    const size_t digits = part.find_first_not_of('0') == std::string::npos
+                              ? 1
+                              : part.size() - part.find_first_not_of('0');
+    const int64_t extent = digits > 12 ? maxRanks + 1 : std::stoll(part);
+    TORCH_CHECK(extent >= 1, "mesh '", text, "': every extent must be at least 1");
+    TORCH_CHECK(extent <= maxRanks / ranks, "mesh '", text, "' has more than ", maxRanks,
+                " ranks, the most this command takes");
+    ranks *= extent;
+    shape.push_back(extent);
     pos = end + 1;
   }
   return shape;

@@ -12,7 +12,8 @@ namespace sb::harness {
 class DeviceMesh {
  public:
   // `ranks` lists the global rank at each mesh position in row-major order; empty means
-  // 0..size-1. Throws on an empty shape, a non-positive extent or a rank count mismatch.
+  // 0..size-1. Throws on an empty shape, a non-positive extent, more than kMaxRanks positions
+  // or a rank count mismatch.
   explicit DeviceMesh(std::vector<int64_t> shape, std::vector<int> ranks = {});
 
   const std::vector<int64_t>& shape() const { return shape_; }
@@ -37,8 +38,14 @@ class DeviceMesh {
   // "2x2", "4".
   std::string toString() const;
 
-  // Parses "2x2" / "4"; throws with the text on failure.
-  static std::vector<int64_t> parseShape(const std::string& text);
+  // The most ranks and axes a mesh may have: checked before anything is sized by the mesh, so
+  // that "65536x65536" is refused instead of allocated. A command may ask for fewer.
+  static constexpr int64_t kMaxRanks = int64_t{1} << 16;
+  static constexpr int kMaxAxes = 8;
+
+  // Parses "2x2" / "4": 1 to kMaxAxes extents, each at least 1, at most `maxRanks` ranks in all
+  // (kMaxRanks at most). Throws c10::Error naming the text and the limit on failure.
+  static std::vector<int64_t> parseShape(const std::string& text, int64_t maxRanks = kMaxRanks);
 
  private:
   void checkAxes(const std::vector<int>& axes) const;

@@ -5,9 +5,11 @@
 #include <iomanip>
 #include <mutex>
 #include <ostream>
+#include <string>
 
 #include <ATen/ATen.h>
 
+#include "harness/error.h"
 #include "harness/run/records.h"
 
 namespace sb::harness {
@@ -66,6 +68,14 @@ double timeLoop(World& world, const std::function<void(RankContext&)>& body, dou
 }  // namespace
 
 CostProfile calibrate(World& world, const CalibrateOptions& options, std::ostream& out) {
+  // A line through one point has any slope: the fit would keep the latency and price every
+  // byte at nothing (an infinite bandwidth).
+  if (options.sizes.size() < 2 || options.gemmSizes.size() < 2) {
+    throw InputError(
+        "calibrate needs at least two sizes per collective and per matmul to fit "
+        "a bandwidth; got " +
+        std::to_string(options.sizes.size()) + " and " + std::to_string(options.gemmSizes.size()));
+  }
   const DeviceMesh& mesh = world.mesh();
   CostProfile profile;
   profile.backend = world.backendName();

@@ -4,7 +4,11 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
+#include "harness/comm/mesh.h"
+#include "harness/error.h"
+#include "harness/json_strict.h"
 #include "harness/run/suite.h"
 
 namespace sb::harness {
@@ -118,21 +122,57 @@ T need(const nlohmann::json& j, const std::string& key, const std::string& where
   }
 }
 
+// A number at `key` in [0, hi]: a JSON number (not a string, not NaN), within the range, so
+// that a prediction made from it stays finite (a latency of 1e308 us summed over a step is
+// infinite, and a cost of 1e300 trips the integer program's own assertions).
+double ranged(const nlohmann::json& j, const std::string& key, const std::string& where, double hi,
+              const std::string& unit) {
+  const double v = need<double>(j, key, where);
+  if (!j.at(key).is_number() || !(v >= 0) || !(v <= hi)) {
+    std::ostringstream range;
+    range << hi;
+    throw InputError(where + ": key '" + key + "' must be a number of " + unit + " from 0 to " +
+                     range.str() + ", got " + j.at(key).dump());
+  }
+  return v;
+}
+
+// The largest latency (1000 s) and cost per byte (1 ms, a kilobyte a second) a profile may
+// hold: far beyond any measured machine, and small enough that any step's sum stays finite.
+constexpr double kMaxLatencyUs = 1e9;
+constexpr double kMaxUsPerByte = 1e3;
+
 CostProfile::Fit fitFromJson(const nlohmann::json& j, const std::string& where) {
   CostProfile::Fit f;
-  f.latencyUs = need<double>(j, "latency_us", where);
-  f.usPerByte = need<double>(j, "us_per_byte", where);
-  if (!(f.latencyUs >= 0) || !(f.usPerByte >= 0)) {
-    throw InputError(where + ": latency_us and us_per_byte must be non-negative numbers");
-  }
+  f.latencyUs = ranged(j, "latency_us", where, kMaxLatencyUs, "microseconds");
+  f.usPerByte = ranged(j, "us_per_byte", where, kMaxUsPerByte, "microseconds per unit");
   if (j.contains("points")) {
+    if (!j.at("points").is_array()) throw InputError(where + ": key 'points' must be a list");
     for (const auto& p : j.at("points")) {
-      f.points.push_back({need<int64_t>(p, "bytes", where), need<double>(p, "time_us", where),
-                          need<double>(p, "algbw_GBps", where),
-                          need<double>(p, "busbw_GBps", where)});
+      CostProfile::Point pt;
+      pt.bytes = static_cast<int64_t>(ranged(p, "bytes", where + ".points", 4.6e18, "bytes"));
+      pt.timeUs = ranged(p, "time_us", where + ".points", 1e12, "microseconds");
+      pt.algbwGBps = ranged(p, "algbw_GBps", where + ".points", 1e12, "GB/s");
+      pt.busbwGBps = ranged(p, "busbw_GBps", where + ".points", 1e12, "GB/s");
+      f.points.push_back(pt);
     }
   }
   return f;
+}
+
+// The groups `calibrate` measures on a mesh (harness/dist/calibrate.cpp): each axis of two or
+// more ranks alone, then all axes together where there are several; with their sizes.
+std::map<std::string, int> expectedGroups(const std::vector<int64_t>& mesh) {
+  std::map<std::string, int> out;
+  std::vector<int> all;
+  int64_t size = 1;
+  for (size_t a = 0; a < mesh.size(); ++a) {
+    if (mesh[a] >= 2) out[std::to_string(a)] = static_cast<int>(mesh[a]);
+    all.push_back(static_cast<int>(a));
+    size *= mesh[a];
+  }
+  if (mesh.size() > 1 && size >= 2) out[CostProfile::axesKey(all)] = static_cast<int>(size);
+  return out;
 }
 
 }  // namespace
@@ -159,19 +199,47 @@ nlohmann::json CostProfile::toJson() const {
 
 CostProfile CostProfile::fromJson(const nlohmann::json& j, const std::string& file) {
   CostProfile p;
-  if (need<int>(j, "schema_version", file) != 1) {
-    throw InputError(file + ": schema_version " + j.at("schema_version").dump() +
+  if (!j.is_object()) throw InputError(file + ": expected a JSON object (a cost profile)");
+  // The integer 1 itself: a conversion to int would read 1.9 and 4294967297 as 1.
+  const nlohmann::json version = need<nlohmann::json>(j, "schema_version", file);
+  if (!version.is_number_integer() || version.get<int64_t>() != 1) {
+    throw InputError(file + ": schema_version " + version.dump() +
                      " is not 1, the one this build reads");
   }
   p.backend = need<std::string>(j, "backend", file);
   p.mesh = need<std::string>(j, "mesh", file);
+  std::vector<int64_t> meshShape;
+  try {
+    meshShape = DeviceMesh::parseShape(p.mesh);
+  } catch (const c10::Error& e) {
+    throw InputError(file + ": key 'mesh': " + e.what_without_backtrace());
+  }
+  const std::map<std::string, int> expected = expectedGroups(meshShape);
+  const auto expectedList = [&] {
+    std::string s;
+    for (const auto& [key, size] : expected) {
+      s += (s.empty() ? "" : ", ") + std::string("\"") + key + "\" (" + std::to_string(size) +
+           " ranks)";
+    }
+    return s.empty() ? std::string("none") : s;
+  };
   p.host = j.value("host", "");
   p.timestampUtc = j.value("timestamp_utc", "");
   const nlohmann::json groupsJson = need<nlohmann::json>(j, "groups", file);
   for (const auto& [key, g] : groupsJson.items()) {
     const std::string where = file + ": groups." + key;
+    const auto want = expected.find(key);
+    if (want == expected.end()) {
+      throw InputError(where + ": not a group of mesh " + p.mesh +
+                       " (its groups: " + expectedList() + ")");
+    }
     Group group;
-    group.size = need<int>(g, "size", where);
+    const nlohmann::json sizeJson = need<nlohmann::json>(g, "size", where);
+    if (!sizeJson.is_number_integer() || sizeJson.get<int64_t>() != want->second) {
+      throw InputError(where + ": size " + sizeJson.dump() + " is not " +
+                       std::to_string(want->second) + ", the group's ranks on mesh " + p.mesh);
+    }
+    group.size = want->second;
     const nlohmann::json collectives = need<nlohmann::json>(g, "collectives", where);
     for (const auto& [name, f] : collectives.items()) {
       bool known = false;
@@ -185,14 +253,16 @@ CostProfile CostProfile::fromJson(const nlohmann::json& j, const std::string& fi
     }
     p.groups[key] = group;
   }
+  for (const auto& [key, size] : expected) {
+    if (!p.groups.count(key)) {
+      throw InputError(file + ": groups: group \"" + key + "\" of mesh " + p.mesh +
+                       " is missing (expected " + expectedList() + ")");
+    }
+  }
   p.gemm = fitFromJson(need<nlohmann::json>(j, "gemm_flops", file), file + ": gemm_flops");
   if (j.contains("copy_bytes")) p.copy = fitFromJson(j.at("copy_bytes"), file + ": copy_bytes");
   if (j.contains("step_overhead_us")) {
-    const double us = need<double>(j, "step_overhead_us", file);
-    if (!(us >= 0) || us > 1e9) {
-      throw InputError(file + ": step_overhead_us must be a non-negative number of microseconds");
-    }
-    p.stepUs = us;
+    p.stepUs = ranged(j, "step_overhead_us", file, kMaxLatencyUs, "microseconds");
   }
   return p;
 }
@@ -204,9 +274,11 @@ CostProfile CostProfile::load(const std::string& path) {
   ss << in.rdbuf();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = parseJsonNoDuplicates(ss.str());
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(path + ": not JSON: " + e.what());
+  } catch (const std::invalid_argument& e) {
+    throw InputError(path + ": " + e.what());
   }
   return fromJson(j, path);
 }

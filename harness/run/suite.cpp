@@ -382,6 +382,9 @@ Suite parseSuite(const std::string& text, const std::string& file) {
     } catch (const c10::Error& e) {
       fail(file, node["shape"] ? node["shape"] : node,
            "case '" + c.name + "': " + e.what_without_backtrace());
+    } catch (const std::logic_error& e) {
+      // The graph workloads say what is wrong with a shape as std::invalid_argument.
+      fail(file, node["shape"] ? node["shape"] : node, "case '" + c.name + "': " + e.what());
     }
     // A sweep is the cartesian product of its lists: one case per combination, named
     // NAME/key=value/..., the values in its params.

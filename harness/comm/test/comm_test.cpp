@@ -263,6 +263,13 @@ TEST(DeviceMesh, ParsesShapesAndRejectsGarbage) {
   EXPECT_EQ(DeviceMesh::parseShape("8"), (std::vector<int64_t>{8}));
   EXPECT_THROW(DeviceMesh::parseShape("2x"), c10::Error);
   EXPECT_THROW(DeviceMesh::parseShape("two"), c10::Error);
+  // Issue 34: refused before anything is sized by the mesh, with no overflow on the way.
+  EXPECT_THROW(DeviceMesh::parseShape("65536x65536"), c10::Error);
+  EXPECT_THROW(DeviceMesh::parseShape("99999999999999999999999"), c10::Error);
+  EXPECT_THROW(DeviceMesh::parseShape("0x2"), c10::Error);
+  EXPECT_THROW(DeviceMesh::parseShape("2000", 64), c10::Error);
+  EXPECT_EQ(DeviceMesh::parseShape("8x8", 64), (std::vector<int64_t>{8, 8}));
+  EXPECT_THROW(DeviceMesh({int64_t{1} << 40, int64_t{1} << 40}), c10::Error);
   EXPECT_THROW(DeviceMesh({2, 0}), c10::Error);
 }
 

@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <string>
+
 #include "harness/dist/cost_profile.h"
 #include "harness/run/suite.h"
 
@@ -46,6 +50,8 @@ CostProfile sample() {
   p.mesh = "2x2";
   p.groups["0"].size = 2;
   p.groups["0"].collectives[Collective::kAllReduce] = {10, 0.001, {}};
+  p.groups["1"].size = 2;
+  p.groups["1"].collectives[Collective::kBroadcast] = {5, 0.001, {}};
   p.groups["0,1"].size = 4;
   p.groups["0,1"].collectives[Collective::kAllReduce] = {20, 0.002, {}};
   p.groups["0,1"].collectives[Collective::kAllToAll] = {30, 0.004, {}};
@@ -54,7 +60,8 @@ CostProfile sample() {
 }
 
 TEST(CostProfile, PricesEachGroupWithItsOwnFit) {
-  const CostProfile p = sample();
+  CostProfile p = sample();
+  p.groups.erase("1");
   CommStats s;
   s.add(Collective::kAllReduce, 1000);
   s.add(Collective::kAllReduce, 3000);
@@ -91,7 +98,8 @@ TEST(CostProfile, JsonRoundTripAndErrorsNameTheKey) {
   EXPECT_EQ(errorOf(j), "p.json: groups.0: missing key 'size'");
   j = p.toJson();
   j["groups"]["0"]["collectives"]["all_reduce"]["latency_us"] = -1;
-  EXPECT_NE(errorOf(j).find("groups.0.all_reduce: latency_us and us_per_byte must be non-negative"),
+  EXPECT_NE(errorOf(j).find("groups.0.all_reduce: key 'latency_us' must be a number of "
+                            "microseconds from 0 to 1e+09, got -1"),
             std::string::npos);
   j = p.toJson();
   j["groups"]["0"]["collectives"]["allreduce"] = j["groups"]["0"]["collectives"]["all_reduce"];
@@ -102,6 +110,47 @@ TEST(CostProfile, JsonRoundTripAndErrorsNameTheKey) {
   j = p.toJson();
   j["mesh"] = 4;
   EXPECT_NE(errorOf(j).find("key 'mesh' has the wrong type"), std::string::npos);
+}
+
+// Issue 34: what a conversion or a missing check let through.
+TEST(CostProfile, RefusesAVersionThatOnlyConvertsToOneAMissingGroupAndHugeCosts) {
+  const auto errorOf = [](const nlohmann::json& j) {
+    try {
+      CostProfile::fromJson(j, "p.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  nlohmann::json j = sample().toJson();
+  ASSERT_EQ(errorOf(j), "");  // the whole profile is read
+  j["schema_version"] = 1.9;
+  EXPECT_NE(errorOf(j).find("schema_version 1.9 is not 1"), std::string::npos) << errorOf(j);
+  j["schema_version"] = 4294967297;
+  EXPECT_NE(errorOf(j).find("schema_version 4294967297 is not 1"), std::string::npos);
+  j = sample().toJson();
+  j["groups"].erase("1");
+  EXPECT_NE(errorOf(j).find("group \"1\" of mesh 2x2 is missing"), std::string::npos) << errorOf(j);
+  j = sample().toJson();
+  j["groups"]["2"] = j["groups"]["1"];
+  EXPECT_NE(errorOf(j).find("groups.2: not a group of mesh 2x2"), std::string::npos);
+  j = sample().toJson();
+  j["groups"]["0,1"]["size"] = 3;
+  EXPECT_NE(errorOf(j).find("size 3 is not 4"), std::string::npos);
+  j = sample().toJson();
+  j["groups"]["0"]["collectives"]["all_reduce"]["latency_us"] = 1e308;
+  EXPECT_NE(errorOf(j).find("key 'latency_us' must be a number"), std::string::npos);
+  j = sample().toJson();
+  j["groups"]["0"]["collectives"]["all_reduce"]["us_per_byte"] = 1e300;
+  EXPECT_NE(errorOf(j).find("key 'us_per_byte' must be a number"), std::string::npos);
+  // At the bounds, the dearest step a plan can name is still finite.
+  j = sample().toJson();
+  j["groups"]["0"]["collectives"]["all_reduce"]["latency_us"] = 1e9;
+  j["groups"]["0"]["collectives"]["all_reduce"]["us_per_byte"] = 1e3;
+  const CostProfile q = CostProfile::fromJson(j, "p.json");
+  CommStats s;
+  s.add(Collective::kAllReduce, int64_t{1} << 62);
+  EXPECT_TRUE(std::isfinite(*q.commUs({0}, s)));
 }
 
 TEST(CostProfile, LocalCopiesAndTheStepOverheadAreOptionalAndRoundTrip) {

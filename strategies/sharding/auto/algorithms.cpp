@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 
 #include "harness/error.h"
@@ -133,17 +134,56 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   // A hand-written family's plan does not bend to the memory limit: it is solved without one
   // and checked against it below.
   ShardingModel::Program p = m.program(o.algo == "ilp" ? o.memoryLimit : 0);
+  // Every cost within range before anything is barred or solved: a bandwidth or a profile out
+  // of any real range prices a choice at 1e300 us, which CBC asserts on instead of solving.
+  double costCeiling = 0;  // the dearest plan's cost: each var's and edge's dearest, summed
+  for (size_t c = 0; c < p.problem.vars.size(); ++c) {
+    double dearest = 0;
+    for (double cost : p.problem.vars[c].cost) {
+      if (!(cost <= kMaxChoiceCostUs)) {
+        throw InputError(p.problem.vars[c].name + ": a choice is priced at " +
+                         std::to_string(cost) + " us, over " + std::to_string(kMaxChoiceCostUs) +
+                         " us: the bandwidths or the cost profile are out of any real range");
+      }
+      dearest = std::max(dearest, cost);
+    }
+    costCeiling += dearest;
+  }
+  for (const auto& e : p.problem.edges) {
+    double dearest = 0;
+    for (const auto& row : e.cost) {
+      for (double cost : row) {
+        if (std::isinf(cost)) continue;  // a forbidden pair
+        if (!(cost <= kMaxChoiceCostUs)) {
+          throw InputError("a resharding is priced at " + std::to_string(cost) + " us, over " +
+                           std::to_string(kMaxChoiceCostUs) +
+                           " us: the bandwidths or the cost profile are out of any real range");
+        }
+        dearest = std::max(dearest, cost);
+      }
+    }
+    costCeiling += dearest;
+  }
   // A hand-written family: the program over the candidates it allows (the others priced out
-  // of reach), so that its activations take their cheapest layouts.
-  constexpr double kBarred = 1e9;
+  // of reach: each barred choice costs more than the dearest plan of allowed ones, so that
+  // the solver takes one only where no plan of the family exists), so that its activations
+  // take their cheapest layouts. Which choices are barred is kept, not read back from the
+  // objective: a real plan may cost more than any fixed threshold.
+  const double barCost = 2 * costCeiling + 1;
+  std::vector<std::vector<bool>> barred(p.problem.vars.size());
+  for (size_t c = 0; c < p.problem.vars.size(); ++c) {
+    barred[c].assign(p.problem.vars[c].cost.size(), false);
+  }
   if (o.algo != "ilp") {
     const Allowed allowed = allowedFor(m, o.algo);
     for (size_t v = 0; v < m.graph().nodes.size(); ++v) {
-      auto& cost = p.problem.vars[p.classOf[v]].cost;
+      const size_t cls = static_cast<size_t>(p.classOf[v]);
+      auto& cost = p.problem.vars[cls].cost;
       bool any = false;
       for (size_t k = 0; k < cost.size(); ++k) {
         if (!allowed(static_cast<int>(v), m.candidates(v)[p.memberChoice[v][k]])) {
-          cost[k] += kBarred;
+          if (!barred[cls][k]) cost[k] += barCost;
+          barred[cls][k] = true;
         } else {
           any = true;
         }
@@ -160,19 +200,33 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   so.timeLimitSeconds = o.timeLimitSeconds;
   so.relativeGap = o.relativeGap;
   Selection sel = solveIlp(p.problem, so);
-  if (sel.status == "infeasible" || sel.status == "no_solution" || sel.objective >= kBarred) {
+  bool choseBarred = false;
+  for (size_t c = 0; c < sel.choice.size() && c < barred.size(); ++c) {
+    choseBarred |= barred[c][static_cast<size_t>(sel.choice[c])];
+  }
+  if (sel.status == "infeasible" || sel.status == "no_solution" || choseBarred) {
+    if (sel.status == "no_solution") {
+      throw NoPlanError(o.algo + ": CBC found no plan within --time-limit " +
+                            std::to_string(o.timeLimitSeconds) + " s; give it longer",
+                        0);
+    }
     SelectionProblem free = p.problem;
     free.memoryLimit = 0;
     // The least memory of the plans this algorithm may choose: barred choices made too big.
-    SelectionProblem::MemoryRow barred;
-    barred.what = "choices outside " + o.algo;
+    SelectionProblem::MemoryRow barredRow;
+    barredRow.what = "choices outside " + o.algo;
     for (size_t c = 0; c < free.vars.size(); ++c) {
       std::vector<double> b;
-      for (double cost : free.vars[c].cost) b.push_back(cost >= kBarred ? 1e18 : 0.0);
-      barred.terms.emplace_back(static_cast<int>(c), b);
+      for (size_t k = 0; k < free.vars[c].cost.size(); ++k) b.push_back(barred[c][k] ? 1e18 : 0);
+      barredRow.terms.emplace_back(static_cast<int>(c), b);
     }
-    free.memory.push_back(barred);
+    free.memory.push_back(barredRow);
     const Selection least = solveMinPeakMemory(free, so);
+    if (!(o.memoryLimit > 0)) {
+      throw NoPlanError(o.algo + ": no plan of it exists on this mesh (every plan needs a " +
+                            "choice outside " + o.algo + ")",
+                        least.peakMemory);
+    }
     throw NoPlanError(o.algo + ": no plan fits " +
                           std::to_string(static_cast<int64_t>(o.memoryLimit)) +
                           " bytes per rank; the least any plan of it needs is " +

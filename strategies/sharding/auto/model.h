@@ -56,6 +56,17 @@
 
 namespace sb::strategies::autoshard {
 
+// The bandwidths a plan may be priced with (GB/s; `params.intra_node_bandwidth`, `solve shard
+// --intra-node-bandwidth`): from a kilobyte a second to a petabyte a second, so that every
+// priced cost stays far inside what the integer program holds.
+inline constexpr double kMinBandwidthGBps = 1e-6;
+inline constexpr double kMaxBandwidthGBps = 1e6;
+
+// The largest cost one choice of a plan may have (microseconds; about 30 years): costs beyond
+// it come from a profile or a bandwidth out of any real range, and refused as input before
+// the integer program (CBC asserts on objective coefficients of 1e25 and more) sees them.
+inline constexpr double kMaxChoiceCostUs = 1e15;
+
 struct CostOptions {
   const harness::CostProfile* profile = nullptr;  // priced by it where given
   double intraGBps = 10.0;  // bandwidth of mesh axes inside a node (all but axis 0)

@@ -23,9 +23,13 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <mutex>
 
+#include "harness/json_strict.h"
 #include "harness/measure/memory.h"
 #include "harness/registry.h"
 #include "harness/run/suite.h"
@@ -69,14 +73,34 @@ std::string cacheKey(const std::string& id, const CaseSpec& c) {
          harness::dtypeName(c.dtype) + "|" + c.params.dump();
 }
 
+// A number parameter of the case within the range the command line's option of the same
+// meaning takes (`solve shard --max-memory`, `--time-limit`, `--mip-rel-gap`): a suite may not
+// pass what the command line refuses (time_limit 0 was CBC's std::invalid_argument; max_memory
+// 1e30 became INT64_MIN as a promise).
+struct ParamRange {
+  double lo, hi;
+  bool openLow;
+  const char* expected;
+};
+const std::map<std::string, ParamRange>& paramRanges() {
+  static const std::map<std::string, ParamRange> r = {
+      {"max_memory", {0, 4611686018427387904.0, false, "a whole number of bytes from 0 to 2^62"}},
+      {"time_limit", {0, 86400, true, "a number of seconds in (0, 86400]"}},
+      {"mip_rel_gap", {0, 100, false, "a number of percent in [0, 100]"}}};
+  return r;
+}
 double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
   if (!c.params.contains(key)) return fallback;
   const auto& v = c.params.at(key);
-  if (!v.is_number() || v.get<double>() < 0) {
-    throw harness::InputError(c.where() + ": params." + key + ": expected a number >= 0, got " +
-                              v.dump());
+  const ParamRange& r = paramRanges().at(key);
+  const double x = v.is_number() ? v.get<double>() : std::nan("");
+  const bool inRange = x >= r.lo && x <= r.hi && !(r.openLow && x == r.lo) &&
+                       (key != "max_memory" || x == std::floor(x));
+  if (!inRange) {
+    throw harness::InputError(c.where() + ": params." + key + ": expected " + r.expected +
+                              ", got " + v.dump());
   }
-  return v.get<double>();
+  return x;
 }
 
 // Gradient moves back along the planner's steps the other way (see the file comment).
@@ -183,9 +207,13 @@ class PlanStrategy final : public harness::Strategy {
         if (!in) throw harness::InputError(c.where() + ": params.plan: cannot read " + path);
         nlohmann::json j;
         try {
-          j = nlohmann::json::parse(in);
+          // Strict: a key given twice in a plan is refused, not the last one kept.
+          j = harness::parseJsonNoDuplicates(
+              std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
         } catch (const nlohmann::json::exception& e) {
           throw harness::InputError(path + ": not valid JSON: " + e.what());
+        } catch (const std::invalid_argument& e) {
+          throw harness::InputError(path + ": " + e.what());
         }
         s->plan = ShardingPlan::fromJson(j, *s->model, path);
       } else {

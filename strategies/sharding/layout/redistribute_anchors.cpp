@@ -5,8 +5,10 @@
 #include "strategies/sharding/layout/redistribute_anchors.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "strategies/sharding/layout/redistribute_internal.h"
 
@@ -205,15 +207,15 @@ nlohmann::json anchorPlansJson(const RedistGeometry& g, const Layout& from, cons
 }
 
 nlohmann::json compareWithAnchors(const RedistGeometry& g, const RedistCostModel& model,
-                                  PlanObjective objective) {
+                                  PlanObjective objective, const CompareLimits& limits) {
   const int ndim = static_cast<int>(g.shape.size());
   const int meshNdim = static_cast<int>(g.mesh.size());
   // Every ordered pair of layouts with at most one partial axis.
   const auto layouts = enumerateLayouts(ndim, meshNdim, 1);
   struct Tally {
     int pairs = 0, cheaper = 0, equal = 0, dearer = 0;
-    double saved = 0, bestSaving = 0;  // bytes saved, summed; the largest relative saving
-    int64_t planBytes = 0, anchorBytes = 0;
+    double saved = 0, bestSaving = 0;       // bytes saved, summed; the largest relative saving
+    double planBytes = 0, anchorBytes = 0;  // sums over pairs: past int64 on large tensors
   };
   Tally colossal, dtensor;
   nlohmann::json worse = nlohmann::json::array();
@@ -223,8 +225,8 @@ nlohmann::json compareWithAnchors(const RedistGeometry& g, const RedistCostModel
     const auto p = planFromSteps(g, from, *steps, model);
     const int64_t ours = plan.maxRankBytes(g), theirs = p.maxRankBytes(g);
     ++t.pairs;
-    t.planBytes += ours;
-    t.anchorBytes += theirs;
+    t.planBytes += static_cast<double>(ours);
+    t.anchorBytes += static_cast<double>(theirs);
     if (ours < theirs) {
       ++t.cheaper;
       t.saved += static_cast<double>(theirs - ours);
@@ -240,8 +242,24 @@ nlohmann::json compareWithAnchors(const RedistGeometry& g, const RedistCostModel
                        {"anchor_bytes", theirs}});
     }
   };
+  const auto start = std::chrono::steady_clock::now();
+  auto lastReport = start;
+  const size_t total = layouts.size() * layouts.size();
+  size_t done = 0;
   for (const auto& a : layouts) {
     for (const auto& b : layouts) {
+      const auto now = std::chrono::steady_clock::now();
+      const double elapsed = std::chrono::duration<double>(now - start).count();
+      if (limits.maxSeconds > 0 && elapsed > limits.maxSeconds) {
+        throw CompareStopped("stopped at the time limit of " + std::to_string(limits.maxSeconds) +
+                             " s after " + std::to_string(done) + " of " + std::to_string(total) +
+                             " ordered pairs of " + std::to_string(layouts.size()) + " layouts");
+      }
+      if (limits.progress && now - lastReport >= std::chrono::seconds(1)) {
+        limits.progress(done, total);
+        lastReport = now;
+      }
+      ++done;
       const auto plan = planRedistribution(g, a, b, model, objective);
       tally(colossal, "colossalai_greedy", plan, colossalGreedySteps(a, b, meshNdim), a);
       tally(dtensor, "dtensor", plan, dtensorSteps(a, b, meshNdim), a);

@@ -5,7 +5,10 @@
 // `stratbench solve redistribute` prints. A file of its own because neither anchor plans
 // anything here: they are the references the planner (redistribute.h) is measured against.
 
+#include <cstddef>
+#include <functional>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,7 +46,20 @@ nlohmann::json anchorPlansJson(const RedistGeometry& g, const Layout& from, cons
 // ("colossalai_greedy", "dtensor") how many pairs it has a path for and how many of those the
 // plan moves fewer, as many or more bytes than it, and "plan_more_bytes_than_an_anchor" listing
 // the last kind. Throws std::invalid_argument where the planner finds no path.
+//
+// Bounded by `limits`: past maxSeconds (> 0) it throws CompareStopped saying how far it got;
+// `progress`, where set, is called about once a second with the pairs done and their total.
+// Byte totals are sums over every pair, kept in floating point: they outgrow an int64 on large
+// tensors.
+struct CompareLimits {
+  double maxSeconds = 0;  // 0: no limit
+  std::function<void(size_t done, size_t total)> progress;
+};
+class CompareStopped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 nlohmann::json compareWithAnchors(const RedistGeometry& g, const RedistCostModel& model,
-                                  PlanObjective objective);
+                                  PlanObjective objective, const CompareLimits& limits = {});
 
 }  // namespace sb::harness

@@ -1,0 +1,23 @@
+#pragma once
+
+// Replacing a result file that a user named (--out of `solve shard`, `calibrate`): only a
+// regular file, or nothing, is ever replaced. A device, a FIFO, a folder or a socket at the path
+// (or at the end of a symbolic link there) is refused: a rename over it would swap the system's
+// /dev/null for a JSON file when run as root, and writing through a FIFO blocks.
+
+#include <string>
+
+namespace sb::harness {
+
+// Checks, before any work, that `path` may receive a result file (the rules below); returns the
+// path written (the end of a symbolic link at `path`). Throws InputError naming the path.
+std::string checkResultPath(const std::string& path);
+
+// Writes `content` to `path`: into a temporary file beside it (PATH.tmp.PID), flushed to disk,
+// then renamed over it. A symbolic link at `path` is followed, and its target (a regular file,
+// or nothing in an existing folder) replaced. Throws InputError naming the path and what is
+// there when it is not a regular file, and on any failure to write; the temporary file is gone
+// on every way out.
+void replaceResultFile(const std::string& path, const std::string& content);
+
+}  // namespace sb::harness
