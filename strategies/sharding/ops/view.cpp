@@ -222,6 +222,17 @@ std::vector<OpStrategySpec> splitSpecs(const reference::OpShape& s) {
   });
 }
 
+// Whether the operator transposes a 2-D input (transpose of its two dimensions, permute
+// [1, 0]): its gradient is then the seed's transposed view, copied.
+bool swapsTwoDims(const reference::OpShape& s) {
+  if (s.input.size() != 2) return false;
+  const auto norm = [](int64_t d) { return d < 0 ? d + 2 : d; };
+  if (s.op == "transpose") {
+    return norm(s.attrs.at("dim0").get<int64_t>()) != norm(s.attrs.at("dim1").get<int64_t>());
+  }
+  return s.op == "permute" && norm(s.attrs.at("dims").at(0).get<int64_t>()) == 1;
+}
+
 OpRule viewLikeRule(nlohmann::json canonical) {
   OpRule r;
   r.canonicalShapes = [canonical] { return std::vector<nlohmann::json>{canonical}; };
@@ -229,10 +240,18 @@ OpRule viewLikeRule(nlohmann::json canonical) {
   r.layouts = keepLayouts;
   r.faults = [](const OpStrategySpec& sp) { return commonFaults(sp, {}); };
   r.forward = referenceForward;
-  // permute, transpose: their output a view of the input, then the input's gradient.
+  // permute, transpose: their output a view of the input, then the input's gradient, a copy of
+  // the seed's transposed view. ATen copies a transposed 2-D tensor of at least 60 x 60
+  // elements through a 60 x 60 block buffer of its type (copy_transpose_valid, Copy.cpp),
+  // alive during the copy: found by the sweep at [64, 256], which the canonical [8, 16] is too
+  // small to show.
   r.memory = [](MemoryReplay& m) {
     m.dropPreviousResults(true, false);
     m.alloc(m.sumG);
+    if (swapsTwoDims(m.r.shape) && m.n >= 60 * 60) {
+      m.alloc(60 * 60 * m.es);
+      m.release(60 * 60 * m.es);
+    }
   };
   r.flops = noFlops;
   r.statistics = noStatistics;
