@@ -332,9 +332,7 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   // The profiled chain's simulation predicts the measured peak to the byte for every solver's
   // schedule (solver_execution_test.cpp executes them), so it is judged exactly.
   PredictionTolerance predictionTolerance() const override {
-    PredictionTolerance t;
-    t.memory = 0.0;
-    return t;
+    return PredictionTolerance::exactMemory();
   }
 
   std::vector<std::pair<std::string, std::string>> params() const override {

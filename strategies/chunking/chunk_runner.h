@@ -28,15 +28,6 @@ namespace sb::strategies::chunking {
 // reduces over the chunked dimension within the chunk only.
 enum class Fault { kNone, kOffByOne, kWrongOffset, kPerChunkReduction };
 
-// The chunking strategies' memory models replay every allocation of the chunked step
-// (estimator/), so they claim the measured peak to the byte and are judged exactly: a model
-// that is a few bytes off has a bug (a missed temporary), not noise.
-inline harness::Strategy::PredictionTolerance exactMemory() {
-  harness::Strategy::PredictionTolerance t;
-  t.memory = 0.0;
-  return t;
-}
-
 inline const char* faultName(Fault f) {
   switch (f) {
     case Fault::kNone:

@@ -34,7 +34,10 @@ using reference::PairStack;
 class PairStrategy final : public harness::SingleRankStrategy {
  public:
   std::vector<std::string> caseParams() const override { return {"chunk"}; }
-  PredictionTolerance predictionTolerance() const override { return exactMemory(); }
+  // The estimator replays every allocation of the chunked step (estimator/).
+  PredictionTolerance predictionTolerance() const override {
+    return PredictionTolerance::exactMemory();
+  }
   PairStrategy(int dim, Fault fault)
       : SingleRankStrategy(
             std::string("chunking/triangle/") + (dim == 1 ? "row" : "col"),

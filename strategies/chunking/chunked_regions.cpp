@@ -80,7 +80,10 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
   std::vector<std::string> caseParams() const override {
     return {"chunk", "max_memory", "max_memory_fraction"};
   }
-  PredictionTolerance predictionTolerance() const override { return exactMemory(); }
+  // The estimator replays every allocation of the chunked step (estimator/).
+  PredictionTolerance predictionTolerance() const override {
+    return PredictionTolerance::exactMemory();
+  }
   ChunkedStrategy(Region region, Fault fault)
       : SingleRankStrategy(
             region == Region::kAuto ? std::string("chunking/auto")

@@ -129,9 +129,7 @@ class MegatronStrategy final : public harness::Strategy {
   // The block's allocation replay predicts every rank's peak to the byte (docs/sharding.md),
   // so it is judged exactly: an error of a few bytes is a bug of the model.
   PredictionTolerance predictionTolerance() const override {
-    PredictionTolerance t;
-    t.memory = 0.0;
-    return t;
+    return PredictionTolerance::exactMemory();
   }
 
   std::vector<std::string> plantableFaults() const override {

@@ -311,9 +311,7 @@ class LinearMeshStrategy final : public harness::Strategy {
   // oneDNN on and off (LinearSharding.MeshStrategiesPredictTheirPeakInBFloat16WithOneDnnOnAndOff;
   // docs/sharding.md). Any byte off is a change in the step that the model no longer describes.
   PredictionTolerance predictionTolerance() const override {
-    PredictionTolerance t;
-    t.memory = 0.0;
-    return t;
+    return PredictionTolerance::exactMemory();
   }
 
   // Each all-reduce on the group of the axes it reduces over.

@@ -345,10 +345,7 @@ class OpStrategy final : public harness::Strategy {
   // scratch, and predicts the tracked peak to the byte, so any difference is a model bug that
   // the default 5% would hide. Time: no claim (the default).
   PredictionTolerance predictionTolerance() const override {
-    PredictionTolerance t;
-    t.memory = 0.0;
-    t.time = std::nullopt;
-    return t;
+    return PredictionTolerance::exactMemory();
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,

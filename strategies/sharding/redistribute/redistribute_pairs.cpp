@@ -167,9 +167,7 @@ class PairStrategy final : public harness::Strategy {
   // The plan's replay of its steps' buffers predicts the peak to the byte (every pair of the
   // redistribute suite), so it is judged exactly.
   PredictionTolerance predictionTolerance() const override {
-    PredictionTolerance t;
-    t.memory = 0.0;
-    return t;
+    return PredictionTolerance::exactMemory();
   }
 
   std::vector<std::pair<std::string, std::string>> params() const override {

@@ -217,9 +217,7 @@ class ShardedTensorLinearStrategy : public harness::Strategy {
   // uneven, placements reordered
   // (LinearSharding.ShardedTensorPassesWithItsPeakPredictedInEveryFloatType; docs/sharding.md).
   PredictionTolerance predictionTolerance() const override {
-    PredictionTolerance t;
-    t.memory = 0.0;
-    return t;
+    return PredictionTolerance::exactMemory();
   }
 
   harness::Box resultBox(const std::string& tensor, const harness::CaseSpec& c,

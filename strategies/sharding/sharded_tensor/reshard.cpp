@@ -210,9 +210,7 @@ class ReshardStrategy final : public harness::Strategy {
   // Memory judged exactly: the exchange's model (prepare) predicts the tracker's peak to the
   // byte (ShardedTensorReshard.UnevenReshardsAndReshufflesPassWithTheirMemoryPredicted).
   PredictionTolerance predictionTolerance() const override {
-    PredictionTolerance t;
-    t.memory = 0.0;
-    return t;
+    return PredictionTolerance::exactMemory();
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
