@@ -1,5 +1,7 @@
-// `stratbench graph`: a graph workload's nodes (reference/graph.h), as text or JSON. One
-// subcommand per file (cli/commands.h).
+// `stratbench graph`: a graph workload's nodes (reference/graph.h), as text or JSON; with
+// --model, a traced model's imported graph and the table of its operators with and without a
+// strategy set (as DTensor's op-coverage tool prints one). One subcommand per file
+// (cli/commands.h).
 
 #include <iomanip>
 #include <iostream>
@@ -13,34 +15,84 @@
 #include "cli/common.h"
 #include "harness/json_strict.h"
 #include "reference/graph.h"
+#include "reference/torchscript/import.h"
 
 namespace {
 
 using sb::cli::kExitBadInput;
+namespace ts = sb::reference::torchscript;
+
+struct GraphArgs {
+  std::string workload = "gpt2", shape = "{}", model, params;
+  std::vector<std::string> inputs;
+  bool json = false;
+};
+
+void printCoverage(const ts::ImportedModel& m) {
+  int with = 0, without = 0;
+  for (const auto& r : m.coverage) (r.strategies ? with : without) += r.count;
+  std::cout << "operators: " << with << " with a strategy set, " << without
+            << " without (run replicated)\n";
+  std::cout << "  " << std::left << std::setw(32) << "aten operator" << std::setw(7) << "nodes"
+            << std::setw(11) << "strategies"
+            << "graph nodes\n";
+  for (const auto& r : m.coverage) {
+    std::cout << "  " << std::left << std::setw(32) << r.aten << std::setw(7) << r.count
+              << std::setw(11) << (r.strategies ? "yes" : "NO") << r.mapped << "\n";
+  }
+  std::cout << "imported in " << m.importSeconds << " s (torch::jit::load " << m.loadSeconds
+            << " s)\n";
+}
 
 // `graph`: a graph workload's nodes (shapes, arguments, layers), as text or JSON.
-int graphMain(const std::string& workload, const std::string& shapeText, bool json) {
+int graphMain(const GraphArgs& a) {
+  const std::string who = "stratbench graph: ";
   try {
-    // Strict: a key given twice is refused (the suite reader refuses it too), not the last kept.
-    const auto g =
-        sb::reference::buildGraph(workload, sb::harness::parseJsonNoDuplicates(shapeText));
-    if (json) {
-      std::cout << g.toJson().dump(2) << "\n";
+    nlohmann::json shape;
+    std::string workload = a.workload;
+    if (!a.model.empty()) {
+      workload = "torchscript";
+      shape = sb::cli::modelShape(a.model, a.inputs, a.params);
+    } else {
+      // Strict: a key given twice is refused (the suite reader refuses it too), not the last.
+      shape = sb::harness::parseJsonNoDuplicates(a.shape);
+    }
+    const auto g = sb::reference::buildGraph(workload, shape);
+    std::shared_ptr<const ts::ImportedModel> imported;
+    if (workload == "torchscript") imported = ts::importModel(ts::ImportSpec::fromJson(shape));
+    if (a.json) {
+      nlohmann::json j = g.toJson();
+      if (imported) {
+        nlohmann::json cov = nlohmann::json::array();
+        for (const auto& r : imported->coverage) {
+          cov.push_back({{"aten", r.aten},
+                         {"nodes", r.count},
+                         {"strategies", r.strategies},
+                         {"graph_nodes", r.mapped}});
+        }
+        j["coverage"] = cov;
+      }
+      std::cout << j.dump(2) << "\n";
       return 0;
     }
-    std::cout << g.workload << ": " << g.nodes.size() << " nodes, " << g.parameters.size()
-              << " parameters, output " << g.output << "\n";
+    std::cout << (a.model.empty() ? g.workload : a.model) << ": " << g.nodes.size() << " nodes, "
+              << g.parameters.size() << " parameters, output " << g.output;
+    if (g.shape.layers > 0 && imported) std::cout << ", " << g.shape.layers << " repeated blocks";
+    std::cout << "\n";
     for (const auto& n : g.nodes) {
       std::cout << "  " << std::left << std::setw(24) << n.name << " " << n.shape.toString()
                 << " <- ";
       for (size_t i = 0; i < n.args.size(); ++i) std::cout << (i ? ", " : "") << n.args[i];
       std::cout << "\n";
     }
+    if (imported) printCoverage(*imported);
     return 0;
   } catch (const nlohmann::json::exception& e) {
-    std::cerr << "stratbench graph: --shape is not valid JSON: " << e.what() << "\n";
+    std::cerr << who << "--shape is not valid JSON: " << e.what() << "\n";
+  } catch (const ts::ImportError& e) {
+    std::cerr << who << e.what() << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "stratbench graph: --shape: " << e.what() << "\n";
+    std::cerr << who << (a.model.empty() ? "--shape: " : "") << e.what() << "\n";
   }
   return kExitBadInput;
 }
@@ -50,17 +102,20 @@ int graphMain(const std::string& workload, const std::string& shapeText, bool js
 namespace sb::cli {
 
 Command addGraph(CLI::App& app) {
-  struct Args {
-    std::string graphWorkload = "gpt2", graphShape = "{}";
-    bool graphJson = false;
-  };
-  const auto a = std::make_shared<Args>();
-  auto* graphCmd = app.add_subcommand("graph", "Print a graph workload (gpt2, bert, mlp)");
-  graphCmd->add_option("--workload", a->graphWorkload, "gpt2, bert or mlp")->capture_default_str();
-  graphCmd->add_option("--shape", a->graphShape, "JSON, e.g. '{\"layers\": 2}'")
-      ->capture_default_str();
-  graphCmd->add_flag("--json", a->graphJson, "As JSON");
-  return {graphCmd, [a] { return graphMain(a->graphWorkload, a->graphShape, a->graphJson); }};
+  const auto a = std::make_shared<GraphArgs>();
+  auto* graphCmd = app.add_subcommand(
+      "graph", "Print a graph workload (gpt2, bert, mlp), or a traced model's imported graph");
+  graphCmd->add_option("--workload", a->workload, "gpt2, bert or mlp")->capture_default_str();
+  graphCmd->add_option("--shape", a->shape, "JSON, e.g. '{\"layers\": 2}'")->capture_default_str();
+  graphCmd->add_option("--model", a->model,
+                       "A TorchScript file (torch.jit.trace(...).save): import it instead");
+  graphCmd->add_option("--input", a->inputs,
+                       "With --model, one per forward input: '[2, 16, 64]' (float) or "
+                       "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
+      ->allow_extra_args(false);  // one per --input: its JSON brackets are not a CLI list
+  graphCmd->add_option("--params", a->params, "With --model: module (default) or seed");
+  graphCmd->add_flag("--json", a->json, "As JSON");
+  return {graphCmd, [a] { return graphMain(*a); }};
 }
 
 }  // namespace sb::cli

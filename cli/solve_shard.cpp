@@ -23,6 +23,7 @@
 #include "harness/out_file.h"
 #include "harness/run/records.h"
 #include "reference/graph.h"
+#include "reference/torchscript/import.h"
 #include "strategies/sharding/auto/model.h"
 
 namespace {
@@ -36,6 +37,8 @@ constexpr int64_t kMaxPlanRanks = 4096;
 // plan fits the memory limit (saying the least any plan needs), 2 for malformed input.
 struct ShardArgs {
   std::string workload = "gpt2", shape = "{}", mesh, profile, algo = "ilp", out, dtype = "float32";
+  std::string model, params;  // a traced model (--model, --input, --params) instead
+  std::vector<std::string> inputs;
   double intra = 0, inter = 0, maxMemory = 0, timeLimit = 60, gapPct = 0;
 };
 int solveShard(const ShardArgs& a) {
@@ -45,8 +48,14 @@ int solveShard(const ShardArgs& a) {
   nlohmann::json shape;
   std::vector<int64_t> mesh;
   at::ScalarType dtype = at::kFloat;
+  std::string workload = a.workload;
   try {
-    shape = h::parseJsonNoDuplicates(a.shape);
+    if (!a.model.empty()) {
+      workload = "torchscript";
+      shape = sb::cli::modelShape(a.model, a.inputs, a.params);
+    } else {
+      shape = h::parseJsonNoDuplicates(a.shape);
+    }
   } catch (const nlohmann::json::exception& e) {
     std::cerr << who << "--shape is not valid JSON: " << e.what() << "\n";
     return kExitBadInput;
@@ -89,7 +98,7 @@ int solveShard(const ShardArgs& a) {
   try {
     const auto start = std::chrono::steady_clock::now();
     const as::CostOptions opts = as::costOptionsFrom(params, &profile, dtype);
-    const as::ShardingModel model(sb::reference::buildGraph(a.workload, shape), mesh, opts);
+    const as::ShardingModel model(sb::reference::buildGraph(workload, shape), mesh, opts);
     as::SolveOptions o;
     o.algo = a.algo;
     o.memoryLimit = a.maxMemory;
@@ -104,7 +113,8 @@ int solveShard(const ShardArgs& a) {
       std::cout << text;
     } else {
       h::replaceResultFile(a.out, text);
-      std::cerr << "stratbench solve shard: " << a.algo << " plan of " << a.workload << " on "
+      std::cerr << "stratbench solve shard: " << a.algo << " plan of "
+                << (a.model.empty() ? a.workload : a.model) << " on "
                 << a.mesh << " (" << plan.solver.status << ", " << plan.solver.seconds
                 << " s in CBC, " << plan.solver.totalSeconds << " s in all): predicted step "
                 << plan.predictedStepUs << " us, peak " << plan.predictedPeakBytes
@@ -115,6 +125,9 @@ int solveShard(const ShardArgs& a) {
     std::cerr << who << e.what() << "\n";
     return 1;
   } catch (const h::InputError& e) {
+    std::cerr << who << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const sb::reference::torchscript::ImportError& e) {
     std::cerr << who << e.what() << "\n";
     return kExitBadInput;
   } catch (const std::logic_error& e) {
@@ -138,6 +151,13 @@ Command addSolveShard(CLI::App& solve) {
   shardCmd->add_option("--workload", shard->workload, "gpt2, bert or mlp")->capture_default_str();
   shardCmd->add_option("--shape", shard->shape, "JSON, e.g. '{\"layers\": 12}'")
       ->capture_default_str();
+  shardCmd->add_option("--model", shard->model,
+                       "A TorchScript file (torch.jit.trace(...).save) to plan instead");
+  shardCmd->add_option("--input", shard->inputs,
+                       "With --model, one per forward input: '[2, 16, 64]' or "
+                       "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
+      ->allow_extra_args(false);  // one per --input: its JSON brackets are not a CLI list
+  shardCmd->add_option("--params", shard->params, "With --model: module (default) or seed");
   shardCmd->add_option("--mesh", shard->mesh, "Mesh extents, e.g. 2x4 (axis 0 across nodes)")
       ->required();
   shardCmd->add_option("--profile", shard->profile, "Cost profile from `stratbench calibrate`");

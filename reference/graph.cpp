@@ -1,5 +1,7 @@
 #include "reference/graph.h"
 
+#include "reference/torchscript/import.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -385,6 +387,11 @@ const std::vector<std::string>& graphWorkloads() {
 }
 
 Graph buildGraph(const std::string& workload, const nlohmann::json& shape) {
+  if (workload == "torchscript") {
+    Graph g = torchscript::importModel(torchscript::ImportSpec::fromJson(shape))->graph;
+    g.importShape = shape;
+    return g;
+  }
   const auto& names = graphWorkloads();
   if (std::find(names.begin(), names.end(), workload) == names.end()) {
     throw std::invalid_argument("unknown graph workload '" + workload +
@@ -402,6 +409,21 @@ void Graph::index() {
   for (size_t i = 0; i < nodes.size(); ++i) nodeIndex[nodes[i].name] = static_cast<int>(i);
   for (const auto& [name, dims] : parameters) isParameterName[name] = true;
   for (const auto& [name, dims] : inputs) isParameterName[name] = false;
+  gradOf.clear();
+  for (const auto& n : nodes) {
+    bool grad = false;
+    const auto operands = n.shape.operands();
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      grad = grad || (n.shape.differentiable(operands[i]) && requiresGrad(n.args[i]));
+    }
+    for (const auto& o : n.outputs()) gradOf[o] = grad;
+  }
+}
+
+bool Graph::requiresGrad(const std::string& value) const {
+  if (isParameter(value)) return true;
+  const auto it = gradOf.find(value);
+  return it != gradOf.end() && it->second;
 }
 
 std::pair<int, int> Graph::producer(const std::string& value) const {
@@ -483,6 +505,13 @@ std::map<std::string, at::Tensor> runGraph(const Graph& g, std::map<std::string,
 
 std::map<std::string, at::Tensor> graphInputs(const Graph& g, at::ScalarType dtype, uint64_t seed,
                                               InputMode mode) {
+  if (g.workload == "torchscript") {
+    const auto spec = torchscript::ImportSpec::fromJson(g.importShape);
+    const auto m = torchscript::importModel(spec);
+    auto out = torchscript::importedInputs(*m, dtype, seed, mode);
+    for (auto& [name, t] : torchscript::importedParameters(*m, spec, dtype, seed)) out[name] = t;
+    return out;
+  }
   std::map<std::string, at::Tensor> out;
   const GraphShape& s = g.shape;
   int stream = 0;
@@ -530,6 +559,7 @@ const Workload* findGraphWorkload(const std::string& name) {
   if (name == "gpt2") return &gpt2;
   if (name == "bert") return &bert;
   if (name == "mlp") return &mlp;
+  if (name == "torchscript") return torchscript::torchscriptWorkload();
   return nullptr;
 }
 

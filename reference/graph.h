@@ -73,10 +73,13 @@ struct Graph {
   // The model's inputs (data) and parameters, with their full shapes, in order.
   std::vector<std::pair<std::string, std::vector<int64_t>>> inputs, parameters;
   std::string output;  // the value the model returns
+  // torchscript: the case's shape the graph was imported from (reference/torchscript).
+  nlohmann::json importShape;
   // Lookups by name, filled by buildGraph (index()): node by name, and which names are
   // parameters and inputs.
   std::map<std::string, int> nodeIndex;
   std::map<std::string, bool> isParameterName;
+  std::map<std::string, bool> gradOf;  // requiresGrad, per node output
   void index();
 
   // The node index producing `value`, with the output's index; {-1, 0} for inputs and
@@ -84,12 +87,17 @@ struct Graph {
   std::pair<int, int> producer(const std::string& value) const;
   bool isParameter(const std::string& value) const;
   bool isInput(const std::string& value) const;
+  // Whether autograd computes a gradient for `value`: a parameter, or a node's output that
+  // reads one through a differentiable operand; not the inputs, nor values computed from
+  // inputs alone (an imported model's rotary tables sliced from a buffer).
+  bool requiresGrad(const std::string& value) const;
   // The full shape of any value.
   std::vector<int64_t> valueShape(const std::string& value) const;
   nlohmann::json toJson() const;
 };
 
 // Throws std::invalid_argument naming the key for a malformed shape or an unknown workload.
+// "torchscript" imports the model its shape names (reference/torchscript/import.h).
 Graph buildGraph(const std::string& workload, const nlohmann::json& shape);
 // The workloads buildGraph knows.
 const std::vector<std::string>& graphWorkloads();

@@ -2,6 +2,8 @@
 
 #include "reference/ops.h"
 
+#include "reference/torchscript/aten_op.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -34,6 +36,8 @@ const std::map<std::string, OpKeys>& opKeys() {
       {"mul", {{"input", "other"}, {}}},
       {"gelu", {{"input"}, {}}},
       {"relu", {{"input"}, {}}},
+      {"silu", {{"input"}, {}}},
+      {"aten", {{"schema", "operands", "dtypes", "args", "outputs"}, {"view"}}},
       {"dropout", {{"input", "p"}, {}}},
       {"softmax", {{"input", "dim"}, {"scale", "causal"}}},
       {"view", {{"input", "size"}, {}}},
@@ -176,14 +180,14 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
       shape.is_object() && shape.contains("op") && shape.at("op").is_string(),
       "op: shape must be a mapping with the key 'op' naming the operator (one of addmm, "
       "bmm, matmul, embedding, layer_norm, batch_norm, conv2d, max_pool2d, avg_pool2d, "
-      "add, mul, gelu, relu, dropout, softmax, view, reshape, permute, transpose, split, sum, "
-      "getitem)");
+      "add, mul, gelu, relu, silu, dropout, softmax, view, reshape, permute, transpose, split, "
+      "sum, getitem)");
   s.op = shape.at("op").get<std::string>();
   const auto it = opKeys().find(s.op);
   TORCH_CHECK(it != opKeys().end(), "op: unknown operator '", s.op,
               "' (expected one of addmm, bmm, matmul, embedding, layer_norm, batch_norm, conv2d, "
-              "max_pool2d, avg_pool2d, add, mul, gelu, relu, dropout, softmax, view, reshape, "
-              "permute, transpose, split, sum, getitem)");
+              "max_pool2d, avg_pool2d, add, mul, gelu, relu, silu, dropout, softmax, view, "
+              "reshape, permute, transpose, split, sum, getitem)");
   const OpKeys& keys = it->second;
   for (auto k = shape.begin(); k != shape.end(); ++k) {
     if (k.key() == "op") continue;
@@ -206,6 +210,10 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
     } else if (k.key() != "op") {
       s.attrs[k.key()] = k.value();
     }
+  }
+  if (s.op == "aten") {
+    parseAtenOp(s);
+    return s;
   }
   const int64_t nd = static_cast<int64_t>(s.input.size());
   const auto need = [&](bool ok, const std::string& what) {
@@ -336,6 +344,13 @@ std::vector<int64_t> OpShape::attrDims(const std::string& key) const {
 }
 
 std::vector<std::string> OpShape::operands() const {
+  if (op == "aten") {
+    std::vector<std::string> names = {"input"};
+    const size_t n = attrs.at("operands").size();
+    if (n > 1) names.push_back("other");
+    for (size_t i = 2; i < n; ++i) names.push_back("arg" + std::to_string(i));
+    return names;
+  }
   std::vector<std::string> names = {"input"};
   if (!other.empty()) names.push_back("other");
   if (!weight.empty()) names.push_back("weight");
@@ -347,16 +362,23 @@ const std::vector<int64_t>& OpShape::operandShape(const std::string& name) const
   if (name == "input") return input;
   if (name == "other") return other;
   if (name == "weight") return weight;
+  if (op == "aten" && name.rfind("arg", 0) == 0) return extra.at(std::stoul(name.substr(3)) - 2);
   TORCH_CHECK(name == "bias", "no operand ", name);
   return bias;
 }
 
 bool OpShape::differentiable(const std::string& name) const {
+  if (op == "aten") {
+    const auto names = operands();
+    return atenOperandFloating(
+        *this, static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin()));
+  }
   return !(op == "embedding" && name == "input");
 }
 
 std::vector<std::vector<int64_t>> OpShape::outputs() const {
   const int64_t nd = static_cast<int64_t>(input.size());
+  if (op == "aten") return atenOutputs(*this);
   if (op == "addmm") return {{input[0], other[1]}};
   if (op == "bmm") return {{input[0], input[1], other[2]}};
   if (op == "matmul") return {nd == 1 ? std::vector<int64_t>{} : std::vector<int64_t>{input[0]}};
@@ -413,7 +435,7 @@ std::vector<std::vector<int64_t>> OpShape::outputs() const {
 
 std::vector<std::string> OpShape::outputNames() const {
   const size_t n = outputs().size();
-  if (op != "split") return {"output"};
+  if (op != "split" && (op != "aten" || n == 1)) return {"output"};
   std::vector<std::string> names;
   for (size_t i = 0; i < n; ++i) names.push_back("output" + std::to_string(i));
   return names;
@@ -436,6 +458,13 @@ std::vector<int64_t> OpShape::reducedDims() const {
 }
 
 std::string OpShape::toString() const {
+  if (op == "aten") {  // its arguments are data, not a shape: the operator and its operands
+    std::string s = "op=aten;schema=" + attrs.at("schema").get<std::string>() + ";operands=";
+    for (const auto& name : operands()) {
+      s += (name == "input" ? "" : ",") + dimsString(operandShape(name));
+    }
+    return s;
+  }
   std::string s = "op=" + op + ";input=" + dimsString(input);
   if (!other.empty()) s += ";other=" + dimsString(other);
   for (auto it = attrs.begin(); it != attrs.end(); ++it) {
@@ -486,6 +515,11 @@ at::Tensor dropoutKeepMask(const std::vector<int64_t>& fullShape,
 
 std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, at::Tensor>& t,
                                   uint64_t seed) {
+  if (s.op == "aten") {
+    std::vector<at::Tensor> operands;
+    for (const auto& name : s.operands()) operands.push_back(t.at(name));
+    return atenForward(s, operands);
+  }
   const at::Tensor& x = t.at("input");
   const auto get = [&](const char* name) {
     const auto it = t.find(name);
@@ -514,6 +548,7 @@ std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, 
   if (op == "mul") return {x * other};
   if (op == "gelu") return {at::gelu(x)};
   if (op == "relu") return {at::relu(x)};
+  if (op == "silu") return {at::silu(x)};
   if (op == "dropout") {
     const double p = s.attrDouble("p");
     std::vector<int64_t> zero(s.input.size(), 0);
@@ -550,6 +585,9 @@ class OpWorkload final : public Workload {
   }
   void validate(const nlohmann::json& shape) const override {
     const OpShape s = OpShape::parse(shape);
+    // Its memory and cost are not modelled alone: it runs inside imported graphs only.
+    TORCH_CHECK(s.op != "aten", "op: 'aten' is an imported model's operator without a ",
+                "strategy set; it runs inside a torchscript workload's graph, not alone");
     s.outputs();
   }
   std::string shapeString(const nlohmann::json& shape) const override {

@@ -40,18 +40,24 @@ namespace sb::reference {
 //   permute      input, dims;   transpose: input, dim0, dim1
 //   split        input, split_size, dim: outputs output0, output1, ...
 //   sum          input, dims
+//   silu         input
+//   aten         an imported model's operator that no strategy set knows, as data: schema,
+//                operands, dtypes, args, outputs (reference/torchscript/aten_op.h); run whole
+//                by LibTorch's own kernel, its operands "input", "other", "arg2", "arg3", ...
 // The loss is sum(output * grad_output) per output: the reference backward starts from a
 // deterministic grad_output, as the Linear reference does.
 struct OpShape {
   std::string op;
   std::vector<int64_t> input, other;  // `other` empty for one-tensor operators
   std::vector<int64_t> weight, bias;  // parameters, derived from the keys; empty when none
+  std::vector<std::vector<int64_t>> extra;  // "aten": its operands after the second
   nlohmann::json attrs = nlohmann::json::object();  // every other key, validated
 
   // Throws naming the key and what was expected on a malformed shape.
   static OpShape parse(const nlohmann::json& shape);
 
-  // The tensor operands in order: "input", then "other", "weight", "bias" where present.
+  // The tensor operands in order: "input", then "other", "weight", "bias" where present
+  // ("aten": "input", "other", "arg2", ... for as many as it has).
   std::vector<std::string> operands() const;
   const std::vector<int64_t>& operandShape(const std::string& name) const;
   // Whether the reference computes a gradient for the operand (not for embedding ids).

@@ -70,6 +70,16 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
     }
     return [&g, axes](int v, const Candidate& c) {
       const auto& n = g.nodes[v];
+      // An imported operator without a strategy set runs whole on every rank in any plan, and
+      // the views of what it returns may stay whole too (they compute nothing; a view's
+      // strategies need not cover every rank of input an imported model reshapes through).
+      if (n.shape.op == "aten") return true;
+      const std::string& op = n.shape.op;
+      if (g.workload == "torchscript" && allReplicated(c.op) &&
+          (op == "view" || op == "reshape" || op == "permute" || op == "transpose" ||
+           op == "split" || op == "getitem")) {
+        return true;
+      }
       bool data = false;
       for (size_t i = 0; i < n.args.size(); ++i) {
         const Layout& l = c.op.operands[i];
@@ -129,6 +139,14 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   if (std::find(algos.begin(), algos.end(), o.algo) == algos.end()) {
     throw InputError("--algo '" + o.algo +
                      "' is not one of ilp, megatron, data-parallel, replicated");
+  }
+  if (o.algo == "megatron" && m.graph().workload == "torchscript") {
+    // Megatron's plan places parameters by their role (megatronParam), known by the names of
+    // the built-in graphs; an imported model's names are its author's.
+    throw NoPlanError(
+        "megatron: the column- and row-parallel roles of an imported model's parameters are "
+        "not recognised from their names; plan it with ilp, data-parallel or replicated",
+        0);
   }
   const auto start = std::chrono::steady_clock::now();
   // A hand-written family's plan does not bend to the memory limit: it is solved without one

@@ -52,12 +52,12 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
   // replicated one where the generator has none (bmm).
   std::map<std::string, std::vector<Candidate>> byShape;
   for (const GraphNode& n : graph_.nodes) {
-    // The model's inputs take no gradient (only parameters and computed values do), so
-    // autograd never runs the all-reduce of an input operand's partial gradient: a node that
-    // reads an input is priced without it, and so is not the same candidate set as a node of
+    // The model's inputs take no gradient (only parameters and values computed from them do),
+    // so autograd never runs the all-reduce of such an operand's partial gradient: a node that
+    // reads one is priced without it, and so is not the same candidate set as a node of
     // the same shape that reads a computed value.
     std::string inputArgs;
-    for (const auto& a : n.args) inputArgs += graph_.isInput(a) ? 'i' : '-';
+    for (const auto& a : n.args) inputArgs += graph_.requiresGrad(a) ? '-' : 'i';
     const std::string key =
         n.shape.toString() + "|" + nlohmann::json(n.shape.attrs).dump() + "|" + inputArgs;
     auto it = byShape.find(key);
@@ -104,7 +104,7 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
     }
     for (auto& c : cands) {
       for (size_t i = 0; i < n.args.size() && i < c.op.gradPartial.size(); ++i) {
-        if (graph_.isInput(n.args[i])) c.op.gradPartial[i].clear();
+        if (!graph_.requiresGrad(n.args[i])) c.op.gradPartial[i].clear();
       }
       c.outputs = c.op.reducedOutputs();
       const double flops = opFlops(c.op, mesh_, 0);

@@ -20,8 +20,10 @@ using harness::Layout;
 using reference::Graph;
 using reference::GraphNode;
 
-bool isAliasOp(const std::string& op) {
-  return op == "view" || op == "permute" || op == "transpose" || op == "split";
+bool isAliasOp(const reference::OpShape& s) {
+  const std::string& op = s.op;
+  return op == "view" || op == "permute" || op == "transpose" || op == "split" ||
+         (op == "aten" && s.attrs.value("view", false));
 }
 
 }  // namespace
@@ -52,7 +54,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   for (int v = 0; v < N; ++v) {
     const GraphNode& n = g.nodes[v];
     root[v] = v;
-    if (!isAliasOp(n.shape.op)) continue;
+    if (!isAliasOp(n.shape)) continue;
     const auto [p, j] = g.producer(n.args[0]);
     const bool copies = n.shape.op == "view" && p >= 0 &&
                         (g.nodes[p].shape.op == "permute" || g.nodes[p].shape.op == "transpose");
@@ -72,7 +74,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   }
   const int outputNode = g.producer(g.output).first;
   const auto isActivation = [&](const std::string& a) {
-    if (g.isInput(a) || g.isParameter(a)) return false;
+    if (g.isInput(a) || g.isParameter(a) || !g.requiresGrad(a)) return false;
     return root[g.producer(a).first] >= 0;
   };
   // Per node: its outputs, what it saves, the parameters it owns and the inputs it slices,
@@ -93,6 +95,8 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       });
     };
     const std::string& op = n.shape.op;
+    bool records = false;  // autograd records the node (it saves) when a gradient flows through
+    for (const auto& o : n.outputs()) records = records || g.requiresGrad(o);
     for (size_t i = 0; i < n.args.size(); ++i) {
       const std::string& a = n.args[i];
       const bool owned = g.isParameter(a) && firstReader.at(a) == v;
@@ -100,8 +104,11 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       if (owned || g.isInput(a)) add(base[v], operand(i));
       if (!isActivation(a)) continue;
       add(grads[v], operand(i));
+      if (!records) continue;
       if (op == "addmm" || op == "bmm" ||
-          (i == 0 && (op == "layer_norm" || op == "gelu" || op == "dropout"))) {
+          (i == 0 && (op == "layer_norm" || op == "gelu" || op == "silu" || op == "dropout")) ||
+          (op == "aten" && !isAliasOp(n.shape))) {
+        // aten: what an unknown kernel saves is not known here; all it reads is counted
         add(saved[v], operand(i));  // dropout: its mask, of the input's size
       }
     }

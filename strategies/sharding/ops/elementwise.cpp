@@ -1,6 +1,6 @@
 // Element-wise operators: add and mul (ColossalAI's BinaryElementwiseStrategyGenerator, 9
 // strategies for a 2-D output, a broadcast operand replicated along its broadcast dimensions)
-// and gelu and relu (one strategy per layout of their input). Each rank computes on its
+// and gelu, relu and silu (one strategy per layout of their input). Each rank computes on its
 // pieces as on the whole tensor (the reference's forward).
 
 #include <numeric>
@@ -63,7 +63,7 @@ void binaryMemory(MemoryReplay& m, bool productGradient) {
   m.gradAllReduces();
 }
 
-// gelu, relu: the output, then the input's gradient.
+// gelu, relu, silu: the output, then the input's gradient.
 void unaryMemory(MemoryReplay& m) {
   m.dropPreviousResults(false, false);
   m.alloc(m.O);
@@ -107,5 +107,8 @@ SB_REGISTER_OP_RULE("gelu", sb::strategies::elementwiseRule({{"op", "gelu"}, {"i
                                                             sb::strategies::unarySpecs,
                                                             sb::strategies::unaryMemory));
 SB_REGISTER_OP_RULE("relu", sb::strategies::elementwiseRule({{"op", "relu"}, {"input", {8, 16}}},
+                                                            sb::strategies::unarySpecs,
+                                                            sb::strategies::unaryMemory));
+SB_REGISTER_OP_RULE("silu", sb::strategies::elementwiseRule({{"op", "silu"}, {"input", {8, 16}}},
                                                             sb::strategies::unarySpecs,
                                                             sb::strategies::unaryMemory));

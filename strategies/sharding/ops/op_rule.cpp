@@ -17,7 +17,7 @@ constexpr const char* kOpOrder[] = {
     "addmm",     "bmm",        "matmul",     "embedding", "layer_norm", "batch_norm",
     "conv2d",    "max_pool2d", "avg_pool2d", "add",       "mul",        "gelu",
     "relu",      "dropout",    "softmax",    "view",      "reshape",    "permute",
-    "transpose", "split",      "getitem",    "sum",
+    "transpose", "split",      "getitem",    "sum",       "silu",       "aten",
 };
 
 std::map<std::string, OpRule>& rules() {

@@ -1,0 +1,44 @@
+#pragma once
+
+// The graph operator "aten" (reference/ops.h): one operator of an imported TorchScript model
+// that no strategy set knows, kept as data (its schema, how each argument is given, its
+// operands' and outputs' shapes) and run by LibTorch's own kernel through the JIT's operator
+// registry. Autograd records it as it records the module's own run, so a graph of such nodes
+// has the module's gradients.
+//
+// Its shape keys:
+//   schema    "aten::cumsum" or "aten::masked_fill.Scalar": the operator and its overload
+//   operands  the tensor operands' shapes, in the order the arguments read them (input, other,
+//             arg2, ... by OpShape::operands())
+//   dtypes    each operand's dtype class: "float" (the case's dtype), "long", "bool", "int"
+//   args      one per schema argument: {"tensor": k} (operand k), {"tensors": [k, ...]} (a list
+//             of operands; -1 for an absent optional one), or a constant: {"int": 3},
+//             {"double": 0.5 or "-inf"}, {"bool": true}, {"none": true}, {"ints": [...]},
+//             {"doubles": [...]}, {"bools": [...]}, {"str": "none"}, {"device": "cpu"},
+//             {"scalar_tensor": 2.0, "dtype": "float"} (a 0-dimensional constant)
+//   outputs   the shapes of the tensors it returns, flattened (a list's, a tuple's) in order
+//   view      optional, true: it returns a view of its first operand (its schema says so:
+//             aten::slice, aten::expand, ...), which allocates nothing
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+namespace sb::reference {
+
+struct OpShape;
+
+// Checks the keys of an "aten" shape and fills its operand shapes (input, other, extra).
+// Throws (c10::Error) naming the key on a malformed one.
+void parseAtenOp(OpShape& s);
+// Its outputs' shapes.
+std::vector<std::vector<int64_t>> atenOutputs(const OpShape& s);
+// Whether operand `index` is of a floating dtype (differentiable).
+bool atenOperandFloating(const OpShape& s, size_t index);
+// Runs it: `operands` in OpShape::operands() order; returns every tensor it returns.
+std::vector<at::Tensor> atenForward(const OpShape& s, const std::vector<at::Tensor>& operands);
+
+}  // namespace sb::reference

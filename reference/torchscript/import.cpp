@@ -1,0 +1,302 @@
+// The walk that turns a TorchScript module into a graph (import.h): every node executed once on
+// example inputs, its operator mapped to graph nodes or kept as "aten".
+
+#include "reference/torchscript/import.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <sys/stat.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/operator.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <set>
+
+#include "reference/torchscript/import_map.h"
+
+namespace sb::reference::torchscript {
+namespace {
+
+using torch::jit::Node;
+using torch::jit::Value;
+
+// The first line of an error that says something (c10's messages may open with a newline).
+std::string firstLine(const std::string& s) {
+  size_t start = s.find_first_not_of(" \n");
+  if (start == std::string::npos) return s;
+  return s.substr(start, s.find('\n', start) - start);
+}
+
+class Walker {
+ public:
+  Walker(const ImportSpec& spec, torch::jit::Module module, ImportedModel& out)
+      : spec_(spec), module_(std::move(module)), out_(out), map_(out) {
+    for (const auto& p : module_.named_parameters(true)) {
+      if (!paramName_.count(p.value.unsafeGetTensorImpl())) {
+        paramName_[p.value.unsafeGetTensorImpl()] = p.name;
+      }
+    }
+    for (const auto& b : module_.named_buffers(true)) {
+      bufferName_[b.value.unsafeGetTensorImpl()] = b.name;
+    }
+  }
+
+  void run() {
+    auto method = module_.get_method("forward");
+    const auto& args = method.function().getSchema().arguments();
+    if (args.size() - 1 != spec_.inputs.size()) {
+      throw ImportError(spec_.file + ": its forward takes " + std::to_string(args.size() - 1) +
+                        " inputs, the case gives " + std::to_string(spec_.inputs.size()));
+    }
+    std::vector<Entry> in;
+    Entry self;
+    self.v = module_._ivalue();
+    in.push_back(self);
+    for (size_t i = 0; i < spec_.inputs.size(); ++i) {
+      const InputSpec& s = spec_.inputs[i];
+      Entry e;
+      // Example values: only their shapes matter (numbers read from computed tensors are
+      // refused), drawn from a generator of our own so that the process's stays as it was.
+      e.v = s.dtype == "int64" ? at::randint(s.low, s.high, s.shape, gen_, at::kLong)
+                               : at::randn(s.shape, gen_, at::kFloat);
+      e.dynamic = true;
+      e.name = args[i + 1].name();
+      out_.dataInputs.push_back(e.name);
+      out_.graph.inputs.emplace_back(e.name, s.shape);
+      in.push_back(e);
+    }
+    std::vector<Entry> results = walk(*method.graph(), in, "");
+    const Entry& r = results.at(0);
+    std::string output = r.name;
+    if (output.empty() && !r.names.empty()) output = r.names[0];  // a tuple: its first tensor
+    if (!r.dynamic || output.empty()) {
+      throw ImportError(spec_.file + ": the forward returns nothing computed from its inputs or "
+                                     "parameters (expected a tensor, or a tuple starting with one)");
+    }
+    out_.graph.output = output;
+    map_.finish(output);
+    out_.coverage = map_.coverage();
+  }
+
+ private:
+  std::string where(const Node* n, const std::string& path) const {
+    std::string loc;
+    if (const auto flc = n->sourceRange().file_line_col()) {
+      loc = ", " + std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc));
+    }
+    return spec_.file + ": node " + n->kind().toQualString() + " (in " +
+           (path.empty() ? "the top module" : "'" + path + "'") + loc + ")";
+  }
+
+  std::string inputsText() const {
+    std::string s;
+    for (const auto& i : spec_.inputs) s += (s.empty() ? "" : ", ") + i.toJson().dump();
+    return s;
+  }
+
+  static std::string join(const std::string& a, const std::string& b) {
+    return a.empty() ? b : a + "." + b;
+  }
+
+  std::vector<Entry> walk(torch::jit::Graph& graph, const std::vector<Entry>& args,
+                          const std::string& path) {
+    std::map<const Value*, Entry> env;
+    for (size_t i = 0; i < graph.inputs().size(); ++i) env[graph.inputs()[i]] = args.at(i);
+    for (Node* n : graph.nodes()) step(n, env, path);
+    std::vector<Entry> out;
+    for (const Value* v : graph.outputs()) out.push_back(env.at(v));
+    return out;
+  }
+
+  Entry getAttr(const Node* n, const Entry& obj) {
+    const std::string name = n->s(c10::attr::name);
+    Entry e;
+    e.v = obj.v.toObject()->getAttr(name);
+    const std::string qualified = join(obj.module, name);
+    if (e.v.isObject()) {
+      e.module = qualified;
+    } else if (e.v.isTensor()) {
+      const auto* impl = e.v.toTensor().unsafeGetTensorImpl();
+      if (auto it = paramName_.find(impl); it != paramName_.end()) {
+        e.dynamic = true;
+        e.name = map_.parameter(it->second, e.v.toTensor(), spec_.fault == "wrong_parameter");
+      } else if (bufferName_.count(impl)) {
+        e.dynamic = true;  // module state: a graph input, converted as module.to() converts it
+        e.name = map_.buffer(bufferName_.at(impl), e.v.toTensor());
+      }
+    }
+    return e;
+  }
+
+  void step(Node* n, std::map<const Value*, Entry>& env, const std::string& path) {
+    const auto kind = n->kind();
+    if (kind == c10::prim::Constant) {
+      env[n->output()].v = torch::jit::toIValue(n->output()).value();
+      return;
+    }
+    if (kind == c10::prim::GetAttr) {
+      env[n->output()] = getAttr(n, env.at(n->input(0)));
+      return;
+    }
+    if (kind == c10::prim::CallMethod) {
+      const Entry& self = env.at(n->input(0));
+      torch::jit::Module sub(self.v.toObject());
+      auto method = sub.get_method(n->s(c10::attr::name));
+      std::vector<Entry> args;
+      for (const Value* v : n->inputs()) args.push_back(env.at(v));
+      const auto results = walk(*method.graph(), args, self.module);
+      for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]] = results.at(i);
+      return;
+    }
+    if (kind == c10::prim::If || kind == c10::prim::Loop || kind == c10::prim::CallFunction ||
+        kind == c10::prim::fork || n->blocks().size() > 0) {
+      throw ImportError(where(n, path) +
+                        ": control flow (from torch.jit.script) is not imported; trace the model "
+                        "with torch.jit.trace at the shapes to study");
+    }
+    bool dynamic = false;
+    for (const Value* v : n->inputs()) dynamic |= env.at(v).dynamic;
+    // Dropout that drops nothing is the identity; any other draw from torch's generator is not
+    // something a graph can repeat the way the module's own run draws it.
+    const std::string k = kind.toQualString();
+    if (k == "aten::dropout" || k == "aten::dropout_" || k == "aten::feature_dropout") {
+      const double p = env.at(n->input(1)).v.toDouble();
+      const bool train = env.at(n->input(2)).v.toBool();
+      if (p == 0 || !train) {
+        env[n->output()] = env.at(n->input(0));
+        return;
+      }
+      throw ImportError(where(n, path) + ": dropout with p = " + std::to_string(p) +
+                        " in training draws its mask from torch's generator, which a graph "
+                        "cannot repeat; trace the model with dropout 0 or in eval mode");
+    }
+    if (n->isNondeterministic()) {
+      throw ImportError(where(n, path) + ": a random operator; its draws cannot be repeated");
+    }
+    if (dynamic && (k == "aten::item" || k == "aten::Int" || k == "aten::Float" ||
+                    k == "aten::Bool" || k == "aten::ScalarImplicit")) {
+      throw ImportError(where(n, path) +
+                        ": a number read from a tensor computed by the model: the graph would "
+                        "depend on the data");
+    }
+    torch::jit::Stack stack;
+    for (const Value* v : n->inputs()) stack.push_back(env.at(v).v);
+    // The interpreter runs these itself (instructions, not operators).
+    const bool structural = kind == c10::prim::ListConstruct || kind == c10::prim::TupleConstruct ||
+                            kind == c10::prim::ListUnpack || kind == c10::prim::TupleUnpack;
+    try {
+      if (kind == c10::prim::ListConstruct) {
+        c10::impl::GenericList list(n->output()->type()->expectRef<c10::ListType>().getElementType());
+        for (const auto& v : stack) list.push_back(v);
+        stack = {c10::IValue(list)};
+      } else if (kind == c10::prim::TupleConstruct) {
+        stack = {c10::ivalue::Tuple::create(stack)};
+      } else if (kind == c10::prim::ListUnpack) {
+        const auto elems = stack.at(0).toListRef().vec();
+        stack.assign(elems.begin(), elems.end());
+      } else if (kind == c10::prim::TupleUnpack) {
+        const auto elems = stack.at(0).toTupleRef().elements().vec();
+        stack.assign(elems.begin(), elems.end());
+      } else {
+        n->getOperation()(stack);
+      }
+    } catch (const std::exception& e) {
+      throw ImportError(where(n, path) + " fails on the inputs given (" + inputsText() +
+                        "): " + firstLine(e.what()) +
+                        "; the model was probably traced at other shapes");
+    }
+    for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]].v = stack.at(i);
+    if (kind == c10::aten::size && spec_.fault == "shape_constant_off_by_one" && !faulted_ &&
+        stack.at(0).isInt()) {
+      env[n->output()].v = stack.at(0).toInt() + 1;  // planted: a folded shape off by one
+      faulted_ = true;
+    }
+    if (!dynamic) return;  // folded: constants, whatever they are
+    (void)structural;
+    // Lists and tuples carry their elements' names; unpacking hands them out.
+    if (kind == c10::prim::ListConstruct || kind == c10::prim::TupleConstruct) {
+      Entry& e = env[n->output()];
+      e.dynamic = true;
+      for (const Value* v : n->inputs()) e.names.push_back(env.at(v).name);
+      return;
+    }
+    if (kind == c10::prim::ListUnpack || kind == c10::prim::TupleUnpack) {
+      const Entry& list = env.at(n->input(0));
+      for (size_t i = 0; i < n->outputs().size(); ++i) {
+        Entry& e = env[n->outputs()[i]];
+        e.name = list.names.at(i);
+        e.dynamic = !e.name.empty();
+      }
+      return;
+    }
+    bool tensorOut = false;
+    for (const Value* v : n->outputs()) {
+      const auto& iv = env.at(v).v;
+      tensorOut |= iv.isTensor() || iv.isTensorList();
+    }
+    if (!tensorOut) return;  // shape arithmetic on traced (fixed) shapes: constants
+    try {
+      map_.emit(n, env, path);
+    } catch (const ImportError& e) {
+      throw ImportError(where(n, path) + ": " + e.what());
+    }
+  }
+
+  const ImportSpec& spec_;
+  torch::jit::Module module_;
+  ImportedModel& out_;
+  GraphMapper map_;
+  std::map<const c10::TensorImpl*, std::string> paramName_, bufferName_;
+  bool faulted_ = false;
+  at::Generator gen_ = at::make_generator<at::CPUGeneratorImpl>(0);
+};
+
+std::string cacheKey(const ImportSpec& s) {
+  struct stat st {};
+  std::string key = s.file + "|" + s.fault + "|";
+  if (::stat(s.file.c_str(), &st) == 0) {
+    key += std::to_string(st.st_mtime) + "." + std::to_string(st.st_size);
+  }
+  for (const auto& i : s.inputs) key += "|" + i.toJson().dump();
+  return key;
+}
+
+}  // namespace
+
+std::shared_ptr<const ImportedModel> importModel(const ImportSpec& spec) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const ImportedModel>> cache;
+  const std::string key = cacheKey(spec);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  auto out = std::make_shared<ImportedModel>();
+  out->inputSpecs = spec.inputs;
+  const auto t0 = std::chrono::steady_clock::now();
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(spec.file);
+  } catch (const std::exception& e) {
+    throw ImportError(spec.file + ": not a TorchScript file torch::jit::load can read (" +
+                      firstLine(e.what()) + ")");
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  if (!module.find_method("forward")) {
+    throw ImportError(spec.file + ": the module has no forward method");
+  }
+  {
+    at::NoGradGuard noGrad;
+    Walker(spec, module, *out).run();
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  out->loadSeconds = std::chrono::duration<double>(t1 - t0).count();
+  out->importSeconds = std::chrono::duration<double>(t2 - t1).count();
+  cache[key] = out;
+  return out;
+}
+
+}  // namespace sb::reference::torchscript

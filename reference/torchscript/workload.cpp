@@ -1,0 +1,252 @@
+// The "torchscript" workload (import.h): a case's keys, the inputs and parameters every rank
+// shards from, and the reference: the loaded module's own forward and backward.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <cmath>
+
+#include "reference/torchscript/import.h"
+
+namespace sb::reference::torchscript {
+namespace {
+
+std::vector<int64_t> dimsFrom(const nlohmann::json& v, const std::string& where) {
+  if (!v.is_array() || v.empty() || v.size() > 8) {
+    throw ImportError(where + ": expected a list of 1 to 8 dimensions, got " + v.dump());
+  }
+  std::vector<int64_t> d;
+  for (const auto& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() <= 0 || x.get<int64_t>() > (1 << 24)) {
+      throw ImportError(where + ": dimensions must be integers in [1, 2^24], got " + v.dump());
+    }
+    d.push_back(x.get<int64_t>());
+  }
+  return d;
+}
+
+}  // namespace
+
+InputSpec InputSpec::fromJson(const nlohmann::json& j, const std::string& where) {
+  InputSpec s;
+  if (j.is_array()) {
+    s.shape = dimsFrom(j, where);
+    return s;
+  }
+  if (!j.is_object() || !j.contains("shape")) {
+    throw ImportError(where + ": expected a list of dimensions or {\"shape\": [...], \"dtype\": "
+                              "\"float32\" | \"int64\", \"low\", \"high\"}, got " +
+                      j.dump());
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() != "shape" && it.key() != "dtype" && it.key() != "low" && it.key() != "high") {
+      throw ImportError(where + ": unknown key '" + it.key() +
+                        "' (expected shape, dtype, low, high)");
+    }
+  }
+  s.shape = dimsFrom(j.at("shape"), where + ".shape");
+  const std::string dt = j.value("dtype", std::string("float32"));
+  if (dt == "float32" || dt == "float" || dt == "float64") {
+    s.dtype = "float";
+  } else if (dt == "int64" || dt == "long") {
+    s.dtype = "int64";
+    const auto bound = [&](const char* key) {
+      if (!j.contains(key) || !j.at(key).is_number_integer()) {
+        throw ImportError(where + "." + key + ": an int64 input needs integer bounds low and " +
+                          "high (ids are drawn in [low, high))");
+      }
+      return j.at(key).get<int64_t>();
+    };
+    s.low = bound("low");
+    s.high = bound("high");
+    if (s.low < 0 || s.high <= s.low || s.high > (int64_t{1} << 40)) {
+      throw ImportError(where + ": expected 0 <= low < high <= 2^40, got low " +
+                        std::to_string(s.low) + ", high " + std::to_string(s.high));
+    }
+  } else {
+    throw ImportError(where + ".dtype: '" + dt + "' (expected float32 or int64)");
+  }
+  return s;
+}
+
+nlohmann::json InputSpec::toJson() const {
+  if (dtype == "float") return shape;
+  return {{"shape", shape}, {"dtype", "int64"}, {"low", low}, {"high", high}};
+}
+
+ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
+  if (!shape.is_object()) {
+    throw ImportError("torchscript: shape must be a mapping with file and inputs, got " +
+                      shape.dump());
+  }
+  for (auto it = shape.begin(); it != shape.end(); ++it) {
+    if (it.key() != "file" && it.key() != "inputs" && it.key() != "params" &&
+        it.key() != "import_fault") {
+      throw ImportError("torchscript: unknown shape key '" + it.key() +
+                        "' (expected file, inputs, params)");
+    }
+  }
+  ImportSpec s;
+  if (!shape.contains("file") || !shape.at("file").is_string()) {
+    throw ImportError("torchscript: shape key 'file' must name a TorchScript file (.pt)");
+  }
+  s.file = shape.at("file").get<std::string>();
+  if (!shape.contains("inputs") || !shape.at("inputs").is_array() || shape.at("inputs").empty()) {
+    throw ImportError("torchscript: shape key 'inputs' must list the forward's inputs, e.g. "
+                      "[[2, 16, 64]] or [{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, "
+                      "\"high\": 64}]");
+  }
+  for (size_t i = 0; i < shape.at("inputs").size(); ++i) {
+    s.inputs.push_back(
+        InputSpec::fromJson(shape.at("inputs")[i], "torchscript: inputs[" + std::to_string(i) + "]"));
+  }
+  const std::string params = shape.value("params", std::string("module"));
+  if (params != "module" && params != "seed") {
+    throw ImportError("torchscript: shape key 'params' is '" + params +
+                      "' (expected module: the file's own, or seed: re-initialised)");
+  }
+  s.seededParams = params == "seed";
+  if (shape.contains("import_fault")) {
+    s.fault = shape.at("import_fault").get<std::string>();
+    if (s.fault != "wrong_parameter" && s.fault != "shape_constant_off_by_one") {
+      throw ImportError("torchscript: import_fault '" + s.fault +
+                        "' (expected wrong_parameter or shape_constant_off_by_one)");
+    }
+  }
+  return s;
+}
+
+std::map<std::string, at::Tensor> importedInputs(const ImportedModel& m, at::ScalarType dtype,
+                                                 uint64_t seed, InputMode mode) {
+  std::map<std::string, at::Tensor> out;
+  for (size_t i = 0; i < m.dataInputs.size(); ++i) {
+    const InputSpec& s = m.inputSpecs[i];
+    const int stream = static_cast<int>(i);
+    if (s.dtype == "int64") {
+      const at::Tensor u = makeUniform(s.shape, 1.0, at::kDouble, seed, stream, InputMode::kRandom);
+      const double span = static_cast<double>(s.high - s.low);
+      out[m.dataInputs[i]] = u.add(1)
+                                 .mul(0.5 * span)
+                                 .floor()
+                                 .clamp(0, span - 1)
+                                 .add(static_cast<double>(s.low))
+                                 .to(at::kLong);
+    } else {
+      out[m.dataInputs[i]] = makeNormal(s.shape, dtype, seed, stream, mode);
+    }
+  }
+  for (const auto& [name, c] : m.constants) {
+    out[name] = c.followsDtype && at::isFloatingType(c.value.scalar_type())
+                    ? c.value.to(caseDevice(), dtype)
+                    : c.value.to(caseDevice());
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> importedParameters(const ImportedModel& m, const ImportSpec& s,
+                                                     at::ScalarType dtype, uint64_t seed) {
+  std::map<std::string, at::Tensor> out;
+  int stream = 1000;
+  for (const auto& [name, dims] : m.graph.parameters) {
+    const at::Tensor own = m.parameters.at(name).detach().to(caseDevice(), dtype);
+    if (!s.seededParams) {
+      out[name] = own.clone();
+      continue;
+    }
+    // Re-initialised as nn layers draw them: matrices and kernels uniform over +-1/sqrt(fan
+    // in); vectors (biases, norms' scales) the file's values moved by up to 0.1, so that
+    // norms stay near their identity.
+    if (dims.size() >= 2) {
+      const double fanIn = static_cast<double>(own.numel() / dims[0]);
+      out[name] = makeUniform(dims, 1.0 / std::sqrt(fanIn), dtype, seed, stream++,
+                              InputMode::kRandom);
+    } else {
+      out[name] = own + makeUniform(dims, 0.1, dtype, seed, stream++, InputMode::kRandom);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+class TorchscriptWorkload final : public Workload {
+ public:
+  std::string name() const override { return "torchscript"; }
+  std::string description() const override {
+    return "a traced PyTorch model (a TorchScript file): its own forward and backward are the "
+           "reference; the imported graph is what the strategies run";
+  }
+  void validate(const nlohmann::json& shape) const override {
+    importModel(ImportSpec::fromJson(shape));
+  }
+  std::string shapeString(const nlohmann::json& shape) const override {
+    const ImportSpec s = ImportSpec::fromJson(shape);
+    const auto slash = s.file.rfind('/');
+    std::string out = "file=" + (slash == std::string::npos ? s.file : s.file.substr(slash + 1));
+    for (const auto& i : s.inputs) {
+      out += ";input=" + dimsString(i.shape) + (i.dtype == "int64" ? ":int64" : "");
+    }
+    if (s.seededParams) out += ";params=seed";
+    return out;
+  }
+
+  WorkloadData build(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                     InputMode mode) const override {
+    const ImportSpec spec = ImportSpec::fromJson(shape);
+    const auto m = importModel(spec);
+    WorkloadData d;
+    d.inputs = importedInputs(*m, dtype, seed, mode);
+    for (auto& [name, t] : importedParameters(*m, spec, dtype, seed)) d.inputs[name] = t;
+    // The module itself, loaded afresh (its forward updates its buffers), in the case's dtype
+    // and on its device as module.to() puts it, holding the case's parameters.
+    torch::jit::Module module = torch::jit::load(spec.file);
+    // As nn.Module.to(dtype) does: floating parameters and buffers converted, the rest (a bool
+    // mask, num_batches_tracked) moved only. (torch::jit::Module::to converts every buffer.)
+    {
+      at::NoGradGuard noGrad;
+      const auto convert = [&](const at::Tensor& t) {
+        t.set_data(at::isFloatingType(t.scalar_type()) ? t.to(caseDevice(), dtype)
+                                                       : t.to(caseDevice()));
+      };
+      for (const auto& p : module.named_parameters(true)) convert(p.value);
+      for (const auto& b : module.named_buffers(true)) convert(b.value);
+    }
+    module.train();
+    std::map<std::string, at::Tensor> own;
+    for (const auto& p : module.named_parameters(true)) own[p.name] = p.value;
+    {
+      at::NoGradGuard noGrad;
+      for (const auto& [name, dims] : m->graph.parameters) own.at(name).copy_(d.inputs.at(name));
+    }
+    for (auto& [name, p] : own) {
+      p.set_requires_grad(true);
+      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+    }
+    std::vector<c10::IValue> args;
+    for (const auto& name : m->dataInputs) args.emplace_back(d.inputs.at(name));
+    c10::IValue r = module.forward(args);
+    while (r.isTuple()) r = r.toTupleRef().elements().at(0);
+    const at::Tensor out = r.toTensor();
+    d.inputs["grad_output"] = makeNormal(out.sizes(), dtype, seed, 999, mode);
+    torch::autograd::backward({out}, {d.inputs.at("grad_output")});
+    d.expected["output"] = out.detach();
+    d.checked.push_back("output");
+    for (const auto& [name, dims] : m->graph.parameters) {
+      const at::Tensor& p = own.at(name);
+      d.expected["grad/" + name] = p.grad().defined() ? p.grad() : at::zeros_like(p);
+      d.checked.push_back("grad/" + name);
+    }
+    return d;
+  }
+};
+
+}  // namespace
+
+const Workload* torchscriptWorkload() {
+  static const TorchscriptWorkload w;
+  return &w;
+}
+
+}  // namespace sb::reference::torchscript
