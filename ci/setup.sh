@@ -24,7 +24,9 @@ for arg in "$@"; do
   esac
 done
 if [ "$test_deps" = 1 ]; then
-  packages+=(chromium iproute2 procps clang libclang-rt-14-dev)
+  # python3-torch / -torchvision trace the models the import tests read (no PyPI: Debian's,
+  # sharing the libtorch1.13 runtime).
+  packages+=(chromium iproute2 procps clang libclang-rt-14-dev python3-torch python3-torchvision)
 fi
 # Debian's LibTorch is only needed when no other LibTorch was given.
 if [ -n "${CMAKE_PREFIX_PATH:-}" ]; then

@@ -22,9 +22,10 @@ bool loadPluginsOrSay(const std::vector<std::string>& paths) {
 nlohmann::json modelShape(const std::string& file, const std::vector<std::string>& inputs,
                           const std::string& params) {
   if (inputs.empty()) {
-    throw std::invalid_argument("--model needs --input for each of the forward's inputs, e.g. "
-                                "--input '[2, 16, 64]' or --input '{\"shape\": [2, 16], "
-                                "\"dtype\": \"int64\", \"low\": 0, \"high\": 64}'");
+    throw std::invalid_argument(
+        "--model needs --input for each of the forward's inputs, e.g. "
+        "--input '[2, 16, 64]' or --input '{\"shape\": [2, 16], "
+        "\"dtype\": \"int64\", \"low\": 0, \"high\": 64}'");
   }
   nlohmann::json shape = {{"file", file}, {"inputs", nlohmann::json::array()}};
   for (const auto& text : inputs) {

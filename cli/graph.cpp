@@ -109,9 +109,10 @@ Command addGraph(CLI::App& app) {
   graphCmd->add_option("--shape", a->shape, "JSON, e.g. '{\"layers\": 2}'")->capture_default_str();
   graphCmd->add_option("--model", a->model,
                        "A TorchScript file (torch.jit.trace(...).save): import it instead");
-  graphCmd->add_option("--input", a->inputs,
-                       "With --model, one per forward input: '[2, 16, 64]' (float) or "
-                       "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
+  graphCmd
+      ->add_option("--input", a->inputs,
+                   "With --model, one per forward input: '[2, 16, 64]' (float) or "
+                   "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
       ->allow_extra_args(false);  // one per --input: its JSON brackets are not a CLI list
   graphCmd->add_option("--params", a->params, "With --model: module (default) or seed");
   graphCmd->add_flag("--json", a->json, "As JSON");

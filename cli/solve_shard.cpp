@@ -114,11 +114,11 @@ int solveShard(const ShardArgs& a) {
     } else {
       h::replaceResultFile(a.out, text);
       std::cerr << "stratbench solve shard: " << a.algo << " plan of "
-                << (a.model.empty() ? a.workload : a.model) << " on "
-                << a.mesh << " (" << plan.solver.status << ", " << plan.solver.seconds
-                << " s in CBC, " << plan.solver.totalSeconds << " s in all): predicted step "
-                << plan.predictedStepUs << " us, peak " << plan.predictedPeakBytes
-                << " bytes per rank -> " << a.out << "\n";
+                << (a.model.empty() ? a.workload : a.model) << " on " << a.mesh << " ("
+                << plan.solver.status << ", " << plan.solver.seconds << " s in CBC, "
+                << plan.solver.totalSeconds << " s in all): predicted step " << plan.predictedStepUs
+                << " us, peak " << plan.predictedPeakBytes << " bytes per rank -> " << a.out
+                << "\n";
     }
     return 0;
   } catch (const as::NoPlanError& e) {
@@ -153,9 +153,10 @@ Command addSolveShard(CLI::App& solve) {
       ->capture_default_str();
   shardCmd->add_option("--model", shard->model,
                        "A TorchScript file (torch.jit.trace(...).save) to plan instead");
-  shardCmd->add_option("--input", shard->inputs,
-                       "With --model, one per forward input: '[2, 16, 64]' or "
-                       "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
+  shardCmd
+      ->add_option("--input", shard->inputs,
+                   "With --model, one per forward input: '[2, 16, 64]' or "
+                   "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
       ->allow_extra_args(false);  // one per --input: its JSON brackets are not a CLI list
   shardCmd->add_option("--params", shard->params, "With --model: module (default) or seed");
   shardCmd->add_option("--mesh", shard->mesh, "Mesh extents, e.g. 2x4 (axis 0 across nodes)")

@@ -25,8 +25,7 @@ std::vector<int64_t> parseShape(const nlohmann::json& v, const std::string& key)
   std::vector<int64_t> dims;
   for (const auto& d : v) {
     TORCH_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0 && d.get<int64_t>() <= (1 << 24),
-                where(), "shape key '", key, "' must hold dimensions in [0, 2^24], got ",
-                v.dump());
+                where(), "shape key '", key, "' must hold dimensions in [0, 2^24], got ", v.dump());
     dims.push_back(d.get<int64_t>());
   }
   return dims;
@@ -51,8 +50,8 @@ std::shared_ptr<torch::jit::Operator> findOp(const std::string& schema) {
 }
 
 const std::vector<std::string>& argKinds() {
-  static const std::vector<std::string> k = {"tensor", "tensors", "int",  "double",
-                                             "bool",   "none",    "ints", "doubles",
+  static const std::vector<std::string> k = {"tensor", "tensors", "int",    "double",
+                                             "bool",   "none",    "ints",   "doubles",
                                              "bools",  "str",     "device", "scalar_tensor"};
   return k;
 }
@@ -116,10 +115,10 @@ void parseAtenOp(OpShape& s) {
     TORCH_CHECK(std::count(argKinds().begin(), argKinds().end(), kind) == 1, where(),
                 "shape key 'args' holds an argument of kind '", kind, "'");
     const auto index = [&](const nlohmann::json& k, bool optional) {
-      TORCH_CHECK(k.is_number_integer() &&
-                      ((optional && k.get<int64_t>() == -1) ||
-                       (k.get<int64_t>() >= 0 && k.get<size_t>() < ops.size())),
-                  where(), "shape key 'args' refers to operand ", k.dump(), " of ", ops.size());
+      TORCH_CHECK(
+          k.is_number_integer() && ((optional && k.get<int64_t>() == -1) ||
+                                    (k.get<int64_t>() >= 0 && k.get<size_t>() < ops.size())),
+          where(), "shape key 'args' refers to operand ", k.dump(), " of ", ops.size());
     };
     if (kind == "tensor") index(a.at("tensor"), false);
     if (kind == "tensors") {
@@ -163,8 +162,9 @@ std::vector<at::Tensor> atenForward(const OpShape& s, const std::vector<at::Tens
       if (list && list->getElementType()->kind() == c10::TypeKind::OptionalType) {
         c10::List<c10::optional<at::Tensor>> l;
         for (const auto& k : v) {
-          l.push_back(k.get<int64_t>() < 0 ? c10::optional<at::Tensor>()
-                                           : c10::optional<at::Tensor>(operands.at(k.get<size_t>())));
+          l.push_back(k.get<int64_t>() < 0
+                          ? c10::optional<at::Tensor>()
+                          : c10::optional<at::Tensor>(operands.at(k.get<size_t>())));
         }
         stack.emplace_back(l);
       } else {
@@ -194,9 +194,10 @@ std::vector<at::Tensor> atenForward(const OpShape& s, const std::vector<at::Tens
       stack.emplace_back(v.get<std::string>());
     } else if (kind == "device") {
       stack.emplace_back(device);  // the case's device, wherever the model was traced
-    } else {  // scalar_tensor
+    } else {                       // scalar_tensor
       const at::ScalarType t = scalarTypeNamed(a.at("dtype").get<std::string>());
-      stack.emplace_back(at::scalar_tensor(jsonDouble(v), at::TensorOptions().dtype(t).device(device)));
+      stack.emplace_back(
+          at::scalar_tensor(jsonDouble(v), at::TensorOptions().dtype(t).device(device)));
     }
   }
   op->getOperation()(stack);

@@ -8,12 +8,14 @@
 #include <sys/stat.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <set>
 
@@ -75,8 +77,9 @@ class Walker {
     std::string output = r.name;
     if (output.empty() && !r.names.empty()) output = r.names[0];  // a tuple: its first tensor
     if (!r.dynamic || output.empty()) {
-      throw ImportError(spec_.file + ": the forward returns nothing computed from its inputs or "
-                                     "parameters (expected a tensor, or a tuple starting with one)");
+      throw ImportError(spec_.file +
+                        ": the forward returns nothing computed from its inputs or "
+                        "parameters (expected a tensor, or a tuple starting with one)");
     }
     out_.graph.output = output;
     map_.finish(output);
@@ -191,7 +194,8 @@ class Walker {
                             kind == c10::prim::ListUnpack || kind == c10::prim::TupleUnpack;
     try {
       if (kind == c10::prim::ListConstruct) {
-        c10::impl::GenericList list(n->output()->type()->expectRef<c10::ListType>().getElementType());
+        c10::impl::GenericList list(
+            n->output()->type()->expectRef<c10::ListType>().getElementType());
         for (const auto& v : stack) list.push_back(v);
         stack = {c10::IValue(list)};
       } else if (kind == c10::prim::TupleConstruct) {
@@ -206,9 +210,8 @@ class Walker {
         n->getOperation()(stack);
       }
     } catch (const std::exception& e) {
-      throw ImportError(where(n, path) + " fails on the inputs given (" + inputsText() +
-                        "): " + firstLine(e.what()) +
-                        "; the model was probably traced at other shapes");
+      throw ImportError(where(n, path) + " fails on the inputs given (" + inputsText() + "): " +
+                        firstLine(e.what()) + "; the model was probably traced at other shapes");
     }
     for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]].v = stack.at(i);
     if (kind == c10::aten::size && spec_.fault == "shape_constant_off_by_one" && !faulted_ &&
@@ -287,6 +290,27 @@ std::shared_ptr<const ImportedModel> importModel(const ImportSpec& spec) {
   const auto t1 = std::chrono::steady_clock::now();
   if (!module.find_method("forward")) {
     throw ImportError(spec.file + ": the module has no forward method");
+  }
+  // Control flow anywhere (torch.jit.script), found before anything runs: a traced graph is
+  // straight-line code at fixed shapes, which is what the graph can hold.
+  {
+    auto g = module.get_method("forward").graph()->copy();
+    torch::jit::Inline(*g);
+    const std::function<void(torch::jit::Block*)> scan = [&](torch::jit::Block* b) {
+      for (torch::jit::Node* n : b->nodes()) {
+        if (n->kind() == c10::prim::If || n->kind() == c10::prim::Loop) {
+          std::string loc;
+          if (const auto flc = n->sourceRange().file_line_col()) {
+            loc = " (" + std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc)) + ")";
+          }
+          throw ImportError(spec.file + ": node " + n->kind().toQualString() + loc +
+                            ": control flow (from torch.jit.script) is not imported; trace the "
+                            "model with torch.jit.trace at the shapes to study");
+        }
+        for (torch::jit::Block* inner : n->blocks()) scan(inner);
+      }
+    };
+    scan(g->block());
   }
   {
     at::NoGradGuard noGrad;

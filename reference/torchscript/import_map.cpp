@@ -218,8 +218,8 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
       }
       std::string r = add(base, {{"op", "bmm"}, {"input", a3}, {"other", b3}}, {x, y});
       if (a.size() != 3) {
-        r = add(base + ".output",
-                {{"op", "view"}, {"input", {B, a3[1], b3[2]}}, {"size", outDims}}, {r});
+        r = add(base + ".output", {{"op", "view"}, {"input", {B, a3[1], b3[2]}}, {"size", outDims}},
+                {r});
       }
       return result(r, a.size() == 3 ? "bmm" : "view+bmm+view");
     }
@@ -231,17 +231,19 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
         std::abs(iv(4).toDouble() - 1e-5) > 1e-12) {
       return false;
     }
-    return result(add(base, {{"op", "layer_norm"}, {"input", x}}, {ref(in(0)), ref(in(2)), ref(in(3))}),
-                  "layer_norm");
+    return result(
+        add(base, {{"op", "layer_norm"}, {"input", x}}, {ref(in(0)), ref(in(2)), ref(in(3))}),
+        "layer_norm");
   }
   if (fk == "aten::batch_norm") {
     const Dims x = dims(0);
-    if (!floating(1) || !floating(2) || !iv(5).toBool() || std::abs(iv(7).toDouble() - 1e-5) > 1e-12 ||
-        x.size() < 2 || x.size() > 5) {
+    if (!floating(1) || !floating(2) || !iv(5).toBool() ||
+        std::abs(iv(7).toDouble() - 1e-5) > 1e-12 || x.size() < 2 || x.size() > 5) {
       return false;
     }
-    return result(add(base, {{"op", "batch_norm"}, {"input", x}}, {ref(in(0)), ref(in(1)), ref(in(2))}),
-                  "batch_norm");
+    return result(
+        add(base, {{"op", "batch_norm"}, {"input", x}}, {ref(in(0)), ref(in(1)), ref(in(2))}),
+        "batch_norm");
   }
   if (fk == "aten::_convolution" || fk == "aten::conv2d") {
     const Dims x = dims(0), w = dims(1);
@@ -267,19 +269,20 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
   }
   if (fk == "aten::max_pool2d" || fk == "aten::avg_pool2d") {
     const Dims k = ints(1), s = ints(2).empty() ? k : ints(2), p = ints(3);
-    const bool plain = fk == "aten::max_pool2d"
-                           ? allEq(ints(4), 1) && !iv(5).toBool()
-                           : !iv(4).toBool() && iv(6).isNone();
+    const bool plain = fk == "aten::max_pool2d" ? allEq(ints(4), 1) && !iv(5).toBool()
+                                                : !iv(4).toBool() && iv(6).isNone();
     if (!plain || k.size() != 2 || k[0] != k[1] || s.size() != 2 || s[0] != s[1] || !allEq(p, 0)) {
       return false;
     }
-    return result(add(base, {{"op", fk.substr(6)}, {"input", dims(0)}, {"kernel", k[0]}, {"stride", s[0]}},
-                      {ref(in(0))}),
-                  fk.substr(6));
+    return result(
+        add(base, {{"op", fk.substr(6)}, {"input", dims(0)}, {"kernel", k[0]}, {"stride", s[0]}},
+            {ref(in(0))}),
+        fk.substr(6));
   }
   if (fk == "aten::relu" || fk == "aten::silu" ||
       (fk == "aten::gelu" && iv(1).toStringRef() == "none")) {
-    return result(add(base, {{"op", fk.substr(6)}, {"input", dims(0)}}, {ref(in(0))}), fk.substr(6));
+    return result(add(base, {{"op", fk.substr(6)}, {"input", dims(0)}}, {ref(in(0))}),
+                  fk.substr(6));
   }
   if ((fk == "aten::add" || fk == "aten::mul") && floating(1) && dims(0).size() > 0 &&
       dims(1).size() > 0 && (fk == "aten::mul" || number(2) == 1) &&
@@ -289,8 +292,9 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
                   fk.substr(6));
   }
   if (fk == "aten::softmax" && iv(2).isNone()) {
-    return result(add(base, {{"op", "softmax"}, {"input", dims(0)}, {"dim", iv(1).toInt()}}, {ref(in(0))}),
-                  "softmax");
+    return result(
+        add(base, {{"op", "softmax"}, {"input", dims(0)}, {"dim", iv(1).toInt()}}, {ref(in(0))}),
+        "softmax");
   }
   if ((fk == "aten::view" || fk == "aten::reshape" || fk == "aten::_unsafe_view" ||
        fk == "aten::flatten") &&
@@ -313,16 +317,19 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
                   "transpose");
   }
   if (fk == "aten::permute") {
-    return result(add(base, {{"op", "permute"}, {"input", dims(0)}, {"dims", ints(1)}}, {ref(in(0))}),
-                  "permute");
+    return result(
+        add(base, {{"op", "permute"}, {"input", dims(0)}, {"dims", ints(1)}}, {ref(in(0))}),
+        "permute");
   }
   if (fk == "aten::sum" && nin == 4 && iv(1).isIntList() && !iv(2).toBool() && iv(3).isNone()) {
-    return result(add(base, {{"op", "sum"}, {"input", dims(0)}, {"dims", ints(1)}}, {ref(in(0))}), "sum");
+    return result(add(base, {{"op", "sum"}, {"input", dims(0)}, {"dims", ints(1)}}, {ref(in(0))}),
+                  "sum");
   }
-  if ((fk == "aten::split" || fk == "aten::unsafe_split" || fk == "aten::chunk") &&
-      iv(1).isInt() && out.v.isTensorList()) {
+  if ((fk == "aten::split" || fk == "aten::unsafe_split" || fk == "aten::chunk") && iv(1).isInt() &&
+      out.v.isTensorList()) {
     const Dims x = dims(0);
-    const int64_t dim = iv(2).toInt() < 0 ? iv(2).toInt() + static_cast<int64_t>(x.size()) : iv(2).toInt();
+    const int64_t dim =
+        iv(2).toInt() < 0 ? iv(2).toInt() + static_cast<int64_t>(x.size()) : iv(2).toInt();
     const int64_t size =
         fk == "aten::chunk" ? (x.at(dim) + iv(1).toInt() - 1) / iv(1).toInt() : iv(1).toInt();
     const auto pieces = out.v.toTensorVector();
@@ -346,7 +353,8 @@ void GraphMapper::opaque(const Node* n, Env& env, const std::string& base) {
                         schema.overload_name());
     }
   }
-  const std::string full = name + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+  const std::string full =
+      name + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   nlohmann::json operands = nlohmann::json::array(), dtypes = nlohmann::json::array(),
                  args = nlohmann::json::array(), outputs = nlohmann::json::array();
   std::vector<std::string> names;
@@ -403,8 +411,8 @@ void GraphMapper::opaque(const Node* n, Env& env, const std::string& base) {
     } else if (v.isDevice()) {
       args.push_back({{"device", v.toDevice().str()}});
     } else {
-      throw ImportError("argument " + std::to_string(i) + " of " + full + " is a " +
-                        v.tagKind() + ", which the importer does not carry");
+      throw ImportError("argument " + std::to_string(i) + " of " + full + " is a " + v.tagKind() +
+                        ", which the importer does not carry");
     }
   }
   size_t count = 0;
@@ -419,12 +427,8 @@ void GraphMapper::opaque(const Node* n, Env& env, const std::string& base) {
     }
   }
   if (count == 0) throw ImportError(full + " returns no tensor");
-  nlohmann::json shape = {{"op", "aten"},
-                          {"schema", full},
-                          {"operands", operands},
-                          {"dtypes", dtypes},
-                          {"args", args},
-                          {"outputs", outputs}};
+  nlohmann::json shape = {{"op", "aten"},     {"schema", full}, {"operands", operands},
+                          {"dtypes", dtypes}, {"args", args},   {"outputs", outputs}};
   // A view of its input (the schema's alias annotation, "Tensor(a) self -> Tensor(a)"): it
   // allocates nothing, which the plans' memory model counts.
   const auto& returns = schema.returns();
@@ -494,8 +498,8 @@ void GraphMapper::finish(const std::string& output) {
   const auto reads = [&](const std::string& name) { return needed.count(name) > 0; };
   std::vector<std::pair<std::string, std::vector<int64_t>>> inputs, params;
   for (const auto& in : g_.inputs) {
-    const bool data =
-        std::find(out_.dataInputs.begin(), out_.dataInputs.end(), in.first) != out_.dataInputs.end();
+    const bool data = std::find(out_.dataInputs.begin(), out_.dataInputs.end(), in.first) !=
+                      out_.dataInputs.end();
     if (data || reads(in.first)) {
       inputs.push_back(in);
     } else {
@@ -534,7 +538,8 @@ void GraphMapper::findBlocks() {
     size_t start = 0;
     while (start < name.size()) {
       const size_t dot = name.find('.', start);
-      const std::string part = name.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      const std::string part =
+          name.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       if (start > 0 && !part.empty() && part.size() < 6 &&
           std::all_of(part.begin(), part.end(), [](unsigned char c) { return std::isdigit(c); })) {
         p.prefix = name.substr(0, start - 1);
@@ -554,7 +559,8 @@ void GraphMapper::findBlocks() {
   }
   std::string best;
   for (const auto& [prefix, layers] : layersOf) {
-    if (layers.size() >= 2 && (best.empty() || layers.size() > layersOf[best].size())) best = prefix;
+    if (layers.size() >= 2 && (best.empty() || layers.size() > layersOf[best].size()))
+      best = prefix;
   }
   g_.shape.layers = 0;
   if (best.empty()) return;

@@ -36,8 +36,9 @@ InputSpec InputSpec::fromJson(const nlohmann::json& j, const std::string& where)
     return s;
   }
   if (!j.is_object() || !j.contains("shape")) {
-    throw ImportError(where + ": expected a list of dimensions or {\"shape\": [...], \"dtype\": "
-                              "\"float32\" | \"int64\", \"low\", \"high\"}, got " +
+    throw ImportError(where +
+                      ": expected a list of dimensions or {\"shape\": [...], \"dtype\": "
+                      "\"float32\" | \"int64\", \"low\", \"high\"}, got " +
                       j.dump());
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -94,13 +95,14 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
   }
   s.file = shape.at("file").get<std::string>();
   if (!shape.contains("inputs") || !shape.at("inputs").is_array() || shape.at("inputs").empty()) {
-    throw ImportError("torchscript: shape key 'inputs' must list the forward's inputs, e.g. "
-                      "[[2, 16, 64]] or [{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, "
-                      "\"high\": 64}]");
+    throw ImportError(
+        "torchscript: shape key 'inputs' must list the forward's inputs, e.g. "
+        "[[2, 16, 64]] or [{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, "
+        "\"high\": 64}]");
   }
   for (size_t i = 0; i < shape.at("inputs").size(); ++i) {
-    s.inputs.push_back(
-        InputSpec::fromJson(shape.at("inputs")[i], "torchscript: inputs[" + std::to_string(i) + "]"));
+    s.inputs.push_back(InputSpec::fromJson(shape.at("inputs")[i],
+                                           "torchscript: inputs[" + std::to_string(i) + "]"));
   }
   const std::string params = shape.value("params", std::string("module"));
   if (params != "module" && params != "seed") {
@@ -160,8 +162,8 @@ std::map<std::string, at::Tensor> importedParameters(const ImportedModel& m, con
     // norms stay near their identity.
     if (dims.size() >= 2) {
       const double fanIn = static_cast<double>(own.numel() / dims[0]);
-      out[name] = makeUniform(dims, 1.0 / std::sqrt(fanIn), dtype, seed, stream++,
-                              InputMode::kRandom);
+      out[name] =
+          makeUniform(dims, 1.0 / std::sqrt(fanIn), dtype, seed, stream++, InputMode::kRandom);
     } else {
       out[name] = own + makeUniform(dims, 0.1, dtype, seed, stream++, InputMode::kRandom);
     }

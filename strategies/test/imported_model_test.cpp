@@ -8,11 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/autograd.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 
+#include "reference/autograd_engine.h"
 #include "reference/graph.h"
 #include "reference/torchscript/import.h"
 
@@ -33,9 +34,9 @@ nlohmann::json shapeOf(const std::string& name) {
   return {{"file", dir + "/" + j.at("file").get<std::string>()}, {"inputs", j.at("inputs")}};
 }
 
-#define SKIP_WITHOUT_MODELS(shape)                                                         \
-  if ((shape).is_null()) {                                                                 \
-    GTEST_SKIP() << "no traced models: set STRATBENCH_MODELS to the output of "            \
+#define SKIP_WITHOUT_MODELS(shape)                                                           \
+  if ((shape).is_null()) {                                                                   \
+    GTEST_SKIP() << "no traced models: set STRATBENCH_MODELS to the output of "              \
                     "reference/models/trace_models.py (ctest does, where python3-torch is)"; \
   }
 
@@ -47,7 +48,7 @@ std::map<std::string, double> graphVersusModule(const nlohmann::json& shape, at:
   std::map<std::string, at::Tensor> values = graphInputs(g, dtype, 11, InputMode::kRandom);
   for (const auto& [name, dims] : g.parameters) values[name].set_requires_grad(true);
   const auto all = runGraph(g, values, 11);
-  torch::autograd::backward({all.at(g.output)}, {ref.inputs.at("grad_output")});
+  backward({all.at(g.output)}, {ref.inputs.at("grad_output")});
   std::map<std::string, double> err;
   const auto rel = [](const at::Tensor& got, const at::Tensor& want) {
     const double scale = std::max(1e-30, want.abs().max().item<double>());
@@ -83,6 +84,114 @@ TEST_P(ImportedModel, GraphEqualsTheModuleInFloat32) {
 INSTANTIATE_TEST_SUITE_P(Traced, ImportedModel,
                          testing::Values("gpt2", "llama", "vit", "mlp_cumsum", "resnet18",
                                          "densenet121"));
+
+}  // namespace
+}  // namespace sb::reference::torchscript
+
+namespace sb::reference::torchscript {
+namespace {
+
+double worst(const std::map<std::string, double>& err) {
+  double w = 0;
+  for (const auto& [name, e] : err) w = std::max(w, e);
+  return w;
+}
+
+// Planted: reads of one parameter bound to another of its shape (gpt2: the first layer norm's
+// bias read as its weight). The module computes with the right tensor: the run must differ.
+TEST(ImportFault, ParameterBoundToTheWrongTensorIsCaught) {
+  auto shape = shapeOf("gpt2");
+  SKIP_WITHOUT_MODELS(shape);
+  expectWithin(graphVersusModule(shape, at::kDouble), 1e-10);
+  shape["import_fault"] = "wrong_parameter";
+  EXPECT_GT(worst(graphVersusModule(shape, at::kDouble)), 1e-3);
+}
+
+// Planted: the first folded aten::size one larger (gpt2: the sequence length its positions
+// are counted to). Either the import fails on it, naming the node, or the run differs.
+TEST(ImportFault, ShapeConstantOffByOneIsCaught) {
+  for (const std::string model : {"gpt2", "vit"}) {
+    auto shape = shapeOf(model);
+    SKIP_WITHOUT_MODELS(shape);
+    shape["import_fault"] = "shape_constant_off_by_one";
+    try {
+      EXPECT_GT(worst(graphVersusModule(shape, at::kDouble)), 1e-3) << model;
+    } catch (const ImportError& e) {
+      EXPECT_NE(std::string(e.what()).find("node aten::"), std::string::npos) << e.what();
+    }
+  }
+}
+
+std::string importError(const nlohmann::json& shape) {
+  try {
+    buildGraph("torchscript", shape);
+  } catch (const ImportError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ImportRefuses, MalformedFilesAndInputsNamingTheFileAndNode) {
+  const auto gpt2 = shapeOf("gpt2");
+  SKIP_WITHOUT_MODELS(gpt2);
+  const std::string dir = modelsDir();
+  std::string e = importError({{"file", dir + "/not_torchscript.pt"}, {"inputs", {{2, 4}}}});
+  EXPECT_NE(e.find("not_torchscript.pt: not a TorchScript file"), std::string::npos) << e;
+  e = importError({{"file", dir + "/scripted_if.pt"}, {"inputs", {{2, 4}}}});
+  EXPECT_NE(e.find("scripted_if.pt: node prim::If"), std::string::npos) << e;
+  EXPECT_NE(e.find("control flow"), std::string::npos) << e;
+  // Token ids as floats, and ids of the wrong rank: the node that cannot take them is named.
+  auto floats = gpt2;
+  floats["inputs"] = {{2, 16}};
+  e = importError(floats);
+  EXPECT_NE(e.find("node aten::embedding (in 'wte'"), std::string::npos) << e;
+  auto rank3 = gpt2;
+  rank3["inputs"][0]["shape"] = {2, 16, 4};
+  e = importError(rank3);
+  EXPECT_NE(e.find("gpt2.pt: node aten::"), std::string::npos) << e;
+  EXPECT_NE(e.find("fails on the inputs given"), std::string::npos) << e;
+  auto two = gpt2;
+  two["inputs"].push_back({2, 16});
+  EXPECT_NE(importError(two).find("its forward takes 1 inputs, the case gives 2"),
+            std::string::npos);
+  e = importError({{"file", dir + "/no_such_model.pt"}, {"inputs", {{2, 4}}}});
+  EXPECT_NE(e.find("no_such_model.pt"), std::string::npos) << e;
+}
+
+TEST(ImportCoverage, OperatorsWithoutStrategiesRunReplicatedAndAreListed) {
+  const auto shape = shapeOf("mlp_cumsum");
+  SKIP_WITHOUT_MODELS(shape);
+  const auto m = importModel(ImportSpec::fromJson(shape));
+  std::map<std::string, CoverageRow> rows;
+  for (const auto& r : m->coverage) rows[r.aten] = r;
+  ASSERT_TRUE(rows.count("aten::cumsum"));
+  EXPECT_FALSE(rows.at("aten::cumsum").strategies);
+  EXPECT_TRUE(rows.at("aten::linear").strategies);
+  EXPECT_EQ(rows.at("aten::linear").count, 2);
+  int aten = 0;
+  for (const auto& n : m->graph.nodes) aten += n.shape.op == "aten";
+  EXPECT_EQ(aten, 2);  // cumsum and tanh
+}
+
+// The blocks of a ModuleList share roles, so that plans share one choice per role; parameter
+// names are the module's qualified names, a tied weight one parameter.
+TEST(ImportBlocks, RepeatedBlocksAndQualifiedNames) {
+  const auto shape = shapeOf("gpt2");
+  SKIP_WITHOUT_MODELS(shape);
+  const Graph g = buildGraph("torchscript", shape);
+  EXPECT_EQ(g.shape.layers, 2);
+  std::map<std::string, int> perRole;
+  for (const auto& n : g.nodes) {
+    if (n.layer >= 0) ++perRole[n.role];
+  }
+  ASSERT_FALSE(perRole.empty());
+  for (const auto& [role, count] : perRole) EXPECT_EQ(count, 2) << role;
+  std::set<std::string> params;
+  for (const auto& [name, dims] : g.parameters) params.insert(name);
+  EXPECT_TRUE(params.count("h.1.attn.c_attn.weight"));
+  EXPECT_TRUE(params.count("wte.weight"));
+  EXPECT_FALSE(params.count("lm_head.weight"));  // tied to wte.weight: read as it
+}
 
 }  // namespace
 }  // namespace sb::reference::torchscript
