@@ -48,8 +48,8 @@ namespace sb::reference {
 // deterministic grad_output, as the Linear reference does.
 struct OpShape {
   std::string op;
-  std::vector<int64_t> input, other;  // `other` empty for one-tensor operators
-  std::vector<int64_t> weight, bias;  // parameters, derived from the keys; empty when none
+  std::vector<int64_t> input, other;        // `other` empty for one-tensor operators
+  std::vector<int64_t> weight, bias;        // parameters, derived from the keys; empty when none
   std::vector<std::vector<int64_t>> extra;  // "aten": its operands after the second
   nlohmann::json attrs = nlohmann::json::object();  // every other key, validated
 
