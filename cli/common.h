@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 namespace sb::cli {
@@ -22,10 +23,16 @@ constexpr const char* kPluginHelp =
 // False, having said why on stderr, when one is refused: the command then exits kExitBadInput.
 bool loadPluginsOrSay(const std::vector<std::string>& paths);
 
-// The shape of a torchscript case from `--model FILE --input SPEC ...` (each SPEC JSON: a list
-// of dimensions, or {"shape": [...], "dtype": "int64", "low": 0, "high": 64}) and `--params`.
-// Throws std::invalid_argument naming the option.
-nlohmann::json modelShape(const std::string& file, const std::vector<std::string>& inputs,
-                          const std::string& params);
+// A traced model named on the command line instead of a graph workload (`graph`, `solve
+// shard`): --model FILE, one --input SPEC per forward argument (JSON: a list of dimensions,
+// or {"shape": [...], "dtype": "int64", "low": 0, "high": 64}), --params module|seed.
+struct ModelOptions {
+  std::string file, params;
+  std::vector<std::string> inputs;
+};
+// Adds --model (`help` says what it does instead), --input and --params to `cmd`.
+void addModelOptions(CLI::App* cmd, ModelOptions& m, const std::string& help);
+// The shape of the torchscript case they name. Throws std::invalid_argument naming the option.
+nlohmann::json modelShape(const ModelOptions& m);
 
 }  // namespace sb::cli

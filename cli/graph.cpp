@@ -23,8 +23,8 @@ using sb::cli::kExitBadInput;
 namespace ts = sb::reference::torchscript;
 
 struct GraphArgs {
-  std::string workload = "gpt2", shape = "{}", model, params;
-  std::vector<std::string> inputs;
+  std::string workload = "gpt2", shape = "{}";
+  sb::cli::ModelOptions model;
   bool json = false;
 };
 
@@ -50,9 +50,9 @@ int graphMain(const GraphArgs& a) {
   try {
     nlohmann::json shape;
     std::string workload = a.workload;
-    if (!a.model.empty()) {
+    if (!a.model.file.empty()) {
       workload = "torchscript";
-      shape = sb::cli::modelShape(a.model, a.inputs, a.params);
+      shape = sb::cli::modelShape(a.model);
     } else {
       // Strict: a key given twice is refused (the suite reader refuses it too), not the last.
       shape = sb::harness::parseJsonNoDuplicates(a.shape);
@@ -75,8 +75,8 @@ int graphMain(const GraphArgs& a) {
       std::cout << j.dump(2) << "\n";
       return 0;
     }
-    std::cout << (a.model.empty() ? g.workload : a.model) << ": " << g.nodes.size() << " nodes, "
-              << g.parameters.size() << " parameters, output " << g.output;
+    std::cout << (a.model.file.empty() ? g.workload : a.model.file) << ": " << g.nodes.size()
+              << " nodes, " << g.parameters.size() << " parameters, output " << g.output;
     if (g.shape.layers > 0 && imported) std::cout << ", " << g.shape.layers << " repeated blocks";
     std::cout << "\n";
     for (const auto& n : g.nodes) {
@@ -92,7 +92,7 @@ int graphMain(const GraphArgs& a) {
   } catch (const ts::ImportError& e) {
     std::cerr << who << e.what() << "\n";
   } catch (const std::exception& e) {
-    std::cerr << who << (a.model.empty() ? "--shape: " : "") << e.what() << "\n";
+    std::cerr << who << (a.model.file.empty() ? "--shape: " : "") << e.what() << "\n";
   }
   return kExitBadInput;
 }
@@ -107,14 +107,8 @@ Command addGraph(CLI::App& app) {
       "graph", "Print a graph workload (gpt2, bert, mlp), or a traced model's imported graph");
   graphCmd->add_option("--workload", a->workload, "gpt2, bert or mlp")->capture_default_str();
   graphCmd->add_option("--shape", a->shape, "JSON, e.g. '{\"layers\": 2}'")->capture_default_str();
-  graphCmd->add_option("--model", a->model,
-                       "A TorchScript file (torch.jit.trace(...).save): import it instead");
-  graphCmd
-      ->add_option("--input", a->inputs,
-                   "With --model, one per forward input: '[2, 16, 64]' (float) or "
-                   "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
-      ->allow_extra_args(false);  // one per --input: its JSON brackets are not a CLI list
-  graphCmd->add_option("--params", a->params, "With --model: module (default) or seed");
+  sb::cli::addModelOptions(graphCmd, a->model,
+                           "A TorchScript file (torch.jit.trace(...).save): import it instead");
   graphCmd->add_flag("--json", a->json, "As JSON");
   return {graphCmd, [a] { return graphMain(*a); }};
 }

@@ -37,8 +37,7 @@ constexpr int64_t kMaxPlanRanks = 4096;
 // plan fits the memory limit (saying the least any plan needs), 2 for malformed input.
 struct ShardArgs {
   std::string workload = "gpt2", shape = "{}", mesh, profile, algo = "ilp", out, dtype = "float32";
-  std::string model, params;  // a traced model (--model, --input, --params) instead
-  std::vector<std::string> inputs;
+  sb::cli::ModelOptions model;  // a traced model instead of a graph workload
   double intra = 0, inter = 0, maxMemory = 0, timeLimit = 60, gapPct = 0;
 };
 int solveShard(const ShardArgs& a) {
@@ -50,9 +49,9 @@ int solveShard(const ShardArgs& a) {
   at::ScalarType dtype = at::kFloat;
   std::string workload = a.workload;
   try {
-    if (!a.model.empty()) {
+    if (!a.model.file.empty()) {
       workload = "torchscript";
-      shape = sb::cli::modelShape(a.model, a.inputs, a.params);
+      shape = sb::cli::modelShape(a.model);
     } else {
       shape = h::parseJsonNoDuplicates(a.shape);
     }
@@ -114,7 +113,7 @@ int solveShard(const ShardArgs& a) {
     } else {
       h::replaceResultFile(a.out, text);
       std::cerr << "stratbench solve shard: " << a.algo << " plan of "
-                << (a.model.empty() ? a.workload : a.model) << " on " << a.mesh << " ("
+                << (a.model.file.empty() ? a.workload : a.model.file) << " on " << a.mesh << " ("
                 << plan.solver.status << ", " << plan.solver.seconds << " s in CBC, "
                 << plan.solver.totalSeconds << " s in all): predicted step " << plan.predictedStepUs
                 << " us, peak " << plan.predictedPeakBytes << " bytes per rank -> " << a.out
@@ -151,14 +150,8 @@ Command addSolveShard(CLI::App& solve) {
   shardCmd->add_option("--workload", shard->workload, "gpt2, bert or mlp")->capture_default_str();
   shardCmd->add_option("--shape", shard->shape, "JSON, e.g. '{\"layers\": 12}'")
       ->capture_default_str();
-  shardCmd->add_option("--model", shard->model,
-                       "A TorchScript file (torch.jit.trace(...).save) to plan instead");
-  shardCmd
-      ->add_option("--input", shard->inputs,
-                   "With --model, one per forward input: '[2, 16, 64]' or "
-                   "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
-      ->allow_extra_args(false);  // one per --input: its JSON brackets are not a CLI list
-  shardCmd->add_option("--params", shard->params, "With --model: module (default) or seed");
+  sb::cli::addModelOptions(shardCmd, shard->model,
+                           "A TorchScript file (torch.jit.trace(...).save) to plan instead");
   shardCmd->add_option("--mesh", shard->mesh, "Mesh extents, e.g. 2x4 (axis 0 across nodes)")
       ->required();
   shardCmd->add_option("--profile", shard->profile, "Cost profile from `stratbench calibrate`");

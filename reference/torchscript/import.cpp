@@ -34,6 +34,16 @@ std::string firstLine(const std::string& s) {
   return s.substr(start, s.find('\n', start) - start);
 }
 
+// "file.py:42" of a node's source, or "" where the file does not record one.
+std::string sourceLine(const Node* n) {
+  const auto flc = n->sourceRange().file_line_col();
+  return flc ? std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc)) : "";
+}
+
+constexpr const char* kControlFlow =
+    ": control flow (from torch.jit.script) is not imported; trace the model with "
+    "torch.jit.trace at the shapes to study";
+
 class Walker {
  public:
   Walker(const ImportSpec& spec, torch::jit::Module module, ImportedModel& out)
@@ -88,10 +98,8 @@ class Walker {
 
  private:
   std::string where(const Node* n, const std::string& path) const {
-    std::string loc;
-    if (const auto flc = n->sourceRange().file_line_col()) {
-      loc = ", " + std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc));
-    }
+    const std::string line = sourceLine(n);
+    const std::string loc = line.empty() ? "" : ", " + line;
     return spec_.file + ": node " + n->kind().toQualString() + " (in " +
            (path.empty() ? "the top module" : "'" + path + "'") + loc + ")";
   }
@@ -158,9 +166,7 @@ class Walker {
     }
     if (kind == c10::prim::If || kind == c10::prim::Loop || kind == c10::prim::CallFunction ||
         kind == c10::prim::fork || n->blocks().size() > 0) {
-      throw ImportError(where(n, path) +
-                        ": control flow (from torch.jit.script) is not imported; trace the model "
-                        "with torch.jit.trace at the shapes to study");
+      throw ImportError(where(n, path) + kControlFlow);
     }
     bool dynamic = false;
     for (const Value* v : n->inputs()) dynamic |= env.at(v).dynamic;
@@ -189,10 +195,8 @@ class Walker {
     }
     torch::jit::Stack stack;
     for (const Value* v : n->inputs()) stack.push_back(env.at(v).v);
-    // The interpreter runs these itself (instructions, not operators).
-    const bool structural = kind == c10::prim::ListConstruct || kind == c10::prim::TupleConstruct ||
-                            kind == c10::prim::ListUnpack || kind == c10::prim::TupleUnpack;
     try {
+      // The interpreter runs these four itself (instructions, not operators).
       if (kind == c10::prim::ListConstruct) {
         c10::impl::GenericList list(
             n->output()->type()->expectRef<c10::ListType>().getElementType());
@@ -220,7 +224,6 @@ class Walker {
       faulted_ = true;
     }
     if (!dynamic) return;  // folded: constants, whatever they are
-    (void)structural;
     // Lists and tuples carry their elements' names; unpacking hands them out.
     if (kind == c10::prim::ListConstruct || kind == c10::prim::TupleConstruct) {
       Entry& e = env[n->output()];
@@ -299,13 +302,9 @@ std::shared_ptr<const ImportedModel> importModel(const ImportSpec& spec) {
     const std::function<void(torch::jit::Block*)> scan = [&](torch::jit::Block* b) {
       for (torch::jit::Node* n : b->nodes()) {
         if (n->kind() == c10::prim::If || n->kind() == c10::prim::Loop) {
-          std::string loc;
-          if (const auto flc = n->sourceRange().file_line_col()) {
-            loc = " (" + std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc)) + ")";
-          }
-          throw ImportError(spec.file + ": node " + n->kind().toQualString() + loc +
-                            ": control flow (from torch.jit.script) is not imported; trace the "
-                            "model with torch.jit.trace at the shapes to study");
+          const std::string line = sourceLine(n);
+          throw ImportError(spec.file + ": node " + n->kind().toQualString() +
+                            (line.empty() ? "" : " (" + line + ")") + kControlFlow);
         }
         for (torch::jit::Block* inner : n->blocks()) scan(inner);
       }

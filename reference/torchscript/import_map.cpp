@@ -126,7 +126,6 @@ std::string GraphMapper::add(const std::string& name, const nlohmann::json& shap
   n.args = std::move(args);
   TORCH_CHECK(n.args.size() == n.shape.operands().size(), "importer: ", name, " has ",
               n.args.size(), " arguments for ", n.shape.operands().size(), " operands");
-  // The node must compute what the module's operator computed on the example: its shapes.
   g_.nodes.push_back(n);
   return n.outputs()[0];
 }
