@@ -263,6 +263,14 @@ def write_model(name, args, malformed):
 
     torch.manual_seed(args.seed)
     model = builder()
+    # Constant initialisations (torchvision's ViT head is all zeros, every norm's scale all
+    # ones and its bias all zeros) would make the checks blind: a zero head passes no gradient
+    # to anything before it, and a parameter bound to another of the same constant computes
+    # the same numbers. Each becomes its constant plus noise of 0.02.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                p.add_(torch.randn_like(p) * 0.02)
     # Train mode so batch norm traces with batch statistics; dropout probabilities are 0.0
     # (assert it) so that a train-mode trace is still deterministic.
     model.train()
