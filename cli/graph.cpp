@@ -16,6 +16,7 @@
 #include "harness/json_strict.h"
 #include "reference/graph.h"
 #include "reference/torchscript/import.h"
+#include "reference/torchscript/linearize.h"
 
 namespace {
 
@@ -25,8 +26,35 @@ namespace ts = sb::reference::torchscript;
 struct GraphArgs {
   std::string workload = "gpt2", shape = "{}";
   sb::cli::ModelOptions model;
-  bool json = false;
+  bool json = false, stages = false;
 };
+
+// The chain the checkpointing family runs the model as (reference/torchscript/linearize.h).
+nlohmann::json stagesJson(const sb::reference::Graph& g,
+                          const std::vector<ts::ChainStage>& stages) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& s : stages) {
+    out.push_back({{"name", s.name},
+                   {"nodes", s.nodes.size()},
+                   {"input", s.input},
+                   {"output", s.output},
+                   {"output_shape", g.valueShape(s.output)}});
+  }
+  return out;
+}
+
+void printStages(const sb::reference::Graph& g, const std::vector<ts::ChainStage>& stages) {
+  std::cout << "chain: " << stages.size()
+            << " stages (cut where one activation alone crosses; checkpointing runs these)\n";
+  for (size_t i = 0; i < stages.size(); ++i) {
+    std::string dims;
+    for (int64_t d : g.valueShape(stages[i].output)) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+    std::cout << "  " << std::right << std::setw(3) << i << "  " << std::left << std::setw(28)
+              << stages[i].name << std::right << std::setw(4) << stages[i].nodes.size()
+              << " nodes -> "
+              << stages[i].output << " [" << dims << "]\n";
+  }
+}
 
 void printCoverage(const ts::ImportedModel& m) {
   int with = 0, without = 0;
@@ -60,6 +88,15 @@ int graphMain(const GraphArgs& a) {
     const auto g = sb::reference::buildGraph(workload, shape);
     std::shared_ptr<const ts::ImportedModel> imported;
     if (workload == "torchscript") imported = ts::importModel(ts::ImportSpec::fromJson(shape));
+    std::vector<ts::ChainStage> stages;
+    if (a.stages) {
+      if (!imported) {
+        std::cerr << who << "--stages needs --model: the built-in chain networks are cut by hand "
+                  << "(reference/chain_nets.h)\n";
+        return kExitBadInput;
+      }
+      stages = ts::linearizeModel(*imported);
+    }
     if (a.json) {
       nlohmann::json j = g.toJson();
       if (imported) {
@@ -72,6 +109,7 @@ int graphMain(const GraphArgs& a) {
         }
         j["coverage"] = cov;
       }
+      if (a.stages) j["stages"] = stagesJson(g, stages);
       std::cout << j.dump(2) << "\n";
       return 0;
     }
@@ -86,6 +124,7 @@ int graphMain(const GraphArgs& a) {
       std::cout << "\n";
     }
     if (imported) printCoverage(*imported);
+    if (a.stages) printStages(g, stages);
     return 0;
   } catch (const nlohmann::json::exception& e) {
     std::cerr << who << "--shape is not valid JSON: " << e.what() << "\n";
@@ -110,6 +149,8 @@ Command addGraph(CLI::App& app) {
   sb::cli::addModelOptions(graphCmd, a->model,
                            "A TorchScript file (torch.jit.trace(...).save): import it instead");
   graphCmd->add_flag("--json", a->json, "As JSON");
+  graphCmd->add_flag("--stages", a->stages,
+                     "With --model: the chain of stages checkpointing runs the model as");
   return {graphCmd, [a] { return graphMain(*a); }};
 }
 

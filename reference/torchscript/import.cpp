@@ -280,6 +280,12 @@ std::shared_ptr<const ImportedModel> importModel(const ImportSpec& spec) {
   const std::string key = cacheKey(spec);
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
+  auto out = importModelUncached(spec);
+  cache[key] = out;
+  return out;
+}
+
+std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec) {
   auto out = std::make_shared<ImportedModel>();
   out->inputSpecs = spec.inputs;
   const auto t0 = std::chrono::steady_clock::now();
@@ -318,7 +324,6 @@ std::shared_ptr<const ImportedModel> importModel(const ImportSpec& spec) {
   const auto t2 = std::chrono::steady_clock::now();
   out->loadSeconds = std::chrono::duration<double>(t1 - t0).count();
   out->importSeconds = std::chrono::duration<double>(t2 - t1).count();
-  cache[key] = out;
   return out;
 }
 

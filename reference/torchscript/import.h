@@ -71,7 +71,9 @@ struct ImportSpec {
   std::vector<InputSpec> inputs;
   bool seededParams = false;  // "params": "seed": re-initialised from the case's seed
   // Planted importer faults (tests): "wrong_parameter" binds a parameter's reads to another
-  // parameter of its shape; "shape_constant_off_by_one" folds the first aten::size one larger.
+  // parameter of its shape; "shape_constant_off_by_one" folds the first aten::size one larger;
+  // "cut_where_two_cross" linearises for checkpointing with cuts where two activations cross
+  // (linearize.h).
   std::string fault;
   static ImportSpec fromJson(const nlohmann::json& shape);
 };
@@ -103,6 +105,8 @@ struct ImportedModel {
 
 // Imports `spec` (cached by file, its modification time and the specs). Throws ImportError.
 std::shared_ptr<const ImportedModel> importModel(const ImportSpec& spec);
+// The same, loaded and walked afresh (the import benchmark).
+std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec);
 
 // The forward's inputs for `seed` (floats normal in the case's dtype, ids uniform in [low,
 // high)), by graph input name; constants included.

@@ -112,9 +112,11 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
   s.seededParams = params == "seed";
   if (shape.contains("import_fault")) {
     s.fault = shape.at("import_fault").get<std::string>();
-    if (s.fault != "wrong_parameter" && s.fault != "shape_constant_off_by_one") {
+    if (s.fault != "wrong_parameter" && s.fault != "shape_constant_off_by_one" &&
+        s.fault != "cut_where_two_cross") {
       throw ImportError("torchscript: import_fault '" + s.fault +
-                        "' (expected wrong_parameter or shape_constant_off_by_one)");
+                        "' (expected wrong_parameter, shape_constant_off_by_one or "
+                        "cut_where_two_cross)");
     }
   }
   return s;

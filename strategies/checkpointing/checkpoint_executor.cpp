@@ -2,7 +2,9 @@
 // activations and recomputes the others, and check that training computes exactly what it
 // computes without checkpointing.
 //
-// prepare() builds the network (the reference's parameters, from the seed), profiles its
+// prepare() builds the network (the reference's parameters, from the seed; for an imported
+// model, workload torchscript, its graph linearised by reference/torchscript/linearize.h over
+// the module's parameters, with the module's grad_output as target), profiles its
 // chain (profiler.h: sizes in bytes, times in microseconds) and asks the strategy's solver for
 // a schedule under the case's budget: params.budget, a fraction of the peak of keeping every
 // tape (none), or unconstrained when absent. No schedule fits: the row is `unsupported`.
@@ -40,7 +42,8 @@
 //
 // The budget is a promise on the measured peak (memoryLimitBytes): what was live at the
 // step's start, less x[0], plus the budget. The model is exact to the byte on the chain
-// workloads (the step's own terms included, chain.h), so a schedule the solver fits within
+// workloads and on the imported ResNet-18, DenseNet-121 and ViT (the step's own terms
+// included, chain.h), so a schedule the solver fits within
 // the budget stays within it when it runs.
 //
 // Cost: the schedule's recomputed forwards; memory: the simulator's peak for the profiled
@@ -60,6 +63,8 @@
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/chain_nets.h"
+#include "reference/torchscript/import.h"
+#include "reference/torchscript/linearize.h"
 #include "strategies/checkpointing/profiler.h"
 #include "strategies/checkpointing/run_schedule.h"
 #include "strategies/checkpointing/solvers.h"
@@ -340,7 +345,18 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   }
 
   Applicability applies(const CaseSpec& c) const override {
-    if (!reference::findChainWorkload(c.workload)) {
+    if (c.workload == "torchscript") {
+      // An imported model, linearised (reference/torchscript/linearize.h): its chain runs from
+      // one floating input, which it differentiates.
+      const auto spec = reference::torchscript::ImportSpec::fromJson(c.shape);
+      if (spec.inputs.size() != 1 || spec.inputs[0].dtype != "float") {
+        return Applicability::unsupported(
+            "a checkpointed chain runs from one floating input, which it differentiates; this "
+            "model's forward takes " +
+            std::to_string(spec.inputs.size()) + " input(s), the first " +
+            (spec.inputs[0].dtype == "float" ? "floating" : "of ids (int64)"));
+      }
+    } else if (!reference::findChainWorkload(c.workload)) {
       return Applicability::notApplicable("workload '" + c.workload + "' is not a chain network");
     }
     if (c.meshSize() != 1) {
@@ -383,10 +399,14 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   Fault fault_;
 };
 
-void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData&) {
+void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData& data) {
   harness::MemoryTracker::instance().install();
-  net_ =
-      reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype, case_.seed);
+  // An imported model's chain holds the reference's tensors: its target is the module's
+  // grad_output, so that the step's gradients are the module's.
+  net_ = case_.workload == "torchscript"
+             ? reference::torchscript::importedChainNet(case_.shape, data)
+             : reference::findChainWorkload(case_.workload)
+                   ->makeNet(case_.shape, case_.dtype, case_.seed);
   chain_ = profileChain(*net_, ctx.rank());
   nonePeak_ = simulate(chain_, segmentSchedule(chain_.length(), {0})).peak;
   if (case_.params.contains("budget")) budgetFraction_ = case_.params["budget"].get<double>();
