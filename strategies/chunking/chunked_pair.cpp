@@ -56,6 +56,7 @@ class PairStrategy final : public harness::SingleRankStrategy {
   }
 
   Applicability applies(const CaseSpec& c) const override {
+    if (c.workload == "torchscript") return importedModelRefusal();
     if (c.workload != "evoformer_pair") return Applicability::notApplicable("not evoformer_pair");
     if (c.meshSize() != 1) return Applicability::unsupported("chunking runs on one rank");
     if (c.params.contains("chunk") &&
