@@ -48,11 +48,11 @@ void printStages(const sb::reference::Graph& g, const std::vector<ts::ChainStage
             << " stages (cut where one activation alone crosses; checkpointing runs these)\n";
   for (size_t i = 0; i < stages.size(); ++i) {
     std::string dims;
-    for (int64_t d : g.valueShape(stages[i].output)) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+    for (int64_t d : g.valueShape(stages[i].output))
+      dims += (dims.empty() ? "" : "x") + std::to_string(d);
     std::cout << "  " << std::right << std::setw(3) << i << "  " << std::left << std::setw(28)
               << stages[i].name << std::right << std::setw(4) << stages[i].nodes.size()
-              << " nodes -> "
-              << stages[i].output << " [" << dims << "]\n";
+              << " nodes -> " << stages[i].output << " [" << dims << "]\n";
   }
 }
 

@@ -53,7 +53,7 @@ std::string stageName(const Graph& g, const std::vector<int>& nodes) {
 }
 
 struct Classified {
-  std::vector<Kind> kind;                // per node
+  std::vector<Kind> kind;                 // per node
   std::map<std::string, Kind> valueKind;  // per value: inputs, parameters, node outputs
 };
 
@@ -191,9 +191,10 @@ std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoC
     for (size_t i = 0; i < m.dataInputs.size(); ++i) {
       names += (i ? ", " : "") + m.dataInputs[i] + " (" + m.inputSpecs[i].dtype + ")";
     }
-    throw ImportError("linearize: a chain runs from one floating input, which it "
-                      "differentiates; the forward takes " +
-                      names);
+    throw ImportError(
+        "linearize: a chain runs from one floating input, which it "
+        "differentiates; the forward takes " +
+        names);
   }
   std::vector<std::string> constants;
   for (const auto& [name, dims] : m.graph.inputs) {

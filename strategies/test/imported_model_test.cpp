@@ -230,11 +230,17 @@ TEST(ImportedChain, StagesAreCutWhereOneActivationAloneCrosses) {
   // flatten before it is a view: no cut).
   std::vector<std::string> names;
   for (const auto& s : stages) names.push_back(s.name);
-  const std::vector<std::string> want = {
-      "conv1",         "bn1",      "relu",          "maxpool",  "layer1.0",      "layer1.0.relu",
-      "layer1.1",      "layer1.1.relu", "layer2.0", "layer2.0.relu", "layer2.1", "layer2.1.relu",
-      "layer3.0",      "layer3.0.relu", "layer3.1", "layer3.1.relu", "layer4.0", "layer4.0.relu",
-      "layer4.1",      "layer4.1.relu", "avgpool",  "fc"};
+  const std::vector<std::string> want = {"conv1",    "bn1",
+                                         "relu",     "maxpool",
+                                         "layer1.0", "layer1.0.relu",
+                                         "layer1.1", "layer1.1.relu",
+                                         "layer2.0", "layer2.0.relu",
+                                         "layer2.1", "layer2.1.relu",
+                                         "layer3.0", "layer3.0.relu",
+                                         "layer3.1", "layer3.1.relu",
+                                         "layer4.0", "layer4.0.relu",
+                                         "layer4.1", "layer4.1.relu",
+                                         "avgpool",  "fc"};
   EXPECT_EQ(names, want);
   for (size_t i = 1; i < stages.size(); ++i) EXPECT_EQ(stages[i].input, stages[i - 1].output);
   EXPECT_EQ(stages.back().output, m->graph.output);
@@ -245,9 +251,9 @@ TEST(ImportedChain, StagesAreCutWhereOneActivationAloneCrosses) {
   const auto dm = importModel(ImportSpec::fromJson(dense));
   std::set<std::string> denseNames;
   for (const auto& s : linearizeModel(*dm)) denseNames.insert(s.name);
-  for (const char* block : {"features.denseblock1", "features.denseblock2",
-                            "features.denseblock3", "features.denseblock4",
-                            "features.transition1.conv", "features.transition3.pool"}) {
+  for (const char* block :
+       {"features.denseblock1", "features.denseblock2", "features.denseblock3",
+        "features.denseblock4", "features.transition1.conv", "features.transition3.pool"}) {
     EXPECT_TRUE(denseNames.count(block)) << block;
   }
   EXPECT_EQ(denseNames.size(), 24u);

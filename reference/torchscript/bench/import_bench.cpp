@@ -52,8 +52,8 @@ void import(benchmark::State& state, const ts::ImportSpec& spec) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = std::getenv("STRATBENCH_MODELS") ? std::getenv("STRATBENCH_MODELS")
-                                                     : "build/models";
+  std::string dir =
+      std::getenv("STRATBENCH_MODELS") ? std::getenv("STRATBENCH_MODELS") : "build/models";
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--models") dir = argv[i + 1];
   }
