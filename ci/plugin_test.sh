@@ -117,7 +117,9 @@ fake_plugin future 999 "$torch_version"
 refused "another plugin API version" \
   "libfuture.so' was built against stratbench plugin API version 999; this stratbench has version [0-9]+" \
   --plugin "$tmp/libfuture.so"
-fake_plugin oldtorch 1 "0.0.1"
+# This API version (it is the LibTorch version that differs).
+api=$(sed -n 's/^#define SB_PLUGIN_API_VERSION \([0-9]*\)$/\1/p' "$src/harness/plugin.h")
+fake_plugin oldtorch "$api" "0.0.1"
 refused "another LibTorch version" "liboldtorch.so' was built against LibTorch 0.0.1" \
   --plugin "$tmp/liboldtorch.so"
 cp "$plugin" "$tmp/libmy_strategy_copy.so"

@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
+#include "reference/training.h"
 #include "reference/workload.h"
 
 namespace sb::harness {
@@ -29,6 +30,9 @@ struct CaseSpec {
   // Strategy parameters of the case (e.g. {"budget": 0.5} for checkpointing), read by the
   // strategies that know them; a suite's `sweep` expands one case into one per value.
   nlohmann::json params = nlohmann::json::object();
+  // `steps: N` and `optimizer: {...}`: N optimizer steps, checked per step and in the state
+  // they leave (reference/training.h); not enabled: one forward and backward.
+  reference::TrainingSpec training;
   std::string file;  // where the case was read from, for messages
   int line = 0;
 

@@ -22,6 +22,17 @@ const char* familyName(Family f) {
   TORCH_INTERNAL_ASSERT(false, "unknown family");
 }
 
+Applicability applicabilityOf(const Strategy& s, const CaseSpec& c) {
+  if (c.training.enabled() && !s.trainsSteps()) {
+    const Applicability a = s.applies(c);
+    if (a.kind == Applicability::Kind::kNotApplicable) return a;
+    return Applicability::unsupported(
+        "runs one forward and backward; steps: " + std::to_string(c.training.steps) +
+        " (optimizer steps) need a strategy that trains (sharding/fsdp/*)");
+  }
+  return s.applies(c);
+}
+
 Tolerance Strategy::tolerance(const std::string&, const CaseSpec& c, const at::Tensor&) const {
   if (c.inputs == reference::InputMode::kExact) {
     return Tolerance::bitwise("exact inputs: every summation order gives the same integers");

@@ -99,6 +99,11 @@ class Strategy {
 
   virtual Applicability applies(const CaseSpec& c) const = 0;
   virtual std::unique_ptr<RankExecutor> makeExecutor(const CaseSpec& c) const = 0;
+  // Whether its executors run a case's `steps` (reference/training.h): N optimizer steps from
+  // the initial parameters in every step(), with the results training's expected tensors
+  // name (loss, grad_norm, param/..., state/...). A strategy that does not is `unsupported`
+  // on a case with steps (applicabilityOf), saying so.
+  virtual bool trainsSteps() const { return false; }
 
   // The box of `tensor` that `rank` holds after a step, by the strategy's declared layout
   // (never by asking the executor, so a misplaced shard shows up as a mismatch).
@@ -186,6 +191,11 @@ class Strategy {
   std::string displayName_;
   Family family_;
 };
+
+// Whether `s` runs `c`: applies(), and, for a case with steps, trainsSteps(). What every
+// caller asks (the plan, the runners), so that a one-step strategy is never run on a training
+// case and checked against tensors it does not produce.
+Applicability applicabilityOf(const Strategy& s, const CaseSpec& c);
 
 // A strategy that runs on one rank and hands back every tensor whole (checkpointing,
 // chunking): its results are boxed by their full shape and it communicates nothing.

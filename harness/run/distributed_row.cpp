@@ -53,7 +53,8 @@ RowResult distributedRow(Session& session, int64_t seq, const CaseSpec& c,
     rec.message = why;
     return {writer ? std::optional<Record>(rec) : std::nullopt, false};
   }
-  if (const Applicability a = strategy.applies(c); a.kind != Applicability::Kind::kApplies) {
+  if (const Applicability a = applicabilityOf(strategy, c);
+      a.kind != Applicability::Kind::kApplies) {
     rec.status = Status::kUnsupported;
     rec.message = a.reason;
     return {writer ? std::optional<Record>(rec) : std::nullopt, false};

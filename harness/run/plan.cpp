@@ -74,7 +74,7 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
       if (const Strategy* exact = registry.find(pattern)) {
         // Named by id: the user asked for exactly this strategy on this case, so a case it
         // cannot run is an error in the suite, not a row.
-        const Applicability a = exact->applies(c);
+        const Applicability a = applicabilityOf(*exact, c);
         if (a.kind != Applicability::Kind::kApplies) {
           throw InputError(c.where() + ": case '" + c.name + "': strategy '" + pattern +
                            "' cannot run it: " + a.reason);
@@ -115,7 +115,7 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
     }
     for (const Strategy* s : chosen) {
       if (filter && !filter->search(s->id())) continue;
-      Applicability a = s->applies(c);
+      Applicability a = applicabilityOf(*s, c);
       if (a.kind == Applicability::Kind::kNotApplicable) continue;
       pc.strategies.push_back({s, a, nullptr});
     }

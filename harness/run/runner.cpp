@@ -168,7 +168,7 @@ Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const
     rec.message = why;
     return rec;
   }
-  const Applicability a = strategy.applies(c);
+  const Applicability a = applicabilityOf(strategy, c);
   if (a.kind != Applicability::Kind::kApplies) {
     rec.status = Status::kUnsupported;
     rec.message = a.reason;

@@ -197,8 +197,8 @@ void checkTree(const std::string& file, const YAML::Node& n, int depth, int64_t*
 }
 
 const std::set<std::string> kCaseKeys = {
-    "name",        "workload",   "shape",  "mesh",       "dtype",  "inputs", "seed",
-    "repetitions", "min_time_s", "device", "strategies", "params", "sweep"};
+    "name",       "workload", "shape",      "mesh",   "dtype", "inputs", "seed",     "repetitions",
+    "min_time_s", "device",   "strategies", "params", "sweep", "steps",  "optimizer"};
 
 std::string keyList(const std::set<std::string>& keys) {
   std::string s;
@@ -298,6 +298,18 @@ void applyKeys(const std::string& file, const YAML::Node& node, CaseSpec& c) {
       if (c.device != "cpu" && c.device != "cuda") {
         fail(file, v, "key 'device' must be cpu or cuda (got '" + c.device + "')");
       }
+    } else if (key == "steps") {
+      c.training.steps = static_cast<int>(wholeNumber(file, v, key, 1, 10000));
+    } else if (key == "optimizer") {
+      if (!v.IsMap()) {
+        fail(file, v, "key 'optimizer' must be a mapping, e.g. {kind: adamw, lr: 0.001}");
+      }
+      try {
+        c.training.optimizer =
+            reference::OptimizerSpec::fromJson(toJson(file, v), "key 'optimizer'");
+      } catch (const std::invalid_argument& e) {
+        fail(file, v, e.what());
+      }
     } else if (key == "params") {
       if (!v.IsMap()) fail(file, v, "key 'params' must be a mapping of strategy parameters");
       for (const auto& kv : v) c.params[kv.first.Scalar()] = toJson(file, kv.second);
@@ -377,6 +389,19 @@ Suite parseSuite(const std::string& text, const std::string& file) {
       if (!have) fail(file, node, std::string("case is missing key '") + required + "'");
     }
     if (c.strategies.empty()) fail(file, node, "case '" + c.name + "' selects no strategies");
+    {
+      const bool hasOptimizer =
+          node["optimizer"] || (root["defaults"] && root["defaults"]["optimizer"]);
+      if (hasOptimizer && !c.training.enabled()) {
+        fail(file, node["optimizer"] ? node["optimizer"] : node,
+             "case '" + c.name + "': key 'optimizer' needs key 'steps' (how many optimizer steps)");
+      }
+      if (c.training.enabled() && !reference::hasTrainingReference(c.workload)) {
+        fail(file, node["steps"] ? node["steps"] : node,
+             "case '" + c.name + "': workload '" + c.workload +
+                 "' has no training reference (steps need one): mlp, gpt2, bert");
+      }
+    }
     try {
       reference::findWorkload(c.workload)->validate(c.shape);
     } catch (const c10::Error& e) {

@@ -11,6 +11,7 @@
 #include "harness/run/distributed_row.h"
 #include "harness/run/run_util.h"
 #include "harness/run/runner.h"
+#include "reference/training.h"
 
 namespace sb::harness {
 namespace {
@@ -51,7 +52,10 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     if (onDevice) installCudaMemoryTracking(nullptr);
     try {
       if (c.device != "cuda" || onDevice) {
-        data = reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
+        data = c.training.enabled()
+                   ? reference::buildTraining(c.workload, c.shape, c.dtype, c.seed, c.inputs,
+                                              c.training)
+                   : reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
         if (onDevice) synchronizeDevice();
       }
     } catch (const std::exception& e) {

@@ -1,0 +1,228 @@
+// Training over several optimizer steps (training.h).
+
+#include "reference/training.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "reference/autograd_engine.h"
+#include "reference/graph.h"
+
+namespace sb::reference {
+namespace {
+
+double number(const nlohmann::json& j, const std::string& where, const std::string& key, double lo,
+              double hi) {
+  const auto& v = j.at(key);
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < lo ||
+      v.get<double>() > hi) {
+    std::ostringstream os;
+    os << where << ": optimizer key '" << key << "' must be a number in [" << lo << ", " << hi
+       << "], got " << v.dump();
+    throw std::invalid_argument(os.str());
+  }
+  return v.get<double>();
+}
+
+std::string key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+}  // namespace
+
+OptimizerSpec OptimizerSpec::fromJson(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) {
+    throw std::invalid_argument(where +
+                                ": key 'optimizer' must be a mapping, e.g. {kind: adamw, "
+                                "lr: 0.001}, got " +
+                                j.dump());
+  }
+  OptimizerSpec s;
+  if (!j.contains("kind") || !j.at("kind").is_string()) {
+    throw std::invalid_argument(where + ": optimizer key 'kind' must be sgd or adamw");
+  }
+  s.kind = j.at("kind").get<std::string>();
+  if (s.kind != "sgd" && s.kind != "adamw") {
+    throw std::invalid_argument(where + ": optimizer kind '" + s.kind +
+                                "' (expected sgd or adamw)");
+  }
+  if (s.kind == "adamw") s.weightDecay = 0.01;  // torch.optim.AdamW's default
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "kind") continue;
+    if (k == "lr") {
+      s.lr = number(j, where, k, 0, 10);
+    } else if (k == "momentum" && s.kind == "sgd") {
+      s.momentum = number(j, where, k, 0, 1);
+    } else if (k == "betas" && s.kind == "adamw") {
+      const auto& b = it.value();
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number() ||
+          b[0].get<double>() < 0 || b[0].get<double>() >= 1 || b[1].get<double>() < 0 ||
+          b[1].get<double>() >= 1) {
+        throw std::invalid_argument(where +
+                                    ": optimizer key 'betas' must be two numbers in "
+                                    "[0, 1), got " +
+                                    b.dump());
+      }
+      s.beta1 = b[0].get<double>();
+      s.beta2 = b[1].get<double>();
+    } else if (k == "eps" && s.kind == "adamw") {
+      s.eps = number(j, where, k, 0, 1);
+    } else if (k == "weight_decay") {
+      s.weightDecay = number(j, where, k, 0, 1);
+    } else if (k == "clip_grad_norm") {
+      s.clipGradNorm = number(j, where, k, 0, 1e30);
+    } else {
+      throw std::invalid_argument(
+          where + ": unknown optimizer key '" + k + "' for " + s.kind + " (expected " +
+          (s.kind == "sgd" ? "lr, momentum, weight_decay, clip_grad_norm"
+                           : "lr, betas, eps, weight_decay, clip_grad_norm") +
+          ")");
+    }
+  }
+  return s;
+}
+
+nlohmann::json OptimizerSpec::toJson() const {
+  nlohmann::json j = {{"kind", kind}, {"lr", lr}, {"weight_decay", weightDecay}};
+  if (kind == "sgd") j["momentum"] = momentum;
+  if (kind == "adamw") {
+    j["betas"] = {beta1, beta2};
+    j["eps"] = eps;
+  }
+  if (clipGradNorm > 0) j["clip_grad_norm"] = clipGradNorm;
+  return j;
+}
+
+std::string OptimizerSpec::toString() const {
+  std::ostringstream os;
+  os << kind << " lr=" << lr;
+  if (kind == "sgd") os << " momentum=" << momentum;
+  if (kind == "adamw") os << " betas=" << beta1 << "," << beta2 << " eps=" << eps;
+  os << " wd=" << weightDecay;
+  if (clipGradNorm > 0) os << " clip=" << clipGradNorm;
+  return os.str();
+}
+
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const OptimizerSpec& spec,
+                                                       const std::vector<at::Tensor>& params) {
+  if (spec.kind == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        params,
+        torch::optim::SGDOptions(spec.lr).momentum(spec.momentum).weight_decay(spec.weightDecay));
+  }
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(spec.lr)
+                                                           .betas({spec.beta1, spec.beta2})
+                                                           .eps(spec.eps)
+                                                           .weight_decay(spec.weightDecay));
+}
+
+std::vector<std::string> optimizerStateKeys(const OptimizerSpec& spec) {
+  if (spec.kind == "adamw") return {"exp_avg", "exp_avg_sq"};
+  if (spec.momentum > 0) return {"momentum_buffer"};
+  return {};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> optimizerState(const torch::optim::Optimizer& opt,
+                                                               const at::Tensor& param) {
+  const auto it = opt.state().find(key(param));
+  if (it == opt.state().end()) return {};
+  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
+    return {{"momentum_buffer", s->momentum_buffer()}};
+  }
+  if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
+    return {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+  }
+  return {};
+}
+
+double optimizerStep(const torch::optim::Optimizer& opt, const at::Tensor& param) {
+  const auto it = opt.state().find(key(param));
+  if (it == opt.state().end()) return 0;
+  if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
+    return static_cast<double>(s->step());
+  }
+  return 0;
+}
+
+double clipCoefficient(double norm, double maxNorm) {
+  return std::min(1.0, maxNorm / (norm + 1e-6));
+}
+
+bool hasTrainingReference(const std::string& workload) {
+  return workload == "mlp" || workload == "gpt2" || workload == "bert";
+}
+
+WorkloadData buildTraining(const std::string& workload, const nlohmann::json& shape,
+                           at::ScalarType dtype, uint64_t seed, InputMode mode,
+                           const TrainingSpec& training) {
+  if (!hasTrainingReference(workload)) {
+    throw std::invalid_argument("workload '" + workload +
+                                "' has no training reference (steps need one): mlp, gpt2, bert");
+  }
+  const Graph g = buildGraph(workload, shape);
+  if (g.shape.dropout > 0 && workload != "mlp") {
+    throw std::invalid_argument(workload +
+                                ": training over steps needs shape key dropout: 0 (each rank's "
+                                "masks would be the slice of the whole batch's)");
+  }
+  WorkloadData d;
+  d.inputs = graphInputs(g, dtype, seed, mode);
+  std::vector<at::Tensor> params;
+  std::map<std::string, at::Tensor> values;
+  for (const auto& [name, dims] : g.inputs) values[name] = d.inputs.at(name);
+  for (const auto& [name, dims] : g.parameters) {
+    at::Tensor p = d.inputs.at(name).clone().requires_grad_(true);
+    values[name] = p;
+    params.push_back(p);
+  }
+  const auto opt = makeOptimizer(training.optimizer, params);
+  std::vector<double> losses, norms;
+  at::Tensor target;
+  for (int k = 0; k < training.steps; ++k) {
+    for (auto& p : params) p.mutable_grad() = at::Tensor();
+    const auto all = runGraph(g, values, seed);
+    const at::Tensor& out = all.at(g.output);
+    if (!target.defined()) {
+      target = makeNormal(out.sizes(), dtype, seed, 999, mode);
+      d.inputs["target"] = target;
+    }
+    const at::Tensor loss = (out * target).sum();
+    backward({loss});
+    losses.push_back(loss.item<double>());
+    double sq = 0;
+    for (const auto& p : params) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    const double norm = std::sqrt(sq);
+    norms.push_back(norm);
+    if (training.optimizer.clipGradNorm > 0) {
+      const double coef = clipCoefficient(norm, training.optimizer.clipGradNorm);
+      if (coef < 1) {
+        for (auto& p : params) p.mutable_grad().mul_(coef);
+      }
+    }
+    opt->step();
+  }
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  d.expected["loss"] = at::tensor(losses, f64);
+  d.expected["grad_norm"] = at::tensor(norms, f64);
+  d.checked = {"loss", "grad_norm"};
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = g.parameters[i].first;
+    d.expected["param/" + name] = params[i].detach().clone();
+    d.checked.push_back("param/" + name);
+    for (const auto& [k, t] : optimizerState(*opt, params[i])) {
+      d.expected["state/" + name + "/" + k] = t.clone();
+      d.checked.push_back("state/" + name + "/" + k);
+    }
+  }
+  if (training.optimizer.kind == "adamw") {
+    d.expected["state/step"] = at::tensor({optimizerStep(*opt, params.front())}, f64);
+    d.checked.push_back("state/step");
+  }
+  return d;
+}
+
+}  // namespace sb::reference
