@@ -55,8 +55,9 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // the searched chunk plan and the online-softmax attention; the pair update chunked over rows and
   // over columns; 14 ShardedTensor reshards and reshuffles (2 x 2 dimension pairs x 4 placement
   // pairs, less the 2 that move nothing); Megatron's tensor- and tensor + sequence-parallel blocks;
-  // the whole-model plans of the four auto-sharding algorithms and the plan read from a file.
-  EXPECT_EQ(all.size(), 66u);
+  // the whole-model plans of the four auto-sharding algorithms and the plan read from a file;
+  // the five FSDP kinds (ddp, zero1, zero2, zero3, hsdp).
+  EXPECT_EQ(all.size(), 71u);
   ASSERT_EQ(StrategyRegistry::global().generators().size(), 2u);
   std::set<std::string> patterns;
   for (const auto& g : StrategyRegistry::global().generators()) patterns.insert(g.idPattern);

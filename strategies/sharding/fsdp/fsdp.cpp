@@ -1,0 +1,667 @@
+// Data-parallel training with sharded state: `sharding/fsdp/<kind>`, over a case's optimizer
+// steps (reference/training.h) on the graph workloads (mlp, gpt2, bert). Every rank takes an
+// equal slice of the batch (dim 0 of every data input and of the target); the loss is the sum
+// over the batch, so gradients are summed across ranks, never averaged.
+//
+//   ddp    parameters, gradients and optimizer state whole on every rank; each gradient
+//          all-reduced after the backward (one call per parameter: no buckets)
+//   zero1  optimizer state sharded: gradients all-reduced, each rank steps its shard of every
+//          parameter, the updated shards all-gathered back into the whole parameters
+//   zero2  gradients sharded too: reduce-scattered instead of all-reduced
+//   zero3  FSDP: parameters sharded; a unit's (one per block of the workload, plus the root:
+//          everything outside the blocks) all-gathered before its forward, freed after it
+//          (reshard after forward), all-gathered again before its backward; gradients
+//          reduce-scattered as the backward produces them
+//   hsdp   zero3 on mesh axis 1, replicated over axis 0: gradients reduce-scattered on axis 1,
+//          then all-reduced over axis 0
+//
+// Sharding is FSDP2's: every parameter on its own, along dim 0, in torch.chunk's sizes (a
+// parameter with fewer rows than ranks leaves empty shards), all-gathered and reduce-scattered
+// with uneven rows. Each rank's optimizer is LibTorch's own over its shards (an elementwise
+// update, the whole tensor's on those elements). The loss is all-reduced each step; the
+// gradient norm (for the record, and clipping) is the square root of the shards' squares
+// all-reduced in float64 where gradients are sharded.
+//
+// A unit's parameters are gathered by an autograd function (GatherParams) whose backward
+// reduce-scatters the unit's summed gradient: the backward of a parameter runs once all its
+// uses' gradients are in, as FSDP's post-backward hook does. Resharding frees the gathered
+// tensors' storage (the autograd tape keeps the tensors, as FSDP1 does with its flat
+// parameter); a hook on every value the unit hands to later units gathers them again into the
+// same storage before the unit's backward starts, without bumping the version counter of what
+// autograd saved.
+//
+// Planted faults (tests): "grad_divided_twice" divides every reduced gradient by the world
+// size twice (averaging, twice, where the loss is a sum: the gradient norm is off at step 1);
+// "stale_shard" steps the optimizer on a copy of the shard taken at prepare, so that the
+// shard the next step gathers never changes (step 1's loss is right, every later one wrong).
+
+#include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/optim/optimizer.h>
+
+#include <map>
+#include <set>
+
+#include "harness/registry.h"
+#include "reference/autograd_engine.h"
+#include "reference/graph.h"
+#include "reference/training.h"
+
+namespace sb::strategies::fsdp {
+namespace {
+
+using harness::Applicability;
+using harness::Box;
+using harness::CaseSpec;
+using harness::Collective;
+using harness::CommStats;
+using harness::RankContext;
+using reference::Graph;
+
+enum class Kind { kDdp, kZero1, kZero2, kZero3, kHsdp };
+enum class Fault { kNone, kGradDividedTwice, kStaleShard };
+
+const char* kindName(Kind k) {
+  switch (k) {
+    case Kind::kDdp:
+      return "ddp";
+    case Kind::kZero1:
+      return "zero1";
+    case Kind::kZero2:
+      return "zero2";
+    case Kind::kZero3:
+      return "zero3";
+    case Kind::kHsdp:
+      return "hsdp";
+  }
+  return "?";
+}
+
+const char* faultName(Fault f) {
+  switch (f) {
+    case Fault::kNone:
+      return "none";
+    case Fault::kGradDividedTwice:
+      return "grad_divided_twice";
+    case Fault::kStaleShard:
+      return "stale_shard";
+  }
+  return "?";
+}
+
+bool shardsParams(Kind k) { return k == Kind::kZero3 || k == Kind::kHsdp; }
+bool shardsState(Kind k) { return k != Kind::kDdp; }
+bool shardsGrads(Kind k) { return k == Kind::kZero2 || shardsParams(k); }
+
+// How a case's ranks divide the work: the batch over every rank; the state over the shard
+// group (hsdp: mesh axis 1; the others: every rank).
+struct Layout {
+  int world = 1;
+  int shardParts = 1;    // ranks a parameter is sharded over
+  int shardIndex = 0;    // this rank's shard
+  int replicaParts = 1;  // hsdp: replicas of each shard (mesh axis 0)
+  static Layout of(Kind k, const CaseSpec& c, int rank) {
+    Layout l;
+    l.world = static_cast<int>(c.meshSize());
+    if (k == Kind::kDdp) return l;
+    if (k == Kind::kHsdp) {
+      l.replicaParts = static_cast<int>(c.mesh.at(0));
+      l.shardParts = static_cast<int>(c.mesh.at(1));
+      l.shardIndex = rank % l.shardParts;
+      return l;
+    }
+    l.shardParts = l.world;
+    l.shardIndex = rank;
+    return l;
+  }
+};
+
+// The graph's units: one per block (its layer), and the root (every parameter read outside
+// the blocks, or by more than one block).
+struct Units {
+  std::vector<std::string> names;                // "root", "layer0", ...
+  std::vector<int> layer;                        // per unit: its layer, -1 for the root
+  std::vector<std::vector<std::string>> params;  // per unit
+  std::map<std::string, int> unitOfParam;
+  static Units of(const Graph& g) {
+    std::map<std::string, std::set<int>> layers;
+    for (const auto& n : g.nodes) {
+      for (const auto& a : n.args) {
+        if (g.isParameter(a)) layers[a].insert(n.layer);
+      }
+    }
+    Units u;
+    u.names.push_back("root");
+    u.layer.push_back(-1);
+    u.params.emplace_back();
+    std::map<int, int> unitOfLayer;
+    for (const auto& [name, dims] : g.parameters) {
+      const auto& ls = layers[name];
+      int unit = 0;
+      if (ls.size() == 1 && *ls.begin() >= 0) {
+        const int layer = *ls.begin();
+        if (!unitOfLayer.count(layer)) {
+          unitOfLayer[layer] = static_cast<int>(u.names.size());
+          u.names.push_back("layer" + std::to_string(layer));
+          u.layer.push_back(layer);
+          u.params.emplace_back();
+        }
+        unit = unitOfLayer[layer];
+      }
+      u.params[unit].push_back(name);
+      u.unitOfParam[name] = unit;
+    }
+    return u;
+  }
+};
+
+int64_t elemSize(at::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+int64_t rowElems(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (size_t i = 1; i < dims.size(); ++i) n *= dims[i];
+  return n;
+}
+
+int64_t numel(const std::vector<int64_t>& dims) {
+  return dims.empty() ? 1 : dims[0] * rowElems(dims);
+}
+
+class FsdpStrategy;
+
+class FsdpExecutor;
+
+// Gathers one parameter's shards into the whole tensor; its backward reduce-scatters the
+// whole gradient into the shard's (and, in hsdp, all-reduces it over the replicas).
+struct GatherParam : public torch::autograd::Function<GatherParam> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& shard,
+                            int64_t executor, int64_t index);
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads);
+};
+
+class FsdpExecutor final : public harness::RankExecutor {
+ public:
+  FsdpExecutor(const FsdpStrategy& s, CaseSpec c);
+  void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
+  void step(RankContext& ctx) override;
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::vector<std::pair<std::string, std::string>> recordParams() const override;
+
+  // GatherParam's halves.
+  at::Tensor gather(int index, const at::Tensor& shard);
+  at::Tensor reduceGrad(int index, const at::Tensor& full);
+
+ private:
+  void gatherUnit(int unit, std::map<std::string, at::Tensor>& values);
+  void reshardUnit(int unit);
+  void regatherUnit(int unit);
+  std::vector<int64_t> rowsOf(int index) const;
+
+  const FsdpStrategy& strategy_;
+  CaseSpec case_;
+  Kind kind_;
+  Fault fault_;
+  Layout layout_;
+  Graph local_;  // the graph at this rank's batch
+  Units units_;
+  RankContext* ctx_ = nullptr;
+  std::map<std::string, at::Tensor> inputs_;  // this rank's data inputs
+  at::Tensor target_;
+  std::vector<std::string> names_;       // parameters, in graph order
+  std::vector<at::Tensor> initialFull_;  // whole initial parameters
+  std::vector<at::Tensor> full_;         // ddp/zero1/zero2: whole, replicated leaves
+  std::vector<at::Tensor> shards_;       // sharded kinds: this rank's shard leaves
+  std::vector<at::Tensor> staleShards_;  // fault stale_shard: what the optimizer steps
+  std::vector<at::Tensor> gathered_;     // zero3/hsdp: the unit tensors gathered
+  std::vector<bool> unitGathered_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::map<std::string, at::Tensor> results_;
+};
+
+class FsdpStrategy final : public harness::Strategy {
+ public:
+  FsdpStrategy(Kind kind, Fault fault)
+      : Strategy(std::string("sharding/fsdp/") + kindName(kind),
+                 std::string("fsdp ") + kindName(kind), harness::Family::kSharding),
+        kind_(kind),
+        fault_(fault) {}
+  Kind kind() const { return kind_; }
+  Fault fault() const { return fault_; }
+  bool trainsSteps() const override { return true; }
+
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"kind", kindName(kind_)},
+            {"parameters", shardsParams(kind_) ? "sharded dim 0 (torch.chunk), per unit" : "whole"},
+            {"gradients", shardsGrads(kind_) ? "reduce-scattered" : "all-reduced"},
+            {"optimizer state", shardsState(kind_) ? "sharded" : "whole"},
+            {"mesh", kind_ == Kind::kHsdp ? "2-D: replicate axis 0, shard axis 1" : "any"}};
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (!reference::hasTrainingReference(c.workload)) {
+      return Applicability::notApplicable("not a graph workload with a training reference");
+    }
+    if (!c.training.enabled()) {
+      return Applicability::unsupported(
+          "FSDP and ZeRO shard the optimizer's state: the case needs steps: N (and optimizer)");
+    }
+    if (kind_ == Kind::kHsdp && c.mesh.size() != 2) {
+      return Applicability::unsupported(
+          "hsdp shards on mesh axis 1 and replicates on axis 0: "
+          "it needs a 2-D mesh, the case has " +
+          c.meshString());
+    }
+    const auto s = reference::GraphShape::parse(c.workload, c.shape);
+    if (s.batch % c.meshSize() != 0) {
+      return Applicability::unsupported("the batch (" + std::to_string(s.batch) +
+                                        ") does not divide over the " +
+                                        std::to_string(c.meshSize()) + " data-parallel ranks");
+    }
+    if (c.workload != "mlp" && s.dropout > 0) {
+      return Applicability::unsupported(
+          "dropout: each rank's masks would be the whole batch's "
+          "slice; the case needs dropout: 0");
+    }
+    return Applicability::yes();
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
+    return std::make_unique<FsdpExecutor>(*this, c);
+  }
+
+  Box resultBox(const std::string&, const CaseSpec&, int) const override {
+    TORCH_INTERNAL_ASSERT(false, "fsdp results are boxed by resultBoxOf");
+  }
+  Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                  at::IntArrayRef fullShape) const override {
+    const bool param = tensor.rfind("param/", 0) == 0;
+    const bool state = tensor.rfind("state/", 0) == 0 && tensor != "state/step";
+    if ((param && shardsParams(kind_)) || (state && shardsState(kind_))) {
+      const Layout l = Layout::of(kind_, c, rank);
+      return harness::chunkBox(fullShape, 0, l.shardParts, l.shardIndex);
+    }
+    return Box::whole(fullShape);
+  }
+
+  CommStats predictComm(const CaseSpec& c, int rank) const override {
+    const Graph g = reference::buildGraph(c.workload, c.shape);
+    const Units units = Units::of(g);
+    const Layout l = Layout::of(kind_, c, rank);
+    const int64_t es = elemSize(c.dtype);
+    CommStats per;
+    const auto count = [&](Collective k, int groupSize, int64_t bytes) {
+      per.add(k, groupSize > 1 ? bytes : 0);
+    };
+    count(Collective::kAllReduce, l.world, es);  // the loss
+    for (const auto& [name, dims] : g.parameters) {
+      const int64_t bytes = numel(dims) * es;
+      switch (kind_) {
+        case Kind::kDdp:
+          count(Collective::kAllReduce, l.world, bytes);
+          break;
+        case Kind::kZero1:
+          count(Collective::kAllReduce, l.world, bytes);
+          count(Collective::kAllGather, l.world, bytes);
+          break;
+        case Kind::kZero2:
+          count(Collective::kReduceScatter, l.world, bytes);
+          count(Collective::kAllGather, l.world, bytes);
+          break;
+        case Kind::kZero3:
+        case Kind::kHsdp: {
+          const bool root = units.unitOfParam.at(name) == 0;
+          count(Collective::kAllGather, l.shardParts, bytes);             // forward
+          if (!root) count(Collective::kAllGather, l.shardParts, bytes);  // before backward
+          count(Collective::kReduceScatter, l.shardParts, bytes);
+          if (kind_ == Kind::kHsdp) {
+            const int64_t rows = harness::chunkSizes(dims[0], l.shardParts)[l.shardIndex];
+            count(Collective::kAllReduce, l.replicaParts, rows * rowElems(dims) * es);
+          }
+          break;
+        }
+      }
+    }
+    if (shardsGrads(kind_)) {
+      count(Collective::kAllReduce, l.shardParts, 8);  // the gradient norm's squares, float64
+    }
+    CommStats out;
+    for (int k = 0; k < harness::kNumCollectives; ++k) {
+      out.entries[k].calls = per.entries[k].calls * c.training.steps;
+      out.entries[k].bytes = per.entries[k].bytes * c.training.steps;
+    }
+    return out;
+  }
+
+  harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
+                               const at::Tensor& expected) const override;
+
+  std::vector<std::string> plantableFaults() const override {
+    return {faultName(Fault::kGradDividedTwice), faultName(Fault::kStaleShard)};
+  }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    for (Fault f : {Fault::kGradDividedTwice, Fault::kStaleShard}) {
+      if (name == faultName(f)) return std::make_unique<FsdpStrategy>(kind_, f);
+    }
+    return nullptr;
+  }
+
+ private:
+  Kind kind_;
+  Fault fault_;
+};
+
+harness::Tolerance FsdpStrategy::tolerance(const std::string& tensor, const CaseSpec& c,
+                                           const at::Tensor& expected) const {
+  // Not bitwise even with exact inputs: the workloads' GELU, softmax and layer norm leave the
+  // integers, and the loss is a sum over the batch split over the ranks.
+  // Each rank sums its slice of the batch and the ranks' sums are added: another order than
+  // the reference's, in every gradient, every step. The rounding of step k's gradients moves
+  // step k+1's parameters and everything after; the tolerance grows with the steps taken.
+  harness::Tolerance t = harness::Tolerance::defaultFor(c.dtype);
+  const double steps = std::max(1, c.training.steps);
+  t.rtol *= 10 * steps;
+  t.atol = std::max(t.atol * 10 * steps,
+                    10 * steps * harness::unitRoundoff(c.dtype) *
+                        (expected.numel() ? expected.abs().max().item<double>() : 0.0));
+  t.reason = "the batch's sum split over " + std::to_string(c.meshSize()) +
+             " ranks, compounded over " + std::to_string(c.training.steps) +
+             " steps: 10 x steps x the dtype's tolerance";
+  (void)tensor;
+  return t;
+}
+
+at::Tensor GatherParam::forward(torch::autograd::AutogradContext* ctx, const at::Tensor& shard,
+                                int64_t executor, int64_t index) {
+  ctx->saved_data["executor"] = executor;
+  ctx->saved_data["index"] = index;
+  return reinterpret_cast<FsdpExecutor*>(executor)->gather(static_cast<int>(index), shard);
+}
+
+torch::autograd::variable_list GatherParam::backward(torch::autograd::AutogradContext* ctx,
+                                                     torch::autograd::variable_list grads) {
+  auto* e = reinterpret_cast<FsdpExecutor*>(ctx->saved_data["executor"].toInt());
+  const int index = static_cast<int>(ctx->saved_data["index"].toInt());
+  return {e->reduceGrad(index, grads[0]), at::Tensor(), at::Tensor()};
+}
+
+FsdpExecutor::FsdpExecutor(const FsdpStrategy& s, CaseSpec c)
+    : strategy_(s), case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {}
+
+std::vector<int64_t> FsdpExecutor::rowsOf(int index) const {
+  const at::Tensor& p = initialFull_[index];
+  std::vector<int64_t> rows = harness::chunkSizes(p.size(0), layout_.shardParts);
+  return rows;
+}
+
+void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
+  ctx_ = &ctx;
+  layout_ = Layout::of(kind_, case_, ctx.rank());
+  const Graph full = reference::buildGraph(case_.workload, case_.shape);
+  nlohmann::json localShape = case_.shape;
+  localShape["batch"] = full.shape.batch / layout_.world;
+  local_ = reference::buildGraph(case_.workload, localShape);
+  units_ = Units::of(local_);
+  // This rank's slice of the batch: dim 0 of every data input and of the target.
+  const auto slice = [&](const at::Tensor& t) {
+    const int64_t rows = t.size(0) / layout_.world;
+    return t.narrow(0, ctx.rank() * rows, rows).clone();
+  };
+  for (const auto& [name, dims] : local_.inputs) inputs_[name] = slice(data.inputs.at(name));
+  target_ = slice(data.inputs.at("target"));
+  for (const auto& [name, dims] : local_.parameters) {
+    names_.push_back(name);
+    initialFull_.push_back(data.inputs.at(name).clone());
+  }
+}
+
+at::Tensor FsdpExecutor::gather(int index, const at::Tensor& shard) {
+  auto& comm = kind_ == Kind::kHsdp ? ctx_->group({1}) : ctx_->world();
+  const at::Tensor& p = initialFull_[index];
+  return comm.allGather(shard.contiguous(), rowsOf(index)).view(p.sizes());
+}
+
+at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
+  auto& comm = kind_ == Kind::kHsdp ? ctx_->group({1}) : ctx_->world();
+  at::Tensor g = comm.reduceScatter(full.contiguous(), rowsOf(index));
+  if (kind_ == Kind::kHsdp) ctx_->group({0}).allReduce(g);
+  if (fault_ == Fault::kGradDividedTwice)
+    g.div_(static_cast<double>(layout_.world * layout_.world));
+  return g;
+}
+
+void FsdpExecutor::gatherUnit(int unit, std::map<std::string, at::Tensor>& values) {
+  for (const auto& name : units_.params[unit]) {
+    const int i = static_cast<int>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+    gathered_[i] = GatherParam::apply(shards_[i], reinterpret_cast<int64_t>(this), i);
+    values[name] = gathered_[i];
+  }
+  unitGathered_[unit] = true;
+}
+
+// Frees the unit's gathered storage; autograd keeps the tensors (and their views).
+void FsdpExecutor::reshardUnit(int unit) {
+  for (const auto& name : units_.params[unit]) {
+    const int i = static_cast<int>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+    at::native::resize_bytes_cpu(gathered_[i].storage().unsafeGetStorageImpl(), 0);
+  }
+  unitGathered_[unit] = false;
+}
+
+// Gathers the unit's parameters again, into the storage autograd's saved tensors share, through
+// an alias of its own (whose writes bump no saved tensor's version).
+void FsdpExecutor::regatherUnit(int unit) {
+  if (unitGathered_[unit]) return;
+  for (const auto& name : units_.params[unit]) {
+    const int i = static_cast<int>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+    at::Tensor& t = gathered_[i];
+    at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), t.nbytes());
+    at::Tensor alias = at::empty({0}, t.options().requires_grad(false));
+    alias.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+    at::NoGradGuard noGrad;
+    alias.copy_(gather(i, shards_[i].detach()));
+  }
+  unitGathered_[unit] = true;
+}
+
+void FsdpExecutor::step(RankContext& ctx) {
+  ctx_ = &ctx;
+  const int n = static_cast<int>(names_.size());
+  // Every step() trains from the initial parameters, with a new optimizer.
+  full_.assign(n, at::Tensor());
+  shards_.assign(n, at::Tensor());
+  gathered_.assign(n, at::Tensor());
+  std::vector<at::Tensor> stepped;  // what the optimizer updates
+  for (int i = 0; i < n; ++i) {
+    const at::Tensor& p = initialFull_[i];
+    if (!shardsParams(kind_)) full_[i] = p.clone().requires_grad_(true);
+    if (shardsState(kind_)) {
+      const auto rows = rowsOf(i);
+      int64_t off = 0;
+      for (int r = 0; r < layout_.shardIndex; ++r) off += rows[r];
+      shards_[i] = p.narrow(0, off, rows[layout_.shardIndex]).clone().requires_grad_(true);
+    }
+    stepped.push_back(shardsState(kind_) ? shards_[i] : full_[i]);
+  }
+  if (fault_ == Fault::kStaleShard && shardsState(kind_)) {
+    staleShards_.clear();
+    for (auto& s : stepped) {
+      staleShards_.push_back(s.detach().clone().requires_grad_(true));
+      s = staleShards_.back();
+    }
+  }
+  opt_ = reference::makeOptimizer(case_.training.optimizer, stepped);
+  std::vector<double> losses, norms;
+  auto& world = ctx.world();
+  auto& shardGroup = kind_ == Kind::kHsdp ? ctx.group({1}) : ctx.world();
+  for (int k = 0; k < case_.training.steps; ++k) {
+    for (auto& t : full_) {
+      if (t.defined()) t.mutable_grad() = at::Tensor();
+    }
+    for (auto& t : shards_) {
+      if (t.defined()) t.mutable_grad() = at::Tensor();
+    }
+    // Forward, unit by unit where parameters are sharded.
+    std::map<std::string, at::Tensor> values = inputs_;
+    unitGathered_.assign(units_.names.size(), false);
+    std::vector<int> lastNodeOfUnit(units_.names.size(), -1);
+    for (int j = 0; j < static_cast<int>(local_.nodes.size()); ++j) {
+      for (const auto& a : local_.nodes[j].args) {
+        if (local_.isParameter(a)) lastNodeOfUnit[units_.unitOfParam.at(a)] = j;
+      }
+    }
+    if (shardsParams(kind_)) {
+      gatherUnit(0, values);  // the root: gathered for the whole step
+    } else {
+      for (int i = 0; i < n; ++i) values[names_[i]] = full_[i];
+    }
+    for (int j = 0; j < static_cast<int>(local_.nodes.size()); ++j) {
+      const auto& node = local_.nodes[j];
+      if (shardsParams(kind_)) {
+        for (const auto& a : node.args) {
+          if (!local_.isParameter(a)) continue;
+          const int u = units_.unitOfParam.at(a);
+          if (u != 0 && !values.count(a)) gatherUnit(u, values);
+        }
+      }
+      std::map<std::string, at::Tensor> t;
+      const auto operands = node.shape.operands();
+      for (size_t i = 0; i < operands.size(); ++i) t[operands[i]] = values.at(node.args[i]);
+      const auto ys = reference::opForward(node.shape, t, case_.seed + node.seedOffset);
+      const auto outs = node.outputs();
+      for (size_t i = 0; i < ys.size(); ++i) values[outs[i]] = ys[i];
+      if (!shardsParams(kind_)) continue;
+      // After a unit's last node: reshard, and gather again when the gradient of anything it
+      // hands on arrives.
+      for (int u = 1; u < static_cast<int>(units_.names.size()); ++u) {
+        if (lastNodeOfUnit[u] != j) continue;
+        std::set<std::string> produced;
+        for (int m = 0; m <= j; ++m) {
+          if (local_.nodes[m].layer == units_.layer[u]) {
+            for (const auto& o : local_.nodes[m].outputs()) produced.insert(o);
+          }
+        }
+        for (const auto& v : produced) {
+          const at::Tensor& val = values.at(v);
+          if (!val.requires_grad()) continue;
+          bool handedOn = v == local_.output;
+          for (int m = j + 1; m < static_cast<int>(local_.nodes.size()) && !handedOn; ++m) {
+            for (const auto& a : local_.nodes[m].args) handedOn |= a == v;
+          }
+          if (!handedOn) continue;
+          val.register_hook([this, u](const at::Tensor& grad) {
+            regatherUnit(u);
+            return grad;
+          });
+        }
+        reshardUnit(u);
+        for (const auto& name : units_.params[u]) values.erase(name);
+      }
+    }
+    const at::Tensor out = values.at(local_.output);
+    values.clear();
+    at::Tensor loss = (out * target_).sum();
+    reference::backward({loss});
+    at::Tensor total = loss.detach().clone();
+    world.allReduce(total);
+    losses.push_back(total.item<double>());
+
+    // Gradients: reduced, and where the optimizer steps a shard, that shard's.
+    if (!shardsParams(kind_)) {
+      for (int i = 0; i < n; ++i) {
+        at::Tensor g = full_[i].grad();
+        if (kind_ == Kind::kZero2) {
+          g = world.reduceScatter(g.contiguous(), rowsOf(i));
+        } else {
+          world.allReduce(g);
+        }
+        if (fault_ == Fault::kGradDividedTwice) {
+          g.div_(static_cast<double>(layout_.world * layout_.world));
+        }
+        if (kind_ == Kind::kZero1) {
+          const auto rows = rowsOf(i);
+          int64_t off = 0;
+          for (int r = 0; r < layout_.shardIndex; ++r) off += rows[r];
+          shards_[i].mutable_grad() = g.narrow(0, off, rows[layout_.shardIndex]).clone();
+        } else if (kind_ == Kind::kZero2) {
+          shards_[i].mutable_grad() = g;
+          full_[i].mutable_grad() = at::Tensor();
+        }
+      }
+    }
+    double sq = 0;
+    for (int i = 0; i < n; ++i) {
+      const at::Tensor& g = shardsGrads(kind_) ? shards_[i].grad() : full_[i].grad();
+      if (g.defined()) sq += g.to(at::kDouble).pow(2).sum().item<double>();
+    }
+    if (shardsGrads(kind_)) {
+      at::Tensor s = at::tensor({sq}, at::TensorOptions().dtype(at::kDouble));
+      shardGroup.allReduce(s);
+      sq = s.item<double>();
+    }
+    const double norm = std::sqrt(sq);
+    norms.push_back(norm);
+    if (case_.training.optimizer.clipGradNorm > 0) {
+      const double coef = reference::clipCoefficient(norm, case_.training.optimizer.clipGradNorm);
+      if (coef < 1) {
+        for (int i = 0; i < n; ++i) {
+          at::Tensor& g = shardsState(kind_) ? shards_[i].mutable_grad() : full_[i].mutable_grad();
+          if (g.defined()) g.mul_(coef);
+        }
+      }
+    }
+    if (fault_ == Fault::kStaleShard && shardsState(kind_)) {
+      for (int i = 0; i < n; ++i) staleShards_[i].mutable_grad() = shards_[i].grad();
+    }
+    opt_->step();
+    // The updated shards back into the whole parameters (zero1, zero2).
+    if (kind_ == Kind::kZero1 || kind_ == Kind::kZero2) {
+      at::NoGradGuard noGrad;
+      for (int i = 0; i < n; ++i) {
+        full_[i].copy_(world.allGather(shards_[i].detach(), rowsOf(i)).view(full_[i].sizes()));
+      }
+    }
+  }
+  // Results.
+  results_.clear();
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  results_["loss"] = at::tensor(losses, f64);
+  results_["grad_norm"] = at::tensor(norms, f64);
+  for (int i = 0; i < n; ++i) {
+    const at::Tensor& held = shardsParams(kind_) ? shards_[i] : full_[i];
+    results_["param/" + names_[i]] = held.detach();
+    const at::Tensor& stepped = fault_ == Fault::kStaleShard && shardsState(kind_)
+                                    ? staleShards_[i]
+                                    : (shardsState(kind_) ? shards_[i] : full_[i]);
+    for (const auto& [key, t] : reference::optimizerState(*opt_, stepped)) {
+      results_["state/" + names_[i] + "/" + key] = t;
+    }
+    if (i == 0 && case_.training.optimizer.kind == "adamw") {
+      results_["state/step"] = at::tensor({reference::optimizerStep(*opt_, stepped)}, f64);
+    }
+  }
+  gathered_.clear();
+}
+
+std::vector<std::pair<std::string, std::string>> FsdpExecutor::recordParams() const {
+  return {{"kind", kindName(kind_)},
+          {"steps", std::to_string(case_.training.steps)},
+          {"optimizer", case_.training.optimizer.toString()},
+          {"units", std::to_string(units_.names.size())},
+          {"shard_parts", std::to_string(layout_.shardParts)},
+          {"replicas", std::to_string(layout_.replicaParts)}};
+}
+
+std::vector<std::unique_ptr<harness::Strategy>> registerFsdp() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  for (Kind k : {Kind::kDdp, Kind::kZero1, Kind::kZero2, Kind::kZero3, Kind::kHsdp}) {
+    out.push_back(std::make_unique<FsdpStrategy>(k, Fault::kNone));
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::fsdp
+
+SB_REGISTER_STRATEGIES(sb::strategies::fsdp::registerFsdp);
