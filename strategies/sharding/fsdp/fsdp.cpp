@@ -198,6 +198,9 @@ class FsdpExecutor final : public harness::RankExecutor {
   void reshardUnit(int unit);
   void regatherUnit(int unit);
   std::vector<int64_t> rowsOf(int index) const;
+  int indexOf(const std::string& param) const {
+    return static_cast<int>(std::find(names_.begin(), names_.end(), param) - names_.begin());
+  }
 
   const FsdpStrategy& strategy_;
   CaseSpec case_;
@@ -433,7 +436,7 @@ at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
 
 void FsdpExecutor::gatherUnit(int unit, std::map<std::string, at::Tensor>& values) {
   for (const auto& name : units_.params[unit]) {
-    const int i = static_cast<int>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+    const int i = indexOf(name);
     gathered_[i] = GatherParam::apply(shards_[i], reinterpret_cast<int64_t>(this), i);
     values[name] = gathered_[i];
   }
@@ -443,7 +446,7 @@ void FsdpExecutor::gatherUnit(int unit, std::map<std::string, at::Tensor>& value
 // Frees the unit's gathered storage; autograd keeps the tensors (and their views).
 void FsdpExecutor::reshardUnit(int unit) {
   for (const auto& name : units_.params[unit]) {
-    const int i = static_cast<int>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+    const int i = indexOf(name);
     at::native::resize_bytes_cpu(gathered_[i].storage().unsafeGetStorageImpl(), 0);
   }
   unitGathered_[unit] = false;
@@ -454,7 +457,7 @@ void FsdpExecutor::reshardUnit(int unit) {
 void FsdpExecutor::regatherUnit(int unit) {
   if (unitGathered_[unit]) return;
   for (const auto& name : units_.params[unit]) {
-    const int i = static_cast<int>(std::find(names_.begin(), names_.end(), name) - names_.begin());
+    const int i = indexOf(name);
     at::Tensor& t = gathered_[i];
     at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), t.nbytes());
     at::Tensor alias = at::empty({0}, t.options().requires_grad(false));
