@@ -148,8 +148,22 @@ double optimizerStep(const torch::optim::Optimizer& opt, const at::Tensor& param
   return 0;
 }
 
-double clipCoefficient(double norm, double maxNorm) {
-  return std::min(1.0, maxNorm / (norm + 1e-6));
+double gradientSquares(const std::vector<at::Tensor>& params) {
+  double sq = 0;
+  for (const auto& p : params) {
+    if (p.defined() && p.grad().defined())
+      sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return sq;
+}
+
+void clipGradients(const std::vector<at::Tensor>& params, double norm, double maxNorm) {
+  if (maxNorm <= 0) return;
+  const double coef = std::min(1.0, maxNorm / (norm + 1e-6));
+  if (coef >= 1) return;
+  for (const auto& p : params) {
+    if (p.defined() && p.grad().defined()) p.mutable_grad().mul_(coef);
+  }
 }
 
 bool hasTrainingReference(const std::string& workload) {
@@ -193,16 +207,9 @@ WorkloadData buildTraining(const std::string& workload, const nlohmann::json& sh
     const at::Tensor loss = (out * target).sum();
     backward({loss});
     losses.push_back(loss.item<double>());
-    double sq = 0;
-    for (const auto& p : params) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-    const double norm = std::sqrt(sq);
+    const double norm = std::sqrt(gradientSquares(params));
     norms.push_back(norm);
-    if (training.optimizer.clipGradNorm > 0) {
-      const double coef = clipCoefficient(norm, training.optimizer.clipGradNorm);
-      if (coef < 1) {
-        for (auto& p : params) p.mutable_grad().mul_(coef);
-      }
-    }
+    clipGradients(params, norm, training.optimizer.clipGradNorm);
     opt->step();
   }
   const auto f64 = at::TensorOptions().dtype(at::kDouble);

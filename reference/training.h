@@ -67,8 +67,12 @@ double optimizerStep(const torch::optim::Optimizer& opt, const at::Tensor& param
 // The state keys an optimizer of `spec` keeps per parameter.
 std::vector<std::string> optimizerStateKeys(const OptimizerSpec& spec);
 
-// Scales gradients for clipping: min(1, max / (norm + 1e-6)), as clip_grad_norm_.
-double clipCoefficient(double norm, double maxNorm);
+// The sum of the squares of `params`' gradients, in float64 (those without one skipped): the
+// square of the gradient norm, or a shard's part of it.
+double gradientSquares(const std::vector<at::Tensor>& params);
+// Clipping as clip_grad_norm_: every gradient times min(1, maxNorm / (norm + 1e-6)) where that
+// is below 1; nothing where maxNorm is 0 (no clipping).
+void clipGradients(const std::vector<at::Tensor>& params, double norm, double maxNorm);
 
 // Whether `workload` has a training reference (buildTraining); the graph workloads do.
 bool hasTrainingReference(const std::string& workload);

@@ -198,6 +198,12 @@ class FsdpExecutor final : public harness::RankExecutor {
   void reshardUnit(int unit);
   void regatherUnit(int unit);
   std::vector<int64_t> rowsOf(int index) const;
+  // This rank's rows of parameter `index` (torch.chunk's): {offset, length}.
+  std::pair<int64_t, int64_t> shardRows(int index) const {
+    const int64_t rows = initialFull_[index].size(0);
+    return {harness::chunkOffsets(rows, layout_.shardParts)[layout_.shardIndex],
+            harness::chunkSizes(rows, layout_.shardParts)[layout_.shardIndex]};
+  }
   int indexOf(const std::string& param) const {
     return static_cast<int>(std::find(names_.begin(), names_.end(), param) - names_.begin());
   }
@@ -219,6 +225,10 @@ class FsdpExecutor final : public harness::RankExecutor {
   std::vector<at::Tensor> staleShards_;  // fault stale_shard: what the optimizer steps
   std::vector<at::Tensor> gathered_;     // zero3/hsdp: the unit tensors gathered
   std::vector<bool> unitGathered_;
+  // Per unit, from the graph once: its last node, and the values it hands to later nodes (or
+  // returns), whose gradients arriving mean its backward is next.
+  std::vector<int> lastNodeOfUnit_;
+  std::vector<std::vector<std::string>> handedOn_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::map<std::string, at::Tensor> results_;
 };
@@ -393,9 +403,7 @@ FsdpExecutor::FsdpExecutor(const FsdpStrategy& s, CaseSpec c)
     : strategy_(s), case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {}
 
 std::vector<int64_t> FsdpExecutor::rowsOf(int index) const {
-  const at::Tensor& p = initialFull_[index];
-  std::vector<int64_t> rows = harness::chunkSizes(p.size(0), layout_.shardParts);
-  return rows;
+  return harness::chunkSizes(initialFull_[index].size(0), layout_.shardParts);
 }
 
 void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
@@ -416,6 +424,29 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   for (const auto& [name, dims] : local_.parameters) {
     names_.push_back(name);
     initialFull_.push_back(data.inputs.at(name).clone());
+  }
+  const int nodes = static_cast<int>(local_.nodes.size());
+  lastNodeOfUnit_.assign(units_.names.size(), -1);
+  for (int j = 0; j < nodes; ++j) {
+    for (const auto& a : local_.nodes[j].args) {
+      if (local_.isParameter(a)) lastNodeOfUnit_[units_.unitOfParam.at(a)] = j;
+    }
+  }
+  handedOn_.assign(units_.names.size(), {});
+  for (int u = 1; u < static_cast<int>(units_.names.size()); ++u) {
+    const int last = lastNodeOfUnit_[u];
+    std::set<std::string> produced;
+    for (int m = 0; m <= last; ++m) {
+      if (local_.nodes[m].layer != units_.layer[u]) continue;
+      for (const auto& o : local_.nodes[m].outputs()) produced.insert(o);
+    }
+    for (const auto& v : produced) {
+      bool read = v == local_.output;
+      for (int m = last + 1; m < nodes && !read; ++m) {
+        for (const auto& a : local_.nodes[m].args) read |= a == v;
+      }
+      if (read) handedOn_[u].push_back(v);
+    }
   }
 }
 
@@ -480,10 +511,8 @@ void FsdpExecutor::step(RankContext& ctx) {
     const at::Tensor& p = initialFull_[i];
     if (!shardsParams(kind_)) full_[i] = p.clone().requires_grad_(true);
     if (shardsState(kind_)) {
-      const auto rows = rowsOf(i);
-      int64_t off = 0;
-      for (int r = 0; r < layout_.shardIndex; ++r) off += rows[r];
-      shards_[i] = p.narrow(0, off, rows[layout_.shardIndex]).clone().requires_grad_(true);
+      const auto [off, len] = shardRows(i);
+      shards_[i] = p.narrow(0, off, len).clone().requires_grad_(true);
     }
     stepped.push_back(shardsState(kind_) ? shards_[i] : full_[i]);
   }
@@ -508,12 +537,6 @@ void FsdpExecutor::step(RankContext& ctx) {
     // Forward, unit by unit where parameters are sharded.
     std::map<std::string, at::Tensor> values = inputs_;
     unitGathered_.assign(units_.names.size(), false);
-    std::vector<int> lastNodeOfUnit(units_.names.size(), -1);
-    for (int j = 0; j < static_cast<int>(local_.nodes.size()); ++j) {
-      for (const auto& a : local_.nodes[j].args) {
-        if (local_.isParameter(a)) lastNodeOfUnit[units_.unitOfParam.at(a)] = j;
-      }
-    }
     if (shardsParams(kind_)) {
       gatherUnit(0, values);  // the root: gathered for the whole step
     } else {
@@ -538,21 +561,10 @@ void FsdpExecutor::step(RankContext& ctx) {
       // After a unit's last node: reshard, and gather again when the gradient of anything it
       // hands on arrives.
       for (int u = 1; u < static_cast<int>(units_.names.size()); ++u) {
-        if (lastNodeOfUnit[u] != j) continue;
-        std::set<std::string> produced;
-        for (int m = 0; m <= j; ++m) {
-          if (local_.nodes[m].layer == units_.layer[u]) {
-            for (const auto& o : local_.nodes[m].outputs()) produced.insert(o);
-          }
-        }
-        for (const auto& v : produced) {
+        if (lastNodeOfUnit_[u] != j) continue;
+        for (const auto& v : handedOn_[u]) {
           const at::Tensor& val = values.at(v);
           if (!val.requires_grad()) continue;
-          bool handedOn = v == local_.output;
-          for (int m = j + 1; m < static_cast<int>(local_.nodes.size()) && !handedOn; ++m) {
-            for (const auto& a : local_.nodes[m].args) handedOn |= a == v;
-          }
-          if (!handedOn) continue;
           val.register_hook([this, u](const at::Tensor& grad) {
             regatherUnit(u);
             return grad;
@@ -583,21 +595,15 @@ void FsdpExecutor::step(RankContext& ctx) {
           g.div_(static_cast<double>(layout_.world * layout_.world));
         }
         if (kind_ == Kind::kZero1) {
-          const auto rows = rowsOf(i);
-          int64_t off = 0;
-          for (int r = 0; r < layout_.shardIndex; ++r) off += rows[r];
-          shards_[i].mutable_grad() = g.narrow(0, off, rows[layout_.shardIndex]).clone();
+          const auto [off, len] = shardRows(i);
+          shards_[i].mutable_grad() = g.narrow(0, off, len).clone();
         } else if (kind_ == Kind::kZero2) {
           shards_[i].mutable_grad() = g;
           full_[i].mutable_grad() = at::Tensor();
         }
       }
     }
-    double sq = 0;
-    for (int i = 0; i < n; ++i) {
-      const at::Tensor& g = shardsGrads(kind_) ? shards_[i].grad() : full_[i].grad();
-      if (g.defined()) sq += g.to(at::kDouble).pow(2).sum().item<double>();
-    }
+    double sq = reference::gradientSquares(shardsGrads(kind_) ? shards_ : full_);
     if (shardsGrads(kind_)) {
       at::Tensor s = at::tensor({sq}, at::TensorOptions().dtype(at::kDouble));
       shardGroup.allReduce(s);
@@ -605,15 +611,8 @@ void FsdpExecutor::step(RankContext& ctx) {
     }
     const double norm = std::sqrt(sq);
     norms.push_back(norm);
-    if (case_.training.optimizer.clipGradNorm > 0) {
-      const double coef = reference::clipCoefficient(norm, case_.training.optimizer.clipGradNorm);
-      if (coef < 1) {
-        for (int i = 0; i < n; ++i) {
-          at::Tensor& g = shardsState(kind_) ? shards_[i].mutable_grad() : full_[i].mutable_grad();
-          if (g.defined()) g.mul_(coef);
-        }
-      }
-    }
+    reference::clipGradients(shardsState(kind_) ? shards_ : full_, norm,
+                             case_.training.optimizer.clipGradNorm);
     if (fault_ == Fault::kStaleShard && shardsState(kind_)) {
       for (int i = 0; i < n; ++i) staleShards_[i].mutable_grad() = shards_[i].grad();
     }
