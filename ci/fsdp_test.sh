@@ -3,9 +3,11 @@
 # (strategies/sharding/fsdp, reference/training.h): suites/fsdp.yaml on threads (every row
 # passes against torch::optim on the whole batch, communication counted == predicted per
 # collective, memory per rank ordered ddp > zero1 > zero2 > zero3), a sample on gloo through
-# `launch`, the planted faults (a gradient divided twice, an optimizer stepping a stale shard:
-# fail, naming the tensor that differs), one-step strategies refused on a training case, and
-# malformed steps / optimizer keys (exit 2 naming the key). Usage: ci/fsdp_test.sh BUILD_DIR
+# `launch`, the planted faults (a gradient divided twice, an optimizer stepping a stale shard,
+# hsdp's reductions on swapped axes, replicas not summed or summed in each rank's own order:
+# fail, naming the tensor that differs or the replicas that are not bit-identical), the golden
+# losses beside the suite (held, a moved one caught, rewritten), one-step strategies refused on a
+# training case, and malformed steps / optimizer keys (exit 2 naming the key). Usage: ci/fsdp_test.sh BUILD_DIR
 # SOURCE_DIR
 set -uo pipefail
 build=$1
@@ -65,6 +67,56 @@ check "planted: ddp with the gradient divided twice" 1 "fail: mlp-4-sgd sharding
   "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/f3" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/ddp$' --plant-fault 'sharding/fsdp/ddp=grad_divided_twice'
 
+check "planted: hsdp reduce-scatters over the replica axis" 1 \
+  "fail: gpt2-2x2-sgd sharding/fsdp/hsdp: replicas: .*loss@rank0" -- \
+  "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/f4" --repetitions 1 --min-time 0.0001 \
+  --filter '^sharding/fsdp/hsdp$' --plant-fault 'sharding/fsdp/hsdp=hsdp_wrong_axis'
+check "planted: hsdp leaves one gradient unsummed over the replicas" 1 \
+  "fail: mlp-2x2-adamw sharding/fsdp/hsdp: replicas: .* on rank 2 is not bit-identical to rank 0's copy" -- \
+  "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/f5" --repetitions 1 --min-time 0.0001 \
+  --filter '^sharding/fsdp/hsdp$' --plant-fault 'sharding/fsdp/hsdp=replica_unsummed'
+# Each rank sums the gathered gradients from its own: every copy within tolerance of the
+# reference and communication as predicted, so only the replica check can fail the row.
+check "planted: ddp ranks summing in their own order fail on the replica check alone" 1 \
+  "fail: mlp-4-sgd sharding/fsdp/ddp: replicas: grad_norm \[0:4\] on rank 1 is not bit-identical" -- \
+  "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/f6" --repetitions 1 --min-time 0.0001 \
+  --filter '^sharding/fsdp/ddp$' --plant-fault 'sharding/fsdp/ddp=replica_own_order'
+check "replica_own_order: every tensor within tolerance, bytes as predicted" 0 "ok 5" -- \
+  python3 - "$tmp/f6/results.json" <<'PY'
+import json, sys
+recs = json.load(open(sys.argv[1]))["records"]
+for r in recs:
+    assert r["status"] == "fail" and r["message"].startswith("replicas: "), r["message"]
+    assert all(t["mismatches"] == 0 for t in r["details"]["tensors"]), r["case"]
+    assert r["comm_bytes"] == r["predicted_comm_bytes"], r["case"]
+    assert r["details"]["replica_check"]["checked"] > 0
+print("ok", len(recs))
+PY
+
+# Golden losses: the suite's file holds on this host (bitwise where written on these vector
+# units); a moved loss is an error naming the step; --write-golden needs the suite's key.
+check "golden: every training row says how its losses compared with the file" 0 "ok 22" -- \
+  python3 - "$tmp/threads/results.json" <<'PY'
+import json, sys
+recs = [r for r in json.load(open(sys.argv[1]))["records"] if r["status"] != "unsupported"]
+for r in recs:
+    assert "fsdp.golden.csv over" in r["details"]["golden"], r["details"].get("golden")
+print("ok", len(recs))
+PY
+mkdir -p "$tmp/golden"
+cp "$src/suites/fsdp.yaml" "$tmp/golden/"
+sed -E '0,/^mlp-4-sgd,3,/s/^(mlp-4-sgd,3,-?0x1\.)([0-9a-f])/\1f/' "$src/suites/fsdp.golden.csv" \
+  >"$tmp/golden/fsdp.golden.csv"
+check "golden: a moved loss errors every row of its case, naming the step" 1 \
+  "error: mlp-4-sgd sharding/fsdp/ddp: golden losses: the reference's loss at step 3 is .*fsdp.golden.csv has" -- \
+  "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g1" --repetitions 1 --min-time 0.0001 \
+  --filter '^sharding/fsdp/ddp$'
+check "golden: --write-golden restores it" 0 "golden losses of 5 training case" -- \
+  "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g2" --repetitions 1 --min-time 0.0001 \
+  --filter '^sharding/fsdp/ddp$' --write-golden
+check "golden: the rewritten file is the suite's" 0 "" -- \
+  diff "$src/suites/fsdp.golden.csv" "$tmp/golden/fsdp.golden.csv"
+
 # Malformed training keys: exit 2 naming the key.
 bad() {
   printf 'suite: bad\ncases:\n  - name: c\n    workload: %s\n    shape: {layers: 1}\n    mesh: 2\n%b    strategies: ["sharding/fsdp/.*"]\n' "$1" "$2" >"$tmp/bad.yaml"
@@ -78,6 +130,8 @@ check "an unknown optimizer kind: exit 2 naming it" 2 "optimizer kind 'adam'" --
 bad mlp "    steps: 2\n    optimizer: {kind: sgd, betas: [0.9, 0.99]}\n"
 check "a key of another optimizer: exit 2 naming it" 2 "unknown optimizer key 'betas' for sgd" -- \
   "$sb" run "$tmp/bad.yaml" --out "$tmp/b3"
+check "--write-golden on a suite without the key: exit 2" 2 "needs the suite's key 'golden'" -- \
+  "$sb" run "$tmp/gloo.yaml" --out "$tmp/b0" --write-golden
 bad mlp "    steps: 0\n"
 check "steps: 0: exit 2 naming the key" 2 "key .steps. must be a whole number from 1" -- "$sb" run "$tmp/bad.yaml" --out "$tmp/b4"
 finish

@@ -117,6 +117,9 @@ Command addRun(CLI::App& app) {
                   "Test only: run strategy ID with a deliberate bug, as ID=FAULT (repeatable)");
 
   run->add_option("--plugin", a->pluginPaths, kPluginHelp);
+  run->add_flag("--write-golden", a->opts.writeGolden,
+                "Write the training cases' per-step reference losses to the suite's golden file "
+                "(its key 'golden') instead of comparing with it");
 
   run->add_option("--cost-profile", a->profilePaths,
                   "Calibration profile(s) from `stratbench calibrate`: predicted times of the "

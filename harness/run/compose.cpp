@@ -33,6 +33,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
                const Strategy& strategy, const std::vector<RankOutcome>& ranks,
                const LocalRun& rank0, bool perRankErrors, const CostProfile* profile) {
   rec.details["case"] = strategy.caseDetails(c);
+  if (!c.golden.empty()) rec.details["golden"] = c.golden;
   {
     const std::string& first = data.checked.front();
     const Tolerance tol = strategy.tolerance(first, c, data.expected.at(first));
@@ -59,6 +60,9 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   const SpecCheck spec = specCheck(c, data, strategy, n);
   if (spec.checked > 0 || !spec.problems.empty()) rec.details["spec_check"] = spec.toJson();
   problems.insert(problems.end(), spec.problems.begin(), spec.problems.end());
+  const ReplicaCheck replicas = replicaCheck(data, ranks);
+  if (replicas.checked > 0) rec.details["replica_check"] = replicas.toJson();
+  if (!replicas.problems.empty()) problems.push_back(replicas.summary());
   const std::vector<TensorCheck> checks = allChecks(data, ranks, false);
   const std::vector<TensorCheck> after = allChecks(data, ranks, true);
   nlohmann::json tensors = nlohmann::json::array();

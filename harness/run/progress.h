@@ -47,6 +47,8 @@ class RunObserver {
   // The results files are committed, `seconds` after the run started.
   virtual void resultsWritten(const std::string& csvPath, const std::string& jsonPath,
                               double seconds) {}
+  // A line about the run besides its rows (e.g. where the golden losses were written).
+  virtual void note(const std::string& text) {}
 };
 
 // `stratbench run`'s console output: one line per case with its counts and time, then a table
@@ -64,6 +66,7 @@ class ConsoleObserver final : public RunObserver {
   void suiteFinished(bool stopped) override;
   void resultsWritten(const std::string& csvPath, const std::string& jsonPath,
                       double seconds) override;
+  void note(const std::string& text) override { out_ << text << "\n"; }
 
   // Rows by status, of one case or of the run.
   struct Tally {

@@ -87,6 +87,7 @@ nlohmann::json outcomeToJson(const RankOutcome& o) {
   for (const auto& c : o.checksAfter) after.push_back(checkToJson(c));
   j["checks"] = checks;
   j["checks_after"] = after;
+  j["digests"] = o.digests;
   return j;
 }
 
@@ -103,6 +104,7 @@ RankOutcome outcomeFromJson(const nlohmann::json& j) {
   if (j.contains("memory_limit")) o.memoryLimit = j.at("memory_limit").get<int64_t>();
   for (const auto& c : j.at("checks")) o.checks.push_back(checkFromJson(c));
   for (const auto& c : j.at("checks_after")) o.checksAfter.push_back(checkFromJson(c));
+  if (j.contains("digests")) o.digests = j.at("digests").get<std::map<std::string, std::string>>();
   return o;
 }
 

@@ -6,6 +6,7 @@
 // the codec of its parts.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct RankOutcome {
   std::optional<int64_t> predictedPeak;
   std::optional<int64_t> memoryLimit;            // RankExecutor::memoryLimitBytes
   std::vector<TensorCheck> checks, checksAfter;  // after the measured step, after the timed ones
+  // Per checked tensor after the measured step: its declared box and a hash of its bytes
+  // (resultDigests), for the check that ranks holding the same box hold the same bits.
+  std::map<std::string, std::string> digests;
 };
 
 // A tensor check as JSON; a non-finite number as its text ("inf", "nan"), read back as such.

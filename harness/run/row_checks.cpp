@@ -3,6 +3,7 @@
 #include "harness/run/row_checks.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <optional>
 #include <sstream>
@@ -24,6 +25,69 @@ std::vector<TensorCheck> verifyRank(const CaseSpec& c, const reference::Workload
     checks.push_back(checkTensor(name, rank, actual, sliceBox(full, box), box.offset, tol));
   }
   return checks;
+}
+
+std::map<std::string, std::string> resultDigests(const CaseSpec& c,
+                                                 const reference::WorkloadData& data,
+                                                 const Strategy& strategy, int rank,
+                                                 const std::map<std::string, at::Tensor>& results) {
+  std::map<std::string, std::string> out;
+  for (const auto& name : data.checked) {
+    auto it = results.find(name);
+    if (it == results.end() || !it->second.defined()) continue;
+    const at::Tensor t = it->second.detach().cpu().contiguous();
+    uint64_t h = 1469598103934665603ULL;  // FNV-1a, 64 bits
+    const auto mix = [&h](const unsigned char* p, size_t n) {
+      for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+    };
+    const std::string type = c10::toString(t.scalar_type());
+    mix(reinterpret_cast<const unsigned char*>(type.data()), type.size());
+    for (int64_t d : t.sizes()) mix(reinterpret_cast<const unsigned char*>(&d), sizeof d);
+    mix(static_cast<const unsigned char*>(t.data_ptr()), t.nbytes());
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    const Box box = strategy.resultBoxOf(name, c, rank, data.expected.at(name).sizes());
+    out[name] = box.toString() + " " + hex;
+  }
+  return out;
+}
+
+ReplicaCheck replicaCheck(const reference::WorkloadData& data,
+                          const std::vector<RankOutcome>& ranks) {
+  ReplicaCheck out;
+  for (const auto& name : data.checked) {
+    // Ranks by the box they declare; the first rank of each box is the copy the others match.
+    std::map<std::string, std::pair<int, std::string>> first;  // box -> (rank, hash)
+    std::map<std::string, int> holders;
+    std::string problem;
+    int differing = 0;
+    for (const auto& o : ranks) {
+      auto it = o.digests.find(name);
+      if (it == o.digests.end()) continue;
+      const size_t cut = it->second.rfind(' ');
+      const std::string box = it->second.substr(0, cut), hash = it->second.substr(cut + 1);
+      if (++holders[box] == 2) ++out.checked;
+      auto [f, inserted] = first.emplace(box, std::make_pair(o.rank, hash));
+      if (inserted || f->second.second == hash) continue;
+      if (differing++ == 0) {
+        problem = "replicas: " + name + " " + box + " on rank " + std::to_string(o.rank) +
+                  " is not bit-identical to rank " + std::to_string(f->second.first) + "'s copy";
+      }
+    }
+    if (differing > 1) {
+      problem += " (and on " + std::to_string(differing - 1) + " more rank" +
+                 (differing > 2 ? "s" : "") + ")";
+    }
+    if (differing > 0) out.problems.push_back(problem);
+  }
+  return out;
+}
+
+std::string ReplicaCheck::summary() const {
+  if (problems.empty()) return "";
+  if (problems.size() == 1) return problems.front();
+  return problems.front() + " (and " + std::to_string(problems.size() - 1) + " more tensor" +
+         (problems.size() > 2 ? "s" : "") + " whose copies differ)";
 }
 
 std::vector<std::string> coverageProblems(const CaseSpec& c, const reference::WorkloadData& data,

@@ -25,6 +25,28 @@ std::vector<TensorCheck> verifyRank(const CaseSpec& c, const reference::Workload
                                     const Strategy& strategy, int rank,
                                     const std::map<std::string, at::Tensor>& results);
 
+// Per checked tensor this rank returned: "<declared box> <hash of its bytes>" (FNV-1a over the
+// contiguous CPU copy, with its dtype): what replicaCheck compares across ranks.
+std::map<std::string, std::string> resultDigests(const CaseSpec& c,
+                                                 const reference::WorkloadData& data,
+                                                 const Strategy& strategy, int rank,
+                                                 const std::map<std::string, at::Tensor>& results);
+
+// Replicas must agree bit for bit: ranks that declare the same box of a tensor hold copies of
+// one value (a replicated parameter, its gradient, an all-reduced sum), and a copy computed
+// differently (a gradient not summed on one mesh axis, a reduction in each rank's own order)
+// drifts apart over steps even when every copy is within tolerance of the reference
+// (torchtitan#1373: "check the gradients on GPU0 are bit-identical to GPU1").
+struct ReplicaCheck {
+  int64_t checked = 0;                // (tensor, box) groups of two or more ranks compared
+  std::vector<std::string> problems;  // one per tensor whose copies differ
+  nlohmann::json toJson() const { return {{"checked", checked}, {"problems", problems}}; }
+  // One line for the row's message: how many tensors differ, and the first in full.
+  std::string summary() const;
+};
+ReplicaCheck replicaCheck(const reference::WorkloadData& data,
+                          const std::vector<RankOutcome>& ranks);
+
 // Elements of each checked tensor that no rank's declared layout holds.
 std::vector<std::string> coverageProblems(const CaseSpec& c, const reference::WorkloadData& data,
                                           const Strategy& strategy, int n);

@@ -41,6 +41,9 @@ struct RunOptions {
   // under its own id (Strategy::withPlantedFault), so reports and gates can be tested end to
   // end on a real failing row.
   std::vector<std::pair<std::string, std::string>> plantedFaults;
+  // Write the reference's per-step losses of every training case to the suite's golden file
+  // (its `golden:` key) instead of comparing with it.
+  bool writeGolden = false;
 };
 
 }  // namespace sb::harness

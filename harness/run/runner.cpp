@@ -112,6 +112,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     for (int r : local) {
       RankOutcome& o = out.ranks[slot[r]];
       o.checks = verifyRank(c, data, strategy, r, results[r]);
+      o.digests = resultDigests(c, data, strategy, r, results[r]);
       o.peak = peak[r];
       o.predictedPeak = execs[r]->predictedPeakBytes();
       if (!o.predictedPeak) o.predictedPeak = strategy.predictPeakMemory(c, r);

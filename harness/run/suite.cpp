@@ -358,7 +358,7 @@ Suite parseSuite(const std::string& text, const std::string& file) {
   suite.name = std::filesystem::path(file).stem().string();
   CaseSpec defaults;
   defaults.file = file;
-  const std::set<std::string> topKeys = {"suite", "description", "defaults", "cases"};
+  const std::set<std::string> topKeys = {"suite", "description", "golden", "defaults", "cases"};
   for (const auto& kv : root) {
     const std::string key = kv.first.Scalar();
     if (!topKeys.count(key)) {
@@ -368,6 +368,14 @@ Suite parseSuite(const std::string& text, const std::string& file) {
   }
   if (root["suite"]) suite.name = scalar(file, root["suite"], "suite");
   if (root["description"]) suite.description = scalar(file, root["description"], "description");
+  if (root["golden"]) {
+    const std::string g = scalar(file, root["golden"], "golden");
+    if (g.empty() || g.find('/') != std::string::npos) {
+      fail(file, root["golden"],
+           "key 'golden' must name a file beside the suite (no folders), got '" + g + "'");
+    }
+    suite.golden = (std::filesystem::path(file).parent_path() / g).string();
+  }
   if (root["defaults"]) {
     if (!root["defaults"].IsMap()) fail(file, root["defaults"], "'defaults' must be a mapping");
     applyKeys(file, root["defaults"], defaults);

@@ -30,6 +30,9 @@ struct Suite {
   std::string name;
   std::string description;
   std::string file;
+  // `golden: FILE` (beside the suite file): its training cases' reference losses per step
+  // (harness/run/golden.h); empty when the suite keeps none.
+  std::string golden;
   std::vector<CaseSpec> cases;
 };
 

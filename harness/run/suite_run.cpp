@@ -8,7 +8,9 @@
 #include <ATen/Parallel.h>
 
 #include "harness/measure/device.h"
+#include "harness/out_file.h"
 #include "harness/run/distributed_row.h"
+#include "harness/run/golden.h"
 #include "harness/run/run_util.h"
 #include "harness/run/runner.h"
 #include "reference/training.h"
@@ -26,6 +28,22 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       {"run_id", prov.runId},       {"git_sha", prov.gitSha}, {"timestamp_utc", prov.timestampUtc},
       {"host", prov.host},          {"device", prov.device},  {"torch_version", prov.torchVersion},
       {"backend", options.backend}, {"suite", suite.name},    {"suite_file", suite.file}};
+  // The suite's golden losses: read before the first row (a bad file is bad input), or, with
+  // --write-golden, collected from the references and written at the end.
+  std::optional<GoldenLosses> golden;
+  if (!suite.golden.empty()) {
+    if (options.writeGolden) {
+      golden.emplace();
+      golden->file = suite.golden;
+      golden->cpu = hostVectorFeatures();
+      if (writes) checkResultPath(suite.golden);
+    } else {
+      golden = readGolden(suite.golden);
+    }
+  } else if (options.writeGolden) {
+    throw InputError(suite.file +
+                     ": --write-golden needs the suite's key 'golden' naming the file");
+  }
   std::optional<ResultWriter> writer;
   if (writes) writer.emplace(options.outDir, runInfo);
   observer.suiteStarted(suite, plan, options, prov);
@@ -40,7 +58,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   at::internal::lazy_init_num_threads();
   bool stopped = false;
   for (size_t i = 0; i < plan.size() && !stopped; ++i) {
-    const CaseSpec& c = plan[i].spec;
+    CaseSpec c = plan[i].spec;
     const auto t0 = Clock::now();
     observer.caseStarted(i, plan.size(), c);
     reference::WorkloadData data;
@@ -57,6 +75,15 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
                                               c.training)
                    : reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
         if (onDevice) synchronizeDevice();
+        if (golden && c.training.enabled()) {
+          if (options.writeGolden) {
+            golden->cases[c.name] = goldenSteps(data);
+          } else {
+            const GoldenVerdict v = compareGolden(*golden, c, data);
+            if (!v.problem.empty()) buildError = "golden losses: " + v.problem;
+            c.golden = v.how;
+          }
+        }
       }
     } catch (const std::exception& e) {
       buildError = "reference failed: " + errorText(e);
@@ -80,6 +107,11 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   observer.suiteFinished(stopped);
   if (!writer) return 0;  // rank 0 carries the verdict and the exit code
   writer->commit();
+  if (golden && options.writeGolden && !stopped) {
+    replaceResultFile(suite.golden, goldenText(*golden));
+    observer.note("golden losses of " + std::to_string(golden->cases.size()) +
+                  " training case(s) written to " + suite.golden);
+  }
   observer.resultsWritten(writer->csvPath(), writer->jsonPath(),
                           std::chrono::duration<double>(Clock::now() - runStart).count());
   return anyBad || stopped ? 1 : 0;

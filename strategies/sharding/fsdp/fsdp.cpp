@@ -34,6 +34,12 @@
 // size twice (averaging, twice, where the loss is a sum: the gradient norm is off at step 1);
 // "stale_shard" steps the optimizer on a copy of the shard taken at prepare, so that the
 // shard the next step gathers never changes (step 1's loss is right, every later one wrong).
+// "hsdp_wrong_axis" (hsdp on a square mesh) reduce-scatters over the replica axis and all-
+// reduces over the shard axis: each rank keeps the rows of its axis-0 index. "replica_unsummed"
+// leaves the last parameter's gradient unreduced over the replicas (ddp, zero1: every rank;
+// hsdp: axis 0), so its copies step apart. "replica_own_order" (ddp) sums each gradient as
+// all-gathered parts, each rank starting from its own: every copy within tolerance of the
+// reference, no two the same bits; the replica check names it.
 
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
@@ -60,7 +66,16 @@ using harness::RankContext;
 using reference::Graph;
 
 enum class Kind { kDdp, kZero1, kZero2, kZero3, kHsdp };
-enum class Fault { kNone, kGradDividedTwice, kStaleShard };
+enum class Fault {
+  kNone,
+  kGradDividedTwice,
+  kStaleShard,
+  kHsdpWrongAxis,
+  kReplicaUnsummed,
+  kReplicaOwnOrder
+};
+const Fault kFaults[] = {Fault::kGradDividedTwice, Fault::kStaleShard, Fault::kHsdpWrongAxis,
+                         Fault::kReplicaUnsummed, Fault::kReplicaOwnOrder};
 
 const char* kindName(Kind k) {
   switch (k) {
@@ -86,6 +101,12 @@ const char* faultName(Fault f) {
       return "grad_divided_twice";
     case Fault::kStaleShard:
       return "stale_shard";
+    case Fault::kHsdpWrongAxis:
+      return "hsdp_wrong_axis";
+    case Fault::kReplicaUnsummed:
+      return "replica_unsummed";
+    case Fault::kReplicaOwnOrder:
+      return "replica_own_order";
   }
   return "?";
 }
@@ -312,10 +333,14 @@ class FsdpStrategy final : public harness::Strategy {
       const int64_t bytes = numel(dims) * es;
       switch (kind_) {
         case Kind::kDdp:
-          count(Collective::kAllReduce, l.world, bytes);
+          if (fault_ == Fault::kReplicaUnsummed && name == g.parameters.rbegin()->first) break;
+          count(fault_ == Fault::kReplicaOwnOrder ? Collective::kAllGather : Collective::kAllReduce,
+                l.world, fault_ == Fault::kReplicaOwnOrder ? bytes * l.world : bytes);
           break;
         case Kind::kZero1:
-          count(Collective::kAllReduce, l.world, bytes);
+          if (fault_ != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first) {
+            count(Collective::kAllReduce, l.world, bytes);
+          }
           count(Collective::kAllGather, l.world, bytes);
           break;
         case Kind::kZero2:
@@ -328,7 +353,8 @@ class FsdpStrategy final : public harness::Strategy {
           count(Collective::kAllGather, l.shardParts, bytes);             // forward
           if (!root) count(Collective::kAllGather, l.shardParts, bytes);  // before backward
           count(Collective::kReduceScatter, l.shardParts, bytes);
-          if (kind_ == Kind::kHsdp) {
+          if (kind_ == Kind::kHsdp &&
+              (fault_ != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first)) {
             const int64_t rows = harness::chunkSizes(dims[0], l.shardParts)[l.shardIndex];
             count(Collective::kAllReduce, l.replicaParts, rows * rowElems(dims) * es);
           }
@@ -350,12 +376,29 @@ class FsdpStrategy final : public harness::Strategy {
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override;
 
+  // Every kind takes the general faults; the replica faults where there are replicas.
+  bool takes(Fault f) const {
+    switch (f) {
+      case Fault::kHsdpWrongAxis:
+        return kind_ == Kind::kHsdp;
+      case Fault::kReplicaUnsummed:
+        return kind_ == Kind::kDdp || kind_ == Kind::kZero1 || kind_ == Kind::kHsdp;
+      case Fault::kReplicaOwnOrder:
+        return kind_ == Kind::kDdp;
+      default:
+        return true;
+    }
+  }
   std::vector<std::string> plantableFaults() const override {
-    return {faultName(Fault::kGradDividedTwice), faultName(Fault::kStaleShard)};
+    std::vector<std::string> out;
+    for (Fault f : kFaults) {
+      if (takes(f)) out.push_back(faultName(f));
+    }
+    return out;
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    for (Fault f : {Fault::kGradDividedTwice, Fault::kStaleShard}) {
-      if (name == faultName(f)) return std::make_unique<FsdpStrategy>(kind_, f);
+    for (Fault f : kFaults) {
+      if (takes(f) && name == faultName(f)) return std::make_unique<FsdpStrategy>(kind_, f);
     }
     return nullptr;
   }
@@ -457,9 +500,12 @@ at::Tensor FsdpExecutor::gather(int index, const at::Tensor& shard) {
 }
 
 at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
-  auto& comm = kind_ == Kind::kHsdp ? ctx_->group({1}) : ctx_->world();
+  const bool wrongAxis = fault_ == Fault::kHsdpWrongAxis;
+  auto& comm = kind_ == Kind::kHsdp ? ctx_->group({wrongAxis ? 0 : 1}) : ctx_->world();
   at::Tensor g = comm.reduceScatter(full.contiguous(), rowsOf(index));
-  if (kind_ == Kind::kHsdp) ctx_->group({0}).allReduce(g);
+  const bool unsummed =
+      fault_ == Fault::kReplicaUnsummed && index + 1 == static_cast<int>(names_.size());
+  if (kind_ == Kind::kHsdp && !unsummed) ctx_->group({wrongAxis ? 1 : 0}).allReduce(g);
   if (fault_ == Fault::kGradDividedTwice)
     g.div_(static_cast<double>(layout_.world * layout_.world));
   return g;
@@ -588,7 +634,14 @@ void FsdpExecutor::step(RankContext& ctx) {
         at::Tensor g = full_[i].grad();
         if (kind_ == Kind::kZero2) {
           g = world.reduceScatter(g.contiguous(), rowsOf(i));
-        } else {
+        } else if (fault_ == Fault::kReplicaOwnOrder) {
+          // Each rank adds the gathered parts starting from its own.
+          const at::Tensor parts =
+              world.allGather(g.contiguous().view({1, -1}), std::vector<int64_t>(layout_.world, 1));
+          at::Tensor sum = parts[ctx.rank()].clone();
+          for (int k = 1; k < layout_.world; ++k) sum.add_(parts[(ctx.rank() + k) % layout_.world]);
+          g.copy_(sum.view(g.sizes()));
+        } else if (fault_ != Fault::kReplicaUnsummed || i + 1 != n) {
           world.allReduce(g);
         }
         if (fault_ == Fault::kGradDividedTwice) {

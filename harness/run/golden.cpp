@@ -1,0 +1,188 @@
+// Golden losses (see golden.h).
+
+#include "harness/run/golden.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "harness/error.h"
+#include "harness/measure/verify.h"
+
+namespace sb::harness {
+namespace {
+
+std::string hexFloat(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+
+std::string decimal(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::vector<std::string> splitCommas(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cell;
+  std::istringstream is(line);
+  while (std::getline(is, cell, ',')) out.push_back(cell);
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+}  // namespace
+
+std::string hostVectorFeatures() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream is(line.substr(line.find(':') + 1));
+    std::set<std::string> keep;
+    std::string f;
+    while (is >> f) {
+      if (f.rfind("avx", 0) == 0 || f == "fma" || f == "f16c" || f.rfind("amx", 0) == 0) {
+        keep.insert(f);
+      }
+    }
+    std::string out;
+    for (const auto& k : keep) out += (out.empty() ? "" : " ") + k;
+    return out.empty() ? "none" : out;
+  }
+  return "unknown";
+}
+
+GoldenLosses readGolden(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot read the golden losses file");
+  GoldenLosses g;
+  g.file = path;
+  std::string line;
+  int lineNo = 0;
+  bool header = false;
+  const auto bad = [&](const std::string& what) {
+    throw InputError(path + ":" + std::to_string(lineNo) + ": " + what);
+  };
+  while (std::getline(in, line)) {
+    ++lineNo;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (line[0] == '#') {
+      if (line.rfind("# cpu:", 0) == 0) {
+        g.cpu = line.substr(6);
+        g.cpu.erase(0, g.cpu.find_first_not_of(' '));
+      }
+      continue;
+    }
+    const std::vector<std::string> cells = splitCommas(line);
+    if (!header) {
+      if (line != "case,step,loss,grad_norm") {
+        bad("expected the header 'case,step,loss,grad_norm', got '" + line + "'");
+      }
+      header = true;
+      continue;
+    }
+    if (cells.size() != 4) {
+      bad("expected 4 cells (case,step,loss,grad_norm), got " + std::to_string(cells.size()));
+    }
+    auto& steps = g.cases[cells[0]];
+    char* end = nullptr;
+    const long step = std::strtol(cells[1].c_str(), &end, 10);
+    if (cells[1].empty() || *end != '\0' || step != static_cast<long>(steps.size()) + 1) {
+      bad("case '" + cells[0] + "': expected step " + std::to_string(steps.size() + 1) + ", got '" +
+          cells[1] + "'");
+    }
+    GoldenLosses::Step s;
+    for (int k = 0; k < 2; ++k) {
+      const std::string& cell = cells[2 + k];
+      const double v = std::strtod(cell.c_str(), &end);
+      if (cell.empty() || *end != '\0' || !std::isfinite(v)) {
+        bad(std::string("key '") + (k == 0 ? "loss" : "grad_norm") +
+            "': expected a finite number (hexadecimal, as %a writes it), got '" + cell + "'");
+      }
+      (k == 0 ? s.loss : s.gradNorm) = v;
+    }
+    steps.push_back(s);
+  }
+  if (!header) throw InputError(path + ": no header 'case,step,loss,grad_norm'");
+  if (g.cpu.empty()) throw InputError(path + ": no '# cpu: ...' line naming the writer's host");
+  return g;
+}
+
+std::string goldenText(const GoldenLosses& g) {
+  std::ostringstream os;
+  os << "# Golden losses: the reference's loss and gradient norm per optimizer step, written by\n"
+        "# `stratbench run SUITE --write-golden`. Compared bitwise on hosts with these vector\n"
+        "# features, within the steps' tolerance elsewhere (harness/run/golden.h).\n";
+  os << "# cpu: " << g.cpu << "\n";
+  os << "case,step,loss,grad_norm\n";
+  for (const auto& [name, steps] : g.cases) {
+    for (size_t k = 0; k < steps.size(); ++k) {
+      os << name << "," << k + 1 << "," << hexFloat(steps[k].loss) << ","
+         << hexFloat(steps[k].gradNorm) << "\n";
+    }
+  }
+  return os.str();
+}
+
+std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data) {
+  const at::Tensor loss = data.expected.at("loss").to(at::kDouble).cpu();
+  const at::Tensor norm = data.expected.at("grad_norm").to(at::kDouble).cpu();
+  std::vector<GoldenLosses::Step> out;
+  for (int64_t k = 0; k < loss.numel(); ++k) {
+    out.push_back({loss[k].item<double>(), norm[k].item<double>()});
+  }
+  return out;
+}
+
+GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
+                            const reference::WorkloadData& data) {
+  GoldenVerdict v;
+  auto it = g.cases.find(c.name);
+  if (it == g.cases.end()) {
+    v.problem = "the golden file " + g.file + " has no losses for case '" + c.name +
+                "' (write them with `stratbench run SUITE --write-golden`)";
+    return v;
+  }
+  const std::vector<GoldenLosses::Step> got = goldenSteps(data);
+  if (got.size() != it->second.size()) {
+    v.problem = "the golden file " + g.file + " has " + std::to_string(it->second.size()) +
+                " steps for case '" + c.name + "', the case takes " + std::to_string(got.size());
+    return v;
+  }
+  const std::string host = hostVectorFeatures();
+  const bool bitwise = host == g.cpu;
+  Tolerance t = Tolerance::defaultFor(c.dtype);
+  const double steps = static_cast<double>(got.size());
+  t.rtol *= 10 * steps;
+  for (size_t k = 0; k < got.size(); ++k) {
+    for (int q = 0; q < 2; ++q) {
+      const double a = q == 0 ? got[k].loss : got[k].gradNorm;
+      const double e = q == 0 ? it->second[k].loss : it->second[k].gradNorm;
+      const double atol =
+          std::max(t.atol * 10 * steps, 10 * steps * unitRoundoff(c.dtype) * std::abs(e));
+      const bool ok = bitwise ? a == e : std::abs(a - e) <= atol + t.rtol * std::abs(e);
+      if (ok) continue;
+      v.problem = std::string("the reference's ") + (q == 0 ? "loss" : "gradient norm") +
+                  " at step " + std::to_string(k + 1) + " is " + decimal(a) + " (" + hexFloat(a) +
+                  "), the golden file " + g.file + " has " + decimal(e) + " (" + hexFloat(e) + ")" +
+                  (bitwise ? ", compared bitwise" : ", beyond the tolerance");
+      return v;
+    }
+  }
+  v.how = bitwise ? "bitwise equal to " + g.file + " over " + std::to_string(got.size()) + " steps"
+                  : "within 10 x steps x the dtype's tolerance of " + g.file + " over " +
+                        std::to_string(got.size()) +
+                        " steps (written on a host with the vector features '" + g.cpu +
+                        "', this one has '" + host + "')";
+  return v;
+}
+
+}  // namespace sb::harness

@@ -1,0 +1,59 @@
+#pragma once
+
+// Golden losses: a file kept beside a suite (its `golden:` key) with the reference's loss and
+// gradient norm at every optimizer step of every case that trains, as torchtitan's CI keeps
+// per-step losses and compares each run with them. A change that moves the reference (a
+// LibTorch upgrade, a workload's initialisation, the optimizer's arithmetic) then shows as a
+// case whose losses left the file, where every row would still agree with the moved reference.
+//
+// Bitwise where the file was written on a host with the same vector units (LibTorch's kernels
+// round differently with AVX-512 than with AVX2): then each loss must be the same double.
+// Elsewhere within the tolerance that steps compound (10 x steps x the dtype's), and the
+// record says which comparison was made.
+//
+// The file (CSV, '#' lines are comments):
+//   # cpu: avx avx2 avx512f ...      the vector features of the host that wrote it
+//   case,step,loss,grad_norm         losses in C's hexadecimal floats (%a): exact, and portable
+//   fsdp-mlp,1,0x1.2p+3,0x1.8p-1
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/case.h"
+#include "reference/workload.h"
+
+namespace sb::harness {
+
+struct GoldenLosses {
+  std::string file;
+  std::string cpu;  // the writer's vector features
+  struct Step {
+    double loss = 0, gradNorm = 0;
+  };
+  std::map<std::string, std::vector<Step>> cases;  // by case name, steps in order
+};
+
+// This host's vector features, from /proc/cpuinfo's flags (avx*, fma, f16c, amx*), sorted;
+// "unknown" where there is no such file.
+std::string hostVectorFeatures();
+
+// Reads a golden file; throws InputError naming the file, line and what was expected.
+GoldenLosses readGolden(const std::string& path);
+
+// The file's text, for replaceResultFile.
+std::string goldenText(const GoldenLosses& g);
+
+// The case's reference (data.expected "loss" and "grad_norm") against the file: an empty
+// `problem` when it holds, and in `how` what was compared ("bitwise: 5 steps" or "within ...:
+// written on a host with other vector features (...)").
+struct GoldenVerdict {
+  std::string problem, how;
+};
+GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
+                            const reference::WorkloadData& data);
+
+// The case's reference losses, as a golden entry.
+std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data);
+
+}  // namespace sb::harness
