@@ -146,6 +146,13 @@ class C10dCommunicator final : public Communicator {
     wire_->add(Collective::kBarrier, 0);
   }
 
+  void doExchange(const std::vector<P2POp>& ops) override {
+    group_->exchange(ops);
+    int64_t sent = 0;
+    for (const auto& op : ops) sent += op.kind == P2POp::Kind::kSend ? op.tensor.nbytes() : 0;
+    wire_->add(Collective::kSendRecv, sent);
+  }
+
  private:
   std::shared_ptr<CollectiveGroup> group_;
   std::string backend_;

@@ -42,6 +42,8 @@ class CollectiveGroup {
                         std::vector<int64_t>& inRows) = 0;
   virtual void broadcast(at::Tensor& t, int root) = 0;
   virtual void barrier() = 0;
+  // Posts every send and receive (group ranks as peers), then waits for all of them.
+  virtual void exchange(const std::vector<Communicator::P2POp>& ops) = 0;
 };
 
 // Waits for a collective and then until this thread holds the only reference to its work:
@@ -99,6 +101,20 @@ class GroupOf final : public CollectiveGroup {
     c10d::BarrierOptions o;
     if (barrierDevice_ >= 0) o.device_ids = {barrierDevice_};
     pg_->barrier(o)->wait();
+  }
+  void exchange(const std::vector<Communicator::P2POp>& ops) override {
+    // Posted in order, each with tag 0: c10d matches a pair's sends and receives in the order
+    // both sides post them, as the Communicator's contract says.
+    std::vector<std::vector<at::Tensor>> buffers;
+    buffers.reserve(ops.size());
+    std::vector<decltype(pg_->barrier())> works;
+    for (const auto& op : ops) {
+      buffers.push_back({carrier(op.tensor)});
+      works.push_back(op.kind == Communicator::P2POp::Kind::kSend
+                          ? pg_->send(buffers.back(), op.peer, 0)
+                          : pg_->recv(buffers.back(), op.peer, 0));
+    }
+    for (auto& w : works) finish(std::move(w));
   }
 
  private:

@@ -21,6 +21,8 @@ const char* collectiveName(Collective c) {
       return "broadcast";
     case Collective::kBarrier:
       return "barrier";
+    case Collective::kSendRecv:
+      return "send_recv";
   }
   TORCH_INTERNAL_ASSERT(false, "unknown collective");
 }
@@ -128,6 +130,35 @@ void Communicator::barrier() {
   if (size_ == 1) return;
   doBarrier();
 }
+
+void Communicator::exchange(const std::vector<P2POp>& ops) {
+  int64_t sent = 0;
+  for (const auto& op : ops) {
+    TORCH_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_, "send_recv: rank ", rank_,
+                " names peer ", op.peer, " in a group of ", size_,
+                " (a peer is another group rank)");
+    TORCH_CHECK(op.tensor.defined() && op.tensor.is_contiguous(),
+                "send_recv: every tensor must be defined and contiguous");
+    if (op.kind == P2POp::Kind::kSend) sent += op.tensor.nbytes();
+  }
+  count(Collective::kSendRecv, sent);
+  if (ops.empty() || size_ == 1) return;
+  doExchange(ops);
+}
+
+at::Tensor Communicator::ringShift(const at::Tensor& tensor) {
+  at::Tensor in = tensor.contiguous();
+  if (size_ == 1) {
+    count(Collective::kSendRecv, 0);
+    return in.clone();
+  }
+  at::Tensor out = at::empty_like(in);
+  exchange({{P2POp::Kind::kSend, in, (rank_ + 1) % size_},
+            {P2POp::Kind::kRecv, out, (rank_ + size_ - 1) % size_}});
+  return out;
+}
+
+void Communicator::doExchange(const std::vector<P2POp>&) { unsupported(Collective::kSendRecv); }
 
 void Communicator::doAllReduce(at::Tensor&) { unsupported(Collective::kAllReduce); }
 at::Tensor Communicator::doAllGather(const at::Tensor&, const std::vector<int64_t>&) {

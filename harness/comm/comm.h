@@ -16,8 +16,9 @@ enum class Collective : int {
   kAllToAll,
   kBroadcast,
   kBarrier,
+  kSendRecv,  // point-to-point: a batch of sends and receives (Communicator::exchange)
 };
-inline constexpr int kNumCollectives = 6;
+inline constexpr int kNumCollectives = 7;
 
 // "all_reduce", "all_gather", ...: the spelling used in records and reports.
 const char* collectiveName(Collective c);
@@ -26,8 +27,9 @@ const char* collectiveName(Collective c);
 //
 // Bytes follow nccl-tests' "size" convention, so that they can be turned into algbw/busbw
 // the same way: all-reduce and broadcast count the buffer, all-gather the gathered output,
-// reduce-scatter the full input, all-to-all the send buffer. A collective over a group of one
-// rank moves nothing and counts its call with zero bytes.
+// reduce-scatter the full input, all-to-all the send buffer, send_recv (one batch of point-to-
+// point operations) the bytes this rank sends. A collective over a group of one rank moves
+// nothing and counts its call with zero bytes.
 struct CommStats {
   struct Entry {
     int64_t calls = 0;
@@ -89,6 +91,24 @@ class Communicator {
 
   void barrier();
 
+  // Point-to-point, as torch.distributed.batch_isend_irecv: the sends and receives of one
+  // batch are posted together and all complete before it returns, so a ring step (send to the
+  // next rank, receive from the previous) cannot deadlock. Only the ranks a batch names take
+  // part; a send must meet a receive of the same shape and dtype on its peer, in the order the
+  // two ranks post them. A receive writes its (contiguous) tensor in place. Peers are group
+  // ranks, never this rank. Counted as one send_recv call with the bytes this rank sends.
+  struct P2POp {
+    enum class Kind { kSend, kRecv } kind;
+    at::Tensor tensor;
+    int peer;
+  };
+  void exchange(const std::vector<P2POp>& ops);
+  void send(const at::Tensor& tensor, int dst) { exchange({{P2POp::Kind::kSend, tensor, dst}}); }
+  void recv(at::Tensor& tensor, int src) { exchange({{P2POp::Kind::kRecv, tensor, src}}); }
+  // One ring step: sends `tensor` to group rank (rank + 1) mod n and returns what rank
+  // (rank - 1) mod n sent, shaped and typed as `tensor`.
+  at::Tensor ringShift(const at::Tensor& tensor);
+
   // Bytes of tensors the backend allocates inside one collective besides the tensor it returns
   // (or reduces into), at their peak: what a memory model adds for the collective, since the
   // memory tracker sees every one of them. `myBlockBytes` is this rank's block (all-reduce: its
@@ -107,6 +127,7 @@ class Communicator {
                                 const std::vector<int64_t>& recvRows);
   virtual void doBroadcast(at::Tensor& tensor, int root);
   virtual void doBarrier();
+  virtual void doExchange(const std::vector<P2POp>& ops);
 
  private:
   [[noreturn]] void unsupported(Collective c) const;

@@ -1,5 +1,8 @@
 #include "harness/comm/threads_backend.h"
 
+#include <deque>
+#include <sstream>
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -18,6 +21,12 @@ class ThreadsWorld::Group {
  public:
   explicit Group(std::vector<int> members)
       : members(std::move(members)), slots(this->members.size()), rows(this->members.size()) {}
+  // A posted send: the sender's tensor, until the receiver has copied it.
+  struct Message {
+    at::Tensor tensor;
+    bool taken = false;
+  };
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Message>>> mail;  // (from, to)
   std::vector<int> members;
   int arrived = 0;
   uint64_t generation = 0;
@@ -115,6 +124,13 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   void doBarrier() override { world_.arriveAndWait(group_, globalRank_, "barrier"); }
+
+  void doExchange(const std::vector<P2POp>& ops) override {
+    for (const auto& op : ops) {
+      if (op.kind == P2POp::Kind::kSend) waitForStream(op.tensor);
+    }
+    world_.exchange(group_, rank(), globalRank_, ops);
+  }
 
  private:
   // On a GPU each rank queues its work on its own stream: what it publishes must be finished
@@ -229,6 +245,60 @@ void ThreadsWorld::arriveAndWait(Group& group, int rank, const char* what) {
     TORCH_CHECK(false, reason);
   }
   TORCH_CHECK(false, "rank ", rank, " stopped in ", what, ": ", abortReason_);
+}
+
+void ThreadsWorld::exchange(Group& group, int me, int rank,
+                            const std::vector<Communicator::P2POp>& ops) {
+  using Kind = Communicator::P2POp::Kind;
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  std::unique_lock<std::mutex> lock(mu_);
+  // Waits for `ready`; a timeout aborts the run, naming what this rank waited for.
+  const auto waitFor = [&](const std::function<bool()>& ready, const std::string& what) {
+    TORCH_CHECK(!aborted_, "rank ", rank, " stopped in send_recv: ", abortReason_);
+    if (cv_.wait_until(lock, deadline, [&] { return ready() || aborted_; }) && !aborted_) return;
+    if (!aborted_) {
+      aborted_ = true;
+      abortReason_ = "rank " + std::to_string(rank) + " waited more than " +
+                     std::to_string(options_.timeout.count()) + " ms in send_recv " + what;
+      cv_.notify_all();
+    }
+    TORCH_CHECK(false, "rank ", rank, " stopped in send_recv: ", abortReason_);
+  };
+  std::vector<std::shared_ptr<Group::Message>> posted;
+  for (const auto& op : ops) {
+    if (op.kind != Kind::kSend) continue;
+    posted.push_back(std::make_shared<Group::Message>(Group::Message{op.tensor}));
+    group.mail[{me, op.peer}].push_back(posted.back());
+  }
+  cv_.notify_all();
+  for (const auto& op : ops) {
+    if (op.kind != Kind::kRecv) continue;
+    auto& queue = group.mail[{op.peer, me}];
+    waitFor([&] { return !queue.empty(); },
+            "for a send from rank " + std::to_string(group.members[op.peer]));
+    const std::shared_ptr<Group::Message> m = queue.front();
+    queue.pop_front();
+    if (m->tensor.sizes() != op.tensor.sizes() ||
+        m->tensor.scalar_type() != op.tensor.scalar_type()) {
+      std::ostringstream why;
+      why << "rank " << group.members[op.peer] << " sent " << m->tensor.sizes() << " "
+          << m->tensor.scalar_type() << " to rank " << rank << ", which receives "
+          << op.tensor.sizes() << " " << op.tensor.scalar_type();
+      aborted_ = true;
+      abortReason_ = why.str();
+      cv_.notify_all();
+      TORCH_CHECK(false, "send_recv: ", abortReason_);
+    }
+    lock.unlock();
+    op.tensor.copy_(m->tensor);
+    waitForStream(op.tensor);
+    lock.lock();
+    m->taken = true;
+    cv_.notify_all();
+  }
+  for (const auto& m : posted) {
+    waitFor([&] { return m->taken; }, "for its send to be received");
+  }
 }
 
 void ThreadsWorld::abort(const std::string& reason) {

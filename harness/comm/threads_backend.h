@@ -62,6 +62,10 @@ class ThreadsWorld final : public World {
   Communicator& communicator(int rank, const std::vector<int>& axes);
   // Blocks until every member of `group` arrived; throws if the run was aborted or timed out.
   void arriveAndWait(Group& group, int rank, const char* what);
+  // Communicator::exchange within `group`: sends are posted to the peer's mailbox, each
+  // receive takes the oldest message from its peer and copies it, and the call returns once
+  // every send it posted has been taken. Throws if the run was aborted or timed out.
+  void exchange(Group& group, int groupRank, int rank, const std::vector<Communicator::P2POp>& ops);
   void abort(const std::string& reason);
   void workerLoop(int rank);
   void runRank(int rank, const std::function<void(RankContext&)>& fn);

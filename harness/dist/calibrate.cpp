@@ -40,6 +40,9 @@ void issue(Communicator& comm, Collective c, at::Tensor& buf, int64_t count) {
     case Collective::kBarrier:
       comm.barrier();
       break;
+    case Collective::kSendRecv:  // a ring step: the whole buffer to the next rank
+      comm.ringShift(buf.narrow(0, 0, count));
+      break;
   }
 }
 
@@ -91,9 +94,9 @@ CostProfile calibrate(World& world, const CalibrateOptions& options, std::ostrea
     for (int a = 0; a < mesh.ndim(); ++a) all[a] = a;
     groups.push_back(all);
   }
-  const Collective kinds[] = {Collective::kAllReduce, Collective::kAllGather,
+  const Collective kinds[] = {Collective::kAllReduce,     Collective::kAllGather,
                               Collective::kReduceScatter, Collective::kAllToAll,
-                              Collective::kBroadcast};
+                              Collective::kBroadcast,     Collective::kSendRecv};
   out << "# " << profile.backend << " on mesh " << profile.mesh << " (" << mesh.size()
       << " ranks); time is the slowest rank's, sizes in nccl-tests' convention\n";
   out << std::left << std::setw(7) << "# axes" << std::setw(16) << "collective" << std::right

@@ -23,6 +23,7 @@ double CostProfile::busFactor(Collective c, int n) {
     case Collective::kAllToAll:
       return static_cast<double>(n - 1) / n;
     case Collective::kBroadcast:
+    case Collective::kSendRecv:
       return 1;
     case Collective::kBarrier:
       return 0;

@@ -226,6 +226,79 @@ TEST(ThreadsWorld, MismatchedAllReduceShapesAreAnErrorNotACorruptSum) {
                c10::Error);
 }
 
+TEST(ThreadsPointToPoint, ARingShiftHandsEachRankThePreviousRanksTensorAndCountsItsSend) {
+  ThreadsWorld world(DeviceMesh({4}));
+  std::vector<at::Tensor> got(4);
+  world.run([&](RankContext& ctx) {
+    const int r = ctx.rank();
+    at::Tensor t = tagged(2, r, (r + 1) % 4);
+    for (int step = 0; step < 3; ++step) t = ctx.world().ringShift(t);  // three hops
+    got[r] = t;
+  });
+  for (int r = 0; r < 4; ++r) {
+    // After three hops rank r holds what rank r - 3 = r + 1 (mod 4) made.
+    const int src = (r + 1) % 4;
+    EXPECT_TRUE(at::equal(got[r], tagged(2, src, (src + 1) % 4))) << "rank " << r;
+    EXPECT_EQ(world.stats(r)[Collective::kSendRecv].calls, 3);
+    EXPECT_EQ(world.stats(r)[Collective::kSendRecv].bytes, 3 * 2 * 3 * 4);
+  }
+}
+
+TEST(ThreadsPointToPoint, OnlyThePairTakesPartAndMessagesKeepTheirOrder) {
+  ThreadsWorld world(DeviceMesh({3}));
+  at::Tensor first = at::zeros({2, 3}), second = at::zeros({2, 3});
+  world.run([&](RankContext& ctx) {
+    auto& w = ctx.world();
+    if (ctx.rank() == 2) {
+      w.send(tagged(2, 2, 0), 0);
+      w.send(tagged(2, 2, 1), 0);
+    } else if (ctx.rank() == 0) {
+      w.recv(first, 2);
+      w.recv(second, 2);
+    }  // rank 1 takes no part
+  });
+  EXPECT_TRUE(at::equal(first, tagged(2, 2, 0)));
+  EXPECT_TRUE(at::equal(second, tagged(2, 2, 1)));
+  EXPECT_EQ(world.stats(1)[Collective::kSendRecv].calls, 0);
+  EXPECT_EQ(world.stats(0)[Collective::kSendRecv].bytes, 0);  // a receiver sends nothing
+  EXPECT_EQ(world.stats(2)[Collective::kSendRecv].bytes, 2 * 2 * 3 * 4);
+}
+
+TEST(ThreadsPointToPoint, AShapeMismatchNamesBothRanksAndAMissingSendTimesOut) {
+  ThreadsWorld world(DeviceMesh({2}));
+  try {
+    world.run([&](RankContext& ctx) {
+      if (ctx.rank() == 0) ctx.world().send(at::ones({3}), 1);
+      if (ctx.rank() == 1) {
+        at::Tensor t = at::empty({4});
+        ctx.world().recv(t, 0);
+      }
+    });
+    FAIL() << "expected a mismatch";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("rank 0 sent [3] Float to rank 1, which receives [4] Float"),
+              std::string::npos)
+        << msg;
+  }
+  ThreadsOptions opts;
+  opts.timeout = std::chrono::milliseconds(200);
+  ThreadsWorld lonely(DeviceMesh({2}), opts);
+  try {
+    lonely.run([&](RankContext& ctx) {
+      if (ctx.rank() == 1) return;  // never sends
+      at::Tensor t = at::empty({4});
+      ctx.world().recv(t, 1);
+    });
+    FAIL() << "expected a timeout";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("waited more than 200 ms in send_recv for a send from rank 1"),
+              std::string::npos)
+        << msg;
+  }
+}
+
 class NoCollectives final : public Communicator {
  public:
   NoCollectives() : Communicator(0, 2, nullptr) {}
