@@ -41,7 +41,7 @@ check "unknown option" 2 "" -- "$sb" run "$src/suites/smoke.yaml" --bogus
 check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --filter 'S01R=S01R.RR/0'
 # 45 Linear and redistribution strategies, 258 operator strategies for the canonical shapes,
 # Megatron's two blocks, and the 5 whole-model plans (4 auto-sharding algorithms, 1 from a file).
-check "list --family" 0 "315 strategies" -- "$sb" list --family sharding
+check "list --family" 0 "318 strategies" -- "$sb" list --family sharding
 cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || fail "results.csv changed"
 
 # The checkpointing suite's sweep with rotor: every feasible budget passes bitwise, the

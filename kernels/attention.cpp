@@ -150,6 +150,76 @@ AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Ten
   return {dq.to(input), dk.to(input), dv.to(input)};
 }
 
+// The block API: walk()'s and onlineSoftmaxAttentionBackward()'s loop bodies, op for op (kept
+// in step with them; attention_test.cpp compares them bitwise).
+namespace {
+at::ScalarType mathOf(at::ScalarType input) {
+  return (input == at::kHalf || input == at::kBFloat16) ? at::kFloat : input;
+}
+}  // namespace
+
+at::Tensor maskByPosition(const at::Tensor& queryPos, const at::Tensor& keyPos) {
+  return keyPos.unsqueeze(0).gt(queryPos.unsqueeze(1));
+}
+
+OnlineSoftmaxBlocks::OnlineSoftmaxBlocks(const at::Tensor& q, double scale)
+    : input_(q.scalar_type()), math_(mathOf(q.scalar_type())) {
+  const double inf = std::numeric_limits<double>::infinity();
+  scaledQ_ = q.to(math_) * scale;
+  const std::vector<int64_t> rowShape = {q.size(0), q.size(1), q.size(2), 1};
+  m_ = at::full(rowShape, -inf, scaledQ_.options());
+  l_ = at::zeros(rowShape, scaledQ_.options());
+  acc_ = at::zeros_like(scaledQ_);
+}
+
+void OnlineSoftmaxBlocks::add(const at::Tensor& k, const at::Tensor& v, const at::Tensor& masked) {
+  const at::Tensor keys = k.to(math_), values = v.to(math_);
+  at::Tensor scores = at::matmul(scaledQ_, keys.transpose(-2, -1));
+  if (masked.defined()) scores.masked_fill_(masked, -std::numeric_limits<double>::infinity());
+  const at::Tensor mNew = at::maximum(m_, scores.amax(-1, /*keepdim=*/true));
+  const at::Tensor shift = at::where(mNew.isneginf(), at::zeros_like(mNew), mNew);
+  const at::Tensor p = (scores - shift).exp_();
+  const at::Tensor rescale = (m_ - shift).exp_();
+  l_.mul_(rescale).add_(p.sum(-1, /*keepdim=*/true));
+  acc_.mul_(rescale).add_(at::matmul(p, values));
+  m_ = mNew;
+}
+
+AttentionResult OnlineSoftmaxBlocks::finish() {
+  AttentionResult r;
+  r.out = acc_.div_(at::where(l_.eq(0), at::ones_like(l_), l_)).to(input_);
+  r.lse = (m_ + l_.log()).squeeze(-1);
+  return r;
+}
+
+OnlineSoftmaxBackwardBlocks::OnlineSoftmaxBackwardBlocks(const at::Tensor& q, const at::Tensor& out,
+                                                         const at::Tensor& lse,
+                                                         const at::Tensor& dout, double scale)
+    : input_(q.scalar_type()), math_(mathOf(q.scalar_type())), scale_(scale) {
+  scaledQ_ = q.to(math_) * scale;
+  dO_ = dout.to(math_);
+  delta_ = (dO_ * out.to(math_)).sum(-1, /*keepdim=*/true);
+  const at::Tensor rowLse = lse.to(math_).unsqueeze(-1);
+  shift_ = at::where(rowLse.isneginf(), at::zeros_like(rowLse), rowLse);
+  dq_ = at::zeros_like(scaledQ_);
+}
+
+std::pair<at::Tensor, at::Tensor> OnlineSoftmaxBackwardBlocks::add(const at::Tensor& k,
+                                                                   const at::Tensor& v,
+                                                                   const at::Tensor& masked) {
+  const at::Tensor keys = k.to(math_), values = v.to(math_);
+  at::Tensor scores = at::matmul(scaledQ_, keys.transpose(-2, -1));
+  if (masked.defined()) scores.masked_fill_(masked, -std::numeric_limits<double>::infinity());
+  const at::Tensor p = scores.sub_(shift_).exp_();
+  at::Tensor dv = at::matmul(p.transpose(-2, -1), dO_);
+  const at::Tensor ds = at::matmul(dO_, values.transpose(-2, -1)).sub_(delta_).mul_(p);
+  dq_.add_(at::matmul(ds, keys), scale_);
+  at::Tensor dk = at::matmul(ds.transpose(-2, -1), scaledQ_);
+  return {dk, dv};
+}
+
+at::Tensor OnlineSoftmaxBackwardBlocks::dq() const { return dq_.to(input_); }
+
 AttentionResult onlineSoftmaxAttention(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, int64_t keyChunk, bool causal,
                                        double scale) {

@@ -68,4 +68,44 @@ AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Ten
                                               const at::Tensor& lse, const at::Tensor& dout,
                                               int64_t keyChunk, bool causal, double scale);
 
+// The walks above a key block at a time, for callers whose key blocks arrive from elsewhere
+// (context parallelism: a ring of ranks, or keys gathered from every rank) and whose queries
+// and keys sit at arbitrary sequence positions. The arithmetic is the CPU walk's, op for op,
+// so the same blocks in the same order give bitwise the same out, lse and gradients
+// (kernels/test/attention_test.cpp holds them to it).
+//
+// `masked`: [Tq, len] bool, true where the query may not see the key (maskByPosition), or an
+// undefined tensor for none.
+at::Tensor maskByPosition(const at::Tensor& queryPos, const at::Tensor& keyPos);
+
+class OnlineSoftmaxBlocks {
+ public:
+  OnlineSoftmaxBlocks(const at::Tensor& q, double scale);
+  // Folds one key block ([B, H, len, D] keys and values) into every query row's state.
+  void add(const at::Tensor& k, const at::Tensor& v, const at::Tensor& masked);
+  // out in q's dtype, lse in the arithmetic's dtype (as onlineSoftmaxAttentionForTraining).
+  AttentionResult finish();
+
+ private:
+  at::ScalarType input_, math_;
+  at::Tensor scaledQ_, m_, l_, acc_;
+};
+
+class OnlineSoftmaxBackwardBlocks {
+ public:
+  // q, out, lse and dout of the query rows, as onlineSoftmaxAttentionBackward takes them.
+  OnlineSoftmaxBackwardBlocks(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse,
+                              const at::Tensor& dout, double scale);
+  // One key block: adds its share to dq and returns the block's dk and dv from these query
+  // rows, in the arithmetic's dtype.
+  std::pair<at::Tensor, at::Tensor> add(const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& masked);
+  at::Tensor dq() const;  // in q's dtype
+
+ private:
+  at::ScalarType input_, math_;
+  double scale_;
+  at::Tensor scaledQ_, dO_, delta_, shift_, dq_;
+};
+
 }  // namespace sb::kernels

@@ -362,3 +362,62 @@ TEST(OnlineSoftmaxAttentionBackward, RowsWithoutKeysAndBFloat16) {
 
 }  // namespace
 }  // namespace sb::kernels
+
+namespace sb::kernels {
+namespace {
+
+// The block API (what context parallelism walks) against the walk itself: the same blocks in
+// the same order give the same bits, causal and not; a block order reversed does not, so the
+// comparison can fail. A subset of the query rows (one rank's) is close but not bitwise: this
+// LibTorch's BLAS picks its kernel, and with it the order of a product's sums, by the number of
+// rows (rows of a @ b are not the rows of a[rows] @ b), so context parallelism's outputs cannot
+// be the single-rank walk's bits on it.
+TEST(OnlineSoftmaxBlocks, TheSameBlocksInTheSameOrderAreTheWalksBits) {
+  at::manual_seed(9);
+  const int64_t B = 2, H = 4, T = 64, D = 16, chunk = 16;
+  const at::Tensor q = at::randn({B, H, T, D}), k = at::randn({B, H, T, D}),
+                   v = at::randn({B, H, T, D}), dout = at::randn({B, H, T, D});
+  const double scale = 0.25;
+  const at::Tensor pos = at::arange(T, at::kLong);
+  for (bool causal : {false, true}) {
+    const AttentionResult whole = onlineSoftmaxAttentionForTraining(q, k, v, chunk, causal, scale);
+    const AttentionGrads grads =
+        onlineSoftmaxAttentionBackward(q, k, v, whole.out, whole.lse, dout, chunk, causal, scale);
+    // Rows [32, 48): one rank's queries.
+    for (const auto& [begin, rows] : {std::pair<int64_t, int64_t>{0, T}, {32, 16}}) {
+      const at::Tensor qr = q.narrow(2, begin, rows), qpos = pos.narrow(0, begin, rows);
+      OnlineSoftmaxBlocks fwd(qr, scale);
+      for (int64_t s = 0; s < T; s += chunk) {
+        const at::Tensor mask =
+            causal ? maskByPosition(qpos, pos.narrow(0, s, chunk)) : at::Tensor();
+        fwd.add(k.narrow(2, s, chunk), v.narrow(2, s, chunk), mask);
+      }
+      const AttentionResult got = fwd.finish();
+      if (rows != T) {
+        EXPECT_TRUE(at::allclose(got.out, whole.out.narrow(2, begin, rows), 1e-5, 1e-6));
+        EXPECT_TRUE(at::allclose(got.lse, whole.lse.narrow(2, begin, rows), 1e-5, 1e-6));
+        continue;
+      }
+      EXPECT_TRUE(at::equal(got.out, whole.out)) << causal;
+      EXPECT_TRUE(at::equal(got.lse, whole.lse)) << causal;
+      OnlineSoftmaxBackwardBlocks bwd(q, whole.out, whole.lse, dout, scale);
+      for (int64_t s = 0; s < T; s += chunk) {
+        const at::Tensor mask =
+            causal ? maskByPosition(pos, pos.narrow(0, s, chunk)) : at::Tensor();
+        const auto [dk, dv] = bwd.add(k.narrow(2, s, chunk), v.narrow(2, s, chunk), mask);
+        EXPECT_TRUE(at::equal(dk, grads.dk.narrow(2, s, chunk))) << causal << " block " << s;
+        EXPECT_TRUE(at::equal(dv, grads.dv.narrow(2, s, chunk))) << causal << " block " << s;
+      }
+      EXPECT_TRUE(at::equal(bwd.dq(), grads.dq)) << causal;
+    }
+    OnlineSoftmaxBlocks reversed(q, scale);
+    for (int64_t s = T - chunk; s >= 0; s -= chunk) {
+      const at::Tensor mask = causal ? maskByPosition(pos, pos.narrow(0, s, chunk)) : at::Tensor();
+      reversed.add(k.narrow(2, s, chunk), v.narrow(2, s, chunk), mask);
+    }
+    EXPECT_FALSE(at::equal(reversed.finish().out, whole.out)) << causal;
+  }
+}
+
+}  // namespace
+}  // namespace sb::kernels

@@ -56,8 +56,9 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // over columns; 14 ShardedTensor reshards and reshuffles (2 x 2 dimension pairs x 4 placement
   // pairs, less the 2 that move nothing); Megatron's tensor- and tensor + sequence-parallel blocks;
   // the whole-model plans of the four auto-sharding algorithms and the plan read from a file;
-  // the five FSDP kinds (ddp, zero1, zero2, zero3, hsdp).
-  EXPECT_EQ(all.size(), 71u);
+  // the five FSDP kinds (ddp, zero1, zero2, zero3, hsdp); the three context-parallel variants
+  // (ring/p2p, ring/allgather, ulysses).
+  EXPECT_EQ(all.size(), 74u);
   ASSERT_EQ(StrategyRegistry::global().generators().size(), 2u);
   std::set<std::string> patterns;
   for (const auto& g : StrategyRegistry::global().generators()) patterns.insert(g.idPattern);

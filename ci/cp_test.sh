@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# End-to-end checks of context parallelism (strategies/sharding/cp): suites/context-parallel.yaml
+# on threads (every row passes against the whole-sequence reference, communication counted ==
+# predicted per collective, load balancing evens the causal work and its absence shows), a
+# sample on gloo through `launch` (the ring's point-to-point over c10d), and the planted faults
+# (the backward reading its own keys and values at every ring step, dK/dV kept a rank short of
+# home, a causal mask that ignores the load-balanced order, Ulysses' output with heads and
+# sequence swapped): each fails naming the tensor that differs. Usage: ci/cp_test.sh BUILD_DIR
+# SOURCE_DIR
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+
+check "context-parallel suite on threads: every row passes" 0 "total +23 +0 +0 +0" -- \
+  "$sb" run "$src/suites/context-parallel.yaml" --out "$tmp/threads" --repetitions 1 \
+  --min-time 0.0001
+check "bytes as predicted; balanced causal work even, unbalanced uneven" 0 "ok 23" -- \
+  python3 - "$tmp/threads/results.json" <<'PY'
+import json, sys
+recs = json.load(open(sys.argv[1]))["records"]
+for r in recs:
+    assert r["status"] == "pass", (r["case"], r["strategy_id"], r["message"])
+    assert r["comm_bytes"] == r["predicted_comm_bytes"], (r["case"], r["strategy_id"])
+    if not r["strategy_id"].startswith("sharding/cp/"):
+        continue
+    d = r["details"]["case"]
+    if r["case"] == "gpt2-train-4":
+        assert d["load_balanced"] and d["attention_imbalance"] == 1.0, d
+    if r["case"] == "gpt2-train-4-unbalanced":
+        # Contiguous quarters of a causal sequence: rank 3 sees 7x the pairs of rank 0.
+        assert not d["load_balanced"] and d["attention_imbalance"] > 1.5, d
+        p = d["attention_pairs_per_rank"]
+        assert p == sorted(p) and p[3] > 6 * p[0], p
+    calls = {c: v["calls"] for c, v in r["details"]["comm_per_rank"][0]["counted"].items()}
+    if r["case"] == "gpt2-train-4" and r["strategy_id"] == "sharding/cp/ring/p2p":
+        # 2 layers x (3 forward + 3 backward + 1 home) ring steps.
+        assert calls.get("send_recv") == 14, calls
+    if r["case"] == "gpt2-train-4" and r["strategy_id"] == "sharding/cp/ulysses":
+        assert calls.get("all_to_all") == 8, calls  # 2 layers x (2 forward + 2 backward)
+print("ok", len(recs))
+PY
+
+cat >"$tmp/gloo.yaml" <<'YAML'
+suite: cp-gloo
+defaults: {repetitions: 1, min_time_s: 0.0001, seed: 1234}
+cases:
+  - name: gpt2-train-4
+    workload: gpt2_prefill
+    shape: {batch: 2, seq: 64, d_model: 64, heads: 4, layers: 2, mode: training}
+    mesh: 4
+    strategies: ["sharding/cp/.*"]
+YAML
+if "$sb" run --help | grep -q gloo; then
+  check "gloo: ring, all-gather and ulysses on 4 processes" 0 "gpt2-train-4 +3 +0 +0 +0" -- \
+    "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
+  check "gloo: bytes as predicted" 0 "ok 3" -- python3 - "$tmp/gloo/results.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for r in rows:
+    assert r["comm_bytes"] == r["predicted_comm_bytes"], r
+print("ok", len(rows))
+PY
+else
+  echo "SKIP: this build has no gloo backend"
+fi
+
+# Planted faults: each must fail, naming what differs.
+plant() {
+  "$sb" run "$src/suites/context-parallel.yaml" --out "$tmp/$1" --repetitions 1 \
+    --min-time 0.0001 --filter "^sharding/cp/$2\$" --plant-fault "sharding/cp/$2=$3"
+}
+check "planted: the ring backward reads its own keys and values at every step" 1 \
+  "fail: gpt2-train-4 sharding/cp/ring/p2p: grad_input" -- plant f1 ring/p2p stale_kv
+check "planted: dK/dV never take their last hop home" 1 \
+  "fail: vit-train-4 sharding/cp/ring/p2p: grad_input" -- plant f2 ring/p2p dkv_not_returned
+check "planted: ring mask ignores the load-balanced order" 1 \
+  "fail: gpt2-train-4 sharding/cp/ring/p2p: output" -- plant f3 ring/p2p mask_ignores_balance
+check "planted: all-gather mask ignores the load-balanced order" 1 \
+  "fail: gpt2-prefill-4 sharding/cp/ring/allgather: output" -- \
+  plant f4 ring/allgather mask_ignores_balance
+# Two heads per rank (mesh 2): with one, heads and sequence cannot be told apart.
+check "planted: ulysses' output with heads and sequence swapped" 1 \
+  "fail: gpt2-train-2 sharding/cp/ulysses: output" -- plant f5 ulysses ulysses_swapped
+finish
