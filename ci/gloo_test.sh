@@ -173,14 +173,14 @@ grep -qE "^0,1 +reduce_scatter +65536 " "$tmp/out" && pass "calibrate prints ncc
   fail "calibrate table"
 check "calibrate gloo 4" 0 "profile: " -- "$sb" launch -n 4 -- calibrate --backend gloo \
   --mesh 4 --max-bytes 65536 --out "$tmp/gloo-4.json"
-python3 - "$tmp/gloo-2x2.json" <<'PY' && pass "profile: 3 groups x 5 collectives x 4 sizes" || fail "profile content"
+python3 - "$tmp/gloo-2x2.json" <<'PY' && pass "profile: 3 groups x 6 collectives x 4 sizes" || fail "profile content"
 import json, sys
 p = json.load(open(sys.argv[1]))
 assert p["backend"] == "gloo" and p["mesh"] == "2x2", p["mesh"]
 assert sorted(p["groups"]) == ["0", "0,1", "1"], sorted(p["groups"])
 for g in p["groups"].values():
     assert sorted(g["collectives"]) == ["all_gather", "all_reduce", "all_to_all", "broadcast",
-                                        "reduce_scatter"]
+                                        "reduce_scatter", "send_recv"]
     for f in g["collectives"].values():
         assert f["latency_us"] >= 0 and len(f["points"]) == 4  # 1 KiB .. 64 KiB
         assert all(pt["busbw_GBps"] > 0 for pt in f["points"])
