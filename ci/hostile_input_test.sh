@@ -76,6 +76,18 @@ import json, sys
 j = json.load(sys.stdin)
 assert j[\"predicted_peak\"] <= 28, j
 print(\"within\", j[\"predicted_peak\"])'"
+# A long chain at many slots: rotor's tables are bounded in time (exit 1 saying how far it got)
+# as they are in memory (exit 2), never minutes without a word.
+python3 -c '
+import json
+L = 400
+json.dump({"ftime": [1.0] * L, "btime": [2.0] * (L + 1), "x": [1000] * (L + 1),
+           "xbar": [2000] * (L + 1), "ftmp": [0] * L, "btmp": [0] * (L + 1)}, open("'"$tmp"'/long.json", "w"))'
+check "solve checkpoint past --time-limit: exit 1, saying how much was filled" 1 \
+  "rotor: stopped at the time limit with [0-9.]+% of the table of a 400-stage chain" -- \
+  "$sb" solve checkpoint --chain "$tmp/long.json" --budget 100000 --time-limit 0.001
+bad "solve checkpoint --time-limit 0" "--time-limit: .*got '0'" \
+  "$sb" solve checkpoint --chain "$tmp/chain.json" --budget none --time-limit 0
 
 # 3. Patterns: linear-time matching, bounded length.
 bad "--filter '(.|.)*Z' ends at once" "selects no strategy" \

@@ -1,5 +1,7 @@
 #include "cli/solve_checkpoint.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <iostream>
 
@@ -30,6 +32,10 @@ void addCheckpointOptions(CLI::App* app, CheckpointArgs& a) {
   app->add_option("--max-solver-memory", a.maxSolverMemory,
                   "rotor: bytes its table may take (default: a quarter of physical memory)")
       ->check(byteCount(1));
+  app->add_option("--time-limit", a.timeLimit,
+                  "rotor: seconds its tables may take to fill before it stops (exit 1)")
+      ->capture_default_str()
+      ->check(realNumber(0, 86400, /*openLow=*/true, "seconds"));
 }
 
 int solveCheckpoint(const CheckpointArgs& a) {
@@ -59,12 +65,29 @@ int solveCheckpoint(const CheckpointArgs& a) {
   options.budget = budget;
   options.slots = slots;
   options.maxSolverBytes = maxSolverBytes;
+  options.timeLimitSec = a.timeLimit;
+  if (::isatty(STDERR_FILENO)) {
+    // A long chain at many slots takes minutes: said while it runs, on a terminal.
+    options.progress = [](double done) {
+      std::cerr << "\rstratbench solve checkpoint: rotor's table " << static_cast<int>(100 * done)
+                << "% filled" << std::flush;
+    };
+  }
+  const auto endProgress = [&] {
+    if (options.progress) std::cerr << "\r\033[K" << std::flush;
+  };
   try {
     s = ck::solve(solver, chain, options);
   } catch (const ck::SolverLimitError& e) {
+    endProgress();
     std::cerr << "stratbench solve: " << path << ": " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const ck::SolverTimeLimit& e) {
+    endProgress();
+    std::cerr << "stratbench solve: " << path << ": " << e.what() << "\n";
+    return 1;
   }
+  endProgress();
   if (!s) {
     const auto none = ck::solve("none", chain, {0, slots});
     const auto full = ck::solve("full", chain, {0, slots});

@@ -33,7 +33,9 @@
 #include "strategies/checkpointing/solvers_testing.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -369,7 +371,10 @@ class RotorReference final : public RotorSlots {
 // so both make the same choices and the same schedule.
 class Rotor final : public RotorSlots {
  public:
-  Rotor(const Chain& c, double budget, int slots, double maxBytes) : RotorSlots(c, budget, slots) {
+  using Clock = std::chrono::steady_clock;
+  Rotor(const Chain& c, double budget, int slots, double maxBytes, Clock::time_point deadline,
+        const std::function<void(double)>& progress)
+      : RotorSlots(c, budget, slots), deadline_(deadline), progress_(progress) {
     row_ = static_cast<size_t>(S_) + 1;
     const double pairs = (L_ + 1.0) * (L_ + 2.0) / 2;
     // Per sub-chain: a time and a choice per slot count, and where the row turns finite.
@@ -400,7 +405,27 @@ class Rotor final : public RotorSlots {
 
   void fill() {
     const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // The work of length d's rows is (L - d + 1) (d + 1) row sweeps: checked against the
+    // deadline, and reported, between lengths.
+    double total = 0, done = 0;
+    for (int d = 0; d <= L_; ++d) total += static_cast<double>(L_ - d + 1) * (d + 1);
+    auto lastReport = Clock::now();
     for (int d = 0; d <= L_; ++d) {
+      const auto now = Clock::now();
+      if (now > deadline_) {
+        char pct[32];
+        std::snprintf(pct, sizeof pct, "%.1f%%", 100 * done / total);
+        throw SolverTimeLimit("rotor: stopped at the time limit with " + std::string(pct) +
+                              " of the table of a " + std::to_string(L_) + "-stage chain at " +
+                              std::to_string(S_) +
+                              " slots filled (--time-limit; fewer --slots or a shorter chain "
+                              "finish sooner)");
+      }
+      if (progress_ && now - lastReport > std::chrono::seconds(1)) {
+        progress_(done / total);
+        lastReport = now;
+      }
+      done += static_cast<double>(L_ - d + 1) * (d + 1);
       // Threads only where the length's rows are worth waking them for.
       const int rows = L_ - d + 1;
       const double work = static_cast<double>(rows) * (d + 1) * static_cast<double>(row_);
@@ -422,6 +447,9 @@ class Rotor final : public RotorSlots {
   // The row's first slot count with a finite time (S + 1: none): below it a move that reads
   // the row can be skipped outright.
   int first(int i, int l) const { return first_[rowIndex(i, l) / row_]; }
+
+  Clock::time_point deadline_;
+  std::function<void(double)> progress_;
 
   void fillRow(int i, int l) {
     fillMoves(i, l);
@@ -609,10 +637,17 @@ std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
   }
   if (solver == "rotor") {
     if (options.slots < 1) throw ChainError("rotor: --slots must be at least 1");
+    // One deadline for every table this solve fills.
+    const auto deadline =
+        options.timeLimitSec > 0
+            ? Rotor::Clock::now() + std::chrono::duration_cast<Rotor::Clock::duration>(
+                                        std::chrono::duration<double>(options.timeLimitSec))
+            : Rotor::Clock::time_point::max();
     return solveRotor(chain, options, [&](const Chain& c, double b) {
       return std::make_unique<Rotor>(
           c, b, options.slots,
-          options.maxSolverBytes > 0 ? options.maxSolverBytes : defaultSolverBytes());
+          options.maxSolverBytes > 0 ? options.maxSolverBytes : defaultSolverBytes(), deadline,
+          options.progress);
     });
   }
   std::string known;

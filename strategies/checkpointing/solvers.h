@@ -1,5 +1,7 @@
 #pragma once
 
+#include <functional>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +27,11 @@ struct SolveOptions {
   int slots = 500;    // rotor: memory is discretised into this many slots of budget / slots
   // rotor: the most bytes its table may take; <= 0: defaultSolverBytes().
   double maxSolverBytes = 0;
+  // rotor: seconds its tables may take to fill (<= 0: no limit); past it, SolverTimeLimit.
+  double timeLimitSec = 0;
+  // rotor: called about once a second while a table fills, with the fraction of its work
+  // done (e.g. a progress line on a terminal); may be empty.
+  std::function<void(double)> progress = {};
 };
 
 // A quarter of the machine's physical memory: what rotor's table may take by default.
@@ -39,6 +46,12 @@ class SolverLimitError : public ChainError {
 
  private:
   double neededBytes_;
+};
+
+// Thrown when rotor's tables take longer than SolveOptions::timeLimitSec to fill.
+class SolverTimeLimit : public ChainError {
+ public:
+  using ChainError::ChainError;
 };
 
 // The names solve() knows: none, full, sqrt, greedy, revolve, rotor.
