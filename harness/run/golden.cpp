@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include <ATen/Parallel.h>
+
 #include "harness/error.h"
 #include "harness/measure/verify.h"
 
@@ -59,6 +61,8 @@ std::string hostVectorFeatures() {
   return "unknown";
 }
 
+int hostThreads() { return at::get_num_threads(); }
+
 GoldenLosses readGolden(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot read the golden losses file");
@@ -78,6 +82,15 @@ GoldenLosses readGolden(const std::string& path) {
       if (line.rfind("# cpu:", 0) == 0) {
         g.cpu = line.substr(6);
         g.cpu.erase(0, g.cpu.find_first_not_of(' '));
+      }
+      if (line.rfind("# threads:", 0) == 0) {
+        char* end = nullptr;
+        const long t = std::strtol(line.c_str() + 10, &end, 10);
+        if (t < 1 || t > 100000 || *end != '\0') {
+          bad("'# threads:' must be a whole number from 1 to 100000, got '" + line.substr(10) +
+              "'");
+        }
+        g.threads = static_cast<int>(t);
       }
       continue;
     }
@@ -120,8 +133,9 @@ std::string goldenText(const GoldenLosses& g) {
   std::ostringstream os;
   os << "# Golden losses: the reference's loss and gradient norm per optimizer step, written by\n"
         "# `stratbench run SUITE --write-golden`. Compared bitwise on hosts with these vector\n"
-        "# features, within the steps' tolerance elsewhere (harness/run/golden.h).\n";
+        "# features and threads, within the steps' tolerance elsewhere (harness/run/golden.h).\n";
   os << "# cpu: " << g.cpu << "\n";
+  os << "# threads: " << g.threads << "\n";
   os << "case,step,loss,grad_norm\n";
   for (const auto& [name, steps] : g.cases) {
     for (size_t k = 0; k < steps.size(); ++k) {
@@ -158,7 +172,8 @@ GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
     return v;
   }
   const std::string host = hostVectorFeatures();
-  const bool bitwise = host == g.cpu;
+  const int threads = hostThreads();
+  const bool bitwise = host == g.cpu && threads == g.threads;
   Tolerance t = Tolerance::defaultFor(c.dtype);
   const double steps = static_cast<double>(got.size());
   t.rtol *= 10 * steps;
@@ -179,9 +194,10 @@ GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
   }
   v.how = bitwise ? "bitwise equal to " + g.file + " over " + std::to_string(got.size()) + " steps"
                   : "within 10 x steps x the dtype's tolerance of " + g.file + " over " +
-                        std::to_string(got.size()) +
-                        " steps (written on a host with the vector features '" + g.cpu +
-                        "', this one has '" + host + "')";
+                        std::to_string(got.size()) + " steps (written with the vector features '" +
+                        g.cpu + "' and " + std::to_string(g.threads) +
+                        " intra-op threads, this host has '" + host + "' and " +
+                        std::to_string(threads) + ")";
   return v;
 }
 

@@ -6,13 +6,15 @@
 // LibTorch upgrade, a workload's initialisation, the optimizer's arithmetic) then shows as a
 // case whose losses left the file, where every row would still agree with the moved reference.
 //
-// Bitwise where the file was written on a host with the same vector units (LibTorch's kernels
-// round differently with AVX-512 than with AVX2): then each loss must be the same double.
+// Bitwise where the file was written on a host with the same vector units and intra-op thread
+// count (LibTorch's kernels round differently with AVX-512 than with AVX2, and split a
+// reduction by the threads): then each loss must be the same double.
 // Elsewhere within the tolerance that steps compound (10 x steps x the dtype's), and the
 // record says which comparison was made.
 //
 // The file (CSV, '#' lines are comments):
 //   # cpu: avx avx2 avx512f ...      the vector features of the host that wrote it
+//   # threads: 2                     its intra-op threads
 //   case,step,loss,grad_norm         losses in C's hexadecimal floats (%a): exact, and portable
 //   fsdp-mlp,1,0x1.2p+3,0x1.8p-1
 
@@ -28,6 +30,7 @@ namespace sb::harness {
 struct GoldenLosses {
   std::string file;
   std::string cpu;  // the writer's vector features
+  int threads = 0;  // the writer's intra-op threads (0: not said)
   struct Step {
     double loss = 0, gradNorm = 0;
   };
@@ -37,6 +40,8 @@ struct GoldenLosses {
 // This host's vector features, from /proc/cpuinfo's flags (avx*, fma, f16c, amx*), sorted;
 // "unknown" where there is no such file.
 std::string hostVectorFeatures();
+// This process's intra-op threads (at::get_num_threads()).
+int hostThreads();
 
 // Reads a golden file; throws InputError naming the file, line and what was expected.
 GoldenLosses readGolden(const std::string& path);

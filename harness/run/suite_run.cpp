@@ -36,6 +36,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       golden.emplace();
       golden->file = suite.golden;
       golden->cpu = hostVectorFeatures();
+      golden->threads = hostThreads();
       if (writes) checkResultPath(suite.golden);
     } else {
       golden = readGolden(suite.golden);
