@@ -5,7 +5,8 @@
 # sample on gloo through `launch` (the ring's point-to-point over c10d), and the planted faults
 # (the backward reading its own keys and values at every ring step, dK/dV kept a rank short of
 # home, a causal mask that ignores the load-balanced order, Ulysses' output with heads and
-# sequence swapped): each fails naming the tensor that differs. Usage: ci/cp_test.sh BUILD_DIR
+# sequence swapped, CP x TP's input gradient not summed over the tensor-parallel ranks): each
+# fails naming the tensor that differs. Usage: ci/cp_test.sh BUILD_DIR
 # SOURCE_DIR
 set -uo pipefail
 build=$1
@@ -13,10 +14,10 @@ src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 
-check "context-parallel suite on threads: every row passes" 0 "total +23 +0 +0 +0" -- \
+check "context-parallel suite on threads: every row passes" 0 "total +32 +0 +0 +0" -- \
   "$sb" run "$src/suites/context-parallel.yaml" --out "$tmp/threads" --repetitions 1 \
   --min-time 0.0001
-check "bytes as predicted; balanced causal work even, unbalanced uneven" 0 "ok 23" -- \
+check "bytes as predicted; balanced causal work even, unbalanced uneven" 0 "ok 32" -- \
   python3 - "$tmp/threads/results.json" <<'PY'
 import json, sys
 recs = json.load(open(sys.argv[1]))["records"]
@@ -51,11 +52,16 @@ cases:
     shape: {batch: 2, seq: 64, d_model: 64, heads: 4, layers: 2, mode: training}
     mesh: 4
     strategies: ["sharding/cp/.*"]
+  - name: cp-tp-2x2
+    workload: gpt2_prefill
+    shape: {batch: 2, seq: 64, d_model: 64, heads: 4, layers: 2, mode: training}
+    mesh: 2x2
+    strategies: ["sharding/cp/.*"]
 YAML
 if "$sb" run --help | grep -q gloo; then
-  check "gloo: ring, all-gather and ulysses on 4 processes" 0 "gpt2-train-4 +3 +0 +0 +0" -- \
+  check "gloo: ring, all-gather and ulysses on 4 processes, 1-D and CP x TP" 0 "total +6 +0 +0 +0" -- \
     "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
-  check "gloo: bytes as predicted" 0 "ok 3" -- python3 - "$tmp/gloo/results.csv" <<'PY'
+  check "gloo: bytes as predicted" 0 "ok 6" -- python3 - "$tmp/gloo/results.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 for r in rows:
@@ -83,4 +89,9 @@ check "planted: all-gather mask ignores the load-balanced order" 1 \
 # Two heads per rank (mesh 2): with one, heads and sequence cannot be told apart.
 check "planted: ulysses' output with heads and sequence swapped" 1 \
   "fail: gpt2-train-2 sharding/cp/ulysses: output" -- plant f5 ulysses ulysses_swapped
+# CP x TP: Megatron's f forgotten before the attention; the tensor-parallel ranks' input
+# gradients part, which the replica check names before any tolerance.
+check "planted: the attention's input gradient not summed over tensor-parallel ranks" 1 \
+  "fail: cp-tp-2x2 sharding/cp/ring/p2p: replicas: grad_input .* not bit-identical" -- \
+  plant f6 ring/p2p tp_input_grad_unsummed
 finish

@@ -18,6 +18,14 @@
 //                   per head, a second all-to-all turns the output back; the backward mirrors
 //                   both (harness/comm/autograd_comm.h)
 //
+// CP x TP (a 2-D mesh: axis 0 the context-parallel ring, axis 1 Megatron's tensor parallelism):
+// each tensor-parallel rank takes heads / tp of the heads (its rows of q, k and v, its columns of
+// the output projection) and 4d / tp of the MLP's hidden units, the row-parallel products
+// all-reduced over axis 1 (Megatron's g) and the gradient of the column-parallel inputs too (f);
+// the ring, the all-gather or Ulysses' all-to-alls run over axis 0 on the rank's heads. Sharded
+// parameters' gradients are all-reduced over axis 0 on the rank's slice only, replicated ones
+// (layer norms, the biases after g) whole.
+//
 // Causal load balancing (`balance`, on by default where the workload is causal): the sequence
 // cut in 2w chunks, rank r holding chunks r and 2w - 1 - r, so every rank sees the same number
 // of (query, key) pairs; `balance: false` gives rank r the contiguous r-th w-th, and the record
@@ -38,7 +46,9 @@
 // keys and values, diffusers#14265), "dkv_not_returned" (ring/p2p: the last hop of dk, dv
 // skipped, so each rank keeps its neighbour's), "mask_ignores_balance" (the causal mask built
 // from contiguous positions while the tokens are load-balanced), "ulysses_swapped" (ulysses:
-// the output's head and sequence dimensions swapped before the second all-to-all).
+// the output's head and sequence dimensions swapped before the second all-to-all),
+// "tp_input_grad_unsummed" (CP x TP: the attention's input gradient not all-reduced over the
+// tensor-parallel ranks, Megatron's f forgotten: each keeps its own heads' share).
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -68,7 +78,14 @@ using reference::Transformer;
 using reference::TransformerShape;
 
 enum class Variant { kRingP2P, kRingAllGather, kUlysses };
-enum class Fault { kNone, kStaleKv, kDkvNotReturned, kMaskIgnoresBalance, kUlyssesSwapped };
+enum class Fault {
+  kNone,
+  kStaleKv,
+  kDkvNotReturned,
+  kMaskIgnoresBalance,
+  kUlyssesSwapped,
+  kTpInputGradUnsummed
+};
 
 const char* variantId(Variant v) {
   switch (v) {
@@ -94,6 +111,8 @@ const char* faultName(Fault f) {
       return "mask_ignores_balance";
     case Fault::kUlyssesSwapped:
       return "ulysses_swapped";
+    case Fault::kTpInputGradUnsummed:
+      return "tp_input_grad_unsummed";
   }
   return "?";
 }
@@ -159,6 +178,12 @@ class CpExecutor final : public harness::RankExecutor {
   at::Tensor maskFor(const at::Tensor& qpos, const at::Tensor& kpos) const {
     return shape_.causal ? kernels::maskByPosition(qpos, kpos) : at::Tensor();
   }
+  // CP x TP: one layer with this rank's heads and hidden units (Megatron's f and g over axis 1).
+  at::Tensor tensorParallelLayer(int l, const at::Tensor& x);
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+  // This tensor-parallel rank's blocks of a parameter (views): rows or columns it holds, q, k
+  // and v's rows apart; the whole tensor where it is replicated.
+  std::vector<at::Tensor> tpBlocks(const std::string& name, const at::Tensor& t) const;
   bool blockVisible(const at::Tensor& qpos, const at::Tensor& kpos) const {
     return !shape_.causal || kpos.min().item<int64_t>() <= qpos.max().item<int64_t>();
   }
@@ -169,6 +194,8 @@ class CpExecutor final : public harness::RankExecutor {
   Variant variant_;
   Fault fault_;
   SeqLayout layout_;
+  int64_t tp_ = 1, t_ = 0;  // tensor-parallel ranks (mesh axis 1) and this rank's index
+  std::map<std::string, at::Tensor> param_;
   double scale_ = 1;
   RankContext* ctx_ = nullptr;
   std::unique_ptr<Transformer> model_;
@@ -199,10 +226,12 @@ class CpStrategy final : public harness::Strategy {
             {"case params", "balance (causal load balancing, default on when causal)"}};
   }
 
+  static int64_t tpOf(const CaseSpec& c) { return c.mesh.size() == 2 ? c.mesh[1] : 1; }
+
   static SeqLayout layoutOf(const CaseSpec& c) {
     const auto s = TransformerShape::parse(c.shape, c.workload);
     SeqLayout l;
-    l.w = static_cast<int>(c.meshSize());
+    l.w = static_cast<int>(c.mesh.at(0));
     l.T = s.seq;
     l.balanced = s.causal;
     if (c.params.contains("balance") && c.params["balance"].is_boolean()) {
@@ -215,11 +244,11 @@ class CpStrategy final : public harness::Strategy {
     if (c.workload != "gpt2_prefill" && c.workload != "vit_encoder") {
       return Applicability::notApplicable("not a transformer stack (gpt2_prefill, vit_encoder)");
     }
-    if (c.mesh.size() != 1) {
+    if (c.mesh.size() > 2) {
       return Applicability::unsupported(
-          "context parallelism shards the sequence over a 1-D "
-          "mesh; the case has " +
-          c.meshString() + " (CP x TP is not built yet)");
+          "context parallelism runs on a 1-D mesh, or 2-D with tensor parallelism on axis 1; "
+          "the case has " +
+          c.meshString());
     }
     if (c.params.contains("balance") && !c.params["balance"].is_boolean()) {
       return Applicability::unsupported("params.balance must be true or false, got " +
@@ -233,9 +262,15 @@ class CpStrategy final : public harness::Strategy {
                                         ") does not cut into " + std::to_string(parts) +
                                         (l.balanced ? " load-balanced chunks" : " equal shards"));
     }
-    if (variant_ == Variant::kUlysses && s.heads % l.w != 0) {
-      return Applicability::unsupported("ulysses splits the " + std::to_string(s.heads) +
-                                        " heads over " + std::to_string(l.w) +
+    const int64_t tp = tpOf(c);
+    if (s.heads % tp != 0) {
+      return Applicability::unsupported("tensor parallelism splits the " + std::to_string(s.heads) +
+                                        " heads over " + std::to_string(tp) +
+                                        " ranks: they must divide");
+    }
+    if (variant_ == Variant::kUlysses && (s.heads / tp) % l.w != 0) {
+      return Applicability::unsupported("ulysses splits the " + std::to_string(s.heads / tp) +
+                                        " heads of a rank over " + std::to_string(l.w) +
                                         " ranks: they must divide");
     }
     return Applicability::yes();
@@ -255,43 +290,60 @@ class CpStrategy final : public harness::Strategy {
   CommStats predictComm(const CaseSpec& c, int) const override {
     const auto s = TransformerShape::parse(c.shape, c.workload);
     const SeqLayout l = layoutOf(c);
+    const int64_t tp = tpOf(c), w = l.w;
     const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
-    const int64_t act = s.batch * l.local() * s.dModel * es;  // one of q, k, v on a rank
-    const int64_t w = l.w;
+    const int64_t D = s.dModel;
+    const int64_t tokens = s.batch * l.local() * D * es;  // a rank's [B, T/w, D]
+    const int64_t act = tokens / tp;                      // one of its q, k, v (its heads)
+    // A collective over a group of one counts its call and no bytes.
     CommStats out;
+    const auto onCp = [&](Collective k, int64_t bytes) { out.add(k, w > 1 ? bytes : 0); };
+    const auto onTp = [&](Collective k, int64_t bytes) { out.add(k, tp > 1 ? bytes : 0); };
     for (int64_t layer = 0; layer < s.layers; ++layer) {
       switch (variant_) {
         case Variant::kRingP2P:
-          for (int64_t i = 0; i + 1 < w; ++i) out.add(Collective::kSendRecv, 2 * act);
+          for (int64_t i = 0; i + 1 < w; ++i) onCp(Collective::kSendRecv, 2 * act);
           if (s.training) {
-            for (int64_t i = 0; i + 1 < w; ++i) out.add(Collective::kSendRecv, 4 * act);
-            if (fault_ != Fault::kDkvNotReturned) out.add(Collective::kSendRecv, 2 * act);
+            for (int64_t i = 0; i + 1 < w; ++i) onCp(Collective::kSendRecv, 4 * act);
+            if (fault_ != Fault::kDkvNotReturned) onCp(Collective::kSendRecv, 2 * act);
           }
           break;
         case Variant::kRingAllGather:
-          out.add(Collective::kAllGather, 2 * act * w);
-          if (s.training) out.add(Collective::kReduceScatter, 2 * act * w);
+          onCp(Collective::kAllGather, 2 * act * w);
+          if (s.training) onCp(Collective::kReduceScatter, 2 * act * w);
           break;
         case Variant::kUlysses:
-          out.add(Collective::kAllToAll, 3 * act);
-          out.add(Collective::kAllToAll, act);
+          onCp(Collective::kAllToAll, 3 * act);
+          onCp(Collective::kAllToAll, act);
           if (s.training) {
-            out.add(Collective::kAllToAll, act);
-            out.add(Collective::kAllToAll, 3 * act);
+            onCp(Collective::kAllToAll, act);
+            onCp(Collective::kAllToAll, 3 * act);
           }
           break;
       }
-    }
-    if (s.training) {  // every parameter's gradient, once (reference/transformer.h's layer)
-      const int64_t D = s.dModel;
-      for (int64_t layer = 0; layer < s.layers; ++layer) {
-        for (int64_t n : {D, D, 3 * D * D, 3 * D, D * D, D, D, D, 4 * D * D, 4 * D, 4 * D * D, D}) {
-          out.add(Collective::kAllReduce, n * es);
-        }
+      if (tp > 1) {  // g after the attention's and the MLP's row-parallel products; f backward
+        int calls = s.training ? 4 : 2;
+        if (s.training && fault_ == Fault::kTpInputGradUnsummed) --calls;
+        for (int k = 0; k < calls; ++k) onTp(Collective::kAllReduce, tokens);
       }
     }
-    if (w == 1) {  // a group of one moves nothing
-      for (auto& e : out.entries) e.bytes = 0;
+    if (s.training) {
+      // Every parameter's gradient over axis 0 (reference/transformer.h's layer): with tensor
+      // parallelism a sharded one's slice (q, k and v's rows apart), a replicated one whole.
+      const int64_t dl = D / tp, F = 4 * D / tp;
+      for (int64_t layer = 0; layer < s.layers; ++layer) {
+        if (tp == 1) {
+          for (int64_t n :
+               {D, D, 3 * D * D, 3 * D, D * D, D, D, D, 4 * D * D, 4 * D, 4 * D * D, D}) {
+            onCp(Collective::kAllReduce, n * es);
+          }
+          continue;
+        }
+        for (int64_t n :
+             {D, D, dl * D, dl * D, dl * D, dl, dl, dl, D * dl, D, D, D, F * D, F, D * F, D}) {
+          onCp(Collective::kAllReduce, n * es);
+        }
+      }
     }
     return out;
   }
@@ -326,17 +378,17 @@ class CpStrategy final : public harness::Strategy {
     switch (variant_) {
       case Variant::kRingP2P:
         return {faultName(Fault::kStaleKv), faultName(Fault::kDkvNotReturned),
-                faultName(Fault::kMaskIgnoresBalance)};
+                faultName(Fault::kMaskIgnoresBalance), faultName(Fault::kTpInputGradUnsummed)};
       case Variant::kRingAllGather:
-        return {faultName(Fault::kMaskIgnoresBalance)};
+        return {faultName(Fault::kMaskIgnoresBalance), faultName(Fault::kTpInputGradUnsummed)};
       case Variant::kUlysses:
-        return {faultName(Fault::kUlyssesSwapped)};
+        return {faultName(Fault::kUlyssesSwapped), faultName(Fault::kTpInputGradUnsummed)};
     }
     return {};
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
     for (Fault f : {Fault::kStaleKv, Fault::kDkvNotReturned, Fault::kMaskIgnoresBalance,
-                    Fault::kUlyssesSwapped}) {
+                    Fault::kUlyssesSwapped, Fault::kTpInputGradUnsummed}) {
       const auto ok = plantableFaults();
       if (name == faultName(f) && std::find(ok.begin(), ok.end(), name) != ok.end()) {
         return std::make_unique<CpStrategy>(variant_, f);
@@ -382,6 +434,9 @@ CpExecutor::CpExecutor(const CpStrategy& s, const CaseSpec& c)
 void CpExecutor::prepare(RankContext& ctx, const reference::WorkloadData&) {
   ctx_ = &ctx;
   model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
+  tp_ = CpStrategy::tpOf(case_);
+  t_ = tp_ > 1 ? ctx.group({1}).rank() : 0;
+  for (const auto& [name, p] : model_->parameters()) param_[name] = p;
   scale_ = 1.0 / std::sqrt(static_cast<double>(shape_.dModel / shape_.heads));
   SeqLayout contiguous = layout_;
   contiguous.balanced = false;
@@ -393,15 +448,16 @@ void CpExecutor::prepare(RankContext& ctx, const reference::WorkloadData&) {
         longs(fault_ == Fault::kMaskIgnoresBalance ? contiguous.positions(r) : p));
     all.insert(all.end(), p.begin(), p.end());
   }
-  pos_ = rankPos_[ctx.rank()];
-  maskPos_ = rankMaskPos_[ctx.rank()];
+  const int c = ctx.group({0}).rank();  // this rank's place on the ring (mesh axis 0)
+  pos_ = rankPos_[c];
+  maskPos_ = rankMaskPos_[c];
   allPos_ = longs(all);
   inverse_ = at::argsort(allPos_);
 }
 
 kernels::AttentionResult CpExecutor::ringForward(const at::Tensor& q, const at::Tensor& k,
                                                  const at::Tensor& v, at::Tensor* keptKv) {
-  Communicator& comm = ctx_->world();
+  Communicator& comm = ctx_->group({0});
   const int r = comm.rank(), w = comm.size();
   kernels::OnlineSoftmaxBlocks acc(q, scale_);
   if (variant_ == Variant::kRingP2P) {
@@ -437,7 +493,7 @@ std::vector<at::Tensor> CpExecutor::ringBackward(const at::Tensor& q, const at::
                                                  const at::Tensor& v, const at::Tensor& keptKv,
                                                  const at::Tensor& out, const at::Tensor& lse,
                                                  const at::Tensor& dout) {
-  Communicator& comm = ctx_->world();
+  Communicator& comm = ctx_->group({0});
   const int r = comm.rank(), w = comm.size();
   kernels::OnlineSoftmaxBackwardBlocks grad(q, out, lse, dout, scale_);
   const at::ScalarType input = q.scalar_type();
@@ -495,7 +551,7 @@ std::vector<at::Tensor> CpExecutor::ringBackward(const at::Tensor& q, const at::
 }
 
 at::Tensor CpExecutor::ulysses(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  Communicator& comm = ctx_->world();
+  Communicator& comm = ctx_->group({0});
   const int w = comm.size();
   const int64_t B = q.size(0), H = q.size(1), Tl = q.size(2), dh = q.size(3), T = layout_.T;
   const int64_t Hl = H / w;
@@ -533,18 +589,14 @@ void CpExecutor::step(RankContext& ctx) {
   if (!shape_.training) noGrad.emplace();
   at::Tensor x = x0;
   for (int l = 0; l < m.layers(); ++l) {
+    if (tp_ > 1) {
+      x = tensorParallelLayer(l, x);
+      continue;
+    }
     const at::Tensor h = m.ln1(l, x);
     const auto [k, v] = m.keysValues(l, h);
     const at::Tensor q = m.queries(l, h);
-    at::Tensor heads;
-    if (variant_ == Variant::kUlysses) {
-      heads = ulysses(q, k, v);
-    } else if (shape_.training) {
-      heads = RingAttention::apply(q, k, v, reinterpret_cast<int64_t>(this));
-    } else {
-      at::Tensor kept;
-      heads = ringForward(q, k, v, &kept).out;
-    }
+    const at::Tensor heads = attend(q, k, v);
     const at::Tensor y =
         heads.transpose(1, 2).reshape({heads.size(0), heads.size(2), shape_.dModel});
     const at::Tensor r = x + m.project(l, y);
@@ -555,17 +607,79 @@ void CpExecutor::step(RankContext& ctx) {
   if (!shape_.training) return;
   reference::backward({x}, {m.target().index_select(1, pos_)});
   gradIn_ = x0.grad();
+  Communicator& cp = ctx.group({0});
   for (const auto& [name, p] : m.parameters()) {
     at::Tensor g = p.grad();
-    ctx.world().allReduce(g);
+    if (tp_ == 1) {
+      cp.allReduce(g);
+      continue;
+    }
+    for (at::Tensor block : tpBlocks(name, g)) {
+      at::Tensor sum = block.contiguous();
+      cp.allReduce(sum);
+      if (!sum.is_same(block)) block.copy_(sum);
+    }
   }
+}
+
+at::Tensor CpExecutor::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (variant_ == Variant::kUlysses) return ulysses(q, k, v);
+  if (shape_.training) return RingAttention::apply(q, k, v, reinterpret_cast<int64_t>(this));
+  at::Tensor kept;
+  return ringForward(q, k, v, &kept).out;
+}
+
+std::vector<at::Tensor> CpExecutor::tpBlocks(const std::string& name, const at::Tensor& t) const {
+  const int64_t D = shape_.dModel, dl = D / tp_, F = 4 * D / tp_;
+  const auto ends = [&](const char* suffix) {
+    const std::string s = suffix;
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) {
+    return {t.narrow(0, t_ * dl, dl), t.narrow(0, D + t_ * dl, dl),
+            t.narrow(0, 2 * D + t_ * dl, dl)};
+  }
+  if (ends("attn.c_proj.weight")) return {t.narrow(1, t_ * dl, dl)};
+  if (ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return {t.narrow(0, t_ * F, F)};
+  if (ends("mlp.c_proj.weight")) return {t.narrow(1, t_ * F, F)};
+  return {t};  // layer norms, and the biases added after g
+}
+
+at::Tensor CpExecutor::tensorParallelLayer(int l, const at::Tensor& x) {
+  Communicator& tp = ctx_->group({1});
+  const Transformer& m = *model_;
+  const std::string n = "h" + std::to_string(l) + ".";
+  const int64_t D = shape_.dModel, H = shape_.heads / tp_, dh = D / shape_.heads;
+  const auto heads = [&](const at::Tensor& t) {
+    return t.reshape({t.size(0), t.size(1), H, dh}).transpose(1, 2);
+  };
+  const auto w = tpBlocks(n + "attn.c_attn.weight", param_.at(n + "attn.c_attn.weight"));
+  const auto b = tpBlocks(n + "attn.c_attn.bias", param_.at(n + "attn.c_attn.bias"));
+  const at::Tensor h = fault_ == Fault::kTpInputGradUnsummed
+                           ? m.ln1(l, x)
+                           : harness::identityFwdAllReduceBwd(m.ln1(l, x), tp);  // f
+  const at::Tensor out = attend(heads(at::linear(h, w[0], b[0])), heads(at::linear(h, w[1], b[1])),
+                                heads(at::linear(h, w[2], b[2])));
+  const at::Tensor y = out.transpose(1, 2).reshape({out.size(0), out.size(2), H * dh});
+  const at::Tensor proj =
+      at::linear(y, tpBlocks(n + "attn.c_proj.weight", param_.at(n + "attn.c_proj.weight"))[0]);
+  const at::Tensor r = x + (harness::allReduceFwdIdentityBwd(proj, tp) +  // g
+                            param_.at(n + "attn.c_proj.bias"));
+  const at::Tensor h2 = harness::identityFwdAllReduceBwd(m.ln2(l, r), tp);  // f
+  const at::Tensor u =
+      at::gelu(at::linear(h2, tpBlocks(n + "mlp.c_fc.weight", param_.at(n + "mlp.c_fc.weight"))[0],
+                          tpBlocks(n + "mlp.c_fc.bias", param_.at(n + "mlp.c_fc.bias"))[0]),
+               "tanh");
+  const at::Tensor mlp =
+      at::linear(u, tpBlocks(n + "mlp.c_proj.weight", param_.at(n + "mlp.c_proj.weight"))[0]);
+  return r + (harness::allReduceFwdIdentityBwd(mlp, tp) + param_.at(n + "mlp.c_proj.bias"));
 }
 
 void CpExecutor::settle(RankContext& ctx) {
   results_.clear();
   const int w = layout_.w;
   const auto whole = [&](const at::Tensor& t) {  // [B, Tl, D] shards to [B, T, D]
-    return ctx.world()
+    return ctx.group({0})
         .allGather(t.transpose(0, 1).contiguous(), std::vector<int64_t>(w, layout_.local()))
         .index_select(0, inverse_)
         .transpose(0, 1)
@@ -574,11 +688,21 @@ void CpExecutor::settle(RankContext& ctx) {
   results_["output"] = whole(out_);
   if (!shape_.training) return;
   results_["grad_input"] = whole(gradIn_);
-  for (const auto& [name, p] : model_->parameters()) results_["grad/" + name] = p.grad();
+  for (const auto& [name, p] : model_->parameters()) {
+    at::Tensor g = p.grad();
+    if (tp_ > 1 && tpBlocks(name, g).front().numel() != g.numel()) {
+      // A sharded parameter's gradient is this rank's slice, zero elsewhere: the slices of the
+      // tensor-parallel ranks summed are the whole gradient.
+      g = g.clone();
+      ctx.group({1}).allReduce(g);
+    }
+    results_["grad/" + name] = g;
+  }
 }
 
 std::vector<std::pair<std::string, std::string>> CpExecutor::recordParams() const {
   return {{"variant", variantId(variant_)},
+          {"tensor_parallel", std::to_string(tp_)},
           {"load_balanced", layout_.balanced ? "yes" : "no"},
           {"tokens_per_rank", std::to_string(layout_.local())}};
 }
