@@ -3,20 +3,9 @@
 // the ranks of a 1-D mesh. Every rank holds its tokens' activations; the parameters are
 // replicated and their gradients, partial sums over each rank's tokens, all-reduced. Layer
 // norms, projections, the MLP and the residuals are token-wise and run on the shards; only
-// attention needs other ranks' tokens:
-//
-//   ring/p2p        each rank keeps its queries and passes its keys and values around the ring
-//                   (w - 1 steps), folding each block into the online softmax
-//                   (kernels::OnlineSoftmaxBlocks); the backward passes the keys and values
-//                   around again with their gradients' running sums, which take one more step
-//                   home to their owner (w - 1 exchanges of k, v, dk, dv, then one of dk, dv)
-//   ring/allgather  keys and values all-gathered once (Llama 3's variant) and kept for the
-//                   backward, walked in position order in blocks of T / w; their gradients
-//                   reduce-scattered back to their owners
-//   ulysses         DeepSpeed-Ulysses: one all-to-all turns sequence shards of q, k and v into
-//                   head shards (heads / w heads over the whole sequence), attention runs whole
-//                   per head, a second all-to-all turns the output back; the backward mirrors
-//                   both (harness/comm/autograd_comm.h)
+// attention needs other ranks' tokens: ring/p2p (keys and values passed around the ring into
+// the online softmax), ring/allgather (gathered once, Llama 3's) or ulysses (all-to-all to head
+// shards), each on one mesh axis (sequence_attention.h).
 //
 // CP x TP (a 2-D mesh: axis 0 the context-parallel ring, axis 1 Megatron's tensor parallelism):
 // each tensor-parallel rank takes heads / tp of the heads (its rows of q, k and v, its columns of
@@ -51,7 +40,6 @@
 // tensor-parallel ranks, Megatron's f forgotten: each keeps its own heads' share).
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -60,9 +48,9 @@
 
 #include "harness/comm/autograd_comm.h"
 #include "harness/registry.h"
-#include "kernels/attention.h"
 #include "reference/autograd_engine.h"
 #include "reference/transformer.h"
+#include "strategies/sharding/cp/sequence_attention.h"
 
 namespace sb::strategies::cp {
 namespace {
@@ -77,82 +65,6 @@ using harness::RankContext;
 using reference::Transformer;
 using reference::TransformerShape;
 
-enum class Variant { kRingP2P, kRingAllGather, kUlysses };
-enum class Fault {
-  kNone,
-  kStaleKv,
-  kDkvNotReturned,
-  kMaskIgnoresBalance,
-  kUlyssesSwapped,
-  kTpInputGradUnsummed
-};
-
-const char* variantId(Variant v) {
-  switch (v) {
-    case Variant::kRingP2P:
-      return "ring/p2p";
-    case Variant::kRingAllGather:
-      return "ring/allgather";
-    case Variant::kUlysses:
-      return "ulysses";
-  }
-  return "?";
-}
-
-const char* faultName(Fault f) {
-  switch (f) {
-    case Fault::kNone:
-      return "none";
-    case Fault::kStaleKv:
-      return "stale_kv";
-    case Fault::kDkvNotReturned:
-      return "dkv_not_returned";
-    case Fault::kMaskIgnoresBalance:
-      return "mask_ignores_balance";
-    case Fault::kUlyssesSwapped:
-      return "ulysses_swapped";
-    case Fault::kTpInputGradUnsummed:
-      return "tp_input_grad_unsummed";
-  }
-  return "?";
-}
-
-// Which sequence positions each rank holds.
-struct SeqLayout {
-  int w = 1;
-  int64_t T = 0;
-  bool balanced = false;
-  int64_t local() const { return T / w; }
-  // Rank r's positions, in the order its activations hold them.
-  std::vector<int64_t> positions(int r) const {
-    std::vector<int64_t> p;
-    if (!balanced) {
-      for (int64_t i = 0; i < local(); ++i) p.push_back(r * local() + i);
-      return p;
-    }
-    const int64_t c = T / (2 * w);
-    for (int64_t chunk : {static_cast<int64_t>(r), static_cast<int64_t>(2 * w - 1 - r)}) {
-      for (int64_t i = 0; i < c; ++i) p.push_back(chunk * c + i);
-    }
-    return p;
-  }
-  // (query, key) pairs rank r's queries see: causal counts key <= query.
-  int64_t visiblePairs(int r, bool causal) const {
-    int64_t n = 0;
-    for (int64_t q : positions(r)) n += causal ? q + 1 : T;
-    return n;
-  }
-};
-
-// The dtype the attention's arithmetic runs in (kernels/attention.h).
-at::ScalarType mathOf(at::ScalarType t) {
-  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
-}
-
-at::Tensor longs(const std::vector<int64_t>& v) {
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong));
-}
-
 class CpStrategy;
 
 class CpExecutor final : public harness::RankExecutor {
@@ -164,31 +76,12 @@ class CpExecutor final : public harness::RankExecutor {
   std::map<std::string, at::Tensor> results() const override { return results_; }
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
 
-  // The attention core's two halves, for the autograd functions below.
-  kernels::AttentionResult ringForward(const at::Tensor& q, const at::Tensor& k,
-                                       const at::Tensor& v, at::Tensor* keptKv);
-  std::vector<at::Tensor> ringBackward(const at::Tensor& q, const at::Tensor& k,
-                                       const at::Tensor& v, const at::Tensor& keptKv,
-                                       const at::Tensor& out, const at::Tensor& lse,
-                                       const at::Tensor& dout);
-
  private:
-  at::Tensor ulysses(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
-  // The mask between query positions and a block of key positions (undefined: none).
-  at::Tensor maskFor(const at::Tensor& qpos, const at::Tensor& kpos) const {
-    return shape_.causal ? kernels::maskByPosition(qpos, kpos) : at::Tensor();
-  }
   // CP x TP: one layer with this rank's heads and hidden units (Megatron's f and g over axis 1).
   at::Tensor tensorParallelLayer(int l, const at::Tensor& x);
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
   // This tensor-parallel rank's blocks of a parameter (views): rows or columns it holds, q, k
   // and v's rows apart; the whole tensor where it is replicated.
   std::vector<at::Tensor> tpBlocks(const std::string& name, const at::Tensor& t) const;
-  bool blockVisible(const at::Tensor& qpos, const at::Tensor& kpos) const {
-    return !shape_.causal || kpos.min().item<int64_t>() <= qpos.max().item<int64_t>();
-  }
-
-  const CpStrategy& strategy_;
   CaseSpec case_;
   TransformerShape shape_;
   Variant variant_;
@@ -196,13 +89,9 @@ class CpExecutor final : public harness::RankExecutor {
   SeqLayout layout_;
   int64_t tp_ = 1, t_ = 0;  // tensor-parallel ranks (mesh axis 1) and this rank's index
   std::map<std::string, at::Tensor> param_;
-  double scale_ = 1;
   RankContext* ctx_ = nullptr;
   std::unique_ptr<Transformer> model_;
-  std::vector<at::Tensor> rankPos_;  // every rank's positions
-  at::Tensor pos_, maskPos_;         // this rank's positions; those its mask uses
-  std::vector<at::Tensor> rankMaskPos_;
-  at::Tensor allPos_, inverse_;  // positions in rank order, and the permutation back
+  std::unique_ptr<SequenceAttention> attention_;
   at::Tensor out_, gradIn_;
   std::map<std::string, at::Tensor> results_;
 };
@@ -387,12 +276,11 @@ class CpStrategy final : public harness::Strategy {
     return {};
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    const auto ok = plantableFaults();
+    if (std::find(ok.begin(), ok.end(), name) == ok.end()) return nullptr;
     for (Fault f : {Fault::kStaleKv, Fault::kDkvNotReturned, Fault::kMaskIgnoresBalance,
                     Fault::kUlyssesSwapped, Fault::kTpInputGradUnsummed}) {
-      const auto ok = plantableFaults();
-      if (name == faultName(f) && std::find(ok.begin(), ok.end(), name) != ok.end()) {
-        return std::make_unique<CpStrategy>(variant_, f);
-      }
+      if (name == faultName(f)) return std::make_unique<CpStrategy>(variant_, f);
     }
     return nullptr;
   }
@@ -402,30 +290,8 @@ class CpStrategy final : public harness::Strategy {
   Fault fault_;
 };
 
-// The ring variants' attention core as one autograd node per layer.
-struct RingAttention : public torch::autograd::Function<RingAttention> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                            const at::Tensor& k, const at::Tensor& v, int64_t executor) {
-    auto* e = reinterpret_cast<CpExecutor*>(executor);
-    at::Tensor kept;
-    const kernels::AttentionResult r = e->ringForward(q, k, v, &kept);
-    ctx->save_for_backward({q, k, v, r.out, r.lse, kept});
-    ctx->saved_data["executor"] = executor;
-    return r.out;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* e = reinterpret_cast<CpExecutor*>(ctx->saved_data["executor"].toInt());
-    const auto s = ctx->get_saved_variables();
-    std::vector<at::Tensor> g = e->ringBackward(s[0], s[1], s[2], s[5], s[3], s[4], grads[0]);
-    g.emplace_back();
-    return g;
-  }
-};
-
 CpExecutor::CpExecutor(const CpStrategy& s, const CaseSpec& c)
-    : strategy_(s),
-      case_(c),
+    : case_(c),
       shape_(TransformerShape::parse(c.shape, c.workload)),
       variant_(s.variant()),
       fault_(s.fault()),
@@ -437,153 +303,17 @@ void CpExecutor::prepare(RankContext& ctx, const reference::WorkloadData&) {
   tp_ = CpStrategy::tpOf(case_);
   t_ = tp_ > 1 ? ctx.group({1}).rank() : 0;
   for (const auto& [name, p] : model_->parameters()) param_[name] = p;
-  scale_ = 1.0 / std::sqrt(static_cast<double>(shape_.dModel / shape_.heads));
-  SeqLayout contiguous = layout_;
-  contiguous.balanced = false;
-  std::vector<int64_t> all;
-  for (int r = 0; r < layout_.w; ++r) {
-    const auto p = layout_.positions(r);
-    rankPos_.push_back(longs(p));
-    rankMaskPos_.push_back(
-        longs(fault_ == Fault::kMaskIgnoresBalance ? contiguous.positions(r) : p));
-    all.insert(all.end(), p.begin(), p.end());
-  }
-  const int c = ctx.group({0}).rank();  // this rank's place on the ring (mesh axis 0)
-  pos_ = rankPos_[c];
-  maskPos_ = rankMaskPos_[c];
-  allPos_ = longs(all);
-  inverse_ = at::argsort(allPos_);
-}
-
-kernels::AttentionResult CpExecutor::ringForward(const at::Tensor& q, const at::Tensor& k,
-                                                 const at::Tensor& v, at::Tensor* keptKv) {
-  Communicator& comm = ctx_->group({0});
-  const int r = comm.rank(), w = comm.size();
-  kernels::OnlineSoftmaxBlocks acc(q, scale_);
-  if (variant_ == Variant::kRingP2P) {
-    at::Tensor kv = at::stack({k, v}).contiguous();
-    for (int s = 0; s < w; ++s) {
-      const int src = (r - s + w) % w;
-      if (s > 0) kv = comm.ringShift(kv);
-      if (blockVisible(maskPos_, rankMaskPos_[src])) {
-        acc.add(kv[0], kv[1], maskFor(maskPos_, rankMaskPos_[src]));
-      }
-    }
-    return acc.finish();
-  }
-  // all-gather: [Tl, 2, B, H, dh] rows from every rank, then in position order.
-  const at::Tensor mine = at::stack({k, v}).permute({3, 0, 1, 2, 4}).contiguous();
-  const at::Tensor gathered =
-      comm.allGather(mine, std::vector<int64_t>(w, layout_.local())).index_select(0, inverse_);
-  *keptKv = gathered;
-  const int64_t block = layout_.local();
-  const at::Tensor maskPositions = fault_ == Fault::kMaskIgnoresBalance
-                                       ? at::arange(layout_.T, at::kLong).index_select(0, inverse_)
-                                       : at::arange(layout_.T, at::kLong);
-  for (int64_t s = 0; s < layout_.T; s += block) {
-    const at::Tensor kpos = maskPositions.narrow(0, s, block);
-    if (!blockVisible(maskPos_, kpos)) continue;
-    const at::Tensor kvb = gathered.narrow(0, s, block).permute({1, 2, 3, 0, 4});
-    acc.add(kvb[0], kvb[1], maskFor(maskPos_, kpos));
-  }
-  return acc.finish();
-}
-
-std::vector<at::Tensor> CpExecutor::ringBackward(const at::Tensor& q, const at::Tensor& k,
-                                                 const at::Tensor& v, const at::Tensor& keptKv,
-                                                 const at::Tensor& out, const at::Tensor& lse,
-                                                 const at::Tensor& dout) {
-  Communicator& comm = ctx_->group({0});
-  const int r = comm.rank(), w = comm.size();
-  kernels::OnlineSoftmaxBackwardBlocks grad(q, out, lse, dout, scale_);
-  const at::ScalarType input = q.scalar_type();
-  if (variant_ == Variant::kRingP2P) {
-    const at::Tensor own = at::stack({k, v}).contiguous();
-    at::Tensor kv = own;
-    at::Tensor dkv;  // the running sums of the block this rank holds
-    for (int s = 0; s < w; ++s) {
-      const int src = (r - s + w) % w;
-      if (s > 0) {
-        at::Tensor kvIn = at::empty_like(kv), dkvIn = at::empty_like(dkv);
-        using Op = Communicator::P2POp;
-        comm.exchange({{Op::Kind::kSend, kv, (r + 1) % w},
-                       {Op::Kind::kSend, dkv, (r + 1) % w},
-                       {Op::Kind::kRecv, kvIn, (r + w - 1) % w},
-                       {Op::Kind::kRecv, dkvIn, (r + w - 1) % w}});
-        kv = kvIn;
-        dkv = dkvIn;
-      }
-      const at::Tensor& used = fault_ == Fault::kStaleKv ? own : kv;
-      at::Tensor contribution;
-      if (blockVisible(maskPos_, rankMaskPos_[src])) {
-        const auto [dk, dv] = grad.add(used[0], used[1], maskFor(maskPos_, rankMaskPos_[src]));
-        contribution = at::stack({dk, dv});
-      }
-      if (s == 0) {
-        dkv = contribution.defined() ? contribution.contiguous()
-                                     : at::zeros(own.sizes(), own.options().dtype(mathOf(input)));
-      } else if (contribution.defined()) {
-        dkv.add_(contribution);
-      }
-    }
-    // The sums of block r + 1 go home; this rank's come from rank r - 1.
-    if (fault_ != Fault::kDkvNotReturned) dkv = comm.ringShift(dkv);
-    return {grad.dq(), dkv[0].to(input), dkv[1].to(input)};
-  }
-  // all-gather: every block's gradient from this rank's queries, then reduce-scattered.
-  const int64_t block = layout_.local();
-  const at::Tensor maskPositions = fault_ == Fault::kMaskIgnoresBalance
-                                       ? at::arange(layout_.T, at::kLong).index_select(0, inverse_)
-                                       : at::arange(layout_.T, at::kLong);
-  at::Tensor dkvAll = at::zeros(keptKv.sizes(), keptKv.options().dtype(mathOf(input)));
-  for (int64_t s = 0; s < layout_.T; s += block) {
-    const at::Tensor kpos = maskPositions.narrow(0, s, block);
-    if (!blockVisible(maskPos_, kpos)) continue;
-    const at::Tensor kvb = keptKv.narrow(0, s, block).permute({1, 2, 3, 0, 4});
-    const auto [dk, dv] = grad.add(kvb[0], kvb[1], maskFor(maskPos_, kpos));
-    dkvAll.narrow(0, s, block).copy_(at::stack({dk, dv}).permute({3, 0, 1, 2, 4}));
-  }
-  // Back to rank order, then each rank's rows summed over the ranks.
-  const at::Tensor mine = comm.reduceScatter(dkvAll.index_select(0, allPos_).contiguous(),
-                                             std::vector<int64_t>(w, layout_.local()));
-  const at::Tensor dkv = mine.permute({1, 2, 3, 0, 4});
-  return {grad.dq(), dkv[0].to(input), dkv[1].to(input)};
-}
-
-at::Tensor CpExecutor::ulysses(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  Communicator& comm = ctx_->group({0});
-  const int w = comm.size();
-  const int64_t B = q.size(0), H = q.size(1), Tl = q.size(2), dh = q.size(3), T = layout_.T;
-  const int64_t Hl = H / w;
-  const std::vector<int64_t> ones(w, 1);
-  // Sequence shards to head shards: block g of the heads to rank g.
-  const at::Tensor qkv =
-      at::stack({q, k, v}).view({3, B, w, Hl, Tl, dh}).permute({2, 0, 1, 3, 4, 5}).contiguous();
-  const at::Tensor heads = harness::allToAllFwdAllToAllBwd(qkv, comm, ones, ones)
-                               .permute({1, 2, 3, 0, 4, 5})
-                               .reshape({3, B, Hl, T, dh})
-                               .index_select(3, inverse_);  // position order
-  // Whole-sequence attention on this rank's heads, as the reference computes it.
-  at::Tensor att = at::matmul(heads[0], heads[1].transpose(-2, -1)) / std::sqrt(double(dh));
-  if (shape_.causal) {
-    const at::Tensor p = at::arange(T, at::kLong);
-    att = att.masked_fill(p.unsqueeze(0).gt(p.unsqueeze(1)), -INFINITY);
-  }
-  at::Tensor o = at::matmul(at::softmax(att, -1), heads[2]);  // [B, Hl, T, dh]
-  if (fault_ == Fault::kUlyssesSwapped) o = o.transpose(1, 2).reshape({B, Hl, T, dh});
-  // Back to sequence shards: rank s's tokens, every head of this rank's group.
-  const at::Tensor send =
-      o.index_select(2, allPos_).view({B, Hl, w, Tl, dh}).permute({2, 0, 1, 3, 4}).contiguous();
-  return harness::allToAllFwdAllToAllBwd(send, comm, ones, ones)
-      .permute({1, 0, 2, 3, 4})
-      .reshape({B, H, Tl, dh});
+  attention_ = std::make_unique<SequenceAttention>(
+      variant_, fault_, layout_, shape_.causal,
+      1.0 / std::sqrt(static_cast<double>(shape_.dModel / shape_.heads)),
+      ctx.group({0}).rank());  // this rank's place on the ring (mesh axis 0)
 }
 
 void CpExecutor::step(RankContext& ctx) {
   ctx_ = &ctx;
   const Transformer& m = *model_;
   if (shape_.training) m.zeroGrad();
-  at::Tensor x0 = m.input().index_select(1, pos_);
+  at::Tensor x0 = m.input().index_select(1, attention_->positions());
   if (shape_.training) x0.requires_grad_(true);
   std::optional<at::NoGradGuard> noGrad;
   if (!shape_.training) noGrad.emplace();
@@ -596,7 +326,7 @@ void CpExecutor::step(RankContext& ctx) {
     const at::Tensor h = m.ln1(l, x);
     const auto [k, v] = m.keysValues(l, h);
     const at::Tensor q = m.queries(l, h);
-    const at::Tensor heads = attend(q, k, v);
+    const at::Tensor heads = attention_->attend(ctx.group({0}), q, k, v);
     const at::Tensor y =
         heads.transpose(1, 2).reshape({heads.size(0), heads.size(2), shape_.dModel});
     const at::Tensor r = x + m.project(l, y);
@@ -605,7 +335,7 @@ void CpExecutor::step(RankContext& ctx) {
   out_ = x.detach();
   gradIn_ = at::Tensor();
   if (!shape_.training) return;
-  reference::backward({x}, {m.target().index_select(1, pos_)});
+  reference::backward({x}, {m.target().index_select(1, attention_->positions())});
   gradIn_ = x0.grad();
   Communicator& cp = ctx.group({0});
   for (const auto& [name, p] : m.parameters()) {
@@ -620,13 +350,6 @@ void CpExecutor::step(RankContext& ctx) {
       if (!sum.is_same(block)) block.copy_(sum);
     }
   }
-}
-
-at::Tensor CpExecutor::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (variant_ == Variant::kUlysses) return ulysses(q, k, v);
-  if (shape_.training) return RingAttention::apply(q, k, v, reinterpret_cast<int64_t>(this));
-  at::Tensor kept;
-  return ringForward(q, k, v, &kept).out;
 }
 
 std::vector<at::Tensor> CpExecutor::tpBlocks(const std::string& name, const at::Tensor& t) const {
@@ -658,8 +381,9 @@ at::Tensor CpExecutor::tensorParallelLayer(int l, const at::Tensor& x) {
   const at::Tensor h = fault_ == Fault::kTpInputGradUnsummed
                            ? m.ln1(l, x)
                            : harness::identityFwdAllReduceBwd(m.ln1(l, x), tp);  // f
-  const at::Tensor out = attend(heads(at::linear(h, w[0], b[0])), heads(at::linear(h, w[1], b[1])),
-                                heads(at::linear(h, w[2], b[2])));
+  const at::Tensor out =
+      attention_->attend(ctx_->group({0}), heads(at::linear(h, w[0], b[0])),
+                         heads(at::linear(h, w[1], b[1])), heads(at::linear(h, w[2], b[2])));
   const at::Tensor y = out.transpose(1, 2).reshape({out.size(0), out.size(2), H * dh});
   const at::Tensor proj =
       at::linear(y, tpBlocks(n + "attn.c_proj.weight", param_.at(n + "attn.c_proj.weight"))[0]);
@@ -681,7 +405,7 @@ void CpExecutor::settle(RankContext& ctx) {
   const auto whole = [&](const at::Tensor& t) {  // [B, Tl, D] shards to [B, T, D]
     return ctx.group({0})
         .allGather(t.transpose(0, 1).contiguous(), std::vector<int64_t>(w, layout_.local()))
-        .index_select(0, inverse_)
+        .index_select(0, attention_->inverse())
         .transpose(0, 1)
         .contiguous();
   };
