@@ -20,7 +20,8 @@
 // with uneven rows. Each rank's optimizer is LibTorch's own over its shards (an elementwise
 // update, the whole tensor's on those elements). The loss is all-reduced each step; the
 // gradient norm (for the record, and clipping) is the square root of the shards' squares
-// all-reduced in float64 where gradients are sharded.
+// all-reduced in float64 where gradients are sharded. What each kind shards, the units and
+// the predicted communication are the plan's (fsdp_plan.h); this file runs it.
 //
 // A unit's parameters are gathered by an autograd function (GatherParams) whose backward
 // reduce-scatters the unit's summed gradient: the backward of a parameter runs once all its
@@ -47,12 +48,12 @@
 #include <torch/optim/optimizer.h>
 
 #include <map>
-#include <set>
 
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/graph.h"
 #include "reference/training.h"
+#include "strategies/sharding/fsdp/fsdp_plan.h"
 
 namespace sb::strategies::fsdp {
 namespace {
@@ -64,130 +65,6 @@ using harness::Collective;
 using harness::CommStats;
 using harness::RankContext;
 using reference::Graph;
-
-enum class Kind { kDdp, kZero1, kZero2, kZero3, kHsdp };
-enum class Fault {
-  kNone,
-  kGradDividedTwice,
-  kStaleShard,
-  kHsdpWrongAxis,
-  kReplicaUnsummed,
-  kReplicaOwnOrder
-};
-const Fault kFaults[] = {Fault::kGradDividedTwice, Fault::kStaleShard, Fault::kHsdpWrongAxis,
-                         Fault::kReplicaUnsummed, Fault::kReplicaOwnOrder};
-
-const char* kindName(Kind k) {
-  switch (k) {
-    case Kind::kDdp:
-      return "ddp";
-    case Kind::kZero1:
-      return "zero1";
-    case Kind::kZero2:
-      return "zero2";
-    case Kind::kZero3:
-      return "zero3";
-    case Kind::kHsdp:
-      return "hsdp";
-  }
-  return "?";
-}
-
-const char* faultName(Fault f) {
-  switch (f) {
-    case Fault::kNone:
-      return "none";
-    case Fault::kGradDividedTwice:
-      return "grad_divided_twice";
-    case Fault::kStaleShard:
-      return "stale_shard";
-    case Fault::kHsdpWrongAxis:
-      return "hsdp_wrong_axis";
-    case Fault::kReplicaUnsummed:
-      return "replica_unsummed";
-    case Fault::kReplicaOwnOrder:
-      return "replica_own_order";
-  }
-  return "?";
-}
-
-bool shardsParams(Kind k) { return k == Kind::kZero3 || k == Kind::kHsdp; }
-bool shardsState(Kind k) { return k != Kind::kDdp; }
-bool shardsGrads(Kind k) { return k == Kind::kZero2 || shardsParams(k); }
-
-// How a case's ranks divide the work: the batch over every rank; the state over the shard
-// group (hsdp: mesh axis 1; the others: every rank).
-struct Layout {
-  int world = 1;
-  int shardParts = 1;    // ranks a parameter is sharded over
-  int shardIndex = 0;    // this rank's shard
-  int replicaParts = 1;  // hsdp: replicas of each shard (mesh axis 0)
-  static Layout of(Kind k, const CaseSpec& c, int rank) {
-    Layout l;
-    l.world = static_cast<int>(c.meshSize());
-    if (k == Kind::kDdp) return l;
-    if (k == Kind::kHsdp) {
-      l.replicaParts = static_cast<int>(c.mesh.at(0));
-      l.shardParts = static_cast<int>(c.mesh.at(1));
-      l.shardIndex = rank % l.shardParts;
-      return l;
-    }
-    l.shardParts = l.world;
-    l.shardIndex = rank;
-    return l;
-  }
-};
-
-// The graph's units: one per block (its layer), and the root (every parameter read outside
-// the blocks, or by more than one block).
-struct Units {
-  std::vector<std::string> names;                // "root", "layer0", ...
-  std::vector<int> layer;                        // per unit: its layer, -1 for the root
-  std::vector<std::vector<std::string>> params;  // per unit
-  std::map<std::string, int> unitOfParam;
-  static Units of(const Graph& g) {
-    std::map<std::string, std::set<int>> layers;
-    for (const auto& n : g.nodes) {
-      for (const auto& a : n.args) {
-        if (g.isParameter(a)) layers[a].insert(n.layer);
-      }
-    }
-    Units u;
-    u.names.push_back("root");
-    u.layer.push_back(-1);
-    u.params.emplace_back();
-    std::map<int, int> unitOfLayer;
-    for (const auto& [name, dims] : g.parameters) {
-      const auto& ls = layers[name];
-      int unit = 0;
-      if (ls.size() == 1 && *ls.begin() >= 0) {
-        const int layer = *ls.begin();
-        if (!unitOfLayer.count(layer)) {
-          unitOfLayer[layer] = static_cast<int>(u.names.size());
-          u.names.push_back("layer" + std::to_string(layer));
-          u.layer.push_back(layer);
-          u.params.emplace_back();
-        }
-        unit = unitOfLayer[layer];
-      }
-      u.params[unit].push_back(name);
-      u.unitOfParam[name] = unit;
-    }
-    return u;
-  }
-};
-
-int64_t elemSize(at::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
-
-int64_t rowElems(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (size_t i = 1; i < dims.size(); ++i) n *= dims[i];
-  return n;
-}
-
-int64_t numel(const std::vector<int64_t>& dims) {
-  return dims.empty() ? 1 : dims[0] * rowElems(dims);
-}
 
 class FsdpStrategy;
 
@@ -229,7 +106,6 @@ class FsdpExecutor final : public harness::RankExecutor {
     return static_cast<int>(std::find(names_.begin(), names_.end(), param) - names_.begin());
   }
 
-  const FsdpStrategy& strategy_;
   CaseSpec case_;
   Kind kind_;
   Fault fault_;
@@ -246,10 +122,6 @@ class FsdpExecutor final : public harness::RankExecutor {
   std::vector<at::Tensor> staleShards_;  // fault stale_shard: what the optimizer steps
   std::vector<at::Tensor> gathered_;     // zero3/hsdp: the unit tensors gathered
   std::vector<bool> unitGathered_;
-  // Per unit, from the graph once: its last node, and the values it hands to later nodes (or
-  // returns), whose gradients arriving mean its backward is next.
-  std::vector<int> lastNodeOfUnit_;
-  std::vector<std::vector<std::string>> handedOn_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::map<std::string, at::Tensor> results_;
 };
@@ -320,85 +192,23 @@ class FsdpStrategy final : public harness::Strategy {
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
-    const Graph g = reference::buildGraph(c.workload, c.shape);
-    const Units units = Units::of(g);
-    const Layout l = Layout::of(kind_, c, rank);
-    const int64_t es = elemSize(c.dtype);
-    CommStats per;
-    const auto count = [&](Collective k, int groupSize, int64_t bytes) {
-      per.add(k, groupSize > 1 ? bytes : 0);
-    };
-    count(Collective::kAllReduce, l.world, es);  // the loss
-    for (const auto& [name, dims] : g.parameters) {
-      const int64_t bytes = numel(dims) * es;
-      switch (kind_) {
-        case Kind::kDdp:
-          if (fault_ == Fault::kReplicaUnsummed && name == g.parameters.rbegin()->first) break;
-          count(fault_ == Fault::kReplicaOwnOrder ? Collective::kAllGather : Collective::kAllReduce,
-                l.world, fault_ == Fault::kReplicaOwnOrder ? bytes * l.world : bytes);
-          break;
-        case Kind::kZero1:
-          if (fault_ != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first) {
-            count(Collective::kAllReduce, l.world, bytes);
-          }
-          count(Collective::kAllGather, l.world, bytes);
-          break;
-        case Kind::kZero2:
-          count(Collective::kReduceScatter, l.world, bytes);
-          count(Collective::kAllGather, l.world, bytes);
-          break;
-        case Kind::kZero3:
-        case Kind::kHsdp: {
-          const bool root = units.unitOfParam.at(name) == 0;
-          count(Collective::kAllGather, l.shardParts, bytes);             // forward
-          if (!root) count(Collective::kAllGather, l.shardParts, bytes);  // before backward
-          count(Collective::kReduceScatter, l.shardParts, bytes);
-          if (kind_ == Kind::kHsdp &&
-              (fault_ != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first)) {
-            const int64_t rows = harness::chunkSizes(dims[0], l.shardParts)[l.shardIndex];
-            count(Collective::kAllReduce, l.replicaParts, rows * rowElems(dims) * es);
-          }
-          break;
-        }
-      }
-    }
-    if (shardsGrads(kind_)) {
-      count(Collective::kAllReduce, l.shardParts, 8);  // the gradient norm's squares, float64
-    }
-    CommStats out;
-    for (int k = 0; k < harness::kNumCollectives; ++k) {
-      out.entries[k].calls = per.entries[k].calls * c.training.steps;
-      out.entries[k].bytes = per.entries[k].bytes * c.training.steps;
-    }
-    return out;
+    return fsdp::predictComm(kind_, fault_, c, rank);
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override;
 
-  // Every kind takes the general faults; the replica faults where there are replicas.
-  bool takes(Fault f) const {
-    switch (f) {
-      case Fault::kHsdpWrongAxis:
-        return kind_ == Kind::kHsdp;
-      case Fault::kReplicaUnsummed:
-        return kind_ == Kind::kDdp || kind_ == Kind::kZero1 || kind_ == Kind::kHsdp;
-      case Fault::kReplicaOwnOrder:
-        return kind_ == Kind::kDdp;
-      default:
-        return true;
-    }
-  }
   std::vector<std::string> plantableFaults() const override {
     std::vector<std::string> out;
     for (Fault f : kFaults) {
-      if (takes(f)) out.push_back(faultName(f));
+      if (takesFault(kind_, f)) out.push_back(faultName(f));
     }
     return out;
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
     for (Fault f : kFaults) {
-      if (takes(f) && name == faultName(f)) return std::make_unique<FsdpStrategy>(kind_, f);
+      if (takesFault(kind_, f) && name == faultName(f))
+        return std::make_unique<FsdpStrategy>(kind_, f);
     }
     return nullptr;
   }
@@ -443,7 +253,7 @@ torch::autograd::variable_list GatherParam::backward(torch::autograd::AutogradCo
 }
 
 FsdpExecutor::FsdpExecutor(const FsdpStrategy& s, CaseSpec c)
-    : strategy_(s), case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {}
+    : case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {}
 
 std::vector<int64_t> FsdpExecutor::rowsOf(int index) const {
   return harness::chunkSizes(initialFull_[index].size(0), layout_.shardParts);
@@ -467,29 +277,6 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   for (const auto& [name, dims] : local_.parameters) {
     names_.push_back(name);
     initialFull_.push_back(data.inputs.at(name).clone());
-  }
-  const int nodes = static_cast<int>(local_.nodes.size());
-  lastNodeOfUnit_.assign(units_.names.size(), -1);
-  for (int j = 0; j < nodes; ++j) {
-    for (const auto& a : local_.nodes[j].args) {
-      if (local_.isParameter(a)) lastNodeOfUnit_[units_.unitOfParam.at(a)] = j;
-    }
-  }
-  handedOn_.assign(units_.names.size(), {});
-  for (int u = 1; u < static_cast<int>(units_.names.size()); ++u) {
-    const int last = lastNodeOfUnit_[u];
-    std::set<std::string> produced;
-    for (int m = 0; m <= last; ++m) {
-      if (local_.nodes[m].layer != units_.layer[u]) continue;
-      for (const auto& o : local_.nodes[m].outputs()) produced.insert(o);
-    }
-    for (const auto& v : produced) {
-      bool read = v == local_.output;
-      for (int m = last + 1; m < nodes && !read; ++m) {
-        for (const auto& a : local_.nodes[m].args) read |= a == v;
-      }
-      if (read) handedOn_[u].push_back(v);
-    }
   }
 }
 
@@ -607,8 +394,8 @@ void FsdpExecutor::step(RankContext& ctx) {
       // After a unit's last node: reshard, and gather again when the gradient of anything it
       // hands on arrives.
       for (int u = 1; u < static_cast<int>(units_.names.size()); ++u) {
-        if (lastNodeOfUnit_[u] != j) continue;
-        for (const auto& v : handedOn_[u]) {
+        if (units_.lastNode[u] != j) continue;
+        for (const auto& v : units_.handedOn[u]) {
           const at::Tensor& val = values.at(v);
           if (!val.requires_grad()) continue;
           val.register_hook([this, u](const at::Tensor& grad) {

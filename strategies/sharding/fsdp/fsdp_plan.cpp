@@ -1,0 +1,202 @@
+// The plan of an FSDP / ZeRO strategy (see fsdp_plan.h).
+
+#include "strategies/sharding/fsdp/fsdp_plan.h"
+
+#include <set>
+
+#include "harness/box.h"
+
+namespace sb::strategies::fsdp {
+
+using harness::CaseSpec;
+using harness::Collective;
+using harness::CommStats;
+using reference::Graph;
+
+namespace {
+int64_t elemSize(at::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+}  // namespace
+
+int64_t rowElems(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (size_t i = 1; i < dims.size(); ++i) n *= dims[i];
+  return n;
+}
+
+int64_t numel(const std::vector<int64_t>& dims) {
+  return dims.empty() ? 1 : dims[0] * rowElems(dims);
+}
+
+const char* kindName(Kind k) {
+  switch (k) {
+    case Kind::kDdp:
+      return "ddp";
+    case Kind::kZero1:
+      return "zero1";
+    case Kind::kZero2:
+      return "zero2";
+    case Kind::kZero3:
+      return "zero3";
+    case Kind::kHsdp:
+      return "hsdp";
+  }
+  return "?";
+}
+
+const char* faultName(Fault f) {
+  switch (f) {
+    case Fault::kNone:
+      return "none";
+    case Fault::kGradDividedTwice:
+      return "grad_divided_twice";
+    case Fault::kStaleShard:
+      return "stale_shard";
+    case Fault::kHsdpWrongAxis:
+      return "hsdp_wrong_axis";
+    case Fault::kReplicaUnsummed:
+      return "replica_unsummed";
+    case Fault::kReplicaOwnOrder:
+      return "replica_own_order";
+  }
+  return "?";
+}
+
+bool takesFault(Kind k, Fault f) {
+  switch (f) {
+    case Fault::kHsdpWrongAxis:
+      return k == Kind::kHsdp;
+    case Fault::kReplicaUnsummed:
+      return k == Kind::kDdp || k == Kind::kZero1 || k == Kind::kHsdp;
+    case Fault::kReplicaOwnOrder:
+      return k == Kind::kDdp;
+    default:
+      return true;
+  }
+}
+
+Layout Layout::of(Kind k, const CaseSpec& c, int rank) {
+  Layout l;
+  l.world = static_cast<int>(c.meshSize());
+  if (k == Kind::kDdp) return l;
+  if (k == Kind::kHsdp) {
+    l.replicaParts = static_cast<int>(c.mesh.at(0));
+    l.shardParts = static_cast<int>(c.mesh.at(1));
+    l.shardIndex = rank % l.shardParts;
+    return l;
+  }
+  l.shardParts = l.world;
+  l.shardIndex = rank;
+  return l;
+}
+
+Units Units::of(const Graph& g) {
+  std::map<std::string, std::set<int>> layers;
+  for (const auto& n : g.nodes) {
+    for (const auto& a : n.args) {
+      if (g.isParameter(a)) layers[a].insert(n.layer);
+    }
+  }
+  Units u;
+  u.names.push_back("root");
+  u.layer.push_back(-1);
+  u.params.emplace_back();
+  std::map<int, int> unitOfLayer;
+  for (const auto& [name, dims] : g.parameters) {
+    const auto& ls = layers[name];
+    int unit = 0;
+    if (ls.size() == 1 && *ls.begin() >= 0) {
+      const int layer = *ls.begin();
+      if (!unitOfLayer.count(layer)) {
+        unitOfLayer[layer] = static_cast<int>(u.names.size());
+        u.names.push_back("layer" + std::to_string(layer));
+        u.layer.push_back(layer);
+        u.params.emplace_back();
+      }
+      unit = unitOfLayer[layer];
+    }
+    u.params[unit].push_back(name);
+    u.unitOfParam[name] = unit;
+  }
+  // Where each unit's forward ends, and what it hands on.
+  const int nodes = static_cast<int>(g.nodes.size());
+  u.lastNode.assign(u.names.size(), -1);
+  for (int j = 0; j < nodes; ++j) {
+    for (const auto& a : g.nodes[j].args) {
+      if (g.isParameter(a)) u.lastNode[u.unitOfParam.at(a)] = j;
+    }
+  }
+  u.handedOn.assign(u.names.size(), {});
+  for (int unit = 1; unit < static_cast<int>(u.names.size()); ++unit) {
+    const int last = u.lastNode[unit];
+    std::set<std::string> produced;
+    for (int m = 0; m <= last; ++m) {
+      if (g.nodes[m].layer != u.layer[unit]) continue;
+      for (const auto& o : g.nodes[m].outputs()) produced.insert(o);
+    }
+    for (const auto& v : produced) {
+      bool read = v == g.output;
+      for (int m = last + 1; m < nodes && !read; ++m) {
+        for (const auto& a : g.nodes[m].args) read |= a == v;
+      }
+      if (read) u.handedOn[unit].push_back(v);
+    }
+  }
+  return u;
+}
+
+CommStats predictComm(Kind kind, Fault fault, const CaseSpec& c, int rank) {
+  const Graph g = reference::buildGraph(c.workload, c.shape);
+  const Units units = Units::of(g);
+  const Layout l = Layout::of(kind, c, rank);
+  const int64_t es = elemSize(c.dtype);
+  CommStats per;
+  const auto count = [&](Collective k, int groupSize, int64_t bytes) {
+    per.add(k, groupSize > 1 ? bytes : 0);
+  };
+  count(Collective::kAllReduce, l.world, es);  // the loss
+  for (const auto& [name, dims] : g.parameters) {
+    const int64_t bytes = numel(dims) * es;
+    switch (kind) {
+      case Kind::kDdp:
+        if (fault == Fault::kReplicaUnsummed && name == g.parameters.rbegin()->first) break;
+        count(fault == Fault::kReplicaOwnOrder ? Collective::kAllGather : Collective::kAllReduce,
+              l.world, fault == Fault::kReplicaOwnOrder ? bytes * l.world : bytes);
+        break;
+      case Kind::kZero1:
+        if (fault != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first) {
+          count(Collective::kAllReduce, l.world, bytes);
+        }
+        count(Collective::kAllGather, l.world, bytes);
+        break;
+      case Kind::kZero2:
+        count(Collective::kReduceScatter, l.world, bytes);
+        count(Collective::kAllGather, l.world, bytes);
+        break;
+      case Kind::kZero3:
+      case Kind::kHsdp: {
+        const bool root = units.unitOfParam.at(name) == 0;
+        count(Collective::kAllGather, l.shardParts, bytes);             // forward
+        if (!root) count(Collective::kAllGather, l.shardParts, bytes);  // before backward
+        count(Collective::kReduceScatter, l.shardParts, bytes);
+        if (kind == Kind::kHsdp &&
+            (fault != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first)) {
+          const int64_t rows = harness::chunkSizes(dims[0], l.shardParts)[l.shardIndex];
+          count(Collective::kAllReduce, l.replicaParts, rows * rowElems(dims) * es);
+        }
+        break;
+      }
+    }
+  }
+  if (shardsGrads(kind)) {
+    count(Collective::kAllReduce, l.shardParts, 8);  // the gradient norm's squares, float64
+  }
+  CommStats out;
+  for (int k = 0; k < harness::kNumCollectives; ++k) {
+    out.entries[k].calls = per.entries[k].calls * c.training.steps;
+    out.entries[k].bytes = per.entries[k].bytes * c.training.steps;
+  }
+  return out;
+}
+
+}  // namespace sb::strategies::fsdp
