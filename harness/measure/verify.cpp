@@ -1,5 +1,6 @@
 #include "harness/measure/verify.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -78,6 +79,14 @@ Tolerance reorderedSumTolerance(const Tolerance& base, at::ScalarType dtype, int
      << length << " * u * max|reference|";
   return widened(base, static_cast<double>(length) * unitRoundoff(dtype) * maxAbs(expected),
                  os.str());
+}
+
+Tolerance stepsTolerance(at::ScalarType dtype, int steps, double scale) {
+  Tolerance t = Tolerance::defaultFor(dtype);
+  const double k = 10.0 * std::max(1, steps);
+  t.rtol *= k;
+  t.atol = std::max(t.atol * k, k * unitRoundoff(dtype) * scale);
+  return t;
 }
 
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,

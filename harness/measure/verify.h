@@ -47,6 +47,13 @@ Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, i
 Tolerance reorderedSumTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
                                 const at::Tensor& expected);
 
+// The tolerance of a value after `steps` optimizer steps whose every gradient was summed in
+// another order than the reference's: each step's rounding moves the next step's parameters,
+// so the dtype's default widens with the steps taken: rtol x 10 steps, atol = max(atol x 10
+// steps, 10 steps x u x `scale`) with `scale` the values' magnitude (max|reference|). What FSDP's
+// rows and the golden losses on another host are compared within.
+Tolerance stepsTolerance(at::ScalarType dtype, int steps, double scale);
+
 // The comparison of one local tensor of one rank against its slice of the reference.
 struct TensorCheck {
   std::string tensor;  // "output", "grad_weight", ...

@@ -174,16 +174,13 @@ GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
   const std::string host = hostVectorFeatures();
   const int threads = hostThreads();
   const bool bitwise = host == g.cpu && threads == g.threads;
-  Tolerance t = Tolerance::defaultFor(c.dtype);
-  const double steps = static_cast<double>(got.size());
-  t.rtol *= 10 * steps;
+  const int steps = static_cast<int>(got.size());
   for (size_t k = 0; k < got.size(); ++k) {
     for (int q = 0; q < 2; ++q) {
       const double a = q == 0 ? got[k].loss : got[k].gradNorm;
       const double e = q == 0 ? it->second[k].loss : it->second[k].gradNorm;
-      const double atol =
-          std::max(t.atol * 10 * steps, 10 * steps * unitRoundoff(c.dtype) * std::abs(e));
-      const bool ok = bitwise ? a == e : std::abs(a - e) <= atol + t.rtol * std::abs(e);
+      const Tolerance t = stepsTolerance(c.dtype, steps, std::abs(e));
+      const bool ok = bitwise ? a == e : std::abs(a - e) <= t.atol + t.rtol * std::abs(e);
       if (ok) continue;
       v.problem = std::string("the reference's ") + (q == 0 ? "loss" : "gradient norm") +
                   " at step " + std::to_string(k + 1) + " is " + decimal(a) + " (" + hexFloat(a) +

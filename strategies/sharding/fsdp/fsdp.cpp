@@ -225,12 +225,8 @@ harness::Tolerance FsdpStrategy::tolerance(const std::string& tensor, const Case
   // Each rank sums its slice of the batch and the ranks' sums are added: another order than
   // the reference's, in every gradient, every step. The rounding of step k's gradients moves
   // step k+1's parameters and everything after; the tolerance grows with the steps taken.
-  harness::Tolerance t = harness::Tolerance::defaultFor(c.dtype);
-  const double steps = std::max(1, c.training.steps);
-  t.rtol *= 10 * steps;
-  t.atol = std::max(t.atol * 10 * steps,
-                    10 * steps * harness::unitRoundoff(c.dtype) *
-                        (expected.numel() ? expected.abs().max().item<double>() : 0.0));
+  harness::Tolerance t = harness::stepsTolerance(
+      c.dtype, c.training.steps, expected.numel() ? expected.abs().max().item<double>() : 0.0);
   t.reason = "the batch's sum split over " + std::to_string(c.meshSize()) +
              " ranks, compounded over " + std::to_string(c.training.steps) +
              " steps: 10 x steps x the dtype's tolerance";
