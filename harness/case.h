@@ -33,9 +33,6 @@ struct CaseSpec {
   // `steps: N` and `optimizer: {...}`: N optimizer steps, checked per step and in the state
   // they leave (reference/training.h); not enabled: one forward and backward.
   reference::TrainingSpec training;
-  // How its reference losses compared with the suite's golden file (harness/run/golden.h);
-  // empty when there is none.
-  std::string golden;
   std::string file;  // where the case was read from, for messages
   int line = 0;
 

@@ -33,7 +33,6 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
                const Strategy& strategy, const std::vector<RankOutcome>& ranks,
                const LocalRun& rank0, bool perRankErrors, const CostProfile* profile) {
   rec.details["case"] = strategy.caseDetails(c);
-  if (!c.golden.empty()) rec.details["golden"] = c.golden;
   {
     const std::string& first = data.checked.front();
     const Tolerance tol = strategy.tolerance(first, c, data.expected.at(first));

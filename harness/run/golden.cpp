@@ -157,7 +157,8 @@ std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data)
 }
 
 GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
-                            const reference::WorkloadData& data) {
+                            const reference::WorkloadData& data, const std::string& host,
+                            int threads) {
   GoldenVerdict v;
   auto it = g.cases.find(c.name);
   if (it == g.cases.end()) {
@@ -171,8 +172,6 @@ GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
                 " steps for case '" + c.name + "', the case takes " + std::to_string(got.size());
     return v;
   }
-  const std::string host = hostVectorFeatures();
-  const int threads = hostThreads();
   const bool bitwise = host == g.cpu && threads == g.threads;
   const int steps = static_cast<int>(got.size());
   for (size_t k = 0; k < got.size(); ++k) {

@@ -49,14 +49,16 @@ GoldenLosses readGolden(const std::string& path);
 // The file's text, for replaceResultFile.
 std::string goldenText(const GoldenLosses& g);
 
-// The case's reference (data.expected "loss" and "grad_norm") against the file: an empty
-// `problem` when it holds, and in `how` what was compared ("bitwise: 5 steps" or "within ...:
-// written on a host with other vector features (...)").
+// The case's reference (data.expected "loss" and "grad_norm") against the file, on a host with
+// vector features `hostCpu` and `hostThreads` intra-op threads (hostVectorFeatures(),
+// hostThreads(): read once per run): an empty `problem` when it holds, and in `how` what was
+// compared ("bitwise equal to ..." or "within ...: written with other vector features ...").
 struct GoldenVerdict {
   std::string problem, how;
 };
 GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
-                            const reference::WorkloadData& data);
+                            const reference::WorkloadData& data, const std::string& hostCpu,
+                            int hostThreads);
 
 // The case's reference losses, as a golden entry.
 std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data);

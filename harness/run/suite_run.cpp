@@ -31,12 +31,14 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   // The suite's golden losses: read before the first row (a bad file is bad input), or, with
   // --write-golden, collected from the references and written at the end.
   std::optional<GoldenLosses> golden;
+  const std::string hostCpu = suite.golden.empty() ? "" : hostVectorFeatures();
+  const int threads = hostThreads();
   if (!suite.golden.empty()) {
     if (options.writeGolden) {
       golden.emplace();
       golden->file = suite.golden;
-      golden->cpu = hostVectorFeatures();
-      golden->threads = hostThreads();
+      golden->cpu = hostCpu;
+      golden->threads = threads;
       if (writes) checkResultPath(suite.golden);
     } else {
       golden = readGolden(suite.golden);
@@ -59,7 +61,8 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   at::internal::lazy_init_num_threads();
   bool stopped = false;
   for (size_t i = 0; i < plan.size() && !stopped; ++i) {
-    CaseSpec c = plan[i].spec;
+    const CaseSpec& c = plan[i].spec;
+    std::string goldenHow;  // how the case's reference compared with the golden file
     const auto t0 = Clock::now();
     observer.caseStarted(i, plan.size(), c);
     reference::WorkloadData data;
@@ -80,9 +83,9 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
           if (options.writeGolden) {
             golden->cases[c.name] = goldenSteps(data);
           } else {
-            const GoldenVerdict v = compareGolden(*golden, c, data);
+            const GoldenVerdict v = compareGolden(*golden, c, data, hostCpu, threads);
             if (!v.problem.empty()) buildError = "golden losses: " + v.problem;
-            c.golden = v.how;
+            goldenHow = v.how;
           }
         }
       }
@@ -93,6 +96,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       RowResult result = row(c, buildError.empty() ? &data : nullptr, buildError, *entry.strategy);
       stopped = result.stop;
       if (result.record) {
+        if (!goldenHow.empty()) result.record->details["golden"] = goldenHow;
         const Record& rec = *result.record;
         if (writer) writer->add(rec);
         if (rec.status == Status::kFail || rec.status == Status::kError) anyBad = true;

@@ -107,30 +107,36 @@ TEST(Golden, WrittenAndReadBackExactlyAndComparedBitwiseOnThisHost) {
   EXPECT_EQ(back.cases.at("c")[1].loss, 1.0 / 3.0);
   CaseSpec c;
   c.name = "c";
-  const GoldenVerdict ok = compareGolden(back, c, data);
+  const GoldenVerdict ok = compareGolden(back, c, data, hostVectorFeatures(), hostThreads());
   EXPECT_EQ(ok.problem, "");
   EXPECT_NE(ok.how.find("bitwise"), std::string::npos) << ok.how;
 
   // One ulp off on this host: bitwise, so it fails, naming the step.
   const auto moved = losses({-559.0312345678912, std::nextafter(1.0 / 3.0, 1.0)}, {12.5, 0.1});
-  const GoldenVerdict bad = compareGolden(back, c, moved);
+  const GoldenVerdict bad = compareGolden(back, c, moved, hostVectorFeatures(), hostThreads());
   EXPECT_NE(bad.problem.find("loss at step 2"), std::string::npos) << bad.problem;
 
   // Written on a host with other vector units: within the steps' tolerance, and it says so.
   GoldenLosses other = back;
   other.cpu = "avx other";
-  const GoldenVerdict tol = compareGolden(other, c, moved);
+  const GoldenVerdict tol = compareGolden(other, c, moved, hostVectorFeatures(), hostThreads());
   EXPECT_EQ(tol.problem, "");
   EXPECT_NE(tol.how.find("vector features 'avx other'"), std::string::npos) << tol.how;
   // Another thread count splits reductions otherwise: compared within tolerance too.
   GoldenLosses threads = back;
   threads.threads = hostThreads() + 1;
-  EXPECT_NE(compareGolden(threads, c, moved).how.find("intra-op threads"), std::string::npos);
-  EXPECT_EQ(compareGolden(threads, c, moved).problem, "");
-  EXPECT_NE(compareGolden(other, c, losses({-560.5, 1.0 / 3.0}, {12.5, 0.1})).problem, "");
+  EXPECT_NE(compareGolden(threads, c, moved, hostVectorFeatures(), hostThreads())
+                .how.find("intra-op threads"),
+            std::string::npos);
+  EXPECT_EQ(compareGolden(threads, c, moved, hostVectorFeatures(), hostThreads()).problem, "");
+  EXPECT_NE(compareGolden(other, c, losses({-560.5, 1.0 / 3.0}, {12.5, 0.1}), hostVectorFeatures(),
+                          hostThreads())
+                .problem,
+            "");
 
   c.name = "missing";
-  EXPECT_NE(compareGolden(back, c, data).problem.find("no losses for case 'missing'"),
+  EXPECT_NE(compareGolden(back, c, data, hostVectorFeatures(), hostThreads())
+                .problem.find("no losses for case 'missing'"),
             std::string::npos);
 }
 
