@@ -239,9 +239,7 @@ void ThreadsWorld::arriveAndWait(Group& group, int rank, const char* what) {
     const std::string reason = "rank " + std::to_string(rank) + " waited more than " +
                                std::to_string(options_.timeout.count()) + " ms in " + what +
                                " for group {" + members + "}";
-    aborted_ = true;
-    abortReason_ = reason;
-    cv_.notify_all();
+    abortLocked(reason);
     TORCH_CHECK(false, reason);
   }
   TORCH_CHECK(false, "rank ", rank, " stopped in ", what, ": ", abortReason_);
@@ -252,16 +250,14 @@ void ThreadsWorld::exchange(Group& group, int me, int rank,
   using Kind = Communicator::P2POp::Kind;
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
   std::unique_lock<std::mutex> lock(mu_);
-  // Waits for `ready`; a timeout aborts the run, naming what this rank waited for.
-  const auto waitFor = [&](const std::function<bool()>& ready, const std::string& what) {
+  // Waits for `ready`; a timeout aborts the run, naming what this rank waited for (`what`,
+  // worded only then).
+  const auto waitFor = [&](const std::function<bool()>& ready,
+                           const std::function<std::string()>& what) {
     TORCH_CHECK(!aborted_, "rank ", rank, " stopped in send_recv: ", abortReason_);
     if (cv_.wait_until(lock, deadline, [&] { return ready() || aborted_; }) && !aborted_) return;
-    if (!aborted_) {
-      aborted_ = true;
-      abortReason_ = "rank " + std::to_string(rank) + " waited more than " +
-                     std::to_string(options_.timeout.count()) + " ms in send_recv " + what;
-      cv_.notify_all();
-    }
+    abortLocked("rank " + std::to_string(rank) + " waited more than " +
+                std::to_string(options_.timeout.count()) + " ms in send_recv " + what());
     TORCH_CHECK(false, "rank ", rank, " stopped in send_recv: ", abortReason_);
   };
   std::vector<std::shared_ptr<Group::Message>> posted;
@@ -275,7 +271,7 @@ void ThreadsWorld::exchange(Group& group, int me, int rank,
     if (op.kind != Kind::kRecv) continue;
     auto& queue = group.mail[{op.peer, me}];
     waitFor([&] { return !queue.empty(); },
-            "for a send from rank " + std::to_string(group.members[op.peer]));
+            [&] { return "for a send from rank " + std::to_string(group.members[op.peer]); });
     const std::shared_ptr<Group::Message> m = queue.front();
     queue.pop_front();
     if (m->tensor.sizes() != op.tensor.sizes() ||
@@ -284,10 +280,8 @@ void ThreadsWorld::exchange(Group& group, int me, int rank,
       why << "rank " << group.members[op.peer] << " sent " << m->tensor.sizes() << " "
           << m->tensor.scalar_type() << " to rank " << rank << ", which receives "
           << op.tensor.sizes() << " " << op.tensor.scalar_type();
-      aborted_ = true;
-      abortReason_ = why.str();
-      cv_.notify_all();
-      TORCH_CHECK(false, "send_recv: ", abortReason_);
+      abortLocked(why.str());
+      TORCH_CHECK(false, "send_recv: ", why.str());
     }
     lock.unlock();
     op.tensor.copy_(m->tensor);
@@ -297,12 +291,16 @@ void ThreadsWorld::exchange(Group& group, int me, int rank,
     cv_.notify_all();
   }
   for (const auto& m : posted) {
-    waitFor([&] { return m->taken; }, "for its send to be received");
+    waitFor([&] { return m->taken; }, [] { return std::string("for its send to be received"); });
   }
 }
 
 void ThreadsWorld::abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
+  abortLocked(reason);
+}
+
+void ThreadsWorld::abortLocked(const std::string& reason) {
   if (!aborted_) {
     aborted_ = true;
     abortReason_ = reason;

@@ -67,6 +67,8 @@ class ThreadsWorld final : public World {
   // every send it posted has been taken. Throws if the run was aborted or timed out.
   void exchange(Group& group, int groupRank, int rank, const std::vector<Communicator::P2POp>& ops);
   void abort(const std::string& reason);
+  // abort() with mu_ held: the first reason stays; every waiting rank wakes.
+  void abortLocked(const std::string& reason);
   void workerLoop(int rank);
   void runRank(int rank, const std::function<void(RankContext&)>& fn);
 
