@@ -60,7 +60,7 @@ AttentionResult walk(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(keyChunk >= 1, "attention: keyChunk must be at least 1, got ", keyChunk);
   const int64_t tq = q.size(2), tk = k.size(2);
   const at::ScalarType input = q.scalar_type();
-  const at::ScalarType math = (input == at::kHalf || input == at::kBFloat16) ? at::kFloat : input;
+  const at::ScalarType math = attentionMathType(input);
   const double inf = std::numeric_limits<double>::infinity();
 
   const at::Tensor scaledQ = q.to(math) * scale;
@@ -94,6 +94,10 @@ AttentionResult walk(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 }  // namespace
 
+at::ScalarType attentionMathType(at::ScalarType input) {
+  return (input == at::kHalf || input == at::kBFloat16) ? at::kFloat : input;
+}
+
 AttentionResult onlineSoftmaxAttentionCpu(const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, int64_t keyChunk, bool causal,
                                           double scale) {
@@ -122,7 +126,7 @@ AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Ten
               lse.sizes());
   const int64_t tq = q.size(2), tk = k.size(2);
   const at::ScalarType input = q.scalar_type();
-  const at::ScalarType math = (input == at::kHalf || input == at::kBFloat16) ? at::kFloat : input;
+  const at::ScalarType math = attentionMathType(input);
 
   const at::Tensor scaledQ = q.to(math) * scale;
   const at::Tensor dO = dout.to(math);
@@ -152,18 +156,13 @@ AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Ten
 
 // The block API: walk()'s and onlineSoftmaxAttentionBackward()'s loop bodies, op for op (kept
 // in step with them; attention_test.cpp compares them bitwise).
-namespace {
-at::ScalarType mathOf(at::ScalarType input) {
-  return (input == at::kHalf || input == at::kBFloat16) ? at::kFloat : input;
-}
-}  // namespace
 
 at::Tensor maskByPosition(const at::Tensor& queryPos, const at::Tensor& keyPos) {
   return keyPos.unsqueeze(0).gt(queryPos.unsqueeze(1));
 }
 
 OnlineSoftmaxBlocks::OnlineSoftmaxBlocks(const at::Tensor& q, double scale)
-    : input_(q.scalar_type()), math_(mathOf(q.scalar_type())) {
+    : input_(q.scalar_type()), math_(attentionMathType(q.scalar_type())) {
   const double inf = std::numeric_limits<double>::infinity();
   scaledQ_ = q.to(math_) * scale;
   const std::vector<int64_t> rowShape = {q.size(0), q.size(1), q.size(2), 1};
@@ -195,7 +194,7 @@ AttentionResult OnlineSoftmaxBlocks::finish() {
 OnlineSoftmaxBackwardBlocks::OnlineSoftmaxBackwardBlocks(const at::Tensor& q, const at::Tensor& out,
                                                          const at::Tensor& lse,
                                                          const at::Tensor& dout, double scale)
-    : input_(q.scalar_type()), math_(mathOf(q.scalar_type())), scale_(scale) {
+    : input_(q.scalar_type()), math_(attentionMathType(q.scalar_type())), scale_(scale) {
   scaledQ_ = q.to(math_) * scale;
   dO_ = dout.to(math_);
   delta_ = (dO_ * out.to(math_)).sum(-1, /*keepdim=*/true);

@@ -68,11 +68,17 @@ AttentionGrads onlineSoftmaxAttentionBackward(const at::Tensor& q, const at::Ten
                                               const at::Tensor& lse, const at::Tensor& dout,
                                               int64_t keyChunk, bool causal, double scale);
 
+// The dtype the walks' arithmetic runs in: float32 for float16 and bfloat16, the input's
+// otherwise.
+at::ScalarType attentionMathType(at::ScalarType input);
+
 // The walks above a key block at a time, for callers whose key blocks arrive from elsewhere
 // (context parallelism: a ring of ranks, or keys gathered from every rank) and whose queries
 // and keys sit at arbitrary sequence positions. The arithmetic is the CPU walk's, op for op,
 // so the same blocks in the same order give bitwise the same out, lse and gradients
-// (kernels/test/attention_test.cpp holds them to it).
+// (kernels/test/attention_test.cpp holds them to it). The walks do not call them: the chunking
+// estimator replays the walks' allocations in their order (a block's mask after its scores),
+// which a shared body would change.
 //
 // `masked`: [Tq, len] bool, true where the query may not see the key (maskByPosition), or an
 // undefined tensor for none.

@@ -14,11 +14,6 @@ namespace {
 
 using harness::Communicator;
 
-// The dtype the attention's arithmetic runs in (kernels/attention.h).
-at::ScalarType mathOf(at::ScalarType t) {
-  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
-}
-
 at::Tensor longs(const std::vector<int64_t>& v) {
   return at::tensor(v, at::TensorOptions().dtype(at::kLong));
 }
@@ -140,7 +135,7 @@ SequenceAttention::SequenceAttention(Variant variant, Fault fault, const SeqLayo
     }
   } else if (causal_) {
     const at::Tensor p = at::arange(layout_.T, at::kLong);
-    wholeMask_ = p.unsqueeze(0).gt(p.unsqueeze(1));
+    wholeMask_ = kernels::maskByPosition(p, p);
   }
 }
 
@@ -215,8 +210,9 @@ std::vector<at::Tensor> SequenceAttention::ringBackward(Communicator& comm, cons
         contribution = at::stack({dk, dv});
       }
       if (s == 0) {
-        dkv = contribution.defined() ? contribution.contiguous()
-                                     : at::zeros(own.sizes(), own.options().dtype(mathOf(input)));
+        dkv = contribution.defined()
+                  ? contribution.contiguous()
+                  : at::zeros(own.sizes(), own.options().dtype(kernels::attentionMathType(input)));
       } else if (contribution.defined()) {
         dkv.add_(contribution);
       }
@@ -226,7 +222,8 @@ std::vector<at::Tensor> SequenceAttention::ringBackward(Communicator& comm, cons
     return {grad.dq(), dkv[0].to(input), dkv[1].to(input)};
   }
   // all-gather: every block's gradient from this rank's queries, then reduce-scattered.
-  at::Tensor dkvAll = at::zeros(keptKv.sizes(), keptKv.options().dtype(mathOf(input)));
+  at::Tensor dkvAll =
+      at::zeros(keptKv.sizes(), keptKv.options().dtype(kernels::attentionMathType(input)));
   for (size_t b = 0; b < blockMask_.size(); ++b) {
     if (!blockVisible_[b]) continue;
     const int64_t start = b * layout_.local();
