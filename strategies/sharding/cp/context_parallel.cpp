@@ -81,14 +81,27 @@ class CpExecutor final : public harness::RankExecutor {
   at::Tensor tensorParallelLayer(int l, const at::Tensor& x);
   // This tensor-parallel rank's blocks of a parameter (views): rows or columns it holds, q, k
   // and v's rows apart; the whole tensor where it is replicated.
-  std::vector<at::Tensor> tpBlocks(const std::string& name, const at::Tensor& t) const;
+  std::vector<at::Tensor> tpBlocks(size_t param, const at::Tensor& t) const;
   CaseSpec case_;
   TransformerShape shape_;
   Variant variant_;
   Fault fault_;
   SeqLayout layout_;
   int64_t tp_ = 1, t_ = 0;  // tensor-parallel ranks (mesh axis 1) and this rank's index
-  std::map<std::string, at::Tensor> param_;
+  // Per parameter (the model's order), from its name once: this tensor-parallel rank's blocks
+  // as (dim, offset, length); empty where it is replicated.
+  struct Block {
+    int64_t dim, offset, length;
+  };
+  std::vector<std::vector<Block>> blocks_;
+  std::vector<at::Tensor> params_;
+  // Per layer, its parameters' indices: fused q/k/v weight and bias, output projection and its
+  // bias, the MLP's two weights, its first bias and its output bias.
+  struct LayerParams {
+    size_t qkvW, qkvB, projW, projB, fcW, fcB, mlpW, mlpB;
+  };
+  std::vector<LayerParams> layers_;
+  at::Tensor input_, target_;  // this rank's tokens of the workload's input and target
   RankContext* ctx_ = nullptr;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<SequenceAttention> attention_;
@@ -302,19 +315,52 @@ void CpExecutor::prepare(RankContext& ctx, const reference::WorkloadData&) {
   model_ = std::make_unique<Transformer>(shape_, case_.dtype, case_.seed);
   tp_ = CpStrategy::tpOf(case_);
   t_ = tp_ > 1 ? ctx.group({1}).rank() : 0;
-  for (const auto& [name, p] : model_->parameters()) param_[name] = p;
   attention_ = std::make_unique<SequenceAttention>(
       variant_, fault_, layout_, shape_.causal,
       1.0 / std::sqrt(static_cast<double>(shape_.dModel / shape_.heads)),
       ctx.group({0}).rank());  // this rank's place on the ring (mesh axis 0)
+  input_ = model_->input().index_select(1, attention_->positions());
+  target_ = model_->target().index_select(1, attention_->positions());
+  // Megatron's split of each parameter: the rows or columns this tensor-parallel rank holds
+  // (q, k and v's rows apart); the layer norms and the biases added after g whole.
+  const int64_t D = shape_.dModel, dl = D / tp_, F = 4 * D / tp_;
+  std::map<std::string, size_t> index;
+  for (const auto& [name, p] : model_->parameters()) {
+    const auto ends = [&](const std::string& s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    const auto split = [&]() -> std::vector<Block> {
+      if (tp_ == 1) return {};
+      if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) {
+        return {{0, t_ * dl, dl}, {0, D + t_ * dl, dl}, {0, 2 * D + t_ * dl, dl}};
+      }
+      if (ends("attn.c_proj.weight")) return {{1, t_ * dl, dl}};
+      if (ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return {{0, t_ * F, F}};
+      if (ends("mlp.c_proj.weight")) return {{1, t_ * F, F}};
+      return {};
+    };
+    index[name] = params_.size();
+    params_.push_back(p);
+    blocks_.push_back(split());
+  }
+  for (int l = 0; l < model_->layers(); ++l) {
+    const std::string n = "h" + std::to_string(l) + ".";
+    layers_.push_back({index.at(n + "attn.c_attn.weight"), index.at(n + "attn.c_attn.bias"),
+                       index.at(n + "attn.c_proj.weight"), index.at(n + "attn.c_proj.bias"),
+                       index.at(n + "mlp.c_fc.weight"), index.at(n + "mlp.c_fc.bias"),
+                       index.at(n + "mlp.c_proj.weight"), index.at(n + "mlp.c_proj.bias")});
+  }
 }
 
 void CpExecutor::step(RankContext& ctx) {
   ctx_ = &ctx;
   const Transformer& m = *model_;
   if (shape_.training) m.zeroGrad();
-  at::Tensor x0 = m.input().index_select(1, attention_->positions());
-  if (shape_.training) x0.requires_grad_(true);
+  at::Tensor x0 = input_;
+  if (shape_.training) {
+    x0.requires_grad_(true);
+    x0.mutable_grad() = at::Tensor();  // the last step's
+  }
   std::optional<at::NoGradGuard> noGrad;
   if (!shape_.training) noGrad.emplace();
   at::Tensor x = x0;
@@ -335,16 +381,16 @@ void CpExecutor::step(RankContext& ctx) {
   out_ = x.detach();
   gradIn_ = at::Tensor();
   if (!shape_.training) return;
-  reference::backward({x}, {m.target().index_select(1, attention_->positions())});
+  reference::backward({x}, {target_});
   gradIn_ = x0.grad();
   Communicator& cp = ctx.group({0});
-  for (const auto& [name, p] : m.parameters()) {
-    at::Tensor g = p.grad();
-    if (tp_ == 1) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor g = params_[i].grad();
+    if (blocks_[i].empty()) {
       cp.allReduce(g);
       continue;
     }
-    for (at::Tensor block : tpBlocks(name, g)) {
+    for (at::Tensor block : tpBlocks(i, g)) {
       at::Tensor sum = block.contiguous();
       cp.allReduce(sum);
       if (!sum.is_same(block)) block.copy_(sum);
@@ -352,32 +398,24 @@ void CpExecutor::step(RankContext& ctx) {
   }
 }
 
-std::vector<at::Tensor> CpExecutor::tpBlocks(const std::string& name, const at::Tensor& t) const {
-  const int64_t D = shape_.dModel, dl = D / tp_, F = 4 * D / tp_;
-  const auto ends = [&](const char* suffix) {
-    const std::string s = suffix;
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-  };
-  if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) {
-    return {t.narrow(0, t_ * dl, dl), t.narrow(0, D + t_ * dl, dl),
-            t.narrow(0, 2 * D + t_ * dl, dl)};
-  }
-  if (ends("attn.c_proj.weight")) return {t.narrow(1, t_ * dl, dl)};
-  if (ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return {t.narrow(0, t_ * F, F)};
-  if (ends("mlp.c_proj.weight")) return {t.narrow(1, t_ * F, F)};
-  return {t};  // layer norms, and the biases added after g
+std::vector<at::Tensor> CpExecutor::tpBlocks(size_t param, const at::Tensor& t) const {
+  if (blocks_[param].empty()) return {t};
+  std::vector<at::Tensor> out;
+  for (const Block& b : blocks_[param]) out.push_back(t.narrow(b.dim, b.offset, b.length));
+  return out;
 }
 
 at::Tensor CpExecutor::tensorParallelLayer(int l, const at::Tensor& x) {
   Communicator& tp = ctx_->group({1});
   const Transformer& m = *model_;
-  const std::string n = "h" + std::to_string(l) + ".";
+  const LayerParams& L = layers_[l];
+  const auto one = [&](size_t i) { return tpBlocks(i, params_[i]).front(); };
   const int64_t D = shape_.dModel, H = shape_.heads / tp_, dh = D / shape_.heads;
   const auto heads = [&](const at::Tensor& t) {
     return t.reshape({t.size(0), t.size(1), H, dh}).transpose(1, 2);
   };
-  const auto w = tpBlocks(n + "attn.c_attn.weight", param_.at(n + "attn.c_attn.weight"));
-  const auto b = tpBlocks(n + "attn.c_attn.bias", param_.at(n + "attn.c_attn.bias"));
+  const auto w = tpBlocks(L.qkvW, params_[L.qkvW]);
+  const auto b = tpBlocks(L.qkvB, params_[L.qkvB]);
   const at::Tensor h = fault_ == Fault::kTpInputGradUnsummed
                            ? m.ln1(l, x)
                            : harness::identityFwdAllReduceBwd(m.ln1(l, x), tp);  // f
@@ -385,18 +423,12 @@ at::Tensor CpExecutor::tensorParallelLayer(int l, const at::Tensor& x) {
       attention_->attend(ctx_->group({0}), heads(at::linear(h, w[0], b[0])),
                          heads(at::linear(h, w[1], b[1])), heads(at::linear(h, w[2], b[2])));
   const at::Tensor y = out.transpose(1, 2).reshape({out.size(0), out.size(2), H * dh});
-  const at::Tensor proj =
-      at::linear(y, tpBlocks(n + "attn.c_proj.weight", param_.at(n + "attn.c_proj.weight"))[0]);
-  const at::Tensor r = x + (harness::allReduceFwdIdentityBwd(proj, tp) +  // g
-                            param_.at(n + "attn.c_proj.bias"));
-  const at::Tensor h2 = harness::identityFwdAllReduceBwd(m.ln2(l, r), tp);  // f
-  const at::Tensor u =
-      at::gelu(at::linear(h2, tpBlocks(n + "mlp.c_fc.weight", param_.at(n + "mlp.c_fc.weight"))[0],
-                          tpBlocks(n + "mlp.c_fc.bias", param_.at(n + "mlp.c_fc.bias"))[0]),
-               "tanh");
-  const at::Tensor mlp =
-      at::linear(u, tpBlocks(n + "mlp.c_proj.weight", param_.at(n + "mlp.c_proj.weight"))[0]);
-  return r + (harness::allReduceFwdIdentityBwd(mlp, tp) + param_.at(n + "mlp.c_proj.bias"));
+  const at::Tensor proj = at::linear(y, one(L.projW));
+  const at::Tensor r = x + (harness::allReduceFwdIdentityBwd(proj, tp) + params_[L.projB]);  // g
+  const at::Tensor h2 = harness::identityFwdAllReduceBwd(m.ln2(l, r), tp);                   // f
+  const at::Tensor u = at::gelu(at::linear(h2, one(L.fcW), one(L.fcB)), "tanh");
+  const at::Tensor mlp = at::linear(u, one(L.mlpW));
+  return r + (harness::allReduceFwdIdentityBwd(mlp, tp) + params_[L.mlpB]);
 }
 
 void CpExecutor::settle(RankContext& ctx) {
@@ -412,9 +444,10 @@ void CpExecutor::settle(RankContext& ctx) {
   results_["output"] = whole(out_);
   if (!shape_.training) return;
   results_["grad_input"] = whole(gradIn_);
-  for (const auto& [name, p] : model_->parameters()) {
-    at::Tensor g = p.grad();
-    if (tp_ > 1 && tpBlocks(name, g).front().numel() != g.numel()) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& name = model_->parameters()[i].first;
+    at::Tensor g = params_[i].grad();
+    if (!blocks_[i].empty()) {
       // A sharded parameter's gradient is this rank's slice, zero elsewhere: the slices of the
       // tensor-parallel ranks summed are the whole gradient.
       g = g.clone();
