@@ -490,13 +490,20 @@ nlohmann::json Graph::toJson() const {
   return j;
 }
 
+std::vector<at::Tensor> runNode(const GraphNode& node,
+                                const std::function<at::Tensor(const std::string&)>& arg,
+                                uint64_t seed) {
+  std::map<std::string, at::Tensor> t;
+  const auto operands = node.shape.operands();
+  for (size_t i = 0; i < operands.size(); ++i) t[operands[i]] = arg(node.args[i]);
+  return opForward(node.shape, t, seed + node.seedOffset);
+}
+
 std::map<std::string, at::Tensor> runGraph(const Graph& g, std::map<std::string, at::Tensor> values,
                                            uint64_t seed) {
   for (const auto& n : g.nodes) {
-    std::map<std::string, at::Tensor> t;
-    const auto operands = n.shape.operands();
-    for (size_t i = 0; i < operands.size(); ++i) t[operands[i]] = values.at(n.args[i]);
-    const auto ys = opForward(n.shape, t, seed + n.seedOffset);
+    const auto ys = runNode(
+        n, [&](const std::string& a) { return values.at(a); }, seed);
     const auto names = n.outputs();
     for (size_t i = 0; i < ys.size(); ++i) values[names[i]] = ys[i];
   }

@@ -31,6 +31,7 @@
 // (GraphNode::seedOffset), in the graph and in the plain reference alike.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -101,6 +102,12 @@ struct Graph {
 Graph buildGraph(const std::string& workload, const nlohmann::json& shape);
 // The workloads buildGraph knows.
 const std::vector<std::string>& graphWorkloads();
+
+// One node through reference::opForward: its arguments by name from `arg`, its outputs in the
+// order of node.outputs(). The seed is the run's; the node adds its own offset.
+std::vector<at::Tensor> runNode(const GraphNode& node,
+                                const std::function<at::Tensor(const std::string&)>& arg,
+                                uint64_t seed);
 
 // Runs the graph on whole tensors, node by node with reference::opForward: `values` holds the
 // inputs and parameters by name; returns every value, those given included.

@@ -243,15 +243,14 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
   }
   for (const auto& name : constants) state->fixed[name] = data.inputs.at(name);
   // Values of constants alone, once: no stage recomputes them, no gradient reaches them.
+  // (Imported nodes carry no seed offset: nothing they run draws from the case's seed.)
   {
     c10::NoGradGuard noGrad;
     for (int k = 0; k < static_cast<int>(g.nodes.size()); ++k) {
       if (c.kind[k] != Kind::kConstant) continue;
       const GraphNode& n = g.nodes[k];
-      std::map<std::string, at::Tensor> t;
-      const auto operands = n.shape.operands();
-      for (size_t i = 0; i < operands.size(); ++i) t[operands[i]] = state->fixed.at(n.args[i]);
-      const auto ys = opForward(n.shape, t, 0);
+      const auto ys = runNode(
+          n, [&](const std::string& a) { return state->fixed.at(a); }, 0);
       const auto names = n.outputs();
       for (size_t i = 0; i < ys.size(); ++i) state->fixed[names[i]] = ys[i];
     }
@@ -295,14 +294,13 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
       for (const auto& v : program->stage.sideInputs) local[v] = state->side.at(v);
       for (size_t i = 0; i < program->stage.nodes.size(); ++i) {
         const GraphNode& n = graph.nodes[program->stage.nodes[i]];
-        std::map<std::string, at::Tensor> t;
-        const auto operands = n.shape.operands();
-        for (size_t j = 0; j < operands.size(); ++j) {
-          const auto it = local.find(n.args[j]);
-          t[operands[j]] = it != local.end() ? it->second : state->fixed.at(n.args[j]);
-        }
-        auto ys = opForward(n.shape, t, 0);
-        t.clear();
+        auto ys = runNode(
+            n,
+            [&](const std::string& a) {
+              const auto it = local.find(a);
+              return it != local.end() ? it->second : state->fixed.at(a);
+            },
+            0);
         const auto names = n.outputs();
         for (size_t j = 0; j < ys.size(); ++j) local[names[j]] = std::move(ys[j]);
         for (const auto& v : program->freeAfter[i]) local.erase(v);
