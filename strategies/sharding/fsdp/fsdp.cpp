@@ -95,16 +95,10 @@ class FsdpExecutor final : public harness::RankExecutor {
   void gatherUnit(int unit, std::map<std::string, at::Tensor>& values);
   void reshardUnit(int unit);
   void regatherUnit(int unit);
-  std::vector<int64_t> rowsOf(int index) const;
-  // This rank's rows of parameter `index` (torch.chunk's): {offset, length}.
-  std::pair<int64_t, int64_t> shardRows(int index) const {
-    const int64_t rows = initialFull_[index].size(0);
-    return {harness::chunkOffsets(rows, layout_.shardParts)[layout_.shardIndex],
-            harness::chunkSizes(rows, layout_.shardParts)[layout_.shardIndex]};
-  }
-  int indexOf(const std::string& param) const {
-    return static_cast<int>(std::find(names_.begin(), names_.end(), param) - names_.begin());
-  }
+  // Every shard's rows of parameter `index` (torch.chunk's), for its gathers and scatters.
+  const std::vector<int64_t>& rowsOf(int index) const { return rows_[index]; }
+  // This rank's rows of parameter `index`: {offset, length}.
+  std::pair<int64_t, int64_t> shardRows(int index) const { return shardRows_[index]; }
 
   CaseSpec case_;
   Kind kind_;
@@ -115,7 +109,14 @@ class FsdpExecutor final : public harness::RankExecutor {
   RankContext* ctx_ = nullptr;
   std::map<std::string, at::Tensor> inputs_;  // this rank's data inputs
   at::Tensor target_;
-  std::vector<std::string> names_;       // parameters, in graph order
+  std::vector<std::string> names_;  // parameters, in graph order
+  // From the layout and the graph once, not per collective or node: each parameter's rows per
+  // shard and this rank's, each unit's parameter indices, and the units whose forward ends at
+  // each node.
+  std::vector<std::vector<int64_t>> rows_;
+  std::vector<std::pair<int64_t, int64_t>> shardRows_;
+  std::vector<std::vector<int>> unitParams_;
+  std::vector<std::vector<int>> unitsEndingAt_;
   std::vector<at::Tensor> initialFull_;  // whole initial parameters
   std::vector<at::Tensor> full_;         // ddp/zero1/zero2: whole, replicated leaves
   std::vector<at::Tensor> shards_;       // sharded kinds: this rank's shard leaves
@@ -251,10 +252,6 @@ torch::autograd::variable_list GatherParam::backward(torch::autograd::AutogradCo
 FsdpExecutor::FsdpExecutor(const FsdpStrategy& s, CaseSpec c)
     : case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {}
 
-std::vector<int64_t> FsdpExecutor::rowsOf(int index) const {
-  return harness::chunkSizes(initialFull_[index].size(0), layout_.shardParts);
-}
-
 void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
   ctx_ = &ctx;
   layout_ = Layout::of(kind_, case_, ctx.rank());
@@ -270,9 +267,21 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   };
   for (const auto& [name, dims] : local_.inputs) inputs_[name] = slice(data.inputs.at(name));
   target_ = slice(data.inputs.at("target"));
+  std::map<std::string, int> index;
   for (const auto& [name, dims] : local_.parameters) {
+    index[name] = static_cast<int>(names_.size());
     names_.push_back(name);
     initialFull_.push_back(data.inputs.at(name).clone());
+    rows_.push_back(harness::chunkSizes(dims.at(0), layout_.shardParts));
+    shardRows_.emplace_back(
+        harness::chunkOffsets(dims.at(0), layout_.shardParts)[layout_.shardIndex],
+        rows_.back()[layout_.shardIndex]);
+  }
+  unitParams_.assign(units_.names.size(), {});
+  unitsEndingAt_.assign(local_.nodes.size(), {});
+  for (size_t u = 0; u < units_.names.size(); ++u) {
+    for (const auto& name : units_.params[u]) unitParams_[u].push_back(index.at(name));
+    if (u > 0 && units_.lastNode[u] >= 0) unitsEndingAt_[units_.lastNode[u]].push_back(u);
   }
 }
 
@@ -295,18 +304,16 @@ at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
 }
 
 void FsdpExecutor::gatherUnit(int unit, std::map<std::string, at::Tensor>& values) {
-  for (const auto& name : units_.params[unit]) {
-    const int i = indexOf(name);
+  for (int i : unitParams_[unit]) {
     gathered_[i] = GatherParam::apply(shards_[i], reinterpret_cast<int64_t>(this), i);
-    values[name] = gathered_[i];
+    values[names_[i]] = gathered_[i];
   }
   unitGathered_[unit] = true;
 }
 
 // Frees the unit's gathered storage; autograd keeps the tensors (and their views).
 void FsdpExecutor::reshardUnit(int unit) {
-  for (const auto& name : units_.params[unit]) {
-    const int i = indexOf(name);
+  for (int i : unitParams_[unit]) {
     at::native::resize_bytes_cpu(gathered_[i].storage().unsafeGetStorageImpl(), 0);
   }
   unitGathered_[unit] = false;
@@ -316,8 +323,7 @@ void FsdpExecutor::reshardUnit(int unit) {
 // an alias of its own (whose writes bump no saved tensor's version).
 void FsdpExecutor::regatherUnit(int unit) {
   if (unitGathered_[unit]) return;
-  for (const auto& name : units_.params[unit]) {
-    const int i = indexOf(name);
+  for (int i : unitParams_[unit]) {
     at::Tensor& t = gathered_[i];
     at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), t.nbytes());
     at::Tensor alias = at::empty({0}, t.options().requires_grad(false));
@@ -380,17 +386,14 @@ void FsdpExecutor::step(RankContext& ctx) {
           if (u != 0 && !values.count(a)) gatherUnit(u, values);
         }
       }
-      std::map<std::string, at::Tensor> t;
-      const auto operands = node.shape.operands();
-      for (size_t i = 0; i < operands.size(); ++i) t[operands[i]] = values.at(node.args[i]);
-      const auto ys = reference::opForward(node.shape, t, case_.seed + node.seedOffset);
+      const auto ys = reference::runNode(
+          node, [&](const std::string& a) { return values.at(a); }, case_.seed);
       const auto outs = node.outputs();
       for (size_t i = 0; i < ys.size(); ++i) values[outs[i]] = ys[i];
       if (!shardsParams(kind_)) continue;
       // After a unit's last node: reshard, and gather again when the gradient of anything it
       // hands on arrives.
-      for (int u = 1; u < static_cast<int>(units_.names.size()); ++u) {
-        if (units_.lastNode[u] != j) continue;
+      for (int u : unitsEndingAt_[j]) {
         for (const auto& v : units_.handedOn[u]) {
           const at::Tensor& val = values.at(v);
           if (!val.requires_grad()) continue;
