@@ -524,7 +524,7 @@ std::optional<Schedule> solveRotor(
   if (b <= 0) return priced("rotor", chain, segmentSchedule(L, {0}), options.budget);
   // The table counts the step's terms as the simulator does, so its schedule fits the budget
   // (rounding every size up), and is the fastest of rotor's form that does: nothing to retry.
-  const auto rotor = make(chain, b);
+  auto rotor = make(chain, b);
   auto ops = rotor->schedule();
   const bool fromTable = ops.has_value();
   // Unconstrained, rounding every size up may leave no schedule in the slots at keeping every
@@ -533,6 +533,8 @@ std::optional<Schedule> solveRotor(
   std::optional<Schedule> s;
   if (ops) s = priced("rotor", chain, std::move(*ops), options.budget);
   if (s && fromTable) s->tableTime = rotor->tableTime();
+  // Its table is freed before the second is built: each may take all of --max-solver-memory.
+  rotor.reset();
   // At coarse slots the table rounds every size up, the step's terms with them, and can miss a
   // schedule that fits: the table of the chain without its terms, priced by the simulator with
   // them, sometimes finds a faster one that does (densenet121 at 40% of its peak, 500 slots: 17
