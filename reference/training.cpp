@@ -3,6 +3,7 @@
 #include "reference/training.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
@@ -11,6 +12,7 @@
 #include <stdexcept>
 
 #include "reference/autograd_engine.h"
+#include "reference/chain_nets.h"
 #include "reference/graph.h"
 
 namespace sb::reference {
@@ -166,16 +168,110 @@ void clipGradients(const std::vector<at::Tensor>& params, double norm, double ma
   }
 }
 
-bool hasTrainingReference(const std::string& workload) {
-  return workload == "mlp" || workload == "gpt2" || workload == "bert";
+TrainingLoop::TrainingLoop(const TrainingSpec& spec,
+                           std::vector<std::pair<std::string, at::Tensor>> params)
+    : spec_(spec), named_(std::move(params)) {
+  for (const auto& [name, p] : named_) params_.push_back(p);
+  opt_ = makeOptimizer(spec_.optimizer, params_);
 }
+
+TrainingLoop::~TrainingLoop() = default;
+
+void TrainingLoop::update(double loss) {
+  losses_.push_back(loss);
+  const double norm = std::sqrt(gradientSquares(params_));
+  norms_.push_back(norm);
+  clipGradients(params_, norm, spec_.optimizer.clipGradNorm);
+  opt_->step();
+}
+
+void TrainingLoop::write(std::map<std::string, at::Tensor>& out,
+                         std::vector<std::string>* checked) const {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  auto put = [&](const std::string& name, at::Tensor t) {
+    out[name] = std::move(t);
+    if (checked) checked->push_back(name);
+  };
+  put("loss", at::tensor(losses_, f64));
+  put("grad_norm", at::tensor(norms_, f64));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& name = named_[i].first;
+    put("param/" + name, params_[i].detach().clone());
+    for (const auto& [k, t] : optimizerState(*opt_, params_[i])) {
+      put("state/" + name + "/" + k, t.clone());
+    }
+  }
+  if (spec_.optimizer.kind == "adamw" && !params_.empty()) {
+    put("state/step", at::tensor({optimizerStep(*opt_, params_.front())}, f64));
+  }
+}
+
+int64_t TrainingLoop::stateBytes() const {
+  int64_t n = 0;
+  for (const auto& p : params_) {
+    for (const auto& [k, t] : optimizerState(*opt_, p)) n += static_cast<int64_t>(t.nbytes());
+  }
+  return n;
+}
+
+bool hasTrainingReference(const std::string& workload) {
+  return workload == "mlp" || workload == "gpt2" || workload == "bert" ||
+         findChainWorkload(workload) != nullptr;
+}
+
+std::string trainingWorkloadList() {
+  std::string s = "mlp, gpt2, bert";
+  for (const Workload* w : chainWorkloads()) s += ", " + w->name();
+  return s;
+}
+
+namespace {
+
+WorkloadData buildChainTraining(const ChainWorkload& w, const nlohmann::json& shape,
+                                at::ScalarType dtype, uint64_t seed, const TrainingSpec& training) {
+  const auto net = w.makeNet(shape, dtype, seed);
+  WorkloadData d;
+  d.inputs["input"] = net->input();
+  d.inputs["target"] = net->target();
+  at::manual_seed(ChainWorkload::dropoutSeed(seed));
+  TrainingLoop loop(training, net->parameters());
+  for (int k = 0; k < training.steps; ++k) {
+    net->zeroGrad();
+    double loss = 0;
+    {
+      const at::Tensor y = net->forward(net->input());
+      const at::Tensor l = (y * net->target()).sum();
+      backward({l});
+      loss = l.item<double>();
+    }
+    loop.update(loss);
+  }
+  loop.write(d.expected, &d.checked);
+  for (const auto& [name, b] : net->buffers()) {
+    d.expected["buffer/" + name] = b.clone();
+    d.checked.push_back("buffer/" + name);
+  }
+  d.expected["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  d.checked.push_back("rng/cpu");
+  if (net->input().is_cuda()) {
+    d.expected["rng/cuda"] = deviceGeneratorState(net->input().device());
+    d.checked.push_back("rng/cuda");
+  }
+  return d;
+}
+
+}  // namespace
 
 WorkloadData buildTraining(const std::string& workload, const nlohmann::json& shape,
                            at::ScalarType dtype, uint64_t seed, InputMode mode,
                            const TrainingSpec& training) {
   if (!hasTrainingReference(workload)) {
-    throw std::invalid_argument("workload '" + workload +
-                                "' has no training reference (steps need one): mlp, gpt2, bert");
+    throw std::invalid_argument(
+        "workload '" + workload +
+        "' has no training reference (steps need one): " + trainingWorkloadList());
+  }
+  if (const ChainWorkload* w = findChainWorkload(workload)) {
+    return buildChainTraining(*w, shape, dtype, seed, training);
   }
   const Graph g = buildGraph(workload, shape);
   if (g.shape.dropout > 0 && workload != "mlp") {
@@ -185,50 +281,33 @@ WorkloadData buildTraining(const std::string& workload, const nlohmann::json& sh
   }
   WorkloadData d;
   d.inputs = graphInputs(g, dtype, seed, mode);
-  std::vector<at::Tensor> params;
+  std::vector<std::pair<std::string, at::Tensor>> params;
   std::map<std::string, at::Tensor> values;
   for (const auto& [name, dims] : g.inputs) values[name] = d.inputs.at(name);
   for (const auto& [name, dims] : g.parameters) {
     at::Tensor p = d.inputs.at(name).clone().requires_grad_(true);
     values[name] = p;
-    params.push_back(p);
+    params.emplace_back(name, p);
   }
-  const auto opt = makeOptimizer(training.optimizer, params);
-  std::vector<double> losses, norms;
+  TrainingLoop loop(training, params);
   at::Tensor target;
   for (int k = 0; k < training.steps; ++k) {
-    for (auto& p : params) p.mutable_grad() = at::Tensor();
-    const auto all = runGraph(g, values, seed);
-    const at::Tensor& out = all.at(g.output);
-    if (!target.defined()) {
-      target = makeNormal(out.sizes(), dtype, seed, 999, mode);
-      d.inputs["target"] = target;
+    for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+    double loss = 0;
+    {
+      const auto all = runGraph(g, values, seed);
+      const at::Tensor& out = all.at(g.output);
+      if (!target.defined()) {
+        target = makeNormal(out.sizes(), dtype, seed, 999, mode);
+        d.inputs["target"] = target;
+      }
+      const at::Tensor l = (out * target).sum();
+      backward({l});
+      loss = l.item<double>();
     }
-    const at::Tensor loss = (out * target).sum();
-    backward({loss});
-    losses.push_back(loss.item<double>());
-    const double norm = std::sqrt(gradientSquares(params));
-    norms.push_back(norm);
-    clipGradients(params, norm, training.optimizer.clipGradNorm);
-    opt->step();
+    loop.update(loss);
   }
-  const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  d.expected["loss"] = at::tensor(losses, f64);
-  d.expected["grad_norm"] = at::tensor(norms, f64);
-  d.checked = {"loss", "grad_norm"};
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = g.parameters[i].first;
-    d.expected["param/" + name] = params[i].detach().clone();
-    d.checked.push_back("param/" + name);
-    for (const auto& [k, t] : optimizerState(*opt, params[i])) {
-      d.expected["state/" + name + "/" + k] = t.clone();
-      d.checked.push_back("state/" + name + "/" + k);
-    }
-  }
-  if (training.optimizer.kind == "adamw") {
-    d.expected["state/step"] = at::tensor({optimizerStep(*opt, params.front())}, f64);
-    d.checked.push_back("state/step");
-  }
+  loop.write(d.expected, &d.checked);
   return d;
 }
 

@@ -20,8 +20,10 @@
 //                            SGD with momentum: momentum_buffer; AdamW: exp_avg, exp_avg_sq
 //   state/step               [1] float64: AdamW's step count (every parameter's is the same)
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -74,12 +76,44 @@ double gradientSquares(const std::vector<at::Tensor>& params);
 // is below 1; nothing where maxNorm is 0 (no clipping).
 void clipGradients(const std::vector<at::Tensor>& params, double norm, double maxNorm);
 
-// Whether `workload` has a training reference (buildTraining); the graph workloads do.
-bool hasTrainingReference(const std::string& workload);
+// The bookkeeping of one run of a case's steps over whole parameters (the reference, and an
+// executor that trains on one rank): after each step's backward, update() records the loss and
+// the gradient norm, clips and steps LibTorch's optimizer; write() hands back the tensors
+// training's expected tensors name. Every executor that trains whole parameters uses this one
+// loop, so that its numbers can differ from the reference's only by its forward and backward.
+class TrainingLoop {
+ public:
+  TrainingLoop(const TrainingSpec& spec, std::vector<std::pair<std::string, at::Tensor>> params);
+  ~TrainingLoop();
+  void update(double loss);
+  // loss, grad_norm, param/<name>, state/<name>/<key>, state/step; their names appended to
+  // `checked` where given, in that order.
+  void write(std::map<std::string, at::Tensor>& out,
+             std::vector<std::string>* checked = nullptr) const;
+  // The bytes of the optimizer's state now (zero before the first update).
+  int64_t stateBytes() const;
 
-// The training reference (above) of a graph workload (mlp, gpt2, bert; dropout 0). Inputs:
-// the graph's inputs and initial parameters, and "target". Throws std::invalid_argument for
-// another workload, naming those that have one.
+ private:
+  TrainingSpec spec_;
+  std::vector<std::pair<std::string, at::Tensor>> named_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::vector<double> losses_, norms_;
+};
+
+// Whether `workload` has a training reference (buildTraining): the graph workloads and the
+// chain networks do.
+bool hasTrainingReference(const std::string& workload);
+// The workloads that have one, for messages: "mlp, gpt2, bert, mlp_chain, ...".
+std::string trainingWorkloadList();
+
+// The training reference (above) of a graph workload (mlp, gpt2, bert; dropout 0), or of a
+// chain network (reference/chain_nets.h: mlp_chain, resnet18, densenet121, gpt2_stack). Inputs:
+// the graph's inputs and initial parameters, and "target". A chain network's step is its
+// reference step (dropout from the generator seeded once before the first step, running
+// statistics updated by every step), and its expected tensors add "buffer/<name>" and
+// "rng/cpu" (the generator) as they stand after the last step. Throws std::invalid_argument
+// for another workload, naming those that have one.
 WorkloadData buildTraining(const std::string& workload, const nlohmann::json& shape,
                            at::ScalarType dtype, uint64_t seed, InputMode mode,
                            const TrainingSpec& training);

@@ -407,7 +407,8 @@ Suite parseSuite(const std::string& text, const std::string& file) {
       if (c.training.enabled() && !reference::hasTrainingReference(c.workload)) {
         fail(file, node["steps"] ? node["steps"] : node,
              "case '" + c.name + "': workload '" + c.workload +
-                 "' has no training reference (steps need one): mlp, gpt2, bert");
+                 "' has no training reference (steps need one): " +
+                 reference::trainingWorkloadList());
       }
     }
     try {

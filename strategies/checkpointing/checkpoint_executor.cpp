@@ -65,6 +65,7 @@
 #include "reference/chain_nets.h"
 #include "reference/torchscript/import.h"
 #include "reference/torchscript/linearize.h"
+#include "reference/training.h"
 #include "strategies/checkpointing/profiler.h"
 #include "strategies/checkpointing/run_schedule.h"
 #include "strategies/checkpointing/solvers.h"
@@ -121,6 +122,13 @@ class RngSnapshot {
   void clear() {
     state_.reset();
     device_.reset();
+  }
+  // As the results compare them: the CPU generator's get_state(), and a GPU's [seed, offset].
+  at::Tensor cpuState() const { return at::Tensor(state_->get_state()); }
+  at::Tensor deviceState() const {
+    return at::tensor(
+        {static_cast<int64_t>(device_->second.seed), static_cast<int64_t>(device_->second.offset)},
+        at::kLong);
   }
 
  private:
@@ -293,19 +301,28 @@ class CheckpointExecutor final : public harness::RankExecutor {
 
   void prepare(harness::RankContext& ctx, const reference::WorkloadData& data) override;
   void step(harness::RankContext& ctx) override;
-  std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::map<std::string, at::Tensor> results() const override;
 
   std::optional<int64_t> predictedPeakBytes() const override {
     // The model counts activations from x[0]; the rest of what is alive at the step's start
     // (parameters, gradients, the network's input) stays alive throughout. The step's own
     // terms (the output and loss it keeps, the loss gradient the autograd engine holds for
     // the chain's node) are in the profiled chain (chain.h: output_kept, loss_grad_kept).
-    return static_cast<int64_t>(std::llround(startLive_ - chain_.x[0] + schedule_.predictedPeak));
+    // Over steps, the optimizer's state is alive through every backward after the first, and
+    // the update between backwards peaks at what its profile measured (prepare).
+    const double backward = startLive_ - chain_.x[0] + schedule_.predictedPeak + laterStateBytes();
+    return static_cast<int64_t>(std::llround(std::max(backward, startLive_ + updatePeak_)));
   }
-  std::optional<double> predictedTimeUs() const override { return schedule_.predictedTime; }
+  std::optional<double> predictedTimeUs() const override {
+    const int steps = case_.training.enabled() ? case_.training.steps : 1;
+    return schedule_.predictedTime * steps;
+  }
   std::optional<int64_t> memoryLimitBytes() const override {
     if (budgetBytes_ <= 0) return std::nullopt;
-    return static_cast<int64_t>(std::llround(startLive_ - chain_.x[0] + budgetBytes_));
+    // The budget bounds the activations; over steps the optimizer's state and its update come
+    // on top, as in any training loop.
+    const double backward = startLive_ - chain_.x[0] + budgetBytes_ + laterStateBytes();
+    return static_cast<int64_t>(std::llround(std::max(backward, startLive_ + updatePeak_)));
   }
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
   nlohmann::json details() const override;
@@ -320,6 +337,21 @@ class CheckpointExecutor final : public harness::RankExecutor {
   std::unique_ptr<ScheduleRunner> runner_;
   double startLive_ = 0;
   std::map<std::string, at::Tensor> results_;
+
+  // Training over a case's steps (reference/training.h): the initial parameters every step()
+  // starts from, the loop of the last step() (its results are written from it, after the
+  // step, so that their copies are not part of the step's peak), the generator as that step
+  // left it, and the update's profile: the most bytes above the step's start it holds (its
+  // state, the norm's and the optimizer's temporaries), and the state's bytes.
+  void trainSteps(harness::RankContext& ctx);
+  void profileUpdate(harness::RankContext& ctx);
+  double laterStateBytes() const {
+    return case_.training.enabled() && case_.training.steps > 1 ? stateBytes_ : 0;
+  }
+  std::vector<at::Tensor> initialParams_;
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  RngSnapshot rngAfter_;
+  double updatePeak_ = 0, stateBytes_ = 0;
 };
 
 class CheckpointStrategy final : public harness::SingleRankStrategy {
@@ -343,6 +375,9 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   std::vector<std::pair<std::string, std::string>> params() const override {
     return {{"solver", solver_}, {"case params", "budget (fraction of keeping every tape)"}};
   }
+  // Over a case's steps the schedule runs each step's forward and backward, and LibTorch's
+  // optimizer updates the whole parameters between them (reference/training.h).
+  bool trainsSteps() const override { return true; }
 
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload == "torchscript") {
@@ -424,6 +459,33 @@ void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::Wor
   }
   schedule_ = *s;
   runner_ = std::make_unique<ScheduleRunner>(*net_, schedule_.ops, strategy_.fault(), ctx.rank());
+  if (case_.training.enabled()) {
+    for (const auto& [name, p] : net_->parameters()) initialParams_.push_back(p.detach().clone());
+    profileUpdate(ctx);
+  }
+}
+
+void CheckpointExecutor::profileUpdate(harness::RankContext& ctx) {
+  // The update (norm, clipping, LibTorch's optimizer) on copies of the parameters with
+  // gradients: what it holds above what was live before it, in its first run (allocating the
+  // state) and in a later one (the state already there). Measured, as the chain's stages are:
+  // the optimizer's temporaries are LibTorch's.
+  auto& mem = harness::MemoryTracker::instance();
+  const harness::ScopedMemoryRank scope(ctx.rank());
+  std::vector<std::pair<std::string, at::Tensor>> copies;
+  for (const auto& [name, p] : net_->parameters()) {
+    at::Tensor c = p.detach().clone().requires_grad_(true);
+    c.mutable_grad() = p.detach().clone();
+    copies.emplace_back(name, c);
+  }
+  reference::TrainingLoop loop(case_.training, copies);
+  const double first = static_cast<double>(mem.heldDuring(ctx.rank(), [&] { loop.update(0); }));
+  stateBytes_ = static_cast<double>(loop.stateBytes());
+  updatePeak_ = first;
+  if (case_.training.steps > 1) {
+    const double later = static_cast<double>(mem.heldDuring(ctx.rank(), [&] { loop.update(0); }));
+    updatePeak_ = std::max(first, stateBytes_ + later);
+  }
 }
 
 void CheckpointExecutor::step(harness::RankContext& ctx) {
@@ -432,6 +494,10 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
   net_->resetBuffers();
   net_->zeroGrad();
   at::manual_seed(reference::ChainWorkload::dropoutSeed(case_.seed));
+  if (case_.training.enabled()) {
+    trainSteps(ctx);
+    return;
+  }
   startLive_ = static_cast<double>(harness::MemoryTracker::instance().current(ctx.rank()));
   const at::Tensor x0 = net_->input().detach().requires_grad_(true);
   const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
@@ -448,14 +514,59 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
   if (x0.is_cuda()) results_["rng/cuda"] = reference::deviceGeneratorState(x0.device());
 }
 
+void CheckpointExecutor::trainSteps(harness::RankContext& ctx) {
+  // Every step() trains from the initial parameters with a new optimizer; the generator runs
+  // on from its seed across the steps, and the running statistics from their initial values,
+  // as in the reference's loop.
+  results_.clear();
+  loop_.reset();
+  {
+    const at::NoGradGuard noGrad;
+    const auto& params = net_->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(initialParams_[i]);
+  }
+  loop_ = std::make_unique<reference::TrainingLoop>(case_.training, net_->parameters());
+  startLive_ = static_cast<double>(harness::MemoryTracker::instance().current(ctx.rank()));
+  for (int k = 0; k < case_.training.steps; ++k) {
+    net_->zeroGrad();
+    double loss = 0;
+    {
+      const at::Tensor x0 = net_->input().detach().requires_grad_(true);
+      const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
+      const at::Tensor l = (y * net_->target()).sum();
+      reference::backward({l});
+      loss = l.item<double>();
+    }
+    loop_->update(loss);
+  }
+  rngAfter_ = RngSnapshot::take(net_->input().device());
+}
+
+std::map<std::string, at::Tensor> CheckpointExecutor::results() const {
+  if (!loop_) return results_;
+  std::map<std::string, at::Tensor> out;
+  loop_->write(out);
+  for (const auto& [name, b] : net_->buffers()) out["buffer/" + name] = b;
+  out["rng/cpu"] = rngAfter_.cpuState();
+  if (net_->input().is_cuda()) out["rng/cuda"] = rngAfter_.deviceState();
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> CheckpointExecutor::recordParams() const {
-  return {{"solver", strategy_.solver()},
-          {"budget", budgetFraction_ > 0 ? std::to_string(budgetFraction_) : "none"},
-          {"budget_bytes", std::to_string(static_cast<int64_t>(budgetBytes_))},
-          {"none_peak_bytes", std::to_string(static_cast<int64_t>(nonePeak_))},
-          {"model_peak_bytes", std::to_string(static_cast<int64_t>(schedule_.predictedPeak))},
-          {"recomputed_forwards", std::to_string(schedule_.recomputedForwards)},
-          {"stages", std::to_string(chain_.length())}};
+  std::vector<std::pair<std::string, std::string>> out = {
+      {"solver", strategy_.solver()},
+      {"budget", budgetFraction_ > 0 ? std::to_string(budgetFraction_) : "none"},
+      {"budget_bytes", std::to_string(static_cast<int64_t>(budgetBytes_))},
+      {"none_peak_bytes", std::to_string(static_cast<int64_t>(nonePeak_))},
+      {"model_peak_bytes", std::to_string(static_cast<int64_t>(schedule_.predictedPeak))},
+      {"recomputed_forwards", std::to_string(schedule_.recomputedForwards)},
+      {"stages", std::to_string(chain_.length())}};
+  if (case_.training.enabled()) {
+    out.emplace_back("steps", std::to_string(case_.training.steps));
+    out.emplace_back("optimizer", case_.training.optimizer.toString());
+    out.emplace_back("update_peak_bytes", std::to_string(static_cast<int64_t>(updatePeak_)));
+  }
+  return out;
 }
 
 nlohmann::json CheckpointExecutor::details() const {

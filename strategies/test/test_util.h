@@ -40,7 +40,10 @@ inline harness::CaseSpec opCase(nlohmann::json shape, std::vector<int64_t> mesh,
 }
 
 inline harness::Record run(const harness::CaseSpec& c, const harness::Strategy& s) {
-  const auto data = reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
+  const auto data =
+      c.training.enabled()
+          ? reference::buildTraining(c.workload, c.shape, c.dtype, c.seed, c.inputs, c.training)
+          : reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
   return harness::runStrategy(c, data, s, harness::Provenance{}, harness::RunOptions{});
 }
 

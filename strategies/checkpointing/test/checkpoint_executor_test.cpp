@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include "harness/registry.h"
 #include "strategies/test/test_util.h"
@@ -100,6 +102,58 @@ TEST(CheckpointExecutorBudget, AnInfeasibleBudgetIsAnUnsupportedRowThatSaysSo) {
   EXPECT_EQ(rec.status, harness::Status::kUnsupported);
   EXPECT_NE(rec.message.find("no rotor schedule fits a budget of"), std::string::npos)
       << rec.message;
+}
+
+// Over optimizer steps: every solver's schedule runs each step's forward and backward, the
+// generator runs on across the steps, and LibTorch's optimizer updates the parameters between
+// them. Every step's loss and gradient norm, every parameter and optimizer state after the
+// last, the buffers and the generator: bitwise with the plain loop; the peak to the byte
+// (the optimizer's state alive through every backward after the first).
+harness::CaseSpec trainingCase(const std::string& workload, double budget, int steps) {
+  harness::CaseSpec c = chainCase(workload, budget);
+  c.training.steps = steps;
+  c.training.optimizer = reference::OptimizerSpec::fromJson(
+      {{"kind", "adamw"}, {"lr", 0.01}, {"clip_grad_norm", 1.0}}, "test");
+  return c;
+}
+
+TEST(CheckpointExecutorSteps, EverySolverTrainsBitwiseLikeThePlainLoopAndPredictsItsPeak) {
+  for (const char* workload : {"mlp_chain", "gpt2_stack"}) {
+    for (const char* solver : {"none", "full", "sqrt", "greedy", "revolve", "rotor"}) {
+      const std::string s = solver;
+      const bool fixed = s == "none" || s == "full" || s == "sqrt";
+      const auto c = trainingCase(workload, fixed ? 0 : 0.85, 3);
+      const auto rec = test::run(c, strategy("checkpointing/" + s));
+      if (rec.status == harness::Status::kUnsupported) continue;
+      ASSERT_EQ(rec.status, harness::Status::kPass) << workload << " " << s << ": " << rec.message;
+      EXPECT_EQ(rec.mispredicted, "") << workload << " " << s;
+      EXPECT_EQ(*rec.peakMemBytes, *rec.predictedMemBytes) << workload << " " << s;
+      std::set<std::string> seen;
+      for (const auto& t : rec.details["tensors"]) seen.insert(t["tensor"].get<std::string>());
+      for (const char* want : {"loss", "grad_norm", "state/step", "rng/cpu"}) {
+        EXPECT_TRUE(seen.count(want)) << workload << " " << s << " checks no " << want;
+      }
+      EXPECT_TRUE(std::any_of(seen.begin(), seen.end(), [](const std::string& n) {
+        return n.rfind("state/", 0) == 0 && n.find("/exp_avg_sq") != std::string::npos;
+      }));
+    }
+  }
+}
+
+// Leaving the generator where a recomputation left it shows, over steps, as the second step's
+// masks: its loss and every later one differ, the first step's is right.
+TEST(CheckpointPlantedFault, TheGeneratorLeftBehindBreaksTheNextStepsLoss) {
+  const auto faulty = strategy("checkpointing/full").withPlantedFault("rng_left_after_recompute");
+  ASSERT_TRUE(faulty);
+  const auto rec = test::run(trainingCase("mlp_chain", 0, 3), *faulty);
+  ASSERT_EQ(rec.status, harness::Status::kFail) << rec.message;
+  bool sawLoss = false;
+  for (const auto& t : rec.details["tensors"]) {
+    if (t["tensor"] != "loss") continue;
+    sawLoss = true;
+    EXPECT_EQ(t["mismatches"], 2) << t.dump();  // steps 2 and 3, not step 1
+  }
+  EXPECT_TRUE(sawLoss);
 }
 
 // Planted faults: each must be reported as `fail`, not pass and not error.

@@ -147,7 +147,7 @@ class FsdpStrategy final : public harness::Strategy {
   }
 
   Applicability applies(const CaseSpec& c) const override {
-    if (!reference::hasTrainingReference(c.workload)) {
+    if (!reference::hasTrainingReference(c.workload) || !reference::findGraphWorkload(c.workload)) {
       return Applicability::notApplicable("not a graph workload with a training reference");
     }
     if (!c.training.enabled()) {
