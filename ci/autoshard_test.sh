@@ -56,6 +56,29 @@ check "planted: an edge without its redistribution fails" 1 "fail: " -- \
   "$sb" run "$tmp/sample.yaml" --out "$tmp/fault" --repetitions 1 \
   --filter '^sharding/auto/megatron$' --plant-fault 'sharding/auto/megatron=skip_edge_redistribution'
 
+# 3b. Over steps: the training case alone, data parallel's first edge skipping its
+# redistribution fails (and passes without the fault).
+python3 - "$src/suites/autoshard.yaml" "$tmp/steps.yaml" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+head, cases = text.split("\ncases:\n")
+steps = [c for c in cases.split("  - name: ") if c.startswith("gpt2-L2-mesh2x2-adamw-steps")]
+assert len(steps) == 1, "autoshard.yaml lost its training case"
+open(sys.argv[2], "w").write(head + "\ncases:\n  - name: " + steps[0])
+PY
+check "steps: data parallel trains like the plain loop" 0 "total +1 +0 +0 +0" -- \
+  "$sb" run "$tmp/steps.yaml" --out "$tmp/steps" --repetitions 1 \
+  --filter '^sharding/auto/data-parallel$'
+if "$sb" run --help | grep -q gloo; then
+  check "steps on gloo, 4 processes: every plan trains like the plain loop" 0 "total +4 +0 +0 +0" -- \
+    "$sb" launch -n 4 -- run "$tmp/steps.yaml" --backend gloo --out "$tmp/stepsgloo" \
+    --repetitions 1 --min-time 0.0001
+fi
+check "steps, planted: an edge without its redistribution fails on the losses" 1 "loss@rank0" -- \
+  "$sb" run "$tmp/steps.yaml" --out "$tmp/stepsfault" --repetitions 1 \
+  --filter '^sharding/auto/data-parallel$' \
+  --plant-fault 'sharding/auto/data-parallel=skip_edge_redistribution'
+
 # 4. Plans from files, and malformed input.
 "$sb" solve shard --workload gpt2 --shape '{"layers": 2}' --mesh 2x2 --out "$tmp/plan.json" \
   >/dev/null 2>&1

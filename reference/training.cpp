@@ -177,9 +177,24 @@ TrainingLoop::TrainingLoop(const TrainingSpec& spec,
 
 TrainingLoop::~TrainingLoop() = default;
 
+void TrainingLoop::shareNorm(std::vector<bool> counted, std::function<double(double)> reduce) {
+  counted_ = std::move(counted);
+  reduce_ = std::move(reduce);
+}
+
 void TrainingLoop::update(double loss) {
   losses_.push_back(loss);
-  const double norm = std::sqrt(gradientSquares(params_));
+  double squares = 0;
+  if (reduce_) {
+    std::vector<at::Tensor> mine;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (counted_.at(i)) mine.push_back(params_[i]);
+    }
+    squares = reduce_(gradientSquares(mine));
+  } else {
+    squares = gradientSquares(params_);
+  }
+  const double norm = std::sqrt(squares);
   norms_.push_back(norm);
   clipGradients(params_, norm, spec_.optimizer.clipGradNorm);
   opt_->step();

@@ -20,6 +20,7 @@
 //                            SGD with momentum: momentum_buffer; AdamW: exp_avg, exp_avg_sq
 //   state/step               [1] float64: AdamW's step count (every parameter's is the same)
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -86,6 +87,10 @@ class TrainingLoop {
   TrainingLoop(const TrainingSpec& spec, std::vector<std::pair<std::string, at::Tensor>> params);
   ~TrainingLoop();
   void update(double loss);
+  // Where the parameters are a rank's pieces of them: `counted` says whose squares this rank adds
+  // to the norm (one holder of each box that several ranks replicate), `reduce` sums the ranks'
+  // squares (an all-reduce, in float64). Every update() after this uses them.
+  void shareNorm(std::vector<bool> counted, std::function<double(double)> reduce);
   // loss, grad_norm, param/<name>, state/<name>/<key>, state/step; their names appended to
   // `checked` where given, in that order.
   void write(std::map<std::string, at::Tensor>& out,
@@ -99,6 +104,8 @@ class TrainingLoop {
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
   std::vector<double> losses_, norms_;
+  std::vector<bool> counted_;
+  std::function<double(double)> reduce_;
 };
 
 // Whether `workload` has a training reference (buildTraining): the graph workloads and the

@@ -16,6 +16,13 @@
 // (reference/graph.h), the communication counted with the sum of the nodes' and the edges'
 // predictions, and the step time and peak memory with the plan's predictions.
 //
+// A training case (`steps: N`) runs N forwards and backwards through the plan from the initial
+// pieces, LibTorch's optimizer over each rank's pieces between them (an elementwise update: the
+// whole tensor's on those elements; a replicated parameter stepped alike on every rank that
+// holds it), the loss and the gradient norm's squares all-reduced over the mesh with each
+// replicated box counted once. The peak is the plan's with the optimizer's state alive, or the
+// update's, profiled in prepare() on copies of the pieces.
+//
 // Planted fault `skip_edge_redistribution`: the first edge that needs a redistribution does
 // none; its consumer gets the producer's piece cut or zero-padded to the shape it expects.
 
@@ -34,6 +41,7 @@
 #include "harness/registry.h"
 #include "harness/run/suite.h"
 #include "reference/autograd_engine.h"
+#include "reference/training.h"
 #include "strategies/sharding/auto/model.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
 #include "strategies/sharding/sharding_util.h"
@@ -127,11 +135,18 @@ class PlanExecutor final : public harness::RankExecutor {
       : strategy_(s), case_(c), solved_(std::move(solved)), fault_(fault) {}
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
   void step(RankContext& ctx) override;
-  std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::map<std::string, at::Tensor> results() const override;
   std::optional<int64_t> predictedPeakBytes() const override {
-    return solved_->plan.predictedPeakBytes;
+    const int64_t onePass = solved_->plan.predictedPeakBytes;
+    if (!case_.training.enabled()) return onePass;
+    // Over steps: the plan's peak with the optimizer's state alive (every backward after the
+    // first), or the update between backwards, as its profile measured it above the step's start.
+    const int64_t later = case_.training.steps > 1 ? stateBytes_ : 0;
+    return std::max(onePass + later, startLive_ + updatePeak_);
   }
-  std::optional<double> predictedTimeUs() const override { return solved_->plan.predictedStepUs; }
+  std::optional<double> predictedTimeUs() const override {
+    return solved_->plan.predictedStepUs * (case_.training.enabled() ? case_.training.steps : 1);
+  }
   // A plan chosen under params.max_memory promises to fit it on every rank.
   std::optional<int64_t> memoryLimitBytes() const override {
     const double limit = numberParam(case_, "max_memory", 0);
@@ -140,7 +155,14 @@ class PlanExecutor final : public harness::RankExecutor {
   }
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     const auto& s = solved_->plan.solver;
-    return {{"algo", s.algo}, {"solver_status", s.status}};
+    std::vector<std::pair<std::string, std::string>> out = {{"algo", s.algo},
+                                                            {"solver_status", s.status}};
+    if (case_.training.enabled()) {
+      out.emplace_back("steps", std::to_string(case_.training.steps));
+      out.emplace_back("optimizer", case_.training.optimizer.toString());
+      out.emplace_back("update_peak_bytes", std::to_string(updatePeak_));
+    }
+    return out;
   }
   nlohmann::json details() const override {
     nlohmann::json j = solved_->json;
@@ -162,7 +184,43 @@ class PlanExecutor final : public harness::RankExecutor {
   at::Tensor seed_;
   std::vector<std::unique_ptr<harness::RedistRunner>> runners_;
   std::map<std::string, at::Tensor> results_;
+
+  // One forward through the plan, from the leaves as they are; returns the output's piece.
+  at::Tensor forward(RankContext& ctx);
+  // Training over the case's steps (reference/training.h): every step() from the initial
+  // pieces, LibTorch's optimizer over this rank's pieces; the loss and the gradient norm summed
+  // over the ranks, each replicated box counted once. The update is profiled in prepare().
+  void trainSteps(RankContext& ctx);
+  void profileUpdate(RankContext& ctx);
+  std::vector<std::pair<std::string, at::Tensor>> namedLeaves() const;
+  std::vector<at::Tensor> initialLeaves_;
+  std::vector<bool> leafCounted_;
+  bool outputCounted_ = true;
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  int64_t startLive_ = 0, updatePeak_ = 0, stateBytes_ = 0;
 };
+
+// Whether the rank at `coords` adds its piece of a tensor in `layout` to a sum over the whole
+// tensor: on every axis that replicates it, only the first rank does (sharded axes hold other
+// elements, pending-sum axes other terms).
+bool countsOnce(const Layout& layout, const std::vector<int64_t>& coords) {
+  for (size_t a = 0; a < coords.size(); ++a) {
+    const int axis = static_cast<int>(a);
+    if (layout.shardDimOf(axis) < 0 && !layout.isPartial(axis) && coords[a] != 0) return false;
+  }
+  return true;
+}
+
+// What training adds to a step's communication: the loss and the gradient norm's squares
+// all-reduced over the mesh (the loss in the dtype, the squares in float64), once a step.
+CommStats trainingComm(const CaseSpec& c) {
+  CommStats s;
+  if (c.meshSize() > 1) {
+    s.add(harness::Collective::kAllReduce, static_cast<int64_t>(c10::elementSize(c.dtype)));
+    s.add(harness::Collective::kAllReduce, 8);
+  }
+  return s;
+}
 
 class PlanStrategy final : public harness::Strategy {
  public:
@@ -284,8 +342,18 @@ class PlanStrategy final : public harness::Strategy {
       return s->model->valueLayout(g.output, s->plan.choice)
           ->box(g.valueShape(g.output), c.mesh, coords);
     }
-    const std::string name = tensor.substr(5);  // grad/<parameter>
+    // grad/<parameter>, param/<parameter>, state/<parameter>/<key>: the parameter's piece.
+    std::string name = tensor.substr(tensor.find('/') + 1);
+    if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
     return parameterLayout(*s, name).box(g.valueShape(name), c.mesh, coords);
+  }
+  Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                  at::IntArrayRef fullShape) const override {
+    // A step's loss and gradient norm, and AdamW's step count: every rank holds them whole.
+    if (tensor == "loss" || tensor == "grad_norm" || tensor == "state/step") {
+      return Box::whole(fullShape);
+    }
+    return resultBox(tensor, c, rank);
   }
 
   std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,
@@ -300,6 +368,17 @@ class PlanStrategy final : public harness::Strategy {
     for (const auto& e : s->edges) {
       for (auto& p : e.forward.commByGroup(e.geometry, rank, false)) out.push_back(p);
       for (auto& p : e.backward.commByGroup(e.geometry, rank, false)) out.push_back(p);
+    }
+    if (c.training.enabled()) {
+      std::vector<int> all(c.mesh.size());
+      for (size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
+      out.emplace_back(all, trainingComm(c));
+      for (auto& [axes, stats] : out) {
+        for (auto& e : stats.entries) {
+          e.calls *= c.training.steps;
+          e.bytes *= c.training.steps;
+        }
+      }
     }
     return out;
   }
@@ -321,8 +400,21 @@ class PlanStrategy final : public harness::Strategy {
         length = std::max(length, numel);
       }
     }
-    return harness::splitReductionTolerance(base, c.dtype, length, c.meshSize(), expected);
+    const harness::Tolerance split =
+        harness::splitReductionTolerance(base, c.dtype, length, c.meshSize(), expected);
+    if (!c.training.enabled() || split.exact) return split;
+    // Over steps, each step's rounding moves the next step's parameters: the split sum's bound,
+    // and the dtype's, widened by 10 x steps (verify.h: stepsTolerance).
+    harness::Tolerance t = harness::stepsTolerance(
+        c.dtype, c.training.steps, expected.numel() ? expected.abs().max().item<double>() : 0.0);
+    const double k = 10.0 * c.training.steps;
+    t.atol = std::max(t.atol, split.atol * k);
+    t.rtol = std::max(t.rtol, split.rtol * k);
+    t.reason = split.reason + "; compounded over " + std::to_string(c.training.steps) +
+               " optimizer steps: x 10 x steps";
+    return t;
   }
+  bool trainsSteps() const override { return true; }
 
   nlohmann::json caseDetails(const CaseSpec& c) const override {
     const auto s = solved(c);
@@ -361,15 +453,110 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
       }
     }
   }
-  const Box out = m.valueLayout(g.output, solved_->plan.choice)
-                      ->box(g.valueShape(g.output), case_.mesh, coords);
-  seed_ = harness::sliceBox(data.inputs.at("grad_output"), out).clone();
+  const Layout outLayout = *m.valueLayout(g.output, solved_->plan.choice);
+  const Box out = outLayout.box(g.valueShape(g.output), case_.mesh, coords);
+  // A training case's loss is sum(output * target): its gradient seeds the backward.
+  seed_ =
+      harness::sliceBox(data.inputs.at(case_.training.enabled() ? "target" : "grad_output"), out)
+          .clone();
+  if (case_.training.enabled()) {
+    outputCounted_ = countsOnce(outLayout, coords);
+    for (const auto& [name, l] : leaves_) {
+      initialLeaves_.push_back(l.detach().clone());
+      leafCounted_.push_back(countsOnce(PlanStrategy::parameterLayout(*solved_, name), coords));
+    }
+    profileUpdate(ctx);
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> PlanExecutor::namedLeaves() const {
+  return {leaves_.begin(), leaves_.end()};
+}
+
+void PlanExecutor::profileUpdate(RankContext& ctx) {
+  // The update (norm, clipping, LibTorch's optimizer) on copies of this rank's pieces with
+  // gradients: what it holds above what was live before it, first (allocating the state) and
+  // later (the state there). The norm's all-reduce is stood in for by its one float64
+  // element: the backends reduce it in place.
+  auto& mem = harness::MemoryTracker::instance();
+  const harness::ScopedMemoryRank scope(ctx.rank());
+  std::vector<std::pair<std::string, at::Tensor>> copies;
+  for (const auto& [name, l] : leaves_) {
+    at::Tensor c = l.detach().clone().requires_grad_(true);
+    c.mutable_grad() = l.detach().clone();
+    copies.emplace_back(name, c);
+  }
+  reference::TrainingLoop loop(case_.training, copies);
+  loop.shareNorm(leafCounted_, [](double sq) {
+    // As the step's all-reduce: a float64 tensor of one element.
+    return at::tensor({sq}, at::TensorOptions().dtype(at::kDouble)).item<double>();
+  });
+  const int64_t first = mem.heldDuring(ctx.rank(), [&] { loop.update(0); });
+  stateBytes_ = loop.stateBytes();
+  updatePeak_ = first;
+  if (case_.training.steps > 1) {
+    const int64_t later = mem.heldDuring(ctx.rank(), [&] { loop.update(0); });
+    updatePeak_ = std::max(first, stateBytes_ + later);
+  }
 }
 
 void PlanExecutor::step(RankContext& ctx) {
+  if (case_.training.enabled()) {
+    trainSteps(ctx);
+    return;
+  }
   results_.clear();
   runners_.clear();
   for (auto& [name, l] : leaves_) l.mutable_grad().reset();
+  at::Tensor out = forward(ctx);
+  reference::backward({out}, {seed_});
+  results_["output"] = out.detach();
+  for (const auto& [name, l] : leaves_) results_["grad/" + name] = l.grad();
+}
+
+void PlanExecutor::trainSteps(RankContext& ctx) {
+  results_.clear();
+  loop_.reset();
+  {
+    const at::NoGradGuard noGrad;
+    size_t i = 0;
+    for (auto& [name, l] : leaves_) l.copy_(initialLeaves_[i++]);
+  }
+  loop_ = std::make_unique<reference::TrainingLoop>(case_.training, namedLeaves());
+  auto& world = ctx.world();
+  const bool shared = case_.meshSize() > 1;
+  if (shared) {
+    loop_->shareNorm(leafCounted_, [&world](double sq) {
+      at::Tensor t = at::tensor({sq}, at::TensorOptions().dtype(at::kDouble));
+      world.allReduce(t);
+      return t.item<double>();
+    });
+  }
+  startLive_ = harness::MemoryTracker::instance().current(ctx.rank());
+  for (int k = 0; k < case_.training.steps; ++k) {
+    runners_.clear();
+    for (auto& [name, l] : leaves_) l.mutable_grad().reset();
+    double loss = 0;
+    {
+      const at::Tensor out = forward(ctx);
+      const at::Tensor l = (out * seed_).sum();
+      reference::backward({l});
+      at::Tensor total = outputCounted_ ? l.detach().clone() : at::zeros_like(l);
+      if (shared) world.allReduce(total);
+      loss = total.item<double>();
+    }
+    loop_->update(loss);
+  }
+}
+
+std::map<std::string, at::Tensor> PlanExecutor::results() const {
+  if (!loop_) return results_;
+  std::map<std::string, at::Tensor> out;
+  loop_->write(out);
+  return out;
+}
+
+at::Tensor PlanExecutor::forward(RankContext& ctx) {
   const auto& m = *solved_->model;
   const auto& g = m.graph();
   const auto& choice = solved_->plan.choice;
@@ -438,9 +625,7 @@ void PlanExecutor::step(RankContext& ctx) {
   }
   at::Tensor out = values.at(g.output);
   values.clear();
-  reference::backward({out}, {seed_});
-  results_["output"] = out.detach();
-  for (const auto& [name, l] : leaves_) results_["grad/" + name] = l.grad();
+  return out;
 }
 
 std::vector<std::unique_ptr<harness::Strategy>> registerAll() {
