@@ -48,7 +48,7 @@ cases:
     strategies: ["sharding/fsdp/.*", "sharding/auto/(ilp)"]
 YAML
 if "$sb" run --help | grep -q gloo; then
-  check "gloo: fsdp on 2x2, one-step strategies unsupported" 0 "gpt2-2x2-adamw +5 +0 +0 +1" -- \
+  check "gloo: fsdp and the ILP's plan on 2x2, over steps" 0 "gpt2-2x2-adamw +6 +0 +0 +0" -- \
     "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
 else
   echo "SKIP: this build has no gloo backend"

@@ -114,6 +114,25 @@ TEST(Registry, OnA1DMeshTheOneAxisStrategiesAndShardedTensorApply) {
                                    "ShardedTensor rowwise placements=[2,0,3,1]"}));
 }
 
+// A strategy that runs one forward and backward is never run on a training case: it is an
+// `unsupported` row saying what trains instead, and one that trains applies as it would.
+TEST(Registry, AOneStepStrategyIsUnsupportedOnACaseWithStepsAndSaysWhatTrains) {
+  harness::CaseSpec c = test::linearCase({4, 4, 4, 16}, 32, {2, 2});
+  c.training.steps = 3;
+  const auto& oneStep = test::strategy("sharding/linear/S0S1=S0R.RS1/0");
+  ASSERT_FALSE(oneStep.trainsSteps());
+  const Applicability a = harness::applicabilityOf(oneStep, c);
+  EXPECT_EQ(a.kind, Applicability::Kind::kUnsupported);
+  EXPECT_NE(a.reason.find("steps: 3"), std::string::npos) << a.reason;
+  EXPECT_NE(a.reason.find("sharding/fsdp/*"), std::string::npos) << a.reason;
+  c.training.steps = 0;
+  EXPECT_EQ(harness::applicabilityOf(oneStep, c).kind, Applicability::Kind::kApplies);
+  // Another workload's strategy stays unselected, steps or not.
+  c.training.steps = 3;
+  EXPECT_EQ(harness::applicabilityOf(test::strategy("checkpointing/rotor"), c).kind,
+            Applicability::Kind::kNotApplicable);
+}
+
 TEST(Registry, ListDescribesShardingSequencesForEveryOperand) {
   const auto* s = StrategyRegistry::global().find("sharding/linear/S01R=S01R.RR/0");
   ASSERT_NE(s, nullptr);
