@@ -63,5 +63,13 @@ check "planted: sequence parallel all-reducing where it should reduce-scatter" 1
   "$sb" run "$src/suites/sharding-ops.yaml" --out "$tmp/fault" --repetitions 1 \
   --filter '^sharding/megatron/tp_sp$' \
   --plant-fault 'sharding/megatron/tp_sp=all_reduce_instead_of_reduce_scatter'
+# torchtitan#1373's bug over steps: sequence parallel's layer norm gradients (partial over the
+# sequence shards) never summed across the tensor-parallel ranks. The replicas drift apart,
+# which the replica check names, and the losses after the first step differ.
+check "planted, over steps: a replicated layer norm's gradient not summed across TP ranks" 1 \
+  "megatron-block-mesh2-adamw-steps sharding/megatron/tp_sp: replicas: param/ln_" -- \
+  "$sb" run "$src/suites/sharding-ops.yaml" --out "$tmp/fault" --repetitions 1 \
+  --filter '^sharding/megatron/tp_sp$' \
+  --plant-fault 'sharding/megatron/tp_sp=skip_shared_grad_all_reduce'
 
 finish

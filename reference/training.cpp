@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "reference/autograd_engine.h"
+#include "reference/block.h"
 #include "reference/chain_nets.h"
 #include "reference/graph.h"
 
@@ -231,11 +232,11 @@ int64_t TrainingLoop::stateBytes() const {
 
 bool hasTrainingReference(const std::string& workload) {
   return workload == "mlp" || workload == "gpt2" || workload == "bert" ||
-         findChainWorkload(workload) != nullptr;
+         workload == "transformer_block" || findChainWorkload(workload) != nullptr;
 }
 
 std::string trainingWorkloadList() {
-  std::string s = "mlp, gpt2, bert";
+  std::string s = "mlp, gpt2, bert, transformer_block";
   for (const Workload* w : chainWorkloads()) s += ", " + w->name();
   return s;
 }
@@ -275,6 +276,38 @@ WorkloadData buildChainTraining(const ChainWorkload& w, const nlohmann::json& sh
   return d;
 }
 
+// Megatron's block: the one-step workload's input and parameters, its grad_output as the
+// target; the same dropout masks every step (they hash the element's index and the seed).
+WorkloadData buildBlockTraining(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                                InputMode mode, const TrainingSpec& training) {
+  const BlockShape s = BlockShape::parse(shape);
+  WorkloadData one = blockWorkload()->build(shape, dtype, seed, mode);
+  WorkloadData d;
+  d.inputs = std::move(one.inputs);
+  d.inputs["target"] = d.inputs.at("grad_output");
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::map<std::string, at::Tensor> leaves;
+  for (const auto& [name, dims] : blockParameters(s)) {
+    at::Tensor p = d.inputs.at(name).clone().requires_grad_(true);
+    params.emplace_back(name, p);
+    leaves[name] = p;
+  }
+  TrainingLoop loop(training, params);
+  for (int k = 0; k < training.steps; ++k) {
+    for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+    double loss = 0;
+    {
+      const at::Tensor y = blockForward(s, leaves, d.inputs.at("input"), seed);
+      const at::Tensor l = (y * d.inputs.at("target")).sum();
+      backward({l});
+      loss = l.item<double>();
+    }
+    loop.update(loss);
+  }
+  loop.write(d.expected, &d.checked);
+  return d;
+}
+
 }  // namespace
 
 WorkloadData buildTraining(const std::string& workload, const nlohmann::json& shape,
@@ -287,6 +320,9 @@ WorkloadData buildTraining(const std::string& workload, const nlohmann::json& sh
   }
   if (const ChainWorkload* w = findChainWorkload(workload)) {
     return buildChainTraining(*w, shape, dtype, seed, training);
+  }
+  if (workload == "transformer_block") {
+    return buildBlockTraining(shape, dtype, seed, mode, training);
   }
   const Graph g = buildGraph(workload, shape);
   if (g.shape.dropout > 0 && workload != "mlp") {

@@ -108,8 +108,8 @@ class TrainingLoop {
   std::function<double(double)> reduce_;
 };
 
-// Whether `workload` has a training reference (buildTraining): the graph workloads and the
-// chain networks do.
+// Whether `workload` has a training reference (buildTraining): the graph workloads, Megatron's
+// transformer_block and the chain networks do.
 bool hasTrainingReference(const std::string& workload);
 // The workloads that have one, for messages: "mlp, gpt2, bert, mlp_chain, ...".
 std::string trainingWorkloadList();
@@ -119,8 +119,9 @@ std::string trainingWorkloadList();
 // the graph's inputs and initial parameters, and "target". A chain network's step is its
 // reference step (dropout from the generator seeded once before the first step, running
 // statistics updated by every step), and its expected tensors add "buffer/<name>" and
-// "rng/cpu" (the generator) as they stand after the last step. Throws std::invalid_argument
-// for another workload, naming those that have one.
+// "rng/cpu" (the generator) as they stand after the last step; or of transformer_block
+// (reference/block.h: its grad_output the target, its hashed dropout masks the same each step).
+// Throws std::invalid_argument for another workload, naming those that have one.
 WorkloadData buildTraining(const std::string& workload, const nlohmann::json& shape,
                            at::ScalarType dtype, uint64_t seed, InputMode mode,
                            const TrainingSpec& training);

@@ -89,6 +89,18 @@ Tolerance stepsTolerance(at::ScalarType dtype, int steps, double scale) {
   return t;
 }
 
+Tolerance overSteps(const Tolerance& oneStep, at::ScalarType dtype, int steps,
+                    const at::Tensor& expected) {
+  if (oneStep.exact) return oneStep;
+  Tolerance t = stepsTolerance(dtype, steps, maxAbs(expected));
+  const double k = 10.0 * std::max(1, steps);
+  t.atol = std::max(t.atol, oneStep.atol * k);
+  t.rtol = std::max(t.rtol, oneStep.rtol * k);
+  t.reason = (oneStep.reason.empty() ? "the dtype's tolerance" : oneStep.reason) +
+             "; compounded over " + std::to_string(steps) + " optimizer steps: x 10 x steps";
+  return t;
+}
+
 Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, int64_t length,
                                   int64_t parts, const at::Tensor& expected) {
   // On CUDA even an unsplit product may be summed in another order: cuBLAS picks its kernel

@@ -53,6 +53,11 @@ Tolerance reorderedSumTolerance(const Tolerance& base, at::ScalarType dtype, int
 // steps, 10 steps x u x `scale`) with `scale` the values' magnitude (max|reference|). What FSDP's
 // rows and the golden losses on another host are compared within.
 Tolerance stepsTolerance(at::ScalarType dtype, int steps, double scale);
+// A one-step tolerance `oneStep` (a split sum's, say) carried over `steps` optimizer steps: the
+// larger of stepsTolerance's and oneStep's rtol and atol x 10 steps, its reason saying so.
+// `oneStep` itself where it is bitwise (exact inputs keep every step exact).
+Tolerance overSteps(const Tolerance& oneStep, at::ScalarType dtype, int steps,
+                    const at::Tensor& expected);
 
 // The comparison of one local tensor of one rank against its slice of the reference.
 struct TensorCheck {

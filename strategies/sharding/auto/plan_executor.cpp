@@ -402,17 +402,9 @@ class PlanStrategy final : public harness::Strategy {
     }
     const harness::Tolerance split =
         harness::splitReductionTolerance(base, c.dtype, length, c.meshSize(), expected);
-    if (!c.training.enabled() || split.exact) return split;
-    // Over steps, each step's rounding moves the next step's parameters: the split sum's bound,
-    // and the dtype's, widened by 10 x steps (verify.h: stepsTolerance).
-    harness::Tolerance t = harness::stepsTolerance(
-        c.dtype, c.training.steps, expected.numel() ? expected.abs().max().item<double>() : 0.0);
-    const double k = 10.0 * c.training.steps;
-    t.atol = std::max(t.atol, split.atol * k);
-    t.rtol = std::max(t.rtol, split.rtol * k);
-    t.reason = split.reason + "; compounded over " + std::to_string(c.training.steps) +
-               " optimizer steps: x 10 x steps";
-    return t;
+    // Over steps, each step's rounding moves the next step's parameters.
+    return c.training.enabled() ? harness::overSteps(split, c.dtype, c.training.steps, expected)
+                                : split;
   }
   bool trainsSteps() const override { return true; }
 

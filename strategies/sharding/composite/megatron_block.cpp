@@ -31,10 +31,12 @@
 #include <cmath>
 
 #include "harness/comm/autograd_comm.h"
+#include "harness/measure/memory.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/block.h"
 #include "reference/ops.h"
+#include "reference/training.h"
 #include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies {
@@ -90,10 +92,29 @@ class MegatronExecutor final : public harness::RankExecutor {
   MegatronExecutor(const MegatronStrategy& s, const CaseSpec& c);
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
   void step(RankContext& ctx) override;
-  std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::map<std::string, at::Tensor> results() const override;
   std::optional<int64_t> predictedPeakBytes() const override { return predicted_; }
+  std::vector<std::pair<std::string, std::string>> recordParams() const override {
+    if (!case_.training.enabled()) return {};
+    return {{"steps", std::to_string(case_.training.steps)},
+            {"optimizer", case_.training.optimizer.toString()},
+            {"update_peak_bytes", std::to_string(updatePeak_)}};
+  }
 
  private:
+  // The block on the leaves as they are, forward only: this rank's box of the output.
+  at::Tensor forward();
+  // Training over the case's steps (reference/training.h): every step() from the initial
+  // pieces, LibTorch's optimizer over this rank's pieces (a replicated layer norm stepped alike
+  // on every tensor-parallel rank), the loss and the norm's squares all-reduced over the mesh
+  // with each replicated box counted once. The update is profiled in prepare() on copies.
+  void trainSteps(RankContext& ctx);
+  void profileUpdate(RankContext& ctx);
+  std::vector<at::Tensor> initialParams_;
+  std::vector<bool> counted_;
+  bool outputCounted_ = true;
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  int64_t updatePeak_ = 0, stateBytes_ = 0;
   at::Tensor dropout(const at::Tensor& t, int site) const;
   at::Tensor gatherSeq(const at::Tensor& t);
   at::Tensor scatterSeq(const at::Tensor& t);
@@ -254,9 +275,22 @@ class MegatronStrategy final : public harness::Strategy {
 
   Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
     if (tensor == "output" || tensor == "grad_input") return activationBox(c, rank);
-    TORCH_INTERNAL_ASSERT(tensor.rfind("grad/", 0) == 0, "no layout for ", tensor);
-    return paramBox(tensor.substr(5), c, rank);
+    // grad/<parameter>, param/<parameter>, state/<parameter>/<key>: the parameter's piece.
+    const size_t slash = tensor.find('/');
+    TORCH_INTERNAL_ASSERT(slash != std::string::npos, "no layout for ", tensor);
+    std::string name = tensor.substr(slash + 1);
+    if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
+    return paramBox(name, c, rank);
   }
+  Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                  at::IntArrayRef fullShape) const override {
+    // A step's loss and gradient norm, and AdamW's step count: every rank holds them whole.
+    if (tensor == "loss" || tensor == "grad_norm" || tensor == "state/step") {
+      return Box::whole(fullShape);
+    }
+    return resultBox(tensor, c, rank);
+  }
+  bool trainsSteps() const override { return true; }
 
   std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,
                                                                          int rank) const override {
@@ -291,6 +325,24 @@ class MegatronStrategy final : public harness::Strategy {
       st.add(Collective::kAllReduce, bytes(DeviceMesh(c.mesh).groupSize(axes), b));
       out.emplace_back(axes, st);
     }
+    if (c.training.enabled()) {
+      // Each step: the loss (in the dtype) and the norm's squares (float64) all-reduced over
+      // the mesh; and everything above once per step.
+      std::vector<int> all(c.mesh.size());
+      for (size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
+      if (c.meshSize() > 1) {
+        CommStats st;
+        st.add(Collective::kAllReduce, es);
+        st.add(Collective::kAllReduce, 8);
+        out.emplace_back(all, st);
+      }
+      for (auto& [axes, stats] : out) {
+        for (auto& e : stats.entries) {
+          e.calls *= c.training.steps;
+          e.bytes *= c.training.steps;
+        }
+      }
+    }
     return out;
   }
 
@@ -306,8 +358,24 @@ class MegatronStrategy final : public harness::Strategy {
     const BlockShape s = BlockShape::parse(c.shape);
     const Geometry g = geometryOf(c, 0);
     const int64_t length = std::max(4 * s.dModel, s.batch * s.seq);
-    return harness::splitReductionTolerance(Strategy::tolerance(tensor, c, expected), c.dtype,
-                                            length, std::max(g.tp, g.dp) * 2, expected);
+    const harness::Tolerance split =
+        harness::splitReductionTolerance(Strategy::tolerance(tensor, c, expected), c.dtype, length,
+                                         std::max(g.tp, g.dp) * 2, expected);
+    if (!c.training.enabled()) return split;
+    // Over steps, each step's rounding moves the next step's parameters.
+    harness::Tolerance t = harness::overSteps(split, c.dtype, c.training.steps, expected);
+    const auto& o = c.training.optimizer;
+    if (o.kind == "adamw" && tensor == "param/attn.qkv.bias" && !t.exact) {
+      // The key bias's gradient is zero but for rounding (softmax is invariant to a shift of
+      // every score of a row), and AdamW's first steps move an element by about lr times the
+      // sign of its gradient, that rounding's sign: the reference and the shards can step it
+      // apart by 2 lr a step.
+      t.atol = std::max(t.atol, 2 * o.lr * c.training.steps);
+      t.reason +=
+          "; the key bias's gradient is rounding alone and AdamW steps it by lr x its "
+          "sign: 2 x lr x steps";
+    }
+    return t;
   }
 
  private:
@@ -325,7 +393,10 @@ void MegatronExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
   tp_ = &ctx.group(g_.tpAxes);
   actBox_ = strategy_.activationBox(case_, ctx.rank());
   x_ = harness::sliceBox(data.inputs.at("input"), actBox_).clone().set_requires_grad(true);
-  gradOut_ = harness::sliceBox(data.inputs.at("grad_output"), actBox_).clone();
+  // A training case's loss is sum(output * target): its gradient seeds the backward.
+  gradOut_ = harness::sliceBox(data.inputs.at(case_.training.enabled() ? "target" : "grad_output"),
+                               actBox_)
+                 .clone();
   for (const auto& [name, dims] : reference::blockParameters(s_)) {
     params_.emplace_back(
         name, harness::sliceBox(data.inputs.at(name), strategy_.paramBox(name, case_, ctx.rank()))
@@ -338,7 +409,98 @@ void MegatronExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
     paramGroup_[name] = axes.empty() ? nullptr : &ctx.group(axes);
   }
   const int64_t peak = modelPeak(ctx);
-  if (peak >= 0) predicted_ = peak;
+  if (!case_.training.enabled()) {
+    if (peak >= 0) predicted_ = peak;
+    return;
+  }
+  // Activations are replicated over the tensor-parallel ranks without sequence parallelism;
+  // parameters over the data-parallel ranks, and the unsplit ones over the tensor-parallel too.
+  outputCounted_ = sp_ || g_.tpIndex == 0;
+  for (const auto& [name, leaf] : params_) {
+    initialParams_.push_back(leaf.detach().clone());
+    counted_.push_back(g_.dpIndex == 0 && (tpDim(name) >= 0 || g_.tpIndex == 0));
+  }
+  profileUpdate(ctx);
+  if (peak < 0) return;
+  // The replay starts from the one-step's state (the previous step's output, input gradient
+  // and parameter gradients alive). A training step's steps start with the input gradient and
+  // the parameter gradients of the step before (released at the step's start, as there), the
+  // output already gone, the initial pieces and, after the first, the optimizer's state alive;
+  // between backwards the update holds its profiled peak on top of the same.
+  int64_t initial = 0, grads = 0;
+  for (const auto& t : initialParams_) initial += static_cast<int64_t>(t.nbytes());
+  grads = initial;
+  const int64_t act = static_cast<int64_t>(x_.nbytes());
+  const int64_t later = case_.training.steps > 1 ? stateBytes_ : 0;
+  int64_t base = static_cast<int64_t>(x_.nbytes() + gradOut_.nbytes()) + initial;
+  for (const auto& [name, leaf] : params_) base += static_cast<int64_t>(leaf.nbytes());
+  const int64_t steady = base + grads + act;  // live between steps
+  predicted_ = std::max(peak + initial + later, steady + updatePeak_);
+}
+
+void MegatronExecutor::profileUpdate(RankContext& ctx) {
+  auto& mem = harness::MemoryTracker::instance();
+  const harness::ScopedMemoryRank scope(ctx.rank());
+  std::vector<std::pair<std::string, at::Tensor>> copies;
+  for (const auto& [name, leaf] : params_) {
+    at::Tensor c = leaf.detach().clone().requires_grad_(true);
+    c.mutable_grad() = leaf.detach().clone();
+    copies.emplace_back(name, c);
+  }
+  reference::TrainingLoop loop(case_.training, copies);
+  // The norm's all-reduce stood in for by its one float64 element (reduced in place).
+  loop.shareNorm(counted_, [](double sq) {
+    return at::tensor({sq}, at::TensorOptions().dtype(at::kDouble)).item<double>();
+  });
+  const int64_t first = mem.heldDuring(ctx.rank(), [&] { loop.update(0); });
+  stateBytes_ = loop.stateBytes();
+  updatePeak_ = first;
+  if (case_.training.steps > 1) {
+    const int64_t later = mem.heldDuring(ctx.rank(), [&] { loop.update(0); });
+    updatePeak_ = std::max(first, stateBytes_ + later);
+  }
+}
+
+void MegatronExecutor::trainSteps(RankContext& ctx) {
+  results_.clear();
+  loop_.reset();
+  {
+    const at::NoGradGuard noGrad;
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].second.copy_(initialParams_[i]);
+  }
+  loop_ = std::make_unique<reference::TrainingLoop>(case_.training, params_);
+  auto& world = ctx.world();
+  const bool shared = case_.meshSize() > 1;
+  if (shared) {
+    loop_->shareNorm(counted_, [&world](double sq) {
+      at::Tensor t = at::tensor({sq}, at::TensorOptions().dtype(at::kDouble));
+      world.allReduce(t);
+      return t.item<double>();
+    });
+  }
+  for (int k = 0; k < case_.training.steps; ++k) {
+    x_.mutable_grad().reset();
+    for (auto& [name, leaf] : params_) leaf.mutable_grad().reset();
+    double loss = 0;
+    {
+      // The backward seeded with the target, d sum(output * target) / d output, as the
+      // one-step backward is with grad_output; the loss from the output after it.
+      const at::Tensor out = forward();
+      reference::backward({out}, {gradOut_});
+      at::Tensor local =
+          outputCounted_ ? (out.detach() * gradOut_).sum() : at::zeros({}, out.options());
+      if (shared) world.allReduce(local);
+      loss = local.item<double>();
+    }
+    loop_->update(loss);
+  }
+}
+
+std::map<std::string, at::Tensor> MegatronExecutor::results() const {
+  if (!loop_) return results_;
+  std::map<std::string, at::Tensor> out;
+  loop_->write(out);
+  return out;
 }
 
 at::Tensor MegatronExecutor::dropout(const at::Tensor& t, int site) const {
@@ -373,12 +535,24 @@ at::Tensor MegatronExecutor::scatterSeq(const at::Tensor& t) {
   return harness::reduceScatterFwdAllGatherBwd(rows, *tp_, counts).transpose(0, 1);
 }
 
-void MegatronExecutor::step(RankContext&) {
+void MegatronExecutor::step(RankContext& ctx) {
+  if (case_.training.enabled()) {
+    trainSteps(ctx);
+    return;
+  }
   results_.clear();
   x_.mutable_grad().reset();
+  for (auto& [name, leaf] : params_) leaf.mutable_grad().reset();
+  const at::Tensor out = forward();
+  reference::backward({out}, {gradOut_});
+  results_["output"] = out.detach();
+  results_["grad_input"] = x_.grad();
+  for (const auto& [name, leaf] : params_) results_["grad/" + name] = leaf.grad();
+}
+
+at::Tensor MegatronExecutor::forward() {
   std::map<std::string, at::Tensor> p;
   for (auto& [name, leaf] : params_) {
-    leaf.mutable_grad().reset();
     Communicator* g = paramGroup_.at(name);
     p[name] = g ? harness::identityFwdAllReduceBwd(leaf, *g) : leaf;
   }
@@ -405,10 +579,7 @@ void MegatronExecutor::step(RankContext&) {
     out = r + dropout(m, 1);
   }
   p.clear();
-  reference::backward({out}, {gradOut_});
-  results_["output"] = out.detach();
-  results_["grad_input"] = x_.grad();
-  for (const auto& [name, leaf] : params_) results_["grad/" + name] = leaf.grad();
+  return out;
 }
 
 // The step's allocations, in order, as sizes of this rank's tensors: one token per allocation
