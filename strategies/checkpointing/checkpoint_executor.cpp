@@ -60,6 +60,7 @@
 #include <optional>
 
 #include "harness/measure/memory.h"
+#include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/chain_nets.h"
@@ -344,7 +345,6 @@ class CheckpointExecutor final : public harness::RankExecutor {
   // left it, and the update's profile: the most bytes above the step's start it holds (its
   // state, the norm's and the optimizer's temporaries), and the state's bytes.
   void trainSteps(harness::RankContext& ctx);
-  void profileUpdate(harness::RankContext& ctx);
   double laterStateBytes() const {
     return case_.training.enabled() && case_.training.steps > 1 ? stateBytes_ : 0;
   }
@@ -461,30 +461,11 @@ void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::Wor
   runner_ = std::make_unique<ScheduleRunner>(*net_, schedule_.ops, strategy_.fault(), ctx.rank());
   if (case_.training.enabled()) {
     for (const auto& [name, p] : net_->parameters()) initialParams_.push_back(p.detach().clone());
-    profileUpdate(ctx);
-  }
-}
-
-void CheckpointExecutor::profileUpdate(harness::RankContext& ctx) {
-  // The update (norm, clipping, LibTorch's optimizer) on copies of the parameters with
-  // gradients: what it holds above what was live before it, in its first run (allocating the
-  // state) and in a later one (the state already there). Measured, as the chain's stages are:
-  // the optimizer's temporaries are LibTorch's.
-  auto& mem = harness::MemoryTracker::instance();
-  const harness::ScopedMemoryRank scope(ctx.rank());
-  std::vector<std::pair<std::string, at::Tensor>> copies;
-  for (const auto& [name, p] : net_->parameters()) {
-    at::Tensor c = p.detach().clone().requires_grad_(true);
-    c.mutable_grad() = p.detach().clone();
-    copies.emplace_back(name, c);
-  }
-  reference::TrainingLoop loop(case_.training, copies);
-  const double first = static_cast<double>(mem.heldDuring(ctx.rank(), [&] { loop.update(0); }));
-  stateBytes_ = static_cast<double>(loop.stateBytes());
-  updatePeak_ = first;
-  if (case_.training.steps > 1) {
-    const double later = static_cast<double>(mem.heldDuring(ctx.rank(), [&] { loop.update(0); }));
-    updatePeak_ = std::max(first, stateBytes_ + later);
+    // The update on copies of the parameters: its state, and the temporaries LibTorch's
+    // optimizer allocates (measured, as the chain's stages are).
+    const auto u = harness::profileUpdate(ctx.rank(), case_.training, net_->parameters());
+    updatePeak_ = static_cast<double>(u.peak);
+    stateBytes_ = static_cast<double>(u.stateBytes);
   }
 }
 

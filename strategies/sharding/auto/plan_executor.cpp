@@ -38,6 +38,7 @@
 
 #include "harness/json_strict.h"
 #include "harness/measure/memory.h"
+#include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "harness/run/suite.h"
 #include "reference/autograd_engine.h"
@@ -191,7 +192,6 @@ class PlanExecutor final : public harness::RankExecutor {
   // pieces, LibTorch's optimizer over this rank's pieces; the loss and the gradient norm summed
   // over the ranks, each replicated box counted once. The update is profiled in prepare().
   void trainSteps(RankContext& ctx);
-  void profileUpdate(RankContext& ctx);
   std::vector<std::pair<std::string, at::Tensor>> namedLeaves() const;
   std::vector<at::Tensor> initialLeaves_;
   std::vector<bool> leafCounted_;
@@ -350,9 +350,7 @@ class PlanStrategy final : public harness::Strategy {
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef fullShape) const override {
     // A step's loss and gradient norm, and AdamW's step count: every rank holds them whole.
-    if (tensor == "loss" || tensor == "grad_norm" || tensor == "state/step") {
-      return Box::whole(fullShape);
-    }
+    if (harness::isWholeTrainingResult(tensor)) return Box::whole(fullShape);
     return resultBox(tensor, c, rank);
   }
 
@@ -457,39 +455,14 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
       initialLeaves_.push_back(l.detach().clone());
       leafCounted_.push_back(countsOnce(PlanStrategy::parameterLayout(*solved_, name), coords));
     }
-    profileUpdate(ctx);
+    const auto u = harness::profileUpdate(ctx.rank(), case_.training, namedLeaves(), leafCounted_);
+    updatePeak_ = u.peak;
+    stateBytes_ = u.stateBytes;
   }
 }
 
 std::vector<std::pair<std::string, at::Tensor>> PlanExecutor::namedLeaves() const {
   return {leaves_.begin(), leaves_.end()};
-}
-
-void PlanExecutor::profileUpdate(RankContext& ctx) {
-  // The update (norm, clipping, LibTorch's optimizer) on copies of this rank's pieces with
-  // gradients: what it holds above what was live before it, first (allocating the state) and
-  // later (the state there). The norm's all-reduce is stood in for by its one float64
-  // element: the backends reduce it in place.
-  auto& mem = harness::MemoryTracker::instance();
-  const harness::ScopedMemoryRank scope(ctx.rank());
-  std::vector<std::pair<std::string, at::Tensor>> copies;
-  for (const auto& [name, l] : leaves_) {
-    at::Tensor c = l.detach().clone().requires_grad_(true);
-    c.mutable_grad() = l.detach().clone();
-    copies.emplace_back(name, c);
-  }
-  reference::TrainingLoop loop(case_.training, copies);
-  loop.shareNorm(leafCounted_, [](double sq) {
-    // As the step's all-reduce: a float64 tensor of one element.
-    return at::tensor({sq}, at::TensorOptions().dtype(at::kDouble)).item<double>();
-  });
-  const int64_t first = mem.heldDuring(ctx.rank(), [&] { loop.update(0); });
-  stateBytes_ = loop.stateBytes();
-  updatePeak_ = first;
-  if (case_.training.steps > 1) {
-    const int64_t later = mem.heldDuring(ctx.rank(), [&] { loop.update(0); });
-    updatePeak_ = std::max(first, stateBytes_ + later);
-  }
 }
 
 void PlanExecutor::step(RankContext& ctx) {
@@ -517,13 +490,7 @@ void PlanExecutor::trainSteps(RankContext& ctx) {
   loop_ = std::make_unique<reference::TrainingLoop>(case_.training, namedLeaves());
   auto& world = ctx.world();
   const bool shared = case_.meshSize() > 1;
-  if (shared) {
-    loop_->shareNorm(leafCounted_, [&world](double sq) {
-      at::Tensor t = at::tensor({sq}, at::TensorOptions().dtype(at::kDouble));
-      world.allReduce(t);
-      return t.item<double>();
-    });
-  }
+  if (shared) harness::shareNormOver(*loop_, leafCounted_, world);
   startLive_ = harness::MemoryTracker::instance().current(ctx.rank());
   for (int k = 0; k < case_.training.steps; ++k) {
     runners_.clear();

@@ -31,7 +31,7 @@
 #include <cmath>
 
 #include "harness/comm/autograd_comm.h"
-#include "harness/measure/memory.h"
+#include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/block.h"
@@ -109,7 +109,6 @@ class MegatronExecutor final : public harness::RankExecutor {
   // on every tensor-parallel rank), the loss and the norm's squares all-reduced over the mesh
   // with each replicated box counted once. The update is profiled in prepare() on copies.
   void trainSteps(RankContext& ctx);
-  void profileUpdate(RankContext& ctx);
   std::vector<at::Tensor> initialParams_;
   std::vector<bool> counted_;
   bool outputCounted_ = true;
@@ -285,9 +284,7 @@ class MegatronStrategy final : public harness::Strategy {
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef fullShape) const override {
     // A step's loss and gradient norm, and AdamW's step count: every rank holds them whole.
-    if (tensor == "loss" || tensor == "grad_norm" || tensor == "state/step") {
-      return Box::whole(fullShape);
-    }
+    if (harness::isWholeTrainingResult(tensor)) return Box::whole(fullShape);
     return resultBox(tensor, c, rank);
   }
   bool trainsSteps() const override { return true; }
@@ -420,7 +417,9 @@ void MegatronExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
     initialParams_.push_back(leaf.detach().clone());
     counted_.push_back(g_.dpIndex == 0 && (tpDim(name) >= 0 || g_.tpIndex == 0));
   }
-  profileUpdate(ctx);
+  const auto u = harness::profileUpdate(ctx.rank(), case_.training, params_, counted_);
+  updatePeak_ = u.peak;
+  stateBytes_ = u.stateBytes;
   if (peak < 0) return;
   // The replay starts from the one-step's state (the previous step's output, input gradient
   // and parameter gradients alive). A training step's steps start with the input gradient and
@@ -438,29 +437,6 @@ void MegatronExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
   predicted_ = std::max(peak + initial + later, steady + updatePeak_);
 }
 
-void MegatronExecutor::profileUpdate(RankContext& ctx) {
-  auto& mem = harness::MemoryTracker::instance();
-  const harness::ScopedMemoryRank scope(ctx.rank());
-  std::vector<std::pair<std::string, at::Tensor>> copies;
-  for (const auto& [name, leaf] : params_) {
-    at::Tensor c = leaf.detach().clone().requires_grad_(true);
-    c.mutable_grad() = leaf.detach().clone();
-    copies.emplace_back(name, c);
-  }
-  reference::TrainingLoop loop(case_.training, copies);
-  // The norm's all-reduce stood in for by its one float64 element (reduced in place).
-  loop.shareNorm(counted_, [](double sq) {
-    return at::tensor({sq}, at::TensorOptions().dtype(at::kDouble)).item<double>();
-  });
-  const int64_t first = mem.heldDuring(ctx.rank(), [&] { loop.update(0); });
-  stateBytes_ = loop.stateBytes();
-  updatePeak_ = first;
-  if (case_.training.steps > 1) {
-    const int64_t later = mem.heldDuring(ctx.rank(), [&] { loop.update(0); });
-    updatePeak_ = std::max(first, stateBytes_ + later);
-  }
-}
-
 void MegatronExecutor::trainSteps(RankContext& ctx) {
   results_.clear();
   loop_.reset();
@@ -471,13 +447,7 @@ void MegatronExecutor::trainSteps(RankContext& ctx) {
   loop_ = std::make_unique<reference::TrainingLoop>(case_.training, params_);
   auto& world = ctx.world();
   const bool shared = case_.meshSize() > 1;
-  if (shared) {
-    loop_->shareNorm(counted_, [&world](double sq) {
-      at::Tensor t = at::tensor({sq}, at::TensorOptions().dtype(at::kDouble));
-      world.allReduce(t);
-      return t.item<double>();
-    });
-  }
+  if (shared) harness::shareNormOver(*loop_, counted_, world);
   for (int k = 0; k < case_.training.steps; ++k) {
     x_.mutable_grad().reset();
     for (auto& [name, leaf] : params_) leaf.mutable_grad().reset();
