@@ -143,7 +143,7 @@ class PlanExecutor final : public harness::RankExecutor {
     // Over steps: the plan's peak with the optimizer's state alive (every backward after the
     // first), or the update between backwards, as its profile measured it above the step's start.
     const int64_t later = case_.training.steps > 1 ? stateBytes_ : 0;
-    return std::max(onePass + later, startLive_ + updatePeak_);
+    return std::max(onePass + initialBytes_ + later, startLive_ + updatePeak_);
   }
   std::optional<double> predictedTimeUs() const override {
     return solved_->plan.predictedStepUs * (case_.training.enabled() ? case_.training.steps : 1);
@@ -197,7 +197,7 @@ class PlanExecutor final : public harness::RankExecutor {
   std::vector<bool> leafCounted_;
   bool outputCounted_ = true;
   std::unique_ptr<reference::TrainingLoop> loop_;
-  int64_t startLive_ = 0, updatePeak_ = 0, stateBytes_ = 0;
+  int64_t startLive_ = 0, updatePeak_ = 0, stateBytes_ = 0, initialBytes_ = 0;
 };
 
 // Whether the rank at `coords` adds its piece of a tensor in `layout` to a sum over the whole
@@ -453,6 +453,7 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
     outputCounted_ = countsOnce(outLayout, coords);
     for (const auto& [name, l] : leaves_) {
       initialLeaves_.push_back(l.detach().clone());
+      initialBytes_ += static_cast<int64_t>(initialLeaves_.back().nbytes());
       leafCounted_.push_back(countsOnce(PlanStrategy::parameterLayout(*solved_, name), coords));
     }
     const auto u = harness::profileUpdate(ctx.rank(), case_.training, namedLeaves(), leafCounted_);
@@ -491,6 +492,12 @@ void PlanExecutor::trainSteps(RankContext& ctx) {
   auto& world = ctx.world();
   const bool shared = case_.meshSize() > 1;
   if (shared) harness::shareNormOver(*loop_, leafCounted_, world);
+  // The step starts as its updates run: every piece's gradient and the previous step's edge
+  // runners alive (a first step's gradients made here, zero), so that what is live now is
+  // what each update sits on.
+  for (auto& [name, l] : leaves_) {
+    if (!l.grad().defined()) l.mutable_grad() = at::zeros_like(l);
+  }
   startLive_ = harness::MemoryTracker::instance().current(ctx.rank());
   for (int k = 0; k < case_.training.steps; ++k) {
     runners_.clear();
@@ -498,9 +505,11 @@ void PlanExecutor::trainSteps(RankContext& ctx) {
     double loss = 0;
     {
       const at::Tensor out = forward(ctx);
-      const at::Tensor l = (out * seed_).sum();
-      reference::backward({l});
-      at::Tensor total = outputCounted_ ? l.detach().clone() : at::zeros_like(l);
+      // Seeded with the target, d sum(output * target) / d output, as the one-step backward is
+      // (the plan's memory model counts that backward); the loss from the output after it.
+      reference::backward({out}, {seed_});
+      at::Tensor total =
+          outputCounted_ ? (out.detach() * seed_).sum() : at::zeros({}, out.options());
       if (shared) world.allReduce(total);
       loss = total.item<double>();
     }
