@@ -19,11 +19,14 @@
 //
 // With data parallelism every parameter's gradient is also all-reduced over axis 0.
 //
-// Memory: OpExecutor's allocation replay, per block (MegatronExecutor::modelPeak).
+// Memory: the step's recorded allocation sequence, replayed at the case's sizes
+// (megatron_memory.h; MegatronExecutor::modelPeak hands it the rank's sizes and what is alive
+// when the step starts). Over a case's steps the executor trains (trainSteps).
 //
-// One file, though over 600 lines: one strategy and its executor, whose memory model is the
-// step's recorded allocation sequence (kMemoryTables), read against step() and kept beside it;
-// cutting it out would expose the executor's private state outside this file's anonymous namespace.
+// One strategy and its executor in one file (some 600 lines): forward(), the communication
+// prediction and the result boxes are the same layout read three ways, and are checked
+// against one another by the suite; the allocation tables, data recorded against forward(),
+// live apart in megatron_memory.cpp.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -37,6 +40,7 @@
 #include "reference/block.h"
 #include "reference/ops.h"
 #include "reference/training.h"
+#include "strategies/sharding/composite/megatron_memory.h"
 #include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies {
@@ -543,250 +547,24 @@ at::Tensor MegatronExecutor::forward() {
   return out;
 }
 
-// The step's allocations, in order, as sizes of this rank's tensors: one token per allocation
-// (+) or release (-). Recorded with SB_MEMORY_TRACE on float32 over 16 shapes and meshes
-// (batch, sequence, width and heads varied, tensor-parallel groups of 2 and 4, data-parallel
-// groups of 2 and 4) and written in terms of the sizes below, the same sequence for every one;
-// the sharding-ops suite checks it against the measured peak on every row. The tokens:
-//   A    an activation at the block's ends, [b, t_local, d]   G  gathered, [b, t, d]
-//   S    a layer norm's mean or inverse deviation, [b, t_local]
-//   QKV  the fused projections, [b, t, 3 d / tp]      QH  one of q, k, v or the attention
-//        output made contiguous, [b, t, d / tp]       SC  scores or probabilities, [b, h/tp, t, t]
-//   M    the causal mask, t x t bools (none when bidirectional)                 U   the MLP's
-//   hidden units, [b, t, 4d/tp] Z    a dropout mask's int64 hash state, [b, t_local, d]   BOOL  its
-//   boolean keep mask ARD, ART, ARB  the int64 index ranges of d, t_local and b;  S8, S4, ZERO
-//   scalars and empties PLN, PQKVW, PQKVB, PPW, PFW, PFB, PMW   parameters and their gradients (d;
-//   3d/tp x d;
-//        3d/tp; d x d/tp; 4d/tp x d; 4d/tp; d x 4d/tp)
-// The first tokens release the previous step's results (its output and every gradient).
-// The collectives' copies and buffers are among the A and G tokens, so each backend has its
-// tables: threads; gloo, whose all-gather and reduce-scatter allocate a buffer per rank (a
-// table per tensor-parallel group size, 2 and 4, for sequence parallel). Other backends and
-// group sizes have no table: no prediction.
-struct MemoryTable {
-  const char* backend;
-  bool sequenceParallel, twoD;
-  int64_t tp;  // 0: any
-  const char* tokens;
-};
-
-const MemoryTable kMemoryTables[] = {
-    {"threads", false, false, 0,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -PFB -PFW -PLN +A +S +S +QKV "
-     "+QH +QH +SC +S8 +S4 -S4 -S8 +M +SC +QH +QH +QH -QH -SC +A +A +A -A +A -A -A +Z +ZERO "
-     "+ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 "
-     "+Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z "
-     "-S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A +A +S "
-     "+S +U +U +ZERO +A +A +A -A +A -A -A +Z +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART "
-     "+ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 "
-     "-S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 "
-     "-Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A -A -A -QKV +A -A +PLN +PFW +U -A -U +U +ZERO -U "
-     "-U +A +PFW +PFB -U -A +A +A -A -A +A +PLN +PLN +ZERO +ARD -ARD -A -A -S -S +A -A +A -A "
-     "+PLN +PPW +QH -A -QH +QH -QH +QH +SC -QH -QH +SC -SC -SC +SC -SC -M +S8 +S4 +SC -S4 "
-     "-S8 -SC +QH +QH -SC -QH -QH +QKV -QH +QKV -QH +QKV -QKV -QKV +QKV -QH +QKV -QKV -QKV "
-     "+A +PQKVW +PQKVB -QKV -A +A +A -A -A +A +PLN +PLN +ZERO +ARD -ARD -A -S -S +A -A -A "},
-    {"threads", true, false, 0,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -PFB -PFW -PLN +A +S +S +A +G "
-     "-A +G +QKV -G +A +A +SC +S8 +S4 -S4 -S8 +M +SC +A +A +A -A -SC +G +G +A -G +A -A -G +Z "
-     "+ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 "
-     "-S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z "
-     "+S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A "
-     "+A +S +S +A +G -A +G +U +U +ZERO -G +G +G +A -G +A -A -G +Z +ZERO +ARD +S8 -S8 -ARD "
-     "+ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 "
-     "-S8 -Z +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z "
-     "+S8 -S8 +S8 +BOOL -S8 -Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A -A -A -A -QKV -A +A -A +PLN "
-     "+A +G -A -A +G -G +PFW +U -G -U +U +ZERO -U -U +PFB +PFW +G -U -G +G +A -G -G +A +PLN "
-     "+PLN +A +ZERO +ARD -ARD -A -A -A -S -S +A -A +A -A +PLN +A +G -A -A +G -G +PPW +A -G "
-     "-A +A -A +A +SC -A -A +SC -SC -SC +SC -SC -M +S8 +S4 +SC -S4 -S8 -SC +A +A -SC -A -A "
-     "+QKV -A +QKV -A +QKV -QKV -QKV +QKV -A +QKV -QKV -QKV +PQKVB +PQKVW +G -QKV -G +G +A "
-     "-G -G +A +PLN +PLN +A +ZERO +ARD -ARD -A -A -S -S +A -A -A +PLN +PLN -PLN -PLN +PLN "
-     "+PLN -PLN -PLN +PLN +PLN -PLN -PLN +PLN +PLN -PLN -PLN +PLN +PLN -PLN -PLN +PLN +PLN "
-     "-PLN -PLN "},
-    {"threads", false, true, 0,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -PFB -PFW -PLN +A +S +S +QKV "
-     "+QH +QH +SC +S8 +S4 -S4 -S8 +M +SC +QH +QH +QH -QH -SC +A +A +A -A +A -A -A +Z +ZERO "
-     "+ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 "
-     "+Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z "
-     "-S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A +A +S "
-     "+S +U +U +ZERO +A +A +A -A +A -A -A +Z +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART "
-     "+ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 "
-     "-S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 "
-     "-Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A -A -A -QKV +A -A +PLN +PFW +U -A -U +U +ZERO -U "
-     "-U +A +PFW +PFB -U -A +A +A -A -A +A +PLN +PLN +ZERO +ARD -ARD -A -A -S -S +A -A +A -A "
-     "+PLN +PPW +QH -A -QH +QH -QH +QH +SC -QH -QH +SC -SC -SC +SC -SC -M +S8 +S4 +SC -S4 "
-     "-S8 -SC +QH +QH -SC -QH -QH +QKV -QH +QKV -QH +QKV -QKV -QKV +QKV -QH +QKV -QKV -QKV "
-     "+A +PQKVW +PQKVB -QKV -A +A +A -A -A +A +PLN +PLN +ZERO +ARD -ARD -A -S -S +A -A -A "
-     "+PLN +PLN -PLN -PLN +PFW +PFW -PFW -PFW +PFB +PFB -PFB -PFB +PFW +PFW -PFW -PFW +PLN "
-     "+PLN -PLN -PLN +PLN +PLN -PLN -PLN +PLN +PLN -PLN -PLN +PPW +PPW -PPW -PPW +PQKVB "
-     "+PQKVB -PQKVB -PQKVB +PQKVW +PQKVW -PQKVW -PQKVW +PLN +PLN -PLN -PLN +PLN +PLN -PLN "
-     "-PLN "},
-    {"threads", true, true, 0,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -PFB -PFW -PLN +A +S +S +A +G "
-     "-A +G +QKV -G +A +A +SC +S8 +S4 -S4 -S8 +M +SC +A +A +A -A -SC +G +G +A -G +A -A -G +Z "
-     "+ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 "
-     "-S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z "
-     "+S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A "
-     "+A +S +S +A +G -A +G +U +U +ZERO -G +G +G +A -G +A -A -G +Z +ZERO +ARD +S8 -S8 -ARD "
-     "+ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 "
-     "-S8 -Z +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z "
-     "+S8 -S8 +S8 +BOOL -S8 -Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A -A -A -A -QKV -A +A -A +PLN "
-     "+A +G -A -A +G -G +PFW +U -G -U +U +ZERO -U -U +PFB +PFW +G -U -G +G +A -G -G +A +PLN "
-     "+PLN +A +ZERO +ARD -ARD -A -A -A -S -S +A -A +A -A +PLN +A +G -A -A +G -G +PPW +A -G "
-     "-A +A -A +A +SC -A -A +SC -SC -SC +SC -SC -M +S8 +S4 +SC -S4 -S8 -SC +A +A -SC -A -A "
-     "+QKV -A +QKV -A +QKV -QKV -QKV +QKV -A +QKV -QKV -QKV +PQKVB +PQKVW +G -QKV -G +G +A "
-     "-G -G +A +PLN +PLN +A +ZERO +ARD -ARD -A -A -S -S +A -A -A +PLN +PLN -PLN -PLN +PFW "
-     "+PFW -PFW -PFW +PFB +PFB -PFB -PFB +PFW +PFW -PFW -PFW +PLN +PLN -PLN -PLN +PLN +PLN "
-     "-PLN -PLN +PLN +PLN -PLN -PLN +PPW +PPW -PPW -PPW +PQKVB +PQKVB -PQKVB -PQKVB +PQKVW "
-     "+PQKVW -PQKVW -PQKVW +PLN +PLN -PLN -PLN +PLN +PLN -PLN -PLN "},
-    {"gloo", false, false, 0,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -PFB -PFW -PLN +A +S +S +QKV "
-     "+QH +QH +SC +S8 +S4 -S4 -S8 +M +SC +QH +QH +QH -QH -SC +A +A +A -A -A +Z +ZERO +ARD "
-     "+S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z "
-     "-S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 "
-     "+S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A +A +S +S "
-     "+U +U +ZERO +A +A +A -A -A +Z +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO "
-     "+ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 "
-     "-S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A "
-     "-BOOL +S8 +S4 -S4 -S8 +A +A -A -A -A -QKV +A -A +PLN +PFW +U -A -U +U +ZERO -U -U +A "
-     "+PFW +PFB -U -A +A -A +A +PLN +PLN +ZERO +ARD -ARD -A -A -S -S +A -A +A -A +PLN +PPW "
-     "+QH -A -QH +QH -QH +QH +SC -QH -QH +SC -SC -SC +SC -SC -M +S8 +S4 +SC -S4 -S8 -SC +QH "
-     "+QH -SC -QH -QH +QKV -QH +QKV -QH +QKV -QKV -QKV +QKV -QH +QKV -QKV -QKV +A +PQKVW "
-     "+PQKVB -QKV -A +A -A +A +PLN +PLN +ZERO +ARD -ARD -A -S -S +A -A -A "},
-    {"gloo", false, true, 0,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -PFB -PFW -PLN +A +S +S +QKV "
-     "+QH +QH +SC +S8 +S4 -S4 -S8 +M +SC +QH +QH +QH -QH -SC +A +A +A -A -A +Z +ZERO +ARD "
-     "+S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z "
-     "-S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 "
-     "+S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A +A +S +S "
-     "+U +U +ZERO +A +A +A -A -A +Z +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO "
-     "+ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 "
-     "-S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A "
-     "-BOOL +S8 +S4 -S4 -S8 +A +A -A -A -A -QKV +A -A +PLN +PFW +U -A -U +U +ZERO -U -U +A "
-     "+PFW +PFB -U -A +A -A +A +PLN +PLN +ZERO +ARD -ARD -A -A -S -S +A -A +A -A +PLN +PPW "
-     "+QH -A -QH +QH -QH +QH +SC -QH -QH +SC -SC -SC +SC -SC -M +S8 +S4 +SC -S4 -S8 -SC +QH "
-     "+QH -SC -QH -QH +QKV -QH +QKV -QH +QKV -QKV -QKV +QKV -QH +QKV -QKV -QKV +A +PQKVW "
-     "+PQKVB -QKV -A +A -A +A +PLN +PLN +ZERO +ARD -ARD -A -S -S +A -A -A +PLN -PLN +PFW "
-     "-PFW +PFB -PFB +PFW -PFW +PLN -PLN +PLN -PLN +PLN -PLN +PPW -PPW +PQKVB -PQKVB +PQKVW "
-     "-PQKVW +PLN -PLN +PLN -PLN "},
-    {"gloo", true, false, 2,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -ARD -PFW -PLN +A +S +S +A +A "
-     "+A +G -A -A -A +G +QKV -G +A +A +SC +S8 +S4 -S4 -S8 +M +SC +A +A +A -A -SC +G +G +G +A "
-     "-G -G +A -A -G +G +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 "
-     "-ARB +S8 -S8 +S8 -S8 +S8 +G -S8 +S8 -S8 +S8 -S8 -G +S8 +G -S8 +S8 -S8 +S8 -S8 -G +S8 "
-     "+G -S8 +S8 -S8 -G +S8 +G -S8 +S8 -S8 -G +G -G +S8 -S8 +S8 +BOOL -S8 -G +A -BOOL +S8 "
-     "+S4 -S4 -S8 +A +A -A +A +S +S +A +A +A +G -A -A -A +G +U +U +ZERO -G +G +G +G +A -G -G "
-     "+A -A -G +G +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB "
-     "+S8 -S8 +S8 -S8 +S8 +G -S8 +S8 -S8 +S8 -S8 -G +S8 +G -S8 +S8 -S8 +S8 -S8 -G +S8 +G -S8 "
-     "+S8 -S8 -G +S8 +G -S8 +S8 -S8 -G +G -G +S8 -S8 +S8 +BOOL -S8 -G +A -BOOL +S8 +S4 -S4 "
-     "-S8 +A +A -A -A -A -A -QKV -A +A -A +PLN +A +A +A +G -A -A -A -A +G -G +PFW +U -G -U "
-     "+U +ZERO -U -U +ARD +PFW +G -U -G +G +G +A -G -G -G +A +PLN +PLN +A +ZERO +ARD -ARD -A "
-     "-A -A -S -S +A -A +A -A +PLN +A +A +A +G -A -A -A -A +G -G +PPW +A -G -A +A -A +A +SC "
-     "-A -A +SC -SC -SC +SC -SC -M +S8 +S4 +SC -S4 -S8 -SC +A +A -SC -A -A +QKV -A +QKV -A "
-     "+QKV -QKV -QKV +QKV -A +QKV -QKV -QKV +PQKVB +PQKVW +G -QKV -G +G +G +A -G -G -G +A "
-     "+PLN +PLN +A +ZERO +ARD -ARD -A -A -S -S +A -A -A +PLN -PLN +PLN -PLN +PLN -PLN +PLN "
-     "-PLN +PLN -PLN +PLN -PLN "},
-    {"gloo", true, false, 4,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -PLN -PFW -PLN +A +S +S +A +A "
-     "+A +A +A +G -A -A -A -A -A +G +QKV -G +A +A +SC +S8 +S4 -S4 -S8 +M +SC +A +A +A -A -SC "
-     "+G +G +G +A -G -G +A -A -G +Z +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO "
-     "+ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 "
-     "-S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A "
-     "-BOOL +S8 +S4 -S4 -S8 +A +A -A +A +S +S +A +A +A +A +A +G -A -A -A -A -A +G +G +G "
-     "+ZERO -G +G +G +G +A -G -G +A -A -G +Z +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART "
-     "+ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 "
-     "-S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 "
-     "-Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A -A -A -A -QKV -A +A -A +PLN +A +A +A +A +A +G -A "
-     "-A -A -A -A -A +G -G +PFW +G -G -G +G +ZERO -G -G +PLN +PFW +G -G -G +G +G +A -G -G -G "
-     "+A +PLN +PLN +A +ZERO +ARD -ARD -A -A -A -S -S +A -A +A -A +PLN +A +A +A +A +A +G -A "
-     "-A -A -A -A -A +G -G +PPW +A -G -A +A -A +A +SC -A -A +SC -SC -SC +SC -SC -M +S8 +S4 "
-     "+SC -S4 -S8 -SC +A +A -SC -A -A +QKV -A +QKV -A +QKV -QKV -QKV +QKV -A +QKV -QKV -QKV "
-     "+PQKVB +PQKVW +G -QKV -G +G +G +A -G -G -G +A +PLN +PLN +A +ZERO +ARD -ARD -A -A -S -S "
-     "+A -A -A +PLN -PLN +PLN -PLN +PLN -PLN +PLN -PLN +PLN -PLN +PLN -PLN "},
-    {"gloo", true, true, 2,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -ARD -PFW -PLN +A +S +S +A +A "
-     "+A +G -A -A -A +G +QKV -G +A +A +SC +S8 +S4 -S4 -S8 +M +SC +A +A +A -A -SC +G +G +G +A "
-     "-G -G +A -A -G +G +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 "
-     "-ARB +S8 -S8 +S8 -S8 +S8 +G -S8 +S8 -S8 +S8 -S8 -G +S8 +G -S8 +S8 -S8 +S8 -S8 -G +S8 "
-     "+G -S8 +S8 -S8 -G +S8 +G -S8 +S8 -S8 -G +G -G +S8 -S8 +S8 +BOOL -S8 -G +A -BOOL +S8 "
-     "+S4 -S4 -S8 +A +A -A +A +S +S +A +A +A +G -A -A -A +G +U +U +ZERO -G +G +G +G +A -G -G "
-     "+A -A -G +G +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO +ARB +S8 -S8 -ARB "
-     "+S8 -S8 +S8 -S8 +S8 +G -S8 +S8 -S8 +S8 -S8 -G +S8 +G -S8 +S8 -S8 +S8 -S8 -G +S8 +G -S8 "
-     "+S8 -S8 -G +S8 +G -S8 +S8 -S8 -G +G -G +S8 -S8 +S8 +BOOL -S8 -G +A -BOOL +S8 +S4 -S4 "
-     "-S8 +A +A -A -A -A -A -QKV -A +A -A +PLN +A +A +A +G -A -A -A -A +G -G +PFW +U -G -U "
-     "+U +ZERO -U -U +ARD +PFW +G -U -G +G +G +A -G -G -G +A +PLN +PLN +A +ZERO +ARD -ARD -A "
-     "-A -A -S -S +A -A +A -A +PLN +A +A +A +G -A -A -A -A +G -G +PPW +A -G -A +A -A +A +SC "
-     "-A -A +SC -SC -SC +SC -SC -M +S8 +S4 +SC -S4 -S8 -SC +A +A -SC -A -A +QKV -A +QKV -A "
-     "+QKV -QKV -QKV +QKV -A +QKV -QKV -QKV +PQKVB +PQKVW +G -QKV -G +G +G +A -G -G -G +A "
-     "+PLN +PLN +A +ZERO +ARD -ARD -A -A -S -S +A -A -A +PLN -PLN +PFW -PFW +ARD -ARD +PFW "
-     "-PFW +PLN -PLN +PLN -PLN +PLN -PLN +PPW -PPW +PQKVB -PQKVB +PQKVW -PQKVW +PLN -PLN "
-     "+PLN -PLN "},
-    {"gloo", true, true, 4,
-     "-A -A -PLN -PLN -PQKVW -PQKVB -PPW -PLN -PLN -PLN -PFW -PLN -PFW -PLN +A +S +S +A +A "
-     "+A +A +A +G -A -A -A -A -A +G +QKV -G +A +A +SC +S8 +S4 -S4 -S8 +M +SC +A +A +A -A -SC "
-     "+G +G +G +A -G -G +A -A -G +Z +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART +ZERO "
-     "+ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 +S8 "
-     "-S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 -Z +A "
-     "-BOOL +S8 +S4 -S4 -S8 +A +A -A +A +S +S +A +A +A +A +A +G -A -A -A -A -A +G +G +G "
-     "+ZERO -G +G +G +G +A -G -G +A -A -G +Z +ZERO +ARD +S8 -S8 -ARD +ZERO +ART +S8 -S8 -ART "
-     "+ZERO +ARB +S8 -S8 -ARB +S8 -S8 +S8 -S8 +S8 +Z -S8 +S8 -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 "
-     "-S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +S8 +Z -S8 +S8 -S8 -Z +Z -Z +S8 -S8 +S8 +BOOL -S8 "
-     "-Z +A -BOOL +S8 +S4 -S4 -S8 +A +A -A -A -A -A -QKV -A +A -A +PLN +A +A +A +A +A +G -A "
-     "-A -A -A -A -A +G -G +PFW +G -G -G +G +ZERO -G -G +PLN +PFW +G -G -G +G +G +A -G -G -G "
-     "+A +PLN +PLN +A +ZERO +ARD -ARD -A -A -A -S -S +A -A +A -A +PLN +A +A +A +A +A +G -A "
-     "-A -A -A -A -A +G -G +PPW +A -G -A +A -A +A +SC -A -A +SC -SC -SC +SC -SC -M +S8 +S4 "
-     "+SC -S4 -S8 -SC +A +A -SC -A -A +QKV -A +QKV -A +QKV -QKV -QKV +QKV -A +QKV -QKV -QKV "
-     "+PQKVB +PQKVW +G -QKV -G +G +G +A -G -G -G +A +PLN +PLN +A +ZERO +ARD -ARD -A -A -S -S "
-     "+A -A -A +PLN -PLN +PFW -PFW +PLN -PLN +PFW -PFW +PLN -PLN +PLN -PLN +PLN -PLN +PPW "
-     "-PPW +PQKVB -PQKVB +PQKVW -PQKVW +PLN -PLN +PLN -PLN "},
-};
-
 int64_t MegatronExecutor::modelPeak(RankContext&) const {
-  const bool twoD = !g_.dpAxes.empty();
-  const char* table = nullptr;
-  for (const MemoryTable& m : kMemoryTables) {
-    if (tp_->backendName() == m.backend && m.sequenceParallel == sp_ && m.twoD == twoD &&
-        (m.tp == 0 || m.tp == g_.tp)) {
-      table = m.tokens;
-    }
-  }
-  if (table == nullptr) return -1;
-  // Recorded for float32 with per-rank batch, sequence, heads and dropout masks of more than
-  // one: other cases take other ATen paths (a transpose of extent 1 is already contiguous).
-  const int64_t bl = actBox_.length[0], tl = actBox_.length[1];
-  if (case_.dtype != at::kFloat || s_.dropout == 0 || bl < 2 || tl < 2 || s_.heads / g_.tp < 2) {
-    return -1;
-  }
-  const int64_t es = 4, T = s_.seq, D = s_.dModel, dl = D / g_.tp, hl = s_.heads / g_.tp;
-  const int64_t F = 4 * D / g_.tp;
-  const std::map<std::string, int64_t> size = {{"A", bl * tl * D * es},
-                                               {"G", bl * T * D * es},
-                                               {"S", bl * tl * es},
-                                               {"QKV", bl * T * 3 * dl * es},
-                                               {"QH", bl * T * dl * es},
-                                               {"SC", bl * hl * T * T * es},
-                                               {"M", s_.causal ? T * T : 0},
-                                               {"U", bl * T * F * es},
-                                               {"Z", bl * tl * D * 8},
-                                               {"BOOL", bl * tl * D},
-                                               {"ARD", D * 8},
-                                               {"ART", tl * 8},
-                                               {"ARB", bl * 8},
-                                               {"S8", 8},
-                                               {"S4", 4},
-                                               {"ZERO", 0},
-                                               {"PLN", D * es},
-                                               {"PQKVW", 3 * dl * D * es},
-                                               {"PQKVB", 3 * dl * es},
-                                               {"PPW", D * dl * es},
-                                               {"PFW", F * D * es},
-                                               {"PFB", F * es},
-                                               {"PMW", D * F * es}};
+  BlockStepSizes sizes;
+  sizes.backend = tp_->backendName();
+  sizes.sequenceParallel = sp_;
+  sizes.twoD = !g_.dpAxes.empty();
+  sizes.tp = g_.tp;
+  sizes.batchLocal = actBox_.length[0];
+  sizes.seqLocal = actBox_.length[1];
+  sizes.shape = s_;
+  sizes.dtype = case_.dtype;
+  // The replay starts from the previous step's state: the input, the seed of the backward,
+  // the parameters, and the results it left (its output, input gradient, every gradient).
   int64_t base = x_.nbytes() + gradOut_.nbytes(), results = 2 * x_.nbytes();
   for (const auto& [name, leaf] : params_) {
     base += leaf.nbytes();
     results += leaf.nbytes();
   }
-  return replayAllocations(table, size, base + results);
+  return replayBlockStep(sizes, base + results).value_or(-1);
 }
 
 std::vector<std::unique_ptr<harness::Strategy>> registerMegatron() {
