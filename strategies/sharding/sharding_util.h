@@ -12,6 +12,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "harness/case.h"
 #include "harness/comm/comm.h"
 
 namespace sb::strategies {
@@ -42,6 +43,28 @@ inline harness::CommStats totalComm(
     }
   }
   return total;
+}
+
+// A training case's communication by group (`steps: N`), from one step's `byGroup`: the loss
+// (in the dtype) and the gradient norm's squares (float64) all-reduced over the whole mesh each
+// step where it has more than one rank, and everything N times.
+inline void addTrainingComm(std::vector<std::pair<std::vector<int>, harness::CommStats>>& byGroup,
+                            const harness::CaseSpec& c) {
+  if (!c.training.enabled()) return;
+  if (c.meshSize() > 1) {
+    std::vector<int> all(c.mesh.size());
+    for (size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
+    harness::CommStats st;
+    st.add(harness::Collective::kAllReduce, static_cast<int64_t>(c10::elementSize(c.dtype)));
+    st.add(harness::Collective::kAllReduce, 8);
+    byGroup.emplace_back(all, st);
+  }
+  for (auto& [axes, stats] : byGroup) {
+    for (auto& e : stats.entries) {
+      e.calls *= c.training.steps;
+      e.bytes *= c.training.steps;
+    }
+  }
 }
 
 // The peak of a recorded allocation sequence: `tokens` is one "+NAME" (allocation) or "-NAME"

@@ -211,17 +211,6 @@ bool countsOnce(const Layout& layout, const std::vector<int64_t>& coords) {
   return true;
 }
 
-// What training adds to a step's communication: the loss and the gradient norm's squares
-// all-reduced over the mesh (the loss in the dtype, the squares in float64), once a step.
-CommStats trainingComm(const CaseSpec& c) {
-  CommStats s;
-  if (c.meshSize() > 1) {
-    s.add(harness::Collective::kAllReduce, static_cast<int64_t>(c10::elementSize(c.dtype)));
-    s.add(harness::Collective::kAllReduce, 8);
-  }
-  return s;
-}
-
 class PlanStrategy final : public harness::Strategy {
  public:
   std::vector<std::string> caseParams() const override {
@@ -367,17 +356,7 @@ class PlanStrategy final : public harness::Strategy {
       for (auto& p : e.forward.commByGroup(e.geometry, rank, false)) out.push_back(p);
       for (auto& p : e.backward.commByGroup(e.geometry, rank, false)) out.push_back(p);
     }
-    if (c.training.enabled()) {
-      std::vector<int> all(c.mesh.size());
-      for (size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
-      out.emplace_back(all, trainingComm(c));
-      for (auto& [axes, stats] : out) {
-        for (auto& e : stats.entries) {
-          e.calls *= c.training.steps;
-          e.bytes *= c.training.steps;
-        }
-      }
-    }
+    addTrainingComm(out, c);
     return out;
   }
   CommStats predictComm(const CaseSpec& c, int rank) const override {

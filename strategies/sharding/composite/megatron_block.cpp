@@ -326,24 +326,7 @@ class MegatronStrategy final : public harness::Strategy {
       st.add(Collective::kAllReduce, bytes(DeviceMesh(c.mesh).groupSize(axes), b));
       out.emplace_back(axes, st);
     }
-    if (c.training.enabled()) {
-      // Each step: the loss (in the dtype) and the norm's squares (float64) all-reduced over
-      // the mesh; and everything above once per step.
-      std::vector<int> all(c.mesh.size());
-      for (size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
-      if (c.meshSize() > 1) {
-        CommStats st;
-        st.add(Collective::kAllReduce, es);
-        st.add(Collective::kAllReduce, 8);
-        out.emplace_back(all, st);
-      }
-      for (auto& [axes, stats] : out) {
-        for (auto& e : stats.entries) {
-          e.calls *= c.training.steps;
-          e.bytes *= c.training.steps;
-        }
-      }
-    }
+    addTrainingComm(out, c);
     return out;
   }
 
