@@ -15,9 +15,9 @@ src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 
-check "fsdp suite on threads: every row passes" 0 "total +22 +0 +0 +3" -- \
+check "fsdp suite on threads: every row passes" 0 "total +23 +0 +0 +3" -- \
   "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
-check "fsdp suite: bytes as predicted, memory ordered ddp > zero1 > zero2 > zero3" 0 "ok" -- \
+check "fsdp suite: bytes and every rank's peak as predicted, memory ordered ddp > zero1 > zero2 > zero3" 0 "ok" -- \
   python3 - "$tmp/threads/results.csv" <<'PY'
 import csv, sys
 from collections import defaultdict
@@ -29,9 +29,16 @@ for r in rows:
         continue
     assert r["status"] == "pass", r
     assert r["comm_bytes"] == r["predicted_comm_bytes"], r
-    peak[r["case"]][r["strategy_id"].split("/")[-1]] = int(r["peak_mem_bytes"])
+    assert r["peak_mem_bytes"] == r["predicted_mem_bytes"], r
+    assert r["mispredicted"] == "", r
+    peak[r["case"]][r["strategy_id"].split("/")[-1]] = (int(r["peak_mem_bytes"]), int(r["comm_bytes"]))
 for case, p in peak.items():
-    assert p["ddp"] > p["zero1"] > p["zero2"] > p["zero3"], (case, p)
+    if case.endswith("-keep-gathered"):
+        continue
+    assert p["ddp"][0] > p["zero1"][0] > p["zero2"][0] > p["zero3"][0], (case, p)
+# Kept gathered from forward to backward: more memory, one all-gather a step fewer per unit.
+keep, base = peak["gpt2-4-adamw-keep-gathered"]["zero3"], peak["gpt2-4-adamw"]["zero3"]
+assert keep[0] > base[0] and keep[1] < base[1], (keep, base)
 print("ok", len(rows), "rows")
 PY
 
@@ -93,9 +100,27 @@ for r in recs:
 print("ok", len(recs))
 PY
 
+# A unit never freed after its forward: every number and collective right, only the memory
+# promise (the model's peak, per rank) broken.
+check "planted: a unit not resharded after its forward breaks the memory promise" 1 \
+  "fail: gpt2-4-adamw sharding/fsdp/zero3: rank 0 peaked at [0-9]+ bytes, over the [0-9]+ bytes it promised" -- \
+  "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/f7" --repetitions 1 --min-time 0.0001 \
+  --filter '^sharding/fsdp/zero3$' --plant-fault 'sharding/fsdp/zero3=unit_not_resharded'
+check "unit_not_resharded: numbers and bytes right, the peak over the prediction" 0 "ok 4" -- \
+  python3 - "$tmp/f7/results.json" <<'PY'
+import json, sys
+recs = [r for r in json.load(open(sys.argv[1]))["records"] if r["status"] == "fail"]
+for r in recs:
+    assert r["message"].startswith("rank "), r["message"]
+    assert all(t["mismatches"] == 0 for t in r["details"]["tensors"]), r["case"]
+    assert r["comm_bytes"] == r["predicted_comm_bytes"], r["case"]
+    assert r["peak_mem_bytes"] > r["predicted_mem_bytes"], r["case"]
+print("ok", len(recs))
+PY
+
 # Golden losses: the suite's file holds on this host (bitwise where written on these vector
 # units); a moved loss is an error naming the step; --write-golden needs the suite's key.
-check "golden: every training row says how its losses compared with the file" 0 "ok 22" -- \
+check "golden: every training row says how its losses compared with the file" 0 "ok 23" -- \
   python3 - "$tmp/threads/results.json" <<'PY'
 import json, sys
 recs = [r for r in json.load(open(sys.argv[1]))["records"] if r["status"] != "unsupported"]
@@ -111,7 +136,8 @@ check "golden: a moved loss errors every row of its case, naming the step" 1 \
   "error: mlp-4-sgd sharding/fsdp/ddp: golden losses: the reference's loss at step 3 is .*fsdp.golden.csv has" -- \
   "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g1" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/ddp$'
-check "golden: --write-golden restores it" 0 "golden losses of 5 training case" -- \
+check "golden: --write-golden restores it, keeping the case the filter left out" 0 \
+  "golden losses of 5 training case.* \\(1 not run kept as the file had them\\)" -- \
   "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g2" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/ddp$' --write-golden
 check "golden: the rewritten file is the suite's" 0 "" -- \
@@ -132,6 +158,9 @@ check "a key of another optimizer: exit 2 naming it" 2 "unknown optimizer key 'b
   "$sb" run "$tmp/bad.yaml" --out "$tmp/b3"
 check "--write-golden on a suite without the key: exit 2" 2 "needs the suite's key 'golden'" -- \
   "$sb" run "$tmp/gloo.yaml" --out "$tmp/b0" --write-golden
+printf 'suite: bad\ncases:\n  - name: c\n    workload: mlp\n    shape: {layers: 1}\n    mesh: 2\n    steps: 2\n    params: {reshard_after_forward: 1}\n    strategies: ["sharding/fsdp/zero3"]\n' >"$tmp/bad.yaml"
+check "reshard_after_forward not a boolean: exit 2 naming it" 2 "params.reshard_after_forward must be true or false, got 1" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/b5"
 bad mlp "    steps: 0\n"
 check "steps: 0: exit 2 naming the key" 2 "key .steps. must be a whole number from 1" -- "$sb" run "$tmp/bad.yaml" --out "$tmp/b4"
 finish

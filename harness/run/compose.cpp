@@ -118,7 +118,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
     if (o.memoryLimit && o.peak > *o.memoryLimit && memProblem.empty()) {
       memProblem = "rank " + std::to_string(o.rank) + " peaked at " + std::to_string(o.peak) +
                    " bytes, over the " + std::to_string(*o.memoryLimit) +
-                   " bytes it promised to stay within (the case's memory budget)";
+                   " bytes it promised to stay within (its budget, limit or modelled peak)";
     }
     if (o.memoryLimit) memLimits.push_back(*o.memoryLimit);
   }

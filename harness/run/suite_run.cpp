@@ -3,7 +3,9 @@
 
 #include "harness/run/suite_run.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 
 #include <ATen/Parallel.h>
 
@@ -31,6 +33,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   // The suite's golden losses: read before the first row (a bad file is bad input), or, with
   // --write-golden, collected from the references and written at the end.
   std::optional<GoldenLosses> golden;
+  std::map<std::string, std::vector<GoldenLosses::Step>> keptGolden;
   const std::string hostCpu = suite.golden.empty() ? "" : hostVectorFeatures();
   const int threads = hostThreads();
   if (!suite.golden.empty()) {
@@ -40,6 +43,17 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       golden->cpu = hostCpu;
       golden->threads = threads;
       if (writes) checkResultPath(suite.golden);
+      // The suite's cases this run does not train (a --filter left them out) keep what the
+      // file says of them; a case no longer in the suite is dropped.
+      try {
+        for (auto& [name, steps] : readGolden(suite.golden).cases) {
+          const bool inSuite = std::any_of(suite.cases.begin(), suite.cases.end(),
+                                           [&](const CaseSpec& c) { return c.name == name; });
+          if (inSuite) keptGolden[name] = std::move(steps);
+        }
+      } catch (const std::exception&) {
+        // No file yet, or one being replaced because it is broken: nothing to keep.
+      }
     } else {
       golden = readGolden(suite.golden);
     }
@@ -113,9 +127,13 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   if (!writer) return 0;  // rank 0 carries the verdict and the exit code
   writer->commit();
   if (golden && options.writeGolden && !stopped) {
+    const size_t written = golden->cases.size();
+    size_t kept = 0;
+    for (auto& [name, steps] : keptGolden) kept += golden->cases.emplace(name, steps).second;
     replaceResultFile(suite.golden, goldenText(*golden));
-    observer.note("golden losses of " + std::to_string(golden->cases.size()) +
-                  " training case(s) written to " + suite.golden);
+    observer.note("golden losses of " + std::to_string(written) +
+                  " training case(s) written to " + suite.golden +
+                  (kept ? " (" + std::to_string(kept) + " not run kept as the file had them)" : ""));
   }
   observer.resultsWritten(writer->csvPath(), writer->jsonPath(),
                           std::chrono::duration<double>(Clock::now() - runStart).count());

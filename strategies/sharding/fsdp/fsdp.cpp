@@ -10,17 +10,20 @@
 //   zero2  gradients sharded too: reduce-scattered instead of all-reduced
 //   zero3  FSDP: parameters sharded; a unit's (one per block of the workload, plus the root:
 //          everything outside the blocks) all-gathered before its forward, freed after it
-//          (reshard after forward), all-gathered again before its backward; gradients
-//          reduce-scattered as the backward produces them
+//          (reshard after forward), all-gathered again before its backward, freed after its
+//          last gradient's reduce-scatter (reshard after backward); gradients reduce-scattered
+//          as the backward produces them. `params: {reshard_after_forward: false}` keeps each
+//          unit gathered from its forward to the end of its backward, gathered once a step
 //   hsdp   zero3 on mesh axis 1, replicated over axis 0: gradients reduce-scattered on axis 1,
 //          then all-reduced over axis 0
 //
 // Sharding is FSDP2's: every parameter on its own, along dim 0, in torch.chunk's sizes (a
 // parameter with fewer rows than ranks leaves empty shards), all-gathered and reduce-scattered
 // with uneven rows. Each rank's optimizer is LibTorch's own over its shards (an elementwise
-// update, the whole tensor's on those elements). The loss is all-reduced each step; the
-// gradient norm (for the record, and clipping) is the square root of the shards' squares
-// all-reduced in float64 where gradients are sharded. What each kind shards, the units and
+// update, the whole tensor's on those elements), run by reference::TrainingLoop as the
+// reference runs it. The loss is all-reduced each step; the gradient norm (for the record, and
+// clipping) is the square root of the shards' squares all-reduced in float64 where the
+// optimizer steps shards. What each kind shards, the units and
 // the predicted communication are the plan's (fsdp_plan.h); this file runs it.
 //
 // A unit's parameters are gathered by an autograd function (GatherParams) whose backward
@@ -40,7 +43,10 @@
 // leaves the last parameter's gradient unreduced over the replicas (ddp, zero1: every rank;
 // hsdp: axis 0), so its copies step apart. "replica_own_order" (ddp) sums each gradient as
 // all-gathered parts, each rank starting from its own: every copy within tolerance of the
-// reference, no two the same bits; the replica check names it.
+// reference, no two the same bits; the replica check names it. "unit_not_resharded" (zero3,
+// hsdp) never frees the first block's unit after its forward (it is gathered again before its
+// backward, into the storage still there): every number and every collective right, the peak
+// over what the memory model promises (modelMemory), and the row fails on that alone.
 
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
@@ -49,6 +55,8 @@
 
 #include <map>
 
+#include "harness/measure/memory.h"
+#include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/graph.h"
@@ -84,25 +92,52 @@ class FsdpExecutor final : public harness::RankExecutor {
   FsdpExecutor(const FsdpStrategy& s, CaseSpec c);
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
   void step(RankContext& ctx) override;
-  std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::map<std::string, at::Tensor> results() const override;
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
+  std::optional<int64_t> predictedPeakBytes() const override;
+  // FSDP's promise is its memory: a unit left gathered breaks it however right the numbers.
+  std::optional<int64_t> memoryLimitBytes() const override { return predictedPeakBytes(); }
+  nlohmann::json details() const override;
 
   // GatherParam's halves.
   at::Tensor gather(int index, const at::Tensor& shard);
   at::Tensor reduceGrad(int index, const at::Tensor& full);
 
  private:
+  // Where the forward and backward reach a point at which FSDP allocates or frees parameter
+  // memory: the profile pass (prepare) records the live bytes there, the model adds FSDP's.
+  enum class MarkKind { kStart, kGather, kUnitEnd, kRegather, kGradReady, kBackwardEnd, kDone };
+  struct Mark {
+    MarkKind kind;
+    int index;         // the unit (gather, unit end, regather) or parameter (grad ready)
+    int64_t live;      // the profile's live bytes here, above its start
+    int64_t peak;      // the most it held since the previous mark, above its start
+    bool contiguous;   // grad ready: the gradient autograd hands over is contiguous
+  };
+  void mark(MarkKind kind, int index, bool contiguous = true);
+  // One forward and backward of this rank's batch; the loss summed over the ranks. With
+  // profile_ set: on whole parameters, no communication, parameters never freed, the marks
+  // recorded.
+  double pass();
   void gatherUnit(int unit, std::map<std::string, at::Tensor>& values);
-  void reshardUnit(int unit);
+  void reshardUnit(int unit, bool free = true);
   void regatherUnit(int unit);
+  void makeParams();
+  // The model of a step's peak above what is live before the parameters are made (memory
+  // model, in predictedPeakBytes' comment), from the profile's marks.
+  void modelMemory(RankContext& ctx);
   // Every shard's rows of parameter `index` (torch.chunk's), for its gathers and scatters.
   const std::vector<int64_t>& rowsOf(int index) const { return rows_[index]; }
   // This rank's rows of parameter `index`: {offset, length}.
   std::pair<int64_t, int64_t> shardRows(int index) const { return shardRows_[index]; }
+  harness::Communicator& shardComm() {
+    return kind_ == Kind::kHsdp ? ctx_->group({1}) : ctx_->world();
+  }
 
   CaseSpec case_;
   Kind kind_;
   Fault fault_;
+  bool reshardAfterForward_ = true;
   Layout layout_;
   Graph local_;  // the graph at this rank's batch
   Units units_;
@@ -111,20 +146,30 @@ class FsdpExecutor final : public harness::RankExecutor {
   at::Tensor target_;
   std::vector<std::string> names_;  // parameters, in graph order
   // From the layout and the graph once, not per collective or node: each parameter's rows per
-  // shard and this rank's, each unit's parameter indices, and the units whose forward ends at
-  // each node.
+  // shard and this rank's, its unit, each unit's parameter indices, and the units whose
+  // forward ends at each node.
   std::vector<std::vector<int64_t>> rows_;
   std::vector<std::pair<int64_t, int64_t>> shardRows_;
+  std::vector<int> unitOf_;
   std::vector<std::vector<int>> unitParams_;
   std::vector<std::vector<int>> unitsEndingAt_;
-  std::vector<at::Tensor> initialFull_;  // whole initial parameters
-  std::vector<at::Tensor> full_;         // ddp/zero1/zero2: whole, replicated leaves
-  std::vector<at::Tensor> shards_;       // sharded kinds: this rank's shard leaves
+  std::vector<std::vector<int64_t>> sizes_;  // whole parameters' sizes
+  std::vector<at::Tensor> initial_;  // initial parameters: whole, or this rank's shards (zero3, hsdp)
+  std::vector<at::Tensor> full_;     // ddp/zero1/zero2 (and the profile): whole leaves
+  std::vector<at::Tensor> shards_;   // sharded state: this rank's shard leaves
   std::vector<at::Tensor> staleShards_;  // fault stale_shard: what the optimizer steps
   std::vector<at::Tensor> gathered_;     // zero3/hsdp: the unit tensors gathered
   std::vector<bool> unitGathered_;
-  std::unique_ptr<torch::optim::Optimizer> opt_;
-  std::map<std::string, at::Tensor> results_;
+  std::vector<int> unitPending_;  // per unit: gradients not reduced yet this backward
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  // The memory model: the profile's marks, and what it predicts.
+  bool profile_ = false;
+  int64_t live0_ = 0;
+  std::vector<Mark> marks_;
+  int64_t paramBytes_ = 0;  // what makeParams allocates
+  int64_t stepPeak_ = 0;    // the model's peak above startLive_ + paramBytes_
+  int64_t entryLive_ = 0, startLive_ = 0;
+  nlohmann::json memoryDetails_;
 };
 
 class FsdpStrategy final : public harness::Strategy {
@@ -137,6 +182,10 @@ class FsdpStrategy final : public harness::Strategy {
   Kind kind() const { return kind_; }
   Fault fault() const { return fault_; }
   bool trainsSteps() const override { return true; }
+  std::vector<std::string> caseParams() const override {
+    if (shardsParams(kind_)) return {"reshard_after_forward"};
+    return {};
+  }
 
   std::vector<std::pair<std::string, std::string>> params() const override {
     return {{"kind", kindName(kind_)},
@@ -153,6 +202,11 @@ class FsdpStrategy final : public harness::Strategy {
     if (!c.training.enabled()) {
       return Applicability::unsupported(
           "FSDP and ZeRO shard the optimizer's state: the case needs steps: N (and optimizer)");
+    }
+    if (c.params.contains("reshard_after_forward") &&
+        !c.params["reshard_after_forward"].is_boolean()) {
+      return Applicability::unsupported("params.reshard_after_forward must be true or false, got " +
+                                        c.params["reshard_after_forward"].dump());
     }
     if (kind_ == Kind::kHsdp && c.mesh.size() != 2) {
       return Applicability::unsupported(
@@ -194,6 +248,10 @@ class FsdpStrategy final : public harness::Strategy {
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return fsdp::predictComm(kind_, fault_, c, rank);
+  }
+  // Every row's peak per rank to the byte (FsdpExecutor::modelMemory).
+  PredictionTolerance predictionTolerance() const override {
+    return PredictionTolerance::exactMemory();
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
@@ -250,7 +308,9 @@ torch::autograd::variable_list GatherParam::backward(torch::autograd::AutogradCo
 }
 
 FsdpExecutor::FsdpExecutor(const FsdpStrategy& s, CaseSpec c)
-    : case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {}
+    : case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {
+  reshardAfterForward_ = reshardAfterForward(case_);
+}
 
 void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
   ctx_ = &ctx;
@@ -271,11 +331,16 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   for (const auto& [name, dims] : local_.parameters) {
     index[name] = static_cast<int>(names_.size());
     names_.push_back(name);
-    initialFull_.push_back(data.inputs.at(name).clone());
+    unitOf_.push_back(units_.unitOfParam.at(name));
+    sizes_.push_back(dims);
     rows_.push_back(harness::chunkSizes(dims.at(0), layout_.shardParts));
     shardRows_.emplace_back(
         harness::chunkOffsets(dims.at(0), layout_.shardParts)[layout_.shardIndex],
         rows_.back()[layout_.shardIndex]);
+    const at::Tensor& p = data.inputs.at(name);
+    initial_.push_back(shardsParams(kind_)
+                           ? p.narrow(0, shardRows_.back().first, shardRows_.back().second).clone()
+                           : p.clone());
   }
   unitParams_.assign(units_.names.size(), {});
   unitsEndingAt_.assign(local_.nodes.size(), {});
@@ -283,27 +348,68 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
     for (const auto& name : units_.params[u]) unitParams_[u].push_back(index.at(name));
     if (u > 0 && units_.lastNode[u] >= 0) unitsEndingAt_[units_.lastNode[u]].push_back(u);
   }
+  // The profile: one pass on whole parameters, no communication, nothing freed that FSDP
+  // frees, the live bytes recorded at each mark (modelMemory adds what FSDP does there).
+  {
+    full_.clear();
+    for (const auto& [name, dims] : local_.parameters) {
+      full_.push_back(data.inputs.at(name).clone().requires_grad_(true));
+    }
+    shards_ = full_;  // the sharded kinds' GatherParam takes its "shard" from here
+    profile_ = true;
+    marks_.clear();
+    pass();
+    mark(MarkKind::kDone, -1);
+    profile_ = false;
+    full_.clear();
+    shards_.clear();
+    gathered_.clear();
+  }
+  modelMemory(ctx);
+}
+
+void FsdpExecutor::mark(MarkKind kind, int index, bool contiguous) {
+  if (!profile_) return;
+  auto& mem = harness::MemoryTracker::instance();
+  const int r = ctx_->rank();
+  if (kind == MarkKind::kStart) {
+    mem.resetPeak(r);
+    live0_ = mem.current(r);
+  }
+  marks_.push_back({kind, index, mem.current(r) - live0_, mem.peak(r) - live0_, contiguous});
+  mem.resetPeak(r);
 }
 
 at::Tensor FsdpExecutor::gather(int index, const at::Tensor& shard) {
-  auto& comm = kind_ == Kind::kHsdp ? ctx_->group({1}) : ctx_->world();
-  const at::Tensor& p = initialFull_[index];
-  return comm.allGather(shard.contiguous(), rowsOf(index)).view(p.sizes());
+  // The profile's "shard" is the whole parameter: an alias, allocating nothing.
+  if (profile_) return shard.alias();
+  return shardComm().allGather(shard.contiguous(), rowsOf(index)).view(sizes_[index]);
 }
 
 at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
-  const bool wrongAxis = fault_ == Fault::kHsdpWrongAxis;
-  auto& comm = kind_ == Kind::kHsdp ? ctx_->group({wrongAxis ? 0 : 1}) : ctx_->world();
-  at::Tensor g = comm.reduceScatter(full.contiguous(), rowsOf(index));
-  const bool unsummed =
-      fault_ == Fault::kReplicaUnsummed && index + 1 == static_cast<int>(names_.size());
-  if (kind_ == Kind::kHsdp && !unsummed) ctx_->group({wrongAxis ? 1 : 0}).allReduce(g);
-  if (fault_ == Fault::kGradDividedTwice)
-    g.div_(static_cast<double>(layout_.world * layout_.world));
+  mark(MarkKind::kGradReady, index, full.is_contiguous());
+  const int unit = unitOf_[index];
+  at::Tensor g;
+  if (!profile_) {
+    const bool wrongAxis = fault_ == Fault::kHsdpWrongAxis;
+    auto& comm = kind_ == Kind::kHsdp ? ctx_->group({wrongAxis ? 0 : 1}) : ctx_->world();
+    g = comm.reduceScatter(full.contiguous(), rowsOf(index));
+    const bool unsummed =
+        fault_ == Fault::kReplicaUnsummed && index + 1 == static_cast<int>(names_.size());
+    if (kind_ == Kind::kHsdp && !unsummed) ctx_->group({wrongAxis ? 1 : 0}).allReduce(g);
+    if (fault_ == Fault::kGradDividedTwice) {
+      g.div_(static_cast<double>(layout_.world * layout_.world));
+    }
+  }
+  // The unit's last gradient reduced: its backward is over, its parameters are freed (FSDP's
+  // post-backward reshard). The profile hands no gradient on: the whole one is freed as FSDP
+  // frees it, after its reduce-scatter.
+  if (--unitPending_[unit] == 0 && unitGathered_[unit]) reshardUnit(unit);
   return g;
 }
 
 void FsdpExecutor::gatherUnit(int unit, std::map<std::string, at::Tensor>& values) {
+  mark(MarkKind::kGather, unit);
   for (int i : unitParams_[unit]) {
     gathered_[i] = GatherParam::apply(shards_[i], reinterpret_cast<int64_t>(this), i);
     values[names_[i]] = gathered_[i];
@@ -312,9 +418,11 @@ void FsdpExecutor::gatherUnit(int unit, std::map<std::string, at::Tensor>& value
 }
 
 // Frees the unit's gathered storage; autograd keeps the tensors (and their views).
-void FsdpExecutor::reshardUnit(int unit) {
-  for (int i : unitParams_[unit]) {
-    at::native::resize_bytes_cpu(gathered_[i].storage().unsafeGetStorageImpl(), 0);
+void FsdpExecutor::reshardUnit(int unit, bool free) {
+  if (!profile_ && free) {
+    for (int i : unitParams_[unit]) {
+      at::native::resize_bytes_cpu(gathered_[i].storage().unsafeGetStorageImpl(), 0);
+    }
   }
   unitGathered_[unit] = false;
 }
@@ -323,6 +431,9 @@ void FsdpExecutor::reshardUnit(int unit) {
 // an alias of its own (whose writes bump no saved tensor's version).
 void FsdpExecutor::regatherUnit(int unit) {
   if (unitGathered_[unit]) return;
+  mark(MarkKind::kRegather, unit);
+  unitGathered_[unit] = true;
+  if (profile_) return;
   for (int i : unitParams_[unit]) {
     at::Tensor& t = gathered_[i];
     at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), t.nbytes());
@@ -331,49 +442,21 @@ void FsdpExecutor::regatherUnit(int unit) {
     at::NoGradGuard noGrad;
     alias.copy_(gather(i, shards_[i].detach()));
   }
-  unitGathered_[unit] = true;
 }
 
-void FsdpExecutor::step(RankContext& ctx) {
-  ctx_ = &ctx;
+double FsdpExecutor::pass() {
   const int n = static_cast<int>(names_.size());
-  // Every step() trains from the initial parameters, with a new optimizer.
-  full_.assign(n, at::Tensor());
-  shards_.assign(n, at::Tensor());
-  gathered_.assign(n, at::Tensor());
-  std::vector<at::Tensor> stepped;  // what the optimizer updates
-  for (int i = 0; i < n; ++i) {
-    const at::Tensor& p = initialFull_[i];
-    if (!shardsParams(kind_)) full_[i] = p.clone().requires_grad_(true);
-    if (shardsState(kind_)) {
-      const auto [off, len] = shardRows(i);
-      shards_[i] = p.narrow(0, off, len).clone().requires_grad_(true);
-    }
-    stepped.push_back(shardsState(kind_) ? shards_[i] : full_[i]);
-  }
-  if (fault_ == Fault::kStaleShard && shardsState(kind_)) {
-    staleShards_.clear();
-    for (auto& s : stepped) {
-      staleShards_.push_back(s.detach().clone().requires_grad_(true));
-      s = staleShards_.back();
-    }
-  }
-  opt_ = reference::makeOptimizer(case_.training.optimizer, stepped);
-  std::vector<double> losses, norms;
-  auto& world = ctx.world();
-  auto& shardGroup = kind_ == Kind::kHsdp ? ctx.group({1}) : ctx.world();
-  for (int k = 0; k < case_.training.steps; ++k) {
-    for (auto& t : full_) {
-      if (t.defined()) t.mutable_grad() = at::Tensor();
-    }
-    for (auto& t : shards_) {
-      if (t.defined()) t.mutable_grad() = at::Tensor();
-    }
+  mark(MarkKind::kStart, -1);
+  double result = 0;
+  {
     // Forward, unit by unit where parameters are sharded.
     std::map<std::string, at::Tensor> values = inputs_;
     unitGathered_.assign(units_.names.size(), false);
+    unitPending_.assign(units_.names.size(), 0);
+    for (int i = 0; i < n; ++i) ++unitPending_[unitOf_[i]];
+    gathered_.assign(n, at::Tensor());
     if (shardsParams(kind_)) {
-      gatherUnit(0, values);  // the root: gathered for the whole step
+      gatherUnit(0, values);  // the root: gathered until its backward is over
     } else {
       for (int i = 0; i < n; ++i) values[names_[i]] = full_[i];
     }
@@ -394,6 +477,8 @@ void FsdpExecutor::step(RankContext& ctx) {
       // After a unit's last node: reshard, and gather again when the gradient of anything it
       // hands on arrives.
       for (int u : unitsEndingAt_[j]) {
+        for (const auto& name : units_.params[u]) values.erase(name);
+        if (!reshardAfterForward_) continue;
         for (const auto& v : units_.handedOn[u]) {
           const at::Tensor& val = values.at(v);
           if (!val.requires_grad()) continue;
@@ -402,18 +487,75 @@ void FsdpExecutor::step(RankContext& ctx) {
             return grad;
           });
         }
-        reshardUnit(u);
-        for (const auto& name : units_.params[u]) values.erase(name);
+        mark(MarkKind::kUnitEnd, u);
+        // The fault: marked resharded, never freed (gathered again into storage still there).
+        reshardUnit(u, !(fault_ == Fault::kUnitNotResharded && u == 1));
       }
     }
     const at::Tensor out = values.at(local_.output);
     values.clear();
-    at::Tensor loss = (out * target_).sum();
+    const at::Tensor loss = (out * target_).sum();
     reference::backward({loss});
+    mark(MarkKind::kBackwardEnd, -1);
     at::Tensor total = loss.detach().clone();
-    world.allReduce(total);
-    losses.push_back(total.item<double>());
+    if (!profile_) ctx_->world().allReduce(total);
+    result = total.item<double>();
+  }
+  return result;
+}
 
+void FsdpExecutor::makeParams() {
+  const int n = static_cast<int>(names_.size());
+  full_.assign(n, at::Tensor());
+  shards_.assign(n, at::Tensor());
+  for (int i = 0; i < n; ++i) {
+    const at::Tensor& p = initial_[i];
+    if (!shardsParams(kind_)) full_[i] = p.clone().requires_grad_(true);
+    if (shardsParams(kind_)) {
+      shards_[i] = p.clone().requires_grad_(true);
+    } else if (shardsState(kind_)) {
+      const auto [off, len] = shardRows(i);
+      shards_[i] = p.narrow(0, off, len).clone().requires_grad_(true);
+    }
+  }
+}
+
+void FsdpExecutor::step(RankContext& ctx) {
+  ctx_ = &ctx;
+  auto& mem = harness::MemoryTracker::instance();
+  entryLive_ = mem.current(ctx.rank());
+  // Every step() trains from the initial parameters, with a new optimizer: the last one's
+  // training let go of first.
+  loop_.reset();
+  full_.clear();
+  shards_.clear();
+  staleShards_.clear();
+  gathered_.clear();
+  startLive_ = mem.current(ctx.rank());
+  makeParams();
+  const int n = static_cast<int>(names_.size());
+  std::vector<std::pair<std::string, at::Tensor>> stepped;  // what the optimizer updates
+  for (int i = 0; i < n; ++i) {
+    stepped.emplace_back(names_[i], shardsState(kind_) ? shards_[i] : full_[i]);
+  }
+  if (fault_ == Fault::kStaleShard && shardsState(kind_)) {
+    for (auto& [name, s] : stepped) {
+      staleShards_.push_back(s.detach().clone().requires_grad_(true));
+      s = staleShards_.back();
+    }
+  }
+  loop_ = std::make_unique<reference::TrainingLoop>(case_.training, stepped);
+  // Where the optimizer steps shards, the norm is the shards' squares summed over the group
+  // that holds one copy of every row.
+  if (shardsState(kind_)) harness::shareNormOver(*loop_, std::vector<bool>(n, true), shardComm());
+  auto& world = ctx.world();
+  for (int k = 0; k < case_.training.steps; ++k) {
+    for (auto* ts : {&full_, &shards_}) {
+      for (auto& t : *ts) {
+        if (t.defined()) t.mutable_grad() = at::Tensor();
+      }
+    }
+    const double loss = pass();
     // Gradients: reduced, and where the optimizer steps a shard, that shard's.
     if (!shardsParams(kind_)) {
       for (int i = 0; i < n; ++i) {
@@ -425,7 +567,7 @@ void FsdpExecutor::step(RankContext& ctx) {
           const at::Tensor parts =
               world.allGather(g.contiguous().view({1, -1}), std::vector<int64_t>(layout_.world, 1));
           at::Tensor sum = parts[ctx.rank()].clone();
-          for (int k = 1; k < layout_.world; ++k) sum.add_(parts[(ctx.rank() + k) % layout_.world]);
+          for (int r = 1; r < layout_.world; ++r) sum.add_(parts[(ctx.rank() + r) % layout_.world]);
           g.copy_(sum.view(g.sizes()));
         } else if (fault_ != Fault::kReplicaUnsummed || i + 1 != n) {
           world.allReduce(g);
@@ -442,20 +584,10 @@ void FsdpExecutor::step(RankContext& ctx) {
         }
       }
     }
-    double sq = reference::gradientSquares(shardsGrads(kind_) ? shards_ : full_);
-    if (shardsGrads(kind_)) {
-      at::Tensor s = at::tensor({sq}, at::TensorOptions().dtype(at::kDouble));
-      shardGroup.allReduce(s);
-      sq = s.item<double>();
-    }
-    const double norm = std::sqrt(sq);
-    norms.push_back(norm);
-    reference::clipGradients(shardsState(kind_) ? shards_ : full_, norm,
-                             case_.training.optimizer.clipGradNorm);
     if (fault_ == Fault::kStaleShard && shardsState(kind_)) {
       for (int i = 0; i < n; ++i) staleShards_[i].mutable_grad() = shards_[i].grad();
     }
-    opt_->step();
+    loop_->update(loss);
     // The updated shards back into the whole parameters (zero1, zero2).
     if (kind_ == Kind::kZero1 || kind_ == Kind::kZero2) {
       at::NoGradGuard noGrad;
@@ -464,25 +596,184 @@ void FsdpExecutor::step(RankContext& ctx) {
       }
     }
   }
-  // Results.
-  results_.clear();
-  const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  results_["loss"] = at::tensor(losses, f64);
-  results_["grad_norm"] = at::tensor(norms, f64);
-  for (int i = 0; i < n; ++i) {
+  gathered_.clear();
+}
+
+// Written when asked, not at the end of the step, so that the copies are not in its peak.
+std::map<std::string, at::Tensor> FsdpExecutor::results() const {
+  std::map<std::string, at::Tensor> out;
+  if (!loop_) return out;
+  loop_->write(out);
+  // The parameters the model computes with: the whole ones where they are not sharded, and
+  // the shards themselves (under stale_shard, not what the optimizer stepped).
+  for (size_t i = 0; i < names_.size(); ++i) {
     const at::Tensor& held = shardsParams(kind_) ? shards_[i] : full_[i];
-    results_["param/" + names_[i]] = held.detach();
-    const at::Tensor& stepped = fault_ == Fault::kStaleShard && shardsState(kind_)
-                                    ? staleShards_[i]
-                                    : (shardsState(kind_) ? shards_[i] : full_[i]);
-    for (const auto& [key, t] : reference::optimizerState(*opt_, stepped)) {
-      results_["state/" + names_[i] + "/" + key] = t;
-    }
-    if (i == 0 && case_.training.optimizer.kind == "adamw") {
-      results_["state/step"] = at::tensor({reference::optimizerStep(*opt_, stepped)}, f64);
+    out["param/" + names_[i]] = held.detach();
+  }
+  return out;
+}
+
+// The memory model. A step's peak is predicted from two parts:
+//  - what the forward and backward of this rank's batch allocate besides the parameters
+//    (activations, what autograd saves, kernel temporaries, activation gradients): LibTorch's
+//    to allocate, so measured, once in prepare, by a profile pass on whole parameters with no
+//    communication and nothing freed that FSDP frees, at each point where FSDP acts (a unit
+//    gathered, resharded, gathered again, a gradient ready to reduce, the backward's end);
+//  - what FSDP holds, modelled from the shapes: the parameters, shards and optimizer state; a
+//    unit's whole parameters from its gather to its reshard after the forward and from the
+//    gather before its backward to its last gradient's reduce-scatter; each gradient's
+//    contiguous copy and its shard; and every collective's scratch as the Communicator
+//    allocates it (Communicator::scratchBytes); the update's temporaries and state as
+//    harness::profileUpdate measures them on the shards' shapes.
+// The two are added at every mark, and a unit left gathered, a gradient kept whole, a shard
+// copied breaks the sum.
+void FsdpExecutor::modelMemory(RankContext& ctx) {
+  const int n = static_cast<int>(names_.size());
+  const int64_t es = static_cast<int64_t>(c10::elementSize(case_.dtype));
+  std::vector<int64_t> fullB(n), shardB(n), maxShardB(n);
+  for (int i = 0; i < n; ++i) {
+    const int64_t rowB = rowElems(sizes_[i]) * es;
+    fullB[i] = numel(sizes_[i]) * es;
+    shardB[i] = shardRows_[i].second * rowB;
+    maxShardB[i] = rows_[i].front() * rowB;  // torch.chunk's first part is the largest
+  }
+  const auto scratch = [&](harness::Communicator& c, Collective k, int64_t mine, int64_t most,
+                           at::ScalarType dtype) {
+    return c.size() > 1 ? c.scratchBytes(k, mine, most, dtype) : int64_t{0};
+  };
+  auto& world = ctx.world();
+  auto& sc = shardComm();
+  int64_t peak = 0;
+  const auto at = [&peak](int64_t v) { peak = std::max(peak, v); };
+
+  // The pass: the profile's live bytes plus FSDP's parameter memory (`overlay`) at each mark.
+  int64_t overlay = 0, live = 0;
+  std::vector<bool> gathered(units_.names.size(), false);
+  std::vector<int> pending(units_.names.size(), 0);
+  for (int i = 0; i < n; ++i) ++pending[unitOf_[i]];
+  const auto unitBytes = [&](int u) {
+    int64_t b = 0;
+    for (int i : unitParams_[u]) b += fullB[i];
+    return b;
+  };
+  for (const Mark& m : marks_) {
+    at(m.peak + overlay);
+    live = m.live + overlay;
+    switch (m.kind) {
+      case MarkKind::kGather:
+      case MarkKind::kRegather:
+        // Forward: each all-gather's output is the parameter. Before the backward: the storage
+        // comes back, the all-gather's output is copied into it and let go.
+        for (int i : unitParams_[m.index]) {
+          const int64_t temp = m.kind == MarkKind::kRegather ? fullB[i] : 0;
+          at(live + fullB[i] + temp +
+             scratch(sc, Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
+          live += fullB[i];
+          overlay += fullB[i];
+        }
+        gathered[m.index] = true;
+        break;
+      case MarkKind::kUnitEnd:
+        overlay -= unitBytes(m.index);
+        gathered[m.index] = false;
+        break;
+      case MarkKind::kGradReady: {
+        const int i = m.index;
+        const int64_t copy = m.contiguous ? 0 : fullB[i];
+        at(live + copy + shardB[i] +
+           scratch(sc, Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
+        if (kind_ == Kind::kHsdp) {
+          at(live + shardB[i] +
+             scratch(ctx.group({0}), Collective::kAllReduce, shardB[i], shardB[i], case_.dtype));
+        }
+        overlay += shardB[i];  // the shard's gradient, kept; the whole one let go as profiled
+        const int u = unitOf_[i];
+        if (--pending[u] == 0 && gathered[u]) {
+          overlay -= unitBytes(u);
+          gathered[u] = false;
+        }
+        break;
+      }
+      case MarkKind::kBackwardEnd:  // the loss summed over the ranks
+        at(live + es + scratch(world, Collective::kAllReduce, es, es, case_.dtype));
+        break;
+      case MarkKind::kStart:
+      case MarkKind::kDone:
+        break;
     }
   }
-  gathered_.clear();
+  const int64_t passPeak = peak;
+  const int64_t passEnd = live;  // after the pass: the gradients, whole or sharded
+
+  // The update, measured on copies of what the optimizer steps.
+  std::vector<std::pair<std::string, at::Tensor>> stepped;
+  for (int i = 0; i < n; ++i) {
+    at::Tensor p = initial_[i];
+    if (shardsState(kind_) && !shardsParams(kind_)) {
+      p = p.narrow(0, shardRows_[i].first, shardRows_[i].second);
+    }
+    stepped.emplace_back(names_[i], p);
+  }
+  const auto u = harness::profileUpdate(
+      ctx.rank(), case_.training, stepped,
+      shardsState(kind_) ? std::vector<bool>(n, true) : std::vector<bool>{});
+
+  // Every step: the pass, the gradients' reductions (ddp, zero1, zero2), the update, the
+  // shards gathered back (zero1, zero2). The first step has no optimizer state; the others
+  // have all of it.
+  for (int k = 0; k < std::min(case_.training.steps, 2); ++k) {
+    const int64_t state = k == 0 ? 0 : u.stateBytes;
+    at(state + passPeak);
+    live = state + passEnd;
+    if (!shardsParams(kind_)) {
+      for (int i = 0; i < n; ++i) {
+        if (kind_ == Kind::kZero2) {
+          at(live + shardB[i] +
+             scratch(world, Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
+          live += shardB[i] - fullB[i];
+        } else {
+          at(live + scratch(world, Collective::kAllReduce, fullB[i], fullB[i], case_.dtype));
+          if (kind_ == Kind::kZero1) live += shardB[i];
+        }
+      }
+    }
+    at(live - state + u.peak);
+    live += u.stateBytes - state;
+    if (kind_ == Kind::kZero1 || kind_ == Kind::kZero2) {
+      for (int i = 0; i < n; ++i) {
+        at(live + fullB[i] +
+           scratch(world, Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
+      }
+    }
+  }
+  stepPeak_ = peak;
+  paramBytes_ = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!shardsParams(kind_)) paramBytes_ += fullB[i];
+    if (shardsState(kind_)) paramBytes_ += shardB[i];
+  }
+  memoryDetails_ = {{"memory_model",
+                     {{"param_bytes", paramBytes_},
+                      {"pass_peak_bytes", passPeak},
+                      {"pass_end_bytes", passEnd},
+                      {"optimizer_state_bytes", u.stateBytes},
+                      {"update_peak_bytes", u.peak},
+                      {"step_peak_bytes", stepPeak_},
+                      {"marks", static_cast<int64_t>(marks_.size())}}}};
+}
+
+nlohmann::json FsdpExecutor::details() const {
+  nlohmann::json d = memoryDetails_;
+  d["memory_model"]["step_start_live_bytes"] = startLive_;
+  d["memory_model"]["step_entry_live_bytes"] = entryLive_;
+  return d;
+}
+
+std::optional<int64_t> FsdpExecutor::predictedPeakBytes() const {
+  // Above what was live before the step made its parameters (measured there: the batch, the
+  // initial parameters or shards); at least what the last step's training left when this one
+  // began (the peak window opens before it is let go).
+  return std::max(entryLive_, startLive_ + paramBytes_ + stepPeak_);
 }
 
 std::vector<std::pair<std::string, std::string>> FsdpExecutor::recordParams() const {
@@ -490,6 +781,7 @@ std::vector<std::pair<std::string, std::string>> FsdpExecutor::recordParams() co
           {"steps", std::to_string(case_.training.steps)},
           {"optimizer", case_.training.optimizer.toString()},
           {"units", std::to_string(units_.names.size())},
+          {"reshard_after_forward", shardsParams(kind_) ? (reshardAfterForward_ ? "true" : "false") : "-"},
           {"shard_parts", std::to_string(layout_.shardParts)},
           {"replicas", std::to_string(layout_.replicaParts)}};
 }

@@ -58,6 +58,8 @@ const char* faultName(Fault f) {
       return "replica_unsummed";
     case Fault::kReplicaOwnOrder:
       return "replica_own_order";
+    case Fault::kUnitNotResharded:
+      return "unit_not_resharded";
   }
   return "?";
 }
@@ -70,9 +72,16 @@ bool takesFault(Kind k, Fault f) {
       return k == Kind::kDdp || k == Kind::kZero1 || k == Kind::kHsdp;
     case Fault::kReplicaOwnOrder:
       return k == Kind::kDdp;
+    case Fault::kUnitNotResharded:
+      return shardsParams(k);
     default:
       return true;
   }
+}
+
+bool reshardAfterForward(const CaseSpec& c) {
+  const auto it = c.params.find("reshard_after_forward");
+  return it == c.params.end() || !it->is_boolean() || it->get<bool>();
 }
 
 Layout Layout::of(Kind k, const CaseSpec& c, int rank) {
@@ -175,9 +184,9 @@ CommStats predictComm(Kind kind, Fault fault, const CaseSpec& c, int rank) {
         break;
       case Kind::kZero3:
       case Kind::kHsdp: {
-        const bool root = units.unitOfParam.at(name) == 0;
-        count(Collective::kAllGather, l.shardParts, bytes);             // forward
-        if (!root) count(Collective::kAllGather, l.shardParts, bytes);  // before backward
+        const bool again = units.unitOfParam.at(name) != 0 && reshardAfterForward(c);
+        count(Collective::kAllGather, l.shardParts, bytes);              // forward
+        if (again) count(Collective::kAllGather, l.shardParts, bytes);  // before backward
         count(Collective::kReduceScatter, l.shardParts, bytes);
         if (kind == Kind::kHsdp &&
             (fault != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first)) {
@@ -188,7 +197,7 @@ CommStats predictComm(Kind kind, Fault fault, const CaseSpec& c, int rank) {
       }
     }
   }
-  if (shardsGrads(kind)) {
+  if (shardsState(kind)) {
     count(Collective::kAllReduce, l.shardParts, 8);  // the gradient norm's squares, float64
   }
   CommStats out;

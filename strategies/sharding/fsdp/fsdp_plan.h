@@ -24,16 +24,22 @@ enum class Fault {
   kStaleShard,
   kHsdpWrongAxis,
   kReplicaUnsummed,
-  kReplicaOwnOrder
+  kReplicaOwnOrder,
+  kUnitNotResharded
 };
 inline constexpr Fault kFaults[] = {Fault::kGradDividedTwice, Fault::kStaleShard,
-                                    Fault::kHsdpWrongAxis, Fault::kReplicaUnsummed,
-                                    Fault::kReplicaOwnOrder};
+                                    Fault::kHsdpWrongAxis,    Fault::kReplicaUnsummed,
+                                    Fault::kReplicaOwnOrder,  Fault::kUnitNotResharded};
 
 const char* kindName(Kind k);    // "ddp", "zero1", ...
 const char* faultName(Fault f);  // "grad_divided_twice", ...
 // Every kind takes the general faults; the replica faults where there are replicas.
 bool takesFault(Kind k, Fault f);
+
+// `params: {reshard_after_forward: false}` (zero3, hsdp): a unit's gathered parameters stay
+// from its forward through its backward, not gathered a second time (FSDP2's option; the root
+// is always kept). Default true.
+bool reshardAfterForward(const harness::CaseSpec& c);
 
 inline bool shardsParams(Kind k) { return k == Kind::kZero3 || k == Kind::kHsdp; }
 inline bool shardsState(Kind k) { return k != Kind::kDdp; }
