@@ -7,15 +7,17 @@
 # hsdp's reductions on swapped axes, replicas not summed or summed in each rank's own order:
 # fail, naming the tensor that differs or the replicas that are not bit-identical), the golden
 # losses beside the suite (held, a moved one caught, rewritten), one-step strategies refused on a
-# training case, and malformed steps / optimizer keys (exit 2 naming the key). Usage: ci/fsdp_test.sh BUILD_DIR
-# SOURCE_DIR
+# training case, and malformed steps / optimizer keys (exit 2 naming the key). Every row's peak
+# per rank is predicted to the byte; reshard_after_forward: false and prefetch are compared with
+# the default side by side; a unit left gathered after its forward fails on its memory alone.
+# Usage: ci/fsdp_test.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
 build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 
-check "fsdp suite on threads: every row passes" 0 "total +23 +0 +0 +3" -- \
+check "fsdp suite on threads: every row passes" 0 "total +24 +0 +0 +3" -- \
   "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
 check "fsdp suite: bytes and every rank's peak as predicted, memory ordered ddp > zero1 > zero2 > zero3" 0 "ok" -- \
   python3 - "$tmp/threads/results.csv" <<'PY'
@@ -33,12 +35,15 @@ for r in rows:
     assert r["mispredicted"] == "", r
     peak[r["case"]][r["strategy_id"].split("/")[-1]] = (int(r["peak_mem_bytes"]), int(r["comm_bytes"]))
 for case, p in peak.items():
-    if case.endswith("-keep-gathered"):
+    if case.endswith("-keep-gathered") or case.endswith("-prefetch"):
         continue
     assert p["ddp"][0] > p["zero1"][0] > p["zero2"][0] > p["zero3"][0], (case, p)
 # Kept gathered from forward to backward: more memory, one all-gather a step fewer per unit.
 keep, base = peak["gpt2-4-adamw-keep-gathered"]["zero3"], peak["gpt2-4-adamw"]["zero3"]
 assert keep[0] > base[0] and keep[1] < base[1], (keep, base)
+# Prefetching one unit: the same bytes moved, more memory held.
+ahead = peak["gpt2-4-adamw-prefetch"]["zero3"]
+assert ahead[0] > base[0] and ahead[1] == base[1], (ahead, base)
 print("ok", len(rows), "rows")
 PY
 
@@ -120,7 +125,7 @@ PY
 
 # Golden losses: the suite's file holds on this host (bitwise where written on these vector
 # units); a moved loss is an error naming the step; --write-golden needs the suite's key.
-check "golden: every training row says how its losses compared with the file" 0 "ok 23" -- \
+check "golden: every training row says how its losses compared with the file" 0 "ok 24" -- \
   python3 - "$tmp/threads/results.json" <<'PY'
 import json, sys
 recs = [r for r in json.load(open(sys.argv[1]))["records"] if r["status"] != "unsupported"]
@@ -137,7 +142,7 @@ check "golden: a moved loss errors every row of its case, naming the step" 1 \
   "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g1" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/ddp$'
 check "golden: --write-golden restores it, keeping the case the filter left out" 0 \
-  "golden losses of 5 training case.* \\(1 not run kept as the file had them\\)" -- \
+  "golden losses of 5 training case.* \\(2 not run kept as the file had them\\)" -- \
   "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g2" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/ddp$' --write-golden
 check "golden: the rewritten file is the suite's" 0 "" -- \
@@ -161,6 +166,9 @@ check "--write-golden on a suite without the key: exit 2" 2 "needs the suite's k
 printf 'suite: bad\ncases:\n  - name: c\n    workload: mlp\n    shape: {layers: 1}\n    mesh: 2\n    steps: 2\n    params: {reshard_after_forward: 1}\n    strategies: ["sharding/fsdp/zero3"]\n' >"$tmp/bad.yaml"
 check "reshard_after_forward not a boolean: exit 2 naming it" 2 "params.reshard_after_forward must be true or false, got 1" -- \
   "$sb" run "$tmp/bad.yaml" --out "$tmp/b5"
+sed -i 's/reshard_after_forward: 1/prefetch: 1.5/' "$tmp/bad.yaml"
+check "prefetch not a whole number of units: exit 2 naming it" 2 "params.prefetch must be a whole number of units, 0 to 8, got 1.5" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/b6"
 bad mlp "    steps: 0\n"
 check "steps: 0: exit 2 naming the key" 2 "key .steps. must be a whole number from 1" -- "$sb" run "$tmp/bad.yaml" --out "$tmp/b4"
 finish

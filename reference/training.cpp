@@ -78,11 +78,45 @@ OptimizerSpec OptimizerSpec::fromJson(const nlohmann::json& j, const std::string
       s.weightDecay = number(j, where, k, 0, 1);
     } else if (k == "clip_grad_norm") {
       s.clipGradNorm = number(j, where, k, 0, 1e30);
+    } else if (k == "schedule") {
+      const auto& sc = it.value();
+      const std::string at = where + ": optimizer key 'schedule'";
+      if (!sc.is_object()) {
+        throw std::invalid_argument(
+            at + " must be a mapping, e.g. {warmup_steps: 2, decay: cosine, min_lr: 0}, got " +
+            sc.dump());
+      }
+      for (auto e = sc.begin(); e != sc.end(); ++e) {
+        if (e.key() == "warmup_steps") {
+          const double w = number(sc, at, e.key(), 0, 1e6);
+          if (w != std::floor(w)) {
+            throw std::invalid_argument(at + ": key 'warmup_steps' must be a whole number, got " +
+                                        e.value().dump());
+          }
+          s.warmupSteps = static_cast<int>(w);
+        } else if (e.key() == "decay") {
+          if (!e.value().is_string() ||
+              (e.value() != "none" && e.value() != "linear" && e.value() != "cosine")) {
+            throw std::invalid_argument(at + ": key 'decay' must be none, linear or cosine, got " +
+                                        e.value().dump());
+          }
+          s.decay = e.value().get<std::string>();
+        } else if (e.key() == "min_lr") {
+          s.minLr = number(sc, at, e.key(), 0, 10);
+        } else {
+          throw std::invalid_argument(at + ": unknown key '" + e.key() +
+                                      "' (expected warmup_steps, decay, min_lr)");
+        }
+      }
+      if (s.minLr > s.lr) {
+        throw std::invalid_argument(at + ": min_lr " + std::to_string(s.minLr) + " is above lr " +
+                                    std::to_string(s.lr));
+      }
     } else {
       throw std::invalid_argument(
           where + ": unknown optimizer key '" + k + "' for " + s.kind + " (expected " +
-          (s.kind == "sgd" ? "lr, momentum, weight_decay, clip_grad_norm"
-                           : "lr, betas, eps, weight_decay, clip_grad_norm") +
+          (s.kind == "sgd" ? "lr, momentum, weight_decay, clip_grad_norm, schedule"
+                           : "lr, betas, eps, weight_decay, clip_grad_norm, schedule") +
           ")");
     }
   }
@@ -97,7 +131,18 @@ nlohmann::json OptimizerSpec::toJson() const {
     j["eps"] = eps;
   }
   if (clipGradNorm > 0) j["clip_grad_norm"] = clipGradNorm;
+  if (scheduled()) {
+    j["schedule"] = {{"warmup_steps", warmupSteps}, {"decay", decay}, {"min_lr", minLr}};
+  }
   return j;
+}
+
+double OptimizerSpec::lrAt(int k, int steps) const {
+  if (k < warmupSteps) return lr * (k + 1) / (warmupSteps + 1);
+  if (decay == "none") return lr;
+  const double p = static_cast<double>(k - warmupSteps) / std::max(1, steps - warmupSteps);
+  const double f = decay == "linear" ? 1 - p : 0.5 * (1 + std::cos(M_PI * p));
+  return minLr + (lr - minLr) * f;
 }
 
 std::string OptimizerSpec::toString() const {
@@ -107,6 +152,7 @@ std::string OptimizerSpec::toString() const {
   if (kind == "adamw") os << " betas=" << beta1 << "," << beta2 << " eps=" << eps;
   os << " wd=" << weightDecay;
   if (clipGradNorm > 0) os << " clip=" << clipGradNorm;
+  if (scheduled()) os << " warmup=" << warmupSteps << " decay=" << decay << " min_lr=" << minLr;
   return os.str();
 }
 
@@ -198,6 +244,10 @@ void TrainingLoop::update(double loss) {
   const double norm = std::sqrt(squares);
   norms_.push_back(norm);
   clipGradients(params_, norm, spec_.optimizer.clipGradNorm);
+  if (spec_.optimizer.scheduled()) {
+    const double lr = spec_.optimizer.lrAt(static_cast<int>(losses_.size()) - 1, spec_.steps);
+    for (auto& group : opt_->param_groups()) group.options().set_lr(lr);
+  }
   opt_->step();
 }
 

@@ -45,7 +45,18 @@ struct OptimizerSpec {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   double weightDecay = 0;
   double clipGradNorm = 0;  // 0: no clipping
-  // {kind, lr, momentum, betas: [b1, b2], eps, weight_decay, clip_grad_norm}; throws
+  // The learning-rate schedule (`schedule: {warmup_steps, decay, min_lr}`, torchtitan's):
+  // update k (from 0) of N runs at lr * (k + 1) / (warmup_steps + 1) while k < warmup_steps,
+  // then decays from lr to min_lr over the rest, p = (k - warmup_steps) / (N - warmup_steps):
+  // none (lr), linear (min_lr + (lr - min_lr)(1 - p)), cosine (min_lr + (lr - min_lr)
+  // (1 + cos(pi p)) / 2). No schedule: lr at every step.
+  int warmupSteps = 0;
+  std::string decay = "none";  // none | linear | cosine
+  double minLr = 0;
+  bool scheduled() const { return warmupSteps > 0 || decay != "none"; }
+  // The learning rate of update `k` (from 0) of `steps`.
+  double lrAt(int k, int steps) const;
+  // {kind, lr, momentum, betas: [b1, b2], eps, weight_decay, clip_grad_norm, schedule}; throws
   // std::invalid_argument naming `where` and the key on an unknown key or a bad value.
   static OptimizerSpec fromJson(const nlohmann::json& j, const std::string& where);
   nlohmann::json toJson() const;
@@ -86,6 +97,8 @@ class TrainingLoop {
  public:
   TrainingLoop(const TrainingSpec& spec, std::vector<std::pair<std::string, at::Tensor>> params);
   ~TrainingLoop();
+  // Records the loss, the norm, clips, sets the schedule's learning rate for this update and
+  // steps the optimizer.
   void update(double loss);
   // Where the parameters are a rank's pieces of them: `counted` says whose squares this rank adds
   // to the norm (one holder of each box that several ranks replicate), `reduce` sums the ranks'

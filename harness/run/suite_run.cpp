@@ -131,9 +131,10 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     size_t kept = 0;
     for (auto& [name, steps] : keptGolden) kept += golden->cases.emplace(name, steps).second;
     replaceResultFile(suite.golden, goldenText(*golden));
-    observer.note("golden losses of " + std::to_string(written) +
-                  " training case(s) written to " + suite.golden +
-                  (kept ? " (" + std::to_string(kept) + " not run kept as the file had them)" : ""));
+    observer.note(
+        "golden losses of " + std::to_string(written) + " training case(s) written to " +
+        suite.golden +
+        (kept ? " (" + std::to_string(kept) + " not run kept as the file had them)" : ""));
   }
   observer.resultsWritten(writer->csvPath(), writer->jsonPath(),
                           std::chrono::duration<double>(Clock::now() - runStart).count());

@@ -5,7 +5,10 @@
 
 #include <chrono>
 
+#include <ATen/ATen.h>
+
 #include "harness/run/suite.h"
+#include "reference/training.h"
 
 namespace sb::harness {
 namespace {
@@ -246,6 +249,58 @@ TEST(SuiteHostile, NanAndInfinityInParamsStayTextThatNoNumberReaderAccepts) {
 
 TEST(Suite, AMissingFileIsAnInputError) {
   EXPECT_THROW(loadSuite("/nonexistent/suite.yaml"), InputError);
+}
+
+const char* kScheduled = R"(suite: sched
+cases:
+  - name: c
+    workload: mlp
+    shape: {batch: 4, d_model: 8, layers: 1}
+    mesh: 2
+    steps: 5
+    optimizer: {kind: sgd, lr: 0.1, schedule: {warmup_steps: 2, decay: cosine, min_lr: 0.02}}
+    strategies: ["sharding/fsdp/.*"]
+)";
+
+TEST(TrainingSchedule, ParsedFromTheSuiteAndRunByTheLoop) {
+  const Suite s = parseSuite(kScheduled, "sched.yaml");
+  const auto& spec = s.cases.at(0).training;
+  ASSERT_TRUE(spec.optimizer.scheduled());
+  EXPECT_EQ(spec.optimizer.warmupSteps, 2);
+  EXPECT_EQ(spec.optimizer.decay, "cosine");
+  // Plain SGD: each update moves the parameter by exactly lr_k times its gradient (1 here, a
+  // power of two below lr's scale), so the loop's learning rates can be read back from it.
+  at::Tensor p = at::zeros({1}, at::kDouble).requires_grad_(true);
+  reference::TrainingLoop loop(spec, {{"p", p}});
+  std::vector<double> seen;
+  for (int k = 0; k < spec.steps; ++k) {
+    const double before = p.item<double>();
+    p.mutable_grad() = at::ones({1}, at::kDouble);
+    loop.update(0);
+    seen.push_back(before - p.item<double>());
+  }
+  // torchtitan's warmup, (k + 1) / (warmup + 1), then cosine from lr to min_lr over the rest.
+  const double pi = std::acos(-1.0);
+  const std::vector<double> want = {0.1 / 3, 0.2 / 3, 0.1,
+                                    0.02 + 0.08 * 0.5 * (1 + std::cos(pi / 3)),
+                                    0.02 + 0.08 * 0.5 * (1 + std::cos(2 * pi / 3))};
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(seen[k], want[k], 1e-15) << "update " << k;
+}
+
+TEST(TrainingSchedule, MalformedSchedulesNameTheKey) {
+  const auto with = [](const std::string& schedule) {
+    std::string y = kScheduled;
+    const std::string from = "{warmup_steps: 2, decay: cosine, min_lr: 0.02}";
+    y.replace(y.find(from), from.size(), schedule);
+    return errorOf(y);
+  };
+  EXPECT_NE(with("{decay: step}").find("'decay' must be none, linear or cosine"),
+            std::string::npos);
+  EXPECT_NE(with("{warmup_steps: 1.5}").find("'warmup_steps' must be a whole number"),
+            std::string::npos);
+  EXPECT_NE(with("{warmup: 1}").find("unknown key 'warmup'"), std::string::npos);
+  EXPECT_NE(with("{min_lr: 0.5}").find("min_lr 0.500000 is above lr 0.100000"), std::string::npos);
+  EXPECT_NE(with("cosine").find("'schedule' must be a mapping"), std::string::npos);
 }
 
 }  // namespace

@@ -54,6 +54,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <map>
+#include <utility>
 
 #include "harness/measure/memory.h"
 #include "harness/measure/update_profile.h"
@@ -109,19 +110,22 @@ class FsdpExecutor final : public harness::RankExecutor {
   enum class MarkKind { kStart, kGather, kUnitEnd, kRegather, kGradReady, kBackwardEnd, kDone };
   struct Mark {
     MarkKind kind;
-    int index;         // the unit (gather, unit end, regather) or parameter (grad ready)
-    int64_t live;      // the profile's live bytes here, above its start
-    int64_t peak;      // the most it held since the previous mark, above its start
-    bool contiguous;   // grad ready: the gradient autograd hands over is contiguous
+    int index;        // the unit (gather, unit end, regather) or parameter (grad ready)
+    int64_t live;     // the profile's live bytes here, above its start
+    int64_t peak;     // the most it held since the previous mark, above its start
+    bool contiguous;  // grad ready: the gradient autograd hands over is contiguous
   };
   void mark(MarkKind kind, int index, bool contiguous = true);
   // One forward and backward of this rank's batch; the loss summed over the ranks. With
   // profile_ set: on whole parameters, no communication, parameters never freed, the marks
   // recorded.
   double pass();
+  // Gathers `unit` for its forward (marked), and, where prefetching, the next units.
   void gatherUnit(int unit, std::map<std::string, at::Tensor>& values);
+  void gatherParams(int unit, std::map<std::string, at::Tensor>& values);
   void reshardUnit(int unit, bool free = true);
   void regatherUnit(int unit);
+  void regatherParams(int unit);
   void makeParams();
   // The model of a step's peak above what is live before the parameters are made (memory
   // model, in predictedPeakBytes' comment), from the profile's marks.
@@ -138,6 +142,7 @@ class FsdpExecutor final : public harness::RankExecutor {
   Kind kind_;
   Fault fault_;
   bool reshardAfterForward_ = true;
+  int prefetch_ = 0;  // units gathered ahead, forward and backward (params.prefetch)
   Layout layout_;
   Graph local_;  // the graph at this rank's batch
   Units units_;
@@ -154,12 +159,16 @@ class FsdpExecutor final : public harness::RankExecutor {
   std::vector<std::vector<int>> unitParams_;
   std::vector<std::vector<int>> unitsEndingAt_;
   std::vector<std::vector<int64_t>> sizes_;  // whole parameters' sizes
-  std::vector<at::Tensor> initial_;  // initial parameters: whole, or this rank's shards (zero3, hsdp)
-  std::vector<at::Tensor> full_;     // ddp/zero1/zero2 (and the profile): whole leaves
-  std::vector<at::Tensor> shards_;   // sharded state: this rank's shard leaves
+  std::vector<at::Tensor>
+      initial_;                   // initial parameters: whole, or this rank's shards (zero3, hsdp)
+  std::vector<at::Tensor> full_;  // ddp/zero1/zero2 (and the profile): whole leaves
+  std::vector<at::Tensor> shards_;       // sharded state: this rank's shard leaves
   std::vector<at::Tensor> staleShards_;  // fault stale_shard: what the optimizer steps
   std::vector<at::Tensor> gathered_;     // zero3/hsdp: the unit tensors gathered
+  std::vector<at::Tensor> prefetched_;   // all-gathered ahead of their unit's forward
   std::vector<bool> unitGathered_;
+  std::vector<int> order_;        // the block units in the order their forwards run
+  std::vector<int> orderPos_;     // per unit: its place in order_ (-1: the root)
   std::vector<int> unitPending_;  // per unit: gradients not reduced yet this backward
   std::unique_ptr<reference::TrainingLoop> loop_;
   // The memory model: the profile's marks, and what it predicts.
@@ -183,7 +192,7 @@ class FsdpStrategy final : public harness::Strategy {
   Fault fault() const { return fault_; }
   bool trainsSteps() const override { return true; }
   std::vector<std::string> caseParams() const override {
-    if (shardsParams(kind_)) return {"reshard_after_forward"};
+    if (shardsParams(kind_)) return {"reshard_after_forward", "prefetch"};
     return {};
   }
 
@@ -207,6 +216,11 @@ class FsdpStrategy final : public harness::Strategy {
         !c.params["reshard_after_forward"].is_boolean()) {
       return Applicability::unsupported("params.reshard_after_forward must be true or false, got " +
                                         c.params["reshard_after_forward"].dump());
+    }
+    if (c.params.contains("prefetch") && prefetchDepth(c) < 0) {
+      return Applicability::unsupported(
+          "params.prefetch must be a whole number of units, 0 to 8, got " +
+          c.params["prefetch"].dump());
     }
     if (kind_ == Kind::kHsdp && c.mesh.size() != 2) {
       return Applicability::unsupported(
@@ -310,6 +324,7 @@ torch::autograd::variable_list GatherParam::backward(torch::autograd::AutogradCo
 FsdpExecutor::FsdpExecutor(const FsdpStrategy& s, CaseSpec c)
     : case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {
   reshardAfterForward_ = reshardAfterForward(case_);
+  prefetch_ = prefetchDepth(case_);
 }
 
 void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
@@ -348,6 +363,9 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
     for (const auto& name : units_.params[u]) unitParams_[u].push_back(index.at(name));
     if (u > 0 && units_.lastNode[u] >= 0) unitsEndingAt_[units_.lastNode[u]].push_back(u);
   }
+  order_ = forwardOrder(units_, local_);
+  orderPos_.assign(units_.names.size(), -1);
+  for (size_t k = 0; k < order_.size(); ++k) orderPos_[order_[k]] = static_cast<int>(k);
   // The profile: one pass on whole parameters, no communication, nothing freed that FSDP
   // frees, the live bytes recorded at each mark (modelMemory adds what FSDP does there).
   {
@@ -383,6 +401,7 @@ void FsdpExecutor::mark(MarkKind kind, int index, bool contiguous) {
 at::Tensor FsdpExecutor::gather(int index, const at::Tensor& shard) {
   // The profile's "shard" is the whole parameter: an alias, allocating nothing.
   if (profile_) return shard.alias();
+  if (prefetched_[index].defined()) return std::exchange(prefetched_[index], at::Tensor());
   return shardComm().allGather(shard.contiguous(), rowsOf(index)).view(sizes_[index]);
 }
 
@@ -410,6 +429,21 @@ at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
 
 void FsdpExecutor::gatherUnit(int unit, std::map<std::string, at::Tensor>& values) {
   mark(MarkKind::kGather, unit);
+  gatherParams(unit, values);
+  // Forward prefetch: the next units in forward order, gathered now (the profile does not:
+  // the model places them itself).
+  if (profile_ || unit == 0) return;
+  // Only the all-gathers are issued early: each unit's autograd function is made at its own
+  // forward, so that the backward runs its reductions in the same order (FSDP2's way).
+  for (int d = 1; d <= prefetch_ && orderPos_[unit] + d < static_cast<int>(order_.size()); ++d) {
+    const int next = order_[orderPos_[unit] + d];
+    if (unitGathered_[next]) continue;
+    for (int i : unitParams_[next]) prefetched_[i] = gather(i, shards_[i].detach());
+    unitGathered_[next] = true;
+  }
+}
+
+void FsdpExecutor::gatherParams(int unit, std::map<std::string, at::Tensor>& values) {
   for (int i : unitParams_[unit]) {
     gathered_[i] = GatherParam::apply(shards_[i], reinterpret_cast<int64_t>(this), i);
     values[names_[i]] = gathered_[i];
@@ -430,8 +464,20 @@ void FsdpExecutor::reshardUnit(int unit, bool free) {
 // Gathers the unit's parameters again, into the storage autograd's saved tensors share, through
 // an alias of its own (whose writes bump no saved tensor's version).
 void FsdpExecutor::regatherUnit(int unit) {
-  if (unitGathered_[unit]) return;
-  mark(MarkKind::kRegather, unit);
+  if (!unitGathered_[unit]) {
+    mark(MarkKind::kRegather, unit);
+    regatherParams(unit);
+  }
+  // Backward prefetch: the units whose backward comes next (the previous ones in forward
+  // order), where they still have gradients to reduce.
+  if (profile_) return;
+  for (int d = 1; d <= prefetch_ && orderPos_[unit] - d >= 0; ++d) {
+    const int prev = order_[orderPos_[unit] - d];
+    if (!unitGathered_[prev] && unitPending_[prev] > 0) regatherParams(prev);
+  }
+}
+
+void FsdpExecutor::regatherParams(int unit) {
   unitGathered_[unit] = true;
   if (profile_) return;
   for (int i : unitParams_[unit]) {
@@ -455,6 +501,7 @@ double FsdpExecutor::pass() {
     unitPending_.assign(units_.names.size(), 0);
     for (int i = 0; i < n; ++i) ++unitPending_[unitOf_[i]];
     gathered_.assign(n, at::Tensor());
+    prefetched_.assign(n, at::Tensor());
     if (shardsParams(kind_)) {
       gatherUnit(0, values);  // the root: gathered until its backward is over
     } else {
@@ -656,26 +703,42 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
     for (int i : unitParams_[u]) b += fullB[i];
     return b;
   };
+  std::vector<bool> everGathered(units_.names.size(), false);
+  // Forward: each all-gather's output is the parameter. Before the backward: the storage comes
+  // back, the all-gather's output is copied into it and let go.
+  const auto gatherAt = [&](int u, bool again) {
+    for (int i : unitParams_[u]) {
+      at(live + fullB[i] + (again ? fullB[i] : 0) +
+         scratch(sc, Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
+      live += fullB[i];
+      overlay += fullB[i];
+    }
+    gathered[u] = everGathered[u] = true;
+  };
+  const int units = static_cast<int>(order_.size());
   for (const Mark& m : marks_) {
     at(m.peak + overlay);
     live = m.live + overlay;
+    const int u = m.index;
     switch (m.kind) {
-      case MarkKind::kGather:
-      case MarkKind::kRegather:
-        // Forward: each all-gather's output is the parameter. Before the backward: the storage
-        // comes back, the all-gather's output is copied into it and let go.
-        for (int i : unitParams_[m.index]) {
-          const int64_t temp = m.kind == MarkKind::kRegather ? fullB[i] : 0;
-          at(live + fullB[i] + temp +
-             scratch(sc, Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
-          live += fullB[i];
-          overlay += fullB[i];
+      case MarkKind::kGather:  // unit u's forward is next; prefetch: the next units' too
+        if (!everGathered[u]) gatherAt(u, false);
+        if (u == 0) break;
+        for (int d = 1; d <= prefetch_ && orderPos_[u] + d < units; ++d) {
+          const int next = order_[orderPos_[u] + d];
+          if (!everGathered[next]) gatherAt(next, false);
         }
-        gathered[m.index] = true;
+        break;
+      case MarkKind::kRegather:  // unit u's backward is next; prefetch: the previous units'
+        if (!gathered[u]) gatherAt(u, true);
+        for (int d = 1; d <= prefetch_ && orderPos_[u] - d >= 0; ++d) {
+          const int prev = order_[orderPos_[u] - d];
+          if (!gathered[prev] && pending[prev] > 0) gatherAt(prev, true);
+        }
         break;
       case MarkKind::kUnitEnd:
-        overlay -= unitBytes(m.index);
-        gathered[m.index] = false;
+        overlay -= unitBytes(u);
+        gathered[u] = false;
         break;
       case MarkKind::kGradReady: {
         const int i = m.index;
@@ -687,10 +750,10 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
              scratch(ctx.group({0}), Collective::kAllReduce, shardB[i], shardB[i], case_.dtype));
         }
         overlay += shardB[i];  // the shard's gradient, kept; the whole one let go as profiled
-        const int u = unitOf_[i];
-        if (--pending[u] == 0 && gathered[u]) {
-          overlay -= unitBytes(u);
-          gathered[u] = false;
+        const int owner = unitOf_[i];
+        if (--pending[owner] == 0 && gathered[owner]) {
+          overlay -= unitBytes(owner);
+          gathered[owner] = false;
         }
         break;
       }
@@ -714,9 +777,9 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
     }
     stepped.emplace_back(names_[i], p);
   }
-  const auto u = harness::profileUpdate(
-      ctx.rank(), case_.training, stepped,
-      shardsState(kind_) ? std::vector<bool>(n, true) : std::vector<bool>{});
+  const auto u =
+      harness::profileUpdate(ctx.rank(), case_.training, stepped,
+                             shardsState(kind_) ? std::vector<bool>(n, true) : std::vector<bool>{});
 
   // Every step: the pass, the gradients' reductions (ddp, zero1, zero2), the update, the
   // shards gathered back (zero1, zero2). The first step has no optimizer state; the others
@@ -781,7 +844,9 @@ std::vector<std::pair<std::string, std::string>> FsdpExecutor::recordParams() co
           {"steps", std::to_string(case_.training.steps)},
           {"optimizer", case_.training.optimizer.toString()},
           {"units", std::to_string(units_.names.size())},
-          {"reshard_after_forward", shardsParams(kind_) ? (reshardAfterForward_ ? "true" : "false") : "-"},
+          {"reshard_after_forward",
+           shardsParams(kind_) ? (reshardAfterForward_ ? "true" : "false") : "-"},
+          {"prefetch", shardsParams(kind_) ? std::to_string(prefetch_) : "-"},
           {"shard_parts", std::to_string(layout_.shardParts)},
           {"replicas", std::to_string(layout_.replicaParts)}};
 }

@@ -2,6 +2,7 @@
 
 #include "strategies/sharding/fsdp/fsdp_plan.h"
 
+#include <algorithm>
 #include <set>
 
 #include "harness/box.h"
@@ -82,6 +83,31 @@ bool takesFault(Kind k, Fault f) {
 bool reshardAfterForward(const CaseSpec& c) {
   const auto it = c.params.find("reshard_after_forward");
   return it == c.params.end() || !it->is_boolean() || it->get<bool>();
+}
+
+int prefetchDepth(const CaseSpec& c) {
+  const auto it = c.params.find("prefetch");
+  if (it == c.params.end()) return 0;
+  if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 8) return -1;
+  return static_cast<int>(it->get<int64_t>());
+}
+
+std::vector<int> forwardOrder(const Units& u, const Graph& g) {
+  std::vector<std::pair<int, int>> first;  // {first node, unit}
+  for (int unit = 1; unit < static_cast<int>(u.names.size()); ++unit) {
+    int at = static_cast<int>(g.nodes.size());
+    for (int j = 0; j < static_cast<int>(g.nodes.size()) && at == static_cast<int>(g.nodes.size());
+         ++j) {
+      for (const auto& a : g.nodes[j].args) {
+        if (g.isParameter(a) && u.unitOfParam.at(a) == unit) at = j;
+      }
+    }
+    first.emplace_back(at, unit);
+  }
+  std::sort(first.begin(), first.end());
+  std::vector<int> out;
+  for (const auto& f : first) out.push_back(f.second);
+  return out;
 }
 
 Layout Layout::of(Kind k, const CaseSpec& c, int rank) {
@@ -185,7 +211,7 @@ CommStats predictComm(Kind kind, Fault fault, const CaseSpec& c, int rank) {
       case Kind::kZero3:
       case Kind::kHsdp: {
         const bool again = units.unitOfParam.at(name) != 0 && reshardAfterForward(c);
-        count(Collective::kAllGather, l.shardParts, bytes);              // forward
+        count(Collective::kAllGather, l.shardParts, bytes);             // forward
         if (again) count(Collective::kAllGather, l.shardParts, bytes);  // before backward
         count(Collective::kReduceScatter, l.shardParts, bytes);
         if (kind == Kind::kHsdp &&

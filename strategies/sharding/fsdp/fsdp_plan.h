@@ -40,6 +40,11 @@ bool takesFault(Kind k, Fault f);
 // from its forward through its backward, not gathered a second time (FSDP2's option; the root
 // is always kept). Default true.
 bool reshardAfterForward(const harness::CaseSpec& c);
+// `params: {prefetch: N}` (zero3, hsdp): the N units after a unit gathered with it before its
+// forward, and the N before it (their backwards come next) with it before its backward, as
+// FSDP2's forward / backward prefetch; default 0. -1 where the value is not a whole number in
+// 0..8.
+int prefetchDepth(const harness::CaseSpec& c);
 
 inline bool shardsParams(Kind k) { return k == Kind::kZero3 || k == Kind::kHsdp; }
 inline bool shardsState(Kind k) { return k != Kind::kDdp; }
@@ -68,6 +73,9 @@ struct Units {
   std::vector<std::vector<std::string>> handedOn;  // per unit (the root's: empty)
   static Units of(const reference::Graph& g);
 };
+
+// The block units (not the root) in the order their forwards run: by their first node.
+std::vector<int> forwardOrder(const Units& u, const reference::Graph& g);
 
 // Elements of each row (dims 1..) of a parameter, and of the whole.
 int64_t rowElems(const std::vector<int64_t>& dims);
