@@ -17,7 +17,7 @@ src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 
-check "fsdp suite on threads: every row passes" 0 "total +24 +0 +0 +3" -- \
+check "fsdp suite on threads: every row passes" 0 "total +26 +0 +0 +3" -- \
   "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
 check "fsdp suite: bytes and every rank's peak as predicted, memory ordered ddp > zero1 > zero2 > zero3" 0 "ok" -- \
   python3 - "$tmp/threads/results.csv" <<'PY'
@@ -35,7 +35,7 @@ for r in rows:
     assert r["mispredicted"] == "", r
     peak[r["case"]][r["strategy_id"].split("/")[-1]] = (int(r["peak_mem_bytes"]), int(r["comm_bytes"]))
 for case, p in peak.items():
-    if case.endswith("-keep-gathered") or case.endswith("-prefetch"):
+    if case.endswith("-keep-gathered") or case.endswith("-prefetch") or case.endswith("-bf16-params"):
         continue
     assert p["ddp"][0] > p["zero1"][0] > p["zero2"][0] > p["zero3"][0], (case, p)
 # Kept gathered from forward to backward: more memory, one all-gather a step fewer per unit.
@@ -44,6 +44,10 @@ assert keep[0] > base[0] and keep[1] < base[1], (keep, base)
 # Prefetching one unit: the same bytes moved, more memory held.
 ahead = peak["gpt2-4-adamw-prefetch"]["zero3"]
 assert ahead[0] > base[0] and ahead[1] == base[1], (ahead, base)
+# Units gathered in bfloat16: less memory and fewer bytes than in float32.
+for kind in ("zero3", "hsdp"):
+    mp, fp = peak["mlp-2x2-adamw-bf16-params"][kind], peak["mlp-2x2-adamw"][kind]
+    assert mp[0] < fp[0] and mp[1] < fp[1], (kind, mp, fp)
 print("ok", len(rows), "rows")
 PY
 
@@ -111,7 +115,7 @@ check "planted: a unit not resharded after its forward breaks the memory promise
   "fail: gpt2-4-adamw sharding/fsdp/zero3: rank 0 peaked at [0-9]+ bytes, over the [0-9]+ bytes it promised" -- \
   "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/f7" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/zero3$' --plant-fault 'sharding/fsdp/zero3=unit_not_resharded'
-check "unit_not_resharded: numbers and bytes right, the peak over the prediction" 0 "ok 4" -- \
+check "unit_not_resharded: numbers and bytes right, the peak over the prediction" 0 "ok 5" -- \
   python3 - "$tmp/f7/results.json" <<'PY'
 import json, sys
 recs = [r for r in json.load(open(sys.argv[1]))["records"] if r["status"] == "fail"]
@@ -125,7 +129,7 @@ PY
 
 # Golden losses: the suite's file holds on this host (bitwise where written on these vector
 # units); a moved loss is an error naming the step; --write-golden needs the suite's key.
-check "golden: every training row says how its losses compared with the file" 0 "ok 24" -- \
+check "golden: every training row says how its losses compared with the file" 0 "ok 26" -- \
   python3 - "$tmp/threads/results.json" <<'PY'
 import json, sys
 recs = [r for r in json.load(open(sys.argv[1]))["records"] if r["status"] != "unsupported"]
@@ -142,7 +146,7 @@ check "golden: a moved loss errors every row of its case, naming the step" 1 \
   "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g1" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/ddp$'
 check "golden: --write-golden restores it, keeping the case the filter left out" 0 \
-  "golden losses of 5 training case.* \\(2 not run kept as the file had them\\)" -- \
+  "golden losses of 5 training case.* \\(3 not run kept as the file had them\\)" -- \
   "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g2" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/ddp$' --write-golden
 check "golden: the rewritten file is the suite's" 0 "" -- \

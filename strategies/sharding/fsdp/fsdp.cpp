@@ -143,6 +143,10 @@ class FsdpExecutor final : public harness::RankExecutor {
   Fault fault_;
   bool reshardAfterForward_ = true;
   int prefetch_ = 0;  // units gathered ahead, forward and backward (params.prefetch)
+  // params.param_dtype: what the units are gathered and computed in (the shards, the
+  // optimizer and the reductions stay in the case's dtype, float32)
+  at::ScalarType paramDtype_;
+  bool mixed() const { return paramDtype_ != case_.dtype; }
   Layout layout_;
   Graph local_;  // the graph at this rank's batch
   Units units_;
@@ -192,7 +196,7 @@ class FsdpStrategy final : public harness::Strategy {
   Fault fault() const { return fault_; }
   bool trainsSteps() const override { return true; }
   std::vector<std::string> caseParams() const override {
-    if (shardsParams(kind_)) return {"reshard_after_forward", "prefetch"};
+    if (shardsParams(kind_)) return {"reshard_after_forward", "prefetch", "param_dtype"};
     return {};
   }
 
@@ -221,6 +225,19 @@ class FsdpStrategy final : public harness::Strategy {
       return Applicability::unsupported(
           "params.prefetch must be a whole number of units, 0 to 8, got " +
           c.params["prefetch"].dump());
+    }
+    if (c.params.contains("param_dtype")) {
+      if (!paramDtype(c)) {
+        return Applicability::unsupported(
+            "params.param_dtype must be bfloat16 or float32 (the case's dtype), got " +
+            c.params["param_dtype"].dump());
+      }
+      if (*paramDtype(c) != c.dtype && c.dtype != at::kFloat) {
+        return Applicability::unsupported(
+            "mixed precision keeps the shards, gradients and optimizer in float32: "
+            "params.param_dtype "
+            "needs a float32 case");
+      }
     }
     if (kind_ == Kind::kHsdp && c.mesh.size() != 2) {
       return Applicability::unsupported(
@@ -298,11 +315,15 @@ harness::Tolerance FsdpStrategy::tolerance(const std::string& tensor, const Case
   // Each rank sums its slice of the batch and the ranks' sums are added: another order than
   // the reference's, in every gradient, every step. The rounding of step k's gradients moves
   // step k+1's parameters and everything after; the tolerance grows with the steps taken.
+  const at::ScalarType computed = paramDtype(c).value_or(c.dtype);
   harness::Tolerance t = harness::stepsTolerance(
-      c.dtype, c.training.steps, expected.numel() ? expected.abs().max().item<double>() : 0.0);
+      computed, c.training.steps, expected.numel() ? expected.abs().max().item<double>() : 0.0);
   t.reason = "the batch's sum split over " + std::to_string(c.meshSize()) +
              " ranks, compounded over " + std::to_string(c.training.steps) +
              " steps: 10 x steps x the dtype's tolerance";
+  if (computed != c.dtype) {
+    t.reason += " (bfloat16's: the forward and backward run in it, against a float32 reference)";
+  }
   (void)tensor;
   return t;
 }
@@ -325,6 +346,7 @@ FsdpExecutor::FsdpExecutor(const FsdpStrategy& s, CaseSpec c)
     : case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {
   reshardAfterForward_ = reshardAfterForward(case_);
   prefetch_ = prefetchDepth(case_);
+  paramDtype_ = paramDtype(case_).value_or(case_.dtype);
 }
 
 void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
@@ -371,7 +393,7 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   {
     full_.clear();
     for (const auto& [name, dims] : local_.parameters) {
-      full_.push_back(data.inputs.at(name).clone().requires_grad_(true));
+      full_.push_back(data.inputs.at(name).to(paramDtype_, false, true).requires_grad_(true));
     }
     shards_ = full_;  // the sharded kinds' GatherParam takes its "shard" from here
     profile_ = true;
@@ -402,7 +424,9 @@ at::Tensor FsdpExecutor::gather(int index, const at::Tensor& shard) {
   // The profile's "shard" is the whole parameter: an alias, allocating nothing.
   if (profile_) return shard.alias();
   if (prefetched_[index].defined()) return std::exchange(prefetched_[index], at::Tensor());
-  return shardComm().allGather(shard.contiguous(), rowsOf(index)).view(sizes_[index]);
+  // Mixed precision: the shard cast to the parameter dtype, and gathered in it.
+  const at::Tensor part = mixed() ? shard.to(paramDtype_) : shard.contiguous();
+  return shardComm().allGather(part, rowsOf(index)).view(sizes_[index]);
 }
 
 at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
@@ -412,7 +436,11 @@ at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
   if (!profile_) {
     const bool wrongAxis = fault_ == Fault::kHsdpWrongAxis;
     auto& comm = kind_ == Kind::kHsdp ? ctx_->group({wrongAxis ? 0 : 1}) : ctx_->world();
-    g = comm.reduceScatter(full.contiguous(), rowsOf(index));
+    // Mixed precision: reduced in the shards' dtype (float32), from one contiguous copy.
+    g = comm.reduceScatter(
+        mixed() ? at::empty(full.sizes(), full.options().dtype(case_.dtype)).copy_(full)
+                : full.contiguous(),
+        rowsOf(index));
     const bool unsummed =
         fault_ == Fault::kReplicaUnsummed && index + 1 == static_cast<int>(names_.size());
     if (kind_ == Kind::kHsdp && !unsummed) ctx_->group({wrongAxis ? 1 : 0}).allReduce(g);
@@ -497,6 +525,11 @@ double FsdpExecutor::pass() {
   {
     // Forward, unit by unit where parameters are sharded.
     std::map<std::string, at::Tensor> values = inputs_;
+    if (mixed()) {  // the root's floating inputs cast, as FSDP2's pre-forward does
+      for (auto& [name, t] : values) {
+        if (at::isFloatingType(t.scalar_type())) t = t.to(paramDtype_);
+      }
+    }
     unitGathered_.assign(units_.names.size(), false);
     unitPending_.assign(units_.names.size(), 0);
     for (int i = 0; i < n; ++i) ++unitPending_[unitOf_[i]];
@@ -677,12 +710,18 @@ std::map<std::string, at::Tensor> FsdpExecutor::results() const {
 void FsdpExecutor::modelMemory(RankContext& ctx) {
   const int n = static_cast<int>(names_.size());
   const int64_t es = static_cast<int64_t>(c10::elementSize(case_.dtype));
-  std::vector<int64_t> fullB(n), shardB(n), maxShardB(n);
+  // In the case's dtype (the shards, their gradients and state), and in the parameter dtype
+  // (what is gathered: the same where there is no mixed precision).
+  const int64_t pes = static_cast<int64_t>(c10::elementSize(paramDtype_));
+  std::vector<int64_t> fullB(n), shardB(n), maxShardB(n), pFullB(n), pShardB(n), pMaxShardB(n);
   for (int i = 0; i < n; ++i) {
     const int64_t rowB = rowElems(sizes_[i]) * es;
     fullB[i] = numel(sizes_[i]) * es;
     shardB[i] = shardRows_[i].second * rowB;
     maxShardB[i] = rows_[i].front() * rowB;  // torch.chunk's first part is the largest
+    pFullB[i] = fullB[i] / es * pes;
+    pShardB[i] = shardB[i] / es * pes;
+    pMaxShardB[i] = maxShardB[i] / es * pes;
   }
   const auto scratch = [&](harness::Communicator& c, Collective k, int64_t mine, int64_t most,
                            at::ScalarType dtype) {
@@ -700,18 +739,20 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
   for (int i = 0; i < n; ++i) ++pending[unitOf_[i]];
   const auto unitBytes = [&](int u) {
     int64_t b = 0;
-    for (int i : unitParams_[u]) b += fullB[i];
+    for (int i : unitParams_[u]) b += pFullB[i];
     return b;
   };
   std::vector<bool> everGathered(units_.names.size(), false);
   // Forward: each all-gather's output is the parameter. Before the backward: the storage comes
-  // back, the all-gather's output is copied into it and let go.
+  // back, the all-gather's output is copied into it and let go. Mixed precision: the shard's
+  // cast is held through its all-gather.
   const auto gatherAt = [&](int u, bool again) {
     for (int i : unitParams_[u]) {
-      at(live + fullB[i] + (again ? fullB[i] : 0) +
-         scratch(sc, Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
-      live += fullB[i];
-      overlay += fullB[i];
+      const int64_t cast = mixed() ? pShardB[i] : 0;
+      at(live + pFullB[i] + (again ? pFullB[i] : 0) + cast +
+         scratch(sc, Collective::kAllGather, pShardB[i], pMaxShardB[i], paramDtype_));
+      live += pFullB[i];
+      overlay += pFullB[i];
     }
     gathered[u] = everGathered[u] = true;
   };
@@ -742,7 +783,7 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
         break;
       case MarkKind::kGradReady: {
         const int i = m.index;
-        const int64_t copy = m.contiguous ? 0 : fullB[i];
+        const int64_t copy = mixed() || !m.contiguous ? fullB[i] : 0;
         at(live + copy + shardB[i] +
            scratch(sc, Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
         if (kind_ == Kind::kHsdp) {

@@ -85,6 +85,14 @@ bool reshardAfterForward(const CaseSpec& c) {
   return it == c.params.end() || !it->is_boolean() || it->get<bool>();
 }
 
+std::optional<at::ScalarType> paramDtype(const CaseSpec& c) {
+  const auto it = c.params.find("param_dtype");
+  if (it == c.params.end()) return c.dtype;
+  if (*it == "bfloat16") return at::kBFloat16;
+  if (*it == "float32") return at::kFloat;
+  return std::nullopt;
+}
+
 int prefetchDepth(const CaseSpec& c) {
   const auto it = c.params.find("prefetch");
   if (it == c.params.end()) return 0;
@@ -211,8 +219,10 @@ CommStats predictComm(Kind kind, Fault fault, const CaseSpec& c, int rank) {
       case Kind::kZero3:
       case Kind::kHsdp: {
         const bool again = units.unitOfParam.at(name) != 0 && reshardAfterForward(c);
-        count(Collective::kAllGather, l.shardParts, bytes);             // forward
-        if (again) count(Collective::kAllGather, l.shardParts, bytes);  // before backward
+        // Gathered in the parameter dtype (mixed precision: bfloat16), reduced in the case's.
+        const int64_t gathered = numel(dims) * elemSize(paramDtype(c).value_or(c.dtype));
+        count(Collective::kAllGather, l.shardParts, gathered);             // forward
+        if (again) count(Collective::kAllGather, l.shardParts, gathered);  // before backward
         count(Collective::kReduceScatter, l.shardParts, bytes);
         if (kind == Kind::kHsdp &&
             (fault != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first)) {

@@ -6,6 +6,7 @@
 // Shared by the strategy (its prediction) and the executor (its plan), which must agree.
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ bool reshardAfterForward(const harness::CaseSpec& c);
 // FSDP2's forward / backward prefetch; default 0. -1 where the value is not a whole number in
 // 0..8.
 int prefetchDepth(const harness::CaseSpec& c);
+// `params: {param_dtype: bfloat16}` (zero3, hsdp; a float32 case): FSDP2's mixed precision,
+// units gathered and computed in bfloat16, gradients reduced in float32 into float32 shards
+// that the optimizer steps. The case's dtype where absent; nullopt where not a dtype it takes.
+std::optional<at::ScalarType> paramDtype(const harness::CaseSpec& c);
 
 inline bool shardsParams(Kind k) { return k == Kind::kZero3 || k == Kind::kHsdp; }
 inline bool shardsState(Kind k) { return k != Kind::kDdp; }
