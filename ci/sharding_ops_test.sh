@@ -72,4 +72,11 @@ check "planted, over steps: a replicated layer norm's gradient not summed across
   --filter '^sharding/megatron/tp_sp$' \
   --plant-fault 'sharding/megatron/tp_sp=skip_shared_grad_all_reduce'
 
+# Linear over steps: the forward's partial sums never all-reduced. Every loss is off.
+check "planted, over steps: a Linear's forward all-reduce skipped" 1 \
+  "fail: linear-4x4x16-mesh2x2-adamw-steps sharding/linear/RR=RS01.S01R: loss" -- \
+  "$sb" run "$src/suites/sharding-ops.yaml" --out "$tmp/fault" --repetitions 1 \
+  --filter '^sharding/linear/RR=RS01.S01R$' \
+  --plant-fault 'sharding/linear/RR=RS01.S01R=skip_forward_all_reduce'
+
 finish

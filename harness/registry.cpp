@@ -28,8 +28,8 @@ Applicability applicabilityOf(const Strategy& s, const CaseSpec& c) {
     if (a.kind == Applicability::Kind::kNotApplicable) return a;
     return Applicability::unsupported(
         "runs one forward and backward; steps: " + std::to_string(c.training.steps) +
-        " (optimizer steps) need a strategy that trains (sharding/fsdp/*, "
-        "sharding/auto/*, sharding/plan, checkpointing/*)");
+        " (optimizer steps) need a strategy that trains (sharding/fsdp/*, sharding/linear/* "
+        "on a mesh, sharding/megatron/*, sharding/auto/*, sharding/plan, checkpointing/*)");
   }
   return s.applies(c);
 }

@@ -281,12 +281,12 @@ int64_t TrainingLoop::stateBytes() const {
 }
 
 bool hasTrainingReference(const std::string& workload) {
-  return workload == "mlp" || workload == "gpt2" || workload == "bert" ||
+  return workload == "mlp" || workload == "gpt2" || workload == "bert" || workload == "linear" ||
          workload == "transformer_block" || findChainWorkload(workload) != nullptr;
 }
 
 std::string trainingWorkloadList() {
-  std::string s = "mlp, gpt2, bert, transformer_block";
+  std::string s = "linear, mlp, gpt2, bert, transformer_block";
   for (const Workload* w : chainWorkloads()) s += ", " + w->name();
   return s;
 }
@@ -358,6 +358,38 @@ WorkloadData buildBlockTraining(const nlohmann::json& shape, at::ScalarType dtyp
   return d;
 }
 
+// torch.nn.Linear trained: y = x W^T + b, the loss sum(y * grad_output), the weight and bias
+// stepped.
+WorkloadData buildLinearTraining(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                                 InputMode mode, const TrainingSpec& training) {
+  const LinearShape s = LinearShape::parse(shape);
+  WorkloadData one = findWorkload("linear")->build(shape, dtype, seed, mode);
+  WorkloadData d;
+  d.inputs = std::move(one.inputs);
+  d.inputs["target"] = d.inputs.at("grad_output");
+  at::Tensor w = d.inputs.at("weight").clone().requires_grad_(true);
+  at::Tensor b;
+  std::vector<std::pair<std::string, at::Tensor>> params = {{"weight", w}};
+  if (s.bias) {
+    b = d.inputs.at("bias").clone().requires_grad_(true);
+    params.emplace_back("bias", b);
+  }
+  TrainingLoop loop(training, params);
+  for (int k = 0; k < training.steps; ++k) {
+    for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+    double loss = 0;
+    {
+      const at::Tensor y = at::linear(d.inputs.at("input"), w, b);
+      const at::Tensor l = (y * d.inputs.at("target")).sum();
+      backward({l});
+      loss = l.item<double>();
+    }
+    loop.update(loss);
+  }
+  loop.write(d.expected, &d.checked);
+  return d;
+}
+
 }  // namespace
 
 WorkloadData buildTraining(const std::string& workload, const nlohmann::json& shape,
@@ -374,6 +406,7 @@ WorkloadData buildTraining(const std::string& workload, const nlohmann::json& sh
   if (workload == "transformer_block") {
     return buildBlockTraining(shape, dtype, seed, mode, training);
   }
+  if (workload == "linear") return buildLinearTraining(shape, dtype, seed, mode, training);
   const Graph g = buildGraph(workload, shape);
   if (g.shape.dropout > 0 && workload != "mlp") {
     throw std::invalid_argument(workload +

@@ -127,7 +127,8 @@ bool hasTrainingReference(const std::string& workload);
 // The workloads that have one, for messages: "mlp, gpt2, bert, mlp_chain, ...".
 std::string trainingWorkloadList();
 
-// The training reference (above) of a graph workload (mlp, gpt2, bert; dropout 0), or of a
+// The training reference (above) of a graph workload (mlp, gpt2, bert; dropout 0), of linear
+// (its grad_output the target, the weight and bias stepped), or of a
 // chain network (reference/chain_nets.h: mlp_chain, resnet18, densenet121, gpt2_stack). Inputs:
 // the graph's inputs and initial parameters, and "target". A chain network's step is its
 // reference step (dropout from the generator seeded once before the first step, running

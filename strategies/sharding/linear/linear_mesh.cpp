@@ -33,8 +33,11 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "harness/comm/autograd_comm.h"
+#include "harness/measure/memory.h"
+#include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
+#include "reference/training.h"
 #include "strategies/sharding/layout/spec_boxes.h"
 #include "strategies/sharding/linear/linear_strategies.h"
 #include "strategies/sharding/matmul_scratch.h"
@@ -71,11 +74,23 @@ class LinearMeshExecutor final : public harness::RankExecutor {
   LinearMeshExecutor(const LinearMeshStrategy& s, const CaseSpec& c);
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
   void step(RankContext& ctx) override;
-  std::map<std::string, at::Tensor> results() const override { return results_; }
-  std::optional<int64_t> predictedPeakBytes() const override { return predicted_; }
+  std::map<std::string, at::Tensor> results() const override;
+  std::optional<int64_t> predictedPeakBytes() const override;
 
  private:
+  // The forward and backward on the shards (gradients into x_, w_, b_): y.
+  at::Tensor pass();
+  // A case with steps: the loss sum(y * grad_output) over the ranks (each box of y once), the
+  // global norm and LibTorch's optimizer over the weight and bias pieces (reference/training.h).
+  void train(RankContext& ctx);
+  // The pass's allocations replayed: the most it holds above what is live before it, and what
+  // it leaves (y and the three gradients).
+  struct PassModel {
+    int64_t peak = 0, end = 0;
+  };
+  PassModel modelPass(RankContext& ctx) const;
   int64_t modelPeak(RankContext& ctx) const;
+  int64_t modelTrainingPeak(RankContext& ctx) const;
 
   const LinearMeshStrategy& strategy_;
   const CaseSpec& case_;
@@ -85,6 +100,14 @@ class LinearMeshExecutor final : public harness::RankExecutor {
   harness::Communicator* batchGroup_ = nullptr;
   std::map<std::string, at::Tensor> results_;
   std::optional<int64_t> predicted_;
+  // Training: the initial pieces each step() starts from, which pieces this rank counts in the
+  // loss and the norm (one holder of each replicated box), the loop, and the memory it needs.
+  at::Tensor initialW_, initialB_;
+  bool outputCounted_ = true;
+  std::vector<bool> paramCounted_;
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  harness::UpdateProfile update_;
+  int64_t entryLive_ = 0, startLive_ = 0;
   int64_t scratchForward_ = 0, scratchGradWeight_ = 0, scratchGradInput_ = 0;  // modelPeak
   bool fusedAddmm_ = false;
 };
@@ -251,6 +274,22 @@ class LinearMeshStrategy final : public harness::Strategy {
     // partial sums are added in another order (and, in fp16/bf16, rounded once more) than the
     // reference adds them.
     const LinearShape s = LinearShape::parse(c.shape);
+    if (c.training.enabled()) {
+      // Over steps: each training tensor carries the rounding of the step's sums it comes
+      // from (the loss: the output's; the norm, the weight and its state: the weight
+      // gradient's; the bias: its gradient's), compounded over the steps.
+      const bool bias = tensor.find("/bias") != std::string::npos;
+      const std::string from = tensor == "loss" ? "output" : (bias ? "grad_bias" : "grad_weight");
+      return harness::overSteps(splitTolerance(from, c, expected), c.dtype, c.training.steps,
+                                expected);
+    }
+    return splitTolerance(tensor, c, expected);
+  }
+
+  // One step's: each tensor is a sum over one dimension, split or not.
+  harness::Tolerance splitTolerance(const std::string& tensor, const CaseSpec& c,
+                                    const at::Tensor& expected) const {
+    const LinearShape s = LinearShape::parse(c.shape);
     const std::vector<int>* axes = nullptr;
     int64_t length = 0;
     if (tensor == "output") {
@@ -281,8 +320,22 @@ class LinearMeshStrategy final : public harness::Strategy {
     if (tensor == "grad_input") return sp.input.box(tensor, s.input, mesh, rank);
     if (tensor == "grad_weight") return sp.weight.box(tensor, s.weight(), mesh, rank);
     if (tensor == "grad_bias") return sp.bias.box(tensor, {s.outFeatures}, mesh, rank);
+    // Training: each parameter and its optimizer state as the parameter is laid out.
+    if (tensor.rfind("param/weight", 0) == 0 || tensor.rfind("state/weight/", 0) == 0) {
+      return sp.weight.box(tensor, s.weight(), mesh, rank);
+    }
+    if (tensor.rfind("param/bias", 0) == 0 || tensor.rfind("state/bias/", 0) == 0) {
+      return sp.bias.box(tensor, {s.outFeatures}, mesh, rank);
+    }
     TORCH_INTERNAL_ASSERT(false, "no layout for tensor ", tensor);
   }
+  Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                  at::IntArrayRef fullShape) const override {
+    if (harness::isWholeTrainingResult(tensor)) return Box::whole(fullShape);
+    return resultBox(tensor, c, rank);
+  }
+  // Steps: each rank trains its weight and bias pieces with the loop the reference runs.
+  bool trainsSteps() const override { return true; }
 
   // The box ColossalAI's strategy gives, from its name as displayed ("S0S1 = S0R x RS1_0"),
   // through its linear handler's logical-to-physical specs (spec_boxes.h), never through
@@ -339,6 +392,7 @@ class LinearMeshStrategy final : public harness::Strategy {
       if (s.bias)
         allReduce(spec_.batchAxes, sp.bias.box("bias", {s.outFeatures}, mesh, rank).numel());
     }
+    addTrainingComm(out, c);  // steps: the loss and the norm each step, everything N times
     return out;
   }
 
@@ -406,7 +460,34 @@ void LinearMeshExecutor::prepare(RankContext& ctx, const reference::WorkloadData
     scratchGradWeight_ = matmulScratchBytes({n, rows}, true, {rows, k}, false, case_.dtype);
     scratchGradInput_ = matmulScratchBytes({rows, n}, false, {n, k}, false, case_.dtype);
   }
-  predicted_ = modelPeak(ctx);
+  if (!case_.training.enabled()) {
+    predicted_ = modelPeak(ctx);
+    return;
+  }
+  initialW_ = w_.detach().clone();
+  if (b_.defined()) initialB_ = b_.detach().clone();
+  // One holder of each replicated box counts: the one at coordinate 0 of every mesh axis that
+  // does not split the tensor (the output is split by the batch and out_features axes, the
+  // weight by the out_ and in_features ones, the bias by the out_features ones).
+  const auto counted = [&](std::vector<std::vector<int>> splitting) {
+    const auto coords = ctx.mesh().coords(ctx.rank());
+    for (size_t a = 0; a < coords.size(); ++a) {
+      const bool splits = std::any_of(splitting.begin(), splitting.end(), [&](const auto& axes) {
+        return std::find(axes.begin(), axes.end(), static_cast<int>(a)) != axes.end();
+      });
+      if (!splits && coords[a] != 0) return false;
+    }
+    return true;
+  };
+  outputCounted_ = counted({spec.batchAxes, spec.outAxes});
+  paramCounted_ = {counted({spec.outAxes, spec.inAxes})};
+  std::vector<std::pair<std::string, at::Tensor>> params = {{"weight", w_}};
+  if (b_.defined()) {
+    paramCounted_.push_back(counted({spec.outAxes}));
+    params.emplace_back("bias", b_);
+  }
+  update_ = harness::profileUpdate(ctx.rank(), case_.training, params, paramCounted_);
+  predicted_ = modelTrainingPeak(ctx);
 }
 
 // The step's allocations replayed in order (the tracking allocator's counts, exactly):
@@ -418,17 +499,15 @@ void LinearMeshExecutor::prepare(RankContext& ctx, const reference::WorkloadData
 //   that is partial is all-reduced through a copy of it, which replaces it;
 //   and each product's scratch (matmul_scratch.h: oneDNN's, in bfloat16 on AVX-512), held
 //   while it runs, right after its result.
-int64_t LinearMeshExecutor::modelPeak(RankContext& ctx) const {
+LinearMeshExecutor::PassModel LinearMeshExecutor::modelPass(RankContext& ctx) const {
   const int64_t X = x_.nbytes(), W = w_.nbytes(), B = b_.defined() ? b_.nbytes() : 0;
   const int64_t O = gradOut_.nbytes();
-  const int64_t base = X + W + B + O;
   const auto scratch = [&](harness::Communicator* g, int64_t bytes) {
     return g == nullptr || g->size() == 1
                ? 0
                : g->scratchBytes(harness::Collective::kAllReduce, bytes, bytes, case_.dtype);
   };
-  int64_t current = O + X + W + B, peak = current;  // the previous results
-  current = 0;
+  int64_t current = 0, peak = 0;
   const auto alloc = [&](int64_t b) {
     current += b;
     peak = std::max(peak, current);
@@ -472,16 +551,45 @@ int64_t LinearMeshExecutor::modelPeak(RankContext& ctx) const {
     alloc(W + scratch(batchGroup_, W)), current -= W + scratch(batchGroup_, W);
     if (b_.defined()) alloc(B + scratch(batchGroup_, B)), current -= B + scratch(batchGroup_, B);
   }
-  return base + peak;
+  return {peak, current};
 }
 
-void LinearMeshExecutor::step(RankContext&) {
-  // Drop the previous step's results first, so they do not count towards this step's peak.
-  results_.clear();
-  x_.mutable_grad().reset();
-  w_.mutable_grad().reset();
-  if (b_.defined()) b_.mutable_grad().reset();
+// One step: the previous step's results (the output and the three gradients) dropped first,
+// then the pass, above the shards and grad_output that stay.
+int64_t LinearMeshExecutor::modelPeak(RankContext& ctx) const {
+  const int64_t X = x_.nbytes(), W = w_.nbytes(), B = b_.defined() ? b_.nbytes() : 0;
+  const int64_t O = gradOut_.nbytes();
+  const int64_t base = X + W + B + O;
+  return base + std::max(O + X + W + B, modelPass(ctx).peak);
+}
 
+// Over steps, above what is live once the step has let go of the last run's training: each
+// step's pass (the optimizer's state alive from the second on), its loss (y times grad_output,
+// summed, all-reduced), and the update between steps on the three gradients, as profileUpdate
+// measured it.
+int64_t LinearMeshExecutor::modelTrainingPeak(RankContext& ctx) const {
+  const int64_t X = x_.nbytes(), W = w_.nbytes(), B = b_.defined() ? b_.nbytes() : 0;
+  const int64_t O = gradOut_.nbytes(), es = static_cast<int64_t>(c10::elementSize(case_.dtype));
+  auto& world = ctx.world();
+  const int64_t lossScratch =
+      world.size() > 1 ? world.scratchBytes(harness::Collective::kAllReduce, es, es, case_.dtype)
+                       : 0;
+  const PassModel pass = modelPass(ctx);
+  int64_t peak = 0;
+  for (int k = 0; k < std::min(case_.training.steps, 2); ++k) {
+    const int64_t state = k == 0 ? 0 : update_.stateBytes;
+    peak = std::max(peak, state + pass.peak);
+    // The loss: y * grad_output (or, on a rank that does not count y, a zero), its sum, the
+    // sum's all-reduce.
+    const int64_t loss = outputCounted_ ? O + es : es;
+    peak = std::max(peak, state + pass.end + loss);
+    peak = std::max(peak, state + pass.end + es + lossScratch);
+    peak = std::max(peak, X + W + B + update_.peak);
+  }
+  return peak;
+}
+
+at::Tensor LinearMeshExecutor::pass() {
   // dx is partial over the out_features axes: all-reduce it there in backward.
   at::Tensor x = outGroup_ ? harness::identityFwdAllReduceBwd(x_, *outGroup_) : x_;
   // dW and db are partial over the batch axes: all-reduce them there in backward.
@@ -503,11 +611,73 @@ void LinearMeshExecutor::step(RankContext&) {
     y = at::linear(x, w, b);
   }
   reference::backward({y}, {gradOut_});
+  return y;
+}
 
+void LinearMeshExecutor::step(RankContext& ctx) {
+  if (case_.training.enabled()) return train(ctx);
+  // Drop the previous step's results first, so they do not count towards this step's peak.
+  results_.clear();
+  x_.mutable_grad().reset();
+  w_.mutable_grad().reset();
+  if (b_.defined()) b_.mutable_grad().reset();
+  const at::Tensor y = pass();
   results_["output"] = y.detach();
   results_["grad_input"] = x_.grad();
   results_["grad_weight"] = w_.grad();
   if (b_.defined()) results_["grad_bias"] = b_.grad();
+}
+
+void LinearMeshExecutor::train(RankContext& ctx) {
+  auto& mem = harness::MemoryTracker::instance();
+  entryLive_ = mem.current(ctx.rank());
+  // Every step() trains from the initial pieces with a new optimizer, the last one let go.
+  loop_.reset();
+  for (at::Tensor* t : {&x_, &w_, &b_}) {
+    if (t->defined()) t->mutable_grad().reset();
+  }
+  {
+    at::NoGradGuard noGrad;
+    w_.copy_(initialW_);
+    if (b_.defined()) b_.copy_(initialB_);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> params = {{"weight", w_}};
+  if (b_.defined()) params.emplace_back("bias", b_);
+  loop_ = std::make_unique<reference::TrainingLoop>(case_.training, params);
+  auto& world = ctx.world();
+  if (world.size() > 1) harness::shareNormOver(*loop_, paramCounted_, world);
+  startLive_ = mem.current(ctx.rank());
+  for (int k = 0; k < case_.training.steps; ++k) {
+    for (at::Tensor* t : {&x_, &w_, &b_}) {
+      if (t->defined()) t->mutable_grad().reset();
+    }
+    double loss = 0;
+    {
+      // The backward is seeded with grad_output, d sum(y * grad_output) / dy, as the one-step
+      // row's; the loss from y after it.
+      const at::Tensor y = pass();
+      at::Tensor total =
+          outputCounted_ ? (y.detach() * gradOut_).sum() : at::zeros({}, y.options());
+      world.allReduce(total);
+      loss = total.item<double>();
+    }
+    loop_->update(loss);
+  }
+}
+
+std::map<std::string, at::Tensor> LinearMeshExecutor::results() const {
+  if (!loop_) return results_;
+  // Written when asked, not inside the step's peak.
+  std::map<std::string, at::Tensor> out;
+  loop_->write(out);
+  return out;
+}
+
+std::optional<int64_t> LinearMeshExecutor::predictedPeakBytes() const {
+  if (!case_.training.enabled() || !predicted_) return predicted_;
+  // Above what was live when the training began; at least what the last run's training left
+  // when this step() was entered (its peak window opens there).
+  return std::max(entryLive_, startLive_ + *predicted_);
 }
 
 }  // namespace
