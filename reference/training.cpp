@@ -14,7 +14,9 @@
 #include "reference/autograd_engine.h"
 #include "reference/block.h"
 #include "reference/chain_nets.h"
+#include "reference/evoformer.h"
 #include "reference/graph.h"
+#include "reference/transformer.h"
 
 namespace sb::reference {
 namespace {
@@ -282,11 +284,14 @@ int64_t TrainingLoop::stateBytes() const {
 
 bool hasTrainingReference(const std::string& workload) {
   return workload == "mlp" || workload == "gpt2" || workload == "bert" || workload == "linear" ||
-         workload == "transformer_block" || findChainWorkload(workload) != nullptr;
+         workload == "transformer_block" || workload == "gpt2_prefill" ||
+         workload == "vit_encoder" || workload == "evoformer_pair" ||
+         findChainWorkload(workload) != nullptr;
 }
 
 std::string trainingWorkloadList() {
-  std::string s = "linear, mlp, gpt2, bert, transformer_block";
+  std::string s =
+      "linear, mlp, gpt2, bert, transformer_block, gpt2_prefill, vit_encoder, evoformer_pair";
   for (const Workload* w : chainWorkloads()) s += ", " + w->name();
   return s;
 }
@@ -390,6 +395,37 @@ WorkloadData buildLinearTraining(const nlohmann::json& shape, at::ScalarType dty
   return d;
 }
 
+// The chunking family's models (the transformer stacks gpt2_prefill and vit_encoder, the
+// Evoformer's pair stack), in mode: training: built from the seed as the executors build them,
+// the loss sum(output * target) from their input, gradients zeroed in place each step.
+template <class Model, class Shape>
+WorkloadData buildModelTraining(const std::string& workload, const Shape& shape,
+                                at::ScalarType dtype, uint64_t seed, const TrainingSpec& training) {
+  if (!shape.training) {
+    throw std::invalid_argument(workload +
+                                ": training over steps needs shape key mode: training (steps "
+                                "train it; inference has no backward)");
+  }
+  const Model m(shape, dtype, seed);
+  TrainingLoop loop(training, m.parameters());
+  for (int k = 0; k < training.steps; ++k) {
+    m.zeroGrad();
+    double loss = 0;
+    {
+      const at::Tensor x0 = m.input().detach().requires_grad_(true);
+      const at::Tensor l = (m.forward(x0) * m.target()).sum();
+      backward({l});
+      loss = l.item<double>();
+    }
+    loop.update(loss);
+  }
+  WorkloadData d;
+  d.inputs["input"] = m.input();
+  d.inputs["target"] = m.target();
+  loop.write(d.expected, &d.checked);
+  return d;
+}
+
 }  // namespace
 
 WorkloadData buildTraining(const std::string& workload, const nlohmann::json& shape,
@@ -407,6 +443,13 @@ WorkloadData buildTraining(const std::string& workload, const nlohmann::json& sh
     return buildBlockTraining(shape, dtype, seed, mode, training);
   }
   if (workload == "linear") return buildLinearTraining(shape, dtype, seed, mode, training);
+  if (workload == "gpt2_prefill" || workload == "vit_encoder") {
+    return buildModelTraining<Transformer>(workload, TransformerShape::parse(shape, workload),
+                                           dtype, seed, training);
+  }
+  if (workload == "evoformer_pair") {
+    return buildModelTraining<PairStack>(workload, PairShape::parse(shape), dtype, seed, training);
+  }
   const Graph g = buildGraph(workload, shape);
   if (g.shape.dropout > 0 && workload != "mlp") {
     throw std::invalid_argument(workload +

@@ -128,7 +128,9 @@ bool hasTrainingReference(const std::string& workload);
 std::string trainingWorkloadList();
 
 // The training reference (above) of a graph workload (mlp, gpt2, bert; dropout 0), of linear
-// (its grad_output the target, the weight and bias stepped), or of a
+// (its grad_output the target, the weight and bias stepped), of the chunking family's models
+// (gpt2_prefill, vit_encoder, evoformer_pair in mode: training; inputs "input" and "target"), or
+// of a
 // chain network (reference/chain_nets.h: mlp_chain, resnet18, densenet121, gpt2_stack). Inputs:
 // the graph's inputs and initial parameters, and "target". A chain network's step is its
 // reference step (dropout from the generator seeded once before the first step, running

@@ -17,8 +17,11 @@
 #include <vector>
 
 #include "harness/measure/memory.h"
+#include "harness/measure/update_profile.h"
+#include "harness/measure/verify.h"
 #include "harness/strategy.h"
 #include "reference/autograd_engine.h"
+#include "reference/training.h"
 #include "reference/transformer.h"
 
 namespace sb::strategies::chunking {
@@ -96,6 +99,21 @@ inline int64_t sequenceChunkOf(const harness::CaseSpec& c) {
   return std::min(chunk, s.seq);
 }
 
+// Over steps: a training tensor (loss, grad_norm, param/..., state/...) carries the rounding of
+// the step's tensors it comes from (the loss: the output's; the rest: the gradients'),
+// compounded over the steps; nullopt for a one-step tensor.
+template <class OneStep>
+std::optional<harness::Tolerance> trainingTolerance(const std::string& tensor,
+                                                    const harness::CaseSpec& c,
+                                                    const at::Tensor& expected,
+                                                    const OneStep& oneStep) {
+  const bool trained = tensor == "loss" || tensor == "grad_norm" ||
+                       tensor.rfind("param/", 0) == 0 || tensor.rfind("state/", 0) == 0;
+  if (!c.training.enabled() || !trained) return std::nullopt;
+  return harness::overSteps(oneStep(tensor == "loss" ? "output" : "grad/"), c.dtype,
+                            c.training.steps, expected);
+}
+
 // One chunk of a region: from the region's inputs (up to three tensors) and the index range
 // [begin, end) of the chunked dimension, that range of the region's output.
 using ChunkFn = std::function<at::Tensor(const std::vector<at::Tensor>&, int64_t, int64_t)>;
@@ -166,34 +184,37 @@ struct ChunkedRegion : public torch::autograd::Function<ChunkedRegion> {
 // backward of sum(output * target) into zeroed gradients. Records the activation peak, above
 // what was alive when the step began (parameters, gradients, the input), beside the estimate
 // that prepare() puts in `estimate_`. The runner resets the peak before the step it measures.
+//
+// A case with steps runs that step N times from the initial parameters, each followed by the
+// reference's update (reference/training.h: the norm, clipping, LibTorch's optimizer), and
+// predicts its peak as the estimate above the optimizer's state (from the second step on) or
+// the update on the gradients, as harness::profileUpdate measures it.
 template <class Model>
 class ChunkedStepExecutor : public harness::RankExecutor {
  public:
-  explicit ChunkedStepExecutor(bool training) : training_(training) {}
+  explicit ChunkedStepExecutor(bool training, reference::TrainingSpec steps = {})
+      : training_(training), steps_(std::move(steps)) {}
 
   void step(harness::RankContext& ctx) override {
-    auto& mem = harness::MemoryTracker::instance();
-    const int64_t startLive = mem.current(ctx.rank());
-    if (training_) model_->zeroGrad();
-    at::AutoGradMode grad(training_);
-    const at::Tensor x0 = model_->input().detach().requires_grad_(training_);
-    const at::Tensor x = forward(x0);
-    results_.clear();
-    results_["output"] = x.detach();
-    if (training_) {
-      reference::backward({(x * model_->target()).sum()});
-      results_["grad_input"] = x0.grad();
-      for (const auto& [n, p] : model_->parameters()) results_["grad/" + n] = p.grad();
-    }
-    activationPeak_ = mem.peak(ctx.rank()) - startLive;
+    if (steps_.enabled()) return train(ctx);
+    const int64_t startLive = harness::MemoryTracker::instance().current(ctx.rank());
+    pass();
+    activationPeak_ = harness::MemoryTracker::instance().peak(ctx.rank()) - startLive;
     startLive_ = startLive;
   }
 
-  std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::map<std::string, at::Tensor> results() const override {
+    if (!loop_) return results_;
+    std::map<std::string, at::Tensor> out;  // written when asked, not inside the step's peak
+    loop_->write(out);
+    return out;
+  }
 
   std::optional<int64_t> predictedPeakBytes() const override {
     if (!estimate_) return std::nullopt;
-    return startLive_ + *estimate_;
+    if (!steps_.enabled()) return startLive_ + *estimate_;
+    const int64_t state = steps_.steps > 1 ? update_.stateBytes : 0;
+    return std::max(entryLive_, startLive_ + std::max(*estimate_ + state, update_.peak));
   }
 
  protected:
@@ -212,9 +233,56 @@ class ChunkedStepExecutor : public harness::RankExecutor {
   std::optional<int64_t> estimate_;  // of the activation peak, for the plan
 
  private:
+  // The one step the estimate replays; the loss sum(output * target) in training.
+  double pass() {
+    if (training_) model_->zeroGrad();
+    at::AutoGradMode grad(training_);
+    const at::Tensor x0 = model_->input().detach().requires_grad_(training_);
+    const at::Tensor x = forward(x0);
+    results_.clear();
+    results_["output"] = x.detach();
+    double loss = 0;
+    if (training_) {
+      {
+        // The product and the sum live until the backward returns (as the estimate has them).
+        const at::Tensor product = x * model_->target();
+        const at::Tensor sum = product.sum();
+        reference::backward({sum});
+        loss = sum.item<double>();
+      }
+      results_["grad_input"] = x0.grad();
+      for (const auto& [n, p] : model_->parameters()) results_["grad/" + n] = p.grad();
+    }
+    return loss;
+  }
+
+  void train(harness::RankContext& ctx) {
+    auto& mem = harness::MemoryTracker::instance();
+    const int rank = ctx.rank();
+    if (initial_.empty()) {  // the first step(): the runner's untimed warm-up
+      for (const auto& [n, p] : model_->parameters()) initial_.push_back(p.detach().clone());
+      model_->zeroGrad();
+      update_ = harness::profileUpdate(rank, steps_, model_->parameters());
+    }
+    entryLive_ = mem.current(rank);
+    loop_.reset();
+    {
+      at::NoGradGuard noGrad;
+      const auto& params = model_->parameters();
+      for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(initial_[i]);
+    }
+    loop_ = std::make_unique<reference::TrainingLoop>(steps_, model_->parameters());
+    startLive_ = mem.current(rank);
+    for (int k = 0; k < steps_.steps; ++k) loop_->update(pass());
+  }
+
   bool training_;
+  reference::TrainingSpec steps_;
   std::map<std::string, at::Tensor> results_;
-  int64_t activationPeak_ = 0, startLive_ = 0;
+  int64_t activationPeak_ = 0, startLive_ = 0, entryLive_ = 0;
+  std::vector<at::Tensor> initial_;
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  harness::UpdateProfile update_;
 };
 
 }  // namespace sb::strategies::chunking

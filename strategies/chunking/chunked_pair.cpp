@@ -33,6 +33,8 @@ using reference::PairStack;
 
 class PairStrategy final : public harness::SingleRankStrategy {
  public:
+  // Steps: the chunked step N times, the reference's update after each (chunk_runner.h).
+  bool trainsSteps() const override { return true; }
   std::vector<std::string> caseParams() const override { return {"chunk"}; }
   // The estimator replays every allocation of the chunked step (estimator/).
   PredictionTolerance predictionTolerance() const override {
@@ -76,6 +78,11 @@ class PairStrategy final : public harness::SingleRankStrategy {
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override;
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
+    if (auto t = trainingTolerance(tensor, c, expected, [&](const std::string& from) {
+          return tolerance(from, c, expected);
+        })) {
+      return *t;
+    }
     const auto base = harness::Tolerance::defaultFor(c.dtype);
     if (tensor.rfind("grad", 0) != 0) return base;
     const auto s = PairShape::parse(c.shape);
@@ -99,7 +106,7 @@ class PairStrategy final : public harness::SingleRankStrategy {
 class PairExecutor final : public ChunkedStepExecutor<PairStack> {
  public:
   PairExecutor(const PairStrategy& s, const CaseSpec& c)
-      : ChunkedStepExecutor(PairShape::parse(c.shape).training),
+      : ChunkedStepExecutor(PairShape::parse(c.shape).training, c.training),
         strategy_(s),
         case_(c),
         shape_(PairShape::parse(c.shape)) {}

@@ -77,6 +77,8 @@ Region regionOf(const std::string& name) {
 
 class ChunkedStrategy final : public harness::SingleRankStrategy {
  public:
+  // Steps: the chunked step N times, the reference's update after each (chunk_runner.h).
+  bool trainsSteps() const override { return true; }
   std::vector<std::string> caseParams() const override {
     return {"chunk", "max_memory", "max_memory_fraction"};
   }
@@ -130,6 +132,11 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
+    if (auto t = trainingTolerance(tensor, c, expected, [&](const std::string& from) {
+          return tolerance(from, c, expected);
+        })) {
+      return *t;
+    }
     const auto base = harness::Tolerance::defaultFor(c.dtype);
     if (tensor.rfind("grad", 0) != 0) return base;
     // Gradients summed over tokens are added chunk by chunk.
@@ -163,7 +170,7 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
 class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
  public:
   ChunkedExecutor(const ChunkedStrategy& s, const CaseSpec& c)
-      : ChunkedStepExecutor(TransformerShape::parse(c.shape, c.workload).training),
+      : ChunkedStepExecutor(TransformerShape::parse(c.shape, c.workload).training, c.training),
         strategy_(s),
         case_(c),
         shape_(TransformerShape::parse(c.shape, c.workload)) {}

@@ -59,6 +59,8 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
 
   const std::string& fault() const { return fault_; }
 
+  // Steps: the chunked step N times, the reference's update after each (chunk_runner.h).
+  bool trainsSteps() const override { return true; }
   std::vector<std::string> caseParams() const override { return {"chunk"}; }
   // The estimator replays every allocation of the chunked step (estimator/).
   PredictionTolerance predictionTolerance() const override {
@@ -91,6 +93,11 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
+    if (auto t = trainingTolerance(tensor, c, expected, [&](const std::string& from) {
+          return tolerance(from, c, expected);
+        })) {
+      return *t;
+    }
     const auto s = TransformerShape::parse(c.shape, c.workload);
     const int64_t chunk = chunkOf(c);
     const int64_t parts = std::max<int64_t>(2, (s.seq + chunk - 1) / chunk);
@@ -142,7 +149,7 @@ struct OnlineAttentionFn : public torch::autograd::Function<OnlineAttentionFn> {
 class OnlineAttentionExecutor final : public ChunkedStepExecutor<Transformer> {
  public:
   OnlineAttentionExecutor(const OnlineAttentionStrategy& s, const CaseSpec& c)
-      : ChunkedStepExecutor(TransformerShape::parse(c.shape, c.workload).training),
+      : ChunkedStepExecutor(TransformerShape::parse(c.shape, c.workload).training, c.training),
         strategy_(s),
         case_(c),
         shape_(TransformerShape::parse(c.shape, c.workload)),

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/registry.h"
+#include "reference/training.h"
 #include "strategies/test/test_util.h"
 
 namespace sb::strategies {
@@ -365,6 +366,33 @@ INSTANTIATE_TEST_SUITE_P(Faults, ChunkingPlantedFault,
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
                                   (std::get<2>(info.param) ? "_training" : "_inference");
                          });
+
+// Over optimizer steps: every region trains three steps from the same parameters against the
+// unchunked loop (losses, norms, parameters, momentum), its peak predicted to the byte with the
+// optimizer's state and the update; a planted fault fails on the losses.
+TEST(ChunkedTraining, EveryRegionTrainsOverStepsToTheByteAndAFaultFailsOnItsLosses) {
+  harness::CaseSpec c = prefillCase(64, 24, true);
+  c.training.steps = 3;
+  c.training.optimizer = reference::OptimizerSpec::fromJson(
+      {{"kind", "sgd"}, {"lr", 0.001}, {"momentum", 0.9}}, "test");
+  for (const std::string id : {"chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq",
+                               "chunking/ln_residual/seq", "chunking/attention/online"}) {
+    const auto rec = test::run(c, strategy(id));
+    ASSERT_EQ(rec.status, harness::Status::kPass) << id << ": " << rec.message;
+    ASSERT_TRUE(rec.predictedMemBytes) << id;
+    EXPECT_EQ(rec.peakMemBytes, *rec.predictedMemBytes) << id;
+    bool sawState = false, sawLoss = false;
+    for (const auto& t : rec.details["tensors"]) {
+      sawState |= std::string(t["tensor"]).rfind("state/", 0) == 0;
+      sawLoss |= t["tensor"] == "loss";
+    }
+    EXPECT_TRUE(sawState && sawLoss) << id;
+  }
+  const auto faulty = strategy("chunking/ffn/seq").withPlantedFault("wrong_offset");
+  const auto rec = test::run(c, *faulty);
+  EXPECT_EQ(rec.status, harness::Status::kFail);
+  EXPECT_NE(rec.message.find("loss"), std::string::npos) << rec.message;
+}
 
 }  // namespace
 }  // namespace sb::strategies
