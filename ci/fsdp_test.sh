@@ -50,6 +50,18 @@ for kind in ("zero3", "hsdp"):
     assert mp[0] < fp[0] and mp[1] < fp[1], (kind, mp, fp)
 print("ok", len(rows), "rows")
 PY
+check "fsdp suite: every rank's peak equal to its own prediction (the promise), not only the largest" 0 "ok" -- \
+  python3 - "$tmp/threads/results.json" <<'PY'
+import json, sys
+n = 0
+for r in json.load(open(sys.argv[1]))["records"]:
+    if r["status"] == "unsupported":
+        continue
+    peaks, limits = r["details"]["peak_mem_bytes_per_rank"], r["details"]["memory_limit_bytes_per_rank"]
+    assert peaks == limits, (r["case"], r["strategy_id"], peaks, limits)
+    n += len(peaks)
+print("ok", n, "ranks")
+PY
 
 cat >"$tmp/gloo.yaml" <<'YAML'
 suite: fsdp-gloo
@@ -62,10 +74,30 @@ cases:
     steps: 3
     optimizer: {kind: adamw, lr: 0.001, weight_decay: 0.01, clip_grad_norm: 1.0}
     strategies: ["sharding/fsdp/.*", "sharding/auto/(ilp)"]
+  - name: mlp-uneven
+    workload: mlp
+    shape: {batch: 8, d_model: 3, layers: 1}
+    mesh: 4
+    steps: 2
+    optimizer: {kind: adamw, lr: 0.01}
+    params: {prefetch: 1}
+    strategies: ["sharding/fsdp/.*"]
 YAML
 if "$sb" run --help | grep -q gloo; then
   check "gloo: fsdp and the ILP's plan on 2x2, over steps" 0 "gpt2-2x2-adamw +6 +0 +0 +0" -- \
     "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
+  check "gloo: every fsdp rank's peak equal to its prediction (gloo's scratch), uneven shards too" 0 "ok 9" -- \
+    python3 - "$tmp/gloo/results.json" <<'PY'
+import json, sys
+n = 0
+for r in json.load(open(sys.argv[1]))["records"]:
+    if r["status"] == "unsupported" or not r["strategy_id"].startswith("sharding/fsdp/"):
+        continue
+    assert r["status"] == "pass", r["message"]
+    assert r["details"]["peak_mem_bytes_per_rank"] == r["details"]["memory_limit_bytes_per_rank"], r
+    n += 1
+print("ok", n)
+PY
 else
   echo "SKIP: this build has no gloo backend"
 fi
@@ -97,7 +129,7 @@ check "planted: ddp ranks summing in their own order fail on the replica check a
   "fail: mlp-4-sgd sharding/fsdp/ddp: replicas: grad_norm \[0:4\] on rank 1 is not bit-identical" -- \
   "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/f6" --repetitions 1 --min-time 0.0001 \
   --filter '^sharding/fsdp/ddp$' --plant-fault 'sharding/fsdp/ddp=replica_own_order'
-check "replica_own_order: every tensor within tolerance, bytes as predicted" 0 "ok 5" -- \
+check "replica_own_order: every tensor within tolerance, bytes and memory as predicted" 0 "ok 5" -- \
   python3 - "$tmp/f6/results.json" <<'PY'
 import json, sys
 recs = json.load(open(sys.argv[1]))["records"]
@@ -105,6 +137,7 @@ for r in recs:
     assert r["status"] == "fail" and r["message"].startswith("replicas: "), r["message"]
     assert all(t["mismatches"] == 0 for t in r["details"]["tensors"]), r["case"]
     assert r["comm_bytes"] == r["predicted_comm_bytes"], r["case"]
+    assert r["details"]["peak_mem_bytes_per_rank"] == r["details"]["memory_limit_bytes_per_rank"], r["case"]
     assert r["details"]["replica_check"]["checked"] > 0
 print("ok", len(recs))
 PY
@@ -151,6 +184,11 @@ check "golden: --write-golden restores it, keeping the case the filter left out"
   --filter '^sharding/fsdp/ddp$' --write-golden
 check "golden: the rewritten file is the suite's" 0 "" -- \
   diff "$src/suites/fsdp.golden.csv" "$tmp/golden/fsdp.golden.csv"
+sed -i 's/^# cpu: .*/# cpu: avx avx2 fma/' "$tmp/golden/fsdp.golden.csv"
+check "golden: another host's entries are not kept under this host's header" 2 \
+  "is not run here .*other vector units or threads .*without --filter" -- \
+  "$sb" run "$tmp/golden/fsdp.yaml" --out "$tmp/g3" --repetitions 1 --min-time 0.0001 \
+  --filter '^sharding/fsdp/ddp$' --write-golden
 
 # Malformed training keys: exit 2 naming the key.
 bad() {

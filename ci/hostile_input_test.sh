@@ -342,4 +342,15 @@ check "summary.csv defuses a cell that starts with =" 0 "" -- bash -c \
   "'$sb' report '$tmp/formula' --out '$tmp/formula-rep' --no-plots >/dev/null &&
    grep -q \"'=1+1\" '$tmp/formula-rep/summary.csv' && ! grep -q ',=1+1' '$tmp/formula-rep/summary.csv'"
 
+# A long solve says so on a terminal (`script` gives it one), and writes nothing of it to a
+# log: a 48-layer GPT-2 on 4x4 under a memory limit that binds keeps CBC at its time limit.
+long_shard=("$sb" solve shard --workload gpt2 --mesh 4x4 --time-limit 4 --max-memory 7.4e9
+  --shape '{"layers": 48, "d_model": 1024, "heads": 16, "seq": 1024, "batch": 8}')
+check "solve shard: progress on a terminal while CBC runs" 0 \
+  "ilp solving \(CBC stops at --time-limit 4 s\), [0-9]+ s" -- \
+  script -qec "${long_shard[*]@Q} --out $tmp/long-plan.json" /dev/null
+check "solve shard: no progress line where stderr is not a terminal" 0 "quiet" -- bash -c \
+  '"$@" --out "'"$tmp"'/long-plan2.json" 2>&1 | { ! grep -q "ilp solving"; } && echo quiet' _ \
+  "${long_shard[@]}"
+
 finish

@@ -2,6 +2,9 @@
 
 #include "cli/common.h"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <iostream>
 
 #include "harness/json_strict.h"
@@ -45,6 +48,40 @@ nlohmann::json modelShape(const ModelOptions& m) {
   }
   if (!m.params.empty()) shape["params"] = m.params;
   return shape;
+}
+
+TtyProgress::TtyProgress(std::string what, std::string phase, double quietSeconds)
+    : what_(std::move(what)), phase_(std::move(phase)), quiet_(quietSeconds) {
+  if (::isatty(STDERR_FILENO)) thread_ = std::thread([this] { run(); });
+}
+
+TtyProgress::~TtyProgress() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  if (shown_) std::cerr << "\r\033[K" << std::flush;
+}
+
+void TtyProgress::phase(std::string phase) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  phase_ = std::move(phase);
+}
+
+void TtyProgress::run() {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, std::chrono::seconds(1), [this] { return done_; })) {
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s < quiet_) continue;
+    std::cerr << "\r\033[Kstratbench " << what_ << ": " << phase_ << ", " << static_cast<int>(s)
+              << " s" << std::flush;
+    shown_ = true;
+  }
 }
 
 }  // namespace sb::cli

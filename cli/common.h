@@ -3,7 +3,11 @@
 // What several subcommands of stratbench-core share (cli/commands.h): the exit code for bad
 // input, and the plugins that `list` and `run` load.
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -34,5 +38,26 @@ struct ModelOptions {
 void addModelOptions(CLI::App* cmd, ModelOptions& m, const std::string& help);
 // The shape of the torchscript case they name. Throws std::invalid_argument naming the option.
 nlohmann::json modelShape(const ModelOptions& m);
+
+// Progress of a long command on a terminal: while it lives, and once `quietSeconds` have passed,
+// rewrites one stderr line each second, "stratbench WHAT: PHASE, N s"; the line is cleared when
+// it ends. Nothing where stderr is not a terminal (scripts, CI logs).
+class TtyProgress {
+ public:
+  TtyProgress(std::string what, std::string phase, double quietSeconds = 2);
+  ~TtyProgress();
+  TtyProgress(const TtyProgress&) = delete;
+  TtyProgress& operator=(const TtyProgress&) = delete;
+  void phase(std::string phase);
+
+ private:
+  void run();
+  std::string what_, phase_;
+  double quiet_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false, shown_ = false;
+  std::thread thread_;
+};
 
 }  // namespace sb::cli

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -97,13 +98,20 @@ int solveShard(const ShardArgs& a) {
   try {
     const auto start = std::chrono::steady_clock::now();
     const as::CostOptions opts = as::costOptionsFrom(params, &profile, dtype);
+    // A large graph on a large mesh takes seconds to price and CBC up to --time-limit: said
+    // while it runs, on a terminal.
+    std::optional<sb::cli::TtyProgress> progress(std::in_place, "solve shard",
+                                                 "pricing every node's strategies on the mesh");
     const as::ShardingModel model(sb::reference::buildGraph(workload, shape), mesh, opts);
     as::SolveOptions o;
     o.algo = a.algo;
     o.memoryLimit = a.maxMemory;
     o.timeLimitSeconds = a.timeLimit;
     o.relativeGap = a.gapPct / 100.0;
+    progress->phase(a.algo + " solving (CBC stops at --time-limit " +
+                    std::to_string(static_cast<int>(a.timeLimit)) + " s)");
     as::ShardingPlan plan = as::solvePlan(model, o);
+    progress.reset();
     plan.shape = shape;
     plan.solver.totalSeconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

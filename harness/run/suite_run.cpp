@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 
 #include <ATen/Parallel.h>
 
@@ -43,16 +44,30 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       golden->cpu = hostCpu;
       golden->threads = threads;
       if (writes) checkResultPath(suite.golden);
-      // The suite's cases this run does not train (a --filter left them out) keep what the
-      // file says of them; a case no longer in the suite is dropped.
+      // The suite's cases this run does not train (a --filter left them out of the plan) keep
+      // what the file says of them; a case no longer in the suite is dropped. The file has one
+      // writer's header: entries written with other vector units or threads cannot be kept
+      // under this host's, so that is refused (rewrite the whole file instead).
+      std::optional<GoldenLosses> old;
       try {
-        for (auto& [name, steps] : readGolden(suite.golden).cases) {
-          const bool inSuite = std::any_of(suite.cases.begin(), suite.cases.end(),
-                                           [&](const CaseSpec& c) { return c.name == name; });
-          if (inSuite) keptGolden[name] = std::move(steps);
-        }
+        old = readGolden(suite.golden);
       } catch (const std::exception&) {
         // No file yet, or one being replaced because it is broken: nothing to keep.
+      }
+      for (auto& [name, steps] : old ? old->cases : decltype(old->cases){}) {
+        const auto inSuite = [&](const CaseSpec& c) { return c.name == name; };
+        const bool planned = std::any_of(plan.begin(), plan.end(),
+                                         [&](const PlannedCase& p) { return p.spec.name == name; });
+        if (planned || std::none_of(suite.cases.begin(), suite.cases.end(), inSuite)) continue;
+        if (old->cpu != hostCpu || old->threads != threads) {
+          throw InputError(suite.golden + ": case '" + name +
+                           "' is not run here (--filter) and its losses were written with "
+                           "other vector units or threads (" +
+                           old->cpu + ", " + std::to_string(old->threads) +
+                           " threads): they cannot be kept "
+                           "under this host's header; run --write-golden without --filter");
+        }
+        keptGolden[name] = steps;
       }
     } else {
       golden = readGolden(suite.golden);

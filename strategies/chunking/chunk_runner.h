@@ -67,6 +67,15 @@ inline harness::Applicability importedModelRefusal() {
       "dimension-flow analysis over imported graphs)");
 }
 
+// Steps train: a case with steps whose shape is in inference mode (no backward) is refused.
+inline std::optional<harness::Applicability> stepsRefusal(const harness::CaseSpec& c,
+                                                          bool training) {
+  if (!c.training.enabled() || training) return std::nullopt;
+  return harness::Applicability::unsupported(
+      "steps: " + std::to_string(c.training.steps) +
+      " trains the model: its shape needs mode: training (inference has no backward)");
+}
+
 // Why a chunker of transformer regions cannot take the case at all (not a transformer
 // workload; more than one rank), or nullopt when it can.
 inline std::optional<harness::Applicability> transformerCaseRefusal(const harness::CaseSpec& c) {
@@ -78,7 +87,7 @@ inline std::optional<harness::Applicability> transformerCaseRefusal(const harnes
     return harness::Applicability::unsupported("chunking runs on one rank; the mesh has " +
                                                std::to_string(c.meshSize()));
   }
-  return std::nullopt;
+  return stepsRefusal(c, reference::TransformerShape::parse(c.shape, c.workload).training);
 }
 
 // A transformer case's params.chunk: why it is not a positive integer, or "" when it is (or

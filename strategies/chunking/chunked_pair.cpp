@@ -61,6 +61,7 @@ class PairStrategy final : public harness::SingleRankStrategy {
     if (c.workload == "torchscript") return importedModelRefusal();
     if (c.workload != "evoformer_pair") return Applicability::notApplicable("not evoformer_pair");
     if (c.meshSize() != 1) return Applicability::unsupported("chunking runs on one rank");
+    if (auto refused = stepsRefusal(c, PairShape::parse(c.shape).training)) return *refused;
     if (c.params.contains("chunk") &&
         (!c.params["chunk"].is_number_integer() || c.params["chunk"].get<int64_t>() <= 0)) {
       return Applicability::unsupported("params.chunk must be a positive integer");

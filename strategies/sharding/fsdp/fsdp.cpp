@@ -221,12 +221,22 @@ class FsdpStrategy final : public harness::Strategy {
       return Applicability::unsupported("params.reshard_after_forward must be true or false, got " +
                                         c.params["reshard_after_forward"].dump());
     }
+    if (fault_ == Fault::kUnitNotResharded && !reshardAfterForward(c)) {
+      return Applicability::unsupported(
+          "unit_not_resharded plants a missing reshard after the forward; the case keeps units "
+          "gathered (reshard_after_forward: false)");
+    }
     if (c.params.contains("prefetch") && prefetchDepth(c) < 0) {
       return Applicability::unsupported(
           "params.prefetch must be a whole number of units, 0 to 8, got " +
           c.params["prefetch"].dump());
     }
     if (c.params.contains("param_dtype")) {
+      if (!shardsParams(kind_)) {
+        return Applicability::unsupported(
+            "params.param_dtype is FSDP2's mixed precision, of the units it gathers: zero3 and "
+            "hsdp");
+      }
       if (!paramDtype(c)) {
         return Applicability::unsupported(
             "params.param_dtype must be bfloat16 or float32 (the case's dtype), got " +
@@ -835,6 +845,13 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
           at(live + shardB[i] +
              scratch(world, Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
           live += shardB[i] - fullB[i];
+        } else if (fault_ == Fault::kReplicaOwnOrder) {
+          // The fault's sum (memory and bytes as it runs, so that only the replica check can
+          // fail it): every rank's gradient all-gathered, then added up in a copy.
+          const int64_t parts = fullB[i] * layout_.world;
+          at(live + parts +
+             scratch(world, Collective::kAllGather, fullB[i], fullB[i], case_.dtype));
+          at(live + parts + fullB[i]);
         } else {
           at(live + scratch(world, Collective::kAllReduce, fullB[i], fullB[i], case_.dtype));
           if (kind_ == Kind::kZero1) live += shardB[i];
@@ -888,6 +905,7 @@ std::vector<std::pair<std::string, std::string>> FsdpExecutor::recordParams() co
           {"reshard_after_forward",
            shardsParams(kind_) ? (reshardAfterForward_ ? "true" : "false") : "-"},
           {"prefetch", shardsParams(kind_) ? std::to_string(prefetch_) : "-"},
+          {"param_dtype", harness::dtypeName(paramDtype_)},
           {"shard_parts", std::to_string(layout_.shardParts)},
           {"replicas", std::to_string(layout_.replicaParts)}};
 }
