@@ -353,4 +353,10 @@ check "solve shard: no progress line where stderr is not a terminal" 0 "quiet" -
   '"$@" --out "'"$tmp"'/long-plan2.json" 2>&1 | { ! grep -q "ilp solving"; } && echo quiet' _ \
   "${long_shard[@]}"
 
+# A chain workload validated without building it: a width of a million is terabytes of weights.
+printf 'suite: big\ncases:\n  - name: c\n    workload: mlp_chain\n    shape: {width: 1123428}\n    mesh: 1\n    strategies: ["checkpointing/.*"]\n' >"$tmp/big-chain.yaml"
+check "mlp_chain too large to build: exit 2 naming the keys, nothing allocated" 2 \
+  "big-chain.yaml:[0-9]+: .*mlp_chain: shape keys batch 16, width 1123428, depth 8 make more than 2\^40 elements" -- \
+  "$sb" run "$tmp/big-chain.yaml" --out "$tmp/big-chain"
+
 finish

@@ -217,7 +217,21 @@ class MlpChain final : public ChainWorkload {
   Keys keys(const nlohmann::json& s) const {
     return Keys(name(), s, {"batch", "width", "depth", "dropout"});
   }
-  void validate(const nlohmann::json& s) const override { makeNet(s, at::kFloat, 0); }
+  // The keys and the sizes they make, without building the net (a suite is validated before
+  // anything runs: a width of a million would allocate terabytes here).
+  void validate(const nlohmann::json& s) const override {
+    const auto k = keys(s);
+    const int64_t batch = k.pos("batch", 16), width = k.pos("width", 64), depth = k.pos("depth", 8);
+    k.prob("dropout", 0.1);
+    // Each layer's weight, and the activations of the whole chain: at most 2^40 elements.
+    constexpr int64_t kMax = int64_t{1} << 40;
+    const auto fits = [&](int64_t a, int64_t b) { return a <= kMax / b; };
+    TORCH_CHECK(fits(width, width) && fits(width * width, depth) && fits(batch, width) &&
+                    fits(batch * width, depth),
+                "mlp_chain: shape keys batch ", batch, ", width ", width, ", depth ", depth,
+                " make more than 2^40 elements (each layer width x width, activations batch x "
+                "width x depth)");
+  }
   std::string shapeString(const nlohmann::json& s) const override {
     const auto k = keys(s);
     return "batch=" + std::to_string(k.pos("batch", 16)) +
