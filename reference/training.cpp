@@ -8,6 +8,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
@@ -331,6 +332,31 @@ WorkloadData buildChainTraining(const ChainWorkload& w, const nlohmann::json& sh
   return d;
 }
 
+// The loop every reference of a model with a fixed target shares: `steps` times, the gradients
+// let go (or zeroed in place, as an executor that keeps them does: `zero`), the loss
+// sum(forward() * target), its backward, the loop's update; then the expected tensors.
+void trainReference(const TrainingSpec& training,
+                    std::vector<std::pair<std::string, at::Tensor>> params,
+                    const std::function<at::Tensor()>& forward, const at::Tensor& target,
+                    const std::function<void()>& zero, WorkloadData& d) {
+  TrainingLoop loop(training, params);
+  for (int k = 0; k < training.steps; ++k) {
+    if (zero) {
+      zero();
+    } else {
+      for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+    }
+    double loss = 0;
+    {
+      const at::Tensor l = (forward() * target).sum();
+      backward({l});
+      loss = l.item<double>();
+    }
+    loop.update(loss);
+  }
+  loop.write(d.expected, &d.checked);
+}
+
 // Megatron's block: the one-step workload's input and parameters, its grad_output as the
 // target; the same dropout masks every step (they hash the element's index and the seed).
 WorkloadData buildBlockTraining(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
@@ -347,19 +373,9 @@ WorkloadData buildBlockTraining(const nlohmann::json& shape, at::ScalarType dtyp
     params.emplace_back(name, p);
     leaves[name] = p;
   }
-  TrainingLoop loop(training, params);
-  for (int k = 0; k < training.steps; ++k) {
-    for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
-    double loss = 0;
-    {
-      const at::Tensor y = blockForward(s, leaves, d.inputs.at("input"), seed);
-      const at::Tensor l = (y * d.inputs.at("target")).sum();
-      backward({l});
-      loss = l.item<double>();
-    }
-    loop.update(loss);
-  }
-  loop.write(d.expected, &d.checked);
+  trainReference(
+      training, params, [&] { return blockForward(s, leaves, d.inputs.at("input"), seed); },
+      d.inputs.at("target"), nullptr, d);
   return d;
 }
 
@@ -379,19 +395,9 @@ WorkloadData buildLinearTraining(const nlohmann::json& shape, at::ScalarType dty
     b = d.inputs.at("bias").clone().requires_grad_(true);
     params.emplace_back("bias", b);
   }
-  TrainingLoop loop(training, params);
-  for (int k = 0; k < training.steps; ++k) {
-    for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
-    double loss = 0;
-    {
-      const at::Tensor y = at::linear(d.inputs.at("input"), w, b);
-      const at::Tensor l = (y * d.inputs.at("target")).sum();
-      backward({l});
-      loss = l.item<double>();
-    }
-    loop.update(loss);
-  }
-  loop.write(d.expected, &d.checked);
+  trainReference(
+      training, params, [&] { return at::linear(d.inputs.at("input"), w, b); },
+      d.inputs.at("target"), nullptr, d);
   return d;
 }
 
@@ -407,22 +413,12 @@ WorkloadData buildModelTraining(const std::string& workload, const Shape& shape,
                                 "train it; inference has no backward)");
   }
   const Model m(shape, dtype, seed);
-  TrainingLoop loop(training, m.parameters());
-  for (int k = 0; k < training.steps; ++k) {
-    m.zeroGrad();
-    double loss = 0;
-    {
-      const at::Tensor x0 = m.input().detach().requires_grad_(true);
-      const at::Tensor l = (m.forward(x0) * m.target()).sum();
-      backward({l});
-      loss = l.item<double>();
-    }
-    loop.update(loss);
-  }
   WorkloadData d;
   d.inputs["input"] = m.input();
   d.inputs["target"] = m.target();
-  loop.write(d.expected, &d.checked);
+  trainReference(
+      training, m.parameters(), [&] { return m.forward(m.input().detach().requires_grad_(true)); },
+      m.target(), [&] { m.zeroGrad(); }, d);
   return d;
 }
 
