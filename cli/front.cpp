@@ -1,10 +1,10 @@
 // The `stratbench` command: a front that starts in milliseconds.
 //
 // LibTorch takes about a second to load (its shared libraries' relocations), which a command
-// that reads a JSON chain and prints a schedule has no use for. So `solve checkpoint` runs
-// here, in a program linked without LibTorch; every other command runs in `stratbench-core`
-// (harness/cli/main.cpp), the full harness, found beside this program, which this process
-// becomes (execv, the same arguments), so that exit codes, signals and output are its own.
+// that reads a JSON chain and prints a schedule has no use for. So `solve checkpoint` and
+// `solve pipeline` run here, in a program linked without LibTorch; every other command runs in
+// `stratbench-core` (harness/cli/main.cpp), the full harness, found beside this program, which this
+// process becomes (execv, the same arguments), so that exit codes, signals and output are its own.
 
 #include <unistd.h>
 
@@ -15,10 +15,14 @@
 #include <string>
 
 #include "cli/solve_checkpoint.h"
+#include "cli/solve_pipeline.h"
 
 int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "solve" && std::string(argv[2]) == "checkpoint") {
     return sb::cli::solveCheckpointMain(argc, argv);
+  }
+  if (argc >= 3 && std::string(argv[1]) == "solve" && std::string(argv[2]) == "pipeline") {
+    return sb::cli::solvePipelineMain(argc, argv);
   }
   char self[PATH_MAX];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);

@@ -37,6 +37,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/solve_checkpoint.h"
+#include "cli/solve_pipeline.h"
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "launch") return sb::cli::launchMain(argc, argv);
@@ -53,12 +54,18 @@ int main(int argc, char** argv) {
 
   auto* solveCmd = app.add_subcommand(
       "solve",
-      "Plan a strategy: a checkpoint schedule, a chunk plan, a redistribution, a model's sharding");
+      "Plan a strategy: a checkpoint schedule, a chunk plan, a redistribution, a model's "
+      "sharding, a pipeline schedule's dry run");
   solveCmd->require_subcommand(1);
   auto* ckpt = solveCmd->add_subcommand(
       "checkpoint", "A checkpoint schedule for a chain (JSON, rotor's notation) under a budget");
   sb::cli::CheckpointArgs ckptArgs;
   sb::cli::addCheckpointOptions(ckpt, ckptArgs);
+  auto* pipe = solveCmd->add_subcommand(
+      "pipeline",
+      "A pipeline schedule's dry run: deadlocks, bubble, step time, activations held per rank");
+  sb::cli::PipelineArgs pipeArgs;
+  sb::cli::addPipelineOptions(pipe, pipeArgs);
 
   const sb::cli::Command chunkCmd = sb::cli::addSolveChunk(*solveCmd);
   const sb::cli::Command redistCmd = sb::cli::addSolveRedistribute(*solveCmd);
@@ -76,6 +83,7 @@ int main(int argc, char** argv) {
   // Exactly one subcommand was chosen (require_subcommand); `run` is the one left.
   if (*list.app) return list.run();
   if (*ckpt) return sb::cli::solveCheckpoint(ckptArgs);
+  if (*pipe) return sb::cli::solvePipeline(pipeArgs);
   if (*chunkCmd.app) return chunkCmd.run();
   if (*shardCmd.app) return shardCmd.run();
   if (*graphCmd.app) return graphCmd.run();

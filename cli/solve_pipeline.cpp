@@ -1,0 +1,135 @@
+#include "cli/solve_pipeline.h"
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/numbers.h"
+#include "harness/error.h"
+#include "harness/out_file.h"
+#include "strategies/pipeline/schedule.h"
+
+namespace sb::cli {
+namespace {
+
+constexpr int kExitBadInput = 2;
+constexpr const char* kWho = "stratbench solve pipeline: ";
+
+// A file named on the command line, read whole (at most 64 MiB); nullopt, having said why.
+std::optional<std::string> readFile(const std::string& path, const char* option) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::cerr << kWho << option << " " << path << ": cannot read it\n";
+    return std::nullopt;
+  }
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (s.str().size() > (64u << 20)) {
+    std::cerr << kWho << option << " " << path << ": over 64 MiB\n";
+    return std::nullopt;
+  }
+  return s.str();
+}
+
+}  // namespace
+
+void addPipelineOptions(CLI::App* app, PipelineArgs& a) {
+  namespace pp = sb::strategies::pipeline;
+  app->add_option("--schedule", a.schedule, "gpipe, 1f1b, interleaved-1f1b or zb-h1")
+      ->capture_default_str()
+      ->check(CLI::IsMember(pp::scheduleKinds()));
+  app->add_option("--csv", a.csv,
+                  "A schedule to run instead: torch.distributed.pipelining's CSV (a row of "
+                  "actions per rank: 1F0, 0B3, 2I1, 2W1)");
+  app->add_option("--stages", a.stages, "Pipeline ranks (stages, times --virtual-stages)")
+      ->check(wholeNumber(1, 4096, "stages"));
+  app->add_option("--microbatches", a.microbatches, "Micro-batches per step")
+      ->check(wholeNumber(1, 100000, "micro-batches"));
+  app->add_option("--virtual-stages", a.virtualStages,
+                  "interleaved-1f1b: stages per rank (stage s on rank s mod --stages)")
+      ->capture_default_str()
+      ->check(wholeNumber(1, 64, "virtual stages"));
+  app->add_option("--profile", a.profile,
+                  "Per-stage costs, JSON: {\"stages\": [{\"forward_us\", \"backward_us\", "
+                  "\"backward_input_us\", \"backward_weight_us\", \"activation_bytes\", "
+                  "\"weight_grad_bytes\"}], \"p2p_us\"} (default: F 1, B 2, one unit each)");
+  app->add_option("--out", a.out, "Write the run (JSON) here (default: stdout)");
+  app->add_option("--trace", a.trace, "Write a Chrome trace of the run here (Perfetto opens it)");
+  app->add_option("--write-csv", a.writeCsv, "Write the schedule here, in the CSV format");
+}
+
+int solvePipeline(const PipelineArgs& a) {
+  namespace pp = sb::strategies::pipeline;
+  pp::Schedule schedule;
+  try {
+    for (const auto* path : {&a.out, &a.trace, &a.writeCsv}) {
+      if (!path->empty()) harness::checkResultPath(*path);  // refused before any work
+    }
+    if (!a.csv.empty()) {
+      if (a.stages || a.microbatches || a.virtualStages != 1) {
+        std::cerr << kWho
+                  << "--csv gives the stages and micro-batches itself: drop --stages, "
+                     "--microbatches and --virtual-stages\n";
+        return kExitBadInput;
+      }
+      const auto text = readFile(a.csv, "--csv");
+      if (!text) return kExitBadInput;
+      schedule = pp::readScheduleCsv(*text, a.csv);
+    } else {
+      if (!a.stages || !a.microbatches) {
+        std::cerr << kWho << "--stages and --microbatches are needed (or --csv FILE)\n";
+        return kExitBadInput;
+      }
+      schedule = pp::makeSchedule(a.schedule, a.stages, a.microbatches, a.virtualStages);
+    }
+    pp::Costs costs{{pp::StageCost{}}, 0};
+    if (!a.profile.empty()) {
+      const auto text = readFile(a.profile, "--profile");
+      if (!text) return kExitBadInput;
+      costs = pp::Costs::fromJson(*text, a.profile, schedule.stages);
+    }
+    const pp::Simulation sim = pp::simulate(schedule, costs);
+    if (!a.writeCsv.empty()) harness::replaceResultFile(a.writeCsv, pp::scheduleCsv(schedule));
+    if (!a.trace.empty()) harness::replaceResultFile(a.trace, pp::chromeTrace(schedule, sim));
+    const std::string json = pp::simulationJson(schedule, sim);
+    if (a.out.empty()) {
+      std::cout << json;
+    } else {
+      harness::replaceResultFile(a.out, json);
+    }
+    if (!sim.deadlock.empty()) {
+      std::cerr << kWho << schedule.name << " cannot finish: " << sim.deadlock << "\n";
+      return 1;
+    }
+    if (!a.out.empty()) {
+      std::cerr << kWho << schedule.name << ", " << schedule.ranks << " ranks, " << schedule.stages
+                << " stages, " << schedule.microbatches << " micro-batches: step " << sim.stepUs
+                << " us, bubble " << sim.bubbleFraction << " -> " << a.out << "\n";
+    }
+    return 0;
+  } catch (const pp::ScheduleError& e) {
+    std::cerr << kWho << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const harness::InputError& e) {
+    std::cerr << kWho << e.what() << "\n";
+    return kExitBadInput;
+  }
+}
+
+int solvePipelineMain(int argc, char** argv) {
+  CLI::App app{"A pipeline schedule's dry run: deadlocks, bubble, step time, activations held",
+               "stratbench solve pipeline"};
+  PipelineArgs args;
+  addPipelineOptions(&app, args);
+  try {
+    app.parse(argc - 2, argv + 2);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitBadInput;
+  }
+  return solvePipeline(args);
+}
+
+}  // namespace sb::cli

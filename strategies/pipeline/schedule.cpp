@@ -1,0 +1,609 @@
+// Pipeline schedules and their dry run (see schedule.h).
+
+#include "strategies/pipeline/schedule.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/json_strict.h"
+
+namespace sb::strategies::pipeline {
+namespace {
+
+// Bounds on what a schedule may hold, so that a hostile size or file is refused before it is
+// built: ranks, stages and micro-batches, and actions in all.
+constexpr int kMaxRanks = 4096;
+constexpr int kMaxVirtual = 64;
+constexpr int kMaxMicrobatches = 100000;
+constexpr int64_t kMaxActions = 4000000;
+
+char letter(Op op) {
+  switch (op) {
+    case Op::kForward:
+      return 'F';
+    case Op::kBackward:
+      return 'B';
+    case Op::kBackwardInput:
+      return 'I';
+    case Op::kBackwardWeight:
+      return 'W';
+  }
+  return '?';
+}
+
+Action act(int stage, Op op, int mb) { return Action{stage, op, mb}; }
+
+std::string str(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+std::string Action::name() const {
+  return std::to_string(stage) + letter(op) + std::to_string(microbatch);
+}
+
+std::optional<Action> parseAction(const std::string& text) {
+  size_t i = 0;
+  const auto number = [&](int& out) {
+    const size_t begin = i;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    if (i == begin || i - begin > 9) return false;
+    out = std::stoi(text.substr(begin, i - begin));
+    return true;
+  };
+  Action a;
+  if (!number(a.stage) || i >= text.size()) return std::nullopt;
+  switch (text[i++]) {
+    case 'F':
+      a.op = Op::kForward;
+      break;
+    case 'B':
+      a.op = Op::kBackward;
+      break;
+    case 'I':
+      a.op = Op::kBackwardInput;
+      break;
+    case 'W':
+      a.op = Op::kBackwardWeight;
+      break;
+    default:
+      return std::nullopt;
+  }
+  if (!number(a.microbatch) || i != text.size()) return std::nullopt;
+  return a;
+}
+
+std::vector<std::string> scheduleKinds() { return {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}; }
+
+Schedule makeSchedule(const std::string& kind, int ranks, int microbatches, int virtualStages) {
+  const auto kinds = scheduleKinds();
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+    throw ScheduleError("unknown schedule '" + kind +
+                        "' (expected gpipe, 1f1b, interleaved-1f1b or zb-h1)");
+  }
+  if (ranks < 1 || ranks > kMaxRanks) {
+    throw ScheduleError("stages must be 1 to " + std::to_string(kMaxRanks) + ", got " +
+                        std::to_string(ranks));
+  }
+  if (microbatches < 1 || microbatches > kMaxMicrobatches) {
+    throw ScheduleError("microbatches must be 1 to " + std::to_string(kMaxMicrobatches) + ", got " +
+                        std::to_string(microbatches));
+  }
+  if (virtualStages < 1 || virtualStages > kMaxVirtual) {
+    throw ScheduleError("virtual stages must be 1 to " + std::to_string(kMaxVirtual) + ", got " +
+                        std::to_string(virtualStages));
+  }
+  if (virtualStages > 1 && kind != "interleaved-1f1b") {
+    throw ScheduleError(kind + " runs one stage per rank; virtual stages are interleaved-1f1b's");
+  }
+  if (static_cast<int64_t>(ranks) * virtualStages * microbatches * 3 > kMaxActions) {
+    throw ScheduleError("stages x virtual stages x microbatches " + std::to_string(ranks) + " x " +
+                        std::to_string(virtualStages) + " x " + std::to_string(microbatches) +
+                        " is over the " + std::to_string(kMaxActions / 3) +
+                        " stage-micro-batches a schedule may have");
+  }
+  Schedule s;
+  s.name = kind;
+  s.ranks = ranks;
+  s.microbatches = microbatches;
+  s.stages = ranks * virtualStages;
+  s.perRank.assign(ranks, {});
+  s.splitBackward = kind == "zb-h1";
+  for (int st = 0; st < s.stages; ++st) s.stageRank.push_back(st % ranks);
+  const int S = s.stages, M = microbatches;
+  for (int r = 0; r < ranks; ++r) {
+    auto& out = s.perRank[r];
+    if (kind == "gpipe") {
+      for (int m = 0; m < M; ++m) out.push_back(act(r, Op::kForward, m));
+      for (int m = 0; m < M; ++m) out.push_back(act(r, Op::kBackward, m));
+    } else if (kind == "1f1b" || kind == "zb-h1" ||
+               (kind == "interleaved-1f1b" && virtualStages == 1)) {
+      // Megatron's 1F1B: S - 1 - r forwards in flight before the first backward.
+      const int w = std::min(M, S - 1 - r);
+      const bool split = kind == "zb-h1";
+      // zb-h1 (Qi et al., 2023): stage r runs each weight gradient r input gradients after its
+      // own, so that the input gradients, which the earlier stages wait for, go first; the
+      // weight gradients fill the waits. Its bubble is (S - 1)(F + I - W), 1F1B's
+      // (S - 1)(F + B), at the same activations in flight.
+      const int delay = split ? r : 0;
+      int nextW = 0;
+      const auto backward = [&](int m) {
+        if (!split) {
+          out.push_back(act(r, Op::kBackward, m));
+          return;
+        }
+        out.push_back(act(r, Op::kBackwardInput, m));
+        while (nextW <= m - delay) out.push_back(act(r, Op::kBackwardWeight, nextW++));
+      };
+      for (int m = 0; m < w; ++m) out.push_back(act(r, Op::kForward, m));
+      for (int i = 0; i < M - w; ++i) {
+        out.push_back(act(r, Op::kForward, w + i));
+        backward(i);
+      }
+      for (int m = M - w; m < M; ++m) backward(m);
+      while (split && nextW < M) out.push_back(act(r, Op::kBackwardWeight, nextW++));
+    } else {  // interleaved-1f1b, virtualStages > 1
+      if (M % ranks != 0) {
+        throw ScheduleError(
+            "interleaved-1f1b takes micro-batches in groups of the stages: " + std::to_string(M) +
+            " micro-batches over " + std::to_string(ranks) + " stages");
+      }
+      const int v = virtualStages, R = ranks, total = M * v;
+      const auto id = [&](int k, bool backward) {
+        const int group = k / (R * v), in = k % (R * v);
+        int chunk = in / R;
+        if (backward) chunk = v - 1 - chunk;
+        return std::pair<int, int>{chunk * R + r, group * R + in % R};
+      };
+      const int w = std::min(total, (R - r - 1) * 2 + (v - 1) * R);
+      const auto fwd = [&](int k) {
+        const auto [st, m] = id(k, false);
+        out.push_back(act(st, Op::kForward, m));
+      };
+      const auto bwd = [&](int k) {
+        const auto [st, m] = id(k, true);
+        out.push_back(act(st, Op::kBackward, m));
+      };
+      for (int k = 0; k < w; ++k) fwd(k);
+      for (int i = 0; i < total - w; ++i) {
+        fwd(w + i);
+        bwd(i);
+      }
+      for (int k = total - w; k < total; ++k) bwd(k);
+    }
+  }
+  validate(s);
+  return s;
+}
+
+void validate(const Schedule& s) {
+  const int S = s.stages, M = s.microbatches;
+  // Per stage and micro-batch: the ranks that run each of F, B, I, W there.
+  std::vector<std::array<int, 4>> seen(static_cast<size_t>(S) * M, {0, 0, 0, 0});
+  for (int r = 0; r < s.ranks; ++r) {
+    for (const Action& a : s.perRank[r]) {
+      if (a.stage >= S || a.microbatch >= M) {
+        throw ScheduleError("rank " + std::to_string(r) + ": " + a.name() + " is outside the " +
+                            std::to_string(S) + " stages and " + std::to_string(M) +
+                            " micro-batches");
+      }
+      if (s.stageRank[a.stage] != r) {
+        throw ScheduleError("rank " + std::to_string(r) + ": " + a.name() + " belongs to stage " +
+                            std::to_string(a.stage) + ", which rank " +
+                            std::to_string(s.stageRank[a.stage]) + " holds");
+      }
+      int& n = seen[static_cast<size_t>(a.stage) * M + a.microbatch][static_cast<int>(a.op)];
+      if (++n > 1) {
+        throw ScheduleError("rank " + std::to_string(r) + ": " + a.name() + " is repeated");
+      }
+    }
+  }
+  for (int st = 0; st < S; ++st) {
+    for (int m = 0; m < M; ++m) {
+      const auto& n = seen[static_cast<size_t>(st) * M + m];
+      const std::string at = " (rank " + std::to_string(s.stageRank[st]) + ")";
+      if (n[0] == 0) throw ScheduleError("no " + act(st, Op::kForward, m).name() + at);
+      const bool full = n[1] == 1, split = n[2] == 1 || n[3] == 1;
+      if (full && split) {
+        throw ScheduleError(act(st, Op::kBackward, m).name() + " and " +
+                            act(st, n[2] ? Op::kBackwardInput : Op::kBackwardWeight, m).name() +
+                            at + ": a micro-batch's backward is B, or I and W, not both");
+      }
+      if (!full && !split) {
+        throw ScheduleError("no backward of stage " + std::to_string(st) + ", micro-batch " +
+                            std::to_string(m) + at + ": " + act(st, Op::kBackward, m).name() +
+                            ", or " + act(st, Op::kBackwardInput, m).name() + " and " +
+                            act(st, Op::kBackwardWeight, m).name());
+      }
+      if (split && (n[2] == 0 || n[3] == 0)) {
+        throw ScheduleError("no " +
+                            act(st, n[2] ? Op::kBackwardWeight : Op::kBackwardInput, m).name() +
+                            at + ": a split backward needs both I and W");
+      }
+    }
+  }
+}
+
+Schedule readScheduleCsv(const std::string& text, const std::string& file) {
+  Schedule s;
+  s.name = file;
+  std::vector<std::string> lines;
+  {
+    std::string line;
+    std::istringstream in(text);
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      lines.push_back(line);
+    }
+    while (!lines.empty() && lines.back().find_first_not_of(" \t,") == std::string::npos) {
+      lines.pop_back();  // trailing blank lines
+    }
+  }
+  if (lines.empty())
+    throw ScheduleError(file + ": no ranks (expected one line of actions per rank)");
+  if (lines.size() > static_cast<size_t>(kMaxRanks)) {
+    throw ScheduleError(file + ": " + std::to_string(lines.size()) + " ranks, over " +
+                        std::to_string(kMaxRanks));
+  }
+  s.ranks = static_cast<int>(lines.size());
+  s.perRank.assign(s.ranks, {});
+  std::map<int, int> rankOf;  // stage -> rank
+  int64_t actions = 0;
+  int maxStage = -1, maxMb = -1;
+  for (size_t r = 0; r < lines.size(); ++r) {
+    std::istringstream row(lines[r]);
+    std::string cell;
+    int k = 0;
+    while (std::getline(row, cell, ',')) {
+      ++k;
+      const size_t b = cell.find_first_not_of(" \t"), e = cell.find_last_not_of(" \t");
+      if (b == std::string::npos) continue;  // an idle slot
+      cell = cell.substr(b, e - b + 1);
+      const std::string where = file + ":" + std::to_string(r + 1) + ": cell " + std::to_string(k);
+      const auto a = parseAction(cell);
+      if (!a) {
+        const bool comm = cell.find("SEND") != std::string::npos ||
+                          cell.find("RECV") != std::string::npos ||
+                          cell.find("SHARD") != std::string::npos;
+        throw ScheduleError(
+            where + ": '" + cell.substr(0, 40) + "' is not an action (expected STAGE TYPE " +
+            "MICROBATCH, e.g. 1F0, TYPE one of F, B, I, W" +
+            (comm ? "; communication is implied by the compute actions: the compute_only format"
+                  : "") +
+            ")");
+      }
+      if (a->stage >= kMaxRanks * kMaxVirtual || a->microbatch >= kMaxMicrobatches) {
+        throw ScheduleError(where + ": " + cell + " is past " +
+                            std::to_string(kMaxRanks * kMaxVirtual) + " stages or " +
+                            std::to_string(kMaxMicrobatches) + " micro-batches");
+      }
+      if (++actions > kMaxActions) {
+        throw ScheduleError(file + ": over " + std::to_string(kMaxActions) + " actions");
+      }
+      const auto [it, fresh] = rankOf.emplace(a->stage, static_cast<int>(r));
+      if (!fresh && it->second != static_cast<int>(r)) {
+        throw ScheduleError(where + ": " + cell + ": stage " + std::to_string(a->stage) +
+                            " is on rank " + std::to_string(it->second) + " (line " +
+                            std::to_string(it->second + 1) + ") and on rank " + std::to_string(r));
+      }
+      maxStage = std::max(maxStage, a->stage);
+      maxMb = std::max(maxMb, a->microbatch);
+      if (a->op != Op::kForward && a->op != Op::kBackward) s.splitBackward = true;
+      s.perRank[r].push_back(*a);
+    }
+  }
+  if (maxStage < 0) throw ScheduleError(file + ": no actions");
+  s.stages = maxStage + 1;
+  s.microbatches = maxMb + 1;
+  for (int st = 0; st < s.stages; ++st) {
+    const auto it = rankOf.find(st);
+    if (it == rankOf.end()) {
+      throw ScheduleError(file + ": stage " + std::to_string(st) +
+                          " runs on no rank (stages 0 to " + std::to_string(maxStage) +
+                          " are named)");
+    }
+    s.stageRank.push_back(it->second);
+  }
+  try {
+    validate(s);
+  } catch (const ScheduleError& e) {
+    throw ScheduleError(file + ": " + e.what());
+  }
+  return s;
+}
+
+std::string scheduleCsv(const Schedule& s) {
+  std::string out;
+  for (const auto& row : s.perRank) {
+    for (size_t i = 0; i < row.size(); ++i) out += (i ? "," : "") + row[i].name();
+    out += "\n";
+  }
+  return out;
+}
+
+Costs Costs::fromJson(const std::string& text, const std::string& file, int stages) {
+  nlohmann::json j;
+  try {
+    j = harness::parseJsonNoDuplicates(text);
+  } catch (const std::exception& e) {
+    throw ScheduleError(file + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw ScheduleError(file + ": expected a JSON object with key 'stages'");
+  const auto number = [&](const nlohmann::json& v, const std::string& key, double hi) {
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 ||
+        v.get<double>() > hi) {
+      throw ScheduleError(file + ": '" + key + "' must be a number from 0 to " + str(hi) +
+                          ", got " + v.dump());
+    }
+    return v.get<double>();
+  };
+  Costs c;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "p2p_us") {
+      c.p2pUs = number(it.value(), "p2p_us", 1e12);
+    } else if (it.key() != "stages") {
+      throw ScheduleError(file + ": unknown key '" + it.key() + "' (expected stages, p2p_us)");
+    }
+  }
+  if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty()) {
+    throw ScheduleError(file + ": 'stages' must be a list of one cost for every stage, or of " +
+                        std::to_string(stages) + " (one per stage)");
+  }
+  const auto& list = j["stages"];
+  if (list.size() != 1 && list.size() != static_cast<size_t>(stages)) {
+    throw ScheduleError(file + ": 'stages' has " + std::to_string(list.size()) +
+                        " entries; the schedule has " + std::to_string(stages) +
+                        " stages (one entry for all, or one per stage)");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto& e = list[i];
+    const std::string at = "stages[" + std::to_string(i) + "].";
+    if (!e.is_object()) throw ScheduleError(file + ": " + at + " must be an object");
+    StageCost sc;
+    bool input = false, weight = false;
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "forward_us") {
+        sc.forwardUs = number(it.value(), at + k, 1e12);
+      } else if (k == "backward_us") {
+        sc.backwardUs = number(it.value(), at + k, 1e12);
+      } else if (k == "backward_input_us") {
+        sc.backwardInputUs = number(it.value(), at + k, 1e12);
+        input = true;
+      } else if (k == "backward_weight_us") {
+        sc.backwardWeightUs = number(it.value(), at + k, 1e12);
+        weight = true;
+      } else if (k == "activation_bytes") {
+        sc.activationBytes = number(it.value(), at + k, 1e18);
+      } else if (k == "weight_grad_bytes") {
+        sc.weightGradBytes = number(it.value(), at + k, 1e18);
+      } else {
+        throw ScheduleError(file + ": unknown key '" + at + k +
+                            "' (expected forward_us, backward_us, backward_input_us, "
+                            "backward_weight_us, activation_bytes, weight_grad_bytes)");
+      }
+    }
+    // A split backward's halves default to the whole one's, split evenly.
+    if (!input) sc.backwardInputUs = sc.backwardUs / 2;
+    if (!weight) sc.backwardWeightUs = sc.backwardUs - sc.backwardInputUs;
+    if (sc.weightGradBytes > sc.activationBytes) {
+      throw ScheduleError(file + ": " + at + "weight_grad_bytes " + str(sc.weightGradBytes) +
+                          " is more than its activation_bytes " + str(sc.activationBytes) +
+                          " (what W keeps is part of what F made)");
+    }
+    c.stages.push_back(sc);
+  }
+  return c;
+}
+
+Simulation simulate(const Schedule& s, const Costs& c) {
+  const int S = s.stages, M = s.microbatches, R = s.ranks;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // End times: forward, input gradient (B or I), weight gradient (B or W).
+  std::vector<double> fEnd(static_cast<size_t>(S) * M, nan), iEnd = fEnd, wEnd = fEnd;
+  const auto at = [M](int st, int m) { return static_cast<size_t>(st) * M + m; };
+  // What an action waits for: {stage, micro-batch, which end}, and whether it comes from
+  // another rank (a send).
+  struct Dep {
+    int stage, microbatch;
+    Op op;  // kForward: its F; kBackwardInput: its B or I
+  };
+  const auto deps = [&](const Action& a) {
+    std::vector<Dep> d;
+    if (a.op == Op::kForward) {
+      if (a.stage > 0) d.push_back({a.stage - 1, a.microbatch, Op::kForward});
+    } else if (a.op == Op::kBackwardWeight) {
+      d.push_back({a.stage, a.microbatch, Op::kBackwardInput});
+    } else {
+      d.push_back({a.stage, a.microbatch, Op::kForward});
+      if (a.stage < S - 1) d.push_back({a.stage + 1, a.microbatch, Op::kBackwardInput});
+    }
+    return d;
+  };
+  const auto endOf = [&](const Dep& d) {
+    return d.op == Op::kForward ? fEnd[at(d.stage, d.microbatch)] : iEnd[at(d.stage, d.microbatch)];
+  };
+  const auto depName = [&](const Dep& d) {
+    if (d.op == Op::kForward) return act(d.stage, Op::kForward, d.microbatch).name();
+    return act(d.stage, Op::kBackward, d.microbatch).name() + " (or " +
+           act(d.stage, Op::kBackwardInput, d.microbatch).name() + ")";
+  };
+  Simulation sim;
+  sim.ranks.assign(R, {});
+  std::vector<size_t> next(R, 0);
+  std::vector<double> clock(R, 0), live(R, 0);
+  std::vector<int> inFlight(R, 0);
+  size_t remaining = 0;
+  for (const auto& row : s.perRank) remaining += row.size();
+  while (remaining > 0) {
+    bool progress = false;
+    for (int r = 0; r < R; ++r) {
+      while (next[r] < s.perRank[r].size()) {
+        const Action& a = s.perRank[r][next[r]];
+        double start = clock[r];
+        bool ready = true;
+        for (const Dep& d : deps(a)) {
+          const double end = endOf(d);
+          if (std::isnan(end)) {
+            ready = false;
+            break;
+          }
+          start = std::max(start, end + (s.stageRank[d.stage] != r ? c.p2pUs : 0.0));
+        }
+        if (!ready) break;
+        const StageCost& sc = c.of(a.stage);
+        double cost = 0;
+        RankTimeline& t = sim.ranks[r];
+        switch (a.op) {
+          case Op::kForward:
+            cost = sc.forwardUs;
+            fEnd[at(a.stage, a.microbatch)] = start + cost;
+            live[r] += sc.activationBytes;
+            ++inFlight[r];
+            break;
+          case Op::kBackward:
+            cost = sc.backwardUs;
+            iEnd[at(a.stage, a.microbatch)] = wEnd[at(a.stage, a.microbatch)] = start + cost;
+            live[r] -= sc.activationBytes;
+            --inFlight[r];
+            break;
+          case Op::kBackwardInput:
+            cost = sc.backwardInputUs;
+            iEnd[at(a.stage, a.microbatch)] = start + cost;
+            live[r] -= sc.activationBytes - sc.weightGradBytes;
+            --inFlight[r];
+            break;
+          case Op::kBackwardWeight:
+            cost = sc.backwardWeightUs;
+            wEnd[at(a.stage, a.microbatch)] = start + cost;
+            live[r] -= sc.weightGradBytes;
+            break;
+        }
+        t.peakActivationBytes = std::max(t.peakActivationBytes, live[r]);
+        t.peakMicrobatchesInFlight = std::max(t.peakMicrobatchesInFlight, inFlight[r]);
+        t.actions.push_back({a, start, start + cost});
+        t.busyUs += cost;
+        clock[r] = start + cost;
+        ++next[r];
+        --remaining;
+        progress = true;
+      }
+    }
+    if (progress) continue;
+    // Nothing can run: say who waits for what.
+    for (int r = 0; r < R; ++r) {
+      if (next[r] >= s.perRank[r].size()) continue;
+      const Action& a = s.perRank[r][next[r]];
+      for (const Dep& d : deps(a)) {
+        if (!std::isnan(endOf(d))) continue;
+        const int holder = s.stageRank[d.stage];
+        std::string why =
+            "rank " + std::to_string(r) + " waits at " + a.name() + " for " + depName(d) + ", ";
+        if (holder == r) {
+          why += "which it runs itself later (used before it is made)";
+        } else if (next[holder] < s.perRank[holder].size()) {
+          why += "which rank " + std::to_string(holder) + " has not run: it waits at " +
+                 s.perRank[holder][next[holder]].name();
+        } else {
+          why += "which rank " + std::to_string(holder) + " never runs";
+        }
+        sim.waiting.push_back(why);
+        break;
+      }
+    }
+    // The root of it first: an action that waits for one its own rank runs later.
+    sim.deadlock = sim.waiting.empty() ? "no rank can run its next action" : sim.waiting.front();
+    for (const auto& w : sim.waiting) {
+      if (w.find("runs itself later") != std::string::npos) {
+        sim.deadlock = w;
+        break;
+      }
+    }
+    return sim;
+  }
+  double busy = 0;
+  for (const auto& t : sim.ranks) {
+    for (const auto& ta : t.actions) sim.stepUs = std::max(sim.stepUs, ta.endUs);
+    busy += t.busyUs;
+  }
+  sim.bubbleFraction = sim.stepUs > 0 ? 1.0 - busy / (R * sim.stepUs) : 0.0;
+  return sim;
+}
+
+std::string simulationJson(const Schedule& s, const Simulation& sim) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < sim.ranks.size(); ++r) {
+    const auto& t = sim.ranks[r];
+    nlohmann::json actions = nlohmann::json::array();
+    for (const auto& ta : t.actions) {
+      actions.push_back(
+          {{"action", ta.action.name()}, {"start_us", ta.startUs}, {"end_us", ta.endUs}});
+    }
+    std::vector<int> held;
+    for (int st = 0; st < s.stages; ++st) {
+      if (s.stageRank[st] == static_cast<int>(r)) held.push_back(st);
+    }
+    ranks.push_back({{"rank", r},
+                     {"stages", held},
+                     {"busy_us", t.busyUs},
+                     {"idle_us", sim.stepUs - t.busyUs},
+                     {"bubble_fraction", sim.stepUs > 0 ? 1.0 - t.busyUs / sim.stepUs : 0.0},
+                     {"peak_activation_bytes", t.peakActivationBytes},
+                     {"peak_microbatches_in_flight", t.peakMicrobatchesInFlight},
+                     {"actions", actions}});
+  }
+  nlohmann::json j = {{"schedule", s.name},
+                      {"ranks", s.ranks},
+                      {"stages", s.stages},
+                      {"microbatches", s.microbatches},
+                      {"split_backward", s.splitBackward}};
+  if (!sim.deadlock.empty()) {
+    j["deadlock"] = sim.deadlock;
+    j["waiting"] = sim.waiting;
+  } else {
+    j["step_time_us"] = sim.stepUs;
+    j["bubble_fraction"] = sim.bubbleFraction;
+  }
+  j["per_rank"] = ranks;
+  return j.dump(2) + "\n";
+}
+
+std::string chromeTrace(const Schedule& s, const Simulation& sim) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t r = 0; r < sim.ranks.size(); ++r) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", r},
+                      {"args", {{"name", "rank " + std::to_string(r)}}}});
+    for (const auto& ta : sim.ranks[r].actions) {
+      const char type = ta.action.name()[std::to_string(ta.action.stage).size()];
+      events.push_back(
+          {{"name", ta.action.name()},
+           {"cat", std::string(1, type)},
+           {"ph", "X"},
+           {"pid", 0},
+           {"tid", r},
+           {"ts", ta.startUs},
+           {"dur", ta.endUs - ta.startUs},
+           {"args", {{"stage", ta.action.stage}, {"microbatch", ta.action.microbatch}}}});
+    }
+  }
+  return nlohmann::json({{"traceEvents", events},
+                         {"displayTimeUnit", "ms"},
+                         {"otherData", {{"schedule", s.name}}}})
+             .dump() +
+         "\n";
+}
+
+}  // namespace sb::strategies::pipeline

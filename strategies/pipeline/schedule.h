@@ -1,0 +1,126 @@
+#pragma once
+
+// Pipeline schedules as lists of actions per rank, and their dry run (no LibTorch: `solve
+// pipeline` and its tests build in seconds).
+//
+// A model is cut into S stages; stage s runs on rank stageRank[s]. Each of M micro-batches goes
+// forward through the stages in order (F), then backward in reverse: either one full backward
+// (B), or, as Zero Bubble splits it, the input gradient (I), which the previous stage waits for,
+// and the weight gradient (W), which nothing waits for. A rank runs its actions in its list's
+// order; an action waits for what it needs:
+//   F(s, m)  F(s - 1, m)                        (s > 0: the previous stage's activation)
+//   B(s, m)  F(s, m) and B/I(s + 1, m)          (s < S - 1: the next stage's input gradient)
+//   I(s, m)  as B(s, m)
+//   W(s, m)  I(s, m)
+// Action names are torch.distributed.pipelining's: stage, type, micro-batch ("1F0", "0B3",
+// "2I1", "2W1"), and its CSV format: one row per rank, one action per cell (an empty cell is
+// an idle slot).
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace sb::strategies::pipeline {
+
+enum class Op { kForward, kBackward, kBackwardInput, kBackwardWeight };
+
+struct Action {
+  int stage = 0;
+  Op op = Op::kForward;
+  int microbatch = 0;
+  std::string name() const;  // "1F0"
+  bool operator==(const Action& o) const {
+    return stage == o.stage && op == o.op && microbatch == o.microbatch;
+  }
+};
+
+// "1F0", "0B3", "2I1", "2W1"; nullopt for anything else.
+std::optional<Action> parseAction(const std::string& text);
+
+// A malformed schedule or schedule file: the message names the file, line and cell, the rank,
+// or the action, and what was expected.
+class ScheduleError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Schedule {
+  std::string name;  // "gpipe", "1f1b", ..., or the CSV file read
+  int ranks = 0, stages = 0, microbatches = 0;
+  std::vector<int> stageRank;                // per stage
+  std::vector<std::vector<Action>> perRank;  // each rank's actions, in order
+  bool splitBackward = false;                // I and W instead of B
+};
+
+// The schedules built in: "gpipe" (every forward, then every backward), "1f1b" (Megatron's:
+// S - 1 - r forwards to warm up, then one forward and one backward alternating), "zb-h1" (Zero
+// Bubble's: 1F1B with the backward split, stage r running each W r input gradients after its I,
+// so that the I's the earlier stages wait for go first and the W's fill the waits),
+// "interleaved-1f1b" (Megatron's: `virtualStages`
+// stages per rank, stage s on rank s mod ranks, micro-batches in groups of `ranks`). Throws
+// ScheduleError for a kind it does not know or sizes it does not take.
+std::vector<std::string> scheduleKinds();
+Schedule makeSchedule(const std::string& kind, int ranks, int microbatches, int virtualStages = 1);
+
+// The CSV format of torch.distributed.pipelining (_dump_csv / _load_csv): row r is rank r's
+// actions. Stages, micro-batches and which rank holds each stage are read from the actions.
+// Throws ScheduleError naming `file`, the line and cell on a malformed cell, a stage on two
+// ranks, a missing or repeated action.
+Schedule readScheduleCsv(const std::string& text, const std::string& file);
+std::string scheduleCsv(const Schedule& s);
+
+// Every (stage, micro-batch) has one F and one B (or one I and one W), on its stage's rank.
+// Throws ScheduleError naming the first action that is missing, repeated or misplaced.
+void validate(const Schedule& s);
+
+// What each action costs, per stage (a profile's, or uniform: F 1, B 2, I 1, W 1 time units,
+// one activation unit per micro-batch, none kept for W).
+struct StageCost {
+  double forwardUs = 1, backwardUs = 2, backwardInputUs = 1, backwardWeightUs = 1;
+  double activationBytes = 1;  // held from a micro-batch's F to its B (or I)
+  double weightGradBytes = 0;  // of those, held from I to W
+};
+struct Costs {
+  std::vector<StageCost> stages;  // one per stage, or one for all
+  double p2pUs = 0;               // per activation or gradient sent to another rank
+  const StageCost& of(int stage) const {
+    return stages.size() == 1 ? stages.front() : stages.at(static_cast<size_t>(stage));
+  }
+  // {"p2p_us": x, "stages": [{"forward_us", "backward_us", "backward_input_us",
+  // "backward_weight_us", "activation_bytes", "weight_grad_bytes"}, ...]} (one entry, or one per
+  // stage). Throws ScheduleError naming `file` and the key.
+  static Costs fromJson(const std::string& text, const std::string& file, int stages);
+};
+
+struct TimedAction {
+  Action action;
+  double startUs = 0, endUs = 0;
+};
+struct RankTimeline {
+  std::vector<TimedAction> actions;
+  double busyUs = 0;
+  double peakActivationBytes = 0;
+  int peakMicrobatchesInFlight = 0;  // forwards done whose backward (I, or B) is not
+};
+// The dry run: every rank's actions at the earliest time their dependencies allow, in their
+// order. A schedule that cannot finish (a rank waiting for an action that never runs, or that
+// it runs itself later) has `deadlock` set: the first waiting rank, its action and what it
+// waits for, and `waiting` every waiting rank's.
+struct Simulation {
+  std::vector<RankTimeline> ranks;
+  double stepUs = 0;          // the last action's end
+  double bubbleFraction = 0;  // idle rank time over ranks x stepUs
+  std::string deadlock;
+  std::vector<std::string> waiting;
+};
+Simulation simulate(const Schedule& s, const Costs& c);
+
+// The run as JSON (schedule, sizes, step time, bubble, per rank busy, idle, peak and the
+// timed actions), and as a Chrome trace (one thread per rank; Perfetto and chrome://tracing
+// open it).
+std::string simulationJson(const Schedule& s, const Simulation& sim);
+std::string chromeTrace(const Schedule& s, const Simulation& sim);
+
+}  // namespace sb::strategies::pipeline
