@@ -22,7 +22,7 @@ namespace {
 constexpr int kMaxRanks = 4096;
 constexpr int kMaxVirtual = 64;
 constexpr int kMaxMicrobatches = 100000;
-constexpr int64_t kMaxActions = 4000000;
+constexpr int64_t kMaxActions = 1000000;
 
 char letter(Op op) {
   switch (op) {
