@@ -19,7 +19,7 @@ secs=$2
 shift 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results plan graph)
+[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results plan graph pipeline)
 
 command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 2; }
 out="$build/fuzz"
@@ -58,7 +58,9 @@ build_target() {
     # reference library (the operators the graph names) from the build.
     graph) srcs+=("$src/reference/graph.cpp")
            extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
-    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan, graph)"; exit 2 ;;
+    # The pipeline schedule reader and its dry run (no LibTorch).
+    pipeline) srcs+=("$src/strategies/pipeline/schedule.cpp") ;;
+    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan, graph, pipeline)"; exit 2 ;;
   esac
   # Rebuilt only when a source is newer than the binary.
   local newest
