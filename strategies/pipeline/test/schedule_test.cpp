@@ -118,6 +118,26 @@ TEST(PipelineSchedule, ZeroBubbleH1HasThePapersBubbleAtOneFOneBsMemory) {
   }
 }
 
+// Every built-in schedule, on every small shape, finishes with every dependency respected and
+// each rank busy exactly its share of the work.
+TEST(PipelineSchedule, EveryBuiltInScheduleFinishesOnEverySmallShape) {
+  for (const auto& kind : scheduleKinds()) {
+    for (int S = 1; S <= 5; ++S) {
+      for (int M = 1; M <= 9; ++M) {
+        for (int v = 1; v <= (kind == "interleaved-1f1b" ? 3 : 1); ++v) {
+          if (v > 1 && M % S != 0) continue;
+          const Schedule s = makeSchedule(kind, S, M, v);
+          const Simulation sim = simulate(s, uniform(1, 2));
+          ASSERT_TRUE(sim.deadlock.empty())
+              << kind << " " << S << "x" << M << " v" << v << ": " << sim.deadlock;
+          for (const auto& t : sim.ranks) EXPECT_DOUBLE_EQ(t.busyUs, 3.0 * M * v);
+          expectDependenciesHold(s, sim);
+        }
+      }
+    }
+  }
+}
+
 TEST(PipelineSchedule, AnActivationUsedBeforeItIsMadeIsADeadlockNamingRankActionAndWhatItWaitsFor) {
   // Rank 1 runs its backward of micro-batch 0 before its forward.
   const Schedule s = readScheduleCsv("0F0,0B0\n1B0,1F0\n", "bad.csv");
