@@ -359,4 +359,10 @@ check "mlp_chain too large to build: exit 2 naming the keys, nothing allocated" 
   "big-chain.yaml:[0-9]+: .*mlp_chain: shape keys batch 16, width 1123428, depth 8 make more than 2\^40 elements" -- \
   "$sb" run "$tmp/big-chain.yaml" --out "$tmp/big-chain"
 
+# A graph shape whose derived dimension (batch x seq) passes every key's own check but not the
+# operators' bound: named in the shape's keys, not an operator's (the graph fuzzer's finding).
+check "graph: batch x seq over 2^24: exit 2 naming the keys" 2 \
+  "gpt2: shape batch x seq \(26835456\) is over 2\^24" -- \
+  "$sb" graph --workload gpt2 --shape '{"batch": 1677216}'
+
 finish

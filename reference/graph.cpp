@@ -352,6 +352,17 @@ GraphShape GraphShape::parse(const std::string& workload, const nlohmann::json& 
     throw std::invalid_argument(workload + ": shape key 'layers' must be at most 1024, got " +
                                 std::to_string(s.layers));
   }
+  // Every dimension an operator of the graph gets stays within the operators' bound (2^24:
+  // reference/ops.h), said here in the shape's own keys rather than an operator's.
+  const auto within = [&](long double v, const std::string& what) {
+    if (v > static_cast<long double>(int64_t{1} << 24)) {
+      throw std::invalid_argument(workload + ": shape " + what + " (" +
+                                  std::to_string(static_cast<int64_t>(v)) +
+                                  ") is over 2^24, the largest dimension an operator takes");
+    }
+  };
+  within(4.0L * s.dModel, "4 x d_model");
+  within(s.batch, "batch");
   if (mlp) return s;
   s.seq = shapeInt(shape, workload, "seq", 16);
   s.heads = shapeInt(shape, workload, "heads", 4);
@@ -373,6 +384,9 @@ GraphShape GraphShape::parse(const std::string& workload, const nlohmann::json& 
     throw std::invalid_argument(workload + ": shape " + shape.dump() +
                                 " makes a tensor of more than 2^48 elements; choose a smaller one");
   }
+  within(static_cast<long double>(s.batch) * s.seq, "batch x seq");
+  within(static_cast<long double>(s.batch) * s.heads, "batch x heads");
+  within(s.vocab, "vocab");
   if (s.dModel % s.heads != 0) {
     throw std::invalid_argument(workload + ": shape key 'd_model' (" + std::to_string(s.dModel) +
                                 ") must be a multiple of 'heads' (" + std::to_string(s.heads) +
