@@ -365,4 +365,8 @@ check "graph: batch x seq over 2^24: exit 2 naming the keys" 2 \
   "gpt2: shape batch x seq \(26835456\) is over 2\^24" -- \
   "$sb" graph --workload gpt2 --shape '{"batch": 1677216}'
 
+# LibTorch's own checks carry a C++ backtrace in their text: the commands print the message alone.
+check "a LibTorch check's message without its backtrace" 0 "clean" -- bash -c \
+  '"$1" solve shard --workload gpt2 --mesh 65536x65536 2>&1 | { ! grep -q "Exception raised from\|frame #"; } && echo clean' _ "$sb"
+
 finish

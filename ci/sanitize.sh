@@ -24,7 +24,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
 for t in harness/dist_env_tests harness/harness_tests kernels/kernels_tests \
          strategies/checkpoint_solver_tests strategies/autoshard_ilp_tests strategies/layout_tests \
-         strategies/strategies_tests reports/reports_tests; do
+         strategies/strategies_tests strategies/pipeline_schedule_tests reports/reports_tests; do
   echo "sanitize: $t"
   "$build/$t" --gtest_brief=1 > "$build/sanitize-$(basename "$t").log" 2>&1 || {
     echo "sanitize: $t FAILED (log: $build/sanitize-$(basename "$t").log)"

@@ -24,6 +24,7 @@
 #include "harness/dist/dist_env.h"
 #include "harness/error.h"
 #include "harness/out_file.h"
+#include "harness/run/run_util.h"
 
 namespace {
 
@@ -100,21 +101,21 @@ Command addCalibrate(CLI::App& app) {
             try {
               return calibrateMain(a->calibBackend, a->calibMesh, a->calibOut, a->calibMax);
             } catch (const sb::harness::InputError& e) {
-              std::cerr << "stratbench calibrate: " << e.what() << "\n";
+              std::cerr << "stratbench calibrate: " << sb::harness::errorText(e) << "\n";
               return kExitBadInput;
             } catch (const std::system_error& e) {
               // A thread or a socket the system would not give: not the input's fault.
               std::cerr << "stratbench calibrate: mesh " << a->calibMesh
-                        << ": the system refused a resource: " << e.what() << "\n";
+                        << ": the system refused a resource: " << sb::harness::errorText(e) << "\n";
               return 1;
             } catch (const sb::harness::DistEnvError& e) {
-              std::cerr << "stratbench calibrate: " << e.what() << "\n";
+              std::cerr << "stratbench calibrate: " << sb::harness::errorText(e) << "\n";
               return kExitBadInput;
             } catch (const c10::Error& e) {
               std::cerr << "stratbench calibrate: " << e.what_without_backtrace() << "\n";
               return kExitBadInput;
             } catch (const std::exception& e) {
-              std::cerr << "stratbench calibrate: " << e.what() << "\n";
+              std::cerr << "stratbench calibrate: " << sb::harness::errorText(e) << "\n";
               return 1;
             }
           }};

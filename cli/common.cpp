@@ -9,6 +9,7 @@
 
 #include "harness/json_strict.h"
 #include "harness/plugin_loader.h"
+#include "harness/run/run_util.h"
 
 namespace sb::cli {
 
@@ -16,7 +17,7 @@ bool loadPluginsOrSay(const std::vector<std::string>& paths) {
   try {
     sb::harness::loadPlugins(paths);
   } catch (const sb::harness::PluginError& e) {
-    std::cerr << "stratbench: " << e.what() << "\n";
+    std::cerr << "stratbench: " << sb::harness::errorText(e) << "\n";
     return false;
   }
   return true;
@@ -43,7 +44,8 @@ nlohmann::json modelShape(const ModelOptions& m) {
     try {
       shape["inputs"].push_back(harness::parseJsonNoDuplicates(text));
     } catch (const nlohmann::json::exception& e) {
-      throw std::invalid_argument("--input '" + text + "' is not valid JSON: " + e.what());
+      throw std::invalid_argument("--input '" + text +
+                                  "' is not valid JSON: " + sb::harness::errorText(e));
     }
   }
   if (!m.params.empty()) shape["params"] = m.params;

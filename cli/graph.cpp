@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "harness/json_strict.h"
+#include "harness/run/run_util.h"
 #include "reference/graph.h"
 #include "reference/torchscript/import.h"
 #include "reference/torchscript/linearize.h"
@@ -127,11 +128,12 @@ int graphMain(const GraphArgs& a) {
     if (a.stages) printStages(g, stages);
     return 0;
   } catch (const nlohmann::json::exception& e) {
-    std::cerr << who << "--shape is not valid JSON: " << e.what() << "\n";
+    std::cerr << who << "--shape is not valid JSON: " << sb::harness::errorText(e) << "\n";
   } catch (const ts::ImportError& e) {
-    std::cerr << who << e.what() << "\n";
+    std::cerr << who << sb::harness::errorText(e) << "\n";
   } catch (const std::exception& e) {
-    std::cerr << who << (a.model.file.empty() ? "--shape: " : "") << e.what() << "\n";
+    std::cerr << who << (a.model.file.empty() ? "--shape: " : "") << sb::harness::errorText(e)
+              << "\n";
   }
   return kExitBadInput;
 }

@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "harness/id_pattern.h"
 #include "harness/registry.h"
+#include "harness/run/run_util.h"
 
 namespace {
 
@@ -29,7 +30,7 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
     try {
       re.emplace(filter);
     } catch (const std::invalid_argument& e) {
-      std::cerr << "stratbench: --filter: " << e.what() << "\n";
+      std::cerr << "stratbench: --filter: " << sb::harness::errorText(e) << "\n";
       return kExitBadInput;
     }
   }

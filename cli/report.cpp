@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/numbers.h"
+#include "harness/run/run_util.h"
 #include "reports/report.h"
 
 namespace sb::cli {
@@ -52,7 +53,7 @@ Command addReport(CLI::App& app) {
             try {
               return sb::reports::runReport(a->ropts, std::cout);
             } catch (const sb::reports::ReportInputError& e) {
-              std::cerr << "stratbench report: " << e.what() << "\n";
+              std::cerr << "stratbench report: " << sb::harness::errorText(e) << "\n";
               return kExitBadInput;
             }
           }};

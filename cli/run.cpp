@@ -19,6 +19,7 @@
 #include "harness/dist/cost_profile.h"
 #include "harness/error.h"
 #include "harness/run/records.h"
+#include "harness/run/run_util.h"
 #include "harness/run/runner.h"
 #include "harness/run/suite.h"
 
@@ -65,17 +66,17 @@ int runSuite(RunArgs& a, const CLI::App& run) {
     const auto plan = sb::harness::planSuite(suite, opts);
     return sb::harness::runPlanned(suite, plan, opts, std::cout);
   } catch (const sb::harness::InputError& e) {
-    std::cerr << "stratbench: " << e.what() << "\n";
+    std::cerr << "stratbench: " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   } catch (const sb::harness::OutputBusy& e) {
-    std::cerr << "stratbench: " << e.what() << "\n";
+    std::cerr << "stratbench: " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   } catch (const c10::Error& e) {
     std::cerr << "stratbench: " << e.what_without_backtrace() << "\n";
     return kExitBadInput;
   } catch (const std::runtime_error& e) {
     // A multi-process run that could not start: the store or a rank unreachable.
-    std::cerr << "stratbench: " << e.what() << "\n";
+    std::cerr << "stratbench: " << sb::harness::errorText(e) << "\n";
     return 1;
   }
 }

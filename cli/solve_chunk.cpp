@@ -14,6 +14,7 @@
 #include "cli/numbers.h"
 #include "harness/case.h"
 #include "harness/error.h"
+#include "harness/run/run_util.h"
 #include "reference/transformer.h"
 #include "strategies/chunking/estimator.h"
 
@@ -36,20 +37,21 @@ int solveChunk(const std::string& workload, const std::string& shapeText, double
     shape = sb::reference::TransformerShape::parse(nlohmann::json::parse(shapeText), workload);
     dtype = sb::harness::parseDtype(dtypeName);
   } catch (const nlohmann::json::parse_error& e) {
-    std::cerr << "stratbench solve: --shape is not valid JSON: " << e.what() << "\n";
+    std::cerr << "stratbench solve: --shape is not valid JSON: " << sb::harness::errorText(e)
+              << "\n";
     return kExitBadInput;
   } catch (const c10::Error& e) {
     std::cerr << "stratbench solve: --shape: " << e.what_without_backtrace() << "\n";
     return kExitBadInput;
   } catch (const std::exception& e) {
-    std::cerr << "stratbench solve: " << e.what() << "\n";
+    std::cerr << "stratbench solve: " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   }
   ch::ChunkSearch r;
   try {
     r = ch::searchChunkPlan(shape, c10::elementSize(dtype), static_cast<int64_t>(maxMemory));
   } catch (const sb::harness::InputError& e) {
-    std::cerr << "stratbench solve: --shape: " << e.what() << "\n";
+    std::cerr << "stratbench solve: --shape: " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   }
   if (!r.plan) {

@@ -21,6 +21,7 @@
 #include "harness/case.h"
 #include "harness/comm/mesh.h"
 #include "harness/dist/cost_profile.h"
+#include "harness/run/run_util.h"
 #include "strategies/sharding/layout/placement.h"
 #include "strategies/sharding/layout/redistribute.h"
 #include "strategies/sharding/layout/redistribute_anchors.h"
@@ -57,8 +58,8 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
       throw std::invalid_argument("the tensor would hold more than 2^62 bytes");
     }
   } catch (const std::exception& e) {
-    std::cerr << "stratbench solve redistribute: --shape '" << shapeText << "': " << e.what()
-              << "\n";
+    std::cerr << "stratbench solve redistribute: --shape '" << shapeText
+              << "': " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   }
   try {
@@ -67,7 +68,8 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
       throw std::invalid_argument("at most 4 axes and 4096 ranks");
     }
   } catch (const std::exception& e) {
-    std::cerr << "stratbench solve redistribute: --mesh '" << meshText << "': " << e.what() << "\n";
+    std::cerr << "stratbench solve redistribute: --mesh '" << meshText
+              << "': " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   }
   try {
@@ -82,7 +84,7 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
     try {
       profile = h::CostProfile::load(profilePath);
     } catch (const std::exception& e) {
-      std::cerr << "stratbench solve redistribute: " << e.what() << "\n";
+      std::cerr << "stratbench solve redistribute: " << sb::harness::errorText(e) << "\n";
       return kExitBadInput;
     }
     if (profile->mesh != meshText) {
@@ -106,7 +108,7 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
       from = h::Layout::parse(fromText, ndim, meshNdim);
       to = h::Layout::parse(toText, ndim, meshNdim);
     } catch (const h::LayoutError& e) {
-      std::cerr << "stratbench solve redistribute: " << e.what() << "\n";
+      std::cerr << "stratbench solve redistribute: " << sb::harness::errorText(e) << "\n";
       return kExitBadInput;
     }
     const auto plan = h::planRedistribution(g, from, to, model, objective);
@@ -133,7 +135,7 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
     j = h::compareWithAnchors(g, model, objective, limits);
   } catch (const h::CompareStopped& e) {
     if (limits.progress) std::cerr << "\n";
-    std::cerr << "stratbench solve redistribute: --compare-anchors " << e.what()
+    std::cerr << "stratbench solve redistribute: --compare-anchors " << sb::harness::errorText(e)
               << "; give a longer --time-limit or a smaller mesh or shape\n";
     return 1;
   }

@@ -23,6 +23,7 @@
 #include "harness/json_strict.h"
 #include "harness/out_file.h"
 #include "harness/run/records.h"
+#include "harness/run/run_util.h"
 #include "reference/graph.h"
 #include "reference/torchscript/import.h"
 #include "strategies/sharding/auto/model.h"
@@ -57,10 +58,10 @@ int solveShard(const ShardArgs& a) {
       shape = h::parseJsonNoDuplicates(a.shape);
     }
   } catch (const nlohmann::json::exception& e) {
-    std::cerr << who << "--shape is not valid JSON: " << e.what() << "\n";
+    std::cerr << who << "--shape is not valid JSON: " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   } catch (const std::invalid_argument& e) {
-    std::cerr << who << "--shape: " << e.what() << "\n";
+    std::cerr << who << "--shape: " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   }
   try {
@@ -68,7 +69,7 @@ int solveShard(const ShardArgs& a) {
     mesh = h::DeviceMesh::parseShape(a.mesh, kMaxPlanRanks);
     if (mesh.size() > 2) throw std::invalid_argument("plans are for 1-D and 2-D meshes");
   } catch (const std::exception& e) {
-    std::cerr << who << "--mesh '" << a.mesh << "': " << e.what() << "\n";
+    std::cerr << who << "--mesh '" << a.mesh << "': " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   }
   try {
@@ -84,14 +85,14 @@ int solveShard(const ShardArgs& a) {
   try {
     if (!a.profile.empty()) params["cost_profile"] = h::CostProfile::load(a.profile).toJson();
   } catch (const std::exception& e) {
-    std::cerr << who << "--profile " << a.profile << ": " << e.what() << "\n";
+    std::cerr << who << "--profile " << a.profile << ": " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   }
   if (!a.out.empty()) {
     try {
       h::checkResultPath(a.out);  // refused before the solve, not after it
     } catch (const h::InputError& e) {
-      std::cerr << who << "--out: " << e.what() << "\n";
+      std::cerr << who << "--out: " << sb::harness::errorText(e) << "\n";
       return kExitBadInput;
     }
   }
@@ -129,17 +130,17 @@ int solveShard(const ShardArgs& a) {
     }
     return 0;
   } catch (const as::NoPlanError& e) {
-    std::cerr << who << e.what() << "\n";
+    std::cerr << who << sb::harness::errorText(e) << "\n";
     return 1;
   } catch (const h::InputError& e) {
-    std::cerr << who << e.what() << "\n";
+    std::cerr << who << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   } catch (const sb::reference::torchscript::ImportError& e) {
-    std::cerr << who << e.what() << "\n";
+    std::cerr << who << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   } catch (const std::logic_error& e) {
     // The graph workloads say what is wrong with a shape as std::invalid_argument.
-    std::cerr << who << "--shape: " << e.what() << "\n";
+    std::cerr << who << "--shape: " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   } catch (const c10::Error& e) {
     std::cerr << who << e.what_without_backtrace() << "\n";
