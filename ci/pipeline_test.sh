@@ -72,8 +72,20 @@ check "a cell that is not an action: exit 2 naming file, line and cell" 2 \
 printf '0F0,0B0\n0F1,0B1\n' >"$tmp/two.csv"
 check "a stage on two ranks: exit 2" 2 "two.csv:2: cell 1: 0F1: stage 0 is on rank 0" -- \
   "$sb" solve pipeline --csv "$tmp/two.csv"
-check "--csv with --stages: exit 2" 2 "drop --stages" -- \
+check "--csv with --stages: exit 2" 2 "drop --schedule, --stages" -- \
   "$sb" solve pipeline --csv "$tmp/two.csv" --stages 2
+check "--csv with --schedule: exit 2" 2 "drop --schedule" -- \
+  "$sb" solve pipeline --csv "$tmp/zb.csv" --schedule gpipe
+printf '0F0\n1F0\n2F0\n3F99999\n' >"$tmp/sparse.csv"
+check "a CSV naming far more stage-micro-batches than it has actions: exit 2 before any table" 2 \
+  "micro-batches, which take at least 800000 actions; it has 4" -- \
+  "$sb" solve pipeline --csv "$tmp/sparse.csv"
+check "--csv of a device that never ends: refused at 64 MiB" 2 "over 64 MiB" -- \
+  "$sb" solve pipeline --csv /dev/zero
+printf '{"stages": [{"backward_us": 2, "backward_input_us": 5}]}' >"$tmp/halves.json"
+check "a profile's input gradient longer than its backward: exit 2" 2 \
+  "backward_input_us 5 is more than its backward_us 2" -- \
+  "$sb" solve pipeline --stages 2 --microbatches 2 --schedule zb-h1 --profile "$tmp/halves.json"
 check "no sizes: exit 2" 2 "--stages and --microbatches are needed" -- "$sb" solve pipeline
 check "micro-batches not a multiple of the stages for interleaved: exit 2" 2 \
   "micro-batches in groups of the stages" -- "$sb" solve pipeline --stages 4 --microbatches 6 \

@@ -2,7 +2,6 @@
 
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <CLI/CLI.hpp>
 
@@ -24,21 +23,23 @@ std::optional<std::string> readFile(const std::string& path, const char* option)
     std::cerr << kWho << option << " " << path << ": cannot read it\n";
     return std::nullopt;
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (s.str().size() > (64u << 20)) {
+  // At most 64 MiB and one byte read: a device that never ends (/dev/zero) is refused too.
+  constexpr size_t kMax = size_t{64} << 20;
+  std::string text(kMax + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMax) {
     std::cerr << kWho << option << " " << path << ": over 64 MiB\n";
     return std::nullopt;
   }
-  return s.str();
+  return text;
 }
 
 }  // namespace
 
 void addPipelineOptions(CLI::App* app, PipelineArgs& a) {
   namespace pp = sb::strategies::pipeline;
-  app->add_option("--schedule", a.schedule, "gpipe, 1f1b, interleaved-1f1b or zb-h1")
-      ->capture_default_str()
+  app->add_option("--schedule", a.schedule, "gpipe, 1f1b (the default), interleaved-1f1b or zb-h1")
       ->check(CLI::IsMember(pp::scheduleKinds()));
   app->add_option("--csv", a.csv,
                   "A schedule to run instead: torch.distributed.pipelining's CSV (a row of "
@@ -68,10 +69,10 @@ int solvePipeline(const PipelineArgs& a) {
       if (!path->empty()) harness::checkResultPath(*path);  // refused before any work
     }
     if (!a.csv.empty()) {
-      if (a.stages || a.microbatches || a.virtualStages != 1) {
+      if (a.stages || a.microbatches || a.virtualStages != 1 || !a.schedule.empty()) {
         std::cerr << kWho
-                  << "--csv gives the stages and micro-batches itself: drop --stages, "
-                     "--microbatches and --virtual-stages\n";
+                  << "--csv is the schedule, with its stages and micro-batches: drop --schedule, "
+                     "--stages, --microbatches and --virtual-stages\n";
         return kExitBadInput;
       }
       const auto text = readFile(a.csv, "--csv");
@@ -82,7 +83,8 @@ int solvePipeline(const PipelineArgs& a) {
         std::cerr << kWho << "--stages and --microbatches are needed (or --csv FILE)\n";
         return kExitBadInput;
       }
-      schedule = pp::makeSchedule(a.schedule, a.stages, a.microbatches, a.virtualStages);
+      schedule = pp::makeSchedule(a.schedule.empty() ? "1f1b" : a.schedule, a.stages,
+                                  a.microbatches, a.virtualStages);
     }
     pp::Costs costs{{pp::StageCost{}}, 0};
     if (!a.profile.empty()) {
@@ -113,6 +115,9 @@ int solvePipeline(const PipelineArgs& a) {
     std::cerr << kWho << e.what() << "\n";
     return kExitBadInput;
   } catch (const harness::InputError& e) {
+    std::cerr << kWho << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::exception& e) {  // out of memory on a schedule within the bounds
     std::cerr << kWho << e.what() << "\n";
     return kExitBadInput;
   }

@@ -12,9 +12,9 @@ class App;
 namespace sb::cli {
 
 struct PipelineArgs {
-  std::string schedule = "1f1b";  // a built-in schedule, when --csv is not given
-  std::string csv;                // a schedule of torch.distributed.pipelining's CSV format
-  int stages = 0;                 // ranks, one stage each (times --virtual-stages)
+  std::string schedule;  // a built-in schedule (empty: 1f1b), when --csv is not given
+  std::string csv;       // a schedule of torch.distributed.pipelining's CSV format
+  int stages = 0;        // ranks, one stage each (times --virtual-stages)
   int microbatches = 0;
   int virtualStages = 1;
   std::string profile;   // per-stage costs (JSON)

@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -134,7 +135,8 @@ Schedule makeSchedule(const std::string& kind, int ranks, int microbatches, int 
       // zb-h1 (Qi et al., 2023): stage r runs each weight gradient r input gradients after its
       // own, so that the input gradients, which the earlier stages wait for, go first; the
       // weight gradients fill the waits. Its bubble is (S - 1)(F + I - W), 1F1B's
-      // (S - 1)(F + B), at the same activations in flight.
+      // (S - 1)(F + B), at the same micro-batches in flight (and up to r micro-batches' W
+      // inputs held besides).
       const int delay = split ? r : 0;
       int nextW = 0;
       const auto backward = [&](int m) {
@@ -165,7 +167,8 @@ Schedule makeSchedule(const std::string& kind, int ranks, int microbatches, int 
         if (backward) chunk = v - 1 - chunk;
         return std::pair<int, int>{chunk * R + r, group * R + in % R};
       };
-      const int w = std::min(total, (R - r - 1) * 2 + (v - 1) * R);
+      // Megatron's warm-up; with one group of micro-batches, every forward first.
+      const int w = M == R ? total : std::min(total, (R - r - 1) * 2 + (v - 1) * R);
       const auto fwd = [&](int k) {
         const auto [st, m] = id(k, false);
         out.push_back(act(st, Op::kForward, m));
@@ -188,6 +191,16 @@ Schedule makeSchedule(const std::string& kind, int ranks, int microbatches, int 
 
 void validate(const Schedule& s) {
   const int S = s.stages, M = s.microbatches;
+  // A complete schedule has two actions (F and B) or three (F, I, W) per stage and
+  // micro-batch: fewer, and some are missing; counted before anything of size S x M is made.
+  int64_t actions = 0;
+  for (const auto& row : s.perRank) actions += static_cast<int64_t>(row.size());
+  if (static_cast<int64_t>(S) * M * 2 > actions) {
+    throw ScheduleError("its actions name " + std::to_string(S) + " stages and " +
+                        std::to_string(M) + " micro-batches, which take at least " +
+                        std::to_string(static_cast<int64_t>(S) * M * 2) + " actions; it has " +
+                        std::to_string(actions));
+  }
   // Per stage and micro-batch: the ranks that run each of F, B, I, W there.
   std::vector<std::array<int, 4>> seen(static_cast<size_t>(S) * M, {0, 0, 0, 0});
   for (int r = 0; r < s.ranks; ++r) {
@@ -241,9 +254,14 @@ Schedule readScheduleCsv(const std::string& text, const std::string& file) {
   {
     std::string line;
     std::istringstream in(text);
+    size_t lastFull = 0;  // lines up to the last one with an action, past which blanks trail
     while (std::getline(in, line)) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       lines.push_back(line);
+      if (line.find_first_not_of(" \t,") != std::string::npos) lastFull = lines.size();
+      if (lastFull > static_cast<size_t>(kMaxRanks) || lines.size() > (size_t{1} << 20)) {
+        throw ScheduleError(file + ": more than " + std::to_string(kMaxRanks) + " ranks (lines)");
+      }
     }
     while (!lines.empty() && lines.back().find_first_not_of(" \t,") == std::string::npos) {
       lines.pop_back();  // trailing blank lines
@@ -393,9 +411,20 @@ Costs Costs::fromJson(const std::string& text, const std::string& file, int stag
                             "backward_weight_us, activation_bytes, weight_grad_bytes)");
       }
     }
-    // A split backward's halves default to the whole one's, split evenly.
-    if (!input) sc.backwardInputUs = sc.backwardUs / 2;
-    if (!weight) sc.backwardWeightUs = sc.backwardUs - sc.backwardInputUs;
+    // A split backward's halves: both given, or one (the other is the rest of B), or neither
+    // (B split evenly).
+    if (input != weight) {
+      const double given = input ? sc.backwardInputUs : sc.backwardWeightUs;
+      if (given > sc.backwardUs) {
+        throw ScheduleError(file + ": " + at +
+                            (input ? "backward_input_us " : "backward_weight_us ") + str(given) +
+                            " is more than its backward_us " + str(sc.backwardUs) +
+                            " (the other half is the rest of it; give both to set them apart)");
+      }
+      (input ? sc.backwardWeightUs : sc.backwardInputUs) = sc.backwardUs - given;
+    } else if (!input) {
+      sc.backwardInputUs = sc.backwardWeightUs = sc.backwardUs / 2;
+    }
     if (sc.weightGradBytes > sc.activationBytes) {
       throw ScheduleError(file + ": " + at + "weight_grad_bytes " + str(sc.weightGradBytes) +
                           " is more than its activation_bytes " + str(sc.activationBytes) +
@@ -418,23 +447,33 @@ Simulation simulate(const Schedule& s, const Costs& c) {
     int stage, microbatch;
     Op op;  // kForward: its F; kBackwardInput: its B or I
   };
+  // At most two, in a fixed array: the dry run asks for them once per action and wake-up.
+  struct Deps {
+    std::array<Dep, 2> d;
+    int n = 0;
+    const Dep* begin() const { return d.data(); }
+    const Dep* end() const { return d.data() + n; }
+  };
   const auto deps = [&](const Action& a) {
-    std::vector<Dep> d;
+    Deps d;
     if (a.op == Op::kForward) {
-      if (a.stage > 0) d.push_back({a.stage - 1, a.microbatch, Op::kForward});
+      if (a.stage > 0) d.d[d.n++] = {a.stage - 1, a.microbatch, Op::kForward};
     } else if (a.op == Op::kBackwardWeight) {
-      d.push_back({a.stage, a.microbatch, Op::kBackwardInput});
+      d.d[d.n++] = {a.stage, a.microbatch, Op::kBackwardInput};
     } else {
-      d.push_back({a.stage, a.microbatch, Op::kForward});
-      if (a.stage < S - 1) d.push_back({a.stage + 1, a.microbatch, Op::kBackwardInput});
+      d.d[d.n++] = {a.stage, a.microbatch, Op::kForward};
+      if (a.stage < S - 1) d.d[d.n++] = {a.stage + 1, a.microbatch, Op::kBackwardInput};
     }
     return d;
   };
   const auto endOf = [&](const Dep& d) {
     return d.op == Op::kForward ? fEnd[at(d.stage, d.microbatch)] : iEnd[at(d.stage, d.microbatch)];
   };
-  const auto depName = [&](const Dep& d) {
+  const auto depName = [&](const Dep& d, const Action& waiter) {
     if (d.op == Op::kForward) return act(d.stage, Op::kForward, d.microbatch).name();
+    if (waiter.op == Op::kBackwardWeight) {
+      return act(d.stage, Op::kBackwardInput, d.microbatch).name();
+    }
     return act(d.stage, Op::kBackward, d.microbatch).name() + " (or " +
            act(d.stage, Op::kBackwardInput, d.microbatch).name() + ")";
   };
@@ -445,22 +484,36 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   std::vector<int> inFlight(R, 0);
   size_t remaining = 0;
   for (const auto& row : s.perRank) remaining += row.size();
-  while (remaining > 0) {
-    bool progress = false;
-    for (int r = 0; r < R; ++r) {
+  // Event-driven: a rank blocked at an action waits on the end it misses and is woken when
+  // that end is made, so every action is looked at a bounded number of times.
+  std::vector<std::vector<int>> waitF(static_cast<size_t>(S) * M), waitI(waitF.size());
+  std::deque<int> ready;
+  for (int r = 0; r < R; ++r) ready.push_back(r);
+  const auto wake = [&](std::vector<int>& waiters) {
+    for (int w : waiters) ready.push_back(w);
+    waiters.clear();
+  };
+  while (!ready.empty()) {
+    const int r = ready.front();
+    ready.pop_front();
+    {
       while (next[r] < s.perRank[r].size()) {
         const Action& a = s.perRank[r][next[r]];
         double start = clock[r];
-        bool ready = true;
+        const Dep* missing = nullptr;
         for (const Dep& d : deps(a)) {
           const double end = endOf(d);
           if (std::isnan(end)) {
-            ready = false;
+            missing = &d;
             break;
           }
           start = std::max(start, end + (s.stageRank[d.stage] != r ? c.p2pUs : 0.0));
         }
-        if (!ready) break;
+        if (missing) {
+          (missing->op == Op::kForward ? waitF : waitI)[at(missing->stage, missing->microbatch)]
+              .push_back(r);
+          break;
+        }
         const StageCost& sc = c.of(a.stage);
         double cost = 0;
         RankTimeline& t = sim.ranks[r];
@@ -468,18 +521,21 @@ Simulation simulate(const Schedule& s, const Costs& c) {
           case Op::kForward:
             cost = sc.forwardUs;
             fEnd[at(a.stage, a.microbatch)] = start + cost;
+            wake(waitF[at(a.stage, a.microbatch)]);
             live[r] += sc.activationBytes;
             ++inFlight[r];
             break;
           case Op::kBackward:
             cost = sc.backwardUs;
             iEnd[at(a.stage, a.microbatch)] = wEnd[at(a.stage, a.microbatch)] = start + cost;
+            wake(waitI[at(a.stage, a.microbatch)]);
             live[r] -= sc.activationBytes;
             --inFlight[r];
             break;
           case Op::kBackwardInput:
             cost = sc.backwardInputUs;
             iEnd[at(a.stage, a.microbatch)] = start + cost;
+            wake(waitI[at(a.stage, a.microbatch)]);
             live[r] -= sc.activationBytes - sc.weightGradBytes;
             --inFlight[r];
             break;
@@ -496,10 +552,10 @@ Simulation simulate(const Schedule& s, const Costs& c) {
         clock[r] = start + cost;
         ++next[r];
         --remaining;
-        progress = true;
       }
     }
-    if (progress) continue;
+  }
+  if (remaining > 0) {
     // Nothing can run: say who waits for what.
     for (int r = 0; r < R; ++r) {
       if (next[r] >= s.perRank[r].size()) continue;
@@ -508,7 +564,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
         if (!std::isnan(endOf(d))) continue;
         const int holder = s.stageRank[d.stage];
         std::string why =
-            "rank " + std::to_string(r) + " waits at " + a.name() + " for " + depName(d) + ", ";
+            "rank " + std::to_string(r) + " waits at " + a.name() + " for " + depName(d, a) + ", ";
         if (holder == r) {
           why += "which it runs itself later (used before it is made)";
         } else if (next[holder] < s.perRank[holder].size()) {
@@ -575,7 +631,7 @@ std::string simulationJson(const Schedule& s, const Simulation& sim) {
     j["bubble_fraction"] = sim.bubbleFraction;
   }
   j["per_rank"] = ranks;
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string chromeTrace(const Schedule& s, const Simulation& sim) {
@@ -602,7 +658,7 @@ std::string chromeTrace(const Schedule& s, const Simulation& sim) {
   return nlohmann::json({{"traceEvents", events},
                          {"displayTimeUnit", "ms"},
                          {"otherData", {{"schedule", s.name}}}})
-             .dump() +
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
          "\n";
 }
 

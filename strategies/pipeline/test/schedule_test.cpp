@@ -175,7 +175,13 @@ TEST(PipelineSchedule, TheCsvFormatRoundTripsAndMalformedFilesNameLineAndCell) {
   EXPECT_NE(error("0F0,0B0\n0F1,0B1\n").find("s.csv:2: cell 1: 0F1: stage 0 is on rank 0"),
             std::string::npos);
   EXPECT_NE(error("0F0,0F0,0B0\n").find("rank 0: 0F0 is repeated"), std::string::npos);
-  EXPECT_NE(error("0F0,0F1,0B0\n").find("no backward of stage 0, micro-batch 1"),
+  EXPECT_NE(error("0F0,0I0,0W0,0F1\n").find("no backward of stage 0, micro-batch 1"),
+            std::string::npos);
+  // Counted before anything of stages x micro-batches is made: a cell naming micro-batch
+  // 99999 in a four-action file.
+  EXPECT_NE(error("0F0,0F1,0B0\n").find("which take at least 4 actions; it has 3"),
+            std::string::npos);
+  EXPECT_NE(error("0F0\n1F0\n2F0\n3F99999\n").find("at least 800000 actions; it has 4"),
             std::string::npos);
   EXPECT_NE(error("0F0,0I0\n").find("no 0W0"), std::string::npos);
   EXPECT_NE(error("0F0,0B0\n2F0,2B0\n").find("stage 1 runs on no rank"), std::string::npos);
