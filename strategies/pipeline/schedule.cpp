@@ -500,8 +500,9 @@ Simulation simulate(const Schedule& s, const Costs& c) {
       while (next[r] < s.perRank[r].size()) {
         const Action& a = s.perRank[r][next[r]];
         double start = clock[r];
+        const Deps needs = deps(a);  // kept: `missing` points into it
         const Dep* missing = nullptr;
-        for (const Dep& d : deps(a)) {
+        for (const Dep& d : needs) {
           const double end = endOf(d);
           if (std::isnan(end)) {
             missing = &d;
