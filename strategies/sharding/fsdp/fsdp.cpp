@@ -23,8 +23,9 @@
 // update, the whole tensor's on those elements), run by reference::TrainingLoop as the
 // reference runs it. The loss is all-reduced each step; the gradient norm (for the record, and
 // clipping) is the square root of the shards' squares all-reduced in float64 where the
-// optimizer steps shards. What each kind shards, the units and
-// the predicted communication are the plan's (fsdp_plan.h); this file runs it.
+// optimizer steps shards. What each kind shards, the units and the predicted communication
+// are the plan's (fsdp_plan.h); this file is the strategy and runs the executor
+// (fsdp_executor.h), whose memory model is fsdp_memory.cpp.
 //
 // A unit's parameters are gathered by an autograd function (GatherParams) whose backward
 // reduce-scatters the unit's summed gradient: the backward of a parameter runs once all its
@@ -62,6 +63,7 @@
 #include "reference/autograd_engine.h"
 #include "reference/graph.h"
 #include "reference/training.h"
+#include "strategies/sharding/fsdp/fsdp_executor.h"
 #include "strategies/sharding/fsdp/fsdp_plan.h"
 
 namespace sb::strategies::fsdp {
@@ -74,116 +76,6 @@ using harness::Collective;
 using harness::CommStats;
 using harness::RankContext;
 using reference::Graph;
-
-class FsdpStrategy;
-
-class FsdpExecutor;
-
-// Gathers one parameter's shards into the whole tensor; its backward reduce-scatters the
-// whole gradient into the shard's (and, in hsdp, all-reduces it over the replicas).
-struct GatherParam : public torch::autograd::Function<GatherParam> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& shard,
-                            int64_t executor, int64_t index);
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads);
-};
-
-class FsdpExecutor final : public harness::RankExecutor {
- public:
-  FsdpExecutor(const FsdpStrategy& s, CaseSpec c);
-  void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
-  void step(RankContext& ctx) override;
-  std::map<std::string, at::Tensor> results() const override;
-  std::vector<std::pair<std::string, std::string>> recordParams() const override;
-  std::optional<int64_t> predictedPeakBytes() const override;
-  // FSDP's promise is its memory: a unit left gathered breaks it however right the numbers.
-  std::optional<int64_t> memoryLimitBytes() const override { return predictedPeakBytes(); }
-  nlohmann::json details() const override;
-
-  // GatherParam's halves.
-  at::Tensor gather(int index, const at::Tensor& shard);
-  at::Tensor reduceGrad(int index, const at::Tensor& full);
-
- private:
-  // Where the forward and backward reach a point at which FSDP allocates or frees parameter
-  // memory: the profile pass (prepare) records the live bytes there, the model adds FSDP's.
-  enum class MarkKind { kStart, kGather, kUnitEnd, kRegather, kGradReady, kBackwardEnd, kDone };
-  struct Mark {
-    MarkKind kind;
-    int index;        // the unit (gather, unit end, regather) or parameter (grad ready)
-    int64_t live;     // the profile's live bytes here, above its start
-    int64_t peak;     // the most it held since the previous mark, above its start
-    bool contiguous;  // grad ready: the gradient autograd hands over is contiguous
-  };
-  void mark(MarkKind kind, int index, bool contiguous = true);
-  // One forward and backward of this rank's batch; the loss summed over the ranks. With
-  // profile_ set: on whole parameters, no communication, parameters never freed, the marks
-  // recorded.
-  double pass();
-  // Gathers `unit` for its forward (marked), and, where prefetching, the next units.
-  void gatherUnit(int unit, std::map<std::string, at::Tensor>& values);
-  void gatherParams(int unit, std::map<std::string, at::Tensor>& values);
-  void reshardUnit(int unit, bool free = true);
-  void regatherUnit(int unit);
-  void regatherParams(int unit);
-  void makeParams();
-  // The model of a step's peak above what is live before the parameters are made (memory
-  // model, in predictedPeakBytes' comment), from the profile's marks.
-  void modelMemory(RankContext& ctx);
-  // Every shard's rows of parameter `index` (torch.chunk's), for its gathers and scatters.
-  const std::vector<int64_t>& rowsOf(int index) const { return rows_[index]; }
-  // This rank's rows of parameter `index`: {offset, length}.
-  std::pair<int64_t, int64_t> shardRows(int index) const { return shardRows_[index]; }
-  harness::Communicator& shardComm() {
-    return kind_ == Kind::kHsdp ? ctx_->group({1}) : ctx_->world();
-  }
-
-  CaseSpec case_;
-  Kind kind_;
-  Fault fault_;
-  bool reshardAfterForward_ = true;
-  int prefetch_ = 0;  // units gathered ahead, forward and backward (params.prefetch)
-  // params.param_dtype: what the units are gathered and computed in (the shards, the
-  // optimizer and the reductions stay in the case's dtype, float32)
-  at::ScalarType paramDtype_;
-  bool mixed() const { return paramDtype_ != case_.dtype; }
-  Layout layout_;
-  Graph local_;  // the graph at this rank's batch
-  Units units_;
-  RankContext* ctx_ = nullptr;
-  std::map<std::string, at::Tensor> inputs_;  // this rank's data inputs
-  at::Tensor target_;
-  std::vector<std::string> names_;  // parameters, in graph order
-  // From the layout and the graph once, not per collective or node: each parameter's rows per
-  // shard and this rank's, its unit, each unit's parameter indices, and the units whose
-  // forward ends at each node.
-  std::vector<std::vector<int64_t>> rows_;
-  std::vector<std::pair<int64_t, int64_t>> shardRows_;
-  std::vector<int> unitOf_;
-  std::vector<std::vector<int>> unitParams_;
-  std::vector<std::vector<int>> unitsEndingAt_;
-  std::vector<std::vector<int64_t>> sizes_;  // whole parameters' sizes
-  std::vector<at::Tensor>
-      initial_;                   // initial parameters: whole, or this rank's shards (zero3, hsdp)
-  std::vector<at::Tensor> full_;  // ddp/zero1/zero2 (and the profile): whole leaves
-  std::vector<at::Tensor> shards_;       // sharded state: this rank's shard leaves
-  std::vector<at::Tensor> staleShards_;  // fault stale_shard: what the optimizer steps
-  std::vector<at::Tensor> gathered_;     // zero3/hsdp: the unit tensors gathered
-  std::vector<at::Tensor> prefetched_;   // all-gathered ahead of their unit's forward
-  std::vector<bool> unitGathered_;
-  std::vector<int> order_;        // the block units in the order their forwards run
-  std::vector<int> orderPos_;     // per unit: its place in order_ (-1: the root)
-  std::vector<int> unitPending_;  // per unit: gradients not reduced yet this backward
-  std::unique_ptr<reference::TrainingLoop> loop_;
-  // The memory model: the profile's marks, and what it predicts.
-  bool profile_ = false;
-  int64_t live0_ = 0;
-  std::vector<Mark> marks_;
-  int64_t paramBytes_ = 0;  // what makeParams allocates
-  int64_t stepPeak_ = 0;    // the model's peak above startLive_ + paramBytes_
-  int64_t entryLive_ = 0, startLive_ = 0;
-  nlohmann::json memoryDetails_;
-};
 
 class FsdpStrategy final : public harness::Strategy {
  public:
@@ -270,7 +162,7 @@ class FsdpStrategy final : public harness::Strategy {
   }
 
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
-    return std::make_unique<FsdpExecutor>(*this, c);
+    return std::make_unique<FsdpExecutor>(kind_, fault_, c);
   }
 
   Box resultBox(const std::string&, const CaseSpec&, int) const override {
@@ -338,6 +230,8 @@ harness::Tolerance FsdpStrategy::tolerance(const std::string& tensor, const Case
   return t;
 }
 
+}  // namespace
+
 at::Tensor GatherParam::forward(torch::autograd::AutogradContext* ctx, const at::Tensor& shard,
                                 int64_t executor, int64_t index) {
   ctx->saved_data["executor"] = executor;
@@ -352,8 +246,8 @@ torch::autograd::variable_list GatherParam::backward(torch::autograd::AutogradCo
   return {e->reduceGrad(index, grads[0]), at::Tensor(), at::Tensor()};
 }
 
-FsdpExecutor::FsdpExecutor(const FsdpStrategy& s, CaseSpec c)
-    : case_(std::move(c)), kind_(s.kind()), fault_(s.fault()) {
+FsdpExecutor::FsdpExecutor(Kind kind, Fault fault, CaseSpec c)
+    : case_(std::move(c)), kind_(kind), fault_(fault) {
   reshardAfterForward_ = reshardAfterForward(case_);
   prefetch_ = prefetchDepth(case_);
   paramDtype_ = paramDtype(case_).value_or(case_.dtype);
@@ -703,200 +597,6 @@ std::map<std::string, at::Tensor> FsdpExecutor::results() const {
   return out;
 }
 
-// The memory model. A step's peak is predicted from two parts:
-//  - what the forward and backward of this rank's batch allocate besides the parameters
-//    (activations, what autograd saves, kernel temporaries, activation gradients): LibTorch's
-//    to allocate, so measured, once in prepare, by a profile pass on whole parameters with no
-//    communication and nothing freed that FSDP frees, at each point where FSDP acts (a unit
-//    gathered, resharded, gathered again, a gradient ready to reduce, the backward's end);
-//  - what FSDP holds, modelled from the shapes: the parameters, shards and optimizer state; a
-//    unit's whole parameters from its gather to its reshard after the forward and from the
-//    gather before its backward to its last gradient's reduce-scatter; each gradient's
-//    contiguous copy and its shard; and every collective's scratch as the Communicator
-//    allocates it (Communicator::scratchBytes); the update's temporaries and state as
-//    harness::profileUpdate measures them on the shards' shapes.
-// The two are added at every mark, and a unit left gathered, a gradient kept whole, a shard
-// copied breaks the sum.
-void FsdpExecutor::modelMemory(RankContext& ctx) {
-  const int n = static_cast<int>(names_.size());
-  const int64_t es = static_cast<int64_t>(c10::elementSize(case_.dtype));
-  // In the case's dtype (the shards, their gradients and state), and in the parameter dtype
-  // (what is gathered: the same where there is no mixed precision).
-  const int64_t pes = static_cast<int64_t>(c10::elementSize(paramDtype_));
-  std::vector<int64_t> fullB(n), shardB(n), maxShardB(n), pFullB(n), pShardB(n), pMaxShardB(n);
-  for (int i = 0; i < n; ++i) {
-    const int64_t rowB = rowElems(sizes_[i]) * es;
-    fullB[i] = numel(sizes_[i]) * es;
-    shardB[i] = shardRows_[i].second * rowB;
-    maxShardB[i] = rows_[i].front() * rowB;  // torch.chunk's first part is the largest
-    pFullB[i] = fullB[i] / es * pes;
-    pShardB[i] = shardB[i] / es * pes;
-    pMaxShardB[i] = maxShardB[i] / es * pes;
-  }
-  const auto scratch = [&](harness::Communicator& c, Collective k, int64_t mine, int64_t most,
-                           at::ScalarType dtype) {
-    return c.size() > 1 ? c.scratchBytes(k, mine, most, dtype) : int64_t{0};
-  };
-  auto& world = ctx.world();
-  auto& sc = shardComm();
-  int64_t peak = 0;
-  const auto at = [&peak](int64_t v) { peak = std::max(peak, v); };
-
-  // The pass: the profile's live bytes plus FSDP's parameter memory (`overlay`) at each mark.
-  int64_t overlay = 0, live = 0;
-  std::vector<bool> gathered(units_.names.size(), false);
-  std::vector<int> pending(units_.names.size(), 0);
-  for (int i = 0; i < n; ++i) ++pending[unitOf_[i]];
-  const auto unitBytes = [&](int u) {
-    int64_t b = 0;
-    for (int i : unitParams_[u]) b += pFullB[i];
-    return b;
-  };
-  std::vector<bool> everGathered(units_.names.size(), false);
-  // Forward: each all-gather's output is the parameter. Before the backward: the storage comes
-  // back, the all-gather's output is copied into it and let go. Mixed precision: the shard's
-  // cast is held through its all-gather.
-  const auto gatherAt = [&](int u, bool again) {
-    for (int i : unitParams_[u]) {
-      const int64_t cast = mixed() ? pShardB[i] : 0;
-      at(live + pFullB[i] + (again ? pFullB[i] : 0) + cast +
-         scratch(sc, Collective::kAllGather, pShardB[i], pMaxShardB[i], paramDtype_));
-      live += pFullB[i];
-      overlay += pFullB[i];
-    }
-    gathered[u] = everGathered[u] = true;
-  };
-  const int units = static_cast<int>(order_.size());
-  for (const Mark& m : marks_) {
-    at(m.peak + overlay);
-    live = m.live + overlay;
-    const int u = m.index;
-    switch (m.kind) {
-      case MarkKind::kGather:  // unit u's forward is next; prefetch: the next units' too
-        if (!everGathered[u]) gatherAt(u, false);
-        if (u == 0) break;
-        for (int d = 1; d <= prefetch_ && orderPos_[u] + d < units; ++d) {
-          const int next = order_[orderPos_[u] + d];
-          if (!everGathered[next]) gatherAt(next, false);
-        }
-        break;
-      case MarkKind::kRegather:  // unit u's backward is next; prefetch: the previous units'
-        if (!gathered[u]) gatherAt(u, true);
-        for (int d = 1; d <= prefetch_ && orderPos_[u] - d >= 0; ++d) {
-          const int prev = order_[orderPos_[u] - d];
-          if (!gathered[prev] && pending[prev] > 0) gatherAt(prev, true);
-        }
-        break;
-      case MarkKind::kUnitEnd:
-        overlay -= unitBytes(u);
-        gathered[u] = false;
-        break;
-      case MarkKind::kGradReady: {
-        const int i = m.index;
-        const int64_t copy = mixed() || !m.contiguous ? fullB[i] : 0;
-        at(live + copy + shardB[i] +
-           scratch(sc, Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
-        if (kind_ == Kind::kHsdp) {
-          at(live + shardB[i] +
-             scratch(ctx.group({0}), Collective::kAllReduce, shardB[i], shardB[i], case_.dtype));
-        }
-        overlay += shardB[i];  // the shard's gradient, kept; the whole one let go as profiled
-        const int owner = unitOf_[i];
-        if (--pending[owner] == 0 && gathered[owner]) {
-          overlay -= unitBytes(owner);
-          gathered[owner] = false;
-        }
-        break;
-      }
-      case MarkKind::kBackwardEnd:  // the loss summed over the ranks
-        at(live + es + scratch(world, Collective::kAllReduce, es, es, case_.dtype));
-        break;
-      case MarkKind::kStart:
-      case MarkKind::kDone:
-        break;
-    }
-  }
-  const int64_t passPeak = peak;
-  const int64_t passEnd = live;  // after the pass: the gradients, whole or sharded
-
-  // The update, measured on copies of what the optimizer steps.
-  std::vector<std::pair<std::string, at::Tensor>> stepped;
-  for (int i = 0; i < n; ++i) {
-    at::Tensor p = initial_[i];
-    if (shardsState(kind_) && !shardsParams(kind_)) {
-      p = p.narrow(0, shardRows_[i].first, shardRows_[i].second);
-    }
-    stepped.emplace_back(names_[i], p);
-  }
-  const auto u =
-      harness::profileUpdate(ctx.rank(), case_.training, stepped,
-                             shardsState(kind_) ? std::vector<bool>(n, true) : std::vector<bool>{});
-
-  // Every step: the pass, the gradients' reductions (ddp, zero1, zero2), the update, the
-  // shards gathered back (zero1, zero2). The first step has no optimizer state; the others
-  // have all of it.
-  for (int k = 0; k < std::min(case_.training.steps, 2); ++k) {
-    const int64_t state = k == 0 ? 0 : u.stateBytes;
-    at(state + passPeak);
-    live = state + passEnd;
-    if (!shardsParams(kind_)) {
-      for (int i = 0; i < n; ++i) {
-        if (kind_ == Kind::kZero2) {
-          at(live + shardB[i] +
-             scratch(world, Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
-          live += shardB[i] - fullB[i];
-        } else if (fault_ == Fault::kReplicaOwnOrder) {
-          // The fault's sum (memory and bytes as it runs, so that only the replica check can
-          // fail it): every rank's gradient all-gathered, then added up in a copy.
-          const int64_t parts = fullB[i] * layout_.world;
-          at(live + parts +
-             scratch(world, Collective::kAllGather, fullB[i], fullB[i], case_.dtype));
-          at(live + parts + fullB[i]);
-        } else {
-          at(live + scratch(world, Collective::kAllReduce, fullB[i], fullB[i], case_.dtype));
-          if (kind_ == Kind::kZero1) live += shardB[i];
-        }
-      }
-    }
-    at(live - state + u.peak);
-    live += u.stateBytes - state;
-    if (kind_ == Kind::kZero1 || kind_ == Kind::kZero2) {
-      for (int i = 0; i < n; ++i) {
-        at(live + fullB[i] +
-           scratch(world, Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
-      }
-    }
-  }
-  stepPeak_ = peak;
-  paramBytes_ = 0;
-  for (int i = 0; i < n; ++i) {
-    if (!shardsParams(kind_)) paramBytes_ += fullB[i];
-    if (shardsState(kind_)) paramBytes_ += shardB[i];
-  }
-  memoryDetails_ = {{"memory_model",
-                     {{"param_bytes", paramBytes_},
-                      {"pass_peak_bytes", passPeak},
-                      {"pass_end_bytes", passEnd},
-                      {"optimizer_state_bytes", u.stateBytes},
-                      {"update_peak_bytes", u.peak},
-                      {"step_peak_bytes", stepPeak_},
-                      {"marks", static_cast<int64_t>(marks_.size())}}}};
-}
-
-nlohmann::json FsdpExecutor::details() const {
-  nlohmann::json d = memoryDetails_;
-  d["memory_model"]["step_start_live_bytes"] = startLive_;
-  d["memory_model"]["step_entry_live_bytes"] = entryLive_;
-  return d;
-}
-
-std::optional<int64_t> FsdpExecutor::predictedPeakBytes() const {
-  // Above what was live before the step made its parameters (measured there: the batch, the
-  // initial parameters or shards); at least what the last step's training left when this one
-  // began (the peak window opens before it is let go).
-  return std::max(entryLive_, startLive_ + paramBytes_ + stepPeak_);
-}
-
 std::vector<std::pair<std::string, std::string>> FsdpExecutor::recordParams() const {
   return {{"kind", kindName(kind_)},
           {"steps", std::to_string(case_.training.steps)},
@@ -918,7 +618,6 @@ std::vector<std::unique_ptr<harness::Strategy>> registerFsdp() {
   return out;
 }
 
-}  // namespace
 }  // namespace sb::strategies::fsdp
 
 SB_REGISTER_STRATEGIES(sb::strategies::fsdp::registerFsdp);
