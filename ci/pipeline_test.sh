@@ -65,6 +65,12 @@ check "--trace: a Chrome trace, one thread per rank" 0 "ok" -- bash -c \
    python3 -c 'import json; e=json.load(open(\"$tmp/trace.json\"))[\"traceEvents\"];
 assert sorted({x[\"tid\"] for x in e}) == [0, 1, 2, 3]; assert sum(x[\"ph\"] == \"X\" for x in e) == 32; print(\"ok\")'"
 
+check "reports/plots/pipeline_plot.py draws the timeline (one row per rank)" 0 "a png" -- \
+  bash -c "/usr/bin/python3 '$src/reports/plots/pipeline_plot.py' '$tmp/zb-h1.json' '$tmp/zb.png' &&
+    python3 -c \"import sys; sys.stdout.write('a png' if open('$tmp/zb.png', 'rb').read(8) == bytes([137, 80, 78, 71, 13, 10, 26, 10]) else 'not a png')\""
+check "the plot refuses a run that does not finish" 1 "does not finish" -- \
+  /usr/bin/python3 "$src/reports/plots/pipeline_plot.py" "$tmp/early.json" "$tmp/early.png"
+
 # Malformed input.
 printf '0F0,0Z1\n' >"$tmp/bad.csv"
 check "a cell that is not an action: exit 2 naming file, line and cell" 2 \
