@@ -71,6 +71,27 @@ check "reports/plots/pipeline_plot.py draws the timeline (one row per rank)" 0 "
 check "the plot refuses a run that does not finish" 1 "does not finish" -- \
   /usr/bin/python3 "$src/reports/plots/pipeline_plot.py" "$tmp/early.json" "$tmp/early.png"
 
+# A model's per-layer costs (rotor's chain notation, as `solve checkpoint` reads them) cut into
+# the stages: balanced, the slow layer gets a stage of its own; by layer count, it does not.
+cat >"$tmp/chain.json" <<'JSON'
+{"ftime": [1, 1, 1, 6, 1, 1], "btime": [2, 2, 2, 12, 2, 2, 0],
+ "x": [1, 1, 1, 1, 1, 1, 1], "xbar": [1, 10, 10, 10, 40, 10, 10],
+ "ftmp": [0, 0, 0, 0, 0, 0], "btmp": [0, 0, 0, 0, 0, 0, 0]}
+JSON
+check "--chain: the balanced cut, and the stages' costs and activations from its layers" 0 "ok" -- bash -c \
+  "'$sb' solve pipeline --stages 3 --microbatches 6 --chain '$tmp/chain.json' > '$tmp/bal.json' &&
+   '$sb' solve pipeline --stages 3 --microbatches 6 --chain '$tmp/chain.json' --cut layers > '$tmp/lay.json' &&
+   python3 -c 'import json; b=json.load(open(\"$tmp/bal.json\")); l=json.load(open(\"$tmp/lay.json\"))
+assert b[\"stage_layers\"] == [[0, 3], [3, 4], [4, 6]], b[\"stage_layers\"]
+assert l[\"stage_layers\"] == [[0, 2], [2, 4], [4, 6]], l[\"stage_layers\"]
+assert b[\"step_time_us\"] < l[\"step_time_us\"], (b[\"step_time_us\"], l[\"step_time_us\"])
+assert b[\"per_rank\"][1][\"peak_activation_bytes\"] == 40 * 2, b[\"per_rank\"][1]
+print(\"ok\")'"
+check "--chain with --profile: exit 2" 2 "one of them" -- "$sb" solve pipeline --stages 3 \
+  --microbatches 6 --chain "$tmp/chain.json" --profile "$tmp/profile.json"
+check "--chain with fewer layers than stages: exit 2" 2 "cannot cut 6 layers into 8 stages" -- \
+  "$sb" solve pipeline --stages 8 --microbatches 8 --chain "$tmp/chain.json"
+
 # Malformed input.
 printf '0F0,0Z1\n' >"$tmp/bad.csv"
 check "a cell that is not an action: exit 2 naming file, line and cell" 2 \

@@ -4,10 +4,12 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "cli/numbers.h"
 #include "harness/error.h"
 #include "harness/out_file.h"
+#include "strategies/checkpointing/chain.h"
 #include "strategies/pipeline/schedule.h"
 
 namespace sb::cli {
@@ -56,6 +58,14 @@ void addPipelineOptions(CLI::App* app, PipelineArgs& a) {
                   "Per-stage costs, JSON: {\"stages\": [{\"forward_us\", \"backward_us\", "
                   "\"backward_input_us\", \"backward_weight_us\", \"activation_bytes\", "
                   "\"weight_grad_bytes\"}], \"p2p_us\"} (default: F 1, B 2, one unit each)");
+  app->add_option("--chain", a.chain,
+                  "Per-layer costs instead of --profile: a chain in rotor's notation (as `solve "
+                  "checkpoint` reads: ftime, btime, xbar, ...), cut into the stages");
+  app->add_option("--cut", a.cut,
+                  "With --chain: balanced (the cut that minimises the slowest stage's forward "
+                  "and backward) or layers (by layer count)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"balanced", "layers"}));
   app->add_option("--out", a.out, "Write the run (JSON) here (default: stdout)");
   app->add_option("--trace", a.trace, "Write a Chrome trace of the run here (Perfetto opens it)");
   app->add_option("--write-csv", a.writeCsv, "Write the schedule here, in the CSV format");
@@ -87,6 +97,45 @@ int solvePipeline(const PipelineArgs& a) {
                                   a.microbatches, a.virtualStages);
     }
     pp::Costs costs{{pp::StageCost{}}, 0};
+    if (!a.chain.empty() && !a.profile.empty()) {
+      std::cerr << kWho << "--chain and --profile both give the costs: one of them\n";
+      return kExitBadInput;
+    }
+    if (!a.chain.empty()) {
+      const auto text = readFile(a.chain, "--chain");
+      if (!text) return kExitBadInput;
+      namespace ck = sb::strategies::checkpointing;
+      ck::Chain chain;
+      try {
+        chain = ck::Chain::fromJson(nlohmann::json::parse(*text), a.chain);
+      } catch (const nlohmann::json::exception& e) {
+        std::cerr << kWho << "--chain " << a.chain << ": not valid JSON: " << e.what() << "\n";
+        return kExitBadInput;
+      } catch (const ck::ChainError& e) {
+        std::cerr << kWho << "--chain: " << e.what() << "\n";
+        return kExitBadInput;
+      }
+      // A stage: its layers' forwards and backwards (the last stage the loss's too: btime[L]),
+      // and their tapes (xbar[i + 1]: what layer i leaves for its backward, its output
+      // included) held per micro-batch in flight.
+      std::vector<double> cost;
+      for (int i = 0; i < chain.length(); ++i) cost.push_back(chain.ftime[i] + chain.btime[i]);
+      cost.back() += chain.btime[chain.length()];
+      schedule.stageFirstLayer = a.cut == "layers" ? pp::evenStages(chain.length(), schedule.stages)
+                                                   : pp::balanceStages(cost, schedule.stages);
+      costs.stages.clear();
+      for (int st = 0; st < schedule.stages; ++st) {
+        pp::StageCost sc{0, 0, 0, 0, 0, 0};
+        for (int i = schedule.stageFirstLayer[st]; i < schedule.stageFirstLayer[st + 1]; ++i) {
+          sc.forwardUs += chain.ftime[i];
+          sc.backwardUs += chain.btime[i];
+          sc.activationBytes += chain.xbar[i + 1];
+        }
+        if (st + 1 == schedule.stages) sc.backwardUs += chain.btime[chain.length()];
+        sc.backwardInputUs = sc.backwardWeightUs = sc.backwardUs / 2;
+        costs.stages.push_back(sc);
+      }
+    }
     if (!a.profile.empty()) {
       const auto text = readFile(a.profile, "--profile");
       if (!text) return kExitBadInput;

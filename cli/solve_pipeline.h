@@ -17,10 +17,12 @@ struct PipelineArgs {
   int stages = 0;        // ranks, one stage each (times --virtual-stages)
   int microbatches = 0;
   int virtualStages = 1;
-  std::string profile;   // per-stage costs (JSON)
-  std::string out;       // the run as JSON (default: stdout)
-  std::string trace;     // a Chrome trace of it
-  std::string writeCsv;  // the schedule, in the CSV format
+  std::string profile;  // per-stage costs (JSON)
+  std::string chain;    // or a model's per-layer costs, rotor's chain notation, cut into stages
+  std::string cut = "balanced";  // with --chain: balanced | layers
+  std::string out;               // the run as JSON (default: stdout)
+  std::string trace;             // a Chrome trace of it
+  std::string writeCsv;          // the schedule, in the CSV format
 };
 
 void addPipelineOptions(CLI::App* app, PipelineArgs& args);

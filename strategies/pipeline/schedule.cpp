@@ -349,6 +349,49 @@ std::string scheduleCsv(const Schedule& s) {
   return out;
 }
 
+std::vector<int> evenStages(int layers, int stages) {
+  if (stages < 1 || layers < stages || layers > 4096) {
+    throw ScheduleError("cannot cut " + std::to_string(layers) + " layers into " +
+                        std::to_string(stages) +
+                        " stages (1 to 4096 layers, at least one a stage)");
+  }
+  std::vector<int> cut = {0};
+  for (int st = 0; st < stages; ++st) {
+    cut.push_back(cut.back() + layers / stages + (st < layers % stages ? 1 : 0));
+  }
+  return cut;
+}
+
+std::vector<int> balanceStages(const std::vector<double>& layerCost, int stages) {
+  const int L = static_cast<int>(layerCost.size());
+  evenStages(L, stages);  // the same bounds
+  std::vector<double> prefix(L + 1, 0);
+  for (int i = 0; i < L; ++i) prefix[i + 1] = prefix[i] + layerCost[i];
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[s][i]: the least slowest stage of the first i layers in s stages; from[s][i]: the
+  // first layer of the last of them.
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int>> from(stages + 1, std::vector<int>(L + 1, 0));
+  best[0][0] = 0;
+  for (int st = 1; st <= stages; ++st) {
+    for (int i = st; i <= L - (stages - st); ++i) {
+      for (int j = st - 1; j < i; ++j) {
+        const double v = std::max(best[st - 1][j], prefix[i] - prefix[j]);
+        if (v < best[st][i]) {
+          best[st][i] = v;
+          from[st][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int> cut(stages + 1, L);
+  for (int st = stages, i = L; st > 0; --st) {
+    cut[st - 1] = from[st][i];
+    i = from[st][i];
+  }
+  return cut;
+}
+
 Costs Costs::fromJson(const std::string& text, const std::string& file, int stages) {
   nlohmann::json j;
   try {
@@ -619,11 +662,16 @@ std::string simulationJson(const Schedule& s, const Simulation& sim) {
                      {"peak_microbatches_in_flight", t.peakMicrobatchesInFlight},
                      {"actions", actions}});
   }
+  nlohmann::json layers = nlohmann::json::array();
+  for (size_t st = 0; st + 1 < s.stageFirstLayer.size(); ++st) {
+    layers.push_back({s.stageFirstLayer[st], s.stageFirstLayer[st + 1]});
+  }
   nlohmann::json j = {{"schedule", s.name},
                       {"ranks", s.ranks},
                       {"stages", s.stages},
                       {"microbatches", s.microbatches},
                       {"split_backward", s.splitBackward}};
+  if (!layers.empty()) j["stage_layers"] = layers;  // [first, end) of each stage
   if (!sim.deadlock.empty()) {
     j["deadlock"] = sim.deadlock;
     j["waiting"] = sim.waiting;

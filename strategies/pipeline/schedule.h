@@ -52,6 +52,7 @@ struct Schedule {
   std::vector<int> stageRank;                // per stage
   std::vector<std::vector<Action>> perRank;  // each rank's actions, in order
   bool splitBackward = false;                // I and W instead of B
+  std::vector<int> stageFirstLayer;          // where a model was cut into the stages (or empty)
 };
 
 // The schedules built in: "gpipe" (every forward, then every backward), "1f1b" (Megatron's:
@@ -74,6 +75,14 @@ std::string scheduleCsv(const Schedule& s);
 // Every (stage, micro-batch) has one F and one B (or one I and one W), on its stage's rank.
 // Throws ScheduleError naming the first action that is missing, repeated or misplaced.
 void validate(const Schedule& s);
+
+// Cutting a model's L layers into `stages` contiguous stages: each stage's first layer (stage s
+// holds layers [cut[s], cut[s + 1]); cut[stages] = L). By layer count (the first L mod S stages
+// one layer more), or balanced: the cut that minimises the slowest stage's cost (forward plus
+// backward), the linear-partition dynamic program over prefixes, O(L^2 S). Throws ScheduleError
+// for fewer layers than stages or more than 4096 layers.
+std::vector<int> evenStages(int layers, int stages);
+std::vector<int> balanceStages(const std::vector<double>& layerCost, int stages);
 
 // What each action costs, per stage (a profile's, or uniform: F 1, B 2, I 1, W 1 time units,
 // one activation unit per micro-batch, none kept for W).
