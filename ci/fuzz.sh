@@ -59,7 +59,7 @@ build_target() {
     graph) srcs+=("$src/reference/graph.cpp")
            extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
     # The pipeline schedule reader and its dry run (no LibTorch).
-    pipeline) srcs+=("$src/strategies/pipeline/schedule.cpp") ;;
+    pipeline) srcs+=("$src/strategies/pipeline/schedule.cpp" "$src/strategies/pipeline/simulate.cpp") ;;
     *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan, graph, pipeline)"; exit 2 ;;
   esac
   # Rebuilt only when a source is newer than the binary.

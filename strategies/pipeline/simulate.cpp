@@ -1,0 +1,256 @@
+// The dry run of a pipeline schedule, and the run as JSON and as a Chrome trace (see
+// schedule.h). Its own file: the schedules and their reading stay in schedule.cpp.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strategies/pipeline/schedule.h"
+
+namespace sb::strategies::pipeline {
+namespace {
+
+Action act(int stage, Op op, int mb) { return Action{stage, op, mb}; }
+
+}  // namespace
+
+Simulation simulate(const Schedule& s, const Costs& c) {
+  const int S = s.stages, M = s.microbatches, R = s.ranks;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // End times: forward, input gradient (B or I), weight gradient (B or W).
+  std::vector<double> fEnd(static_cast<size_t>(S) * M, nan), iEnd = fEnd, wEnd = fEnd;
+  const auto at = [M](int st, int m) { return static_cast<size_t>(st) * M + m; };
+  // What an action waits for: {stage, micro-batch, which end}, and whether it comes from
+  // another rank (a send).
+  struct Dep {
+    int stage, microbatch;
+    Op op;  // kForward: its F; kBackwardInput: its B or I
+  };
+  // At most two, in a fixed array: the dry run asks for them once per action and wake-up.
+  struct Deps {
+    std::array<Dep, 2> d;
+    int n = 0;
+    const Dep* begin() const { return d.data(); }
+    const Dep* end() const { return d.data() + n; }
+  };
+  const auto deps = [&](const Action& a) {
+    Deps d;
+    if (a.op == Op::kForward) {
+      if (a.stage > 0) d.d[d.n++] = {a.stage - 1, a.microbatch, Op::kForward};
+    } else if (a.op == Op::kBackwardWeight) {
+      d.d[d.n++] = {a.stage, a.microbatch, Op::kBackwardInput};
+    } else {
+      d.d[d.n++] = {a.stage, a.microbatch, Op::kForward};
+      if (a.stage < S - 1) d.d[d.n++] = {a.stage + 1, a.microbatch, Op::kBackwardInput};
+    }
+    return d;
+  };
+  const auto endOf = [&](const Dep& d) {
+    return d.op == Op::kForward ? fEnd[at(d.stage, d.microbatch)] : iEnd[at(d.stage, d.microbatch)];
+  };
+  const auto depName = [&](const Dep& d, const Action& waiter) {
+    if (d.op == Op::kForward) return act(d.stage, Op::kForward, d.microbatch).name();
+    if (waiter.op == Op::kBackwardWeight) {
+      return act(d.stage, Op::kBackwardInput, d.microbatch).name();
+    }
+    return act(d.stage, Op::kBackward, d.microbatch).name() + " (or " +
+           act(d.stage, Op::kBackwardInput, d.microbatch).name() + ")";
+  };
+  Simulation sim;
+  sim.ranks.assign(R, {});
+  std::vector<size_t> next(R, 0);
+  std::vector<double> clock(R, 0), live(R, 0);
+  std::vector<int> inFlight(R, 0);
+  size_t remaining = 0;
+  for (const auto& row : s.perRank) remaining += row.size();
+  // Event-driven: a rank blocked at an action waits on the end it misses and is woken when
+  // that end is made, so every action is looked at a bounded number of times.
+  std::vector<std::vector<int>> waitF(static_cast<size_t>(S) * M), waitI(waitF.size());
+  std::deque<int> ready;
+  for (int r = 0; r < R; ++r) ready.push_back(r);
+  const auto wake = [&](std::vector<int>& waiters) {
+    for (int w : waiters) ready.push_back(w);
+    waiters.clear();
+  };
+  while (!ready.empty()) {
+    const int r = ready.front();
+    ready.pop_front();
+    {
+      while (next[r] < s.perRank[r].size()) {
+        const Action& a = s.perRank[r][next[r]];
+        double start = clock[r];
+        const Deps needs = deps(a);  // kept: `missing` points into it
+        const Dep* missing = nullptr;
+        for (const Dep& d : needs) {
+          const double end = endOf(d);
+          if (std::isnan(end)) {
+            missing = &d;
+            break;
+          }
+          start = std::max(start, end + (s.stageRank[d.stage] != r ? c.p2pUs : 0.0));
+        }
+        if (missing) {
+          (missing->op == Op::kForward ? waitF : waitI)[at(missing->stage, missing->microbatch)]
+              .push_back(r);
+          break;
+        }
+        const StageCost& sc = c.of(a.stage);
+        double cost = 0;
+        RankTimeline& t = sim.ranks[r];
+        switch (a.op) {
+          case Op::kForward:
+            cost = sc.forwardUs;
+            fEnd[at(a.stage, a.microbatch)] = start + cost;
+            wake(waitF[at(a.stage, a.microbatch)]);
+            live[r] += sc.activationBytes;
+            ++inFlight[r];
+            break;
+          case Op::kBackward:
+            cost = sc.backwardUs;
+            iEnd[at(a.stage, a.microbatch)] = wEnd[at(a.stage, a.microbatch)] = start + cost;
+            wake(waitI[at(a.stage, a.microbatch)]);
+            live[r] -= sc.activationBytes;
+            --inFlight[r];
+            break;
+          case Op::kBackwardInput:
+            cost = sc.backwardInputUs;
+            iEnd[at(a.stage, a.microbatch)] = start + cost;
+            wake(waitI[at(a.stage, a.microbatch)]);
+            live[r] -= sc.activationBytes - sc.weightGradBytes;
+            --inFlight[r];
+            break;
+          case Op::kBackwardWeight:
+            cost = sc.backwardWeightUs;
+            wEnd[at(a.stage, a.microbatch)] = start + cost;
+            live[r] -= sc.weightGradBytes;
+            break;
+        }
+        t.peakActivationBytes = std::max(t.peakActivationBytes, live[r]);
+        t.peakMicrobatchesInFlight = std::max(t.peakMicrobatchesInFlight, inFlight[r]);
+        t.actions.push_back({a, start, start + cost});
+        t.busyUs += cost;
+        clock[r] = start + cost;
+        ++next[r];
+        --remaining;
+      }
+    }
+  }
+  if (remaining > 0) {
+    // Nothing can run: say who waits for what.
+    for (int r = 0; r < R; ++r) {
+      if (next[r] >= s.perRank[r].size()) continue;
+      const Action& a = s.perRank[r][next[r]];
+      for (const Dep& d : deps(a)) {
+        if (!std::isnan(endOf(d))) continue;
+        const int holder = s.stageRank[d.stage];
+        std::string why =
+            "rank " + std::to_string(r) + " waits at " + a.name() + " for " + depName(d, a) + ", ";
+        if (holder == r) {
+          why += "which it runs itself later (used before it is made)";
+        } else if (next[holder] < s.perRank[holder].size()) {
+          why += "which rank " + std::to_string(holder) + " has not run: it waits at " +
+                 s.perRank[holder][next[holder]].name();
+        } else {
+          why += "which rank " + std::to_string(holder) + " never runs";
+        }
+        sim.waiting.push_back(why);
+        break;
+      }
+    }
+    // The root of it first: an action that waits for one its own rank runs later.
+    sim.deadlock = sim.waiting.empty() ? "no rank can run its next action" : sim.waiting.front();
+    for (const auto& w : sim.waiting) {
+      if (w.find("runs itself later") != std::string::npos) {
+        sim.deadlock = w;
+        break;
+      }
+    }
+    return sim;
+  }
+  double busy = 0;
+  for (const auto& t : sim.ranks) {
+    for (const auto& ta : t.actions) sim.stepUs = std::max(sim.stepUs, ta.endUs);
+    busy += t.busyUs;
+  }
+  sim.bubbleFraction = sim.stepUs > 0 ? 1.0 - busy / (R * sim.stepUs) : 0.0;
+  return sim;
+}
+
+std::string simulationJson(const Schedule& s, const Simulation& sim) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < sim.ranks.size(); ++r) {
+    const auto& t = sim.ranks[r];
+    nlohmann::json actions = nlohmann::json::array();
+    for (const auto& ta : t.actions) {
+      actions.push_back(
+          {{"action", ta.action.name()}, {"start_us", ta.startUs}, {"end_us", ta.endUs}});
+    }
+    std::vector<int> held;
+    for (int st = 0; st < s.stages; ++st) {
+      if (s.stageRank[st] == static_cast<int>(r)) held.push_back(st);
+    }
+    ranks.push_back({{"rank", r},
+                     {"stages", held},
+                     {"busy_us", t.busyUs},
+                     {"idle_us", sim.stepUs - t.busyUs},
+                     {"bubble_fraction", sim.stepUs > 0 ? 1.0 - t.busyUs / sim.stepUs : 0.0},
+                     {"peak_activation_bytes", t.peakActivationBytes},
+                     {"peak_microbatches_in_flight", t.peakMicrobatchesInFlight},
+                     {"actions", actions}});
+  }
+  nlohmann::json layers = nlohmann::json::array();
+  for (size_t st = 0; st + 1 < s.stageFirstLayer.size(); ++st) {
+    layers.push_back({s.stageFirstLayer[st], s.stageFirstLayer[st + 1]});
+  }
+  nlohmann::json j = {{"schedule", s.name},
+                      {"ranks", s.ranks},
+                      {"stages", s.stages},
+                      {"microbatches", s.microbatches},
+                      {"split_backward", s.splitBackward}};
+  if (!layers.empty()) j["stage_layers"] = layers;  // [first, end) of each stage
+  if (!sim.deadlock.empty()) {
+    j["deadlock"] = sim.deadlock;
+    j["waiting"] = sim.waiting;
+  } else {
+    j["step_time_us"] = sim.stepUs;
+    j["bubble_fraction"] = sim.bubbleFraction;
+  }
+  j["per_rank"] = ranks;
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+std::string chromeTrace(const Schedule& s, const Simulation& sim) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t r = 0; r < sim.ranks.size(); ++r) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", r},
+                      {"args", {{"name", "rank " + std::to_string(r)}}}});
+    for (const auto& ta : sim.ranks[r].actions) {
+      const char type = ta.action.name()[std::to_string(ta.action.stage).size()];
+      events.push_back(
+          {{"name", ta.action.name()},
+           {"cat", std::string(1, type)},
+           {"ph", "X"},
+           {"pid", 0},
+           {"tid", r},
+           {"ts", ta.startUs},
+           {"dur", ta.endUs - ta.startUs},
+           {"args", {{"stage", ta.action.stage}, {"microbatch", ta.action.microbatch}}}});
+    }
+  }
+  return nlohmann::json({{"traceEvents", events},
+                         {"displayTimeUnit", "ms"},
+                         {"otherData", {{"schedule", s.name}}}})
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
+}
+
+}  // namespace sb::strategies::pipeline
