@@ -17,8 +17,16 @@ For each measured step (one per row that ran, in the order of the run), this pri
 live at its start and at its peak, and what is live at the peak grouped by the operator that
 allocated it: the terms a memory model has to have. The peak it reconstructs from the lines is
 checked against the one the tracker itself kept; they differ only if lines are missing (then it
-says so and exits 3); so does every line's live total against the sum of the lines before it. Exit codes: 0 done, 2 bad arguments or an unreadable file, 3 a step whose
-reconstructed peak disagrees with the tracker's.
+says so and exits 3); so does every line's live total against the sum of the lines before it.
+
+A memory model that replays a step's allocations prints them into the same trace before the
+step ("model +BYTES WHAT", "model -BYTES WHAT": sharding/cp does); --model lines the replay up
+against the measured step's allocations (consecutive allocations, and consecutive frees, taken
+together, so a collective's buffers may be one term of the model) and shows where they first
+part, with the operators that allocated around it: where a model needs its next term.
+
+Exit codes: 0 done, 2 bad arguments or an unreadable file, 3 a step whose reconstructed peak
+disagrees with the tracker's (or, with --model, with the model's replay).
 """
 import argparse
 import re
@@ -30,6 +38,7 @@ FREE = re.compile(r"^mem -(\d+) -> (-?\d+) @(\S+)$")
 RESET = re.compile(r"^mem reset at (-?\d+)$")
 END = re.compile(r"^mem end of the measured step at (-?\d+), peak (-?\d+)$")
 NOTE = re.compile(r"^mem (.*) at (-?\d+), peak (-?\d+)$")
+MODEL = re.compile(r"^model ([+-]\d+) (.*)$")
 
 
 GENERIC = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
@@ -43,6 +52,8 @@ class Step:
         self.tracker_peak = None
         self.notes = []  # (line, text): a strategy's marks inside the step
         self.live_at_peak = {}
+        self.model = []   # (signed bytes, what): a model's replay printed before the step
+        self.events = []  # (signed bytes, operator): the step's allocations and frees
 
 
 def group_key(context, depth):
@@ -61,12 +72,19 @@ def parse(lines):
     """The measured steps, each with its peak and what is live there."""
     events = []  # (line, '+'|'-', ptr, bytes, context)
     steps, step = [], None
+    model = []
     for n, raw in enumerate(lines, 1):
         line = raw.rstrip("\n")
+        m = MODEL.match(line)
+        if m:
+            model.append((int(m[1]), m[2]))
+            continue
         if not line.startswith("mem "):
             continue
         m = ALLOC.match(line)
         if m:
+            if step and int(m[1]):
+                step.events.append((int(m[1]), m[4] or ""))
             events.append((n, "+", m[3], int(m[1]), m[4] or "", step.index if step else None,
                            int(m[2])))
             if step and int(m[2]) > step.peak:
@@ -74,11 +92,14 @@ def parse(lines):
             continue
         m = FREE.match(line)
         if m:
+            if step and int(m[1]):
+                step.events.append((-int(m[1]), ""))
             events.append((n, "-", m[3], int(m[1]), "", None, int(m[2])))
             continue
         m = RESET.match(line)
         if m:
             step = Step(len(steps), n, int(m[1]))
+            step.model, model = [e for e in model if e[0]], []
             steps.append(step)
             continue
         m = END.match(line)
@@ -116,6 +137,47 @@ def parse(lines):
     for s in starts.values():
         s.live_at_peak = dict(live)
     return [s for s in steps if s.tracker_peak is not None], gap
+
+
+def runs(seq):
+    """Consecutive allocations (and consecutive frees) taken together."""
+    out = []
+    for b, what in seq:
+        if out and (out[-1][0] > 0) == (b > 0):
+            out[-1] = (out[-1][0] + b, out[-1][1] + [what])
+        else:
+            out.append((b, [what]))
+    return out
+
+
+def compare_model(step, out):
+    """Lines a model's replay up against the step; True where they agree to the byte."""
+    if not step.model:
+        out.write("  model: none printed before this step\n")
+        return True
+    model, meas = runs(step.model), runs(step.events)
+    for i in range(max(len(model), len(meas))):
+        a = model[i] if i < len(model) else (0, ["(the model has ended)"])
+        b = meas[i] if i < len(meas) else (0, ["(the step has ended)"])
+        if a[0] == b[0]:
+            continue
+        out.write(f"  model: parts from the measurement at run {i + 1} of {len(meas)} "
+                  "(model bytes, its terms | measured bytes, their operators):\n")
+        for j in range(max(0, i - 6), min(max(len(model), len(meas)), i + 6)):
+            a = model[j] if j < len(model) else (0, ["-"])
+            b = meas[j] if j < len(meas) else (0, ["-"])
+            mark = ">>" if j == i else "  "
+            terms = ", ".join(a[1])[:60]
+            ops = ", ".join(group_key(c, 1) for c in b[1] if c)[:60]
+            out.write(f"  {mark} {a[0]:+12d} {terms:60s} | {b[0]:+12d} {ops}\n")
+        return False
+    peak = cur = 0
+    for b, _ in step.model:
+        cur += b
+        peak = max(peak, cur)
+    out.write(f"  model: agrees with every allocation ({len(step.model)} terms, "
+              f"{len(meas)} runs); its peak +{peak} B\n")
+    return True
 
 
 def mib(b):
@@ -165,6 +227,9 @@ def main():
     ap.add_argument("--depth", type=int, default=2,
                     help="how many operator scopes name a group, innermost first (default 2)")
     ap.add_argument("--list", action="store_true", help="also list every live allocation")
+    ap.add_argument("--model", action="store_true",
+                    help="line a model's replay ('model +BYTES WHAT' lines) up against each "
+                         "step and show where they first part")
     ap.add_argument("--results", metavar="CSV",
                     help="the run's results.csv: names each step by its row (case, strategy, "
                          "measured and predicted peak); the rows that have a measured peak are "
@@ -212,6 +277,8 @@ def main():
     ok = True
     for s, label in zip(steps, labels):
         ok = report(s, a.depth, a.list, sys.stdout, label) and ok
+        if a.model:
+            ok = compare_model(s, sys.stdout) and ok
     return 0 if ok and not gap else 3
 
 

@@ -98,7 +98,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   std::string commProblem;
   nlohmann::json commRanks = nlohmann::json::array();
   std::optional<int64_t> memPredMax;
-  std::vector<int64_t> peaks, memLimits;
+  std::vector<int64_t> peaks, memLimits, memPredicted;
   std::string memProblem;
   for (const auto& o : ranks) {
     const CommStats predicted = strategy.predictComm(c, o.rank);
@@ -113,7 +113,10 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
       commProblem = "rank " + std::to_string(o.rank) + " communicated " + o.counted.toString() +
                     " but the strategy predicts " + predicted.toString();
     }
-    if (o.predictedPeak) memPredMax = std::max(memPredMax.value_or(0), *o.predictedPeak);
+    if (o.predictedPeak) {
+      memPredMax = std::max(memPredMax.value_or(0), *o.predictedPeak);
+      memPredicted.push_back(*o.predictedPeak);
+    }
     peaks.push_back(o.peak);
     if (o.memoryLimit && o.peak > *o.memoryLimit && memProblem.empty()) {
       memProblem = "rank " + std::to_string(o.rank) + " peaked at " + std::to_string(o.peak) +
@@ -130,6 +133,11 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   rec.peakMemBytes = *std::max_element(peaks.begin(), peaks.end());
   rec.predictedMemBytes = memPredMax;
   rec.details["peak_mem_bytes_per_rank"] = peaks;
+  // Each rank's prediction beside its peak, where every rank has one (ranks differ: a causal
+  // ring's ranks see different blocks).
+  if (memPredicted.size() == peaks.size()) {
+    rec.details["predicted_peak_mem_bytes_per_rank"] = memPredicted;
+  }
   rec.predictedTimeUs = rank0.predictedTimeUs;
   if (!rec.predictedTimeUs && profile) predictTime(rec, c, strategy, n, *profile);
   rec.params = rank0.params;
