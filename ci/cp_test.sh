@@ -17,13 +17,22 @@ source "$src/ci/test_lib.sh"
 check "context-parallel suite on threads: every row passes" 0 "total +32 +0 +0 +0" -- \
   "$sb" run "$src/suites/context-parallel.yaml" --out "$tmp/threads" --repetitions 1 \
   --min-time 0.0001
-check "bytes as predicted; balanced causal work even, unbalanced uneven" 0 "ok 32" -- \
+check "bytes as predicted; memory per rank to the byte; balanced causal work even" 0 "ok 32" -- \
   python3 - "$tmp/threads/results.json" <<'PY'
 import json, sys
 recs = json.load(open(sys.argv[1]))["records"]
 for r in recs:
     assert r["status"] == "pass", (r["case"], r["strategy_id"], r["message"])
     assert r["comm_bytes"] == r["predicted_comm_bytes"], (r["case"], r["strategy_id"])
+    # The memory model (cp_memory.h; the chunking estimator for the one-rank rows) predicts
+    # every rank's peak to the byte, and is judged so.
+    d = r["details"]
+    assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], \
+        (r["case"], r["strategy_id"], d["predicted_peak_mem_bytes_per_rank"],
+         d["peak_mem_bytes_per_rank"])
+    assert not r["mispredicted"], (r["case"], r["strategy_id"])
+    if r["strategy_id"].startswith("sharding/cp/"):
+        assert d["prediction"]["memory"]["tolerance"] == 0, d["prediction"]
     if not r["strategy_id"].startswith("sharding/cp/"):
         continue
     d = r["details"]["case"]
@@ -61,12 +70,17 @@ YAML
 if "$sb" run --help | grep -q gloo; then
   check "gloo: ring, all-gather and ulysses on 4 processes, 1-D and CP x TP" 0 "total +6 +0 +0 +0" -- \
     "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
-  check "gloo: bytes as predicted" 0 "ok 6" -- python3 - "$tmp/gloo/results.csv" <<'PY'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-for r in rows:
+  check "gloo: bytes as predicted, memory per rank to the byte" 0 "ok 6" -- \
+    python3 - "$tmp/gloo/results.json" <<'PY'
+import json, sys
+recs = json.load(open(sys.argv[1]))["records"]
+for r in recs:
     assert r["comm_bytes"] == r["predicted_comm_bytes"], r
-print("ok", len(rows))
+    d = r["details"]
+    assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], \
+        (r["case"], r["strategy_id"], d["predicted_peak_mem_bytes_per_rank"],
+         d["peak_mem_bytes_per_rank"])
+print("ok", len(recs))
 PY
 else
   echo "SKIP: this build has no gloo backend"
@@ -94,4 +108,29 @@ check "planted: ulysses' output with heads and sequence swapped" 1 \
 check "planted: the attention's input gradient not summed over tensor-parallel ranks" 1 \
   "fail: cp-tp-2x2 sharding/cp/ring/p2p: replicas: grad_input .* not bit-identical" -- \
   plant f6 ring/p2p tp_input_grad_unsummed
+# The memory model follows each fault's own allocations (a hop fewer, a copy more): the failing
+# rows still predict every rank's peak to the byte.
+check "planted rows: memory still predicted to the byte" 0 "ok 6" -- python3 - "$tmp" <<'PY'
+import json, sys
+n = 0
+for f in ["f1", "f2", "f3", "f4", "f5", "f6"]:
+    for r in json.load(open(f"{sys.argv[1]}/{f}/results.json"))["records"]:
+        d = r["details"]
+        assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], (f, r["case"])
+    n += 1
+print("ok", n)
+PY
+
+# The model's replay printed into the allocation trace, lined up against the measured step by
+# reports/memory_trace.py --model: the same allocations, run for run.
+SB_MEMORY_TRACE=1 "$sb" run "$src/suites/context-parallel.yaml" --out "$tmp/trace" \
+  --repetitions 1 --min-time 0.0001 --filter '^sharding/cp/ulysses$' 2>"$tmp/trace.err" >/dev/null
+check "memory_trace.py --model: the replay agrees with every allocation of the 10 rows" 0 \
+  "^10 agree" -- bash -c "python3 '$src/reports/memory_trace.py' '$tmp/trace.err' --model |
+    grep -c 'model: agrees with every allocation' | sed 's/$/ agree/'"
+head -c 2000000 "$tmp/trace.err" | awk '/^model /{n++; if (n == 40) {sub(/[0-9]+/, "&0")}} {print}' \
+  >"$tmp/trace-off.err"
+check "memory_trace.py --model: a replay one term off is shown where it parts" 3 \
+  "model: parts from the measurement at run" -- \
+  python3 "$src/reports/memory_trace.py" "$tmp/trace-off.err" --model --step 1
 finish

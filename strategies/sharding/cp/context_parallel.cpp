@@ -27,6 +27,11 @@
 // the ranks (splitReductionTolerance, the longest sum: a parameter's gradient over every
 // token).
 //
+// Memory: every rank's peak predicted to the byte by a replay of the step's allocations
+// (cp_memory.h) above the bytes live when the step began, judged with tolerance 0; with
+// SB_MEMORY_TRACE the replay is printed into the trace ("model" lines) for
+// reports/memory_trace.py --model to line up against the measurement.
+//
 // Results: the output and input gradient gathered whole to every rank after the step (settle:
 // uncounted, as the harness takes results), so that a token computed at the wrong position is
 // a mismatch wherever the load balancing put it.
@@ -43,13 +48,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <optional>
 
 #include "harness/comm/autograd_comm.h"
+#include "harness/measure/memory.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/transformer.h"
+#include "strategies/sharding/cp/cp_memory.h"
 #include "strategies/sharding/cp/sequence_attention.h"
 
 namespace sb::strategies::cp {
@@ -75,8 +83,24 @@ class CpExecutor final : public harness::RankExecutor {
   void settle(RankContext& ctx) override;
   std::map<std::string, at::Tensor> results() const override { return results_; }
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
+  std::optional<int64_t> predictedPeakBytes() const override {
+    if (!stepPeak_) return std::nullopt;
+    return entryLive_ + *stepPeak_;
+  }
+  nlohmann::json details() const override {
+    nlohmann::json d;
+    d["memory_model"]["step_entry_live_bytes"] = entryLive_;
+    if (stepPeak_) {
+      d["memory_model"]["step_peak_above_entry_bytes"] = *stepPeak_;
+    } else {
+      d["memory_model"]["not_predicted"] = notPredicted_;
+    }
+    return d;
+  }
 
  private:
+  // The memory model's replay of a step (cp_memory.h), once the ranks' layout is known.
+  void modelMemory(RankContext& ctx);
   // CP x TP: one layer with this rank's heads and hidden units (Megatron's f and g over axis 1).
   at::Tensor tensorParallelLayer(int l, const at::Tensor& x);
   // This tensor-parallel rank's blocks of a parameter (views): rows or columns it holds, q, k
@@ -107,6 +131,9 @@ class CpExecutor final : public harness::RankExecutor {
   std::unique_ptr<SequenceAttention> attention_;
   at::Tensor out_, gradIn_;
   std::map<std::string, at::Tensor> results_;
+  int64_t entryLive_ = 0;  // the rank's live bytes when the step began (measured)
+  std::optional<int64_t> stepPeak_;
+  std::string notPredicted_;
 };
 
 class CpStrategy final : public harness::Strategy {
@@ -276,6 +303,11 @@ class CpStrategy final : public harness::Strategy {
             {"attention_imbalance", *std::max_element(pairs.begin(), pairs.end()) / mean}};
   }
 
+  // The memory model replays every allocation of the step (cp_memory.h): to the byte.
+  PredictionTolerance predictionTolerance() const override {
+    return PredictionTolerance::exactMemory();
+  }
+
   std::vector<std::string> plantableFaults() const override {
     switch (variant_) {
       case Variant::kRingP2P:
@@ -350,10 +382,58 @@ void CpExecutor::prepare(RankContext& ctx, const reference::WorkloadData&) {
                        index.at(n + "mlp.c_fc.weight"), index.at(n + "mlp.c_fc.bias"),
                        index.at(n + "mlp.c_proj.weight"), index.at(n + "mlp.c_proj.bias")});
   }
+  modelMemory(ctx);
+}
+
+void CpExecutor::modelMemory(RankContext& ctx) {
+  if (reference::caseDevice().is_cuda()) {
+    notPredicted_ =
+        "the model replays LibTorch's CPU allocations; CUDA's kernels allocate their own";
+    return;
+  }
+  if (case_.dtype != at::kFloat && case_.dtype != at::kDouble) {
+    notPredicted_ = "the model was read off float32 and float64 steps";
+    return;
+  }
+  if (variant_ == Variant::kUlysses && layout_.w == 1) {
+    notPredicted_ =
+        "ulysses on one rank (its all-to-alls and reshapes copy nothing) is not modelled";
+    return;
+  }
+  CpStepSizes s;
+  s.variant = variant_;
+  s.fault = fault_;
+  s.training = shape_.training;
+  s.causal = shape_.causal;
+  s.batch = shape_.batch;
+  s.seq = shape_.seq;
+  s.dModel = shape_.dModel;
+  s.heads = shape_.heads;
+  s.layers = shape_.layers;
+  s.w = layout_.w;
+  s.tp = tp_;
+  s.ringRank = ctx.group({0}).rank();
+  s.es = static_cast<int64_t>(c10::elementSize(case_.dtype));
+  s.visible = attention_->visible();
+  const at::ScalarType dtype = case_.dtype;
+  const auto scratchOf = [dtype](harness::Communicator& c) {
+    return [&c, dtype](Collective k, int64_t mine, int64_t most) {
+      return c.size() > 1 ? c.scratchBytes(k, mine, most, dtype) : int64_t{0};
+    };
+  };
+  s.cpScratch = scratchOf(ctx.group({0}));
+  s.tpScratch = tp_ > 1 ? scratchOf(ctx.group({1})) : s.cpScratch;
+  auto& mem = harness::MemoryTracker::instance();
+  std::vector<CpMemoryEvent> log;
+  stepPeak_ = cpStepPeak(s, mem.tracing(ctx.rank()) ? &log : nullptr);
+  for (const auto& e : log) {
+    fprintf(stderr, "model %+lld %s\n", static_cast<long long>(e.bytes), e.what);
+  }
 }
 
 void CpExecutor::step(RankContext& ctx) {
   ctx_ = &ctx;
+  entryLive_ = harness::MemoryTracker::instance().current(ctx.rank());
   const Transformer& m = *model_;
   if (shape_.training) m.zeroGrad();
   at::Tensor x0 = input_;

@@ -73,6 +73,11 @@ class SequenceAttention {
   // sorts it.
   const at::Tensor& allPositions() const { return allPos_; }
   const at::Tensor& inverse() const { return inverse_; }
+  // ring/p2p: per source rank, whether this rank's queries see any of its keys; ring/allgather:
+  // per block of T / w keys in position order; empty for ulysses.
+  const std::vector<bool>& visible() const {
+    return variant_ == Variant::kRingP2P ? ringVisible_ : blockVisible_;
+  }
 
   // Attention of this rank's queries [B, H, T / w, dh] over every rank's keys and values
   // (same shape), through `axis`: [B, H, T / w, dh]. Differentiable where grad mode is on (the
