@@ -113,26 +113,42 @@ check "planted: the attention's input gradient not summed over tensor-parallel r
   plant f6 ring/p2p tp_input_grad_unsummed
 # The memory model follows each fault's own allocations (a hop fewer, a copy more): the failing
 # rows still predict every rank's peak to the byte.
-check "planted rows: memory still predicted to the byte" 0 "ok 6" -- python3 - "$tmp" <<'PY'
+check "planted rows: memory still predicted to the byte" 0 "ok 6 files, 66 rows" -- \
+  python3 - "$tmp" <<'PY'
 import json, sys
-n = 0
+files = rows = 0
 for f in ["f1", "f2", "f3", "f4", "f5", "f6"]:
-    for r in json.load(open(f"{sys.argv[1]}/{f}/results.json"))["records"]:
+    recs = json.load(open(f"{sys.argv[1]}/{f}/results.json"))["records"]
+    assert recs and any(r["status"] == "fail" for r in recs), f
+    for r in recs:
         d = r["details"]
         assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], (f, r["case"])
-    n += 1
-print("ok", n)
+        rows += 1
+    files += 1
+print("ok", files, "files,", rows, "rows")
 PY
 
 # The model's replay printed into the allocation trace, lined up against the measured step by
-# reports/memory_trace.py --model: the same allocations, run for run.
+# reports/memory_trace.py --model, allocation for allocation: every sharding/cp row of the suite
+# (the one-rank rows print no replay), and the planted rows whose faults change allocations.
 SB_MEMORY_TRACE=1 "$sb" run "$src/suites/context-parallel.yaml" --out "$tmp/trace" \
-  --repetitions 1 --min-time 0.0001 --filter '^sharding/cp/ulysses$' 2>"$tmp/trace.err" >/dev/null
-check "memory_trace.py --model: the replay agrees with every allocation of the 11 rows" 0 \
-  "^11 agree" -- bash -c "python3 '$src/reports/memory_trace.py' '$tmp/trace.err' --model |
+  --repetitions 1 --min-time 0.0001 --filter '^sharding/cp/' 2>"$tmp/trace.err" >/dev/null
+check "memory_trace.py --model: the replay agrees with every allocation of the 33 rows" 0 \
+  "^33 agree" -- bash -c "python3 '$src/reports/memory_trace.py' '$tmp/trace.err' --model |
     grep -c 'model: agrees with every allocation' | sed 's/$/ agree/'"
-head -c 2000000 "$tmp/trace.err" | awk '/^model /{n++; if (n == 40) {sub(/[0-9]+/, "&0")}} {print}' \
-  >"$tmp/trace-off.err"
+for f in "ring/p2p dkv_not_returned" "ulysses ulysses_swapped"; do
+  set -- $f
+  SB_MEMORY_TRACE=1 "$sb" run "$src/suites/context-parallel.yaml" --out "$tmp/trace-$2" \
+    --repetitions 1 --min-time 0.0001 --filter "^sharding/cp/$1\$" \
+    --plant-fault "sharding/cp/$1=$2" 2>"$tmp/trace-$2.err" >/dev/null
+  check "memory_trace.py --model: planted $2, the replay agrees with every allocation" 0 \
+    "^11 agree" -- bash -c "python3 '$src/reports/memory_trace.py' '$tmp/trace-$2.err' --model |
+      grep -c 'model: agrees with every allocation' | sed 's/$/ agree/'"
+done
+# One term of the first row's replay (the 40th line before its step) made ten times larger:
+# shown where it parts.
+awk '/^mem reset/ {reset = 1} /^model / && !reset && ++n == 40 {sub(/[0-9]+/, "&0")} {print}' \
+  "$tmp/trace.err" >"$tmp/trace-off.err"
 check "memory_trace.py --model: a replay one term off is shown where it parts" 3 \
   "model: parts from the measurement at run" -- \
   python3 "$src/reports/memory_trace.py" "$tmp/trace-off.err" --model --step 1

@@ -20,7 +20,8 @@ checked against the one the tracker itself kept; they differ only if lines are m
 says so and exits 3); so does every line's live total against the sum of the lines before it.
 
 A memory model that replays a step's allocations prints them into the same trace before the
-step ("model +BYTES WHAT", "model -BYTES WHAT": sharding/cp does); --model lines the replay up
+step ("model +BYTES WHAT", "model -BYTES WHAT": sharding/cp does; the lines since the row's
+"mem prepare" note are its replay); --model lines the replay up
 against the measured step's allocations (consecutive allocations, and consecutive frees, taken
 together, so a collective's buffers may be one term of the model) and shows where they first
 part, with the operators that allocated around it: where a model needs its next term.
@@ -110,6 +111,8 @@ def parse(lines):
         m = NOTE.match(line)
         if m and step:
             step.notes.append((n, m[1]))
+        elif m and m[1] == "prepare":  # a row begins: a replay printed before is not its
+            model = []
     # Replay once, keeping what is live at each step's peak (its start, if nothing rose above),
     # and checking every line's live bytes against the sum of what the lines before it left
     # live (the tracker writes each line under the lock of its update, so they agree to the

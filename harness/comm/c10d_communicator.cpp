@@ -153,6 +153,20 @@ class C10dCommunicator final : public Communicator {
     wire_->add(Collective::kSendRecv, sent);
   }
 
+  std::unique_ptr<PendingSend> doIsend(const at::Tensor& tensor, int dst, int tag) override {
+    struct Posted final : PendingSend {
+      std::function<void()> waiter;
+      void wait() override {
+        if (waiter) waiter();
+        waiter = nullptr;
+      }
+    };
+    auto p = std::make_unique<Posted>();
+    p->waiter = group_->isend(tensor, dst, tag);
+    wire_->add(Collective::kSendRecv, static_cast<int64_t>(tensor.nbytes()));
+    return p;
+  }
+
  private:
   std::shared_ptr<CollectiveGroup> group_;
   std::string backend_;

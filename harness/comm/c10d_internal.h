@@ -44,6 +44,9 @@ class CollectiveGroup {
   virtual void barrier() = 0;
   // Posts every send and receive (group ranks as peers), then waits for all of them.
   virtual void exchange(const std::vector<Communicator::P2POp>& ops) = 0;
+  // Posts a send under `tag` and returns what waits for it (Communicator::isend); the tensor
+  // stays referenced until then.
+  virtual std::function<void()> isend(const at::Tensor& t, int peer, int tag) = 0;
 };
 
 // Waits for a collective and then until this thread holds the only reference to its work:
@@ -103,18 +106,33 @@ class GroupOf final : public CollectiveGroup {
     pg_->barrier(o)->wait();
   }
   void exchange(const std::vector<Communicator::P2POp>& ops) override {
-    // Posted in order, each with tag 0: c10d matches a pair's sends and receives in the order
-    // both sides post them, as the Communicator's contract says.
+    // Posted in order, each with its tag: c10d matches a pair's sends and receives per tag in
+    // the order both sides post them, as the Communicator's contract says.
     std::vector<std::vector<at::Tensor>> buffers;
     buffers.reserve(ops.size());
     std::vector<decltype(pg_->barrier())> works;
     for (const auto& op : ops) {
       buffers.push_back({carrier(op.tensor)});
       works.push_back(op.kind == Communicator::P2POp::Kind::kSend
-                          ? pg_->send(buffers.back(), op.peer, 0)
-                          : pg_->recv(buffers.back(), op.peer, 0));
+                          ? pg_->send(buffers.back(), op.peer, op.tag)
+                          : pg_->recv(buffers.back(), op.peer, op.tag));
     }
     for (auto& w : works) finish(std::move(w));
+  }
+  std::function<void()> isend(const at::Tensor& t, int peer, int tag) override {
+    struct Posted {
+      std::vector<at::Tensor> buffer;
+      decltype(std::declval<PG&>().barrier()) work;
+    };
+    auto p = std::make_shared<Posted>();
+    p->buffer = {carrier(t)};
+    p->work = pg_->send(p->buffer, peer, tag);
+    return [this, p] {
+      if (!p->work) return;
+      auto w = std::move(p->work);
+      finish(std::move(w));
+      p->buffer.clear();
+    };
   }
 
  private:

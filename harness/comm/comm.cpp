@@ -146,6 +146,37 @@ void Communicator::exchange(const std::vector<P2POp>& ops) {
   doExchange(ops);
 }
 
+namespace {
+struct DoneSend final : Communicator::PendingSend {
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<Communicator::PendingSend> Communicator::isend(const at::Tensor& tensor, int dst,
+                                                               int tag) {
+  TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "send: rank ", rank_, " names peer ", dst,
+              " in a group of ", size_, " (a peer is another group rank)");
+  TORCH_CHECK(tensor.defined() && tensor.is_contiguous(),
+              "send: the tensor must be defined and contiguous");
+  count(Collective::kSendRecv, static_cast<int64_t>(tensor.nbytes()));
+  return doIsend(tensor, dst, tag);
+}
+
+void Communicator::recv(at::Tensor& tensor, int src, int tag) {
+  TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "recv: rank ", rank_, " names peer ", src,
+              " in a group of ", size_, " (a peer is another group rank)");
+  TORCH_CHECK(tensor.defined() && tensor.is_contiguous(),
+              "recv: the tensor must be defined and contiguous");
+  count(Collective::kSendRecv, 0);
+  doExchange({{P2POp::Kind::kRecv, tensor, src, tag}});
+}
+
+std::unique_ptr<Communicator::PendingSend> Communicator::doIsend(const at::Tensor& tensor, int dst,
+                                                                 int tag) {
+  doExchange({{P2POp::Kind::kSend, tensor, dst, tag}});
+  return std::make_unique<DoneSend>();
+}
+
 at::Tensor Communicator::ringShift(const at::Tensor& tensor) {
   at::Tensor in = tensor.contiguous();
   if (size_ == 1) {

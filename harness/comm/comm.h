@@ -101,10 +101,28 @@ class Communicator {
     enum class Kind { kSend, kRecv } kind;
     at::Tensor tensor;
     int peer;
+    // Sends and receives match per (peer, tag), in the order each side posts them.
+    int tag = 0;
   };
   void exchange(const std::vector<P2POp>& ops);
   void send(const at::Tensor& tensor, int dst) { exchange({{P2POp::Kind::kSend, tensor, dst}}); }
   void recv(at::Tensor& tensor, int src) { exchange({{P2POp::Kind::kRecv, tensor, src}}); }
+
+  // Asynchronous point-to-point, as torch.distributed.isend and a blocking recv with tags (the
+  // pipeline family's activations and gradients): `isend` posts `tensor` to group rank `dst`
+  // under `tag` and returns at once; the tensor must stay unchanged, and referenced by the
+  // returned send, until its wait() returns (a pipeline waits for its sends at the end of its
+  // step, as torch.distributed.pipelining does). `recv(tensor, src, tag)` waits for the oldest
+  // send from `src` under `tag` and writes it into `tensor` in place (contiguous, of the sent
+  // shape and dtype). Each is one send_recv call: a send counts its bytes, a receive none. A
+  // receive that waits past the backend's timeout fails the run naming the rank and the peer.
+  class PendingSend {
+   public:
+    virtual ~PendingSend() = default;
+    virtual void wait() = 0;
+  };
+  std::unique_ptr<PendingSend> isend(const at::Tensor& tensor, int dst, int tag);
+  void recv(at::Tensor& tensor, int src, int tag);
   // One ring step: sends `tensor` to group rank (rank + 1) mod n and returns what rank
   // (rank - 1) mod n sent, shaped and typed as `tensor`.
   at::Tensor ringShift(const at::Tensor& tensor);
@@ -128,6 +146,9 @@ class Communicator {
   virtual void doBroadcast(at::Tensor& tensor, int root);
   virtual void doBarrier();
   virtual void doExchange(const std::vector<P2POp>& ops);
+  // isend's posting, for backends that can return before the peer receives; by default the
+  // send is a blocking exchange (a pipeline on such a backend may deadlock: none is built so).
+  virtual std::unique_ptr<PendingSend> doIsend(const at::Tensor& tensor, int dst, int tag);
 
  private:
   [[noreturn]] void unsupported(Collective c) const;

@@ -17,16 +17,18 @@ Communicator& RankContext::world() {
   return group(axes);
 }
 
+// A posted send: the sender's tensor, until the receiver has copied it.
+struct ThreadsMessage {
+  at::Tensor tensor;
+  bool taken = false;
+};
+
 class ThreadsWorld::Group {
  public:
   explicit Group(std::vector<int> members)
       : members(std::move(members)), slots(this->members.size()), rows(this->members.size()) {}
-  // A posted send: the sender's tensor, until the receiver has copied it.
-  struct Message {
-    at::Tensor tensor;
-    bool taken = false;
-  };
-  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Message>>> mail;  // (from, to)
+  using Message = ThreadsMessage;
+  std::map<std::tuple<int, int, int>, std::deque<std::shared_ptr<Message>>> mail;  // from, to, tag
   std::vector<int> members;
   int arrived = 0;
   uint64_t generation = 0;
@@ -130,6 +132,26 @@ class ThreadsCommunicator final : public Communicator {
       if (op.kind == P2POp::Kind::kSend) waitForStream(op.tensor);
     }
     world_.exchange(group_, rank(), globalRank_, ops);
+  }
+
+  std::unique_ptr<PendingSend> doIsend(const at::Tensor& tensor, int dst, int tag) override {
+    waitForStream(tensor);
+    struct Posted final : PendingSend {
+      ThreadsWorld* world;
+      std::shared_ptr<ThreadsMessage> message;
+      int rank, peer, tag;
+      void wait() override {
+        if (message) world->waitTaken(message, rank, peer, tag);
+        message.reset();
+      }
+    };
+    auto p = std::make_unique<Posted>();
+    p->world = &world_;
+    p->message = world_.post(group_, rank(), dst, tag, tensor);
+    p->rank = globalRank_;
+    p->peer = group_.members[dst];
+    p->tag = tag;
+    return p;
   }
 
  private:
@@ -264,14 +286,17 @@ void ThreadsWorld::exchange(Group& group, int me, int rank,
   for (const auto& op : ops) {
     if (op.kind != Kind::kSend) continue;
     posted.push_back(std::make_shared<Group::Message>(Group::Message{op.tensor}));
-    group.mail[{me, op.peer}].push_back(posted.back());
+    group.mail[{me, op.peer, op.tag}].push_back(posted.back());
   }
   cv_.notify_all();
   for (const auto& op : ops) {
     if (op.kind != Kind::kRecv) continue;
-    auto& queue = group.mail[{op.peer, me}];
+    auto& queue = group.mail[{op.peer, me, op.tag}];
     waitFor([&] { return !queue.empty(); },
-            [&] { return "for a send from rank " + std::to_string(group.members[op.peer]); });
+            [&] {
+              return "for a send from rank " + std::to_string(group.members[op.peer]) +
+                     (op.tag != 0 ? " (tag " + std::to_string(op.tag) + ")" : std::string());
+            });
     const std::shared_ptr<Group::Message> m = queue.front();
     queue.pop_front();
     if (m->tensor.sizes() != op.tensor.sizes() ||
@@ -293,6 +318,27 @@ void ThreadsWorld::exchange(Group& group, int me, int rank,
   for (const auto& m : posted) {
     waitFor([&] { return m->taken; }, [] { return std::string("for its send to be received"); });
   }
+}
+
+std::shared_ptr<ThreadsMessage> ThreadsWorld::post(Group& group, int me, int peer, int tag,
+                                                   const at::Tensor& tensor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto m = std::make_shared<Group::Message>(Group::Message{tensor});
+  group.mail[{me, peer, tag}].push_back(m);
+  cv_.notify_all();
+  return m;
+}
+
+void ThreadsWorld::waitTaken(const std::shared_ptr<ThreadsMessage>& m, int rank, int peer,
+                             int tag) {
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  std::unique_lock<std::mutex> lock(mu_);
+  TORCH_CHECK(!aborted_, "rank ", rank, " stopped in send_recv: ", abortReason_);
+  if (cv_.wait_until(lock, deadline, [&] { return m->taken || aborted_; }) && !aborted_) return;
+  abortLocked("rank " + std::to_string(rank) + " waited more than " +
+              std::to_string(options_.timeout.count()) + " ms in send_recv for its send to rank " +
+              std::to_string(peer) + " (tag " + std::to_string(tag) + ") to be received");
+  TORCH_CHECK(false, "rank ", rank, " stopped in send_recv: ", abortReason_);
 }
 
 void ThreadsWorld::abort(const std::string& reason) {

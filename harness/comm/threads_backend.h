@@ -17,6 +17,8 @@
 
 namespace sb::harness {
 
+struct ThreadsMessage;  // a posted send (threads_backend.cpp)
+
 struct ThreadsOptions {
   // A rank blocked in a collective longer than this aborts the run with an error naming it.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -66,6 +68,11 @@ class ThreadsWorld final : public World {
   // receive takes the oldest message from its peer and copies it, and the call returns once
   // every send it posted has been taken. Throws if the run was aborted or timed out.
   void exchange(Group& group, int groupRank, int rank, const std::vector<Communicator::P2POp>& ops);
+  // Communicator::isend within `group`: the message posted under `tag` (returned), and waiting
+  // until the peer has taken it (`rank`, `peer`: global ranks, for the timeout's message).
+  std::shared_ptr<ThreadsMessage> post(Group& group, int groupRank, int peer, int tag,
+                                       const at::Tensor& tensor);
+  void waitTaken(const std::shared_ptr<ThreadsMessage>& m, int rank, int peer, int tag);
   void abort(const std::string& reason);
   // abort() with mu_ held: the first reason stays; every waiting rank wakes.
   void abortLocked(const std::string& reason);

@@ -48,6 +48,8 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     world.run([&](RankContext& ctx) {
       const int r = ctx.rank();
       execs[r] = strategy.makeExecutor(c);
+      // SB_MEMORY_TRACE: where a row begins (a model's replay printed in prepare is this row's).
+      MemoryTracker::instance().traceNote(r, "prepare");
       try {
         execs[r]->prepare(ctx, data);
       } catch (const UnsupportedCase& e) {

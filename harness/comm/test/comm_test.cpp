@@ -299,6 +299,54 @@ TEST(ThreadsPointToPoint, AShapeMismatchNamesBothRanksAndAMissingSendTimesOut) {
   }
 }
 
+TEST(ThreadsPointToPoint, IsendReturnsAtOnceAndTagsMatchWhateverOrderTheyArePostedIn) {
+  // Rank 0 sends tags 1 and 2 before receiving; rank 1 sends first and receives tag 2 before
+  // tag 1. Blocking sends would deadlock here (each waits for the other's receive).
+  ThreadsWorld world(DeviceMesh({2}));
+  at::Tensor one = at::zeros({2, 3}), two = at::zeros({2, 3}), back = at::zeros({4});
+  world.run([&](RankContext& ctx) {
+    auto& w = ctx.world();
+    if (ctx.rank() == 0) {
+      auto a = w.isend(tagged(2, 0, 1), 1, 1);
+      auto b = w.isend(tagged(2, 0, 2), 1, 2);
+      w.recv(back, 1, 3);
+      a->wait();
+      b->wait();
+    } else {
+      auto c = w.isend(at::arange(4, at::kFloat), 0, 3);
+      w.recv(two, 0, 2);
+      w.recv(one, 0, 1);
+      c->wait();
+    }
+  });
+  EXPECT_TRUE(at::equal(one, tagged(2, 0, 1)));
+  EXPECT_TRUE(at::equal(two, tagged(2, 0, 2)));
+  EXPECT_TRUE(at::equal(back, at::arange(4, at::kFloat)));
+  EXPECT_EQ(world.stats(0)[Collective::kSendRecv].calls, 3);  // two sends, one receive
+  EXPECT_EQ(world.stats(0)[Collective::kSendRecv].bytes, 2 * 2 * 3 * 4);
+  EXPECT_EQ(world.stats(1)[Collective::kSendRecv].bytes, 4 * 4);
+
+  ThreadsOptions opts;
+  opts.timeout = std::chrono::milliseconds(200);
+  ThreadsWorld lonely(DeviceMesh({2}), opts);
+  try {
+    lonely.run([&](RankContext& ctx) {
+      if (ctx.rank() == 1) {
+        at::Tensor t = at::empty({4});
+        ctx.world().recv(t, 0, 7);  // a tag rank 0 never sends
+        return;
+      }
+      ctx.world().isend(at::ones({4}), 1, 6)->wait();
+    });
+    FAIL() << "expected a timeout";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_TRUE(msg.find("for a send from rank 0 (tag 7)") != std::string::npos ||
+                msg.find("for its send to rank 1 (tag 6) to be received") != std::string::npos)
+        << msg;
+  }
+}
+
 class NoCollectives final : public Communicator {
  public:
   NoCollectives() : Communicator(0, 2, nullptr) {}

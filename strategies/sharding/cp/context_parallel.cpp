@@ -83,6 +83,7 @@ class CpExecutor final : public harness::RankExecutor {
   void settle(RankContext& ctx) override;
   std::map<std::string, at::Tensor> results() const override { return results_; }
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
+  // After the measured step (the runner asks before the timed steps, which move entryLive_).
   std::optional<int64_t> predictedPeakBytes() const override {
     if (!stepPeak_) return std::nullopt;
     return entryLive_ + *stepPeak_;
@@ -393,6 +394,12 @@ void CpExecutor::modelMemory(RankContext& ctx) {
   }
   if (case_.dtype != at::kFloat && case_.dtype != at::kDouble) {
     notPredicted_ = "the model was read off float32 and float64 steps";
+    return;
+  }
+  if (layout_.local() == 1 && variant_ != Variant::kRingP2P) {
+    notPredicted_ =
+        "one token per rank: LibTorch makes views where the model has copies (not "
+        "modelled)";
     return;
   }
   if (variant_ == Variant::kUlysses && layout_.w == 1) {

@@ -183,7 +183,8 @@ void Replay::ulyssesForward() {
   a(Sf, "probabilities");
   a(A, "o");
   if (!training) f(Sf, "probabilities");
-  if (s_.fault == Fault::kUlyssesSwapped) {  // o.transpose(1, 2).reshape(...): a copy
+  // o.transpose(1, 2).reshape(...): a copy, but where one head only moves a dimension of 1.
+  if (s_.fault == Fault::kUlyssesSwapped && Hl > 1) {
     a(A, "o swapped");
     f(A, "o");
   }
@@ -218,6 +219,10 @@ void Replay::ulyssesBackward() {
   }
   a(A, "dO index_select backward");
   f(A, "dO consumed");
+  if (s_.fault == Fault::kUlyssesSwapped && Hl > 1 && B > 1) {  // the swap undone: a copy
+    a(A, "dO unswapped");
+    f(A, "dO index_select backward");
+  }
   a(A, "dv");
   a(Sf, "dp");
   f(A, "dO");

@@ -32,7 +32,7 @@ class Replay {
     // Ulysses: this rank's heads over the whole sequence.
     Hl = H / s.w;
     Sf = B * Hl * s.seq * s.seq * es;
-    fold = B > 1 && H > 1;
+    fold = B > 1 && H > 1 && Tl > 1;
     headCopy = H > 1 && Tl > 1;
     // A double scalar in a float tensor's arithmetic is cast first; an integer one always.
     scalarCast = es == 8 ? 0 : es;
