@@ -283,20 +283,22 @@ class ShardedTensorExecutorBase : public harness::RankExecutor {
     const int64_t secondBackward = colwise
                                        ? matmulScratchBytes({nc, rows}, false, {rows, K}, false, dt)
                                        : matmulScratchBytes({rows, N}, false, {N, kc}, false, dt);
-    const std::map<std::string, int64_t> size = {{"X", x_.nbytes()},
-                                                 {"AG", n_ * b_ * K * es},
-                                                 {"W", w_.nbytes()},
-                                                 {"BIAS", bias_.nbytes()},
-                                                 {"Y", b_ * N * es},
-                                                 {"P", nc * n_ * b_ * es},
-                                                 {"GOT", n_ * kc * b_ * es},
-                                                 {"PART", n_ * b_ * N * es},
-                                                 {"MMF", forward},
-                                                 {"MMA", firstBackward},
-                                                 {"MMB", secondBackward},
-                                                 {"S8", 8},
-                                                 {"S4", 4},
-                                                 {"ZERO", 0}};
+    const std::map<std::string, int64_t> size = {
+        {"X", x_.nbytes()},
+        {"AG", n_ * b_ * K * es},
+        {"W", w_.nbytes()},
+        {"BIAS", bias_.nbytes()},
+        {"Y", b_ * N * es},
+        {"P", nc * n_ * b_ * es},
+        {"PC", nc > 1 && n_ * b_ > 1 ? nc * n_ * b_ * es : 0},
+        {"GOT", n_ * kc * b_ * es},
+        {"PART", n_ * b_ * N * es},
+        {"MMF", forward},
+        {"MMA", firstBackward},
+        {"MMB", secondBackward},
+        {"S8", 8},
+        {"S4", 4},
+        {"ZERO", 0}};
     const int64_t base = x_.nbytes() + w_.nbytes() + bias_.nbytes() + gradOut_.nbytes() +
                          (reordered ? order.nbytes() : 0);
     const int64_t results = b_ * N * es + x_.nbytes() + w_.nbytes() + bias_.nbytes();

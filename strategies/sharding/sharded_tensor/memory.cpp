@@ -9,6 +9,8 @@
 //                                                       rank's rows, [n_c, n b]
 //   GOT  rowwise: its features of every rank's rows, [n k_c, b]
 //   PART rowwise: the partial products of every rank's rows, [n b, N]
+//   PC   colwise: P made contiguous from its transpose, a copy where the chunk has more than
+//        one column (one column's transpose is already contiguous: no copy, nothing freed)
 //   S8, S4, ZERO   scalars and empty tensors
 //   MMF, MMA, MMB  the scratch the forward product and the backward's two products hold while
 //                  they run (matmulScratchBytes): zero where LibTorch's product allocates none
@@ -33,28 +35,27 @@ struct MemoryTable {
 
 const MemoryTable kTables[] = {
     {"threads", "colwise", false, 0,
-     "-Y -X -W -BIAS +AG +P +MMF -MMF +P +Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P -Y +P -P +AG "
-     "+MMA -MMA "
-     "+W +MMB -MMB -P +X -AG -Y -P -P -AG "},
+     "-Y -X -W -BIAS +AG +P +MMF -MMF +PC +Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P -Y +PC -PC +AG "
+     "+MMA -MMA +W +MMB -MMB -P +X -AG -Y -P -PC -AG "},
     {"threads", "rowwise", false, 0,
      "-Y -X -W -BIAS +X +GOT -X +GOT +PART +MMF -MMF +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
      "+PART +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X -PART -GOT -GOT "},
     {"threads", "colwise", true, 4,
-     "-Y -X -W -BIAS +AG +P +MMF -MMF +P +Y +ZERO +Y -Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P "
-     "-Y +P -P +AG +MMA -MMA +W +MMB -MMB -P +X -AG -Y -P -P -AG "},
+     "-Y -X -W -BIAS +AG +P +MMF -MMF +PC +Y +ZERO +Y -Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P -Y "
+     "+PC -PC +AG +MMA -MMA +W +MMB -MMB -P +X -AG -Y -P -PC -AG "},
     {"threads", "rowwise", true, 4,
      "-Y -X -W -BIAS +ZERO +X +GOT +GOT +PART +MMF -MMF +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
      "+PART +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X +X -X -PART -GOT -GOT -X "},
     {"gloo", "colwise", false, 4,
-     "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +MMF -MMF +P +Y +Y +BIAS +BIAS -BIAS +Y +P "
-     "-Y +P -P +AG +MMA -MMA +W +MMB -MMB -P +AG +X -AG -AG -Y -P -P -AG "},
+     "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +MMF -MMF +PC +Y +Y +BIAS +BIAS -BIAS +Y +P -Y "
+     "+PC -PC +AG +MMA -MMA +W +MMB -MMB -P +AG +X -AG -AG -Y -P -PC -AG "},
     {"gloo", "rowwise", false, 4,
      "-Y -X -W -BIAS +X +GOT -X +GOT +PART +MMF -MMF +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS +Y "
      "+Y +Y +Y +PART -Y -Y -Y -Y +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X -PART "
      "-GOT -GOT "},
     {"gloo", "colwise", true, 4,
-     "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +MMF -MMF +P +Y +ZERO +Y -Y +Y +BIAS +BIAS "
-     "-BIAS +Y +P -Y +P -P +AG +MMA -MMA +W +MMB -MMB -P +AG +X -AG -AG -Y -P -P -AG "},
+     "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +MMF -MMF +PC +Y +ZERO +Y -Y +Y +BIAS +BIAS "
+     "-BIAS +Y +P -Y +PC -PC +AG +MMA -MMA +W +MMB -MMB -P +AG +X -AG -AG -Y -P -PC -AG "},
     {"gloo", "rowwise", true, 4,
      "-Y -X -W -BIAS +ZERO +X +GOT +GOT +PART +MMF -MMF +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS "
      "+Y +Y +Y +Y +PART -Y -Y -Y -Y +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X +X "
