@@ -54,15 +54,25 @@ WorkloadData ChainWorkload::build(const nlohmann::json& shape, at::ScalarType dt
   auto net = makeNet(shape, dtype, seed);
   at::manual_seed(dropoutSeed(seed));
   net->zeroGrad();
-  const at::Tensor x = net->input().detach().requires_grad_(true);
-  const at::Tensor y = net->forward(x);
-  const at::Tensor loss = (y * net->target()).sum();
-  torch::autograd::backward({loss});
+  // `microbatches` M (mlp_chain, gpt2_stack): gradient accumulation, the reference of the
+  // pipeline family. The batch cut into M micro-batches of its rows, each forward and backward in
+  // turn, every gradient accumulated in micro-batch order; the loss is the same sum.
+  const int64_t M = shape.is_object() ? shape.value("microbatches", int64_t{1}) : 1;
+  std::vector<at::Tensor> ys, gxs;
+  const auto xs = net->input().chunk(M, 0), ts = net->target().chunk(M, 0);
+  for (int64_t m = 0; m < M; ++m) {
+    const at::Tensor x = xs[m].detach().requires_grad_(true);
+    const at::Tensor y = net->forward(x);
+    const at::Tensor loss = (y * ts[m]).sum();
+    torch::autograd::backward({loss});
+    ys.push_back(y.detach());
+    gxs.push_back(x.grad());
+  }
   WorkloadData d;
   d.inputs["input"] = net->input();
   d.inputs["target"] = net->target();
-  d.expected["output"] = y.detach();
-  d.expected["grad_input"] = x.grad().clone();
+  d.expected["output"] = M == 1 ? ys[0] : at::cat(ys, 0);
+  d.expected["grad_input"] = M == 1 ? gxs[0].clone() : at::cat(gxs, 0);
   d.checked = {"output", "grad_input"};
   for (const auto& [name, p] : net->parameters()) {
     d.expected["grad/" + name] = p.grad().clone();
@@ -78,8 +88,8 @@ WorkloadData ChainWorkload::build(const nlohmann::json& shape, at::ScalarType dt
   d.expected["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
   d.checked.push_back("rng/cpu");
   // On a GPU the masks come from its generator: the state it is left in counts the same way.
-  if (x.is_cuda()) {
-    d.expected["rng/cuda"] = deviceGeneratorState(x.device());
+  if (net->input().is_cuda()) {
+    d.expected["rng/cuda"] = deviceGeneratorState(net->input().device());
     d.checked.push_back("rng/cuda");
   }
   return d;
@@ -163,6 +173,19 @@ class Keys {
   const nlohmann::json& shape_;
 };
 
+// `microbatches`: how many micro-batches the reference accumulates (ChainWorkload::build); the
+// batch's rows must cut into them evenly.
+int64_t microbatches(const Keys& k, int64_t batch) {
+  const int64_t m = k.pos("microbatches", 1);
+  TORCH_CHECK(batch % m == 0, "shape key 'microbatches' (", m, ") must divide 'batch' (", batch,
+              ")");
+  return m;
+}
+std::string microbatchString(const Keys& k) {
+  const int64_t m = k.pos("microbatches", 1);
+  return m == 1 ? "" : ";microbatches=" + std::to_string(m);
+}
+
 // Deterministic parameters: He-normal weights, one generator stream per tensor.
 class Init {
  public:
@@ -215,7 +238,7 @@ class MlpChain final : public ChainWorkload {
     return "depth x (Linear(width, width), ReLU, dropout) on [batch, width]";
   }
   Keys keys(const nlohmann::json& s) const {
-    return Keys(name(), s, {"batch", "width", "depth", "dropout"});
+    return Keys(name(), s, {"batch", "width", "depth", "dropout", "microbatches"});
   }
   // The keys and the sizes they make, without building the net (a suite is validated before
   // anything runs: a width of a million would allocate terabytes here).
@@ -223,6 +246,7 @@ class MlpChain final : public ChainWorkload {
     const auto k = keys(s);
     const int64_t batch = k.pos("batch", 16), width = k.pos("width", 64), depth = k.pos("depth", 8);
     k.prob("dropout", 0.1);
+    microbatches(k, batch);
     // Each layer's weight, and the activations of the whole chain: at most 2^40 elements.
     constexpr int64_t kMax = int64_t{1} << 40;
     const auto fits = [&](int64_t a, int64_t b) { return a <= kMax / b; };
@@ -237,7 +261,7 @@ class MlpChain final : public ChainWorkload {
     return "batch=" + std::to_string(k.pos("batch", 16)) +
            ";width=" + std::to_string(k.pos("width", 64)) +
            ";depth=" + std::to_string(k.pos("depth", 8)) +
-           ";dropout=" + std::to_string(k.prob("dropout", 0.1)).substr(0, 4);
+           ";dropout=" + std::to_string(k.prob("dropout", 0.1)).substr(0, 4) + microbatchString(k);
   }
   std::unique_ptr<ChainNet> makeNet(const nlohmann::json& s, at::ScalarType dtype,
                                     uint64_t seed) const override {
@@ -268,12 +292,14 @@ class Gpt2Stack final : public ChainWorkload {
     return "pre-LN GPT-2 blocks (causal attention, GELU MLP, dropout) on [batch, seq, d_model]";
   }
   Keys keys(const nlohmann::json& s) const {
-    return Keys(name(), s, {"batch", "seq", "d_model", "heads", "layers", "dropout"});
+    return Keys(name(), s,
+                {"batch", "seq", "d_model", "heads", "layers", "dropout", "microbatches"});
   }
   void validate(const nlohmann::json& s) const override {
     const auto k = keys(s);
     TORCH_CHECK(k.pos("d_model", 64) % k.pos("heads", 4) == 0,
                 "gpt2_stack: shape key 'd_model' must be a multiple of 'heads'");
+    microbatches(k, k.pos("batch", 2));
   }
   std::string shapeString(const nlohmann::json& s) const override {
     const auto k = keys(s);
@@ -281,7 +307,7 @@ class Gpt2Stack final : public ChainWorkload {
            ";seq=" + std::to_string(k.pos("seq", 64)) +
            ";d_model=" + std::to_string(k.pos("d_model", 64)) +
            ";heads=" + std::to_string(k.pos("heads", 4)) +
-           ";layers=" + std::to_string(k.pos("layers", 4));
+           ";layers=" + std::to_string(k.pos("layers", 4)) + microbatchString(k);
   }
   std::unique_ptr<ChainNet> makeNet(const nlohmann::json& s, at::ScalarType dtype,
                                     uint64_t seed) const override {
@@ -309,13 +335,14 @@ class Gpt2Stack final : public ChainWorkload {
         const int64_t hd = D / H;
         at::Tensor h = at::layer_norm(x, {D}, ln1w, ln1b, 1e-5);
         auto qkv = at::linear(h, wqkv, bqkv).chunk(3, -1);
+        const int64_t b = x.size(0);  // B, or a micro-batch's rows
         const auto heads = [&](const at::Tensor& t) {
-          return t.view({B, T, H, hd}).transpose(1, 2);
+          return t.view({b, T, H, hd}).transpose(1, 2);
         };
         at::Tensor att = at::matmul(heads(qkv[0]), heads(qkv[1]).transpose(-2, -1)) /
                          std::sqrt(static_cast<double>(hd));
         att = at::dropout(at::softmax(att.masked_fill(causal, -INFINITY), -1), p, true);
-        at::Tensor y = at::matmul(att, heads(qkv[2])).transpose(1, 2).reshape({B, T, D});
+        at::Tensor y = at::matmul(att, heads(qkv[2])).transpose(1, 2).reshape({b, T, D});
         at::Tensor r = x + at::dropout(at::linear(y, wo, bo), p, true);
         at::Tensor m = at::linear(
             at::gelu(at::linear(at::layer_norm(r, {D}, ln2w, ln2b, 1e-5), w1, b1), "tanh"), w2, b2);
