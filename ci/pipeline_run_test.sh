@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# End-to-end checks of the pipeline family (strategies/pipeline/pipeline_executor.cpp):
+# suites/pipeline.yaml on threads (GPipe, 1F1B, interleaved 1F1B and ZB-H1 on 2 and 4 stages,
+# PP x DP on 2x2; bitwise against the same micro-batches accumulated on one rank where one
+# replica accumulates in order; communication counted == predicted; the measured timeline beside
+# the dry run's), a sample on gloo through `launch`, a schedule read from
+# torch.distributed.pipelining's CSV (as `solve pipeline` writes it, and one that accumulates
+# out of order: not bitwise, within its stated tolerance), and the planted faults: a gradient
+# accumulated twice, a 1F1B warm-up one short, a W before its I, a send to the wrong stage.
+# Usage: ci/pipeline_run_test.sh BUILD_DIR SOURCE_DIR
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+
+check "pipeline suite on threads: every row passes" 0 "total +21 +0 +0 +0" -- \
+  "$sb" run "$src/suites/pipeline.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
+check "bitwise where one replica accumulates in order; bytes as predicted; timelines recorded" 0 \
+  "ok 21" -- python3 - "$tmp/threads/results.json" <<'PY'
+import json, sys
+recs = json.load(open(sys.argv[1]))["records"]
+for r in recs:
+    key = (r["case"], r["strategy_id"])
+    assert r["status"] == "pass", (key, r["message"])
+    assert r["comm_bytes"] == r["predicted_comm_bytes"] > 0, key
+    dp = "x" in r["mesh"]
+    assert r["tolerance"].startswith("bitwise") != dp, (key, r["tolerance"])
+    p = r["details"]["executor"]["pipeline"]
+    stages = p["stages"]
+    assert len(p["stage_layers"]) == stages + 1, p["stage_layers"]
+    ranks = int(r["mesh"].split("x")[0])
+    for side in ("measured", "predicted"):
+        assert len(p[side]["idle_us_per_rank"]) == ranks, (key, side)
+        assert 0 <= p[side]["bubble_fraction"] < 1, (key, side, p[side])
+        assert p[side]["step_us"] > 0, (key, side)
+    if r["strategy_id"] == "pipeline/interleaved-1f1b":
+        assert stages == 2 * ranks, (key, stages)
+    if r["case"] == "gpt2-2-stages-balanced":
+        assert p["stage_layers"] == [0, 2, 5], p["stage_layers"]  # by count: [0, 3, 5]
+print("ok", len(recs))
+PY
+
+cat >"$tmp/gloo.yaml" <<'YAML'
+suite: pipeline-gloo
+defaults: {dtype: float32, seed: 1234, repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: mlp-4-stages
+    workload: mlp_chain
+    shape: {batch: 64, width: 64, depth: 8, dropout: 0, microbatches: 8}
+    mesh: 4
+    strategies: ["pipeline/(gpipe|1f1b|interleaved-1f1b|zb-h1)"]
+  - name: gpt2-pp-dp-2x2
+    workload: gpt2_stack
+    shape: {batch: 8, seq: 16, d_model: 32, heads: 2, layers: 3, dropout: 0, microbatches: 4}
+    mesh: 2x2
+    strategies: ["pipeline/(1f1b|zb-h1)"]
+YAML
+if "$sb" run --help | grep -q gloo; then
+  check "gloo: four schedules on 4 processes, and PP x DP" 0 "total +6 +0 +0 +0" -- \
+    "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
+  check "gloo: bytes as predicted" 0 "ok 6" -- python3 - "$tmp/gloo/results.json" <<'PY'
+import json, sys
+recs = json.load(open(sys.argv[1]))["records"]
+for r in recs:
+    assert r["comm_bytes"] == r["predicted_comm_bytes"], r["strategy_id"]
+print("ok", len(recs))
+PY
+else
+  echo "SKIP: this build has no gloo backend"
+fi
+
+# A schedule in torch.distributed.pipelining's CSV, as `solve pipeline` writes it; and GPipe
+# with stage 1's backwards in reverse order (valid, but its gradients add in another order than
+# the reference's: within the tolerance of a reordered sum, not bitwise).
+"$sb" solve pipeline --stages 2 --microbatches 4 --schedule zb-h1 --write-csv "$tmp/zb.csv" \
+  >/dev/null
+printf '0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1F1,1F2,1F3,1B3,1B2,1B1,1B0\n' >"$tmp/reversed.csv"
+cat >"$tmp/csv.yaml" <<YAML
+suite: pipeline-csv
+defaults: {dtype: float32, seed: 1234, repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: zb-h1-from-csv
+    workload: mlp_chain
+    shape: {batch: 32, width: 64, depth: 8, dropout: 0, microbatches: 4}
+    mesh: 2
+    params: {csv: $tmp/zb.csv}
+    strategies: ["pipeline/csv"]
+  - name: reversed-backwards
+    workload: gpt2_stack
+    shape: {batch: 4, seq: 16, d_model: 32, heads: 2, layers: 3, dropout: 0, microbatches: 4}
+    mesh: 2
+    params: {csv: $tmp/reversed.csv}
+    strategies: ["pipeline/csv"]
+YAML
+check "CSV schedules: one bitwise, one accumulating out of order within its tolerance" 0 \
+  "total +2 +0 +0 +0" -- "$sb" run "$tmp/csv.yaml" --out "$tmp/csv"
+check "CSV rows: as declared" 0 "ok" -- python3 - "$tmp/csv/results.json" <<'PY'
+import json, sys
+recs = {r["case"]: r for r in json.load(open(sys.argv[1]))["records"]}
+assert recs["zb-h1-from-csv"]["tolerance"].startswith("bitwise"), recs["zb-h1-from-csv"]
+rev = recs["reversed-backwards"]
+assert not rev["tolerance"].startswith("bitwise") and "another order" in rev["tolerance"], rev
+print("ok")
+PY
+sed "s|$tmp/zb.csv|$tmp/none.csv|" "$tmp/csv.yaml" >"$tmp/missing.yaml"
+check "a schedule file that cannot be read: exit 2 naming the suite line, case and file" 2 \
+  "missing.yaml:[0-9]+: case 'zb-h1-from-csv'.*cannot read .*none.csv" -- \
+  "$sb" run "$tmp/missing.yaml" --out "$tmp/missing"
+check "a micro-batch count that does not divide the batch: exit 2 naming the key" 2 \
+  "'microbatches' \\(3\\) must divide 'batch' \\(32\\)" -- "$sb" run /dev/stdin --out "$tmp/bad" \
+  <<'YAML'
+suite: bad
+cases:
+  - {name: b, workload: mlp_chain, shape: {batch: 32, dropout: 0, microbatches: 3}, mesh: 2,
+     strategies: ["pipeline/1f1b"]}
+YAML
+
+# Planted faults: each must fail, naming what happened.
+plant() {
+  "$sb" run "$src/suites/pipeline.yaml" --out "$tmp/$1" --repetitions 1 --min-time 0.0001 \
+    --filter "^pipeline/$2\$" --plant-fault "pipeline/$2=$3" --timeout 3
+}
+check "planted: stage 0 accumulates micro-batch 1's gradients twice" 1 \
+  "fail: mlp-2-stages pipeline/1f1b: grad/layer0.weight@rank0" -- plant f1 1f1b grad_twice
+check "planted: 1F1B warm-up one short: the last stage's B before its F, named with the dry run" 1 \
+  "rank 1 runs 1B0 before 1F0 .*the dry run: rank 1 waits at 1B0 for 1F0" -- \
+  plant f2 1f1b warmup_short
+check "planted: a W before its I" 1 "rank 0 runs 0W0 before 0I0" -- plant f3 zb-h1 w_before_i
+check "planted: interleaved, a send to the wrong stage: the receiver times out, named" 1 \
+  "pipeline rank 1 at 1F0 waiting for the previous stage's activation" -- \
+  plant f4 interleaved-1f1b send_wrong_stage
+finish
