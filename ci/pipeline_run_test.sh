@@ -38,6 +38,15 @@ for r in recs:
         assert stages == 2 * ranks, (key, stages)
     if r["case"] == "gpt2-2-stages-balanced":
         assert p["stage_layers"] == [0, 2, 5], p["stage_layers"]  # by count: [0, 3, 5]
+    # Memory: the dry run on each action's profiled bytes, every rank to the byte.
+    d = r["details"]
+    assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], \
+        (key, d["predicted_peak_mem_bytes_per_rank"], d["peak_mem_bytes_per_rank"])
+    assert not r["mispredicted"] and d["prediction"]["memory"]["tolerance"] == 0, key
+# 1F1B holds fewer micro-batches in flight than GPipe past the first stage.
+peak = {(r["case"], r["strategy_id"]): r["details"]["peak_mem_bytes_per_rank"] for r in recs}
+g, o = peak[("gpt2-4-stages", "pipeline/gpipe")], peak[("gpt2-4-stages", "pipeline/1f1b")]
+assert all(o[k] < g[k] for k in (1, 2, 3)), (g, o)
 print("ok", len(recs))
 PY
 
@@ -59,11 +68,14 @@ YAML
 if "$sb" run --help | grep -q gloo; then
   check "gloo: four schedules on 4 processes, and PP x DP" 0 "total +6 +0 +0 +0" -- \
     "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
-  check "gloo: bytes as predicted" 0 "ok 6" -- python3 - "$tmp/gloo/results.json" <<'PY'
+  check "gloo: bytes as predicted, memory per rank to the byte" 0 "ok 6" -- \
+    python3 - "$tmp/gloo/results.json" <<'PY'
 import json, sys
 recs = json.load(open(sys.argv[1]))["records"]
 for r in recs:
     assert r["comm_bytes"] == r["predicted_comm_bytes"], r["strategy_id"]
+    d = r["details"]
+    assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], r["strategy_id"]
 print("ok", len(recs))
 PY
 else

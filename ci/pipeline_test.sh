@@ -125,4 +125,16 @@ check "a profile of the wrong length: exit 2 naming the key" 2 "'stages' has 3 e
   "$sb" solve pipeline --stages 2 --microbatches 4 --profile "$tmp/p3.json"
 check "--out onto a device: refused, nothing replaced" 2 "only a regular file" -- \
   "$sb" solve pipeline --stages 2 --microbatches 4 --out /dev/null
+# Per-action bytes: GPipe on 2 stages, 2 micro-batches, F leaving 10 (15 at its height), B
+# freeing 10 (5 at its height): each rank's peak is F1's, 10 + 15 = 25, by hand.
+printf '{"stages": [{"forward_net_bytes": 10, "forward_peak_bytes": 15, "backward_net_bytes": -10, "backward_peak_bytes": 5}]}' \
+  >"$tmp/bytes.json"
+check "per-action bytes: each rank's peak walked in its order" 0 "ok 25 25" -- bash -c \
+  "'$sb' solve pipeline --stages 2 --microbatches 2 --schedule gpipe --profile '$tmp/bytes.json' \
+     --out '$tmp/bytes-run.json' >/dev/null && python3 -c \"
+import json; r = json.load(open('$tmp/bytes-run.json'))['per_rank']
+print('ok', *[int(x['peak_bytes']) for x in r])\""
+printf '{"stages": [{"forward_bytes": 10}]}' >"$tmp/badkey.json"
+check "an unknown bytes key: exit 2 naming it" 2 "unknown key 'stages\[0\].forward_bytes'" -- \
+  "$sb" solve pipeline --stages 2 --microbatches 2 --profile "$tmp/badkey.json"
 finish

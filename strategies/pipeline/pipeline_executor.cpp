@@ -44,6 +44,7 @@
 #include <sstream>
 
 #include "harness/error.h"
+#include "harness/measure/memory.h"
 #include "harness/registry.h"
 #include "reference/chain_nets.h"
 #include "strategies/pipeline/schedule.h"
@@ -112,6 +113,7 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::map<std::string, at::Tensor> results() const override { return results_; }
   void settle(RankContext& ctx) override;
   std::optional<double> predictedTimeUs() const override { return predictedStepUs_; }
+  std::optional<int64_t> predictedPeakBytes() const override;
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
   nlohmann::json details() const override { return details_; }
 
@@ -122,6 +124,10 @@ class PipelineExecutor final : public harness::RankExecutor {
   at::Tensor stageForward(int stage, const at::Tensor& x) const;
   void run(RankContext& ctx, const Action& a);
   void profile(RankContext& ctx);
+  // Each of this rank's stages' actions on micro-batch 0, as run() runs them with its
+  // communication stood in (a received tensor allocated as recv's, a sent one held as isend
+  // holds it): what each leaves allocated and the most it holds (StageCost::Bytes).
+  void profileMemory(RankContext& ctx, Costs& costs);
 
   CaseSpec case_;
   Fault fault_;
@@ -131,8 +137,15 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::vector<at::Tensor> inputs_, targets_;               // this replica's micro-batches
   std::map<int, std::vector<at::Tensor>> stageParams_;     // this rank's stages' parameters
   std::vector<std::pair<std::string, at::Tensor>> owned_;  // (name, parameter)
+  std::map<std::string, std::vector<int64_t>> shapes_;     // every parameter's
   std::map<std::pair<int, int>, Stash> stash_;
   std::vector<std::unique_ptr<harness::Communicator::PendingSend>> sends_;
+  harness::Communicator* dpComm_ = nullptr;  // mesh axis 1, with data parallelism
+  bool profiling_ = false;                   // run() without communication (profileMemory)
+  std::vector<at::Tensor> held_;             // what it "sent" meanwhile
+  Costs costs_;
+  int64_t entryBefore_ = 0, entryAfter_ = 0;  // live bytes at the step's start, and after it let
+                                              // the last step's outputs go
   std::vector<at::Tensor> outputs_, gradInputs_;
   std::vector<TimedAction> timeline_;
   // The step's start, and the current action's compute (after what it received).
@@ -349,6 +362,13 @@ class PipelineStrategy final : public harness::Strategy {
     return t;
   }
 
+  // Memory: the dry run on each action's profiled bytes, claimed to the byte. Time: recorded
+  // beside the measurement, not judged (ranks sharing cores on a CPU are not the pipeline's
+  // devices).
+  PredictionTolerance predictionTolerance() const override {
+    return PredictionTolerance::exactMemory();
+  }
+
   std::vector<std::string> plantableFaults() const override {
     if (kind_ == "1f1b") return {faultName(Fault::kGradTwice), faultName(Fault::kWarmupShort)};
     if (kind_ == "zb-h1") return {faultName(Fault::kWeightBeforeInput)};
@@ -406,6 +426,7 @@ at::Tensor PipelineExecutor::stageForward(int stage, const at::Tensor& x) const 
 void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData&) {
   p_ = ctx.group({0}).rank();
   d_ = plan_.dp > 1 ? ctx.group({1}).rank() : 0;
+  if (plan_.dp > 1) dpComm_ = &ctx.group({1});
   net_ =
       reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype, case_.seed);
   const int64_t rows = net_->input().size(0) / plan_.dp;
@@ -417,7 +438,14 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData&)
     const int layer = PipelineStrategy::layerOf(case_, name);
     const int stage = static_cast<int>(std::upper_bound(plan_.cut.begin(), plan_.cut.end(), layer) -
                                        plan_.cut.begin() - 1);
-    if (plan_.schedule.stageRank[stage] != p_) continue;
+    shapes_[name] = t.sizes().vec();
+    if (plan_.schedule.stageRank[stage] != p_) {
+      // Another rank's stage: its parameters are let go (the layers hold the tensors, emptied),
+      // so that a rank's memory is its stages' alone.
+      at::NoGradGuard noGrad;
+      at::Tensor(t).set_(at::empty({0}, t.options()));
+      continue;
+    }
     owned_.emplace_back(name, t);
     stageParams_[stage].push_back(t);
     t.mutable_grad() = at::zeros_like(t);
@@ -487,8 +515,103 @@ void PipelineExecutor::profile(RankContext& ctx) {
     c.backwardWeightUs = all[s][3].item<double>();
     costs.stages.push_back(c);
   }
+  profileMemory(ctx, costs);
+  costs_ = costs;
   predicted_ = simulate(plan_.schedule, costs);
   if (predicted_.deadlock.empty()) predictedStepUs_ = predicted_.stepUs;
+}
+
+void PipelineExecutor::profileMemory(RankContext& ctx, Costs& costs) {
+  auto& mem = harness::MemoryTracker::instance();
+  const int r = ctx.rank(), S = plan_.schedule.stages;
+  outputs_.assign(plan_.microbatches, at::Tensor());
+  gradInputs_.assign(plan_.microbatches, at::Tensor());
+  // Each stage's row is this rank's where it holds the stage; summed over the pipeline below.
+  at::Tensor mine = at::zeros({S, 8}, at::kDouble);
+  const int64_t start = mem.current(r);
+  profiling_ = true;
+  const auto measure = [&](int stage, Op op) {
+    StageCost::Bytes b;
+    const int64_t before = mem.current(r);
+    b.peak = static_cast<double>(mem.heldDuring(r, [&] { run(ctx, {stage, op, 0}); }));
+    b.net = static_cast<double>(mem.current(r) - before);
+    return b;
+  };
+  for (int s = 0; s < S; ++s) {
+    if (plan_.schedule.stageRank[s] != p_) continue;
+    const StageCost::Bytes f = measure(s, Op::kForward);
+    mine[s][0] = f.net;
+    mine[s][1] = f.peak;
+    if (plan_.schedule.splitBackward) {
+      const StageCost::Bytes i = measure(s, Op::kBackwardInput);
+      const StageCost::Bytes w = measure(s, Op::kBackwardWeight);
+      mine[s][4] = i.net;
+      mine[s][5] = i.peak;
+      mine[s][6] = w.net;
+      mine[s][7] = w.peak;
+    } else {
+      const StageCost::Bytes b = measure(s, Op::kBackward);
+      mine[s][2] = b.net;
+      mine[s][3] = b.peak;
+    }
+  }
+  profiling_ = false;
+  held_.clear();
+  stash_.clear();
+  outputs_.clear();
+  gradInputs_.clear();
+  TORCH_CHECK(mem.current(r) == start, "pipeline: the memory profile left ", mem.current(r) - start,
+              " bytes allocated");
+  ctx.group({0}).allReduce(mine);
+  for (int s = 0; s < S; ++s) {
+    StageCost& c = costs.stages.at(static_cast<size_t>(s));
+    c.forwardBytes = {mine[s][0].item<double>(), mine[s][1].item<double>()};
+    c.backwardBytes = {mine[s][2].item<double>(), mine[s][3].item<double>()};
+    c.backwardInputBytes = {mine[s][4].item<double>(), mine[s][5].item<double>()};
+    c.backwardWeightBytes = {mine[s][6].item<double>(), mine[s][7].item<double>()};
+  }
+}
+
+// The dry run's peak for this rank (its actions' profiled bytes in its order) above what was
+// live once the step let the last step's outputs go; then, after the step waits for its sends
+// and lets what they held go, data parallelism's all-reduce of each gradient (its scratch).
+std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
+  if (!predicted_.deadlock.empty()) return std::nullopt;
+  const int S = plan_.schedule.stages;
+  double net = 0;
+  int64_t sent = 0;
+  for (const Action& a : plan_.schedule.perRank[p_]) {
+    const StageCost& c = costs_.of(a.stage);
+    switch (a.op) {
+      case Op::kForward:
+        net += c.forwardBytes.net;
+        if (a.stage < S - 1) ++sent;
+        break;
+      case Op::kBackward:
+        net += c.backwardBytes.net;
+        if (a.stage > 0) ++sent;
+        break;
+      case Op::kBackwardInput:
+        net += c.backwardInputBytes.net;
+        if (a.stage > 0) ++sent;
+        break;
+      case Op::kBackwardWeight:
+        net += c.backwardWeightBytes.net;
+        break;
+    }
+  }
+  int64_t scratch = 0;
+  if (plan_.dp > 1 && dpComm_) {
+    for (const auto& [name, t] : owned_) {
+      scratch = std::max(
+          scratch, dpComm_->scratchBytes(Collective::kAllReduce, static_cast<int64_t>(t.nbytes()),
+                                         static_cast<int64_t>(t.nbytes()), t.scalar_type()));
+    }
+  }
+  const int64_t actionsPeak = entryAfter_ + static_cast<int64_t>(predicted_.ranks.at(p_).peakBytes);
+  const int64_t tail = entryAfter_ + static_cast<int64_t>(net) -
+                       sent * static_cast<int64_t>(inputs_.at(0).nbytes()) + scratch;
+  return std::max({entryBefore_, actionsPeak, tail});
 }
 
 void PipelineExecutor::run(RankContext& ctx, const Action& a) {
@@ -497,6 +620,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
   const auto& where = plan_.schedule.stageRank;
   const auto receive = [&](const at::Tensor& like, int from, int tag, const char* what) {
     at::Tensor t = at::empty_like(like, at::MemoryFormat::Contiguous);
+    if (profiling_) return t;
     try {
       pipe.recv(t, from, tag);
     } catch (const c10::Error& e) {
@@ -505,6 +629,13 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     }
     computeStart_ = std::chrono::steady_clock::now();  // the wait before it is idle time
     return t;
+  };
+  const auto send = [&](const at::Tensor& t, int to, int tag) {
+    if (profiling_) {
+      held_.push_back(t);
+    } else {
+      sends_.push_back(pipe.isend(t, to, tag));
+    }
   };
   if (a.op == Op::kForward) {
     at::Tensor x = s == 0 ? inputs_[m]
@@ -515,7 +646,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     if (s < S - 1) {
       int to = s + 1;
       if (fault_ == Fault::kSendWrongStage && s == 0 && m == 0) to = std::min(S - 1, s + 2);
-      sends_.push_back(pipe.isend(y.detach(), where[s + 1], tagOf(plan_, to, m, 0)));
+      send(y.detach(), where[s + 1], tagOf(plan_, to, m, 0));
     }
     stash_[{s, m}] = {x, y, at::Tensor()};
     return;
@@ -552,7 +683,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     st.gy = gy;
   }
   if (s > 0) {
-    sends_.push_back(pipe.isend(gx, where[s - 1], tagOf(plan_, s - 1, m, 1)));
+    send(gx, where[s - 1], tagOf(plan_, s - 1, m, 1));
   } else {
     gradInputs_[m] = gx;
   }
@@ -561,10 +692,13 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
 }
 
 void PipelineExecutor::step(RankContext& ctx) {
+  auto& mem = harness::MemoryTracker::instance();
+  entryBefore_ = mem.current(ctx.rank());
   for (auto& [name, t] : owned_) t.mutable_grad().zero_();
   at::manual_seed(reference::ChainWorkload::dropoutSeed(case_.seed));
   outputs_.assign(plan_.microbatches, at::Tensor());
   gradInputs_.assign(plan_.microbatches, at::Tensor());
+  entryAfter_ = mem.current(ctx.rank());
   timeline_.clear();
   start_ = std::chrono::steady_clock::now();
   const auto now = [&] {
@@ -617,8 +751,8 @@ void PipelineExecutor::settle(RankContext& ctx) {
     results_["grad/" + name] = t.grad();
     mine.insert(name);
   }
-  for (const auto& [name, t] : net_->parameters()) {
-    if (!mine.count(name)) results_["grad/" + name] = empty(t.sizes().vec());
+  for (const auto& [name, shape] : shapes_) {
+    if (!mine.count(name)) results_["grad/" + name] = empty(shape);
   }
   results_["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
   // Every rank's measured busy and step time, gathered (uncounted: settle), beside the dry run.

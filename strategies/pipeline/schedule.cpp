@@ -448,10 +448,27 @@ Costs Costs::fromJson(const std::string& text, const std::string& file, int stag
         sc.activationBytes = number(it.value(), at + k, 1e18);
       } else if (k == "weight_grad_bytes") {
         sc.weightGradBytes = number(it.value(), at + k, 1e18);
+      } else if (StageCost::Bytes* b = k.rfind("forward_", 0) == 0          ? &sc.forwardBytes
+                                       : k.rfind("backward_input_", 0) == 0 ? &sc.backwardInputBytes
+                                       : k.rfind("backward_weight_", 0) == 0
+                                           ? &sc.backwardWeightBytes
+                                       : k.rfind("backward_", 0) == 0 ? &sc.backwardBytes
+                                                                      : nullptr;
+                 b && (k.size() > 10 && k.compare(k.size() - 10, 10, "_net_bytes") == 0)) {
+        // What an action leaves allocated: a backward's is negative.
+        const auto& v = it.value();
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || std::abs(v.get<double>()) > 1e18) {
+          throw ScheduleError(file + ": '" + at + k +
+                              "' must be a number from -1e18 to 1e18, got " + v.dump());
+        }
+        b->net = v.get<double>();
+      } else if (b && k.size() > 11 && k.compare(k.size() - 11, 11, "_peak_bytes") == 0) {
+        b->peak = number(it.value(), at + k, 1e18);
       } else {
         throw ScheduleError(file + ": unknown key '" + at + k +
                             "' (expected forward_us, backward_us, backward_input_us, "
-                            "backward_weight_us, activation_bytes, weight_grad_bytes)");
+                            "backward_weight_us, activation_bytes, weight_grad_bytes, or "
+                            "<forward|backward|backward_input|backward_weight>_<net|peak>_bytes)");
       }
     }
     // A split backward's halves: both given, or one (the other is the rest of B), or neither

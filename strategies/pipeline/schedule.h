@@ -90,6 +90,15 @@ struct StageCost {
   double forwardUs = 1, backwardUs = 2, backwardInputUs = 1, backwardWeightUs = 1;
   double activationBytes = 1;  // held from a micro-batch's F to its B (or I)
   double weightGradBytes = 0;  // of those, held from I to W
+  // A rank's memory action by action, where a profile measured it (the pipeline executor's
+  // does, on one micro-batch): what an action leaves allocated (`net`: a backward's is
+  // negative, it frees what its forward saved) and the most it holds above its start while it
+  // runs (`peak`). The dry run walks each rank's actions in order: the rank's peak is the
+  // largest (what is live before an action + that action's peak).
+  struct Bytes {
+    double net = 0, peak = 0;
+  };
+  Bytes forwardBytes, backwardBytes, backwardInputBytes, backwardWeightBytes;
 };
 struct Costs {
   std::vector<StageCost> stages;  // one per stage, or one for all
@@ -98,8 +107,10 @@ struct Costs {
     return stages.size() == 1 ? stages.front() : stages.at(static_cast<size_t>(stage));
   }
   // {"p2p_us": x, "stages": [{"forward_us", "backward_us", "backward_input_us",
-  // "backward_weight_us", "activation_bytes", "weight_grad_bytes"}, ...]} (one entry, or one per
-  // stage). Throws ScheduleError naming `file` and the key.
+  // "backward_weight_us", "activation_bytes", "weight_grad_bytes", and per action kind
+  // ("forward", "backward", "backward_input", "backward_weight") "<kind>_net_bytes" and
+  // "<kind>_peak_bytes"}, ...]} (one entry, or one per stage). Throws ScheduleError naming
+  // `file` and the key.
   static Costs fromJson(const std::string& text, const std::string& file, int stages);
 };
 
@@ -112,6 +123,7 @@ struct RankTimeline {
   double busyUs = 0;
   double peakActivationBytes = 0;
   int peakMicrobatchesInFlight = 0;  // forwards done whose backward (I, or B) is not
+  double peakBytes = 0;              // above the step's start, from the actions' Bytes
 };
 // The dry run: every rank's actions at the earliest time their dependencies allow, in their
 // order. A schedule that cannot finish (a rank waiting for an action that never runs, or that

@@ -67,6 +67,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   std::vector<size_t> next(R, 0);
   std::vector<double> clock(R, 0), live(R, 0);
   std::vector<int> inFlight(R, 0);
+  std::vector<double> bytes(R, 0.0);  // live above the step's start, from the actions' Bytes
   size_t remaining = 0;
   for (const auto& row : s.perRank) remaining += row.size();
   // Event-driven: a rank blocked at an action waits on the end it misses and is woken when
@@ -103,6 +104,12 @@ Simulation simulate(const Schedule& s, const Costs& c) {
         const StageCost& sc = c.of(a.stage);
         double cost = 0;
         RankTimeline& t = sim.ranks[r];
+        const StageCost::Bytes& mem = a.op == Op::kForward         ? sc.forwardBytes
+                                      : a.op == Op::kBackward      ? sc.backwardBytes
+                                      : a.op == Op::kBackwardInput ? sc.backwardInputBytes
+                                                                   : sc.backwardWeightBytes;
+        t.peakBytes = std::max(t.peakBytes, bytes[r] + mem.peak);
+        bytes[r] += mem.net;
         switch (a.op) {
           case Op::kForward:
             cost = sc.forwardUs;
@@ -201,6 +208,7 @@ std::string simulationJson(const Schedule& s, const Simulation& sim) {
                      {"idle_us", sim.stepUs - t.busyUs},
                      {"bubble_fraction", sim.stepUs > 0 ? 1.0 - t.busyUs / sim.stepUs : 0.0},
                      {"peak_activation_bytes", t.peakActivationBytes},
+                     {"peak_bytes", t.peakBytes},
                      {"peak_microbatches_in_flight", t.peakMicrobatchesInFlight},
                      {"actions", actions}});
   }
