@@ -495,18 +495,30 @@ void PipelineExecutor::profile(RankContext& ctx) {
   at::Tensor all = mine.clone();
   ctx.group({0}).allReduce(all);
   Costs costs;
-  // One hop of an activation between neighbours (a ring step on the pipeline's ranks): the
-  // median of five after one to warm up.
+  // One hop of an activation between neighbours: half a ping-pong's round trip, timed on one
+  // clock (ranks 2k and 2k + 1), the median of five after one to warm up; the pairs' mean.
+  auto& pipe = ctx.group({0});
+  const bool pinger = p_ % 2 == 0 && p_ + 1 < plan_.pp, ponger = p_ % 2 == 1;
+  const int kPing = -1, kPong = -2;  // tags no action uses
+  at::Tensor ball = at::empty_like(inputs_[0]);
   std::vector<double> hops;
-  for (int rep = 0; rep < 6; ++rep) {
+  for (int rep = 0; rep < 6 && (pinger || ponger); ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    ctx.group({0}).ringShift(inputs_[0]);
-    if (rep > 0) hops.push_back(us(t0));
+    if (pinger) {
+      auto sent = pipe.isend(inputs_[0], p_ + 1, kPing);
+      pipe.recv(ball, p_ + 1, kPong);
+      sent->wait();
+      if (rep > 0) hops.push_back(us(t0) / 2);
+    } else {
+      pipe.recv(ball, p_ - 1, kPing);
+      pipe.isend(ball, p_ - 1, kPong)->wait();
+    }
   }
   std::sort(hops.begin(), hops.end());
-  at::Tensor hop = at::tensor({hops[hops.size() / 2]}, at::kDouble);
-  ctx.group({0}).allReduce(hop);
-  costs.p2pUs = hop.item<double>() / plan_.pp;  // the ranks' mean
+  at::Tensor hop = at::tensor(
+      {hops.empty() ? 0.0 : hops[hops.size() / 2], hops.empty() ? 0.0 : 1.0}, at::kDouble);
+  pipe.allReduce(hop);
+  costs.p2pUs = hop[0].item<double>() / std::max(1.0, hop[1].item<double>());
   for (int s = 0; s < S; ++s) {
     StageCost c;
     c.forwardUs = all[s][0].item<double>();
@@ -782,6 +794,24 @@ void PipelineExecutor::settle(RankContext& ctx) {
                     {"idle_us_per_rank", predictedIdle},
                     {"bubble_fraction", predicted_.bubbleFraction}};
   if (!predicted_.deadlock.empty()) d["predicted"]["deadlock"] = predicted_.deadlock;
+  // The costs the dry run ran on, in `solve pipeline --profile`'s format.
+  nlohmann::json stages = nlohmann::json::array();
+  for (const StageCost& c : costs_.stages) {
+    nlohmann::json e = {{"forward_us", c.forwardUs},
+                        {"backward_us", c.backwardUs},
+                        {"backward_input_us", c.backwardInputUs},
+                        {"backward_weight_us", c.backwardWeightUs}};
+    for (const auto& [kind, b] :
+         {std::pair<const char*, StageCost::Bytes>{"forward", c.forwardBytes},
+          {"backward", c.backwardBytes},
+          {"backward_input", c.backwardInputBytes},
+          {"backward_weight", c.backwardWeightBytes}}) {
+      e[std::string(kind) + "_net_bytes"] = b.net;
+      e[std::string(kind) + "_peak_bytes"] = b.peak;
+    }
+    stages.push_back(e);
+  }
+  d["profile"] = {{"p2p_us", costs_.p2pUs}, {"stages", stages}};
   d.erase("rank_busy_us");
   d.erase("rank_step_us");
   (void)outShape;
