@@ -14,10 +14,10 @@ src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 
-check "pipeline suite on threads: every row passes" 0 "total +21 +0 +0 +0" -- \
+check "pipeline suite on threads: every row passes" 0 "total +25 +0 +0 +0" -- \
   "$sb" run "$src/suites/pipeline.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
 check "bitwise where one replica accumulates in order; bytes as predicted; timelines recorded" 0 \
-  "ok 21" -- python3 - "$tmp/threads/results.json" <<'PY'
+  "ok 25" -- python3 - "$tmp/threads/results.json" <<'PY'
 import json, sys
 recs = json.load(open(sys.argv[1]))["records"]
 for r in recs:

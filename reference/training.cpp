@@ -307,14 +307,18 @@ WorkloadData buildChainTraining(const ChainWorkload& w, const nlohmann::json& sh
   d.inputs["target"] = net->target();
   at::manual_seed(ChainWorkload::dropoutSeed(seed));
   TrainingLoop loop(training, net->parameters());
+  // `microbatches` M: each step accumulates the batch's M micro-batches in order (the pipeline
+  // family's reference), its loss their losses' sum in float64.
+  const int64_t M = shape.is_object() ? shape.value("microbatches", int64_t{1}) : 1;
+  const auto xs = net->input().chunk(M, 0), ts = net->target().chunk(M, 0);
   for (int k = 0; k < training.steps; ++k) {
     net->zeroGrad();
     double loss = 0;
-    {
-      const at::Tensor y = net->forward(net->input());
-      const at::Tensor l = (y * net->target()).sum();
+    for (int64_t m = 0; m < M; ++m) {
+      const at::Tensor y = net->forward(M == 1 ? net->input() : xs[m]);
+      const at::Tensor l = (y * (M == 1 ? net->target() : ts[m])).sum();
       backward({l});
-      loss = l.item<double>();
+      loss += l.item<double>();
     }
     loop.update(loss);
   }

@@ -158,6 +158,7 @@ std::unique_ptr<Communicator::PendingSend> Communicator::isend(const at::Tensor&
               " in a group of ", size_, " (a peer is another group rank)");
   TORCH_CHECK(tensor.defined() && tensor.is_contiguous(),
               "send: the tensor must be defined and contiguous");
+  TORCH_CHECK(tag >= 0, "send: tags are nonnegative (c10d's are), got ", tag);
   count(Collective::kSendRecv, static_cast<int64_t>(tensor.nbytes()));
   return doIsend(tensor, dst, tag);
 }
@@ -167,6 +168,7 @@ void Communicator::recv(at::Tensor& tensor, int src, int tag) {
               " in a group of ", size_, " (a peer is another group rank)");
   TORCH_CHECK(tensor.defined() && tensor.is_contiguous(),
               "recv: the tensor must be defined and contiguous");
+  TORCH_CHECK(tag >= 0, "recv: tags are nonnegative (c10d's are), got ", tag);
   count(Collective::kSendRecv, 0);
   doExchange({{P2POp::Kind::kRecv, tensor, src, tag}});
 }

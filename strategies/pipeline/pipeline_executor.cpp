@@ -45,8 +45,11 @@
 
 #include "harness/error.h"
 #include "harness/measure/memory.h"
+#include "harness/measure/update_profile.h"
 #include "harness/registry.h"
+#include "reference/autograd_engine.h"
 #include "reference/chain_nets.h"
+#include "reference/training.h"
 #include "strategies/pipeline/schedule.h"
 
 namespace sb::strategies::pipeline {
@@ -141,8 +144,16 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::map<std::pair<int, int>, Stash> stash_;
   std::vector<std::unique_ptr<harness::Communicator::PendingSend>> sends_;
   harness::Communicator* dpComm_ = nullptr;  // mesh axis 1, with data parallelism
-  bool profiling_ = false;                   // run() without communication (profileMemory)
-  std::vector<at::Tensor> held_;             // what it "sent" meanwhile
+  harness::Communicator* worldComm_ = nullptr;
+  // Training over the case's steps: the loop over this rank's parameters (reference/training.h),
+  // the last stage's micro-batches' losses, and what the update holds (measured).
+  bool training_ = false;
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  std::vector<at::Tensor> initial_;  // this rank's parameters before the first step
+  double lossSum_ = 0;
+  harness::UpdateProfile update_;
+  bool profiling_ = false;        // run() without communication (profileMemory)
+  std::vector<at::Tensor> held_;  // what it "sent" meanwhile
   Costs costs_;
   int64_t entryBefore_ = 0, entryAfter_ = 0;  // live bytes at the step's start, and after it let
                                               // the last step's outputs go
@@ -258,7 +269,7 @@ class PipelineStrategy final : public harness::Strategy {
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
     return std::make_unique<PipelineExecutor>(*this, c);
   }
-  bool trainsSteps() const override { return false; }
+  bool trainsSteps() const override { return true; }
 
   Box resultBox(const std::string&, const CaseSpec&, int) const override {
     TORCH_INTERNAL_ASSERT(false, "pipeline results are boxed by resultBoxOf");
@@ -275,7 +286,7 @@ class PipelineStrategy final : public harness::Strategy {
       if (!b.length.empty()) b.length[0] = 0;
       return b;
     };
-    if (tensor == "rng/cpu") return box;
+    if (tensor == "rng/cpu" || harness::isWholeTrainingResult(tensor)) return box;
     if (tensor == "output" || tensor == "grad_input") {
       const int stage = tensor == "output" ? p.schedule.stages - 1 : 0;
       if (p.schedule.stageRank[stage] != pipeRank) return none();
@@ -315,7 +326,8 @@ class PipelineStrategy final : public harness::Strategy {
       return s.value("batch", int64_t{2}) / total * s.value("seq", int64_t{64}) *
              s.value("d_model", int64_t{64}) * es;
     };
-    CommStats out;
+    CommStats one;
+    CommStats& out = one;
     for (const Action& a : p.schedule.perRank[me]) {
       const int S = p.schedule.stages;
       const bool fwd = a.op == Op::kForward,
@@ -343,23 +355,48 @@ class PipelineStrategy final : public harness::Strategy {
         }
       }
     }
-    return out;
+    if (!c.training.enabled()) return one;
+    // Each step: the above; the loss and the norm's squares, each one float64 over the mesh.
+    one.add(Collective::kAllReduce, 8);
+    one.add(Collective::kAllReduce, 8);
+    CommStats all = one;
+    for (auto& e : all.entries) {
+      e.calls *= c.training.steps;
+      e.bytes *= c.training.steps;
+    }
+    return all;
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
     const Plan p = plan(c);
+    harness::Tolerance t;
     if (p.dp == 1 && p.inOrder) {
-      return harness::Tolerance::bitwise(
+      t = harness::Tolerance::bitwise(
           "the reference's micro-batches, accumulated in the schedule's order");
+    } else {
+      t = harness::splitReductionTolerance(harness::Tolerance::defaultFor(c.dtype), c.dtype,
+                                           p.microbatches * p.dp, std::max(2, p.dp), expected);
+      t.reason = std::string(p.dp > 1 ? "the replicas' sums added" : "micro-batches accumulated") +
+                 " in another order than the reference's: " + t.reason;
     }
-    harness::Tolerance t =
-        harness::splitReductionTolerance(harness::Tolerance::defaultFor(c.dtype), c.dtype,
-                                         p.microbatches * p.dp, std::max(2, p.dp), expected);
-    t.reason = std::string(p.dp > 1 ? "the replicas' sums added" : "micro-batches accumulated") +
-               " in another order than the reference's: " + t.reason;
-    (void)tensor;
-    return t;
+    if (!c.training.enabled()) return t;
+    // Over steps: the gradient norm is a sum of squares split over the stages' ranks, so it is
+    // not the reference's bits; where the norm clips, every update after depends on it.
+    const auto splitNorm = [&] {
+      harness::Tolerance n =
+          harness::splitReductionTolerance(harness::Tolerance::defaultFor(c.dtype), c.dtype,
+                                           int64_t{1} << 20, p.pp * p.dp, expected);
+      n.reason = "the norm's squares summed per stage, then over the ranks: " + n.reason;
+      return n;
+    };
+    if (tensor == "grad_norm")
+      return harness::overSteps(splitNorm(), c.dtype, c.training.steps, expected);
+    if (c.training.optimizer.clipGradNorm > 0 &&
+        !(t.exact && tensor == "loss" && c.training.steps == 1)) {
+      return harness::overSteps(t.exact ? splitNorm() : t, c.dtype, c.training.steps, expected);
+    }
+    return harness::overSteps(t, c.dtype, c.training.steps, expected);
   }
 
   // Memory: the dry run on each action's profiled bytes, claimed to the byte. Time: recorded
@@ -415,7 +452,7 @@ class PipelineStrategy final : public harness::Strategy {
 };
 
 PipelineExecutor::PipelineExecutor(const PipelineStrategy& s, const CaseSpec& c)
-    : case_(c), fault_(s.fault()), plan_(s.plan(c)) {}
+    : case_(c), fault_(s.fault()), plan_(s.plan(c)), training_(c.training.enabled()) {}
 
 at::Tensor PipelineExecutor::stageForward(int stage, const at::Tensor& x) const {
   at::Tensor h = x;
@@ -427,6 +464,7 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData&)
   p_ = ctx.group({0}).rank();
   d_ = plan_.dp > 1 ? ctx.group({1}).rank() : 0;
   if (plan_.dp > 1) dpComm_ = &ctx.group({1});
+  worldComm_ = &ctx.world();
   net_ =
       reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype, case_.seed);
   const int64_t rows = net_->input().size(0) / plan_.dp;
@@ -451,6 +489,11 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData&)
     t.mutable_grad() = at::zeros_like(t);
   }
   profile(ctx);
+  if (training_) {
+    for (const auto& [name, t] : owned_) initial_.push_back(t.detach().clone());
+    const std::vector<bool> counted(owned_.size(), d_ == 0);
+    update_ = harness::profileUpdate(ctx.rank(), case_.training, owned_, counted);
+  }
 }
 
 // Each of this rank's stages timed on micro-batch 0 (forward; backward, or its input and weight
@@ -499,7 +542,7 @@ void PipelineExecutor::profile(RankContext& ctx) {
   // clock (ranks 2k and 2k + 1), the median of five after one to warm up; the pairs' mean.
   auto& pipe = ctx.group({0});
   const bool pinger = p_ % 2 == 0 && p_ + 1 < plan_.pp, ponger = p_ % 2 == 1;
-  const int kPing = -1, kPong = -2;  // tags no action uses
+  const int kPing = tagOf(plan_, S, 0, 0), kPong = kPing + 1;  // past every action's tag
   at::Tensor ball = at::empty_like(inputs_[0]);
   std::vector<double> hops;
   for (int rep = 0; rep < 6 && (pinger || ponger); ++rep) {
@@ -588,7 +631,9 @@ void PipelineExecutor::profileMemory(RankContext& ctx, Costs& costs) {
 // live once the step let the last step's outputs go; then, after the step waits for its sends
 // and lets what they held go, data parallelism's all-reduce of each gradient (its scratch).
 std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
-  if (!predicted_.deadlock.empty()) return std::nullopt;
+  // On a GPU, the split backward's autograd::grad runs on LibTorch's device threads, whose
+  // allocations count against no rank: no claim there.
+  if (!predicted_.deadlock.empty() || reference::caseDevice().is_cuda()) return std::nullopt;
   const int S = plan_.schedule.stages;
   double net = 0;
   int64_t sent = 0;
@@ -612,18 +657,36 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
         break;
     }
   }
-  int64_t scratch = 0;
-  if (plan_.dp > 1 && dpComm_) {
+  const auto scratchOf = [](harness::Communicator* comm, int64_t bytes, at::ScalarType t) {
+    return comm && comm->size() > 1 ? comm->scratchBytes(Collective::kAllReduce, bytes, bytes, t)
+                                    : int64_t{0};
+  };
+  int64_t dpScratch = 0;
+  if (plan_.dp > 1) {
     for (const auto& [name, t] : owned_) {
-      scratch = std::max(
-          scratch, dpComm_->scratchBytes(Collective::kAllReduce, static_cast<int64_t>(t.nbytes()),
-                                         static_cast<int64_t>(t.nbytes()), t.scalar_type()));
+      dpScratch = std::max(dpScratch,
+                           scratchOf(dpComm_, static_cast<int64_t>(t.nbytes()), t.scalar_type()));
     }
   }
-  const int64_t actionsPeak = entryAfter_ + static_cast<int64_t>(predicted_.ranks.at(p_).peakBytes);
-  const int64_t tail = entryAfter_ + static_cast<int64_t>(net) -
-                       sent * static_cast<int64_t>(inputs_.at(0).nbytes()) + scratch;
-  return std::max({entryBefore_, actionsPeak, tail});
+  // Each iteration (one, or the case's steps) from what was live once it let the last one's
+  // outputs go (and, after the first update, the optimizer's state): its actions' walk; after
+  // its sends are let go, data parallelism's all-reduce; training's loss (one float64,
+  // all-reduced) and the update (measured: the most above what was live before the first).
+  int64_t peak = entryBefore_;
+  const int iterations = training_ ? case_.training.steps : 1;
+  for (int k = 0; k < iterations; ++k) {
+    const int64_t state = k > 0 ? update_.stateBytes : 0;
+    const int64_t base = entryAfter_ + state;
+    const int64_t end =
+        base + static_cast<int64_t>(net) - sent * static_cast<int64_t>(inputs_.at(0).nbytes());
+    peak = std::max(
+        {peak, base + static_cast<int64_t>(predicted_.ranks.at(p_).peakBytes), end + dpScratch});
+    if (training_) {
+      peak = std::max(
+          {peak, end + 8 + scratchOf(worldComm_, 8, at::kDouble), end - state + update_.peak});
+    }
+  }
+  return peak;
 }
 
 void PipelineExecutor::run(RankContext& ctx, const Action& a) {
@@ -678,16 +741,22 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     stash_.erase(it);
     return;
   }
+  if (training_ && s == S - 1) lossSum_ += (st.y * targets_[m]).sum().item<double>();
   const at::Tensor gy = s == S - 1 ? targets_[m]
                                    : receive(st.y, where[s + 1], tagOf(plan_, s, m, 1),
                                              "the next stage's input gradient");
   at::Tensor gx;
   if (a.op == Op::kBackward) {
+    // Planted: this micro-batch's share of every parameter's gradient added a second time.
     const bool twice = fault_ == Fault::kGradTwice && s == 0 && m == 1;
-    torch::autograd::backward({st.y}, {gy}, /*retain_graph=*/twice);
+    std::vector<at::Tensor> before;
     if (twice) {
-      st.x.mutable_grad() = at::Tensor();
-      torch::autograd::backward({st.y}, {gy});
+      for (const at::Tensor& p : stageParams_.at(s)) before.push_back(p.grad().clone());
+    }
+    reference::backward({st.y}, {gy});
+    for (size_t k = 0; k < before.size(); ++k) {
+      const at::Tensor& g = stageParams_.at(s)[k].mutable_grad();
+      g.add_(g - before[k]);
     }
     gx = st.x.grad();
   } else {
@@ -706,37 +775,63 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
 void PipelineExecutor::step(RankContext& ctx) {
   auto& mem = harness::MemoryTracker::instance();
   entryBefore_ = mem.current(ctx.rank());
-  for (auto& [name, t] : owned_) t.mutable_grad().zero_();
   at::manual_seed(reference::ChainWorkload::dropoutSeed(case_.seed));
-  outputs_.assign(plan_.microbatches, at::Tensor());
-  gradInputs_.assign(plan_.microbatches, at::Tensor());
-  entryAfter_ = mem.current(ctx.rank());
-  timeline_.clear();
-  start_ = std::chrono::steady_clock::now();
+  const int iterations = training_ ? case_.training.steps : 1;
+  if (training_) {
+    // Every step() is the case's whole run: from the initial parameters, a new optimizer (the
+    // last run's state let go), the norm's squares each counted on one replica, summed over
+    // the mesh.
+    loop_.reset();
+    at::NoGradGuard noGrad;
+    for (size_t i = 0; i < owned_.size(); ++i) owned_[i].second.copy_(initial_[i]);
+    loop_ = std::make_unique<reference::TrainingLoop>(case_.training, owned_);
+    harness::shareNormOver(*loop_, std::vector<bool>(owned_.size(), d_ == 0), ctx.world());
+  }
   const auto now = [&] {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_)
         .count();
   };
-  for (const Action& a : plan_.schedule.perRank[p_]) {
-    computeStart_ = std::chrono::steady_clock::now();
-    try {
-      run(ctx, a);
-    } catch (const c10::Error& e) {
-      // A schedule that cannot finish: what the dry run said of it, beside what happened.
-      TORCH_CHECK(predicted_.deadlock.empty(), e.what_without_backtrace(),
-                  " (the dry run: " + predicted_.deadlock + ")");
-      throw;
+  double end = 0;
+  for (int k = 0; k < iterations; ++k) {
+    for (auto& [name, t] : owned_) t.mutable_grad().zero_();
+    outputs_.assign(plan_.microbatches, at::Tensor());
+    gradInputs_.assign(plan_.microbatches, at::Tensor());
+    if (k == 0) entryAfter_ = mem.current(ctx.rank());
+    lossSum_ = 0;
+    timeline_.clear();
+    start_ = std::chrono::steady_clock::now();
+    for (const Action& a : plan_.schedule.perRank[p_]) {
+      computeStart_ = std::chrono::steady_clock::now();
+      try {
+        run(ctx, a);
+      } catch (const c10::Error& e) {
+        // A schedule that cannot finish: what the dry run said of it, beside what happened.
+        TORCH_CHECK(predicted_.deadlock.empty(), e.what_without_backtrace(),
+                    " (the dry run: " + predicted_.deadlock + ")");
+        throw;
+      }
+      const double t0 = std::chrono::duration<double, std::micro>(computeStart_ - start_).count();
+      timeline_.push_back({a, t0, now()});
     }
-    const double t0 = std::chrono::duration<double, std::micro>(computeStart_ - start_).count();
-    timeline_.push_back({a, t0, now()});
+    for (auto& s : sends_) s->wait();
+    sends_.clear();
+    end = now();
+    if (plan_.dp > 1) {
+      for (auto& [name, t] : owned_) ctx.group({1}).allReduce(t.mutable_grad());
+    }
+    if (training_) {
+      // The loss: the last stage's micro-batches', summed over the replicas (every other rank
+      // adds nothing); then the loop's norm (over the mesh), clipping and update.
+      double loss = 0;
+      {
+        at::Tensor l = at::tensor({lossSum_}, at::kDouble);
+        ctx.world().allReduce(l);
+        loss = l.item<double>();
+      }
+      loop_->update(loss);
+    }
   }
-  for (auto& s : sends_) s->wait();
-  sends_.clear();
-  const double end = now();
-  if (plan_.dp > 1) {
-    for (auto& [name, t] : owned_) ctx.group({1}).allReduce(t.mutable_grad());
-  }
-  // The measured timeline, for the record (the last step's; details() reads it after the
+  // The measured timeline, for the record (the last iteration's; details() reads it after the
   // measured step).
   double busy = 0;
   for (const auto& t : timeline_) busy += t.endUs - t.startUs;
@@ -767,6 +862,17 @@ void PipelineExecutor::settle(RankContext& ctx) {
     if (!mine.count(name)) results_["grad/" + name] = empty(shape);
   }
   results_["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  if (training_) {
+    // loss, grad_norm, this rank's param/ and state/, state/step; nothing of the others'.
+    loop_->write(results_);
+    for (const auto& [name, shape] : shapes_) {
+      if (mine.count(name)) continue;
+      results_["param/" + name] = empty(shape);
+      for (const std::string& key : reference::optimizerStateKeys(case_.training.optimizer)) {
+        results_["state/" + name + "/" + key] = empty(shape);
+      }
+    }
+  }
   // Every rank's measured busy and step time, gathered (uncounted: settle), beside the dry run.
   at::Tensor mineT = at::tensor({details_["pipeline"]["rank_busy_us"].get<double>(),
                                  details_["pipeline"]["rank_step_us"].get<double>()},

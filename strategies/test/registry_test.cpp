@@ -57,8 +57,13 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // pairs, less the 2 that move nothing); Megatron's tensor- and tensor + sequence-parallel blocks;
   // the whole-model plans of the four auto-sharding algorithms and the plan read from a file;
   // the five FSDP kinds (ddp, zero1, zero2, zero3, hsdp); the three context-parallel variants
-  // (ring/p2p, ring/allgather, ulysses).
-  EXPECT_EQ(all.size(), 74u);
+  // (ring/p2p, ring/allgather, ulysses); the five pipeline schedules (gpipe, 1f1b,
+  // interleaved-1f1b, zb-h1, and one read from a CSV).
+  EXPECT_EQ(all.size(), 79u);
+  for (const char* id : {"pipeline/gpipe", "pipeline/1f1b", "pipeline/interleaved-1f1b",
+                         "pipeline/zb-h1", "pipeline/csv"}) {
+    EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
+  }
   ASSERT_EQ(StrategyRegistry::global().generators().size(), 2u);
   std::set<std::string> patterns;
   for (const auto& g : StrategyRegistry::global().generators()) patterns.insert(g.idPattern);
