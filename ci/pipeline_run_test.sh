@@ -88,6 +88,8 @@ fi
 "$sb" solve pipeline --stages 2 --microbatches 4 --schedule zb-h1 --write-csv "$tmp/zb.csv" \
   >/dev/null
 printf '0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1F1,1F2,1F3,1B3,1B2,1B1,1B0\n' >"$tmp/reversed.csv"
+# B on micro-batch 0, I and W on micro-batch 1: both kinds' bytes profiled.
+printf '0F0,0F1,0B0,0I1,0W1\n1F0,1B0,1F1,1I1,1W1\n' >"$tmp/mixed.csv"
 cat >"$tmp/csv.yaml" <<YAML
 suite: pipeline-csv
 defaults: {dtype: float32, seed: 1234, repetitions: 1, min_time_s: 0.0001}
@@ -104,21 +106,41 @@ cases:
     mesh: 2
     params: {csv: $tmp/reversed.csv}
     strategies: ["pipeline/csv"]
+  - name: mixed-backwards
+    workload: mlp_chain
+    shape: {batch: 16, width: 64, depth: 4, dropout: 0, microbatches: 2}
+    mesh: 2
+    params: {csv: $tmp/mixed.csv}
+    strategies: ["pipeline/csv"]
 YAML
-check "CSV schedules: one bitwise, one accumulating out of order within its tolerance" 0 \
-  "total +2 +0 +0 +0" -- "$sb" run "$tmp/csv.yaml" --out "$tmp/csv"
+check "CSV schedules: bitwise, out of order within its tolerance, B mixed with I and W" 0 \
+  "total +3 +0 +0 +0" -- "$sb" run "$tmp/csv.yaml" --out "$tmp/csv"
 check "CSV rows: as declared" 0 "ok" -- python3 - "$tmp/csv/results.json" <<'PY'
 import json, sys
 recs = {r["case"]: r for r in json.load(open(sys.argv[1]))["records"]}
 assert recs["zb-h1-from-csv"]["tolerance"].startswith("bitwise"), recs["zb-h1-from-csv"]
 rev = recs["reversed-backwards"]
 assert not rev["tolerance"].startswith("bitwise") and "another order" in rev["tolerance"], rev
+for r in recs.values():
+    d = r["details"]
+    assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], r["case"]
 print("ok")
 PY
 sed "s|$tmp/zb.csv|$tmp/none.csv|" "$tmp/csv.yaml" >"$tmp/missing.yaml"
 check "a schedule file that cannot be read: exit 2 naming the suite line, case and file" 2 \
   "missing.yaml:[0-9]+: case 'zb-h1-from-csv'.*cannot read .*none.csv" -- \
   "$sb" run "$tmp/missing.yaml" --out "$tmp/missing"
+sed "s|$tmp/zb.csv|/dev/zero|" "$tmp/csv.yaml" >"$tmp/device.yaml"
+check "a device as the schedule file: refused, not read" 2 "/dev/zero \\(not a regular file\\)" -- \
+  "$sb" run "$tmp/device.yaml" --out "$tmp/device"
+check "virtual_stages not an integer: exit 2 naming the parameter" 2 \
+  "params.virtual_stages must be an integer from 1 to 64, got 2.5" -- \
+  "$sb" run /dev/stdin --out "$tmp/vs" <<'YAML'
+suite: bad
+cases:
+  - {name: v, workload: mlp_chain, shape: {batch: 32, dropout: 0, microbatches: 4}, mesh: 2,
+     params: {virtual_stages: 2.5}, strategies: ["pipeline/interleaved-1f1b"]}
+YAML
 check "a micro-batch count that does not divide the batch: exit 2 naming the key" 2 \
   "'microbatches' \\(3\\) must divide 'batch' \\(32\\)" -- "$sb" run /dev/stdin --out "$tmp/bad" \
   <<'YAML'

@@ -134,7 +134,7 @@ check "per-action bytes: each rank's peak walked in its order" 0 "ok 25 25" -- b
      --out '$tmp/bytes-run.json' >/dev/null && python3 -c \"
 import json; r = json.load(open('$tmp/bytes-run.json'))['per_rank']
 print('ok', *[int(x['peak_bytes']) for x in r])\""
-printf '{"stages": [{"forward_bytes": 10}]}' >"$tmp/badkey.json"
-check "an unknown bytes key: exit 2 naming it" 2 "unknown key 'stages\[0\].forward_bytes'" -- \
+printf '{"stages": [{"backward_weigth_net_bytes": 10}]}' >"$tmp/badkey.json"
+check "a misspelt bytes key: exit 2 naming it" 2 "unknown key 'stages\[0\].backward_weigth_net_bytes'" -- \
   "$sb" solve pipeline --stages 2 --microbatches 2 --profile "$tmp/badkey.json"
 finish

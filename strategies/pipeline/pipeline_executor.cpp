@@ -37,8 +37,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -181,27 +183,55 @@ class PipelineStrategy final : public harness::Strategy {
     return {{"schedule", kind_},
             {"stages", "mesh axis 0 (interleaved: virtual_stages per rank)"},
             {"case params",
-             "virtual_stages (interleaved-1f1b, default 2), cut (layers | "
-             "balanced by parameters), csv (pipeline/csv: the schedule file)"}};
+             "virtual_stages (interleaved-1f1b, default 2), cut (layers | balanced: one per "
+             "block, gpt2_stack's final layer norm nearly none), csv (pipeline/csv: the "
+             "schedule file)"}};
   }
 
-  // The plan a case makes, or why it cannot run.
+  // The plan a case makes, or why it cannot run: made once per case (a CSV read once), then
+  // the same for every call.
   Plan plan(const CaseSpec& c) const {
+    const std::string key = c.suite + "\n" + c.name + "\n" + c.meshString() + "\n" +
+                            c.shape.dump() + "\n" + c.params.dump();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = plans_.find(key);
+      if (it != plans_.end()) return it->second;
+    }
+    Plan p = makePlan(c);
+    std::lock_guard<std::mutex> lock(mu_);
+    plans_.emplace(key, p);
+    return p;
+  }
+
+  Plan makePlan(const CaseSpec& c) const {
     const auto L = chainLength(c);
     TORCH_CHECK(L, "a pipeline runs mlp_chain or gpt2_stack");
     Plan p;
     p.pp = static_cast<int>(c.mesh.at(0));
     p.dp = c.mesh.size() == 2 ? static_cast<int>(c.mesh[1]) : 1;
     const int64_t total = c.shape.is_object() ? c.shape.value("microbatches", int64_t{1}) : 1;
+    TORCH_CHECK(total >= 1 && total <= 100000, "the shape's microbatches must be 1 to 100000, got ",
+                total);
     TORCH_CHECK(total % p.dp == 0, "the shape's ", total, " micro-batches do not split over ", p.dp,
                 " data-parallel replicas");
     p.microbatches = static_cast<int>(total / p.dp);
-    const int v = c.params.contains("virtual_stages") ? c.params["virtual_stages"].get<int>()
-                                                      : (kind_ == "interleaved-1f1b" ? 2 : 1);
+    int v = kind_ == "interleaved-1f1b" ? 2 : 1;
+    if (c.params.contains("virtual_stages")) {
+      const auto& j = c.params["virtual_stages"];
+      TORCH_CHECK(j.is_number_integer() && j.get<int64_t>() >= 1 && j.get<int64_t>() <= 64,
+                  "params.virtual_stages must be an integer from 1 to 64, got ", j.dump());
+      v = static_cast<int>(j.get<int64_t>());
+    }
     if (kind_ == "csv") {
       TORCH_CHECK(c.params.contains("csv") && c.params["csv"].is_string(),
                   "pipeline/csv needs params.csv, the schedule file");
       const std::string file = c.params["csv"].get<std::string>();
+      std::error_code ec;
+      TORCH_CHECK(std::filesystem::is_regular_file(file, ec), "pipeline/csv: cannot read ", file,
+                  " (not a regular file)");
+      TORCH_CHECK(std::filesystem::file_size(file, ec) <= (16u << 20), "pipeline/csv: ", file,
+                  " is over 16 MiB");
       std::ifstream in(file);
       TORCH_CHECK(in, "pipeline/csv: cannot read ", file);
       std::stringstream text;
@@ -218,6 +248,11 @@ class PipelineStrategy final : public harness::Strategy {
     validate(p.schedule);
     TORCH_CHECK(p.schedule.stages <= *L, "the chain has ", *L, " layers, fewer than the ",
                 p.schedule.stages, " stages");
+    for (int s = 0; s + 1 < p.schedule.stages; ++s) {
+      TORCH_CHECK(p.schedule.stageRank[s] != p.schedule.stageRank[s + 1], "stages ", s, " and ",
+                  s + 1, " are both on rank ", p.schedule.stageRank[s],
+                  ": neighbouring stages on one rank (V-shaped schedules) are not run yet");
+    }
     const std::string cut =
         c.params.contains("cut") ? c.params["cut"].get<std::string>() : std::string("layers");
     TORCH_CHECK(cut == "layers" || cut == "balanced", "params.cut must be layers or balanced, got ",
@@ -286,7 +321,9 @@ class PipelineStrategy final : public harness::Strategy {
       if (!b.length.empty()) b.length[0] = 0;
       return b;
     };
-    if (tensor == "rng/cpu" || harness::isWholeTrainingResult(tensor)) return box;
+    if (tensor == "rng/cpu" || tensor == "rng/cuda" || harness::isWholeTrainingResult(tensor)) {
+      return box;
+    }
     if (tensor == "output" || tensor == "grad_input") {
       const int stage = tensor == "output" ? p.schedule.stages - 1 : 0;
       if (p.schedule.stageRank[stage] != pipeRank) return none();
@@ -449,6 +486,8 @@ class PipelineStrategy final : public harness::Strategy {
 
   std::string kind_;
   Fault fault_;
+  mutable std::mutex mu_;
+  mutable std::map<std::string, Plan> plans_;
 };
 
 PipelineExecutor::PipelineExecutor(const PipelineStrategy& s, const CaseSpec& c)
@@ -461,6 +500,12 @@ at::Tensor PipelineExecutor::stageForward(int stage, const at::Tensor& x) const 
 }
 
 void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData&) {
+  // NCCL matches a pair's sends and receives by their order, not their tags: a schedule that
+  // mixes activations and gradients in one direction would take one for the other.
+  if (ctx.world().backendName() == "nccl") {
+    throw harness::UnsupportedCase(
+        "the pipeline's sends are matched by tag; NCCL matches them by order (not run there yet)");
+  }
   p_ = ctx.group({0}).rank();
   d_ = plan_.dp > 1 ? ctx.group({1}).rank() : 0;
   if (plan_.dp > 1) dpComm_ = &ctx.group({1});
@@ -585,29 +630,39 @@ void PipelineExecutor::profileMemory(RankContext& ctx, Costs& costs) {
   at::Tensor mine = at::zeros({S, 8}, at::kDouble);
   const int64_t start = mem.current(r);
   profiling_ = true;
-  const auto measure = [&](int stage, Op op) {
+  const auto measure = [&](int stage, Op op, int m = 0) {
     StageCost::Bytes b;
     const int64_t before = mem.current(r);
-    b.peak = static_cast<double>(mem.heldDuring(r, [&] { run(ctx, {stage, op, 0}); }));
+    b.peak = static_cast<double>(mem.heldDuring(r, [&] { run(ctx, {stage, op, m}); }));
     b.net = static_cast<double>(mem.current(r) - before);
     return b;
   };
+  // Every kind of backward the rank's actions use on the stage (a CSV may mix B with I and W).
+  std::set<std::pair<int, Op>> used;
+  for (const Action& a : plan_.schedule.perRank[p_]) used.insert({a.stage, a.op});
   for (int s = 0; s < S; ++s) {
     if (plan_.schedule.stageRank[s] != p_) continue;
     const StageCost::Bytes f = measure(s, Op::kForward);
     mine[s][0] = f.net;
     mine[s][1] = f.peak;
-    if (plan_.schedule.splitBackward) {
-      const StageCost::Bytes i = measure(s, Op::kBackwardInput);
-      const StageCost::Bytes w = measure(s, Op::kBackwardWeight);
+    bool forwarded = true;
+    if (used.count({s, Op::kBackward})) {
+      const StageCost::Bytes b = measure(s, Op::kBackward);
+      mine[s][2] = b.net;
+      mine[s][3] = b.peak;
+      forwarded = false;
+    }
+    if (used.count({s, Op::kBackwardInput})) {
+      // Where B was measured on micro-batch 0, I and W on micro-batch 1 (a schedule mixing
+      // them has two or more): micro-batch 0's kept output is not let go in between.
+      const int m = forwarded ? 0 : 1;
+      if (!forwarded) measure(s, Op::kForward, m);
+      const StageCost::Bytes i = measure(s, Op::kBackwardInput, m);
+      const StageCost::Bytes w = measure(s, Op::kBackwardWeight, m);
       mine[s][4] = i.net;
       mine[s][5] = i.peak;
       mine[s][6] = w.net;
       mine[s][7] = w.peak;
-    } else {
-      const StageCost::Bytes b = measure(s, Op::kBackward);
-      mine[s][2] = b.net;
-      mine[s][3] = b.peak;
     }
   }
   profiling_ = false;
@@ -862,6 +917,9 @@ void PipelineExecutor::settle(RankContext& ctx) {
     if (!mine.count(name)) results_["grad/" + name] = empty(shape);
   }
   results_["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  if (net_->input().is_cuda()) {
+    results_["rng/cuda"] = reference::deviceGeneratorState(net_->input().device());
+  }
   if (training_) {
     // loss, grad_norm, this rank's param/ and state/, state/step; nothing of the others'.
     loop_->write(results_);

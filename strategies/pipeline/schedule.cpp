@@ -408,6 +408,16 @@ Costs Costs::fromJson(const std::string& text, const std::string& file, int stag
     }
     return v.get<double>();
   };
+  // The per-action bytes' keys: <kind>_net_bytes (true) and <kind>_peak_bytes (false).
+  std::map<std::string, std::pair<StageCost::Bytes StageCost::*, bool>> bytesFields;
+  for (const auto& [kind, field] :
+       {std::pair<const char*, StageCost::Bytes StageCost::*>{"forward", &StageCost::forwardBytes},
+        {"backward", &StageCost::backwardBytes},
+        {"backward_input", &StageCost::backwardInputBytes},
+        {"backward_weight", &StageCost::backwardWeightBytes}}) {
+    bytesFields[std::string(kind) + "_net_bytes"] = {field, true};
+    bytesFields[std::string(kind) + "_peak_bytes"] = {field, false};
+  }
   Costs c;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "p2p_us") {
@@ -448,22 +458,20 @@ Costs Costs::fromJson(const std::string& text, const std::string& file, int stag
         sc.activationBytes = number(it.value(), at + k, 1e18);
       } else if (k == "weight_grad_bytes") {
         sc.weightGradBytes = number(it.value(), at + k, 1e18);
-      } else if (StageCost::Bytes* b = k.rfind("forward_", 0) == 0          ? &sc.forwardBytes
-                                       : k.rfind("backward_input_", 0) == 0 ? &sc.backwardInputBytes
-                                       : k.rfind("backward_weight_", 0) == 0
-                                           ? &sc.backwardWeightBytes
-                                       : k.rfind("backward_", 0) == 0 ? &sc.backwardBytes
-                                                                      : nullptr;
-                 b && (k.size() > 10 && k.compare(k.size() - 10, 10, "_net_bytes") == 0)) {
-        // What an action leaves allocated: a backward's is negative.
-        const auto& v = it.value();
-        if (!v.is_number() || !std::isfinite(v.get<double>()) || std::abs(v.get<double>()) > 1e18) {
-          throw ScheduleError(file + ": '" + at + k +
-                              "' must be a number from -1e18 to 1e18, got " + v.dump());
+      } else if (const auto f = bytesFields.find(k); f != bytesFields.end()) {
+        StageCost::Bytes& b = sc.*(f->second.first);
+        if (f->second.second) {
+          // What an action leaves allocated: a backward's is negative.
+          const auto& v = it.value();
+          if (!v.is_number() || !std::isfinite(v.get<double>()) ||
+              std::abs(v.get<double>()) > 1e18) {
+            throw ScheduleError(file + ": '" + at + k +
+                                "' must be a number from -1e18 to 1e18, got " + v.dump());
+          }
+          b.net = v.get<double>();
+        } else {
+          b.peak = number(it.value(), at + k, 1e18);
         }
-        b->net = v.get<double>();
-      } else if (b && k.size() > 11 && k.compare(k.size() - 11, 11, "_peak_bytes") == 0) {
-        b->peak = number(it.value(), at + k, 1e18);
       } else {
         throw ScheduleError(file + ": unknown key '" + at + k +
                             "' (expected forward_us, backward_us, backward_input_us, "
