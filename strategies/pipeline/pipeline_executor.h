@@ -1,0 +1,112 @@
+// The pipeline family's pieces (pipeline_strategy.cpp: the strategies, their plans, results,
+// communication and tolerances; pipeline_executor.cpp: a rank's actions; pipeline_profile.cpp:
+// the costs and bytes its dry run predicts with). Internal to strategies/pipeline/.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/comm/comm.h"
+#include "harness/measure/update_profile.h"
+#include "harness/strategy.h"
+#include "reference/chain_nets.h"
+#include "reference/training.h"
+#include "strategies/pipeline/schedule.h"
+
+namespace sb::strategies::pipeline {
+
+using harness::CaseSpec;
+using harness::RankContext;
+
+enum class Fault { kNone, kGradTwice, kWarmupShort, kWeightBeforeInput, kSendWrongStage };
+const char* faultName(Fault f);
+
+// The chain workloads a pipeline runs: no batch norm (a micro-batch's statistics are not the
+// batch's) and a known layer count without building the net.
+std::optional<int> chainLength(const CaseSpec& c);
+// The chain stage a parameter belongs to: its name's first component is the stage's name
+// (mlp_chain's layer<i>, gpt2_stack's h<l> and ln_f).
+int layerOf(const CaseSpec& c, const std::string& name);
+
+// What every rank agrees on, from the case.
+struct Plan {
+  Schedule schedule;
+  int pp = 1, dp = 1;
+  int microbatches = 1;  // per replica (the shape's, over the replicas)
+  std::vector<int> cut;  // pipeline stage s holds chain stages [cut[s], cut[s + 1])
+  bool inOrder = true;   // every stage's gradients accumulated in micro-batch order
+};
+
+// The tag of what is sent to stage s for micro-batch m: its activation (kind 0) or the gradient
+// of its output (kind 1).
+inline int tagOf(const Plan& p, int stage, int microbatch, int kind) {
+  return (stage * p.schedule.microbatches + microbatch) * 2 + kind;
+}
+
+class PipelineExecutor final : public harness::RankExecutor {
+ public:
+  PipelineExecutor(Plan plan, Fault fault, const CaseSpec& c);
+  void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
+  void step(RankContext& ctx) override;
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+  void settle(RankContext& ctx) override;
+  std::optional<double> predictedTimeUs() const override { return predictedStepUs_; }
+  std::optional<int64_t> predictedPeakBytes() const override;
+  std::vector<std::pair<std::string, std::string>> recordParams() const override;
+  nlohmann::json details() const override { return details_; }
+
+ private:
+  struct Stash {
+    at::Tensor x, y, gy;  // the stage's input (a leaf), output, and output's gradient (I to W)
+  };
+  at::Tensor stageForward(int stage, const at::Tensor& x) const;
+  void run(RankContext& ctx, const Action& a);
+  void profile(RankContext& ctx);
+  // Each of this rank's stages' actions on micro-batch 0, as run() runs them with its
+  // communication stood in (a received tensor allocated as recv's, a sent one held as isend
+  // holds it): what each leaves allocated and the most it holds (StageCost::Bytes).
+  void profileMemory(RankContext& ctx, Costs& costs);
+
+  CaseSpec case_;
+  Fault fault_;
+  Plan plan_;
+  int p_ = 0, d_ = 0;  // this rank's place on the pipeline and among the replicas
+  std::unique_ptr<reference::ChainNet> net_;
+  std::vector<at::Tensor> inputs_, targets_;               // this replica's micro-batches
+  std::map<int, std::vector<at::Tensor>> stageParams_;     // this rank's stages' parameters
+  std::vector<std::pair<std::string, at::Tensor>> owned_;  // (name, parameter)
+  std::map<std::string, std::vector<int64_t>> shapes_;     // every parameter's
+  std::map<std::pair<int, int>, Stash> stash_;
+  std::vector<std::unique_ptr<harness::Communicator::PendingSend>> sends_;
+  harness::Communicator* dpComm_ = nullptr;  // mesh axis 1, with data parallelism
+  harness::Communicator* worldComm_ = nullptr;
+  // Training over the case's steps: the loop over this rank's parameters (reference/training.h),
+  // the last stage's micro-batches' losses, and what the update holds (measured).
+  bool training_ = false;
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  std::vector<at::Tensor> initial_;  // this rank's parameters before the first step
+  double lossSum_ = 0;
+  harness::UpdateProfile update_;
+  bool profiling_ = false;        // run() without communication (profileMemory)
+  std::vector<at::Tensor> held_;  // what it "sent" meanwhile
+  Costs costs_;
+  int64_t entryBefore_ = 0, entryAfter_ = 0;  // live bytes at the step's start, and after it let
+                                              // the last step's outputs go
+  std::vector<at::Tensor> outputs_, gradInputs_;
+  std::vector<TimedAction> timeline_;
+  // The step's start, and the current action's compute (after what it received).
+  std::chrono::steady_clock::time_point start_, computeStart_;
+  std::optional<double> predictedStepUs_;
+  Simulation predicted_;
+  nlohmann::json details_ = nlohmann::json::object();
+  std::map<std::string, at::Tensor> results_;
+};
+
+}  // namespace sb::strategies::pipeline

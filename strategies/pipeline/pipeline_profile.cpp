@@ -1,0 +1,221 @@
+// What a pipeline rank's dry run predicts with (pipeline_executor.h): each of its stages' actions
+// timed and their bytes measured on one micro-batch in prepare, a hop between neighbours, and
+// the prediction of the step's peak from the dry run's walk.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <set>
+
+#include "harness/measure/memory.h"
+#include "strategies/pipeline/pipeline_executor.h"
+
+namespace sb::strategies::pipeline {
+
+using harness::Collective;
+
+// Each of this rank's stages timed on micro-batch 0 (forward; backward, or its input and weight
+// halves), the median of three; every stage's gathered; the dry run on them.
+void PipelineExecutor::profile(RankContext& ctx) {
+  const int S = plan_.schedule.stages;
+  const auto us = [](auto t0) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  };
+  at::Tensor mine = at::zeros({S, 4}, at::kDouble);
+  for (const auto& [stage, params] : stageParams_) {
+    std::vector<double> f, b, i, w;
+    for (int rep = 0; rep < 3; ++rep) {
+      // Both chains keep the input's shape from layer to layer.
+      at::Tensor x = inputs_[0].detach().clone().requires_grad_(true);
+      auto t0 = std::chrono::steady_clock::now();
+      at::Tensor y = stageForward(stage, x);
+      f.push_back(us(t0));
+      const at::Tensor g = at::ones_like(y);
+      t0 = std::chrono::steady_clock::now();
+      torch::autograd::grad({y}, {x}, {g}, /*retain_graph=*/true);
+      i.push_back(us(t0));
+      t0 = std::chrono::steady_clock::now();
+      torch::autograd::grad({y}, params, {g}, /*retain_graph=*/true);
+      w.push_back(us(t0));
+      std::vector<at::Tensor> all = params;
+      all.push_back(x);
+      t0 = std::chrono::steady_clock::now();
+      torch::autograd::grad({y}, all, {g});
+      b.push_back(us(t0));
+    }
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    mine[stage][0] = median(f);
+    mine[stage][1] = median(b);
+    mine[stage][2] = median(i);
+    mine[stage][3] = median(w);
+  }
+  // Each stage's row is nonzero on its rank only: summed over the pipeline, every stage's.
+  at::Tensor all = mine.clone();
+  ctx.group({0}).allReduce(all);
+  Costs costs;
+  // One hop of an activation between neighbours: half a ping-pong's round trip, timed on one
+  // clock (ranks 2k and 2k + 1), the median of five after one to warm up; the pairs' mean.
+  auto& pipe = ctx.group({0});
+  const bool pinger = p_ % 2 == 0 && p_ + 1 < plan_.pp, ponger = p_ % 2 == 1;
+  const int kPing = tagOf(plan_, S, 0, 0), kPong = kPing + 1;  // past every action's tag
+  at::Tensor ball = at::empty_like(inputs_[0]);
+  std::vector<double> hops;
+  for (int rep = 0; rep < 6 && (pinger || ponger); ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pinger) {
+      auto sent = pipe.isend(inputs_[0], p_ + 1, kPing);
+      pipe.recv(ball, p_ + 1, kPong);
+      sent->wait();
+      if (rep > 0) hops.push_back(us(t0) / 2);
+    } else {
+      pipe.recv(ball, p_ - 1, kPing);
+      pipe.isend(ball, p_ - 1, kPong)->wait();
+    }
+  }
+  std::sort(hops.begin(), hops.end());
+  at::Tensor hop = at::tensor(
+      {hops.empty() ? 0.0 : hops[hops.size() / 2], hops.empty() ? 0.0 : 1.0}, at::kDouble);
+  pipe.allReduce(hop);
+  costs.p2pUs = hop[0].item<double>() / std::max(1.0, hop[1].item<double>());
+  for (int s = 0; s < S; ++s) {
+    StageCost c;
+    c.forwardUs = all[s][0].item<double>();
+    c.backwardUs = all[s][1].item<double>();
+    c.backwardInputUs = all[s][2].item<double>();
+    c.backwardWeightUs = all[s][3].item<double>();
+    costs.stages.push_back(c);
+  }
+  profileMemory(ctx, costs);
+  costs_ = costs;
+  predicted_ = simulate(plan_.schedule, costs);
+  if (predicted_.deadlock.empty()) predictedStepUs_ = predicted_.stepUs;
+}
+
+void PipelineExecutor::profileMemory(RankContext& ctx, Costs& costs) {
+  auto& mem = harness::MemoryTracker::instance();
+  const int r = ctx.rank(), S = plan_.schedule.stages;
+  outputs_.assign(plan_.microbatches, at::Tensor());
+  gradInputs_.assign(plan_.microbatches, at::Tensor());
+  // Each stage's row is this rank's where it holds the stage; summed over the pipeline below.
+  at::Tensor mine = at::zeros({S, 8}, at::kDouble);
+  const int64_t start = mem.current(r);
+  profiling_ = true;
+  const auto measure = [&](int stage, Op op, int m = 0) {
+    StageCost::Bytes b;
+    const int64_t before = mem.current(r);
+    b.peak = static_cast<double>(mem.heldDuring(r, [&] { run(ctx, {stage, op, m}); }));
+    b.net = static_cast<double>(mem.current(r) - before);
+    return b;
+  };
+  // Every kind of backward the rank's actions use on the stage (a CSV may mix B with I and W).
+  std::set<std::pair<int, Op>> used;
+  for (const Action& a : plan_.schedule.perRank[p_]) used.insert({a.stage, a.op});
+  for (int s = 0; s < S; ++s) {
+    if (plan_.schedule.stageRank[s] != p_) continue;
+    const StageCost::Bytes f = measure(s, Op::kForward);
+    mine[s][0] = f.net;
+    mine[s][1] = f.peak;
+    bool forwarded = true;
+    if (used.count({s, Op::kBackward})) {
+      const StageCost::Bytes b = measure(s, Op::kBackward);
+      mine[s][2] = b.net;
+      mine[s][3] = b.peak;
+      forwarded = false;
+    }
+    if (used.count({s, Op::kBackwardInput})) {
+      // Where B was measured on micro-batch 0, I and W on micro-batch 1 (a schedule mixing
+      // them has two or more): micro-batch 0's kept output is not let go in between.
+      const int m = forwarded ? 0 : 1;
+      if (!forwarded) measure(s, Op::kForward, m);
+      const StageCost::Bytes i = measure(s, Op::kBackwardInput, m);
+      const StageCost::Bytes w = measure(s, Op::kBackwardWeight, m);
+      mine[s][4] = i.net;
+      mine[s][5] = i.peak;
+      mine[s][6] = w.net;
+      mine[s][7] = w.peak;
+    }
+  }
+  profiling_ = false;
+  held_.clear();
+  stash_.clear();
+  outputs_.clear();
+  gradInputs_.clear();
+  TORCH_CHECK(mem.current(r) == start, "pipeline: the memory profile left ", mem.current(r) - start,
+              " bytes allocated");
+  ctx.group({0}).allReduce(mine);
+  for (int s = 0; s < S; ++s) {
+    StageCost& c = costs.stages.at(static_cast<size_t>(s));
+    c.forwardBytes = {mine[s][0].item<double>(), mine[s][1].item<double>()};
+    c.backwardBytes = {mine[s][2].item<double>(), mine[s][3].item<double>()};
+    c.backwardInputBytes = {mine[s][4].item<double>(), mine[s][5].item<double>()};
+    c.backwardWeightBytes = {mine[s][6].item<double>(), mine[s][7].item<double>()};
+  }
+}
+
+// The dry run's peak for this rank (its actions' profiled bytes in its order) above what was
+// live once the step let the last step's outputs go; then, after the step waits for its sends
+// and lets what they held go, data parallelism's all-reduce of each gradient (its scratch).
+std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
+  // On a GPU, the split backward's autograd::grad runs on LibTorch's device threads, whose
+  // allocations count against no rank: no claim there.
+  if (!predicted_.deadlock.empty() || reference::caseDevice().is_cuda()) return std::nullopt;
+  const int S = plan_.schedule.stages;
+  double net = 0;
+  int64_t sent = 0;
+  for (const Action& a : plan_.schedule.perRank[p_]) {
+    const StageCost& c = costs_.of(a.stage);
+    switch (a.op) {
+      case Op::kForward:
+        net += c.forwardBytes.net;
+        if (a.stage < S - 1) ++sent;
+        break;
+      case Op::kBackward:
+        net += c.backwardBytes.net;
+        if (a.stage > 0) ++sent;
+        break;
+      case Op::kBackwardInput:
+        net += c.backwardInputBytes.net;
+        if (a.stage > 0) ++sent;
+        break;
+      case Op::kBackwardWeight:
+        net += c.backwardWeightBytes.net;
+        break;
+    }
+  }
+  const auto scratchOf = [](harness::Communicator* comm, int64_t bytes, at::ScalarType t) {
+    return comm && comm->size() > 1 ? comm->scratchBytes(Collective::kAllReduce, bytes, bytes, t)
+                                    : int64_t{0};
+  };
+  int64_t dpScratch = 0;
+  if (plan_.dp > 1) {
+    for (const auto& [name, t] : owned_) {
+      dpScratch = std::max(dpScratch,
+                           scratchOf(dpComm_, static_cast<int64_t>(t.nbytes()), t.scalar_type()));
+    }
+  }
+  // Each iteration (one, or the case's steps) from what was live once it let the last one's
+  // outputs go (and, after the first update, the optimizer's state): its actions' walk; after
+  // its sends are let go, data parallelism's all-reduce; training's loss (one float64,
+  // all-reduced) and the update (measured: the most above what was live before the first).
+  int64_t peak = entryBefore_;
+  const int iterations = training_ ? case_.training.steps : 1;
+  for (int k = 0; k < iterations; ++k) {
+    const int64_t state = k > 0 ? update_.stateBytes : 0;
+    const int64_t base = entryAfter_ + state;
+    const int64_t end =
+        base + static_cast<int64_t>(net) - sent * static_cast<int64_t>(inputs_.at(0).nbytes());
+    peak = std::max(
+        {peak, base + static_cast<int64_t>(predicted_.ranks.at(p_).peakBytes), end + dpScratch});
+    if (training_) {
+      peak = std::max(
+          {peak, end + 8 + scratchOf(worldComm_, 8, at::kDouble), end - state + update_.peak});
+    }
+  }
+  return peak;
+}
+
+}  // namespace sb::strategies::pipeline

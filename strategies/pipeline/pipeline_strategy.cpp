@@ -1,0 +1,412 @@
+// Pipeline parallelism: `pipeline/<schedule>` runs a chain network (mlp_chain, gpt2_stack) cut
+// by layers into stages, one per rank of mesh axis 0 (or, interleaved, several), through the
+// actions of a schedule (schedule.h): GPipe, Megatron's 1F1B and interleaved 1F1B, Zero Bubble's
+// ZB-H1, or a schedule read from torch.distributed.pipelining's CSV. On a 2-D mesh axis 1 is
+// data parallel: each replica runs its rows' micro-batches through its pipeline, and the
+// parameters' gradients are all-reduced over axis 1 after the step.
+//
+// An action on stage s and micro-batch m:
+//   F  the stage's layers on the micro-batch: stage 0 reads the input's rows, every other stage
+//      receives the previous stage's activation (Communicator::recv, tag (s, m)); the output is
+//      sent on (isend, waited for at the end of the step, as torch.distributed.pipelining does)
+//      or, on the last stage, kept, its gradient the target's rows (the loss is sum(y * target)).
+//   B  the stage's backward from the next stage's input gradient (received): every parameter's
+//      gradient accumulated in place, the input's gradient sent back (or, on stage 0, kept).
+//   I  B's input gradient alone (autograd::grad with the graph kept); W its parameters'
+//      gradients from the same graph and output gradient, accumulated in place.
+// The reference is the same micro-batches accumulated in order on one rank (the chain
+// workloads' shape key `microbatches`): where a schedule accumulates every stage's micro-batches
+// in order 0..M-1 (each built in one does) and there is one replica, every tensor is bitwise
+// equal; with data parallelism the replicas' sums are added in another order (a tolerance for a
+// sum split over the replicas).
+//
+// Each rank records its actions' start and end in the measured step; the row's details have the
+// measured idle time per rank and the bubble (idle rank time over ranks x step) beside the dry
+// run's (simulate()) on per-stage costs profiled in prepare (each rank times its stages' F and B,
+// or I and W, on one micro-batch; the costs are all-gathered).
+//
+// Planted faults (tests): "grad_twice" (stage 0 accumulates micro-batch 1's gradients twice),
+// "warmup_short" (1F1B with every rank's warm-up one forward short: the last stage's first
+// backward comes before its forward, which the dry run names; the run times out naming the
+// rank), "w_before_i" (ZB-H1 with stage 0's first W moved before its I: the executor refuses
+// it), "send_wrong_stage" (interleaved: stage 0 sends micro-batch 0's activation as stage 2's:
+// the receiving rank waits for what never comes, or takes the wrong activation).
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "harness/registry.h"
+#include "strategies/pipeline/pipeline_executor.h"
+
+namespace sb::strategies::pipeline {
+
+using harness::Applicability;
+using harness::Box;
+using harness::Collective;
+using harness::CommStats;
+
+const char* faultName(Fault f) {
+  switch (f) {
+    case Fault::kNone:
+      return "none";
+    case Fault::kGradTwice:
+      return "grad_twice";
+    case Fault::kWarmupShort:
+      return "warmup_short";
+    case Fault::kWeightBeforeInput:
+      return "w_before_i";
+    case Fault::kSendWrongStage:
+      return "send_wrong_stage";
+  }
+  return "?";
+}
+
+std::optional<int> chainLength(const CaseSpec& c) {
+  const auto get = [&](const char* key, int64_t def) {
+    return c.shape.is_object() ? c.shape.value(key, def) : def;
+  };
+  if (c.workload == "mlp_chain") return static_cast<int>(get("depth", 8));
+  if (c.workload == "gpt2_stack") return static_cast<int>(get("layers", 4)) + 1;  // and ln_f
+  return std::nullopt;
+}
+
+int layerOf(const CaseSpec& c, const std::string& name) {
+  const std::string head = name.substr(0, name.find('.'));
+  if (head == "ln_f") return *chainLength(c) - 1;
+  const size_t digits = head.find_first_of("0123456789");
+  TORCH_CHECK(digits != std::string::npos, "pipeline: parameter ", name, " names no layer");
+  return std::stoi(head.substr(digits));
+}
+
+namespace {
+
+class PipelineStrategy final : public harness::Strategy {
+ public:
+  PipelineStrategy(std::string kind, Fault f)
+      : Strategy("pipeline/" + kind, "pipeline " + kind, harness::Family::kSharding),
+        kind_(std::move(kind)),
+        fault_(f) {}
+  const std::string& kind() const { return kind_; }
+  Fault fault() const { return fault_; }
+
+  std::vector<std::string> caseParams() const override { return {"virtual_stages", "cut", "csv"}; }
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"schedule", kind_},
+            {"stages", "mesh axis 0 (interleaved: virtual_stages per rank)"},
+            {"case params",
+             "virtual_stages (interleaved-1f1b, default 2), cut (layers | balanced: one per "
+             "block, gpt2_stack's final layer norm nearly none), csv (pipeline/csv: the "
+             "schedule file)"}};
+  }
+
+  // The plan a case makes, or why it cannot run: made once per case (a CSV read once), then
+  // the same for every call.
+  Plan plan(const CaseSpec& c) const {
+    const std::string key = c.suite + "\n" + c.name + "\n" + c.meshString() + "\n" +
+                            c.shape.dump() + "\n" + c.params.dump();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = plans_.find(key);
+      if (it != plans_.end()) return it->second;
+    }
+    Plan p = makePlan(c);
+    std::lock_guard<std::mutex> lock(mu_);
+    plans_.emplace(key, p);
+    return p;
+  }
+
+  Plan makePlan(const CaseSpec& c) const {
+    const auto L = chainLength(c);
+    TORCH_CHECK(L, "a pipeline runs mlp_chain or gpt2_stack");
+    Plan p;
+    p.pp = static_cast<int>(c.mesh.at(0));
+    p.dp = c.mesh.size() == 2 ? static_cast<int>(c.mesh[1]) : 1;
+    const int64_t total = c.shape.is_object() ? c.shape.value("microbatches", int64_t{1}) : 1;
+    TORCH_CHECK(total >= 1 && total <= 100000, "the shape's microbatches must be 1 to 100000, got ",
+                total);
+    TORCH_CHECK(total % p.dp == 0, "the shape's ", total, " micro-batches do not split over ", p.dp,
+                " data-parallel replicas");
+    p.microbatches = static_cast<int>(total / p.dp);
+    int v = kind_ == "interleaved-1f1b" ? 2 : 1;
+    if (c.params.contains("virtual_stages")) {
+      const auto& j = c.params["virtual_stages"];
+      TORCH_CHECK(j.is_number_integer() && j.get<int64_t>() >= 1 && j.get<int64_t>() <= 64,
+                  "params.virtual_stages must be an integer from 1 to 64, got ", j.dump());
+      v = static_cast<int>(j.get<int64_t>());
+    }
+    if (kind_ == "csv") {
+      TORCH_CHECK(c.params.contains("csv") && c.params["csv"].is_string(),
+                  "pipeline/csv needs params.csv, the schedule file");
+      const std::string file = c.params["csv"].get<std::string>();
+      std::error_code ec;
+      TORCH_CHECK(std::filesystem::is_regular_file(file, ec), "pipeline/csv: cannot read ", file,
+                  " (not a regular file)");
+      TORCH_CHECK(std::filesystem::file_size(file, ec) <= (16u << 20), "pipeline/csv: ", file,
+                  " is over 16 MiB");
+      std::ifstream in(file);
+      TORCH_CHECK(in, "pipeline/csv: cannot read ", file);
+      std::stringstream text;
+      text << in.rdbuf();
+      p.schedule = readScheduleCsv(text.str(), file);
+      TORCH_CHECK(p.schedule.ranks == p.pp, file, " schedules ", p.schedule.ranks,
+                  " ranks; the mesh's axis 0 has ", p.pp);
+      TORCH_CHECK(p.schedule.microbatches == p.microbatches, file, " has ", p.schedule.microbatches,
+                  " micro-batches; the case runs ", p.microbatches, " per replica");
+    } else {
+      p.schedule = makeSchedule(kind_, p.pp, p.microbatches, v);
+    }
+    plant(p.schedule);
+    validate(p.schedule);
+    TORCH_CHECK(p.schedule.stages <= *L, "the chain has ", *L, " layers, fewer than the ",
+                p.schedule.stages, " stages");
+    for (int s = 0; s + 1 < p.schedule.stages; ++s) {
+      TORCH_CHECK(p.schedule.stageRank[s] != p.schedule.stageRank[s + 1], "stages ", s, " and ",
+                  s + 1, " are both on rank ", p.schedule.stageRank[s],
+                  ": neighbouring stages on one rank (V-shaped schedules) are not run yet");
+    }
+    const std::string cut =
+        c.params.contains("cut") ? c.params["cut"].get<std::string>() : std::string("layers");
+    TORCH_CHECK(cut == "layers" || cut == "balanced", "params.cut must be layers or balanced, got ",
+                cut);
+    if (cut == "layers") {
+      p.cut = evenStages(*L, p.schedule.stages);
+    } else {
+      std::vector<double> cost(static_cast<size_t>(*L), 1.0);
+      if (c.workload == "gpt2_stack") cost.back() = 0.01;  // ln_f: a layer norm
+      p.cut = balanceStages(cost, p.schedule.stages);
+    }
+    // In order where every stage's B (or W) run micro-batches 0..M-1.
+    for (const auto& actions : p.schedule.perRank) {
+      std::map<int, int> next;
+      for (const Action& a : actions) {
+        if (a.op != Op::kBackward && a.op != Op::kBackwardWeight) continue;
+        if (a.microbatch != next[a.stage]++) p.inOrder = false;
+      }
+    }
+    return p;
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (!chainLength(c)) {
+      return Applicability::notApplicable(
+          "not a chain network without batch norm (mlp_chain, gpt2_stack)");
+    }
+    if (c.mesh.size() > 2 || c.mesh.at(0) < 2) {
+      return Applicability::unsupported(
+          "a pipeline runs on 2 ranks or more of a 1-D mesh, or "
+          "of axis 0 of a 2-D one (axis 1 data parallel); the case "
+          "has " +
+          c.meshString());
+    }
+    if (c.shape.is_object() && c.shape.value("dropout", 0.1) != 0.0) {
+      return Applicability::unsupported(
+          "dropout must be 0: the stages draw their masks in another order than the reference");
+    }
+    try {
+      plan(c);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      if (auto* ce = dynamic_cast<const c10::Error*>(&e)) msg = ce->what_without_backtrace();
+      return Applicability::unsupported(msg);
+    }
+    return Applicability::yes();
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
+    return std::make_unique<PipelineExecutor>(plan(c), fault_, c);
+  }
+  bool trainsSteps() const override { return true; }
+
+  Box resultBox(const std::string&, const CaseSpec&, int) const override {
+    TORCH_INTERNAL_ASSERT(false, "pipeline results are boxed by resultBoxOf");
+  }
+  // Output and input gradient: the replica's rows, on the rank of the last (first) stage;
+  // a parameter's gradient whole on the rank of its stage; nothing elsewhere.
+  Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                  at::IntArrayRef shape) const override {
+    const Plan p = plan(c);
+    const int pipeRank = rank / p.dp, replica = rank % p.dp;
+    Box box = Box::whole(shape);
+    const auto none = [&] {
+      Box b = Box::whole(shape);
+      if (!b.length.empty()) b.length[0] = 0;
+      return b;
+    };
+    if (tensor == "rng/cpu" || tensor == "rng/cuda" || harness::isWholeTrainingResult(tensor)) {
+      return box;
+    }
+    if (tensor == "output" || tensor == "grad_input") {
+      const int stage = tensor == "output" ? p.schedule.stages - 1 : 0;
+      if (p.schedule.stageRank[stage] != pipeRank) return none();
+      const int64_t rows = shape[0] / p.dp;
+      box.offset[0] = replica * rows;
+      box.length[0] = rows;
+      return box;
+    }
+    const std::string name = tensor.substr(tensor.find('/') + 1);
+    const int layer = layerOf(c, name);
+    const int stage =
+        static_cast<int>(std::upper_bound(p.cut.begin(), p.cut.end(), layer) - p.cut.begin() - 1);
+    return p.schedule.stageRank[stage] == pipeRank ? box : none();
+  }
+
+  CommStats predictComm(const CaseSpec& c, int rank) const override {
+    const Plan p = plan(c);
+    const int me = rank / p.dp;
+    const auto bytesOf = [&](int) {
+      // Every stage boundary carries [rows, ...] of the input's shape (both chains keep it).
+      const auto s = c.shape;
+      const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
+      const int64_t total = s.is_object() ? s.value("microbatches", int64_t{1}) : 1;
+      if (c.workload == "mlp_chain") {
+        return s.value("batch", int64_t{16}) / total * s.value("width", int64_t{64}) * es;
+      }
+      return s.value("batch", int64_t{2}) / total * s.value("seq", int64_t{64}) *
+             s.value("d_model", int64_t{64}) * es;
+    };
+    CommStats one;
+    CommStats& out = one;
+    for (const Action& a : p.schedule.perRank[me]) {
+      const int S = p.schedule.stages;
+      const bool fwd = a.op == Op::kForward,
+                 bwd = a.op == Op::kBackward || a.op == Op::kBackwardInput;
+      if (fwd && a.stage > 0 && p.schedule.stageRank[a.stage - 1] != me) {
+        out.add(Collective::kSendRecv, 0);  // receive
+      }
+      if (fwd && a.stage < S - 1 && p.schedule.stageRank[a.stage + 1] != me) {
+        out.add(Collective::kSendRecv, bytesOf(a.stage));
+      }
+      if (bwd && a.stage < S - 1 && p.schedule.stageRank[a.stage + 1] != me) {
+        out.add(Collective::kSendRecv, 0);
+      }
+      if (bwd && a.stage > 0 && p.schedule.stageRank[a.stage - 1] != me) {
+        out.add(Collective::kSendRecv, bytesOf(a.stage));
+      }
+    }
+    if (p.dp > 1) {
+      // Every owned parameter's gradient, all-reduced over the replicas.
+      const auto net = reference::findChainWorkload(c.workload)->makeNet(c.shape, c.dtype, 0);
+      for (const auto& [name, t] : net->parameters()) {
+        const Box b = resultBoxOf("grad/" + name, c, rank, t.sizes());
+        if (b.length.empty() || b.length[0] > 0) {
+          out.add(Collective::kAllReduce, static_cast<int64_t>(t.nbytes()));
+        }
+      }
+    }
+    if (!c.training.enabled()) return one;
+    // Each step: the above; the loss and the norm's squares, each one float64 over the mesh.
+    one.add(Collective::kAllReduce, 8);
+    one.add(Collective::kAllReduce, 8);
+    CommStats all = one;
+    for (auto& e : all.entries) {
+      e.calls *= c.training.steps;
+      e.bytes *= c.training.steps;
+    }
+    return all;
+  }
+
+  harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
+                               const at::Tensor& expected) const override {
+    const Plan p = plan(c);
+    harness::Tolerance t;
+    if (p.dp == 1 && p.inOrder) {
+      t = harness::Tolerance::bitwise(
+          "the reference's micro-batches, accumulated in the schedule's order");
+    } else {
+      t = harness::splitReductionTolerance(harness::Tolerance::defaultFor(c.dtype), c.dtype,
+                                           p.microbatches * p.dp, std::max(2, p.dp), expected);
+      t.reason = std::string(p.dp > 1 ? "the replicas' sums added" : "micro-batches accumulated") +
+                 " in another order than the reference's: " + t.reason;
+    }
+    if (!c.training.enabled()) return t;
+    // Over steps: the gradient norm is a sum of squares split over the stages' ranks, so it is
+    // not the reference's bits; where the norm clips, every update after depends on it.
+    const auto splitNorm = [&] {
+      harness::Tolerance n =
+          harness::splitReductionTolerance(harness::Tolerance::defaultFor(c.dtype), c.dtype,
+                                           int64_t{1} << 20, p.pp * p.dp, expected);
+      n.reason = "the norm's squares summed per stage, then over the ranks: " + n.reason;
+      return n;
+    };
+    if (tensor == "grad_norm")
+      return harness::overSteps(splitNorm(), c.dtype, c.training.steps, expected);
+    if (c.training.optimizer.clipGradNorm > 0 &&
+        !(t.exact && tensor == "loss" && c.training.steps == 1)) {
+      return harness::overSteps(t.exact ? splitNorm() : t, c.dtype, c.training.steps, expected);
+    }
+    return harness::overSteps(t, c.dtype, c.training.steps, expected);
+  }
+
+  // Memory: the dry run on each action's profiled bytes, claimed to the byte. Time: recorded
+  // beside the measurement, not judged (ranks sharing cores on a CPU are not the pipeline's
+  // devices).
+  PredictionTolerance predictionTolerance() const override {
+    return PredictionTolerance::exactMemory();
+  }
+
+  std::vector<std::string> plantableFaults() const override {
+    if (kind_ == "1f1b") return {faultName(Fault::kGradTwice), faultName(Fault::kWarmupShort)};
+    if (kind_ == "zb-h1") return {faultName(Fault::kWeightBeforeInput)};
+    if (kind_ == "interleaved-1f1b") return {faultName(Fault::kSendWrongStage)};
+    return {};
+  }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    for (Fault f : {Fault::kGradTwice, Fault::kWarmupShort, Fault::kWeightBeforeInput,
+                    Fault::kSendWrongStage}) {
+      const auto ok = plantableFaults();
+      if (name == faultName(f) && std::find(ok.begin(), ok.end(), name) != ok.end()) {
+        return std::make_unique<PipelineStrategy>(kind_, f);
+      }
+    }
+    return nullptr;
+  }
+
+ private:
+  // The schedule faults: a warm-up one forward short, a W before its I.
+  void plant(Schedule& s) const {
+    if (fault_ == Fault::kWarmupShort) {
+      for (auto& actions : s.perRank) {
+        // The first backward one place earlier (before the last warm-up forward).
+        auto b = std::find_if(actions.begin(), actions.end(),
+                              [](const Action& a) { return a.op == Op::kBackward; });
+        if (b != actions.begin() && b != actions.end()) std::iter_swap(b - 1, b);
+      }
+    }
+    if (fault_ == Fault::kWeightBeforeInput) {
+      auto& actions = s.perRank.front();
+      auto i = std::find_if(actions.begin(), actions.end(),
+                            [](const Action& a) { return a.op == Op::kBackwardInput; });
+      auto w = std::find_if(actions.begin(), actions.end(), [&](const Action& a) {
+        return a.op == Op::kBackwardWeight && a.microbatch == i->microbatch;
+      });
+      const Action moved = *w;
+      actions.erase(w);
+      actions.insert(i, moved);
+    }
+  }
+
+  std::string kind_;
+  Fault fault_;
+  mutable std::mutex mu_;
+  mutable std::map<std::string, Plan> plans_;
+};
+
+std::vector<std::unique_ptr<harness::Strategy>> registerPipeline() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  for (const std::string& k : scheduleKinds()) {
+    out.push_back(std::make_unique<PipelineStrategy>(k, Fault::kNone));
+  }
+  out.push_back(std::make_unique<PipelineStrategy>("csv", Fault::kNone));
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::pipeline
+
+SB_REGISTER_STRATEGIES(sb::strategies::pipeline::registerPipeline);
