@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end checks of the pipeline family (strategies/pipeline/pipeline_executor.cpp):
+# End-to-end checks of the pipeline family (strategies/pipeline/):
 # suites/pipeline.yaml on threads (GPipe, 1F1B, interleaved 1F1B and ZB-H1 on 2 and 4 stages,
 # PP x DP on 2x2; bitwise against the same micro-batches accumulated on one rank where one
 # replica accumulates in order; communication counted == predicted; the measured timeline beside
