@@ -30,6 +30,21 @@
 namespace sb::strategies::cp {
 namespace replay {
 
+// ln1's backward, then the block input's gradient: the residual's plus ln1's (a leaf's, the
+// input's, at layer 0; the input is saved by ln1 beyond).
+void Replay::ln1Backward(int64_t l) {
+  layerNormBackward();
+  f(E, "ln1 grad consumed");
+  if (l > 0) f(E, "block input saved");
+  f(N, "ln1 mean");
+  f(N, "ln1 rstd");
+  a(E, "input grad");
+  f(E, "ln1 grad input");
+  f(E, "residual grad");
+  f(D * es, "ln1 weight grad");
+  f(D * es, "ln1 bias grad");
+}
+
 void Replay::layerForward(int64_t l) {
   const bool training = s_.training;
   layerNorm("ln1");
@@ -163,16 +178,7 @@ void Replay::layerBackward(int64_t l, bool seedFreeable) {
   f(3 * D * es, "qkv bias grad (kv)");
   f(3 * D * es, "qkv bias grad sum");
   // ln1, then the block input's gradient.
-  layerNormBackward();
-  f(E, "ln1 grad consumed");
-  if (l > 0) f(E, "block input saved");
-  f(N, "ln1 mean");
-  f(N, "ln1 rstd");
-  a(E, "input grad");
-  f(E, "ln1 grad input");
-  f(E, "residual grad");
-  f(D * es, "ln1 weight grad");
-  f(D * es, "ln1 bias grad");
+  ln1Backward(l);
 }
 
 // A layer with this rank's heads and hidden units: q, k and v as three linears on slices of
@@ -306,16 +312,7 @@ void Replay::tpLayerBackward(int64_t l, bool seedFreeable) {
     tpAllReduce("ln1 grad summed");  // f
     f(E, "ln1 grad consumed");
   }
-  layerNormBackward();
-  f(E, "ln1 grad consumed");
-  if (l > 0) f(E, "block input saved");
-  f(N, "ln1 mean");
-  f(N, "ln1 rstd");
-  a(E, "input grad");
-  f(E, "ln1 grad input");
-  f(E, "residual grad");
-  f(D * es, "ln1 weight grad");
-  f(D * es, "ln1 bias grad");
+  ln1Backward(l);
   // The slices' backward: the bias's three, then the weight's, into one whole-size buffer.
   for (const auto& [slice, whole] :
        {std::pair<int64_t, int64_t>{Da * es, 3 * D * es}, {Da * D * es, 3 * D * D * es}}) {

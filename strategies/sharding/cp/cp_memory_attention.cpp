@@ -12,11 +12,7 @@ void Replay::blockForward() {
   a(R, "amax");
   a(R, "new max");
   f(R, "amax");
-  a(R, "zeros_like");
-  a(Rb, "isneginf");
-  a(R, "shift");
-  f(Rb, "isneginf");
-  f(R, "zeros_like");
+  shift();
   a(S, "p");
   a(R, "rescale");
   transient(R, "p row sum");
@@ -98,11 +94,7 @@ void Replay::ringBackward() {
   a(A, "dO out");
   a(R, "delta");
   f(A, "dO out");
-  a(R, "zeros_like");
-  a(Rb, "isneginf");
-  a(R, "shift");
-  f(Rb, "isneginf");
-  f(R, "zeros_like");
+  shift();
   a(A, "dq");
   if (s_.variant == Variant::kRingP2P) {
     a(2 * A, "own kv");

@@ -77,6 +77,14 @@ class Replay {
       f(N, "layer norm mean");
     }
   }
+  // where(isneginf(x), zeros_like(x), x) of a row statistic: the online softmax's shift.
+  void shift() {
+    a(R, "zeros_like");
+    a(Rb, "isneginf");
+    a(R, "shift");
+    f(Rb, "isneginf");
+    f(R, "zeros_like");
+  }
   void layerNormBackward() {
     a(E, "layer norm grad input");
     a(D * es, "layer norm grad weight");
@@ -100,6 +108,7 @@ class Replay {
   // backward the gradient made contiguous first.
   void allToAll(int64_t bytes, const char* what);
   void layerForward(int64_t l);
+  void ln1Backward(int64_t l);
   void layerBackward(int64_t l, bool seedFreeable);
   // CP x TP (context_parallel.cpp's tensorParallelLayer).
   void tpLayerForward(int64_t l);
