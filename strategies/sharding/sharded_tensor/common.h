@@ -292,6 +292,8 @@ class ShardedTensorExecutorBase : public harness::RankExecutor {
         {"P", nc * n_ * b_ * es},
         {"PC", nc > 1 && n_ * b_ > 1 ? nc * n_ * b_ * es : 0},
         {"GOT", n_ * kc * b_ * es},
+        {"GC", kc > 1 && n_ * b_ > 1 ? n_ * kc * b_ * es : 0},
+        {"GT", kc == 1 && n_ * b_ > 1 ? n_ * kc * b_ * es : 0},
         {"PART", n_ * b_ * N * es},
         {"MMF", forward},
         {"MMA", firstBackward},

@@ -11,6 +11,10 @@
 //   PART rowwise: the partial products of every rank's rows, [n b, N]
 //   PC   colwise: P made contiguous from its transpose, a copy where the chunk has more than
 //        one column (one column's transpose is already contiguous: no copy, nothing freed)
+//   GC   rowwise: GOT made contiguous from its transpose, a copy where the rank's features are
+//        more than one (one feature's transpose is contiguous: no copy, nothing freed)
+//   GT   rowwise: where there is no such copy, the product copies its strided operand itself
+//        for the time it runs
 //   S8, S4, ZERO   scalars and empty tensors
 //   MMF, MMA, MMB  the scratch the forward product and the backward's two products hold while
 //                  they run (matmulScratchBytes): zero where LibTorch's product allocates none
@@ -38,29 +42,29 @@ const MemoryTable kTables[] = {
      "-Y -X -W -BIAS +AG +P +MMF -MMF +PC +Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P -Y +PC -PC +AG "
      "+MMA -MMA +W +MMB -MMB -P +X -AG -Y -P -PC -AG "},
     {"threads", "rowwise", false, 0,
-     "-Y -X -W -BIAS +X +GOT -X +GOT +PART +MMF -MMF +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
-     "+PART +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X -PART -GOT -GOT "},
+     "-Y -X -W -BIAS +X +GOT -X +GC +PART +GT -GT +MMF -MMF +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
+     "+PART +W +MMA -MMA +GT -GT +GOT +MMB -MMB -PART +GC -GC +X -GOT +X -X -PART -GOT -GC "},
     {"threads", "colwise", true, 4,
      "-Y -X -W -BIAS +AG +P +MMF -MMF +PC +Y +ZERO +Y -Y +Y +BIAS +BIAS +BIAS -BIAS -BIAS +Y +P -Y "
      "+PC -PC +AG +MMA -MMA +W +MMB -MMB -P +X -AG -Y -P -PC -AG "},
     {"threads", "rowwise", true, 4,
-     "-Y -X -W -BIAS +ZERO +X +GOT +GOT +PART +MMF -MMF +Y +Y -Y +BIAS +BIAS +BIAS -BIAS -BIAS "
-     "+PART +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X +X -X -PART -GOT -GOT -X "},
+     "-Y -X -W -BIAS +ZERO +X +GOT +GC +PART +GT -GT +MMF -MMF +Y +Y -Y +BIAS +BIAS +BIAS -BIAS "
+     "-BIAS +PART +W +MMA -MMA +GT -GT +GOT +MMB -MMB -PART +GC -GC +X -GOT +X -X +X -X -PART -GOT "
+     "-GC -X "},
     {"gloo", "colwise", false, 4,
      "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +MMF -MMF +PC +Y +Y +BIAS +BIAS -BIAS +Y +P -Y "
      "+PC -PC +AG +MMA -MMA +W +MMB -MMB -P +AG +X -AG -AG -Y -P -PC -AG "},
     {"gloo", "rowwise", false, 4,
-     "-Y -X -W -BIAS +X +GOT -X +GOT +PART +MMF -MMF +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS +Y "
-     "+Y +Y +Y +PART -Y -Y -Y -Y +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X -PART "
-     "-GOT -GOT "},
+     "-Y -X -W -BIAS +X +GOT -X +GC +PART +GT -GT +MMF -MMF +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS "
+     "+Y +Y +Y +Y +PART -Y -Y -Y -Y +W +MMA -MMA +GT -GT +GOT +MMB -MMB -PART +GC -GC +X -GOT +X "
+     "-X -PART -GOT -GC "},
     {"gloo", "colwise", true, 4,
      "-Y -X -W -BIAS +X +X +X +X +AG -X -X -X -X +P +MMF -MMF +PC +Y +ZERO +Y -Y +Y +BIAS +BIAS "
      "-BIAS +Y +P -Y +PC -PC +AG +MMA -MMA +W +MMB -MMB -P +AG +X -AG -AG -Y -P -PC -AG "},
     {"gloo", "rowwise", true, 4,
-     "-Y -X -W -BIAS +ZERO +X +GOT +GOT +PART +MMF -MMF +PART +Y -PART +Y -Y +BIAS +BIAS -BIAS "
-     "+Y +Y +Y +Y +PART -Y -Y -Y -Y +W +MMA -MMA +GOT +MMB -MMB -PART +GOT -GOT +X -GOT +X -X +X "
-     "-X -PART "
-     "-GOT -GOT -X "},
+     "-Y -X -W -BIAS +ZERO +X +GOT +GC +PART +GT -GT +MMF -MMF +PART +Y -PART +Y -Y +BIAS +BIAS "
+     "-BIAS +Y +Y +Y +Y +PART -Y -Y -Y -Y +W +MMA -MMA +GT -GT +GOT +MMB -MMB -PART +GC -GC +X "
+     "-GOT +X -X +X -X -PART -GOT -GC -X "},
 };
 
 }  // namespace
