@@ -17,9 +17,13 @@ namespace sb::strategies::pipeline {
 PipelineExecutor::PipelineExecutor(Plan plan, Fault fault, const CaseSpec& c)
     : case_(c), fault_(fault), plan_(std::move(plan)), training_(c.training.enabled()) {}
 
-at::Tensor PipelineExecutor::stageForward(int stage, const at::Tensor& x) const {
+at::Tensor PipelineExecutor::stageForward(int stage, const at::Tensor& x,
+                                          std::vector<at::Tensor>* outs) const {
   at::Tensor h = x;
-  for (int l = plan_.cut[stage]; l < plan_.cut[stage + 1]; ++l) h = net_->stage(l, h, true);
+  for (int l = plan_.cut[stage]; l < plan_.cut[stage + 1]; ++l) {
+    h = net_->stage(l, h, true);
+    if (outs) outs->push_back(h);
+  }
   return h;
 }
 
@@ -55,6 +59,7 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData&)
     }
     owned_.emplace_back(name, t);
     stageParams_[stage].push_back(t);
+    layerParams_[layer].push_back(t);
     t.mutable_grad() = at::zeros_like(t);
   }
   profile(ctx);
@@ -93,13 +98,14 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
                           : receive(inputs_[m], where[s - 1], tagOf(plan_, s, m, 0),
                                     "the previous stage's activation");
     x = x.detach().requires_grad_(true);
-    at::Tensor y = stageForward(s, x);
+    std::vector<at::Tensor> outs;
+    at::Tensor y = stageForward(s, x, plan_.schedule.splitBackward ? &outs : nullptr);
     if (s < S - 1) {
       int to = s + 1;
       if (fault_ == Fault::kSendWrongStage && s == 0 && m == 0) to = std::min(S - 1, s + 2);
       send(y.detach(), where[s + 1], tagOf(plan_, to, m, 0));
     }
-    stash_[{s, m}] = {x, y, at::Tensor()};
+    stash_[{s, m}] = {x, y, std::move(outs), {}};
     return;
   }
   auto it = stash_.find({s, m});
@@ -107,13 +113,20 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
               std::to_string(s) + "F" + std::to_string(m), " (its forward)");
   Stash& st = it->second;
   if (a.op == Op::kBackwardWeight) {
-    TORCH_CHECK(st.gy.defined(), "pipeline rank ", p_, " runs ", a.name(), " before ",
+    TORCH_CHECK(!st.gouts.empty(), "pipeline rank ", p_, " runs ", a.name(), " before ",
                 std::to_string(s) + "I" + std::to_string(m),
-                ": the weight gradient needs the output's gradient, which the input gradient's "
-                "pass receives");
-    const auto& params = stageParams_.at(s);
-    const auto grads = torch::autograd::grad({st.y}, params, {st.gy});
-    for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad().add_(grads[k]);
+                ": the weight gradient needs the layers' output gradients, which the input "
+                "gradient's pass computes");
+    // Each layer's parameters from its own output's gradient (I computed them): autograd runs
+    // the layer's own backward only, not the chain above it again.
+    for (int l = plan_.cut[s]; l < plan_.cut[s + 1]; ++l) {
+      const auto found = layerParams_.find(l);
+      if (found == layerParams_.end()) continue;
+      const size_t j = static_cast<size_t>(l - plan_.cut[s]);
+      const auto grads = torch::autograd::grad({st.outs[j]}, found->second, {st.gouts[j]},
+                                               /*retain_graph=*/true);
+      for (size_t k = 0; k < grads.size(); ++k) found->second[k].mutable_grad().add_(grads[k]);
+    }
     stash_.erase(it);
     return;
   }
@@ -136,8 +149,15 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     }
     gx = st.x.grad();
   } else {
-    gx = torch::autograd::grad({st.y}, {st.x}, {gy}, /*retain_graph=*/true)[0];
-    st.gy = gy;
+    // I: the input's gradient and every layer output's but the last (whose is gy), in one
+    // pass that computes no parameter's gradient; the graph kept for W.
+    std::vector<at::Tensor> wrt(st.outs.begin(), st.outs.end() - 1);
+    wrt.push_back(st.x);
+    auto grads = torch::autograd::grad({st.y}, wrt, {gy}, /*retain_graph=*/true);
+    gx = grads.back();
+    grads.pop_back();
+    grads.push_back(gy);
+    st.gouts = std::move(grads);
   }
   if (s > 0) {
     send(gx, where[s - 1], tagOf(plan_, s - 1, m, 1));

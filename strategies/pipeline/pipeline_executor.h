@@ -64,9 +64,13 @@ class PipelineExecutor final : public harness::RankExecutor {
 
  private:
   struct Stash {
-    at::Tensor x, y, gy;  // the stage's input (a leaf), output, and output's gradient (I to W)
+    at::Tensor x, y;  // the stage's input (a leaf) and output
+    // A split backward's: each layer's output (its last, y), and from I to W their gradients.
+    std::vector<at::Tensor> outs, gouts;
   };
-  at::Tensor stageForward(int stage, const at::Tensor& x) const;
+  // The stage's layers on x; where `outs` is given, each layer's output appended to it.
+  at::Tensor stageForward(int stage, const at::Tensor& x,
+                          std::vector<at::Tensor>* outs = nullptr) const;
   void run(RankContext& ctx, const Action& a);
   void profile(RankContext& ctx);
   // Each of this rank's stages' actions on micro-batch 0, as run() runs them with its
@@ -81,6 +85,7 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::unique_ptr<reference::ChainNet> net_;
   std::vector<at::Tensor> inputs_, targets_;               // this replica's micro-batches
   std::map<int, std::vector<at::Tensor>> stageParams_;     // this rank's stages' parameters
+  std::map<int, std::vector<at::Tensor>> layerParams_;     // and its layers', by chain layer
   std::vector<std::pair<std::string, at::Tensor>> owned_;  // (name, parameter)
   std::map<std::string, std::vector<int64_t>> shapes_;     // every parameter's
   std::map<std::pair<int, int>, Stash> stash_;

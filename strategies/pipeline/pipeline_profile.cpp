@@ -29,14 +29,26 @@ void PipelineExecutor::profile(RankContext& ctx) {
       // Both chains keep the input's shape from layer to layer.
       at::Tensor x = inputs_[0].detach().clone().requires_grad_(true);
       auto t0 = std::chrono::steady_clock::now();
-      at::Tensor y = stageForward(stage, x);
+      std::vector<at::Tensor> outs;
+      at::Tensor y = stageForward(stage, x, &outs);
       f.push_back(us(t0));
       const at::Tensor g = at::ones_like(y);
+      // I and W as run() runs them: the layers' output gradients and the input's, then each
+      // layer's parameters from its output's gradient.
       t0 = std::chrono::steady_clock::now();
-      torch::autograd::grad({y}, {x}, {g}, /*retain_graph=*/true);
+      std::vector<at::Tensor> wrt(outs.begin(), outs.end() - 1);
+      wrt.push_back(x);
+      auto gouts = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/true);
       i.push_back(us(t0));
+      gouts.pop_back();
+      gouts.push_back(g);
       t0 = std::chrono::steady_clock::now();
-      torch::autograd::grad({y}, params, {g}, /*retain_graph=*/true);
+      for (int l = plan_.cut[stage]; l < plan_.cut[stage + 1]; ++l) {
+        const auto found = layerParams_.find(l);
+        if (found == layerParams_.end()) continue;
+        const size_t j = static_cast<size_t>(l - plan_.cut[stage]);
+        torch::autograd::grad({outs[j]}, found->second, {gouts[j]}, /*retain_graph=*/true);
+      }
       w.push_back(us(t0));
       std::vector<at::Tensor> all = params;
       all.push_back(x);
