@@ -30,6 +30,21 @@
 namespace sb::strategies::cp {
 namespace replay {
 
+// ln2's backward (its input gradient consumed), then the residual's gradient: the block
+// output's gradient (`seedFreeable`: a sum buffer, else the target) plus ln2's.
+void Replay::ln2Backward(bool seedFreeable) {
+  layerNormBackward();
+  f(E, "ln2 grad consumed");
+  f(E, "residual saved");
+  f(N, "ln2 mean");
+  f(N, "ln2 rstd");
+  a(E, "residual grad");
+  f(E, "ln2 grad input");
+  if (seedFreeable) f(E, "block grad");
+  f(D * es, "ln2 weight grad");
+  f(D * es, "ln2 bias grad");
+}
+
 // ln1's backward, then the block input's gradient: the residual's plus ln1's (a leaf's, the
 // input's, at layer 0; the input is saved by ln1 beyond).
 void Replay::ln1Backward(int64_t l) {
@@ -107,16 +122,7 @@ void Replay::layerBackward(int64_t l, bool seedFreeable) {
   f(F * es, "fc bias grad");
   f(F * D * es, "fc weight grad");
   // ln2, then the residual's gradient: the block's output gradient plus ln2's.
-  layerNormBackward();
-  f(E, "ln2 grad consumed");
-  f(E, "residual saved");
-  f(N, "ln2 mean");
-  f(N, "ln2 rstd");
-  a(E, "residual grad");
-  f(E, "ln2 grad input");
-  if (seedFreeable) f(E, "block grad");
-  f(D * es, "ln2 weight grad");
-  f(D * es, "ln2 bias grad");
+  ln2Backward(seedFreeable);
   // The output projection (its input, a view of the attention output, saved by attention).
   linearBackward(A, Da * D * es, D * es);
   if (s_.variant == Variant::kUlysses) f(A, "merged heads saved");
@@ -256,16 +262,7 @@ void Replay::tpLayerBackward(int64_t l, bool seedFreeable) {
   sliceGrad(F * es, 4 * D * es);
   tpAllReduce("ln2 grad summed");  // f
   f(E, "ln2 grad consumed");
-  layerNormBackward();
-  f(E, "ln2 grad summed");
-  f(E, "residual saved");
-  f(N, "ln2 mean");
-  f(N, "ln2 rstd");
-  a(E, "residual grad");
-  f(E, "ln2 grad input");
-  if (seedFreeable) f(E, "block grad");
-  f(D * es, "ln2 weight grad");
-  f(D * es, "ln2 bias grad");
+  ln2Backward(seedFreeable);
   transient(D * es, "proj bias grad");
   a(D * Da * es, "proj weight grad");
   a(A, "proj grad input");

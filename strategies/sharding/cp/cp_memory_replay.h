@@ -109,6 +109,7 @@ class Replay {
   void allToAll(int64_t bytes, const char* what);
   void layerForward(int64_t l);
   void ln1Backward(int64_t l);
+  void ln2Backward(bool seedFreeable);
   void layerBackward(int64_t l, bool seedFreeable);
   // CP x TP (context_parallel.cpp's tensorParallelLayer).
   void tpLayerForward(int64_t l);
