@@ -227,12 +227,10 @@ void PipelineExecutor::step(RankContext& ctx) {
       loop_->update(loss);
     }
   }
-  // The measured timeline, for the record (the last iteration's; details() reads it after the
-  // measured step).
-  double busy = 0;
-  for (const auto& t : timeline_) busy += t.endUs - t.startUs;
-  details_["pipeline"]["rank_busy_us"] = busy;
-  details_["pipeline"]["rank_step_us"] = end;
+  // The last iteration's timeline, for the record (settle() gathers it after the measured step).
+  busyUs_ = 0;
+  for (const auto& t : timeline_) busyUs_ += t.endUs - t.startUs;
+  stepUs_ = end;
 }
 
 void PipelineExecutor::settle(RankContext& ctx) {
@@ -243,8 +241,6 @@ void PipelineExecutor::settle(RankContext& ctx) {
     return at::empty(shape, net_->input().options());
   };
   const int S = plan_.schedule.stages;
-  std::vector<int64_t> outShape = shapeOf(net_->target());
-  outShape[0] /= plan_.dp;
   results_["output"] =
       plan_.schedule.stageRank[S - 1] == p_ ? at::cat(outputs_, 0) : empty(shapeOf(net_->target()));
   results_["grad_input"] =
@@ -273,9 +269,7 @@ void PipelineExecutor::settle(RankContext& ctx) {
     }
   }
   // Every rank's measured busy and step time, gathered (uncounted: settle), beside the dry run.
-  at::Tensor mineT = at::tensor({details_["pipeline"]["rank_busy_us"].get<double>(),
-                                 details_["pipeline"]["rank_step_us"].get<double>()},
-                                at::kDouble);
+  at::Tensor mineT = at::tensor({busyUs_, stepUs_}, at::kDouble);
   const at::Tensor all =
       ctx.group({0}).allGather(mineT.view({1, 2}), std::vector<int64_t>(plan_.pp, 1));
   double step = 0, idle = 0;
@@ -317,9 +311,6 @@ void PipelineExecutor::settle(RankContext& ctx) {
     stages.push_back(e);
   }
   d["profile"] = {{"p2p_us", costs_.p2pUs}, {"stages", stages}};
-  d.erase("rank_busy_us");
-  d.erase("rank_step_us");
-  (void)outShape;
 }
 
 std::vector<std::pair<std::string, std::string>> PipelineExecutor::recordParams() const {

@@ -106,6 +106,7 @@ class PipelineExecutor final : public harness::RankExecutor {
                                               // the last step's outputs go
   std::vector<at::Tensor> outputs_, gradInputs_;
   std::vector<TimedAction> timeline_;
+  double busyUs_ = 0, stepUs_ = 0;  // the last step's (its last iteration's) busy time, and end
   // The step's start, and the current action's compute (after what it received).
   std::chrono::steady_clock::time_point start_, computeStart_;
   std::optional<double> predictedStepUs_;
