@@ -131,14 +131,18 @@ void Communicator::barrier() {
   doBarrier();
 }
 
+void Communicator::checkP2P(const char* what, const at::Tensor& tensor, int peer, int tag) const {
+  TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, what, ": rank ", rank_, " names peer ",
+              peer, " in a group of ", size_, " (a peer is another group rank)");
+  TORCH_CHECK(tensor.defined() && tensor.is_contiguous(), what,
+              ": every tensor must be defined and contiguous");
+  TORCH_CHECK(tag >= 0, what, ": tags are nonnegative (c10d's are), got ", tag);
+}
+
 void Communicator::exchange(const std::vector<P2POp>& ops) {
   int64_t sent = 0;
   for (const auto& op : ops) {
-    TORCH_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_, "send_recv: rank ", rank_,
-                " names peer ", op.peer, " in a group of ", size_,
-                " (a peer is another group rank)");
-    TORCH_CHECK(op.tensor.defined() && op.tensor.is_contiguous(),
-                "send_recv: every tensor must be defined and contiguous");
+    checkP2P("send_recv", op.tensor, op.peer, op.tag);
     if (op.kind == P2POp::Kind::kSend) sent += op.tensor.nbytes();
   }
   count(Collective::kSendRecv, sent);
@@ -154,21 +158,13 @@ struct DoneSend final : Communicator::PendingSend {
 
 std::unique_ptr<Communicator::PendingSend> Communicator::isend(const at::Tensor& tensor, int dst,
                                                                int tag) {
-  TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "send: rank ", rank_, " names peer ", dst,
-              " in a group of ", size_, " (a peer is another group rank)");
-  TORCH_CHECK(tensor.defined() && tensor.is_contiguous(),
-              "send: the tensor must be defined and contiguous");
-  TORCH_CHECK(tag >= 0, "send: tags are nonnegative (c10d's are), got ", tag);
+  checkP2P("send", tensor, dst, tag);
   count(Collective::kSendRecv, static_cast<int64_t>(tensor.nbytes()));
   return doIsend(tensor, dst, tag);
 }
 
 void Communicator::recv(at::Tensor& tensor, int src, int tag) {
-  TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "recv: rank ", rank_, " names peer ", src,
-              " in a group of ", size_, " (a peer is another group rank)");
-  TORCH_CHECK(tensor.defined() && tensor.is_contiguous(),
-              "recv: the tensor must be defined and contiguous");
-  TORCH_CHECK(tag >= 0, "recv: tags are nonnegative (c10d's are), got ", tag);
+  checkP2P("recv", tensor, src, tag);
   count(Collective::kSendRecv, 0);
   doExchange({{P2POp::Kind::kRecv, tensor, src, tag}});
 }

@@ -149,6 +149,9 @@ class Communicator {
   // isend's posting, for backends that can return before the peer receives; by default the
   // send is a blocking exchange (a pipeline on such a backend may deadlock: none is built so).
   virtual std::unique_ptr<PendingSend> doIsend(const at::Tensor& tensor, int dst, int tag);
+  // What every point-to-point op must be: a peer of the group other than this rank, a defined
+  // contiguous tensor, a nonnegative tag; `what` names the op in the message.
+  void checkP2P(const char* what, const at::Tensor& tensor, int peer, int tag) const;
 
  private:
   [[noreturn]] void unsupported(Collective c) const;
