@@ -43,8 +43,8 @@ class C10dCommunicator final : public Communicator {
   // reduce gathers every block and sums into a copy; all-gather pads a short block and receives
   // every block at the largest size before concatenating; reduce-scatter receives every rank's
   // block before summing.
-  int64_t scratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
-                       at::ScalarType dtype) const override {
+  int64_t doScratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
+                         at::ScalarType dtype) const override {
     const int64_t n = size();
     switch (c) {
       case Collective::kAllReduce:

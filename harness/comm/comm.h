@@ -131,13 +131,19 @@ class Communicator {
   // (or reduces into), at their peak: what a memory model adds for the collective, since the
   // memory tracker sees every one of them. `myBlockBytes` is this rank's block (all-reduce: its
   // buffer; all-gather: its input; reduce-scatter: its output; all-to-all: its input),
-  // `maxBlockBytes` the largest block of any rank of the group.
-  virtual int64_t scratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
-                               at::ScalarType dtype) const {
-    return 0;
+  // `maxBlockBytes` the largest block of any rank of the group. A group of one rank never
+  // reaches its backend (its collectives copy or do nothing): 0.
+  int64_t scratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
+                       at::ScalarType dtype) const {
+    return size_ > 1 ? doScratchBytes(c, myBlockBytes, maxBlockBytes, dtype) : 0;
   }
 
  protected:
+  // scratchBytes for a group of two ranks or more: the backend's.
+  virtual int64_t doScratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
+                                 at::ScalarType dtype) const {
+    return 0;
+  }
   virtual void doAllReduce(at::Tensor& tensor);
   virtual at::Tensor doAllGather(const at::Tensor& input, const std::vector<int64_t>& rows);
   virtual at::Tensor doReduceScatter(const at::Tensor& input, const std::vector<int64_t>& rows);

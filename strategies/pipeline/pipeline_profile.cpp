@@ -199,8 +199,7 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
     }
   }
   const auto scratchOf = [](harness::Communicator* comm, int64_t bytes, at::ScalarType t) {
-    return comm && comm->size() > 1 ? comm->scratchBytes(Collective::kAllReduce, bytes, bytes, t)
-                                    : int64_t{0};
+    return comm ? comm->scratchBytes(Collective::kAllReduce, bytes, bytes, t) : int64_t{0};
   };
   int64_t dpScratch = 0;
   if (plan_.dp > 1) {

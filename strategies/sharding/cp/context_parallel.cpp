@@ -425,7 +425,7 @@ void CpExecutor::modelMemory(RankContext& ctx) {
   const at::ScalarType dtype = case_.dtype;
   const auto scratchOf = [dtype](harness::Communicator& c) {
     return [&c, dtype](Collective k, int64_t mine, int64_t most) {
-      return c.size() > 1 ? c.scratchBytes(k, mine, most, dtype) : int64_t{0};
+      return c.scratchBytes(k, mine, most, dtype);
     };
   };
   s.cpScratch = scratchOf(ctx.group({0}));

@@ -43,10 +43,6 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
     pShardB[i] = shardB[i] / es * pes;
     pMaxShardB[i] = maxShardB[i] / es * pes;
   }
-  const auto scratch = [&](harness::Communicator& c, Collective k, int64_t mine, int64_t most,
-                           at::ScalarType dtype) {
-    return c.size() > 1 ? c.scratchBytes(k, mine, most, dtype) : int64_t{0};
-  };
   auto& world = ctx.world();
   auto& sc = shardComm();
   int64_t peak = 0;
@@ -70,7 +66,7 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
     for (int i : unitParams_[u]) {
       const int64_t cast = mixed() ? pShardB[i] : 0;
       at(live + pFullB[i] + (again ? pFullB[i] : 0) + cast +
-         scratch(sc, Collective::kAllGather, pShardB[i], pMaxShardB[i], paramDtype_));
+         sc.scratchBytes(Collective::kAllGather, pShardB[i], pMaxShardB[i], paramDtype_));
       live += pFullB[i];
       overlay += pFullB[i];
     }
@@ -105,10 +101,11 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
         const int i = m.index;
         const int64_t copy = mixed() || !m.contiguous ? fullB[i] : 0;
         at(live + copy + shardB[i] +
-           scratch(sc, Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
+           sc.scratchBytes(Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
         if (kind_ == Kind::kHsdp) {
           at(live + shardB[i] +
-             scratch(ctx.group({0}), Collective::kAllReduce, shardB[i], shardB[i], case_.dtype));
+             ctx.group({0}).scratchBytes(Collective::kAllReduce, shardB[i], shardB[i],
+                                         case_.dtype));
         }
         overlay += shardB[i];  // the shard's gradient, kept; the whole one let go as profiled
         const int owner = unitOf_[i];
@@ -119,7 +116,7 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
         break;
       }
       case MarkKind::kBackwardEnd:  // the loss summed over the ranks
-        at(live + es + scratch(world, Collective::kAllReduce, es, es, case_.dtype));
+        at(live + es + world.scratchBytes(Collective::kAllReduce, es, es, case_.dtype));
         break;
       case MarkKind::kStart:
       case MarkKind::kDone:
@@ -153,17 +150,17 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
       for (int i = 0; i < n; ++i) {
         if (kind_ == Kind::kZero2) {
           at(live + shardB[i] +
-             scratch(world, Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
+             world.scratchBytes(Collective::kReduceScatter, shardB[i], maxShardB[i], case_.dtype));
           live += shardB[i] - fullB[i];
         } else if (fault_ == Fault::kReplicaOwnOrder) {
           // The fault's sum (memory and bytes as it runs, so that only the replica check can
           // fail it): every rank's gradient all-gathered, then added up in a copy.
           const int64_t parts = fullB[i] * layout_.world;
           at(live + parts +
-             scratch(world, Collective::kAllGather, fullB[i], fullB[i], case_.dtype));
+             world.scratchBytes(Collective::kAllGather, fullB[i], fullB[i], case_.dtype));
           at(live + parts + fullB[i]);
         } else {
-          at(live + scratch(world, Collective::kAllReduce, fullB[i], fullB[i], case_.dtype));
+          at(live + world.scratchBytes(Collective::kAllReduce, fullB[i], fullB[i], case_.dtype));
           if (kind_ == Kind::kZero1) live += shardB[i];
         }
       }
@@ -173,7 +170,7 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
     if (kind_ == Kind::kZero1 || kind_ == Kind::kZero2) {
       for (int i = 0; i < n; ++i) {
         at(live + fullB[i] +
-           scratch(world, Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
+           world.scratchBytes(Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
       }
     }
   }

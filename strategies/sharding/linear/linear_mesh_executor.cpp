@@ -107,7 +107,7 @@ LinearMeshExecutor::PassModel LinearMeshExecutor::modelPass(RankContext& ctx) co
   const int64_t X = x_.nbytes(), W = w_.nbytes(), B = b_.defined() ? b_.nbytes() : 0;
   const int64_t O = gradOut_.nbytes();
   const auto scratch = [&](harness::Communicator* g, int64_t bytes) {
-    return g == nullptr || g->size() == 1
+    return g == nullptr
                ? 0
                : g->scratchBytes(harness::Collective::kAllReduce, bytes, bytes, case_.dtype);
   };
@@ -176,8 +176,7 @@ int64_t LinearMeshExecutor::modelTrainingPeak(RankContext& ctx) const {
   const int64_t O = gradOut_.nbytes(), es = static_cast<int64_t>(c10::elementSize(case_.dtype));
   auto& world = ctx.world();
   const int64_t lossScratch =
-      world.size() > 1 ? world.scratchBytes(harness::Collective::kAllReduce, es, es, case_.dtype)
-                       : 0;
+      world.scratchBytes(harness::Collective::kAllReduce, es, es, case_.dtype);
   const PassModel pass = modelPass(ctx);
   int64_t peak = 0;
   for (int k = 0; k < std::min(case_.training.steps, 2); ++k) {

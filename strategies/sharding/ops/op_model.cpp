@@ -97,9 +97,7 @@ void MemoryReplay::gatherInput() {
 }
 
 int64_t MemoryReplay::scratch(const Axes& axes, int64_t b) const {
-  return ctx.mesh().groupSize(axes) > 1
-             ? ctx.group(axes).scratchBytes(Collective::kAllReduce, b, b, dtype)
-             : 0;
+  return ctx.group(axes).scratchBytes(Collective::kAllReduce, b, b, dtype);
 }
 
 void MemoryReplay::dropPreviousResults(bool outputsAreViews, bool gradientsAreViews) {
