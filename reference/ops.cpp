@@ -441,6 +441,8 @@ std::vector<std::string> OpShape::outputNames() const {
   return names;
 }
 
+std::vector<int64_t> OpShape::permutation() const { return permuteDims(*this); }
+
 std::vector<int64_t> OpShape::reducedDims() const {
   const int64_t nd = static_cast<int64_t>(input.size());
   if (op == "softmax") return {normDim(*this, attrInt("dim"), nd, "dim")};

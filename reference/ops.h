@@ -80,6 +80,8 @@ struct OpShape {
   // The dimensions that `op` reduces or normalises over (softmax's dim, sum's dims, ...),
   // made non-negative; empty for operators without one.
   std::vector<int64_t> reducedDims() const;
+  // permute, transpose: output dimension d is input dimension permutation()[d].
+  std::vector<int64_t> permutation() const;
   std::string toString() const;
 };
 

@@ -44,6 +44,7 @@
 #include "reference/autograd_engine.h"
 #include "reference/training.h"
 #include "strategies/sharding/auto/model.h"
+#include "strategies/sharding/auto/plan_memory.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
 #include "strategies/sharding/sharding_util.h"
 
@@ -67,13 +68,7 @@ struct Solved {
   nlohmann::json json;
   // Per node, per operand: the redistribution into the layout it reads (none: same layout, a
   // graph input, or a parameter's first reader).
-  struct Edge {
-    int node = 0;
-    size_t operand = 0;
-    harness::RedistGeometry geometry;
-    harness::RedistPlan forward, backward;
-  };
-  std::vector<Edge> edges;
+  std::vector<PlanEdge> edges;
   std::string problem;  // non-empty: no plan (unsupported)
 };
 
@@ -138,7 +133,8 @@ class PlanExecutor final : public harness::RankExecutor {
   void step(RankContext& ctx) override;
   std::map<std::string, at::Tensor> results() const override;
   std::optional<int64_t> predictedPeakBytes() const override {
-    const int64_t onePass = solved_->plan.predictedPeakBytes;
+    if (!replayed_) return std::nullopt;
+    const int64_t onePass = heldBytes_ + stepPeak_;
     if (!case_.training.enabled()) return onePass;
     // Over steps: the plan's peak with the optimizer's state alive (every backward after the
     // first), or the update between backwards, as its profile measured it above the step's start.
@@ -172,6 +168,14 @@ class PlanExecutor final : public harness::RankExecutor {
       rows.push_back({{"at", what}, {"live_bytes", bytes}});
     }
     j["memory_rows"] = rows;
+    // The row's prediction is the replay of the plan chosen; the rows above are what the
+    // integer program priced it with.
+    j["predicted"]["liveness_peak_bytes"] = solved_->plan.predictedPeakBytes;
+    if (replayed_) {
+      j["predicted"]["memory_model"] = "replay";
+    } else {
+      j["predicted"]["memory_model"] = "none: " + notReplayed_;
+    }
     return j;
   }
 
@@ -198,6 +202,11 @@ class PlanExecutor final : public harness::RankExecutor {
   bool outputCounted_ = true;
   std::unique_ptr<reference::TrainingLoop> loop_;
   int64_t startLive_ = 0, updatePeak_ = 0, stateBytes_ = 0, initialBytes_ = 0;
+  // The step's replay (plan_memory.h): its peak above what the executor holds (the parameters'
+  // pieces, the data slices, the seed), or why there is none.
+  bool replayed_ = false;
+  int64_t heldBytes_ = 0, stepPeak_ = 0;
+  std::string notReplayed_;
 };
 
 // Whether the rank at `coords` adds its piece of a tensor in `layout` to a sum over the whole
@@ -281,7 +290,7 @@ class PlanStrategy final : public harness::Strategy {
         for (size_t i = 0; i < n.args.size(); ++i) {
           const auto from = s->model->valueLayout(n.args[i], s->plan.choice);
           if (!from || *from == cand.op.operands[i]) continue;
-          Solved::Edge e;
+          PlanEdge e;
           e.node = static_cast<int>(v);
           e.operand = i;
           e.geometry = {g.valueShape(n.args[i]), c.mesh,
@@ -428,6 +437,21 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   seed_ =
       harness::sliceBox(data.inputs.at(case_.training.enabled() ? "target" : "grad_output"), out)
           .clone();
+  heldBytes_ = static_cast<int64_t>(seed_.nbytes());
+  for (const auto& [name, l] : leaves_) heldBytes_ += static_cast<int64_t>(l.nbytes());
+  for (const auto& [key, t] : data_) heldBytes_ += static_cast<int64_t>(t.nbytes());
+  auto& mem = harness::MemoryTracker::instance();
+  std::vector<PlanMemoryEvent> log;
+  try {
+    stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
+                               mem.tracing(ctx.rank()) ? &log : nullptr);
+    replayed_ = true;
+  } catch (const PlanMemoryUnknown& e) {
+    notReplayed_ = e.what();
+  }
+  for (const auto& e : log) {
+    fprintf(stderr, "model %+lld %s\n", static_cast<long long>(e.bytes), e.what.c_str());
+  }
   if (case_.training.enabled()) {
     outputCounted_ = countsOnce(outLayout, coords);
     for (const auto& [name, l] : leaves_) {
@@ -512,7 +536,7 @@ at::Tensor PlanExecutor::forward(RankContext& ctx) {
   for (const auto& n : g.nodes) {
     for (const auto& a : n.args) ++reads[a];
   }
-  std::map<std::pair<int, size_t>, const Solved::Edge*> edges;
+  std::map<std::pair<int, size_t>, const PlanEdge*> edges;
   for (const auto& e : solved_->edges) edges[{e.node, e.operand}] = &e;
   bool faultDone = !fault_;
   std::map<std::string, at::Tensor> values;
@@ -531,7 +555,7 @@ at::Tensor PlanExecutor::forward(RankContext& ctx) {
         t = values.at(a);
       }
       if (auto it = edges.find({static_cast<int>(v), i}); it != edges.end()) {
-        const Solved::Edge& e = *it->second;
+        const PlanEdge& e = *it->second;
         if (!faultDone) {
           // The planted fault: no redistribution; the piece cut or padded to the expected shape.
           faultDone = true;

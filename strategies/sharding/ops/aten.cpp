@@ -34,6 +34,7 @@ std::vector<OpStrategySpec> atenSpecs(const reference::OpShape& s) {
 void atenMemory(MemoryReplay& m) {
   m.dropPreviousResults(false, false);
   m.alloc(m.O);
+  m.backwardBegins();
   m.alloc(m.sumG);
 }
 

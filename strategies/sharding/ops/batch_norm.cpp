@@ -68,6 +68,7 @@ void batchNormMemory(MemoryReplay& m) {
   m.alloc(m.O);
   m.alloc(2 * C);
   m.release(2 * C);
+  m.backwardBegins();
   m.alloc(m.sumG);
   m.alloc(m.X);  // a temporary of the input's size
   m.release(m.X + 2 * C);

@@ -58,6 +58,7 @@ void contractionReplay(MemoryReplay& m, int64_t columns) {
     m.alloc(O);
     m.release(2 * O);
   }
+  m.backwardBegins();
   m.alloc(m.sumG);
   m.alloc(columns);
   m.release(columns);

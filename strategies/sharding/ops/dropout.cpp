@@ -29,6 +29,7 @@ void dropoutMemory(MemoryReplay& m) {
   m.release(16 * m.n + 8);
   m.alloc(m.n * m.es);  // the scaled mask, saved
   m.alloc(m.O);
+  m.backwardBegins();
   m.alloc(m.sumG);
 }
 

@@ -50,6 +50,7 @@ std::vector<OpStrategySpec> binarySpecs(const reference::OpShape& s) {
 void binaryMemory(MemoryReplay& m, bool productGradient) {
   m.dropPreviousResults(false, false);
   m.alloc(m.O);
+  m.backwardBegins();
   for (size_t i = 0; i < m.leaves.size(); ++i) {
     const bool broadcast = m.leaves[i].numel() != m.outputBoxes[0].numel();
     if (productGradient && broadcast) {
@@ -67,6 +68,7 @@ void binaryMemory(MemoryReplay& m, bool productGradient) {
 void unaryMemory(MemoryReplay& m) {
   m.dropPreviousResults(false, false);
   m.alloc(m.O);
+  m.backwardBegins();
   m.alloc(m.sumG);
 }
 

@@ -88,6 +88,7 @@ void embeddingMemory(MemoryReplay& m) {
       m.release(ids8);
       m.alloc(O);
       m.reduceCopy();
+      m.backwardBegins();
       m.alloc(g[1]);
       m.release(ids8);
     } else {
@@ -101,6 +102,7 @@ void embeddingMemory(MemoryReplay& m) {
         m.release(m.scratch(m.outPartial, O));
         m.release(O);
       }
+      m.backwardBegins();
       // Backward: the masked gradient, the mask released, the weight's gradient, the masked
       // gradient and the local ids released.
       m.alloc(O);
@@ -112,6 +114,7 @@ void embeddingMemory(MemoryReplay& m) {
     m.gradAllReduces();
   } else {
     m.alloc(O);
+    m.backwardBegins();
     m.alloc(g[1]);  // a zeroed table, rows added
     m.gradAllReduces();
   }

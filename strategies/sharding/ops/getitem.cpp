@@ -92,6 +92,7 @@ OpRule getitemRule() {
   // copies the gradient, become the input's gradient.
   r.memory = [](MemoryReplay& m) {
     m.dropPreviousResults(true, false);
+    m.backwardBegins();
     m.alloc(m.sumG);
   };
   r.flops = noFlops;

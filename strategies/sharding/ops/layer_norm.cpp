@@ -73,6 +73,7 @@ void layerNormMemory(MemoryReplay& m) {
     // The kernel's per-thread buffer for the weight and bias gradients.
     const int64_t buffer = 2 * at::get_num_threads() * m.leaves[0].size(-1) * m.es;
     m.alloc(m.O + 2 * R);
+    m.backwardBegins();
     m.alloc(m.sumG + buffer);
     m.release(buffer + 2 * R);
     m.gradAllReduces();

@@ -93,6 +93,7 @@ void productMemory(MemoryReplay& m) {
   m.dropPreviousResults(false, false);
   m.alloc(m.O);
   m.reduceCopy();
+  m.backwardBegins();
   m.alloc(m.sumG);
   m.gradAllReduces();
 }

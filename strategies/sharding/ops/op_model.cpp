@@ -101,6 +101,7 @@ int64_t MemoryReplay::scratch(const Axes& axes, int64_t b) const {
 }
 
 void MemoryReplay::dropPreviousResults(bool outputsAreViews, bool gradientsAreViews) {
+  if (split) return;
   const int64_t previous = (outputsAreViews ? 0 : O) + (gradientsAreViews ? 0 : sumG);
   alloc(previous);
   release(previous);
@@ -115,7 +116,7 @@ void MemoryReplay::reduceCopy() {
 }
 
 void MemoryReplay::gradAllReduces() {
-  if (fault == "skip_grad_all_reduce") return;
+  if (split || fault == "skip_grad_all_reduce") return;
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (g[i] == 0 || r.gradPartial[i].empty()) continue;
     const int64_t sc = scratch(r.gradPartial[i], g[i]);

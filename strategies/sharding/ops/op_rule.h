@@ -83,8 +83,36 @@ struct MemoryReplay {
   void alloc(int64_t b) {
     current += b;
     peak = std::max(peak, current);
+    if (split && b != 0) events.push_back(b);
   }
-  void release(int64_t b) { current -= b; }
+  void release(int64_t b) {
+    current -= b;
+    if (split && b != 0) events.push_back(-b);
+  }
+  // Where the operator's backward begins: every rule calls it once, after its forward's last
+  // allocation. The whole-plan replay (auto-sharding's plan_memory.cpp) runs one rule per node
+  // with `split` set, which records the events, and places the forward's and the backward's
+  // between the other nodes' as the autograd engine runs them.
+  // With `split` set, the rule's dropPreviousResults and gradAllReduces do nothing: the plan
+  // keeps no previous results, and its partial gradients' all-reduces are nodes of their own.
+  void backwardBegins() {
+    ++backwardMarks;
+    if (!split) return;
+    forwardNet = current;
+    backwardFrom = events.size();
+  }
+  // Where the gradients of the operator's outputs and what its first backward node saved are
+  // released, when the operator's backward is several nodes (softmax's scale and mask): the
+  // engine frees them after that node. By default, after the operator's last.
+  void incomingReleased() {
+    if (split) incomingReleasedAt = events.size();
+  }
+  bool split = false;
+  size_t incomingReleasedAt = SIZE_MAX;
+  std::vector<int64_t> events;  // with `split`: every allocation (> 0) and release (< 0)
+  size_t backwardFrom = 0;      // the backward's first event
+  int64_t forwardNet = 0;       // bytes the forward keeps
+  int backwardMarks = 0;  // a rule calls backwardBegins() once (the plan replay checks)
   // The backend's scratch for an all-reduce of `b` bytes over `axes` (none over one rank).
   int64_t scratch(const std::vector<int>& axes, int64_t b) const;
   // The previous step's results are alive when the window opens and are dropped first: its

@@ -22,6 +22,7 @@ void maxPoolMemory(MemoryReplay& m) {
   m.dropPreviousResults(false, false);
   const int64_t indices = m.outputBoxes[0].numel() * 8;
   m.alloc(m.O + indices);
+  m.backwardBegins();
   m.alloc(m.sumG);
   m.release(indices);
 }
@@ -30,6 +31,7 @@ void maxPoolMemory(MemoryReplay& m) {
 void avgPoolMemory(MemoryReplay& m) {
   m.dropPreviousResults(false, false);
   m.alloc(m.O);
+  m.backwardBegins();
   m.alloc(m.sumG);
 }
 

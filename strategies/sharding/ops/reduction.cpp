@@ -35,6 +35,7 @@ void sumMemory(MemoryReplay& m) {
   m.dropPreviousResults(false, false);
   m.alloc(m.O);
   m.reduceCopy();
+  m.backwardBegins();
   m.alloc(m.sumG);  // sum: the expanded gradient, copied into the leaf's layout
   m.gradAllReduces();
 }

@@ -32,11 +32,54 @@ std::vector<at::Tensor> softmaxForward(const LocalForward& f) {
   return {reference::attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), rows)};
 }
 
-// The output, then the input's gradient.
+// reference::attentionSoftmax's allocations. x * scale (a double): the scalar wrapped, cast to
+// the input's type, the product. The causal mask: the rows' and columns' indices (int64), their
+// comparison (bool, saved by masked_fill's backward), the masked copy. The output (saved),
+// after which the scaled and masked copies go. Backward: softmax's gradient, masked_fill's (the
+// first freed, then the mask), the scaled one's (the scalar again).
 void softmaxMemory(MemoryReplay& m) {
   m.dropPreviousResults(false, false);
+  const reference::OpShape& s = m.r.shape;
+  const at::Tensor& x = m.leaves[0];
+  const bool scaled = s.scale() != 1.0, causal = s.causal();
+  const int64_t S = m.X;
+  const int64_t cast = m.es == 8 ? 0 : m.es;
+  const auto scalarProduct = [&](int64_t out) {
+    m.alloc(8);
+    m.alloc(cast);
+    m.alloc(out);
+    m.release(cast);
+    m.release(8);
+  };
+  const int64_t rows = x.dim() >= 2 ? x.size(-2) : 1, cols = x.size(-1);
+  const int64_t mask = rows * cols;
+  if (scaled) scalarProduct(S);
+  if (causal) {
+    m.alloc(8 * rows);
+    m.alloc(8 * cols);
+    m.alloc(mask);
+    m.alloc(S);                    // the masked copy
+    if (scaled) m.release(S);      // the scaled one, replaced
+    m.release(8 * cols + 8 * rows);
+  }
   m.alloc(m.O);
-  m.alloc(m.sumG);
+  if (scaled || causal) m.release(S);  // the copy softmax read
+  m.backwardBegins();
+  if (!scaled && !causal) {
+    m.alloc(m.sumG);
+    return;
+  }
+  m.alloc(S);  // softmax's gradient
+  m.incomingReleased();
+  if (causal) {
+    m.alloc(S);  // masked
+    m.release(S);
+    m.release(mask);
+  }
+  if (scaled) {
+    scalarProduct(S);
+    m.release(S);
+  }
 }
 
 OpRule softmaxRule() {

@@ -22,7 +22,7 @@ void splitNormReplay(MemoryReplay& m, int64_t R, int64_t W) {
   m.alloc(sc(R));
   m.release(sc(R));
   m.alloc(O);  // y
-  // Backward.
+  m.backwardBegins();
   m.alloc(X);          // g
   m.alloc(R + X + R);  // sum(g), g * xhat, its sum
   m.alloc(2 * R);      // cat

@@ -247,6 +247,7 @@ OpRule viewLikeRule(nlohmann::json canonical) {
   // small to show.
   r.memory = [](MemoryReplay& m) {
     m.dropPreviousResults(true, false);
+    m.backwardBegins();
     m.alloc(m.sumG);
     if (swapsTwoDims(m.r.shape) && m.n >= 60 * 60) {
       m.alloc(60 * 60 * m.es);
@@ -265,10 +266,12 @@ OpRule viewLikeRule(nlohmann::json canonical) {
 void viewMemory(MemoryReplay& m) {
   if (!m.gathersInput()) {
     m.dropPreviousResults(true, true);
+    m.backwardBegins();
     return;
   }
   m.dropPreviousResults(false, false);
   m.gatherInput();
+  m.backwardBegins();
   m.alloc(m.sumG);
 }
 
@@ -301,6 +304,7 @@ OpRule splitRule() {
   };
   r.memory = [](MemoryReplay& m) {
     m.dropPreviousResults(true, false);
+    m.backwardBegins();
     m.alloc(m.X);  // the gradients concatenated
   };
   return r;

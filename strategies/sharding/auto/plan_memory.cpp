@@ -1,0 +1,607 @@
+// The replay of one rank's step through a sharding plan (plan_memory.h): the forward as the
+// plan executor walks it, the backward as LibTorch's autograd engine orders it.
+
+#include "strategies/sharding/auto/plan_memory.h"
+
+#include <ATen/TensorUtils.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <queue>
+#include <set>
+
+#include "harness/comm/mesh.h"
+#include "strategies/sharding/layout/redistribute_exec.h"
+#include "strategies/sharding/ops/op_rule.h"
+
+namespace sb::strategies::autoshard {
+namespace {
+
+using harness::Box;
+using harness::Layout;
+using reference::Graph;
+using reference::GraphNode;
+using Dims = std::vector<int64_t>;
+
+class Replay;
+
+// A storage: released when the last tensor on it goes (nothing released for `sim == nullptr`:
+// what the executor holds across the step).
+struct Storage {
+  Replay* sim = nullptr;
+  int64_t bytes = 0;
+  std::string what;
+  ~Storage();
+};
+
+// A tensor: its storage and geometry. A std::shared_ptr<Tensor> is a reference to it, so that
+// use_count() is LibTorch's Tensor::use_count() and the storage's is Storage::use_count().
+struct Tensor {
+  std::shared_ptr<Storage> storage;
+  Dims sizes, strides;
+
+  int64_t numel() const {
+    return std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<>());
+  }
+  bool contiguous() const {
+    int64_t expected = 1;
+    for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+      if (sizes[d] == 1) continue;
+      if (strides[d] != expected) return false;
+      expected *= sizes[d];
+    }
+    return true;
+  }
+  // Non-overlapping and dense: a permutation of a contiguous tensor.
+  bool dense() const {
+    std::vector<size_t> order(sizes.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return strides[a] < strides[b] || (strides[a] == strides[b] && sizes[a] < sizes[b]);
+    });
+    int64_t expected = 1;
+    for (size_t d : order) {
+      if (sizes[d] == 1) continue;
+      if (strides[d] != expected) return false;
+      expected *= sizes[d];
+    }
+    return true;
+  }
+};
+using Ref = std::shared_ptr<Tensor>;
+
+Dims contiguousStrides(const Dims& sizes) {
+  Dims s(sizes.size(), 1);
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) {
+    s[d] = s[d + 1] * std::max<int64_t>(1, sizes[d + 1]);
+  }
+  return s;
+}
+
+// One node of the backward graph as the engine sees it: an operator's backward, an edge's
+// redistribution of the gradient, a partial gradient's all-reduce, or a parameter's
+// accumulator. Created in the forward's order (seq); an accumulator runs first of all.
+struct Unit {
+  enum Kind { kOp, kEdge, kAllReduce, kLeaf } kind = kOp;
+  uint64_t seq = 0;
+  int node = -1;
+  size_t operand = 0;
+  std::vector<Ref> slots;  // the gradients of its outputs as they arrive
+  int deps = 0;
+  bool reachable = false;
+  // Per gradient it makes: where it goes (nullptr: nowhere, no gradient).
+  std::vector<std::pair<Unit*, size_t>> targets;
+  std::vector<Ref> saved;
+  // kOp: the rule's backward events and each operand's gradient; the native operators'.
+  std::vector<int64_t> backwardEvents;
+  std::vector<Dims> gradSizes;  // per operand (kEdge: the gradient's, redistributed back)
+  std::vector<bool> hasGrad;
+  bool native = false;     // kOp add: the incoming gradient passed on
+  int64_t extrasAfter = 0;  // kOp: what the forward saved, released with the saved tensors
+  size_t incomingReleasedAt = SIZE_MAX;  // kOp: the backward event before which they go
+  std::string op;
+  Dims inSizes;                               // kOp views: the operand's local sizes
+  std::vector<int64_t> inversePerm;           // kOp permute
+  std::unique_ptr<harness::RedistRunner> runner;  // kEdge: the gradient's way back
+  std::vector<int> axes;                      // kAllReduce
+  Dims paramSizes;                            // kLeaf
+  std::string name;
+};
+
+class Replay {
+ public:
+  Replay(const ShardingModel& m, const std::vector<int>& choice, const std::vector<PlanEdge>& edges,
+         harness::RankContext& ctx, at::ScalarType dtype, std::vector<PlanMemoryEvent>* log)
+      : m_(m), g_(m.graph()), choice_(choice), ctx_(ctx), dtype_(dtype), log_(log) {
+    es_ = static_cast<int64_t>(c10::elementSize(dtype));
+    coords_ = ctx.mesh().coords(ctx.rank());
+    for (const auto& e : edges) edges_[{e.node, e.operand}] = &e;
+  }
+
+  int64_t run();
+
+  void alloc(int64_t b, const std::string& what) {
+    if (b == 0) return;
+    current_ += b;
+    peak_ = std::max(peak_, current_);
+    if (log_) log_->push_back({b, what});
+  }
+  void release(int64_t b, const std::string& what) {
+    if (b == 0) return;
+    current_ -= b;
+    if (log_) log_->push_back({-b, what});
+  }
+
+ private:
+  Ref fresh(const Dims& sizes, const std::string& what) {
+    auto s = std::make_shared<Storage>();
+    s->sim = this;
+    s->bytes = std::accumulate(sizes.begin(), sizes.end(), es_, std::multiplies<>());
+    s->what = what;
+    alloc(s->bytes, what);
+    return std::make_shared<Tensor>(Tensor{s, sizes, contiguousStrides(sizes)});
+  }
+  // A tensor whose bytes a rule's events allocated already (and the storage releases).
+  Ref adopt(const Dims& sizes, const std::string& what) {
+    auto s = std::make_shared<Storage>();
+    s->sim = this;
+    s->bytes = std::accumulate(sizes.begin(), sizes.end(), es_, std::multiplies<>());
+    s->what = what;
+    return std::make_shared<Tensor>(Tensor{s, sizes, contiguousStrides(sizes)});
+  }
+  Ref held(const Dims& sizes) {
+    return std::make_shared<Tensor>(
+        Tensor{std::make_shared<Storage>(), sizes, contiguousStrides(sizes)});
+  }
+  static Ref alias(const Ref& t, Dims sizes, Dims strides) {
+    return std::make_shared<Tensor>(Tensor{t->storage, std::move(sizes), std::move(strides)});
+  }
+  static Ref alias(const Ref& t) { return alias(t, t->sizes, t->strides); }
+  // A reshape: a view where the strides allow one, a contiguous copy otherwise.
+  Ref reshape(const Ref& t, const Dims& sizes, const std::string& what) {
+    if (auto st = at::detail::computeStride(t->sizes, t->strides, sizes)) {
+      return alias(t, sizes, *st);
+    }
+    return fresh(sizes, what);
+  }
+  Ref contiguous(const Ref& t, const std::string& what) {
+    return t->contiguous() ? t : fresh(t->sizes, what);
+  }
+  void applyEvents(const std::vector<int64_t>& events, const std::string& what) {
+    for (int64_t b : events) {
+      if (b > 0) {
+        alloc(b, what);
+      } else {
+        release(-b, what);
+      }
+    }
+  }
+
+  Dims localSizes(const std::vector<int64_t>& shape, const Layout& l) const {
+    return l.box(shape, m_.mesh(), coords_).length;
+  }
+  Unit* newUnit(Unit::Kind k, int node, const std::string& name) {
+    units_.push_back(std::make_unique<Unit>());
+    Unit* u = units_.back().get();
+    u->kind = k;
+    u->seq = k == Unit::kLeaf ? UINT64_MAX : nextSeq_++;
+    u->node = node;
+    u->name = name;
+    return u;
+  }
+
+  void forwardNode(int v);
+  void backward();
+  void runUnit(Unit& u);
+  void deliver(Unit& from, std::vector<Ref>& grads);
+
+  const ShardingModel& m_;
+  const Graph& g_;
+  const std::vector<int>& choice_;
+  harness::RankContext& ctx_;
+  at::ScalarType dtype_;
+  std::vector<PlanMemoryEvent>* log_;
+  int64_t es_ = 0, current_ = 0, peak_ = 0;
+  std::vector<int64_t> coords_;
+  std::map<std::pair<int, size_t>, const PlanEdge*> edges_;
+  std::vector<std::unique_ptr<harness::RedistRunner>> forwardRunners_;
+
+  std::vector<std::unique_ptr<Unit>> units_;
+  uint64_t nextSeq_ = 1;
+  std::map<std::string, Ref> values_;              // activations, until their last reader
+  std::map<std::string, int> reads_;               // reads left
+  std::map<std::string, std::pair<Unit*, size_t>> gradOf_;  // value -> where its gradient goes
+  std::map<std::string, Ref> params_, leafGrads_;  // parameters' pieces and their gradients
+  std::map<std::pair<int, size_t>, Ref> data_;     // the data slices, per reader
+  Ref output_, seed_;
+  struct Later {
+    bool operator()(const Unit* a, const Unit* b) const { return a->seq < b->seq; }
+  };
+  std::priority_queue<Unit*, std::vector<Unit*>, Later> ready_;
+};
+
+Storage::~Storage() {
+  if (sim) sim->release(bytes, "free " + what);
+}
+
+// Which operands (indices) and outputs an operator keeps for its backward, besides what its
+// rule's replay allocates for it (layer norm's statistics, dropout's mask).
+bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads) {
+  const std::string& op = r.shape.op;
+  const auto other = [&](size_t j) { return j < grads.size() && grads[j]; };
+  if (op == "addmm") return i == 0 ? other(1) : i == 1 && other(0);
+  if (op == "bmm" || op == "matmul" || op == "mul") return other(1 - i);
+  if (op == "gelu" || op == "silu") return i == 0;
+  if (op == "layer_norm") return i == 0 && r.statAxes.empty() && r.spec.variant != "hidden";
+  if (op == "conv2d") return i < 2;
+  if (op == "batch_norm" || op == "max_pool2d" || op == "avg_pool2d") return i == 0;
+  return false;
+}
+bool savesOutput(const std::string& op) { return op == "softmax" || op == "relu"; }
+bool isView(const std::string& op) {
+  return op == "view" || op == "reshape" || op == "permute" || op == "transpose";
+}
+
+void Replay::forwardNode(int v) {
+  const GraphNode& n = g_.nodes[v];
+  const Candidate& cand = m_.candidates(v)[choice_[v]];
+  const ResolvedOp& r = cand.op;
+  const std::string& op = n.shape.op;
+  std::vector<Ref> local;
+  std::vector<bool> grads;
+  std::vector<std::pair<Unit*, size_t>> targets;
+  for (size_t i = 0; i < n.args.size(); ++i) {
+    const std::string& a = n.args[i];
+    Ref t;
+    std::pair<Unit*, size_t> target{nullptr, 0};
+    if (g_.isInput(a)) {
+      t = data_.at({v, i});
+    } else if (g_.isParameter(a)) {
+      t = params_.at(a);
+      target = gradOf_.at(a);
+    } else {
+      t = values_.at(a);
+      target = gradOf_.at(a);
+    }
+    const bool grad = target.first != nullptr;
+    if (auto it = edges_.find({v, i}); it != edges_.end()) {
+      const PlanEdge& e = *it->second;
+      const Dims sourceSizes = t->sizes;
+      forwardRunners_.push_back(
+          std::make_unique<harness::RedistRunner>(e.geometry, e.forward, ctx_, dtype_));
+      const auto mem = forwardRunners_.back()->memory(current_, false);
+      if (log_ && mem.peak > current_) {
+        log_->push_back({mem.peak - current_, n.name + " operand " + std::to_string(i) +
+                                                  " redistributed (its peak)"});
+        log_->push_back({-(mem.peak - current_), n.name + " redistribution's steps"});
+      }
+      peak_ = std::max(peak_, mem.peak);
+      const Dims sizes = localSizes(e.geometry.shape, r.operands[i]);
+      if (mem.outBytes > 0) {
+        current_ = mem.live - mem.outBytes;
+        t = fresh(sizes, n.name + " operand " + std::to_string(i) + " redistributed");
+      } else {
+        current_ = mem.live;
+        t = alias(t);
+      }
+      if (grad) {
+        Unit* u = newUnit(Unit::kEdge, v, n.name + " edge " + std::to_string(i));
+        u->operand = i;
+        u->runner = std::make_unique<harness::RedistRunner>(e.geometry, e.backward, ctx_, dtype_);
+        u->gradSizes = {sourceSizes};
+        u->targets = {target};
+        u->slots.resize(1);
+        target = {u, 0};
+      }
+    }
+    if (grad && !r.gradPartial[i].empty()) {
+      Unit* u = newUnit(Unit::kAllReduce, v, n.name + " grad all-reduce " + std::to_string(i));
+      u->operand = i;
+      u->axes = r.gradPartial[i];
+      u->targets = {target};
+      u->slots.resize(1);
+      target = {u, 0};
+      t = alias(t);  // view_as
+    }
+    local.push_back(t);
+    grads.push_back(grad);
+    targets.push_back(target);
+    if (!g_.isInput(a) && !g_.isParameter(a) && --reads_[a] == 0 && a != g_.output) {
+      values_.erase(a);
+    }
+  }
+  if (r.spec.gatherInput && ctx_.mesh().groupSize(usedAxes(r.operands[0])) > 1 && isView(op)) {
+    throw PlanMemoryUnknown(n.name + ": a view that gathers its input is not replayed");
+  }
+  const auto outShapes = n.shape.outputs();
+  const auto outNames = n.outputs();
+  std::vector<Ref> outs;
+  const bool anyGrad = std::find(grads.begin(), grads.end(), true) != grads.end();
+  Unit* u = anyGrad ? newUnit(Unit::kOp, v, n.name) : nullptr;
+  if (u) {
+    u->op = op;
+    u->targets = targets;
+    u->slots.resize(outShapes.size());
+    u->inSizes = local[0]->sizes;
+  }
+  if (op == "view" || op == "reshape") {
+    outs.push_back(reshape(local[0], localSizes(outShapes[0], r.outputs[0]), n.name));
+  } else if (op == "permute" || op == "transpose") {
+    const auto perm = n.shape.permutation();
+    Dims sizes, strides;
+    for (int64_t d : perm) {
+      sizes.push_back(local[0]->sizes[d]);
+      strides.push_back(local[0]->strides[d]);
+    }
+    outs.push_back(alias(local[0], sizes, strides));
+    if (u) {
+      u->inversePerm.assign(perm.size(), 0);
+      for (size_t d = 0; d < perm.size(); ++d) u->inversePerm[perm[d]] = static_cast<int64_t>(d);
+    }
+  } else if (op == "add" && local[0]->sizes == local[1]->sizes) {
+    outs.push_back(fresh(localSizes(outShapes[0], r.outputs[0]), n.name));
+    if (u) u->native = true;
+  } else {
+    // The operator's rule, split at its backward.
+    std::vector<at::Tensor> leaves;
+    for (size_t i = 0; i < local.size(); ++i) {
+      leaves.push_back(
+          at::empty(local[i]->sizes, at::TensorOptions().dtype(dtype_).device(at::kMeta))
+              .set_requires_grad(grads[i]));
+    }
+    std::vector<Box> outBoxes;
+    for (size_t j = 0; j < outShapes.size(); ++j) {
+      outBoxes.push_back(r.outputs[j].box(outShapes[j], m_.mesh(), coords_));
+    }
+    const std::string noFault;
+    MemoryReplay mr(r, ctx_, noFault, dtype_, leaves, outBoxes, r.outputs[0].partialAxes());
+    mr.split = true;
+    mr.es = es_;
+    mr.statEs = dtype_ == at::kDouble ? 8 : 4;
+    mr.X = local[0]->numel() * es_;
+    mr.n = local[0]->numel();
+    for (const Box& b : outBoxes) mr.O += b.numel() * es_;
+    mr.g.assign(local.size(), 0);
+    for (size_t i = 0; i < local.size(); ++i) {
+      if (grads[i]) mr.sumG += mr.g[i] = local[i]->numel() * es_;
+    }
+    mr.reduces = !mr.outPartial.empty();
+    opRule(op).memory(mr);
+    if (mr.backwardMarks != 1) {
+      throw PlanMemoryUnknown(n.name + ": " + op + "'s replay does not mark its backward once");
+    }
+    // The forward keeps its outputs and what it saves; the backward makes the operands'
+    // gradients and releases what the forward saved.
+    const int64_t extras = mr.forwardNet - mr.O;
+    const int64_t backwardNet = mr.current - mr.forwardNet;
+    // A rule may leave what its forward saved to the end (a single operator's step ends there):
+    // then it goes with the node's saved tensors.
+    const bool extrasAfter = backwardNet == mr.sumG && extras > 0;
+    if (extras < 0 || (backwardNet != mr.sumG - extras && !extrasAfter)) {
+      throw PlanMemoryUnknown(n.name + ": " + op + "'s replay keeps " +
+                              std::to_string(mr.forwardNet) + " B after its forward and " +
+                              std::to_string(backwardNet) + " B after its backward, not its " +
+                              "outputs and its operands' gradients");
+    }
+    applyEvents({mr.events.begin(), mr.events.begin() + mr.backwardFrom}, n.name + " forward");
+    for (size_t j = 0; j < outShapes.size(); ++j) outs.push_back(adopt(outBoxes[j].length, n.name));
+    if (u) {
+      u->backwardEvents.assign(mr.events.begin() + mr.backwardFrom, mr.events.end());
+      if (mr.incomingReleasedAt != SIZE_MAX) {
+        u->incomingReleasedAt = mr.incomingReleasedAt - mr.backwardFrom;
+      }
+      if (extrasAfter) u->extrasAfter = extras;
+      for (size_t i = 0; i < local.size(); ++i) {
+        u->gradSizes.push_back(local[i]->sizes);
+        u->hasGrad.push_back(grads[i]);
+      }
+    }
+  }
+  if (u) {
+    for (size_t i = 0; i < local.size(); ++i) {
+      if (savesOperand(r, i, grads)) u->saved.push_back(local[i]);
+    }
+    if (savesOutput(op)) u->saved.push_back(outs[0]);
+  }
+  local.clear();
+  for (size_t j = 0; j < outNames.size(); ++j) {
+    if (u) gradOf_[outNames[j]] = {u, j};
+    if (reads_[outNames[j]] > 0 || outNames[j] == g_.output) values_[outNames[j]] = outs[j];
+  }
+}
+
+void Replay::deliver(Unit& from, std::vector<Ref>& grads) {
+  for (size_t i = 0; i < from.targets.size(); ++i) {
+    auto [to, slot] = from.targets[i];
+    if (!to || !grads[i]) continue;
+    Ref g = std::move(grads[i]);
+    Ref& old = to->slots[slot];
+    if (!old) {
+      old = std::move(g);
+    } else if (old.use_count() == 1 && old->storage.use_count() == 1 && old->dense()) {
+      g.reset();  // old.add_(g)
+    } else {
+      Ref sum = fresh(old->sizes, to->name + " gradients summed");
+      if (old->dense()) sum->strides = old->strides;  // TensorIterator keeps the layout
+      old = std::move(sum);
+      g.reset();
+    }
+    if (--to->deps == 0) ready_.push(to);
+  }
+}
+
+void Replay::runUnit(Unit& u) {
+  std::vector<Ref> grads;
+  const std::string& what = u.name;
+  switch (u.kind) {
+    case Unit::kLeaf: {
+      // AccumulateGrad: the gradient kept when nothing else references it and its strides are
+      // the parameter's; a contiguous copy otherwise.
+      Ref& g = u.slots[0];
+      bool steal = g.use_count() == 1;
+      const Dims want = contiguousStrides(u.paramSizes);
+      for (size_t d = 0; d < g->sizes.size() && steal; ++d) {
+        if (g->sizes[d] != 1 && g->strides[d] != want[d]) steal = false;
+      }
+      leafGrads_[u.name] = steal ? alias(g) : fresh(u.paramSizes, "grad " + u.name);
+      u.slots.clear();
+      return;
+    }
+    case Unit::kEdge: {
+      // EdgeRedistribute::backward: the backward plan on the gradient made contiguous.
+      Ref in = contiguous(u.slots[0], what + " gradient made contiguous");
+      const auto mem = u.runner->memory(current_, false);
+      if (log_ && mem.peak > current_) {
+        log_->push_back({mem.peak - current_, what + " backward (its peak)"});
+        log_->push_back({-(mem.peak - current_), what + " backward's steps"});
+      }
+      peak_ = std::max(peak_, mem.peak);
+      if (mem.outBytes > 0) {
+        current_ = mem.live - mem.outBytes;
+        grads.push_back(fresh(u.gradSizes[0], what + " gradient redistributed"));
+      } else {
+        current_ = mem.live;
+        grads.push_back(alias(in));
+      }
+      in.reset();
+      break;
+    }
+    case Unit::kAllReduce: {
+      // IdentityFwdAllReduceBwd: grads[0].contiguous().clone(), all-reduced in place.
+      Ref c;
+      {
+        const Ref in = contiguous(u.slots[0], what + " gradient made contiguous");
+        c = fresh(in->sizes, what + " copy");
+      }
+      const int64_t bytes = c->numel() * es_;
+      const int64_t sc = ctx_.group(u.axes).scratchBytes(harness::Collective::kAllReduce, bytes,
+                                                         bytes, dtype_);
+      alloc(sc, what + " scratch");
+      release(sc, what + " scratch");
+      grads.push_back(std::move(c));
+      break;
+    }
+    case Unit::kOp: {
+      const std::string& op = u.op;
+      if (op == "view" || op == "reshape") {
+        grads.push_back(reshape(u.slots[0], u.inSizes, what + " gradient"));
+      } else if (op == "permute" || op == "transpose") {
+        const Ref& g = u.slots[0];
+        Dims sizes, strides;
+        for (int64_t d : u.inversePerm) {
+          sizes.push_back(g->sizes[d]);
+          strides.push_back(g->strides[d]);
+        }
+        grads.push_back(alias(g, sizes, strides));
+      } else if (u.native) {
+        // AddBackward0 returns the incoming gradient itself for both operands.
+        for (size_t i = 0; i < u.targets.size(); ++i) grads.push_back(u.slots[0]);
+      } else {
+        const size_t at = std::min(u.incomingReleasedAt, u.backwardEvents.size());
+        applyEvents({u.backwardEvents.begin(), u.backwardEvents.begin() + at}, what + " backward");
+        if (at < u.backwardEvents.size()) {
+          u.slots.clear();
+          u.saved.clear();
+        }
+        applyEvents({u.backwardEvents.begin() + at, u.backwardEvents.end()}, what + " backward");
+        for (size_t i = 0; i < u.gradSizes.size(); ++i) {
+          grads.push_back(u.hasGrad[i] ? adopt(u.gradSizes[i], what + " gradient") : nullptr);
+        }
+      }
+      break;
+    }
+  }
+  u.slots.clear();  // the incoming gradients, after the node
+  u.saved.clear();  // then what it saved (release_variables)
+  release(u.extrasAfter, what + " saved tensors");
+  deliver(u, grads);
+}
+
+void Replay::backward() {
+  // Only what the output's gradient reaches runs; dependencies count those units' edges.
+  const auto [root, slot] = gradOf_.at(g_.output);
+  std::vector<Unit*> stack = {root};
+  root->reachable = true;
+  while (!stack.empty()) {
+    Unit* u = stack.back();
+    stack.pop_back();
+    for (const auto& [to, k] : u->targets) {
+      if (!to) continue;
+      ++to->deps;
+      if (!to->reachable) {
+        to->reachable = true;
+        stack.push_back(to);
+      }
+    }
+  }
+  root->slots[slot] = seed_;
+  if (root->deps == 0) ready_.push(root);
+  while (!ready_.empty()) {
+    Unit* u = ready_.top();
+    ready_.pop();
+    runUnit(*u);
+  }
+  for (const auto& u : units_) {
+    if (u->reachable && u->deps > 0) {
+      throw PlanMemoryUnknown(u->name + ": the backward replay never ran it (a gradient it " +
+                              "waits for does not come)");
+    }
+  }
+}
+
+int64_t Replay::run() {
+  // What the executor holds: the parameters' pieces, the data slices, the gradient seed.
+  for (size_t v = 0; v < g_.nodes.size(); ++v) {
+    const GraphNode& n = g_.nodes[v];
+    const Candidate& cand = m_.candidates(static_cast<int>(v))[choice_[v]];
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const std::string& a = n.args[i];
+      const Dims sizes = localSizes(g_.valueShape(a), cand.op.operands[i]);
+      if (g_.isInput(a)) {
+        data_[{static_cast<int>(v), i}] = held(sizes);
+      } else if (g_.isParameter(a) && !params_.count(a)) {
+        params_[a] = held(sizes);
+        Unit* leaf = newUnit(Unit::kLeaf, static_cast<int>(v), a);
+        leaf->paramSizes = sizes;
+        leaf->slots.resize(1);
+        gradOf_[a] = {leaf, 0};
+      }
+      ++reads_[a];
+    }
+  }
+  const Layout outLayout = *m_.valueLayout(g_.output, choice_);
+  seed_ = held(localSizes(g_.valueShape(g_.output), outLayout));
+  for (size_t v = 0; v < g_.nodes.size(); ++v) {
+    forwardNode(static_cast<int>(v));
+    if (log_) log_->push_back({0, "after " + g_.nodes[v].name + " @" + std::to_string(current_)});
+  }
+  output_ = values_.at(g_.output);
+  values_.clear();
+  forwardRunners_.clear();
+  backward();
+  if (log_) {
+    // The step begins by dropping the previous step's results (the output, the parameters'
+    // gradients): the trace's first lines, which the replay's peak does not depend on.
+    std::set<const Storage*> results = {output_->storage.get()};
+    for (const auto& [name, gr] : leafGrads_) results.insert(gr->storage.get());
+    int64_t bytes = 0;
+    for (const Storage* st : results) bytes += st->bytes;
+    log_->insert(log_->begin(), {-bytes, "the previous step's results"});
+  }
+  return peak_;
+}
+
+}  // namespace
+
+int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
+                       const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
+                       at::ScalarType dtype, std::vector<PlanMemoryEvent>* log) {
+  Replay r(model, choice, edges, ctx, dtype, log);
+  return r.run();
+}
+
+}  // namespace sb::strategies::autoshard

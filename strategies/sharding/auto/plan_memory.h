@@ -1,0 +1,67 @@
+#pragma once
+
+// The memory of one rank's step through a sharding plan (plan_executor.cpp), replayed
+// allocation by allocation: the plan's prediction of the row's peak, to the byte.
+//
+// The liveness model (model.h) prices a candidate plan for the integer program from node-level
+// terms; this replays the plan that was chosen, as the executor and LibTorch's autograd engine
+// run it:
+//   forward   node by node: each edge's redistribution (RedistRunner::memory), each operator's
+//             forward as its rule's replay has it (op_rule.h's MemoryReplay, split at
+//             backwardBegins()), views sharing their input's storage (a reshape copies where
+//             its strides do not allow a view), values dropped after their last reader, what
+//             each operator saves for its backward kept;
+//   backward  the engine's order: a node runs once every gradient of its outputs has arrived,
+//             the latest-created first (the parameters' accumulators before all); each
+//             operator's backward as its rule's replay has it, an edge's redistribution of the
+//             gradient back, a partial gradient's all-reduce (a copy and the backend's scratch),
+//             the incoming gradients freed after the node and its saved tensors after them; two
+//             gradients of one value summed in place when the first is the only reference to its
+//             storage, into a new tensor otherwise (InputBuffer::accumulate); a parameter's
+//             gradient kept as it is when nothing else references it and its strides are the
+//             parameter's, copied otherwise (AccumulateGrad).
+// Tensors are tracked by reference, as LibTorch counts them (a tensor and its storage), so that
+// those decisions are the engine's.
+//
+// Operators the replay does not know (no rule replay that fits the split, an unused output of a
+// split) make it throw PlanMemoryUnknown: the executor then has no memory prediction and says
+// why, rather than a wrong one.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness/comm/rank_context.h"
+#include "strategies/sharding/auto/model.h"
+#include "strategies/sharding/layout/redistribute.h"
+
+namespace sb::strategies::autoshard {
+
+// A read whose layout differs from the one its value was written in: the redistribution into
+// the layout the node reads, and the gradient's back.
+struct PlanEdge {
+  int node = 0;
+  size_t operand = 0;
+  harness::RedistGeometry geometry;
+  harness::RedistPlan forward, backward;
+};
+
+struct PlanMemoryUnknown : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// One allocation (bytes > 0) or release (bytes < 0) of the replay, for SB_MEMORY_TRACE's
+// `model` lines (reports/memory_trace.py --model).
+struct PlanMemoryEvent {
+  int64_t bytes;
+  std::string what;
+};
+
+// The peak bytes above what is live when the step starts (the executor's parameters, data
+// slices and gradient seed), on this rank. Throws PlanMemoryUnknown (above).
+int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
+                       const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
+                       at::ScalarType dtype, std::vector<PlanMemoryEvent>* log);
+
+}  // namespace sb::strategies::autoshard
