@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end checks of auto-sharding: suites/autoshard.yaml on threads (every plan of every
-# algorithm passes against the plain model, communication counted == predicted), a memory limit
+# algorithm passes against the plain model, communication counted == predicted, every rank's
+# peak predicted to the byte, `report --gate` passes), a memory limit
 # that data parallel cannot meet while the ILP's plan fits it (and its measured peak does), a
 # gloo sample with 4 processes, a planted fault (an edge that skips its redistribution fails),
 # and malformed input (exit 2 naming the file and key; exit 1 when no plan fits).
@@ -14,8 +15,30 @@ source "$src/ci/test_lib.sh"
 # 1. The suite on threads.
 check "autoshard suite on threads" 0 "total +[0-9]+ +0 +0 +[0-9]+" -- \
   "$sb" run "$src/suites/autoshard.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001
-check "threads: every row passes, comm exact, memory within 20%" 0 "worst memory error" -- \
-  verify_rows "$tmp/threads/results.csv" 0.20
+check "threads: every row passes, comm exact, memory exact" 0 "worst memory error 0.00%" -- \
+  verify_rows "$tmp/threads/results.csv" 0
+# Every rank's peak, not only the largest, against its own prediction; the plan's replay claims
+# the byte (tolerance 0), so the gate would flag a row a byte off.
+every_rank_exact() {
+  python3 - "$1" <<'PY'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["records"] if r["status"] == "pass"]
+bad = []
+for r in rows:
+    d = r["details"]
+    m, p = d.get("peak_mem_bytes_per_rank"), d.get("predicted_peak_mem_bytes_per_rank")
+    if not m or m != p or r.get("mispredicted"):
+        bad.append((r["case"], r["strategy"], m, p))
+print(f"{len(rows)} passing rows, {len(bad)} with a rank not predicted to the byte")
+for b in bad[:5]:
+    print("  ", b)
+sys.exit(1 if bad or not rows else 0)
+PY
+}
+check "threads: every rank's peak predicted to the byte" 0 " 0 with a rank not" -- \
+  every_rank_exact "$tmp/threads/results.json"
+check "report --gate passes on the suite" 0 "gate: passed" -- \
+  "$sb" report "$tmp/threads" --gate
 check "the memory-limited case: data parallel and Megatron unsupported, the ILP fits and passes" 0 "fits" -- \
   python3 - "$tmp/threads/results.csv" <<'PY'
 import csv, sys
@@ -46,7 +69,10 @@ if "$sb" run --help | grep -q gloo; then
   check "launch -n 4 gloo autoshard sample" 0 "4 ranks on gloo" -- \
     "$sb" launch -n 4 -- run "$tmp/sample.yaml" --backend gloo --out "$tmp/gloo" \
     --repetitions 1 --min-time 0.0001
-  check "gloo: every row passes, comm exact" 0 "rows" -- verify_rows "$tmp/gloo/results.csv" 0.20
+  check "gloo: every row passes, comm exact, memory exact" 0 "worst memory error 0.00%" -- \
+    verify_rows "$tmp/gloo/results.csv" 0
+  check "gloo: every rank's peak predicted to the byte" 0 " 0 with a rank not" -- \
+    every_rank_exact "$tmp/gloo/results.json"
 else
   echo "SKIP: this build has no gloo backend"
 fi

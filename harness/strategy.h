@@ -166,6 +166,12 @@ class Strategy {
     static PredictionTolerance exactMemory() { return {0.0, std::nullopt}; }
   };
   virtual PredictionTolerance predictionTolerance() const { return {}; }
+  // The claim for one case, where it depends on the case (a plan's replay is exact on the
+  // operators it knows): predictionTolerance() unless a strategy says otherwise. The runner
+  // judges a row by this one.
+  virtual PredictionTolerance casePredictionTolerance(const CaseSpec& c) const {
+    return predictionTolerance();
+  }
 
   // Per-rank peak bytes of one step, where the strategy has a model of it.
   virtual std::optional<int64_t> predictPeakMemory(const CaseSpec& c, int rank) const {

@@ -144,7 +144,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   if (!rank0.executorDetails.empty()) rec.details["executor"] = rank0.executorDetails;
   if (!rank0.deviceMemory.is_null()) rec.details["cuda_allocator"] = rank0.deviceMemory;
   if (rank0.timing) rec.timing = *rank0.timing;
-  const std::string mispredicted = judgePredictions(rec, strategy.predictionTolerance());
+  const std::string mispredicted = judgePredictions(rec, strategy.casePredictionTolerance(c));
 
   if (!allPassed(checks, problems)) {
     rec.status = Status::kFail;

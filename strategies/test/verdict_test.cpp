@@ -110,8 +110,8 @@ class ChangedStrategy final : public harness::Strategy {
                                const at::Tensor& expected) const override {
     return inner_.tolerance(t, c, expected);
   }
-  PredictionTolerance predictionTolerance() const override {
-    PredictionTolerance t = inner_.predictionTolerance();
+  PredictionTolerance casePredictionTolerance(const harness::CaseSpec& c) const override {
+    PredictionTolerance t = inner_.casePredictionTolerance(c);
     if (ch_.timeTolerance) t.time = ch_.timeTolerance;
     return t;
   }

@@ -265,7 +265,8 @@ void Replay::forwardNode(int v) {
       target = gradOf_.at(a);
     } else {
       t = values_.at(a);
-      target = gradOf_.at(a);
+      // A value no gradient flows through (made from the data alone) has none.
+      if (auto it = gradOf_.find(a); it != gradOf_.end()) target = it->second;
     }
     const bool grad = target.first != nullptr;
     if (auto it = edges_.find({v, i}); it != edges_.end()) {
@@ -342,6 +343,12 @@ void Replay::forwardNode(int v) {
       u->inversePerm.assign(perm.size(), 0);
       for (size_t d = 0; d < perm.size(); ++d) u->inversePerm[perm[d]] = static_cast<int64_t>(d);
     }
+  } else if (op == "split") {
+    // Views of the input along the split dimension.
+    for (size_t j = 0; j < outShapes.size(); ++j) {
+      outs.push_back(alias(local[0], localSizes(outShapes[j], r.outputs[j]), local[0]->strides));
+    }
+    if (u) u->native = true;
   } else if (op == "add" && local[0]->sizes == local[1]->sizes) {
     outs.push_back(fresh(localSizes(outShapes[0], r.outputs[0]), n.name));
     if (u) u->native = true;
@@ -497,6 +504,14 @@ void Replay::runUnit(Unit& u) {
           strides.push_back(g->strides[d]);
         }
         grads.push_back(alias(g, sizes, strides));
+      } else if (u.native && op == "split") {
+        // split_backward: zeros for the pieces no gradient reached, then their concatenation.
+        std::vector<Ref> zeros;
+        for (const Ref& s : u.slots) {
+          if (!s) zeros.push_back(fresh(u.inSizes, what + " zeros"));  // (an upper bound)
+        }
+        if (!zeros.empty()) throw PlanMemoryUnknown(what + ": a split output no gradient reaches");
+        grads.push_back(fresh(u.inSizes, what + " gradients concatenated"));
       } else if (u.native) {
         // AddBackward0 returns the incoming gradient itself for both operands.
         for (size_t i = 0; i < u.targets.size(); ++i) grads.push_back(u.slots[0]);
@@ -596,6 +611,20 @@ int64_t Replay::run() {
 }
 
 }  // namespace
+
+std::vector<std::string> unverifiedOperators(const reference::Graph& g) {
+  static const std::set<std::string> checked = {
+      "embedding", "add",  "layer_norm", "addmm",   "view",   "permute",
+      "transpose", "bmm",  "softmax",    "dropout", "gelu"};
+  std::set<std::string> out;
+  for (const auto& n : g.nodes) {
+    if (!checked.count(n.shape.op)) {
+      const std::string schema = n.shape.attrs.value("schema", std::string("aten"));
+      out.insert(n.shape.op == "aten" ? schema.substr(0, schema.find('(')) : n.shape.op);
+    }
+  }
+  return {out.begin(), out.end()};
+}
 
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
