@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end checks of auto-sharding: suites/autoshard.yaml on threads (every plan of every
 # algorithm passes against the plain model, communication counted == predicted, every rank's
-# peak predicted to the byte, `report --gate` passes), a memory limit
-# that data parallel cannot meet while the ILP's plan fits it (and its measured peak does), a
-# gloo sample with 4 processes, a planted fault (an edge that skips its redistribution fails),
+# peak predicted to the byte, `report --gate` passes), a memory limit that data parallel cannot
+# meet while the ILP's plan fits it (and its measured peak does), a gloo sample with 4
+# processes, planted faults in the executor (an edge that skips its redistribution fails) and in
+# the memory model (rows without the parameters, a replay freeing values early: both flagged),
 # and malformed input (exit 2 naming the file and key; exit 1 when no plan fits).
 # Usage: ci/autoshard_test.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
@@ -104,6 +105,30 @@ check "steps, planted: an edge without its redistribution fails on the losses" 1
   "$sb" run "$tmp/steps.yaml" --out "$tmp/stepsfault" --repetitions 1 \
   --filter '^sharding/auto/data-parallel$' \
   --plant-fault 'sharding/auto/data-parallel=skip_edge_redistribution'
+
+# 3c. The memory model's planted faults. The integer program's rows without the parameters: the
+# ILP takes a plan that does not fit the memory-limited case, which its measured peak flags.
+python3 - "$src/suites/autoshard.yaml" "$tmp/limited.yaml" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+head, cases = text.split("\ncases:\n")
+limited = [c for c in cases.split("  - name: ") if c.startswith("gpt2-L2-mesh2x2-max-memory")]
+assert len(limited) == 1, "autoshard.yaml lost its memory-limited case"
+open(sys.argv[2], "w").write(head + "\ncases:\n  - name: " + limited[0])
+PY
+check "planted: rows without the parameters: the ILP's plan peaks over the limit" 1 \
+  "over the 150000 bytes it promised" -- \
+  "$sb" run "$tmp/limited.yaml" --out "$tmp/rowsfault" --repetitions 1 --filter '^sharding/auto/ilp$' \
+  --plant-fault 'sharding/auto/ilp=rows_without_parameters'
+# A replay that frees each value at its last reader's forward (not after what it saved): the
+# rows pass their numerics, and the prediction, off, fails the gate.
+check "planted: a replay freeing values early: numerics pass" 0 "total +2 +0 +0 +0" -- \
+  "$sb" run "$tmp/sample.yaml" --out "$tmp/earlyfault" --repetitions 1 \
+  --filter '^sharding/auto/(ilp|megatron)$' \
+  --plant-fault 'sharding/auto/ilp=liveness_frees_early' \
+  --plant-fault 'sharding/auto/megatron=liveness_frees_early'
+check "planted: a replay freeing values early: the gate flags both rows' memory" 1 \
+  "gate: FAILED \(2 finding" -- "$sb" report "$tmp/earlyfault" --gate
 
 # 4. Plans from files, and malformed input.
 "$sb" solve shard --workload gpt2 --shape '{"layers": 2}' --mesh 2x2 --out "$tmp/plan.json" \

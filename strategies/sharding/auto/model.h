@@ -145,7 +145,13 @@ class ShardingModel {
   // The redistribution planner's cost model with these options (edges are planned with it).
   harness::RedistCostModel redistModel() const;
 
+  // Test only (the planted fault rows_without_parameters): the liveness rows leave out the
+  // parameters and their gradients, so that the program takes plans that do not fit.
+  void plantRowsWithoutParameters() { rowsWithoutParameters_ = true; }
+  bool rowsWithoutParameters() const { return rowsWithoutParameters_; }
+
  private:
+  bool rowsWithoutParameters_ = false;
   int64_t bytes(const std::vector<int64_t>& shape, const harness::Layout& l) const;
   double commUs(const std::vector<int>& axes, const harness::CommStats& stats) const;
   double copyUs(const harness::LocalWork& w) const;

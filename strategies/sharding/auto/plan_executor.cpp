@@ -59,6 +59,12 @@ using harness::Layout;
 using harness::RankContext;
 
 constexpr const char* kFault = "skip_edge_redistribution";
+// The memory model's planted faults: the integer program's rows without the parameters (a plan
+// over the memory limit chosen, which the measured peak flags), and a replay that frees each
+// value at its last reader's forward, not after what that reader saved goes (the prediction
+// off, which the tolerance-0 judgement flags).
+constexpr const char* kFaultRows = "rows_without_parameters";
+constexpr const char* kFaultReplay = "liveness_frees_early";
 
 // A case's model and plan.
 struct Solved {
@@ -127,8 +133,12 @@ class PlanStrategy;
 class PlanExecutor final : public harness::RankExecutor {
  public:
   PlanExecutor(const PlanStrategy& s, const CaseSpec& c, std::shared_ptr<const Solved> solved,
-               bool fault)
-      : strategy_(s), case_(c), solved_(std::move(solved)), fault_(fault) {}
+               bool fault, bool replayFault)
+      : strategy_(s),
+        case_(c),
+        solved_(std::move(solved)),
+        fault_(fault),
+        replayFault_(replayFault) {}
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
   void step(RankContext& ctx) override;
   std::map<std::string, at::Tensor> results() const override;
@@ -188,7 +198,7 @@ class PlanExecutor final : public harness::RankExecutor {
   const PlanStrategy& strategy_;
   const CaseSpec& case_;
   std::shared_ptr<const Solved> solved_;
-  bool fault_;
+  bool fault_, replayFault_;
   std::map<std::string, at::Tensor> leaves_;
   std::map<std::pair<int, size_t>, at::Tensor> data_;  // graph inputs, per reader
   at::Tensor seed_;
@@ -258,6 +268,7 @@ class PlanStrategy final : public harness::Strategy {
     const CostOptions opts = costOptionsFrom(c.params, s->profile.get(), c.dtype);
     s->model =
         std::make_unique<ShardingModel>(reference::buildGraph(c.workload, c.shape), c.mesh, opts);
+    if (fault_ == kFaultRows) s->model->plantRowsWithoutParameters();
     try {
       if (algo_.empty()) {
         if (!c.params.contains("plan") || !c.params.at("plan").is_string()) {
@@ -329,7 +340,8 @@ class PlanStrategy final : public harness::Strategy {
   }
 
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
-    return std::make_unique<PlanExecutor>(*this, c, solved(c), fault_ == kFault);
+    return std::make_unique<PlanExecutor>(*this, c, solved(c), fault_ == kFault,
+                                          fault_ == kFaultReplay);
   }
 
   // Where a parameter lives: its first reader's operand.
@@ -414,9 +426,11 @@ class PlanStrategy final : public harness::Strategy {
     return j;
   }
 
-  std::vector<std::string> plantableFaults() const override { return {kFault}; }
+  std::vector<std::string> plantableFaults() const override {
+    return {kFault, kFaultRows, kFaultReplay};
+  }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    if (name != kFault) return nullptr;
+    if (name != kFault && name != kFaultRows && name != kFaultReplay) return nullptr;
     return std::make_unique<PlanStrategy>(algo_, name);
   }
 
@@ -456,7 +470,7 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   std::vector<PlanMemoryEvent> log;
   try {
     stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
-                               mem.tracing(ctx.rank()) ? &log : nullptr);
+                               mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_);
     replayed_ = true;
   } catch (const PlanMemoryUnknown& e) {
     notReplayed_ = e.what();

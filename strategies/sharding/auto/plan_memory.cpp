@@ -123,6 +123,7 @@ class Replay {
   }
 
   int64_t run();
+  bool freeEarly = false;  // the planted fault: values freed at their last reader's forward
 
   void alloc(int64_t b, const std::string& what) {
     if (b == 0) return;
@@ -312,6 +313,13 @@ void Replay::forwardNode(int v) {
     grads.push_back(grad);
     targets.push_back(target);
     if (!g_.isInput(a) && !g_.isParameter(a) && --reads_[a] == 0 && a != g_.output) {
+      Ref& value = values_.at(a);
+      if (freeEarly && value->storage->sim) {
+        // The planted fault: the storage counted free at its last reader's forward, whatever
+        // still holds it (what that reader saves for its backward).
+        release(value->storage->bytes, "free " + value->storage->what + " (planted: early)");
+        value->storage->sim = nullptr;
+      }
       values_.erase(a);
     }
   }
@@ -628,8 +636,10 @@ std::vector<std::string> unverifiedOperators(const reference::Graph& g) {
 
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
-                       at::ScalarType dtype, std::vector<PlanMemoryEvent>* log) {
+                       at::ScalarType dtype, std::vector<PlanMemoryEvent>* log,
+                       bool freeEarly) {
   Replay r(model, choice, edges, ctx, dtype, log);
+  r.freeEarly = freeEarly;
   return r.run();
 }
 

@@ -67,8 +67,11 @@ std::vector<std::string> unverifiedOperators(const reference::Graph& g);
 
 // The peak bytes above what is live when the step starts (the executor's parameters, data
 // slices and gradient seed), on this rank. Throws PlanMemoryUnknown (above).
+// `freeEarly`: the planted fault liveness_frees_early, a replay that frees every value at its
+// last reader's forward, as if nothing that reader saved held it to its backward.
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
-                       at::ScalarType dtype, std::vector<PlanMemoryEvent>* log);
+                       at::ScalarType dtype, std::vector<PlanMemoryEvent>* log,
+                       bool freeEarly = false);
 
 }  // namespace sb::strategies::autoshard
