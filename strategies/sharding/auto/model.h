@@ -34,7 +34,8 @@
 // program point of the first and last block and of the nodes outside the blocks: with repeated
 // blocks sharing their choices, a point's live bytes are affine in the block's index, so those
 // rows bound every other. Kernel temporaries (a softmax's scratch, a matmul's packed copies)
-// are not modelled: the record compares the prediction with the tracker's peak.
+// are not in these rows: they are the program's estimate. A row's prediction is the replay of
+// the chosen plan (plan_memory.h), which has them, to the byte.
 
 #include <cstdint>
 #include <map>
