@@ -127,6 +127,91 @@ class Builder {
     return node(role, {{"op", "add"}, {"input", shape}, {"other", shape}}, {a, b});
   }
 
+  std::string mm(const std::string& role, const std::string& x, int64_t rows, int64_t in,
+                 int64_t out) {
+    return node(role, {{"op", "mm"}, {"input", {rows, in}}, {"other", {in, out}}},
+                {x, param(role + ".weight", {in, out})});
+  }
+  std::string rmsNorm(const std::string& role, const std::string& x, const Dims& shape) {
+    return node(role, {{"op", "rms_norm"}, {"input", shape}},
+                {x, param(role + ".weight", {shape.back()})});
+  }
+
+  // LLaMA's attention: bias-free projections, rotary positions on queries and keys, and
+  // grouped-query attention without repeating the keys and values: a key head's G query heads
+  // stacked by row ([B * Hkv, S * G, dh], row s * G + g), each row masked as its position s.
+  std::string llamaAttention(const std::string& x, const GraphShape& s) {
+    const int64_t B = s.batch, S = s.seq, H = s.heads, Hk = s.kvHeads, G = H / Hk,
+                  dh = s.dHead(), D = s.dModel, T = s.tokens();
+    const auto rope = [&](const std::string& what, const std::string& t, int64_t heads) {
+      const std::string v = node("attn." + what + "_view",
+                                 {{"op", "view"}, {"input", {T, heads * dh}},
+                                  {"size", {B, S, heads, dh}}},
+                                 {t});
+      return node("attn." + what + "_rope", {{"op", "rope"}, {"input", {B, S, heads, dh}}}, {v});
+    };
+    const std::string q0 = rope("q", mm("attn.q", x, T, D, H * dh), H);
+    const std::string k0 = rope("k", mm("attn.k", x, T, D, Hk * dh), Hk);
+    const std::string v0 = node(
+        "attn.v_view", {{"op", "view"}, {"input", {T, Hk * dh}}, {"size", {B, S, Hk, dh}}},
+        {mm("attn.v", x, T, D, Hk * dh)});
+    const std::string qg = node(
+        "attn.q_group", {{"op", "view"}, {"input", {B, S, H, dh}}, {"size", {B, S, Hk, G, dh}}},
+        {q0});
+    const std::string qh = node(
+        "attn.q_heads", {{"op", "permute"}, {"input", {B, S, Hk, G, dh}}, {"dims", {0, 2, 1, 3, 4}}},
+        {qg});
+    const std::string q = node(
+        "attn.q_batched",
+        {{"op", "view"}, {"input", {B, Hk, S, G, dh}}, {"size", {B * Hk, S * G, dh}}}, {qh});
+    const std::string kh = node(
+        "attn.k_heads", {{"op", "permute"}, {"input", {B, S, Hk, dh}}, {"dims", {0, 2, 3, 1}}},
+        {k0});
+    const std::string k = node(
+        "attn.k_batched", {{"op", "view"}, {"input", {B, Hk, dh, S}}, {"size", {B * Hk, dh, S}}},
+        {kh});
+    const std::string vh = node(
+        "attn.v_heads", {{"op", "permute"}, {"input", {B, S, Hk, dh}}, {"dims", {0, 2, 1, 3}}},
+        {v0});
+    const std::string v = node(
+        "attn.v_batched", {{"op", "view"}, {"input", {B, Hk, S, dh}}, {"size", {B * Hk, S, dh}}},
+        {vh});
+    const std::string scores = node(
+        "attn.scores", {{"op", "bmm"}, {"input", {B * Hk, S * G, dh}}, {"other", {B * Hk, dh, S}}},
+        {q, k});
+    nlohmann::json soft = {{"op", "softmax"},
+                           {"input", {B * Hk, S * G, S}},
+                           {"dim", -1},
+                           {"scale", 1.0 / std::sqrt(static_cast<double>(dh))},
+                           {"causal", true}};
+    if (G > 1) soft["query_group"] = G;
+    const std::string probs = node("attn.softmax", soft, {scores});
+    const std::string ctx = node(
+        "attn.context", {{"op", "bmm"}, {"input", {B * Hk, S * G, S}}, {"other", {B * Hk, S, dh}}},
+        {probs, v});
+    const std::string c5 = node(
+        "attn.context_view",
+        {{"op", "view"}, {"input", {B * Hk, S * G, dh}}, {"size", {B, Hk, S, G, dh}}}, {ctx});
+    const std::string c6 = node(
+        "attn.context_heads",
+        {{"op", "permute"}, {"input", {B, Hk, S, G, dh}}, {"dims", {0, 2, 1, 3, 4}}}, {c5});
+    const std::string c2 = node(
+        "attn.context_flat", {{"op", "view"}, {"input", {B, S, Hk, G, dh}}, {"size", {T, D}}},
+        {c6});
+    return mm("attn.proj", c2, T, D, D);
+  }
+
+  // LLaMA's SwiGLU MLP: down(silu(gate(x)) * up(x)).
+  std::string swiglu(const std::string& x, const GraphShape& s) {
+    const int64_t T = s.tokens(), D = s.dModel, F = s.ffn;
+    const std::string gate = mm("mlp.gate", x, T, D, F);
+    const std::string up = mm("mlp.up", x, T, D, F);
+    const std::string act = node("mlp.silu", {{"op", "silu"}, {"input", {T, F}}}, {gate});
+    const std::string prod =
+        node("mlp.prod", {{"op", "mul"}, {"input", {T, F}}, {"other", {T, F}}}, {act, up});
+    return mm("mlp.down", prod, T, F, D);
+  }
+
   // Token and position embeddings, summed: [T, D].
   std::string embeddings(const GraphShape& s) {
     const int64_t T = s.tokens();
@@ -181,6 +266,31 @@ Graph gpt2(const GraphShape& s, bool encoder) {
                {xf, wt, b.param("lm_head.bias", {s.vocab})});
   }
   g.output = x;
+  return g;
+}
+
+// LLaMA-style decoder: token embedding, pre-RMSNorm blocks of grouped-query attention with
+// rotary positions and a SwiGLU MLP, no biases, an untied head.
+Graph llama(const GraphShape& s) {
+  Graph g;
+  g.workload = "llama";
+  g.shape = s;
+  Builder b(g);
+  const Dims act = {s.tokens(), s.dModel};
+  g.inputs.push_back({"ids", {s.tokens()}});
+  std::string x = b.node("wte_lookup",
+                         {{"op", "embedding"},
+                          {"input", {s.tokens()}},
+                          {"num_embeddings", s.vocab},
+                          {"embedding_dim", s.dModel}},
+                         {"ids", b.param("wte", {s.vocab, s.dModel})});
+  for (int l = 0; l < s.layers; ++l) {
+    b.block(l);
+    x = b.add("attn.residual", x, b.llamaAttention(b.rmsNorm("ln_1", x, act), s), act);
+    x = b.add("mlp.residual", x, b.swiglu(b.rmsNorm("ln_2", x, act), s), act);
+  }
+  b.block(-1);
+  g.output = b.mm("lm_head", b.rmsNorm("ln_f", x, act), s.tokens(), s.dModel, s.vocab);
   return g;
 }
 
@@ -239,8 +349,47 @@ at::Tensor attentionRef(const Params& p, const std::string& h, const at::Tensor&
   return linearRef(p, h + "attn.proj", ctx);
 }
 
+// LLaMA's attention as it is usually written: keys and values repeated per query head.
+at::Tensor llamaAttentionRef(const Params& p, const std::string& h, const at::Tensor& x,
+                             const GraphShape& s) {
+  const int64_t B = s.batch, S = s.seq, H = s.heads, Hk = s.kvHeads, dh = s.dHead();
+  const auto proj = [&](const std::string& name, const at::Tensor& t) {
+    return at::mm(t, p.at(h + name + ".weight"));
+  };
+  const at::Tensor q = rotary(proj("attn.q", x).view({B, S, H, dh}), 0, 10000.0).transpose(1, 2);
+  at::Tensor k = rotary(proj("attn.k", x).view({B, S, Hk, dh}), 0, 10000.0);
+  at::Tensor v = proj("attn.v", x).view({B, S, Hk, dh});
+  k = k.repeat_interleave(H / Hk, 2).transpose(1, 2);
+  v = v.repeat_interleave(H / Hk, 2).transpose(1, 2);
+  at::Tensor scores =
+      at::matmul(q, k.transpose(-1, -2)).mul(1.0 / std::sqrt(static_cast<double>(dh)));
+  scores = scores.masked_fill(at::ones({S, S}, scores.options().dtype(at::kBool)).triu(1),
+                              -std::numeric_limits<double>::infinity());
+  const at::Tensor ctx =
+      at::matmul(at::softmax(scores, -1), v).transpose(1, 2).reshape({B * S, H * dh});
+  return proj("attn.proj", ctx);
+}
+
+at::Tensor llamaRef(const GraphShape& s, const Params& p,
+                    const std::map<std::string, at::Tensor>& in) {
+  const auto norm = [&](const std::string& name, const at::Tensor& t) {
+    return rmsNorm(t, p.at(name + ".weight"));
+  };
+  at::Tensor x = at::embedding(p.at("wte"), in.at("ids"));
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string h = "h" + std::to_string(l) + ".";
+    x = x + llamaAttentionRef(p, h, norm(h + "ln_1", x), s);
+    const at::Tensor y = norm(h + "ln_2", x);
+    const at::Tensor gated = at::silu(at::mm(y, p.at(h + "mlp.gate.weight"))) *
+                             at::mm(y, p.at(h + "mlp.up.weight"));
+    x = x + at::mm(gated, p.at(h + "mlp.down.weight"));
+  }
+  return at::mm(norm("ln_f", x), p.at("lm_head.weight"));
+}
+
 at::Tensor modelRef(const std::string& workload, const GraphShape& s, const Params& p,
                     const std::map<std::string, at::Tensor>& in, uint64_t seed) {
+  if (workload == "llama") return llamaRef(s, p, in);
   if (workload == "mlp") {
     at::Tensor x = in.at("x");
     for (int l = 0; l < s.layers; ++l) {
@@ -275,6 +424,10 @@ class GraphWorkload final : public Workload {
   std::string description() const override {
     if (name_ == "mlp") return "residual MLP blocks (the graph auto-sharding solves over)";
     if (name_ == "bert") return "BERT-style post-LN encoder with embeddings (a graph workload)";
+    if (name_ == "llama") {
+      return "LLaMA-style decoder: RMSNorm, rotary grouped-query attention, SwiGLU, untied head "
+             "(a graph workload)";
+    }
     return "GPT-2-style decoder: embeddings, pre-LN blocks, tied LM head (a graph workload)";
   }
   void validate(const nlohmann::json& shape) const override { buildGraph(name_, shape); }
@@ -284,6 +437,9 @@ class GraphWorkload final : public Workload {
     if (name_ != "mlp") {
       out += ";seq=" + std::to_string(s.seq) + ";heads=" + std::to_string(s.heads) +
              ";vocab=" + std::to_string(s.vocab);
+    }
+    if (name_ == "llama") {
+      out += ";kv_heads=" + std::to_string(s.kvHeads) + ";ffn=" + std::to_string(s.ffn);
     }
     out += ";layers=" + std::to_string(s.layers);
     if (name_ != "mlp" && s.dropout > 0) out += ";dropout=" + nlohmann::json(s.dropout).dump();
@@ -331,11 +487,13 @@ GraphShape GraphShape::parse(const std::string& workload, const nlohmann::json& 
   if (!shape.is_object()) {
     throw std::invalid_argument(workload + ": shape must be a mapping, got " + shape.dump());
   }
-  const bool mlp = workload == "mlp";
+  const bool mlp = workload == "mlp", isLlama = workload == "llama";
   const std::vector<std::string> keys =
-      mlp ? std::vector<std::string>{"batch", "d_model", "layers"}
-          : std::vector<std::string>{"batch",  "seq",   "d_model", "heads",
-                                     "layers", "vocab", "dropout"};
+      mlp       ? std::vector<std::string>{"batch", "d_model", "layers"}
+      : isLlama ? std::vector<std::string>{"batch",  "seq",  "d_model", "heads",
+                                           "kv_heads", "ffn", "layers",  "vocab"}
+                : std::vector<std::string>{"batch",  "seq",   "d_model", "heads",
+                                           "layers", "vocab", "dropout"};
   for (auto it = shape.begin(); it != shape.end(); ++it) {
     if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) {
       std::string known;
@@ -367,6 +525,19 @@ GraphShape GraphShape::parse(const std::string& workload, const nlohmann::json& 
   s.seq = shapeInt(shape, workload, "seq", 16);
   s.heads = shapeInt(shape, workload, "heads", 4);
   s.vocab = shapeInt(shape, workload, "vocab", 64);
+  s.kvHeads = s.heads;
+  s.ffn = 4 * s.dModel;
+  if (isLlama) {
+    s.dropout = 0;
+    s.kvHeads = shapeInt(shape, workload, "kv_heads", s.heads);
+    s.ffn = shapeInt(shape, workload, "ffn", 4 * s.dModel);
+    within(s.ffn, "ffn");
+    if (s.heads % s.kvHeads != 0) {
+      throw std::invalid_argument(workload + ": shape key 'kv_heads' (" +
+                                  std::to_string(s.kvHeads) + ") must divide 'heads' (" +
+                                  std::to_string(s.heads) + ")");
+    }
+  }
   if (shape.contains("dropout")) {
     const auto& v = shape.at("dropout");
     if (!v.is_number() || v.get<double>() < 0 || v.get<double>() >= 1) {
@@ -396,7 +567,7 @@ GraphShape GraphShape::parse(const std::string& workload, const nlohmann::json& 
 }
 
 const std::vector<std::string>& graphWorkloads() {
-  static const std::vector<std::string> names = {"gpt2", "bert", "mlp"};
+  static const std::vector<std::string> names = {"gpt2", "bert", "mlp", "llama"};
   return names;
 }
 
@@ -409,10 +580,12 @@ Graph buildGraph(const std::string& workload, const nlohmann::json& shape) {
   const auto& names = graphWorkloads();
   if (std::find(names.begin(), names.end(), workload) == names.end()) {
     throw std::invalid_argument("unknown graph workload '" + workload +
-                                "' (expected gpt2, bert or mlp)");
+                                "' (expected gpt2, bert, mlp or llama)");
   }
   const GraphShape s = GraphShape::parse(workload, shape);
-  Graph g = workload == "mlp" ? mlpGraph(s) : gpt2(s, workload == "bert");
+  Graph g = workload == "mlp"     ? mlpGraph(s)
+            : workload == "llama" ? llama(s)
+                                  : gpt2(s, workload == "bert");
   g.index();
   return g;
 }
@@ -576,8 +749,9 @@ std::map<std::string, at::Tensor> graphInputs(const Graph& g, at::ScalarType dty
 }
 
 const Workload* findGraphWorkload(const std::string& name) {
-  static const GraphWorkload gpt2("gpt2"), bert("bert"), mlp("mlp");
+  static const GraphWorkload gpt2("gpt2"), bert("bert"), mlp("mlp"), llama("llama");
   if (name == "gpt2") return &gpt2;
+  if (name == "llama") return &llama;
   if (name == "bert") return &bert;
   if (name == "mlp") return &mlp;
   if (name == "torchscript") return torchscript::torchscriptWorkload();

@@ -60,6 +60,7 @@ struct GraphNode {
 
 struct GraphShape {
   int64_t batch = 2, seq = 16, dModel = 32, heads = 4, layers = 2, vocab = 64;
+  int64_t kvHeads = 4, ffn = 128;  // llama: key and value heads (grouped-query), the MLP's width
   double dropout = 0.1;
   // Throws InputError-style messages naming the key (std::invalid_argument).
   static GraphShape parse(const std::string& workload, const nlohmann::json& shape);

@@ -24,6 +24,9 @@ struct OpKeys {
 const std::map<std::string, OpKeys>& opKeys() {
   static const std::map<std::string, OpKeys> keys = {
       {"addmm", {{"input", "other"}, {"bias"}}},
+      {"mm", {{"input", "other"}, {}}},
+      {"rms_norm", {{"input"}, {}}},
+      {"rope", {{"input"}, {"theta"}}},
       {"bmm", {{"input", "other"}, {}}},
       {"matmul", {{"input", "other"}, {}}},
       {"embedding", {{"input", "num_embeddings", "embedding_dim"}, {}}},
@@ -39,7 +42,7 @@ const std::map<std::string, OpKeys>& opKeys() {
       {"silu", {{"input"}, {}}},
       {"aten", {{"schema", "operands", "dtypes", "args", "outputs"}, {"view"}}},
       {"dropout", {{"input", "p"}, {}}},
-      {"softmax", {{"input", "dim"}, {"scale", "causal"}}},
+      {"softmax", {{"input", "dim"}, {"scale", "causal", "query_group"}}},
       {"view", {{"input", "size"}, {}}},
       {"reshape", {{"input", "size"}, {}}},
       {"getitem", {{"input", "index"}, {}}},
@@ -231,6 +234,17 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
                   where(s), "shape key 'bias' must be [N] = [", s.other[1], "] or [M, N] = [",
                   s.input[0], ", ", s.other[1], "], got ", s.attrs.at("bias").dump());
     }
+  } else if (s.op == "mm") {
+    need(nd == 2 && s.other.size() == 2 && s.input[1] == s.other[0],
+         "mm needs input [M, K] and other [K, N]");
+  } else if (s.op == "rms_norm") {
+    s.weight = {s.input.back()};
+  } else if (s.op == "rope") {
+    need(nd == 4 && s.input[3] % 2 == 0,
+         "rope needs input [batch, seq, heads, head_dim] with an even head_dim");
+    if (s.attrs.contains("theta")) {
+      TORCH_CHECK(s.attrDouble("theta") > 1, where(s), "shape key 'theta' must be over 1");
+    }
   } else if (s.op == "bmm") {
     need(nd == 3 && s.other.size() == 3 && s.input[0] == s.other[0] && s.input[2] == s.other[1],
          "bmm needs input [b, i, k] and other [b, k, j]");
@@ -276,6 +290,12 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
       TORCH_CHECK(!s.causal() || (nd >= 2 && d == nd - 1), where(s),
                   "a causal softmax normalises the last dimension of an input of 2 or more");
     }
+    if (s.attrs.contains("query_group")) {
+      TORCH_CHECK(s.causal() && s.queryGroup() > 0 && s.input[nd - 2] % s.queryGroup() == 0,
+                  where(s), "shape key 'query_group' (queries per position, grouped-query "
+                  "attention's) must divide the rows of a causal softmax, got ",
+                  s.attrs.at("query_group").dump());
+    }
   } else if (s.op == "view" || s.op == "reshape") {
     viewShape(s);
   } else if (s.op == "getitem") {
@@ -309,13 +329,37 @@ double OpShape::scale() const { return attrs.contains("scale") ? attrDouble("sca
 
 bool OpShape::causal() const { return attrs.value("causal", false); }
 
+double OpShape::theta() const { return attrs.contains("theta") ? attrDouble("theta") : 10000.0; }
+
+at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& weight) {
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + 1e-5) * weight;
+}
+
+at::Tensor rotary(const at::Tensor& x, int64_t positionOffset, double theta) {
+  const int64_t S = x.size(1), half = x.size(3) / 2;
+  const auto opts = x.options().dtype(at::kDouble);
+  // Angles in double, then cast: every rank's box of the sequence gets the whole tensor's.
+  const at::Tensor inv = at::pow(theta, at::arange(0, half, opts) * (-2.0 / (2 * half)));
+  const at::Tensor angle = at::arange(positionOffset, positionOffset + S, opts).unsqueeze(1) * inv;
+  const at::Tensor cos = angle.cos().to(x.scalar_type()).view({1, S, 1, half});
+  const at::Tensor sin = angle.sin().to(x.scalar_type()).view({1, S, 1, half});
+  const at::Tensor x1 = x.narrow(3, 0, half), x2 = x.narrow(3, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, 3);
+}
+
+int64_t OpShape::queryGroup() const {
+  return attrs.contains("query_group") ? attrInt("query_group") : 1;
+}
+
 at::Tensor attentionSoftmax(const at::Tensor& x, int64_t dim, double scale, bool causal,
-                            int64_t rowOffset) {
+                            int64_t rowOffset, int64_t queryGroup) {
   at::Tensor z = scale == 1.0 ? x : x * scale;
   if (causal) {
-    // Key j is hidden from query i (row rowOffset + i of the whole tensor) when j > i.
+    // Key j is hidden from query i (row rowOffset + i of the whole tensor) when j > i; with
+    // grouped queries, row r is position r / queryGroup.
     const auto opts = x.options().dtype(at::kLong);
-    const at::Tensor rows = at::arange(rowOffset, rowOffset + x.size(-2), opts);
+    at::Tensor rows = at::arange(rowOffset, rowOffset + x.size(-2), opts);
+    if (queryGroup > 1) rows = rows.div(queryGroup, "floor");
     const at::Tensor cols = at::arange(x.size(-1), opts);
     z = z.masked_fill(cols.unsqueeze(0) > rows.unsqueeze(1),
                       -std::numeric_limits<double>::infinity());
@@ -379,7 +423,7 @@ bool OpShape::differentiable(const std::string& name) const {
 std::vector<std::vector<int64_t>> OpShape::outputs() const {
   const int64_t nd = static_cast<int64_t>(input.size());
   if (op == "aten") return atenOutputs(*this);
-  if (op == "addmm") return {{input[0], other[1]}};
+  if (op == "addmm" || op == "mm") return {{input[0], other[1]}};
   if (op == "bmm") return {{input[0], input[1], other[2]}};
   if (op == "matmul") return {nd == 1 ? std::vector<int64_t>{} : std::vector<int64_t>{input[0]}};
   if (op == "embedding") {
@@ -446,7 +490,7 @@ std::vector<int64_t> OpShape::permutation() const { return permuteDims(*this); }
 std::vector<int64_t> OpShape::reducedDims() const {
   const int64_t nd = static_cast<int64_t>(input.size());
   if (op == "softmax") return {normDim(*this, attrInt("dim"), nd, "dim")};
-  if (op == "layer_norm") return {nd - 1};
+  if (op == "layer_norm" || op == "rms_norm" || op == "rope") return {nd - 1};
   if (op == "sum") {
     std::vector<int64_t> dims;
     for (int64_t d : attrDims("dims")) dims.push_back(normDim(*this, d, nd, "dims"));
@@ -530,6 +574,9 @@ std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, 
   const at::Tensor other = get("other"), w = get("weight"), b = get("bias");
   const std::string& op = s.op;
   if (op == "addmm") return {at::addmm(b, x, other)};
+  if (op == "mm") return {at::mm(x, other)};
+  if (op == "rms_norm") return {rmsNorm(x, w)};
+  if (op == "rope") return {rotary(x, 0, s.theta())};
   if (op == "bmm") return {at::bmm(x, other)};
   if (op == "matmul") return {at::matmul(x, other)};
   if (op == "embedding") return {at::embedding(w, x)};
@@ -559,7 +606,7 @@ std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, 
         dropoutKeepMask(s.input, zero, s.input, seed, p, x.scalar_type()).mul_(1.0 / (1.0 - p))};
   }
   if (op == "softmax") {
-    return {attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), 0)};
+    return {attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), 0, s.queryGroup())};
   }
   if (op == "view" || op == "reshape") return {x.reshape(s.outputs()[0])};
   if (op == "getitem") {

@@ -76,6 +76,8 @@ struct OpShape {
   double attrDouble(const std::string& key) const;
   double scale() const;  // softmax's scale, 1 when not given
   bool causal() const;   // softmax's causal mask, false when not given
+  int64_t queryGroup() const;  // softmax's rows per position (query_group), 1 when not given
+  double theta() const;        // rope's base, 10000 when not given
   std::vector<int64_t> attrDims(const std::string& key) const;
   // The dimensions that `op` reduces or normalises over (softmax's dim, sum's dims, ...),
   // made non-negative; empty for operators without one.
@@ -99,9 +101,19 @@ at::Tensor dropoutKeepMask(const std::vector<int64_t>& fullShape,
 
 // softmax(scale * x) over `dim`; with `causal`, the entries above the diagonal of the last two
 // dimensions masked first, x's rows being rows rowOffset, rowOffset + 1, ... of the whole
-// tensor (a rank's box of attention scores) and its columns all of them.
+// tensor (a rank's box of attention scores) and its columns all of them. `queryGroup` rows
+// share a position (grouped-query attention with the group's query heads stacked by row: row r
+// is position r / queryGroup).
 at::Tensor attentionSoftmax(const at::Tensor& x, int64_t dim, double scale, bool causal,
-                            int64_t rowOffset);
+                            int64_t rowOffset, int64_t queryGroup = 1);
+
+// RMSNorm over the last dimension (LLaMA's): x * rsqrt(mean(x^2) + eps) * weight, eps 1e-5.
+at::Tensor rmsNorm(const at::Tensor& x, const at::Tensor& weight);
+
+// Rotary position embedding (LLaMA's, rotate-half form) of x [batch, seq, heads, head_dim]
+// whose sequence positions start at `positionOffset` (a rank's box of the sequence): each
+// head's first and second halves rotated by pos * theta^(-2i / head_dim).
+at::Tensor rotary(const at::Tensor& x, int64_t positionOffset, double theta);
 
 // The operator on full tensors (`t` holds input, other, weight, bias by name), as plain
 // LibTorch computes it. `seed` seeds dropout.

@@ -284,7 +284,8 @@ int64_t TrainingLoop::stateBytes() const {
 }
 
 bool hasTrainingReference(const std::string& workload) {
-  return workload == "mlp" || workload == "gpt2" || workload == "bert" || workload == "linear" ||
+  return workload == "mlp" || workload == "gpt2" || workload == "bert" || workload == "llama" ||
+         workload == "linear" ||
          workload == "transformer_block" || workload == "gpt2_prefill" ||
          workload == "vit_encoder" || workload == "evoformer_pair" ||
          findChainWorkload(workload) != nullptr;
@@ -292,7 +293,8 @@ bool hasTrainingReference(const std::string& workload) {
 
 std::string trainingWorkloadList() {
   std::string s =
-      "linear, mlp, gpt2, bert, transformer_block, gpt2_prefill, vit_encoder, evoformer_pair";
+      "linear, mlp, gpt2, bert, llama, transformer_block, gpt2_prefill, vit_encoder, "
+      "evoformer_pair";
   for (const Workload* w : chainWorkloads()) s += ", " + w->name();
   return s;
 }

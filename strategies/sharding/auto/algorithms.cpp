@@ -45,11 +45,15 @@ Layout megatronParam(const std::string& name, int ndim, int tp) {
     d[dim] = {tp};
     return Layout(d, {});
   };
-  for (const char* col : {"attn.q.", "attn.k.", "attn.v.", "mlp.fc."}) {
+  for (const char* col : {"attn.q.", "attn.k.", "attn.v.", "mlp.fc.", "mlp.gate.", "mlp.up."}) {
     if (name.find(col) != std::string::npos) return split(ndim - 1);
   }
-  if (endsWith(name, "attn.proj.weight") || endsWith(name, "mlp.proj.weight")) return split(0);
+  if (endsWith(name, "attn.proj.weight") || endsWith(name, "mlp.proj.weight") ||
+      endsWith(name, "mlp.down.weight")) {
+    return split(0);
+  }
   if (name == "wte") return split(0);
+  if (name == "lm_head.weight") return split(ndim - 1);  // an untied head: its vocabulary
   if (name == "lm_head.bias") return split(0);
   return Layout(ndim);
 }

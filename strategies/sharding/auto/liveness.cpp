@@ -106,8 +106,9 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       if (!isActivation(a)) continue;
       add(grads[v], operand(i));
       if (!records) continue;
-      if (op == "addmm" || op == "bmm" ||
-          (i == 0 && (op == "layer_norm" || op == "gelu" || op == "silu" || op == "dropout")) ||
+      if (op == "addmm" || op == "mm" || op == "bmm" || op == "mul" ||
+          (i == 0 && (op == "layer_norm" || op == "rms_norm" || op == "gelu" || op == "silu" ||
+                      op == "dropout")) ||
           (op == "aten" && !isAliasOp(n.shape))) {
         // aten: what an unknown kernel saves is not known here; all it reads is counted
         add(saved[v], operand(i));  // dropout: its mask, of the input's size
@@ -117,6 +118,12 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       add(saved[v], perCand(v, [&](const Candidate& c) {
             const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
             return 2.0 * in.numel() / std::max<int64_t>(1, in.length.back()) * 4;
+          }));
+    }
+    if (op == "rms_norm") {  // the inverse root mean square per row
+      add(saved[v], perCand(v, [&](const Candidate& c) {
+            const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
+            return static_cast<double>(in.numel() / std::max<int64_t>(1, in.length.back()) * es);
           }));
     }
     if (op == "softmax") add(saved[v], out[v]);

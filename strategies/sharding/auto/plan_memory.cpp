@@ -234,7 +234,8 @@ Storage::~Storage() {
 bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads) {
   const std::string& op = r.shape.op;
   const auto other = [&](size_t j) { return j < grads.size() && grads[j]; };
-  if (op == "addmm") return i == 0 ? other(1) : i == 1 && other(0);
+  if (op == "addmm" || op == "mm") return i == 0 ? other(1) : i == 1 && other(0);
+  if (op == "rms_norm") return i == 0;
   if (op == "bmm" || op == "matmul" || op == "mul") return other(1 - i);
   if (op == "gelu" || op == "silu") return i == 0;
   if (op == "layer_norm") return i == 0 && r.statAxes.empty() && r.spec.variant != "hidden";
@@ -622,8 +623,8 @@ int64_t Replay::run() {
 
 std::vector<std::string> unverifiedOperators(const reference::Graph& g) {
   static const std::set<std::string> checked = {
-      "embedding", "add",  "layer_norm", "addmm",   "view",   "permute",
-      "transpose", "bmm",  "softmax",    "dropout", "gelu"};
+      "embedding", "add",     "layer_norm", "addmm", "view", "permute", "transpose", "bmm",
+      "softmax",   "dropout", "gelu",       "mm",    "mul",  "silu",    "rms_norm",  "rope"};
   std::set<std::string> out;
   for (const auto& n : g.nodes) {
     if (!checked.count(n.shape.op)) {

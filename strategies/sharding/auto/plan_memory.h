@@ -60,9 +60,10 @@ struct PlanMemoryEvent {
 
 // The operators of `g` whose replay inside a plan has not been checked against the tracker to
 // the byte (sorted, without repeats; empty when all have): the plan executor claims its memory
-// exact only without them. Checked: the built-in graphs' operators (embedding, add, layer_norm,
-// addmm, view, permute, transpose, bmm, softmax, dropout, gelu), by suites/autoshard.yaml and
-// ci/autoshard_test.sh on every rank, threads and gloo.
+// exact only without them. Checked: the built-in graphs' operators (gpt2, bert, mlp: embedding,
+// add, layer_norm, addmm, view, permute, transpose, bmm, softmax, dropout, gelu; llama: mm,
+// rms_norm, rope, silu, mul), by suites/autoshard.yaml and ci/autoshard_test.sh on every rank,
+// threads and gloo.
 std::vector<std::string> unverifiedOperators(const reference::Graph& g);
 
 // The peak bytes above what is live when the step starts (the executor's parameters, data

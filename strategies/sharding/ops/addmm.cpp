@@ -49,6 +49,48 @@ double addmmFlops(const ResolvedOp& r, const std::vector<int64_t>& mesh, int ran
   return 6.0 * static_cast<double>(a.numel()) * static_cast<double>(b.length.back());
 }
 
+// mm ([M, K] x [K, N], a Linear without a bias: LLaMA's projections): addmm's splits.
+std::vector<OpStrategySpec> mmSpecs(const reference::OpShape& s) {
+  std::vector<OpStrategySpec> out;
+  for (const auto& m : linearSplits(false)) {
+    OpStrategySpec sp =
+        spec(s, m.name, {L({m.m, m.k}), L({m.k, m.n})}, {L({m.m, m.n}, m.k)}, m.meshDims);
+    sp.colossalName = m.name;
+    sp.set = "beyond";
+    out.push_back(sp);
+  }
+  return out;
+}
+
+// The product; with a split K its all-reduce (a copy and the backend's scratch, the local
+// product going); backward both operands' gradients.
+void mmMemory(MemoryReplay& m) {
+  m.dropPreviousResults(false, false);
+  m.alloc(m.O);
+  m.reduceCopy();
+  m.backwardBegins();
+  m.alloc(m.sumG);
+  m.gradAllReduces();
+}
+
+OpRule mmRule() {
+  OpRule r;
+  r.canonicalShapes = [] {
+    return std::vector<nlohmann::json>{{{"op", "mm"}, {"input", {16, 32}}, {"other", {32, 16}}}};
+  };
+  r.specs = mmSpecs;
+  r.layouts = keepLayouts;
+  r.faults = [](const OpStrategySpec& sp) { return commonFaults(sp, {}); };
+  r.forward = [](const LocalForward& f) {
+    return std::vector<at::Tensor>{f.reduce(at::mm(f.in[0], f.in[1]))};
+  };
+  r.memory = mmMemory;
+  r.flops = addmmFlops;
+  r.statistics = noStatistics;
+  r.reductionLength = productReductionLength;
+  return r;
+}
+
 OpRule addmmRule() {
   OpRule r;
   r.canonicalShapes = [] {
@@ -71,3 +113,4 @@ OpRule addmmRule() {
 }  // namespace sb::strategies
 
 SB_REGISTER_OP_RULE("addmm", sb::strategies::addmmRule());
+SB_REGISTER_OP_RULE("mm", sb::strategies::mmRule());

@@ -18,6 +18,7 @@ constexpr const char* kOpOrder[] = {
     "conv2d",    "max_pool2d", "avg_pool2d", "add",       "mul",        "gelu",
     "relu",      "dropout",    "softmax",    "view",      "reshape",    "permute",
     "transpose", "split",      "getitem",    "sum",       "silu",       "aten",
+    "mm",        "rms_norm",   "rope",
 };
 
 std::map<std::string, OpRule>& rules() {

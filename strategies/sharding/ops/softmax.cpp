@@ -29,7 +29,8 @@ std::vector<at::Tensor> softmaxForward(const LocalForward& f) {
   // The causal mask needs the rows' place in the whole tensor (the softmax dimension, the
   // last, is never split).
   const int64_t rows = x.dim() >= 2 ? f.operandBox(0).offset[x.dim() - 2] : 0;
-  return {reference::attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), rows)};
+  return {reference::attentionSoftmax(x, s.reducedDims()[0], s.scale(), s.causal(), rows,
+                                      s.queryGroup())};
 }
 
 // reference::attentionSoftmax's allocations. x * scale (a double): the scalar wrapped, cast to
@@ -56,6 +57,10 @@ void softmaxMemory(MemoryReplay& m) {
   if (scaled) scalarProduct(S);
   if (causal) {
     m.alloc(8 * rows);
+    if (s.queryGroup() > 1) {  // the rows' positions: their indices divided, replacing them
+      m.alloc(8 * rows);
+      m.release(8 * rows);
+    }
     m.alloc(8 * cols);
     m.alloc(mask);
     m.alloc(S);                    // the masked copy
