@@ -30,6 +30,10 @@ for r in rows:
     m, p = d.get("peak_mem_bytes_per_rank"), d.get("predicted_peak_mem_bytes_per_rank")
     if not m or m != p or r.get("mispredicted"):
         bad.append((r["case"], r["strategy"], m, p))
+    # The solve's own replay (threads), in the plan: what a memory limit is checked with.
+    solved = d.get("executor", {}).get("predicted", {}).get("peak_bytes_by_rank")
+    if "steps" not in r.get("params", {}) and r["backend"] == "threads" and solved != m:
+        bad.append((r["case"], r["strategy"], "solve's replay", solved, m))
 print(f"{len(rows)} passing rows, {len(bad)} with a rank not predicted to the byte")
 for b in bad[:5]:
     print("  ", b)

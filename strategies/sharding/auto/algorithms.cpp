@@ -221,64 +221,92 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   SelectionOptions so;
   so.timeLimitSeconds = o.timeLimitSeconds;
   so.relativeGap = o.relativeGap;
-  Selection sel = solveIlp(p.problem, so);
-  bool choseBarred = false;
-  for (size_t c = 0; c < sel.choice.size() && c < barred.size(); ++c) {
-    choseBarred |= barred[c][static_cast<size_t>(sel.choice[c])];
-  }
-  if (sel.status == "infeasible" || sel.status == "no_solution" || choseBarred) {
-    if (sel.status == "no_solution") {
-      throw NoPlanError(o.algo + ": CBC found no plan within --time-limit " +
-                            std::to_string(o.timeLimitSeconds) + " s; give it longer",
-                        0);
-    }
-    SelectionProblem free = p.problem;
-    free.memoryLimit = 0;
-    // The least memory of the plans this algorithm may choose: barred choices made too big.
-    SelectionProblem::MemoryRow barredRow;
-    barredRow.what = "choices outside " + o.algo;
-    for (size_t c = 0; c < free.vars.size(); ++c) {
-      std::vector<double> b;
-      for (size_t k = 0; k < free.vars[c].cost.size(); ++k) b.push_back(barred[c][k] ? 1e18 : 0);
-      barredRow.terms.emplace_back(static_cast<int>(c), b);
-    }
-    free.memory.push_back(barredRow);
-    const Selection least = solveMinPeakMemory(free, so);
-    if (!(o.memoryLimit > 0)) {
-      throw NoPlanError(o.algo + ": no plan of it exists on this mesh (every plan needs a " +
-                            "choice outside " + o.algo + ")",
-                        least.peakMemory);
-    }
-    throw NoPlanError(o.algo + ": no plan fits " +
-                          std::to_string(static_cast<int64_t>(o.memoryLimit)) +
-                          " bytes per rank; the least any plan of it needs is " +
-                          std::to_string(static_cast<int64_t>(least.peakMemory)) + " bytes",
-                      least.peakMemory);
-  }
   ShardingPlan plan;
   plan.workload = m.graph().workload;
   plan.mesh = m.mesh();
-  plan.choice = m.planOf(p, sel.choice);
-  plan.solver.algo = o.algo;
-  plan.solver.status = sel.status;
-  plan.solver.objectiveUs = sel.objective;
-  plan.solver.bound = sel.bound;
-  plan.solver.gap = sel.gap;
-  plan.solver.seconds = sel.seconds;
-  plan.solver.variables = sel.variables;
-  plan.solver.constraints = sel.constraints;
-  plan.solver.classes = static_cast<int>(p.problem.vars.size());
-  plan.solver.memoryLimit = o.memoryLimit;
-  plan.solver.programSeconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - sel.seconds;
-  plan.predictedStepUs = m.stepUs(plan.choice);
-  plan.predictedPeakBytes = m.peakBytes(plan.choice);
-  if (o.memoryLimit > 0 && plan.predictedPeakBytes > o.memoryLimit) {
-    throw NoPlanError(
-        o.algo + ": no plan fits " + std::to_string(static_cast<int64_t>(o.memoryLimit)) +
-            " bytes per rank; its plan needs " + std::to_string(plan.predictedPeakBytes) + " bytes",
-        static_cast<double>(plan.predictedPeakBytes));
+  // Under a memory limit the plan's peak is checked by the replay of its step (plan_memory.h),
+  // which the program's liveness rows only estimate. Where the ILP's plan does not fit by it,
+  // the program is solved again under a limit tightened by what its rows missed of that plan,
+  // a few rounds at most: a plan returned fits by the replay, or there is none.
+  constexpr int kRounds = 6;
+  for (int round = 0;; ++round) {
+    Selection sel = solveIlp(p.problem, so);
+    bool choseBarred = false;
+    for (size_t c = 0; c < sel.choice.size() && c < barred.size(); ++c) {
+      choseBarred |= barred[c][static_cast<size_t>(sel.choice[c])];
+    }
+    if (round > 0 && (sel.status == "infeasible" || choseBarred)) {
+      throw NoPlanError(o.algo + ": no plan fits " +
+                            std::to_string(static_cast<int64_t>(o.memoryLimit)) +
+                            " bytes per rank by the replay of its step; the last plan the "
+                            "integer program offered needs " +
+                            std::to_string(plan.predictedPeakBytes) + " bytes",
+                        static_cast<double>(plan.predictedPeakBytes));
+    }
+    if (sel.status == "infeasible" || sel.status == "no_solution" || choseBarred) {
+      if (sel.status == "no_solution") {
+        throw NoPlanError(o.algo + ": CBC found no plan within --time-limit " +
+                              std::to_string(o.timeLimitSeconds) + " s; give it longer",
+                          0);
+      }
+      SelectionProblem free = p.problem;
+      free.memoryLimit = 0;
+      // The least memory of the plans this algorithm may choose: barred choices made too big.
+      SelectionProblem::MemoryRow barredRow;
+      barredRow.what = "choices outside " + o.algo;
+      for (size_t c = 0; c < free.vars.size(); ++c) {
+        std::vector<double> b;
+        for (size_t k = 0; k < free.vars[c].cost.size(); ++k) {
+          b.push_back(barred[c][k] ? 1e18 : 0);
+        }
+        barredRow.terms.emplace_back(static_cast<int>(c), b);
+      }
+      free.memory.push_back(barredRow);
+      const Selection least = solveMinPeakMemory(free, so);
+      if (!(o.memoryLimit > 0)) {
+        throw NoPlanError(o.algo + ": no plan of it exists on this mesh (every plan needs a " +
+                              "choice outside " + o.algo + ")",
+                          least.peakMemory);
+      }
+      throw NoPlanError(o.algo + ": no plan fits " +
+                            std::to_string(static_cast<int64_t>(o.memoryLimit)) +
+                            " bytes per rank; the least any plan of it needs is " +
+                            std::to_string(static_cast<int64_t>(least.peakMemory)) + " bytes",
+                        least.peakMemory);
+    }
+    plan.choice = m.planOf(p, sel.choice);
+    plan.solver.algo = o.algo;
+    plan.solver.status = sel.status;
+    plan.solver.objectiveUs = sel.objective;
+    plan.solver.bound = sel.bound;
+    plan.solver.gap = sel.gap;
+    plan.solver.seconds += sel.seconds;
+    plan.solver.variables = sel.variables;
+    plan.solver.constraints = sel.constraints;
+    plan.solver.classes = static_cast<int>(p.problem.vars.size());
+    plan.solver.memoryLimit = o.memoryLimit;
+    plan.solver.rounds = round + 1;
+    plan.predictedStepUs = m.stepUs(plan.choice);
+    const auto replayStart = std::chrono::steady_clock::now();
+    plan.predictMemory(m);
+    plan.solver.replaySeconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - replayStart).count();
+    if (!(o.memoryLimit > 0) || plan.predictedPeakBytes <= o.memoryLimit) break;
+    const double rows = peakMemory(p.problem, sel.choice);
+    const double next = std::min(p.problem.memoryLimit - 1,
+                                 o.memoryLimit - (static_cast<double>(plan.predictedPeakBytes) - rows));
+    if (o.algo != "ilp" || round + 1 >= kRounds || !(next > 0)) {
+      throw NoPlanError(
+          o.algo + ": no plan fits " + std::to_string(static_cast<int64_t>(o.memoryLimit)) +
+              " bytes per rank; its plan needs " + std::to_string(plan.predictedPeakBytes) +
+              " bytes" + (plan.replayedPeakBytes.empty() ? "" : " by the replay of its step"),
+          static_cast<double>(plan.predictedPeakBytes));
+    }
+    p.problem.memoryLimit = next;
   }
+  plan.solver.programSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
+      plan.solver.seconds - plan.solver.replaySeconds;
   return plan;
 }
 

@@ -180,7 +180,7 @@ class PlanExecutor final : public harness::RankExecutor {
     j["memory_rows"] = rows;
     // The row's prediction is the replay of the plan chosen; the rows above are what the
     // integer program priced it with.
-    j["predicted"]["liveness_peak_bytes"] = solved_->plan.predictedPeakBytes;
+    j["predicted"]["liveness_peak_bytes"] = solved_->plan.livenessPeakBytes;
     if (replayed_) {
       const auto unverified = unverifiedOperators(solved_->model->graph());
       std::string note = "replay";
@@ -298,28 +298,9 @@ class PlanStrategy final : public harness::Strategy {
       }
       s->plan.shape = c.shape;
       s->json = s->plan.toJson(*s->model);
-      // The edges that redistribute.
-      const auto& g = s->model->graph();
-      for (size_t v = 0; v < g.nodes.size(); ++v) {
-        const auto& n = g.nodes[v];
-        const Candidate& cand = s->model->candidates(v)[s->plan.choice[v]];
-        for (size_t i = 0; i < n.args.size(); ++i) {
-          const auto from = s->model->valueLayout(n.args[i], s->plan.choice);
-          if (!from || *from == cand.op.operands[i]) continue;
-          PlanEdge e;
-          e.node = static_cast<int>(v);
-          e.operand = i;
-          e.geometry = {g.valueShape(n.args[i]), c.mesh,
-                        static_cast<int64_t>(c10::elementSize(c.dtype))};
-          // The cheapest paths by the model's own pricing: what the plan's prediction counted.
-          const harness::RedistCostModel cm = s->model->redistModel();
-          e.forward = harness::planRedistribution(e.geometry, *from, cand.op.operands[i], cm,
-                                                  harness::PlanObjective::kTime);
-          e.backward = harness::planRedistribution(e.geometry, cand.op.operands[i], *from, cm,
-                                                   harness::PlanObjective::kTime);
-          s->edges.push_back(std::move(e));
-        }
-      }
+      // The edges that redistribute: the cheapest paths by the model's own pricing, what the
+      // plan's prediction counted.
+      s->edges = planEdges(*s->model, s->plan.choice);
     } catch (const NoPlanError& e) {
       s->problem = e.what();
     }

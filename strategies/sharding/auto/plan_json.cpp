@@ -53,7 +53,12 @@ nlohmann::json ShardingPlan::toJson(const ShardingModel& m) const {
           {"mesh", mesh},
           {"algo", solver.algo},
           {"predicted",
-           {{"step_time_us", predictedStepUs}, {"peak_bytes_per_rank", predictedPeakBytes}}},
+           {{"step_time_us", predictedStepUs},
+            {"peak_bytes_per_rank", predictedPeakBytes},
+            {"peak_bytes_by_rank", replayedPeakBytes},
+            {"memory_model", replayedPeakBytes.empty() ? "liveness rows: " + notReplayed
+                                                       : std::string("replay")},
+            {"liveness_peak_bytes", livenessPeakBytes}}},
           {"solver",
            {{"status", solver.status},
             {"objective_us", solver.objectiveUs},
@@ -61,6 +66,8 @@ nlohmann::json ShardingPlan::toJson(const ShardingModel& m) const {
             {"gap", solver.gap},
             {"seconds", solver.seconds},
             {"program_seconds", solver.programSeconds},
+            {"replay_seconds", solver.replaySeconds},
+            {"rounds", solver.rounds},
             {"total_seconds", solver.totalSeconds},
             {"variables", solver.variables},
             {"constraints", solver.constraints},
@@ -211,7 +218,7 @@ ShardingPlan ShardingPlan::fromJson(const nlohmann::json& j, const ShardingModel
   plan.solver.algo = "file";
   plan.solver.status = j.contains("solver") ? j.at("solver").value("status", "") : "";
   plan.predictedStepUs = m.stepUs(plan.choice);
-  plan.predictedPeakBytes = m.peakBytes(plan.choice);
+  plan.predictMemory(m);
   return plan;
 }
 

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "harness/comm/mesh.h"
+#include "harness/comm/threads_backend.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
 #include "strategies/sharding/ops/op_rule.h"
 
@@ -123,6 +124,8 @@ class Replay {
   }
 
   int64_t run();
+  // What the executor holds across the step: parameters' pieces, data slices, the seed.
+  int64_t heldBytes() const { return held_; }
   bool freeEarly = false;  // the planted fault: values freed at their last reader's forward
 
   void alloc(int64_t b, const std::string& what) {
@@ -154,7 +157,9 @@ class Replay {
     s->what = what;
     return std::make_shared<Tensor>(Tensor{s, sizes, contiguousStrides(sizes)});
   }
-  Ref held(const Dims& sizes) {
+  Ref held(const Dims& sizes, int64_t elementSize = 0) {
+    held_ += std::accumulate(sizes.begin(), sizes.end(), elementSize ? elementSize : es_,
+                             std::multiplies<>());
     return std::make_shared<Tensor>(
         Tensor{std::make_shared<Storage>(), sizes, contiguousStrides(sizes)});
   }
@@ -206,7 +211,7 @@ class Replay {
   harness::RankContext& ctx_;
   at::ScalarType dtype_;
   std::vector<PlanMemoryEvent>* log_;
-  int64_t es_ = 0, current_ = 0, peak_ = 0;
+  int64_t es_ = 0, current_ = 0, peak_ = 0, held_ = 0;
   std::vector<int64_t> coords_;
   std::map<std::pair<int, size_t>, const PlanEdge*> edges_;
   std::vector<std::unique_ptr<harness::RedistRunner>> forwardRunners_;
@@ -586,7 +591,9 @@ int64_t Replay::run() {
       const std::string& a = n.args[i];
       const Dims sizes = localSizes(g_.valueShape(a), cand.op.operands[i]);
       if (g_.isInput(a)) {
-        data_[{static_cast<int>(v), i}] = held(sizes);
+        // Token ids are int64 (an embedding's input); other data the case's type.
+        const bool ids = n.shape.op == "embedding" && i == 0;
+        data_[{static_cast<int>(v), i}] = held(sizes, ids ? 8 : 0);
       } else if (g_.isParameter(a) && !params_.count(a)) {
         params_[a] = held(sizes);
         Unit* leaf = newUnit(Unit::kLeaf, static_cast<int>(v), a);
@@ -638,10 +645,75 @@ std::vector<std::string> unverifiedOperators(const reference::Graph& g) {
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
                        at::ScalarType dtype, std::vector<PlanMemoryEvent>* log,
-                       bool freeEarly) {
+                       bool freeEarly, int64_t* heldBytes) {
   Replay r(model, choice, edges, ctx, dtype, log);
   r.freeEarly = freeEarly;
-  return r.run();
+  const int64_t peak = r.run();
+  if (heldBytes) *heldBytes = r.heldBytes();
+  return peak;
+}
+
+void ShardingPlan::predictMemory(const ShardingModel& m) {
+  livenessPeakBytes = m.peakBytes(choice);
+  predictedPeakBytes = livenessPeakBytes;
+  replayedPeakBytes.clear();
+  notReplayed.clear();
+  if (m.rowsWithoutParameters()) {  // the planted fault: the model's rows are all it has
+    notReplayed = "planted fault rows_without_parameters";
+    return;
+  }
+  try {
+    replayedPeakBytes = replayPlanPeaks(m, choice);
+    predictedPeakBytes = *std::max_element(replayedPeakBytes.begin(), replayedPeakBytes.end());
+  } catch (const PlanMemoryUnknown& e) {
+    notReplayed = e.what();
+  }
+}
+
+std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<int>& choice) {
+  std::vector<PlanEdge> edges;
+  const auto& g = model.graph();
+  const harness::RedistCostModel cm = model.redistModel();
+  const auto es = static_cast<int64_t>(c10::elementSize(model.options().dtype));
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const auto& n = g.nodes[v];
+    const Candidate& cand = model.candidates(static_cast<int>(v))[choice[v]];
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const auto from = model.valueLayout(n.args[i], choice);
+      if (!from || *from == cand.op.operands[i]) continue;
+      PlanEdge e;
+      e.node = static_cast<int>(v);
+      e.operand = i;
+      e.geometry = {g.valueShape(n.args[i]), model.mesh(), es};
+      e.forward = harness::planRedistribution(e.geometry, *from, cand.op.operands[i], cm,
+                                              harness::PlanObjective::kTime);
+      e.backward = harness::planRedistribution(e.geometry, cand.op.operands[i], *from, cm,
+                                               harness::PlanObjective::kTime);
+      edges.push_back(std::move(e));
+    }
+  }
+  return edges;
+}
+
+std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vector<int>& choice) {
+  const std::vector<PlanEdge> edges = planEdges(model, choice);
+  harness::ThreadsWorld world{harness::DeviceMesh(model.mesh())};
+  std::vector<int64_t> peaks(static_cast<size_t>(world.mesh().size()), 0);
+  std::vector<std::string> unknown(peaks.size());
+  world.run([&](harness::RankContext& ctx) {
+    try {
+      int64_t held = 0;
+      const int64_t peak =
+          replayPlanStep(model, choice, edges, ctx, model.options().dtype, nullptr, false, &held);
+      peaks[static_cast<size_t>(ctx.rank())] = held + peak;
+    } catch (const PlanMemoryUnknown& e) {
+      unknown[static_cast<size_t>(ctx.rank())] = e.what();
+    }
+  });
+  for (const auto& u : unknown) {
+    if (!u.empty()) throw PlanMemoryUnknown(u);
+  }
+  return peaks;
 }
 
 }  // namespace sb::strategies::autoshard

@@ -66,6 +66,15 @@ struct PlanMemoryEvent {
 // threads and gloo.
 std::vector<std::string> unverifiedOperators(const reference::Graph& g);
 
+// The edges of a plan: every read in another layout than its value was written in, with the
+// planner's cheapest paths by the model's pricing (what the executor runs).
+std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<int>& choice);
+
+// Every rank's peak of the plan's step (what the executor holds included), by the replay on a
+// `threads` world of the model's mesh and dtype: what solving checks a memory limit with.
+// Throws PlanMemoryUnknown.
+std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vector<int>& choice);
+
 // The peak bytes above what is live when the step starts (the executor's parameters, data
 // slices and gradient seed), on this rank. Throws PlanMemoryUnknown (above).
 // `freeEarly`: the planted fault liveness_frees_early, a replay that frees every value at its
@@ -73,6 +82,6 @@ std::vector<std::string> unverifiedOperators(const reference::Graph& g);
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
                        at::ScalarType dtype, std::vector<PlanMemoryEvent>* log,
-                       bool freeEarly = false);
+                       bool freeEarly = false, int64_t* heldBytes = nullptr);
 
 }  // namespace sb::strategies::autoshard
