@@ -79,8 +79,21 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   };
   // Per node: its outputs, what it saves, the parameters it owns and the inputs it slices,
   // its activation operands (their gradients), and each owned parameter's gradient.
-  std::vector<std::vector<double>> out(N), saved(N), base(N), grads(N);
+  std::vector<std::vector<double>> out(N), saved(N), base(N), grads(N), reduceCopies(N);
   std::vector<std::tuple<int, int, std::vector<double>>> paramGrads;  // owner, last reader
+  // An activation some node saves for its backward, once however many save it: its storage
+  // (a root node), the first node that saves it (it lives until that node's backward) and its
+  // bytes in that node's layout. Before its last reader's forward the producer's output counts
+  // it already.
+  struct SavedValue {
+    int saver = -1;
+    std::vector<double> bytes;
+  };
+  std::map<int, SavedValue> savedValues;
+  const auto saveValue = [&](int storage, int v, std::vector<double> bytes) {
+    SavedValue& sv = savedValues[storage];
+    if (sv.saver < 0 || v < sv.saver) sv = {v, std::move(bytes)};
+  };
   for (int v = 0; v < N; ++v) {
     const GraphNode& n = g.nodes[v];
     out[v] = perCand(v, [&](const Candidate& c) {
@@ -103,15 +116,26 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       if (owned && m.rowsWithoutParameters()) continue;  // the planted fault
       if (owned) paramGrads.emplace_back(v, lastReader.at(a), operand(i));
       if (owned || g.isInput(a)) add(base[v], operand(i));
+      // A gradient partial over some mesh axes is all-reduced through a copy and the backend's
+      // scratch (the threads backend's: the block again) during the node's backward.
+      if (g.isParameter(a) || isActivation(a)) {
+        add(reduceCopies[v], perCand(v, [&](const Candidate& c) {
+              if (c.op.gradPartial[i].empty()) return 0.0;
+              int64_t ranks = 1;
+              for (int ax : c.op.gradPartial[i]) ranks *= m.mesh()[static_cast<size_t>(ax)];
+              if (ranks == 1) return 0.0;
+              return 2.0 * boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.op.operands[i]);
+            }));
+      }
       if (!isActivation(a)) continue;
       add(grads[v], operand(i));
       if (!records) continue;
+      if (i == 0 && op == "dropout") add(saved[v], operand(i));  // its mask, the input's size
       if (op == "addmm" || op == "mm" || op == "bmm" || op == "mul" ||
-          (i == 0 && (op == "layer_norm" || op == "rms_norm" || op == "gelu" || op == "silu" ||
-                      op == "dropout")) ||
+          (i == 0 && (op == "layer_norm" || op == "rms_norm" || op == "gelu" || op == "silu")) ||
           (op == "aten" && !isAliasOp(n.shape))) {
         // aten: what an unknown kernel saves is not known here; all it reads is counted
-        add(saved[v], operand(i));  // dropout: its mask, of the input's size
+        saveValue(root[g.producer(a).first], v, operand(i));
       }
     }
     if (op == "layer_norm") {  // the mean and inverse deviation per row, in float
@@ -126,7 +150,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
             return static_cast<double>(in.numel() / std::max<int64_t>(1, in.length.back()) * es);
           }));
     }
-    if (op == "softmax") add(saved[v], out[v]);
+    if (op == "softmax" && records) saveValue(v, v, out[v]);
   }
   NodeRow always;
   for (int v = 0; v < N; ++v) {
@@ -145,6 +169,10 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
         r.terms.emplace_back(u, &out[u]);
       }
     }
+    for (const auto& [storage, sv] : savedValues) {
+      const bool outputCounted = lastUse[storage] > t || storage == outputNode || storage == t;
+      if (sv.saver <= t && !outputCounted) r.terms.emplace_back(sv.saver, &sv.bytes);
+    }
     sink(r);
   }
   // Backward: during node t's backward (its saved tensors and its outputs' gradients still
@@ -155,6 +183,9 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     r.what = "backward of " + g.nodes[t].name;
     r.layer = g.nodes[t].layer;
     r.terms.emplace_back(outputNode, &out[outputNode]);
+    for (const auto& [storage, sv] : savedValues) {
+      if (sv.saver <= t) r.terms.emplace_back(sv.saver, &sv.bytes);
+    }
     for (int u = 0; u <= t; ++u) {
       if (!saved[u].empty()) r.terms.emplace_back(u, &saved[u]);
       // An activation's gradient, from its last reader's backward to its producer's.
@@ -164,6 +195,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       if (last >= t) r.terms.emplace_back(owner, &bytes);
     }
     if (!grads[t].empty()) r.terms.emplace_back(t, &grads[t]);
+    if (!reduceCopies[t].empty()) r.terms.emplace_back(t, &reduceCopies[t]);
     sink(r);
   }
 }
