@@ -79,7 +79,8 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   };
   // Per node: its outputs, what it saves, the parameters it owns and the inputs it slices,
   // its activation operands (their gradients), and each owned parameter's gradient.
-  std::vector<std::vector<double>> out(N), saved(N), base(N), grads(N), reduceCopies(N);
+  std::vector<std::vector<double>> out(N), saved(N), base(N), grads(N), reduceCopies(N),
+      transient(N);
   std::vector<std::tuple<int, int, std::vector<double>>> paramGrads;  // owner, last reader
   // An activation some node saves for its backward, once however many save it: its storage
   // (a root node), the first node that saves it (it lives until that node's backward) and its
@@ -151,6 +152,19 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
           }));
     }
     if (op == "softmax" && records) saveValue(v, v, out[v]);
+    if (op == "softmax" && (n.shape.scale() != 1.0 || n.shape.causal())) {
+      // attentionSoftmax's scaled and masked copies: one alive beside the output it makes, and
+      // one gradient more in its backward; the causal mask (bool) saved between.
+      const auto rowsCols = [&](const Candidate& c) {
+        const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
+        return static_cast<double>(in.length[in.length.size() - 2] * in.length.back());
+      };
+      transient[v] = perCand(v, [&](const Candidate& c) {
+        const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
+        return static_cast<double>(in.numel() * es);
+      });
+      if (n.shape.causal()) add(saved[v], perCand(v, rowsCols));
+    }
   }
   NodeRow always;
   for (int v = 0; v < N; ++v) {
@@ -173,6 +187,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       const bool outputCounted = lastUse[storage] > t || storage == outputNode || storage == t;
       if (sv.saver <= t && !outputCounted) r.terms.emplace_back(sv.saver, &sv.bytes);
     }
+    if (!transient[t].empty()) r.terms.emplace_back(t, &transient[t]);
     sink(r);
   }
   // Backward: during node t's backward (its saved tensors and its outputs' gradients still
@@ -196,6 +211,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     }
     if (!grads[t].empty()) r.terms.emplace_back(t, &grads[t]);
     if (!reduceCopies[t].empty()) r.terms.emplace_back(t, &reduceCopies[t]);
+    if (!transient[t].empty()) r.terms.emplace_back(t, &transient[t]);
     sink(r);
   }
 }

@@ -697,10 +697,35 @@ std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<in
 
 std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vector<int>& choice) {
   const std::vector<PlanEdge> edges = planEdges(model, choice);
-  harness::ThreadsWorld world{harness::DeviceMesh(model.mesh())};
+  const harness::DeviceMesh mesh(model.mesh());
+  const auto& g = model.graph();
+  // Ranks whose every operand and output has the same local sizes replay alike (their groups'
+  // sizes are the mesh's): one replay per such class.
+  std::map<std::vector<int64_t>, int> classes;
+  std::vector<int> representative(static_cast<size_t>(mesh.size()));
+  for (int rank = 0; rank < mesh.size(); ++rank) {
+    std::vector<int64_t> key;
+    const auto coords = mesh.coords(rank);
+    for (size_t v = 0; v < g.nodes.size(); ++v) {
+      const GraphNode& n = g.nodes[v];
+      const Candidate& c = model.candidates(static_cast<int>(v))[choice[v]];
+      for (size_t i = 0; i < n.args.size(); ++i) {
+        for (int64_t d : c.op.operands[i].box(g.valueShape(n.args[i]), model.mesh(), coords).length) {
+          key.push_back(d);
+        }
+      }
+      const auto shapes = n.shape.outputs();
+      for (size_t j = 0; j < shapes.size(); ++j) {
+        for (int64_t d : c.outputs[j].box(shapes[j], model.mesh(), coords).length) key.push_back(d);
+      }
+    }
+    representative[static_cast<size_t>(rank)] = classes.emplace(key, rank).first->second;
+  }
+  harness::ThreadsWorld world{mesh};
   std::vector<int64_t> peaks(static_cast<size_t>(world.mesh().size()), 0);
   std::vector<std::string> unknown(peaks.size());
   world.run([&](harness::RankContext& ctx) {
+    if (representative[static_cast<size_t>(ctx.rank())] != ctx.rank()) return;
     try {
       int64_t held = 0;
       const int64_t peak =
@@ -713,6 +738,7 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
   for (const auto& u : unknown) {
     if (!u.empty()) throw PlanMemoryUnknown(u);
   }
+  for (size_t r = 0; r < peaks.size(); ++r) peaks[r] = peaks[static_cast<size_t>(representative[r])];
   return peaks;
 }
 
