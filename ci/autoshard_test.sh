@@ -48,15 +48,19 @@ check "the memory-limited case: data parallel and Megatron unsupported, the ILP 
   python3 - "$tmp/threads/results.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["case"].endswith("max-memory")]
-by = {r["strategy_id"]: r for r in rows}
-dp, ilp = by["sharding/auto/data-parallel"], by["sharding/auto/ilp"]
-for r in (dp, by["sharding/auto/megatron"]):
-    assert r["status"] == "unsupported" and "no plan fits" in r["message"], r["message"]
-assert ilp["status"] == "pass", ilp["message"]
-limit = 150000
-assert float(ilp["predicted_mem_bytes"]) <= limit, ilp["predicted_mem_bytes"]
-assert float(ilp["peak_mem_bytes"]) <= limit, ilp["peak_mem_bytes"]
-print("ilp fits", ilp["peak_mem_bytes"], "<=", limit, "; data parallel:", dp["message"][:80])
+cases = sorted({r["case"] for r in rows})
+assert len(cases) == 2, cases  # GPT-2's and LLaMA's
+for case in cases:
+    by = {r["strategy_id"]: r for r in rows if r["case"] == case}
+    dp, ilp = by["sharding/auto/data-parallel"], by["sharding/auto/ilp"]
+    for r in (dp, by["sharding/auto/megatron"]):
+        assert r["status"] == "unsupported" and "no plan fits" in r["message"], r["message"]
+    assert ilp["status"] == "pass", ilp["message"]
+    limit = 150000
+    assert float(ilp["predicted_mem_bytes"]) <= limit, ilp["predicted_mem_bytes"]
+    assert float(ilp["peak_mem_bytes"]) <= limit, ilp["peak_mem_bytes"]
+    print(case, "ilp fits", ilp["peak_mem_bytes"], "<=", limit, "; data parallel:",
+          dp["message"][:80])
 PY
 
 # 2. A gloo sample, 4 processes: the first case of the suite, every algorithm.
