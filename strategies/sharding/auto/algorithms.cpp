@@ -236,10 +236,11 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
       choseBarred |= barred[c][static_cast<size_t>(sel.choice[c])];
     }
     if (round > 0 && (sel.status == "infeasible" || choseBarred)) {
-      throw NoPlanError(o.algo + ": no plan fits " +
+      throw NoPlanError(o.algo + ": found no plan that fits " +
                             std::to_string(static_cast<int64_t>(o.memoryLimit)) +
-                            " bytes per rank by the replay of its step; the last plan the "
-                            "integer program offered needs " +
+                            " bytes per rank by the replay of its step: the integer program's "
+                            "rows (an estimate) admit none under it that does; the last it "
+                            "offered needs " +
                             std::to_string(plan.predictedPeakBytes) + " bytes",
                         static_cast<double>(plan.predictedPeakBytes));
     }

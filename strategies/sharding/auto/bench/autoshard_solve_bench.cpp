@@ -4,6 +4,13 @@
 // their choices, so the program is the same size for every depth; what grows is pricing the
 // graph's edges and memory rows. Counters: CBC's own seconds and the program's size.
 //
+// BM_SolveLlama8B: a LLaMA-3-8B-shaped graph (d_model 4096, 32 heads on 8 key and value heads,
+// FFN 14336, vocabulary 128256, sequence 8192, batch 8) of 2, 12 and 32 layers on an 8x8 mesh,
+// without a memory limit and under one that binds (70 GB a rank: the unconstrained plan needs
+// 73.6 GB), in the same run. Nothing is allocated: the model, the program, CBC and the replay
+// of the plan's step. Counters: CBC's seconds, the replay's, the rounds of solving, the
+// optimality gap (from CBC's bound) and the plan's peak a rank.
+//
 //   build/strategies/autoshard_solve_bench --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
 
@@ -36,6 +43,38 @@ void BM_SolveGpt2(benchmark::State& state) {
 BENCHMARK(BM_SolveGpt2)
     ->ArgsProduct({{2, 12, 48}, {2, 4}})
     ->ArgNames({"layers", "mesh_2x"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_SolveLlama8B(benchmark::State& state) {
+  const nlohmann::json shape = {{"batch", 8},    {"seq", 8192},     {"d_model", 4096},
+                                {"heads", 32},   {"kv_heads", 8},   {"ffn", 14336},
+                                {"vocab", 128256}, {"layers", state.range(0)}};
+  const auto graph = sb::reference::buildGraph("llama", shape);
+  SolveOptions o;
+  o.memoryLimit = static_cast<double>(state.range(1)) * 1e9;
+  double cbc = 0, replay = 0;
+  ShardingPlan plan;
+  for (auto _ : state) {
+    const ShardingModel m(graph, {8, 8}, CostOptions{});
+    plan = solvePlan(m, o);
+    cbc += plan.solver.seconds;
+    replay += plan.solver.replaySeconds;
+  }
+  state.counters["cbc_s"] = benchmark::Counter(cbc, benchmark::Counter::kAvgIterations);
+  state.counters["replay_s"] = benchmark::Counter(replay, benchmark::Counter::kAvgIterations);
+  state.counters["rounds"] = plan.solver.rounds;
+  state.counters["gap"] = plan.solver.gap;
+  state.counters["peak_GB"] = static_cast<double>(plan.predictedPeakBytes) / 1e9;
+  state.counters["classes"] = plan.solver.classes;
+}
+// Layers 2 and 12 under no limit (a limit scaled for 32 layers would not bind them).
+BENCHMARK(BM_SolveLlama8B)
+    ->Args({2, 0})
+    ->Args({12, 0})
+    ->Args({32, 0})
+    ->Args({32, 70})
+    ->ArgNames({"layers", "limit_GB"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
