@@ -675,6 +675,8 @@ std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<in
   const auto& g = model.graph();
   const harness::RedistCostModel cm = model.redistModel();
   const auto es = static_cast<int64_t>(c10::elementSize(model.options().dtype));
+  // Repeated blocks repeat their edges: each (shape, from, to) planned once.
+  std::map<std::tuple<std::vector<int64_t>, Layout, Layout>, size_t> planned;
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const auto& n = g.nodes[v];
     const Candidate& cand = model.candidates(static_cast<int>(v))[choice[v]];
@@ -685,10 +687,17 @@ std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<in
       e.node = static_cast<int>(v);
       e.operand = i;
       e.geometry = {g.valueShape(n.args[i]), model.mesh(), es};
-      e.forward = harness::planRedistribution(e.geometry, *from, cand.op.operands[i], cm,
-                                              harness::PlanObjective::kTime);
-      e.backward = harness::planRedistribution(e.geometry, cand.op.operands[i], *from, cm,
-                                               harness::PlanObjective::kTime);
+      const auto key = std::make_tuple(e.geometry.shape, *from, cand.op.operands[i]);
+      if (auto it = planned.find(key); it != planned.end()) {
+        e.forward = edges[it->second].forward;
+        e.backward = edges[it->second].backward;
+      } else {
+        e.forward = harness::planRedistribution(e.geometry, *from, cand.op.operands[i], cm,
+                                                harness::PlanObjective::kTime);
+        e.backward = harness::planRedistribution(e.geometry, cand.op.operands[i], *from, cm,
+                                                 harness::PlanObjective::kTime);
+        planned.emplace(key, edges.size());
+      }
       edges.push_back(std::move(e));
     }
   }
@@ -700,24 +709,23 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
   const harness::DeviceMesh mesh(model.mesh());
   const auto& g = model.graph();
   // Ranks whose every operand and output has the same local sizes replay alike (their groups'
-  // sizes are the mesh's): one replay per such class.
+  // sizes are the mesh's): one replay per such class. Each distinct (shape, layout) of the
+  // plan is boxed once per rank.
+  std::set<std::pair<std::vector<int64_t>, Layout>> placed;
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const GraphNode& n = g.nodes[v];
+    const Candidate& c = model.candidates(static_cast<int>(v))[choice[v]];
+    for (size_t i = 0; i < n.args.size(); ++i) placed.emplace(g.valueShape(n.args[i]), c.op.operands[i]);
+    const auto shapes = n.shape.outputs();
+    for (size_t j = 0; j < shapes.size(); ++j) placed.emplace(shapes[j], c.outputs[j]);
+  }
   std::map<std::vector<int64_t>, int> classes;
   std::vector<int> representative(static_cast<size_t>(mesh.size()));
   for (int rank = 0; rank < mesh.size(); ++rank) {
     std::vector<int64_t> key;
     const auto coords = mesh.coords(rank);
-    for (size_t v = 0; v < g.nodes.size(); ++v) {
-      const GraphNode& n = g.nodes[v];
-      const Candidate& c = model.candidates(static_cast<int>(v))[choice[v]];
-      for (size_t i = 0; i < n.args.size(); ++i) {
-        for (int64_t d : c.op.operands[i].box(g.valueShape(n.args[i]), model.mesh(), coords).length) {
-          key.push_back(d);
-        }
-      }
-      const auto shapes = n.shape.outputs();
-      for (size_t j = 0; j < shapes.size(); ++j) {
-        for (int64_t d : c.outputs[j].box(shapes[j], model.mesh(), coords).length) key.push_back(d);
-      }
+    for (const auto& [shape, layout] : placed) {
+      for (int64_t d : layout.box(shape, model.mesh(), coords).length) key.push_back(d);
     }
     representative[static_cast<size_t>(rank)] = classes.emplace(key, rank).first->second;
   }
