@@ -145,8 +145,10 @@ namespace sb::cli {
 Command addGraph(CLI::App& app) {
   const auto a = std::make_shared<GraphArgs>();
   auto* graphCmd = app.add_subcommand(
-      "graph", "Print a graph workload (gpt2, bert, mlp), or a traced model's imported graph");
-  graphCmd->add_option("--workload", a->workload, "gpt2, bert or mlp")->capture_default_str();
+      "graph",
+      "Print a graph workload (gpt2, bert, llama, mlp), or a traced model's imported graph");
+  graphCmd->add_option("--workload", a->workload, "gpt2, bert, llama or mlp")
+      ->capture_default_str();
   graphCmd->add_option("--shape", a->shape, "JSON, e.g. '{\"layers\": 2}'")->capture_default_str();
   sb::cli::addModelOptions(graphCmd, a->model,
                            "A TorchScript file (torch.jit.trace(...).save): import it instead");

@@ -19,7 +19,7 @@
 //                        --intra-node-bandwidth B --inter-node-bandwidth B] [--max-memory BYTES]
 //                        [--algo ilp|megatron|data-parallel|replicated] [--time-limit S]
 //                        [--mip-rel-gap PCT] [--out plan.json] [--dtype D]
-//   stratbench graph --workload gpt2|bert|mlp --shape JSON [--json]
+//   stratbench graph --workload gpt2|bert|llama|mlp --shape JSON [--json]
 //
 // Exit codes: 0 everything passed (run) or the gate passed (report), 1 a strategy failed or
 // errored (run), the gate failed (report --gate) or no schedule fits (solve), 2 bad input or

@@ -156,7 +156,8 @@ Command addSolveShard(CLI::App& solve) {
   const auto shard = std::make_shared<ShardArgs>();
   auto* shardCmd = solve.add_subcommand(
       "shard", "A sharding plan of a whole model on a device mesh (auto-sharding)");
-  shardCmd->add_option("--workload", shard->workload, "gpt2, bert or mlp")->capture_default_str();
+  shardCmd->add_option("--workload", shard->workload, "gpt2, bert, llama or mlp")
+      ->capture_default_str();
   shardCmd->add_option("--shape", shard->shape, "JSON, e.g. '{\"layers\": 12}'")
       ->capture_default_str();
   sb::cli::addModelOptions(shardCmd, shard->model,

@@ -141,44 +141,43 @@ class Builder {
   // grouped-query attention without repeating the keys and values: a key head's G query heads
   // stacked by row ([B * Hkv, S * G, dh], row s * G + g), each row masked as its position s.
   std::string llamaAttention(const std::string& x, const GraphShape& s) {
-    const int64_t B = s.batch, S = s.seq, H = s.heads, Hk = s.kvHeads, G = H / Hk,
-                  dh = s.dHead(), D = s.dModel, T = s.tokens();
+    const int64_t B = s.batch, S = s.seq, H = s.heads, Hk = s.kvHeads, G = H / Hk, dh = s.dHead(),
+                  D = s.dModel, T = s.tokens();
     const auto rope = [&](const std::string& what, const std::string& t, int64_t heads) {
-      const std::string v = node("attn." + what + "_view",
-                                 {{"op", "view"}, {"input", {T, heads * dh}},
-                                  {"size", {B, S, heads, dh}}},
-                                 {t});
+      const std::string v =
+          node("attn." + what + "_view",
+               {{"op", "view"}, {"input", {T, heads * dh}}, {"size", {B, S, heads, dh}}}, {t});
       return node("attn." + what + "_rope", {{"op", "rope"}, {"input", {B, S, heads, dh}}}, {v});
     };
     const std::string q0 = rope("q", mm("attn.q", x, T, D, H * dh), H);
     const std::string k0 = rope("k", mm("attn.k", x, T, D, Hk * dh), Hk);
-    const std::string v0 = node(
-        "attn.v_view", {{"op", "view"}, {"input", {T, Hk * dh}}, {"size", {B, S, Hk, dh}}},
-        {mm("attn.v", x, T, D, Hk * dh)});
-    const std::string qg = node(
-        "attn.q_group", {{"op", "view"}, {"input", {B, S, H, dh}}, {"size", {B, S, Hk, G, dh}}},
-        {q0});
-    const std::string qh = node(
-        "attn.q_heads", {{"op", "permute"}, {"input", {B, S, Hk, G, dh}}, {"dims", {0, 2, 1, 3, 4}}},
-        {qg});
-    const std::string q = node(
-        "attn.q_batched",
-        {{"op", "view"}, {"input", {B, Hk, S, G, dh}}, {"size", {B * Hk, S * G, dh}}}, {qh});
-    const std::string kh = node(
-        "attn.k_heads", {{"op", "permute"}, {"input", {B, S, Hk, dh}}, {"dims", {0, 2, 3, 1}}},
-        {k0});
-    const std::string k = node(
-        "attn.k_batched", {{"op", "view"}, {"input", {B, Hk, dh, S}}, {"size", {B * Hk, dh, S}}},
-        {kh});
-    const std::string vh = node(
-        "attn.v_heads", {{"op", "permute"}, {"input", {B, S, Hk, dh}}, {"dims", {0, 2, 1, 3}}},
-        {v0});
-    const std::string v = node(
-        "attn.v_batched", {{"op", "view"}, {"input", {B, Hk, S, dh}}, {"size", {B * Hk, S, dh}}},
-        {vh});
-    const std::string scores = node(
-        "attn.scores", {{"op", "bmm"}, {"input", {B * Hk, S * G, dh}}, {"other", {B * Hk, dh, S}}},
-        {q, k});
+    const std::string v0 =
+        node("attn.v_view", {{"op", "view"}, {"input", {T, Hk * dh}}, {"size", {B, S, Hk, dh}}},
+             {mm("attn.v", x, T, D, Hk * dh)});
+    const std::string qg =
+        node("attn.q_group",
+             {{"op", "view"}, {"input", {B, S, H, dh}}, {"size", {B, S, Hk, G, dh}}}, {q0});
+    const std::string qh =
+        node("attn.q_heads",
+             {{"op", "permute"}, {"input", {B, S, Hk, G, dh}}, {"dims", {0, 2, 1, 3, 4}}}, {qg});
+    const std::string q =
+        node("attn.q_batched",
+             {{"op", "view"}, {"input", {B, Hk, S, G, dh}}, {"size", {B * Hk, S * G, dh}}}, {qh});
+    const std::string kh =
+        node("attn.k_heads", {{"op", "permute"}, {"input", {B, S, Hk, dh}}, {"dims", {0, 2, 3, 1}}},
+             {k0});
+    const std::string k =
+        node("attn.k_batched",
+             {{"op", "view"}, {"input", {B, Hk, dh, S}}, {"size", {B * Hk, dh, S}}}, {kh});
+    const std::string vh =
+        node("attn.v_heads", {{"op", "permute"}, {"input", {B, S, Hk, dh}}, {"dims", {0, 2, 1, 3}}},
+             {v0});
+    const std::string v =
+        node("attn.v_batched",
+             {{"op", "view"}, {"input", {B, Hk, S, dh}}, {"size", {B * Hk, S, dh}}}, {vh});
+    const std::string scores =
+        node("attn.scores",
+             {{"op", "bmm"}, {"input", {B * Hk, S * G, dh}}, {"other", {B * Hk, dh, S}}}, {q, k});
     nlohmann::json soft = {{"op", "softmax"},
                            {"input", {B * Hk, S * G, S}},
                            {"dim", -1},
@@ -189,15 +188,15 @@ class Builder {
     const std::string ctx = node(
         "attn.context", {{"op", "bmm"}, {"input", {B * Hk, S * G, S}}, {"other", {B * Hk, S, dh}}},
         {probs, v});
-    const std::string c5 = node(
-        "attn.context_view",
-        {{"op", "view"}, {"input", {B * Hk, S * G, dh}}, {"size", {B, Hk, S, G, dh}}}, {ctx});
-    const std::string c6 = node(
-        "attn.context_heads",
-        {{"op", "permute"}, {"input", {B, Hk, S, G, dh}}, {"dims", {0, 2, 1, 3, 4}}}, {c5});
-    const std::string c2 = node(
-        "attn.context_flat", {{"op", "view"}, {"input", {B, S, Hk, G, dh}}, {"size", {T, D}}},
-        {c6});
+    const std::string c5 =
+        node("attn.context_view",
+             {{"op", "view"}, {"input", {B * Hk, S * G, dh}}, {"size", {B, Hk, S, G, dh}}}, {ctx});
+    const std::string c6 =
+        node("attn.context_heads",
+             {{"op", "permute"}, {"input", {B, Hk, S, G, dh}}, {"dims", {0, 2, 1, 3, 4}}}, {c5});
+    const std::string c2 =
+        node("attn.context_flat", {{"op", "view"}, {"input", {B, S, Hk, G, dh}}, {"size", {T, D}}},
+             {c6});
     return mm("attn.proj", c2, T, D, D);
   }
 
@@ -380,8 +379,8 @@ at::Tensor llamaRef(const GraphShape& s, const Params& p,
     const std::string h = "h" + std::to_string(l) + ".";
     x = x + llamaAttentionRef(p, h, norm(h + "ln_1", x), s);
     const at::Tensor y = norm(h + "ln_2", x);
-    const at::Tensor gated = at::silu(at::mm(y, p.at(h + "mlp.gate.weight"))) *
-                             at::mm(y, p.at(h + "mlp.up.weight"));
+    const at::Tensor gated =
+        at::silu(at::mm(y, p.at(h + "mlp.gate.weight"))) * at::mm(y, p.at(h + "mlp.up.weight"));
     x = x + at::mm(gated, p.at(h + "mlp.down.weight"));
   }
   return at::mm(norm("ln_f", x), p.at("lm_head.weight"));
@@ -490,7 +489,7 @@ GraphShape GraphShape::parse(const std::string& workload, const nlohmann::json& 
   const bool mlp = workload == "mlp", isLlama = workload == "llama";
   const std::vector<std::string> keys =
       mlp       ? std::vector<std::string>{"batch", "d_model", "layers"}
-      : isLlama ? std::vector<std::string>{"batch",  "seq",  "d_model", "heads",
+      : isLlama ? std::vector<std::string>{"batch",    "seq", "d_model", "heads",
                                            "kv_heads", "ffn", "layers",  "vocab"}
                 : std::vector<std::string>{"batch",  "seq",   "d_model", "heads",
                                            "layers", "vocab", "dropout"};
@@ -549,8 +548,9 @@ GraphShape GraphShape::parse(const std::string& workload, const nlohmann::json& 
   // The largest tensor's elements (the MLP's hidden, the attention scores, the logits), so
   // that every byte count the planners sum from the graph stays far inside int64.
   const long double rows = static_cast<long double>(s.batch) * s.seq;
-  const long double widest = std::max({4.0L * s.dModel, static_cast<long double>(s.heads) * s.seq,
-                                       static_cast<long double>(s.vocab)});
+  const long double widest =
+      std::max({4.0L * s.dModel, static_cast<long double>(s.heads) * s.seq,
+                static_cast<long double>(s.vocab), static_cast<long double>(s.ffn)});
   if (rows * widest > static_cast<long double>(int64_t{1} << 48)) {
     throw std::invalid_argument(workload + ": shape " + shape.dump() +
                                 " makes a tensor of more than 2^48 elements; choose a smaller one");

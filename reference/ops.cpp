@@ -292,7 +292,8 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
     }
     if (s.attrs.contains("query_group")) {
       TORCH_CHECK(s.causal() && s.queryGroup() > 0 && s.input[nd - 2] % s.queryGroup() == 0,
-                  where(s), "shape key 'query_group' (queries per position, grouped-query "
+                  where(s),
+                  "shape key 'query_group' (queries per position, grouped-query "
                   "attention's) must divide the rows of a causal softmax, got ",
                   s.attrs.at("query_group").dump());
     }

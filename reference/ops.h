@@ -74,8 +74,8 @@ struct OpShape {
   int64_t stride() const;
   int64_t padding() const;
   double attrDouble(const std::string& key) const;
-  double scale() const;  // softmax's scale, 1 when not given
-  bool causal() const;   // softmax's causal mask, false when not given
+  double scale() const;        // softmax's scale, 1 when not given
+  bool causal() const;         // softmax's causal mask, false when not given
   int64_t queryGroup() const;  // softmax's rows per position (query_group), 1 when not given
   double theta() const;        // rope's base, 10000 when not given
   std::vector<int64_t> attrDims(const std::string& key) const;

@@ -285,8 +285,7 @@ int64_t TrainingLoop::stateBytes() const {
 
 bool hasTrainingReference(const std::string& workload) {
   return workload == "mlp" || workload == "gpt2" || workload == "bert" || workload == "llama" ||
-         workload == "linear" ||
-         workload == "transformer_block" || workload == "gpt2_prefill" ||
+         workload == "linear" || workload == "transformer_block" || workload == "gpt2_prefill" ||
          workload == "vit_encoder" || workload == "evoformer_pair" ||
          findChainWorkload(workload) != nullptr;
 }

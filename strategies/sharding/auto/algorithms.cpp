@@ -294,8 +294,9 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - replayStart).count();
     if (!(o.memoryLimit > 0) || plan.predictedPeakBytes <= o.memoryLimit) break;
     const double rows = peakMemory(p.problem, sel.choice);
-    const double next = std::min(p.problem.memoryLimit - 1,
-                                 o.memoryLimit - (static_cast<double>(plan.predictedPeakBytes) - rows));
+    const double next =
+        std::min(p.problem.memoryLimit - 1,
+                 o.memoryLimit - (static_cast<double>(plan.predictedPeakBytes) - rows));
     if (o.algo != "ilp" || round + 1 >= kRounds || !(next > 0)) {
       throw NoPlanError(
           o.algo + ": no plan fits " + std::to_string(static_cast<int64_t>(o.memoryLimit)) +

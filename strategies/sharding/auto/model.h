@@ -100,8 +100,8 @@ struct SolverInfo {
   double totalSeconds = 0;    // the model (candidates, prices) and all of the above
   int variables = 0, constraints = 0, classes = 0;
   double memoryLimit = 0;
-  int rounds = 1;             // solves: more where the replay found a plan over the limit
-  double replaySeconds = 0;   // the replays of the plans' steps (plan_memory.h)
+  int rounds = 1;            // solves: more where the replay found a plan over the limit
+  double replaySeconds = 0;  // the replays of the plans' steps (plan_memory.h)
 };
 
 class ShardingModel {
@@ -181,9 +181,9 @@ struct ShardingPlan {
   // The largest rank's peak: the replay's (plan_memory.h) where it has one, otherwise the
   // liveness rows' estimate.
   int64_t predictedPeakBytes = 0;
-  int64_t livenessPeakBytes = 0;              // the integer program's rows at this plan
-  std::vector<int64_t> replayedPeakBytes;     // per rank, by the replay; empty: none
-  std::string notReplayed;                    // why not
+  int64_t livenessPeakBytes = 0;           // the integer program's rows at this plan
+  std::vector<int64_t> replayedPeakBytes;  // per rank, by the replay; empty: none
+  std::string notReplayed;                 // why not
   // Fills the three above: the replay of every rank's step on the threads backend.
   void predictMemory(const ShardingModel& m);
 

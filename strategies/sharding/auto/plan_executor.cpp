@@ -310,7 +310,7 @@ class PlanStrategy final : public harness::Strategy {
 
   Applicability applies(const CaseSpec& c) const override {
     if (!reference::findGraphWorkload(c.workload)) {
-      return Applicability::notApplicable("not a graph workload (gpt2, bert, mlp)");
+      return Applicability::notApplicable("not a graph workload (gpt2, bert, llama, mlp)");
     }
     if (c.mesh.empty() || c.mesh.size() > 2) {
       return Applicability::notApplicable("plans are for 1-D and 2-D meshes");

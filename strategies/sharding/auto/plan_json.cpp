@@ -56,8 +56,8 @@ nlohmann::json ShardingPlan::toJson(const ShardingModel& m) const {
            {{"step_time_us", predictedStepUs},
             {"peak_bytes_per_rank", predictedPeakBytes},
             {"peak_bytes_by_rank", replayedPeakBytes},
-            {"memory_model", replayedPeakBytes.empty() ? "liveness rows: " + notReplayed
-                                                       : std::string("replay")},
+            {"memory_model",
+             replayedPeakBytes.empty() ? "liveness rows: " + notReplayed : std::string("replay")},
             {"liveness_peak_bytes", livenessPeakBytes}}},
           {"solver",
            {{"status", solver.status},

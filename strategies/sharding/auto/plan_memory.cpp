@@ -101,15 +101,15 @@ struct Unit {
   std::vector<int64_t> backwardEvents;
   std::vector<Dims> gradSizes;  // per operand (kEdge: the gradient's, redistributed back)
   std::vector<bool> hasGrad;
-  bool native = false;     // kOp add: the incoming gradient passed on
+  bool native = false;      // kOp add: the incoming gradient passed on
   int64_t extrasAfter = 0;  // kOp: what the forward saved, released with the saved tensors
   size_t incomingReleasedAt = SIZE_MAX;  // kOp: the backward event before which they go
   std::string op;
-  Dims inSizes;                               // kOp views: the operand's local sizes
-  std::vector<int64_t> inversePerm;           // kOp permute
+  Dims inSizes;                                   // kOp views: the operand's local sizes
+  std::vector<int64_t> inversePerm;               // kOp permute
   std::unique_ptr<harness::RedistRunner> runner;  // kEdge: the gradient's way back
-  std::vector<int> axes;                      // kAllReduce
-  Dims paramSizes;                            // kLeaf
+  std::vector<int> axes;                          // kAllReduce
+  Dims paramSizes;                                // kLeaf
   std::string name;
 };
 
@@ -218,8 +218,8 @@ class Replay {
 
   std::vector<std::unique_ptr<Unit>> units_;
   uint64_t nextSeq_ = 1;
-  std::map<std::string, Ref> values_;              // activations, until their last reader
-  std::map<std::string, int> reads_;               // reads left
+  std::map<std::string, Ref> values_;                       // activations, until their last reader
+  std::map<std::string, int> reads_;                        // reads left
   std::map<std::string, std::pair<Unit*, size_t>> gradOf_;  // value -> where its gradient goes
   std::map<std::string, Ref> params_, leafGrads_;  // parameters' pieces and their gradients
   std::map<std::pair<int, size_t>, Ref> data_;     // the data slices, per reader
@@ -283,8 +283,8 @@ void Replay::forwardNode(int v) {
           std::make_unique<harness::RedistRunner>(e.geometry, e.forward, ctx_, dtype_));
       const auto mem = forwardRunners_.back()->memory(current_, false);
       if (log_ && mem.peak > current_) {
-        log_->push_back({mem.peak - current_, n.name + " operand " + std::to_string(i) +
-                                                  " redistributed (its peak)"});
+        log_->push_back({mem.peak - current_,
+                         n.name + " operand " + std::to_string(i) + " redistributed (its peak)"});
         log_->push_back({-(mem.peak - current_), n.name + " redistribution's steps"});
       }
       peak_ = std::max(peak_, mem.peak);
@@ -499,8 +499,8 @@ void Replay::runUnit(Unit& u) {
         c = fresh(in->sizes, what + " copy");
       }
       const int64_t bytes = c->numel() * es_;
-      const int64_t sc = ctx_.group(u.axes).scratchBytes(harness::Collective::kAllReduce, bytes,
-                                                         bytes, dtype_);
+      const int64_t sc =
+          ctx_.group(u.axes).scratchBytes(harness::Collective::kAllReduce, bytes, bytes, dtype_);
       alloc(sc, what + " scratch");
       release(sc, what + " scratch");
       grads.push_back(std::move(c));
@@ -644,8 +644,8 @@ std::vector<std::string> unverifiedOperators(const reference::Graph& g) {
 
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
-                       at::ScalarType dtype, std::vector<PlanMemoryEvent>* log,
-                       bool freeEarly, int64_t* heldBytes) {
+                       at::ScalarType dtype, std::vector<PlanMemoryEvent>* log, bool freeEarly,
+                       int64_t* heldBytes) {
   Replay r(model, choice, edges, ctx, dtype, log);
   r.freeEarly = freeEarly;
   const int64_t peak = r.run();
@@ -715,7 +715,8 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const GraphNode& n = g.nodes[v];
     const Candidate& c = model.candidates(static_cast<int>(v))[choice[v]];
-    for (size_t i = 0; i < n.args.size(); ++i) placed.emplace(g.valueShape(n.args[i]), c.op.operands[i]);
+    for (size_t i = 0; i < n.args.size(); ++i)
+      placed.emplace(g.valueShape(n.args[i]), c.op.operands[i]);
     const auto shapes = n.shape.outputs();
     for (size_t j = 0; j < shapes.size(); ++j) placed.emplace(shapes[j], c.outputs[j]);
   }
@@ -746,7 +747,8 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
   for (const auto& u : unknown) {
     if (!u.empty()) throw PlanMemoryUnknown(u);
   }
-  for (size_t r = 0; r < peaks.size(); ++r) peaks[r] = peaks[static_cast<size_t>(representative[r])];
+  for (size_t r = 0; r < peaks.size(); ++r)
+    peaks[r] = peaks[static_cast<size_t>(representative[r])];
   return peaks;
 }
 

@@ -112,7 +112,7 @@ struct MemoryReplay {
   std::vector<int64_t> events;  // with `split`: every allocation (> 0) and release (< 0)
   size_t backwardFrom = 0;      // the backward's first event
   int64_t forwardNet = 0;       // bytes the forward keeps
-  int backwardMarks = 0;  // a rule calls backwardBegins() once (the plan replay checks)
+  int backwardMarks = 0;        // a rule calls backwardBegins() once (the plan replay checks)
   // The backend's scratch for an all-reduce of `b` bytes over `axes` (none over one rank).
   int64_t scratch(const std::vector<int>& axes, int64_t b) const;
   // The previous step's results are alive when the window opens and are dropped first: its

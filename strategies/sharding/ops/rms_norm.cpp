@@ -31,9 +31,9 @@ struct RmsNorm : torch::autograd::Function<RmsNorm> {
     const at::Tensor& g = grads[0];
     std::vector<int64_t> rows(static_cast<size_t>(x.dim() - 1));
     std::iota(rows.begin(), rows.end(), 0);
-    at::Tensor xhat = x * r;                       // + X
-    at::Tensor t = g * xhat;                       // + X
-    at::Tensor dw = t.sum(rows);                   // + W
+    at::Tensor xhat = x * r;      // + X
+    at::Tensor t = g * xhat;      // + X
+    at::Tensor dw = t.sum(rows);  // + W
     t.mul_(w);
     at::Tensor dot = t.mean(-1, /*keepdim=*/true);  // + R
     t.reset();                                      // - X
@@ -51,8 +51,8 @@ std::vector<OpStrategySpec> rmsNormSpecs(const reference::OpShape& s) {
   std::vector<OpStrategySpec> out;
   for (const auto& sp : enumerateSplits(batch)) {
     const auto d = dimsOf(sp, r);
-    OpStrategySpec n = spec(s, seqOf(d) + " = " + seqOf(d) + " x R", {L(d), L({{}})}, {L(d)},
-                            sp.meshDims);
+    OpStrategySpec n =
+        spec(s, seqOf(d) + " = " + seqOf(d) + " x R", {L(d), L({{}})}, {L(d)}, sp.meshDims);
     n.colossalName = colossalSeq(L(d)) + " = " + colossalSeq(L(d)) + " x [R]";
     n.set = "beyond";
     out.push_back(n);

@@ -63,8 +63,8 @@ void softmaxMemory(MemoryReplay& m) {
     }
     m.alloc(8 * cols);
     m.alloc(mask);
-    m.alloc(S);                    // the masked copy
-    if (scaled) m.release(S);      // the scaled one, replaced
+    m.alloc(S);                // the masked copy
+    if (scaled) m.release(S);  // the scaled one, replaced
     m.release(8 * cols + 8 * rows);
   }
   m.alloc(m.O);

@@ -47,9 +47,9 @@ BENCHMARK(BM_SolveGpt2)
     ->UseRealTime();
 
 void BM_SolveLlama8B(benchmark::State& state) {
-  const nlohmann::json shape = {{"batch", 8},    {"seq", 8192},     {"d_model", 4096},
-                                {"heads", 32},   {"kv_heads", 8},   {"ffn", 14336},
-                                {"vocab", 128256}, {"layers", state.range(0)}};
+  const nlohmann::json shape = {
+      {"batch", 8},    {"seq", 8192},  {"d_model", 4096}, {"heads", 32},
+      {"kv_heads", 8}, {"ffn", 14336}, {"vocab", 128256}, {"layers", state.range(0)}};
   const auto graph = sb::reference::buildGraph("llama", shape);
   SolveOptions o;
   o.memoryLimit = static_cast<double>(state.range(1)) * 1e9;

@@ -288,9 +288,8 @@ TEST(AutoShard, EveryGraphWorkloadPassesEveryAlgorithmOnEveryMesh) {
 // memory limit that binds (the unconstrained plan needs more), with CBC's gap, and a plan whose
 // structure holds together. Its time is measured by autoshard_solve_bench, not here.
 TEST(AutoShard, Llama8BShapedPlanOn8x8FitsABindingLimitAndHoldsTogether) {
-  const nlohmann::json shape = {{"batch", 8},      {"seq", 8192},   {"d_model", 4096},
-                                {"heads", 32},     {"kv_heads", 8}, {"ffn", 14336},
-                                {"vocab", 128256}, {"layers", 32}};
+  const nlohmann::json shape = {{"batch", 8},    {"seq", 8192},  {"d_model", 4096}, {"heads", 32},
+                                {"kv_heads", 8}, {"ffn", 14336}, {"vocab", 128256}, {"layers", 32}};
   const ShardingModel m(reference::buildGraph("llama", shape), {8, 8}, CostOptions{});
   const ShardingPlan free = strategies::autoshard::solvePlan(m, SolveOptions{});
   SolveOptions o;
