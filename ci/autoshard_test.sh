@@ -63,16 +63,17 @@ for case in cases:
           dp["message"][:80])
 PY
 
-# 2. A gloo sample, 4 processes: the first case of the suite, every algorithm.
-python3 - "$src/suites/autoshard.yaml" "$tmp/sample.yaml" <<'PY'
+# 2. A gloo sample, 4 processes: the first case of the suite, every algorithm (and its first
+# LLaMA case, in a sample of its own).
+python3 - "$src/suites/autoshard.yaml" "$tmp/sample.yaml" "$tmp/sample-llama.yaml" <<'PY'
 import sys
-lines, out, cases = open(sys.argv[1]).read().split("\n"), [], 0
-for line in lines:
-    if line.startswith("  - name:"):
-        cases += 1
-    if cases <= 1:
-        out.append(line)
-open(sys.argv[2], "w").write("\n".join(out) + "\n")
+text = open(sys.argv[1]).read()
+head, cases = text.split("\ncases:\n")
+cases = ["  - name: " + c for c in cases.split("  - name: ")[1:]]
+llama = [c for c in cases if "workload: llama" in c]
+assert llama, "autoshard.yaml lost its LLaMA cases"
+open(sys.argv[2], "w").write(head + "\ncases:\n" + cases[0])
+open(sys.argv[3], "w").write(head + "\ncases:\n" + llama[0])
 PY
 if "$sb" run --help | grep -q gloo; then
   check "launch -n 4 gloo autoshard sample" 0 "4 ranks on gloo" -- \
@@ -82,6 +83,11 @@ if "$sb" run --help | grep -q gloo; then
     verify_rows "$tmp/gloo/results.csv" 0
   check "gloo: every rank's peak predicted to the byte" 0 " 0 with a rank not" -- \
     every_rank_exact "$tmp/gloo/results.json"
+  check "launch -n 4 gloo LLaMA sample: every plan passes" 0 "4 ranks on gloo" -- \
+    "$sb" launch -n 4 -- run "$tmp/sample-llama.yaml" --backend gloo --out "$tmp/gloo-llama" \
+    --repetitions 1 --min-time 0.0001
+  check "gloo LLaMA: every rank's peak predicted to the byte" 0 " 0 with a rank not" -- \
+    every_rank_exact "$tmp/gloo-llama/results.json"
 else
   echo "SKIP: this build has no gloo backend"
 fi

@@ -238,6 +238,7 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
     need(nd == 2 && s.other.size() == 2 && s.input[1] == s.other[0],
          "mm needs input [M, K] and other [K, N]");
   } else if (s.op == "rms_norm") {
+    need(nd >= 2, "rms_norm needs input [..., hidden] of 2 or more dimensions");
     s.weight = {s.input.back()};
   } else if (s.op == "rope") {
     need(nd == 4 && s.input[3] % 2 == 0,

@@ -126,6 +126,7 @@ class Replay {
   // What the executor holds across the step: parameters' pieces, data slices, the seed.
   int64_t heldBytes() const { return held_; }
   bool freeEarly = false;  // the planted fault: values freed at their last reader's forward
+  void stopLogging() { log_ = nullptr; }
 
   void alloc(int64_t b, const std::string& what) {
     if (b == 0) return;
@@ -171,10 +172,25 @@ class Replay {
     if (auto st = at::detail::computeStride(t->sizes, t->strides, sizes)) {
       return alias(t, sizes, *st);
     }
-    return fresh(sizes, what);
+    Ref c = copy(t, what);
+    c->sizes = sizes;
+    c->strides = contiguousStrides(sizes);
+    return c;
+  }
+  // A contiguous copy of t. ATen copies a transposed 2-D tensor of at least 60 x 60 elements
+  // through a 60 x 60 block buffer of its type (copy_transpose_valid), alive during the copy.
+  Ref copy(const Ref& t, const std::string& what) {
+    Ref out = fresh(t->sizes, what);
+    const bool transposed = t->sizes.size() == 2 && t->strides[0] == 1 &&
+                            t->strides[1] == t->sizes[0] && t->sizes[0] > 1 && t->sizes[1] > 1;
+    if (transposed && t->numel() >= 60 * 60) {
+      alloc(60 * 60 * es_, what + " (transpose block)");
+      release(60 * 60 * es_, what + " (transpose block)");
+    }
+    return out;
   }
   Ref contiguous(const Ref& t, const std::string& what) {
-    return t->contiguous() ? t : fresh(t->sizes, what);
+    return t->contiguous() ? t : copy(t, what);
   }
   void applyEvents(const std::vector<int64_t>& events, const std::string& what) {
     for (int64_t b : events) {
@@ -305,15 +321,6 @@ void Replay::forwardNode(int v) {
         target = {u, 0};
       }
     }
-    if (grad && !r.gradPartial[i].empty()) {
-      Unit* u = newUnit(Unit::kAllReduce, v, n.name + " grad all-reduce " + std::to_string(i));
-      u->operand = i;
-      u->axes = r.gradPartial[i];
-      u->targets = {target};
-      u->slots.resize(1);
-      target = {u, 0};
-      t = alias(t);  // view_as
-    }
     local.push_back(t);
     grads.push_back(grad);
     targets.push_back(target);
@@ -327,6 +334,18 @@ void Replay::forwardNode(int v) {
       }
       values_.erase(a);
     }
+  }
+  // runOp wraps the operands whose gradients are partial, after every edge's redistribution
+  // (their autograd nodes come later, so the engine runs them first).
+  for (size_t i = 0; i < local.size(); ++i) {
+    if (!grads[i] || r.gradPartial[i].empty()) continue;
+    Unit* u = newUnit(Unit::kAllReduce, v, n.name + " grad all-reduce " + std::to_string(i));
+    u->operand = i;
+    u->axes = r.gradPartial[i];
+    u->targets = {targets[i]};
+    u->slots.resize(1);
+    targets[i] = {u, 0};
+    local[i] = alias(local[i]);  // view_as
   }
   if (r.spec.gatherInput && ctx_.mesh().groupSize(usedAxes(r.operands[0])) > 1 && isView(op)) {
     throw PlanMemoryUnknown(n.name + ": a view that gathers its input is not replayed");
@@ -408,6 +427,9 @@ void Replay::forwardNode(int v) {
                               "outputs and its operands' gradients");
     }
     applyEvents({mr.events.begin(), mr.events.begin() + mr.backwardFrom}, n.name + " forward");
+    // Autograd records nothing where no operand needs a gradient: what the forward would have
+    // saved goes when it returns.
+    if (!u) release(extras, n.name + " forward (nothing saved)");
     for (size_t j = 0; j < outShapes.size(); ++j) outs.push_back(adopt(outBoxes[j].length, n.name));
     if (u) {
       u->backwardEvents.assign(mr.events.begin() + mr.backwardFrom, mr.events.end());
@@ -467,7 +489,7 @@ void Replay::runUnit(Unit& u) {
       for (size_t d = 0; d < g->sizes.size() && steal; ++d) {
         if (g->sizes[d] != 1 && g->strides[d] != want[d]) steal = false;
       }
-      leafGrads_[u.name] = steal ? alias(g) : fresh(u.paramSizes, "grad " + u.name);
+      leafGrads_[u.name] = steal ? alias(g) : copy(g, "grad " + u.name);
       u.slots.clear();
       return;
     }
@@ -529,6 +551,11 @@ void Replay::runUnit(Unit& u) {
         // AddBackward0 returns the incoming gradient itself for both operands.
         for (size_t i = 0; i < u.targets.size(); ++i) grads.push_back(u.slots[0]);
       } else {
+        // Rope's backward makes its gradient contiguous first (the keys' comes back permuted).
+        Ref contiguousGrad;
+        if (op == "rope" && !u.slots[0]->contiguous()) {
+          contiguousGrad = copy(u.slots[0], what + " gradient made contiguous");
+        }
         const size_t at = std::min(u.incomingReleasedAt, u.backwardEvents.size());
         applyEvents({u.backwardEvents.begin(), u.backwardEvents.begin() + at}, what + " backward");
         if (at < u.backwardEvents.size()) {
@@ -536,6 +563,7 @@ void Replay::runUnit(Unit& u) {
           u.saved.clear();
         }
         applyEvents({u.backwardEvents.begin() + at, u.backwardEvents.end()}, what + " backward");
+        contiguousGrad.reset();
         for (size_t i = 0; i < u.gradSizes.size(); ++i) {
           grads.push_back(u.hasGrad[i] ? adopt(u.gradSizes[i], what + " gradient") : nullptr);
         }
@@ -603,11 +631,18 @@ int64_t Replay::run() {
       ++reads_[a];
     }
   }
+  if (g_.isInput(g_.output) || g_.isParameter(g_.output) || !m_.valueLayout(g_.output, choice_)) {
+    throw PlanMemoryUnknown("the graph's output " + g_.output +
+                            " is not an operator's result a gradient flows through");
+  }
   const Layout outLayout = *m_.valueLayout(g_.output, choice_);
   seed_ = held(localSizes(g_.valueShape(g_.output), outLayout));
   for (size_t v = 0; v < g_.nodes.size(); ++v) {
     forwardNode(static_cast<int>(v));
     if (log_) log_->push_back({0, "after " + g_.nodes[v].name + " @" + std::to_string(current_)});
+  }
+  if (!gradOf_.count(g_.output)) {
+    throw PlanMemoryUnknown("no gradient flows through the graph's output " + g_.output);
   }
   output_ = values_.at(g_.output);
   values_.clear();
@@ -635,6 +670,7 @@ int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choic
   r.freeEarly = freeEarly;
   const int64_t peak = r.run();
   if (heldBytes) *heldBytes = r.heldBytes();
+  r.stopLogging();  // what the replay still holds (the results) the executor keeps
   return peak;
 }
 

@@ -97,6 +97,13 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
     const auto shapes = n.shape.outputs();
     for (size_t j = 0; j < shapes.size(); ++j) placed.emplace(shapes[j], c.outputs[j]);
   }
+  // The redistributions' intermediate layouts too: a rank's pieces on the way may differ
+  // where its operands' do not (a dimension split unevenly over two axes, one gathered first).
+  for (const auto& e : edges) {
+    for (const auto* p : {&e.forward, &e.backward}) {
+      for (const Layout& l : p->layouts) placed.emplace(e.geometry.shape, l);
+    }
+  }
   std::map<std::vector<int64_t>, int> classes;
   std::vector<int> representative(static_cast<size_t>(mesh.size()));
   for (int rank = 0; rank < mesh.size(); ++rank) {

@@ -77,6 +77,10 @@ void rmsNormMemory(MemoryReplay& m) {
   m.alloc(X);
   mean();
   m.release(X);
+  // + eps in place: the double scalar wrapped, and cast where the input is not double.
+  const int64_t epsCast = m.es == 8 ? 0 : m.es;
+  m.alloc(8 + epsCast);
+  m.release(8 + epsCast);
   m.alloc(m.O);
   m.backwardBegins();
   m.alloc(2 * X);

@@ -57,8 +57,10 @@ void softmaxMemory(MemoryReplay& m) {
   if (scaled) scalarProduct(S);
   if (causal) {
     m.alloc(8 * rows);
-    if (s.queryGroup() > 1) {  // the rows' positions: their indices divided, replacing them
+    if (s.queryGroup() > 1) {  // the rows' positions: their indices divided (the divisor a
+      m.alloc(8);              // wrapped scalar), replacing them
       m.alloc(8 * rows);
+      m.release(8);
       m.release(8 * rows);
     }
     m.alloc(8 * cols);
