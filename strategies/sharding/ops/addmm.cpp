@@ -62,17 +62,6 @@ std::vector<OpStrategySpec> mmSpecs(const reference::OpShape& s) {
   return out;
 }
 
-// The product; with a split K its all-reduce (a copy and the backend's scratch, the local
-// product going); backward both operands' gradients.
-void mmMemory(MemoryReplay& m) {
-  m.dropPreviousResults(false, false);
-  m.alloc(m.O);
-  m.reduceCopy();
-  m.backwardBegins();
-  m.alloc(m.sumG);
-  m.gradAllReduces();
-}
-
 OpRule mmRule() {
   OpRule r;
   r.canonicalShapes = [] {
@@ -84,7 +73,7 @@ OpRule mmRule() {
   r.forward = [](const LocalForward& f) {
     return std::vector<at::Tensor>{f.reduce(at::mm(f.in[0], f.in[1]))};
   };
-  r.memory = mmMemory;
+  r.memory = productMemory;
   r.flops = addmmFlops;
   r.statistics = noStatistics;
   r.reductionLength = productReductionLength;

@@ -41,6 +41,15 @@ std::vector<MatmulSplit> linearSplits(bool withSingleAxisBatch) {
   return out;
 }
 
+void productMemory(MemoryReplay& m) {
+  m.dropPreviousResults(false, false);
+  m.alloc(m.O);
+  m.reduceCopy();
+  m.backwardBegins();
+  m.alloc(m.sumG);
+  m.gradAllReduces();
+}
+
 void contractionReplay(MemoryReplay& m, int64_t columns) {
   const int64_t O = m.O;
   m.alloc(columns);

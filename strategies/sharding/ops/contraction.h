@@ -1,8 +1,8 @@
 #pragma once
 
-// What addmm (addmm.cpp) and conv2d (conv2d.cpp) share: the logical [M, K] x [K, N]
-// strategies and the memory replay of a product whose pending sums are reduced before the
-// bias is added.
+// What addmm and mm (addmm.cpp), conv2d (conv2d.cpp) and bmm (matmul.cpp) share: the logical
+// [M, K] x [K, N] strategies, the memory replay of a product whose pending sums are reduced
+// before the bias is added, and that of a product without a bias.
 
 #include <string>
 #include <vector>
@@ -25,5 +25,10 @@ std::vector<MatmulSplit> linearSplits(bool withSingleAxisBatch);
 // The product (with `columns` bytes of im2col columns, 0 for addmm), the bias added after the
 // reduction, the backward (which recomputes the columns) and the gradient all-reduces.
 void contractionReplay(MemoryReplay& m, int64_t columns);
+
+// A product without a bias (bmm, matmul, mm): its output, the all-reduce of its pending sums
+// (a copy and the backend's scratch, the local product going), then both operands' gradients
+// and their all-reduces.
+void productMemory(MemoryReplay& m);
 
 }  // namespace sb::strategies

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "strategies/sharding/ops/contraction.h"
 #include "strategies/sharding/ops/op_rule.h"
 #include "strategies/sharding/ops/op_specs_common.h"
 
@@ -86,16 +87,6 @@ std::vector<OpStrategySpec> matmulSpecs(const reference::OpShape& s) {
     }
   }
   return out;
-}
-
-// The product, its all-reduce, the gradients.
-void productMemory(MemoryReplay& m) {
-  m.dropPreviousResults(false, false);
-  m.alloc(m.O);
-  m.reduceCopy();
-  m.backwardBegins();
-  m.alloc(m.sumG);
-  m.gradAllReduces();
 }
 
 // input [.., M, K] x other [.., K, N] (matmul: [M, K] x [K] or [K] x [K]): 6 x the local

@@ -14,11 +14,10 @@ namespace {
 // The operators in the order `stratbench list` shows their canonical strategies. A new
 // operator's name goes where it should be listed.
 constexpr const char* kOpOrder[] = {
-    "addmm",     "bmm",        "matmul",     "embedding", "layer_norm", "batch_norm",
-    "conv2d",    "max_pool2d", "avg_pool2d", "add",       "mul",        "gelu",
-    "relu",      "dropout",    "softmax",    "view",      "reshape",    "permute",
-    "transpose", "split",      "getitem",    "sum",       "silu",       "aten",
-    "mm",        "rms_norm",   "rope",
+    "addmm",      "bmm",        "matmul",  "embedding", "layer_norm", "batch_norm", "conv2d",
+    "max_pool2d", "avg_pool2d", "add",     "mul",       "gelu",       "relu",       "dropout",
+    "softmax",    "view",       "reshape", "permute",   "transpose",  "split",      "getitem",
+    "sum",        "silu",       "aten",    "mm",        "rms_norm",   "rope",
 };
 
 std::map<std::string, OpRule>& rules() {
