@@ -158,4 +158,37 @@ check "memory_trace.py: a trace missing a line is reported" 3 "MISMATCH|a line i
 check "memory_trace.py: no measured step" 2 "no measured step" -- \
   python3 "$src/reports/memory_trace.py" "$tmp/trace.yaml"
 
+# reports/memory_snapshot.py: each measured step as a PyTorch memory snapshot that PyTorch's own
+# torch.cuda._memory_viz reads (python3-torch's, in /usr/bin/python3): its blocks add up to the
+# row's peak in stats() and in the segments flamegraph, and its trace has the step's events.
+for step in 1 2; do
+  check "memory_snapshot.py: step $step written" 0 "step $step, [0-9]+ live blocks" -- \
+    python3 "$src/reports/memory_snapshot.py" "$tmp/trace.err" "$tmp/snap$step.pickle" --step "$step"
+done
+if /usr/bin/python3 -c "import torch.cuda._memory_viz" 2>/dev/null; then
+  check "memory_snapshot.py: PyTorch's _memory_viz reads both, at the rows' peaks" 0 "viz ok" -- \
+    /usr/bin/python3 - "$tmp/trace/results.csv" "$tmp/snap1.pickle" "$tmp/snap2.pickle" <<'PY'
+import csv, pickle, sys
+import torch.cuda._memory_viz as viz
+rows = list(csv.DictReader(open(sys.argv[1])))
+for row, path in zip(rows, sys.argv[2:]):
+    snap = pickle.load(open(path, "rb"))
+    peak = int(row["peak_mem_bytes"])
+    stats = viz.stats(snap["segments"])
+    lines = viz.segments(snap["segments"], format_flamegraph=lambda text: text).split("\n")
+    flame = sum(int(l.rsplit(" ", 1)[1]) for l in lines if l.strip())
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    total = getattr(stats["total_size"], "value", stats["total_size"])  # a Bytes
+    assert total == peak == flame, (path, stats, peak, flame)
+    assert allocs and all(e["size"] > 0 and e["frames"] for e in allocs), path
+print("viz ok")
+PY
+else
+  echo "SKIP: memory_snapshot.py through _memory_viz: /usr/bin/python3 has no torch (python3-torch)"
+fi
+check "memory_snapshot.py: no such step" 3 "no measured step 9" -- \
+  python3 "$src/reports/memory_snapshot.py" "$tmp/trace.err" "$tmp/snap9.pickle" --step 9
+check "memory_snapshot.py: a trace missing a line is refused" 3 "a line is missing|add up to" -- \
+  python3 "$src/reports/memory_snapshot.py" "$tmp/trace-gap.err" "$tmp/snapgap.pickle"
+
 finish
