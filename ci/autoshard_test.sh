@@ -97,16 +97,21 @@ check "planted: an edge without its redistribution fails" 1 "fail: " -- \
   "$sb" run "$tmp/sample.yaml" --out "$tmp/fault" --repetitions 1 \
   --filter '^sharding/auto/megatron$' --plant-fault 'sharding/auto/megatron=skip_edge_redistribution'
 
-# 3b. Over steps: the training case alone, data parallel's first edge skipping its
-# redistribution fails (and passes without the fault).
-python3 - "$src/suites/autoshard.yaml" "$tmp/steps.yaml" <<'PY'
+# `one_case NAME OUT`: the suite with its case NAME alone (its defaults kept), written to OUT.
+one_case() {
+  python3 - "$src/suites/autoshard.yaml" "$1" "$2" <<'PY'
 import sys
 text = open(sys.argv[1]).read()
 head, cases = text.split("\ncases:\n")
-steps = [c for c in cases.split("  - name: ") if c.startswith("gpt2-L2-mesh2x2-adamw-steps")]
-assert len(steps) == 1, "autoshard.yaml lost its training case"
-open(sys.argv[2], "w").write(head + "\ncases:\n  - name: " + steps[0])
+case = [c for c in cases.split("  - name: ") if c.split("\n")[0] == sys.argv[2]]
+assert len(case) == 1, f"autoshard.yaml lost its case {sys.argv[2]}"
+open(sys.argv[3], "w").write(head + "\ncases:\n  - name: " + case[0])
 PY
+}
+
+# 3b. Over steps: the training case alone, data parallel's first edge skipping its
+# redistribution fails (and passes without the fault).
+one_case gpt2-L2-mesh2x2-adamw-steps "$tmp/steps.yaml"
 check "steps: data parallel trains like the plain loop" 0 "total +1 +0 +0 +0" -- \
   "$sb" run "$tmp/steps.yaml" --out "$tmp/steps" --repetitions 1 \
   --filter '^sharding/auto/data-parallel$'
@@ -122,14 +127,7 @@ check "steps, planted: an edge without its redistribution fails on the losses" 1
 
 # 3c. The memory model's planted faults. The integer program's rows without the parameters: the
 # ILP takes a plan that does not fit the memory-limited case, which its measured peak flags.
-python3 - "$src/suites/autoshard.yaml" "$tmp/limited.yaml" <<'PY'
-import sys
-text = open(sys.argv[1]).read()
-head, cases = text.split("\ncases:\n")
-limited = [c for c in cases.split("  - name: ") if c.startswith("gpt2-L2-mesh2x2-max-memory")]
-assert len(limited) == 1, "autoshard.yaml lost its memory-limited case"
-open(sys.argv[2], "w").write(head + "\ncases:\n  - name: " + limited[0])
-PY
+one_case gpt2-L2-mesh2x2-max-memory "$tmp/limited.yaml"
 check "planted: rows without the parameters: the ILP's plan peaks over the limit" 1 \
   "over the 150000 bytes it promised" -- \
   "$sb" run "$tmp/limited.yaml" --out "$tmp/rowsfault" --repetitions 1 --filter '^sharding/auto/ilp$' \

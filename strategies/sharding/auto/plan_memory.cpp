@@ -141,14 +141,6 @@ class Replay {
   }
 
  private:
-  Ref fresh(const Dims& sizes, const std::string& what) {
-    auto s = std::make_shared<Storage>();
-    s->sim = this;
-    s->bytes = std::accumulate(sizes.begin(), sizes.end(), es_, std::multiplies<>());
-    s->what = what;
-    alloc(s->bytes, what);
-    return std::make_shared<Tensor>(Tensor{s, sizes, contiguousStrides(sizes)});
-  }
   // A tensor whose bytes a rule's events allocated already (and the storage releases).
   Ref adopt(const Dims& sizes, const std::string& what) {
     auto s = std::make_shared<Storage>();
@@ -156,6 +148,12 @@ class Replay {
     s->bytes = std::accumulate(sizes.begin(), sizes.end(), es_, std::multiplies<>());
     s->what = what;
     return std::make_shared<Tensor>(Tensor{s, sizes, contiguousStrides(sizes)});
+  }
+  // A new contiguous tensor, allocated here.
+  Ref fresh(const Dims& sizes, const std::string& what) {
+    Ref t = adopt(sizes, what);
+    alloc(t->storage->bytes, what);
+    return t;
   }
   Ref held(const Dims& sizes, int64_t elementSize = 0) {
     held_ += std::accumulate(sizes.begin(), sizes.end(), elementSize ? elementSize : es_,

@@ -16,18 +16,11 @@ using Axes = std::vector<int>;
 
 std::vector<OpStrategySpec> layerNormSpecs(const reference::OpShape& s) {
   const int r = static_cast<int>(s.input.size());
-  std::vector<int> batch(r - 1);
-  std::iota(batch.begin(), batch.end(), 0);
-  std::vector<OpStrategySpec> out;
-  for (const auto& sp : enumerateSplits(batch)) {
-    const auto d = dimsOf(sp, r);
-    OpStrategySpec n = spec(s, seqOf(d) + " = " + seqOf(d) + " x R x R", {L(d), L({{}}), L({{}})},
-                            {L(d)}, sp.meshDims);
-    // ColossalAI: "[out] = [input] x [weight]" (the bias not named), but its unsplit strategy
-    // is spelled by hand.
-    n.colossalName =
-        sp.axes.empty() ? "RR = RR x R" : colossalSeq(L(d)) + " = " + colossalSeq(L(d)) + " x [R]";
-    out.push_back(n);
+  std::vector<OpStrategySpec> out = batchSplitNormSpecs(s, 2);
+  // ColossalAI: "[out] = [input] x [weight]" (the bias not named), but its unsplit strategy
+  // is spelled by hand.
+  for (auto& n : out) {
+    if (usedAxes(n.operandLayouts[0]).empty()) n.colossalName = "RR = RR x R";
   }
   // Beyond ColossalAI: the hidden dimension split, statistics all-reduced; alone and with a
   // batch split on the other axis.

@@ -4,6 +4,7 @@
 #include "strategies/sharding/ops/op_specs_common.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace sb::strategies {
 
@@ -66,6 +67,26 @@ std::string seqOf(const std::vector<Axes>& dims) {
   std::string s;
   for (const auto& a : dims) s += seq(a);
   return s;
+}
+
+std::vector<OpStrategySpec> batchSplitNormSpecs(const reference::OpShape& s, int params) {
+  const int r = static_cast<int>(s.input.size());
+  std::vector<int> batch(r - 1);
+  std::iota(batch.begin(), batch.end(), 0);
+  std::vector<OpStrategySpec> out;
+  for (const auto& sp : enumerateSplits(batch)) {
+    const auto d = dimsOf(sp, r);
+    std::string name = seqOf(d) + " = " + seqOf(d);
+    std::vector<Layout> operands = {L(d)};
+    for (int p = 0; p < params; ++p) {
+      name += " x R";
+      operands.push_back(L({{}}));
+    }
+    OpStrategySpec n = spec(s, name, operands, {L(d)}, sp.meshDims);
+    n.colossalName = colossalSeq(L(d)) + " = " + colossalSeq(L(d)) + " x [R]";
+    out.push_back(n);
+  }
+  return out;
 }
 
 std::vector<OpStrategySpec> followingSpecs(

@@ -44,6 +44,12 @@ std::vector<std::vector<int>> dimsOf(const DimSplit& sp, int ndim);
 
 std::string seqOf(const std::vector<std::vector<int>>& dims);
 
+// A normalisation over the last dimension with `params` parameters of its size (layer_norm's
+// weight and bias, rms_norm's weight): one strategy per split of the batch dimensions, the
+// parameters replicated, named "S0R = S0R x R[ x R]" and, for ColossalAI's LayerNormGenerator,
+// "[out] = [input] x [R]".
+std::vector<OpStrategySpec> batchSplitNormSpecs(const reference::OpShape& s, int params);
+
 // A following operator's outputs for an input laid out as `in`, and the strategy's names: the
 // key (OpStrategySpec::name) and ColossalAI's name less its "_<index>" suffix; empty for
 // ColossalAI's usual "[input] -> [output]".

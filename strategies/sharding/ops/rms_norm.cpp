@@ -45,18 +45,8 @@ struct RmsNorm : torch::autograd::Function<RmsNorm> {
 };
 
 std::vector<OpStrategySpec> rmsNormSpecs(const reference::OpShape& s) {
-  const int r = static_cast<int>(s.input.size());
-  std::vector<int> batch(r - 1);
-  std::iota(batch.begin(), batch.end(), 0);
-  std::vector<OpStrategySpec> out;
-  for (const auto& sp : enumerateSplits(batch)) {
-    const auto d = dimsOf(sp, r);
-    OpStrategySpec n =
-        spec(s, seqOf(d) + " = " + seqOf(d) + " x R", {L(d), L({{}})}, {L(d)}, sp.meshDims);
-    n.colossalName = colossalSeq(L(d)) + " = " + colossalSeq(L(d)) + " x [R]";
-    n.set = "beyond";
-    out.push_back(n);
-  }
+  std::vector<OpStrategySpec> out = batchSplitNormSpecs(s, 1);
+  for (auto& n : out) n.set = "beyond";
   return out;
 }
 
