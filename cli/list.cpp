@@ -51,6 +51,8 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
       nlohmann::json params = nlohmann::json::object();
       for (const auto& [k, v] : s->params()) params[k] = v;
       j["params"] = params;
+      // The deliberate bugs `run --plant-fault ID=FAULT` builds it with (test only).
+      j["planted_faults"] = s->plantableFaults();
       arr.push_back(j);
     }
     for (const auto& gen : StrategyRegistry::global().generators()) {

@@ -121,6 +121,9 @@ Command addRun(CLI::App& app) {
   run->add_flag("--write-golden", a->opts.writeGolden,
                 "Write the training cases' per-step reference losses to the suite's golden file "
                 "(its key 'golden') instead of comparing with it");
+  run->add_flag("--capture", a->opts.capture,
+                "Locate the first diverging node on every row that can (not only on failing "
+                "ones): details.first_divergence");
 
   run->add_option("--cost-profile", a->profilePaths,
                   "Calibration profile(s) from `stratbench calibrate`: predicted times of the "

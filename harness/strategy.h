@@ -18,6 +18,7 @@
 #include "harness/dist/cost_profile.h"
 #include "harness/error.h"
 #include "harness/measure/verify.h"
+#include "harness/trace_value.h"
 #include "reference/workload.h"
 
 namespace sb::harness {
@@ -73,6 +74,15 @@ class RankExecutor {
   // chunk size, ...) and details for its JSON (a schedule, a plan).
   virtual std::vector<std::pair<std::string, std::string>> recordParams() const { return {}; }
   virtual nlohmann::json details() const { return nlohmann::json::object(); }
+
+  // Locating a failure (harness/run/divergence.h): whether this executor can keep its pieces of
+  // the step's intermediate values (Strategy::referenceTrace names them). Untimed, only on a
+  // failing row or with `run --capture`: setCapture(true), one step(), captured() (this rank's
+  // pieces, pending sums reduced, in any order), setCapture(false). A capture may communicate
+  // (reducing pending sums), alike on every rank.
+  virtual bool capturesValues() const { return false; }
+  virtual void setCapture(bool on) {}
+  virtual std::vector<TraceValue> captured() const { return {}; }
 };
 
 // A registered strategy: what it is, where it applies, how it lays out its results, what
@@ -181,6 +191,15 @@ class Strategy {
   // (bitwise in exact-inputs mode). An override must say why in Tolerance::reason.
   virtual Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                               const at::Tensor& expected) const;
+  // The reference run's intermediate values that the executors capture (RankExecutor::
+  // capturesValues), whole and in the step's execution order: every node's forward outputs,
+  // then the gradients in the order the backward completes them. Matched to the captured pieces
+  // by TraceValue::key(); judged with tolerance() of the value's name. Empty: nothing to locate
+  // with (the default).
+  virtual std::vector<TraceValue> referenceTrace(const CaseSpec& c,
+                                                 const reference::WorkloadData& data) const {
+    return {};
+  }
   // Case-specific details for the record (e.g. sharding sequences at the case's shape).
   virtual nlohmann::json caseDetails(const CaseSpec& c) const { return nlohmann::json::object(); }
 

@@ -169,6 +169,16 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
       "% (hard); numerics hard; predictions within each strategy's stated tolerance " +
       (options.gateOptions.allowMispredicted ? "(soft: --allow-mispredicted)." : "(hard)."));
 
+  // Where the located rows first left the reference (a failing row, or any with run --capture).
+  if (Table located = divergenceTable(current); !located.rows.empty()) {
+    doc.heading(2, "Where rows diverge");
+    doc.paragraph(
+        "The first intermediate value (in the step's execution order) whose piece leaves its "
+        "tolerance against the same value of the reference run: the node that made it, the "
+        "phase, the ranks where it is the first, and its error (details.first_divergence).");
+    doc.table(std::move(located));
+  }
+
   doc.heading(2, "Summary by family");
   doc.table(familyTable(cmp));
 

@@ -26,6 +26,9 @@ Table provenanceTable(const std::vector<ResultRow>& cur, const std::vector<Resul
 Table familyTable(const Comparison& cmp);
 Table caseTable(const std::vector<const RowComparison*>& rows, bool hasBaseline,
                 const std::string& id);
+// Where the rows that were located first left the reference (ResultRow::firstDivergence): one
+// line per row, the failing ones first; empty where none was.
+Table divergenceTable(const std::vector<ResultRow>& rows);
 
 // ---- summary_csv.cpp ------------------------------------------------------------------------
 

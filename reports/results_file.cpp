@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <utility>
 
@@ -218,6 +219,39 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   return r;
 }
 
+// The records' first divergences from the results.json beside `csv`, matched to the rows by
+// their key. A file that is missing is nothing to read (a CSV copied alone); one that is not
+// the JSON `run` writes is bad input.
+void attachDivergences(const std::string& csv, std::vector<ResultRow>& rows) {
+  const std::string path = (std::filesystem::path(csv).parent_path() / "results.json").string();
+  if (!std::filesystem::is_regular_file(path)) return;
+  std::ifstream in(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw ReportInputError(path + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("records") || !j.at("records").is_array()) {
+    throw ReportInputError(path + ": expected an object with a 'records' array");
+  }
+  std::map<std::string, const nlohmann::json*> byKey;
+  for (const auto& r : j.at("records")) {
+    if (!r.is_object() || !r.contains("details") || !r.at("details").is_object() ||
+        !r.at("details").contains("first_divergence")) {
+      continue;
+    }
+    const auto text = [&](const char* k) {
+      return r.contains(k) && r.at(k).is_string() ? r.at(k).get<std::string>() : "";
+    };
+    byKey[text("suite") + "\x1f" + text("case") + "\x1f" + text("strategy_id") + "\x1f" +
+          text("backend")] = &r.at("details").at("first_divergence");
+  }
+  for (auto& row : rows) {
+    if (auto it = byKey.find(row.key()); it != byKey.end()) row.firstDivergence = *it->second;
+  }
+}
+
 }  // namespace
 
 std::vector<ResultRow> readResults(const std::string& given) {
@@ -256,6 +290,7 @@ std::vector<ResultRow> readResults(const std::string& given) {
     // ...").
     throw ReportInputError(path + ": " + e.what());
   }
+  attachDivergences(path, rows);
   return rows;
 }
 

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace sb::reports {
 
 // Bad input to `stratbench report`: a message that names the file, the line and, where there
@@ -45,6 +47,10 @@ struct ResultRow {
                                   // "memory", "time", "memory+time"
   std::vector<std::pair<std::string, std::string>> params;  // e.g. budget -> 0.5
   std::string message;
+  // From the results.json beside the file, where there is one: where a failing row first left
+  // the reference (the record's details.first_divergence, harness/run/divergence.h); null
+  // otherwise.
+  nlohmann::json firstDivergence;
 
   // What matches a row to its baseline: the same strategy on the same case and backend.
   std::string key() const {

@@ -188,4 +188,59 @@ Table caseTable(const std::vector<const RowComparison*>& rows, bool hasBaseline,
   return t;
 }
 
+Table divergenceTable(const std::vector<ResultRow>& rows) {
+  Table t;
+  t.id = "divergence";
+  t.head = {"case",   "strategy", "status", "first diverging node", "phase", "rank(s)",
+            "tensor", "value",    "error"};
+  std::vector<const ResultRow*> order;
+  for (const auto& r : rows) {
+    if (!r.firstDivergence.is_null() && r.isBad()) order.push_back(&r);
+  }
+  for (const auto& r : rows) {
+    if (!r.firstDivergence.is_null() && !r.isBad()) order.push_back(&r);
+  }
+  for (const ResultRow* r : order) {
+    const nlohmann::json& d = r->firstDivergence;
+    std::vector<Cell> row = {{r->caseName, ""}, {r->strategyId, ""}, {r->status, r->status}};
+    const auto text = [&](const char* k) {
+      return d.contains(k) && d.at(k).is_string() ? d.at(k).get<std::string>() : "";
+    };
+    const auto blanks = [&row](int n) {
+      for (int i = 0; i < n; ++i) row.push_back({"", ""});
+    };
+    if (d.contains("error")) {
+      row.push_back({"not located: " + text("error"), "warn"});
+      blanks(5);
+    } else if (!d.value("found", false)) {
+      row.push_back({"none: every traced value within its tolerance", ""});
+      blanks(3);
+      row.push_back({std::to_string(d.value("compared", 0)) + " compared", ""});
+      blanks(1);
+    } else {
+      std::string ranks;
+      for (const auto& x : d.value("ranks", nlohmann::json::array())) {
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(x.get<int>());
+      }
+      const nlohmann::json check = d.value("check", nlohmann::json::object());
+      const nlohmann::json maxAbs = check.value("max_abs_err", nlohmann::json(0.0));
+      const std::string err =
+          "max abs err " +
+          (maxAbs.is_number() ? fmt("%.3g", maxAbs.get<double>()) : maxAbs.dump()) + ", " +
+          std::to_string(check.value("mismatches", 0)) + "/" +
+          std::to_string(check.value("numel", 0)) + " elements off";
+      row.push_back({text("node"), "fail"});
+      row.push_back({text("phase"), ""});
+      row.push_back({ranks.empty() ? std::to_string(d.value("rank", 0)) : ranks, ""});
+      row.push_back({text("tensor"), ""});
+      row.push_back(
+          {std::to_string(d.value("index", 0) + 1) + " of " + std::to_string(d.value("of", 0)),
+           ""});
+      row.push_back({err, ""});
+    }
+    t.rows.push_back(row);
+  }
+  return t;
+}
+
 }  // namespace sb::reports

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "harness/measure/device.h"
+#include "harness/run/divergence.h"
 #include "harness/run/predict.h"
 #include "harness/run/row_checks.h"
 #include "harness/run/runner.h"
@@ -160,6 +161,16 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
     rec.message = memProblem;
   } else {
     rec.status = Status::kPass;
+  }
+  // Where the step first left the reference, where it was captured (a failing row's tensors,
+  // or `run --capture`): named in the message of a row that failed its tensors.
+  std::vector<nlohmann::json> located;
+  for (const auto& o : ranks) located.push_back(o.divergence);
+  if (const nlohmann::json d = firstDivergence(located); !d.is_null()) {
+    rec.details["first_divergence"] = d;
+    if (rec.status == Status::kFail && (!allPassed(checks, {}) || !allPassed(after, {}))) {
+      rec.message += "; " + divergenceText(d);
+    }
   }
   if (!mispredicted.empty()) {
     rec.message += (rec.message.empty() ? "" : "; ") + mispredicted;

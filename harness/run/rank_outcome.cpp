@@ -88,6 +88,7 @@ nlohmann::json outcomeToJson(const RankOutcome& o) {
   j["checks"] = checks;
   j["checks_after"] = after;
   j["digests"] = o.digests;
+  if (!o.divergence.is_null()) j["divergence"] = o.divergence;
   return j;
 }
 
@@ -105,6 +106,7 @@ RankOutcome outcomeFromJson(const nlohmann::json& j) {
   for (const auto& c : j.at("checks")) o.checks.push_back(checkFromJson(c));
   for (const auto& c : j.at("checks_after")) o.checksAfter.push_back(checkFromJson(c));
   if (j.contains("digests")) o.digests = j.at("digests").get<std::map<std::string, std::string>>();
+  if (j.contains("divergence")) o.divergence = j.at("divergence");
   return o;
 }
 

@@ -33,6 +33,8 @@ struct RankOutcome {
   // Per checked tensor after the measured step: its declared box and a hash of its bytes
   // (resultDigests), for the check that ranks holding the same box hold the same bits.
   std::map<std::string, std::string> digests;
+  // Where this rank's step first left the reference (divergence.h); null: not captured.
+  nlohmann::json divergence;
 };
 
 // A tensor check as JSON; a non-finite number as its text ("inf", "nan"), read back as such.

@@ -44,6 +44,9 @@ struct RunOptions {
   // Write the reference's per-step losses of every training case to the suite's golden file
   // (its `golden:` key) instead of comparing with it.
   bool writeGolden = false;
+  // Locate the first diverging node (divergence.h) on every row whose executor captures, not
+  // only on failing ones.
+  bool capture = false;
 };
 
 }  // namespace sb::harness

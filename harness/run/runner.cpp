@@ -18,6 +18,7 @@
 #include "harness/measure/device.h"
 #include "harness/measure/memory.h"
 #include "harness/run/compose.h"
+#include "harness/run/divergence.h"
 #include "harness/run/faults.h"
 #include "harness/run/local_run.h"
 #include "harness/run/plan.h"
@@ -136,6 +137,20 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     takeResults();
     for (int r : local) {
       out.ranks[slot[r]].checksAfter = verifyRank(c, data, strategy, r, results[r]);
+    }
+
+    // A failing row is located: one more step with capture on (divergence.h). Decided alike on
+    // every rank, so that the capture's collectives meet.
+    bool failedHere = false;
+    for (int r : local) {
+      const RankOutcome& o = out.ranks[slot[r]];
+      for (const auto* checks : {&o.checks, &o.checksAfter}) {
+        for (const auto& ch : *checks) failedHere = failedHere || !ch.passed();
+      }
+    }
+    if (execs[local.front()]->capturesValues() &&
+        (world.anyOverProcesses(failedHere) || options.capture)) {
+      captureDivergence(world, c, data, strategy, execs, slot, out);
     }
   } catch (const std::exception& e) {
     const std::string text = errorText(e);

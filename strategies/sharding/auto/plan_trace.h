@@ -1,0 +1,67 @@
+#pragma once
+
+// A plan's step traced value by value, for locating where a failing row first leaves the
+// reference (harness/run/divergence.h). In the graph's execution order:
+//   forward   node by node: each operand read through an edge, as read ("h0.ln1 ->
+//             h0.attn.q[0]": the edge's redistribution made it), then the node's outputs;
+//   backward  nodes in reverse: the gradients of the node's operands read through edges (the
+//             node's backward made them: "grad h0.ln1 -> h0.attn.q[0]"), then the gradients of
+//             the values the node's backward completes (the node is their first reader:
+//             "grad h0.ln1", "grad wte").
+// The reference side runs the graph on whole tensors (reference::runGraph) and takes every
+// gradient with autograd; the executor's side keeps its pieces as it runs (PlanCapture).
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "harness/case.h"
+#include "harness/comm/rank_context.h"
+#include "harness/trace_value.h"
+#include "reference/workload.h"
+#include "strategies/sharding/auto/model.h"
+#include "strategies/sharding/auto/plan_memory.h"
+
+namespace sb::strategies::autoshard {
+
+// Operand `i` of node `v` as read through an edge: "h0.ln1 -> h0.attn.q[0]".
+std::string planReadName(const reference::Graph& g, size_t v, size_t i);
+
+// The trace of the plain graph on the case's inputs, whole tensors, in the order above.
+std::vector<harness::TraceValue> planReferenceTrace(const ShardingModel& model,
+                                                    const std::vector<PlanEdge>& edges,
+                                                    const harness::CaseSpec& c,
+                                                    const reference::WorkloadData& data);
+
+// One rank's pieces of the same values, kept while the plan executor runs a step.
+class PlanCapture {
+ public:
+  PlanCapture(const ShardingModel& model, const std::vector<int>& choice, harness::RankContext& ctx)
+      : model_(model), choice_(choice), ctx_(ctx) {}
+  // Forward: operand `i` of node `v` as read through an edge, and node v's outputs. Pending sums
+  // are reduced over their axes (a collective, alike on every rank); what needs a gradient has
+  // it retained.
+  void operand(size_t v, size_t i, at::Tensor& t);
+  void outputs(size_t v, std::vector<at::Tensor>& outs);
+  // After the backward: the retained gradients and the parameters' (`leaves`, by name).
+  void gradients(const std::map<std::string, at::Tensor>& leaves);
+  std::vector<harness::TraceValue> take() { return std::move(values_); }
+
+ private:
+  const ShardingModel& model_;
+  const std::vector<int>& choice_;
+  harness::RankContext& ctx_;
+  std::vector<harness::TraceValue> values_;
+  struct Retained {
+    std::string node, tensor;
+    at::Tensor t;
+    harness::Box box;
+  };
+  std::vector<Retained> retained_;
+  void keep(const std::string& node, const std::string& tensor, at::Tensor& t,
+            const harness::Layout& layout, const std::vector<int64_t>& shape);
+};
+
+}  // namespace sb::strategies::autoshard
