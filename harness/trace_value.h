@@ -1,10 +1,13 @@
 #pragma once
 
 // One value of a step, named by where it was made: what a failing row's first divergence is
-// located with (harness/run/divergence.h). A strategy lists its reference run's values in
-// execution order (Strategy::referenceTrace); its executors, with capture on, keep their pieces
-// of the same values under the same names (RankExecutor::captured).
+// located with (harness/run/divergence.h). A strategy lists its reference run's values
+// (Strategy::referenceTrace); its executors, with capture on, keep their pieces of the same
+// values under the same names, in the order they made them, with the time (RankExecutor::
+// captured).
 
+#include <chrono>
+#include <cstdint>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -23,7 +26,15 @@ struct TraceValue {
   // pending sums already reduced.
   at::Tensor value;
   Box box;
+  // Captured: when it was made, by the wall clock (clockNs), so that ranks' first divergences
+  // are ordered in time: a value made from a wrong one another rank sent is made after it.
+  int64_t atNs = 0;
   std::string key() const { return phase + "|" + tensor; }
+  static int64_t clockNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
 };
 
 }  // namespace sb::harness

@@ -2,6 +2,7 @@
 
 #include "harness/run/divergence.h"
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -48,17 +49,20 @@ std::tuple<at::Tensor, at::Tensor, Tolerance> comparable(const CaseSpec& c,
 nlohmann::json firstDivergenceOnRank(const CaseSpec& c, const Strategy& strategy,
                                      const std::vector<TraceValue>& reference,
                                      const std::vector<TraceValue>& captured, int rank) {
-  std::map<std::string, const TraceValue*> pieces;
-  for (const auto& v : captured) pieces[v.key()] = &v;
-  int compared = 0, missing = 0;
-  for (size_t i = 0; i < reference.size(); ++i) {
-    const TraceValue& ref = reference[i];
-    auto it = pieces.find(ref.key());
-    if (it == pieces.end()) {
-      ++missing;
+  std::map<std::string, const TraceValue*> expected;
+  for (const auto& v : reference) expected[v.key()] = &v;
+  std::map<std::string, bool> seen;
+  int compared = 0, untraced = 0;
+  nlohmann::json found;
+  for (size_t i = 0; i < captured.size() && found.is_null(); ++i) {
+    const TraceValue& got = captured[i];
+    auto it = expected.find(got.key());
+    if (it == expected.end()) {
+      ++untraced;
       continue;
     }
-    const TraceValue& got = *it->second;
+    const TraceValue& ref = *it->second;
+    seen[got.key()] = true;
     ++compared;
     TensorCheck check;
     if (got.box.offset.size() != static_cast<size_t>(ref.value.dim())) {
@@ -68,21 +72,35 @@ nlohmann::json firstDivergenceOnRank(const CaseSpec& c, const Strategy& strategy
                       std::to_string(got.box.offset.size()) + " dimensions, but the value has " +
                       std::to_string(ref.value.dim());
     } else {
-      const auto [actual, expected, tol] = comparable(c, strategy, ref, got);
-      check = checkTensor(ref.tensor, rank, actual, expected, got.box.offset, tol);
+      const auto [actual, want, tol] = comparable(c, strategy, ref, got);
+      check = checkTensor(ref.tensor, rank, actual, want, got.box.offset, tol);
     }
     if (check.passed()) continue;
-    nlohmann::json j = {{"found", true},        {"node", ref.node},
-                        {"phase", ref.phase},   {"tensor", ref.tensor},
-                        {"rank", rank},         {"box", got.box.toString()},
-                        {"index", i},           {"of", reference.size()},
-                        {"compared", compared}, {"check", checkToJson(check)}};
-    if (missing) j["missing"] = missing;
-    return j;
+    found = {{"found", true},
+             {"node", ref.node},
+             {"phase", ref.phase},
+             {"tensor", ref.tensor},
+             {"rank", rank},
+             {"box", got.box.toString()},
+             {"index", i},
+             {"of", captured.size()},
+             {"at_ns", got.atNs},
+             {"compared", compared},
+             {"check", checkToJson(check)}};
   }
-  nlohmann::json j = {
-      {"found", false}, {"rank", rank}, {"compared", compared}, {"of", reference.size()}};
-  if (missing) j["missing"] = missing;
+  nlohmann::json j = found.is_null() ? nlohmann::json{{"found", false},
+                                                      {"rank", rank},
+                                                      {"compared", compared},
+                                                      {"of", captured.size()}}
+                                     : found;
+  // What the reference traces and this rank never made, and what it made that is not traced:
+  // both say the capture and the reference disagree on names, not that the values do.
+  if (found.is_null()) {
+    int missing = 0;
+    for (const auto& v : reference) missing += !seen.count(v.key());
+    if (missing) j["missing"] = missing;
+  }
+  if (untraced) j["untraced"] = untraced;
   return j;
 }
 
@@ -101,29 +119,45 @@ nlohmann::json firstDivergence(const std::vector<nlohmann::json>& perRank) {
       continue;
     }
     const auto at = [](const nlohmann::json& x) {
-      return std::make_pair(x.at("index").get<int64_t>(), x.at("rank").get<int>());
+      return std::make_pair(x.at("at_ns").get<int64_t>(), x.at("rank").get<int>());
     };
     if (!best || at(d) < at(*best)) best = &d;
   }
   if (!best) {
     if (error) return *error;
     if (!clean) return nullptr;
-    nlohmann::json out = {{"found", false}, {"of", clean->at("of")}};
-    int64_t compared = 0;
+    nlohmann::json out = {{"found", false}};
+    int64_t compared = 0, missing = 0, untraced = 0;
     for (const auto& d : perRank) {
-      if (!d.is_null() && !d.contains("error")) compared += d.value("compared", 0);
+      if (d.is_null() || d.contains("error")) continue;
+      compared += d.value("compared", 0);
+      missing += d.value("missing", 0);
+      untraced += d.value("untraced", 0);
     }
-    out["compared"] = compared;  // over every rank
+    // Over every rank.
+    out["compared"] = compared;
+    if (missing) out["missing"] = missing;
+    if (untraced) out["untraced"] = untraced;
     return out;
   }
-  nlohmann::json out = *best;
+  // The earliest in time; shown on the lowest rank whose first divergence is the same value
+  // (SPMD ranks that go wrong together do so at the same value, in an order of no meaning).
+  const std::string key =
+      best->at("phase").get<std::string>() + "|" + best->at("tensor").get<std::string>();
+  const auto sameValue = [&](const nlohmann::json& d) {
+    return !d.is_null() && !d.contains("error") && d.value("found", false) &&
+           d.at("phase").get<std::string>() + "|" + d.at("tensor").get<std::string>() == key;
+  };
   std::vector<int> same;
+  for (const auto& d : perRank) {
+    if (sameValue(d) && d.at("rank").get<int>() < best->at("rank").get<int>()) best = &d;
+  }
+  nlohmann::json out = *best;
   nlohmann::json elsewhere = nlohmann::json::array();
   for (const auto& d : perRank) {
-    if (d.is_null() || d.contains("error") || !d.value("found", false)) continue;
-    if (d.at("index") == best->at("index")) {
+    if (sameValue(d)) {
       same.push_back(d.at("rank").get<int>());
-    } else {
+    } else if (!d.is_null() && !d.contains("error") && d.value("found", false)) {
       elsewhere.push_back({{"rank", d.at("rank")},
                            {"node", d.at("node")},
                            {"phase", d.at("phase")},
@@ -131,6 +165,7 @@ nlohmann::json firstDivergence(const std::vector<nlohmann::json>& perRank) {
                            {"index", d.at("index")}});
     }
   }
+  std::sort(same.begin(), same.end());
   out["ranks"] = same;
   if (!elsewhere.empty()) out["elsewhere"] = elsewhere;
   return out;

@@ -39,12 +39,14 @@ std::vector<TraceValue> referenceTrace() {
   return t;
 }
 
-// Rank r's pieces: rows [2r, 2r + 2) of every value.
+// Rank r's pieces: rows [2r, 2r + 2) of every value, made in the trace's order, ranks in step
+// (value i at time 10 i + r).
 std::vector<TraceValue> pieces(const std::vector<TraceValue>& ref, int rank) {
   std::vector<TraceValue> out;
-  for (const auto& v : ref) {
+  for (size_t i = 0; i < ref.size(); ++i) {
     const Box box{{2 * rank, 0}, {2, 3}};
-    out.push_back({"", v.phase, v.tensor, sliceBox(v.value, box).clone(), box});
+    out.push_back({"", ref[i].phase, ref[i].tensor, sliceBox(ref[i].value, box).clone(), box,
+                   static_cast<int64_t>(10 * i) + rank});
   }
   return out;
 }
@@ -68,6 +70,7 @@ TEST(Divergence, NamesTheEarliestValueOverTheRanks) {
   // Full-tensor coordinates: rank 1's first row is row 2.
   EXPECT_EQ(d1.at("check").at("worst_index"), std::vector<int64_t>({2, 0}));
 
+  // The earliest in time: rank 1's (made at 11, rank 0's at 30).
   const auto d = firstDivergence({d0, d1, nullptr});
   EXPECT_EQ(d.at("rank"), 1);
   EXPECT_EQ(d.at("node"), "fc2");
@@ -105,18 +108,29 @@ TEST(Divergence, APieceOfTheWrongBoxIsFound) {
   EXPECT_EQ(d.at("index"), 0);
 }
 
-TEST(Divergence, ValuesNotCapturedAreCountedNotCompared) {
+TEST(Divergence, TheExecutorsOrderCountsAndNamesThatDisagreeAreCounted) {
   const CaseSpec c;
   const PlainStrategy s;
   const auto ref = referenceTrace();
   auto p = pieces(ref, 0);
-  p.erase(p.begin() + 1);
-  p[1].value[0][0] += 1.0f;  // "grad fc1", the third value
-  const auto d = firstDivergenceOnRank(c, s, ref, p, 0);
+  // Made in another order than the reference lists them: the executor's order is the one
+  // walked, so its first wrong value is named even where the reference lists another earlier.
+  std::swap(p[0], p[3]);
+  p[0].value[0][0] += 1.0f;  // "grad w1", made first here
+  p[3].value[0][0] += 1.0f;  // "fc1", listed first by the reference
+  auto d = firstDivergenceOnRank(c, s, ref, p, 0);
   ASSERT_TRUE(d.at("found").get<bool>());
-  EXPECT_EQ(d.at("index"), 2);
+  EXPECT_EQ(d.at("tensor"), "grad w1");
+  EXPECT_EQ(d.at("index"), 0);
+  // A value not captured, and one the reference does not trace: counted, not compared.
+  p = pieces(ref, 0);
+  p.erase(p.begin() + 1);
+  p.push_back({"", "forward", "not traced", at::ones({2, 3}), Box{{0, 0}, {2, 3}}, 99});
+  d = firstDivergenceOnRank(c, s, ref, p, 0);
+  EXPECT_FALSE(d.at("found").get<bool>());
+  EXPECT_EQ(d.at("compared"), 3);
   EXPECT_EQ(d.at("missing"), 1);
-  EXPECT_EQ(d.at("compared"), 2);
+  EXPECT_EQ(d.at("untraced"), 1);
 }
 
 TEST(Divergence, MasksCompareExactlyAndMatchingInfinitiesMatch) {
@@ -127,8 +141,8 @@ TEST(Divergence, MasksCompareExactlyAndMatchingInfinitiesMatch) {
       {"mask", "forward", "mask", at::tensor({1, 0, 1, 0}).to(at::kBool), {}},
       {"scores", "forward", "scores", at::tensor({1.0f, -inf, 3.0f, -inf}), {}}};
   const Box whole = Box::whole({4});
-  std::vector<TraceValue> got = {{"", "forward", "mask", ref[0].value.clone(), whole},
-                                 {"", "forward", "scores", ref[1].value.clone(), whole}};
+  std::vector<TraceValue> got = {{"", "forward", "mask", ref[0].value.clone(), whole, 0},
+                                 {"", "forward", "scores", ref[1].value.clone(), whole, 1}};
   EXPECT_FALSE(firstDivergenceOnRank(c, s, ref, got, 0).at("found").get<bool>());
   got[1].value[2] = -inf;  // an unmasked score masked
   auto d = firstDivergenceOnRank(c, s, ref, got, 0);

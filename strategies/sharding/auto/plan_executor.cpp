@@ -237,11 +237,10 @@ class PlanExecutor final : public harness::RankExecutor {
   std::vector<harness::TraceValue> captured_;
   void startCapture(RankContext& ctx) {
     if (captureOn_)
-      capture_ = std::make_unique<PlanCapture>(*solved_->model, solved_->plan.choice, ctx);
+      capture_ = std::make_unique<PlanCapture>(*solved_->model, solved_->plan.choice, ctx, leaves_);
   }
   void endCapture() {
     if (!capture_) return;
-    capture_->gradients(leaves_);
     captured_ = capture_->take();
     capture_.reset();
   }

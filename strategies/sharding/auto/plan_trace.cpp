@@ -72,6 +72,9 @@ std::vector<TraceValue> planReferenceTrace(const ShardingModel& model,
   std::vector<std::pair<std::string, std::string>> order;  // (node, tensor), in backward order
   std::vector<at::Tensor> wrt;
   const auto first = firstReaders(g);
+  // The output's gradient is the seed itself, traced as the backward's first value.
+  order.emplace_back(g.nodes[g.producer(g.output).first].name, "grad " + g.output);
+  wrt.push_back(values.at(g.output));
   for (size_t k = g.nodes.size(); k-- > 0;) {
     const auto& n = g.nodes[k];
     for (size_t i = 0; i < n.args.size(); ++i) {
@@ -99,53 +102,60 @@ std::vector<TraceValue> planReferenceTrace(const ShardingModel& model,
   return out;
 }
 
-void PlanCapture::keep(const std::string& node, const std::string& tensor, at::Tensor& t,
-                       const harness::Layout& layout, const std::vector<int64_t>& shape) {
-  const harness::Box box = layout.box(shape, ctx_.mesh().shape(), ctx_.mesh().coords(ctx_.rank()));
-  at::Tensor piece = t.detach().clone();
-  if (!layout.partialAxes().empty()) ctx_.group(layout.partialAxes()).allReduce(piece);
-  values_.push_back({node, "forward", tensor, piece, box});
-  // Gradients are kept whole in their value's layout (plan_executor.cpp): a pending sum's
-  // gradient is the whole tensor's on its box.
-  if (t.requires_grad()) {
-    t.retain_grad();
-    retained_.push_back({node, "grad " + tensor, t, box});
-  }
-}
-
-void PlanCapture::operand(size_t v, size_t i, at::Tensor& t) {
-  const auto& g = model_.graph();
-  const Candidate& cand = model_.candidates(static_cast<int>(v))[choice_[v]];
-  keep(g.nodes[v].name, planReadName(g, v, i), t, cand.op.operands[i],
-       g.valueShape(g.nodes[v].args[i]));
-}
-
-void PlanCapture::outputs(size_t v, std::vector<at::Tensor>& outs) {
-  const auto& g = model_.graph();
-  const Candidate& cand = model_.candidates(static_cast<int>(v))[choice_[v]];
-  const auto names = g.nodes[v].outputs();
-  for (size_t j = 0; j < outs.size() && j < names.size(); ++j) {
-    keep(g.nodes[v].name, names[j], outs[j], cand.outputs[j], g.valueShape(names[j]));
-  }
-}
-
-void PlanCapture::gradients(const std::map<std::string, at::Tensor>& leaves) {
-  for (auto& r : retained_) {
-    const at::Tensor grad = r.t.grad();
-    if (grad.defined()) {
-      values_.push_back({r.node, "backward", r.tensor, grad.detach().clone(), r.box});
-    }
-  }
-  retained_.clear();
+PlanCapture::PlanCapture(const ShardingModel& model, const std::vector<int>& choice,
+                         harness::RankContext& ctx, const std::map<std::string, at::Tensor>& leaves)
+    : model_(model), choice_(choice), ctx_(ctx) {
   const auto& g = model_.graph();
   const auto mesh = ctx_.mesh().shape();
   const auto coords = ctx_.mesh().coords(ctx_.rank());
   for (const auto& [name, leaf] : leaves) {
-    if (!leaf.grad().defined()) continue;
     const harness::Layout layout = *model_.valueLayout(name, choice_);
-    // A copy: an optimizer's clipping scales the gradient in place after this.
-    values_.push_back({name, "backward", "grad " + name, leaf.grad().detach().clone(),
-                       layout.box(g.valueShape(name), mesh, coords)});
+    hookGradient("grad " + name, leaf, layout.box(g.valueShape(name), mesh, coords), true);
+  }
+}
+
+PlanCapture::~PlanCapture() {
+  for (auto& [t, id] : leafHooks_) t.remove_hook(id);
+}
+
+std::vector<TraceValue> PlanCapture::take() {
+  for (auto& [t, id] : leafHooks_) t.remove_hook(id);
+  leafHooks_.clear();
+  return std::move(values_);
+}
+
+void PlanCapture::hookGradient(const std::string& tensor, const at::Tensor& t,
+                               const harness::Box& box, bool leaf) {
+  // Gradients are kept whole in their value's layout (plan_executor.cpp): a pending sum's
+  // gradient is the whole tensor's on its box. The hook sees the gradient once the engine has
+  // summed every contribution to it; a copy, as the engine may sum into it in place after.
+  const unsigned id = t.register_hook([this, tensor, box](const at::Tensor& grad) {
+    values_.push_back({"", "backward", tensor, grad.detach().clone(), box, TraceValue::clockNs()});
+  });
+  if (leaf) leafHooks_.emplace_back(t, id);
+}
+
+void PlanCapture::keep(const std::string& tensor, const at::Tensor& t,
+                       const harness::Layout& layout, const std::vector<int64_t>& shape) {
+  const harness::Box box = layout.box(shape, ctx_.mesh().shape(), ctx_.mesh().coords(ctx_.rank()));
+  at::Tensor piece = t.detach().clone();
+  if (!layout.partialAxes().empty()) ctx_.group(layout.partialAxes()).allReduce(piece);
+  values_.push_back({"", "forward", tensor, piece, box, TraceValue::clockNs()});
+  if (t.requires_grad()) hookGradient("grad " + tensor, t, box, false);
+}
+
+void PlanCapture::operand(size_t v, size_t i, const at::Tensor& t) {
+  const auto& g = model_.graph();
+  const Candidate& cand = model_.candidates(static_cast<int>(v))[choice_[v]];
+  keep(planReadName(g, v, i), t, cand.op.operands[i], g.valueShape(g.nodes[v].args[i]));
+}
+
+void PlanCapture::outputs(size_t v, const std::vector<at::Tensor>& outs) {
+  const auto& g = model_.graph();
+  const Candidate& cand = model_.candidates(static_cast<int>(v))[choice_[v]];
+  const auto names = g.nodes[v].outputs();
+  for (size_t j = 0; j < outs.size() && j < names.size(); ++j) {
+    keep(names[j], outs[j], cand.outputs[j], g.valueShape(names[j]));
   }
 }
 

@@ -35,33 +35,33 @@ std::vector<harness::TraceValue> planReferenceTrace(const ShardingModel& model,
                                                     const harness::CaseSpec& c,
                                                     const reference::WorkloadData& data);
 
-// One rank's pieces of the same values, kept while the plan executor runs a step.
+// One rank's pieces of the same values, kept while the plan executor runs a step, in the order
+// it makes them: the forward's as it runs, each gradient when the autograd engine has summed it
+// (a hook on its tensor), so in the engine's order.
 class PlanCapture {
  public:
-  PlanCapture(const ShardingModel& model, const std::vector<int>& choice, harness::RankContext& ctx)
-      : model_(model), choice_(choice), ctx_(ctx) {}
+  // Hooks the parameters' (`leaves`, by name) gradients until take().
+  PlanCapture(const ShardingModel& model, const std::vector<int>& choice, harness::RankContext& ctx,
+              const std::map<std::string, at::Tensor>& leaves);
+  ~PlanCapture();
   // Forward: operand `i` of node `v` as read through an edge, and node v's outputs. Pending sums
   // are reduced over their axes (a collective, alike on every rank); what needs a gradient has
-  // it retained.
-  void operand(size_t v, size_t i, at::Tensor& t);
-  void outputs(size_t v, std::vector<at::Tensor>& outs);
-  // After the backward: the retained gradients and the parameters' (`leaves`, by name).
-  void gradients(const std::map<std::string, at::Tensor>& leaves);
-  std::vector<harness::TraceValue> take() { return std::move(values_); }
+  // it hooked.
+  void operand(size_t v, size_t i, const at::Tensor& t);
+  void outputs(size_t v, const std::vector<at::Tensor>& outs);
+  // After the backward: everything kept, the hooks removed.
+  std::vector<harness::TraceValue> take();
 
  private:
   const ShardingModel& model_;
   const std::vector<int>& choice_;
   harness::RankContext& ctx_;
   std::vector<harness::TraceValue> values_;
-  struct Retained {
-    std::string node, tensor;
-    at::Tensor t;
-    harness::Box box;
-  };
-  std::vector<Retained> retained_;
-  void keep(const std::string& node, const std::string& tensor, at::Tensor& t,
-            const harness::Layout& layout, const std::vector<int64_t>& shape);
+  std::vector<std::pair<at::Tensor, unsigned>> leafHooks_;
+  void keep(const std::string& tensor, const at::Tensor& t, const harness::Layout& layout,
+            const std::vector<int64_t>& shape);
+  void hookGradient(const std::string& tensor, const at::Tensor& t, const harness::Box& box,
+                    bool leaf);
 };
 
 }  // namespace sb::strategies::autoshard
