@@ -140,6 +140,32 @@ class RngSnapshot {
   std::optional<std::pair<c10::Device, reference::PhiloxState>> device_;
 };
 
+// The chain's values as a trace names them: x[i], stage i's input; x[i + 1], its output.
+std::string stageInput(int i) { return "x[" + std::to_string(i) + "]"; }
+std::string stageOutput(int i) { return stageInput(i + 1); }
+
+// The plain chain's trace (harness/trace_value.h) on `net`, from the step's start (generator
+// seeded, buffers reset): every stage's output (what a recomputation must give again too), and
+// the gradient of every stage's input, as the backward of that stage makes it.
+std::vector<harness::TraceValue> stageTrace(const ChainNet& net, uint64_t seed) {
+  net.resetBuffers();
+  at::manual_seed(reference::ChainWorkload::dropoutSeed(seed));
+  std::vector<at::Tensor> xs = {net.input().detach().requires_grad_(true)};
+  std::vector<harness::TraceValue> out;
+  for (int i = 0; i < net.numStages(); ++i) {
+    xs.push_back(net.stage(i, xs.back(), true));
+    out.push_back({net.stageName(i), "forward", stageOutput(i), xs.back().detach(), {}});
+  }
+  const at::Tensor loss = (xs.back() * net.target()).sum();
+  const auto grads = torch::autograd::grad({loss}, xs, {}, false, false, true);
+  for (int i = net.numStages(); i-- > 0;) {
+    if (!grads[i].defined()) continue;
+    out.push_back({net.stageName(i), "backward", "grad " + stageInput(i), grads[i], {}});
+  }
+  net.resetBuffers();
+  return out;
+}
+
 // Runs a schedule's operations on a network, holding what the schedule says is held.
 class ScheduleRunner {
  public:
@@ -183,6 +209,10 @@ class ScheduleRunner {
 
   // How many times each stage's forward ran in the last step: what the schedule recomputed.
   const std::vector<int>& forwardRuns() const { return forwardRuns_; }
+  // Locating a failure (harness/run/divergence.h): while set, every stage's output as each
+  // forward makes it (a recomputation's under phase "recompute") and every d[i] as each backward
+  // makes it are appended here, in the schedule's order (stageTrace names them).
+  void captureInto(std::vector<harness::TraceValue>* out) { capture_ = out; }
 
  private:
   void reset() {
@@ -234,14 +264,22 @@ class ScheduleRunner {
     }
   }
 
+  void keep(const char* phase, int i, const std::string& tensor, const at::Tensor& t) {
+    if (!capture_) return;
+    capture_->push_back({net_.stageName(i), phase, tensor, t.detach().clone(),
+                         harness::Box::whole(t.sizes()), harness::TraceValue::clockNs()});
+  }
+
   void run(const Op& op) {
     note(op);
     const int i = op.stage;
+    const char* phase = op.isForward() && firstDone_[i] ? "recompute" : "forward";
     switch (op.kind) {
       case Op::Kind::kForwardCheck:
       case Op::Kind::kForwardNoGrad: {
         c10::NoGradGuard noGrad;
         x_[i + 1] = runStage(i, inputOf(i));
+        keep(phase, i, stageOutput(i), x_[i + 1]);
         if (op.kind == Op::Kind::kForwardNoGrad) x_[i] = at::Tensor();
         break;
       }
@@ -249,12 +287,14 @@ class ScheduleRunner {
         at::AutoGradMode grad(true);
         tapeIn_[i + 1] = inputOf(i).detach().requires_grad_(true);
         tapeOut_[i + 1] = runStage(i, tapeIn_[i + 1]);
+        keep(phase, i, stageOutput(i), tapeOut_[i + 1]);
         break;
       }
       case Op::Kind::kBackward: {
         at::AutoGradMode grad(true);
         reference::backward({tapeOut_[i + 1]}, {d_[i + 1]});
         d_[i] = tapeIn_[i + 1].grad();
+        keep("backward", i, "grad " + stageInput(i), d_[i]);
         d_[i + 1] = at::Tensor();
         tapeIn_[i + 1] = at::Tensor();
         tapeOut_[i + 1] = at::Tensor();
@@ -271,6 +311,7 @@ class ScheduleRunner {
   const std::vector<Op>& ops_;
   Fault fault_;
   int rank_;
+  std::vector<harness::TraceValue>* capture_ = nullptr;
   int L_;
   size_t pc_ = 0;
   std::vector<at::Tensor> x_, tapeIn_, tapeOut_, d_;
@@ -327,8 +368,18 @@ class CheckpointExecutor final : public harness::RankExecutor {
   }
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
   nlohmann::json details() const override;
+  // Locating a failure: the next step (its first optimizer step in training) keeps every
+  // stage's output and input gradient as the schedule makes them (ScheduleRunner::captureInto).
+  bool capturesValues() const override { return true; }
+  void setCapture(bool on) override {
+    captureOn_ = on;
+    if (on) captured_.clear();
+  }
+  std::vector<harness::TraceValue> captured() const override { return captured_; }
 
  private:
+  bool captureOn_ = false;
+  std::vector<harness::TraceValue> captured_;
   const CheckpointStrategy& strategy_;
   CaseSpec case_;
   std::unique_ptr<ChainNet> net_;
@@ -421,6 +472,16 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
         "recomputation repeats the same arithmetic on the same values, dropout masks included");
   }
 
+  // The plain chain, stage by stage, from the net the executors build (stageTrace).
+  std::vector<harness::TraceValue> referenceTrace(
+      const CaseSpec& c, const reference::WorkloadData& data) const override {
+    const auto net =
+        c.workload == "torchscript"
+            ? reference::torchscript::importedChainNet(c.shape, data)
+            : reference::findChainWorkload(c.workload)->makeNet(c.shape, c.dtype, c.seed);
+    return stageTrace(*net, c.seed);
+  }
+
   std::vector<std::string> plantableFaults() const override {
     return {faultName(Fault::kNoRngRestore), faultName(Fault::kStaleInput),
             faultName(Fault::kRngLeftAfterRecompute), faultName(Fault::kIgnoreBudget)};
@@ -485,11 +546,13 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
   }
   startLive_ = static_cast<double>(harness::MemoryTracker::instance().current(ctx.rank()));
   const at::Tensor x0 = net_->input().detach().requires_grad_(true);
+  if (captureOn_) runner_->captureInto(&captured_);
   const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
   // The loss in its own statement: a temporary y * target would live until the end of the
   // full expression, through the whole backward.
   const at::Tensor loss = (y * net_->target()).sum();
   reference::backward({loss});
+  runner_->captureInto(nullptr);
   results_.clear();
   results_["output"] = y.detach();
   results_["grad_input"] = x0.grad();
@@ -517,9 +580,11 @@ void CheckpointExecutor::trainSteps(harness::RankContext& ctx) {
     double loss = 0;
     {
       const at::Tensor x0 = net_->input().detach().requires_grad_(true);
+      if (captureOn_ && k == 0) runner_->captureInto(&captured_);
       const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
       const at::Tensor l = (y * net_->target()).sum();
       reference::backward({l});
+      runner_->captureInto(nullptr);
       loss = l.item<double>();
     }
     loop_->update(loss);
