@@ -3,7 +3,10 @@
 #include "harness/run/divergence.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
+#include <optional>
+#include <set>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -99,9 +102,13 @@ nlohmann::json firstDivergenceOnRank(const CaseSpec& c, const Strategy& strategy
   // What the reference traces and this rank never made, and what it made that is not traced:
   // both say the capture and the reference disagree on names, not that the values do.
   if (found.is_null()) {
-    int missing = 0;
-    for (const auto& v : reference) missing += !seen.count(v.key());
-    if (missing) j["missing"] = missing;
+    // By their place in the reference (alike on every process), so that what no rank made can
+    // be told from what another rank made (a pipeline's stages).
+    std::vector<size_t> missing;
+    for (size_t k = 0; k < reference.size(); ++k) {
+      if (!seen.count(reference[k].key())) missing.push_back(k);
+    }
+    if (!missing.empty()) j["missing"] = missing;
   }
   if (untraced) j["untraced"] = untraced;
   return j;
@@ -130,16 +137,26 @@ nlohmann::json firstDivergence(const std::vector<nlohmann::json>& perRank) {
     if (error) return *error;
     if (!clean) return nullptr;
     nlohmann::json out = {{"found", false}};
-    int64_t compared = 0, missing = 0, untraced = 0;
+    int64_t compared = 0, untraced = 0;
+    std::optional<std::set<size_t>> missing;  // made by no rank
     for (const auto& d : perRank) {
       if (d.is_null() || d.contains("error")) continue;
       compared += d.value("compared", 0);
-      missing += d.value("missing", 0);
       untraced += d.value("untraced", 0);
+      std::set<size_t> mine;
+      if (d.contains("missing")) mine = d.at("missing").get<std::set<size_t>>();
+      if (!missing) {
+        missing = mine;
+      } else {
+        std::set<size_t> both;
+        std::set_intersection(missing->begin(), missing->end(), mine.begin(), mine.end(),
+                              std::inserter(both, both.begin()));
+        missing = both;
+      }
     }
     // Over every rank.
     out["compared"] = compared;
-    if (missing) out["missing"] = missing;
+    if (missing && !missing->empty()) out["missing"] = missing->size();
     if (untraced) out["untraced"] = untraced;
     return out;
   }

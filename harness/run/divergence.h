@@ -28,7 +28,8 @@ namespace sb::harness {
 // on `rank`: {"found": true, node, phase, tensor, rank, index (its position in the trace), of
 // (the trace's length), compared (values compared on this rank up to it), check (the tensor
 // check's JSON)}; {"found": false, compared, of} where none does. Values this rank did not
-// capture are not compared (`missing` counts them).
+// capture are not compared (`missing` lists their places in the reference; `untraced` counts
+// what the rank captured that the reference does not name).
 nlohmann::json firstDivergenceOnRank(const CaseSpec& c, const Strategy& strategy,
                                      const std::vector<TraceValue>& reference,
                                      const std::vector<TraceValue>& captured, int rank);

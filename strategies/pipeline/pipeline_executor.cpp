@@ -105,6 +105,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
       if (fault_ == Fault::kSendWrongStage && s == 0 && m == 0) to = std::min(S - 1, s + 2);
       send(y.detach(), where[s + 1], tagOf(plan_, to, m, 0));
     }
+    keep("forward", s, stageOutputName(plan_, s, d_, m), y);
     stash_[{s, m}] = {x, y, std::move(outs), {}};
     return;
   }
@@ -127,6 +128,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
                                                /*retain_graph=*/true);
       for (size_t k = 0; k < grads.size(); ++k) found->second[k].mutable_grad().add_(grads[k]);
     }
+    keepAccumulated(s, m);
     stash_.erase(it);
     return;
   }
@@ -159,6 +161,8 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     grads.push_back(gy);
     st.gouts = std::move(grads);
   }
+  keep("backward", s, stageInputGradName(plan_, s, d_, m), gx);
+  if (a.op == Op::kBackward) keepAccumulated(s, m);
   if (s > 0) {
     send(gx, where[s - 1], tagOf(plan_, s - 1, m, 1));
   } else {
@@ -166,6 +170,24 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
   }
   if (s == S - 1) outputs_[m] = st.y.detach();
   if (a.op == Op::kBackward) stash_.erase(it);
+}
+
+void PipelineExecutor::keep(const char* phase, int stage, const std::string& tensor,
+                            const at::Tensor& t) {
+  if (!capturing_ || profiling_) return;
+  captured_.push_back({"stage " + std::to_string(stage), phase, tensor, t.detach().clone(),
+                       harness::Box::whole(t.sizes()), harness::TraceValue::clockNs()});
+}
+
+void PipelineExecutor::keepAccumulated(int stage, int m) {
+  // Only where the reference accumulates the same micro-batches in the same order (this
+  // replica's, before the replicas' all-reduce).
+  if (!capturing_ || profiling_ || !plan_.inOrder) return;
+  for (const auto& [name, t] : owned_) {
+    const int l = layerOf(case_, name);
+    if (l < plan_.cut[stage] || l >= plan_.cut[stage + 1]) continue;
+    keep("backward", stage, accumulatedGradName(plan_, name, d_, m), t.grad());
+  }
 }
 
 void PipelineExecutor::step(RankContext& ctx) {
@@ -189,6 +211,7 @@ void PipelineExecutor::step(RankContext& ctx) {
   };
   double end = 0;
   for (int k = 0; k < iterations; ++k) {
+    capturing_ = capture_ && k == 0;
     for (auto& [name, t] : owned_) t.mutable_grad().zero_();
     outputs_.assign(plan_.microbatches, at::Tensor());
     gradInputs_.assign(plan_.microbatches, at::Tensor());
@@ -211,6 +234,7 @@ void PipelineExecutor::step(RankContext& ctx) {
     }
     for (auto& s : sends_) s->wait();
     sends_.clear();
+    capturing_ = false;
     end = now();
     if (plan_.dp > 1) {
       for (auto& [name, t] : owned_) ctx.group({1}).allReduce(t.mutable_grad());

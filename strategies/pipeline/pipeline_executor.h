@@ -44,6 +44,16 @@ struct Plan {
   bool inOrder = true;   // every stage's gradients accumulated in micro-batch order
 };
 
+// The names a failure is located by (harness/run/divergence.h): stage s's output of replica d's
+// micro-batch m, its input's gradient, and a parameter's gradient as its replica accumulated it
+// up to micro-batch m (in-order schedules, where that is the reference's order).
+std::string stageOutputName(const Plan& p, int stage, int d, int m);
+std::string stageInputGradName(const Plan& p, int stage, int d, int m);
+std::string accumulatedGradName(const Plan& p, const std::string& param, int d, int m);
+// The reference's trace of those values: the case's chain cut as the plan cuts it, each
+// micro-batch through the stages and back, accumulated in order.
+std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const CaseSpec& c);
+
 // The tag of what is sent to stage s for micro-batch m: its activation (kind 0) or the gradient
 // of its output (kind 1).
 inline int tagOf(const Plan& p, int stage, int microbatch, int kind) {
@@ -61,6 +71,14 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::optional<int64_t> predictedPeakBytes() const override;
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
   nlohmann::json details() const override { return details_; }
+  // Locating a failure: the next step's first iteration keeps every action's values as it
+  // makes them (the names above).
+  bool capturesValues() const override { return true; }
+  void setCapture(bool on) override {
+    capture_ = on;
+    if (on) captured_.clear();
+  }
+  std::vector<harness::TraceValue> captured() const override { return captured_; }
 
  private:
   struct Stash {
@@ -113,6 +131,11 @@ class PipelineExecutor final : public harness::RankExecutor {
   Simulation predicted_;
   nlohmann::json details_ = nlohmann::json::object();
   std::map<std::string, at::Tensor> results_;
+  bool capture_ = false, capturing_ = false;
+  std::vector<harness::TraceValue> captured_;
+  void keep(const char* phase, int stage, const std::string& tensor, const at::Tensor& t);
+  // After stage s's last gradient pass of micro-batch m: its parameters' gradients so far.
+  void keepAccumulated(int stage, int m);
 };
 
 }  // namespace sb::strategies::pipeline

@@ -42,6 +42,7 @@
 #include <sstream>
 
 #include "harness/registry.h"
+#include "reference/autograd_engine.h"
 #include "strategies/pipeline/pipeline_executor.h"
 
 namespace sb::strategies::pipeline {
@@ -74,6 +75,63 @@ std::optional<int> chainLength(const CaseSpec& c) {
   if (c.workload == "mlp_chain") return static_cast<int>(get("depth", 8));
   if (c.workload == "gpt2_stack") return static_cast<int>(get("layers", 4)) + 1;  // and ln_f
   return std::nullopt;
+}
+
+namespace {
+std::string microbatchName(const Plan& p, int d, int m) {
+  return "micro-batch " + std::to_string(m) + (p.dp > 1 ? " of replica " + std::to_string(d) : "");
+}
+}  // namespace
+
+std::string stageOutputName(const Plan& p, int stage, int d, int m) {
+  return "x[" + std::to_string(p.cut[stage + 1]) + "] of " + microbatchName(p, d, m);
+}
+std::string stageInputGradName(const Plan& p, int stage, int d, int m) {
+  return "grad x[" + std::to_string(p.cut[stage]) + "] of " + microbatchName(p, d, m);
+}
+std::string accumulatedGradName(const Plan& p, const std::string& param, int d, int m) {
+  return "grad " + param + " after " + microbatchName(p, d, m);
+}
+
+std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const CaseSpec& c) {
+  const auto net = reference::findChainWorkload(c.workload)->makeNet(c.shape, c.dtype, c.seed);
+  net->zeroGrad();
+  const int S = static_cast<int>(p.cut.size()) - 1;
+  const int64_t rows = net->input().size(0) / p.dp;
+  std::vector<harness::TraceValue> out;
+  const auto keep = [&](const char* phase, int s, std::string name, const at::Tensor& t) {
+    out.push_back({"stage " + std::to_string(s), phase, std::move(name), t.detach().clone(), {}});
+  };
+  for (int d = 0; d < p.dp; ++d) {
+    net->zeroGrad();  // each replica accumulates its own micro-batches
+    const auto xs = net->input().narrow(0, d * rows, rows).chunk(p.microbatches, 0);
+    const auto ts = net->target().narrow(0, d * rows, rows).chunk(p.microbatches, 0);
+    for (int m = 0; m < p.microbatches; ++m) {
+      std::vector<at::Tensor> in, outs;
+      at::Tensor h = xs[m].contiguous();
+      for (int s = 0; s < S; ++s) {
+        in.push_back(h.detach().requires_grad_(true));
+        h = in.back();
+        for (int l = p.cut[s]; l < p.cut[s + 1]; ++l) h = net->stage(l, h, true);
+        outs.push_back(h);
+        keep("forward", s, stageOutputName(p, s, d, m), h);
+      }
+      at::Tensor gy = ts[m].contiguous();
+      for (int s = S; s-- > 0;) {
+        reference::backward({outs[s]}, {gy});
+        gy = in[s].grad();
+        keep("backward", s, stageInputGradName(p, s, d, m), gy);
+        if (!p.inOrder) continue;
+        for (const auto& [name, t] : net->parameters()) {
+          const int l = layerOf(c, name);
+          if (l >= p.cut[s] && l < p.cut[s + 1]) {
+            keep("backward", s, accumulatedGradName(p, name, d, m), t.grad());
+          }
+        }
+      }
+    }
+  }
+  return out;
 }
 
 int layerOf(const CaseSpec& c, const std::string& name) {
@@ -220,6 +278,10 @@ class PipelineStrategy final : public harness::Strategy {
 
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
     return std::make_unique<PipelineExecutor>(plan(c), fault_, c);
+  }
+  std::vector<harness::TraceValue> referenceTrace(const CaseSpec& c,
+                                                  const reference::WorkloadData&) const override {
+    return pipelineReferenceTrace(plan(c), c);
   }
   bool trainsSteps() const override { return true; }
 

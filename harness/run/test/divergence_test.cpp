@@ -129,8 +129,12 @@ TEST(Divergence, TheExecutorsOrderCountsAndNamesThatDisagreeAreCounted) {
   d = firstDivergenceOnRank(c, s, ref, p, 0);
   EXPECT_FALSE(d.at("found").get<bool>());
   EXPECT_EQ(d.at("compared"), 3);
-  EXPECT_EQ(d.at("missing"), 1);
+  EXPECT_EQ(d.at("missing"), std::vector<int>({1}));
   EXPECT_EQ(d.at("untraced"), 1);
+  // Over the ranks, only what no rank made is missing: rank 1 made value 1.
+  const auto both = firstDivergence({d, firstDivergenceOnRank(c, s, ref, pieces(ref, 1), 1)});
+  EXPECT_FALSE(both.contains("missing"));
+  EXPECT_EQ(firstDivergence({d}).at("missing"), 1);
 }
 
 TEST(Divergence, MasksCompareExactlyAndMatchingInfinitiesMatch) {
