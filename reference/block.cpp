@@ -87,8 +87,19 @@ at::Tensor blockAttention(const at::Tensor& qkv, int64_t heads, int64_t dHead, b
   return at::matmul(probs, v).transpose(1, 2).reshape({B, T, heads * dHead});
 }
 
+const std::vector<std::string>& blockTapNames() {
+  static const std::vector<std::string> names = {"ln_1", "attn.proj", "attn.residual",
+                                                 "ln_2", "mlp.proj",  "block.out"};
+  return names;
+}
+
 at::Tensor blockForward(const BlockShape& s, const std::map<std::string, at::Tensor>& p,
-                        const at::Tensor& x, uint64_t seed) {
+                        const at::Tensor& x, uint64_t seed,
+                        std::vector<std::pair<std::string, at::Tensor>>* taps) {
+  const auto tap = [&](int i, const at::Tensor& t) {
+    if (taps) taps->emplace_back(blockTapNames()[i], t);
+    return t;
+  };
   const int64_t D = s.dModel;
   const auto drop = [&](const at::Tensor& t, int site) {
     if (s.dropout == 0) return t;
@@ -97,14 +108,16 @@ at::Tensor blockForward(const BlockShape& s, const std::map<std::string, at::Ten
                                t.scalar_type())
                    .mul_(1.0 / (1.0 - s.dropout));
   };
-  const at::Tensor h = at::layer_norm(x, {D}, p.at("ln_1.weight"), p.at("ln_1.bias"), 1e-5);
+  const at::Tensor h = tap(0, at::layer_norm(x, {D}, p.at("ln_1.weight"), p.at("ln_1.bias"), 1e-5));
   const at::Tensor qkv = at::linear(h, p.at("attn.qkv.weight"), p.at("attn.qkv.bias"));
   const at::Tensor att = blockAttention(qkv, s.heads, s.dHead(), s.causal);
-  const at::Tensor r =
-      x + drop(at::linear(att, p.at("attn.proj.weight"), p.at("attn.proj.bias")), 0);
-  const at::Tensor h2 = at::layer_norm(r, {D}, p.at("ln_2.weight"), p.at("ln_2.bias"), 1e-5);
+  const at::Tensor a = tap(1, at::linear(att, p.at("attn.proj.weight"), p.at("attn.proj.bias")));
+  const at::Tensor r = tap(2, x + drop(a, 0));
+  const at::Tensor h2 =
+      tap(3, at::layer_norm(r, {D}, p.at("ln_2.weight"), p.at("ln_2.bias"), 1e-5));
   const at::Tensor u = at::gelu(at::linear(h2, p.at("mlp.fc.weight"), p.at("mlp.fc.bias")));
-  return r + drop(at::linear(u, p.at("mlp.proj.weight"), p.at("mlp.proj.bias")), 1);
+  const at::Tensor m = tap(4, at::linear(u, p.at("mlp.proj.weight"), p.at("mlp.proj.bias")));
+  return tap(5, r + drop(m, 1));
 }
 
 namespace {

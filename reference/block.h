@@ -36,9 +36,14 @@ struct BlockShape {
 std::vector<std::pair<std::string, std::vector<int64_t>>> blockParameters(const BlockShape& s);
 
 // The block on whatever pieces `p` holds (by parameter name: the whole parameters for the
-// reference) with no communication: the plain reference.
+// reference) with no communication: the plain reference. `taps`, where given, receives the
+// activations between its parts, named by blockTapNames(), in that order.
 at::Tensor blockForward(const BlockShape& s, const std::map<std::string, at::Tensor>& p,
-                        const at::Tensor& x, uint64_t seed);
+                        const at::Tensor& x, uint64_t seed,
+                        std::vector<std::pair<std::string, at::Tensor>>* taps = nullptr);
+// The [batch, seq, d_model] activations between the block's parts: ln_1, attn.proj (the
+// attention's output, its bias added), attn.residual, ln_2, mlp.proj, block.out.
+const std::vector<std::string>& blockTapNames();
 
 // Attention of `heads` heads over [batch, seq, heads * 3 * d_head] fused projections (the
 // per-head layout above), causal or not: [batch, seq, heads * d_head].

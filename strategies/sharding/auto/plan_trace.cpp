@@ -110,29 +110,8 @@ PlanCapture::PlanCapture(const ShardingModel& model, const std::vector<int>& cho
   const auto coords = ctx_.mesh().coords(ctx_.rank());
   for (const auto& [name, leaf] : leaves) {
     const harness::Layout layout = *model_.valueLayout(name, choice_);
-    hookGradient("grad " + name, leaf, layout.box(g.valueShape(name), mesh, coords), true);
+    tape_.hookGradient("", name, leaf, layout.box(g.valueShape(name), mesh, coords));
   }
-}
-
-PlanCapture::~PlanCapture() {
-  for (auto& [t, id] : leafHooks_) t.remove_hook(id);
-}
-
-std::vector<TraceValue> PlanCapture::take() {
-  for (auto& [t, id] : leafHooks_) t.remove_hook(id);
-  leafHooks_.clear();
-  return std::move(values_);
-}
-
-void PlanCapture::hookGradient(const std::string& tensor, const at::Tensor& t,
-                               const harness::Box& box, bool leaf) {
-  // Gradients are kept whole in their value's layout (plan_executor.cpp): a pending sum's
-  // gradient is the whole tensor's on its box. The hook sees the gradient once the engine has
-  // summed every contribution to it; a copy, as the engine may sum into it in place after.
-  const unsigned id = t.register_hook([this, tensor, box](const at::Tensor& grad) {
-    values_.push_back({"", "backward", tensor, grad.detach().clone(), box, TraceValue::clockNs()});
-  });
-  if (leaf) leafHooks_.emplace_back(t, id);
 }
 
 void PlanCapture::keep(const std::string& tensor, const at::Tensor& t,
@@ -140,8 +119,10 @@ void PlanCapture::keep(const std::string& tensor, const at::Tensor& t,
   const harness::Box box = layout.box(shape, ctx_.mesh().shape(), ctx_.mesh().coords(ctx_.rank()));
   at::Tensor piece = t.detach().clone();
   if (!layout.partialAxes().empty()) ctx_.group(layout.partialAxes()).allReduce(piece);
-  values_.push_back({"", "forward", tensor, piece, box, TraceValue::clockNs()});
-  if (t.requires_grad()) hookGradient("grad " + tensor, t, box, false);
+  tape_.keep("", "forward", tensor, piece, box);
+  // Gradients are kept whole in their value's layout (plan_executor.cpp): a pending sum's
+  // gradient is the whole tensor's on its box.
+  tape_.hookGradient("", tensor, t, box);
 }
 
 void PlanCapture::operand(size_t v, size_t i, const at::Tensor& t) {

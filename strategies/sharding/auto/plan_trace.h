@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "harness/capture_tape.h"
 #include "harness/case.h"
 #include "harness/comm/rank_context.h"
 #include "harness/trace_value.h"
@@ -36,32 +37,27 @@ std::vector<harness::TraceValue> planReferenceTrace(const ShardingModel& model,
                                                     const reference::WorkloadData& data);
 
 // One rank's pieces of the same values, kept while the plan executor runs a step, in the order
-// it makes them: the forward's as it runs, each gradient when the autograd engine has summed it
-// (a hook on its tensor), so in the engine's order.
+// it makes them (harness/capture_tape.h: gradients in the autograd engine's order).
 class PlanCapture {
  public:
   // Hooks the parameters' (`leaves`, by name) gradients until take().
   PlanCapture(const ShardingModel& model, const std::vector<int>& choice, harness::RankContext& ctx,
               const std::map<std::string, at::Tensor>& leaves);
-  ~PlanCapture();
   // Forward: operand `i` of node `v` as read through an edge, and node v's outputs. Pending sums
   // are reduced over their axes (a collective, alike on every rank); what needs a gradient has
   // it hooked.
   void operand(size_t v, size_t i, const at::Tensor& t);
   void outputs(size_t v, const std::vector<at::Tensor>& outs);
   // After the backward: everything kept, the hooks removed.
-  std::vector<harness::TraceValue> take();
+  std::vector<harness::TraceValue> take() { return tape_.take(); }
 
  private:
   const ShardingModel& model_;
   const std::vector<int>& choice_;
   harness::RankContext& ctx_;
-  std::vector<harness::TraceValue> values_;
-  std::vector<std::pair<at::Tensor, unsigned>> leafHooks_;
+  harness::CaptureTape tape_;
   void keep(const std::string& tensor, const at::Tensor& t, const harness::Layout& layout,
             const std::vector<int64_t>& shape);
-  void hookGradient(const std::string& tensor, const at::Tensor& t, const harness::Box& box,
-                    bool leaf);
 };
 
 }  // namespace sb::strategies::autoshard

@@ -33,6 +33,7 @@
 
 #include <cmath>
 
+#include "harness/capture_tape.h"
 #include "harness/comm/autograd_comm.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
@@ -98,6 +99,15 @@ class MegatronExecutor final : public harness::RankExecutor {
   void step(RankContext& ctx) override;
   std::map<std::string, at::Tensor> results() const override;
   std::optional<int64_t> predictedPeakBytes() const override { return predicted_; }
+  // Locating a failure: the next step (its first optimizer step in training) keeps this rank's
+  // pieces of the activations between the block's parts (reference::blockTapNames), of their
+  // gradients, the input's and the parameters'.
+  bool capturesValues() const override { return true; }
+  void setCapture(bool on) override {
+    captureOn_ = on;
+    if (on) captured_.clear();
+  }
+  std::vector<harness::TraceValue> captured() const override { return captured_; }
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     if (!case_.training.enabled()) return {};
     return {{"steps", std::to_string(case_.training.steps)},
@@ -135,6 +145,24 @@ class MegatronExecutor final : public harness::RankExecutor {
   Communicator* tp_ = nullptr;
   std::map<std::string, at::Tensor> results_;
   std::optional<int64_t> predicted_;
+  bool captureOn_ = false;
+  std::unique_ptr<harness::CaptureTape> tape_;
+  std::vector<harness::TraceValue> captured_;
+  // The step's values to the tape (untimed capture only): an activation as made, and its
+  // gradient when the backward completes it; the input's and the parameters' gradients.
+  at::Tensor tap(int i, const at::Tensor& t) {
+    if (!tape_) return t;
+    const std::string& name = reference::blockTapNames()[i];
+    tape_->keep(name, "forward", name, t, actBox_);
+    tape_->hookGradient(name, name, t, actBox_);
+    return t;
+  }
+  void startCapture(int rank);
+  void endCapture() {
+    if (!tape_) return;
+    captured_ = tape_->take();
+    tape_.reset();
+  }
 };
 
 class MegatronStrategy final : public harness::Strategy {
@@ -154,6 +182,38 @@ class MegatronStrategy final : public harness::Strategy {
   // so it is judged exactly: an error of a few bytes is a bug of the model.
   PredictionTolerance predictionTolerance() const override {
     return PredictionTolerance::exactMemory();
+  }
+
+  // The plain block with the same parameters, input and dropout seeds: its activations between
+  // the parts (reference::blockTapNames), their gradients, the input's and the parameters'.
+  std::vector<harness::TraceValue> referenceTrace(
+      const CaseSpec& c, const reference::WorkloadData& data) const override {
+    const BlockShape s = BlockShape::parse(c.shape);
+    std::map<std::string, at::Tensor> leaves;
+    std::vector<std::pair<std::string, at::Tensor>> wrt;
+    for (const auto& [name, dims] : reference::blockParameters(s)) {
+      leaves[name] = data.inputs.at(name).clone().set_requires_grad(true);
+    }
+    const at::Tensor x = data.inputs.at("input").clone().set_requires_grad(true);
+    std::vector<std::pair<std::string, at::Tensor>> taps;
+    const at::Tensor y = reference::blockForward(s, leaves, x, c.seed, &taps);
+    std::vector<harness::TraceValue> out;
+    std::vector<at::Tensor> ts;
+    for (const auto& [name, t] : taps) {
+      out.push_back({name, "forward", name, t.detach(), {}});
+      wrt.emplace_back(name, t);
+    }
+    wrt.emplace_back("input", x);
+    for (const auto& [name, t] : leaves) wrt.emplace_back(name, t);
+    for (const auto& [name, t] : wrt) ts.push_back(t);
+    const at::Tensor seed = data.inputs.at(c.training.enabled() ? "target" : "grad_output");
+    const auto grads = torch::autograd::grad({y}, ts, {seed}, false, false, true);
+    for (size_t i = 0; i < wrt.size(); ++i) {
+      if (grads[i].defined()) {
+        out.push_back({wrt[i].first, "backward", "grad " + wrt[i].first, grads[i], {}});
+      }
+    }
+    return out;
   }
 
   std::vector<std::string> plantableFaults() const override {
@@ -433,8 +493,10 @@ void MegatronExecutor::trainSteps(RankContext& ctx) {
     {
       // The backward seeded with the target, d sum(output * target) / d output, as the
       // one-step backward is with grad_output; the loss from the output after it.
+      if (k == 0) startCapture(ctx.rank());
       const at::Tensor out = forward();
       reference::backward({out}, {gradOut_});
+      endCapture();
       at::Tensor local =
           outputCounted_ ? (out.detach() * gradOut_).sum() : at::zeros({}, out.options());
       if (shared) world.allReduce(local);
@@ -483,6 +545,15 @@ at::Tensor MegatronExecutor::scatterSeq(const at::Tensor& t) {
   return harness::reduceScatterFwdAllGatherBwd(rows, *tp_, counts).transpose(0, 1);
 }
 
+void MegatronExecutor::startCapture(int rank) {
+  if (!captureOn_) return;
+  tape_ = std::make_unique<harness::CaptureTape>();
+  tape_->hookGradient("input", "input", x_, actBox_);
+  for (const auto& [name, leaf] : params_) {
+    tape_->hookGradient(name, name, leaf, strategy_.resultBox("grad/" + name, case_, rank));
+  }
+}
+
 void MegatronExecutor::step(RankContext& ctx) {
   if (case_.training.enabled()) {
     trainSteps(ctx);
@@ -491,8 +562,10 @@ void MegatronExecutor::step(RankContext& ctx) {
   results_.clear();
   x_.mutable_grad().reset();
   for (auto& [name, leaf] : params_) leaf.mutable_grad().reset();
+  startCapture(ctx.rank());
   const at::Tensor out = forward();
   reference::backward({out}, {gradOut_});
+  endCapture();
   results_["output"] = out.detach();
   results_["grad_input"] = x_.grad();
   for (const auto& [name, leaf] : params_) results_["grad/" + name] = leaf.grad();
@@ -516,15 +589,16 @@ at::Tensor MegatronExecutor::forward() {
   };
   at::Tensor out;
   {
-    const at::Tensor h = at::layer_norm(x_, {D}, p["ln_1.weight"], p["ln_1.bias"], 1e-5);
+    // tap(): the activations a capture keeps (the reference's blockForward names them alike).
+    const at::Tensor h = tap(0, at::layer_norm(x_, {D}, p["ln_1.weight"], p["ln_1.bias"], 1e-5));
     const at::Tensor qkv = at::linear(f(h), p["attn.qkv.weight"], p["attn.qkv.bias"]);
     const at::Tensor att = reference::blockAttention(qkv, heads, s_.dHead(), s_.causal);
-    const at::Tensor a = g(at::linear(att, p["attn.proj.weight"])) + p["attn.proj.bias"];
-    const at::Tensor r = x_ + dropout(a, 0);
-    const at::Tensor h2 = at::layer_norm(r, {D}, p["ln_2.weight"], p["ln_2.bias"], 1e-5);
+    const at::Tensor a = tap(1, g(at::linear(att, p["attn.proj.weight"])) + p["attn.proj.bias"]);
+    const at::Tensor r = tap(2, x_ + dropout(a, 0));
+    const at::Tensor h2 = tap(3, at::layer_norm(r, {D}, p["ln_2.weight"], p["ln_2.bias"], 1e-5));
     const at::Tensor u = at::gelu(at::linear(f(h2), p["mlp.fc.weight"], p["mlp.fc.bias"]));
-    const at::Tensor m = g(at::linear(u, p["mlp.proj.weight"])) + p["mlp.proj.bias"];
-    out = r + dropout(m, 1);
+    const at::Tensor m = tap(4, g(at::linear(u, p["mlp.proj.weight"])) + p["mlp.proj.bias"]);
+    out = tap(5, r + dropout(m, 1));
   }
   p.clear();
   return out;
