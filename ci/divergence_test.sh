@@ -113,9 +113,9 @@ else
 fi
 
 # 2. The catalogue: every planted fault of the families that capture (checkpointing, pipeline,
-# Megatron blocks; the plans' above), each asserted where the fault was planted, or that it is
-# not a numerics fault (memory, communication, a schedule that cannot run) and so has nothing to
-# locate. Every fault of those families in `list --json` must have an expectation here.
+# Megatron blocks, FSDP; the plans' above), each asserted where the fault was planted, or that it
+# is not a numerics fault (memory, communication, a schedule that cannot run, copies that differ
+# only in their bits) and so has nothing to locate. Every fault of those families in `list --json` must have an expectation here.
 cat >"$tmp/catalogue.yaml" <<'YAML'
 suite: catalogue
 defaults: {repetitions: 1, min_time_s: 0.0001, seed: 1234}
@@ -147,6 +147,20 @@ cases:
     shape: {batch: 4, seq: 16, d_model: 32, heads: 4, dropout: 0.1}
     mesh: 2x2
     strategies: ["sharding/megatron/.*"]
+  - name: mlp-fsdp-4
+    workload: mlp
+    shape: {batch: 8, d_model: 32, layers: 2}
+    mesh: 4
+    steps: 2
+    optimizer: {kind: sgd, lr: 0.001, momentum: 0.9}
+    strategies: ["sharding/fsdp/.*"]
+  - name: gpt2-fsdp-2x2
+    workload: gpt2
+    shape: {batch: 4, seq: 8, d_model: 32, heads: 2, layers: 1, vocab: 64, dropout: 0}
+    mesh: 2x2
+    steps: 2
+    optimizer: {kind: sgd, lr: 0.001, momentum: 0.9}
+    strategies: ["sharding/fsdp/.*"]
 YAML
 "$sb" list --json >"$tmp/list.json"
 python3 - "$sb" "$tmp" <<'PY'
@@ -181,6 +195,10 @@ def nothing_numeric(r, d):
     # Not a numerics fault (memory, communication, a schedule that cannot run; or harmless in
     # this row): the tensors pass or the step never finished, and nothing is captured.
     return d is None
+def params(r):
+    return [t["tensor"][6:] for t in r["details"]["tensors"] if t["tensor"].startswith("param/")]
+def param_grad(r, d):
+    return d["tensor"].startswith("grad ") and d["tensor"][5:] in params(r)
 def stage_of(d):
     return int(d["tensor"][2:d["tensor"].index("]")]) - 1
 expect = {
@@ -203,8 +221,18 @@ expect = {
     "skip_shared_grad_all_reduce": located("backward", lambda r, d:
         d["tensor"] == "grad mlp.proj.bias"),
     "all_reduce_instead_of_reduce_scatter": nothing_numeric,
+    # FSDP: a reduced gradient wrong is named at the parameters' gradients as reduced (the
+    # first the rank checks); the last parameter left unreduced, at that one.
+    "grad_divided_twice": located("backward", param_grad),
+    "hsdp_wrong_axis": located("backward", param_grad),
+    "replica_unsummed": located("backward", lambda r, d: d["tensor"] == "grad " + params(r)[-1]),
+    # The first step is right (a stale shard is stepped only after it): nothing off in it.
+    "stale_shard": lambda r, d: r["status"] == "pass" or (d is not None
+        and d.get("found") is False and "loss" in r["message"]),
+    "replica_own_order": nothing_numeric,  # every copy within tolerance, no two the same bits
+    "unit_not_resharded": nothing_numeric,  # memory
 }
-families = ("checkpointing/", "pipeline/", "sharding/megatron/")
+families = ("checkpointing/", "pipeline/", "sharding/megatron/", "sharding/fsdp/")
 faults = [(s["id"], f) for s in strategies if s["id"].startswith(families)
           for f in s.get("planted_faults", [])]
 missing = sorted({f for _, f in faults if f not in expect})

@@ -196,8 +196,9 @@ std::string divergenceText(const nlohmann::json& d) {
   if (d.contains("error"))
     return "first divergence not located: " + d.at("error").get<std::string>();
   if (!d.value("found", false)) {
-    return "no intermediate value leaves its tolerance (" + std::to_string(d.value("compared", 0)) +
-           " compared over the ranks): the divergence is outside the traced nodes";
+    return "no traced value leaves its tolerance (" + std::to_string(d.value("compared", 0)) +
+           " compared over the ranks): the divergence is outside the captured step's traced values "
+           "(an optimizer update, a later step, or what is not traced)";
   }
   const TensorCheck check = checkFromJson(d.at("check"));
   std::string ranks;

@@ -94,7 +94,7 @@ TEST(Divergence, PiecesWithinToleranceFindNothing) {
   const auto all = firstDivergence({d, firstDivergenceOnRank(c, s, ref, pieces(ref, 0), 0)});
   EXPECT_FALSE(all.at("found").get<bool>());
   EXPECT_EQ(all.at("compared"), 8);
-  EXPECT_NE(divergenceText(all).find("no intermediate value"), std::string::npos);
+  EXPECT_NE(divergenceText(all).find("no traced value leaves"), std::string::npos);
 }
 
 TEST(Divergence, APieceOfTheWrongBoxIsFound) {

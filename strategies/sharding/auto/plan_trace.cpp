@@ -34,9 +34,15 @@ std::vector<TraceValue> planReferenceTrace(const ShardingModel& model,
                                            const std::vector<PlanEdge>& edges,
                                            const harness::CaseSpec& c,
                                            const reference::WorkloadData& data) {
-  const auto& g = model.graph();
   std::set<std::pair<size_t, size_t>> edgeReads;
   for (const auto& e : edges) edgeReads.emplace(e.node, e.operand);
+  return graphReferenceTrace(model.graph(), edgeReads, c, data);
+}
+
+std::vector<TraceValue> graphReferenceTrace(const reference::Graph& g,
+                                            const std::set<std::pair<size_t, size_t>>& edgeReads,
+                                            const harness::CaseSpec& c,
+                                            const reference::WorkloadData& data) {
   std::map<std::string, at::Tensor> values;
   for (const auto& [name, shape] : g.inputs) values[name] = data.inputs.at(name);
   for (const auto& [name, shape] : g.parameters) {

@@ -12,6 +12,7 @@
 // gradient with autograd; the executor's side keeps its pieces as it runs (PlanCapture).
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ namespace sb::strategies::autoshard {
 
 // Operand `i` of node `v` as read through an edge: "h0.ln1 -> h0.attn.q[0]".
 std::string planReadName(const reference::Graph& g, size_t v, size_t i);
+
+// The same for any executor of graph `g` (FSDP's too), with `edgeReads` the (node, operand)
+// reads traced as read.
+std::vector<harness::TraceValue> graphReferenceTrace(
+    const reference::Graph& g, const std::set<std::pair<size_t, size_t>>& edgeReads,
+    const harness::CaseSpec& c, const reference::WorkloadData& data);
 
 // The trace of the plain graph on the case's inputs, whole tensors, in the order above.
 std::vector<harness::TraceValue> planReferenceTrace(const ShardingModel& model,

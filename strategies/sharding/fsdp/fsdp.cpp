@@ -54,6 +54,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -63,6 +64,7 @@
 #include "reference/autograd_engine.h"
 #include "reference/graph.h"
 #include "reference/training.h"
+#include "strategies/sharding/auto/plan_trace.h"
 #include "strategies/sharding/fsdp/fsdp_executor.h"
 #include "strategies/sharding/fsdp/fsdp_plan.h"
 
@@ -163,6 +165,11 @@ class FsdpStrategy final : public harness::Strategy {
 
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
     return std::make_unique<FsdpExecutor>(kind_, fault_, c);
+  }
+  // The plain graph's first training step, whole (the executors keep their rows of it).
+  std::vector<harness::TraceValue> referenceTrace(
+      const CaseSpec& c, const reference::WorkloadData& data) const override {
+    return autoshard::graphReferenceTrace(reference::buildGraph(c.workload, c.shape), {}, c, data);
   }
 
   Box resultBox(const std::string&, const CaseSpec&, int) const override {
@@ -267,6 +274,14 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
     return t.narrow(0, ctx.rank() * rows, rows).clone();
   };
   for (const auto& [name, dims] : local_.inputs) inputs_[name] = slice(data.inputs.at(name));
+  dataIndex_ = ctx.rank();
+  for (const auto& node : local_.nodes) {
+    const bool fromData = std::any_of(node.args.begin(), node.args.end(), [&](const auto& a) {
+      return local_.isInput(a) || fromData_.count(a);
+    });
+    if (!fromData) continue;
+    for (const auto& o : node.outputs()) fromData_.insert(o);
+  }
   target_ = slice(data.inputs.at("target"));
   std::map<std::string, int> index;
   for (const auto& [name, dims] : local_.parameters) {
@@ -457,6 +472,16 @@ double FsdpExecutor::pass() {
           node, [&](const std::string& a) { return values.at(a); }, case_.seed);
       const auto outs = node.outputs();
       for (size_t i = 0; i < ys.size(); ++i) values[outs[i]] = ys[i];
+      if (tape_) {
+        for (size_t i = 0; i < ys.size(); ++i) {
+          if (!fromData_.count(outs[i])) {
+            tape_->keep(node.name, "forward", outs[i], ys[i], harness::Box::whole(ys[i].sizes()));
+            continue;
+          }
+          tape_->keep(node.name, "forward", outs[i], ys[i], batchBox(ys[i]));
+          tape_->hookGradient(node.name, outs[i], ys[i], batchBox(ys[i]));
+        }
+      }
       if (!shardsParams(kind_)) continue;
       // After a unit's last node: reshard, and gather again when the gradient of anything it
       // hands on arrives.
@@ -539,6 +564,7 @@ void FsdpExecutor::step(RankContext& ctx) {
         if (t.defined()) t.mutable_grad() = at::Tensor();
       }
     }
+    if (captureOn_ && k == 0) tape_ = std::make_unique<harness::CaptureTape>();
     const double loss = pass();
     // Gradients: reduced, and where the optimizer steps a shard, that shard's.
     if (!shardsParams(kind_)) {
@@ -567,6 +593,19 @@ void FsdpExecutor::step(RankContext& ctx) {
           full_[i].mutable_grad() = at::Tensor();
         }
       }
+    }
+    if (tape_) {
+      // The parameters' gradients as reduced: a shard's rows, or the whole.
+      for (int i = 0; i < n; ++i) {
+        const bool shard = shardsParams(kind_) || kind_ == Kind::kZero2;
+        const at::Tensor g = shard ? shards_[i].grad() : full_[i].grad();
+        if (!g.defined()) continue;
+        harness::Box box = harness::Box::whole(g.sizes());
+        if (shard) box.offset[0] = shardRows(i).first;
+        tape_->keep(names_[i], "backward", "grad " + names_[i], g, box);
+      }
+      captured_ = tape_->take();
+      tape_.reset();
     }
     if (fault_ == Fault::kStaleShard && shardsState(kind_)) {
       for (int i = 0; i < n; ++i) staleShards_[i].mutable_grad() = shards_[i].grad();

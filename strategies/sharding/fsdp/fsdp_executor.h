@@ -10,10 +10,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "harness/capture_tape.h"
 #include "harness/measure/update_profile.h"
 #include "harness/strategy.h"
 #include "reference/graph.h"
@@ -47,7 +49,31 @@ class FsdpExecutor final : public harness::RankExecutor {
   at::Tensor gather(int index, const at::Tensor& shard);
   at::Tensor reduceGrad(int index, const at::Tensor& full);
 
+  // Locating a failure: the next step's first optimizer step keeps this rank's rows of every
+  // node's output and of its gradient, and every parameter's reduced gradient (its shard, or
+  // whole where it is not sharded). Not under mixed precision (the values are another dtype
+  // than the reference's).
+  bool capturesValues() const override { return !mixed(); }
+  void setCapture(bool on) override {
+    captureOn_ = on;
+    if (on) captured_.clear();
+  }
+  std::vector<harness::TraceValue> captured() const override { return captured_; }
+
  private:
+  bool captureOn_ = false;
+  std::unique_ptr<harness::CaptureTape> tape_;
+  std::vector<harness::TraceValue> captured_;
+  int dataIndex_ = 0;  // this rank's slice of the batch
+  // The values computed from the data (the others, from parameters alone, such as a tied
+  // embedding's transpose, are whole on every rank, and their gradients this rank's part).
+  std::set<std::string> fromData_;
+  // A local value's rows of the whole value: the batch (or tokens) dimension first.
+  harness::Box batchBox(const at::Tensor& local) const {
+    harness::Box b = harness::Box::whole(local.sizes());
+    if (!b.offset.empty()) b.offset[0] = dataIndex_ * local.size(0);
+    return b;
+  }
   // Where the forward and backward reach a point at which FSDP allocates or frees parameter
   // memory: the profile pass (prepare) records the live bytes there, the model adds FSDP's.
   enum class MarkKind { kStart, kGather, kUnitEnd, kRegather, kGradReady, kBackwardEnd, kDone };
