@@ -262,4 +262,99 @@ PY
 rc=$?
 if [ "$rc" -eq 0 ]; then pass "catalogue: every fault of the capturing families located"; else fail "catalogue: a fault not located where planted"; fi
 
+# 3. Traces (`run --trace DIR`): one more step of every row, traced. Each rank's file is checked
+# against the trace-event format (what Perfetto and chrome://tracing read): complete events with
+# a name, a start and a duration, properly nested on their thread, counters, process names; its
+# collectives are the ones the backend counted for that rank; its memory trace becomes a PyTorch
+# snapshot whose peak over the step's start is the row's measured one for that rank (the
+# starts may differ: a pipeline rank holds its verified results after the measured step).
+cat >"$tmp/trace.yaml" <<'YAML'
+suite: traced
+defaults: {repetitions: 1, min_time_s: 0.0001, seed: 1234}
+cases:
+  - name: gpt2-plan
+    workload: gpt2
+    shape: {batch: 2, seq: 16, d_model: 32, heads: 4, layers: 1, vocab: 64, dropout: 0.1}
+    mesh: 2x2
+    strategies: ["sharding/auto/(megatron|ilp)"]
+  - name: mlp-pipeline
+    workload: mlp_chain
+    shape: {batch: 16, width: 32, depth: 4, dropout: 0, microbatches: 4}
+    mesh: 2
+    strategies: ["pipeline/1f1b"]
+  - name: mlp-checkpoint
+    workload: mlp_chain
+    shape: {batch: 16, width: 32, depth: 6, dropout: 0.1}
+    mesh: 1
+    params: {budget: 0.6}
+    strategies: ["checkpointing/rotor"]
+YAML
+check "run --trace: every row passes and is traced" 0 "total +4 +0 +0 +0" -- \
+  "$sb" run "$tmp/trace.yaml" --out "$tmp/traced" --trace "$tmp/traces"
+check "traces: trace-event files, collectives as counted, memory as measured" 0 \
+  "4 rows, 11 ranks checked" -- \
+  python3 - "$tmp/traced/results.json" "$tmp/traces" "$src/reports/memory_snapshot.py" <<'PY'
+import json, os, subprocess, sys
+from collections import Counter
+records = json.load(open(sys.argv[1]))["records"]
+root, snap = sys.argv[2], sys.argv[3]
+ranks = 0
+for r in records:
+    folder = os.path.join(root, r["suite"], r["case"], r["strategy_id"].replace("/", "+"))
+    n = r["world_size"]
+    for rank in range(n):
+        t = json.load(open(os.path.join(folder, f"rank{rank}.trace.json")))
+        assert isinstance(t, dict) and isinstance(t["traceEvents"], list), "not a trace file"
+        spans = []
+        for e in t["traceEvents"]:
+            assert isinstance(e["name"], str) and e["ph"] in ("X", "C", "M"), e
+            assert e["pid"] == rank, e
+            if e["ph"] == "M":
+                assert e["name"] == "process_name" and e["args"]["name"] == f"rank {rank}"
+                continue
+            assert isinstance(e["ts"], int) and e["ts"] > 0, e
+            if e["ph"] == "X":
+                assert isinstance(e["dur"], int) and e["dur"] >= 0 and e["tid"] == 0, e
+                spans.append((e["ts"], -e["dur"], e))
+            else:
+                assert isinstance(e["args"]["bytes"], int), e
+        # Complete events on one thread nest: each starts after its parent and ends before it.
+        spans.sort(key=lambda s: (s[0], s[1]))
+        stack = []
+        for ts, negdur, e in spans:
+            end = ts - negdur
+            while stack and stack[-1] <= ts and not (stack[-1] == ts and negdur == 0):
+                stack.pop()
+            assert not stack or end <= stack[-1], f"{folder} rank {rank}: {e['name']} overlaps"
+            stack.append(end)
+        cats = Counter(e.get("cat") for e in t["traceEvents"])
+        assert cats["step"] == 1 and cats["op"] > 0, cats
+        # The collectives, as the backend counted them in the measured step.
+        got = Counter(e["name"] for e in t["traceEvents"] if e.get("cat") == "collective")
+        got["send_recv"] += got.pop("recv", 0)
+        got = +got  # without the zero counts
+        counted = next(c["counted"] for c in r["details"]["comm_per_rank"] if c["rank"] == rank)
+        assert dict(got) == {k: v["calls"] for k, v in counted.items()}, (folder, rank, got, counted)
+        names = {e["name"] for e in t["traceEvents"]}
+        if r["strategy_id"].startswith("sharding/auto/"):
+            assert cats["node"] > 0 and "h0.attn.q" in names and cats["autograd"] > 0, cats
+        if r["strategy_id"].startswith("pipeline/"):
+            assert cats["action"] == 2 * 4 and any(x.endswith("F0") for x in names), cats
+        if r["strategy_id"].startswith("checkpointing/"):
+            assert cats["schedule"] > 0 and "B_0" in names, cats
+        # The memory: a PyTorch snapshot of the step, peaking where the row measured.
+        out = subprocess.run([sys.executable, snap, os.path.join(folder, f"rank{rank}.memory.txt"),
+                              os.path.join(folder, f"rank{rank}.pickle")],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        peak = int(out.stdout.split(" B at the peak")[0].split(", ")[-1])
+        lines = open(os.path.join(folder, f"rank{rank}.memory.txt")).read().splitlines()
+        start = int(next(l for l in lines if l.startswith("mem reset at ")).split()[-1])
+        d = r["details"]
+        measured = d["peak_mem_bytes_per_rank"][rank] - d["step_start_bytes_per_rank"][rank]
+        assert peak - start == measured, (folder, rank, peak, start, measured)
+        ranks += 1
+print(f"{len(records)} rows, {ranks} ranks checked")
+PY
+
 finish

@@ -121,6 +121,9 @@ Command addRun(CLI::App& app) {
   run->add_flag("--write-golden", a->opts.writeGolden,
                 "Write the training cases' per-step reference losses to the suite's golden file "
                 "(its key 'golden') instead of comparing with it");
+  run->add_option("--trace", a->opts.traceDir,
+                  "Trace one more step of every row into DIR: per rank a Chrome trace-event file "
+                  "(Perfetto) and a memory trace (reports/memory_snapshot.py)");
   run->add_flag("--capture", a->opts.capture,
                 "Locate the first diverging node on every row that can (not only on failing "
                 "ones): details.first_divergence");

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "harness/measure/step_trace.h"
+
 namespace sb::harness {
 
 const char* collectiveName(Collective c) {
@@ -78,6 +80,7 @@ void Communicator::checkRows(const std::vector<int64_t>& rows, const char* what)
 void Communicator::allReduce(at::Tensor& tensor) {
   TORCH_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
   count(Collective::kAllReduce, tensor.nbytes());
+  const TraceScope span("collective", collectiveName(Collective::kAllReduce), tensor.nbytes());
   if (size_ == 1) return;
   doAllReduce(tensor);
 }
@@ -91,6 +94,8 @@ at::Tensor Communicator::allGather(const at::Tensor& input, const std::vector<in
   for (int64_t d = 1; d < input.dim(); ++d) rowElems *= input.size(d);
   const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
   count(Collective::kAllGather, rowBytes(total, rowElems, input.element_size()));
+  const TraceScope span("collective", collectiveName(Collective::kAllGather),
+                        rowBytes(total, rowElems, input.element_size()));
   if (size_ == 1) return input.clone();
   return doAllGather(input.contiguous(), rows);
 }
@@ -101,6 +106,7 @@ at::Tensor Communicator::reduceScatter(const at::Tensor& input, const std::vecto
   TORCH_CHECK(input.dim() >= 1 && input.size(0) == total, "reduce_scatter: input has ",
               input.dim() ? input.size(0) : 0, " rows, the row counts add up to ", total);
   count(Collective::kReduceScatter, input.nbytes());
+  const TraceScope span("collective", collectiveName(Collective::kReduceScatter), input.nbytes());
   if (size_ == 1) return input.clone();
   return doReduceScatter(input.contiguous(), rows);
 }
@@ -113,6 +119,7 @@ at::Tensor Communicator::allToAll(const at::Tensor& input, const std::vector<int
   TORCH_CHECK(input.dim() >= 1 && input.size(0) == total, "all_to_all: input has ",
               input.dim() ? input.size(0) : 0, " rows, the send counts add up to ", total);
   count(Collective::kAllToAll, input.nbytes());
+  const TraceScope span("collective", collectiveName(Collective::kAllToAll), input.nbytes());
   if (size_ == 1) return input.clone();
   return doAllToAll(input.contiguous(), sendRows, recvRows);
 }
@@ -121,12 +128,14 @@ void Communicator::broadcast(at::Tensor& tensor, int root) {
   TORCH_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " outside group of ", size_);
   TORCH_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
   count(Collective::kBroadcast, tensor.nbytes());
+  const TraceScope span("collective", collectiveName(Collective::kBroadcast), tensor.nbytes());
   if (size_ == 1) return;
   doBroadcast(tensor, root);
 }
 
 void Communicator::barrier() {
   count(Collective::kBarrier, 0);
+  const TraceScope span("collective", collectiveName(Collective::kBarrier), 0);
   if (size_ == 1) return;
   doBarrier();
 }
@@ -146,6 +155,7 @@ void Communicator::exchange(const std::vector<P2POp>& ops) {
     if (op.kind == P2POp::Kind::kSend) sent += op.tensor.nbytes();
   }
   count(Collective::kSendRecv, sent);
+  const TraceScope span("collective", collectiveName(Collective::kSendRecv), sent);
   if (ops.empty() || size_ == 1) return;
   doExchange(ops);
 }
@@ -160,12 +170,14 @@ std::unique_ptr<Communicator::PendingSend> Communicator::isend(const at::Tensor&
                                                                int tag) {
   checkP2P("send", tensor, dst, tag);
   count(Collective::kSendRecv, static_cast<int64_t>(tensor.nbytes()));
+  const TraceScope span("collective", collectiveName(Collective::kSendRecv), tensor.nbytes());
   return doIsend(tensor, dst, tag);
 }
 
 void Communicator::recv(at::Tensor& tensor, int src, int tag) {
   checkP2P("recv", tensor, src, tag);
   count(Collective::kSendRecv, 0);
+  const TraceScope span("collective", "recv", static_cast<int64_t>(tensor.nbytes()));
   doExchange({{P2POp::Kind::kRecv, tensor, src, tag}});
 }
 

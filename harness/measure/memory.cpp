@@ -1,5 +1,6 @@
 #include "harness/measure/memory.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -88,6 +89,7 @@ int traceBucket() {
 // first. Kept only while tracing: a global callback costs every operator a call.
 thread_local std::vector<const char*> tOps;
 std::mutex gTraceMutex;
+std::mutex gListenMutex;  // MemoryTracker's listeners and their buckets' updates
 
 std::unique_ptr<at::ObserverContext> opStarted(const at::RecordFunction& fn) {
   tOps.push_back(fn.name());
@@ -167,10 +169,31 @@ void MemoryTracker::traceNote(int rank, const char* what) const {
   }
 }
 
+std::vector<std::pair<const void*, int64_t>> MemoryTracker::liveBlocks(int rank) const {
+  std::vector<std::pair<const void*, int64_t>> out;
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  for (const auto& [ptr, a] : liveAllocations()) {
+    if (a.bucket == index(rank)) out.emplace_back(ptr, a.bytes);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void MemoryTracker::setListener(int rank, Listener listener) {
+  std::lock_guard<std::mutex> lock(gListenMutex);
+  const int i = index(rank);
+  listened_[i].store(static_cast<bool>(listener));
+  listeners_[i] = std::move(listener);
+}
+
 void MemoryTracker::allocated(int bucket, int64_t bytes, const void* ptr) {
   auto& b = buckets_[bucket];
   int64_t now = 0;
-  if (bucket == traceBucket()) {
+  if (listened_[bucket].load()) {
+    std::lock_guard<std::mutex> lock(gListenMutex);
+    now = b.current.fetch_add(bytes) + bytes;
+    if (listeners_[bucket]) listeners_[bucket](bytes, now, ptr);
+  } else if (bucket == traceBucket()) {
     // The traced bucket's lines are written under the lock of its update, so that their order
     // is the order of the updates (another rank's thread may free this rank's tensors).
     std::lock_guard<std::mutex> lock(gTraceMutex);
@@ -186,6 +209,12 @@ void MemoryTracker::allocated(int bucket, int64_t bytes, const void* ptr) {
 }
 
 void MemoryTracker::freed(int bucket, int64_t bytes, const void* ptr) {
+  if (listened_[bucket].load()) {
+    std::lock_guard<std::mutex> lock(gListenMutex);
+    const int64_t now = buckets_[bucket].current.fetch_sub(bytes) - bytes;
+    if (listeners_[bucket]) listeners_[bucket](-bytes, now, ptr);
+    return;
+  }
   if (bucket == traceBucket()) {
     std::lock_guard<std::mutex> lock(gTraceMutex);
     const int64_t now = buckets_[bucket].current.fetch_sub(bytes) - bytes;

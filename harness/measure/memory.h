@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
 namespace sb::harness {
 
@@ -44,6 +46,15 @@ class MemoryTracker {
   // untraced step (a timed one) does not pay for it.
   bool tracing(int rank) const;
 
+  // While set, every allocation (delta > 0) and free (delta < 0) of `rank`'s bucket is also
+  // told to `listener`, with the live bytes after it, in the order of the updates (under a
+  // lock): a traced step's memory timeline (step_trace.h). nullptr removes it.
+  using Listener = std::function<void(int64_t delta, int64_t live, const void* ptr)>;
+  void setListener(int rank, Listener listener);
+  // The blocks `rank` holds now (CPU allocations), by address, with their bytes: what a traced
+  // step starts with.
+  std::vector<std::pair<const void*, int64_t>> liveBlocks(int rank) const;
+
   // Used by the allocators (CPU and CUDA); `ptr` only names the block in the trace.
   void allocated(int bucket, int64_t bytes, const void* ptr = nullptr);
   void freed(int bucket, int64_t bytes, const void* ptr = nullptr);
@@ -57,6 +68,8 @@ class MemoryTracker {
     std::atomic<int64_t> peak{0};
   };
   std::array<Bucket, kMaxRanks + 1> buckets_;
+  std::array<std::atomic<bool>, kMaxRanks + 1> listened_{};
+  std::array<Listener, kMaxRanks + 1> listeners_;
   std::atomic<bool> installed_{false};
 };
 

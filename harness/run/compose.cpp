@@ -99,7 +99,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   std::string commProblem;
   nlohmann::json commRanks = nlohmann::json::array();
   std::optional<int64_t> memPredMax;
-  std::vector<int64_t> peaks, memLimits, memPredicted;
+  std::vector<int64_t> peaks, starts, memLimits, memPredicted;
   std::string memProblem;
   for (const auto& o : ranks) {
     const CommStats predicted = strategy.predictComm(c, o.rank);
@@ -119,6 +119,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
       memPredicted.push_back(*o.predictedPeak);
     }
     peaks.push_back(o.peak);
+    starts.push_back(o.startBytes);
     if (o.memoryLimit && o.peak > *o.memoryLimit && memProblem.empty()) {
       memProblem = "rank " + std::to_string(o.rank) + " peaked at " + std::to_string(o.peak) +
                    " bytes, over the " + std::to_string(*o.memoryLimit) +
@@ -134,6 +135,9 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   rec.peakMemBytes = *std::max_element(peaks.begin(), peaks.end());
   rec.predictedMemBytes = memPredMax;
   rec.details["peak_mem_bytes_per_rank"] = peaks;
+  // What was live when the measured step started: the peak's baseline (parameters, inputs,
+  // what the executor holds), so that a step's own bytes are peak - start.
+  rec.details["step_start_bytes_per_rank"] = starts;
   // Each rank's prediction beside its peak, where every rank has one (ranks differ: a causal
   // ring's ranks see different blocks).
   if (memPredicted.size() == peaks.size()) {

@@ -78,6 +78,7 @@ nlohmann::json outcomeToJson(const RankOutcome& o) {
   j["error"] = o.error;
   j["error_at_ms"] = o.errorAtMs;
   j["peak"] = o.peak;
+  j["start_bytes"] = o.startBytes;
   j["counted"] = commToJson(o.counted);
   j["wire"] = commToJson(o.wire);
   if (o.predictedPeak) j["predicted_peak"] = *o.predictedPeak;
@@ -99,6 +100,7 @@ RankOutcome outcomeFromJson(const nlohmann::json& j) {
   o.error = j.at("error").get<std::string>();
   o.errorAtMs = j.at("error_at_ms").get<int64_t>();
   o.peak = j.at("peak").get<int64_t>();
+  o.startBytes = j.value("start_bytes", int64_t{0});
   o.counted = commFromJson(j.at("counted"));
   o.wire = commFromJson(j.at("wire"));
   if (j.contains("predicted_peak")) o.predictedPeak = j.at("predicted_peak").get<int64_t>();

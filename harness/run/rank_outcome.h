@@ -26,6 +26,7 @@ struct RankOutcome {
   std::string error;        // what went wrong on this rank
   int64_t errorAtMs = 0;    // wall clock of the error, to tell the first failure from its echoes
   int64_t peak = 0;
+  int64_t startBytes = 0;  // live when the measured step started (its peak's baseline)
   CommStats counted, wire;
   std::optional<int64_t> predictedPeak;
   std::optional<int64_t> memoryLimit;            // RankExecutor::memoryLimitBytes

@@ -47,6 +47,9 @@ struct RunOptions {
   // Locate the first diverging node (divergence.h) on every row whose executor captures, not
   // only on failing ones.
   bool capture = false;
+  // Where `run --trace` writes one more step of every row, traced (measure/step_trace.h): per
+  // row a folder, per rank a Chrome trace-event file and a memory trace. Empty: none.
+  std::string traceDir;
 };
 
 }  // namespace sb::harness

@@ -8,6 +8,9 @@
 #include "harness/run/runner.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 
@@ -17,6 +20,7 @@
 #include "harness/comm/world.h"
 #include "harness/measure/device.h"
 #include "harness/measure/memory.h"
+#include "harness/measure/step_trace.h"
 #include "harness/run/compose.h"
 #include "harness/run/divergence.h"
 #include "harness/run/faults.h"
@@ -27,6 +31,58 @@
 #include "harness/run/run_util.h"
 
 namespace sb::harness {
+namespace {
+
+// `run --trace DIR`: one more step, untimed, traced on every local rank; its files under
+// DIR/<suite>/<case>/<strategy id, '/' as '+'>/: rank<R>.trace.json (Chrome trace events),
+// rank<R>.memory.txt (SB_MEMORY_TRACE's lines), and all-ranks.trace.json where the process
+// has more than one rank. A file that cannot be written is said on stderr; the row goes on.
+void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
+               std::vector<std::unique_ptr<RankExecutor>>& execs, const std::string& dir) {
+  std::vector<StepTraceRecord> records(execs.size());
+  world.run([&](RankContext& ctx) {
+    beginStepTrace(ctx.rank());
+    try {
+      const TraceScope span("step", "step");
+      execs[ctx.rank()]->step(ctx);
+    } catch (...) {
+      records[ctx.rank()] = endStepTrace();
+      throw;
+    }
+    records[ctx.rank()] = endStepTrace();
+  });
+  std::string id = strategy.id();
+  std::replace(id.begin(), id.end(), '/', '+');
+  const std::string folder = dir + "/" + c.suite + "/" + c.name + "/" + id;
+  const nlohmann::json about = {{"suite", c.suite},
+                                {"case", c.name},
+                                {"strategy_id", strategy.id()},
+                                {"mesh", c.meshString()},
+                                {"workload", c.workload}};
+  std::vector<StepTraceRecord> mine;
+  for (int r : world.localRanks()) mine.push_back(records[r]);
+  try {
+    std::filesystem::create_directories(folder);
+    const auto write = [&](const std::string& path, const std::string& text) {
+      std::ofstream out(path);
+      out << text;
+      if (!out) throw std::runtime_error("cannot write " + path);
+    };
+    for (const auto& r : mine) {
+      const std::string base = folder + "/rank" + std::to_string(r.rank);
+      write(base + ".trace.json", traceEventFile({r}, about).dump());
+      std::string lines;
+      for (const auto& l : r.memoryLines) lines += l + "\n";
+      write(base + ".memory.txt", lines);
+    }
+    if (mine.size() > 1)
+      write(folder + "/all-ranks.trace.json", traceEventFile(mine, about).dump());
+  } catch (const std::exception& e) {
+    std::cerr << "stratbench: --trace: " << folder << ": " << e.what() << "\n";
+  }
+}
+
+}  // namespace
 
 LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData& data,
                   const Strategy& strategy, const RunOptions& options,
@@ -42,7 +98,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
   std::vector<std::unique_ptr<RankExecutor>> execs(n);
   std::vector<double> stepSeconds(n, 0.0);
   std::vector<std::map<std::string, at::Tensor>> results(n);
-  std::vector<int64_t> peak(n, 0);
+  std::vector<int64_t> peak(n, 0), start(n, 0);
   try {
     MemoryTracker::instance().install();
     std::mutex mu;
@@ -77,6 +133,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     world.run([&](RankContext& ctx) {
       const int r = ctx.rank();
       MemoryTracker::instance().resetPeak(r);
+      start[r] = MemoryTracker::instance().current(r);
       maybeFireRankFault(options, r);
       execs[r]->step(ctx);
       peak[r] = MemoryTracker::instance().peak(r);
@@ -117,6 +174,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       o.checks = verifyRank(c, data, strategy, r, results[r]);
       o.digests = resultDigests(c, data, strategy, r, results[r]);
       o.peak = peak[r];
+      o.startBytes = start[r];
       o.predictedPeak = execs[r]->predictedPeakBytes();
       if (!o.predictedPeak) o.predictedPeak = strategy.predictPeakMemory(c, r);
       o.memoryLimit = execs[r]->memoryLimitBytes();
@@ -151,6 +209,11 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     if (execs[local.front()]->capturesValues() &&
         (world.anyOverProcesses(failedHere) || options.capture)) {
       captureDivergence(world, c, data, strategy, execs, slot, out);
+    }
+    if (!options.traceDir.empty()) {
+      // As the measured step ran: without the verified results held beside it.
+      for (auto& r : results) r.clear();
+      traceStep(world, c, strategy, execs, options.traceDir);
     }
   } catch (const std::exception& e) {
     const std::string text = errorText(e);

@@ -60,6 +60,7 @@
 #include <optional>
 
 #include "harness/measure/memory.h"
+#include "harness/measure/step_trace.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
@@ -272,6 +273,7 @@ class ScheduleRunner {
 
   void run(const Op& op) {
     note(op);
+    const harness::TraceScope span("schedule", op.name());  // run --trace
     const int i = op.stage;
     const char* phase = op.isForward() && firstDone_[i] ? "recompute" : "forward";
     switch (op.kind) {

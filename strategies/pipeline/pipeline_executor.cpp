@@ -9,6 +9,7 @@
 
 #include "harness/error.h"
 #include "harness/measure/memory.h"
+#include "harness/measure/step_trace.h"
 #include "reference/autograd_engine.h"
 #include "strategies/pipeline/pipeline_executor.h"
 
@@ -221,6 +222,7 @@ void PipelineExecutor::step(RankContext& ctx) {
     start_ = std::chrono::steady_clock::now();
     for (const Action& a : plan_.schedule.perRank[p_]) {
       computeStart_ = std::chrono::steady_clock::now();
+      const harness::TraceScope span("action", a.name());  // run --trace
       try {
         run(ctx, a);
       } catch (const c10::Error& e) {

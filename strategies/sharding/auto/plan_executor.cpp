@@ -39,6 +39,7 @@
 
 #include "harness/json_strict.h"
 #include "harness/measure/memory.h"
+#include "harness/measure/step_trace.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "harness/run/suite.h"
@@ -599,6 +600,8 @@ at::Tensor PlanExecutor::forward(RankContext& ctx) {
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const auto& n = g.nodes[v];
     const Candidate& cand = m.candidates(v)[choice[v]];
+    // run --trace: the node's forward (its edges' redistributions in it) as a span.
+    const harness::TraceScope span("node", n.name);
     std::vector<at::Tensor> local;
     for (size_t i = 0; i < n.args.size(); ++i) {
       const std::string& a = n.args[i];
