@@ -224,11 +224,14 @@ Table divergenceTable(const std::vector<ResultRow>& rows) {
       }
       const nlohmann::json check = d.value("check", nlohmann::json::object());
       const nlohmann::json maxAbs = check.value("max_abs_err", nlohmann::json(0.0));
+      // A piece that could not be compared (a box of another shape) says why.
       const std::string err =
-          "max abs err " +
-          (maxAbs.is_number() ? fmt("%.3g", maxAbs.get<double>()) : maxAbs.dump()) + ", " +
-          std::to_string(check.value("mismatches", 0)) + "/" +
-          std::to_string(check.value("numel", 0)) + " elements off";
+          check.contains("problem") && check.at("problem").is_string()
+              ? check.at("problem").get<std::string>()
+              : "max abs err " +
+                    (maxAbs.is_number() ? fmt("%.3g", maxAbs.get<double>()) : maxAbs.dump()) +
+                    ", " + std::to_string(check.value("mismatches", 0)) + "/" +
+                    std::to_string(check.value("numel", 0)) + " elements off";
       row.push_back({text("node"), "fail"});
       row.push_back({text("phase"), ""});
       row.push_back({ranks.empty() ? std::to_string(d.value("rank", 0)) : ranks, ""});

@@ -144,6 +144,15 @@ TraceScope::TraceScope(const char* category, const std::string& name, int64_t by
   startUs_ = nowUs();
 }
 
+TraceScope::TraceScope(const char* category, const char* name, int64_t bytes) {
+  if (!tState) return;
+  on_ = true;
+  category_ = category;
+  name_ = name;
+  bytes_ = bytes;
+  startUs_ = nowUs();
+}
+
 TraceScope::~TraceScope() {
   if (!on_ || !tState) return;
   nlohmann::json e = {{"name", name_},  {"cat", category_},          {"ph", "X"},

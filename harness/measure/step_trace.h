@@ -35,6 +35,8 @@ StepTraceRecord endStepTrace();
 class TraceScope {
  public:
   TraceScope(const char* category, const std::string& name, int64_t bytes = -1);
+  // A name that is a literal or otherwise outlives the scope: no string is made untraced.
+  TraceScope(const char* category, const char* name, int64_t bytes = -1);
   ~TraceScope();
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;

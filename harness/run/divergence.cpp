@@ -19,8 +19,8 @@ namespace {
 
 // A captured piece and its slice of the reference in terms checkTensor judges. Intermediate
 // values are not all gradients and outputs: masks and indices (bool, integer) compare exactly;
-// a score masked with -inf on both sides matches there, and the tolerance's scale is taken from
-// the finite values (an infinite max|reference| would allow anything).
+// a score masked with -inf (or a NaN) on both sides matches there, and the tolerance's scale is
+// taken from the finite values (an infinite max|reference| would allow anything).
 std::tuple<at::Tensor, at::Tensor, Tolerance> comparable(const CaseSpec& c,
                                                          const Strategy& strategy,
                                                          const TraceValue& ref,
@@ -33,6 +33,8 @@ std::tuple<at::Tensor, at::Tensor, Tolerance> comparable(const CaseSpec& c,
     }
     return {actual, expected, Tolerance::bitwise("a mask or index: compared exactly")};
   }
+  // Where both sides hold the same infinity (a masked score) or both a NaN (a fully masked
+  // row's softmax), they match: zeroed on both sides before the check.
   const at::Tensor finite = at::isfinite(ref.value);
   if (finite.all().item<bool>()) {
     return {actual, expected, strategy.tolerance(ref.tensor, c, ref.value)};
@@ -40,7 +42,9 @@ std::tuple<at::Tensor, at::Tensor, Tolerance> comparable(const CaseSpec& c,
   const Tolerance tol =
       strategy.tolerance(ref.tensor, c, at::where(finite, ref.value, at::zeros_like(ref.value)));
   if (actual.sizes() == expected.sizes() && actual.scalar_type() == expected.scalar_type()) {
-    const at::Tensor same = at::isinf(expected).logical_and(actual.eq(expected));
+    const at::Tensor same = at::isinf(expected)
+                                .logical_and(actual.eq(expected))
+                                .logical_or(at::isnan(expected).logical_and(at::isnan(actual)));
     actual = at::where(same, at::zeros_like(actual), actual);
     expected = at::where(same, at::zeros_like(expected), expected);
   }
@@ -219,23 +223,31 @@ std::string divergenceText(const nlohmann::json& d) {
          std::to_string(d.at("of").get<int64_t>()) + ": " + check.toString();
 }
 
-void captureDivergence(World& world, const CaseSpec& c, const reference::WorkloadData& data,
+bool captureDivergence(World& world, const CaseSpec& c, const reference::WorkloadData& data,
                        const Strategy& strategy, std::vector<std::unique_ptr<RankExecutor>>& execs,
                        const std::vector<int>& slot, LocalRun& out) {
   const std::vector<int> local = world.localRanks();
   std::vector<std::vector<TraceValue>> captured(execs.size());
   std::vector<std::string> errors(execs.size());
-  world.run([&](RankContext& ctx) {
-    const int r = ctx.rank();
-    try {
-      execs[r]->setCapture(true);
-      execs[r]->step(ctx);
-      captured[r] = execs[r]->captured();
-    } catch (const std::exception& e) {
-      errors[r] = "capturing: " + errorText(e);
+  try {
+    world.run([&](RankContext& ctx) {
+      const int r = ctx.rank();
+      try {
+        execs[r]->setCapture(true);
+        execs[r]->step(ctx);
+        captured[r] = execs[r]->captured();
+      } catch (...) {
+        execs[r]->setCapture(false);
+        throw;  // the world aborts: no peer waits in a collective this rank never reaches
+      }
+      execs[r]->setCapture(false);
+    });
+  } catch (const std::exception& e) {
+    for (int r : local) {
+      out.ranks[slot[r]].divergence = {{"error", "capturing: " + errorText(e)}, {"rank", r}};
     }
-    execs[r]->setCapture(false);
-  });
+    return false;
+  }
   std::vector<TraceValue> reference;
   std::string refError;
   try {
@@ -256,6 +268,7 @@ void captureDivergence(World& world, const CaseSpec& c, const reference::Workloa
       o.divergence = {{"error", "comparing: " + errorText(e)}, {"rank", r}};
     }
   }
+  return true;
 }
 
 }  // namespace sb::harness

@@ -24,19 +24,21 @@
 
 namespace sb::harness {
 
-// The first value of `reference` (in its order) whose piece in `captured` leaves its tolerance
-// on `rank`: {"found": true, node, phase, tensor, rank, index (its position in the trace), of
-// (the trace's length), compared (values compared on this rank up to it), check (the tensor
-// check's JSON)}; {"found": false, compared, of} where none does. Values this rank did not
-// capture are not compared (`missing` lists their places in the reference; `untraced` counts
-// what the rank captured that the reference does not name).
+// The first piece of `captured` (in the order the rank made them) that leaves its tolerance
+// against its value in `reference` (matched by TraceValue::key(); a recomputation against the
+// forward's value) on `rank`: {"found": true, node, phase, tensor, rank, box, index (its place
+// among this rank's captured values), of (how many it captured), at_ns (when it was made),
+// compared (values compared up to it), check (the tensor check's JSON)}; {"found": false,
+// compared, of} where none does, with `missing` (the places in `reference` of the values this
+// rank never made) and `untraced` (how many it made that the reference does not name).
 nlohmann::json firstDivergenceOnRank(const CaseSpec& c, const Strategy& strategy,
                                      const std::vector<TraceValue>& reference,
                                      const std::vector<TraceValue>& captured, int rank);
 
-// Over the ranks' answers (null: not captured on that rank): the earliest in the trace, the
-// lowest rank on a tie, with `ranks` (every rank whose first divergence is the same value) and
-// `elsewhere` (ranks whose first is a later value). Null where no rank captured.
+// Over the ranks' answers (null: not captured on that rank): the earliest in time (at_ns),
+// shown on the lowest rank whose first divergence is the same value, with `ranks` (every rank
+// whose first divergence is that value) and `elsewhere` (ranks whose first is another). Where
+// none found one: `compared` summed, `missing` what no rank made. Null where no rank captured.
 nlohmann::json firstDivergence(const std::vector<nlohmann::json>& perRank);
 
 // One line for the failure message: "first divergence: node h0.mlp.fc2 (forward) on rank 1,
@@ -45,8 +47,10 @@ std::string divergenceText(const nlohmann::json& d);
 
 // The capture step of a row on this process's ranks (runLocal): every executor captures one
 // step; each local rank's RankOutcome::divergence is its firstDivergenceOnRank. A failure
-// while capturing is recorded there ({"error": ...}), never the row's.
-void captureDivergence(World& world, const CaseSpec& c, const reference::WorkloadData& data,
+// while capturing is recorded there ({"error": ...}), never the row's; a rank that throws
+// aborts the world, so that no peer waits in a collective it never reaches, and false is
+// returned (nothing more should run on the world).
+bool captureDivergence(World& world, const CaseSpec& c, const reference::WorkloadData& data,
                        const Strategy& strategy, std::vector<std::unique_ptr<RankExecutor>>& execs,
                        const std::vector<int>& slot, LocalRun& out);
 

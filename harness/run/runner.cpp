@@ -206,14 +206,20 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
         for (const auto& ch : *checks) failedHere = failedHere || !ch.passed();
       }
     }
+    bool worldUsable = true;
     if (execs[local.front()]->capturesValues() &&
         (world.anyOverProcesses(failedHere) || options.capture)) {
-      captureDivergence(world, c, data, strategy, execs, slot, out);
+      worldUsable = captureDivergence(world, c, data, strategy, execs, slot, out);
     }
-    if (!options.traceDir.empty()) {
+    if (!options.traceDir.empty() && worldUsable) {
       // As the measured step ran: without the verified results held beside it.
       for (auto& r : results) r.clear();
-      traceStep(world, c, strategy, execs, options.traceDir);
+      try {
+        traceStep(world, c, strategy, execs, options.traceDir);
+      } catch (const std::exception& e) {
+        std::cerr << "stratbench: --trace: " << c.name << " " << strategy.id()
+                  << ": the traced step failed: " << errorText(e) << "\n";
+      }
     }
   } catch (const std::exception& e) {
     const std::string text = errorText(e);

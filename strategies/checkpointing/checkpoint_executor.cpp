@@ -273,7 +273,8 @@ class ScheduleRunner {
 
   void run(const Op& op) {
     note(op);
-    const harness::TraceScope span("schedule", op.name());  // run --trace
+    // run --trace: the operation as a span (its name built only when traced).
+    const harness::TraceScope span("schedule", harness::stepTracing() ? op.name() : std::string());
     const int i = op.stage;
     const char* phase = op.isForward() && firstDone_[i] ? "recompute" : "forward";
     switch (op.kind) {
@@ -376,6 +377,7 @@ class CheckpointExecutor final : public harness::RankExecutor {
   void setCapture(bool on) override {
     captureOn_ = on;
     if (on) captured_.clear();
+    if (!on && runner_) runner_->captureInto(nullptr);  // what a step that threw left
   }
   std::vector<harness::TraceValue> captured() const override { return captured_; }
 

@@ -106,7 +106,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
       if (fault_ == Fault::kSendWrongStage && s == 0 && m == 0) to = std::min(S - 1, s + 2);
       send(y.detach(), where[s + 1], tagOf(plan_, to, m, 0));
     }
-    keep("forward", s, stageOutputName(plan_, s, d_, m), y);
+    if (capturing_) keep("forward", s, stageOutputName(plan_, s, d_, m), y);
     stash_[{s, m}] = {x, y, std::move(outs), {}};
     return;
   }
@@ -162,7 +162,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     grads.push_back(gy);
     st.gouts = std::move(grads);
   }
-  keep("backward", s, stageInputGradName(plan_, s, d_, m), gx);
+  if (capturing_) keep("backward", s, stageInputGradName(plan_, s, d_, m), gx);
   if (a.op == Op::kBackward) keepAccumulated(s, m);
   if (s > 0) {
     send(gx, where[s - 1], tagOf(plan_, s - 1, m, 1));
@@ -222,7 +222,8 @@ void PipelineExecutor::step(RankContext& ctx) {
     start_ = std::chrono::steady_clock::now();
     for (const Action& a : plan_.schedule.perRank[p_]) {
       computeStart_ = std::chrono::steady_clock::now();
-      const harness::TraceScope span("action", a.name());  // run --trace
+      // run --trace: the action as a span (its name built only when traced).
+      const harness::TraceScope span("action", harness::stepTracing() ? a.name() : std::string());
       try {
         run(ctx, a);
       } catch (const c10::Error& e) {

@@ -77,6 +77,7 @@ class PipelineExecutor final : public harness::RankExecutor {
   void setCapture(bool on) override {
     capture_ = on;
     if (on) captured_.clear();
+    if (!on) capturing_ = false;  // what a step that threw left
   }
   std::vector<harness::TraceValue> captured() const override { return captured_; }
 

@@ -160,6 +160,34 @@ TEST(Divergence, MasksCompareExactlyAndMatchingInfinitiesMatch) {
   EXPECT_EQ(d.at("check").at("mismatches"), 1);
 }
 
+TEST(Divergence, MatchingNaNsMatchAndANaNOnOneSideDoesNot) {
+  const CaseSpec c;
+  const PlainStrategy s;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<TraceValue> ref = {
+      {"softmax", "forward", "probs", at::tensor({0.5f, 0.5f, nan, nan}), {}}};
+  const Box whole = Box::whole({4});
+  std::vector<TraceValue> got = {{"", "forward", "probs", ref[0].value.clone(), whole, 0}};
+  EXPECT_FALSE(firstDivergenceOnRank(c, s, ref, got, 0).at("found").get<bool>());
+  got[0].value[2] = 0.0f;  // a row that is not masked where the reference's is
+  EXPECT_TRUE(firstDivergenceOnRank(c, s, ref, got, 0).at("found").get<bool>());
+}
+
+TEST(Divergence, ARanksErrorIsKeptWhereNoRankFoundOneAndOtherwiseTheFoundWins) {
+  const CaseSpec c;
+  const PlainStrategy s;
+  const auto ref = referenceTrace();
+  auto p1 = pieces(ref, 1);
+  p1[2].value[0][0] += 1.0f;
+  const nlohmann::json error = {{"error", "capturing: boom"}, {"rank", 0}};
+  const auto found = firstDivergence({error, firstDivergenceOnRank(c, s, ref, p1, 1)});
+  EXPECT_TRUE(found.at("found").get<bool>());
+  EXPECT_EQ(found.at("rank"), 1);
+  const auto only = firstDivergence({error, nullptr});
+  EXPECT_EQ(divergenceText(only), "first divergence not located: capturing: boom");
+  EXPECT_TRUE(firstDivergence({nullptr, nullptr}).is_null());
+}
+
 TEST(Divergence, ABoxOfTheWrongRankIsAProblemNotAnException) {
   const CaseSpec c;
   const PlainStrategy s;

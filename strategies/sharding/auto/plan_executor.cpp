@@ -201,6 +201,7 @@ class PlanExecutor final : public harness::RankExecutor {
   void setCapture(bool on) override {
     captureOn_ = on;
     if (on) captured_.clear();
+    if (!on) capture_.reset();  // what a step that threw left (its hooks removed with it)
   }
   std::vector<harness::TraceValue> captured() const override { return captured_; }
 
@@ -403,7 +404,8 @@ class PlanStrategy final : public harness::Strategy {
     // activation makes fractions that another summation order rounds otherwise.
     if (base.exact) {
       static const std::set<std::string> kIntegerOps = {
-          "embedding", "add", "addmm", "mm", "bmm", "view", "permute", "transpose"};
+          "embedding", "add",  "mul",     "sum",   "addmm",   "mm",      "bmm",
+          "matmul",    "view", "reshape", "split", "getitem", "permute", "transpose"};
       for (const auto& n : s->model->graph().nodes) {
         if (kIntegerOps.count(n.shape.op)) continue;
         base = harness::Tolerance::defaultFor(c.dtype);

@@ -123,7 +123,7 @@ PlanCapture::PlanCapture(const ShardingModel& model, const std::vector<int>& cho
 void PlanCapture::keep(const std::string& tensor, const at::Tensor& t,
                        const harness::Layout& layout, const std::vector<int64_t>& shape) {
   const harness::Box box = layout.box(shape, ctx_.mesh().shape(), ctx_.mesh().coords(ctx_.rank()));
-  at::Tensor piece = t.detach().clone();
+  at::Tensor piece = t.detach().clone(at::MemoryFormat::Contiguous);  // allReduce's need
   if (!layout.partialAxes().empty()) ctx_.group(layout.partialAxes()).allReduce(piece);
   tape_.keep("", "forward", tensor, piece, box);
   // Gradients are kept whole in their value's layout (plan_executor.cpp): a pending sum's

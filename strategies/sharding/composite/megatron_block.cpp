@@ -106,6 +106,7 @@ class MegatronExecutor final : public harness::RankExecutor {
   void setCapture(bool on) override {
     captureOn_ = on;
     if (on) captured_.clear();
+    if (!on) tape_.reset();  // what a step that threw left (its hooks removed with it)
   }
   std::vector<harness::TraceValue> captured() const override { return captured_; }
   std::vector<std::pair<std::string, std::string>> recordParams() const override {

@@ -280,7 +280,15 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
       return local_.isInput(a) || fromData_.count(a);
     });
     if (!fromData) continue;
-    for (const auto& o : node.outputs()) fromData_.insert(o);
+    for (const auto& o : node.outputs()) {
+      fromData_.insert(o);
+      // Captured as this rank's rows only where its rows are the batch's (dim 0 the batch or
+      // the tokens, split as the batch is); another value from the data is not captured.
+      const auto whole = full.valueShape(o), mine = local_.valueShape(o);
+      if (!whole.empty() && !mine.empty() && whole[0] == mine[0] * layout_.world) {
+        batchRows_.insert(o);
+      }
+    }
   }
   target_ = slice(data.inputs.at("target"));
   std::map<std::string, int> index;
@@ -478,6 +486,7 @@ double FsdpExecutor::pass() {
             tape_->keep(node.name, "forward", outs[i], ys[i], harness::Box::whole(ys[i].sizes()));
             continue;
           }
+          if (!batchRows_.count(outs[i])) continue;
           tape_->keep(node.name, "forward", outs[i], ys[i], batchBox(ys[i]));
           tape_->hookGradient(node.name, outs[i], ys[i], batchBox(ys[i]));
         }

@@ -57,6 +57,7 @@ class FsdpExecutor final : public harness::RankExecutor {
   void setCapture(bool on) override {
     captureOn_ = on;
     if (on) captured_.clear();
+    if (!on) tape_.reset();  // what a step that threw left
   }
   std::vector<harness::TraceValue> captured() const override { return captured_; }
 
@@ -67,7 +68,7 @@ class FsdpExecutor final : public harness::RankExecutor {
   int dataIndex_ = 0;  // this rank's slice of the batch
   // The values computed from the data (the others, from parameters alone, such as a tied
   // embedding's transpose, are whole on every rank, and their gradients this rank's part).
-  std::set<std::string> fromData_;
+  std::set<std::string> fromData_, batchRows_;
   // A local value's rows of the whole value: the batch (or tokens) dimension first.
   harness::Box batchBox(const at::Tensor& local) const {
     harness::Box b = harness::Box::whole(local.sizes());
