@@ -135,20 +135,14 @@ StepTraceRecord endStepTrace() {
   return std::move(owned->record);
 }
 
-TraceScope::TraceScope(const char* category, const std::string& name, int64_t bytes) {
-  if (!tState) return;
-  on_ = true;
-  category_ = category;
-  name_ = name;
-  bytes_ = bytes;
-  startUs_ = nowUs();
-}
+TraceScope::TraceScope(const char* category, const std::string& name, int64_t bytes)
+    : TraceScope(category, name.c_str(), bytes) {}
 
 TraceScope::TraceScope(const char* category, const char* name, int64_t bytes) {
   if (!tState) return;
   on_ = true;
   category_ = category;
-  name_ = name;
+  name_ = name;  // copied: the caller's string may not outlive the scope
   bytes_ = bytes;
   startUs_ = nowUs();
 }

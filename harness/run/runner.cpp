@@ -34,7 +34,7 @@ namespace sb::harness {
 namespace {
 
 // `run --trace DIR`: one more step, untimed, traced on every local rank; its files under
-// DIR/<suite>/<case>/<strategy id, '/' as '+'>/: rank<R>.trace.json (Chrome trace events),
+// DIR/<suite>/<case>/<strategy id>/ ('/' in a name as '+'): rank<R>.trace.json (Chrome trace events),
 // rank<R>.memory.txt (SB_MEMORY_TRACE's lines), and all-ranks.trace.json where the process
 // has more than one rank. A file that cannot be written is said on stderr; the row goes on.
 void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
@@ -51,9 +51,13 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
     }
     records[ctx.rank()] = endStepTrace();
   });
-  std::string id = strategy.id();
-  std::replace(id.begin(), id.end(), '/', '+');
-  const std::string folder = dir + "/" + c.suite + "/" + c.name + "/" + id;
+  // One folder level per name, whatever it holds ('/' in a swept case's name or an id).
+  const auto level = [](std::string s) {
+    std::replace(s.begin(), s.end(), '/', '+');
+    return s;
+  };
+  const std::string folder =
+      dir + "/" + level(c.suite) + "/" + level(c.name) + "/" + level(strategy.id());
   const nlohmann::json about = {{"suite", c.suite},
                                 {"case", c.name},
                                 {"strategy_id", strategy.id()},
