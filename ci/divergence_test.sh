@@ -161,6 +161,18 @@ cases:
     steps: 2
     optimizer: {kind: sgd, lr: 0.001, momentum: 0.9}
     strategies: ["sharding/fsdp/.*"]
+  - name: prefill-chunked
+    workload: gpt2_prefill
+    shape: {batch: 1, seq: 64, d_model: 32, heads: 2, layers: 2}
+    mesh: 1
+    params: {chunk: 16}
+    strategies: ["chunking/(attention|ffn|block|ln_residual)/seq"]
+  - name: train-chunked
+    workload: gpt2_prefill
+    shape: {batch: 2, seq: 32, d_model: 32, heads: 2, layers: 2, mode: training}
+    mesh: 1
+    params: {chunk: 8}
+    strategies: ["chunking/(attention|ffn|block|ln_residual)/seq"]
 YAML
 "$sb" list --json >"$tmp/list.json"
 python3 - "$sb" "$tmp" <<'PY'
@@ -201,6 +213,14 @@ def params(r):
     return [t["tensor"][6:] for t in r["details"]["tensors"] if t["tensor"].startswith("param/")]
 def param_grad(r, d):
     return d["tensor"].startswith("grad ") and d["tensor"][5:] in params(r)
+def chunk_of(d):
+    """'h0.ffn tokens [16:32)' -> (16, 32)"""
+    s, e = d["tensor"].split("[")[1].rstrip(")").split(":")
+    return int(s), int(e)
+def chunked(first):  # the fault's first chunk of the first layer's region, forward
+    return located("forward", lambda r, d: d["node"].startswith("h0.")
+                   and first(chunk_of(d), int(dict(r["params"])["chunk"]) if isinstance(
+                       r["params"], list) else int(r["params"]["chunk"])))
 def stage_of(d):
     return int(d["tensor"][2:d["tensor"].index("]")]) - 1
 expect = {
@@ -235,8 +255,16 @@ expect = {
     # Every copy within tolerance, no two the same bits: the replica check names it.
     "replica_own_order": nothing_numeric("not bit-identical"),
     "unit_not_resharded": nothing_numeric("over the [0-9]+ bytes it promised"),
+    # Chunking: a chunk's last row left unwritten, or every chunk one row off: the first chunk
+    # of the first layer's chunked region; attention within a chunk's own keys: the first chunk
+    # that needs earlier keys (causal), the second.
+    "off_by_one": chunked(lambda se, chunk: se == (0, chunk)),
+    "wrong_offset": chunked(lambda se, chunk: se == (0, chunk)),
+    "per_chunk_reduction": chunked(lambda se, chunk: se == (chunk, 2 * chunk)),
 }
-families = ("checkpointing/", "pipeline/", "sharding/megatron/", "sharding/fsdp/")
+families = ("checkpointing/", "pipeline/", "sharding/megatron/", "sharding/fsdp/",
+            "chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq",
+            "chunking/ln_residual/seq")
 faults = [(s["id"], f) for s in strategies if s["id"].startswith(families)
           for f in s.get("planted_faults", [])]
 missing = sorted({f for _, f in faults if f not in expect})

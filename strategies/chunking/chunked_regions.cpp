@@ -35,6 +35,7 @@
 #include <array>
 #include <functional>
 
+#include "harness/capture_tape.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/verify.h"
 #include "harness/registry.h"
@@ -73,6 +74,23 @@ Region regionOf(const std::string& name) {
   if (name == "block") return Region::kBlock;
   if (name == "ln_residual") return Region::kLnResidual;
   return Region::kAttention;  // "attention", and "none": attention in one chunk
+}
+
+// What a failure is located by (harness/run/divergence.h): each chunked region's output of
+// each layer, chunk by chunk ("h0.attention tokens [8:16)"), and each layer's output.
+std::vector<std::string> regionTaps(Region r) {
+  switch (r) {
+    case Region::kLnResidual:
+      return {"ln_1", "residual_1", "ln_2", "residual_2"};
+    case Region::kAuto:
+      return {};
+    default:
+      return {regionName(r)};
+  }
+}
+std::string chunkName(int layer, const std::string& tap, int64_t s, int64_t e) {
+  return "h" + std::to_string(layer) + "." + tap + " tokens [" + std::to_string(s) + ":" +
+         std::to_string(e) + ")";
 }
 
 class ChunkedStrategy final : public harness::SingleRankStrategy {
@@ -146,6 +164,39 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
     // keys and values outside, so LN1's gradients add two partial sums even in one chunk.
     if (region_ == Region::kBlock) parts = std::max<int64_t>(parts, 2);
     return harness::splitReductionTolerance(base, c.dtype, s.batch * s.seq, parts, expected);
+  }
+
+  // The unchunked model's values of the same taps, each chunk's entry the whole value (the
+  // comparison takes the chunk's rows).
+  std::vector<harness::TraceValue> referenceTrace(const CaseSpec& c,
+                                                  const reference::WorkloadData&) const override {
+    const TransformerShape s = TransformerShape::parse(c.shape, c.workload);
+    const Transformer m(s, c.dtype, c.seed);
+    const int64_t chunk = chunkOf(c);
+    std::vector<harness::TraceValue> out;
+    at::NoGradGuard noGrad;
+    at::Tensor x = m.input();
+    for (int l = 0; l < m.layers(); ++l) {
+      const at::Tensor h = m.ln1(l, x);
+      const auto [k, v] = m.keysValues(l, h);
+      const at::Tensor a = m.attention(l, h, 0, k, v, s.seq);
+      const at::Tensor r = x + a;
+      const at::Tensor h2 = m.ln2(l, r);
+      const at::Tensor f = m.ffn(l, h2);
+      const at::Tensor y = r + f;
+      std::map<std::string, at::Tensor> values = {{"attention", a}, {"ffn", f},        {"block", y},
+                                                  {"ln_1", h},      {"residual_1", r}, {"ln_2", h2},
+                                                  {"residual_2", y}};
+      for (const auto& tap : regionTaps(region_)) {
+        for (int64_t b = 0; b < s.seq; b += chunk) {
+          const std::string name = chunkName(l, tap, b, std::min(s.seq, b + chunk));
+          out.push_back({"h" + std::to_string(l) + "." + tap, "forward", name, values.at(tap), {}});
+        }
+      }
+      out.push_back({"h" + std::to_string(l), "forward", "h" + std::to_string(l) + " out", y, {}});
+      x = y;
+    }
+    return out;
   }
 
   std::vector<std::string> plantableFaults() const override {
@@ -249,6 +300,16 @@ class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
     }
   }
 
+  // Locating a failure: the next step's first forward keeps each chunked region's output
+  // chunk by chunk and each layer's output (the names regionTaps and chunkName give).
+  bool capturesValues() const override { return strategy_.region() != Region::kAuto; }
+  void setCapture(bool on) override {
+    captureOn_ = on;
+    if (on) captured_.clear();
+    if (!on) tape_.reset();
+  }
+  std::vector<harness::TraceValue> captured() const override { return captured_; }
+
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     std::vector<std::pair<std::string, std::string>> out;
     if (strategy_.region() == Region::kAuto) {
@@ -269,15 +330,45 @@ class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
 
  protected:
   at::Tensor forward(const at::Tensor& input) override {
+    if (captureOn_ && !tape_ && captured_.empty()) tape_ = std::make_unique<harness::CaptureTape>();
     at::Tensor x = input;
-    for (int l = 0; l < model_->layers(); ++l) x = layer(l, x);
+    for (int l = 0; l < model_->layers(); ++l) {
+      x = layer(l, x);
+      if (tape_) keep("h" + std::to_string(l), "h" + std::to_string(l) + " out", x, 0, shape_.seq);
+    }
+    if (tape_) {  // one forward a capture: a training case's first
+      captured_ = tape_->take();
+      tape_.reset();
+    }
     return x;
   }
 
  private:
   at::Tensor region(int l, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
-    return ChunkedRegion::apply(a, b, c, reinterpret_cast<int64_t>(&regions_[l]));
+    return tapChunks(l, regionName(region_),
+                     ChunkedRegion::apply(a, b, c, reinterpret_cast<int64_t>(&regions_[l])));
   }
+  // Capture: a region's output, chunk by chunk, as the chunks wrote it.
+  at::Tensor tapChunks(int l, const std::string& tap, const at::Tensor& out) {
+    if (!tape_) return out;
+    for (int64_t s = 0; s < shape_.seq; s += chunking_.chunk) {
+      const int64_t e = std::min(shape_.seq, s + chunking_.chunk);
+      keep("h" + std::to_string(l) + "." + tap, chunkName(l, tap, s, e), out.narrow(1, s, e - s), s,
+           e);
+    }
+    return out;
+  }
+  void keep(const std::string& node, const std::string& name, const at::Tensor& rows, int64_t s,
+            int64_t e) {
+    if (!tape_) return;
+    harness::Box box = harness::Box::whole(rows.sizes());
+    box.offset[1] = s;
+    box.length[1] = e - s;
+    tape_->keep(node, "forward", name, rows, box);
+  }
+  bool captureOn_ = false;
+  std::unique_ptr<harness::CaptureTape> tape_;
+  std::vector<harness::TraceValue> captured_;
 
   at::Tensor layer(int l, const at::Tensor& x) {
     const Transformer& m = *model_;
@@ -304,7 +395,9 @@ class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
       case Region::kLnResidual: {
         const at::Tensor none = at::empty({0}, x.options());
         const auto apply = [&](int i, const at::Tensor& a, const at::Tensor& b) {
-          return ChunkedRegion::apply(a, b, none, reinterpret_cast<int64_t>(&tokenwise_[l][i]));
+          return tapChunks(
+              l, regionTaps(region_)[i],
+              ChunkedRegion::apply(a, b, none, reinterpret_cast<int64_t>(&tokenwise_[l][i])));
         };
         const at::Tensor h = apply(0, x, none);
         const auto [k, v] = m.keysValues(l, h);
