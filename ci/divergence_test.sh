@@ -161,6 +161,16 @@ cases:
     steps: 2
     optimizer: {kind: sgd, lr: 0.001, momentum: 0.9}
     strategies: ["sharding/fsdp/.*"]
+  - name: cp-train-4
+    workload: gpt2_prefill
+    shape: {batch: 2, seq: 32, d_model: 32, heads: 8, layers: 2, mode: training}
+    mesh: 4
+    strategies: ["sharding/cp/.*"]
+  - name: cp-tp-train-2x2
+    workload: gpt2_prefill
+    shape: {batch: 1, seq: 32, d_model: 32, heads: 4, layers: 2, mode: training}
+    mesh: 2x2
+    strategies: ["sharding/cp/.*"]
   - name: prefill-chunked
     workload: gpt2_prefill
     shape: {batch: 1, seq: 64, d_model: 32, heads: 2, layers: 2}
@@ -261,10 +271,23 @@ expect = {
     "off_by_one": chunked(lambda se, chunk: se == (0, chunk)),
     "wrong_offset": chunked(lambda se, chunk: se == (0, chunk)),
     "per_chunk_reduction": chunked(lambda se, chunk: se == (chunk, 2 * chunk)),
+    # Context parallelism: a backward ring fault is named at the first attention backward
+    # (the last layer's), the gradient it hands to the layer below; a forward fault at the
+    # first layer.
+    "stale_kv": located("backward", lambda r, d: d["node"] == "h1.attn"
+                        and d["tensor"] == "grad h0 out"),
+    "dkv_not_returned": located("backward", lambda r, d: d["node"] == "h1.attn"
+                                and d["tensor"] == "grad h0 out"),
+    "tp_input_grad_unsummed": lambda r, d: (r["status"] == "pass" and r["mesh"] != "2x2") or (
+        located("backward", lambda r, d: d["node"] == "h1.attn"
+                and d["tensor"] == "grad h0 out")(r, d)),
+    "mask_ignores_balance": located("forward", lambda r, d: d["node"].split(".")[0] == "h0"),
+    "ulysses_swapped": lambda r, d: r["status"] == "pass" or located(
+        "forward", lambda r, d: d["node"].split(".")[0] == "h0")(r, d),
 }
 families = ("checkpointing/", "pipeline/", "sharding/megatron/", "sharding/fsdp/",
             "chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq",
-            "chunking/ln_residual/seq")
+            "chunking/ln_residual/seq", "sharding/cp/")
 faults = [(s["id"], f) for s in strategies if s["id"].startswith(families)
           for f in s.get("planted_faults", [])]
 missing = sorted({f for _, f in faults if f not in expect})

@@ -45,13 +45,16 @@
 // tensor-parallel ranks, Megatron's f forgotten: each keeps its own heads' share).
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
+#include "harness/capture_tape.h"
 #include "harness/comm/autograd_comm.h"
 #include "harness/measure/memory.h"
 #include "harness/registry.h"
@@ -98,8 +101,23 @@ class CpExecutor final : public harness::RankExecutor {
     }
     return d;
   }
+  // Locating a failure: the next step keeps this rank's tokens of each layer's residual after
+  // attention and of its output, and their gradients (one piece per run of consecutive
+  // positions: a load-balanced rank holds two).
+  bool capturesValues() const override { return true; }
+  void setCapture(bool on) override {
+    captureOn_ = on;
+    if (on) captured_.clear();
+    if (!on) tape_.reset();
+  }
+  std::vector<harness::TraceValue> captured() const override { return captured_; }
 
  private:
+  bool captureOn_ = false;
+  std::unique_ptr<harness::CaptureTape> tape_;
+  std::vector<harness::TraceValue> captured_;
+  // Capture: `t` ([batch, this rank's tokens, d_model]) under `name`, a piece per run.
+  void tap(int l, const std::string& name, const at::Tensor& t);
   // The memory model's replay of a step (cp_memory.h), once the ranks' layout is known.
   void modelMemory(RankContext& ctx);
   // CP x TP: one layer with this rank's heads and hidden units (Megatron's f and g over axis 1).
@@ -206,6 +224,10 @@ class CpStrategy final : public harness::Strategy {
     return Applicability::yes();
   }
 
+  // The unsharded transformer's same values (CpExecutor::tap), whole, and in training their
+  // gradients from the target.
+  std::vector<harness::TraceValue> referenceTrace(const CaseSpec& c,
+                                                  const reference::WorkloadData&) const override;
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
     return std::make_unique<CpExecutor>(*this, c);
   }
@@ -438,8 +460,82 @@ void CpExecutor::modelMemory(RankContext& ctx) {
   }
 }
 
+std::vector<harness::TraceValue> CpStrategy::referenceTrace(const CaseSpec& c,
+                                                            const reference::WorkloadData&) const {
+  const TransformerShape s = TransformerShape::parse(c.shape, c.workload);
+  const Transformer m(s, c.dtype, c.seed);
+  std::optional<at::NoGradGuard> noGrad;
+  if (!s.training) noGrad.emplace();
+  std::vector<std::pair<std::string, at::Tensor>> taps;  // (name, value), in forward order
+  at::Tensor x = m.input().detach().clone().requires_grad_(s.training);
+  for (int l = 0; l < m.layers(); ++l) {
+    const at::Tensor h = m.ln1(l, x);
+    const auto [k, v] = m.keysValues(l, h);
+    const at::Tensor r = x + m.attention(l, h, 0, k, v, s.seq);
+    if (c.mesh.size() < 2 || c.mesh[1] == 1) {
+      taps.emplace_back("h" + std::to_string(l) + ".attn.residual", r);
+    }
+    x = r + m.ffn(l, m.ln2(l, r));
+    taps.emplace_back("h" + std::to_string(l) + " out", x);
+  }
+  std::vector<harness::TraceValue> out;
+  const auto nodeOf = [](const std::string& name) {
+    const std::string layer = name.substr(0, name.find_first_of(". "));
+    return name.find("residual") != std::string::npos ? layer + ".attn" : layer;
+  };
+  for (const auto& [name, t] : taps) out.push_back({nodeOf(name), "forward", name, t.detach(), {}});
+  if (!s.training) return out;
+  std::vector<at::Tensor> wrt;
+  for (const auto& [name, t] : taps) wrt.push_back(t);
+  const auto grads = torch::autograd::grad({x}, wrt, {m.target()}, false, false, true);
+  // A gradient is made by the backward of what read its value: a layer's output by the next
+  // layer's attention (and residual), the residual after attention by the layer's MLP.
+  const auto madeBy = [&](const std::string& name) {
+    const int l = std::stoi(name.substr(1));
+    if (name.find("residual") != std::string::npos) return "h" + std::to_string(l) + ".mlp";
+    return l + 1 < m.layers() ? "h" + std::to_string(l + 1) + ".attn" : std::string("loss");
+  };
+  for (size_t i = 0; i < taps.size(); ++i) {
+    if (grads[i].defined()) {
+      out.push_back({madeBy(taps[i].first), "backward", "grad " + taps[i].first, grads[i], {}});
+    }
+  }
+  return out;
+}
+
+void CpExecutor::tap(int l, const std::string& name, const at::Tensor& t) {
+  if (!tape_) return;
+  const at::Tensor pos = attention_->positions().to(at::kCPU, at::kLong).contiguous();
+  const int64_t* p = pos.data_ptr<int64_t>();
+  const int64_t n = pos.numel();
+  const std::string node =
+      "h" + std::to_string(l) + (name.find("residual") != std::string::npos ? ".attn" : "");
+  // (local start, length, box) of each run of consecutive positions.
+  std::vector<std::tuple<int64_t, int64_t, harness::Box>> runs;
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i + 1;
+    while (j < n && p[j] == p[j - 1] + 1) ++j;
+    harness::Box box = harness::Box::whole(t.sizes());
+    box.offset[1] = p[i];
+    box.length[1] = j - i;
+    runs.emplace_back(i, j - i, box);
+    i = j;
+  }
+  for (const auto& [i, len, box] : runs)
+    tape_->keep(node, "forward", name, t.narrow(1, i, len), box);
+  if (!t.requires_grad()) return;
+  // The gradient as the backward completes it, cut into the same runs.
+  harness::CaptureTape* tape = tape_.get();
+  t.register_hook([tape, node, name, runs](const at::Tensor& grad) {
+    for (const auto& [i, len, box] : runs) {
+      tape->keep(node, "backward", "grad " + name, grad.narrow(1, i, len), box);
+    }
+  });
+}
+
 void CpExecutor::step(RankContext& ctx) {
   ctx_ = &ctx;
+  if (captureOn_) tape_ = std::make_unique<harness::CaptureTape>();
   entryLive_ = harness::MemoryTracker::instance().current(ctx.rank());
   const Transformer& m = *model_;
   if (shape_.training) m.zeroGrad();
@@ -454,6 +550,7 @@ void CpExecutor::step(RankContext& ctx) {
   for (int l = 0; l < m.layers(); ++l) {
     if (tp_ > 1) {
       x = tensorParallelLayer(l, x);
+      tap(l, "h" + std::to_string(l) + " out", x);
       continue;
     }
     const at::Tensor h = m.ln1(l, x);
@@ -463,12 +560,23 @@ void CpExecutor::step(RankContext& ctx) {
     const at::Tensor y =
         heads.transpose(1, 2).reshape({heads.size(0), heads.size(2), shape_.dModel});
     const at::Tensor r = x + m.project(l, y);
+    tap(l, "h" + std::to_string(l) + ".attn.residual", r);
     x = r + m.ffn(l, m.ln2(l, r));
+    tap(l, "h" + std::to_string(l) + " out", x);
   }
   out_ = x.detach();
   gradIn_ = at::Tensor();
-  if (!shape_.training) return;
+  const auto endCapture = [&] {
+    if (!tape_) return;
+    captured_ = tape_->take();
+    tape_.reset();
+  };
+  if (!shape_.training) {
+    endCapture();
+    return;
+  }
   reference::backward({x}, {target_});
+  endCapture();
   gradIn_ = x0.grad();
   Communicator& cp = ctx.group({0});
   for (size_t i = 0; i < params_.size(); ++i) {
