@@ -418,4 +418,93 @@ for r in records:
 print(f"{len(records)} rows, {ranks} ranks checked")
 PY
 
+# 4. The one-node families (an operator's sharding, a Linear, a redistribution, a reshard, online
+# attention, the triangle chunking): every planted fault, the k-th of every strategy in the k-th
+# run over the suites that hold them. A row failing its tensors is located at the strategy's one
+# node, forward where an output fails and backward where only gradients do, at a failing tensor
+# and rank; a row failing on something else (communication, a layout, replicas) has nothing to
+# locate. Every fault must fail somewhere and be located there.
+check "one-node families: every planted fault located at its node" 0 "faults, every one located" -- \
+  python3 - "$sb" "$tmp" "$src" <<'PY'
+import json, re, subprocess, sys
+sb, tmp, src = sys.argv[1:4]
+strategies = json.load(open(f"{tmp}/list.json"))
+one_node = ("sharding/op/", "sharding/linear/", "sharding/sharded_tensor/", "sharding/redistribute/",
+            "chunking/attention/online", "chunking/triangle/")
+faults = {s["id"]: s["planted_faults"] for s in strategies
+          if s["id"].startswith(one_node) and s.get("planted_faults")}
+def node_of(sid):
+    parts = sid.split("/")
+    if sid.startswith("sharding/op/"):
+        return parts[2]
+    if sid.startswith(("sharding/sharded_tensor/reshuffle/", "sharding/sharded_tensor/reshard/")):
+        return "reshard"
+    return {"linear": "linear", "sharded_tensor": "linear", "redistribute": "redistribute",
+            "attention": "attention", "triangle": "triangle"}[parts[1]]
+# The suites that hold them, each run on its one-node strategies (the planted ones among them).
+# (sharding.yaml, which runs every Linear strategy on many shapes, takes half a minute a run:
+# its one-node strategies that run in these are planted here, the others say so.)
+suites = {"sharding-ops": "^sharding/op/", "smoke": "^sharding/(linear|sharded_tensor|op)/",
+          "redistribute": "^sharding/(redistribute|sharded_tensor)/",
+          "chunking": "^chunking/(attention/online|triangle/)"}
+def run(suite, pattern, out, args):
+    return subprocess.run([sb, "run", f"{src}/suites/{suite}.yaml", "--out", out, "--filter",
+                           pattern, "--repetitions", "1", "--min-time", "0.0001", "--timeout",
+                           "10"] + args, capture_output=True, text=True)
+# Which strategies each suite runs (a fault may only be planted where its strategy runs).
+runs_in = {}
+for suite, pattern in suites.items():
+    proc = run(suite, pattern, f"{tmp}/one-plain-{suite}", [])
+    assert proc.returncode == 0, f"{suite} without faults: exit {proc.returncode}: {proc.stderr[-300:]}"
+    rows = json.load(open(f"{tmp}/one-plain-{suite}/results.json"))["records"]
+    runs_in[suite] = {r["strategy_id"] for r in rows if r["status"] != "unsupported"}
+located, failed, bad = {}, {}, []
+for k in range(max(len(f) for f in faults.values())):
+    planted = {sid: f[k] for sid, f in faults.items() if len(f) > k}
+    for suite, pattern in suites.items():
+        args = [a for sid, f in planted.items() if sid in runs_in[suite]
+                for a in ("--plant-fault", f"{sid}={f}")]
+        if not args:
+            continue
+        out = f"{tmp}/one-{k}-{suite}"
+        proc = run(suite, pattern, out, args)
+        assert proc.returncode in (0, 1), f"{suite}, run {k}: exit {proc.returncode}: {proc.stderr[-400:]}"
+        for r in json.load(open(f"{out}/results.json"))["records"]:
+            sid = r["strategy_id"]
+            if sid not in planted or r["status"] == "unsupported":
+                continue
+            key = f"{sid}={planted[sid]}"
+            failed[key] = failed.get(key, False) or r["status"] != "pass"
+            failing = [t for t in r["details"].get("tensors", [])
+                       if t.get("mismatches", 0) > 0 or t.get("problem")]
+            d = r["details"].get("first_divergence")
+            if not failing:
+                ok = d is None
+            else:
+                forward = [t for t in failing if not t["tensor"].startswith(("grad", "param/", "state/"))]
+                want = forward or failing
+                ok = (d is not None and d.get("found") and d["node"] == node_of(sid)
+                      and d["phase"] == ("forward" if forward else "backward")
+                      and d["tensor"] in {t["tensor"] for t in want}
+                      and d["rank"] in {t["rank"] for t in want if t["tensor"] == d["tensor"]}
+                      and "first divergence: node " + d["node"] in r["message"])
+                located[key] = located.get(key, False) or bool(ok)
+            if not ok:
+                bad.append(f"{key} on {r['case']}: {r['status']}, {json.dumps(d)[:200]}")
+            located.setdefault(key, False)
+# Every fault that ran must fail some row; where it failed a tensor, it was located above.
+ran = sorted(failed)
+never = [k for k in ran if not failed[k]]
+numeric = sum(1 for k in ran if located.get(k))
+not_run = sum(len(f) for f in faults.values()) - len(ran)
+for b in bad[:20]:
+    print("BAD", b)
+print(f"{len(ran)} faults run ({numeric} failing tensors, each located; the others failing on "
+      f"layouts or communication); {not_run} of strategies these suites do not run; "
+      f"never failing: {never[:12]}")
+if bad or never:
+    sys.exit(1)
+print(f"{len(ran)} faults, every one located")
+PY
+
 finish

@@ -200,6 +200,11 @@ class Strategy {
                                                  const reference::WorkloadData& data) const {
     return {};
   }
+  // A strategy whose step is one node (one operator's sharding, a Linear, a redistribution, a
+  // chunked operator) names it here: a failing row's first divergence is then that node, its
+  // phase the earliest failing result's (the output: forward; a gradient: backward), read from
+  // the row's own checks (divergence.h). Empty: not one node (the default).
+  virtual std::string singleNode(const CaseSpec& c) const { return ""; }
   // Case-specific details for the record (e.g. sharding sequences at the case's shape).
   virtual nlohmann::json caseDetails(const CaseSpec& c) const { return nlohmann::json::object(); }
 

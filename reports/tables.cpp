@@ -236,9 +236,10 @@ Table divergenceTable(const std::vector<ResultRow>& rows) {
       row.push_back({text("phase"), ""});
       row.push_back({ranks.empty() ? std::to_string(d.value("rank", 0)) : ranks, ""});
       row.push_back({text("tensor"), ""});
-      row.push_back(
-          {std::to_string(d.value("index", 0) + 1) + " of " + std::to_string(d.value("of", 0)),
-           ""});
+      row.push_back({d.contains("index") ? std::to_string(d.value("index", 0) + 1) + " of " +
+                                               std::to_string(d.value("of", 0))
+                                         : "the step's one node",
+                     ""});
       row.push_back({err, ""});
     }
     t.rows.push_back(row);

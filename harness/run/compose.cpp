@@ -170,7 +170,11 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   // or `run --capture`): named in the message of a row that failed its tensors.
   std::vector<nlohmann::json> located;
   for (const auto& o : ranks) located.push_back(o.divergence);
-  if (const nlohmann::json d = firstDivergence(located); !d.is_null()) {
+  nlohmann::json d = firstDivergence(located);
+  if (const std::string node = strategy.singleNode(c); d.is_null() && !node.empty()) {
+    d = singleNodeDivergence(node, allPassed(checks, {}) ? after : checks);
+  }
+  if (!d.is_null()) {
     rec.details["first_divergence"] = d;
     if (rec.status == Status::kFail && (!allPassed(checks, {}) || !allPassed(after, {}))) {
       rec.message += "; " + divergenceText(d);

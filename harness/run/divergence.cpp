@@ -195,6 +195,33 @@ nlohmann::json firstDivergence(const std::vector<nlohmann::json>& perRank) {
   return out;
 }
 
+nlohmann::json singleNodeDivergence(const std::string& node,
+                                    const std::vector<TensorCheck>& checks) {
+  // The forward's results first: a wrong output makes every gradient after it wrong too.
+  const auto backward = [](const std::string& t) {
+    return t.rfind("grad", 0) == 0 || t.rfind("param/", 0) == 0 || t.rfind("state/", 0) == 0;
+  };
+  const TensorCheck* first = nullptr;
+  for (const auto& ch : checks) {
+    if (ch.passed()) continue;
+    if (!first || (backward(first->tensor) && !backward(ch.tensor))) first = &ch;
+  }
+  if (!first) return nullptr;
+  std::vector<int> ranks;
+  for (const auto& ch : checks) {
+    if (!ch.passed() && ch.tensor == first->tensor) ranks.push_back(ch.rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return {{"found", true},
+          {"node", node},
+          {"phase", backward(first->tensor) ? "backward" : "forward"},
+          {"tensor", first->tensor},
+          {"rank", ranks.front()},
+          {"ranks", ranks},
+          {"from", "the row's results: the step is one node"},
+          {"check", checkToJson(*first)}};
+}
+
 std::string divergenceText(const nlohmann::json& d) {
   if (d.is_null()) return "";
   if (d.contains("error"))
@@ -217,10 +244,13 @@ std::string divergenceText(const nlohmann::json& d) {
     }
     ranks += ")";
   }
+  const std::string where = d.contains("index")
+                                ? ", value " + std::to_string(d.at("index").get<int64_t>() + 1) +
+                                      " of " + std::to_string(d.at("of").get<int64_t>())
+                                : " (the step's one node)";
   return "first divergence: node " + d.at("node").get<std::string>() + " (" +
          d.at("phase").get<std::string>() + ") on rank " + std::to_string(d.at("rank").get<int>()) +
-         ranks + ", value " + std::to_string(d.at("index").get<int64_t>() + 1) + " of " +
-         std::to_string(d.at("of").get<int64_t>()) + ": " + check.toString();
+         ranks + where + ": " + check.toString();
 }
 
 bool captureDivergence(World& world, const CaseSpec& c, const reference::WorkloadData& data,

@@ -41,6 +41,12 @@ nlohmann::json firstDivergenceOnRank(const CaseSpec& c, const Strategy& strategy
 // none found one: `compared` summed, `missing` what no rank made. Null where no rank captured.
 nlohmann::json firstDivergence(const std::vector<nlohmann::json>& perRank);
 
+// A one-node strategy's first divergence (Strategy::singleNode), from the row's failing checks:
+// the node, phase forward where an output-like result fails (else backward), that tensor's
+// first failing rank and the ranks failing on it. Null where every check passed.
+nlohmann::json singleNodeDivergence(const std::string& node,
+                                    const std::vector<TensorCheck>& checks);
+
 // One line for the failure message: "first divergence: node h0.mlp.fc2 (forward) on rank 1,
 // tensor h0.mlp.fc2: max abs err ..."; empty where nothing was found.
 std::string divergenceText(const nlohmann::json& d);

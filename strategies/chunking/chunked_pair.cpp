@@ -33,6 +33,7 @@ using reference::PairStack;
 
 class PairStrategy final : public harness::SingleRankStrategy {
  public:
+  std::string singleNode(const harness::CaseSpec&) const override { return "triangle"; }
   // Steps: the chunked step N times, the reference's update after each (chunk_runner.h).
   bool trainsSteps() const override { return true; }
   std::vector<std::string> caseParams() const override { return {"chunk"}; }

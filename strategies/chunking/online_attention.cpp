@@ -51,6 +51,7 @@ using reference::TransformerShape;
 
 class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
  public:
+  std::string singleNode(const harness::CaseSpec&) const override { return "attention"; }
   explicit OnlineAttentionStrategy(std::string fault = "")
       : SingleRankStrategy("chunking/attention/online",
                            "attention over key chunks with an online softmax (flash-style)",

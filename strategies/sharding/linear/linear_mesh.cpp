@@ -71,6 +71,7 @@ using linear_mesh::Specs;
 
 class LinearMeshStrategy final : public harness::Strategy {
  public:
+  std::string singleNode(const harness::CaseSpec&) const override { return "linear"; }
   LinearMeshStrategy(LinearMeshSpec spec, int batchDim, PlantedFault fault, std::string id,
                      std::string display)
       : Strategy(std::move(id), std::move(display), harness::Family::kSharding),

@@ -128,6 +128,7 @@ class OpStrategy final : public harness::Strategy {
 
   const OpStrategySpec& spec() const { return spec_; }
   const std::string& fault() const { return fault_; }
+  std::string singleNode(const CaseSpec&) const override { return spec_.op; }
 
   std::vector<std::string> plantableFaults() const override {
     return opRule(spec_.op).faults(spec_);

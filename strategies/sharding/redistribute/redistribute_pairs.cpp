@@ -150,6 +150,7 @@ class PairExecutor final : public harness::RankExecutor {
 
 class PairStrategy final : public harness::Strategy {
  public:
+  std::string singleNode(const harness::CaseSpec&) const override { return "redistribute"; }
   std::vector<std::string> caseParams() const override {
     return {"layouts", "max_partial", "objective"};
   }

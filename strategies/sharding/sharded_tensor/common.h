@@ -25,6 +25,7 @@ namespace sb::strategies {
 
 class ShardedTensorLinearStrategy : public harness::Strategy {
  public:
+  std::string singleNode(const harness::CaseSpec&) const override { return "linear"; }
   // `weightDim`: 0 chunks the weight's rows (out_features), 1 its columns (in_features).
   ShardedTensorLinearStrategy(std::string kind, int weightDim, std::vector<int> placements,
                               PlantedFault fault, const std::string& idPrefix)

@@ -99,6 +99,7 @@ class ReshardExecutor final : public harness::RankExecutor {
 
 class ReshardStrategy final : public harness::Strategy {
  public:
+  std::string singleNode(const harness::CaseSpec&) const override { return "reshard"; }
   ReshardStrategy(int fromDim, int toDim, std::vector<int> from, std::vector<int> to,
                   PlantedFault fault = PlantedFault::kNone)
       : Strategy("sharding/sharded_tensor/" +
