@@ -100,19 +100,20 @@ void opEnded(const at::RecordFunction&, at::ObserverContext*) {
   if (!tOps.empty()) tOps.pop_back();
 }
 
-// " in OP < CALLER < ...": the innermost scopes first, at most six.
-std::string opContext() {
+std::string opContext() { return formatOpContext(tOps); }
+
+}  // namespace
+
+std::string formatOpContext(const std::vector<const char*>& open) {
   std::string s;
   int shown = 0;
-  for (auto it = tOps.rbegin(); it != tOps.rend() && shown < 6; ++it, ++shown) {
+  for (auto it = open.rbegin(); it != open.rend() && shown < 6; ++it, ++shown) {
     s += shown == 0 ? " in " : " < ";
     s += *it;
   }
-  if (static_cast<int>(tOps.size()) > shown) s += " < ...";
+  if (static_cast<int>(open.size()) > shown) s += " < ...";
   return s;
 }
-
-}  // namespace
 
 MemoryTracker& MemoryTracker::instance() {
   static MemoryTracker tracker;

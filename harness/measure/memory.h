@@ -73,6 +73,10 @@ class MemoryTracker {
   std::atomic<bool> installed_{false};
 };
 
+// " in OP < CALLER < ...": the scopes open on a thread (outermost first), innermost first and at
+// most six, as SB_MEMORY_TRACE's lines name an allocation's operators (memory_trace.py reads it).
+std::string formatOpContext(const std::vector<const char*>& open);
+
 // Attributes the calling thread's allocations to `rank` for the scope's lifetime.
 class ScopedMemoryRank {
  public:

@@ -62,17 +62,11 @@ void opEnded(const at::RecordFunction&, at::ObserverContext*) {
                      {"tid", 0}});
 }
 
-// " in OP < CALLER < ...": the allocating thread's open scopes, innermost first (at most six),
-// as SB_MEMORY_TRACE writes them.
+// The allocating thread's open scopes, as SB_MEMORY_TRACE names them (formatOpContext).
 std::string opContext() {
-  std::string s;
-  int shown = 0;
-  for (auto it = tOpen.rbegin(); it != tOpen.rend() && shown < 6; ++it, ++shown) {
-    s += shown == 0 ? " in " : " < ";
-    s += it->name;
-  }
-  if (static_cast<int>(tOpen.size()) > shown) s += " < ...";
-  return s;
+  std::vector<const char*> names;
+  for (const Open& o : tOpen) names.push_back(o.name);
+  return formatOpContext(names);
 }
 
 }  // namespace

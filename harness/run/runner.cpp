@@ -34,8 +34,8 @@ namespace sb::harness {
 namespace {
 
 // `run --trace DIR`: one more step, untimed, traced on every local rank; its files under
-// DIR/<suite>/<case>/<strategy id>/ ('/' in a name as '+'): rank<R>.trace.json (Chrome trace events),
-// rank<R>.memory.txt (SB_MEMORY_TRACE's lines), and all-ranks.trace.json where the process
+// DIR/<suite>/<case>/<strategy id>/ ('/' in a name as '+'): rank<R>.trace.json (Chrome trace
+// events), rank<R>.memory.txt (SB_MEMORY_TRACE's lines), and all-ranks.trace.json where the process
 // has more than one rank. A file that cannot be written is said on stderr; the row goes on.
 void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
                std::vector<std::unique_ptr<RankExecutor>>& execs, const std::string& dir) {
