@@ -142,6 +142,15 @@ class Strategy {
   }
   // Per-rank calls and bytes of one step, for comparison with what the backend counted.
   virtual CommStats predictComm(const CaseSpec& c, int rank) const = 0;
+  // The same per node (graph node, module or operator) and phase of the step, as the executor
+  // names them with CommSiteScope (harness/comm/comm_site.h), in the step's order; their sum is
+  // predictComm(). The runner compares each node's with what the Communicator counted there, so
+  // a collective issued at the wrong node fails the row even where the totals agree. nullopt:
+  // no per-node model (the default; the record then shows the counted nodes beside the total).
+  virtual std::optional<std::vector<NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                 int rank) const {
+    return std::nullopt;
+  }
   // The same, per group of mesh axes, for the cost model (a calibration profile prices each
   // group apart). Defaults to all of it on the whole mesh.
   virtual std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,

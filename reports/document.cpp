@@ -33,6 +33,14 @@ void Document::list(std::vector<std::string> items) {
   blocks_.push_back(std::move(b));
 }
 
+void Document::details(std::string summary, Table t, std::string cls) {
+  Block b(Block::Kind::kDetails);
+  b.text = std::move(summary);
+  b.table = std::move(t);
+  b.cls = std::move(cls);
+  blocks_.push_back(std::move(b));
+}
+
 void Document::image(std::string path, std::string alt) {
   Block b(Block::Kind::kImage);
   b.path = std::move(path);

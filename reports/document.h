@@ -23,11 +23,11 @@ struct Table {
 };
 
 struct Block {
-  enum class Kind { kHeading, kParagraph, kTable, kList, kImage };
+  enum class Kind { kHeading, kParagraph, kTable, kList, kImage, kDetails };
   explicit Block(Kind k) : kind(k) {}
   Kind kind;
   int level = 2;
-  std::string text;  // heading / paragraph text, image alt
+  std::string text;  // heading / paragraph text, image alt, a collapsed table's summary
   std::string path;  // image path relative to the report
   std::string cls;   // paragraph class (e.g. "gate-fail")
   Table table;
@@ -41,6 +41,9 @@ class Document {
   void table(Table t);
   void list(std::vector<std::string> items);
   void image(std::string path, std::string alt);
+  // A table shown on request: HTML's <details> with `summary` as its one visible line (in
+  // Markdown the same element, which GitHub renders). `cls` colours the summary (e.g. "fail").
+  void details(std::string summary, Table t, std::string cls = "");
 
   // Markdown: tables as pipe tables, images as links to their files (render_markdown.cpp).
   std::string markdown() const;

@@ -63,6 +63,21 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+void htmlTable(std::ostringstream& o, const Table& t) {
+  o << "<table" << (t.id.empty() ? "" : " id=\"" + htmlEscape(t.id) + "\"") << "><thead><tr>";
+  for (const auto& h : t.head) o << "<th>" << htmlEscape(h) << "</th>";
+  o << "</tr></thead><tbody>\n";
+  for (const auto& r : t.rows) {
+    o << "<tr>";
+    for (const auto& c : r) {
+      o << "<td" << (c.cls.empty() ? "" : " class=\"" + htmlEscape(c.cls) + "\"") << ">"
+        << htmlEscape(c.text) << "</td>";
+    }
+    o << "</tr>\n";
+  }
+  o << "</tbody></table>\n";
+}
+
 }  // namespace
 
 std::string Document::html(const std::string& title, const std::string& baseDir) const {
@@ -82,6 +97,8 @@ std::string Document::html(const std::string& title, const std::string& baseDir)
        "p.gate-pass{color:#176b2c;font-weight:bold;font-size:1.2em}\n"
        "img.plot{max-width:100%;border:1px solid #ddd;margin:.3em 0}\n"
        "h2{border-bottom:1px solid #ccc;margin-top:1.6em}\n"
+       "details{margin:.2em 0}summary{cursor:pointer;font-size:13px}\n"
+       "summary.fail{color:#a40000;font-weight:bold}\n"
     << "</style></head>\n<body>\n";
   for (const auto& b : blocks_) {
     switch (b.kind) {
@@ -102,22 +119,16 @@ std::string Document::html(const std::string& title, const std::string& baseDir)
           << "\" src=\"data:image/png;base64," << base64(slurp(baseDir + "/" + b.path))
           << "\"></div>\n";
         break;
-      case Block::Kind::kTable: {
-        const Table& t = b.table;
-        o << "<table" << (t.id.empty() ? "" : " id=\"" + htmlEscape(t.id) + "\"") << "><thead><tr>";
-        for (const auto& h : t.head) o << "<th>" << htmlEscape(h) << "</th>";
-        o << "</tr></thead><tbody>\n";
-        for (const auto& r : t.rows) {
-          o << "<tr>";
-          for (const auto& c : r) {
-            o << "<td" << (c.cls.empty() ? "" : " class=\"" + htmlEscape(c.cls) + "\"") << ">"
-              << htmlEscape(c.text) << "</td>";
-          }
-          o << "</tr>\n";
-        }
-        o << "</tbody></table>\n";
+      case Block::Kind::kTable:
+        htmlTable(o, b.table);
         break;
-      }
+      case Block::Kind::kDetails:
+        o << "<details" << (b.table.id.empty() ? "" : " id=\"" + htmlEscape(b.table.id) + "-d\"")
+          << "><summary" << (b.cls.empty() ? "" : " class=\"" + htmlEscape(b.cls) + "\"") << ">"
+          << htmlEscape(b.text) << "</summary>\n";
+        htmlTable(o, b.table);
+        o << "</details>\n";
+        break;
     }
   }
   o << "<script>\nwindow.addEventListener('load', function () {\n"

@@ -20,6 +20,35 @@ std::string mdEscape(const std::string& s) {
   return o;
 }
 
+std::string htmlText(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else
+      o += c;
+  }
+  return o;
+}
+
+void pipeTable(std::ostringstream& o, const Table& t) {
+  o << "|";
+  for (const auto& h : t.head) o << " " << mdEscape(h) << " |";
+  o << "\n|";
+  for (size_t i = 0; i < t.head.size(); ++i) o << "---|";
+  o << "\n";
+  for (const auto& r : t.rows) {
+    o << "|";
+    for (const auto& c : r) o << " " << mdEscape(c.text) << " |";
+    o << "\n";
+  }
+  o << "\n";
+}
+
 }  // namespace
 
 std::string Document::markdown() const {
@@ -39,21 +68,14 @@ std::string Document::markdown() const {
       case Block::Kind::kImage:
         o << "![" << b.text << "](" << b.path << ")\n\n";
         break;
-      case Block::Kind::kTable: {
-        const Table& t = b.table;
-        o << "|";
-        for (const auto& h : t.head) o << " " << mdEscape(h) << " |";
-        o << "\n|";
-        for (size_t i = 0; i < t.head.size(); ++i) o << "---|";
-        o << "\n";
-        for (const auto& r : t.rows) {
-          o << "|";
-          for (const auto& c : r) o << " " << mdEscape(c.text) << " |";
-          o << "\n";
-        }
-        o << "\n";
+      case Block::Kind::kTable:
+        pipeTable(o, b.table);
         break;
-      }
+      case Block::Kind::kDetails:
+        o << "<details><summary>" << htmlText(b.text) << "</summary>\n\n";
+        pipeTable(o, b.table);
+        o << "</details>\n\n";
+        break;
     }
   }
   return o.str();

@@ -179,6 +179,23 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     doc.table(std::move(located));
   }
 
+  // Communication per node and phase (details.comm_by_node), each row's table on request.
+  constexpr size_t kCommTables = 200;
+  if (auto tables = commNodeTables(current, kCommTables); !tables.empty()) {
+    doc.heading(2, "Communication per node");
+    size_t rowsWith = 0;
+    for (const auto& r : current) rowsWith += r.commByNode.is_array() && !r.commByNode.empty();
+    doc.paragraph(
+        "Per graph node (or module, or operator) and phase, the collectives each rank issued "
+        "(counted by the communicator) beside what the strategy predicts there; ranks that agree "
+        "are merged. Rows whose nodes differ first. " +
+        (rowsWith > tables.size()
+             ? std::to_string(tables.size()) + " of " + std::to_string(rowsWith) +
+                   " rows shown; every row's is in results.json (details.comm_by_node)."
+             : std::string("The same data is in results.json (details.comm_by_node).")));
+    for (auto& t : tables) doc.details(t.summary, std::move(t.table), t.differs ? "fail" : "");
+  }
+
   doc.heading(2, "Summary by family");
   doc.table(familyTable(cmp));
 

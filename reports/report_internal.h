@@ -29,6 +29,17 @@ Table caseTable(const std::vector<const RowComparison*>& rows, bool hasBaseline,
 // Where the rows that were located first left the reference (ResultRow::firstDivergence): one
 // line per row, the failing ones first; empty where none was.
 Table divergenceTable(const std::vector<ResultRow>& rows);
+// One row's communication per node and phase (ResultRow::commByNode), ranks that agree merged:
+// node, phase, collective, ranks, counted, predicted; `summary` its one line (how many nodes
+// communicate, and the first node where counted and predicted part), `differs` whether any do.
+struct CommNodeTable {
+  std::string summary;
+  bool differs = false;
+  Table table;
+};
+// Every row that has one, those whose nodes differ first, then in the rows' order; at most
+// `limit` (the rest are in results.json).
+std::vector<CommNodeTable> commNodeTables(const std::vector<ResultRow>& rows, size_t limit);
 
 // ---- summary_csv.cpp ------------------------------------------------------------------------
 

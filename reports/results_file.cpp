@@ -219,10 +219,10 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   return r;
 }
 
-// The records' first divergences from the results.json beside `csv`, matched to the rows by
-// their key. A file that is missing is nothing to read (a CSV copied alone); one that is not
+// The records' first divergences and communication per node from the results.json beside `csv`,
+// matched to the rows by their key. A file that is missing is nothing to read (a CSV copied alone); one that is not
 // the JSON `run` writes is bad input.
-void attachDivergences(const std::string& csv, std::vector<ResultRow>& rows) {
+void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   const std::string path = (std::filesystem::path(csv).parent_path() / "results.json").string();
   if (!std::filesystem::is_regular_file(path)) return;
   std::ifstream in(path);
@@ -237,18 +237,21 @@ void attachDivergences(const std::string& csv, std::vector<ResultRow>& rows) {
   }
   std::map<std::string, const nlohmann::json*> byKey;
   for (const auto& r : j.at("records")) {
-    if (!r.is_object() || !r.contains("details") || !r.at("details").is_object() ||
-        !r.at("details").contains("first_divergence")) {
-      continue;
-    }
+    if (!r.is_object() || !r.contains("details") || !r.at("details").is_object()) continue;
     const auto text = [&](const char* k) {
       return r.contains(k) && r.at(k).is_string() ? r.at(k).get<std::string>() : "";
     };
     byKey[text("suite") + "\x1f" + text("case") + "\x1f" + text("strategy_id") + "\x1f" +
-          text("backend")] = &r.at("details").at("first_divergence");
+          text("backend")] = &r.at("details");
   }
   for (auto& row : rows) {
-    if (auto it = byKey.find(row.key()); it != byKey.end()) row.firstDivergence = *it->second;
+    const auto it = byKey.find(row.key());
+    if (it == byKey.end()) continue;
+    const nlohmann::json& d = *it->second;
+    if (d.contains("first_divergence")) row.firstDivergence = d.at("first_divergence");
+    if (d.contains("comm_by_node") && d.at("comm_by_node").is_array()) {
+      row.commByNode = d.at("comm_by_node");
+    }
   }
 }
 
@@ -290,7 +293,7 @@ std::vector<ResultRow> readResults(const std::string& given) {
     // ...").
     throw ReportInputError(path + ": " + e.what());
   }
-  attachDivergences(path, rows);
+  attachDetails(path, rows);
   return rows;
 }
 

@@ -51,6 +51,9 @@ struct ResultRow {
   // the reference (the record's details.first_divergence, harness/run/divergence.h); null
   // otherwise.
   nlohmann::json firstDivergence;
+  // From the same file: the row's communication per node and phase, counted and predicted, per
+  // rank (details.comm_by_node, harness/comm/comm_site.h); null where it has none.
+  nlohmann::json commByNode;
 
   // What matches a row to its baseline: the same strategy on the same case and backend.
   std::string key() const {

@@ -1,8 +1,11 @@
 // The document's tables (report_internal.h): provenance, the summary by family and one table
 // per case, with the cell formatting they share.
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "reports/report_internal.h"
 
@@ -245,6 +248,117 @@ Table divergenceTable(const std::vector<ResultRow>& rows) {
     t.rows.push_back(row);
   }
   return t;
+}
+
+namespace {
+
+// "3x 1.5 KiB" ("-" for no calls).
+std::string callsText(const nlohmann::json& c) {
+  if (!c.is_object() || !c.contains("calls") || !c.at("calls").is_number_integer()) return "-";
+  const int64_t calls = c.at("calls").get<int64_t>();
+  const int64_t b = c.contains("bytes") && c.at("bytes").is_number_integer()
+                        ? c.at("bytes").get<int64_t>()
+                        : 0;
+  return std::to_string(calls) + "x " + bytes(b);
+}
+
+std::string rangesText(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) +
+           (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string textOf(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j.at(key).is_string() ? j.at(key).get<std::string>()
+                                                                   : "";
+}
+
+// One row's table; nullopt where its comm_by_node has nothing readable.
+std::optional<CommNodeTable> commNodeTable(const ResultRow& r, size_t index) {
+  struct Line {
+    std::string node, phase, collective, counted, predicted;
+    bool differs = false;
+    std::vector<int> ranks;
+  };
+  std::vector<Line> lines;
+  std::map<std::string, size_t> at;
+  std::set<std::pair<std::string, std::string>> nodes;
+  bool perNode = true;
+  std::string firstDiff;
+  for (const auto& rank : r.commByNode) {
+    if (!rank.is_object() || !rank.contains("nodes") || !rank.at("nodes").is_array()) continue;
+    const int rk = rank.contains("rank") && rank.at("rank").is_number_integer()
+                       ? rank.at("rank").get<int>()
+                       : -1;
+    const bool predicted = rank.contains("predicted_per_node") &&
+                           rank.at("predicted_per_node").is_boolean() &&
+                           rank.at("predicted_per_node").get<bool>();
+    perNode = perNode && predicted;
+    for (const auto& n : rank.at("nodes")) {
+      const nlohmann::json none = nlohmann::json::object();
+      const nlohmann::json& counted = n.is_object() && n.contains("counted") ? n.at("counted") : none;
+      const nlohmann::json& pred = n.is_object() && n.contains("predicted") ? n.at("predicted") : none;
+      if (!counted.is_object() || !pred.is_object()) continue;
+      std::set<std::string> kinds;
+      for (const auto& [k, v] : counted.items()) kinds.insert(k);
+      for (const auto& [k, v] : pred.items()) kinds.insert(k);
+      const std::string node = textOf(n, "node"), phase = textOf(n, "phase");
+      nodes.insert({node, phase});
+      for (const auto& k : kinds) {
+        Line l{node.empty() ? "(outside the nodes)" : node, phase, k,
+               callsText(counted.value(k, nlohmann::json())),
+               predicted ? callsText(pred.value(k, nlohmann::json())) : "(total only)"};
+        l.differs = predicted && l.counted != l.predicted;
+        if (l.differs && firstDiff.empty()) {
+          firstDiff = l.node + " (" + l.phase + ") on rank " + std::to_string(rk);
+        }
+        const std::string key = l.node + "\x1f" + l.phase + "\x1f" + k + "\x1f" + l.counted +
+                                "\x1f" + l.predicted;
+        auto [it, fresh] = at.try_emplace(key, lines.size());
+        if (fresh) lines.push_back(std::move(l));
+        lines[it->second].ranks.push_back(rk);
+      }
+    }
+  }
+  if (lines.empty()) return std::nullopt;
+  CommNodeTable out;
+  out.differs = !firstDiff.empty();
+  out.table.id = "comm-by-node-" + std::to_string(index);
+  out.table.head = {"node", "phase", "collective", "ranks", "counted", "predicted"};
+  for (auto& l : lines) {
+    std::sort(l.ranks.begin(), l.ranks.end());
+    out.table.rows.push_back({{l.node, ""},
+                              {l.phase, ""},
+                              {l.collective, ""},
+                              {rangesText(l.ranks), ""},
+                              {l.counted, l.differs ? "fail" : ""},
+                              {l.predicted, l.differs ? "fail" : ""}});
+  }
+  out.summary = r.caseName + " / " + r.strategyId + " (" + r.backend + "): " +
+                std::to_string(nodes.size()) + " node phases communicate; " +
+                (out.differs ? "counted and predicted part first at " + firstDiff
+                 : perNode   ? "counted as predicted at every node"
+                             : "predicted as a total only");
+  return out;
+}
+
+}  // namespace
+
+std::vector<CommNodeTable> commNodeTables(const std::vector<ResultRow>& rows, size_t limit) {
+  std::vector<CommNodeTable> differ, agree;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!rows[i].commByNode.is_array()) continue;
+    if (auto t = commNodeTable(rows[i], i)) (t->differs ? differ : agree).push_back(std::move(*t));
+  }
+  for (auto& t : agree) differ.push_back(std::move(t));
+  if (differ.size() > limit) differ.resize(limit);
+  return differ;
 }
 
 }  // namespace sb::reports

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "harness/comm/comm_site.h"
+
 namespace sb::harness {
 namespace {
 
@@ -11,8 +13,10 @@ using torch::autograd::variable_list;
 
 // The communicator travels through the autograd context as an integer: the executor that
 // built the graph outlives its backward, and IValue has no slot for a raw pointer.
+// The node it was made in goes with it, for the backward's collectives (comm_site.h).
 void saveComm(AutogradContext* ctx, Communicator& comm) {
   ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm));
+  saveCommNode(ctx);
 }
 Communicator& loadComm(AutogradContext* ctx) {
   return *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
@@ -24,6 +28,7 @@ struct IdentityFwdAllReduceBwd : torch::autograd::Function<IdentityFwdAllReduceB
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto site = backwardCommSite(ctx);
     at::Tensor g = grads[0].contiguous().clone();
     loadComm(ctx).allReduce(g);
     return {g, at::Tensor()};
@@ -49,6 +54,7 @@ struct AllReduceFwdAllReduceBwd : torch::autograd::Function<AllReduceFwdAllReduc
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto site = backwardCommSite(ctx);
     at::Tensor g = grads[0].contiguous().clone();
     loadComm(ctx).allReduce(g);
     return {g, at::Tensor()};
@@ -63,6 +69,7 @@ struct AllGatherFwdReduceScatterBwd : torch::autograd::Function<AllGatherFwdRedu
     return comm->allGather(x, rows);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto site = backwardCommSite(ctx);
     const auto rows = ctx->saved_data["rows"].toIntVector();
     return {loadComm(ctx).reduceScatter(grads[0].contiguous(), rows), at::Tensor(), at::Tensor()};
   }
@@ -76,6 +83,7 @@ struct ReduceScatterFwdAllGatherBwd : torch::autograd::Function<ReduceScatterFwd
     return comm->reduceScatter(x, rows);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto site = backwardCommSite(ctx);
     const auto rows = ctx->saved_data["rows"].toIntVector();
     return {loadComm(ctx).allGather(grads[0].contiguous(), rows), at::Tensor(), at::Tensor()};
   }
@@ -90,6 +98,7 @@ struct AllToAllFwdAllToAllBwd : torch::autograd::Function<AllToAllFwdAllToAllBwd
     return comm->allToAll(x, sendRows, recvRows);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto site = backwardCommSite(ctx);
     const auto send = ctx->saved_data["send"].toIntVector();
     const auto recv = ctx->saved_data["recv"].toIntVector();
     // The gradient flows back the way the data came: what was received is sent back.

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "harness/comm/comm_site.h"
 #include "harness/measure/step_trace.h"
 
 namespace sb::harness {
@@ -67,8 +68,25 @@ void Communicator::unsupported(Collective c) const {
   TORCH_CHECK(false, "Backend ", backendName(), " does not support ", collectiveName(c));
 }
 
+void CommStats::addAt(const std::string& node, const std::string& phase, Collective c,
+                      int64_t bytes) {
+  // Most calls land where the last did: search from the back.
+  for (auto it = byNode.rbegin(); it != byNode.rend(); ++it) {
+    if (it->node == node && it->phase == phase) {
+      it->comm.add(c, bytes);
+      return;
+    }
+  }
+  byNode.push_back({node, phase, {}});
+  byNode.back().comm.add(c, bytes);
+}
+
 void Communicator::count(Collective c, int64_t bytes) {
-  if (stats_ != nullptr) stats_->add(c, size_ > 1 ? bytes : 0);
+  if (stats_ == nullptr) return;
+  const int64_t counted = size_ > 1 ? bytes : 0;
+  stats_->add(c, counted);
+  const CommSite site = currentCommSite();
+  stats_->addAt(site.node, stepPhaseName(site.phase), c, counted);
 }
 
 void Communicator::checkRows(const std::vector<int64_t>& rows, const char* what) const {

@@ -30,6 +30,8 @@ const char* collectiveName(Collective c);
 // reduce-scatter the full input, all-to-all the send buffer, send_recv (one batch of point-to-
 // point operations) the bytes this rank sends. A collective over a group of one rank moves
 // nothing and counts its call with zero bytes.
+struct NodeComm;
+
 struct CommStats {
   struct Entry {
     int64_t calls = 0;
@@ -46,10 +48,36 @@ struct CommStats {
     e.calls += 1;
     e.bytes += bytes;
   }
-  void reset() { entries = {}; }
+  // Adds another's totals (its byNode is not added).
+  CommStats& operator+=(const CommStats& o) {
+    for (size_t k = 0; k < entries.size(); ++k) {
+      entries[k].calls += o.entries[k].calls;
+      entries[k].bytes += o.entries[k].bytes;
+    }
+    return *this;
+  }
+  void reset() {
+    entries = {};
+    byNode.clear();
+  }
+  // The totals' equality (byNode is not compared).
   bool operator==(const CommStats& o) const;
   // "all_reduce 3x 1536 B, all_gather 1x 512 B" (kinds with no calls omitted).
   std::string toString() const;
+
+  // Where the Communicator counted each call (harness/comm/comm_site.h): per node and phase of
+  // the step, in the order each was first seen. Predictions leave it empty.
+  std::vector<NodeComm> byNode;
+  void addAt(const std::string& node, const std::string& phase, Collective c, int64_t bytes);
+};
+
+// One node's (or module's, or operator's) collectives in one phase of a step ("forward",
+// "backward", "recompute", "update", "step"): counted by the Communicator, or predicted by a
+// strategy (Strategy::predictCommByNode). Node "" is the step outside every named node.
+struct NodeComm {
+  std::string node;
+  std::string phase;
+  CommStats comm;  // its byNode empty
 };
 
 // One rank's handle on one process group: the ranks of a mesh axis, of several axes, or of the

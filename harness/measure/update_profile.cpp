@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "harness/comm/comm.h"
+#include "harness/comm/comm_site.h"
 #include "harness/measure/memory.h"
 
 namespace sb::harness {
@@ -40,6 +41,7 @@ UpdateProfile profileUpdate(int rank, const reference::TrainingSpec& spec,
 
 void shareNormOver(reference::TrainingLoop& loop, std::vector<bool> counted, Communicator& comm) {
   loop.shareNorm(std::move(counted), [&comm](double sq) {
+    const CommSiteScope site("", StepPhase::kUpdate);
     at::Tensor t = at::tensor({sq}, at::TensorOptions().dtype(at::kDouble));
     comm.allReduce(t);
     return t.item<double>();

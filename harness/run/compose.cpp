@@ -3,6 +3,7 @@
 #include "harness/run/compose.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "harness/measure/device.h"
@@ -29,6 +30,48 @@ std::string errorMessage(const std::vector<RankOutcome>& ranks, bool perRankErro
   if (!echoes.empty()) msg += " (then ranks " + echoes + " failed on the broken group)";
   return msg;
 }
+
+namespace {
+
+// One rank's communication per node and phase, counted beside predicted (where the strategy
+// predicts per node), in the step's order (the counted nodes first, then any predicted but never
+// reached); `problem` names the first node whose two differ.
+nlohmann::json nodeCommEntries(const std::vector<NodeComm>& counted,
+                               const std::optional<std::vector<NodeComm>>& predicted,
+                               std::string& problem) {
+  std::vector<std::pair<std::string, std::string>> order;
+  std::map<std::pair<std::string, std::string>, std::pair<CommStats, CommStats>> at;
+  const auto note = [&](const NodeComm& n, bool isCounted) {
+    const auto key = std::make_pair(n.node, n.phase);
+    auto [it, fresh] = at.try_emplace(key);
+    if (fresh) order.push_back(key);
+    CommStats& into = isCounted ? it->second.first : it->second.second;
+    for (int k = 0; k < kNumCollectives; ++k) {
+      into.entries[k].calls += n.comm.entries[k].calls;
+      into.entries[k].bytes += n.comm.entries[k].bytes;
+    }
+  };
+  for (const auto& n : counted) note(n, true);
+  if (predicted) {
+    for (const auto& n : *predicted) note(n, false);
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& key : order) {
+    const auto& [c, p] = at.at(key);
+    if (c.totalCalls() == 0 && p.totalCalls() == 0) continue;
+    nlohmann::json e = {{"node", key.first}, {"phase", key.second}, {"counted", commToJson(c)}};
+    if (predicted) e["predicted"] = commToJson(p);
+    out.push_back(e);
+    if (predicted && !(c == p) && problem.empty()) {
+      problem = "at node " + (key.first.empty() ? std::string("(outside the nodes)") : key.first) +
+                " (" + key.second + ") it communicated " + c.toString() +
+                " but the strategy predicts " + p.toString() + " there";
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& data,
                const Strategy& strategy, const std::vector<RankOutcome>& ranks,
@@ -97,7 +140,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   // the backend emulated a collective, what crossed the wire is kept beside it.
   int64_t commMax = 0, predMax = 0, callsMax = 0;
   std::string commProblem;
-  nlohmann::json commRanks = nlohmann::json::array();
+  nlohmann::json commRanks = nlohmann::json::array(), nodeRanks = nlohmann::json::array();
   std::optional<int64_t> memPredMax;
   std::vector<int64_t> peaks, starts, memLimits, memPredicted;
   std::string memProblem;
@@ -110,9 +153,24 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
         {"rank", o.rank}, {"counted", commToJson(o.counted)}, {"predicted", commToJson(predicted)}};
     if (!(o.wire == o.counted)) entry["wire"] = commToJson(o.wire);
     commRanks.push_back(entry);
-    if (!(o.counted == predicted) && commProblem.empty()) {
+    // Per node and phase: where a strategy predicts them, a collective at the wrong node fails
+    // the row even where the totals agree.
+    const auto predictedByNode = strategy.predictCommByNode(c, o.rank);
+    std::string nodeProblem;
+    nlohmann::json nodes = nodeCommEntries(o.counted.byNode, predictedByNode, nodeProblem);
+    if (!nodes.empty()) {
+      nodeRanks.push_back({{"rank", o.rank},
+                           {"predicted_per_node", predictedByNode.has_value()},
+                           {"nodes", std::move(nodes)}});
+    }
+    if (commProblem.empty() && (!(o.counted == predicted) || !nodeProblem.empty())) {
       commProblem = "rank " + std::to_string(o.rank) + " communicated " + o.counted.toString() +
                     " but the strategy predicts " + predicted.toString();
+      if (o.counted == predicted) {
+        commProblem = "rank " + std::to_string(o.rank) + ": the totals agree, but " + nodeProblem;
+      } else if (!nodeProblem.empty()) {
+        commProblem += "; first " + nodeProblem;
+      }
     }
     if (o.predictedPeak) {
       memPredMax = std::max(memPredMax.value_or(0), *o.predictedPeak);
@@ -132,6 +190,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   rec.predictedCommBytes = predMax;
   rec.commCalls = callsMax;
   rec.details["comm_per_rank"] = commRanks;
+  if (!nodeRanks.empty()) rec.details["comm_by_node"] = nodeRanks;
   rec.peakMemBytes = *std::max_element(peaks.begin(), peaks.end());
   rec.predictedMemBytes = memPredMax;
   rec.details["peak_mem_bytes_per_rank"] = peaks;
@@ -179,6 +238,11 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
     if (rec.status == Status::kFail && (!allPassed(checks, {}) || !allPassed(after, {}))) {
       rec.message += "; " + divergenceText(d);
     }
+  }
+  // A row that failed its tensors may have communicated otherwise than predicted as well:
+  // said after them (the node where the counts part names the place to look).
+  if (!commProblem.empty() && rec.message.find(commProblem) == std::string::npos) {
+    rec.message += "; communication: " + commProblem;
   }
   if (!mispredicted.empty()) {
     rec.message += (rec.message.empty() ? "" : "; ") + mispredicted;

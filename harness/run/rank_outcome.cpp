@@ -71,6 +71,23 @@ CommStats commFromJson(const nlohmann::json& j) {
   return s;
 }
 
+nlohmann::json nodeCommToJson(const std::vector<NodeComm>& nodes) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& n : nodes) {
+    j.push_back({{"node", n.node}, {"phase", n.phase}, {"comm", commToJson(n.comm)}});
+  }
+  return j;
+}
+
+std::vector<NodeComm> nodeCommFromJson(const nlohmann::json& j) {
+  std::vector<NodeComm> out;
+  for (const auto& e : j) {
+    out.push_back({e.at("node").get<std::string>(), e.at("phase").get<std::string>(),
+                   commFromJson(e.at("comm"))});
+  }
+  return out;
+}
+
 nlohmann::json outcomeToJson(const RankOutcome& o) {
   nlohmann::json j;
   j["rank"] = o.rank;
@@ -80,6 +97,7 @@ nlohmann::json outcomeToJson(const RankOutcome& o) {
   j["peak"] = o.peak;
   j["start_bytes"] = o.startBytes;
   j["counted"] = commToJson(o.counted);
+  j["counted_by_node"] = nodeCommToJson(o.counted.byNode);
   j["wire"] = commToJson(o.wire);
   if (o.predictedPeak) j["predicted_peak"] = *o.predictedPeak;
   if (o.memoryLimit) j["memory_limit"] = *o.memoryLimit;
@@ -102,6 +120,7 @@ RankOutcome outcomeFromJson(const nlohmann::json& j) {
   o.peak = j.at("peak").get<int64_t>();
   o.startBytes = j.value("start_bytes", int64_t{0});
   o.counted = commFromJson(j.at("counted"));
+  o.counted.byNode = nodeCommFromJson(j.at("counted_by_node"));
   o.wire = commFromJson(j.at("wire"));
   if (j.contains("predicted_peak")) o.predictedPeak = j.at("predicted_peak").get<int64_t>();
   if (j.contains("memory_limit")) o.memoryLimit = j.at("memory_limit").get<int64_t>();

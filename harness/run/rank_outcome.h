@@ -45,6 +45,9 @@ TensorCheck checkFromJson(const nlohmann::json& j);
 // Calls and bytes of each collective that was called.
 nlohmann::json commToJson(const CommStats& s);
 CommStats commFromJson(const nlohmann::json& j);
+// Per node and phase: [{"node", "phase", "comm": commToJson}].
+nlohmann::json nodeCommToJson(const std::vector<NodeComm>& nodes);
+std::vector<NodeComm> nodeCommFromJson(const nlohmann::json& j);
 
 nlohmann::json outcomeToJson(const RankOutcome& o);
 RankOutcome outcomeFromJson(const nlohmann::json& j);

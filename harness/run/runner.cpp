@@ -27,6 +27,7 @@
 #include "harness/run/local_run.h"
 #include "harness/run/plan.h"
 #include "harness/run/predict.h"
+#include "harness/comm/comm_site.h"
 #include "harness/run/row_checks.h"
 #include "harness/run/run_util.h"
 
@@ -127,6 +128,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
 
     // The measured step: communication counts, peak memory and the results to verify.
     world.resetStats();
+    const std::string node = strategy.singleNode(c);
     const bool cuda = reference::caseDevice().is_cuda();
     DeviceMemoryStats before;
     const int64_t hookBefore = cudaAllocationsSeen();
@@ -139,7 +141,12 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       MemoryTracker::instance().resetPeak(r);
       start[r] = MemoryTracker::instance().current(r);
       maybeFireRankFault(options, r);
-      execs[r]->step(ctx);
+      {
+        // A one-node strategy's collectives are its node's (comm_site.h); a multi-node
+        // executor names its own.
+        const CommSiteScope site(node);
+        execs[r]->step(ctx);
+      }
       peak[r] = MemoryTracker::instance().peak(r);
       MemoryTracker::instance().traceNote(r, "end of the measured step");
     });

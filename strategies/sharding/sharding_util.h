@@ -67,6 +67,28 @@ inline void addTrainingComm(std::vector<std::pair<std::vector<int>, harness::Com
   }
 }
 
+// The same per node (Strategy::predictCommByNode): every node's collectives N times over a
+// case's steps, and the loss's and the gradient norm's all-reduces each step, outside the nodes
+// in the update.
+inline void addTrainingComm(std::vector<harness::NodeComm>& nodes, const harness::CaseSpec& c) {
+  if (!c.training.enabled()) return;
+  for (auto& n : nodes) {
+    for (auto& e : n.comm.entries) {
+      e.calls *= c.training.steps;
+      e.bytes *= c.training.steps;
+    }
+  }
+  if (c.meshSize() > 1) {
+    harness::NodeComm update{"", "update", {}};
+    for (int k = 0; k < c.training.steps; ++k) {
+      update.comm.add(harness::Collective::kAllReduce,
+                      static_cast<int64_t>(c10::elementSize(c.dtype)));
+      update.comm.add(harness::Collective::kAllReduce, 8);
+    }
+    nodes.push_back(std::move(update));
+  }
+}
+
 // The peak of a recorded allocation sequence: `tokens` is one "+NAME" (allocation) or "-NAME"
 // (release) per event, NAME a key of `size`; `start` the bytes alive when the sequence begins.
 // Throws (internal error) on an unknown name or a sequence that does not return to `start`.

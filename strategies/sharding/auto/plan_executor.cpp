@@ -37,6 +37,7 @@
 #include <mutex>
 #include <set>
 
+#include "harness/comm/comm_site.h"
 #include "harness/json_strict.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/step_trace.h"
@@ -121,12 +122,14 @@ struct EdgeRedistribute : torch::autograd::Function<EdgeRedistribute> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const harness::RedistRunner* fwd, const harness::RedistRunner* bwd) {
     ctx->saved_data["bwd"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(bwd));
+    harness::saveCommNode(ctx);
     return fwd->run(x, false);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto* bwd = reinterpret_cast<const harness::RedistRunner*>(
         static_cast<intptr_t>(ctx->saved_data["bwd"].toInt()));
+    const auto site = harness::backwardCommSite(ctx);
     return {bwd->run(grads[0].contiguous(), false), at::Tensor(), at::Tensor()};
   }
 };
@@ -393,6 +396,32 @@ class PlanStrategy final : public harness::Strategy {
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return totalComm(predictCommByGroup(c, rank));
   }
+  // Per node: its operator's collectives and its operands' redistributions (an edge is its
+  // consumer's: the executor runs it inside the consuming node), forward and backward.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    const auto s = solved(c);
+    const auto& g = s->model->graph();
+    std::vector<harness::NodeComm> fwd, bwd;
+    for (size_t v = 0; v < g.nodes.size(); ++v) {
+      fwd.push_back({g.nodes[v].name, "forward", {}});
+      bwd.push_back({g.nodes[v].name, "backward", {}});
+      const Candidate& cand = s->model->candidates(v)[s->plan.choice[v]];
+      for (const auto& part : opCommParts(cand.op, c.mesh, rank, c.dtype)) {
+        (part.backward ? bwd : fwd).back().comm += part.comm;
+      }
+    }
+    for (const auto& e : s->edges) {
+      fwd[e.node].comm += e.forward.comm(e.geometry, rank, false);
+      bwd[e.node].comm += e.backward.comm(e.geometry, rank, false);
+    }
+    // The backward runs the nodes the other way.
+    std::vector<harness::NodeComm> out = std::move(fwd);
+    out.insert(out.end(), std::make_move_iterator(bwd.rbegin()),
+               std::make_move_iterator(bwd.rend()));
+    addTrainingComm(out, c);
+    return out;
+  }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
@@ -572,7 +601,10 @@ void PlanExecutor::trainSteps(RankContext& ctx) {
       endCapture();
       at::Tensor total =
           outputCounted_ ? (out.detach() * seed_).sum() : at::zeros({}, out.options());
-      if (shared) world.allReduce(total);
+      if (shared) {
+        const harness::CommSiteScope site("", harness::StepPhase::kUpdate);
+        world.allReduce(total);
+      }
       loss = total.item<double>();
     }
     loop_->update(loss);
@@ -604,6 +636,7 @@ at::Tensor PlanExecutor::forward(RankContext& ctx) {
     const Candidate& cand = m.candidates(v)[choice[v]];
     // run --trace: the node's forward (its edges' redistributions in it) as a span.
     const harness::TraceScope span("node", n.name);
+    const harness::CommSiteScope site(n.name);
     std::vector<at::Tensor> local;
     for (size_t i = 0; i < n.args.size(); ++i) {
       const std::string& a = n.args[i];

@@ -33,6 +33,7 @@
 
 #include <cmath>
 
+#include "harness/comm/comm_site.h"
 #include "harness/capture_tape.h"
 #include "harness/comm/autograd_comm.h"
 #include "harness/measure/update_profile.h"
@@ -500,7 +501,10 @@ void MegatronExecutor::trainSteps(RankContext& ctx) {
       endCapture();
       at::Tensor local =
           outputCounted_ ? (out.detach() * gradOut_).sum() : at::zeros({}, out.options());
-      if (shared) world.allReduce(local);
+      if (shared) {
+        const harness::CommSiteScope site("", harness::StepPhase::kUpdate);
+        world.allReduce(local);
+      }
       loss = local.item<double>();
     }
     loop_->update(loss);

@@ -1,5 +1,6 @@
 // Attention over a sharded sequence (see sequence_attention.h).
 
+#include "harness/comm/comm_site.h"
 #include "strategies/sharding/cp/sequence_attention.h"
 
 #include <ATen/ATen.h>
@@ -30,6 +31,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
     ctx->save_for_backward({q, k, v, r.out, r.lse, kept});
     ctx->saved_data["attention"] = attention;
     ctx->saved_data["axis"] = axis;
+    harness::saveCommNode(ctx);
     return r.out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -38,6 +40,7 @@ struct RingAttention : public torch::autograd::Function<RingAttention> {
         reinterpret_cast<const SequenceAttention*>(ctx->saved_data["attention"].toInt());
     auto* axis = reinterpret_cast<Communicator*>(ctx->saved_data["axis"].toInt());
     const auto s = ctx->get_saved_variables();
+    const auto site = harness::backwardCommSite(ctx);
     std::vector<at::Tensor> g =
         a->ringBackward(*axis, s[0], s[1], s[2], s[5], s[3], s[4], grads[0]);
     g.resize(5);  // nothing for the two pointers

@@ -58,6 +58,7 @@
 #include <map>
 #include <utility>
 
+#include "harness/comm/comm_site.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
@@ -243,6 +244,7 @@ at::Tensor GatherParam::forward(torch::autograd::AutogradContext* ctx, const at:
                                 int64_t executor, int64_t index) {
   ctx->saved_data["executor"] = executor;
   ctx->saved_data["index"] = index;
+  harness::saveCommNode(ctx);
   return reinterpret_cast<FsdpExecutor*>(executor)->gather(static_cast<int>(index), shard);
 }
 
@@ -250,6 +252,7 @@ torch::autograd::variable_list GatherParam::backward(torch::autograd::AutogradCo
                                                      torch::autograd::variable_list grads) {
   auto* e = reinterpret_cast<FsdpExecutor*>(ctx->saved_data["executor"].toInt());
   const int index = static_cast<int>(ctx->saved_data["index"].toInt());
+  const auto site = harness::backwardCommSite(ctx);
   return {e->reduceGrad(index, grads[0]), at::Tensor(), at::Tensor()};
 }
 
@@ -516,7 +519,10 @@ double FsdpExecutor::pass() {
     reference::backward({loss});
     mark(MarkKind::kBackwardEnd, -1);
     at::Tensor total = loss.detach().clone();
-    if (!profile_) ctx_->world().allReduce(total);
+    if (!profile_) {
+      const harness::CommSiteScope site("", harness::StepPhase::kUpdate);
+      ctx_->world().allReduce(total);
+    }
     result = total.item<double>();
   }
   return result;

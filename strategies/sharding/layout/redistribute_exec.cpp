@@ -1,3 +1,4 @@
+#include "harness/comm/comm_site.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
 
 #include "kernels/pack.h"
@@ -61,12 +62,14 @@ using torch::autograd::variable_list;
 struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
   static at::Tensor forward(AutogradContext* actx, const at::Tensor& x, int64_t runner) {
     actx->saved_data["runner"] = runner;
+    saveCommNode(actx);
     return reinterpret_cast<const RedistRunner*>(static_cast<intptr_t>(runner))->run(x, false);
   }
   static variable_list backward(AutogradContext* actx, variable_list grads) {
     const auto* runner = reinterpret_cast<const RedistRunner*>(
         static_cast<intptr_t>(actx->saved_data["runner"].toInt()));
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    const auto site = backwardCommSite(actx);
     const at::Tensor g = grads[0].contiguous();
     at::Tensor gx = runner->run(g, true);
     // A plan of relabellings hands the gradient straight back; autograd then needs its own.

@@ -358,6 +358,21 @@ class LinearMeshStrategy final : public harness::Strategy {
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return totalComm(predictCommByGroup(c, rank));
   }
+  // One node, the linear (singleNode): the output's all-reduce forward, the gradients' backward.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    CaseSpec one = c;
+    one.training = {};
+    const auto parts = predictCommByGroup(one, rank);
+    std::vector<harness::NodeComm> out = {{"linear", "forward", {}}, {"linear", "backward", {}}};
+    for (size_t i = 0; i < parts.size(); ++i) {
+      // The first part is the forward's where the input features are split (see above).
+      const bool forward = i == 0 && !spec_.inAxes.empty();
+      out[forward ? 0 : 1].comm += parts[i].second;
+    }
+    addTrainingComm(out, c);
+    return out;
+  }
 
   // The local matmuls: y = x W^T on the shards, then dx = dy W and dW = dy^T x, each
   // 2 x rows x in x out on the local extents.

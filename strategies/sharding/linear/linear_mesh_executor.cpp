@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "harness/comm/comm_site.h"
 #include "harness/comm/autograd_comm.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/update_profile.h"
@@ -261,7 +262,10 @@ void LinearMeshExecutor::train(RankContext& ctx) {
       const at::Tensor y = pass();
       at::Tensor total =
           outputCounted_ ? (y.detach() * gradOut_).sum() : at::zeros({}, y.options());
-      world.allReduce(total);
+      {
+        const harness::CommSiteScope site("", harness::StepPhase::kUpdate);
+        world.allReduce(total);
+      }
       loss = total.item<double>();
     }
     loop_->update(loss);

@@ -283,38 +283,51 @@ int64_t statNumel(const Resolved& r, const std::vector<int64_t>& mesh,
 }
 }  // namespace
 
-std::vector<std::pair<std::vector<int>, CommStats>> opCommByGroup(
-    const ResolvedOp& r, const std::vector<int64_t>& meshShape, int rank, at::ScalarType dtype) {
+std::vector<OpCommPart> opCommParts(const ResolvedOp& r, const std::vector<int64_t>& meshShape,
+                                    int rank, at::ScalarType dtype) {
   const DeviceMesh mesh(meshShape);
   const auto coords = mesh.coords(rank);
   const int64_t es = c10::elementSize(dtype);
-  std::vector<std::pair<std::vector<int>, CommStats>> out;
-  const auto allReduce = [&](const Axes& axes, int64_t numel) {
+  std::vector<OpCommPart> out;
+  const auto allReduce = [&](const Axes& axes, int64_t numel, bool backward) {
     CommStats st;
     st.add(Collective::kAllReduce, mesh.groupSize(axes) > 1 ? numel * es : 0);
-    out.emplace_back(axes, st);
+    out.push_back({axes, backward, st});
   };
   const auto outs = r.shape.outputs();
   for (size_t i = 0; i < r.outputs.size(); ++i) {
     if (!r.outputs[i].partialAxes().empty()) {
-      allReduce(r.outputs[i].partialAxes(), r.outputs[i].box(outs[i], meshShape, coords).numel());
+      allReduce(r.outputs[i].partialAxes(), r.outputs[i].box(outs[i], meshShape, coords).numel(),
+                false);
     }
   }
   if (!r.statAxes.empty()) {
     const int64_t stats = statNumel(r, meshShape, coords);
-    allReduce(r.statAxes, stats);      // forward: the sum
-    allReduce(r.statAxes, stats);      // forward: the centred sum of squares
-    allReduce(r.statAxes, 2 * stats);  // backward: both sums of the input gradient
+    allReduce(r.statAxes, stats, false);     // forward: the sum
+    allReduce(r.statAxes, stats, false);     // forward: the centred sum of squares
+    allReduce(r.statAxes, 2 * stats, true);  // backward: both sums of the input gradient
   }
   for (size_t i = 0; i < r.gradPartial.size(); ++i) {
     if (r.gradPartial[i].empty()) continue;
     allReduce(
         r.gradPartial[i],
-        r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), meshShape, coords).numel());
+        r.operands[i].box(r.shape.operandShape(r.spec.operands[i]), meshShape, coords).numel(),
+        true);
   }
   if (gathers(r, mesh)) {  // the input's gather, forward only
     const GatherPlan p = gatherPlan(r, meshShape, dtype);
-    for (auto& g : p.plan.commByGroup(p.geometry, rank, false)) out.push_back(std::move(g));
+    for (auto& [axes, st] : p.plan.commByGroup(p.geometry, rank, false)) {
+      out.push_back({std::move(axes), false, std::move(st)});
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::vector<int>, CommStats>> opCommByGroup(
+    const ResolvedOp& r, const std::vector<int64_t>& meshShape, int rank, at::ScalarType dtype) {
+  std::vector<std::pair<std::vector<int>, CommStats>> out;
+  for (auto& p : opCommParts(r, meshShape, rank, dtype)) {
+    out.emplace_back(std::move(p.axes), std::move(p.comm));
   }
   return out;
 }

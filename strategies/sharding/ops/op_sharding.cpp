@@ -286,6 +286,15 @@ class OpStrategy final : public harness::Strategy {
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return totalComm(predictCommByGroup(c, rank));
   }
+  // One node, the operator (singleNode): its forward's collectives and its backward's.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    std::vector<harness::NodeComm> out = {{spec_.op, "forward", {}}, {spec_.op, "backward", {}}};
+    for (const auto& part : opCommParts(resolve(c), c.mesh, rank, c.dtype)) {
+      out[part.backward ? 1 : 0].comm += part.comm;
+    }
+    return out;
+  }
 
   // The boxes ColossalAI's name gives (harness::Strategy::specifiedBox), read from the name by
   // strategies/sharding/layout/spec_boxes.h, which shares no code with the layouts the

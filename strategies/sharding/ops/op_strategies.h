@@ -99,6 +99,15 @@ std::vector<at::Tensor> runOp(const ResolvedOp& r, harness::RankContext& ctx,
 // (forward and backward); its other kernels' memory traffic.
 std::vector<std::pair<std::vector<int>, harness::CommStats>> opCommByGroup(
     const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank, at::ScalarType dtype);
+// The same, each part with its phase (the forward's all-reduces of partial outputs and
+// statistics and its gather; the backward's of partial gradients and statistics).
+struct OpCommPart {
+  std::vector<int> axes;
+  bool backward = false;
+  harness::CommStats comm;
+};
+std::vector<OpCommPart> opCommParts(const ResolvedOp& r, const std::vector<int64_t>& mesh,
+                                    int rank, at::ScalarType dtype);
 double opFlops(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank);
 harness::LocalWork opLocalWork(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank,
                                at::ScalarType dtype);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "harness/comm/comm_site.h"
 #include "strategies/sharding/ops/op_rule.h"
 
 namespace sb::strategies {
@@ -40,6 +41,7 @@ struct SplitNorm : torch::autograd::Function<SplitNorm> {
     at::Tensor y = at::addcmul(b.view(paramView), xhat, w.view(paramView));  // X
     ctx->save_for_backward({xhat, v, w});
     ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(comm));
+    harness::saveCommNode(ctx);
     ctx->saved_data["dims"] = dims;
     ctx->saved_data["view"] = paramView;
     ctx->saved_data["count"] = count;
@@ -61,7 +63,10 @@ struct SplitNorm : torch::autograd::Function<SplitNorm> {
     // The sums over the statistics' dimensions that every rank needs whole, in one buffer.
     at::Tensor g = dy * w.view(view);  // X
     at::Tensor st = at::cat({g.sum(dims, true), (g * xhat).sum(dims, true)}, dims.back());
-    if (comm != nullptr) comm->allReduce(st);  // + scratch(2R)
+    if (comm != nullptr) {
+      const auto site = harness::backwardCommSite(ctx);
+      comm->allReduce(st);  // + scratch(2R)
+    }
     st.div_(count);
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
     at::Tensor dx = xhat * st.narrow(dims.back(), 1, 1);  // X

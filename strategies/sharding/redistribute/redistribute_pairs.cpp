@@ -239,6 +239,19 @@ class PairStrategy final : public harness::Strategy {
     const RedistGeometry g = geometryOf(c);
     return planFor(c)->commByGroup(g, positionOf(c, rank), true);
   }
+  // One node (singleNode): the plan's steps forward, the transposed ones backward.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    const RedistGeometry g = geometryOf(c);
+    const CommStats forward = planFor(c)->comm(g, positionOf(c, rank), false);
+    CommStats backward = planFor(c)->comm(g, positionOf(c, rank), true);
+    for (size_t k = 0; k < backward.entries.size(); ++k) {
+      backward.entries[k].calls -= forward.entries[k].calls;
+      backward.entries[k].bytes -= forward.entries[k].bytes;
+    }
+    return std::vector<harness::NodeComm>{{"redistribute", "forward", forward},
+                                          {"redistribute", "backward", backward}};
+  }
   // No matmuls: with a calibration profile the step is priced by its collectives and copies.
   std::optional<double> predictFlops(const CaseSpec&, int) const override { return 0.0; }
   std::optional<harness::LocalWork> predictLocalWork(const CaseSpec& c, int rank) const override {

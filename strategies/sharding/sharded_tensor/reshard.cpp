@@ -23,6 +23,7 @@
 #include <numeric>
 #include <optional>
 
+#include "harness/comm/comm_site.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
@@ -63,6 +64,7 @@ using torch::autograd::variable_list;
 struct ExchangeFn : torch::autograd::Function<ExchangeFn> {
   static at::Tensor forward(AutogradContext* actx, const at::Tensor& x, int64_t ex) {
     actx->saved_data["ex"] = ex;
+    harness::saveCommNode(actx);
     const auto& e = *reinterpret_cast<const Exchange*>(static_cast<intptr_t>(ex));
     const int me = e.comm->rank();
     return harness::exchangeBoxes(x, e.oldBoxes[me], e.newBoxes, e.oldBoxes, e.newBoxes[me],
@@ -72,6 +74,7 @@ struct ExchangeFn : torch::autograd::Function<ExchangeFn> {
     const auto& e =
         *reinterpret_cast<const Exchange*>(static_cast<intptr_t>(actx->saved_data["ex"].toInt()));
     const int me = e.comm->rank();
+    const auto site = harness::backwardCommSite(actx);
     return {harness::exchangeBoxes(grads[0].contiguous(), e.newBoxes[me], e.oldBoxes, e.newBoxes,
                                    e.oldBoxes[me], *e.comm),
             at::Tensor()};

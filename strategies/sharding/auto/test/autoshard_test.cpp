@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <set>
 
 #include "harness/run/suite.h"
 #include "reference/graph.h"
@@ -281,6 +282,113 @@ TEST(AutoShard, EveryGraphWorkloadPassesEveryAlgorithmOnEveryMesh) {
     }
   }
   EXPECT_EQ(passed, 4 * 2 * 4);
+}
+
+// Communication per node (Strategy::predictCommByNode, harness/comm/comm_site.h): Megatron's
+// plan on 4 ranks issues its forward all-reduces at the row-parallel projections (the paper's g:
+// attention's output projection and the MLP's down projection, and the vocabulary-split
+// embedding's lookup) and its backward ones at the column-parallel layers' inputs (f: q, k, v,
+// the MLP's up projection and the vocabulary-split head); counted where predicted at every node,
+// and the nodes' sum is the rank's total.
+TEST(AutoShard, MegatronPlanCommunicatesAtTheNodesMegatronDoes) {
+  auto c = strategies::test::linearCase({}, 0, {4});
+  c.workload = "gpt2";
+  c.shape = {{"batch", 2}, {"seq", 8}, {"d_model", 16}, {"heads", 4}, {"layers", 2}, {"vocab", 32}};
+  const auto rec = strategies::test::run(c, strategies::test::strategy("sharding/auto/megatron"));
+  ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+  const reference::Graph g = reference::buildGraph(c.workload, c.shape);
+  const nlohmann::json& byNode = rec.details.at("comm_by_node");
+  ASSERT_EQ(byNode.size(), 4u);
+  const auto isAny = [](const std::string& node, std::initializer_list<const char*> suffixes) {
+    return std::any_of(suffixes.begin(), suffixes.end(), [&](const char* s) {
+      const std::string tail(s);
+      return node.size() >= tail.size() && node.compare(node.size() - tail.size(), tail.size(), tail) == 0;
+    });
+  };
+  for (const auto& rank : byNode) {
+    EXPECT_TRUE(rank.at("predicted_per_node").get<bool>());
+    std::set<std::string> forwardReduced;
+    int64_t bytes = 0;
+    for (const auto& n : rank.at("nodes")) {
+      const std::string node = n.at("node"), phase = n.at("phase");
+      EXPECT_EQ(n.at("counted"), n.at("predicted")) << node << " " << phase;
+      EXPECT_EQ(g.nodeIndex.count(node), 1u) << "not a node of the graph: " << node;
+      for (const auto& [kind, e] : n.at("counted").items()) bytes += e.at("bytes").get<int64_t>();
+      if (!n.at("counted").contains("all_reduce")) continue;
+      if (phase == "forward") {
+        forwardReduced.insert(node);
+        EXPECT_TRUE(isAny(node, {".attn.proj", ".mlp.proj", "wte_lookup"})) << node;
+      } else {
+        EXPECT_EQ(phase, "backward") << node;
+        EXPECT_TRUE(isAny(node, {".attn.q", ".attn.k", ".attn.v", ".mlp.fc", "lm_head"})) << node;
+      }
+    }
+    for (const char* node : {"h0.attn.proj", "h0.mlp.proj", "h1.attn.proj", "h1.mlp.proj"}) {
+      EXPECT_EQ(forwardReduced.count(node), 1u) << node << " on rank " << rank.at("rank");
+    }
+    const int r = rank.at("rank").get<int>();
+    int64_t total = 0;
+    for (const auto& [kind, e] : rec.details.at("comm_per_rank").at(r).at("counted").items()) {
+      total += e.at("bytes").get<int64_t>();
+    }
+    EXPECT_EQ(bytes, total) << "rank " << r;
+  }
+}
+
+// A prediction that puts a node's collectives at another node fails the row, even where every
+// rank's totals agree, naming the first node where they part.
+TEST(AutoShard, CollectivesCountedAtAnotherNodeThanPredictedFailTheRow) {
+  class Moved final : public harness::Strategy {
+   public:
+    explicit Moved(const harness::Strategy& inner)
+        : Strategy("test/moved", "moved", harness::Family::kSharding), inner_(inner) {}
+    harness::Applicability applies(const harness::CaseSpec& c) const override {
+      return inner_.applies(c);
+    }
+    std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
+      return inner_.makeExecutor(c);
+    }
+    harness::Box resultBox(const std::string& t, const harness::CaseSpec& c, int r) const override {
+      return inner_.resultBox(t, c, r);
+    }
+    harness::Box resultBoxOf(const std::string& t, const harness::CaseSpec& c, int r,
+                             at::IntArrayRef shape) const override {
+      return inner_.resultBoxOf(t, c, r, shape);
+    }
+    harness::Tolerance tolerance(const std::string& t, const harness::CaseSpec& c,
+                                 const at::Tensor& e) const override {
+      return inner_.tolerance(t, c, e);
+    }
+    harness::CommStats predictComm(const harness::CaseSpec& c, int r) const override {
+      return inner_.predictComm(c, r);
+    }
+    // The same collectives, the first forward node's said to be the next node's.
+    std::optional<std::vector<harness::NodeComm>> predictCommByNode(const harness::CaseSpec& c,
+                                                                    int r) const override {
+      auto nodes = *inner_.predictCommByNode(c, r);
+      for (auto& n : nodes) {
+        if (n.phase == "forward" && n.comm.totalCalls() > 0) {
+          n.node = "h0.ln_1";
+          break;
+        }
+      }
+      return nodes;
+    }
+
+   private:
+    const harness::Strategy& inner_;
+  };
+  auto c = strategies::test::linearCase({}, 0, {4});
+  c.workload = "gpt2";
+  c.shape = {{"batch", 2}, {"seq", 8}, {"d_model", 16}, {"heads", 4}, {"layers", 2}, {"vocab", 32}};
+  const Moved moved(strategies::test::strategy("sharding/auto/megatron"));
+  const auto rec = strategies::test::run(c, moved);
+  EXPECT_EQ(rec.status, harness::Status::kFail) << rec.message;
+  EXPECT_EQ(*rec.commBytes, *rec.predictedCommBytes);
+  EXPECT_NE(rec.message.find("the totals agree, but at node wte_lookup (forward) it communicated "
+                             "all_reduce 1x"),
+            std::string::npos)
+      << rec.message;
 }
 
 // LLaMA-3-8B's shape (32 layers, d_model 4096, 32 heads on 8 key and value heads, FFN 14336,
