@@ -54,6 +54,21 @@ check "a passing row without --capture is not captured" 0 "total +4 +0 +0 +0" --
 check "... and its record has no first_divergence" 0 "4 rows, 0 not" -- \
   located "$tmp/plain/results.json" 'd is None'
 
+# Communication per node (details.comm_by_node): on every rank of every row that communicates,
+# each of the plan's nodes counted what the plan predicts there (forward and backward, the
+# training loop's reductions outside the nodes in the update), every node named is one of the
+# plan's, and the nodes add up to the rank's counted total.
+check "plans: every rank's collectives counted at the nodes where the plan predicts them" 0 \
+  "16 rows, 0 not" -- located "$tmp/capture/results.json" \
+  '(lambda ranks, names, totals: (len(ranks) == 4 or not any(totals)) and all(
+      rk["predicted_per_node"]
+      and all(n["counted"] == n["predicted"] and n["node"] in names for n in rk["nodes"])
+      and sum(e["bytes"] for n in rk["nodes"] for e in n["counted"].values()) == totals[rk["rank"]]
+      for rk in ranks))(
+    r["details"].get("comm_by_node", []),
+    {n["name"] for n in r["details"]["case"]["nodes"]} | {""},
+    [sum(e["bytes"] for e in c["counted"].values()) for c in r["details"]["comm_per_rank"]])'
+
 # The planted fault skip_edge_redistribution, in every plan algorithm: the first edge that needs
 # a redistribution does none. Its consumer's operand, as read, is the first value off, forward,
 # at the edge the plan lists first (details.case.edge_reads, from the plan, not the capture).
@@ -71,6 +86,23 @@ check "planted: the named value is the plan's first redistributed read, on every
      and d["tensor"] == r["details"]["case"]["edge_reads"][0]
      and d["node"] == d["tensor"].split(" -> ")[1].split("[")[0]
      and "first divergence: node " + d["node"] in r["message"])'
+# Where the skipped edge's redistribution communicates, its collectives are missing at its
+# consumer: the counts part at the node the values first leave the reference (backward there,
+# where only the gradient's redistribution communicates).
+check "planted: where the counts part, at the node where the values first diverge" 0 \
+  "[4-9] parted" -- python3 - "$tmp/fault/results.json" <<'PY'
+import json, re, sys
+n = 0
+for r in json.load(open(sys.argv[1]))["records"]:
+    m = re.search(r"communication: rank \d+ .*?first at node (\S+) \((forward|backward)\)",
+                  r["message"])
+    if not m:
+        continue
+    d = r["details"]["first_divergence"]
+    assert m.group(1) == d["node"], (r["case"], r["strategy_id"], m.group(1), d["node"])
+    n += 1
+print(f"{n} parted")
+PY
 check "report on the failing rows" 1 "" -- \
   "$sb" report "$tmp/fault" --out "$tmp/report" --no-plots --gate
 check "report: the HTML's table of where rows diverge names each failing row's node" 0 \
@@ -93,6 +125,26 @@ for r in json.load(open(sys.argv[2]))["records"]:
     n += 1
 print(f"{n} located of the {failing} failing")
 PY
+check "report: each row's communication per node on request, the rows that part marked" 0 \
+  "[1-9][0-9]* tables, [4-9] marked" -- \
+  python3 - "$tmp/report/report.html" "$tmp/fault/results.json" <<'PY'
+import json, re, sys
+html = open(sys.argv[1]).read()
+blocks = re.findall(r'<details id="comm-by-node-\d+-d"><summary( class="fail")?>(.*?)</summary>'
+                    r'\s*<table[^>]*>(.*?)</table>', html, re.S)
+records = json.load(open(sys.argv[2]))["records"]
+parted = {(r["case"], r["strategy_id"]) for r in records if "communication: " in r["message"]}
+with_comm = [r for r in records if r["details"].get("comm_by_node")]
+assert len(blocks) == len(with_comm), (len(blocks), len(with_comm))
+marked = 0
+for fail, summary, table in blocks:
+    case, strategy = summary.split(" (")[0].split(" / ")
+    assert bool(fail) == ((case, strategy) in parted), summary
+    rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]
+    assert rows and all(len(re.findall(r"<td", row)) == 6 for row in rows), summary
+    marked += bool(fail)
+print(f"{len(blocks)} tables, {marked} marked")
+PY
 
 # On gloo, 4 processes: each rank captures in its own process and rank 0 takes the earliest.
 if "$sb" run --help | grep -q gloo; then
@@ -108,6 +160,10 @@ PY
   check "gloo, planted: at the plan's first redistributed read" 0 "1 rows, 0 not" -- \
     located "$tmp/gloo/results.json" \
     'd["found"] and d["tensor"] == r["details"]["case"]["edge_reads"][0] and len(d["ranks"]) >= 1'
+  check "gloo: every process's communication per node reaches the record" 0 "1 rows, 0 not" -- \
+    located "$tmp/gloo/results.json" \
+    '(sorted(rk["rank"] for rk in r["details"]["comm_by_node"]) == [0, 1, 2, 3]
+      and all(rk["predicted_per_node"] and rk["nodes"] for rk in r["details"]["comm_by_node"]))'
 else
   echo "SKIP: this build has no gloo backend"
 fi

@@ -32,6 +32,8 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "harness/comm/comm_site.h"
 #include "harness/capture_tape.h"
@@ -47,6 +49,11 @@
 
 namespace sb::strategies {
 namespace {
+
+// The module of a block parameter: attention's (ln_1.*, attn.*) or the MLP's (ln_2.*, mlp.*).
+std::string blockModuleOf(const std::string& param) {
+  return param.rfind("ln_1.", 0) == 0 || param.rfind("attn.", 0) == 0 ? "attn" : "mlp";
+}
 
 using harness::Applicability;
 using harness::Box;
@@ -395,6 +402,42 @@ class MegatronStrategy final : public harness::Strategy {
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return totalComm(predictCommByGroup(c, rank));
   }
+  // Per module (attn, mlp) and phase: each one's f and g (forward: g's all-reduce, or with
+  // sequence parallelism f's all-gather and g's reduce-scatter; backward: their transposes),
+  // then its parameters' gradient all-reduces, in the backward.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    const BlockShape s = BlockShape::parse(c.shape);
+    const Geometry g = geometryOf(c, rank);
+    const int64_t es = c10::elementSize(c.dtype);
+    const int64_t act = s.batch / g.dp * s.seq * s.dModel * es;
+    const int64_t tpBytes = g.tp > 1 ? act : 0;
+    std::vector<harness::NodeComm> out = {
+        {"attn", "forward", {}}, {"mlp", "forward", {}}, {"mlp", "backward", {}}, {"attn", "backward", {}}};
+    for (int m = 0; m < 2; ++m) {
+      CommStats& fwd = out[m].comm;
+      CommStats& bwd = out[3 - m].comm;
+      if (sp_) {
+        fwd.add(Collective::kAllGather, tpBytes);
+        fwd.add(Collective::kReduceScatter, tpBytes);
+        bwd.add(Collective::kReduceScatter, tpBytes);
+        bwd.add(Collective::kAllGather, tpBytes);
+      } else {
+        fwd.add(Collective::kAllReduce, tpBytes);
+        bwd.add(Collective::kAllReduce, tpBytes);
+      }
+    }
+    for (const auto& [name, dims] : reference::blockParameters(s)) {
+      std::vector<int> axes = g.dpAxes;
+      if (sp_ && tpDim(name) < 0) axes.insert(axes.end(), g.tpAxes.begin(), g.tpAxes.end());
+      if (axes.empty()) continue;
+      const int64_t b = paramBox(name, c, rank).numel() * es;
+      out[blockModuleOf(name) == "attn" ? 3 : 2].comm.add(
+          Collective::kAllReduce, DeviceMesh(c.mesh).groupSize(axes) > 1 ? b : 0);
+    }
+    addTrainingComm(out, c);
+    return out;
+  }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
@@ -580,6 +623,8 @@ at::Tensor MegatronExecutor::forward() {
   std::map<std::string, at::Tensor> p;
   for (auto& [name, leaf] : params_) {
     Communicator* g = paramGroup_.at(name);
+    // Its gradient's all-reduce is its module's, in the backward (comm_site.h).
+    const harness::CommSiteScope site(blockModuleOf(name));
     p[name] = g ? harness::identityFwdAllReduceBwd(leaf, *g) : leaf;
   }
   const int64_t D = s_.dModel, heads = s_.heads / g_.tp;
@@ -595,11 +640,14 @@ at::Tensor MegatronExecutor::forward() {
   at::Tensor out;
   {
     // tap(): the activations a capture keeps (the reference's blockForward names them alike).
+    // The two modules name their collectives' site: attention's f and g, the MLP's.
+    std::optional<harness::CommSiteScope> site(std::in_place, "attn");
     const at::Tensor h = tap(0, at::layer_norm(x_, {D}, p["ln_1.weight"], p["ln_1.bias"], 1e-5));
     const at::Tensor qkv = at::linear(f(h), p["attn.qkv.weight"], p["attn.qkv.bias"]);
     const at::Tensor att = reference::blockAttention(qkv, heads, s_.dHead(), s_.causal);
     const at::Tensor a = tap(1, g(at::linear(att, p["attn.proj.weight"])) + p["attn.proj.bias"]);
     const at::Tensor r = tap(2, x_ + dropout(a, 0));
+    site.emplace("mlp");
     const at::Tensor h2 = tap(3, at::layer_norm(r, {D}, p["ln_2.weight"], p["ln_2.bias"], 1e-5));
     const at::Tensor u = at::gelu(at::linear(f(h2), p["mlp.fc.weight"], p["mlp.fc.bias"]));
     const at::Tensor m = tap(4, g(at::linear(u, p["mlp.proj.weight"])) + p["mlp.proj.bias"]);

@@ -190,6 +190,10 @@ class FsdpStrategy final : public harness::Strategy {
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return fsdp::predictComm(kind_, fault_, c, rank);
   }
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    return fsdp::predictCommByNode(kind_, fault_, c, rank);
+  }
   // Every row's peak per rank to the byte (FsdpExecutor::modelMemory).
   PredictionTolerance predictionTolerance() const override {
     return PredictionTolerance::exactMemory();
@@ -356,6 +360,8 @@ at::Tensor FsdpExecutor::gather(int index, const at::Tensor& shard) {
   if (prefetched_[index].defined()) return std::exchange(prefetched_[index], at::Tensor());
   // Mixed precision: the shard cast to the parameter dtype, and gathered in it.
   const at::Tensor part = mixed() ? shard.to(paramDtype_) : shard.contiguous();
+  // At its unit, whenever it runs (a prefetch runs in the unit before; forward or backward).
+  const harness::CommSiteScope site(units_.names[unitOf_[index]]);
   return shardComm().allGather(part, rowsOf(index)).view(sizes_[index]);
 }
 
@@ -364,6 +370,7 @@ at::Tensor FsdpExecutor::reduceGrad(int index, const at::Tensor& full) {
   const int unit = unitOf_[index];
   at::Tensor g;
   if (!profile_) {
+    const harness::CommSiteScope site(units_.names[unit]);
     const bool wrongAxis = fault_ == Fault::kHsdpWrongAxis;
     auto& comm = kind_ == Kind::kHsdp ? ctx_->group({wrongAxis ? 0 : 1}) : ctx_->world();
     // Mixed precision: reduced in the shards' dtype (float32), from one contiguous copy.
@@ -584,6 +591,7 @@ void FsdpExecutor::step(RankContext& ctx) {
     // Gradients: reduced, and where the optimizer steps a shard, that shard's.
     if (!shardsParams(kind_)) {
       for (int i = 0; i < n; ++i) {
+        const harness::CommSiteScope site(units_.names[unitOf_[i]], harness::StepPhase::kUpdate);
         at::Tensor g = full_[i].grad();
         if (kind_ == Kind::kZero2) {
           g = world.reduceScatter(g.contiguous(), rowsOf(i));
@@ -630,6 +638,7 @@ void FsdpExecutor::step(RankContext& ctx) {
     if (kind_ == Kind::kZero1 || kind_ == Kind::kZero2) {
       at::NoGradGuard noGrad;
       for (int i = 0; i < n; ++i) {
+        const harness::CommSiteScope site(units_.names[unitOf_[i]], harness::StepPhase::kUpdate);
         full_[i].copy_(world.allGather(shards_[i].detach(), rowsOf(i)).view(full_[i].sizes()));
       }
     }

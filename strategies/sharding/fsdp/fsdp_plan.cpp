@@ -188,59 +188,88 @@ Units Units::of(const Graph& g) {
   return u;
 }
 
-CommStats predictComm(Kind kind, Fault fault, const CaseSpec& c, int rank) {
+std::vector<harness::NodeComm> predictCommByNode(Kind kind, Fault fault, const CaseSpec& c,
+                                                 int rank) {
   const Graph g = reference::buildGraph(c.workload, c.shape);
   const Units units = Units::of(g);
   const Layout l = Layout::of(kind, c, rank);
   const int64_t es = elemSize(c.dtype);
-  CommStats per;
-  const auto count = [&](Collective k, int groupSize, int64_t bytes) {
-    per.add(k, groupSize > 1 ? bytes : 0);
+  std::vector<harness::NodeComm> nodes;
+  const auto at = [&](const std::string& unit, const char* phase) -> CommStats& {
+    for (auto& n : nodes) {
+      if (n.node == unit && n.phase == phase) return n.comm;
+    }
+    nodes.push_back({unit, phase, {}});
+    return nodes.back().comm;
   };
-  count(Collective::kAllReduce, l.world, es);  // the loss
+  const auto count = [&](CommStats& into, Collective k, int groupSize, int64_t bytes) {
+    into.add(k, groupSize > 1 ? bytes : 0);
+  };
+  // Sharded parameters: each unit's all-gathers in its forward, in forward order (the root's
+  // first), then its backward's gathers and reductions, last unit first.
+  if (shardsParams(kind)) {
+    at(units.names[0], "forward");
+    for (int u : forwardOrder(units, g)) at(units.names[u], "forward");
+    at(units.names[0], "backward");
+    const auto order = forwardOrder(units, g);
+    for (auto it = order.rbegin(); it != order.rend(); ++it) at(units.names[*it], "backward");
+  }
   for (const auto& [name, dims] : g.parameters) {
+    const std::string& unit = units.names[units.unitOfParam.at(name)];
     const int64_t bytes = numel(dims) * es;
+    const bool last = name == g.parameters.rbegin()->first;
     switch (kind) {
+      // Replicated parameters: reduced after the backward, before the update (and ZeRO's
+      // updated shards gathered after it), each at its parameter's unit.
       case Kind::kDdp:
-        if (fault == Fault::kReplicaUnsummed && name == g.parameters.rbegin()->first) break;
-        count(fault == Fault::kReplicaOwnOrder ? Collective::kAllGather : Collective::kAllReduce,
+        if (fault == Fault::kReplicaUnsummed && last) break;
+        count(at(unit, "update"),
+              fault == Fault::kReplicaOwnOrder ? Collective::kAllGather : Collective::kAllReduce,
               l.world, fault == Fault::kReplicaOwnOrder ? bytes * l.world : bytes);
         break;
       case Kind::kZero1:
-        if (fault != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first) {
-          count(Collective::kAllReduce, l.world, bytes);
+        if (fault != Fault::kReplicaUnsummed || !last) {
+          count(at(unit, "update"), Collective::kAllReduce, l.world, bytes);
         }
-        count(Collective::kAllGather, l.world, bytes);
+        count(at(unit, "update"), Collective::kAllGather, l.world, bytes);
         break;
       case Kind::kZero2:
-        count(Collective::kReduceScatter, l.world, bytes);
-        count(Collective::kAllGather, l.world, bytes);
+        count(at(unit, "update"), Collective::kReduceScatter, l.world, bytes);
+        count(at(unit, "update"), Collective::kAllGather, l.world, bytes);
         break;
       case Kind::kZero3:
       case Kind::kHsdp: {
         const bool again = units.unitOfParam.at(name) != 0 && reshardAfterForward(c);
         // Gathered in the parameter dtype (mixed precision: bfloat16), reduced in the case's.
         const int64_t gathered = numel(dims) * elemSize(paramDtype(c).value_or(c.dtype));
-        count(Collective::kAllGather, l.shardParts, gathered);             // forward
-        if (again) count(Collective::kAllGather, l.shardParts, gathered);  // before backward
-        count(Collective::kReduceScatter, l.shardParts, bytes);
-        if (kind == Kind::kHsdp &&
-            (fault != Fault::kReplicaUnsummed || name != g.parameters.rbegin()->first)) {
+        count(at(unit, "forward"), Collective::kAllGather, l.shardParts, gathered);
+        CommStats& backward = at(unit, "backward");
+        if (again) count(backward, Collective::kAllGather, l.shardParts, gathered);
+        count(backward, Collective::kReduceScatter, l.shardParts, bytes);
+        if (kind == Kind::kHsdp && (fault != Fault::kReplicaUnsummed || !last)) {
           const int64_t rows = harness::chunkSizes(dims[0], l.shardParts)[l.shardIndex];
-          count(Collective::kAllReduce, l.replicaParts, rows * rowElems(dims) * es);
+          count(backward, Collective::kAllReduce, l.replicaParts, rows * rowElems(dims) * es);
         }
         break;
       }
     }
   }
-  if (shardsState(kind)) {
-    count(Collective::kAllReduce, l.shardParts, 8);  // the gradient norm's squares, float64
+  // Outside the units: the loss, and where the optimizer steps shards, the norm's squares.
+  CommStats& update = at("", "update");
+  count(update, Collective::kAllReduce, l.world, es);
+  if (shardsState(kind)) count(update, Collective::kAllReduce, l.shardParts, 8);
+  for (auto& n : nodes) {
+    for (auto& e : n.comm.entries) {
+      e.calls *= c.training.steps;
+      e.bytes *= c.training.steps;
+    }
   }
+  return nodes;
+}
+
+CommStats predictComm(Kind kind, Fault fault, const CaseSpec& c, int rank) {
   CommStats out;
-  for (int k = 0; k < harness::kNumCollectives; ++k) {
-    out.entries[k].calls = per.entries[k].calls * c.training.steps;
-    out.entries[k].bytes = per.entries[k].bytes * c.training.steps;
-  }
+  for (const auto& n : predictCommByNode(kind, fault, c, rank)) out += n.comm;
   return out;
 }
 

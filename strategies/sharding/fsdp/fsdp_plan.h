@@ -88,5 +88,11 @@ int64_t numel(const std::vector<int64_t>& dims);
 
 // Calls and bytes of every collective rank `rank` issues over the case's steps.
 harness::CommStats predictComm(Kind kind, Fault fault, const harness::CaseSpec& c, int rank);
+// The same per unit ("root", "layer0", ...) and phase: a sharded unit's gathers in its forward,
+// its gathers again and reductions in its backward; replicated parameters' reductions (and
+// ZeRO's gathers of updated shards) in the update, at their unit; the loss and the norm in the
+// update, outside the units (node "").
+std::vector<harness::NodeComm> predictCommByNode(Kind kind, Fault fault,
+                                                 const harness::CaseSpec& c, int rank);
 
 }  // namespace sb::strategies::fsdp
