@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <set>
 
+#include "harness/comm/comm_site.h"
 #include "harness/error.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/step_trace.h"
@@ -224,6 +225,10 @@ void PipelineExecutor::step(RankContext& ctx) {
       computeStart_ = std::chrono::steady_clock::now();
       // run --trace: the action as a span (its name built only when traced).
       const harness::TraceScope span("action", harness::stepTracing() ? a.name() : std::string());
+      // Its sends and receives are its stage's, in its phase (comm_site.h).
+      const harness::CommSiteScope site(
+          "stage" + std::to_string(a.stage),
+          a.op == Op::kForward ? harness::StepPhase::kForward : harness::StepPhase::kBackward);
       try {
         run(ctx, a);
       } catch (const c10::Error& e) {
@@ -239,6 +244,7 @@ void PipelineExecutor::step(RankContext& ctx) {
     sends_.clear();
     capturing_ = false;
     end = now();
+    const harness::CommSiteScope update("", harness::StepPhase::kUpdate);
     if (plan_.dp > 1) {
       for (auto& [name, t] : owned_) ctx.group({1}).allReduce(t.mutable_grad());
     }

@@ -319,6 +319,16 @@ class PipelineStrategy final : public harness::Strategy {
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
+    CommStats out;
+    const auto nodes = predictCommByNode(c, rank);  // kept: the loop reads into it
+    for (const auto& n : *nodes) out += n.comm;
+    return out;
+  }
+  // Per stage ("stage0", ...) and phase: a forward action's receive and send, a backward
+  // action's; outside the stages, in the update, the replicas' gradient all-reduces and the
+  // loss's and the norm's.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
     const Plan p = plan(c);
     const int me = rank / p.dp;
     const auto bytesOf = [&](int) {
@@ -332,12 +342,20 @@ class PipelineStrategy final : public harness::Strategy {
       return s.value("batch", int64_t{2}) / total * s.value("seq", int64_t{64}) *
              s.value("d_model", int64_t{64}) * es;
     };
-    CommStats one;
-    CommStats& out = one;
+    std::vector<harness::NodeComm> nodes;
+    const auto at = [&](const std::string& node, const char* phase) -> CommStats& {
+      for (auto& n : nodes) {
+        if (n.node == node && n.phase == phase) return n.comm;
+      }
+      nodes.push_back({node, phase, {}});
+      return nodes.back().comm;
+    };
     for (const Action& a : p.schedule.perRank[me]) {
       const int S = p.schedule.stages;
       const bool fwd = a.op == Op::kForward,
                  bwd = a.op == Op::kBackward || a.op == Op::kBackwardInput;
+      if (!fwd && !bwd) continue;
+      CommStats& out = at("stage" + std::to_string(a.stage), fwd ? "forward" : "backward");
       if (fwd && a.stage > 0 && p.schedule.stageRank[a.stage - 1] != me) {
         out.add(Collective::kSendRecv, 0);  // receive
       }
@@ -357,20 +375,21 @@ class PipelineStrategy final : public harness::Strategy {
       for (const auto& [name, t] : net->parameters()) {
         const Box b = resultBoxOf("grad/" + name, c, rank, t.sizes());
         if (b.length.empty() || b.length[0] > 0) {
-          out.add(Collective::kAllReduce, static_cast<int64_t>(t.nbytes()));
+          at("", "update").add(Collective::kAllReduce, static_cast<int64_t>(t.nbytes()));
         }
       }
     }
-    if (!c.training.enabled()) return one;
+    if (!c.training.enabled()) return nodes;
     // Each step: the above; the loss and the norm's squares, each one float64 over the mesh.
-    one.add(Collective::kAllReduce, 8);
-    one.add(Collective::kAllReduce, 8);
-    CommStats all = one;
-    for (auto& e : all.entries) {
-      e.calls *= c.training.steps;
-      e.bytes *= c.training.steps;
+    at("", "update").add(Collective::kAllReduce, 8);
+    at("", "update").add(Collective::kAllReduce, 8);
+    for (auto& n : nodes) {
+      for (auto& e : n.comm.entries) {
+        e.calls *= c.training.steps;
+        e.bytes *= c.training.steps;
+      }
     }
-    return all;
+    return nodes;
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,

@@ -54,6 +54,7 @@
 #include <optional>
 #include <tuple>
 
+#include "harness/comm/comm_site.h"
 #include "harness/capture_tape.h"
 #include "harness/comm/autograd_comm.h"
 #include "harness/measure/memory.h"
@@ -239,7 +240,17 @@ class CpStrategy final : public harness::Strategy {
     return Box::whole(shape);  // gathered (output, grad_input) or all-reduced (parameters)
   }
 
-  CommStats predictComm(const CaseSpec& c, int) const override {
+  CommStats predictComm(const CaseSpec& c, int rank) const override {
+    CommStats out;
+    const auto nodes = predictCommByNode(c, rank);  // kept: the loop reads into it
+    for (const auto& n : *nodes) out += n.comm;
+    return out;
+  }
+  // Per layer ("h0", ...) and phase: its attention's sequence collectives and its tensor-
+  // parallel f and g, forward and backward; every parameter's gradient all-reduced over the
+  // sequence axis after the backward, in the update, at its layer.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int) const override {
     const auto s = TransformerShape::parse(c.shape, c.workload);
     const SeqLayout l = layoutOf(c);
     const int64_t tp = tpOf(c), w = l.w;
@@ -247,56 +258,64 @@ class CpStrategy final : public harness::Strategy {
     const int64_t D = s.dModel;
     const int64_t tokens = s.batch * l.local() * D * es;  // a rank's [B, T/w, D]
     const int64_t act = tokens / tp;                      // one of its q, k, v (its heads)
+    std::vector<harness::NodeComm> fwd, bwd, update;
     // A collective over a group of one counts its call and no bytes.
-    CommStats out;
-    const auto onCp = [&](Collective k, int64_t bytes) { out.add(k, w > 1 ? bytes : 0); };
-    const auto onTp = [&](Collective k, int64_t bytes) { out.add(k, tp > 1 ? bytes : 0); };
+    const auto onCp = [&](CommStats& into, Collective k, int64_t bytes) {
+      into.add(k, w > 1 ? bytes : 0);
+    };
+    const auto onTp = [&](CommStats& into, Collective k, int64_t bytes) {
+      into.add(k, tp > 1 ? bytes : 0);
+    };
     for (int64_t layer = 0; layer < s.layers; ++layer) {
+      const std::string name = "h" + std::to_string(layer);
+      CommStats& f = fwd.emplace_back(harness::NodeComm{name, "forward", {}}).comm;
+      CommStats& b = bwd.emplace_back(harness::NodeComm{name, "backward", {}}).comm;
       switch (variant_) {
         case Variant::kRingP2P:
-          for (int64_t i = 0; i + 1 < w; ++i) onCp(Collective::kSendRecv, 2 * act);
+          for (int64_t i = 0; i + 1 < w; ++i) onCp(f, Collective::kSendRecv, 2 * act);
           if (s.training) {
-            for (int64_t i = 0; i + 1 < w; ++i) onCp(Collective::kSendRecv, 4 * act);
-            if (fault_ != Fault::kDkvNotReturned) onCp(Collective::kSendRecv, 2 * act);
+            for (int64_t i = 0; i + 1 < w; ++i) onCp(b, Collective::kSendRecv, 4 * act);
+            if (fault_ != Fault::kDkvNotReturned) onCp(b, Collective::kSendRecv, 2 * act);
           }
           break;
         case Variant::kRingAllGather:
-          onCp(Collective::kAllGather, 2 * act * w);
-          if (s.training) onCp(Collective::kReduceScatter, 2 * act * w);
+          onCp(f, Collective::kAllGather, 2 * act * w);
+          if (s.training) onCp(b, Collective::kReduceScatter, 2 * act * w);
           break;
         case Variant::kUlysses:
-          onCp(Collective::kAllToAll, 3 * act);
-          onCp(Collective::kAllToAll, act);
+          onCp(f, Collective::kAllToAll, 3 * act);
+          onCp(f, Collective::kAllToAll, act);
           if (s.training) {
-            onCp(Collective::kAllToAll, act);
-            onCp(Collective::kAllToAll, 3 * act);
+            onCp(b, Collective::kAllToAll, act);
+            onCp(b, Collective::kAllToAll, 3 * act);
           }
           break;
       }
       if (tp > 1) {  // g after the attention's and the MLP's row-parallel products; f backward
-        int calls = s.training ? 4 : 2;
-        if (s.training && fault_ == Fault::kTpInputGradUnsummed) --calls;
-        for (int k = 0; k < calls; ++k) onTp(Collective::kAllReduce, tokens);
-      }
-    }
-    if (s.training) {
-      // Every parameter's gradient over axis 0 (reference/transformer.h's layer): with tensor
-      // parallelism a sharded one's slice (q, k and v's rows apart), a replicated one whole.
-      const int64_t dl = D / tp, F = 4 * D / tp;
-      for (int64_t layer = 0; layer < s.layers; ++layer) {
-        if (tp == 1) {
-          for (int64_t n :
-               {D, D, 3 * D * D, 3 * D, D * D, D, D, D, 4 * D * D, 4 * D, 4 * D * D, D}) {
-            onCp(Collective::kAllReduce, n * es);
-          }
-          continue;
-        }
-        for (int64_t n :
-             {D, D, dl * D, dl * D, dl * D, dl, dl, dl, D * dl, D, D, D, F * D, F, D * F, D}) {
-          onCp(Collective::kAllReduce, n * es);
+        for (int k = 0; k < 2; ++k) onTp(f, Collective::kAllReduce, tokens);
+        if (s.training) {
+          const int calls = fault_ == Fault::kTpInputGradUnsummed ? 1 : 2;
+          for (int k = 0; k < calls; ++k) onTp(b, Collective::kAllReduce, tokens);
         }
       }
+      if (s.training) {
+        // Every parameter's gradient over axis 0 (reference/transformer.h's layer): with tensor
+        // parallelism a sharded one's slice (q, k and v's rows apart), a replicated one whole.
+        CommStats& u = update.emplace_back(harness::NodeComm{name, "update", {}}).comm;
+        const int64_t dl = D / tp, F = 4 * D / tp;
+        const std::vector<int64_t> sizes =
+            tp == 1 ? std::vector<int64_t>{D, D, 3 * D * D, 3 * D, D * D, D, D, D, 4 * D * D,
+                                           4 * D, 4 * D * D, D}
+                    : std::vector<int64_t>{D,  D, dl * D, dl * D, dl * D, dl, dl,    dl,
+                                           D * dl, D, D,  D,      F * D,  F,  D * F, D};
+        for (int64_t n : sizes) onCp(u, Collective::kAllReduce, n * es);
+      }
     }
+    std::vector<harness::NodeComm> out = std::move(fwd);
+    out.insert(out.end(), std::make_move_iterator(bwd.rbegin()),
+               std::make_move_iterator(bwd.rend()));
+    out.insert(out.end(), std::make_move_iterator(update.begin()),
+               std::make_move_iterator(update.end()));
     return out;
   }
 
@@ -548,6 +567,8 @@ void CpExecutor::step(RankContext& ctx) {
   if (!shape_.training) noGrad.emplace();
   at::Tensor x = x0;
   for (int l = 0; l < m.layers(); ++l) {
+    // The layer's collectives are its own (comm_site.h), forward and, saved, backward.
+    const harness::CommSiteScope site("h" + std::to_string(l));
     if (tp_ > 1) {
       x = tensorParallelLayer(l, x);
       tap(l, "h" + std::to_string(l) + " out", x);
@@ -580,6 +601,9 @@ void CpExecutor::step(RankContext& ctx) {
   gradIn_ = x0.grad();
   Communicator& cp = ctx.group({0});
   for (size_t i = 0; i < params_.size(); ++i) {
+    // At its layer ("h3.attn.qkv.weight": h3), in the update.
+    const std::string& name = model_->parameters()[i].first;
+    const harness::CommSiteScope site(name.substr(0, name.find('.')), harness::StepPhase::kUpdate);
     at::Tensor g = params_[i].grad();
     if (blocks_[i].empty()) {
       cp.allReduce(g);

@@ -225,6 +225,17 @@ class ReshardStrategy final : public harness::Strategy {
     s.add(Collective::kAllToAll, boxOf(shape, toDim_, targetPlacements(), rank).numel() * es);
     return s;
   }
+  // The exchange forward, sending this rank's old box; backward, sending its new one back.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    const auto shape = reference::TensorShape::parse(c.shape).dims;
+    const int64_t es = c10::elementSize(c.dtype);
+    harness::NodeComm f{"reshard", "forward", {}}, b{"reshard", "backward", {}};
+    f.comm.add(Collective::kAllToAll, boxOf(shape, fromDim_, from_, rank).numel() * es);
+    b.comm.add(Collective::kAllToAll,
+               boxOf(shape, toDim_, targetPlacements(), rank).numel() * es);
+    return std::vector<harness::NodeComm>{f, b};
+  }
   std::optional<double> predictFlops(const CaseSpec&, int) const override { return 0.0; }
   // Each exchange copies every block out of its input and every received block into place.
   std::optional<harness::LocalWork> predictLocalWork(const CaseSpec& c, int rank) const override {
@@ -280,6 +291,8 @@ void ReshardExecutor::prepare(harness::RankContext& ctx, const reference::Worklo
 void ReshardExecutor::step(harness::RankContext&) {
   results_.clear();
   x_.mutable_grad().reset();
+  // One node: the exchange forward, its transpose backward (comm_site.h).
+  const harness::CommSiteScope site("reshard");
   at::Tensor y =
       ExchangeFn::apply(x_, static_cast<int64_t>(reinterpret_cast<intptr_t>(&exchange_)));
   reference::backward({y}, {gradOut_});

@@ -85,19 +85,28 @@ class RowwiseStrategy final : public ShardedTensorLinearStrategy {
   }
 
   harness::CommStats predictComm(const harness::CaseSpec& c, int rank) const override {
+    harness::CommStats total;
+    const auto nodes = predictCommByNode(c, rank);
+    for (const auto& n : *nodes) total += n.comm;
+    return total;
+  }
+  // One node (singleNode): the forward's collectives, then the backward's (their transposes
+  // and the bias gradient's all-reduce).
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const harness::CaseSpec& c,
+                                                                  int rank) const override {
     const auto s = LinearShape::parse(c.shape);
     const int n = static_cast<int>(c.mesh[0]);
     const int64_t e = c10::elementSize(c.dtype);
     const int64_t b = localRows(s, n);
     const int64_t kc = chunkSizes(s.inFeatures, n)[chunkOfRank(placements(n), rank)];
     const auto bytes = [&](int64_t elems) { return n > 1 ? elems * e : 0; };
-    harness::CommStats p;
-    p.add(Collective::kAllToAll, bytes(s.inFeatures * b));
-    p.add(Collective::kReduceScatter, bytes(n * b * s.outFeatures));
+    harness::CommStats f, p;
+    f.add(Collective::kAllToAll, bytes(s.inFeatures * b));
+    f.add(Collective::kReduceScatter, bytes(n * b * s.outFeatures));
     p.add(Collective::kAllGather, bytes(n * b * s.outFeatures));
     p.add(Collective::kAllToAll, bytes(n * kc * b));
     if (s.bias) p.add(Collective::kAllReduce, bytes(s.outFeatures));
-    return p;
+    return std::vector<harness::NodeComm>{{"linear", "forward", f}, {"linear", "backward", p}};
   }
 };
 
