@@ -220,8 +220,8 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
 }
 
 // The records' first divergences and communication per node from the results.json beside `csv`,
-// matched to the rows by their key. A file that is missing is nothing to read (a CSV copied alone); one that is not
-// the JSON `run` writes is bad input.
+// matched to the rows by their key. A file that is missing is nothing to read (a CSV copied alone);
+// one that is not the JSON `run` writes is bad input.
 void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   const std::string path = (std::filesystem::path(csv).parent_path() / "results.json").string();
   if (!std::filesystem::is_regular_file(path)) return;

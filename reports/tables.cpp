@@ -256,9 +256,8 @@ namespace {
 std::string callsText(const nlohmann::json& c) {
   if (!c.is_object() || !c.contains("calls") || !c.at("calls").is_number_integer()) return "-";
   const int64_t calls = c.at("calls").get<int64_t>();
-  const int64_t b = c.contains("bytes") && c.at("bytes").is_number_integer()
-                        ? c.at("bytes").get<int64_t>()
-                        : 0;
+  const int64_t b =
+      c.contains("bytes") && c.at("bytes").is_number_integer() ? c.at("bytes").get<int64_t>() : 0;
   return std::to_string(calls) + "x " + bytes(b);
 }
 
@@ -302,8 +301,10 @@ std::optional<CommNodeTable> commNodeTable(const ResultRow& r, size_t index) {
     perNode = perNode && predicted;
     for (const auto& n : rank.at("nodes")) {
       const nlohmann::json none = nlohmann::json::object();
-      const nlohmann::json& counted = n.is_object() && n.contains("counted") ? n.at("counted") : none;
-      const nlohmann::json& pred = n.is_object() && n.contains("predicted") ? n.at("predicted") : none;
+      const nlohmann::json& counted =
+          n.is_object() && n.contains("counted") ? n.at("counted") : none;
+      const nlohmann::json& pred =
+          n.is_object() && n.contains("predicted") ? n.at("predicted") : none;
       if (!counted.is_object() || !pred.is_object()) continue;
       std::set<std::string> kinds;
       for (const auto& [k, v] : counted.items()) kinds.insert(k);
@@ -318,8 +319,8 @@ std::optional<CommNodeTable> commNodeTable(const ResultRow& r, size_t index) {
         if (l.differs && firstDiff.empty()) {
           firstDiff = l.node + " (" + l.phase + ") on rank " + std::to_string(rk);
         }
-        const std::string key = l.node + "\x1f" + l.phase + "\x1f" + k + "\x1f" + l.counted +
-                                "\x1f" + l.predicted;
+        const std::string key =
+            l.node + "\x1f" + l.phase + "\x1f" + k + "\x1f" + l.counted + "\x1f" + l.predicted;
         auto [it, fresh] = at.try_emplace(key, lines.size());
         if (fresh) lines.push_back(std::move(l));
         lines[it->second].ranks.push_back(rk);
@@ -340,8 +341,8 @@ std::optional<CommNodeTable> commNodeTable(const ResultRow& r, size_t index) {
                               {l.counted, l.differs ? "fail" : ""},
                               {l.predicted, l.differs ? "fail" : ""}});
   }
-  out.summary = r.caseName + " / " + r.strategyId + " (" + r.backend + "): " +
-                std::to_string(nodes.size()) + " node phases communicate; " +
+  out.summary = r.caseName + " / " + r.strategyId + " (" + r.backend +
+                "): " + std::to_string(nodes.size()) + " node phases communicate; " +
                 (out.differs ? "counted and predicted part first at " + firstDiff
                  : perNode   ? "counted as predicted at every node"
                              : "predicted as a total only");

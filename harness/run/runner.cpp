@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 
+#include "harness/comm/comm_site.h"
 #include "harness/comm/threads_backend.h"
 #include "harness/comm/world.h"
 #include "harness/measure/device.h"
@@ -27,7 +28,6 @@
 #include "harness/run/local_run.h"
 #include "harness/run/plan.h"
 #include "harness/run/predict.h"
-#include "harness/comm/comm_site.h"
 #include "harness/run/row_checks.h"
 #include "harness/run/run_util.h"
 

@@ -35,9 +35,9 @@
 #include <optional>
 #include <string>
 
-#include "harness/comm/comm_site.h"
 #include "harness/capture_tape.h"
 #include "harness/comm/autograd_comm.h"
+#include "harness/comm/comm_site.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
@@ -412,8 +412,10 @@ class MegatronStrategy final : public harness::Strategy {
     const int64_t es = c10::elementSize(c.dtype);
     const int64_t act = s.batch / g.dp * s.seq * s.dModel * es;
     const int64_t tpBytes = g.tp > 1 ? act : 0;
-    std::vector<harness::NodeComm> out = {
-        {"attn", "forward", {}}, {"mlp", "forward", {}}, {"mlp", "backward", {}}, {"attn", "backward", {}}};
+    std::vector<harness::NodeComm> out = {{"attn", "forward", {}},
+                                          {"mlp", "forward", {}},
+                                          {"mlp", "backward", {}},
+                                          {"attn", "backward", {}}};
     for (int m = 0; m < 2; ++m) {
       CommStats& fwd = out[m].comm;
       CommStats& bwd = out[3 - m].comm;

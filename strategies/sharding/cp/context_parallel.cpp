@@ -54,9 +54,9 @@
 #include <optional>
 #include <tuple>
 
-#include "harness/comm/comm_site.h"
 #include "harness/capture_tape.h"
 #include "harness/comm/autograd_comm.h"
+#include "harness/comm/comm_site.h"
 #include "harness/measure/memory.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
@@ -304,10 +304,10 @@ class CpStrategy final : public harness::Strategy {
         CommStats& u = update.emplace_back(harness::NodeComm{name, "update", {}}).comm;
         const int64_t dl = D / tp, F = 4 * D / tp;
         const std::vector<int64_t> sizes =
-            tp == 1 ? std::vector<int64_t>{D, D, 3 * D * D, 3 * D, D * D, D, D, D, 4 * D * D,
-                                           4 * D, 4 * D * D, D}
-                    : std::vector<int64_t>{D,  D, dl * D, dl * D, dl * D, dl, dl,    dl,
-                                           D * dl, D, D,  D,      F * D,  F,  D * F, D};
+            tp == 1 ? std::vector<int64_t>{D, D, 3 * D * D, 3 * D, D * D,     D,
+                                           D, D, 4 * D * D, 4 * D, 4 * D * D, D}
+                    : std::vector<int64_t>{D,      D, dl * D, dl * D, dl * D, dl, dl,    dl,
+                                           D * dl, D, D,      D,      F * D,  F,  D * F, D};
         for (int64_t n : sizes) onCp(u, Collective::kAllReduce, n * es);
       }
     }

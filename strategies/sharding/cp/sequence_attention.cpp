@@ -1,7 +1,7 @@
 // Attention over a sharded sequence (see sequence_attention.h).
 
-#include "harness/comm/comm_site.h"
 #include "strategies/sharding/cp/sequence_attention.h"
+#include "harness/comm/comm_site.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

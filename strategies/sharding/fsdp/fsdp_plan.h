@@ -92,7 +92,7 @@ harness::CommStats predictComm(Kind kind, Fault fault, const harness::CaseSpec& 
 // its gathers again and reductions in its backward; replicated parameters' reductions (and
 // ZeRO's gathers of updated shards) in the update, at their unit; the loss and the norm in the
 // update, outside the units (node "").
-std::vector<harness::NodeComm> predictCommByNode(Kind kind, Fault fault,
-                                                 const harness::CaseSpec& c, int rank);
+std::vector<harness::NodeComm> predictCommByNode(Kind kind, Fault fault, const harness::CaseSpec& c,
+                                                 int rank);
 
 }  // namespace sb::strategies::fsdp

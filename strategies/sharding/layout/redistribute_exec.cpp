@@ -1,5 +1,5 @@
-#include "harness/comm/comm_site.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
+#include "harness/comm/comm_site.h"
 
 #include "kernels/pack.h"
 

@@ -4,8 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include "harness/comm/comm_site.h"
 #include "harness/comm/autograd_comm.h"
+#include "harness/comm/comm_site.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"

@@ -106,8 +106,8 @@ struct OpCommPart {
   bool backward = false;
   harness::CommStats comm;
 };
-std::vector<OpCommPart> opCommParts(const ResolvedOp& r, const std::vector<int64_t>& mesh,
-                                    int rank, at::ScalarType dtype);
+std::vector<OpCommPart> opCommParts(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank,
+                                    at::ScalarType dtype);
 double opFlops(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank);
 harness::LocalWork opLocalWork(const ResolvedOp& r, const std::vector<int64_t>& mesh, int rank,
                                at::ScalarType dtype);

@@ -232,8 +232,7 @@ class ReshardStrategy final : public harness::Strategy {
     const int64_t es = c10::elementSize(c.dtype);
     harness::NodeComm f{"reshard", "forward", {}}, b{"reshard", "backward", {}};
     f.comm.add(Collective::kAllToAll, boxOf(shape, fromDim_, from_, rank).numel() * es);
-    b.comm.add(Collective::kAllToAll,
-               boxOf(shape, toDim_, targetPlacements(), rank).numel() * es);
+    b.comm.add(Collective::kAllToAll, boxOf(shape, toDim_, targetPlacements(), rank).numel() * es);
     return std::vector<harness::NodeComm>{f, b};
   }
   std::optional<double> predictFlops(const CaseSpec&, int) const override { return 0.0; }

@@ -302,7 +302,8 @@ TEST(AutoShard, MegatronPlanCommunicatesAtTheNodesMegatronDoes) {
   const auto isAny = [](const std::string& node, std::initializer_list<const char*> suffixes) {
     return std::any_of(suffixes.begin(), suffixes.end(), [&](const char* s) {
       const std::string tail(s);
-      return node.size() >= tail.size() && node.compare(node.size() - tail.size(), tail.size(), tail) == 0;
+      return node.size() >= tail.size() &&
+             node.compare(node.size() - tail.size(), tail.size(), tail) == 0;
     });
   };
   for (const auto& rank : byNode) {
