@@ -35,15 +35,17 @@ std::string htmlText(const std::string& s) {
   return o;
 }
 
-void pipeTable(std::ostringstream& o, const Table& t) {
+// `inHtml`: the table sits in an HTML block (<details>), where a cell's '<' would be markup.
+void pipeTable(std::ostringstream& o, const Table& t, bool inHtml = false) {
+  const auto cell = [&](const std::string& s) { return mdEscape(inHtml ? htmlText(s) : s); };
   o << "|";
-  for (const auto& h : t.head) o << " " << mdEscape(h) << " |";
+  for (const auto& h : t.head) o << " " << cell(h) << " |";
   o << "\n|";
   for (size_t i = 0; i < t.head.size(); ++i) o << "---|";
   o << "\n";
   for (const auto& r : t.rows) {
     o << "|";
-    for (const auto& c : r) o << " " << mdEscape(c.text) << " |";
+    for (const auto& c : r) o << " " << cell(c.text) << " |";
     o << "\n";
   }
   o << "\n";
@@ -73,7 +75,7 @@ std::string Document::markdown() const {
         break;
       case Block::Kind::kDetails:
         o << "<details><summary>" << htmlText(b.text) << "</summary>\n\n";
-        pipeTable(o, b.table);
+        pipeTable(o, b.table, true);
         o << "</details>\n\n";
         break;
     }

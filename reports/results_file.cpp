@@ -235,23 +235,26 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   if (!j.is_object() || !j.contains("records") || !j.at("records").is_array()) {
     throw ReportInputError(path + ": expected an object with a 'records' array");
   }
-  std::map<std::string, const nlohmann::json*> byKey;
+  // Per field, the last record of a key that has it (as `run` writes one record per key).
+  std::map<std::string, const nlohmann::json*> divergences, comms;
   for (const auto& r : j.at("records")) {
     if (!r.is_object() || !r.contains("details") || !r.at("details").is_object()) continue;
     const auto text = [&](const char* k) {
       return r.contains(k) && r.at(k).is_string() ? r.at(k).get<std::string>() : "";
     };
-    byKey[text("suite") + "\x1f" + text("case") + "\x1f" + text("strategy_id") + "\x1f" +
-          text("backend")] = &r.at("details");
+    const std::string key = text("suite") + "\x1f" + text("case") + "\x1f" +
+                            text("strategy_id") + "\x1f" + text("backend");
+    const nlohmann::json& d = r.at("details");
+    if (d.contains("first_divergence")) divergences[key] = &d.at("first_divergence");
+    if (d.contains("comm_by_node") && d.at("comm_by_node").is_array()) {
+      comms[key] = &d.at("comm_by_node");
+    }
   }
   for (auto& row : rows) {
-    const auto it = byKey.find(row.key());
-    if (it == byKey.end()) continue;
-    const nlohmann::json& d = *it->second;
-    if (d.contains("first_divergence")) row.firstDivergence = d.at("first_divergence");
-    if (d.contains("comm_by_node") && d.at("comm_by_node").is_array()) {
-      row.commByNode = d.at("comm_by_node");
+    if (auto it = divergences.find(row.key()); it != divergences.end()) {
+      row.firstDivergence = *it->second;
     }
+    if (auto it = comms.find(row.key()); it != comms.end()) row.commByNode = *it->second;
   }
 }
 

@@ -2,6 +2,7 @@
 // per case, with the cell formatting they share.
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -261,11 +262,12 @@ std::string callsText(const nlohmann::json& c) {
   return std::to_string(calls) + "x " + bytes(b);
 }
 
-std::string rangesText(const std::vector<int>& ranks) {
+std::string rangesText(const std::vector<int64_t>& ranks) {
   std::string out;
   for (size_t i = 0; i < ranks.size();) {
     size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    // (A file's ranks are not trusted: no overflow at the largest.)
+    while (j + 1 < ranks.size() && ranks[j] < INT64_MAX && ranks[j + 1] == ranks[j] + 1) ++j;
     out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) +
            (j > i ? "-" + std::to_string(ranks[j]) : "");
     i = j + 1;
@@ -283,7 +285,7 @@ std::optional<CommNodeTable> commNodeTable(const ResultRow& r, size_t index) {
   struct Line {
     std::string node, phase, collective, counted, predicted;
     bool differs = false;
-    std::vector<int> ranks;
+    std::vector<int64_t> ranks;
   };
   std::vector<Line> lines;
   std::map<std::string, size_t> at;
@@ -292,9 +294,9 @@ std::optional<CommNodeTable> commNodeTable(const ResultRow& r, size_t index) {
   std::string firstDiff;
   for (const auto& rank : r.commByNode) {
     if (!rank.is_object() || !rank.contains("nodes") || !rank.at("nodes").is_array()) continue;
-    const int rk = rank.contains("rank") && rank.at("rank").is_number_integer()
-                       ? rank.at("rank").get<int>()
-                       : -1;
+    const int64_t rk = rank.contains("rank") && rank.at("rank").is_number_integer()
+                           ? rank.at("rank").get<int64_t>()
+                           : -1;
     const bool predicted = rank.contains("predicted_per_node") &&
                            rank.at("predicted_per_node").is_boolean() &&
                            rank.at("predicted_per_node").get<bool>();
@@ -312,15 +314,21 @@ std::optional<CommNodeTable> commNodeTable(const ResultRow& r, size_t index) {
       const std::string node = textOf(n, "node"), phase = textOf(n, "phase");
       nodes.insert({node, phase});
       for (const auto& k : kinds) {
-        Line l{node.empty() ? "(outside the nodes)" : node, phase, k,
-               callsText(counted.value(k, nlohmann::json())),
-               predicted ? callsText(pred.value(k, nlohmann::json())) : "(total only)"};
-        l.differs = predicted && l.counted != l.predicted;
+        // Judged and merged on the figures as written, not on their rounded text.
+        const nlohmann::json c = counted.value(k, nlohmann::json()),
+                             p = pred.value(k, nlohmann::json());
+        Line l{node.empty() ? "(outside the nodes)" : node,
+               phase,
+               k,
+               callsText(c),
+               predicted ? callsText(p) : "(total only)",
+               predicted && c != p,
+               {}};
         if (l.differs && firstDiff.empty()) {
           firstDiff = l.node + " (" + l.phase + ") on rank " + std::to_string(rk);
         }
-        const std::string key =
-            l.node + "\x1f" + l.phase + "\x1f" + k + "\x1f" + l.counted + "\x1f" + l.predicted;
+        const std::string key = l.node + "\x1f" + l.phase + "\x1f" + k + "\x1f" + c.dump() +
+                                "\x1f" + (predicted ? p.dump() : "-");
         auto [it, fresh] = at.try_emplace(key, lines.size());
         if (fresh) lines.push_back(std::move(l));
         lines[it->second].ranks.push_back(rk);

@@ -68,25 +68,34 @@ void Communicator::unsupported(Collective c) const {
   TORCH_CHECK(false, "Backend ", backendName(), " does not support ", collectiveName(c));
 }
 
-void CommStats::addAt(const std::string& node, const std::string& phase, Collective c,
-                      int64_t bytes) {
-  // Most calls land where the last did: search from the back.
-  for (auto it = byNode.rbegin(); it != byNode.rend(); ++it) {
-    if (it->node == node && it->phase == phase) {
-      it->comm.add(c, bytes);
+void CommStats::reset() {
+  entries = {};
+  byNode.clear();
+  lastAt_ = 0;
+}
+
+void CommStats::addAt(const std::string& node, const char* phase, Collective c, int64_t bytes) {
+  // A step's sites recur in the same order (node by node, step after step): the search starts
+  // where the last call landed, so a call costs a comparison or two however many nodes there are.
+  const size_t n = byNode.size();
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (lastAt_ + k) % n;
+    if (byNode[i].phase == phase && byNode[i].node == node) {
+      byNode[i].comm.add(c, bytes);
+      lastAt_ = i;
       return;
     }
   }
   byNode.push_back({node, phase, {}});
   byNode.back().comm.add(c, bytes);
+  lastAt_ = n;
 }
 
 void Communicator::count(Collective c, int64_t bytes) {
   if (stats_ == nullptr) return;
   const int64_t counted = size_ > 1 ? bytes : 0;
   stats_->add(c, counted);
-  const CommSite site = currentCommSite();
-  stats_->addAt(site.node, stepPhaseName(site.phase), c, counted);
+  stats_->addAt(currentCommNode(), stepPhaseName(currentCommPhase()), c, counted);
 }
 
 void Communicator::checkRows(const std::vector<int64_t>& rows, const char* what) const {

@@ -56,10 +56,7 @@ struct CommStats {
     }
     return *this;
   }
-  void reset() {
-    entries = {};
-    byNode.clear();
-  }
+  void reset();  // totals and byNode
   // The totals' equality (byNode is not compared).
   bool operator==(const CommStats& o) const;
   // "all_reduce 3x 1536 B, all_gather 1x 512 B" (kinds with no calls omitted).
@@ -68,11 +65,14 @@ struct CommStats {
   // Where the Communicator counted each call (harness/comm/comm_site.h): per node and phase of
   // the step, in the order each was first seen. Predictions leave it empty.
   std::vector<NodeComm> byNode;
-  void addAt(const std::string& node, const std::string& phase, Collective c, int64_t bytes);
+  void addAt(const std::string& node, const char* phase, Collective c, int64_t bytes);
+
+ private:
+  size_t lastAt_ = 0;  // byNode's entry the last addAt() found: the next is usually at or after it
 };
 
 // One node's (or module's, or operator's) collectives in one phase of a step ("forward",
-// "backward", "recompute", "update", "step"): counted by the Communicator, or predicted by a
+// "backward", "update", "step"): counted by the Communicator, or predicted by a
 // strategy (Strategy::predictCommByNode). Node "" is the step outside every named node.
 struct NodeComm {
   std::string node;

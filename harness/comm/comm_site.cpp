@@ -18,8 +18,6 @@ const char* stepPhaseName(StepPhase p) {
       return "forward";
     case StepPhase::kBackward:
       return "backward";
-    case StepPhase::kRecompute:
-      return "recompute";
     case StepPhase::kUpdate:
       return "update";
     case StepPhase::kUnset:
@@ -28,18 +26,15 @@ const char* stepPhaseName(StepPhase p) {
   return "step";
 }
 
-CommSite currentCommSite() {
-  CommSite s{tlsNode, tlsPhase};
-  if (s.phase != StepPhase::kUnset) return s;
+StepPhase currentCommPhase() {
+  if (tlsPhase != StepPhase::kUnset) return tlsPhase;
   // The engine sets its graph task on whichever thread runs a backward node (the caller's on
   // CPU, a device thread on CUDA).
-  if (torch::autograd::get_current_graph_task_exec_info() != nullptr) {
-    s.phase = StepPhase::kBackward;
-  } else if (!s.node.empty()) {
-    s.phase = StepPhase::kForward;
-  }
-  return s;
+  if (torch::autograd::get_current_graph_task_exec_info() != nullptr) return StepPhase::kBackward;
+  return tlsNode.empty() ? StepPhase::kUnset : StepPhase::kForward;
 }
+
+CommSite currentCommSite() { return {tlsNode, currentCommPhase()}; }
 
 const std::string& currentCommNode() { return tlsNode; }
 

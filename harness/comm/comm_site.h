@@ -7,8 +7,9 @@
 //
 // An executor names its nodes with CommSiteScope while it runs their forward; an autograd
 // function that communicates in its backward saves the node it was made in (saveCommNode) and
-// reinstates it there (CommSiteScope(savedCommNode(ctx), StepPhase::kBackward)), whichever
-// thread the engine runs it on. A collective's phase is the scope's where one was given;
+// reinstates it there (backwardCommSite(ctx)), whichever thread the engine runs it on. A
+// backward hook or function that does not is counted at the engine thread's scopes: the rank's
+// own on CPU (the engine runs a CPU graph on the calling thread), none on a CUDA device thread. A collective's phase is the scope's where one was given;
 // otherwise backward inside the autograd engine's graph task, forward inside a named node, and
 // "step" outside both (the loss and norm reductions of a training loop say "update").
 
@@ -17,9 +18,9 @@
 
 namespace sb::harness {
 
-enum class StepPhase : uint8_t { kUnset, kForward, kBackward, kRecompute, kUpdate };
+enum class StepPhase : uint8_t { kUnset, kForward, kBackward, kUpdate };
 
-// "forward", "backward", "recompute", "update"; "step" for kUnset.
+// "forward", "backward", "update"; "step" for kUnset.
 const char* stepPhaseName(StepPhase p);
 
 // The calling thread's site, as a collective issued now would be counted.
@@ -28,8 +29,10 @@ struct CommSite {
   StepPhase phase = StepPhase::kUnset;
 };
 CommSite currentCommSite();
-// The node the calling thread's scopes name ("" outside them).
+// The node the calling thread's scopes name ("" outside them), and its phase resolved as above
+// (never kUnset unless outside every node and the engine): what a collective is counted at.
 const std::string& currentCommNode();
+StepPhase currentCommPhase();
 
 // Sets the calling thread's node (and phase, where given) until the scope ends.
 class CommSiteScope {
