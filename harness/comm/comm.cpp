@@ -68,6 +68,20 @@ void Communicator::unsupported(Collective c) const {
   TORCH_CHECK(false, "Backend ", backendName(), " does not support ", collectiveName(c));
 }
 
+CommStats& commAt(std::vector<NodeComm>& nodes, const std::string& node, const char* phase) {
+  for (auto& n : nodes) {
+    if (n.node == node && n.phase == phase) return n.comm;
+  }
+  nodes.push_back({node, phase, {}});
+  return nodes.back().comm;
+}
+
+CommStats totalOf(const std::vector<NodeComm>& nodes) {
+  CommStats total;
+  for (const auto& n : nodes) total += n.comm;
+  return total;
+}
+
 void CommStats::reset() {
   entries = {};
   byNode.clear();

@@ -56,6 +56,13 @@ struct CommStats {
     }
     return *this;
   }
+  // Every call and byte k times (a step's, over k steps).
+  void scale(int64_t k) {
+    for (auto& e : entries) {
+      e.calls *= k;
+      e.bytes *= k;
+    }
+  }
   void reset();  // totals and byNode
   // The totals' equality (byNode is not compared).
   bool operator==(const CommStats& o) const;
@@ -79,6 +86,12 @@ struct NodeComm {
   std::string phase;
   CommStats comm;  // its byNode empty
 };
+
+// The entry of `nodes` for (node, phase), appended where there is none: for building a
+// prediction node by node.
+CommStats& commAt(std::vector<NodeComm>& nodes, const std::string& node, const char* phase);
+// The sum over nodes.
+CommStats totalOf(const std::vector<NodeComm>& nodes);
 
 // One rank's handle on one process group: the ranks of a mesh axis, of several axes, or of the
 // whole mesh. Executors are written once, SPMD, against this interface; `threads` implements

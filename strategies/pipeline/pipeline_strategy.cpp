@@ -319,10 +319,7 @@ class PipelineStrategy final : public harness::Strategy {
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
-    CommStats out;
-    const auto nodes = predictCommByNode(c, rank);  // kept: the loop reads into it
-    for (const auto& n : *nodes) out += n.comm;
-    return out;
+    return harness::totalOf(*predictCommByNode(c, rank));
   }
   // Per stage ("stage0", ...) and phase: a forward action's receive and send, a backward
   // action's; outside the stages, in the update, the replicas' gradient all-reduces and the
@@ -344,11 +341,7 @@ class PipelineStrategy final : public harness::Strategy {
     };
     std::vector<harness::NodeComm> nodes;
     const auto at = [&](const std::string& node, const char* phase) -> CommStats& {
-      for (auto& n : nodes) {
-        if (n.node == node && n.phase == phase) return n.comm;
-      }
-      nodes.push_back({node, phase, {}});
-      return nodes.back().comm;
+      return harness::commAt(nodes, node, phase);
     };
     for (const Action& a : p.schedule.perRank[me]) {
       const int S = p.schedule.stages;
@@ -383,12 +376,7 @@ class PipelineStrategy final : public harness::Strategy {
     // Each step: the above; the loss and the norm's squares, each one float64 over the mesh.
     at("", "update").add(Collective::kAllReduce, 8);
     at("", "update").add(Collective::kAllReduce, 8);
-    for (auto& n : nodes) {
-      for (auto& e : n.comm.entries) {
-        e.calls *= c.training.steps;
-        e.bytes *= c.training.steps;
-      }
-    }
+    for (auto& n : nodes) n.comm.scale(c.training.steps);
     return nodes;
   }
 

@@ -72,12 +72,7 @@ inline void addTrainingComm(std::vector<std::pair<std::vector<int>, harness::Com
 // in the update.
 inline void addTrainingComm(std::vector<harness::NodeComm>& nodes, const harness::CaseSpec& c) {
   if (!c.training.enabled()) return;
-  for (auto& n : nodes) {
-    for (auto& e : n.comm.entries) {
-      e.calls *= c.training.steps;
-      e.bytes *= c.training.steps;
-    }
-  }
+  for (auto& n : nodes) n.comm.scale(c.training.steps);
   if (c.meshSize() > 1) {
     harness::NodeComm update{"", "update", {}};
     for (int k = 0; k < c.training.steps; ++k) {

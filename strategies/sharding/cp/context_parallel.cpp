@@ -241,10 +241,7 @@ class CpStrategy final : public harness::Strategy {
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
-    CommStats out;
-    const auto nodes = predictCommByNode(c, rank);  // kept: the loop reads into it
-    for (const auto& n : *nodes) out += n.comm;
-    return out;
+    return harness::totalOf(*predictCommByNode(c, rank));
   }
   // Per layer ("h0", ...) and phase: its attention's sequence collectives and its tensor-
   // parallel f and g, forward and backward; every parameter's gradient all-reduced over the

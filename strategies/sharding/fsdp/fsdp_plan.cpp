@@ -196,11 +196,7 @@ std::vector<harness::NodeComm> predictCommByNode(Kind kind, Fault fault, const C
   const int64_t es = elemSize(c.dtype);
   std::vector<harness::NodeComm> nodes;
   const auto at = [&](const std::string& unit, const char* phase) -> CommStats& {
-    for (auto& n : nodes) {
-      if (n.node == unit && n.phase == phase) return n.comm;
-    }
-    nodes.push_back({unit, phase, {}});
-    return nodes.back().comm;
+    return harness::commAt(nodes, unit, phase);
   };
   const auto count = [&](CommStats& into, Collective k, int groupSize, int64_t bytes) {
     into.add(k, groupSize > 1 ? bytes : 0);
@@ -258,19 +254,12 @@ std::vector<harness::NodeComm> predictCommByNode(Kind kind, Fault fault, const C
   CommStats& update = at("", "update");
   count(update, Collective::kAllReduce, l.world, es);
   if (shardsState(kind)) count(update, Collective::kAllReduce, l.shardParts, 8);
-  for (auto& n : nodes) {
-    for (auto& e : n.comm.entries) {
-      e.calls *= c.training.steps;
-      e.bytes *= c.training.steps;
-    }
-  }
+  for (auto& n : nodes) n.comm.scale(c.training.steps);
   return nodes;
 }
 
 CommStats predictComm(Kind kind, Fault fault, const CaseSpec& c, int rank) {
-  CommStats out;
-  for (const auto& n : predictCommByNode(kind, fault, c, rank)) out += n.comm;
-  return out;
+  return harness::totalOf(predictCommByNode(kind, fault, c, rank));
 }
 
 }  // namespace sb::strategies::fsdp

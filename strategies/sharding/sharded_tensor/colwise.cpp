@@ -86,10 +86,7 @@ class ColwiseStrategy final : public ShardedTensorLinearStrategy {
   }
 
   harness::CommStats predictComm(const harness::CaseSpec& c, int rank) const override {
-    harness::CommStats total;
-    const auto nodes = predictCommByNode(c, rank);
-    for (const auto& n : *nodes) total += n.comm;
-    return total;
+    return harness::totalOf(*predictCommByNode(c, rank));
   }
   // One node (singleNode): the forward's collectives, then the backward's (their transposes
   // and the bias gradient's all-reduce).
