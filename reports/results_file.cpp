@@ -242,8 +242,8 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     const auto text = [&](const char* k) {
       return r.contains(k) && r.at(k).is_string() ? r.at(k).get<std::string>() : "";
     };
-    const std::string key = text("suite") + "\x1f" + text("case") + "\x1f" +
-                            text("strategy_id") + "\x1f" + text("backend");
+    const std::string key = text("suite") + "\x1f" + text("case") + "\x1f" + text("strategy_id") +
+                            "\x1f" + text("backend");
     const nlohmann::json& d = r.at("details");
     if (d.contains("first_divergence")) divergences[key] = &d.at("first_divergence");
     if (d.contains("comm_by_node") && d.at("comm_by_node").is_array()) {

@@ -9,9 +9,10 @@
 // function that communicates in its backward saves the node it was made in (saveCommNode) and
 // reinstates it there (backwardCommSite(ctx)), whichever thread the engine runs it on. A
 // backward hook or function that does not is counted at the engine thread's scopes: the rank's
-// own on CPU (the engine runs a CPU graph on the calling thread), none on a CUDA device thread. A collective's phase is the scope's where one was given;
-// otherwise backward inside the autograd engine's graph task, forward inside a named node, and
-// "step" outside both (the loss and norm reductions of a training loop say "update").
+// own on CPU (the engine runs a CPU graph on the calling thread), none on a CUDA device thread. A
+// collective's phase is the scope's where one was given; otherwise backward inside the autograd
+// engine's graph task, forward inside a named node, and "step" outside both (the loss and norm
+// reductions of a training loop say "update").
 
 #include <cstdint>
 #include <string>
