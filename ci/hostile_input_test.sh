@@ -367,6 +367,34 @@ check "graph: batch x seq over 2^24: exit 2 naming the keys" 2 \
   "gpt2: shape batch x seq \(26835456\) is over 2\^24" -- \
   "$sb" graph --workload gpt2 --shape '{"batch": 1677216}'
 
+# A results.json whose communication per node is malformed or hostile (wrong types, ranks at
+# the integer limits, markup in a node's name, figures that differ by less than the rounding):
+# the report is written, every name escaped, and 4096 against 4100 bytes marked as differing.
+python3 - "$tmp/budget" "$tmp/hostile-comm" <<'PY'
+import json, shutil, sys
+shutil.copytree(sys.argv[1], sys.argv[2])
+p = sys.argv[2] + "/results.json"
+d = json.load(open(p))
+junk = [None, 5, "x", [1, 2], {"rank": "a", "nodes": 3},
+        {"rank": 2**62, "predicted_per_node": "yes",
+         "nodes": [1, {"node": 5, "phase": [], "counted": {"all_reduce": {"calls": "a"}},
+                       "predicted": 7}]}]
+near = {"rank": 2**63 - 1, "predicted_per_node": True,
+        "nodes": [{"node": "</details><script>x</script>", "phase": "forward",
+                   "counted": {"all_reduce": {"calls": 1, "bytes": 4096}},
+                   "predicted": {"all_reduce": {"calls": 1, "bytes": 4100}}}]}
+for i, r in enumerate(d["records"]):
+    r["details"]["comm_by_node"] = junk[i % len(junk)] if i % 2 else junk[3:] + [near]
+json.dump(d, open(p, "w"))
+PY
+check "report on a hostile comm_by_node: written, markup escaped, rounding not hiding a difference" \
+  0 "^escaped$" -- bash -c '
+  "$1" report "$2" --out "$2/rep" --no-plots >/dev/null 2>&1 || exit 1
+  h="$2/rep/report.html"
+  [ "$(grep -c "<script>" "$h")" = 1 ] && grep -q "&lt;/details&gt;&lt;script&gt;" "$h" &&
+  grep -q "<summary class=\"fail\">.*part first at &lt;/details&gt;" "$h" &&
+  ! grep -q "<script>x" "$2/rep/report.md" && echo escaped' _ "$sb" "$tmp/hostile-comm"
+
 # LibTorch's own checks carry a C++ backtrace in their text: the commands print the message alone.
 check "a LibTorch check's message without its backtrace" 0 "clean" -- bash -c \
   '"$1" solve shard --workload gpt2 --mesh 65536x65536 2>&1 | { ! grep -q "Exception raised from\|frame #"; } && echo clean' _ "$sb"
