@@ -1,0 +1,154 @@
+#pragma once
+
+// The executor of a sharding plan (plan_executor.cpp's comment says how it runs one) and the
+// solved plan it runs; PlanStrategy (plan_strategy.cpp) solves or reads the plan for a case and
+// makes one executor per rank. Internal to strategies/sharding/auto/.
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/strategy.h"
+#include "reference/training.h"
+#include "strategies/sharding/auto/model.h"
+#include "strategies/sharding/auto/plan_memory.h"
+#include "strategies/sharding/auto/plan_trace.h"
+#include "strategies/sharding/layout/redistribute_exec.h"
+
+namespace sb::strategies::autoshard {
+
+using harness::Box;
+using harness::CaseSpec;
+using harness::Layout;
+using harness::RankContext;
+
+// A case's model and plan.
+struct SolvedPlan {
+  std::unique_ptr<harness::CostProfile> profile = std::make_unique<harness::CostProfile>();
+  std::unique_ptr<ShardingModel> model;
+  ShardingPlan plan;
+  nlohmann::json json;
+  // Per node, per operand: the redistribution into the layout it reads (none: same layout, a
+  // graph input, or a parameter's first reader).
+  std::vector<PlanEdge> edges;
+  std::string problem;  // non-empty: no plan (unsupported)
+};
+
+// Where a parameter lives: its first reader's operand.
+Layout parameterLayout(const SolvedPlan& s, const std::string& name);
+
+class PlanExecutor final : public harness::RankExecutor {
+ public:
+  // `memoryLimit`: the params.max_memory the plan was chosen under, which it promises to fit.
+  PlanExecutor(const CaseSpec& c, std::shared_ptr<const SolvedPlan> solved,
+               std::optional<int64_t> memoryLimit, bool fault, bool replayFault)
+      : case_(c),
+        solved_(std::move(solved)),
+        memoryLimit_(memoryLimit),
+        fault_(fault),
+        replayFault_(replayFault) {}
+  void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
+  void step(RankContext& ctx) override;
+  std::map<std::string, at::Tensor> results() const override;
+  std::optional<int64_t> predictedPeakBytes() const override {
+    if (!replayed_) return std::nullopt;
+    const int64_t onePass = heldBytes_ + stepPeak_;
+    if (!case_.training.enabled()) return onePass;
+    // Over steps: the plan's peak with the optimizer's state alive (every backward after the
+    // first), or the update between backwards, as its profile measured it above the step's start.
+    const int64_t later = case_.training.steps > 1 ? stateBytes_ : 0;
+    return std::max(onePass + initialBytes_ + later, startLive_ + updatePeak_);
+  }
+  std::optional<double> predictedTimeUs() const override {
+    return solved_->plan.predictedStepUs * (case_.training.enabled() ? case_.training.steps : 1);
+  }
+  // A plan chosen under params.max_memory promises to fit it on every rank.
+  std::optional<int64_t> memoryLimitBytes() const override { return memoryLimit_; }
+  std::vector<std::pair<std::string, std::string>> recordParams() const override {
+    const auto& s = solved_->plan.solver;
+    std::vector<std::pair<std::string, std::string>> out = {{"algo", s.algo},
+                                                            {"solver_status", s.status}};
+    if (case_.training.enabled()) {
+      out.emplace_back("steps", std::to_string(case_.training.steps));
+      out.emplace_back("optimizer", case_.training.optimizer.toString());
+      out.emplace_back("update_peak_bytes", std::to_string(updatePeak_));
+    }
+    return out;
+  }
+  nlohmann::json details() const override {
+    nlohmann::json j = solved_->json;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& [what, bytes] : solved_->model->livenessRows(solved_->plan.choice)) {
+      rows.push_back({{"at", what}, {"live_bytes", bytes}});
+    }
+    j["memory_rows"] = rows;
+    // The row's prediction is the replay of the plan chosen; the rows above are what the
+    // integer program priced it with.
+    j["predicted"]["liveness_peak_bytes"] = solved_->plan.livenessPeakBytes;
+    if (replayed_) {
+      const auto unverified = unverifiedOperators(solved_->model->graph());
+      std::string note = "replay";
+      for (size_t i = 0; i < unverified.size(); ++i) {
+        note += (i == 0 ? " (not checked to the byte on: " : ", ") + unverified[i];
+      }
+      j["predicted"]["memory_model"] = note + (unverified.empty() ? "" : "; judged within 5%)");
+    } else {
+      j["predicted"]["memory_model"] = "none: " + notReplayed_;
+    }
+    return j;
+  }
+  // Locating a failure (plan_trace.h): the next step keeps this rank's pieces of every value.
+  bool capturesValues() const override { return true; }
+  void setCapture(bool on) override {
+    captureOn_ = on;
+    if (on) captured_.clear();
+    if (!on) capture_.reset();  // what a step that threw left (its hooks removed with it)
+  }
+  std::vector<harness::TraceValue> captured() const override { return captured_; }
+
+ private:
+  const CaseSpec& case_;
+  std::shared_ptr<const SolvedPlan> solved_;
+  std::optional<int64_t> memoryLimit_;
+  bool fault_, replayFault_;
+  std::map<std::string, at::Tensor> leaves_;
+  std::map<std::pair<int, size_t>, at::Tensor> data_;  // graph inputs, per reader
+  at::Tensor seed_;
+  std::vector<std::unique_ptr<harness::RedistRunner>> runners_;
+  std::map<std::string, at::Tensor> results_;
+
+  // One forward through the plan, from the leaves as they are; returns the output's piece.
+  at::Tensor forward(RankContext& ctx);
+  // Training over the case's steps (reference/training.h): every step() from the initial
+  // pieces, LibTorch's optimizer over this rank's pieces; the loss and the gradient norm summed
+  // over the ranks, each replicated box counted once. The update is profiled in prepare().
+  void trainSteps(RankContext& ctx);
+  std::vector<std::pair<std::string, at::Tensor>> namedLeaves() const;
+  std::vector<at::Tensor> initialLeaves_;
+  std::vector<bool> leafCounted_;
+  bool outputCounted_ = true;
+  std::unique_ptr<reference::TrainingLoop> loop_;
+  int64_t startLive_ = 0, updatePeak_ = 0, stateBytes_ = 0, initialBytes_ = 0;
+  // The step's replay (plan_memory.h): its peak above what the executor holds (the parameters'
+  // pieces, the data slices, the seed), or why there is none.
+  bool replayed_ = false;
+  int64_t heldBytes_ = 0, stepPeak_ = 0;
+  std::string notReplayed_;
+  // Capture: on for the next step (its first optimizer step in training), the pieces it kept.
+  bool captureOn_ = false;
+  std::unique_ptr<PlanCapture> capture_;
+  std::vector<harness::TraceValue> captured_;
+  void startCapture(RankContext& ctx) {
+    if (captureOn_)
+      capture_ = std::make_unique<PlanCapture>(*solved_->model, solved_->plan.choice, ctx, leaves_);
+  }
+  void endCapture() {
+    if (!capture_) return;
+    captured_ = capture_->take();
+    capture_.reset();
+  }
+};
+
+}  // namespace sb::strategies::autoshard
