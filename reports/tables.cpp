@@ -192,6 +192,16 @@ Table caseTable(const std::vector<const RowComparison*>& rows, bool hasBaseline,
   return t;
 }
 
+namespace {
+
+// `j[key]` where it is a string, else "" (a results file is not trusted).
+std::string textOf(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j.at(key).is_string() ? j.at(key).get<std::string>()
+                                                                   : "";
+}
+
+}  // namespace
+
 Table divergenceTable(const std::vector<ResultRow>& rows) {
   Table t;
   t.id = "divergence";
@@ -207,9 +217,7 @@ Table divergenceTable(const std::vector<ResultRow>& rows) {
   for (const ResultRow* r : order) {
     const nlohmann::json& d = r->firstDivergence;
     std::vector<Cell> row = {{r->caseName, ""}, {r->strategyId, ""}, {r->status, r->status}};
-    const auto text = [&](const char* k) {
-      return d.contains(k) && d.at(k).is_string() ? d.at(k).get<std::string>() : "";
-    };
+    const auto text = [&](const char* k) { return textOf(d, k); };
     const auto blanks = [&row](int n) {
       for (int i = 0; i < n; ++i) row.push_back({"", ""});
     };
@@ -273,11 +281,6 @@ std::string rangesText(const std::vector<int64_t>& ranks) {
     i = j + 1;
   }
   return out;
-}
-
-std::string textOf(const nlohmann::json& j, const char* key) {
-  return j.is_object() && j.contains(key) && j.at(key).is_string() ? j.at(key).get<std::string>()
-                                                                   : "";
 }
 
 // One row's table; nullopt where its comm_by_node has nothing readable.

@@ -134,9 +134,9 @@ at::Tensor Communicator::allGather(const at::Tensor& input, const std::vector<in
   int64_t rowElems = 1;  // from the shape, so that a rank holding no rows counts alike
   for (int64_t d = 1; d < input.dim(); ++d) rowElems *= input.size(d);
   const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
-  count(Collective::kAllGather, rowBytes(total, rowElems, input.element_size()));
-  const TraceScope span("collective", collectiveName(Collective::kAllGather),
-                        rowBytes(total, rowElems, input.element_size()));
+  const int64_t bytes = rowBytes(total, rowElems, input.element_size());
+  count(Collective::kAllGather, bytes);
+  const TraceScope span("collective", collectiveName(Collective::kAllGather), bytes);
   if (size_ == 1) return input.clone();
   return doAllGather(input.contiguous(), rows);
 }

@@ -45,11 +45,7 @@ nlohmann::json nodeCommEntries(const std::vector<NodeComm>& counted,
     const auto key = std::make_pair(n.node, n.phase);
     auto [it, fresh] = at.try_emplace(key);
     if (fresh) order.push_back(key);
-    CommStats& into = isCounted ? it->second.first : it->second.second;
-    for (int k = 0; k < kNumCollectives; ++k) {
-      into.entries[k].calls += n.comm.entries[k].calls;
-      into.entries[k].bytes += n.comm.entries[k].bytes;
-    }
+    (isCounted ? it->second.first : it->second.second) += n.comm;
   };
   for (const auto& n : counted) note(n, true);
   if (predicted) {
@@ -163,14 +159,12 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
                            {"predicted_per_node", predictedByNode.has_value()},
                            {"nodes", std::move(nodes)}});
     }
-    if (commProblem.empty() && (!(o.counted == predicted) || !nodeProblem.empty())) {
+    if (commProblem.empty() && !(o.counted == predicted)) {
       commProblem = "rank " + std::to_string(o.rank) + " communicated " + o.counted.toString() +
-                    " but the strategy predicts " + predicted.toString();
-      if (o.counted == predicted) {
-        commProblem = "rank " + std::to_string(o.rank) + ": the totals agree, but " + nodeProblem;
-      } else if (!nodeProblem.empty()) {
-        commProblem += "; first " + nodeProblem;
-      }
+                    " but the strategy predicts " + predicted.toString() +
+                    (nodeProblem.empty() ? "" : "; first " + nodeProblem);
+    } else if (commProblem.empty() && !nodeProblem.empty()) {
+      commProblem = "rank " + std::to_string(o.rank) + ": the totals agree, but " + nodeProblem;
     }
     if (o.predictedPeak) {
       memPredMax = std::max(memPredMax.value_or(0), *o.predictedPeak);
@@ -241,7 +235,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   }
   // A row that failed its tensors may have communicated otherwise than predicted as well:
   // said after them (the node where the counts part names the place to look).
-  if (!commProblem.empty() && rec.message.find(commProblem) == std::string::npos) {
+  if (!commProblem.empty() && rec.message != commProblem) {
     rec.message += "; communication: " + commProblem;
   }
   if (!mispredicted.empty()) {
