@@ -109,6 +109,21 @@ open(sys.argv[3], "w").write(head + "\ncases:\n  - name: " + case[0])
 PY
 }
 
+# 3a. A 3-D mesh (2x2x2): the LLaMA case over 8 gloo processes, every plan passing with every
+# rank's peak to the byte; the ILP's plan without one edge's redistribution (its first: the
+# block's input gathered over axis 2) fails. (Megatron's plan on 2x2x2 redistributes nothing.)
+one_case llama-L2-mesh2x2x2 "$tmp/mesh3d.yaml"
+if "$sb" run --help | grep -q gloo; then
+  check "launch -n 8 gloo LLaMA on 2x2x2: every plan passes" 0 "total +4 +0 +0 +0" -- \
+    "$sb" launch -n 8 -- run "$tmp/mesh3d.yaml" --backend gloo --out "$tmp/gloo3d" \
+    --repetitions 1 --min-time 0.0001
+  check "gloo 2x2x2: every rank's peak predicted to the byte" 0 " 0 with a rank not" -- \
+    every_rank_exact "$tmp/gloo3d/results.json"
+fi
+check "planted, 2x2x2: an edge without its redistribution fails" 1 "fail: " -- \
+  "$sb" run "$tmp/mesh3d.yaml" --out "$tmp/fault3d" --repetitions 1 \
+  --filter '^sharding/auto/ilp$' --plant-fault 'sharding/auto/ilp=skip_edge_redistribution'
+
 # 3b. Over steps: the training case alone, data parallel's first edge skipping its
 # redistribution fails (and passes without the fault).
 one_case gpt2-L2-mesh2x2-adamw-steps "$tmp/steps.yaml"

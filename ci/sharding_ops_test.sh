@@ -3,13 +3,30 @@
 # strategy passes or is unsupported naming a dimension, predicted == counted communication,
 # predicted peak memory equal to the measured peak on every row), a sample on gloo with 4
 # processes (every row passes, memory within 5%, the same errors and bytes as threads), and
-# planted faults through `run --plant-fault` (exit 1, status fail), Megatron's blocks included.
+# planted faults through `run --plant-fault` (exit 1, status fail), Megatron's blocks included;
+# then suites/sharding-ops-3d.yaml (2x2x2) on threads, exact, and a sample on 8 gloo processes.
 # Usage: ci/sharding_ops_test.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
 build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+
+# Every passing row of a gloo run ($2) has the threads run's ($1) errors and bytes.
+agree() {
+  python3 - "$1" "$2" <<'PY'
+import csv, sys
+key = lambda r: (r["case"], r["strategy_id"])
+t = {key(r): r for r in csv.DictReader(open(sys.argv[1]))}
+g = [r for r in csv.DictReader(open(sys.argv[2])) if r["status"] == "pass"]
+assert len(g) > 40, len(g)
+for r in g:
+    o = t[key(r)]
+    for col in ("mismatches", "comm_bytes", "comm_calls"):
+        assert r[col] == o[col], (key(r), col, r[col], o[col])
+print(len(g), "rows agree")
+PY
+}
 
 # 1. The whole suite on threads.
 check "sharding-ops suite on threads" 0 "total +[0-9]+ +0 +0" -- \
@@ -26,18 +43,7 @@ if "$sb" run --help | grep -q gloo; then
   check "gloo: every row passes, comm exact, memory within 5%" 0 "rows" -- \
     verify_rows "$tmp/gloo/results.csv" 0.05
   check "gloo agrees with threads on the same rows" 0 "rows agree" -- \
-    python3 - "$tmp/threads/results.csv" "$tmp/gloo/results.csv" <<'PY'
-import csv, sys
-key = lambda r: (r["case"], r["strategy_id"])
-t = {key(r): r for r in csv.DictReader(open(sys.argv[1]))}
-g = [r for r in csv.DictReader(open(sys.argv[2])) if r["status"] == "pass"]
-assert len(g) > 40, len(g)
-for r in g:
-    o = t[key(r)]
-    for col in ("mismatches", "comm_bytes", "comm_calls"):
-        assert r[col] == o[col], (key(r), col, r[col], o[col])
-print(len(g), "rows agree")
-PY
+    agree "$tmp/threads/results.csv" "$tmp/gloo/results.csv"
 else
   echo "SKIP: this build has no gloo backend"
 fi
@@ -78,5 +84,24 @@ check "planted, over steps: a Linear's forward all-reduce skipped" 1 \
   "$sb" run "$src/suites/sharding-ops.yaml" --out "$tmp/fault" --repetitions 1 \
   --filter '^sharding/linear/RR=RS01.S01R$' \
   --plant-fault 'sharding/linear/RR=RS01.S01R=skip_forward_all_reduce'
+
+# 4. A 3-D mesh (2x2x2): every operator's expanded strategies (suites/sharding-ops-3d.yaml) on
+# threads, each row exact, and a sample over 8 gloo processes (sums over one and two axes,
+# statistics, a vocabulary split, batched products) agreeing with it.
+check "sharding-ops-3d suite on threads (2x2x2)" 0 "total +[0-9]+ +0 +0" -- \
+  "$sb" run "$src/suites/sharding-ops-3d.yaml" --out "$tmp/threads3d" --repetitions 1 \
+  --min-time 0.0001
+check "2x2x2 threads: every row passes, comm exact, memory exact" 0 "worst memory error 0.00%" -- \
+  verify_rows "$tmp/threads3d/results.csv" 0.0
+if "$sb" run --help | grep -q gloo; then
+  check "launch -n 8 gloo sample on 2x2x2" 0 "8 ranks on gloo" -- \
+    "$sb" launch -n 8 -- run "$src/suites/sharding-ops-3d.yaml" --backend gloo \
+    --out "$tmp/gloo3d" --repetitions 1 --min-time 0.0001 \
+    --filter '^sharding/op/(addmm|layer_norm|embedding|batch_norm|bmm)/S0.*'
+  check "2x2x2 gloo: every row passes, comm exact, memory within 5%" 0 "rows" -- \
+    verify_rows "$tmp/gloo3d/results.csv" 0.05
+  check "2x2x2 gloo agrees with threads on the same rows" 0 "rows agree" -- \
+    agree "$tmp/threads3d/results.csv" "$tmp/gloo3d/results.csv"
+fi
 
 finish

@@ -67,7 +67,7 @@ int solveShard(const ShardArgs& a) {
   try {
     // As many ranks as `solve redistribute` plans for: the model prices every choice on them.
     mesh = h::DeviceMesh::parseShape(a.mesh, kMaxPlanRanks);
-    if (mesh.size() > 2) throw std::invalid_argument("plans are for 1-D and 2-D meshes");
+    if (mesh.size() > 3) throw std::invalid_argument("plans are for meshes of 1 to 3 axes");
   } catch (const std::exception& e) {
     std::cerr << who << "--mesh '" << a.mesh << "': " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <numeric>
 
 #include "harness/error.h"
 #include "strategies/sharding/auto/model_internal.h"
@@ -102,12 +103,17 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
       return true;
     };
   }
-  // megatron
-  const int tp = meshNdim - 1, dp = meshNdim == 2 ? 0 : -1;
+  // megatron: tensor parallel over the last mesh axis, data parallel over the others (a 1-D
+  // mesh is all tensor parallel)
+  const int tp = meshNdim - 1;
+  std::vector<int> dp(static_cast<size_t>(tp));
+  std::iota(dp.begin(), dp.end(), 0);
   return [&g, tp, dp](int v, const Candidate& c) {
     const auto& n = g.nodes[v];
     const auto activationOk = [&](const Layout& l) {
-      if (dp >= 0 && !onlyDimZero(l, dp)) return false;
+      for (int a : dp) {
+        if (!onlyDimZero(l, a)) return false;
+      }
       // Tokens ([T, features]) are not split over the tensor-parallel axis: no sequence
       // parallelism in this plan.
       if (l.ndim() == 2) {

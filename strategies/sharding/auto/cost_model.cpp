@@ -65,7 +65,7 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
       candidates_.push_back(it->second);
       continue;
     }
-    std::vector<OpStrategySpec> specs = opStrategySpecs(n.shape);
+    std::vector<OpStrategySpec> specs = opStrategySpecs(n.shape, static_cast<int>(mesh_.size()));
     std::vector<Candidate> cands;
     bool replicated = false;
     for (const auto& spec : specs) {
@@ -92,7 +92,7 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
       spec.variant.clear();
       spec.degenerateAxis = -1;
       spec.meshMustBeFull = false;
-      spec.meshDims = {1, 2};
+      spec.meshDims = {static_cast<int>(mesh_.size())};
       spec.outputFromShape = false;
       for (auto& l : spec.operandLayouts) l = Layout(l.ndim());
       spec.outputLayouts.clear();
@@ -185,49 +185,76 @@ harness::RedistCostModel ShardingModel::redistModel() const {
   return cm;
 }
 
-// The planner's costs from `from` to every layout of a tensor of `shape` (one Dijkstra over
-// the planner's steps, priced as it prices them), cached: an edge's cost matrix asks for many
-// targets from few sources.
-const std::map<Layout, double>& ShardingModel::distancesFrom(const std::vector<int64_t>& shape,
-                                                             const Layout& from) const {
-  std::string key = from.compact() + "@";
-  for (int64_t d : shape) key += std::to_string(d) + ",";
-  if (auto it = distances_.find(key); it != distances_.end()) return it->second;
-  const harness::RedistGeometry g{shape, mesh_,
-                                  static_cast<int64_t>(c10::elementSize(options_.dtype))};
+int ShardingModel::LayoutGraph::idOf(const Layout& l) {
+  const auto [it, fresh] = id.emplace(l, static_cast<int>(layouts.size()));
+  if (fresh) {
+    layouts.push_back(l);
+    steps.emplace_back();
+    expanded.push_back(false);
+  }
+  return it->second;
+}
+
+ShardingModel::LayoutGraph& ShardingModel::layoutGraph(const std::vector<int64_t>& shape) const {
+  auto [it, fresh] = layoutGraphs_.try_emplace(shape);
+  if (fresh) it->second.shape = shape;
+  return it->second;
+}
+
+// The planner's costs from layout `from` to every layout (one Dijkstra over the planner's
+// steps, priced as it prices them), cached per source.
+const std::vector<double>& ShardingModel::distancesFrom(LayoutGraph& g, int from) const {
+  if (auto it = g.distances.find(from); it != g.distances.end()) return it->second;
+  const harness::RedistGeometry geo{g.shape, mesh_,
+                                    static_cast<int64_t>(c10::elementSize(options_.dtype))};
   const harness::RedistCostModel cm = redistModel();
   const int meshNdim = static_cast<int>(mesh_.size());
-  std::map<Layout, double> dist;
-  std::set<std::pair<double, Layout>> queue;
-  dist[from] = 0;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<double> dist(g.layouts.size(), kInf);
+  std::set<std::pair<double, int>> queue;
+  dist[static_cast<size_t>(from)] = 0;
   queue.insert({0.0, from});
   while (!queue.empty()) {
     const auto [d, l] = *queue.begin();
     queue.erase(queue.begin());
-    if (d > dist[l]) continue;
-    for (const auto& st : harness::candidateSteps(l, meshNdim)) {
-      const auto next = harness::applyStep(l, st);
-      if (!next) continue;
-      const double nd = d + cm.stepUs(g, l, st);
-      auto it = dist.find(*next);
-      if (it == dist.end() || nd < it->second) {
-        if (it != dist.end()) queue.erase({it->second, *next});
-        dist[*next] = nd;
-        queue.insert({nd, *next});
+    if (!g.expanded[static_cast<size_t>(l)]) {
+      g.expanded[static_cast<size_t>(l)] = true;
+      const Layout here = g.layouts[static_cast<size_t>(l)];
+      std::vector<std::pair<int, double>> out;
+      for (const auto& st : harness::candidateSteps(here, meshNdim)) {
+        const auto next = harness::applyStep(here, st);
+        if (next) out.emplace_back(g.idOf(*next), cm.stepUs(geo, here, st));
+      }
+      g.steps[static_cast<size_t>(l)] = std::move(out);
+      dist.resize(g.layouts.size(), kInf);
+    }
+    for (const auto& [next, us] : g.steps[static_cast<size_t>(l)]) {
+      const double nd = d + us;
+      double& best = dist[static_cast<size_t>(next)];
+      if (nd < best) {
+        if (best < kInf) queue.erase({best, next});
+        best = nd;
+        queue.insert({nd, next});
       }
     }
   }
-  return distances_.emplace(key, std::move(dist)).first->second;
+  dist.resize(g.layouts.size(), kInf);
+  return g.distances.emplace(from, std::move(dist)).first->second;
 }
 
 double ShardingModel::edgeUs(const std::vector<int64_t>& shape, const Layout& from,
                              const Layout& to) const {
   if (from == to) return 0;
-  const auto& there = distancesFrom(shape, from);
-  const auto& back = distancesFrom(shape, to);
-  const auto a = there.find(to), b = back.find(from);
-  if (a == there.end() || b == back.end()) return std::numeric_limits<double>::infinity();
-  return a->second + b->second;
+  LayoutGraph& g = layoutGraph(shape);
+  const int f = g.idOf(from), t = g.idOf(to);
+  const auto& there = distancesFrom(g, f);
+  const auto& back = distancesFrom(g, t);
+  // A layout first named after a Dijkstra ran was not reached by it.
+  const auto at = [](const std::vector<double>& d, int i) {
+    return static_cast<size_t>(i) < d.size() ? d[static_cast<size_t>(i)]
+                                             : std::numeric_limits<double>::infinity();
+  };
+  return at(there, t) + at(back, f);
 }
 
 std::optional<Layout> ShardingModel::valueLayout(const std::string& value,

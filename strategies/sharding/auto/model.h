@@ -164,9 +164,21 @@ class ShardingModel {
   CostOptions options_;
   std::vector<std::vector<Candidate>> candidates_;
   std::map<std::string, int> firstReader_;  // parameter -> node index
-  const std::map<harness::Layout, double>& distancesFrom(const std::vector<int64_t>& shape,
-                                                         const harness::Layout& from) const;
-  mutable std::map<std::string, std::map<harness::Layout, double>> distances_;
+  // The redistribution planner's layouts of one tensor shape as a graph: a layout's steps and
+  // their prices are found once, however many sources a Dijkstra starts from (an edge's cost
+  // matrix asks from every candidate's layout; on a 3-D mesh, hundreds).
+  struct LayoutGraph {
+    std::vector<int64_t> shape;
+    std::map<harness::Layout, int> id;
+    std::vector<harness::Layout> layouts;
+    std::vector<std::vector<std::pair<int, double>>> steps;  // per layout, once expanded
+    std::vector<bool> expanded;
+    std::map<int, std::vector<double>> distances;  // per source: to every layout (inf: none)
+    int idOf(const harness::Layout& l);
+  };
+  LayoutGraph& layoutGraph(const std::vector<int64_t>& shape) const;
+  const std::vector<double>& distancesFrom(LayoutGraph& g, int from) const;
+  mutable std::map<std::vector<int64_t>, LayoutGraph> layoutGraphs_;
 };
 
 // A plan as data: per node the strategy and the layouts of its arguments and results (the

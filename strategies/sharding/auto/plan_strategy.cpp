@@ -149,8 +149,8 @@ class PlanStrategy final : public harness::Strategy {
     if (!reference::findGraphWorkload(c.workload)) {
       return Applicability::notApplicable("not a graph workload (gpt2, bert, llama, mlp)");
     }
-    if (c.mesh.empty() || c.mesh.size() > 2) {
-      return Applicability::notApplicable("plans are for 1-D and 2-D meshes");
+    if (c.mesh.empty() || c.mesh.size() > 3) {
+      return Applicability::notApplicable("plans are for meshes of 1 to 3 axes");
     }
     const auto s = solved(c);
     if (!s->problem.empty()) return Applicability::unsupported(s->problem);

@@ -9,6 +9,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -19,6 +22,7 @@
 #include "strategies/sharding/layout/redistribute.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
 #include "strategies/sharding/ops/op_rule.h"
+#include "strategies/sharding/ops/op_specs_common.h"
 #include "strategies/sharding/ops/op_strategies.h"
 #include "strategies/sharding/sharding_util.h"
 
@@ -179,8 +183,28 @@ int64_t noStatistics(const Box&) {
   TORCH_INTERNAL_ASSERT(false, "statistics over ranks asked of an operator without them");
 }
 
-std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& s) {
-  return opRule(s.op).specs(s);
+namespace {
+// The expanded strategies of a shape on an n-D mesh, made once per shape and mesh rank: a plan's
+// model resolves each of a node's strategies by name among them (resolveOp), and every rank's
+// executor does again.
+std::shared_ptr<const std::vector<OpStrategySpec>> expandedSpecs(const OpShape& s, int meshNdim) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const std::vector<OpStrategySpec>>> cache;
+  const std::string key = s.toString() + "|" + s.attrs.dump() + "|" + std::to_string(meshNdim);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto made = std::make_shared<const std::vector<OpStrategySpec>>(
+      expandToMesh(opRule(s.op).specs(s), s, meshNdim));
+  std::lock_guard<std::mutex> lock(mu);
+  return cache.emplace(key, std::move(made)).first->second;
+}
+}  // namespace
+
+std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& s, int meshNdim) {
+  if (meshNdim <= 2) return opRule(s.op).specs(s);
+  return *expandedSpecs(s, meshNdim);
 }
 
 std::vector<Layout> ResolvedOp::reducedOutputs() const {
@@ -199,7 +223,11 @@ ResolvedOp resolveOp(const OpStrategySpec& spec, const OpShape& shape,
   // strategy on ids of any rank).
   r.operands = spec.operandLayouts;
   r.outputs = spec.outputLayouts;
-  for (const auto& sp : opStrategySpecs(r.shape)) {
+  const int meshNdim = static_cast<int>(meshShape.size());
+  const auto expanded = meshNdim > 2 ? expandedSpecs(r.shape, meshNdim) : nullptr;
+  const std::vector<OpStrategySpec> generated =
+      expanded ? std::vector<OpStrategySpec>{} : opStrategySpecs(r.shape, meshNdim);
+  for (const auto& sp : expanded ? *expanded : generated) {
     if (sp.name == spec.name) {
       r.operands = sp.operandLayouts;
       r.outputs = sp.outputLayouts;
@@ -250,14 +278,28 @@ ResolvedOp resolveOp(const OpStrategySpec& spec, const OpShape& shape,
 std::string opNotApplicable(const OpStrategySpec& spec, const OpShape& s,
                             const std::vector<int64_t>& mesh) {
   // The generator's strategies for this shape: one of this name, or this is not one of them.
-  const auto mine = opStrategySpecs(s);
+  const int meshNdim = static_cast<int>(mesh.size());
+  if (std::find(spec.meshDims.begin(), spec.meshDims.end(), meshNdim) == spec.meshDims.end()) {
+    return "not generated for a " + std::to_string(meshNdim) + "-D mesh";
+  }
+  const auto expanded = meshNdim > 2 ? expandedSpecs(s, meshNdim) : nullptr;
+  const std::vector<OpStrategySpec> generated =
+      expanded ? std::vector<OpStrategySpec>{} : opStrategySpecs(s, meshNdim);
+  const auto& mine = expanded ? *expanded : generated;
   if (std::none_of(mine.begin(), mine.end(),
                    [&](const OpStrategySpec& o) { return o.name == spec.name; })) {
     return "not generated for this shape";
   }
-  const int meshNdim = static_cast<int>(mesh.size());
-  if (std::find(spec.meshDims.begin(), spec.meshDims.end(), meshNdim) == spec.meshDims.end()) {
-    return "not generated for a " + std::to_string(meshNdim) + "-D mesh";
+  if (meshNdim > 2) {
+    // An axis of extent 1 shards nothing: the strategy without it is the same.
+    for (const auto& l : spec.operandLayouts) {
+      for (int a : usedAxes(l)) {
+        if (mesh[static_cast<size_t>(a)] == 1) {
+          return "shards over mesh axis " + std::to_string(a) +
+                 ", of extent 1 (the same strategy without it applies)";
+        }
+      }
+    }
   }
   if (meshNdim == 2 && spec.degenerateAxis >= 0) {
     const int other = 1 - spec.degenerateAxis;

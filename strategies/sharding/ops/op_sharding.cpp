@@ -478,9 +478,9 @@ std::vector<nlohmann::json> canonicalShapes() {
   return out;
 }
 
-std::vector<std::unique_ptr<harness::Strategy>> strategiesFor(const OpShape& s) {
+std::vector<std::unique_ptr<harness::Strategy>> strategiesFor(const OpShape& s, int meshNdim = 2) {
   std::vector<std::unique_ptr<harness::Strategy>> out;
-  for (const auto& sp : opStrategySpecs(s)) out.push_back(makeOpStrategy(sp));
+  for (const auto& sp : opStrategySpecs(s, meshNdim)) out.push_back(makeOpStrategy(sp));
   return out;
 }
 
@@ -497,7 +497,7 @@ std::vector<std::unique_ptr<harness::Strategy>> registerCanonical() {
 
 std::vector<std::unique_ptr<harness::Strategy>> generateForCase(const CaseSpec& c) {
   if (c.workload != "op") return {};
-  return strategiesFor(OpShape::parse(c.shape));
+  return strategiesFor(OpShape::parse(c.shape), static_cast<int>(c.mesh.size()));
 }
 
 }  // namespace

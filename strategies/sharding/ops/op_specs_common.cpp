@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 namespace sb::strategies {
 
@@ -120,6 +121,149 @@ std::vector<OpStrategySpec> followingSpecs(
 
 FollowingOutputs sameLayout(const Layout& in) {
   return {{in}, in.compact() + " = " + in.compact()};
+}
+
+namespace {
+
+bool has(const Axes& a, int x) { return std::find(a.begin(), a.end(), x) != a.end(); }
+
+// `l` as mesh axis `a` alone shards it, on axis 0.
+Layout alone(const Layout& l, int a) {
+  std::vector<Axes> dims(static_cast<size_t>(l.ndim()));
+  for (int d = 0; d < l.ndim(); ++d) {
+    if (has(l.axesOf(d), a)) dims[static_cast<size_t>(d)] = {0};
+  }
+  return Layout(std::move(dims), has(l.partialAxes(), a) ? Axes{0} : Axes{});
+}
+
+// One axis's placement: the layouts a strategy gives every tensor, seen on that axis alone.
+struct AxisPlacement {
+  std::vector<Layout> operands, outputs, buffers;
+  std::string variant;
+  bool outputFromShape = false;
+
+  // What tells two placements apart (a view's outputs follow from its input).
+  std::vector<Layout> key() const {
+    std::vector<Layout> k = operands;
+    if (!outputFromShape) k.insert(k.end(), outputs.begin(), outputs.end());
+    k.insert(k.end(), buffers.begin(), buffers.end());
+    return k;
+  }
+  bool replicated() const {
+    for (const auto& l : key()) {
+      if (l != Layout(l.ndim())) return false;
+    }
+    return true;
+  }
+};
+
+AxisPlacement axisPlacement(const OpStrategySpec& sp, int a) {
+  AxisPlacement p;
+  for (const auto& l : sp.operandLayouts) p.operands.push_back(alone(l, a));
+  for (const auto& l : sp.outputLayouts) p.outputs.push_back(alone(l, a));
+  for (const auto& b : sp.buffers) p.buffers.push_back(alone(b.second, a));
+  p.variant = sp.variant;
+  p.outputFromShape = sp.outputFromShape;
+  return p;
+}
+
+// Layout of one tensor composed from each axis's layout of it (`perAxis[a]`, on axis 0).
+Layout compose(const std::vector<const Layout*>& perAxis) {
+  std::vector<Axes> dims(static_cast<size_t>(perAxis[0]->ndim()));
+  Axes partial;
+  for (size_t a = 0; a < perAxis.size(); ++a) {
+    const Layout& l = *perAxis[a];
+    for (int d = 0; d < l.ndim(); ++d) {
+      if (!l.axesOf(d).empty()) dims[static_cast<size_t>(d)].push_back(static_cast<int>(a));
+    }
+    if (!l.partialAxes().empty()) partial.push_back(static_cast<int>(a));
+  }
+  return Layout(std::move(dims), std::move(partial));
+}
+
+std::string joined(const std::vector<Layout>& ls, const char* sep) {
+  std::string s;
+  for (const auto& l : ls) s += (s.empty() ? "" : sep) + l.compact();
+  return s;
+}
+
+}  // namespace
+
+std::vector<OpStrategySpec> expandToMesh(const std::vector<OpStrategySpec>& specs,
+                                         const reference::OpShape& s, int meshNdim) {
+  std::vector<OpStrategySpec> out;
+  if (specs.empty() || meshNdim < 1) return out;
+  const auto usable = [](const OpStrategySpec& sp) {
+    return !sp.gatherInput && sp.variant.rfind("fault", 0) != 0;
+  };
+  std::vector<AxisPlacement> placements;
+  std::set<std::vector<Layout>> seen;
+  const auto add = [&](AxisPlacement p) {
+    if (seen.insert(p.key()).second) placements.push_back(std::move(p));
+  };
+  // The 1-D strategies first: what a lone axis's split means (its variant) is theirs.
+  for (const auto& sp : specs) {
+    const bool oneD = has(sp.meshDims, 1) && sp.degenerateAxis <= 0 && !sp.meshMustBeFull;
+    if (usable(sp) && oneD) add(axisPlacement(sp, 0));
+  }
+  for (const auto& sp : specs) {
+    if (!usable(sp) || !has(sp.meshDims, 2)) continue;
+    for (int a : {0, 1}) {
+      AxisPlacement p = axisPlacement(sp, a);
+      if (!p.replicated()) add(std::move(p));
+    }
+  }
+  {  // replication, where the generator has no such strategy (bmm)
+    AxisPlacement r = axisPlacement(specs.front(), -1);
+    r.variant.clear();
+    add(std::move(r));
+  }
+  const OpStrategySpec& first = specs.front();
+  std::set<std::string> names;
+  std::vector<size_t> pick(static_cast<size_t>(meshNdim), 0);
+  const size_t P = placements.size();
+  for (;;) {
+    std::string variant;
+    bool clash = false, fromShape = false;
+    for (size_t k : pick) {
+      const auto& p = placements[k];
+      fromShape |= p.outputFromShape;
+      if (p.variant.empty()) continue;
+      clash |= !variant.empty() && variant != p.variant;
+      variant = p.variant;
+    }
+    if (!clash) {
+      const auto composed = [&](auto member, size_t i) {
+        std::vector<const Layout*> perAxis;
+        for (size_t k : pick) perAxis.push_back(&(placements[k].*member)[i]);
+        return compose(perAxis);
+      };
+      std::vector<Layout> operands, outputs;
+      for (size_t i = 0; i < first.operandLayouts.size(); ++i) {
+        operands.push_back(composed(&AxisPlacement::operands, i));
+      }
+      for (size_t i = 0; i < first.outputLayouts.size(); ++i) {
+        outputs.push_back(composed(&AxisPlacement::outputs, i));
+      }
+      std::string name = fromShape ? s.op + "(" + joined(operands, " x ") + ")"
+                                   : joined(outputs, ", ") + " = " + joined(operands, " x ");
+      if (names.insert(name).second) {
+        OpStrategySpec sp = spec(s, name, operands, outputs, {meshNdim});
+        sp.set = "expanded";
+        sp.variant = variant;
+        sp.outputFromShape = fromShape;
+        for (size_t i = 0; i < first.buffers.size(); ++i) {
+          sp.buffers.emplace_back(first.buffers[i].first, composed(&AxisPlacement::buffers, i));
+        }
+        out.push_back(std::move(sp));
+      }
+    }
+    // The next choice of one placement per axis, the last axis fastest.
+    size_t a = pick.size();
+    while (a > 0 && ++pick[a - 1] == P) pick[--a] = 0;
+    if (a == 0) break;
+  }
+  return out;
 }
 
 }  // namespace sb::strategies

@@ -74,4 +74,19 @@ std::vector<OpStrategySpec> followingSpecs(
 // The output laid out as the input, named "out = in" (ColossalAI: "[in] -> [out]_<index>").
 FollowingOutputs sameLayout(const harness::Layout& in);
 
+// The strategies of an operator on a mesh of `meshNdim` >= 3 axes, from its generator's
+// strategies for 1-D and 2-D meshes (`specs`), as PyTorch DTensor's
+// expand_to_full_mesh_op_strategy makes them: each mesh axis independently takes one of the
+// operator's placements on a single axis, and a tensor dimension is sharded by the axes that
+// shard it, in mesh order (the outer first); an output's pending sums are over the axes whose
+// placement leaves them. An axis's placements: the generator's 1-D strategies, each axis of its
+// 2-D strategies seen alone where that is not one of them (bmm's head and contraction splits),
+// and replication; each once. A placement's variant (a hidden split's statistics, a vocabulary
+// split, synchronised batch norm) is the composed strategy's; placements whose variants differ
+// are not composed. Strategies that gather their input whole (view's, reshape's) are not
+// expanded. Each strategy is named by its layouts, "S0RS2 = S0R x RS2 x S2" (outputs, then the
+// operands), a view's by its input, "view(S01RS2)"; set "expanded".
+std::vector<OpStrategySpec> expandToMesh(const std::vector<OpStrategySpec>& specs,
+                                         const reference::OpShape& s, int meshNdim);
+
 }  // namespace sb::strategies

@@ -42,7 +42,9 @@ struct OpStrategySpec {
   // of a following operator's name is the index of its input's layout among the layouts the
   // predecessor offers (op_specs_common.h, followingSpecs). Empty: the key is shown.
   std::string colossalName;
-  std::string set = "colossalai";     // "colossalai", or "beyond" for splits ColossalAI refuses
+  // "colossalai", "beyond" for splits ColossalAI refuses, "expanded" for a mesh of 3 axes or more
+  // (expandToMesh)
+  std::string set = "colossalai";
   std::vector<std::string> operands;  // names, in the reference's order
   std::vector<harness::Layout> operandLayouts;  // never partial
   std::vector<harness::Layout> outputLayouts;   // pending sums are all-reduced in forward
@@ -67,8 +69,10 @@ struct OpStrategySpec {
   std::vector<std::pair<std::string, harness::Layout>> buffers;
 };
 
-// Every strategy of `op` for operands of the ranks of `shape`, on 1-D and 2-D meshes.
-std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& shape);
+// Every strategy of `op` for operands of the ranks of `shape`: its generator's, for 1-D and 2-D
+// meshes, where `meshNdim` <= 2; on a mesh of more axes, their expansion to it (expandToMesh,
+// op_specs_common.h: each axis takes one of the operator's single-axis placements).
+std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& shape, int meshNdim = 2);
 
 // A strategy resolved for one shape on one mesh: the generator's layouts for that shape and the
 // communication they imply (the rules of the file comment).

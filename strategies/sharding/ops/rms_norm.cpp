@@ -79,6 +79,10 @@ void rmsNormMemory(MemoryReplay& m) {
   m.release(X);
   m.alloc(m.g[0]);
   m.release(X + R);
+  // The saved r goes with the node, before the gradients' all-reduces (later nodes) run: seen
+  // where the weight's all-reduce is the peak (one row a rank, X = W). The plan's replay frees
+  // what a node saved itself.
+  if (!m.split) m.release(R);
   m.gradAllReduces();
 }
 

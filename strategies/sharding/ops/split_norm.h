@@ -73,15 +73,20 @@ struct SplitNorm : torch::autograd::Function<SplitNorm> {
     dx.add_(st.narrow(dims.back(), 0, 1)).neg_().add_(g).mul_(rstd);
     g.reset();
     st.reset();
-    // The parameters' gradients over every dimension but theirs.
-    // (`view` lines up with dy's trailing dimensions.)
+    // The parameters' gradients: summed over the dimensions they were broadcast along (`view`
+    // lines up with dy's trailing dimensions), not over those where `view` and dy both have
+    // extent 1 (a rank's one channel or hidden unit is the parameter's own dimension), and
+    // shaped as the parameter. (A sum over no dimensions would be over all of them.)
     std::vector<int64_t> paramDims;
     const int64_t offset = dy.dim() - static_cast<int64_t>(view.size());
     for (int64_t d = 0; d < dy.dim(); ++d) {
-      if (d < offset || view[d - offset] == 1) paramDims.push_back(d);
+      if (d < offset || (view[d - offset] == 1 && dy.size(d) != 1)) paramDims.push_back(d);
     }
-    at::Tensor dw = (dy * xhat).sum(paramDims);  // + X, + W, - X
-    at::Tensor db = dy.sum(paramDims);           // + W
+    const auto reduce = [&](const at::Tensor& t) {
+      return (paramDims.empty() ? t.clone() : t.sum(paramDims)).view(w.sizes());
+    };
+    at::Tensor dw = reduce(dy * xhat);  // + X, + W, - X
+    at::Tensor db = reduce(dy);         // + W
     return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -393,6 +393,82 @@ TEST(AutoShard, CollectivesCountedAtAnotherNodeThanPredictedFailTheRow) {
 // vocabulary 128256, sequence 8192, batch 8) on an 8x8 mesh: solved, nothing allocated, under a
 // memory limit that binds (the unconstrained plan needs more), with CBC's gap, and a plan whose
 // structure holds together. Its time is measured by autoshard_solve_bench, not here.
+// The same graph on a 3-D mesh (4x4x4, 64 ranks: each axis takes one of an operator's
+// single-axis placements), under a limit that binds: a plan in seconds, within 0.1% of CBC's
+// bound, that fits by the replay of every rank's step, the same per role in every block, its
+// weights sharded where the unconstrained plan keeps them whole or not at all (the limit
+// costs memory somewhere: never more bytes than unconstrained).
+TEST(AutoShard, Llama8BShapedPlanOn4x4x4FitsABindingLimitWithinItsGap) {
+  const nlohmann::json shape = {{"batch", 8},    {"seq", 8192},  {"d_model", 4096}, {"heads", 32},
+                                {"kv_heads", 8}, {"ffn", 14336}, {"vocab", 128256}, {"layers", 32}};
+  const ShardingModel m(reference::buildGraph("llama", shape), {4, 4, 4}, CostOptions{});
+  SolveOptions o;
+  o.relativeGap = 1e-3;
+  const ShardingPlan free = strategies::autoshard::solvePlan(m, o);
+  o.memoryLimit = 66e9;
+  const ShardingPlan plan = strategies::autoshard::solvePlan(m, o);
+  ASSERT_EQ(free.replayedPeakBytes.size(), 64u) << free.notReplayed;
+  ASSERT_EQ(plan.replayedPeakBytes.size(), 64u) << plan.notReplayed;
+  EXPECT_GT(free.predictedPeakBytes, o.memoryLimit) << "the limit must bind";
+  for (int64_t peak : plan.replayedPeakBytes) EXPECT_LE(peak, o.memoryLimit);
+  EXPECT_LT(plan.solver.gap, 1e-3);
+  EXPECT_LT(free.solver.gap, 1e-3);
+  EXPECT_GE(plan.predictedStepUs, free.predictedStepUs * (1 - 1e-3))
+      << "the limit can only cost time (up to the gap)";
+  const auto& g = m.graph();
+  const auto strategyOf = [&](const ShardingPlan& p, const std::string& name) {
+    const int v = g.nodeIndex.at(name);
+    return m.candidates(v)[p.choice[static_cast<size_t>(v)]].op;
+  };
+  for (int l = 1; l < 32; ++l) {
+    for (const char* role :
+         {"ln_1", "attn.q", "attn.scores", "attn.softmax", "attn.proj", "mlp.gate", "mlp.down"}) {
+      EXPECT_EQ(strategyOf(plan, "h" + std::to_string(l) + "." + role).spec.name,
+                strategyOf(plan, std::string("h0.") + role).spec.name)
+          << role << " in block " << l;
+    }
+  }
+  // Every mesh axis works: the tokens entering a block are split over all three.
+  const harness::Layout tokens = strategyOf(plan, "h0.ln_1").operands[0];
+  EXPECT_EQ(tokens.axesOf(0), (std::vector<int>{0, 1, 2})) << tokens.compact();
+  for (const auto* p : {&free, &plan}) {
+    for (const auto& n : g.nodes) {
+      if (n.layer == 0 || n.layer < 0) {
+        std::cout << "  " << (p == &free ? "free " : "66 GB ") << n.name << ": "
+                  << strategyOf(*p, n.name).spec.name << "\n";
+      }
+    }
+    std::cout << "  peak " << p->predictedPeakBytes << " B a rank, gap " << p->solver.gap << ", "
+              << p->solver.programSeconds + p->solver.seconds + p->solver.replaySeconds << " s, "
+              << p->solver.rounds << " round(s)\n";
+  }
+}
+
+// Megatron's placement on 2x2x2: tensor parallel over the last axis, data parallel over the
+// other two; run on the threads mesh it matches the plain model.
+TEST(AutoShard, MegatronOnAThreeAxisMeshIsTensorParallelOnTheLastAxis) {
+  const nlohmann::json shape = {{"batch", 4},    {"seq", 16}, {"d_model", 32}, {"heads", 4},
+                                {"kv_heads", 2}, {"ffn", 64}, {"layers", 2},   {"vocab", 64}};
+  const ShardingModel m(reference::buildGraph("llama", shape), {2, 2, 2}, CostOptions{});
+  SolveOptions o;
+  o.algo = "megatron";
+  const ShardingPlan plan = strategies::autoshard::solvePlan(m, o);
+  const auto& g = m.graph();
+  const auto layoutOf = [&](const std::string& node, size_t operand) {
+    const int v = g.nodeIndex.at(node);
+    return m.candidates(v)[plan.choice[static_cast<size_t>(v)]].op.operands[operand].compact();
+  };
+  EXPECT_EQ(layoutOf("h0.attn.q", 1), "RS2");             // column parallel
+  EXPECT_EQ(layoutOf("h0.mlp.down", 1), "S2R");           // row parallel
+  EXPECT_EQ(layoutOf("h0.ln_1", 0).substr(0, 3), "S01");  // tokens over the data axes
+  auto c = strategies::test::linearCase({}, 0, {2, 2, 2});
+  c.workload = "llama";
+  c.shape = shape;
+  const auto rec = strategies::test::run(c, strategies::test::strategy("sharding/auto/megatron"));
+  EXPECT_EQ(rec.status, harness::Status::kPass) << rec.message;
+  EXPECT_EQ(rec.predictedMemBytes, rec.peakMemBytes);
+}
+
 TEST(AutoShard, Llama8BShapedPlanOn8x8FitsABindingLimitAndHoldsTogether) {
   const nlohmann::json shape = {{"batch", 8},    {"seq", 8192},  {"d_model", 4096}, {"heads", 32},
                                 {"kv_heads", 8}, {"ffn", 14336}, {"vocab", 128256}, {"layers", 32}};

@@ -5,12 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <set>
 #include <string>
 
 #include "harness/registry.h"
 #include "strategies/sharding/ops/op_rule.h"
+#include "strategies/sharding/ops/op_specs_common.h"
 #include "strategies/sharding/ops/op_strategies.h"
 #include "strategies/test/test_util.h"
 
@@ -110,6 +113,49 @@ TEST(OpStrategyCounts, MatchColossalAIGenerators) {
   // Softmax keeps its dimension whole: 4 of the 9 layouts of a 2-D input.
   EXPECT_EQ(selected(opCase({{"op", "softmax"}, {"input", {8, 16}}, {"dim", -1}}, {2, 2})).size(),
             4u);
+}
+
+// A mesh of 3 axes: each axis takes one of the operator's placements on a single axis, so
+// addmm, with ColossalAI's 4 strategies on a 1-D mesh, has 4^3 on 2x2x2, every one distinct.
+TEST(OpStrategyCounts, ThreeAxesTakeEveryCombinationOfTheOneAxisPlacements) {
+  const size_t oneD = selected(opCase(kAddmm, {4}), "colossalai").size();
+  ASSERT_EQ(oneD, 4u);
+  const auto expanded = selected(opCase(kAddmm, {2, 2, 2}));
+  EXPECT_EQ(expanded.size(), oneD * oneD * oneD);
+  std::set<std::string> names;
+  for (const auto* s : expanded) {
+    EXPECT_EQ(s->describe().value("set", ""), "expanded") << s->id();
+    names.insert(s->displayName());
+  }
+  EXPECT_EQ(names.size(), expanded.size());
+  // On a 2-D mesh the generators' sets stay ColossalAI's.
+  EXPECT_TRUE(selected(opCase(kAddmm, {2, 2}), "expanded").empty());
+}
+
+// The expansion on two axes holds every strategy ColossalAI's generators make for a 2-D mesh
+// (the same layouts and variant): composing single-axis placements loses none of them.
+TEST(OpStrategyCounts, ExpansionToTwoAxesHoldsTheGeneratorsTwoAxisStrategies) {
+  for (const auto& shape : {kAddmm, kBmm, kEmbedding, kLayerNorm, kBatchNorm, kConv,
+                            nlohmann::json{{"op", "softmax"}, {"input", {8, 16}}, {"dim", -1}},
+                            nlohmann::json{{"op", "add"}, {"input", {8, 16}}, {"other", {16}}}}) {
+    const auto s = reference::OpShape::parse(shape);
+    const auto specs = opStrategySpecs(s, 2);
+    const auto two = expandToMesh(specs, s, 2);
+    int compared = 0;
+    for (const auto& sp : specs) {
+      if (sp.gatherInput ||
+          std::find(sp.meshDims.begin(), sp.meshDims.end(), 2) == sp.meshDims.end()) {
+        continue;
+      }
+      ++compared;
+      const bool found = std::any_of(two.begin(), two.end(), [&](const OpStrategySpec& e) {
+        return e.operandLayouts == sp.operandLayouts && e.outputLayouts == sp.outputLayouts &&
+               e.variant == sp.variant;
+      });
+      EXPECT_TRUE(found) << s.op << ": " << sp.name << " is not among the expansion's";
+    }
+    EXPECT_GT(compared, 0) << s.op;
+  }
 }
 
 TEST(OpStrategyCounts, ListedWithEveryOperandsShardingSequence) {
@@ -312,6 +358,21 @@ TEST(OpPlantedFault, MissingAllReducesOfPartialOutputsAndGradients) {
   expectFails(opCase(kAddmm, {2, 2}), "S0S1 = S0R x RS1", "skip_grad_all_reduce");
   expectFails(opCase({{"op", "sum"}, {"input", {8, 16}}, {"dims", {0}}}, {2, 2}),
               "[S0, R] -> [R]_1", "skip_output_all_reduce");
+}
+
+// On 2x2x2 (the expansion's strategies): each communication the composed layouts imply is
+// needed; dropped, the row fails. Sums over two axes of three, statistics over a hidden
+// dimension split twice, a vocabulary split beside split ids and embedding columns, a bmm's
+// batch split over two axes, synchronised batch norm with one channel a rank.
+TEST(OpPlantedFault, ThreeAxisStrategiesMissingTheirCommunicationFail) {
+  const std::vector<int64_t> mesh = {2, 2, 2};
+  expectFails(opCase(kAddmm, mesh), "S1RP02 = S1S02 x S02R x R", "skip_output_all_reduce");
+  expectFails(opCase(kAddmm, mesh), "S0S12 = S0R x RS12 x S12", "skip_grad_all_reduce");
+  expectFails(opCase({{"op", "layer_norm"}, {"input", {8, 32}}}, mesh), "S0S12 = S0S12 x S12 x S12",
+              "skip_stats_all_reduce");
+  expectFails(opCase(kEmbedding, mesh), "S0RRS1P2 = S0RR x S2S1", "skip_vocab_mask");
+  expectFails(opCase(kBmm, mesh), "S01S2R = S01S2R x S01RR", "batch_split_one_operand");
+  expectFails(opCase(kBatchNorm, mesh), "S0S12RR = S0S12RR x S12 x S12", "skip_stats_all_reduce");
 }
 
 CaseSpec blockCase(std::vector<int64_t> mesh) {
