@@ -45,7 +45,7 @@ struct OpStrategySpec {
   // "colossalai", "beyond" for splits ColossalAI refuses, "expanded" for a mesh of 3 axes or more
   // (expandToMesh)
   std::string set = "colossalai";
-  std::vector<std::string> operands;  // names, in the reference's order
+  std::vector<std::string> operands;            // names, in the reference's order
   std::vector<harness::Layout> operandLayouts;  // never partial
   std::vector<harness::Layout> outputLayouts;   // pending sums are all-reduced in forward
   std::vector<int64_t> operandRanks;            // the shapes' ranks the layouts are for
