@@ -343,11 +343,11 @@ check "summary.csv defuses a cell that starts with =" 0 "" -- bash -c \
    grep -q \"'=1+1\" '$tmp/formula-rep/summary.csv' && ! grep -q ',=1+1' '$tmp/formula-rep/summary.csv'"
 
 # A long solve says so on a terminal (`script` gives it one), and writes nothing of it to a
-# log: a LLaMA-3-8B-shaped graph on 4x4x4 under a memory limit that binds keeps CBC at its time
-# limit (what it has found by then decides between a plan, exit 0, and none that fits by the
-# replay of its step, exit 1: either is a finished solve; a crash or bad input is neither).
-long_shard=("$sb" solve shard --workload llama --mesh 4x4x4 --time-limit 4 --max-memory 60e9
-  --shape '{"batch": 8, "seq": 8192, "d_model": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256, "layers": 32}')
+# log: a 48-layer GPT-2 on 4x4 under a memory limit that binds keeps CBC at its time limit
+# (what it has found by then decides between a plan, exit 0, and none that fits by the replay
+# of its step, exit 1: either is a finished solve; a crash or bad input is neither).
+long_shard=("$sb" solve shard --workload gpt2 --mesh 4x4 --time-limit 4 --max-memory 7.3e9
+  --shape '{"layers": 48, "d_model": 1024, "heads": 16, "seq": 1024, "batch": 8}')
 check "solve shard: progress on a terminal while CBC runs" 0 \
   "ilp solving \(CBC stops at --time-limit 4 s\), [0-9]+ s" -- bash -c \
   'script -qec "$1" /dev/null; rc=$?; [ "$rc" -le 1 ]' _ \

@@ -4,8 +4,9 @@
 // branch and bound with all of its output silenced. The goals share the columns and rows; only
 // the objective, the memory rows and which edges keep their e differ:
 //
-//   time         objective c.s + R.e; rows const + m.s <= memoryLimit; every edge
-//   peak memory  objective z;         rows const + m.s - z <= 0;       edges that forbid a pair
+//   time         objective c.s + R.e; rows const + m.s + p.e <= memoryLimit; every edge
+//   peak memory  objective z;         rows const + m.s + p.e - z <= 0;  edges that forbid a
+//                                                                       pair or have pair terms
 //   least bytes  objective c.s;       no memory rows;                  edges that forbid a pair
 //
 // (least bytes, with each choice's largest bytes as c, finds the peak the smallest peak's
@@ -70,8 +71,8 @@ struct Program {
 
 // The program of `goal` for a reduced problem that is not infeasible. Sets `infeasible` when a
 // memory row without terms is over the limit on its own.
-Program buildProgram(const SelectionProblem& problem, const Terms& terms, const Reduced& reduced,
-                     Goal goal, bool& infeasible) {
+Program buildProgram(const SelectionProblem& problem, const Terms& terms, const PairTerms& pairs,
+                     const Reduced& reduced, Goal goal, bool& infeasible) {
   Program program;
   for (size_t v = 0; v < reduced.cost.size(); ++v) {
     auto& columns = program.column.emplace_back(reduced.cost[v].size(), -1);
@@ -82,10 +83,12 @@ Program buildProgram(const SelectionProblem& problem, const Terms& terms, const 
       program.add(oneChoice, columns[k], 1);
     }
   }
+  // The e columns of each kept edge, for the memory rows' pair terms: [choice of u][of v].
+  std::map<std::pair<int, int>, std::vector<std::vector<int>>> pairColumns;
   for (const auto& edge : reduced.edges) {
     const auto& sU = program.column[edge.u];
     const auto& sV = program.column[edge.v];
-    if (goal != Goal::kTime) {
+    if (goal != Goal::kTime && !(edge.memory && goal == Goal::kPeakMemory)) {
       bool forbidsAPair = false;
       for (size_t k = 0; k < sU.size(); ++k) {
         for (size_t l = 0; l < sV.size(); ++l) {
@@ -106,32 +109,54 @@ Program buildProgram(const SelectionProblem& problem, const Terms& terms, const 
       marginalV[l] = program.addRow(0, 0);
       program.add(marginalV[l], sV[l], -1);
     }
+    auto& columns = pairColumns[{edge.u, edge.v}];
+    columns.assign(sU.size(), std::vector<int>(sV.size(), -1));
     for (size_t k = 0; k < sU.size(); ++k) {
       for (size_t l = 0; l < sV.size(); ++l) {
         if (sU[k] < 0 || sV[l] < 0 || edge.cost[k][l] == kInf) continue;
         const int e = program.addColumn(0, 1, goal == Goal::kTime ? edge.cost[k][l] : 0);
         program.add(marginalU[k], e, 1);
         program.add(marginalV[l], e, 1);
+        columns[k][l] = e;
       }
     }
   }
   // Memory rows are divided by their largest byte count: bytes are 1e9 and more where every
   // other coefficient is near 1, and Clp's simplex stalls on that range. Only open choices
   // count: a choice closed for needing 1e18 bytes must not shrink the others to nothing.
-  auto largestBytes = [&](const std::map<int, std::vector<double>>& rowTerms) {
+  auto largestBytes = [&](size_t r) {
     double largest = 0;
-    for (const auto& [v, bytes] : rowTerms) {
+    for (const auto& [v, bytes] : terms[r]) {
       for (size_t k = 0; k < bytes.size(); ++k) {
         if (reduced.open[v][k]) largest = std::max(largest, std::abs(bytes[k]));
       }
     }
+    for (const auto& [ends, bytes] : pairs[r]) {
+      for (size_t k = 0; k < bytes.size(); ++k) {
+        for (size_t l = 0; l < bytes[k].size(); ++l) {
+          if (reduced.open[ends.first][k] && reduced.open[ends.second][l]) {
+            largest = std::max(largest, std::abs(bytes[k][l]));
+          }
+        }
+      }
+    }
     return largest;
   };
-  auto addTerms = [&](int row, const std::map<int, std::vector<double>>& rowTerms, double unit) {
-    for (const auto& [v, bytes] : rowTerms) {
+  auto addTerms = [&](int row, size_t r, double unit) {
+    for (const auto& [v, bytes] : terms[r]) {
       for (size_t k = 0; k < bytes.size(); ++k) {
         const int s = program.column[v][k];
         if (s >= 0 && bytes[k] != 0) program.add(row, s, bytes[k] / unit);
+      }
+    }
+    // A pair's bytes on its e columns (a forbidden pair has none: it is never taken).
+    for (const auto& [ends, bytes] : pairs[r]) {
+      const auto& columns = pairColumns.at(ends);
+      for (size_t k = 0; k < bytes.size(); ++k) {
+        for (size_t l = 0; l < bytes[k].size(); ++l) {
+          const int e = columns[k][l];
+          if (e >= 0 && bytes[k][l] != 0) program.add(row, e, bytes[k][l] / unit);
+        }
       }
     }
   };
@@ -139,24 +164,24 @@ Program buildProgram(const SelectionProblem& problem, const Terms& terms, const 
     // const_r + m_r.s <= memoryLimit, each row in its own unit.
     for (size_t r = 0; r < terms.size(); ++r) {
       const double room = problem.memoryLimit - problem.memory[r].constant;
-      const double unit = largestBytes(terms[r]);
+      const double unit = largestBytes(r);
       if (unit == 0) {
         infeasible |= room < 0;
         continue;
       }
-      addTerms(program.addRow(-kInf, room / unit), terms[r], unit);
+      addTerms(program.addRow(-kInf, room / unit), r, unit);
     }
   }
   if (goal == Goal::kPeakMemory && !terms.empty()) {
     // const_r + m_r.s <= z: one unit for every row, that of z.
     for (size_t r = 0; r < terms.size(); ++r) {
-      program.memoryUnit = std::max(program.memoryUnit, largestBytes(terms[r]));
+      program.memoryUnit = std::max(program.memoryUnit, largestBytes(r));
     }
     const int z = program.addColumn(-kInf, kInf, 1);
     for (size_t r = 0; r < terms.size(); ++r) {
       const int row = program.addRow(-kInf, -problem.memory[r].constant / program.memoryUnit);
       program.add(row, z, -1);
-      addTerms(row, terms[r], program.memoryUnit);
+      addTerms(row, r, program.memoryUnit);
     }
   }
   return program;
@@ -253,7 +278,7 @@ void checkOptions(const SelectionOptions& options) {
 // whose largest bytes in any row are least, or where that forbids a pair, CBC's choice with
 // those bytes as costs. +infinity where there is none. Closing the choices that cannot fit under
 // it keeps a bar of 1e18 bytes from setting the unit every row is written in.
-double peakBound(const SelectionProblem& problem, const Terms& terms,
+double peakBound(const SelectionProblem& problem, const Terms& terms, const PairTerms& pairs,
                  const SelectionOptions& options) {
   Matrix largest;
   std::vector<int> choice;
@@ -268,7 +293,7 @@ double peakBound(const SelectionProblem& problem, const Terms& terms,
   }
   if (objectiveOf(problem, choice) < kInf) return peakOf(problem, choice);
 
-  Reduced reduced = reduce(problem, terms, kInf);
+  Reduced reduced = reduce(problem, terms, pairs, kInf);
   if (reduced.infeasible) return kInf;
   double unit = 1;
   for (const auto& bytes : largest) {
@@ -278,7 +303,8 @@ double peakBound(const SelectionProblem& problem, const Terms& terms,
     for (size_t k = 0; k < largest[v].size(); ++k) reduced.cost[v][k] = largest[v][k] / unit;
   }
   bool infeasible = false;
-  const Program program = buildProgram(problem, terms, reduced, Goal::kLeastBytes, infeasible);
+  const Program program =
+      buildProgram(problem, terms, pairs, reduced, Goal::kLeastBytes, infeasible);
   const Solved solved = runCbc(program, options);
   return solved.found ? peakOf(problem, solved.choice) : kInf;
 }
@@ -289,13 +315,14 @@ Selection solve(const SelectionProblem& problem, const SelectionOptions& options
   const auto start = Clock::now();
   Selection selection;
   const Terms terms = mergedTerms(problem);
+  const PairTerms pairs = mergedPairs(problem);
   double limit = kInf;
   if (goal == Goal::kTime && problem.memoryLimit > 0) limit = problem.memoryLimit;
-  if (goal == Goal::kPeakMemory) limit = peakBound(problem, terms, options);
-  const Reduced reduced = reduce(problem, terms, limit);
+  if (goal == Goal::kPeakMemory) limit = peakBound(problem, terms, pairs, options);
+  const Reduced reduced = reduce(problem, terms, pairs, limit);
   bool infeasible = reduced.infeasible;
   Program program;
-  if (!infeasible) program = buildProgram(problem, terms, reduced, goal, infeasible);
+  if (!infeasible) program = buildProgram(problem, terms, pairs, reduced, goal, infeasible);
   selection.variables = program.columns();
   selection.constraints = program.rows();
 

@@ -10,7 +10,8 @@
 // choices k = 0 .. n_v - 1 and a cost c[v][k] (the node's compute and communication under that
 // choice); edges (u, v) with a matrix R[k][l], the cost of resharding u's output as laid out by
 // choice k into the layout choice l of v wants; and memory rows, each one program point at
-// which the bytes live on a rank are a constant plus one term per decision, m[v][k].
+// which the bytes live on a rank are a constant plus one term per decision, m[v][k], and pair
+// terms p[k][l] of two decisions (a copy that exists only where their choices differ).
 //
 // Alpa's program:
 //
@@ -18,7 +19,11 @@
 //   e[k][l] in [0, 1]    for every edge (u, v), u != v:
 //                        sum_l e[k][l] = s[u][k],  sum_k e[k][l] = s[v][l]
 //   minimise  sum c[v][k] s[v][k] + sum R[k][l] e[k][l]
-//   subject to, for every memory row r:  const_r + sum m_r[v][k] s[v][k] <= memoryLimit
+//   subject to, for every memory row r:  const_r + sum m_r[v][k] s[v][k]
+//                                          + sum p_r[k][l] e_uv[k][l] <= memoryLimit
+//
+// (a pair term needs the pair's e: its edge is kept, with zero costs where the problem has no
+// edge between the two)
 //
 // e needs no integrality of its own: once s is one-hot, choices k* of u and l* of v, the
 // marginals force e[k][l] = 0 in every row k != k* and every column l != l* (e is not
@@ -44,7 +49,11 @@
 //     it fitted and forbids no pair (of identical choices one stays);
 //   - an edge whose matrix over the choices left is R[k][l] = a[k] + b[l] (a constant is the
 //     common case: the same resharding whatever is chosen) costs a[k] on u and b[l] on v, so
-//     it is folded into c and needs no e at all.
+//     it is folded into c and needs no e at all, unless a memory row has a pair term on it;
+//   - pair terms of a decision with itself are its diagonal, added to its own terms; a row's
+//     least bytes (closing choices over the limit) take each pair's least over open pairs, a
+//     choice's its least against the other end's open choices; dominance compares pair bytes
+//     entry by entry, as edge costs.
 // Decisions with a single choice left stay in the program, fixed by their own row.
 //
 // The smallest peak (solveMinPeakMemory) is the same program with another objective: minimise
@@ -90,12 +99,20 @@ struct SelectionProblem {
     std::vector<std::vector<double>> cost;  // [choice of u][choice of v], microseconds;
                                             // +infinity: that pair is forbidden
   };
-  // One program point: bytes live on a rank = constant + sum over terms of bytes[choice_v].
+  // Bytes that two decisions' choices decide together: bytes[k][l] when u takes k and v takes
+  // l (a copy that exists only where their layouts differ). u == v: only bytes[k][k] applies.
+  struct PairTerm {
+    int u = 0, v = 0;
+    std::vector<std::vector<double>> bytes;  // [choice of u][choice of v]
+  };
+  // One program point: bytes live on a rank = constant + sum over terms of bytes[choice_v] +
+  // sum over pairs of bytes[choice_u][choice_v].
   struct MemoryRow {
     std::string what;
     double constant = 0;
     // (var index, bytes per choice); a var given twice in one row counts twice.
     std::vector<std::pair<int, std::vector<double>>> terms;
+    std::vector<PairTerm> pairs;
   };
   std::vector<Var> vars;
   std::vector<Edge> edges;  // several edges between the same pair are summed

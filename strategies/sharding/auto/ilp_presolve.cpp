@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "strategies/sharding/auto/ilp.h"
@@ -29,6 +30,32 @@ Terms mergedTerms(const SelectionProblem& problem) {
     for (const auto& [v, bytes] : row.terms) {
       auto [it, fresh] = merged.try_emplace(v, bytes.size(), 0.0);
       for (size_t k = 0; k < bytes.size(); ++k) it->second[k] += bytes[k];
+    }
+    for (const auto& pair : row.pairs) {
+      if (pair.u != pair.v) continue;
+      auto [it, fresh] = merged.try_emplace(pair.u, pair.bytes.size(), 0.0);
+      for (size_t k = 0; k < pair.bytes.size(); ++k) it->second[k] += pair.bytes[k][k];
+    }
+  }
+  return rows;
+}
+
+PairTerms mergedPairs(const SelectionProblem& problem) {
+  PairTerms rows;
+  for (const auto& row : problem.memory) {
+    auto& merged = rows.emplace_back();
+    for (const auto& pair : row.pairs) {
+      if (pair.u == pair.v) continue;
+      const int u = std::min(pair.u, pair.v), v = std::max(pair.u, pair.v);
+      const bool transposed = pair.u > pair.v;
+      auto [it, fresh] = merged.try_emplace(
+          {u, v},
+          Matrix(choiceCount(problem, u), std::vector<double>(choiceCount(problem, v), 0.0)));
+      for (size_t k = 0; k < it->second.size(); ++k) {
+        for (size_t l = 0; l < it->second[k].size(); ++l) {
+          it->second[k][l] += transposed ? pair.bytes[l][k] : pair.bytes[k][l];
+        }
+      }
     }
   }
   return rows;
@@ -70,23 +97,49 @@ bool closeUnreachable(Reduced& reduced) {
 // the row choose: the row's constant, this choice's bytes and the least bytes of every other
 // var's open choices add up to more. Returns whether it closed any.
 bool closeOverLimit(Reduced& reduced, const SelectionProblem& problem, const Terms& terms,
-                    double limit) {
+                    const PairTerms& pairs, double limit) {
   bool closed = false;
   for (size_t r = 0; r < terms.size(); ++r) {
     double least = problem.memory[r].constant;
-    std::map<int, double> leastOf;
+    // Per var and choice: its own bytes and, for every pair it is in, its least bytes against
+    // the other end's open choices less the pair's least over all open pairs (what choosing it
+    // adds to the row's least).
+    std::map<int, std::vector<double>> extra;
+    const auto extraOf = [&](int v) -> std::vector<double>& {
+      auto [it, fresh] = extra.try_emplace(v, reduced.open[v].size(), 0.0);
+      return it->second;
+    };
     for (const auto& [v, bytes] : terms[r]) {
       double m = kInf;
       for (size_t k = 0; k < bytes.size(); ++k) {
         if (reduced.open[v][k]) m = std::min(m, bytes[k]);
       }
-      leastOf[v] = m;
       least += m;
+      auto& e = extraOf(v);
+      for (size_t k = 0; k < bytes.size(); ++k) e[k] += bytes[k] - m;
+    }
+    for (const auto& [ends, bytes] : pairs[r]) {
+      const auto [u, v] = ends;
+      std::vector<double> byU(bytes.size(), kInf), byV(bytes[0].size(), kInf);
+      double m = kInf;
+      for (size_t k = 0; k < bytes.size(); ++k) {
+        for (size_t l = 0; l < bytes[k].size(); ++l) {
+          if (!reduced.open[u][k] || !reduced.open[v][l]) continue;
+          byU[k] = std::min(byU[k], bytes[k][l]);
+          byV[l] = std::min(byV[l], bytes[k][l]);
+          m = std::min(m, bytes[k][l]);
+        }
+      }
+      least += m;
+      auto& eu = extraOf(u);
+      for (size_t k = 0; k < byU.size(); ++k) eu[k] += byU[k] - m;
+      auto& ev = extraOf(v);
+      for (size_t l = 0; l < byV.size(); ++l) ev[l] += byV[l] - m;
     }
     if (!std::isfinite(least)) continue;  // a var with nothing open: infeasible anyway
-    for (const auto& [v, bytes] : terms[r]) {
-      for (size_t k = 0; k < bytes.size(); ++k) {
-        const double row = least - leastOf[v] + bytes[k];
+    for (const auto& [v, e] : extra) {
+      for (size_t k = 0; k < e.size(); ++k) {
+        const double row = least + e[k];
         // Sums in another order may differ by rounding: a row at the limit is not over it.
         if (reduced.open[v][k] && row - limit > kSumTolerance * std::max(1.0, std::abs(limit))) {
           reduced.open[v][k] = 0;
@@ -101,7 +154,8 @@ bool closeOverLimit(Reduced& reduced, const SelectionProblem& problem, const Ter
 // Whether choice a of var v is at least as good as choice b in everything the program sees: its
 // cost, each edge's entries against every open choice of the other end, each memory row's bytes.
 // Replacing b by a in any choice then costs no more, fits wherever b did and forbids no pair.
-bool atLeastAsGood(const Reduced& reduced, const Terms& terms, int v, int a, int b) {
+bool atLeastAsGood(const Reduced& reduced, const Terms& terms, const PairTerms& pairs, int v, int a,
+                   int b) {
   if (reduced.cost[v][a] > reduced.cost[v][b]) return false;
   for (const auto& edge : reduced.edges) {
     if (edge.u == v) {
@@ -118,17 +172,30 @@ bool atLeastAsGood(const Reduced& reduced, const Terms& terms, int v, int a, int
     const auto it = row.find(v);
     if (it != row.end() && it->second[a] > it->second[b]) return false;
   }
+  for (const auto& row : pairs) {
+    for (const auto& [ends, bytes] : row) {
+      if (ends.first == v) {
+        for (size_t l = 0; l < bytes[a].size(); ++l) {
+          if (reduced.open[ends.second][l] && bytes[a][l] > bytes[b][l]) return false;
+        }
+      } else if (ends.second == v) {
+        for (size_t k = 0; k < bytes.size(); ++k) {
+          if (reduced.open[ends.first][k] && bytes[k][a] > bytes[k][b]) return false;
+        }
+      }
+    }
+  }
   return true;
 }
 
 // Closes every choice that another open choice is at least as good as. A closed choice
 // dominates nothing, so of equal choices the last one compared stays, and no var loses its last.
-void closeDominated(Reduced& reduced, const Terms& terms) {
+void closeDominated(Reduced& reduced, const Terms& terms, const PairTerms& pairs) {
   for (size_t v = 0; v < reduced.open.size(); ++v) {
     auto& open = reduced.open[v];
     for (size_t b = 0; b < open.size(); ++b) {
       for (size_t a = 0; a < open.size() && open[b]; ++a) {
-        if (a != b && open[a] && atLeastAsGood(reduced, terms, v, a, b)) open[b] = 0;
+        if (a != b && open[a] && atLeastAsGood(reduced, terms, pairs, v, a, b)) open[b] = 0;
       }
     }
   }
@@ -169,7 +236,8 @@ bool foldIfAdditive(const Reduced::Pair& edge, Reduced& reduced) {
 
 }  // namespace
 
-Reduced reduce(const SelectionProblem& problem, const Terms& terms, double limit) {
+Reduced reduce(const SelectionProblem& problem, const Terms& terms, const PairTerms& pairs,
+               double limit) {
   Reduced reduced;
   for (const auto& var : problem.vars) {
     reduced.cost.push_back(var.cost);
@@ -197,19 +265,31 @@ Reduced reduce(const SelectionProblem& problem, const Terms& terms, double limit
       }
     }
   }
-  for (auto& [ends, cost] : merged) reduced.edges.push_back({ends.first, ends.second, cost});
+  // A pair term needs its pair's e: an edge, of zero costs where the problem has none.
+  std::set<std::pair<int, int>> withMemory;
+  for (const auto& row : pairs) {
+    for (const auto& [ends, bytes] : row) {
+      withMemory.insert(ends);
+      merged.try_emplace(ends, Matrix(choiceCount(problem, ends.first),
+                                      std::vector<double>(choiceCount(problem, ends.second), 0.0)));
+    }
+  }
+  for (auto& [ends, cost] : merged) {
+    reduced.edges.push_back({ends.first, ends.second, cost, withMemory.count(ends) > 0});
+  }
   for (bool changed = true; changed;) {
     changed = closeUnreachable(reduced);
-    if (limit < kInf) changed |= closeOverLimit(reduced, problem, terms, limit);
+    if (limit < kInf) changed |= closeOverLimit(reduced, problem, terms, pairs, limit);
   }
   for (const auto& open : reduced.open) {
     if (std::find(open.begin(), open.end(), 1) == open.end()) reduced.infeasible = true;
   }
   if (reduced.infeasible) return reduced;
-  closeDominated(reduced, terms);
+  closeDominated(reduced, terms, pairs);
   std::vector<Reduced::Pair> kept;
   for (auto& edge : reduced.edges) {
-    if (!foldIfAdditive(edge, reduced)) kept.push_back(std::move(edge));
+    // An edge with memory keeps its e: folding its costs would leave its pair terms no column.
+    if (edge.memory || !foldIfAdditive(edge, reduced)) kept.push_back(std::move(edge));
   }
   reduced.edges = std::move(kept);
   return reduced;

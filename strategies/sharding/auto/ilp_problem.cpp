@@ -64,6 +64,10 @@ double peakOf(const SelectionProblem& problem, const std::vector<int>& choice) {
   for (const auto& row : problem.memory) {
     double bytes = row.constant;
     for (const auto& [v, perChoice] : row.terms) bytes += perChoice[choice[v]];
+    for (const auto& pair : row.pairs) {
+      // A var paired with itself takes its diagonal.
+      bytes += pair.bytes[choice[pair.u]][choice[pair.v]];
+    }
     peak = std::max(peak, bytes);
   }
   return peak;
@@ -148,6 +152,38 @@ void validate(const SelectionProblem& problem) {
         if (!std::isfinite(bytes[k])) {
           invalid(term + ": bytes[" + std::to_string(k) + "] is " + std::to_string(bytes[k]) +
                   ", not finite");
+        }
+      }
+    }
+  }
+  for (size_t r = 0; r < problem.memory.size(); ++r) {
+    const auto& row = problem.memory[r];
+    for (size_t t = 0; t < row.pairs.size(); ++t) {
+      const auto& pair = row.pairs[t];
+      const std::string term =
+          rowLabel(problem, static_cast<int>(r)) + ", pair " + std::to_string(t);
+      for (const int end : {pair.u, pair.v}) {
+        if (end < 0 || end >= vars) {
+          invalid(term + ": var index " + std::to_string(end) + " is out of range [0, " +
+                  std::to_string(vars) + ")");
+        }
+      }
+      if (static_cast<int>(pair.bytes.size()) != choiceCount(problem, pair.u)) {
+        invalid(term + ": " + std::to_string(pair.bytes.size()) + " rows of bytes, " +
+                varLabel(problem, pair.u) + " has " + std::to_string(choiceCount(problem, pair.u)) +
+                " choices");
+      }
+      for (size_t k = 0; k < pair.bytes.size(); ++k) {
+        if (static_cast<int>(pair.bytes[k].size()) != choiceCount(problem, pair.v)) {
+          invalid(term + ": bytes row " + std::to_string(k) + " has " +
+                  std::to_string(pair.bytes[k].size()) + " entries, " + varLabel(problem, pair.v) +
+                  " has " + std::to_string(choiceCount(problem, pair.v)) + " choices");
+        }
+        for (size_t l = 0; l < pair.bytes[k].size(); ++l) {
+          if (!std::isfinite(pair.bytes[k][l])) {
+            invalid(term + ": bytes[" + std::to_string(k) + "][" + std::to_string(l) + "] is " +
+                    std::to_string(pair.bytes[k][l]) + ", not finite");
+          }
         }
       }
     }

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <functional>
 #include <tuple>
 
 #include "harness/comm/mesh.h"
@@ -95,6 +96,16 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     SavedValue& sv = savedValues[storage];
     if (sv.saver < 0 || v < sv.saver) sv = {v, std::move(bytes)};
   };
+  // A read that a node saves for its backward, of a value laid out by another node's choice
+  // (its producer's output, or a parameter's owner's operand): where the two layouts differ,
+  // the edge's redistribution made the saved tensor, a copy beside the value's own storage.
+  struct SavedRead {
+    int saver = 0, from = 0;
+    std::function<Layout(const Candidate&)> layoutOf;  // the value's layout under `from`
+    size_t operand = 0;
+    int storage = -1;  // the value's storage (a root node); -1 for a parameter
+  };
+  std::vector<SavedRead> savedReads;
   for (int v = 0; v < N; ++v) {
     const GraphNode& n = g.nodes[v];
     out[v] = perCand(v, [&](const Candidate& c) {
@@ -128,15 +139,29 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
               return 2.0 * boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.op.operands[i]);
             }));
       }
+      // aten: what an unknown kernel saves is not known here; all it reads is counted
+      const bool savesOperand =
+          records &&
+          (op == "addmm" || op == "mm" || op == "bmm" || op == "mul" ||
+           (i == 0 && (op == "layer_norm" || op == "rms_norm" || op == "gelu" || op == "silu")) ||
+           (op == "aten" && !isAliasOp(n.shape)));
+      if (g.isParameter(a) && !owned && savesOperand) {
+        const int owner = firstReader.at(a);
+        const GraphNode& o = g.nodes[owner];
+        const size_t oi =
+            static_cast<size_t>(std::find(o.args.begin(), o.args.end(), a) - o.args.begin());
+        savedReads.push_back(
+            {v, owner, [oi](const Candidate& c) { return c.op.operands[oi]; }, i, -1});
+      }
       if (!isActivation(a)) continue;
       add(grads[v], operand(i));
       if (!records) continue;
       if (i == 0 && op == "dropout") add(saved[v], operand(i));  // its mask, the input's size
-      if (op == "addmm" || op == "mm" || op == "bmm" || op == "mul" ||
-          (i == 0 && (op == "layer_norm" || op == "rms_norm" || op == "gelu" || op == "silu")) ||
-          (op == "aten" && !isAliasOp(n.shape))) {
-        // aten: what an unknown kernel saves is not known here; all it reads is counted
-        saveValue(root[g.producer(a).first], v, operand(i));
+      if (savesOperand) {
+        const auto [p, j] = g.producer(a);
+        saveValue(root[p], v, operand(i));
+        savedReads.push_back(
+            {v, p, [j = j](const Candidate& c) { return c.outputs[j]; }, i, root[p]});
       }
     }
     if (op == "layer_norm") {  // the mean and inverse deviation per row, in float
@@ -166,6 +191,50 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       if (n.shape.causal()) add(saved[v], perCand(v, rowsCols));
     }
   }
+  // The copies: per saved read, its saver's operand bytes where the layouts differ. Alive from
+  // the saver's forward to its backward where another node holds the value too (the first to
+  // save it, or a parameter's owner); where the saver is the first, the liveness above counts
+  // its tensor, and the value's own storage is extra only while a later reader still needs it
+  // (forward rows before its last use).
+  struct Copy {
+    int saver = 0, from = 0;
+    int forwardUntil = 0;   // forward rows t in [saver, forwardUntil)
+    bool backward = false;  // and backward rows t >= saver
+    std::vector<std::vector<double>> bytes;
+  };
+  std::vector<Copy> copies;
+  for (const auto& rd : savedReads) {
+    Copy c;
+    c.saver = rd.saver;
+    c.from = rd.from;
+    const bool first = rd.storage >= 0 && savedValues.at(rd.storage).saver == rd.saver;
+    if (first) {
+      c.forwardUntil = lastUse[rd.storage];
+      if (c.forwardUntil <= rd.saver) continue;
+    } else {
+      c.forwardUntil = N;
+      c.backward = true;
+    }
+    const GraphNode& n = g.nodes[rd.saver];
+    const auto& from = m.candidates(rd.from);
+    const auto& to = m.candidates(rd.saver);
+    c.bytes.assign(from.size(), std::vector<double>(to.size(), 0.0));
+    bool any = false;
+    for (size_t l = 0; l < to.size(); ++l) {
+      const Layout& want = to[l].op.operands[rd.operand];
+      const double b = boxBytes(n.shape.operandShape(to[l].op.spec.operands[rd.operand]), want);
+      for (size_t k = 0; k < from.size(); ++k) {
+        if (rd.layoutOf(from[k]) != want) c.bytes[k][l] = b, any = true;
+      }
+    }
+    if (any) copies.push_back(std::move(c));
+  }
+  const auto addCopies = [&](NodeRow& r, int t, bool backward) {
+    for (const auto& c : copies) {
+      const bool live = backward ? c.backward && t >= c.saver : t >= c.saver && t < c.forwardUntil;
+      if (live) r.pairs.push_back({c.from, c.saver, &c.bytes});
+    }
+  };
   NodeRow always;
   for (int v = 0; v < N; ++v) {
     if (!base[v].empty()) always.terms.emplace_back(v, &base[v]);
@@ -188,6 +257,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       if (sv.saver <= t && !outputCounted) r.terms.emplace_back(sv.saver, &sv.bytes);
     }
     if (!transient[t].empty()) r.terms.emplace_back(t, &transient[t]);
+    addCopies(r, t, false);
     sink(r);
   }
   // Backward: during node t's backward (its saved tensors and its outputs' gradients still
@@ -203,8 +273,9 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     }
     for (int u = 0; u <= t; ++u) {
       if (!saved[u].empty()) r.terms.emplace_back(u, &saved[u]);
-      // An activation's gradient, from its last reader's backward to its producer's.
-      if (allocates[u] && lastUse[u] >= t) r.terms.emplace_back(u, &out[u]);
+      // An activation's gradient, after its last reader's backward (which makes it: grads) to
+      // its producer's.
+      if (allocates[u] && lastUse[u] > t) r.terms.emplace_back(u, &out[u]);
     }
     for (const auto& [owner, last, bytes] : paramGrads) {
       if (last >= t) r.terms.emplace_back(owner, &bytes);
@@ -212,6 +283,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     if (!grads[t].empty()) r.terms.emplace_back(t, &grads[t]);
     if (!reduceCopies[t].empty()) r.terms.emplace_back(t, &reduceCopies[t]);
     if (!transient[t].empty()) r.terms.emplace_back(t, &transient[t]);
+    addCopies(r, t, true);
     sink(r);
   }
 }
@@ -223,6 +295,7 @@ int64_t ShardingModel::peakBytes(const std::vector<int>& choice) const {
       [&](const NodeRow& r) {
         double live = 0;
         for (const auto& [v, b] : r.terms) live += (*b)[choice[v]];
+        for (const auto& p : r.pairs) live += (*p.bytes)[choice[p.u]][choice[p.v]];
         peak = std::max(peak, live);
       });
   return static_cast<int64_t>(peak);
@@ -236,6 +309,7 @@ std::vector<std::pair<std::string, int64_t>> ShardingModel::livenessRows(
       [&](const NodeRow& r) {
         double live = 0;
         for (const auto& [v, b] : r.terms) live += (*b)[choice[v]];
+        for (const auto& p : r.pairs) live += (*p.bytes)[choice[p.u]][choice[p.v]];
         rows.emplace_back(r.what, static_cast<int64_t>(live));
       });
   return rows;

@@ -30,7 +30,11 @@
 // softmax's output, GELU's input, dropout's mask) until its backward; in the backward the
 // activations' gradients from their first to their last use and the parameters' gradients from
 // their first. Views (split, permute, a view of a contiguous tensor) share their input's
-// storage; a view of a permuted tensor copies. The integer program puts one memory row per
+// storage; a view of a permuted tensor copies. A node that saves a value it reads through an
+// edge's redistribution saves the copy: where the value itself is kept too (another node saves
+// it, a later reader needs it, a parameter), the copy's bytes are a pair term of the producer's
+// (or the parameter owner's) and the saver's choices, counted only where their layouts differ
+// (ilp.h's PairTerm, on the edge's pair variables). The integer program puts one memory row per
 // program point of the first and last block and of the nodes outside the blocks: with repeated
 // blocks sharing their choices, a point's live bytes are affine in the block's index, so those
 // rows bound every other. Kernel temporaries (a softmax's scratch, a matmul's packed copies)

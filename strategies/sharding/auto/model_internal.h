@@ -18,11 +18,19 @@ namespace sb::strategies::autoshard {
 // Whether every operand and output of `r` is replicated (cost_model.cpp).
 bool allReplicated(const ResolvedOp& r);
 
-// A memory row whose terms name nodes (bytes per candidate of the node).
+// Bytes two nodes' candidates decide together: [candidate of u][candidate of v].
+struct NodePair {
+  int u = 0, v = 0;
+  const std::vector<std::vector<double>>* bytes = nullptr;
+};
+
+// A memory row whose terms name nodes (bytes per candidate of the node), and pairs of nodes (a
+// copy made by an edge's redistribution, which exists only where the two layouts differ).
 struct NodeRow {
   std::string what;
   int layer = -1;
   std::vector<std::pair<int, const std::vector<double>*>> terms;
+  std::vector<NodePair> pairs;
 };
 
 // The liveness rows (model.h), each a sum of per-node, per-candidate bytes, handed to `sink`

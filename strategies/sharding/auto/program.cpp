@@ -142,6 +142,22 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
           for (size_t k = 0; k < acc.size(); ++k) acc[k] += (*b)[p.memberChoice[v][k]];
         }
         for (auto& [c, b] : byClass) row.terms.emplace_back(c, std::move(b));
+        // Pairs of nodes become pairs of their classes (of one class: its diagonal).
+        std::map<std::pair<int, int>, std::vector<std::vector<double>>> byPair;
+        for (const auto& pr : r.pairs) {
+          const int cu = p.classOf[pr.u], cv = p.classOf[pr.v];
+          const size_t Ku = prob.vars[cu].cost.size(), Kv = prob.vars[cv].cost.size();
+          auto [it, fresh] = byPair.try_emplace({cu, cv}, Ku, std::vector<double>(Kv, 0.0));
+          for (size_t a = 0; a < Ku; ++a) {
+            for (size_t b = 0; b < Kv; ++b) {
+              if (cu == cv && a != b) continue;
+              it->second[a][b] += (*pr.bytes)[p.memberChoice[pr.u][a]][p.memberChoice[pr.v][b]];
+            }
+          }
+        }
+        for (auto& [ends, b] : byPair) {
+          row.pairs.push_back({ends.first, ends.second, std::move(b)});
+        }
         prob.memory.push_back(std::move(row));
       });
   return p;

@@ -158,6 +158,31 @@ TEST(SelectionMemory, RowsThatEachLeaveRoomCanTogetherFitNothing) {
   EXPECT_EQ(solveIlp(p).status, "optimal");
 }
 
+// A pair term counts only where both of its choices are taken (a copy that exists where two
+// layouts differ): x = 0 and y = 0 are each cheapest and fit alone, together they do not, so the
+// program pays for the next best pair. Of a var with itself, only the diagonal counts.
+TEST(SelectionMemory, APairTermCountsOnlyWhereBothChoicesAreTaken) {
+  SelectionProblem p;
+  p.vars = {{"x", {0, 3}, {}}, {"y", {0, 5}, {}}};
+  p.memory = {{"copy", 10, {{0, {1, 1}}}, {{0, 1, {{20, 0}, {0, 0}}}}}};
+  p.memoryLimit = 15;
+  for (const Selection& s : {solveIlp(p), solveBruteForce(p)}) {
+    EXPECT_EQ(s.status, "optimal");
+    EXPECT_EQ(s.choice, (std::vector<int>{1, 0}));
+    EXPECT_DOUBLE_EQ(s.peakMemory, 11);
+  }
+  EXPECT_DOUBLE_EQ(peakMemory(p, {0, 0}), 31);
+  EXPECT_DOUBLE_EQ(solveMinPeakMemory(p).peakMemory, 11);
+  // The same bytes the other way round (v, u) and a self pair's diagonal.
+  p.memory[0].pairs = {{1, 0, {{20, 0}, {0, 0}}}, {1, 1, {{0, 100}, {100, 4}}}};
+  EXPECT_DOUBLE_EQ(peakMemory(p, {0, 0}), 31);
+  EXPECT_DOUBLE_EQ(peakMemory(p, {1, 1}), 15);
+  EXPECT_EQ(solveIlp(p).choice, (std::vector<int>{1, 0}));
+  p.memoryLimit = 10.5;
+  EXPECT_EQ(solveIlp(p).status, "infeasible");
+  EXPECT_EQ(solveBruteForce(p).status, "infeasible");
+}
+
 TEST(SelectionProblemShape, NoVarsIsTheEmptyChoiceAndRowsKeepTheirConstants) {
   SelectionProblem p;
   p.memory = {{"weights", 100, {}}};
@@ -216,6 +241,15 @@ TEST(SelectionValidate, ErrorsNameTheVarEdgeOrRowAndWhatIsWrong) {
   p = good;
   p.memory[0].constant = kInf;
   expectInvalid(p, "memory row 0 (peak): constant is");
+  p = good;
+  p.memory[0].pairs = {{0, 5, {{0, 0}, {0, 0}}}};
+  expectInvalid(p, "memory row 0 (peak), pair 0: var index 5 is out of range [0, 3)");
+  p = good;
+  p.memory[0].pairs = {{0, 1, {{0, 0}}}};
+  expectInvalid(p, "memory row 0 (peak), pair 0: 1 rows of bytes, var 0 (A) has 2 choices");
+  p = good;
+  p.memory[0].pairs = {{0, 1, {{0, 0}, {0, kInf}}}};
+  expectInvalid(p, "memory row 0 (peak), pair 0: bytes[1][1] is");
 
   EXPECT_THROW(evaluate(good, {0, 0}), std::invalid_argument);
   EXPECT_THROW(peakMemory(good, {0, 0, 2}), std::invalid_argument);
@@ -246,12 +280,23 @@ void copyChoice(SelectionProblem& p, int v, int from, int to, double worse) {
     for (auto& [var, bytes] : row.terms) {
       if (var == v) bytes[to] = bytes[from] + worse;
     }
+    for (auto& pair : row.pairs) {
+      if (pair.u == v) {
+        for (size_t l = 0; l < pair.bytes[to].size(); ++l) {
+          pair.bytes[to][l] = pair.bytes[from][l] + worse;
+        }
+      }
+      if (pair.v == v) {
+        for (auto& r : pair.bytes) r[to] = r[from] + worse;
+      }
+    }
   }
 }
 
 // 2-6 vars of 1-5 choices; edges that are random, constant or additive (folded by the
 // presolve), self edges, parallel edges both ways, some forbidden pairs; memory rows with
-// integer bytes (so a limit equal to a peak is met exactly) and repeated vars; choices that
+// integer bytes (so a limit equal to a peak is met exactly), repeated vars and pair terms (of
+// two vars, with or without an edge between them, or of a var with itself); choices that
 // copy another or are worse than it in everything (closed by the presolve); limits around the
 // peak of a random choice, often below every peak.
 SelectionProblem randomProblem(std::mt19937& rng) {
@@ -307,6 +352,18 @@ SelectionProblem randomProblem(std::mt19937& rng) {
       std::vector<double> bytes(size(v));
       for (auto& x : bytes) x = integer(0, 100);
       row.terms.emplace_back(v, bytes);
+    }
+    // Pair terms: bytes where both choices are taken (often 0: a copy only where they differ),
+    // between two vars, the same two again, or a var and itself.
+    for (int t = integer(0, 2); t > 0; --t) {
+      SelectionProblem::PairTerm pair;
+      pair.u = integer(0, vars - 1);
+      pair.v = integer(0, 4) == 0 ? pair.u : integer(0, vars - 1);
+      pair.bytes.assign(size(pair.u), std::vector<double>(size(pair.v), 0.0));
+      for (auto& r : pair.bytes) {
+        for (auto& x : r) x = integer(0, 2) == 0 ? 0 : integer(0, 60);
+      }
+      row.pairs.push_back(pair);
     }
   }
   for (int v = 0; v < vars; ++v) {
@@ -431,6 +488,11 @@ TEST(SelectionRandom, RowsOfVeryDifferentMagnitudesAllCount) {
       row.constant *= scale;
       for (auto& [v, bytes] : row.terms) {
         for (auto& b : bytes) b *= scale;
+      }
+      for (auto& pair : row.pairs) {
+        for (auto& r : pair.bytes) {
+          for (auto& b : r) b *= scale;
+        }
       }
     }
     SelectionProblem::MemoryRow barred{"barred", 0, {}};
