@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <set>
 
 #include "harness/comm/mesh.h"
@@ -50,7 +51,7 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
   }
   // Candidates: the generator's strategies that apply on this mesh and divide evenly, plus a
   // replicated one where the generator has none (bmm).
-  std::map<std::string, std::vector<Candidate>> byShape;
+  std::map<std::string, std::shared_ptr<const std::vector<Candidate>>> byShape;
   for (const GraphNode& n : graph_.nodes) {
     // The model's inputs take no gradient (only parameters and values computed from them do),
     // so autograd never runs the all-reduce of such an operand's partial gradient: a node that
@@ -61,7 +62,7 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
     const std::string key =
         n.shape.toString() + "|" + nlohmann::json(n.shape.attrs).dump() + "|" + inputArgs;
     auto it = byShape.find(key);
-    if (it != byShape.end()) {
+    if (it != byShape.end()) {  // the same candidates, shared
       candidates_.push_back(it->second);
       continue;
     }
@@ -118,13 +119,14 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
       }
       c.localUs = copyUs(opLocalWork(c.op, mesh_, 0, options_.dtype));
     }
-    byShape[key] = cands;
-    candidates_.push_back(cands);
+    auto shared = std::make_shared<const std::vector<Candidate>>(std::move(cands));
+    byShape[key] = shared;
+    candidates_.push_back(std::move(shared));
   }
 }
 
 int ShardingModel::findCandidate(int node, const std::string& strategy) const {
-  const auto& c = candidates_.at(node);
+  const auto& c = candidates(node);
   for (size_t k = 0; k < c.size(); ++k) {
     if (c[k].op.spec.name == strategy) return static_cast<int>(k);
   }
@@ -132,7 +134,7 @@ int ShardingModel::findCandidate(int node, const std::string& strategy) const {
 }
 
 int ShardingModel::replicatedCandidate(int node) const {
-  const auto& c = candidates_.at(node);
+  const auto& c = candidates(node);
   for (size_t k = 0; k < c.size(); ++k) {
     if (allReplicated(c[k].op)) return static_cast<int>(k);
   }
@@ -257,6 +259,34 @@ double ShardingModel::edgeUs(const std::vector<int64_t>& shape, const Layout& fr
   return at(there, t) + at(back, f);
 }
 
+std::vector<std::vector<double>> ShardingModel::edgeUsMatrix(const std::vector<int64_t>& shape,
+                                                             const std::vector<Layout>& from,
+                                                             const std::vector<Layout>& to) const {
+  LayoutGraph& g = layoutGraph(shape);
+  std::vector<int> f, t;
+  for (const auto& l : from) f.push_back(g.idOf(l));
+  for (const auto& l : to) t.push_back(g.idOf(l));
+  // Every source's distances first (a Dijkstra may name new layouts; the cached vectors stay).
+  std::map<int, const std::vector<double>*> dist;
+  for (const auto* ids : {&f, &t}) {
+    for (int id : *ids) {
+      if (!dist.count(id)) dist[id] = &distancesFrom(g, id);
+    }
+  }
+  const auto at = [](const std::vector<double>& d, int i) {
+    return static_cast<size_t>(i) < d.size() ? d[static_cast<size_t>(i)]
+                                             : std::numeric_limits<double>::infinity();
+  };
+  std::vector<std::vector<double>> m(from.size(), std::vector<double>(to.size(), 0.0));
+  for (size_t a = 0; a < f.size(); ++a) {
+    const auto& there = *dist.at(f[a]);
+    for (size_t b = 0; b < t.size(); ++b) {
+      if (f[a] != t[b]) m[a][b] = at(there, t[b]) + at(*dist.at(t[b]), f[a]);
+    }
+  }
+  return m;
+}
+
 std::optional<Layout> ShardingModel::valueLayout(const std::string& value,
                                                  const std::vector<int>& choice) const {
   if (graph_.isInput(value)) return std::nullopt;
@@ -264,17 +294,17 @@ std::optional<Layout> ShardingModel::valueLayout(const std::string& value,
     const int v = firstReader_.at(value);
     const GraphNode& n = graph_.nodes[v];
     for (size_t i = 0; i < n.args.size(); ++i) {
-      if (n.args[i] == value) return candidates_[v][choice[v]].op.operands[i];
+      if (n.args[i] == value) return candidates(v)[choice[v]].op.operands[i];
     }
   }
   const auto [p, j] = graph_.producer(value);
-  return candidates_[p][choice[p]].outputs[j];
+  return candidates(p)[choice[p]].outputs[j];
 }
 
 double ShardingModel::stepUs(const std::vector<int>& choice) const {
   double us = stepOverheadUs();
   for (size_t v = 0; v < graph_.nodes.size(); ++v) {
-    const Candidate& c = candidates_[v][choice[v]];
+    const Candidate& c = candidates(v)[choice[v]];
     us += c.us();
     const GraphNode& n = graph_.nodes[v];
     for (size_t i = 0; i < n.args.size(); ++i) {

@@ -36,8 +36,13 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   const int N = static_cast<int>(g.nodes.size());
   const int64_t es = static_cast<int64_t>(c10::elementSize(m.options().dtype));
   const auto coords = harness::DeviceMesh(m.mesh()).coords(0);
+  // Rank 0's bytes of a tensor, per (shape, layout): the blocks repeat the same few, for every
+  // candidate of every node.
+  std::map<std::pair<std::vector<int64_t>, Layout>, double> boxes;
   const auto boxBytes = [&](const std::vector<int64_t>& shape, const Layout& l) {
-    return static_cast<double>(l.box(shape, m.mesh(), coords).numel() * es);
+    auto [it, fresh] = boxes.try_emplace({shape, l}, 0.0);
+    if (fresh) it->second = static_cast<double>(l.box(shape, m.mesh(), coords).numel() * es);
+    return it->second;
   };
   const auto perCand = [&](int v, auto fn) {
     std::vector<double> b;

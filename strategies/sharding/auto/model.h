@@ -115,7 +115,7 @@ class ShardingModel {
   const reference::Graph& graph() const { return graph_; }
   const std::vector<int64_t>& mesh() const { return mesh_; }
   const CostOptions& options() const { return options_; }
-  const std::vector<Candidate>& candidates(int node) const { return candidates_.at(node); }
+  const std::vector<Candidate>& candidates(int node) const { return *candidates_.at(node); }
   // The candidate of `node` named `strategy`, or -1.
   int findCandidate(int node, const std::string& strategy) const;
   // A candidate whose operands and outputs are all replicated (added where the generator has
@@ -127,6 +127,10 @@ class ShardingModel {
   // slower of the two bandwidths); infinite where no path exists.
   double edgeUs(const std::vector<int64_t>& shape, const harness::Layout& from,
                 const harness::Layout& to) const;
+  // edgeUs of every pair (from[a], to[b]), each layout looked up once.
+  std::vector<std::vector<double>> edgeUsMatrix(const std::vector<int64_t>& shape,
+                                                const std::vector<harness::Layout>& from,
+                                                const std::vector<harness::Layout>& to) const;
   // The layout in which `value` exists under `choice` (its producer's output, or a
   // parameter's first reader's operand layout); nullopt for the graph's inputs.
   std::optional<harness::Layout> valueLayout(const std::string& value,
@@ -166,7 +170,8 @@ class ShardingModel {
   reference::Graph graph_;
   std::vector<int64_t> mesh_;
   CostOptions options_;
-  std::vector<std::vector<Candidate>> candidates_;
+  // Per node; nodes of the same shape and arguments share one set.
+  std::vector<std::shared_ptr<const std::vector<Candidate>>> candidates_;
   std::map<std::string, int> firstReader_;  // parameter -> node index
   // The redistribution planner's layouts of one tensor shape as a graph: a layout's steps and
   // their prices are found once, however many sources a Dijkstra starts from (an edge's cost

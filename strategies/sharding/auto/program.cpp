@@ -48,10 +48,10 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
       const int c = p.classOf[u];
       std::vector<int> map;
       for (int k : p.memberChoice[u]) {
-        const Layout& out = candidates_[u][k].outputs[j];
+        const Layout& out = candidates(u)[k].outputs[j];
         int found = -1;
-        for (size_t q = 0; q < candidates_[v].size() && found < 0; ++q) {
-          if (candidates_[v][q].op.operands[0] == out) found = static_cast<int>(q);
+        for (size_t q = 0; q < candidates(v).size() && found < 0; ++q) {
+          if (candidates(v)[q].op.operands[0] == out) found = static_cast<int>(q);
         }
         if (found < 0) break;
         map.push_back(found);
@@ -67,7 +67,7 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
     classRoot.push_back(v);
     classByKey[key] = c;
     p.classOf[v] = c;
-    p.memberChoice[v].resize(candidates_[v].size());
+    p.memberChoice[v].resize(candidates(v).size());
     std::iota(p.memberChoice[v].begin(), p.memberChoice[v].end(), 0);
   }
   // Variables: each class's choices, costing its members' nodes.
@@ -76,13 +76,13 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
   for (int root : classRoot) {
     SelectionProblem::Var var;
     var.name = graph_.nodes[root].layer < 0 ? graph_.nodes[root].name : graph_.nodes[root].role;
-    var.cost.assign(candidates_[root].size(), 0.0);
-    for (const auto& c : candidates_[root]) var.choiceNames.push_back(c.op.spec.name);
+    var.cost.assign(candidates(root).size(), 0.0);
+    for (const auto& c : candidates(root)) var.choiceNames.push_back(c.op.spec.name);
     prob.vars.push_back(var);
   }
   for (int v = 0; v < N; ++v) {
     auto& cost = prob.vars[p.classOf[v]].cost;
-    for (size_t k = 0; k < cost.size(); ++k) cost[k] += candidates_[v][p.memberChoice[v][k]].us();
+    for (size_t k = 0; k < cost.size(); ++k) cost[k] += candidates(v)[p.memberChoice[v][k]].us();
   }
   // Edges: every read of an activation, and of a parameter by a reader other than its first.
   std::map<std::string, std::vector<std::vector<double>>> matrices;
@@ -99,11 +99,11 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
         const GraphNode& owner = graph_.nodes[u];
         const size_t oi = static_cast<size_t>(std::find(owner.args.begin(), owner.args.end(), a) -
                                               owner.args.begin());
-        from = [&, u, oi](int k) { return candidates_[u][k].op.operands[oi]; };
+        from = [&, u, oi](int k) { return candidates(u)[k].op.operands[oi]; };
       } else {
         const auto [pu, j] = graph_.producer(a);
         u = pu;
-        from = [&, u, j = j](int k) { return candidates_[u][k].outputs[j]; };
+        from = [&, u, j = j](int k) { return candidates(u)[k].outputs[j]; };
       }
       const int cu = p.classOf[u], cv = p.classOf[v];
       const size_t Ku = prob.vars[cu].cost.size(), Kv = prob.vars[cv].cost.size();
@@ -114,13 +114,17 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
           std::to_string(i) + ":" + std::to_string(n.layer == graph_.nodes[u].layer);
       auto it = matrices.find(key);
       if (it == matrices.end()) {
-        std::vector<std::vector<double>> mat(Ku, std::vector<double>(Kv, 0.0));
-        const auto shape = graph_.valueShape(a);
-        for (size_t ku = 0; ku < Ku; ++ku) {
-          const Layout l = from(p.memberChoice[u][ku]);
-          for (size_t kv = 0; kv < Kv; ++kv) {
-            if (cu == cv && ku != kv) continue;
-            mat[ku][kv] = edgeUs(shape, l, candidates_[v][p.memberChoice[v][kv]].op.operands[i]);
+        std::vector<Layout> fromLayouts, toLayouts;
+        for (size_t ku = 0; ku < Ku; ++ku) fromLayouts.push_back(from(p.memberChoice[u][ku]));
+        for (size_t kv = 0; kv < Kv; ++kv) {
+          toLayouts.push_back(candidates(v)[p.memberChoice[v][kv]].op.operands[i]);
+        }
+        auto mat = edgeUsMatrix(graph_.valueShape(a), fromLayouts, toLayouts);
+        if (cu == cv) {  // a class feeding itself pays only its diagonal
+          for (size_t ku = 0; ku < Ku; ++ku) {
+            for (size_t kv = 0; kv < Kv; ++kv) {
+              if (ku != kv) mat[ku][kv] = 0;
+            }
           }
         }
         it = matrices.emplace(key, std::move(mat)).first;

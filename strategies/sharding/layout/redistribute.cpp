@@ -268,6 +268,30 @@ int64_t RedistGeometry::localBytes(const Layout& l, int rank) const {
   return l.box(shape, mesh, coords(rank)).numel() * elemSize;
 }
 
+std::vector<int64_t> RedistGeometry::localBytesOfRanks(const Layout& l) const {
+  const int n = ranks();
+  std::vector<std::vector<int64_t>> all(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) all[static_cast<size_t>(r)] = coords(r);
+  std::vector<int64_t> out(static_cast<size_t>(n), elemSize);
+  for (int d = 0; d < l.ndim(); ++d) {
+    const auto& axes = l.axesOf(d);
+    // A dimension's piece depends on the coordinates of the axes that split it only.
+    std::map<std::vector<int64_t>, int64_t> length;
+    for (int r = 0; r < n; ++r) {
+      const auto& c = all[static_cast<size_t>(r)];
+      std::vector<int64_t> key;
+      for (int a : axes) key.push_back(c[static_cast<size_t>(a)]);
+      auto it = length.find(key);
+      if (it == length.end()) {
+        it = length.emplace(std::move(key), l.box(shape, mesh, c).length[static_cast<size_t>(d)])
+                 .first;
+      }
+      out[static_cast<size_t>(r)] *= it->second;
+    }
+  }
+  return out;
+}
+
 StepComm stepComm(const RedistGeometry& g, const Layout& before, const RedistStep& st, int rank) {
   StepComm c;
   c.collective = st.collective();
@@ -309,19 +333,23 @@ double RedistCostModel::stepUs(const RedistGeometry& g, const Layout& before,
   const int64_t n = g.groupSize(st.axes);
   if (n == 1) return 0;
   double worst = 0;
+  const auto after = applyStep(before, st);
+  if (!after) throw std::invalid_argument(st.toString() + " cannot act on " + before.sequence());
   if (!st.collective()) {
-    const auto after = applyStep(before, st);
-    for (int r = 0; r < g.ranks(); ++r) {
-      worst = std::max(worst, g.localBytes(*after, r) / (copyGBps * 1e3));
+    for (const int64_t b : g.localBytesOfRanks(*after)) {
+      worst = std::max(worst, b / (copyGBps * 1e3));
     }
     return worst;
   }
+  // Each rank's bytes as stepComm counts them (an all-gather its output, the rest their input;
+  // the planted fault times an all-gather by what each rank sends, not what it gathers).
+  const bool byOutput =
+      st.kind == StepKind::kAllGather && gPriceFault != PriceFault::kAllGatherTimedByInput;
+  const std::vector<int64_t> bytes = g.localBytesOfRanks(byOutput ? *after : before);
   for (int r = 0; r < g.ranks(); ++r) {
-    StepComm c = stepComm(g, before, st, r);
-    // The planted fault times an all-gather by what each rank sends, not what it gathers.
-    if (gPriceFault == PriceFault::kAllGatherTimedByInput && st.kind == StepKind::kAllGather) {
-      c.bytes = g.localBytes(before, r);
-    }
+    StepComm c;
+    c.collective = st.collective();
+    c.bytes = bytes[static_cast<size_t>(r)];
     std::optional<double> us;
     if (profile != nullptr) {
       CommStats stats;

@@ -80,6 +80,9 @@ struct RedistGeometry {
   std::vector<int64_t> memberCoords(std::vector<int64_t> coords, const std::vector<int>& axes,
                                     int64_t index) const;
   int64_t localBytes(const Layout& l, int rank) const;
+  // localBytes of every rank, each dimension's piece found once per coordinate of the axes
+  // that split it (the same as asking rank by rank, in fewer boxes).
+  std::vector<int64_t> localBytesOfRanks(const Layout& l) const;
 };
 
 // What one rank's step issues: the collective (nullopt for a local step or a group of one) and
