@@ -150,6 +150,14 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
           (op == "addmm" || op == "mm" || op == "bmm" || op == "mul" ||
            (i == 0 && (op == "layer_norm" || op == "rms_norm" || op == "gelu" || op == "silu")) ||
            (op == "aten" && !isAliasOp(n.shape)));
+      // A view of a parameter (the tied head's transposed embedding) read through an edge: the
+      // copy as a parameter's, against the view's layout.
+      if (!g.isParameter(a) && !g.isInput(a) && savesOperand) {
+        const auto [p, j] = g.producer(a);
+        if (p >= 0 && root[p] < 0) {
+          savedReads.push_back({v, p, [j = j](const Candidate& c) { return c.outputs[j]; }, i, -1});
+        }
+      }
       if (g.isParameter(a) && !owned && savesOperand) {
         const int owner = firstReader.at(a);
         const GraphNode& o = g.nodes[owner];

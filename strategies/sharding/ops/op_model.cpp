@@ -204,6 +204,7 @@ std::shared_ptr<const std::vector<OpStrategySpec>> expandedSpecs(const OpShape& 
 
 std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& s, int meshNdim) {
   if (meshNdim <= 2) return opRule(s.op).specs(s);
+  if (meshNdim > kMaxExpandedAxes) return {};  // P^n strategies: none beyond 3 axes
   return *expandedSpecs(s, meshNdim);
 }
 
@@ -224,7 +225,8 @@ ResolvedOp resolveOp(const OpStrategySpec& spec, const OpShape& shape,
   r.operands = spec.operandLayouts;
   r.outputs = spec.outputLayouts;
   const int meshNdim = static_cast<int>(meshShape.size());
-  const auto expanded = meshNdim > 2 ? expandedSpecs(r.shape, meshNdim) : nullptr;
+  const auto expanded =
+      meshNdim > 2 && meshNdim <= kMaxExpandedAxes ? expandedSpecs(r.shape, meshNdim) : nullptr;
   const std::vector<OpStrategySpec> generated =
       expanded ? std::vector<OpStrategySpec>{} : opStrategySpecs(r.shape, meshNdim);
   for (const auto& sp : expanded ? *expanded : generated) {
@@ -282,7 +284,8 @@ std::string opNotApplicable(const OpStrategySpec& spec, const OpShape& s,
   if (std::find(spec.meshDims.begin(), spec.meshDims.end(), meshNdim) == spec.meshDims.end()) {
     return "not generated for a " + std::to_string(meshNdim) + "-D mesh";
   }
-  const auto expanded = meshNdim > 2 ? expandedSpecs(s, meshNdim) : nullptr;
+  const auto expanded =
+      meshNdim > 2 && meshNdim <= kMaxExpandedAxes ? expandedSpecs(s, meshNdim) : nullptr;
   const std::vector<OpStrategySpec> generated =
       expanded ? std::vector<OpStrategySpec>{} : opStrategySpecs(s, meshNdim);
   const auto& mine = expanded ? *expanded : generated;

@@ -72,6 +72,8 @@ struct OpStrategySpec {
 // Every strategy of `op` for operands of the ranks of `shape`: its generator's, for 1-D and 2-D
 // meshes, where `meshNdim` <= 2; on a mesh of more axes, their expansion to it (expandToMesh,
 // op_specs_common.h: each axis takes one of the operator's single-axis placements).
+// None on a mesh of more than kMaxExpandedAxes axes (an operator's P placements would make P^n).
+inline constexpr int kMaxExpandedAxes = 3;
 std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& shape, int meshNdim = 2);
 
 // A strategy resolved for one shape on one mesh: the generator's layouts for that shape and the

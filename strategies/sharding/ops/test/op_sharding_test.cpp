@@ -128,8 +128,11 @@ TEST(OpStrategyCounts, ThreeAxesTakeEveryCombinationOfTheOneAxisPlacements) {
     names.insert(s->displayName());
   }
   EXPECT_EQ(names.size(), expanded.size());
-  // On a 2-D mesh the generators' sets stay ColossalAI's.
+  // On a 2-D mesh the generators' sets stay ColossalAI's; beyond 3 axes there are none (4^8
+  // for an 8-axis mesh of ones would be enumerated and cached otherwise).
   EXPECT_TRUE(selected(opCase(kAddmm, {2, 2}), "expanded").empty());
+  EXPECT_TRUE(opStrategySpecs(reference::OpShape::parse(kAddmm), 4).empty());
+  EXPECT_TRUE(selected(opCase(kAddmm, {1, 1, 1, 1, 1, 1, 1, 1})).empty());
 }
 
 // The expansion on two axes holds every strategy ColossalAI's generators make for a 2-D mesh
