@@ -50,6 +50,40 @@ void checkChoice(const SelectionProblem& problem, const std::vector<int>& choice
   }
 }
 
+// A matrix over the choices of vars u (rows) and v (columns), `what` naming it in errors: its
+// vars in range, its size theirs, no NaN, and +infinity only where `infinityAllowed` (an
+// edge's forbidden pair), never -infinity.
+void checkPairMatrix(const SelectionProblem& problem, const std::string& label,
+                     const std::string& what, int u, int v,
+                     const std::vector<std::vector<double>>& m, bool infinityAllowed) {
+  const int vars = static_cast<int>(problem.vars.size());
+  for (const int end : {u, v}) {
+    if (end < 0 || end >= vars) {
+      invalid(label + ": var index " + std::to_string(end) + " is out of range [0, " +
+              std::to_string(vars) + ")");
+    }
+  }
+  if (static_cast<int>(m.size()) != choiceCount(problem, u)) {
+    invalid(label + ": " + what + " has " + std::to_string(m.size()) + " rows, " +
+            varLabel(problem, u) + " has " + std::to_string(choiceCount(problem, u)) + " choices");
+  }
+  for (size_t k = 0; k < m.size(); ++k) {
+    if (static_cast<int>(m[k].size()) != choiceCount(problem, v)) {
+      invalid(label + ": " + what + " row " + std::to_string(k) + " has " +
+              std::to_string(m[k].size()) + " entries, " + varLabel(problem, v) + " has " +
+              std::to_string(choiceCount(problem, v)) + " choices");
+    }
+    for (size_t l = 0; l < m[k].size(); ++l) {
+      const double x = m[k][l];
+      if (std::isnan(x) || x == -kInf || (x == kInf && !infinityAllowed)) {
+        invalid(label + ": " + what + "[" + std::to_string(k) + "][" + std::to_string(l) + "] is " +
+                std::to_string(x) +
+                (infinityAllowed ? " (finite or +infinity expected)" : ", not finite"));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 double objectiveOf(const SelectionProblem& problem, const std::vector<int>& choice) {
@@ -103,32 +137,10 @@ void validate(const SelectionProblem& problem) {
   }
   for (size_t i = 0; i < problem.edges.size(); ++i) {
     const auto& edge = problem.edges[i];
-    const std::string label = "edge " + std::to_string(i) + " (var " + std::to_string(edge.u) +
-                              " -> var " + std::to_string(edge.v) + ")";
-    for (const int end : {edge.u, edge.v}) {
-      if (end < 0 || end >= vars) {
-        invalid(label + ": var index " + std::to_string(end) + " is out of range [0, " +
-                std::to_string(vars) + ")");
-      }
-    }
-    if (static_cast<int>(edge.cost.size()) != choiceCount(problem, edge.u)) {
-      invalid(label + ": cost has " + std::to_string(edge.cost.size()) + " rows, " +
-              varLabel(problem, edge.u) + " has " + std::to_string(choiceCount(problem, edge.u)) +
-              " choices");
-    }
-    for (size_t k = 0; k < edge.cost.size(); ++k) {
-      if (static_cast<int>(edge.cost[k].size()) != choiceCount(problem, edge.v)) {
-        invalid(label + ": cost row " + std::to_string(k) + " has " +
-                std::to_string(edge.cost[k].size()) + " entries, " + varLabel(problem, edge.v) +
-                " has " + std::to_string(choiceCount(problem, edge.v)) + " choices");
-      }
-      for (size_t l = 0; l < edge.cost[k].size(); ++l) {
-        if (std::isnan(edge.cost[k][l]) || edge.cost[k][l] == -kInf) {
-          invalid(label + ": cost[" + std::to_string(k) + "][" + std::to_string(l) + "] is " +
-                  std::to_string(edge.cost[k][l]) + " (finite or +infinity expected)");
-        }
-      }
-    }
+    checkPairMatrix(problem,
+                    "edge " + std::to_string(i) + " (var " + std::to_string(edge.u) + " -> var " +
+                        std::to_string(edge.v) + ")",
+                    "cost", edge.u, edge.v, edge.cost, true);
   }
   for (size_t r = 0; r < problem.memory.size(); ++r) {
     const auto& row = problem.memory[r];
@@ -160,32 +172,9 @@ void validate(const SelectionProblem& problem) {
     const auto& row = problem.memory[r];
     for (size_t t = 0; t < row.pairs.size(); ++t) {
       const auto& pair = row.pairs[t];
-      const std::string term =
-          rowLabel(problem, static_cast<int>(r)) + ", pair " + std::to_string(t);
-      for (const int end : {pair.u, pair.v}) {
-        if (end < 0 || end >= vars) {
-          invalid(term + ": var index " + std::to_string(end) + " is out of range [0, " +
-                  std::to_string(vars) + ")");
-        }
-      }
-      if (static_cast<int>(pair.bytes.size()) != choiceCount(problem, pair.u)) {
-        invalid(term + ": " + std::to_string(pair.bytes.size()) + " rows of bytes, " +
-                varLabel(problem, pair.u) + " has " + std::to_string(choiceCount(problem, pair.u)) +
-                " choices");
-      }
-      for (size_t k = 0; k < pair.bytes.size(); ++k) {
-        if (static_cast<int>(pair.bytes[k].size()) != choiceCount(problem, pair.v)) {
-          invalid(term + ": bytes row " + std::to_string(k) + " has " +
-                  std::to_string(pair.bytes[k].size()) + " entries, " + varLabel(problem, pair.v) +
-                  " has " + std::to_string(choiceCount(problem, pair.v)) + " choices");
-        }
-        for (size_t l = 0; l < pair.bytes[k].size(); ++l) {
-          if (!std::isfinite(pair.bytes[k][l])) {
-            invalid(term + ": bytes[" + std::to_string(k) + "][" + std::to_string(l) + "] is " +
-                    std::to_string(pair.bytes[k][l]) + ", not finite");
-          }
-        }
-      }
+      checkPairMatrix(problem,
+                      rowLabel(problem, static_cast<int>(r)) + ", pair " + std::to_string(t),
+                      "bytes", pair.u, pair.v, pair.bytes, false);
     }
   }
   if (std::isnan(problem.memoryLimit)) invalid("memoryLimit is NaN");

@@ -246,7 +246,7 @@ TEST(SelectionValidate, ErrorsNameTheVarEdgeOrRowAndWhatIsWrong) {
   expectInvalid(p, "memory row 0 (peak), pair 0: var index 5 is out of range [0, 3)");
   p = good;
   p.memory[0].pairs = {{0, 1, {{0, 0}}}};
-  expectInvalid(p, "memory row 0 (peak), pair 0: 1 rows of bytes, var 0 (A) has 2 choices");
+  expectInvalid(p, "memory row 0 (peak), pair 0: bytes has 1 rows, var 0 (A) has 2 choices");
   p = good;
   p.memory[0].pairs = {{0, 1, {{0, 0}, {0, kInf}}}};
   expectInvalid(p, "memory row 0 (peak), pair 0: bytes[1][1] is");

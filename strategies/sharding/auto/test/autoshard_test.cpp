@@ -389,14 +389,19 @@ TEST(AutoShard, CollectivesCountedAtAnotherNodeThanPredictedFailTheRow) {
       << rec.message;
 }
 
+// LLaMA-3-8B's shape: 32 layers, d_model 4096, 32 heads on 8 key and value heads, FFN 14336,
+// vocabulary 128256, sequence 8192, batch 8.
+const nlohmann::json kLlama8BShape = {{"batch", 8},      {"seq", 8192},   {"d_model", 4096},
+                                      {"heads", 32},     {"kv_heads", 8}, {"ffn", 14336},
+                                      {"vocab", 128256}, {"layers", 32}};
+
 // LLaMA-3-8B's shape (as below) on a 3-D mesh (4x4x4, 64 ranks: each axis takes one of an
 // operator's single-axis placements), under a limit that binds: a plan in seconds, within 0.1% of
 // CBC's bound, that fits by the replay of every rank's step in the first round (the integer
 // program's rows count the copies its edges make beside the values they copy, so they do not
 // promise less than the replay finds), the same per role in every block.
 TEST(AutoShard, Llama8BShapedPlanOn4x4x4FitsABindingLimitWithinItsGap) {
-  const nlohmann::json shape = {{"batch", 8},    {"seq", 8192},  {"d_model", 4096}, {"heads", 32},
-                                {"kv_heads", 8}, {"ffn", 14336}, {"vocab", 128256}, {"layers", 32}};
+  const nlohmann::json shape = kLlama8BShape;
   const ShardingModel m(reference::buildGraph("llama", shape), {4, 4, 4}, CostOptions{});
   SolveOptions o;
   o.relativeGap = 1e-3;
@@ -476,8 +481,7 @@ TEST(AutoShard, MegatronOnAThreeAxisMeshIsTensorParallelOnTheLastAxis) {
 // memory limit that binds (the unconstrained plan needs more), with CBC's gap, and a plan whose
 // structure holds together. Its time is measured by autoshard_solve_bench, not here.
 TEST(AutoShard, Llama8BShapedPlanOn8x8FitsABindingLimitAndHoldsTogether) {
-  const nlohmann::json shape = {{"batch", 8},    {"seq", 8192},  {"d_model", 4096}, {"heads", 32},
-                                {"kv_heads", 8}, {"ffn", 14336}, {"vocab", 128256}, {"layers", 32}};
+  const nlohmann::json shape = kLlama8BShape;
   const ShardingModel m(reference::buildGraph("llama", shape), {8, 8}, CostOptions{});
   const ShardingPlan free = strategies::autoshard::solvePlan(m, SolveOptions{});
   SolveOptions o;
