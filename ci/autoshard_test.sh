@@ -2,8 +2,9 @@
 # End-to-end checks of auto-sharding: suites/autoshard.yaml on threads (every plan of every
 # algorithm passes against the plain model, communication counted == predicted, every rank's
 # peak predicted to the byte, `report --gate` passes), a memory limit that data parallel cannot
-# meet while the ILP's plan fits it (and its measured peak does), a gloo sample with 4
-# processes, planted faults in the executor (an edge that skips its redistribution fails) and in
+# meet while the ILP's plan fits it (and its measured peak does), a limit under which the ILP
+# stores a parameter split (ZeRO-3) and that plan on 4 gloo processes, a gloo sample with 4
+# processes, LLaMA on 2x2x2 over 8 gloo processes, planted faults in the executor (an edge that skips its redistribution fails) and in
 # the memory model (rows without the parameters, a replay freeing values early: both flagged),
 # and malformed input (exit 2 naming the file and key; exit 1 when no plan fits).
 # Usage: ci/autoshard_test.sh BUILD_DIR SOURCE_DIR
@@ -123,6 +124,28 @@ fi
 check "planted, 2x2x2: an edge without its redistribution fails" 1 "fail: " -- \
   "$sb" run "$tmp/mesh3d.yaml" --out "$tmp/fault3d" --repetitions 1 \
   --filter '^sharding/auto/ilp$' --plant-fault 'sharding/auto/ilp=skip_edge_redistribution'
+
+# 3a'. FSDP placements in the search: under the zero case's limit the ILP's plan stores a
+# parameter split over the mesh (gathered at use), passes, and on 4 gloo processes the same.
+check "zero case: the ILP stores a parameter split and passes" 0 "stored split" -- \
+  python3 - "$tmp/threads/results.json" <<'PY'
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["records"]
+        if r["case"] == "llama-L2-mesh4-zero" and r["strategy_id"] == "sharding/auto/ilp"]
+assert len(rows) == 1 and rows[0]["status"] == "pass", [r["message"] for r in rows]
+nodes = rows[0]["details"]["executor"]["nodes"]
+stored = [a["value"] for n in nodes for a in n["args"].values() if "stored" in a]
+assert stored, "no parameter stored split"
+print("stored split:", ", ".join(stored))
+PY
+one_case llama-L2-mesh4-zero "$tmp/zero.yaml"
+if "$sb" run --help | grep -q gloo; then
+  check "launch -n 4 gloo: the zero plan passes" 0 "total +1 +0 +0 +0" -- \
+    "$sb" launch -n 4 -- run "$tmp/zero.yaml" --backend gloo --out "$tmp/gloozero" \
+    --repetitions 1 --min-time 0.0001 --filter '^sharding/auto/ilp$'
+  check "gloo zero plan: every rank's peak predicted to the byte" 0 " 0 with a rank not" -- \
+    every_rank_exact "$tmp/gloozero/results.json"
+fi
 
 # 3b. Over steps: the training case alone, data parallel's first edge skipping its
 # redistribution fails (and passes without the fault).

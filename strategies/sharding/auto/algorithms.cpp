@@ -63,7 +63,7 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
   const reference::Graph& g = m.graph();
   const int meshNdim = static_cast<int>(m.mesh().size());
   if (algo == "replicated") {
-    return [](int, const Candidate& c) { return allReplicated(c.op); };
+    return [](int, const Candidate& c) { return allReplicated(c.op) && c.stored.empty(); };
   }
   if (algo == "data-parallel") {
     // Every parameter replicated, and every node that computes on data (reads an activation or
@@ -75,6 +75,7 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
     }
     return [&g, axes](int v, const Candidate& c) {
       const auto& n = g.nodes[v];
+      if (!c.stored.empty()) return false;  // every parameter whole on every rank
       // An imported operator without a strategy set runs whole on every rank in any plan, and
       // the views of what it returns may stay whole too (they compute nothing; a view's
       // strategies need not cover every rank of input an imported model reshapes through).
@@ -110,6 +111,7 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
   std::iota(dp.begin(), dp.end(), 0);
   return [&g, tp, dp](int v, const Candidate& c) {
     const auto& n = g.nodes[v];
+    if (!c.stored.empty()) return false;  // Megatron's parameters are stored as they are read
     const auto activationOk = [&](const Layout& l) {
       for (int a : dp) {
         if (!onlyDimZero(l, a)) return false;

@@ -58,7 +58,12 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
     // reads one is priced without it, and so is not the same candidate set as a node of
     // the same shape that reads a computed value.
     std::string inputArgs;
-    for (const auto& a : n.args) inputArgs += graph_.requiresGrad(a) ? '-' : 'i';
+    for (const auto& a : n.args) {
+      // 'o': a parameter this node owns (it may be stored sharded further: ZeRO-3 candidates).
+      const bool owned =
+          graph_.isParameter(a) && firstReader_.at(a) == static_cast<int>(&n - &graph_.nodes[0]);
+      inputArgs += owned ? 'o' : graph_.requiresGrad(a) ? '-' : 'i';
+    }
     const std::string key =
         n.shape.toString() + "|" + nlohmann::json(n.shape.attrs).dump() + "|" + inputArgs;
     auto it = byShape.find(key);
@@ -119,9 +124,58 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
       }
       c.localUs = copyUs(opLocalWork(c.op, mesh_, 0, options_.dtype));
     }
+    addStoredVariants(n, cands);
     auto shared = std::make_shared<const std::vector<Candidate>>(std::move(cands));
     byShape[key] = shared;
     candidates_.push_back(std::move(shared));
+  }
+}
+
+// ZeRO-3 / FSDP candidates: for each candidate of a node that owns parameters it reads whole,
+// one more whose such parameters are stored split over every mesh axis (of extent > 1), on
+// their first dimension those axes divide, gathered at use and their gradients redistributed
+// back (priced as the edge between the two layouts). Named after the candidate:
+// "<strategy> zero(<stored layouts>)".
+void ShardingModel::addStoredVariants(const reference::GraphNode& n,
+                                      std::vector<Candidate>& cands) const {
+  const harness::DeviceMesh mesh(mesh_);
+  const int v = static_cast<int>(&n - &graph_.nodes[0]);
+  std::vector<size_t> owned;
+  for (size_t i = 0; i < n.args.size(); ++i) {
+    if (graph_.isParameter(n.args[i]) && firstReader_.at(n.args[i]) == v) owned.push_back(i);
+  }
+  if (owned.empty()) return;
+  const size_t base = cands.size();
+  for (size_t k = 0; k < base; ++k) {
+    Candidate z = cands[k];
+    std::string names;
+    for (size_t i : owned) {
+      const Layout& read = z.op.operands[i];
+      // FSDP's case: a parameter every rank reads whole. (Stored variants of the split ones too
+      // doubled the 4x4x4 LLaMA-8B program and kept CBC from its gap for minutes.)
+      if (read != Layout(read.ndim())) continue;
+      const auto shape = graph_.valueShape(n.args[i]);
+      std::vector<int> free;
+      for (int a = 0; a < static_cast<int>(mesh_.size()); ++a) {
+        bool used = read.isPartial(a) || read.shardDimOf(a) >= 0;
+        if (!used && mesh_[static_cast<size_t>(a)] > 1) free.push_back(a);
+      }
+      if (free.empty()) continue;
+      auto dims = read.dimAxes();
+      for (size_t d = 0; d < dims.size(); ++d) {
+        std::vector<int> axes = dims[d];
+        axes.insert(axes.end(), free.begin(), free.end());
+        if (shape[d] % mesh.groupSize(axes) != 0) continue;
+        dims[d] = axes;
+        z.stored[i] = Layout(dims, read.partialAxes());
+        z.commUs += edgeUs(shape, z.stored[i], read);
+        names += (names.empty() ? "" : ",") + z.stored[i].compact();
+        break;
+      }
+    }
+    if (z.stored.empty()) continue;
+    z.op.spec.name += " zero(" + names + ")";
+    cands.push_back(std::move(z));
   }
 }
 
@@ -294,7 +348,7 @@ std::optional<Layout> ShardingModel::valueLayout(const std::string& value,
     const int v = firstReader_.at(value);
     const GraphNode& n = graph_.nodes[v];
     for (size_t i = 0; i < n.args.size(); ++i) {
-      if (n.args[i] == value) return candidates(v)[choice[v]].op.operands[i];
+      if (n.args[i] == value) return candidates(v)[choice[v]].storedLayout(i);
     }
   }
   const auto [p, j] = graph_.producer(value);

@@ -131,8 +131,16 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       const std::string& a = n.args[i];
       const bool owned = g.isParameter(a) && firstReader.at(a) == v;
       if (owned && m.rowsWithoutParameters()) continue;  // the planted fault
-      if (owned) paramGrads.emplace_back(v, lastReader.at(a), operand(i));
-      if (owned || g.isInput(a)) add(base[v], operand(i));
+      // An owned parameter lives, and takes its gradient, in its stored layout (ZeRO-3: split
+      // further than it is read).
+      const auto stored = [&] {
+        return perCand(v, [&](const Candidate& c) {
+          return boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.storedLayout(i));
+        });
+      };
+      if (owned) paramGrads.emplace_back(v, lastReader.at(a), stored());
+      if (owned) add(base[v], stored());
+      if (g.isInput(a)) add(base[v], operand(i));
       // A gradient partial over some mesh axes is all-reduced through a copy and the backend's
       // scratch (the threads backend's: the block again) during the node's backward.
       if (g.isParameter(a) || isActivation(a)) {
@@ -164,7 +172,20 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
         const size_t oi =
             static_cast<size_t>(std::find(o.args.begin(), o.args.end(), a) - o.args.begin());
         savedReads.push_back(
-            {v, owner, [oi](const Candidate& c) { return c.op.operands[oi]; }, i, -1});
+            {v, owner, [oi](const Candidate& c) { return c.storedLayout(oi); }, i, -1});
+      }
+      // A parameter stored split further than it is read: the gathered copy, which every
+      // operator that owns parameters keeps for its backward (LibTorch 1.13's embedding, norm
+      // and product nodes save their weight), and in the backward its gradient as read, before
+      // it goes back to the pieces.
+      if (owned) {
+        const auto gathered = perCand(v, [&](const Candidate& c) {
+          return c.stored.count(i)
+                     ? boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.op.operands[i])
+                     : 0.0;
+        });
+        add(saved[v], gathered);
+        add(grads[v], gathered);
       }
       if (!isActivation(a)) continue;
       add(grads[v], operand(i));

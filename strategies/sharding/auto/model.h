@@ -86,8 +86,18 @@ struct CostOptions {
 struct Candidate {
   ResolvedOp op;
   std::vector<harness::Layout> outputs;  // after the forward's all-reduces
+  // ZeRO-3 / FSDP: per operand that is a parameter this node owns, the layout it is stored in
+  // when that is not the layout the operator reads (the operand's layout further split over the
+  // mesh axes it leaves replicated): gathered at use by the node's edge, its gradient
+  // redistributed back to the stored pieces. Empty: stored as read.
+  std::map<size_t, harness::Layout> stored;
   double computeUs = 0, commUs = 0, localUs = 0;
   double us() const { return computeUs + commUs + localUs; }
+  // The layout operand i exists in before the node reads it (stored, or as read).
+  const harness::Layout& storedLayout(size_t i) const {
+    const auto it = stored.find(i);
+    return it != stored.end() ? it->second : op.operands[i];
+  }
 };
 
 struct PlanNode {
@@ -164,6 +174,7 @@ class ShardingModel {
  private:
   bool rowsWithoutParameters_ = false;
   int64_t bytes(const std::vector<int64_t>& shape, const harness::Layout& l) const;
+  void addStoredVariants(const reference::GraphNode& n, std::vector<Candidate>& cands) const;
   double commUs(const std::vector<int>& axes, const harness::CommStats& stats) const;
   double copyUs(const harness::LocalWork& w) const;
 

@@ -93,7 +93,7 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
     const Candidate& cand = m.candidates(v)[solved_->plan.choice[v]];
     for (size_t i = 0; i < n.args.size(); ++i) {
       const std::string& a = n.args[i];
-      const Box box = cand.op.operands[i].box(g.valueShape(a), case_.mesh, coords);
+      const Box box = cand.storedLayout(i).box(g.valueShape(a), case_.mesh, coords);
       if (g.isInput(a)) {
         data_[{static_cast<int>(v), i}] = harness::sliceBox(data.inputs.at(a), box).clone();
       } else if (g.isParameter(a) && !leaves_.count(a)) {

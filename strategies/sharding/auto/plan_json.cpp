@@ -36,6 +36,8 @@ nlohmann::json ShardingPlan::toJson(const ShardingModel& m) const {
     for (size_t i = 0; i < n.args.size(); ++i) {
       nlohmann::json a = place(c.op.operands[i]);
       a["value"] = n.args[i];
+      // ZeRO-3: a parameter stored split further than it is read, gathered at use.
+      if (c.stored.count(i)) a["stored"] = place(c.stored.at(i));
       args[c.op.spec.operands[i]] = a;
     }
     const auto names = n.outputs();
@@ -157,7 +159,7 @@ ShardingPlan ShardingPlan::fromJson(const nlohmann::json& j, const ShardingModel
       if (!p.is_object()) fail(where, "expected a mapping with its sequence");
       for (const auto& [field, value] : p.items()) {
         const bool known = field == "sequence" || field == "placements" ||
-                           (field == "value" && what == "reads it as");
+                           ((field == "value" || field == "stored") && what == "reads it as");
         if (!known) fail(where + "." + field, "unknown field");
       }
       if (!p.contains("sequence") || p.at("sequence") != l.sequence()) {
@@ -194,6 +196,17 @@ ShardingPlan ShardingPlan::fromJson(const nlohmann::json& j, const ShardingModel
         checkPlacement(where, a, c.op.operands[i], "reads it as");
         if (a.contains("value") && a.at("value") != g.args[i]) {
           fail(where + ".value", "node " + g.name + " reads \"" + g.args[i] + "\" there");
+        }
+        // A parameter stored split further (ZeRO-3): said by the strategy's name, so listed
+        // exactly where the strategy stores it so.
+        if (a.contains("stored") != (c.stored.count(i) > 0)) {
+          fail(where + ".stored", c.stored.count(i)
+                                      ? "missing: strategy " + c.op.spec.name + " stores it as " +
+                                            c.stored.at(i).sequence()
+                                      : "strategy " + c.op.spec.name + " stores it as it reads it");
+        }
+        if (a.contains("stored")) {
+          checkPlacement(where + ".stored", a.at("stored"), c.stored.at(i), "stores it as");
         }
       }
     }

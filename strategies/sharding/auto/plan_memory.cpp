@@ -253,10 +253,17 @@ bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads)
   const std::string& op = r.shape.op;
   const auto other = [&](size_t j) { return j < grads.size() && grads[j]; };
   if (op == "addmm" || op == "mm") return i == 0 ? other(1) : i == 1 && other(0);
-  if (op == "rms_norm") return i == 0;
+  // What LibTorch 1.13's nodes save of a parameter operand counts only where it is a gathered
+  // copy (ZeRO-3 storage), not the parameter itself: EmbeddingBackward0 saves the weight,
+  // RmsNorm its weight, NativeLayerNormBackward0 its weight and bias.
+  if (op == "embedding") return i == 1 && other(1);
+  if (op == "rms_norm") return i <= 1;
   if (op == "bmm" || op == "matmul" || op == "mul") return other(1 - i);
   if (op == "gelu" || op == "silu") return i == 0;
-  if (op == "layer_norm") return i == 0 && r.statAxes.empty() && r.spec.variant != "hidden";
+  if (op == "layer_norm") {
+    if (i >= 1) return true;  // weight and bias (SplitNorm: its weight)
+    return r.statAxes.empty() && r.spec.variant != "hidden";
+  }
   if (op == "conv2d") return i < 2;
   if (op == "batch_norm" || op == "max_pool2d" || op == "avg_pool2d") return i == 0;
   return false;
@@ -614,7 +621,7 @@ int64_t Replay::run() {
     const Candidate& cand = m_.candidates(static_cast<int>(v))[choice_[v]];
     for (size_t i = 0; i < n.args.size(); ++i) {
       const std::string& a = n.args[i];
-      const Dims sizes = localSizes(g_.valueShape(a), cand.op.operands[i]);
+      const Dims sizes = localSizes(g_.valueShape(a), cand.storedLayout(i));
       if (g_.isInput(a)) {
         // Token ids are int64 (an embedding's input); other data the case's type.
         const bool ids = n.shape.op == "embedding" && i == 0;

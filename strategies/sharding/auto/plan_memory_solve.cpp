@@ -92,8 +92,10 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const GraphNode& n = g.nodes[v];
     const Candidate& c = model.candidates(static_cast<int>(v))[choice[v]];
-    for (size_t i = 0; i < n.args.size(); ++i)
+    for (size_t i = 0; i < n.args.size(); ++i) {
       placed.emplace(g.valueShape(n.args[i]), c.op.operands[i]);
+      placed.emplace(g.valueShape(n.args[i]), c.storedLayout(i));
+    }
     const auto shapes = n.shape.outputs();
     for (size_t j = 0; j < shapes.size(); ++j) placed.emplace(shapes[j], c.outputs[j]);
   }

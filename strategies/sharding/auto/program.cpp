@@ -99,7 +99,7 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
         const GraphNode& owner = graph_.nodes[u];
         const size_t oi = static_cast<size_t>(std::find(owner.args.begin(), owner.args.end(), a) -
                                               owner.args.begin());
-        from = [&, u, oi](int k) { return candidates(u)[k].op.operands[oi]; };
+        from = [&, u, oi](int k) { return candidates(u)[k].storedLayout(oi); };
       } else {
         const auto [pu, j] = graph_.producer(a);
         u = pu;

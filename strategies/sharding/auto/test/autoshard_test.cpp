@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <set>
 
@@ -387,6 +388,59 @@ TEST(AutoShard, CollectivesCountedAtAnotherNodeThanPredictedFailTheRow) {
                              "all_reduce 1x"),
             std::string::npos)
       << rec.message;
+}
+
+// FSDP placements in the search: a limit that data parallel cannot meet on 4 ranks makes the
+// ILP store the head's weight split over the mesh (gathered at use, its gradient back to the
+// pieces) where splitting the head's work would move more than the weight. The plan passes
+// against the reference with every rank's peak predicted to the byte, and trains over AdamW
+// steps from a stored plan like the plain loop.
+TEST(AutoShard, ALimitDataParallelCannotMeetMakesTheIlpStoreParametersSharded) {
+  auto c = strategies::test::linearCase({}, 0, {4});
+  c.workload = "llama";
+  c.shape = {{"batch", 16},   {"seq", 64},  {"d_model", 128}, {"heads", 4},
+             {"kv_heads", 2}, {"ffn", 512}, {"layers", 2},    {"vocab", 256}};
+  const double limit = 10150000;
+  c.params = {{"max_memory", limit}};
+  const ShardingModel m(reference::buildGraph("llama", c.shape), {4}, CostOptions{});
+  SolveOptions o;
+  o.memoryLimit = limit;
+  const ShardingPlan plan = strategies::autoshard::solvePlan(m, o);
+  o.algo = "data-parallel";
+  EXPECT_THROW(strategies::autoshard::solvePlan(m, o), strategies::autoshard::NoPlanError);
+  const auto& g = m.graph();
+  std::set<std::string> stored;
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const auto& cand = m.candidates(static_cast<int>(v))[plan.choice[v]];
+    for (const auto& [i, layout] : cand.stored) {
+      stored.insert(g.nodes[v].args[i]);
+      // Split over the mesh, and read whole.
+      EXPECT_GE(layout.shardDimOf(0), 0) << layout.compact();
+      EXPECT_EQ(cand.op.operands[i], harness::Layout(layout.ndim()));
+      EXPECT_EQ(*m.valueLayout(g.nodes[v].args[i], plan.choice), layout);
+    }
+  }
+  EXPECT_FALSE(stored.empty()) << "no parameter stored split";
+  for (const auto& name : stored) std::cout << "  stored split: " << name << "\n";
+  const auto rec = strategies::test::run(c, strategies::test::strategy("sharding/auto/ilp"));
+  ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+  EXPECT_EQ(rec.predictedMemBytes, rec.peakMemBytes);
+  EXPECT_LE(*rec.peakMemBytes, limit);
+  EXPECT_EQ(rec.commBytes, rec.predictedCommBytes);
+  // Over steps: the stored plan, AdamW on the stored pieces.
+  const std::string file = testing::TempDir() + "zero-plan.json";
+  {
+    nlohmann::json j = plan.toJson(m);
+    j["shape"] = c.shape;
+    std::ofstream(file) << j.dump();
+  }
+  auto steps = c;
+  steps.params = {{"plan", file}};
+  steps.training.steps = 3;
+  steps.training.optimizer.kind = "adamw";
+  steps.training.optimizer.lr = 1e-3;
+  const auto trained = strategies::test::run(steps, strategies::test::strategy("sharding/plan"));
+  EXPECT_EQ(trained.status, harness::Status::kPass) << trained.message;
 }
 
 // LLaMA-3-8B's shape: 32 layers, d_model 4096, 32 heads on 8 key and value heads, FFN 14336,
