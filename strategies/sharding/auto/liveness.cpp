@@ -174,17 +174,22 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
         savedReads.push_back(
             {v, owner, [oi](const Candidate& c) { return c.storedLayout(oi); }, i, -1});
       }
-      // A parameter stored split further than it is read: the gathered copy, which every
-      // operator that owns parameters keeps for its backward (LibTorch 1.13's embedding, norm
-      // and product nodes save their weight), and in the backward its gradient as read, before
-      // it goes back to the pieces.
+      // A parameter stored split further than it is read: the gathered copy, kept for the
+      // backward where the operator's node saves that operand (LibTorch 1.13's products and
+      // convolutions their weight, not their bias; embedding and the norms their weights),
+      // otherwise a transient of the node; in the backward its gradient as read, before it
+      // goes back to the pieces.
       if (owned) {
         const auto gathered = perCand(v, [&](const Candidate& c) {
           return c.stored.count(i)
                      ? boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.op.operands[i])
                      : 0.0;
         });
-        add(saved[v], gathered);
+        const bool keeps = ((op == "addmm" || op == "mm" || op == "conv2d" || op == "embedding" ||
+                             op == "rms_norm" || op == "batch_norm") &&
+                            i == 1) ||
+                           (op == "layer_norm" && i >= 1);
+        add(keeps ? saved[v] : transient[v], gathered);
         add(grads[v], gathered);
       }
       if (!isActivation(a)) continue;

@@ -265,7 +265,8 @@ bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads)
     return r.statAxes.empty() && r.spec.variant != "hidden";
   }
   if (op == "conv2d") return i < 2;
-  if (op == "batch_norm" || op == "max_pool2d" || op == "avg_pool2d") return i == 0;
+  if (op == "batch_norm") return i <= 1;  // NativeBatchNormBackward0, SplitNorm: its weight
+  if (op == "max_pool2d" || op == "avg_pool2d") return i == 0;
   return false;
 }
 bool savesOutput(const std::string& op) { return op == "softmax" || op == "relu"; }

@@ -30,14 +30,18 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
     const GraphNode& n = graph_.nodes[v];
     const std::string key = n.layer < 0 ? "node:" + n.name : "role:" + n.role;
     if (auto it = classByKey.find(key); it != classByKey.end()) {
-      // The same role in another block: the first block's mapping, on the same shapes.
+      // The same role in another block: the first block's mapping, on the same shapes. (A block
+      // whose node has another candidate set, as one reading a parameter an earlier block owns
+      // has no stored twins, is a class of its own.)
       int first = -1;
       for (int u = 0; u < v && first < 0; ++u) {
         if (graph_.nodes[u].layer >= 0 && graph_.nodes[u].role == n.role) first = u;
       }
-      p.classOf[v] = p.classOf[first];
-      p.memberChoice[v] = p.memberChoice[first];
-      continue;
+      if (&candidates(v) == &candidates(first)) {
+        p.classOf[v] = p.classOf[first];
+        p.memberChoice[v] = p.memberChoice[first];
+        continue;
+      }
     }
     // A following node (one activation in, layouts following it) rides on its producer.
     const std::string& op = n.shape.op;
