@@ -52,7 +52,8 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
   // Candidates: the generator's strategies that apply on this mesh and divide evenly, plus a
   // replicated one where the generator has none (bmm).
   std::map<std::string, std::shared_ptr<const std::vector<Candidate>>> byShape;
-  for (const GraphNode& n : graph_.nodes) {
+  for (size_t v = 0; v < graph_.nodes.size(); ++v) {
+    const GraphNode& n = graph_.nodes[v];
     // The model's inputs take no gradient (only parameters and values computed from them do),
     // so autograd never runs the all-reduce of such an operand's partial gradient: a node that
     // reads one is priced without it, and so is not the same candidate set as a node of
@@ -60,8 +61,7 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
     std::string inputArgs;
     for (const auto& a : n.args) {
       // 'o': a parameter this node owns (it may be stored sharded further: ZeRO-3 candidates).
-      const bool owned =
-          graph_.isParameter(a) && firstReader_.at(a) == static_cast<int>(&n - &graph_.nodes[0]);
+      const bool owned = graph_.isParameter(a) && firstReader_.at(a) == static_cast<int>(v);
       inputArgs += owned ? 'o' : graph_.requiresGrad(a) ? '-' : 'i';
     }
     const std::string key =
@@ -124,7 +124,7 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
       }
       c.localUs = copyUs(opLocalWork(c.op, mesh_, 0, options_.dtype));
     }
-    addStoredVariants(n, cands);
+    addStoredVariants(static_cast<int>(v), cands);
     auto shared = std::make_shared<const std::vector<Candidate>>(std::move(cands));
     byShape[key] = shared;
     candidates_.push_back(std::move(shared));
@@ -136,17 +136,20 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
 // their first dimension those axes divide, gathered at use and their gradients redistributed
 // back (priced as the edge between the two layouts). Named after the candidate:
 // "<strategy> zero(<stored layouts>)".
-void ShardingModel::addStoredVariants(const reference::GraphNode& n,
-                                      std::vector<Candidate>& cands) const {
+void ShardingModel::addStoredVariants(int v, std::vector<Candidate>& cands) const {
+  const GraphNode& n = graph_.nodes[static_cast<size_t>(v)];
   // An imported operator's replay does not know what its kernel keeps of a gathered copy.
   if (n.shape.op == "aten") return;
-  const harness::DeviceMesh mesh(mesh_);
-  const int v = static_cast<int>(&n - &graph_.nodes[0]);
   std::vector<size_t> owned;
   for (size_t i = 0; i < n.args.size(); ++i) {
     if (graph_.isParameter(n.args[i]) && firstReader_.at(n.args[i]) == v) owned.push_back(i);
   }
-  if (owned.empty()) return;
+  std::vector<int> axes;  // every mesh axis that splits anything
+  for (int a = 0; a < static_cast<int>(mesh_.size()); ++a) {
+    if (mesh_[static_cast<size_t>(a)] > 1) axes.push_back(a);
+  }
+  if (owned.empty() || axes.empty()) return;
+  const int64_t parts = harness::DeviceMesh(mesh_).groupSize(axes);
   const size_t base = cands.size();
   for (size_t k = 0; k < base; ++k) {
     Candidate z = cands[k];
@@ -157,19 +160,11 @@ void ShardingModel::addStoredVariants(const reference::GraphNode& n,
       // doubled the 4x4x4 LLaMA-8B program and kept CBC from its gap for minutes.)
       if (read != Layout(read.ndim())) continue;
       const auto shape = graph_.valueShape(n.args[i]);
-      std::vector<int> free;
-      for (int a = 0; a < static_cast<int>(mesh_.size()); ++a) {
-        bool used = read.isPartial(a) || read.shardDimOf(a) >= 0;
-        if (!used && mesh_[static_cast<size_t>(a)] > 1) free.push_back(a);
-      }
-      if (free.empty()) continue;
-      auto dims = read.dimAxes();
-      for (size_t d = 0; d < dims.size(); ++d) {
-        std::vector<int> axes = dims[d];
-        axes.insert(axes.end(), free.begin(), free.end());
-        if (shape[d] % mesh.groupSize(axes) != 0) continue;
+      for (size_t d = 0; d < shape.size(); ++d) {
+        if (shape[d] % parts != 0) continue;
+        std::vector<std::vector<int>> dims(shape.size());
         dims[d] = axes;
-        z.stored[i] = Layout(dims, read.partialAxes());
+        z.stored[i] = Layout(dims, {});
         z.commUs += edgeUs(shape, z.stored[i], read);
         names += (names.empty() ? "" : ",") + z.stored[i].compact();
         break;
@@ -303,16 +298,7 @@ const std::vector<double>& ShardingModel::distancesFrom(LayoutGraph& g, int from
 double ShardingModel::edgeUs(const std::vector<int64_t>& shape, const Layout& from,
                              const Layout& to) const {
   if (from == to) return 0;
-  LayoutGraph& g = layoutGraph(shape);
-  const int f = g.idOf(from), t = g.idOf(to);
-  const auto& there = distancesFrom(g, f);
-  const auto& back = distancesFrom(g, t);
-  // A layout first named after a Dijkstra ran was not reached by it.
-  const auto at = [](const std::vector<double>& d, int i) {
-    return static_cast<size_t>(i) < d.size() ? d[static_cast<size_t>(i)]
-                                             : std::numeric_limits<double>::infinity();
-  };
-  return at(there, t) + at(back, f);
+  return edgeUsMatrix(shape, {from}, {to})[0][0];
 }
 
 std::vector<std::vector<double>> ShardingModel::edgeUsMatrix(const std::vector<int64_t>& shape,

@@ -12,6 +12,7 @@
 
 #include "harness/comm/mesh.h"
 #include "strategies/sharding/auto/model_internal.h"
+#include "strategies/sharding/auto/plan_memory.h"
 
 namespace sb::strategies::autoshard {
 namespace {
@@ -175,21 +176,24 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
             {v, owner, [oi](const Candidate& c) { return c.storedLayout(oi); }, i, -1});
       }
       // A parameter stored split further than it is read: the gathered copy, kept for the
-      // backward where the operator's node saves that operand (LibTorch 1.13's products and
-      // convolutions their weight, not their bias; embedding and the norms their weights),
+      // backward where the operator's node saves that operand (the replay's savesOperand),
       // otherwise a transient of the node; in the backward its gradient as read, before it
       // goes back to the pieces.
       if (owned) {
-        const auto gathered = perCand(v, [&](const Candidate& c) {
-          return c.stored.count(i)
-                     ? boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.op.operands[i])
-                     : 0.0;
-        });
-        const bool keeps = ((op == "addmm" || op == "mm" || op == "conv2d" || op == "embedding" ||
-                             op == "rms_norm" || op == "batch_norm") &&
-                            i == 1) ||
-                           (op == "layer_norm" && i >= 1);
-        add(keeps ? saved[v] : transient[v], gathered);
+        std::vector<bool> takesGrad;
+        for (const auto& b : n.args) takesGrad.push_back(g.requiresGrad(b));
+        std::vector<double> kept, dropped, gathered;
+        for (const auto& c : m.candidates(v)) {
+          const double b = c.stored.count(i) ? boxBytes(n.shape.operandShape(c.op.spec.operands[i]),
+                                                        c.op.operands[i])
+                                             : 0.0;
+          const bool keeps = autoshard::savesOperand(c.op, i, takesGrad);
+          kept.push_back(keeps ? b : 0.0);
+          dropped.push_back(keeps ? 0.0 : b);
+          gathered.push_back(b);
+        }
+        add(saved[v], kept);
+        add(transient[v], dropped);
         add(grads[v], gathered);
       }
       if (!isActivation(a)) continue;

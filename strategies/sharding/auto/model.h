@@ -174,7 +174,7 @@ class ShardingModel {
  private:
   bool rowsWithoutParameters_ = false;
   int64_t bytes(const std::vector<int64_t>& shape, const harness::Layout& l) const;
-  void addStoredVariants(const reference::GraphNode& n, std::vector<Candidate>& cands) const;
+  void addStoredVariants(int node, std::vector<Candidate>& cands) const;
   double commUs(const std::vector<int>& axes, const harness::CommStats& stats) const;
   double copyUs(const harness::LocalWork& w) const;
 

@@ -247,28 +247,6 @@ Storage::~Storage() {
   if (sim) sim->release(bytes, "free " + what);
 }
 
-// Which operands (indices) and outputs an operator keeps for its backward, besides what its
-// rule's replay allocates for it (layer norm's statistics, dropout's mask).
-bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads) {
-  const std::string& op = r.shape.op;
-  const auto other = [&](size_t j) { return j < grads.size() && grads[j]; };
-  if (op == "addmm" || op == "mm") return i == 0 ? other(1) : i == 1 && other(0);
-  // What LibTorch 1.13's nodes save of a parameter operand counts only where it is a gathered
-  // copy (ZeRO-3 storage), not the parameter itself: EmbeddingBackward0 saves the weight,
-  // RmsNorm its weight, NativeLayerNormBackward0 its weight and bias.
-  if (op == "embedding") return i == 1 && other(1);
-  if (op == "rms_norm") return i <= 1;
-  if (op == "bmm" || op == "matmul" || op == "mul") return other(1 - i);
-  if (op == "gelu" || op == "silu") return i == 0;
-  if (op == "layer_norm") {
-    if (i >= 1) return true;  // weight and bias (SplitNorm: its weight)
-    return r.statAxes.empty() && r.spec.variant != "hidden";
-  }
-  if (op == "conv2d") return i < 2;
-  if (op == "batch_norm") return i <= 1;  // NativeBatchNormBackward0, SplitNorm: its weight
-  if (op == "max_pool2d" || op == "avg_pool2d") return i == 0;
-  return false;
-}
 bool savesOutput(const std::string& op) { return op == "softmax" || op == "relu"; }
 bool isView(const std::string& op) {
   return op == "view" || op == "reshape" || op == "permute" || op == "transpose";
@@ -667,6 +645,27 @@ int64_t Replay::run() {
 }
 
 }  // namespace
+
+bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads) {
+  const std::string& op = r.shape.op;
+  const auto other = [&](size_t j) { return j < grads.size() && grads[j]; };
+  if (op == "addmm" || op == "mm") return i == 0 ? other(1) : i == 1 && other(0);
+  // What LibTorch 1.13's nodes save of a parameter operand counts only where it is a gathered
+  // copy (ZeRO-3 storage), not the parameter itself: EmbeddingBackward0 saves the weight,
+  // RmsNorm its weight, NativeLayerNormBackward0 its weight and bias.
+  if (op == "embedding") return i == 1 && other(1);
+  if (op == "rms_norm") return i <= 1;
+  if (op == "bmm" || op == "matmul" || op == "mul") return other(1 - i);
+  if (op == "gelu" || op == "silu") return i == 0;
+  if (op == "layer_norm") {
+    if (i >= 1) return true;  // weight and bias (SplitNorm: its weight)
+    return r.statAxes.empty() && r.spec.variant != "hidden";
+  }
+  if (op == "conv2d") return i < 2;
+  if (op == "batch_norm") return i <= 1;  // NativeBatchNormBackward0, SplitNorm: its weight
+  if (op == "max_pool2d" || op == "avg_pool2d") return i == 0;
+  return false;
+}
 
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,

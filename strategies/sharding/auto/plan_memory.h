@@ -66,6 +66,12 @@ struct PlanMemoryEvent {
 // threads and gloo.
 std::vector<std::string> unverifiedOperators(const reference::Graph& g);
 
+// Whether an operator's autograd node keeps operand i for its backward (LibTorch 1.13's nodes
+// and the rules' own functions), given which operands take a gradient; besides what its rule's
+// replay allocates for it (layer norm's statistics, dropout's mask). The replay holds what it
+// says; the liveness rows count a gathered parameter kept by it.
+bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads);
+
 // The edges of a plan: every read in another layout than its value was written in, with the
 // planner's cheapest paths by the model's pricing (what the executor runs).
 std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<int>& choice);

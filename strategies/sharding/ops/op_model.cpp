@@ -184,10 +184,14 @@ int64_t noStatistics(const Box&) {
 }
 
 namespace {
-// The expanded strategies of a shape on an n-D mesh, made once per shape and mesh rank: a plan's
-// model resolves each of a node's strategies by name among them (resolveOp), and every rank's
-// executor does again.
-std::shared_ptr<const std::vector<OpStrategySpec>> expandedSpecs(const OpShape& s, int meshNdim) {
+// The strategies of a shape on a mesh of `meshNdim` axes: the generator's (1-D and 2-D), or on
+// more axes the expansion, made once per shape and mesh rank (a plan's model resolves each of a
+// node's strategies by name among them, and every rank's executor does again); none beyond
+// kMaxExpandedAxes.
+std::shared_ptr<const std::vector<OpStrategySpec>> specsFor(const OpShape& s, int meshNdim) {
+  if (meshNdim <= 2)
+    return std::make_shared<const std::vector<OpStrategySpec>>(opRule(s.op).specs(s));
+  if (meshNdim > kMaxExpandedAxes) return std::make_shared<const std::vector<OpStrategySpec>>();
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const std::vector<OpStrategySpec>>> cache;
   const std::string key = s.toString() + "|" + s.attrs.dump() + "|" + std::to_string(meshNdim);
@@ -203,9 +207,7 @@ std::shared_ptr<const std::vector<OpStrategySpec>> expandedSpecs(const OpShape& 
 }  // namespace
 
 std::vector<OpStrategySpec> opStrategySpecs(const reference::OpShape& s, int meshNdim) {
-  if (meshNdim <= 2) return opRule(s.op).specs(s);
-  if (meshNdim > kMaxExpandedAxes) return {};  // P^n strategies: none beyond 3 axes
-  return *expandedSpecs(s, meshNdim);
+  return *specsFor(s, meshNdim);
 }
 
 std::vector<Layout> ResolvedOp::reducedOutputs() const {
@@ -224,12 +226,8 @@ ResolvedOp resolveOp(const OpStrategySpec& spec, const OpShape& shape,
   // strategy on ids of any rank).
   r.operands = spec.operandLayouts;
   r.outputs = spec.outputLayouts;
-  const int meshNdim = static_cast<int>(meshShape.size());
-  const auto expanded =
-      meshNdim > 2 && meshNdim <= kMaxExpandedAxes ? expandedSpecs(r.shape, meshNdim) : nullptr;
-  const std::vector<OpStrategySpec> generated =
-      expanded ? std::vector<OpStrategySpec>{} : opStrategySpecs(r.shape, meshNdim);
-  for (const auto& sp : expanded ? *expanded : generated) {
+  const auto specs = specsFor(r.shape, static_cast<int>(meshShape.size()));
+  for (const auto& sp : *specs) {
     if (sp.name == spec.name) {
       r.operands = sp.operandLayouts;
       r.outputs = sp.outputLayouts;
@@ -284,11 +282,8 @@ std::string opNotApplicable(const OpStrategySpec& spec, const OpShape& s,
   if (std::find(spec.meshDims.begin(), spec.meshDims.end(), meshNdim) == spec.meshDims.end()) {
     return "not generated for a " + std::to_string(meshNdim) + "-D mesh";
   }
-  const auto expanded =
-      meshNdim > 2 && meshNdim <= kMaxExpandedAxes ? expandedSpecs(s, meshNdim) : nullptr;
-  const std::vector<OpStrategySpec> generated =
-      expanded ? std::vector<OpStrategySpec>{} : opStrategySpecs(s, meshNdim);
-  const auto& mine = expanded ? *expanded : generated;
+  const auto specs = specsFor(s, meshNdim);
+  const auto& mine = *specs;
   if (std::none_of(mine.begin(), mine.end(),
                    [&](const OpStrategySpec& o) { return o.name == spec.name; })) {
     return "not generated for this shape";
