@@ -42,7 +42,7 @@ check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --f
 # 45 Linear and redistribution strategies, 258 operator strategies for the canonical shapes,
 # Megatron's two blocks, the 5 whole-model plans (4 auto-sharding algorithms, 1 from a file),
 # and the rest (context parallel, FSDP, the 5 pipeline schedules).
-check "list --family" 0 "358 strategies" -- "$sb" list --family sharding
+check "list --family" 0 "410 strategies" -- "$sb" list --family sharding
 cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || fail "results.csv changed"
 
 # The checkpointing suite's sweep with rotor: every feasible budget passes bitwise, the

@@ -35,7 +35,7 @@ check "threads: every row passes, comm exact, memory exact" 0 "worst memory erro
   verify_rows "$tmp/threads/results.csv" 0.0
 
 # 2. A sample on gloo, 4 processes: the operators with communication of every kind.
-sample='^sharding/(op/(addmm|bmm|embedding|layer_norm|batch_norm|dropout|sum)/|megatron/)'
+sample='^sharding/(op/(addmm|bmm|matmul|embedding|layer_norm|batch_norm|dropout|sum)/|megatron/)'
 if "$sb" run --help | grep -q gloo; then
   check "launch -n 4 gloo sample" 0 "4 ranks on gloo" -- \
     "$sb" launch -n 4 -- run "$src/suites/sharding-ops.yaml" --backend gloo --out "$tmp/gloo" \
@@ -62,6 +62,9 @@ fault "vocabulary-split embedding without the mask" "embedding-4x16x16-mesh2x2" 
   "sharding/op/embedding/RR=R.S0R" skip_vocab_mask
 fault "bmm with the batch split on one operand" "bmm-4x8x16-mesh2x2" \
   "sharding/op/bmm/Sb01=Sb01.Sb01" batch_split_one_operand
+fault "batched matmul with the heads split on one operand (batch on axis 1, heads on axis 0)" \
+  "matmul-batched-4x4x8x16-mesh2x2" "sharding/op/matmul/S1S0RR=S1S0RR.S1S0RR" \
+  heads_split_one_operand
 fault "dropout masks that differ per rank" "dropout-8x16-mesh2x2" "sharding/op/dropout/RR=RR" \
   per_rank_dropout_seed
 check "planted: sequence parallel all-reducing where it should reduce-scatter" 1 \
@@ -97,7 +100,7 @@ if "$sb" run --help | grep -q gloo; then
   check "launch -n 8 gloo sample on 2x2x2" 0 "8 ranks on gloo" -- \
     "$sb" launch -n 8 -- run "$src/suites/sharding-ops-3d.yaml" --backend gloo \
     --out "$tmp/gloo3d" --repetitions 1 --min-time 0.0001 \
-    --filter '^sharding/op/(addmm|layer_norm|embedding|batch_norm|bmm)/S0.*'
+    --filter '^sharding/op/(addmm|layer_norm|embedding|batch_norm|bmm|matmul)/S0.*'
   check "2x2x2 gloo: every row passes, comm exact, memory within 5%" 0 "rows" -- \
     verify_rows "$tmp/gloo3d/results.csv" 0.05
   check "2x2x2 gloo agrees with threads on the same rows" 0 "rows agree" -- \

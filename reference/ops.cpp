@@ -48,6 +48,7 @@ const std::map<std::string, OpKeys>& opKeys() {
       {"getitem", {{"input", "index"}, {}}},
       {"permute", {{"input", "dims"}, {}}},
       {"transpose", {{"input", "dim0", "dim1"}, {}}},
+      {"contiguous", {{"input"}, {}}},
       {"split", {{"input", "split_size", "dim"}, {}}},
       {"sum", {{"input", "dims"}, {}}},
   };
@@ -179,18 +180,17 @@ const std::vector<std::string>& opNames() {
 
 OpShape OpShape::parse(const nlohmann::json& shape) {
   OpShape s;
-  TORCH_CHECK(
-      shape.is_object() && shape.contains("op") && shape.at("op").is_string(),
-      "op: shape must be a mapping with the key 'op' naming the operator (one of addmm, "
-      "bmm, matmul, embedding, layer_norm, batch_norm, conv2d, max_pool2d, avg_pool2d, "
-      "add, mul, gelu, relu, silu, dropout, softmax, view, reshape, permute, transpose, split, "
-      "sum, getitem)");
+  TORCH_CHECK(shape.is_object() && shape.contains("op") && shape.at("op").is_string(),
+              "op: shape must be a mapping with the key 'op' naming the operator (one of addmm, "
+              "bmm, matmul, embedding, layer_norm, batch_norm, conv2d, max_pool2d, avg_pool2d, "
+              "add, mul, gelu, relu, silu, dropout, softmax, view, reshape, permute, transpose, "
+              "contiguous, split, sum, getitem)");
   s.op = shape.at("op").get<std::string>();
   const auto it = opKeys().find(s.op);
   TORCH_CHECK(it != opKeys().end(), "op: unknown operator '", s.op,
               "' (expected one of addmm, bmm, matmul, embedding, layer_norm, batch_norm, conv2d, "
               "max_pool2d, avg_pool2d, add, mul, gelu, relu, silu, dropout, softmax, view, "
-              "reshape, permute, transpose, split, sum, getitem)");
+              "reshape, permute, transpose, contiguous, split, sum, getitem)");
   const OpKeys& keys = it->second;
   for (auto k = shape.begin(); k != shape.end(); ++k) {
     if (k.key() == "op") continue;
@@ -250,8 +250,11 @@ OpShape OpShape::parse(const nlohmann::json& shape) {
     need(nd == 3 && s.other.size() == 3 && s.input[0] == s.other[0] && s.input[2] == s.other[1],
          "bmm needs input [b, i, k] and other [b, k, j]");
   } else if (s.op == "matmul") {
-    need((nd == 1 || nd == 2) && s.other.size() == 1 && s.input.back() == s.other[0],
-         "matmul here is the dot product ([k] x [k]) or matrix-vector product ([m, k] x [k])");
+    const bool batched = nd == 4 && s.other.size() == 4 && s.input[0] == s.other[0] &&
+                         s.input[1] == s.other[1] && s.input[3] == s.other[2];
+    need(batched || ((nd == 1 || nd == 2) && s.other.size() == 1 && s.input.back() == s.other[0]),
+         "matmul here is the dot product ([k] x [k]), matrix-vector product ([m, k] x [k]) or "
+         "product batched over two dimensions ([b, h, m, k] x [b, h, k, n])");
   } else if (s.op == "embedding") {
     const int64_t v = s.attrInt("num_embeddings"), e = s.attrInt("embedding_dim");
     TORCH_CHECK(v > 0 && e > 0, where(s), "num_embeddings and embedding_dim must be positive");
@@ -411,7 +414,11 @@ std::vector<std::vector<int64_t>> OpShape::outputs() const {
   if (op == "aten") return atenOutputs(*this);
   if (op == "addmm" || op == "mm") return {{input[0], other[1]}};
   if (op == "bmm") return {{input[0], input[1], other[2]}};
-  if (op == "matmul") return {nd == 1 ? std::vector<int64_t>{} : std::vector<int64_t>{input[0]}};
+  if (op == "matmul") {
+    if (nd == 4) return {{input[0], input[1], input[2], other[3]}};
+    return {nd == 1 ? std::vector<int64_t>{} : std::vector<int64_t>{input[0]}};
+  }
+  if (op == "contiguous") return {input};
   if (op == "embedding") {
     auto o = input;
     o.push_back(weight[1]);
@@ -601,6 +608,7 @@ std::vector<at::Tensor> opForward(const OpShape& s, const std::map<std::string, 
     return {x.slice(0, start, stop)};
   }
   if (op == "permute" || op == "transpose") return {x.permute(permuteDims(s))};
+  if (op == "contiguous") return {x.contiguous()};
   if (op == "split") {
     auto parts = x.split(s.attrInt("split_size"), s.reducedDims()[0]);
     return std::vector<at::Tensor>(parts.begin(), parts.end());

@@ -21,7 +21,9 @@ namespace sb::reference {
 //   addmm        input [M, K], other [K, N]; bias [N], or [M, N] with "bias": [M, N]
 //                                                                out = bias + input @ other
 //   bmm          input [b, i, k], other [b, k, j]
-//   matmul       input [k] or [m, k], other [k]                  dot and matrix-vector forms
+//   matmul       input [k] or [m, k], other [k]                  dot and matrix-vector forms;
+//                input [b, h, m, k], other [b, h, k, n]          batched over two dimensions
+//                (attention's scores and context, batch and heads apart)
 //   embedding    input (ids, any shape), num_embeddings, embedding_dim; weight [V, E]
 //   layer_norm   input [..., H]; weight, bias [H]                 over the last dimension
 //   batch_norm   input [N, C, ...]; weight, bias [C]              training statistics
@@ -38,6 +40,8 @@ namespace sb::reference {
 //   getitem      input, index: an integer (input[index], the first dimension dropped) or
 //                [start, stop] (input[start:stop]), on the first dimension
 //   permute      input, dims;   transpose: input, dim0, dim1
+//   contiguous   input: a contiguous copy of a permuted input (the input itself otherwise), as
+//                Tensor::contiguous
 //   split        input, split_size, dim: outputs output0, output1, ...
 //   sum          input, dims
 //   silu         input

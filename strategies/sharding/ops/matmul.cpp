@@ -1,6 +1,17 @@
 // bmm and matmul: ColossalAI's BatchedMatMulStrategyGenerator (7 strategies on a 2x2 mesh, 1 on
 // a 1-D or 1xN mesh) and, beyond it, matmul's dot ([k] x [k]) and matrix-vector ([m, k] x [k])
-// forms. A split contraction leaves pending sums, all-reduced in the forward.
+// forms, and matmul batched over two dimensions ([b, h, m, k] x [b, h, k, n]: attention's
+// scores and context with the batch and the heads apart). A split contraction leaves pending
+// sums, all-reduced in the forward.
+//
+// ColossalAI's bmm flattens batch and heads into one dimension, so a plan can split them over
+// two mesh axes only as one flattened dimension (batch outer, on the first axis, one batch
+// index a rank). The batched matmul keeps them apart: each mesh axis takes one of six
+// placements, replicated (R), the batch (Sb), the heads (Sh), the rows (Si: the input's rows
+// and the output's), the columns (Sj: the other's and the output's) or the contraction (Sk:
+// both operands, the output's partial sums all-reduced over that axis), and a 2-D mesh every
+// pair of them (expandToMesh, as a 3-D mesh does): batch on axis 1 and heads on axis 0 is a
+// strategy like its mirror, and so is the batch split by both axes.
 
 #include <algorithm>
 
@@ -51,8 +62,42 @@ std::vector<OpStrategySpec> bmmSpecs(const reference::OpShape& s) {
   return out;
 }
 
-// matmul's dot ([k] x [k]) and matrix-vector ([m, k] x [k]) forms.
+// matmul batched over two dimensions: the six placements on one axis, then (for a 2-D mesh)
+// their pairs that use the second axis, named by their layouts ("RS1S0R = RS1S0R x RS1RR").
+std::vector<OpStrategySpec> batchedMatmulSpecs(const reference::OpShape& s) {
+  const Axes a = {0}, n = {};
+  struct Placement {
+    harness::Layout input, other, output;
+  };
+  const Placement placements[] = {
+      {L({n, n, n, n}), L({n, n, n, n}), L({n, n, n, n})},      // R
+      {L({a, n, n, n}), L({a, n, n, n}), L({a, n, n, n})},      // Sb
+      {L({n, a, n, n}), L({n, a, n, n}), L({n, a, n, n})},      // Sh
+      {L({n, n, a, n}), L({n, n, n, n}), L({n, n, a, n})},      // Si
+      {L({n, n, n, n}), L({n, n, n, a}), L({n, n, n, a})},      // Sj
+      {L({n, n, n, a}), L({n, n, a, n}), L({n, n, n, n}, {0})}  // Sk
+  };
+  std::vector<OpStrategySpec> out;
+  for (const auto& p : placements) {
+    auto sp = spec(s, p.output.compact() + " = " + p.input.compact() + " x " + p.other.compact(),
+                   {p.input, p.other}, {p.output}, {1, 2});
+    sp.set = "beyond";
+    out.push_back(sp);
+  }
+  for (auto sp : expandToMesh(out, s, 2)) {
+    if (sp.operandLayouts[0].maxAxis() < 1 && sp.operandLayouts[1].maxAxis() < 1 &&
+        sp.outputLayouts[0].maxAxis() < 1) {
+      continue;  // axis 1 replicated: one of the six above
+    }
+    sp.set = "beyond";
+    out.push_back(sp);
+  }
+  return out;
+}
+
+// matmul's dot ([k] x [k]) and matrix-vector ([m, k] x [k]) forms, and the batched one.
 std::vector<OpStrategySpec> matmulSpecs(const reference::OpShape& s) {
+  if (s.input.size() == 4) return batchedMatmulSpecs(s);
   std::vector<OpStrategySpec> out;
   const std::vector<Axes> kSplits = {{}, {0}, {1}, {0, 1}};
   // On a 1-D mesh too where only axis 0 is used.
@@ -130,16 +175,25 @@ OpRule bmmRule() {
 OpRule matmulRule() {
   OpRule r = bmmRule();
   r.canonicalShapes = [] {
-    return std::vector<nlohmann::json>{{{"op", "matmul"}, {"input", {16}}, {"other", {16}}},
-                                       {{"op", "matmul"}, {"input", {8, 16}}, {"other", {16}}}};
+    return std::vector<nlohmann::json>{
+        {{"op", "matmul"}, {"input", {16}}, {"other", {16}}},
+        {{"op", "matmul"}, {"input", {8, 16}}, {"other", {16}}},
+        {{"op", "matmul"}, {"input", {2, 4, 8, 16}}, {"other", {2, 4, 16, 8}}}};
   };
   r.specs = matmulSpecs;
-  r.faults = [](const OpStrategySpec& sp) { return commonFaults(sp, {}); };
+  r.faults = [](const OpStrategySpec& sp) {
+    // The batched form's batch and heads, split on the input alone.
+    std::vector<std::string> own;
+    const harness::Layout& other = sp.operandLayouts[1];
+    if (other.ndim() == 4 && !other.axesOf(0).empty()) own.push_back("batch_split_one_operand");
+    if (other.ndim() == 4 && !other.axesOf(1).empty()) own.push_back("heads_split_one_operand");
+    return commonFaults(sp, own);
+  };
   r.forward = [](const LocalForward& f) {
     return std::vector<at::Tensor>{f.reduce(at::matmul(f.in[0], f.in[1]))};
   };
   r.flops = [](const ResolvedOp& op, const std::vector<int64_t>& mesh, int rank) {
-    return productFlops(op, mesh, rank, true);
+    return productFlops(op, mesh, rank, op.shape.other.size() == 1);
   };
   return r;
 }

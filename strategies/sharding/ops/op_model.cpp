@@ -279,14 +279,20 @@ std::string opNotApplicable(const OpStrategySpec& spec, const OpShape& s,
                             const std::vector<int64_t>& mesh) {
   // The generator's strategies for this shape: one of this name, or this is not one of them.
   const int meshNdim = static_cast<int>(mesh.size());
-  if (std::find(spec.meshDims.begin(), spec.meshDims.end(), meshNdim) == spec.meshDims.end()) {
+  const bool generatedForMesh =
+      std::find(spec.meshDims.begin(), spec.meshDims.end(), meshNdim) != spec.meshDims.end();
+  // On 1-D and 2-D meshes a strategy is the generator's for its mesh ranks; beyond, the
+  // expansion's of its name (an expanded name that a 2-D strategy has too, by the same layouts:
+  // the batched matmul's names are their layouts, "S0S1RR = S0S1RR x S0S1RR").
+  if (meshNdim <= 2 && !generatedForMesh) {
     return "not generated for a " + std::to_string(meshNdim) + "-D mesh";
   }
   const auto specs = specsFor(s, meshNdim);
   const auto& mine = *specs;
   if (std::none_of(mine.begin(), mine.end(),
                    [&](const OpStrategySpec& o) { return o.name == spec.name; })) {
-    return "not generated for this shape";
+    return generatedForMesh ? "not generated for this shape"
+                            : "not generated for a " + std::to_string(meshNdim) + "-D mesh";
   }
   if (meshNdim > 2) {
     // An axis of extent 1 shards nothing: the strategy without it is the same.

@@ -16,8 +16,8 @@ namespace {
 constexpr const char* kOpOrder[] = {
     "addmm",      "bmm",        "matmul",  "embedding", "layer_norm", "batch_norm", "conv2d",
     "max_pool2d", "avg_pool2d", "add",     "mul",       "gelu",       "relu",       "dropout",
-    "softmax",    "view",       "reshape", "permute",   "transpose",  "split",      "getitem",
-    "sum",        "silu",       "aten",    "mm",        "rms_norm",   "rope",
+    "softmax",    "view",       "reshape", "permute",   "transpose",  "contiguous", "split",
+    "getitem",    "sum",        "silu",    "aten",      "mm",         "rms_norm",   "rope",
 };
 
 std::map<std::string, OpRule>& rules() {

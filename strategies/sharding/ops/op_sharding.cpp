@@ -408,6 +408,9 @@ void OpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) 
     if (strategy_.fault() == "batch_split_one_operand" && names[i] == "other") {
       box.offset[0] = 0;  // the batch split on the input only: every rank takes the first batches
     }
+    if (strategy_.fault() == "heads_split_one_operand" && names[i] == "other") {
+      box.offset[1] = 0;  // the heads split on the input only: every rank takes the first heads
+    }
     at::Tensor t = harness::sliceBox(data.inputs.at(names[i]), box).clone();
     if (r_.shape.differentiable(names[i])) t.set_requires_grad(true);
     leaves_.push_back(t);

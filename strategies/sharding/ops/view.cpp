@@ -1,13 +1,13 @@
 // Operators whose outputs are views of their input: view, reshape, permute, transpose and
 // split (ColossalAI's ViewGenerator, DefaultReshapeGenerator, PermuteGenerator,
-// TransposeGenerator, SplitGenerator). One strategy per layout of the input (split keeps its
-// dimension whole); a permutation moves the input's shards with its dimensions, and a view
-// maps them to its output's shape when a case applies it (viewLayout), or names the dimension
-// whose shards it would interleave. Where ColossalAI's rule cannot keep a view's shards
-// (colossalViewOutput), its gathering strategy is there too, and every reshape gathers: the
-// input is gathered whole first and the output replicated ("[S0, R] -> FULLY REPLICATED_1";
-// OpStrategySpec::gatherInput). Their outputs (and, for
-// view, the input's gradient) allocate nothing of their own beyond the gathered input.
+// TransposeGenerator, SplitGenerator), and contiguous, which copies a permuted one. One strategy
+// per layout of the input (split keeps its dimension whole); a permutation moves the input's shards
+// with its dimensions, and a view maps them to its output's shape when a case applies it
+// (viewLayout), or names the dimension whose shards it would interleave. Where ColossalAI's rule
+// cannot keep a view's shards (colossalViewOutput), its gathering strategy is there too, and every
+// reshape gathers: the input is gathered whole first and the output replicated ("[S0, R] -> FULLY
+// REPLICATED_1"; OpStrategySpec::gatherInput). Their outputs (and, for view, the input's gradient)
+// allocate nothing of their own beyond the gathered input.
 //
 // The planted fault of a gathering strategy hands every rank the first rank's box of the whole
 // gradient instead of its own.
@@ -325,6 +325,22 @@ OpRule viewRule(nlohmann::json canonical,
   return r;
 }
 
+// contiguous: Tensor::contiguous, the layout of its input kept (one strategy per layout, the
+// output's box the input's). Where its input is a permuted view (attention's heads before a
+// batched matmul) it copies; the plan's replay follows the strides. A single operator's input
+// is a contiguous leaf: the output is the leaf itself, no autograd node is recorded, and the
+// engine's accumulation copies the seed as the leaf's gradient (it is still held by the step).
+OpRule contiguousRule() {
+  OpRule r = viewLikeRule({{"op", "contiguous"}, {"input", {4, 8, 16}}});
+  r.specs = [](const reference::OpShape& s) { return followingSpecs(s, false, sameLayout); };
+  r.memory = [](MemoryReplay& m) {
+    m.dropPreviousResults(true, false);
+    m.backwardBegins();
+    m.alloc(m.sumG);
+  };
+  return r;
+}
+
 OpRule splitRule() {
   OpRule r = viewLikeRule({{"op", "split"}, {"input", {8, 16}}, {"split_size", 8}, {"dim", 1}});
   r.specs = splitSpecs;
@@ -356,4 +372,5 @@ SB_REGISTER_OP_RULE("permute", sb::strategies::viewLikeRule({{"op", "permute"},
 SB_REGISTER_OP_RULE("transpose",
                     sb::strategies::viewLikeRule(
                         {{"op", "transpose"}, {"input", {8, 16}}, {"dim0", 0}, {"dim1", 1}}));
+SB_REGISTER_OP_RULE("contiguous", sb::strategies::contiguousRule());
 SB_REGISTER_OP_RULE("split", sb::strategies::splitRule());

@@ -72,6 +72,8 @@ const harness::Strategy* byName(const CaseSpec& c, const std::string& name) {
 
 const nlohmann::json kAddmm = {{"op", "addmm"}, {"input", {16, 32}}, {"other", {32, 16}}};
 const nlohmann::json kBmm = {{"op", "bmm"}, {"input", {4, 8, 16}}, {"other", {4, 16, 8}}};
+const nlohmann::json kBatchedMatmul = {
+    {"op", "matmul"}, {"input", {2, 4, 8, 16}}, {"other", {2, 4, 16, 8}}};
 const nlohmann::json kEmbedding = {
     {"op", "embedding"}, {"input", {4, 16, 16}}, {"num_embeddings", 64}, {"embedding_dim", 32}};
 const nlohmann::json kLayerNorm = {{"op", "layer_norm"}, {"input", {4, 16}}};
@@ -159,6 +161,26 @@ TEST(OpStrategyCounts, ExpansionToTwoAxesHoldsTheGeneratorsTwoAxisStrategies) {
     }
     EXPECT_GT(compared, 0) << s.op;
   }
+}
+
+// matmul batched over [batch, heads]: six placements on one axis (replicated, batch, heads,
+// rows, columns, contraction), each pair of them on a 2-D mesh, each triple on 2x2x2. The batch
+// and the heads split on different axes in either order (bmm's flattened [batch * heads] splits
+// them only as one dimension, the batch on the outer axis), or one of them over both.
+TEST(OpStrategyCounts, BatchedMatmulSplitsBatchAndHeadsOnAnyAxes) {
+  EXPECT_EQ(selected(opCase(kBatchedMatmul, {4})).size(), 6u);
+  EXPECT_EQ(selected(opCase(kBatchedMatmul, {2, 2})).size(), 6u * 6u);
+  EXPECT_EQ(selected(opCase(kBatchedMatmul, {2, 2, 2})).size(), 6u * 6u * 6u);
+  for (const char* name :
+       {"S1S0RR = S1S0RR x S1S0RR", "S0S1RR = S0S1RR x S0S1RR", "RS01RR = RS01RR x RS01RR",
+        "S1RRS0 = S1RRR x S1RRS0", "S0RRRP1 = S0RRS1 x S0RS1R"}) {
+    const auto* s = byName(opCase(kBatchedMatmul, {2, 2}), name);
+    ASSERT_NE(s, nullptr) << name;
+    EXPECT_EQ(s->applies(opCase(kBatchedMatmul, {2, 2})).kind, Applicability::Kind::kApplies);
+  }
+  // The dot and matrix-vector forms keep their own strategies.
+  EXPECT_EQ(selected(opCase({{"op", "matmul"}, {"input", {16}}, {"other", {16}}}, {2, 2})).size(),
+            4u);
 }
 
 TEST(OpStrategyCounts, ListedWithEveryOperandsShardingSequence) {
@@ -349,6 +371,19 @@ TEST(OpPlantedFault, VocabularySplitEmbeddingThatDoesNotMaskForeignIds) {
 
 TEST(OpPlantedFault, BmmWithTheBatchSplitOnOneOperandOnly) {
   expectFails(opCase(kBmm, {2, 2}), "Sb01 = Sb01 x Sb01", "batch_split_one_operand");
+}
+
+// The batched matmul's batch or heads split on the input alone: every rank multiplies its
+// queries by the first rank's keys.
+TEST(OpPlantedFault, BatchedMatmulWithTheBatchOrTheHeadsSplitOnOneOperandOnly) {
+  expectFails(opCase(kBatchedMatmul, {2, 2}), "S1S0RR = S1S0RR x S1S0RR",
+              "batch_split_one_operand");
+  expectFails(opCase(kBatchedMatmul, {2, 2}), "S1S0RR = S1S0RR x S1S0RR",
+              "heads_split_one_operand");
+  expectFails(opCase(kBatchedMatmul, {2, 2}), "RS0RRP1 = RS0RS1 x RS0S1R",
+              "skip_output_all_reduce");
+  expectFails(opCase(kBatchedMatmul, {2, 2, 2}), "S2S0RS1 = S2S0RR x S2S0RS1",
+              "heads_split_one_operand");
 }
 
 TEST(OpPlantedFault, DropoutMasksThatDifferPerRankOnAReplicatedTensor) {
