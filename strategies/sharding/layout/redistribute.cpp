@@ -269,24 +269,31 @@ int64_t RedistGeometry::localBytes(const Layout& l, int rank) const {
 }
 
 std::vector<int64_t> RedistGeometry::localBytesOfRanks(const Layout& l) const {
+  // The planner prices every step of every layout pair by this: no allocation per rank.
   const int n = ranks();
-  std::vector<std::vector<int64_t>> all(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) all[static_cast<size_t>(r)] = coords(r);
-  std::vector<int64_t> out(static_cast<size_t>(n), elemSize);
+  std::vector<int64_t> out(static_cast<size_t>(n), elemSize), length;
+  std::vector<int64_t> c;
   for (int d = 0; d < l.ndim(); ++d) {
     const auto& axes = l.axesOf(d);
-    // A dimension's piece depends on the coordinates of the axes that split it only.
-    std::map<std::vector<int64_t>, int64_t> length;
+    if (axes.empty()) {  // whole on every rank
+      for (auto& b : out) b *= shape[static_cast<size_t>(d)];
+      continue;
+    }
+    // A dimension's piece depends on the coordinates of the axes that split it only: found
+    // once per coordinate of those axes (their mixed-radix index), on the first rank there.
+    length.assign(static_cast<size_t>(groupSize(axes)), -1);
     for (int r = 0; r < n; ++r) {
-      const auto& c = all[static_cast<size_t>(r)];
-      std::vector<int64_t> key;
-      for (int a : axes) key.push_back(c[static_cast<size_t>(a)]);
-      auto it = length.find(key);
-      if (it == length.end()) {
-        it = length.emplace(std::move(key), l.box(shape, mesh, c).length[static_cast<size_t>(d)])
-                 .first;
+      int64_t key = 0;
+      int64_t rest = r;
+      c.assign(mesh.size(), 0);
+      for (int a = static_cast<int>(mesh.size()) - 1; a >= 0; --a) {
+        c[static_cast<size_t>(a)] = rest % mesh[static_cast<size_t>(a)];
+        rest /= mesh[static_cast<size_t>(a)];
       }
-      out[static_cast<size_t>(r)] *= it->second;
+      for (int a : axes) key = key * mesh[static_cast<size_t>(a)] + c[static_cast<size_t>(a)];
+      int64_t& len = length[static_cast<size_t>(key)];
+      if (len < 0) len = l.box(shape, mesh, c).length[static_cast<size_t>(d)];
+      out[static_cast<size_t>(r)] *= len;
     }
   }
   return out;
