@@ -41,6 +41,7 @@ struct ShardArgs {
   std::string workload = "gpt2", shape = "{}", mesh, profile, algo = "ilp", out, dtype = "float32";
   sb::cli::ModelOptions model;  // a traced model instead of a graph workload
   double intra = 0, inter = 0, maxMemory = 0, timeLimit = 60, gapPct = 0;
+  int tpAxis = -1;
 };
 int solveShard(const ShardArgs& a) {
   namespace h = sb::harness;
@@ -109,6 +110,7 @@ int solveShard(const ShardArgs& a) {
     o.memoryLimit = a.maxMemory;
     o.timeLimitSeconds = a.timeLimit;
     o.relativeGap = a.gapPct / 100.0;
+    o.tpAxis = a.tpAxis;
     progress->phase(a.algo + " solving (CBC stops at --time-limit " +
                     std::to_string(static_cast<int>(a.timeLimit)) + " s)");
     as::ShardingPlan plan = as::solvePlan(model, o);
@@ -176,6 +178,10 @@ Command addSolveShard(CLI::App& solve) {
   shardCmd->add_option("--algo", shard->algo, "ilp, megatron, data-parallel or replicated")
       ->capture_default_str()
       ->check(CLI::IsMember(sb::strategies::autoshard::planAlgos()));
+  shardCmd
+      ->add_option("--tp-axis", shard->tpAxis,
+                   "megatron: the mesh axis tensor parallel uses (default: the last)")
+      ->check(CLI::Range(0, 15));
   shardCmd->add_option("--time-limit", shard->timeLimit, "Seconds for CBC")
       ->capture_default_str()
       ->check(sb::cli::realNumber(0, 86400, true, "seconds"));

@@ -70,7 +70,9 @@ class Builder {
                 {x, param(role + ".weight", {in, out}), param(role + ".bias", {out})});
   }
 
-  // [T, D] -> [B * H, S, dh] (or [B * H, dh, S] for keys), through [B, S, H, dh].
+  // [T, D] -> [B, H, S, dh] (or [B, H, dh, S] for keys), through [B, S, H, dh]: the permuted
+  // heads made contiguous for the batched matmul (the copy bmm's flattening view makes), with
+  // the batch and the heads two dimensions a plan can split on different mesh axes.
   std::string heads(const std::string& what, const std::string& x, const GraphShape& s, bool keys) {
     const int64_t B = s.batch, S = s.seq, H = s.heads, dh = s.dHead();
     const std::string v =
@@ -80,9 +82,7 @@ class Builder {
     const std::string p = node("attn." + what + "_heads",
                                {{"op", "permute"}, {"input", {B, S, H, dh}}, {"dims", perm}}, {v});
     const Dims permuted = keys ? Dims{B, H, dh, S} : Dims{B, H, S, dh};
-    const Dims flat = keys ? Dims{B * H, dh, S} : Dims{B * H, S, dh};
-    return node("attn." + what + "_batched", {{"op", "view"}, {"input", permuted}, {"size", flat}},
-                {p});
+    return node("attn." + what + "_batched", {{"op", "contiguous"}, {"input", permuted}}, {p});
   }
 
   std::string attention(const std::string& x, const GraphShape& s, bool causal) {
@@ -91,28 +91,25 @@ class Builder {
     const std::string k = heads("k", linear("attn.k", x, T, D, D), s, true);
     const std::string v = heads("v", linear("attn.v", x, T, D, D), s, false);
     const std::string scores =
-        node("attn.scores", {{"op", "bmm"}, {"input", {B * H, S, dh}}, {"other", {B * H, dh, S}}},
+        node("attn.scores", {{"op", "matmul"}, {"input", {B, H, S, dh}}, {"other", {B, H, dh, S}}},
              {q, k});
     std::string probs = node("attn.softmax",
                              {{"op", "softmax"},
-                              {"input", {B * H, S, S}},
+                              {"input", {B, H, S, S}},
                               {"dim", -1},
                               {"scale", 1.0 / std::sqrt(static_cast<double>(dh))},
                               {"causal", causal}},
                              {scores});
     if (s.dropout > 0) {
-      probs = node("attn.dropout", {{"op", "dropout"}, {"input", {B * H, S, S}}, {"p", s.dropout}},
+      probs = node("attn.dropout", {{"op", "dropout"}, {"input", {B, H, S, S}}, {"p", s.dropout}},
                    {probs}, 1 + static_cast<uint64_t>(layer_));
     }
     const std::string ctx =
-        node("attn.context", {{"op", "bmm"}, {"input", {B * H, S, S}}, {"other", {B * H, S, dh}}},
+        node("attn.context", {{"op", "matmul"}, {"input", {B, H, S, S}}, {"other", {B, H, S, dh}}},
              {probs, v});
-    const std::string c4 =
-        node("attn.context_view",
-             {{"op", "view"}, {"input", {B * H, S, dh}}, {"size", {B, H, S, dh}}}, {ctx});
     const std::string c5 =
         node("attn.context_heads",
-             {{"op", "permute"}, {"input", {B, H, S, dh}}, {"dims", {0, 2, 1, 3}}}, {c4});
+             {{"op", "permute"}, {"input", {B, H, S, dh}}, {"dims", {0, 2, 1, 3}}}, {ctx});
     const std::string c2 = node("attn.context_flat",
                                 {{"op", "view"}, {"input", {B, S, H, dh}}, {"size", {T, D}}}, {c5});
     return linear("attn.proj", c2, T, D, D);
@@ -141,7 +138,7 @@ class Builder {
 
   // LLaMA's attention: bias-free projections, rotary positions on queries and keys, and
   // grouped-query attention without repeating the keys and values: a key head's G query heads
-  // stacked by row ([B * Hkv, S * G, dh], row s * G + g), each row masked as its position s.
+  // stacked by row ([B, Hkv, S * G, dh], row s * G + g), each row masked as its position s.
   std::string llamaAttention(const std::string& x, const GraphShape& s) {
     const int64_t B = s.batch, S = s.seq, H = s.heads, Hk = s.kvHeads, G = H / Hk, dh = s.dHead(),
                   D = s.dModel, T = s.tokens();
@@ -162,37 +159,36 @@ class Builder {
     const std::string qh =
         node("attn.q_heads",
              {{"op", "permute"}, {"input", {B, S, Hk, G, dh}}, {"dims", {0, 2, 1, 3, 4}}}, {qg});
+    // The rows of a key head's queries flattened: a copy of the permuted heads.
     const std::string q =
         node("attn.q_batched",
-             {{"op", "view"}, {"input", {B, Hk, S, G, dh}}, {"size", {B * Hk, S * G, dh}}}, {qh});
+             {{"op", "view"}, {"input", {B, Hk, S, G, dh}}, {"size", {B, Hk, S * G, dh}}}, {qh});
     const std::string kh =
         node("attn.k_heads", {{"op", "permute"}, {"input", {B, S, Hk, dh}}, {"dims", {0, 2, 3, 1}}},
              {k0});
     const std::string k =
-        node("attn.k_batched",
-             {{"op", "view"}, {"input", {B, Hk, dh, S}}, {"size", {B * Hk, dh, S}}}, {kh});
+        node("attn.k_batched", {{"op", "contiguous"}, {"input", {B, Hk, dh, S}}}, {kh});
     const std::string vh =
         node("attn.v_heads", {{"op", "permute"}, {"input", {B, S, Hk, dh}}, {"dims", {0, 2, 1, 3}}},
              {v0});
     const std::string v =
-        node("attn.v_batched",
-             {{"op", "view"}, {"input", {B, Hk, S, dh}}, {"size", {B * Hk, S, dh}}}, {vh});
+        node("attn.v_batched", {{"op", "contiguous"}, {"input", {B, Hk, S, dh}}}, {vh});
     const std::string scores =
         node("attn.scores",
-             {{"op", "bmm"}, {"input", {B * Hk, S * G, dh}}, {"other", {B * Hk, dh, S}}}, {q, k});
+             {{"op", "matmul"}, {"input", {B, Hk, S * G, dh}}, {"other", {B, Hk, dh, S}}}, {q, k});
     nlohmann::json soft = {{"op", "softmax"},
-                           {"input", {B * Hk, S * G, S}},
+                           {"input", {B, Hk, S * G, S}},
                            {"dim", -1},
                            {"scale", 1.0 / std::sqrt(static_cast<double>(dh))},
                            {"causal", true}};
     if (G > 1) soft["query_group"] = G;
     const std::string probs = node("attn.softmax", soft, {scores});
     const std::string ctx = node(
-        "attn.context", {{"op", "bmm"}, {"input", {B * Hk, S * G, S}}, {"other", {B * Hk, S, dh}}},
+        "attn.context", {{"op", "matmul"}, {"input", {B, Hk, S * G, S}}, {"other", {B, Hk, S, dh}}},
         {probs, v});
     const std::string c5 =
         node("attn.context_view",
-             {{"op", "view"}, {"input", {B * Hk, S * G, dh}}, {"size", {B, Hk, S, G, dh}}}, {ctx});
+             {{"op", "view"}, {"input", {B, Hk, S * G, dh}}, {"size", {B, Hk, S, G, dh}}}, {ctx});
     const std::string c6 =
         node("attn.context_heads",
              {{"op", "permute"}, {"input", {B, Hk, S, G, dh}}, {"dims", {0, 2, 1, 3, 4}}}, {c5});

@@ -59,7 +59,7 @@ Layout megatronParam(const std::string& name, int ndim, int tp) {
   return Layout(ndim);
 }
 
-Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
+Allowed allowedFor(const ShardingModel& m, const std::string& algo, int tpAxis) {
   const reference::Graph& g = m.graph();
   const int meshNdim = static_cast<int>(m.mesh().size());
   if (algo == "replicated") {
@@ -104,11 +104,13 @@ Allowed allowedFor(const ShardingModel& m, const std::string& algo) {
       return true;
     };
   }
-  // megatron: tensor parallel over the last mesh axis, data parallel over the others (a 1-D
-  // mesh is all tensor parallel)
-  const int tp = meshNdim - 1;
-  std::vector<int> dp(static_cast<size_t>(tp));
-  std::iota(dp.begin(), dp.end(), 0);
+  // megatron: tensor parallel over one mesh axis (the last unless told), data parallel over the
+  // others (a 1-D mesh is all tensor parallel)
+  const int tp = tpAxis < 0 ? meshNdim - 1 : tpAxis;
+  std::vector<int> dp;
+  for (int a = 0; a < meshNdim; ++a) {
+    if (a != tp) dp.push_back(a);
+  }
   return [&g, tp, dp](int v, const Candidate& c) {
     const auto& n = g.nodes[v];
     if (!c.stored.empty()) return false;  // Megatron's parameters are stored as they are read
@@ -151,6 +153,16 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   if (std::find(algos.begin(), algos.end(), o.algo) == algos.end()) {
     throw InputError("--algo '" + o.algo +
                      "' is not one of ilp, megatron, data-parallel, replicated");
+  }
+  const int meshNdim = static_cast<int>(m.mesh().size());
+  if (o.tpAxis >= meshNdim || (o.tpAxis >= 0 && o.algo != "megatron")) {
+    throw InputError(o.algo != "megatron"
+                         ? "the tensor-parallel axis is Megatron's placement's alone (--algo "
+                           "megatron), not " +
+                               o.algo + "'s"
+                         : "the tensor-parallel axis " + std::to_string(o.tpAxis) +
+                               " is not an axis of the " + std::to_string(meshNdim) +
+                               "-D mesh (0 to " + std::to_string(meshNdim - 1) + ")");
   }
   if (o.algo == "megatron" && m.graph().workload == "torchscript") {
     // Megatron's plan places parameters by their role (megatronParam), known by the names of
@@ -205,7 +217,7 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
     barred[c].assign(p.problem.vars[c].cost.size(), false);
   }
   if (o.algo != "ilp") {
-    const Allowed allowed = allowedFor(m, o.algo);
+    const Allowed allowed = allowedFor(m, o.algo, o.tpAxis);
     for (size_t v = 0; v < m.graph().nodes.size(); ++v) {
       const size_t cls = static_cast<size_t>(p.classOf[v]);
       auto& cost = p.problem.vars[cls].cost;

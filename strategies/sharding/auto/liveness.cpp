@@ -25,7 +25,7 @@ using reference::GraphNode;
 bool isAliasOp(const reference::OpShape& s) {
   const std::string& op = s.op;
   return op == "view" || op == "permute" || op == "transpose" || op == "split" ||
-         (op == "aten" && s.attrs.value("view", false));
+         op == "contiguous" || (op == "aten" && s.attrs.value("view", false));
 }
 
 }  // namespace
@@ -45,17 +45,24 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     if (fresh) it->second = static_cast<double>(l.box(shape, m.mesh(), coords).numel() * es);
     return it->second;
   };
-  const auto perCand = [&](int v, auto fn) {
-    std::vector<double> b;
-    for (const auto& c : m.candidates(v)) b.push_back(fn(c));
-    return b;
+  // A quantity per candidate, computed once per candidate set (nodes of one shape share theirs:
+  // the layers of a model) and call site `tag`, not once per node.
+  std::map<std::pair<const void*, int>, std::vector<double>> perSet;
+  const auto perCand = [&](int v, int tag, auto fn) {
+    const auto& cands = m.candidates(v);
+    auto [it, fresh] = perSet.try_emplace({&cands, tag});
+    if (fresh) {
+      for (const auto& c : cands) it->second.push_back(fn(c));
+    }
+    return it->second;
   };
+  enum Site { kOut = 0, kOperand = 1000, kStored = 2000, kReduceCopy = 3000, kStats = 4000 };
   const auto add = [](std::vector<double>& acc, const std::vector<double>& x) {
     if (acc.empty()) acc.assign(x.size(), 0.0);
     for (size_t k = 0; k < x.size(); ++k) acc[k] += x[k];
   };
   // Whether a node's output is a new tensor (views share their input's storage; a view of a
-  // permuted tensor copies), and whose storage it lives in.
+  // permuted tensor copies, and so does making it contiguous), and whose storage it lives in.
   std::vector<bool> allocates(N, true);
   std::vector<int> root(N);
   for (int v = 0; v < N; ++v) {
@@ -63,7 +70,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     root[v] = v;
     if (!isAliasOp(n.shape)) continue;
     const auto [p, j] = g.producer(n.args[0]);
-    const bool copies = n.shape.op == "view" && p >= 0 &&
+    const bool copies = (n.shape.op == "view" || n.shape.op == "contiguous") && p >= 0 &&
                         (g.nodes[p].shape.op == "permute" || g.nodes[p].shape.op == "transpose");
     if (!copies) {
       allocates[v] = false;
@@ -114,14 +121,14 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   std::vector<SavedRead> savedReads;
   for (int v = 0; v < N; ++v) {
     const GraphNode& n = g.nodes[v];
-    out[v] = perCand(v, [&](const Candidate& c) {
+    out[v] = perCand(v, kOut, [&](const Candidate& c) {
       double b = 0;
       const auto shapes = n.shape.outputs();
       for (size_t j = 0; j < shapes.size(); ++j) b += boxBytes(shapes[j], c.outputs[j]);
       return b;
     });
     const auto operand = [&](size_t i) {
-      return perCand(v, [&](const Candidate& c) {
+      return perCand(v, kOperand + static_cast<int>(i), [&](const Candidate& c) {
         return boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.op.operands[i]);
       });
     };
@@ -135,7 +142,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       // An owned parameter lives, and takes its gradient, in its stored layout (ZeRO-3: split
       // further than it is read).
       const auto stored = [&] {
-        return perCand(v, [&](const Candidate& c) {
+        return perCand(v, kStored + static_cast<int>(i), [&](const Candidate& c) {
           return boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.storedLayout(i));
         });
       };
@@ -145,7 +152,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       // A gradient partial over some mesh axes is all-reduced through a copy and the backend's
       // scratch (the threads backend's: the block again) during the node's backward.
       if (g.isParameter(a) || isActivation(a)) {
-        add(reduceCopies[v], perCand(v, [&](const Candidate& c) {
+        add(reduceCopies[v], perCand(v, kReduceCopy + static_cast<int>(i), [&](const Candidate& c) {
               if (c.op.gradPartial[i].empty()) return 0.0;
               int64_t ranks = 1;
               for (int ax : c.op.gradPartial[i]) ranks *= m.mesh()[static_cast<size_t>(ax)];
@@ -156,7 +163,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       // aten: what an unknown kernel saves is not known here; all it reads is counted
       const bool savesOperand =
           records &&
-          (op == "addmm" || op == "mm" || op == "bmm" || op == "mul" ||
+          (op == "addmm" || op == "mm" || op == "bmm" || op == "matmul" || op == "mul" ||
            (i == 0 && (op == "layer_norm" || op == "rms_norm" || op == "gelu" || op == "silu")) ||
            (op == "aten" && !isAliasOp(n.shape)));
       // A view of a parameter (the tied head's transposed embedding) read through an edge: the
@@ -208,13 +215,13 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       }
     }
     if (op == "layer_norm") {  // the mean and inverse deviation per row, in float
-      add(saved[v], perCand(v, [&](const Candidate& c) {
+      add(saved[v], perCand(v, kStats, [&](const Candidate& c) {
             const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
             return 2.0 * in.numel() / std::max<int64_t>(1, in.length.back()) * 4;
           }));
     }
     if (op == "rms_norm") {  // the inverse root mean square per row
-      add(saved[v], perCand(v, [&](const Candidate& c) {
+      add(saved[v], perCand(v, kStats + 1, [&](const Candidate& c) {
             const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
             return static_cast<double>(in.numel() / std::max<int64_t>(1, in.length.back()) * es);
           }));
@@ -227,11 +234,11 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
         const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
         return static_cast<double>(in.length[in.length.size() - 2] * in.length.back());
       };
-      transient[v] = perCand(v, [&](const Candidate& c) {
+      transient[v] = perCand(v, kStats + 2, [&](const Candidate& c) {
         const Box in = c.op.operands[0].box(n.shape.input, m.mesh(), coords);
         return static_cast<double>(in.numel() * es);
       });
-      if (n.shape.causal()) add(saved[v], perCand(v, rowsCols));
+      if (n.shape.causal()) add(saved[v], perCand(v, kStats + 3, rowsCols));
     }
   }
   // The copies: per saved read, its saver's operand bytes where the layouts differ. Alive from

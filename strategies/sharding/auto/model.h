@@ -232,6 +232,9 @@ struct SolveOptions {
   double memoryLimit = 0;    // bytes per rank, <= 0: none
   double timeLimitSeconds = 60;
   double relativeGap = 0;  // fraction
+  // megatron: the mesh axis tensor parallelism uses (the others data parallel); -1: the last
+  // (Megatron-LM's: tensor parallel inside a node, whose links are the fast ones).
+  int tpAxis = -1;
 };
 
 // The plan of `algo`. Throws NoPlanError when no plan fits the memory limit (with the least

@@ -359,6 +359,11 @@ void Replay::forwardNode(int v) {
       u->inversePerm.assign(perm.size(), 0);
       for (size_t d = 0; d < perm.size(); ++d) u->inversePerm[perm[d]] = static_cast<int64_t>(d);
     }
+  } else if (op == "contiguous") {
+    // Tensor::contiguous: the input itself where it is contiguous (no autograd node then, the
+    // gradient passing straight on), a copy otherwise (CloneBackward0 passes it on too).
+    outs.push_back(contiguous(local[0], n.name));
+    if (u) u->native = true;
   } else if (op == "split") {
     // Views of the input along the split dimension.
     for (size_t j = 0; j < outShapes.size(); ++j) {
@@ -532,7 +537,8 @@ void Replay::runUnit(Unit& u) {
         if (!zeros.empty()) throw PlanMemoryUnknown(what + ": a split output no gradient reaches");
         grads.push_back(fresh(u.inSizes, what + " gradients concatenated"));
       } else if (u.native) {
-        // AddBackward0 returns the incoming gradient itself for both operands.
+        // AddBackward0 returns the incoming gradient itself for both operands, contiguous's
+        // CloneBackward0 to its one.
         for (size_t i = 0; i < u.targets.size(); ++i) grads.push_back(u.slots[0]);
       } else {
         // Rope's backward makes its gradient contiguous first (the keys' comes back permuted).

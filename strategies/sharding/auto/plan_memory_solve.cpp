@@ -18,8 +18,9 @@ using reference::GraphNode;
 
 std::vector<std::string> unverifiedOperators(const reference::Graph& g) {
   static const std::set<std::string> checked = {
-      "embedding", "add",     "layer_norm", "addmm", "view", "permute", "transpose", "bmm",
-      "softmax",   "dropout", "gelu",       "mm",    "mul",  "silu",    "rms_norm",  "rope"};
+      "embedding", "add",  "layer_norm", "addmm",   "view",   "permute",
+      "transpose", "bmm",  "softmax",    "dropout", "gelu",   "mm",
+      "mul",       "silu", "rms_norm",   "rope",    "matmul", "contiguous"};
   std::set<std::string> out;
   for (const auto& n : g.nodes) {
     if (!checked.count(n.shape.op)) {

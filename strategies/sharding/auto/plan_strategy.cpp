@@ -55,7 +55,8 @@ const std::map<std::string, ParamRange>& paramRanges() {
   static const std::map<std::string, ParamRange> r = {
       {"max_memory", {0, 4611686018427387904.0, false, "a whole number of bytes from 0 to 2^62"}},
       {"time_limit", {0, 86400, true, "a number of seconds in (0, 86400]"}},
-      {"mip_rel_gap", {0, 100, false, "a number of percent in [0, 100]"}}};
+      {"mip_rel_gap", {0, 100, false, "a number of percent in [0, 100]"}},
+      {"tp_axis", {0, 15, false, "a mesh axis, a whole number from 0 (megatron only)"}}};
   return r;
 }
 double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
@@ -64,7 +65,7 @@ double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
   const ParamRange& r = paramRanges().at(key);
   const double x = v.is_number() ? v.get<double>() : std::nan("");
   const bool inRange = x >= r.lo && x <= r.hi && !(r.openLow && x == r.lo) &&
-                       (key != "max_memory" || x == std::floor(x));
+                       ((key != "max_memory" && key != "tp_axis") || x == std::floor(x));
   if (!inRange) {
     throw harness::InputError(c.where() + ": params." + key + ": expected " + r.expected +
                               ", got " + v.dump());
@@ -75,8 +76,8 @@ double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
 class PlanStrategy final : public harness::Strategy {
  public:
   std::vector<std::string> caseParams() const override {
-    return {"plan",         "max_memory",           "time_limit",          "mip_rel_gap",
-            "cost_profile", "intra_node_bandwidth", "inter_node_bandwidth"};
+    return {"plan",         "max_memory",           "time_limit",           "mip_rel_gap",
+            "cost_profile", "intra_node_bandwidth", "inter_node_bandwidth", "tp_axis"};
   }
   // `algo` empty: the plan comes from params.plan.
   explicit PlanStrategy(std::string algo, std::string fault = "")
@@ -94,7 +95,7 @@ class PlanStrategy final : public harness::Strategy {
             {"workloads", reference::graphWorkloads()},
             {"params",
              {"max_memory", "time_limit", "mip_rel_gap", "intra_node_bandwidth",
-              "inter_node_bandwidth", "plan (sharding/plan)"}}};
+              "inter_node_bandwidth", "tp_axis (megatron)", "plan (sharding/plan)"}}};
   }
 
   std::shared_ptr<const SolvedPlan> solved(const CaseSpec& c) const {
@@ -131,6 +132,7 @@ class PlanStrategy final : public harness::Strategy {
         o.memoryLimit = numberParam(c, "max_memory", 0);
         o.timeLimitSeconds = numberParam(c, "time_limit", 60);
         o.relativeGap = numberParam(c, "mip_rel_gap", 0) / 100.0;
+        o.tpAxis = static_cast<int>(numberParam(c, "tp_axis", -1));
         s->plan = solvePlan(*s->model, o);
       }
       s->plan.shape = c.shape;
@@ -154,6 +156,11 @@ class PlanStrategy final : public harness::Strategy {
     }
     const auto s = solved(c);
     if (!s->problem.empty()) return Applicability::unsupported(s->problem);
+    if (fault_ == kFault && s->edges.empty()) {
+      // A fault with nothing to plant would pass as the plan itself: said, never a silent pass.
+      return Applicability::unsupported(std::string(kFault) +
+                                        ": this plan redistributes on no edge, nothing to skip");
+    }
     return Applicability::yes();
   }
 
@@ -241,8 +248,8 @@ class PlanStrategy final : public harness::Strategy {
     // activation makes fractions that another summation order rounds otherwise.
     if (base.exact) {
       static const std::set<std::string> kIntegerOps = {
-          "embedding", "add",  "mul",     "sum",   "addmm",   "mm",      "bmm",
-          "matmul",    "view", "reshape", "split", "getitem", "permute", "transpose"};
+          "embedding", "add",     "mul",   "sum",     "addmm",   "mm",        "bmm",       "matmul",
+          "view",      "reshape", "split", "getitem", "permute", "transpose", "contiguous"};
       for (const auto& n : s->model->graph().nodes) {
         if (kIntegerOps.count(n.shape.op)) continue;
         base = harness::Tolerance::defaultFor(c.dtype);

@@ -46,7 +46,8 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
     // A following node (one activation in, layouts following it) rides on its producer.
     const std::string& op = n.shape.op;
     const bool follower = op == "gelu" || op == "relu" || op == "silu" || op == "dropout" ||
-                          op == "view" || op == "permute" || op == "transpose";
+                          op == "view" || op == "permute" || op == "transpose" ||
+                          op == "contiguous";
     if (follower && !graph_.isInput(n.args[0]) && !graph_.isParameter(n.args[0])) {
       const auto [u, j] = graph_.producer(n.args[0]);
       const int c = p.classOf[u];
