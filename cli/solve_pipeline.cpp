@@ -96,7 +96,8 @@ int solvePipeline(const PipelineArgs& a) {
       schedule = pp::makeSchedule(a.schedule.empty() ? "1f1b" : a.schedule, a.stages,
                                   a.microbatches, a.virtualStages);
     }
-    pp::Costs costs{{pp::StageCost{}}, 0};
+    pp::Costs costs;
+    costs.stages = {pp::StageCost{}};
     if (!a.chain.empty() && !a.profile.empty()) {
       std::cerr << kWho << "--chain and --profile both give the costs: one of them\n";
       return kExitBadInput;

@@ -1,11 +1,13 @@
 #include "reports/results_file.h"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -27,6 +29,24 @@ constexpr size_t kN = kColumns.size();
 
 // Added to schema 1 after it first shipped (adding a column is compatible): a file without
 // them still reads, it just cannot be gated on per-repetition times or per-tensor errors.
+// What `run` writes in `mispredicted`: the predictions a row contradicts, in the order it
+// judges them (harness/run/predict.cpp), joined by '+'.
+bool validMispredicted(const std::string& m) {
+  if (m.empty()) return true;
+  static const char* kOrder[] = {"memory", "time", "bubble"};
+  size_t at = 0, next = 0;
+  while (at <= m.size()) {
+    const size_t plus = std::min(m.find('+', at), m.size());
+    const std::string part = m.substr(at, plus - at);
+    size_t k = next;
+    while (k < std::size(kOrder) && part != kOrder[k]) ++k;
+    if (k == std::size(kOrder)) return false;
+    next = k + 1;
+    at = plus + 1;
+  }
+  return true;
+}
+
 bool isOptional(const std::string& c) {
   return c == "err_ratio" || c == "worst_tensor" || c == "tensor_err_ratio" ||
          c == "time_us_samples" || c == "predicted_time_us" || c == "params" || c == "mispredicted";
@@ -206,9 +226,9 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.commCalls = f.optCount("comm_calls");
   r.predictedTimeUs = f.optTime("predicted_time_us");
   r.mispredicted = f.str("mispredicted");
-  if (r.mispredicted != "" && r.mispredicted != "memory" && r.mispredicted != "time" &&
-      r.mispredicted != "memory+time") {
-    f.bad("mispredicted", r.mispredicted, "empty, memory, time or memory+time");
+  if (!validMispredicted(r.mispredicted)) {
+    f.bad("mispredicted", r.mispredicted,
+          "empty, or memory, time and bubble joined by '+' in that order (memory+time)");
   }
   for (const auto& item : splitList(f.str("params"))) {
     const size_t eq = item.find('=');

@@ -110,6 +110,22 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
   if (rec.timing && rec.predictedTimeUs) {
     judge("time", "us", rec.timing->medianUs, *rec.predictedTimeUs, tol.time);
   }
+  // An executor's own predictions (a pipeline's bubble), each with the claim its strategy makes:
+  // details.executor.predictions[] = {what, unit, measured, predicted, tolerance, floor}. Off
+  // where |measured - predicted| is over tolerance x |measured| and over `floor` (an absolute
+  // error the claim allows whatever the measurement, where a quantity can be near zero).
+  if (rec.details.contains("executor") && rec.details["executor"].contains("predictions")) {
+    for (const auto& p : rec.details["executor"]["predictions"]) {
+      const std::string what = p.at("what"), unit = p.at("unit");
+      const double measured = p.at("measured"), predicted = p.at("predicted");
+      const double floor = p.value("floor", 0.0);
+      // The claim as a relative tolerance against this measurement, the floor folded in.
+      const double tolerance = std::max(
+          p.at("tolerance").get<double>(),
+          measured != 0 ? floor / std::abs(measured) : std::numeric_limits<double>::infinity());
+      judge(what.c_str(), unit.c_str(), measured, predicted, tolerance);
+    }
+  }
   if (!j.empty()) rec.details["prediction"] = j;
   std::string flags, text;
   for (size_t i = 0; i < flagged.size(); ++i) {

@@ -76,8 +76,9 @@ struct Record {
   std::optional<int64_t> commCalls;           // largest rank's collective calls
   std::optional<double> predictedTimeUs;      // the strategy's cost model, where it has one
   // The predictions the measurement contradicts, beyond the tolerance the strategy states
-  // (Strategy::predictionTolerance): "", "memory", "time" or "memory+time". A flagged row
-  // fails `report`'s gate; the message and details["prediction"] say by how much.
+  // (Strategy::predictionTolerance, and an executor's own claims such as a pipeline's bubble):
+  // "", or "memory", "time" and "bubble" joined by '+' ("memory+time"). A flagged row fails
+  // `report`'s gate; the message and details["prediction"] say by how much.
   std::string mispredicted;
   // Family-specific parameters and numbers ("budget=0.5;recomputed_forwards=3").
   std::vector<std::pair<std::string, std::string>> params;

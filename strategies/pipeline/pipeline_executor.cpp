@@ -326,6 +326,18 @@ void PipelineExecutor::settle(RankContext& ctx) {
                     {"idle_us_per_rank", predictedIdle},
                     {"bubble_fraction", predicted_.bubbleFraction}};
   if (!predicted_.deadlock.empty()) d["predicted"]["deadlock"] = predicted_.deadlock;
+  // The bubble judged (harness/run/predict.cpp): the dry run's idle fraction within 10% of the
+  // measured one, or within 2 points of the step where the bubble is small (a few hundred
+  // microseconds of a millisecond step move with the machine's other work).
+  if (predicted_.deadlock.empty() && step > 0) {
+    details_["predictions"] =
+        nlohmann::json::array({{{"what", "bubble"},
+                                {"unit", "%"},
+                                {"measured", 100 * idle / (plan_.pp * step)},
+                                {"predicted", 100 * predicted_.bubbleFraction},
+                                {"tolerance", kBubbleTolerance},
+                                {"floor", 100 * kBubbleFloor}}});
+  }
   // The costs the dry run ran on, in `solve pipeline --profile`'s format.
   nlohmann::json stages = nlohmann::json::array();
   for (const StageCost& c : costs_.stages) {
@@ -344,6 +356,13 @@ void PipelineExecutor::settle(RankContext& ctx) {
     stages.push_back(e);
   }
   d["profile"] = {{"p2p_us", costs_.p2pUs}, {"stages", stages}};
+  if (costs_.sharing.cores > 0) {
+    d["profile"]["cores"] = costs_.sharing.cores;
+    d["profile"]["threads"] = costs_.sharing.threads;
+    d["profile"]["host_of"] = costs_.sharing.hostOf;
+  }
+  d["predicted"]["shared_cores"] = predicted_.coresShared;
+  d["host"] = host_;
 }
 
 std::vector<std::pair<std::string, std::string>> PipelineExecutor::recordParams() const {

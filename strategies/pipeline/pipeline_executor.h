@@ -25,6 +25,10 @@ namespace sb::strategies::pipeline {
 using harness::CaseSpec;
 using harness::RankContext;
 
+// What a pipeline row claims of its bubble (the dry run's idle fraction against the measured
+// step's): within this share of the measured fraction, or within kBubbleFloor of the step.
+inline constexpr double kBubbleTolerance = 0.10, kBubbleFloor = 0.02;
+
 enum class Fault { kNone, kGradTwice, kWarmupShort, kWeightBeforeInput, kSendWrongStage };
 const char* faultName(Fault f);
 
@@ -92,6 +96,9 @@ class PipelineExecutor final : public harness::RankExecutor {
                           std::vector<at::Tensor>* outs = nullptr) const;
   void run(RankContext& ctx, const Action& a);
   void profile(RankContext& ctx);
+  void timeStages(at::Tensor& mine, int reps);
+  Costs::Sharing hostSharing(RankContext& ctx);
+  nlohmann::json host_;  // the host's cores, its ranks and their kernel threads
   // Each of this rank's stages' actions on micro-batch 0, as run() runs them with its
   // communication stood in (a received tensor allocated as recv's, a sent one held as isend
   // holds it): what each leaves allocated and the most it holds (StageCost::Bytes).

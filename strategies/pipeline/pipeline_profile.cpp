@@ -3,10 +3,16 @@
 // the prediction of the step's peak from the dry run's walk.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <set>
+#include <thread>
 
 #include "harness/measure/memory.h"
 #include "strategies/pipeline/pipeline_executor.h"
@@ -16,16 +22,73 @@ namespace sb::strategies::pipeline {
 using harness::Collective;
 
 // Each of this rank's stages timed on micro-batch 0 (forward; backward, or its input and weight
-// halves), the median of three; every stage's gathered; the dry run on them.
+// halves), the median of three, one rank at a time (the others wait), so that each cost is the
+// stage's alone on its host; every stage's gathered; the dry run on them, the ranks of a host
+// taking turns on its cores where they are more than it has (Costs::sharing).
 void PipelineExecutor::profile(RankContext& ctx) {
   const int S = plan_.schedule.stages;
+  at::Tensor mine = at::zeros({S, 4}, at::kDouble);
+  auto& world = ctx.world();
+  for (int turn = 0; turn < world.size(); ++turn) {
+    at::Tensor token = at::zeros({1}, at::kDouble);
+    if (turn == world.rank()) timeStages(mine, 3);
+    world.allReduce(token);  // the next rank's turn
+  }
+  // Each stage's row is nonzero on its rank only: summed over the pipeline, every stage's.
+  at::Tensor all = mine.clone();
+  ctx.group({0}).allReduce(all);
+  Costs costs;
+  costs.sharing = hostSharing(ctx);
   const auto us = [](auto t0) {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   };
-  at::Tensor mine = at::zeros({S, 4}, at::kDouble);
+  // One hop of an activation between neighbours: half a ping-pong's round trip, timed on one
+  // clock (ranks 2k and 2k + 1), the median of five after one to warm up; the pairs' mean.
+  auto& pipe = ctx.group({0});
+  const bool pinger = p_ % 2 == 0 && p_ + 1 < plan_.pp, ponger = p_ % 2 == 1;
+  const int kPing = tagOf(plan_, S, 0, 0), kPong = kPing + 1;  // past every action's tag
+  at::Tensor ball = at::empty_like(inputs_[0]);
+  std::vector<double> hops;
+  for (int rep = 0; rep < 6 && (pinger || ponger); ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pinger) {
+      auto sent = pipe.isend(inputs_[0], p_ + 1, kPing);
+      pipe.recv(ball, p_ + 1, kPong);
+      sent->wait();
+      if (rep > 0) hops.push_back(us(t0) / 2);
+    } else {
+      pipe.recv(ball, p_ - 1, kPing);
+      pipe.isend(ball, p_ - 1, kPong)->wait();
+    }
+  }
+  std::sort(hops.begin(), hops.end());
+  at::Tensor hop = at::tensor(
+      {hops.empty() ? 0.0 : hops[hops.size() / 2], hops.empty() ? 0.0 : 1.0}, at::kDouble);
+  pipe.allReduce(hop);
+  costs.p2pUs = hop[0].item<double>() / std::max(1.0, hop[1].item<double>());
+  for (int s = 0; s < S; ++s) {
+    StageCost c;
+    c.forwardUs = all[s][0].item<double>();
+    c.backwardUs = all[s][1].item<double>();
+    c.backwardInputUs = all[s][2].item<double>();
+    c.backwardWeightUs = all[s][3].item<double>();
+    costs.stages.push_back(c);
+  }
+  profileMemory(ctx, costs);
+  costs_ = costs;
+  predicted_ = simulate(plan_.schedule, costs);
+  if (predicted_.deadlock.empty()) predictedStepUs_ = predicted_.stepUs;
+}
+
+// Each of this rank's stages timed on micro-batch 0, the median of `reps`: its row of `mine`
+// (forward, backward, input gradient, weight gradient).
+void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
+  const auto us = [](auto t0) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  };
   for (const auto& [stage, params] : stageParams_) {
     std::vector<double> f, b, i, w;
-    for (int rep = 0; rep < 3; ++rep) {
+    for (int rep = 0; rep < reps; ++rep) {
       // Both chains keep the input's shape from layer to layer.
       at::Tensor x = inputs_[0].detach().clone().requires_grad_(true);
       auto t0 = std::chrono::steady_clock::now();
@@ -65,46 +128,43 @@ void PipelineExecutor::profile(RankContext& ctx) {
     mine[stage][2] = median(i);
     mine[stage][3] = median(w);
   }
-  // Each stage's row is nonzero on its rank only: summed over the pipeline, every stage's.
-  at::Tensor all = mine.clone();
-  ctx.group({0}).allReduce(all);
-  Costs costs;
-  // One hop of an activation between neighbours: half a ping-pong's round trip, timed on one
-  // clock (ranks 2k and 2k + 1), the median of five after one to warm up; the pairs' mean.
-  auto& pipe = ctx.group({0});
-  const bool pinger = p_ % 2 == 0 && p_ + 1 < plan_.pp, ponger = p_ % 2 == 1;
-  const int kPing = tagOf(plan_, S, 0, 0), kPong = kPing + 1;  // past every action's tag
-  at::Tensor ball = at::empty_like(inputs_[0]);
-  std::vector<double> hops;
-  for (int rep = 0; rep < 6 && (pinger || ponger); ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (pinger) {
-      auto sent = pipe.isend(inputs_[0], p_ + 1, kPing);
-      pipe.recv(ball, p_ + 1, kPong);
-      sent->wait();
-      if (rep > 0) hops.push_back(us(t0) / 2);
-    } else {
-      pipe.recv(ball, p_ - 1, kPing);
-      pipe.isend(ball, p_ - 1, kPong)->wait();
-    }
+}
+
+// The host each pipeline rank runs on and the cores it shares: every rank's host (its name's
+// hash), cores and kernel threads, gathered over the mesh. Other replicas of the pipeline on a
+// host (data parallelism's) run the same schedule beside it: this pipeline gets its share of
+// the host's cores.
+Costs::Sharing PipelineExecutor::hostSharing(RankContext& ctx) {
+  auto& world = ctx.world();
+  const int W = world.size();
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  const double host = static_cast<double>(std::hash<std::string>{}(name) % (1u << 30));
+  at::Tensor mine = at::zeros({W, 3}, at::kDouble);
+  mine[world.rank()][0] = host;
+  mine[world.rank()][1] = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
+  mine[world.rank()][2] = at::get_num_threads();
+  world.allReduce(mine);
+  const harness::DeviceMesh& mesh = ctx.mesh();
+  const auto pipeline = mesh.groupRanks(world.rank(), {0});  // this replica's, by stage rank
+  std::map<double, int> hostId, onHost, mineOnHost;
+  Costs::Sharing sh;
+  for (int r = 0; r < W; ++r) {
+    hostId.try_emplace(mine[r][0].item<double>(), static_cast<int>(hostId.size()));
+    ++onHost[mine[r][0].item<double>()];
   }
-  std::sort(hops.begin(), hops.end());
-  at::Tensor hop = at::tensor(
-      {hops.empty() ? 0.0 : hops[hops.size() / 2], hops.empty() ? 0.0 : 1.0}, at::kDouble);
-  pipe.allReduce(hop);
-  costs.p2pUs = hop[0].item<double>() / std::max(1.0, hop[1].item<double>());
-  for (int s = 0; s < S; ++s) {
-    StageCost c;
-    c.forwardUs = all[s][0].item<double>();
-    c.backwardUs = all[s][1].item<double>();
-    c.backwardInputUs = all[s][2].item<double>();
-    c.backwardWeightUs = all[s][3].item<double>();
-    costs.stages.push_back(c);
+  for (int64_t r : pipeline) {
+    const double h = mine[r][0].item<double>();
+    sh.hostOf.push_back(hostId.at(h));
+    ++mineOnHost[h];
   }
-  profileMemory(ctx, costs);
-  costs_ = costs;
-  predicted_ = simulate(plan_.schedule, costs);
-  if (predicted_.deadlock.empty()) predictedStepUs_ = predicted_.stepUs;
+  const double h = mine[world.rank()][0].item<double>();
+  sh.cores = mine[world.rank()][1].item<double>() * mineOnHost.at(h) / onHost.at(h);
+  sh.threads = static_cast<int>(mine[world.rank()][2].item<double>());
+  host_ = {{"cores", mine[world.rank()][1].item<double>()},
+           {"kernel_threads_per_rank", sh.threads},
+           {"ranks_on_host", onHost.at(h)}};
+  return sh;
 }
 
 void PipelineExecutor::profileMemory(RankContext& ctx, Costs& costs) {

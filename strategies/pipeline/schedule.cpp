@@ -420,10 +420,30 @@ Costs Costs::fromJson(const std::string& text, const std::string& file, int stag
   }
   Costs c;
   for (auto it = j.begin(); it != j.end(); ++it) {
+    const auto count = [&](const nlohmann::json& v, const std::string& key, int lo) {
+      if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > 4096) {
+        throw ScheduleError(file + ": '" + key + "' must be an integer from " + str(lo) +
+                            " to 4096, got " + v.dump());
+      }
+      return static_cast<int>(v.get<int64_t>());
+    };
     if (it.key() == "p2p_us") {
       c.p2pUs = number(it.value(), "p2p_us", 1e12);
+    } else if (it.key() == "cores") {
+      c.sharing.cores = number(it.value(), "cores", 4096);
+    } else if (it.key() == "threads") {
+      c.sharing.threads = count(it.value(), "threads", 1);
+    } else if (it.key() == "host_of") {
+      if (!it.value().is_array()) {
+        throw ScheduleError(file + ": 'host_of' must be a list of one host id per rank, got " +
+                            it.value().dump());
+      }
+      for (size_t r = 0; r < it.value().size(); ++r) {
+        c.sharing.hostOf.push_back(count(it.value()[r], "host_of[" + std::to_string(r) + "]", 0));
+      }
     } else if (it.key() != "stages") {
-      throw ScheduleError(file + ": unknown key '" + it.key() + "' (expected stages, p2p_us)");
+      throw ScheduleError(file + ": unknown key '" + it.key() +
+                          "' (expected stages, p2p_us, cores, threads, host_of)");
     }
   }
   if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty()) {

@@ -103,10 +103,24 @@ struct StageCost {
 struct Costs {
   std::vector<StageCost> stages;  // one per stage, or one for all
   double p2pUs = 0;               // per activation or gradient sent to another rank
+  // Where ranks share compute (CPU ranks on one host's cores, as threads or processes): the
+  // ranks of one host (`hostOf[rank]`, equal ids) share its `cores`, each rank's kernels
+  // running on `threads` of them, so that cores / threads ranks compute at once. A stage's costs
+  // are its time alone on the host; a rank whose action is ready waits for a core while they
+  // are taken, in the order the ranks became ready, and runs its action to its end (an
+  // operating system's time slice is longer than a pipeline action on a CPU); waiting for a
+  // core is idle time. cores 0: each rank its own device (a GPU per rank): no rank waits for
+  // another.
+  struct Sharing {
+    double cores = 0;  // a share of a host's where other replicas run beside
+    int threads = 1;
+    std::vector<int> hostOf;  // empty: every rank on one host
+  } sharing;
   const StageCost& of(int stage) const {
     return stages.size() == 1 ? stages.front() : stages.at(static_cast<size_t>(stage));
   }
-  // {"p2p_us": x, "stages": [{"forward_us", "backward_us", "backward_input_us",
+  // {"p2p_us": x, "cores": n, "threads": t, "host_of": [host id per rank], "stages":
+  // [{"forward_us", "backward_us", "backward_input_us",
   // "backward_weight_us", "activation_bytes", "weight_grad_bytes", and per action kind
   // ("forward", "backward", "backward_input", "backward_weight") "<kind>_net_bytes" and
   // "<kind>_peak_bytes"}, ...]} (one entry, or one per stage). Throws ScheduleError naming
@@ -126,13 +140,17 @@ struct RankTimeline {
   double peakBytes = 0;              // above the step's start, from the actions' Bytes
 };
 // The dry run: every rank's actions at the earliest time their dependencies allow, in their
-// order. A schedule that cannot finish (a rank waiting for an action that never runs, or that
-// it runs itself later) has `deadlock` set: the first waiting rank, its action and what it
-// waits for, and `waiting` every waiting rank's.
+// order (with Costs::sharing, in time order, each action stretched while its host's cores are
+// oversubscribed). A schedule that cannot finish (a rank waiting for an action that never
+// runs, or that it runs itself later) has `deadlock` set: the first waiting rank, its action and
+// what it waits for, and `waiting` every waiting rank's.
 struct Simulation {
   std::vector<RankTimeline> ranks;
   double stepUs = 0;          // the last action's end
   double bubbleFraction = 0;  // idle rank time over ranks x stepUs
+  // Whether ranks slowed each other (Costs::sharing oversubscribed a host), and the sharing.
+  bool coresShared = false;
+  Costs::Sharing sharing;
   std::string deadlock;
   std::vector<std::string> waiting;
 };

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,133 @@ namespace sb::strategies::pipeline {
 namespace {
 
 Action act(int stage, Op op, int mb) { return Action{stage, op, mb}; }
+
+// Whether some host has more of its ranks' threads than cores: then ranks slow each other.
+bool oversubscribed(const Costs::Sharing& sh, int ranks) {
+  if (sh.cores <= 0) return false;
+  if (!sh.hostOf.empty() && sh.hostOf.size() != static_cast<size_t>(ranks)) {
+    throw ScheduleError("costs: 'host_of' has " + std::to_string(sh.hostOf.size()) +
+                        " entries; the schedule has " + std::to_string(ranks) +
+                        " ranks (one host id per rank)");
+  }
+  std::map<int, int> perHost;
+  for (int r = 0; r < ranks; ++r) {
+    ++perHost[sh.hostOf.empty() ? 0 : sh.hostOf.at(static_cast<size_t>(r))];
+  }
+  for (const auto& [host, n] : perHost) {
+    if (n * std::max(1, sh.threads) > sh.cores) return true;
+  }
+  return false;
+}
+
+// The timeline of a schedule that finishes, in time order with a host's cores as servers: every
+// rank's actions in its order, each ready when its dependencies' ends (and a hop, from another
+// rank) allow and its rank is free, and started when one of its host's cores is: a core runs
+// one rank's action to its end at the rank's speed alone (an operating system's time slice is
+// longer than a pipeline action on a CPU), the ranks waiting for a core take them in the order
+// they became ready, and waiting for a core is idle time (the rank sits woken in its receive).
+// The dry run in dependency order (simulate) has the same order and bytes; this replaces its
+// times.
+void shareCores(const Schedule& s, const Costs& c, Simulation& sim) {
+  const int S = s.stages, M = s.microbatches, R = s.ranks;
+  const Costs::Sharing& sh = c.sharing;
+  const auto host = [&](int r) {
+    return sh.hostOf.empty() ? 0 : sh.hostOf[static_cast<size_t>(r)];
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> fEnd(static_cast<size_t>(S) * M, inf), iEnd = fEnd;
+  const auto at = [M](int st, int m) { return static_cast<size_t>(st) * M + m; };
+  // When the rank's next action may start (its dependencies made and sent, the rank free), or
+  // infinity while one is not made.
+  std::vector<size_t> next(R, 0);
+  std::vector<double> free(R, 0), ends(R, 0), started(R, 0);
+  std::vector<bool> running(R, false);
+  const auto readyAt = [&](int r) {
+    const Action& a = s.perRank[r][next[r]];
+    double t = free[r];
+    const auto need = [&](double end, int stage) {
+      t = std::max(t, end + (s.stageRank[stage] != r ? c.p2pUs : 0.0));
+    };
+    if (a.op == Op::kForward) {
+      if (a.stage > 0) need(fEnd[at(a.stage - 1, a.microbatch)], a.stage - 1);
+    } else if (a.op == Op::kBackwardWeight) {
+      need(iEnd[at(a.stage, a.microbatch)], a.stage);
+    } else {
+      need(fEnd[at(a.stage, a.microbatch)], a.stage);
+      if (a.stage < S - 1) need(iEnd[at(a.stage + 1, a.microbatch)], a.stage + 1);
+    }
+    return t;
+  };
+  const auto costOf = [&](const Action& a) {
+    const StageCost& sc = c.of(a.stage);
+    return a.op == Op::kForward         ? sc.forwardUs
+           : a.op == Op::kBackward      ? sc.backwardUs
+           : a.op == Op::kBackwardInput ? sc.backwardInputUs
+                                        : sc.backwardWeightUs;
+  };
+  for (auto& t : sim.ranks) {
+    t.actions.clear();
+    t.busyUs = 0;
+  }
+  // How many ranks' kernels a host's cores run at once.
+  const int slots = std::max(1, static_cast<int>(sh.cores / std::max(1, sh.threads)));
+  double now = 0;
+  size_t left = 0;
+  for (const auto& row : s.perRank) left += row.size();
+  while (left > 0) {
+    // The ranks whose next action is ready, in the order they became ready, each given a core
+    // of its host while one is free.
+    double nextStart = inf;
+    std::vector<std::pair<double, int>> due;
+    std::map<int, int> taken;
+    for (int r = 0; r < R; ++r) {
+      taken[host(r)] += running[r];
+      if (running[r] || next[r] >= s.perRank[r].size()) continue;
+      const double t = readyAt(r);
+      if (t <= now) {
+        due.emplace_back(t, r);
+      } else {
+        nextStart = std::min(nextStart, t);
+      }
+    }
+    std::sort(due.begin(), due.end());
+    for (const auto& [since, r] : due) {
+      if (taken[host(r)] >= slots) continue;  // waits for a core
+      ++taken[host(r)];
+      running[r] = true;
+      started[r] = now;
+      ends[r] = now + costOf(s.perRank[r][next[r]]);
+    }
+    double t = nextStart;
+    for (int r = 0; r < R; ++r) {
+      if (running[r]) t = std::min(t, ends[r]);
+    }
+    if (!(t < inf)) {  // our bug: the dependency-order run finished this schedule
+      throw std::logic_error("pipeline dry run: no rank can go on under shared cores");
+    }
+    for (int r = 0; r < R; ++r) {
+      if (!running[r] || ends[r] > t) continue;
+      const Action& a = s.perRank[r][next[r]];
+      RankTimeline& tl = sim.ranks[r];
+      tl.actions.push_back({a, started[r], t});
+      tl.busyUs += t - started[r];
+      if (a.op == Op::kForward) fEnd[at(a.stage, a.microbatch)] = t;
+      if (a.op == Op::kBackward || a.op == Op::kBackwardInput) iEnd[at(a.stage, a.microbatch)] = t;
+      running[r] = false;
+      free[r] = t;
+      ++next[r];
+      --left;
+    }
+    now = t;
+  }
+  double busy = 0;
+  sim.stepUs = 0;
+  for (const auto& tl : sim.ranks) {
+    for (const auto& ta : tl.actions) sim.stepUs = std::max(sim.stepUs, ta.endUs);
+    busy += tl.busyUs;
+  }
+  sim.bubbleFraction = sim.stepUs > 0 ? 1.0 - busy / (R * sim.stepUs) : 0.0;
+}
 
 }  // namespace
 
@@ -186,6 +315,11 @@ Simulation simulate(const Schedule& s, const Costs& c) {
     busy += t.busyUs;
   }
   sim.bubbleFraction = sim.stepUs > 0 ? 1.0 - busy / (R * sim.stepUs) : 0.0;
+  if (oversubscribed(c.sharing, R)) {
+    shareCores(s, c, sim);
+    sim.coresShared = true;
+    sim.sharing = c.sharing;
+  }
   return sim;
 }
 
@@ -228,6 +362,11 @@ std::string simulationJson(const Schedule& s, const Simulation& sim) {
   } else {
     j["step_time_us"] = sim.stepUs;
     j["bubble_fraction"] = sim.bubbleFraction;
+  }
+  if (sim.coresShared) {  // the times are those of ranks sharing their hosts' cores
+    j["shared_cores"] = {{"cores", sim.sharing.cores},
+                         {"threads", sim.sharing.threads},
+                         {"host_of", sim.sharing.hostOf}};
   }
   j["per_rank"] = ranks;
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

@@ -18,7 +18,9 @@ Costs uniform(double f, double b, double i = -1, double w = -1) {
   c.backwardUs = b;
   c.backwardInputUs = i < 0 ? b / 2 : i;
   c.backwardWeightUs = w < 0 ? b - c.backwardInputUs : w;
-  return Costs{{c}, 0};
+  Costs costs;
+  costs.stages = {c};
+  return costs;
 }
 
 // Every action starts after what it needs has ended, read from the timeline alone (not from
@@ -266,6 +268,74 @@ TEST(PipelineSchedule, SizesAndProfilesOutsideWhatItTakesAreRefusedNamingThem) {
   // Stage 1 runs 4 forwards from t = 1 and 4 backwards: its 24 units of work start at 1, end
   // at 25; stage 0's last backward (2) follows: 27.
   EXPECT_DOUBLE_EQ(sim.stepUs, 27.0);
+  // Shared cores: read, and a host per rank or none refused where they do not agree.
+  const Costs shared = Costs::fromJson(
+      "{\"stages\": [{}], \"cores\": 2, \"threads\": 1, \"host_of\": [0, 0, 1, 1]}", "p.json", 4);
+  EXPECT_EQ(shared.sharing.cores, 2);
+  EXPECT_EQ(shared.sharing.hostOf, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_NE(error("{\"stages\": [{}], \"threads\": 0}", 4).find("'threads' must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error("{\"stages\": [{}], \"host_of\": [0, -1]}", 4).find("'host_of[1]' must be"),
+            std::string::npos);
+  Costs twoHosts = uniform(1, 2);
+  twoHosts.sharing = {1, 1, {0, 0, 1}};
+  try {
+    simulate(makeSchedule("gpipe", 4, 8), twoHosts);
+    ADD_FAILURE() << "host_of of 3 ranks accepted for 4";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("'host_of' has 3 entries; the schedule has 4 ranks"),
+              std::string::npos);
+  }
+}
+
+// Ranks sharing one core: the core is never idle while any rank can run, so the step is every
+// action's cost summed (work conservation), whatever the schedule; a ready rank waits for the
+// core, the dependencies still holding. Where every rank has cores of its own the run is the one
+// without sharing, to the bit.
+TEST(PipelineSchedule, RanksSharingCoresTakeTheirWorkInTurn) {
+  for (const char* kind : {"gpipe", "1f1b", "zb-h1"}) {
+    const int R = 4, M = 8;
+    const Schedule s = makeSchedule(kind, R, M);
+    Costs c = uniform(1, 2);
+    const Simulation alone = simulate(s, c);
+    c.sharing = {1, 1, {}};
+    const Simulation one = simulate(s, c);
+    EXPECT_TRUE(one.coresShared) << kind;
+    EXPECT_NEAR(one.stepUs, R * M * 3.0, 1e-9) << kind;
+    expectDependenciesHold(s, one);
+    // Two cores for four ranks: no faster than half the work or the unshared run, no slower
+    // than twice the unshared run.
+    c.sharing = {2, 1, {}};
+    const Simulation two = simulate(s, c);
+    EXPECT_GE(two.stepUs, std::max(R * M * 3.0 / 2, alone.stepUs) - 1e-9) << kind;
+    EXPECT_LE(two.stepUs, 2 * alone.stepUs + 1e-9) << kind;
+    expectDependenciesHold(s, two);
+    // Each rank on a host of its own, or enough cores for every rank's threads: no sharing.
+    for (const Costs::Sharing& sh :
+         {Costs::Sharing{1, 1, {0, 1, 2, 3}}, Costs::Sharing{8, 2, {}}}) {
+      c.sharing = sh;
+      const Simulation same = simulate(s, c);
+      EXPECT_FALSE(same.coresShared) << kind;
+      EXPECT_EQ(same.stepUs, alone.stepUs) << kind;
+      EXPECT_EQ(same.bubbleFraction, alone.bubbleFraction) << kind;
+    }
+  }
+  // GPipe on 2 ranks sharing one core, 2 micro-batches, F 1 and B 2, by hand: 0F0 [0, 1]; at 1
+  // 0F1 and 1F0 are both ready, rank 0 first (ready as early, lower rank): 0F1 [1, 2], then 1F0
+  // [2, 3], 1F1 [3, 4], 1B0 [4, 6] (rank 0 waits for it); at 6 0B0 and 1B1 are both ready:
+  // 0B0 [6, 8], 1B1 [8, 10]; 0B1 [10, 12]. Each rank is busy 6 of 12.
+  Costs c = uniform(1, 2);
+  c.sharing = {1, 1, {}};
+  const Simulation g = simulate(makeSchedule("gpipe", 2, 2), c);
+  ASSERT_EQ(g.ranks.size(), 2u);
+  EXPECT_DOUBLE_EQ(g.stepUs, 12.0);
+  EXPECT_DOUBLE_EQ(g.ranks[0].busyUs, 6.0);
+  EXPECT_DOUBLE_EQ(g.ranks[1].busyUs, 6.0);
+  EXPECT_DOUBLE_EQ(g.bubbleFraction, 0.5);
+  ASSERT_EQ(g.ranks[1].actions.size(), 4u);
+  EXPECT_DOUBLE_EQ(g.ranks[1].actions[0].startUs, 2.0);  // 1F0 waited a unit for the core
+  EXPECT_DOUBLE_EQ(g.ranks[1].actions[3].startUs, 8.0);  // 1B1 waited two
+  EXPECT_DOUBLE_EQ(g.ranks[0].actions[3].startUs, 10.0);
 }
 
 }  // namespace
