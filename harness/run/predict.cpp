@@ -119,10 +119,12 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
       const std::string what = p.at("what"), unit = p.at("unit");
       const double measured = p.at("measured"), predicted = p.at("predicted");
       const double floor = p.value("floor", 0.0);
-      // The claim as a relative tolerance against this measurement, the floor folded in.
-      const double tolerance = std::max(
-          p.at("tolerance").get<double>(),
-          measured != 0 ? floor / std::abs(measured) : std::numeric_limits<double>::infinity());
+      // The claim as a relative tolerance against this measurement, the floor folded in (a
+      // measurement of 0: within the floor or not at all).
+      const double off = std::abs(measured - predicted);
+      const double tolerance =
+          measured != 0 ? std::max(p.at("tolerance").get<double>(), floor / std::abs(measured))
+                        : (off <= floor ? std::numeric_limits<double>::infinity() : 0.0);
       judge(what.c_str(), unit.c_str(), measured, predicted, tolerance);
     }
   }

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -142,7 +143,12 @@ Costs::Sharing PipelineExecutor::hostSharing(RankContext& ctx) {
   const double host = static_cast<double>(std::hash<std::string>{}(name) % (1u << 30));
   at::Tensor mine = at::zeros({W, 3}, at::kDouble);
   mine[world.rank()][0] = host;
-  mine[world.rank()][1] = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
+  // The cores this process may run on (its affinity mask: a container's or taskset's), not the
+  // machine's.
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  mine[world.rank()][1] = static_cast<double>(cores);
   mine[world.rank()][2] = at::get_num_threads();
   world.allReduce(mine);
   const harness::DeviceMesh& mesh = ctx.mesh();
@@ -161,6 +167,8 @@ Costs::Sharing PipelineExecutor::hostSharing(RankContext& ctx) {
   const double h = mine[world.rank()][0].item<double>();
   sh.cores = mine[world.rank()][1].item<double>() * mineOnHost.at(h) / onHost.at(h);
   sh.threads = static_cast<int>(mine[world.rank()][2].item<double>());
+  // A GPU per rank: its kernels run on the device, and ranks do not wait for each other's cores.
+  if (reference::caseDevice().is_cuda()) sh.cores = 0;
   host_ = {{"cores", mine[world.rank()][1].item<double>()},
            {"kernel_threads_per_rank", sh.threads},
            {"ranks_on_host", onHost.at(h)}};

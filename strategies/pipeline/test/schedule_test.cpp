@@ -320,6 +320,24 @@ TEST(PipelineSchedule, RanksSharingCoresTakeTheirWorkInTurn) {
       EXPECT_EQ(same.bubbleFraction, alone.bubbleFraction) << kind;
     }
   }
+  // Shared, but never two ranks ready at once (one micro-batch: each action waits for the last):
+  // the time-ordered run is the dependency-order one.
+  {
+    Costs c = uniform(1, 2);
+    const Schedule one = makeSchedule("1f1b", 4, 1);
+    const Simulation alone = simulate(one, c);
+    c.sharing = {1, 1, {}};
+    const Simulation turn = simulate(one, c);
+    ASSERT_TRUE(turn.coresShared);
+    EXPECT_DOUBLE_EQ(turn.stepUs, alone.stepUs);
+    EXPECT_DOUBLE_EQ(turn.bubbleFraction, alone.bubbleFraction);
+    for (size_t r = 0; r < alone.ranks.size(); ++r) {
+      ASSERT_EQ(turn.ranks[r].actions.size(), alone.ranks[r].actions.size());
+      for (size_t k = 0; k < alone.ranks[r].actions.size(); ++k) {
+        EXPECT_DOUBLE_EQ(turn.ranks[r].actions[k].startUs, alone.ranks[r].actions[k].startUs);
+      }
+    }
+  }
   // GPipe on 2 ranks sharing one core, 2 micro-batches, F 1 and B 2, by hand: 0F0 [0, 1]; at 1
   // 0F1 and 1F0 are both ready, rank 0 first (ready as early, lower rank): 0F1 [1, 2], then 1F0
   // [2, 3], 1F1 [3, 4], 1B0 [4, 6] (rank 0 waits for it); at 6 0B0 and 1B1 are both ready:
