@@ -39,7 +39,7 @@ check "mesh size not the world size" 2 "but the world size is 3" -- \
 check "missing suite file" 2 "cannot read the suite file" -- "$sb" run "$tmp/none.yaml"
 check "unknown option" 2 "" -- "$sb" run "$src/suites/smoke.yaml" --bogus
 check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --filter 'S01R=S01R.RR/0'
-# 45 Linear and redistribution strategies, 258 operator strategies for the canonical shapes,
+# 45 Linear and redistribution strategies, 310 operator strategies for the canonical shapes,
 # Megatron's two blocks, the 5 whole-model plans (4 auto-sharding algorithms, 1 from a file),
 # and the rest (context parallel, FSDP, the 5 pipeline schedules).
 check "list --family" 0 "410 strategies" -- "$sb" list --family sharding

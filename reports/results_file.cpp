@@ -27,10 +27,10 @@ namespace {
 constexpr const auto& kColumns = harness::kCsvColumns;
 constexpr size_t kN = kColumns.size();
 
-// Added to schema 1 after it first shipped (adding a column is compatible): a file without
-// them still reads, it just cannot be gated on per-repetition times or per-tensor errors.
 // What `run` writes in `mispredicted`: the predictions a row contradicts, in the order it
-// judges them (harness/run/predict.cpp), joined by '+'.
+// judges them (harness/run/predict.cpp: memory, time, then an executor's own, of which the
+// pipeline's bubble is the one there is), joined by '+'. A new executor prediction's name is
+// added here.
 bool validMispredicted(const std::string& m) {
   if (m.empty()) return true;
   static const char* kOrder[] = {"memory", "time", "bubble"};
@@ -47,6 +47,8 @@ bool validMispredicted(const std::string& m) {
   return true;
 }
 
+// Added to schema 1 after it first shipped (adding a column is compatible): a file without
+// them still reads, it just cannot be gated on per-repetition times or per-tensor errors.
 bool isOptional(const std::string& c) {
   return c == "err_ratio" || c == "worst_tensor" || c == "tensor_err_ratio" ||
          c == "time_us_samples" || c == "predicted_time_us" || c == "params" || c == "mispredicted";

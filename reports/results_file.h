@@ -42,9 +42,9 @@ struct ResultRow {
   int repetitions = 0;
   std::optional<int64_t> peakMemBytes, predictedMemBytes, commBytes, predictedCommBytes, commCalls;
   std::optional<double> predictedTimeUs;
+  // "", or "memory", "time" and "bubble" joined by '+' in that order ("memory+time")
   std::string mispredicted;
-  bool predictionsJudged = true;  // false for files written before runs judged predictions // "",
-                                  // "memory", "time", "memory+time"
+  bool predictionsJudged = true;  // false for files written before runs judged predictions
   std::vector<std::pair<std::string, std::string>> params;  // e.g. budget -> 0.5
   std::string message;
   // From the results.json beside the file, where there is one: where a failing row first left

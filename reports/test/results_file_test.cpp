@@ -193,6 +193,26 @@ TEST(ResultsFile, AnUnknownStatusIsAnError) {
   expectInputError([&] { readResults(path); }, {"results.csv:2:", "'passed'", "pass, fail"});
 }
 
+// `mispredicted` names the predictions a row contradicts, joined by '+' in the order `run`
+// judges them (memory, time, an executor's own such as a pipeline's bubble); anything else is
+// refused, naming the line and the column.
+TEST(ResultsFile, MispredictedNamesTheJudgedPredictionsInTheirOrder) {
+  int k = 0;
+  for (const std::string m : {"", "bubble", "memory+bubble", "memory+time+bubble"}) {
+    harness::Record r = passRow("c", "s");
+    r.mispredicted = m;
+    const auto rows = readResults(writeRun(tempDir("judged" + std::to_string(k++)), {r}));
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].mispredicted, m);
+  }
+  for (const std::string m : {"bubble+memory", "speed", "memory+", "memory+memory"}) {
+    harness::Record r = passRow("c", "s");
+    r.mispredicted = m;
+    const std::string path = writeRun(tempDir("misjudged" + std::to_string(k++)), {r});
+    expectInputError([&] { readResults(path); }, {"results.csv:2:", "mispredicted"});
+  }
+}
+
 TEST(ResultsFile, TheSameRowInTwoFilesIsAnErrorNamingBoth) {
   const std::string a = tempDir("dup_a"), b = tempDir("dup_b");
   writeRun(a, {passRow("c", "s")});
