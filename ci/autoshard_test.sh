@@ -218,6 +218,11 @@ check "solve shard: malformed shape names the key" 2 "'heads'" -- \
   "$sb" solve shard --workload gpt2 --shape '{"heads": 0}' --mesh 2x2
 check "solve shard: malformed profile names the file" 2 "nope.json" -- \
   "$sb" solve shard --workload gpt2 --mesh 2x2 --profile "$tmp/nope.json"
+check "solve shard: a tensor-parallel axis the mesh lacks: exit 2 naming it" 2 \
+  "tensor-parallel axis 2 is not an axis of the 2-D mesh" -- \
+  "$sb" solve shard --workload gpt2 --mesh 2x2 --algo megatron --tp-axis 2
+check "solve shard: a tensor-parallel axis for another algorithm: exit 2" 2 "Megatron's placement's alone" -- \
+  "$sb" solve shard --workload gpt2 --mesh 2x2 --algo ilp --tp-axis 0
 check "solve shard: no plan fits: exit 1 with the least it needs" 1 "the least any plan" -- \
   "$sb" solve shard --workload gpt2 --shape '{"layers": 2}' --mesh 2x2 --max-memory 1000
 check "graph --json" 0 '"node_count": 32' -- \

@@ -112,6 +112,11 @@ class PlanStrategy final : public harness::Strategy {
         if (!c.params.contains("plan") || !c.params.at("plan").is_string()) {
           throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file");
         }
+        if (c.params.contains("tp_axis")) {
+          throw harness::InputError(c.where() +
+                                    ": params.tp_axis: Megatron's tensor-parallel axis, for "
+                                    "sharding/auto/megatron; a plan from a file has its layouts");
+        }
         const std::string path = c.params.at("plan").get<std::string>();
         std::ifstream in(path);
         if (!in) throw harness::InputError(c.where() + ": params.plan: cannot read " + path);
