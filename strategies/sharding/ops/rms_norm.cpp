@@ -5,6 +5,8 @@
 
 #include <numeric>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "strategies/sharding/ops/op_rule.h"
 #include "strategies/sharding/ops/op_specs_common.h"
 

@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "strategies/sharding/ops/op_rule.h"
 #include "strategies/sharding/ops/op_specs_common.h"
 
