@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -88,6 +89,8 @@ struct OpShape {
   std::vector<int64_t> reducedDims() const;
   // permute, transpose: output dimension d is input dimension permutation()[d].
   std::vector<int64_t> permutation() const;
+  // getitem: the rows [start, stop) of the input's first dimension it takes.
+  std::pair<int64_t, int64_t> rows() const;
   std::string toString() const;
 };
 
