@@ -20,6 +20,52 @@ namespace {
 
 Action act(int stage, Op op, int mb) { return Action{stage, op, mb}; }
 
+// What an action waits for: {stage, micro-batch, which end} (kForward: its F; kBackwardInput:
+// its B or I), from its own rank or, where the stage is another's, sent.
+struct Dep {
+  int stage, microbatch;
+  Op op;
+};
+// At most two, in a fixed array: the dry run asks for them once per action and wake-up.
+struct Deps {
+  std::array<Dep, 2> d;
+  int n = 0;
+  const Dep* begin() const { return d.data(); }
+  const Dep* end() const { return d.data() + n; }
+};
+Deps depsOf(const Action& a, int stages) {
+  Deps d;
+  if (a.op == Op::kForward) {
+    if (a.stage > 0) d.d[d.n++] = {a.stage - 1, a.microbatch, Op::kForward};
+  } else if (a.op == Op::kBackwardWeight) {
+    d.d[d.n++] = {a.stage, a.microbatch, Op::kBackwardInput};
+  } else {
+    d.d[d.n++] = {a.stage, a.microbatch, Op::kForward};
+    if (a.stage < stages - 1) d.d[d.n++] = {a.stage + 1, a.microbatch, Op::kBackwardInput};
+  }
+  return d;
+}
+
+double costUs(const StageCost& sc, Op op) {
+  return op == Op::kForward         ? sc.forwardUs
+         : op == Op::kBackward      ? sc.backwardUs
+         : op == Op::kBackwardInput ? sc.backwardInputUs
+                                    : sc.backwardWeightUs;
+}
+
+// The step (the last action's end) and the bubble (idle rank time over ranks x step) of the
+// ranks' timelines.
+void stepAndBubble(Simulation& sim) {
+  double busy = 0;
+  sim.stepUs = 0;
+  for (const auto& t : sim.ranks) {
+    for (const auto& ta : t.actions) sim.stepUs = std::max(sim.stepUs, ta.endUs);
+    busy += t.busyUs;
+  }
+  const double R = static_cast<double>(sim.ranks.size());
+  sim.bubbleFraction = sim.stepUs > 0 ? 1.0 - busy / (R * sim.stepUs) : 0.0;
+}
+
 // Whether some host has more of its ranks' threads than cores: then ranks slow each other.
 bool oversubscribed(const Costs::Sharing& sh, int ranks) {
   if (sh.cores <= 0) return false;
@@ -61,27 +107,12 @@ void shareCores(const Schedule& s, const Costs& c, Simulation& sim) {
   std::vector<double> free(R, 0), ends(R, 0), started(R, 0);
   std::vector<bool> running(R, false);
   const auto readyAt = [&](int r) {
-    const Action& a = s.perRank[r][next[r]];
     double t = free[r];
-    const auto need = [&](double end, int stage) {
-      t = std::max(t, end + (s.stageRank[stage] != r ? c.p2pUs : 0.0));
-    };
-    if (a.op == Op::kForward) {
-      if (a.stage > 0) need(fEnd[at(a.stage - 1, a.microbatch)], a.stage - 1);
-    } else if (a.op == Op::kBackwardWeight) {
-      need(iEnd[at(a.stage, a.microbatch)], a.stage);
-    } else {
-      need(fEnd[at(a.stage, a.microbatch)], a.stage);
-      if (a.stage < S - 1) need(iEnd[at(a.stage + 1, a.microbatch)], a.stage + 1);
+    for (const Dep& d : depsOf(s.perRank[r][next[r]], S)) {
+      const double end = (d.op == Op::kForward ? fEnd : iEnd)[at(d.stage, d.microbatch)];
+      t = std::max(t, end + (s.stageRank[d.stage] != r ? c.p2pUs : 0.0));
     }
     return t;
-  };
-  const auto costOf = [&](const Action& a) {
-    const StageCost& sc = c.of(a.stage);
-    return a.op == Op::kForward         ? sc.forwardUs
-           : a.op == Op::kBackward      ? sc.backwardUs
-           : a.op == Op::kBackwardInput ? sc.backwardInputUs
-                                        : sc.backwardWeightUs;
   };
   for (auto& t : sim.ranks) {
     t.actions.clear();
@@ -114,7 +145,8 @@ void shareCores(const Schedule& s, const Costs& c, Simulation& sim) {
       ++taken[host(r)];
       running[r] = true;
       started[r] = now;
-      ends[r] = now + costOf(s.perRank[r][next[r]]);
+      const Action& a = s.perRank[r][next[r]];
+      ends[r] = now + costUs(c.of(a.stage), a.op);
     }
     double t = nextStart;
     for (int r = 0; r < R; ++r) {
@@ -138,13 +170,7 @@ void shareCores(const Schedule& s, const Costs& c, Simulation& sim) {
     }
     now = t;
   }
-  double busy = 0;
-  sim.stepUs = 0;
-  for (const auto& tl : sim.ranks) {
-    for (const auto& ta : tl.actions) sim.stepUs = std::max(sim.stepUs, ta.endUs);
-    busy += tl.busyUs;
-  }
-  sim.bubbleFraction = sim.stepUs > 0 ? 1.0 - busy / (R * sim.stepUs) : 0.0;
+  stepAndBubble(sim);
 }
 
 }  // namespace
@@ -155,31 +181,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   // End times: forward, input gradient (B or I), weight gradient (B or W).
   std::vector<double> fEnd(static_cast<size_t>(S) * M, nan), iEnd = fEnd, wEnd = fEnd;
   const auto at = [M](int st, int m) { return static_cast<size_t>(st) * M + m; };
-  // What an action waits for: {stage, micro-batch, which end}, and whether it comes from
-  // another rank (a send).
-  struct Dep {
-    int stage, microbatch;
-    Op op;  // kForward: its F; kBackwardInput: its B or I
-  };
-  // At most two, in a fixed array: the dry run asks for them once per action and wake-up.
-  struct Deps {
-    std::array<Dep, 2> d;
-    int n = 0;
-    const Dep* begin() const { return d.data(); }
-    const Dep* end() const { return d.data() + n; }
-  };
-  const auto deps = [&](const Action& a) {
-    Deps d;
-    if (a.op == Op::kForward) {
-      if (a.stage > 0) d.d[d.n++] = {a.stage - 1, a.microbatch, Op::kForward};
-    } else if (a.op == Op::kBackwardWeight) {
-      d.d[d.n++] = {a.stage, a.microbatch, Op::kBackwardInput};
-    } else {
-      d.d[d.n++] = {a.stage, a.microbatch, Op::kForward};
-      if (a.stage < S - 1) d.d[d.n++] = {a.stage + 1, a.microbatch, Op::kBackwardInput};
-    }
-    return d;
-  };
+  const auto deps = [S](const Action& a) { return depsOf(a, S); };
   const auto endOf = [&](const Dep& d) {
     return d.op == Op::kForward ? fEnd[at(d.stage, d.microbatch)] : iEnd[at(d.stage, d.microbatch)];
   };
@@ -231,7 +233,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
           break;
         }
         const StageCost& sc = c.of(a.stage);
-        double cost = 0;
+        const double cost = costUs(sc, a.op);
         RankTimeline& t = sim.ranks[r];
         const StageCost::Bytes& mem = a.op == Op::kForward         ? sc.forwardBytes
                                       : a.op == Op::kBackward      ? sc.backwardBytes
@@ -241,28 +243,24 @@ Simulation simulate(const Schedule& s, const Costs& c) {
         bytes[r] += mem.net;
         switch (a.op) {
           case Op::kForward:
-            cost = sc.forwardUs;
             fEnd[at(a.stage, a.microbatch)] = start + cost;
             wake(waitF[at(a.stage, a.microbatch)]);
             live[r] += sc.activationBytes;
             ++inFlight[r];
             break;
           case Op::kBackward:
-            cost = sc.backwardUs;
             iEnd[at(a.stage, a.microbatch)] = wEnd[at(a.stage, a.microbatch)] = start + cost;
             wake(waitI[at(a.stage, a.microbatch)]);
             live[r] -= sc.activationBytes;
             --inFlight[r];
             break;
           case Op::kBackwardInput:
-            cost = sc.backwardInputUs;
             iEnd[at(a.stage, a.microbatch)] = start + cost;
             wake(waitI[at(a.stage, a.microbatch)]);
             live[r] -= sc.activationBytes - sc.weightGradBytes;
             --inFlight[r];
             break;
           case Op::kBackwardWeight:
-            cost = sc.backwardWeightUs;
             wEnd[at(a.stage, a.microbatch)] = start + cost;
             live[r] -= sc.weightGradBytes;
             break;
@@ -309,12 +307,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
     }
     return sim;
   }
-  double busy = 0;
-  for (const auto& t : sim.ranks) {
-    for (const auto& ta : t.actions) sim.stepUs = std::max(sim.stepUs, ta.endUs);
-    busy += t.busyUs;
-  }
-  sim.bubbleFraction = sim.stepUs > 0 ? 1.0 - busy / (R * sim.stepUs) : 0.0;
+  stepAndBubble(sim);
   if (oversubscribed(c.sharing, R)) {
     shareCores(s, c, sim);
     sim.coresShared = true;
