@@ -155,9 +155,13 @@ OpRule bmmRule() {
   };
   r.specs = bmmSpecs;
   r.layouts = keepLayouts;
+  // The batch (bmm's, the batched matmul's) or the heads (the batched matmul's) split on the
+  // input alone; matmul's dot and matrix-vector forms have neither.
   r.faults = [](const OpStrategySpec& sp) {
     std::vector<std::string> own;
-    if (!sp.operandLayouts[1].axesOf(0).empty()) own.push_back("batch_split_one_operand");
+    const harness::Layout& other = sp.operandLayouts[1];
+    if (other.ndim() >= 3 && !other.axesOf(0).empty()) own.push_back("batch_split_one_operand");
+    if (other.ndim() == 4 && !other.axesOf(1).empty()) own.push_back("heads_split_one_operand");
     return commonFaults(sp, own);
   };
   r.forward = [](const LocalForward& f) {
@@ -181,14 +185,6 @@ OpRule matmulRule() {
         {{"op", "matmul"}, {"input", {2, 4, 8, 16}}, {"other", {2, 4, 16, 8}}}};
   };
   r.specs = matmulSpecs;
-  r.faults = [](const OpStrategySpec& sp) {
-    // The batched form's batch and heads, split on the input alone.
-    std::vector<std::string> own;
-    const harness::Layout& other = sp.operandLayouts[1];
-    if (other.ndim() == 4 && !other.axesOf(0).empty()) own.push_back("batch_split_one_operand");
-    if (other.ndim() == 4 && !other.axesOf(1).empty()) own.push_back("heads_split_one_operand");
-    return commonFaults(sp, own);
-  };
   r.forward = [](const LocalForward& f) {
     return std::vector<at::Tensor>{f.reduce(at::matmul(f.in[0], f.in[1]))};
   };
