@@ -418,15 +418,15 @@ Costs Costs::fromJson(const std::string& text, const std::string& file, int stag
     bytesFields[std::string(kind) + "_net_bytes"] = {field, true};
     bytesFields[std::string(kind) + "_peak_bytes"] = {field, false};
   }
+  const auto count = [&](const nlohmann::json& v, const std::string& key, int lo) {
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > 4096) {
+      throw ScheduleError(file + ": '" + key + "' must be an integer from " + str(lo) +
+                          " to 4096, got " + v.dump());
+    }
+    return static_cast<int>(v.get<int64_t>());
+  };
   Costs c;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const auto count = [&](const nlohmann::json& v, const std::string& key, int lo) {
-      if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > 4096) {
-        throw ScheduleError(file + ": '" + key + "' must be an integer from " + str(lo) +
-                            " to 4096, got " + v.dump());
-      }
-      return static_cast<int>(v.get<int64_t>());
-    };
     if (it.key() == "p2p_us") {
       c.p2pUs = number(it.value(), "p2p_us", 1e12);
     } else if (it.key() == "cores") {
