@@ -65,11 +65,18 @@ struct InputSpec {
 };
 
 // The keys of a torchscript case's shape: {"file": "m.pt", "inputs": [...], "params":
-// "module" | "seed"}; throws ImportError naming the key.
+// "module" | "seed", "microbatches": M}; throws ImportError naming the key.
 struct ImportSpec {
   std::string file;
   std::vector<InputSpec> inputs;
   bool seededParams = false;  // "params": "seed": re-initialised from the case's seed
+  // "microbatches": the reference accumulates M micro-batches of every input's rows (dimension
+  // 0), each through the module's forward and backward in turn (the pipeline family's
+  // reference); M divides every input's first dimension.
+  int64_t microbatches = 1;
+  // The spec of one micro-batch: every input's first dimension over M, M = 1 (the graph a
+  // pipeline's stages run: its shape constants folded at the micro-batch's size).
+  ImportSpec microbatch() const;
   // Planted importer faults (tests): "wrong_parameter" binds a parameter's reads to another
   // parameter of its shape; "shape_constant_off_by_one" folds the first aten::size one larger;
   // "cut_where_two_cross" linearises for checkpointing with cuts where two activations cross
@@ -112,6 +119,9 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
 // high)), by graph input name; constants included.
 std::map<std::string, at::Tensor> importedInputs(const ImportedModel& m, at::ScalarType dtype,
                                                  uint64_t seed, InputMode mode);
+// A constant graph input's tensor as a case in `dtype` holds it (a buffer converted as
+// module.to() converts it, a folded tensor in its own dtype), on the case's device.
+at::Tensor importedConstant(const ImportedModel::Constant& c, at::ScalarType dtype);
 // The module's parameters in `dtype` (or re-initialised from `seed`), by graph name.
 std::map<std::string, at::Tensor> importedParameters(const ImportedModel& m, const ImportSpec& s,
                                                      at::ScalarType dtype, uint64_t seed);

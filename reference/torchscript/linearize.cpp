@@ -185,16 +185,20 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
   return stages;
 }
 
-std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoCross) {
-  if (m.dataInputs.size() != 1 || m.inputSpecs.at(0).dtype != "float") {
+std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoCross,
+                                       ChainInput in) {
+  if (m.dataInputs.size() != 1 ||
+      (in == ChainInput::kFloating && m.inputSpecs.at(0).dtype != "float")) {
     std::string names;
     for (size_t i = 0; i < m.dataInputs.size(); ++i) {
       names += (i ? ", " : "") + m.dataInputs[i] + " (" + m.inputSpecs[i].dtype + ")";
     }
-    throw ImportError(
-        "linearize: a chain runs from one floating input, which it "
-        "differentiates; the forward takes " +
-        names);
+    throw ImportError(std::string(in == ChainInput::kFloating
+                                      ? "linearize: a chain runs from one floating input, which "
+                                        "it differentiates; the forward takes "
+                                      : "linearize: a chain runs from one input; the forward "
+                                        "takes ") +
+                      names);
   }
   std::vector<std::string> constants;
   for (const auto& [name, dims] : m.graph.inputs) {
@@ -223,13 +227,15 @@ struct StageProgram {
 
 }  // namespace
 
-std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const WorkloadData& data) {
+std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const WorkloadData& data,
+                                           ChainInput in) {
   const ImportSpec spec = ImportSpec::fromJson(shape);
   auto state = std::make_shared<ChainState>();
-  state->model = importModel(spec);
+  state->model = importModel(spec.microbatch());
   const ImportedModel& m = *state->model;
   const Graph& g = m.graph;
-  const std::vector<ChainStage> stages = linearizeModel(m, spec.fault == "cut_where_two_cross");
+  const std::vector<ChainStage> stages =
+      linearizeModel(m, spec.fault == "cut_where_two_cross", in);
   const std::string input = m.dataInputs.at(0);
   std::vector<std::string> constants;
   for (const auto& [name, dims] : g.inputs) {
@@ -241,7 +247,18 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
   for (const auto& [name, dims] : g.parameters) {
     state->fixed[name] = net->param(name, data.inputs.at(name));
   }
-  for (const auto& name : constants) state->fixed[name] = data.inputs.at(name);
+  // The constants of the graph the stages run: a folded tensor of one micro-batch's size is
+  // not the whole batch's (the data's).
+  {
+    at::ScalarType dtype = at::kFloat;
+    if (!g.parameters.empty()) dtype = data.inputs.at(g.parameters.front().first).scalar_type();
+    for (const auto& name : constants) {
+      const auto it = m.constants.find(name);
+      state->fixed[name] = spec.microbatches == 1 || it == m.constants.end()
+                               ? data.inputs.at(name)
+                               : importedConstant(it->second, dtype);
+    }
+  }
   // Values of constants alone, once: no stage recomputes them, no gradient reaches them.
   // (Imported nodes carry no seed offset: nothing they run draws from the case's seed.)
   {

@@ -51,13 +51,21 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
 
 struct ImportedModel;
 
-// linearize() on an imported model from its one floating input. Throws ImportError, naming the
-// inputs, where the model has more than one data input or its input is ids.
-std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoCross = false);
+// Whether the chain's input may be ids: a checkpointed chain differentiates its input, a
+// pipeline's first stage reads ids as an embedding does (no gradient to send back).
+enum class ChainInput { kFloating, kFloatingOrIds };
+
+// linearize() on an imported model from its one data input. Throws ImportError, naming the
+// inputs, where the model has more than one data input or, under kFloating, its input is ids.
+std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoCross = false,
+                                       ChainInput in = ChainInput::kFloating);
 
 // The imported model of a torchscript case's shape as a chain network, holding `data`'s
 // tensors (the torchscript workload's inputs, parameters and grad_output, so that a step of the
-// chain computes the module's output and gradients). Throws as linearizeModel.
-std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const WorkloadData& data);
+// chain computes the module's output and gradients). With the shape's `microbatches` M the
+// stages are the graph imported on one micro-batch's rows (its shape constants folded at that
+// size): they run on input().chunk(M) one at a time. Throws as linearizeModel.
+std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const WorkloadData& data,
+                                           ChainInput in = ChainInput::kFloating);
 
 }  // namespace sb::reference::torchscript

@@ -72,6 +72,13 @@ InputSpec InputSpec::fromJson(const nlohmann::json& j, const std::string& where)
   return s;
 }
 
+ImportSpec ImportSpec::microbatch() const {
+  ImportSpec s = *this;
+  for (auto& i : s.inputs) i.shape[0] /= microbatches;
+  s.microbatches = 1;
+  return s;
+}
+
 nlohmann::json InputSpec::toJson() const {
   if (dtype == "float") return shape;
   return {{"shape", shape}, {"dtype", "int64"}, {"low", low}, {"high", high}};
@@ -84,9 +91,9 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
   }
   for (auto it = shape.begin(); it != shape.end(); ++it) {
     if (it.key() != "file" && it.key() != "inputs" && it.key() != "params" &&
-        it.key() != "import_fault") {
+        it.key() != "microbatches" && it.key() != "import_fault") {
       throw ImportError("torchscript: unknown shape key '" + it.key() +
-                        "' (expected file, inputs, params)");
+                        "' (expected file, inputs, params, microbatches)");
     }
   }
   ImportSpec s;
@@ -110,6 +117,22 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
                       "' (expected module: the file's own, or seed: re-initialised)");
   }
   s.seededParams = params == "seed";
+  if (shape.contains("microbatches")) {
+    const auto& m = shape.at("microbatches");
+    if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() > 100000) {
+      throw ImportError("torchscript: shape key 'microbatches' must be an integer from 1 to "
+                        "100000, got " + m.dump());
+    }
+    s.microbatches = m.get<int64_t>();
+    for (size_t i = 0; i < s.inputs.size(); ++i) {
+      if (s.inputs[i].shape[0] % s.microbatches != 0) {
+        throw ImportError("torchscript: shape key 'microbatches' (" +
+                          std::to_string(s.microbatches) + ") must divide the first dimension " +
+                          "of every input; inputs[" + std::to_string(i) + "] has " +
+                          std::to_string(s.inputs[i].shape[0]));
+      }
+    }
+  }
   if (shape.contains("import_fault")) {
     s.fault = shape.at("import_fault").get<std::string>();
     if (s.fault != "wrong_parameter" && s.fault != "shape_constant_off_by_one" &&
@@ -141,12 +164,14 @@ std::map<std::string, at::Tensor> importedInputs(const ImportedModel& m, at::Sca
       out[m.dataInputs[i]] = makeNormal(s.shape, dtype, seed, stream, mode);
     }
   }
-  for (const auto& [name, c] : m.constants) {
-    out[name] = c.followsDtype && at::isFloatingType(c.value.scalar_type())
-                    ? c.value.to(caseDevice(), dtype)
-                    : c.value.to(caseDevice());
-  }
+  for (const auto& [name, c] : m.constants) out[name] = importedConstant(c, dtype);
   return out;
+}
+
+at::Tensor importedConstant(const ImportedModel::Constant& c, at::ScalarType dtype) {
+  return c.followsDtype && at::isFloatingType(c.value.scalar_type())
+             ? c.value.to(caseDevice(), dtype)
+             : c.value.to(caseDevice());
 }
 
 std::map<std::string, at::Tensor> importedParameters(const ImportedModel& m, const ImportSpec& s,
@@ -183,7 +208,11 @@ class TorchscriptWorkload final : public Workload {
            "reference; the imported graph is what the strategies run";
   }
   void validate(const nlohmann::json& shape) const override {
-    importModel(ImportSpec::fromJson(shape));
+    const ImportSpec spec = ImportSpec::fromJson(shape);
+    importModel(spec);
+    // Micro-batches: the trace must also run on one micro-batch's rows (a batch size the trace
+    // folded to a constant is named by the node that fails).
+    if (spec.microbatches > 1) importModel(spec.microbatch());
   }
   std::string shapeString(const nlohmann::json& shape) const override {
     const ImportSpec s = ImportSpec::fromJson(shape);
@@ -193,6 +222,7 @@ class TorchscriptWorkload final : public Workload {
       out += ";input=" + dimsString(i.shape) + (i.dtype == "int64" ? ":int64" : "");
     }
     if (s.seededParams) out += ";params=seed";
+    if (s.microbatches > 1) out += ";microbatches=" + std::to_string(s.microbatches);
     return out;
   }
 
@@ -228,14 +258,39 @@ class TorchscriptWorkload final : public Workload {
       p.set_requires_grad(true);
       if (p.grad().defined()) p.mutable_grad() = at::Tensor();
     }
-    std::vector<c10::IValue> args;
-    for (const auto& name : m->dataInputs) args.emplace_back(d.inputs.at(name));
-    c10::IValue r = module.forward(args);
-    while (r.isTuple()) r = r.toTupleRef().elements().at(0);
-    const at::Tensor out = r.toTensor();
-    d.inputs["grad_output"] = makeNormal(out.sizes(), dtype, seed, 999, mode);
-    torch::autograd::backward({out}, {d.inputs.at("grad_output")});
-    d.expected["output"] = out.detach();
+    // The module's forward and backward on each micro-batch of every input's rows in turn
+    // (one, without `microbatches`), its parameters' gradients accumulated in that order, as a
+    // training loop accumulating gradients does; the output the micro-batches' outputs' rows.
+    const std::vector<int64_t> outShape = m->graph.valueShape(m->graph.output);
+    d.inputs["grad_output"] = makeNormal(outShape, dtype, seed, 999, mode);
+    const int64_t M = spec.microbatches;
+    if (M > 1 && outShape.at(0) % M != 0) {
+      throw ImportError("torchscript: shape key 'microbatches' (" + std::to_string(M) +
+                        ") must divide the output's first dimension (the batch's rows), " +
+                        std::to_string(outShape[0]));
+    }
+    std::vector<at::Tensor> outs;
+    for (int64_t k = 0; k < M; ++k) {
+      const auto rows = [&](const at::Tensor& t) {
+        return M == 1 ? t : t.narrow(0, k * (t.size(0) / M), t.size(0) / M);
+      };
+      std::vector<c10::IValue> args;
+      for (const auto& name : m->dataInputs) args.emplace_back(rows(d.inputs.at(name)));
+      c10::IValue r = module.forward(args);
+      while (r.isTuple()) r = r.toTupleRef().elements().at(0);
+      const at::Tensor out = r.toTensor();
+      const at::Tensor g = rows(d.inputs.at("grad_output"));
+      if (!out.sizes().equals(g.sizes())) {
+        throw ImportError("torchscript: " + spec.file + " returns " + dimsString(out.sizes()) +
+                          " on a micro-batch, not the rows " + dimsString(g.sizes()) +
+                          " of its output " + dimsString(outShape) +
+                          " (shape key 'microbatches' needs the batch as every input's and the "
+                          "output's first dimension)");
+      }
+      torch::autograd::backward({out}, {g});
+      outs.push_back(out.detach());
+    }
+    d.expected["output"] = M == 1 ? outs[0] : at::cat(outs, 0);
     d.checked.push_back("output");
     for (const auto& [name, dims] : m->graph.parameters) {
       const at::Tensor& p = own.at(name);

@@ -448,7 +448,8 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
       }
     } else if (!reference::findChainWorkload(c.workload)) {
       return Applicability::notApplicable("workload '" + c.workload + "' is not a chain network");
-    } else if (c.shape.is_object() && c.shape.value("microbatches", int64_t{1}) != 1) {
+    }
+    if (c.shape.is_object() && c.shape.value("microbatches", int64_t{1}) != 1) {
       return Applicability::notApplicable(
           "the reference accumulates micro-batches (shape key microbatches); checkpointing runs "
           "the whole batch");

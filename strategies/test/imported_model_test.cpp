@@ -278,6 +278,67 @@ TEST(ImportedChain, TheChainIsTheModuleBitwise) {
   }
 }
 
+// Shape key `microbatches` (the pipeline's reference): the module's forward and backward on each
+// micro-batch of the rows in turn. The chain of the graph imported on one micro-batch's rows,
+// run on the same micro-batches and accumulated in the same order, must give the same output
+// rows and gradients to the bit (ViT from an image; GPT-2 from ids, its tied embedding summed
+// within each backward as the module sums it); against the whole batch at once (M = 1), within
+// a reordered sum's rounding.
+TEST(ImportedChain, MicrobatchesAreTheModulesOwnAccumulated) {
+  for (const std::string model : {"vit", "gpt2"}) {
+    auto shape = shapeOf(model);
+    SKIP_WITHOUT_MODELS(shape);
+    // Four rows, two micro-batches of two.
+    nlohmann::json in = shape["inputs"][0];
+    if (in.is_array()) {
+      in[0] = 4;
+    } else {
+      in["shape"][0] = 4;
+    }
+    shape["inputs"] = nlohmann::json::array({in});
+    nlohmann::json whole = shape;
+    shape["microbatches"] = 2;
+    const WorkloadData ref = torchscriptWorkload()->build(shape, at::kFloat, 5, InputMode::kRandom);
+    const auto net = importedChainNet(shape, ref, ChainInput::kFloatingOrIds);
+    net->zeroGrad();
+    const auto xs = net->input().chunk(2, 0), gs = net->target().chunk(2, 0);
+    std::vector<at::Tensor> ys;
+    for (int m = 0; m < 2; ++m) {
+      at::Tensor x = xs[m].contiguous();
+      if (at::isFloatingType(x.scalar_type())) x = x.detach().requires_grad_(true);
+      at::Tensor h = x;
+      for (int l = 0; l < net->numStages(); ++l) h = net->stage(l, h, true);
+      EXPECT_EQ(h.size(0), 2) << model << ": the stages run on one micro-batch's rows";
+      backward({h}, {gs[m].contiguous()});
+      ys.push_back(h.detach());
+    }
+    EXPECT_TRUE(at::equal(at::cat(ys, 0), ref.expected.at("output"))) << model;
+    const WorkloadData one = torchscriptWorkload()->build(whole, at::kFloat, 5, InputMode::kRandom);
+    EXPECT_TRUE(at::allclose(one.expected.at("output"), ref.expected.at("output"), 1e-5, 1e-5))
+        << model;
+    for (const auto& [name, p] : net->parameters()) {
+      const at::Tensor& want = ref.expected.at("grad/" + name);
+      EXPECT_TRUE(at::equal(p.grad(), want)) << model << ": grad/" << name;
+      EXPECT_TRUE(at::allclose(one.expected.at("grad/" + name), want, 1e-4, 1e-4))
+          << model << ": grad/" << name << " against the whole batch";
+    }
+  }
+  // A count that does not divide the rows, or is not a count: refused naming the key.
+  auto shape = shapeOf("vit");
+  SKIP_WITHOUT_MODELS(shape);
+  shape["microbatches"] = 3;
+  try {
+    ImportSpec::fromJson(shape);
+    ADD_FAILURE() << "microbatches 3 of " << shape["inputs"].dump() << " accepted";
+  } catch (const ImportError& e) {
+    EXPECT_NE(std::string(e.what()).find("'microbatches' (3) must divide the first dimension"),
+              std::string::npos)
+        << e.what();
+  }
+  shape["microbatches"] = "2";
+  EXPECT_THROW(ImportSpec::fromJson(shape), ImportError);
+}
+
 // Planted: cuts also where two activations cross (a residual block split inside, its skip
 // passed beside the chain, detached): its gradient is lost, and the run must differ or fail.
 TEST(ImportFault, ALinearisationCuttingWhereTwoCrossIsCaught) {

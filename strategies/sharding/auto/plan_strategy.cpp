@@ -159,6 +159,11 @@ class PlanStrategy final : public harness::Strategy {
     if (c.mesh.empty() || c.mesh.size() > 3) {
       return Applicability::notApplicable("plans are for meshes of 1 to 3 axes");
     }
+    if (c.shape.is_object() && c.shape.value("microbatches", int64_t{1}) != 1) {
+      return Applicability::notApplicable(
+          "the reference accumulates micro-batches (shape key microbatches); a plan runs the "
+          "whole batch");
+    }
     const auto s = solved(c);
     if (!s->problem.empty()) return Applicability::unsupported(s->problem);
     if (fault_ == kFault && s->edges.empty()) {
