@@ -29,7 +29,7 @@ at::Tensor PipelineExecutor::stageForward(int stage, const at::Tensor& x,
   return h;
 }
 
-void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData&) {
+void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
   // NCCL matches a pair's sends and receives by their order, not their tags: a schedule that
   // mixes activations and gradients in one direction would take one for the other.
   if (ctx.world().backendName() == "nccl") {
@@ -40,35 +40,70 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData&)
   d_ = plan_.dp > 1 ? ctx.group({1}).rank() : 0;
   if (plan_.dp > 1) dpComm_ = &ctx.group({1});
   worldComm_ = &ctx.world();
-  net_ =
-      reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype, case_.seed);
+  net_ = makeChainNet(case_, data);
   const int64_t rows = net_->input().size(0) / plan_.dp;
   const at::Tensor in = net_->input().narrow(0, d_ * rows, rows);
   const at::Tensor tgt = net_->target().narrow(0, d_ * rows, rows);
   for (const at::Tensor& t : in.chunk(plan_.microbatches, 0)) inputs_.push_back(t.contiguous());
   for (const at::Tensor& t : tgt.chunk(plan_.microbatches, 0)) targets_.push_back(t.contiguous());
+  // What crosses each layer boundary: micro-batch 0 through the whole chain, untaped (layers
+  // need not keep their input's shape: an imported model goes from ids to features to logits).
+  // The samples stand in for received activations in the profile, then are let go.
+  {
+    at::NoGradGuard noGrad;
+    at::Tensor h = inputs_[0];
+    const int L = net_->numStages();
+    for (int b = 0; b <= L; ++b) {
+      boundary_.push_back(at::empty({0}, h.options()));
+      boundaryShape_.push_back(h.sizes().vec());
+      const bool used = b == plan_.cut[1] ||
+                        (b < L && plan_.schedule.stageRank[plan_.stageOf(b)] == p_);
+      if (used) samples_[b] = h;
+      if (b < L) h = net_->stage(b, h, false);
+    }
+  }
+  // Each parameter on every rank holding a stage that reads it; elsewhere let go (the layers
+  // hold the tensors, emptied), so that a rank's memory is its stages' alone.
   for (const auto& [name, t] : net_->parameters()) {
-    const int layer = layerOf(case_, name);
-    const int stage = static_cast<int>(std::upper_bound(plan_.cut.begin(), plan_.cut.end(), layer) -
-                                       plan_.cut.begin() - 1);
+    const std::vector<int> layers = layersOf(case_, name);
     shapes_[name] = t.sizes().vec();
-    if (plan_.schedule.stageRank[stage] != p_) {
-      // Another rank's stage: its parameters are let go (the layers hold the tensors, emptied),
-      // so that a rank's memory is its stages' alone.
+    std::set<int> mine;
+    for (int l : layers) {
+      if (plan_.schedule.stageRank[plan_.stageOf(l)] == p_) mine.insert(plan_.stageOf(l));
+    }
+    if (mine.empty()) {
       at::NoGradGuard noGrad;
       at::Tensor(t).set_(at::empty({0}, t.options()));
       continue;
     }
+    const std::vector<int> holders = holdersOf(plan_, layers);
+    if (holders.size() > 1) tied_.push_back({owned_.size(), holders});
+    // One stage reading it: whose accumulated gradient the reference's trace has.
+    if (plan_.stageOf(layers.front()) == plan_.stageOf(layers.back())) {
+      stageOfParam_[name] = plan_.stageOf(layers.front());
+    }
     owned_.emplace_back(name, t);
-    stageParams_[stage].push_back(t);
-    layerParams_[layer].push_back(t);
+    for (int s : mine) {
+      stageParams_[s].push_back(t);
+      // W takes a parameter's gradient from the last layer of the stage reading it: every use
+      // in the stage's earlier layers reaches the loss through that layer's output.
+      int last = -1;
+      for (int l : layers) {
+        if (plan_.stageOf(l) == s) last = l;
+      }
+      layerParams_[last].push_back(t);
+    }
     t.mutable_grad() = at::zeros_like(t);
   }
   profile(ctx);
+  samples_.clear();
   if (training_) {
     for (const auto& [name, t] : owned_) initial_.push_back(t.detach().clone());
-    const std::vector<bool> counted(owned_.size(), d_ == 0);
+    // The norm's squares counted once: on replica 0, by a tied parameter's first holder.
+    std::vector<bool> counted(owned_.size(), d_ == 0);
+    for (const auto& [k, holders] : tied_) counted[k] = counted[k] && holders.front() == p_;
     update_ = harness::profileUpdate(ctx.rank(), case_.training, owned_, counted);
+    counted_ = counted;
   }
 }
 
@@ -76,8 +111,9 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
   auto& pipe = ctx.group({0});
   const int S = plan_.schedule.stages, s = a.stage, m = a.microbatch;
   const auto& where = plan_.schedule.stageRank;
-  const auto receive = [&](const at::Tensor& like, int from, int tag, const char* what) {
-    at::Tensor t = at::empty_like(like, at::MemoryFormat::Contiguous);
+  const auto receive = [&](const at::Tensor& like, at::IntArrayRef shape, int from, int tag,
+                           const char* what) {
+    at::Tensor t = at::empty(shape, like.options().memory_format(at::MemoryFormat::Contiguous));
     if (profiling_) return t;
     try {
       pipe.recv(t, from, tag);
@@ -88,7 +124,9 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     computeStart_ = std::chrono::steady_clock::now();  // the wait before it is idle time
     return t;
   };
-  const auto send = [&](const at::Tensor& t, int to, int tag) {
+  // What is sent goes contiguous (a stage of an imported model may end in a view).
+  const auto send = [&](at::Tensor t, int to, int tag) {
+    t = t.contiguous();
     if (profiling_) {
       held_.push_back(t);
     } else {
@@ -96,10 +134,12 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     }
   };
   if (a.op == Op::kForward) {
+    const int b = plan_.cut[s];
     at::Tensor x = s == 0 ? inputs_[m]
-                          : receive(inputs_[m], where[s - 1], tagOf(plan_, s, m, 0),
-                                    "the previous stage's activation");
-    x = x.detach().requires_grad_(true);
+                          : receive(boundary_[b], boundaryShape_[b], where[s - 1],
+                                    tagOf(plan_, s, m, 0), "the previous stage's activation");
+    // Ids (an imported model's first stage) take no gradient.
+    x = at::isFloatingType(x.scalar_type()) ? x.detach().requires_grad_(true) : x;
     std::vector<at::Tensor> outs;
     at::Tensor y = stageForward(s, x, plan_.schedule.splitBackward ? &outs : nullptr);
     if (s < S - 1) {
@@ -136,7 +176,8 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
   }
   if (training_ && s == S - 1) lossSum_ += (st.y * targets_[m]).sum().item<double>();
   const at::Tensor gy = s == S - 1 ? targets_[m]
-                                   : receive(st.y, where[s + 1], tagOf(plan_, s, m, 1),
+                                   : receive(st.y, st.y.sizes(), where[s + 1],
+                                             tagOf(plan_, s, m, 1),
                                              "the next stage's input gradient");
   at::Tensor gx;
   if (a.op == Op::kBackward) {
@@ -156,14 +197,18 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     // I: the input's gradient and every layer output's but the last (whose is gy), in one
     // pass that computes no parameter's gradient; the graph kept for W.
     std::vector<at::Tensor> wrt(st.outs.begin(), st.outs.end() - 1);
-    wrt.push_back(st.x);
-    auto grads = torch::autograd::grad({st.y}, wrt, {gy}, /*retain_graph=*/true);
-    gx = grads.back();
-    grads.pop_back();
+    const bool differentiable = st.x.requires_grad();
+    if (differentiable) wrt.push_back(st.x);
+    std::vector<at::Tensor> grads;
+    if (!wrt.empty()) grads = torch::autograd::grad({st.y}, wrt, {gy}, /*retain_graph=*/true);
+    if (differentiable) {
+      gx = grads.back();
+      grads.pop_back();
+    }
     grads.push_back(gy);
     st.gouts = std::move(grads);
   }
-  if (capturing_) keep("backward", s, stageInputGradName(plan_, s, d_, m), gx);
+  if (capturing_ && gx.defined()) keep("backward", s, stageInputGradName(plan_, s, d_, m), gx);
   if (a.op == Op::kBackward) keepAccumulated(s, m);
   if (s > 0) {
     send(gx, where[s - 1], tagOf(plan_, s - 1, m, 1));
@@ -186,8 +231,8 @@ void PipelineExecutor::keepAccumulated(int stage, int m) {
   // replica's, before the replicas' all-reduce).
   if (!capturing_ || profiling_ || !plan_.inOrder) return;
   for (const auto& [name, t] : owned_) {
-    const int l = layerOf(case_, name);
-    if (l < plan_.cut[stage] || l >= plan_.cut[stage + 1]) continue;
+    const auto it = stageOfParam_.find(name);
+    if (it == stageOfParam_.end() || it->second != stage) continue;
     keep("backward", stage, accumulatedGradName(plan_, name, d_, m), t.grad());
   }
 }
@@ -205,7 +250,7 @@ void PipelineExecutor::step(RankContext& ctx) {
     at::NoGradGuard noGrad;
     for (size_t i = 0; i < owned_.size(); ++i) owned_[i].second.copy_(initial_[i]);
     loop_ = std::make_unique<reference::TrainingLoop>(case_.training, owned_);
-    harness::shareNormOver(*loop_, std::vector<bool>(owned_.size(), d_ == 0), ctx.world());
+    harness::shareNormOver(*loop_, counted_, ctx.world());
   }
   const auto now = [&] {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_)
@@ -245,6 +290,7 @@ void PipelineExecutor::step(RankContext& ctx) {
     capturing_ = false;
     end = now();
     const harness::CommSiteScope update("", harness::StepPhase::kUpdate);
+    sumTiedGradients(ctx);
     if (plan_.dp > 1) {
       for (auto& [name, t] : owned_) ctx.group({1}).allReduce(t.mutable_grad());
     }
@@ -266,18 +312,53 @@ void PipelineExecutor::step(RankContext& ctx) {
   stepUs_ = end;
 }
 
+// A tied parameter's gradient on each rank holding it is its stages' part: each holder sends
+// its part to every other and receives theirs, then adds the parts in the holders' order, so that
+// every holder has the same sum to the bit. (Each part is received into a buffer of its own; a
+// holder's own part is changed only after its sends are done.)
+void PipelineExecutor::sumTiedGradients(RankContext& ctx) {
+  auto& pipe = ctx.group({0});
+  for (size_t i = 0; i < tied_.size(); ++i) {
+    const auto& [k, holders] = tied_[i];
+    at::Tensor& g = owned_[k].second.mutable_grad();
+    const int tag = tagOf(plan_, plan_.schedule.stages, 1, 0) + static_cast<int>(i);
+    std::vector<std::unique_ptr<harness::Communicator::PendingSend>> out;
+    for (int h : holders) {
+      if (h != p_) out.push_back(pipe.isend(g, h, tag));
+    }
+    std::vector<at::Tensor> parts;
+    for (int h : holders) {
+      if (h == p_) {
+        parts.push_back(g);
+        continue;
+      }
+      parts.push_back(at::empty_like(g, at::MemoryFormat::Contiguous));
+      pipe.recv(parts.back(), h, tag);
+    }
+    for (auto& s : out) s->wait();
+    at::NoGradGuard noGrad;
+    at::Tensor& sum = parts.front();
+    for (size_t j = 1; j < parts.size(); ++j) sum.add_(parts[j]);
+    if (!sum.is_same(g)) g.copy_(sum);
+  }
+}
+
 void PipelineExecutor::settle(RankContext& ctx) {
   results_.clear();
   const auto shapeOf = [](const at::Tensor& t) { return t.sizes().vec(); };
+  // Nothing of a tensor this rank does not hold: its rows none (in the case's floating dtype).
   const auto empty = [&](std::vector<int64_t> shape) {
     shape[0] = 0;
-    return at::empty(shape, net_->input().options());
+    return at::empty(shape, net_->target().options());
   };
   const int S = plan_.schedule.stages;
   results_["output"] =
       plan_.schedule.stageRank[S - 1] == p_ ? at::cat(outputs_, 0) : empty(shapeOf(net_->target()));
-  results_["grad_input"] =
-      plan_.schedule.stageRank[0] == p_ ? at::cat(gradInputs_, 0) : empty(shapeOf(net_->input()));
+  // The input's gradient, where the chain differentiates its input (ids take none).
+  if (!chainModel(case_)->idsInput) {
+    results_["grad_input"] =
+        plan_.schedule.stageRank[0] == p_ ? at::cat(gradInputs_, 0) : empty(shapeOf(net_->input()));
+  }
   std::set<std::string> mine;
   for (const auto& [name, t] : owned_) {
     results_["grad/" + name] = t.grad();

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -32,12 +33,37 @@ inline constexpr double kBubbleTolerance = 0.10, kBubbleFloor = 0.02;
 enum class Fault { kNone, kGradTwice, kWarmupShort, kWeightBeforeInput, kSendWrongStage };
 const char* faultName(Fault f);
 
-// The chain workloads a pipeline runs: no batch norm (a micro-batch's statistics are not the
-// batch's) and a known layer count without building the net.
-std::optional<int> chainLength(const CaseSpec& c);
-// The chain stage a parameter belongs to: its name's first component is the stage's name
-// (mlp_chain's layer<i>, gpt2_stack's h<l> and ln_f).
-int layerOf(const CaseSpec& c, const std::string& name);
+// What a pipeline cuts into stages, known before the net is built (pipeline_model.cpp): a
+// chain network (reference/chain_nets.h) of layers each mapping one tensor to the next.
+//   - mlp_chain and gpt2_stack (no batch norm: a micro-batch's statistics are not the batch's,
+//     and the chain workloads check the running ones); a parameter's layer is named by its
+//     name's first component (layer<i>, h<l>, ln_f);
+//   - an imported model (workload torchscript with shape key microbatches): its graph imported
+//     on one micro-batch's rows and linearised from its one input, floating or ids
+//     (reference/torchscript/linearize.h); a parameter's layers are the chain stages whose nodes
+//     read it, more than one where it is tied (GPT-2's embedding, read again by its head).
+struct ChainModel {
+  int layers = 0;
+  // Per boundary b = 0..layers (layer b's input; b = layers: the output): one micro-batch's bytes.
+  std::vector<int64_t> boundaryBytes;
+  std::vector<double> layerCost;  // what params.cut: balanced weighs
+  bool imported = false;
+  bool idsInput = false;  // the chain's input is ids: no gradient goes back from the first layer
+  // Imported: every parameter's reading layers (ascending) and shape.
+  std::map<std::string, std::vector<int>> readers;
+  std::map<std::string, std::vector<int64_t>> paramShapes;
+};
+// Null where the workload is none a pipeline cuts; throws where the case's shape is bad (an
+// import error names the file and node). Cached per workload, shape and dtype.
+std::shared_ptr<const ChainModel> chainModel(const CaseSpec& c);
+// The chain layers reading a parameter, ascending.
+std::vector<int> layersOf(const CaseSpec& c, const std::string& name);
+// Every parameter's name and shape (a built-in chain's net is built for them).
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameterShapes(const CaseSpec& c);
+// The case's chain network holding the reference's tensors (an imported model's parameters,
+// input and grad_output are the torchscript workload's).
+std::unique_ptr<reference::ChainNet> makeChainNet(const CaseSpec& c,
+                                                  const reference::WorkloadData& data);
 
 // What every rank agrees on, from the case.
 struct Plan {
@@ -46,7 +72,15 @@ struct Plan {
   int microbatches = 1;  // per replica (the shape's, over the replicas)
   std::vector<int> cut;  // pipeline stage s holds chain stages [cut[s], cut[s + 1])
   bool inOrder = true;   // every stage's gradients accumulated in micro-batch order
+  // The pipeline stage holding a chain layer.
+  int stageOf(int layer) const {
+    return static_cast<int>(std::upper_bound(cut.begin(), cut.end(), layer) - cut.begin() - 1);
+  }
 };
+
+// The pipeline ranks holding a stage that reads any of `layers`, ascending: the ranks that sum
+// a tied parameter's gradient.
+std::vector<int> holdersOf(const Plan& p, const std::vector<int>& layers);
 
 // The names a failure is located by (harness/run/divergence.h): stage s's output of replica d's
 // micro-batch m, its input's gradient, and a parameter's gradient as its replica accumulated it
@@ -56,7 +90,8 @@ std::string stageInputGradName(const Plan& p, int stage, int d, int m);
 std::string accumulatedGradName(const Plan& p, const std::string& param, int d, int m);
 // The reference's trace of those values: the case's chain cut as the plan cuts it, each
 // micro-batch through the stages and back, accumulated in order.
-std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const CaseSpec& c);
+std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const CaseSpec& c,
+                                                        const reference::WorkloadData& data);
 
 // The tag of what is sent to stage s for micro-batch m: its activation (kind 0) or the gradient
 // of its output (kind 1).
@@ -115,6 +150,17 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::vector<std::pair<std::string, at::Tensor>> owned_;  // (name, parameter)
   std::map<std::string, std::vector<int64_t>> shapes_;     // every parameter's
   std::map<std::pair<int, int>, Stash> stash_;
+  // Per layer boundary (layer b's input): its tensor's options and one micro-batch's shape; and,
+  // until the profile is done, micro-batch 0's value where this rank's stages take it.
+  std::vector<at::Tensor> boundary_;
+  std::vector<std::vector<int64_t>> boundaryShape_;
+  std::map<int, at::Tensor> samples_;
+  // Tied parameters (read by stages on several pipeline ranks): the index in owned_ and the
+  // holders; the gradients summed over them after the step (sumTiedGradients).
+  std::vector<std::pair<size_t, std::vector<int>>> tied_;
+  void sumTiedGradients(RankContext& ctx);
+  std::map<std::string, int> stageOfParam_;  // a parameter one stage reads: that stage
+  std::vector<bool> counted_;                // training: whose squares this rank's norm counts
   std::vector<std::unique_ptr<harness::Communicator::PendingSend>> sends_;
   harness::Communicator* dpComm_ = nullptr;  // mesh axis 1, with data parallelism
   harness::Communicator* worldComm_ = nullptr;

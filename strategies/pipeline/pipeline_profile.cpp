@@ -48,12 +48,15 @@ void PipelineExecutor::profile(RankContext& ctx) {
   auto& pipe = ctx.group({0});
   const bool pinger = p_ % 2 == 0 && p_ + 1 < plan_.pp, ponger = p_ % 2 == 1;
   const int kPing = tagOf(plan_, S, 0, 0), kPong = kPing + 1;  // past every action's tag
-  at::Tensor ball = at::empty_like(inputs_[0]);
+  // The ball: the first activation that crosses to another rank (micro-batch 0's, at the first
+  // cut).
+  const at::Tensor first = samples_.at(plan_.cut.at(1)).contiguous();
+  at::Tensor ball = at::empty_like(first);
   std::vector<double> hops;
   for (int rep = 0; rep < 6 && (pinger || ponger); ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     if (pinger) {
-      auto sent = pipe.isend(inputs_[0], p_ + 1, kPing);
+      auto sent = pipe.isend(first, p_ + 1, kPing);
       pipe.recv(ball, p_ + 1, kPong);
       sent->wait();
       if (rep > 0) hops.push_back(us(t0) / 2);
@@ -90,8 +93,10 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
   for (const auto& [stage, params] : stageParams_) {
     std::vector<double> f, b, i, w;
     for (int rep = 0; rep < reps; ++rep) {
-      // Both chains keep the input's shape from layer to layer.
-      at::Tensor x = inputs_[0].detach().clone().requires_grad_(true);
+      // The stage's input as micro-batch 0 reaches it (ids take no gradient).
+      at::Tensor x = samples_.at(plan_.cut[stage]).detach().clone();
+      const bool differentiable = at::isFloatingType(x.scalar_type());
+      if (differentiable) x.requires_grad_(true);
       auto t0 = std::chrono::steady_clock::now();
       std::vector<at::Tensor> outs;
       at::Tensor y = stageForward(stage, x, &outs);
@@ -101,10 +106,11 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
       // layer's parameters from its output's gradient.
       t0 = std::chrono::steady_clock::now();
       std::vector<at::Tensor> wrt(outs.begin(), outs.end() - 1);
-      wrt.push_back(x);
-      auto gouts = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/true);
+      if (differentiable) wrt.push_back(x);
+      std::vector<at::Tensor> gouts;
+      if (!wrt.empty()) gouts = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/true);
       i.push_back(us(t0));
-      gouts.pop_back();
+      if (differentiable) gouts.pop_back();
       gouts.push_back(g);
       t0 = std::chrono::steady_clock::now();
       for (int l = plan_.cut[stage]; l < plan_.cut[stage + 1]; ++l) {
@@ -115,7 +121,7 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
       }
       w.push_back(us(t0));
       std::vector<at::Tensor> all = params;
-      all.push_back(x);
+      if (differentiable) all.push_back(x);
       t0 = std::chrono::steady_clock::now();
       torch::autograd::grad({y}, all, {g});
       b.push_back(us(t0));
@@ -245,21 +251,26 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
   if (!predicted_.deadlock.empty() || reference::caseDevice().is_cuda()) return std::nullopt;
   const int S = plan_.schedule.stages;
   double net = 0;
-  int64_t sent = 0;
+  int64_t sent = 0;  // what the step's sends hold until it waits for them
+  const auto bytesAt = [&](int b) {
+    int64_t n = c10::elementSize(boundary_.at(b).scalar_type());
+    for (int64_t d : boundaryShape_.at(b)) n *= d;
+    return n;
+  };
   for (const Action& a : plan_.schedule.perRank[p_]) {
     const StageCost& c = costs_.of(a.stage);
     switch (a.op) {
       case Op::kForward:
         net += c.forwardBytes.net;
-        if (a.stage < S - 1) ++sent;
+        if (a.stage < S - 1) sent += bytesAt(plan_.cut[a.stage + 1]);
         break;
       case Op::kBackward:
         net += c.backwardBytes.net;
-        if (a.stage > 0) ++sent;
+        if (a.stage > 0) sent += bytesAt(plan_.cut[a.stage]);
         break;
       case Op::kBackwardInput:
         net += c.backwardInputBytes.net;
-        if (a.stage > 0) ++sent;
+        if (a.stage > 0) sent += bytesAt(plan_.cut[a.stage]);
         break;
       case Op::kBackwardWeight:
         net += c.backwardWeightBytes.net;
@@ -269,10 +280,15 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
   const auto scratchOf = [](harness::Communicator* comm, int64_t bytes, at::ScalarType t) {
     return comm ? comm->scratchBytes(Collective::kAllReduce, bytes, bytes, t) : int64_t{0};
   };
-  int64_t dpScratch = 0;
+  // A tied parameter's gradient: the other holders' parts, received into buffers of their own.
+  int64_t updateScratch = 0;
+  for (const auto& [k, holders] : tied_) {
+    updateScratch = std::max(updateScratch, static_cast<int64_t>(holders.size() - 1) *
+                                        static_cast<int64_t>(owned_[k].second.nbytes()));
+  }
   if (plan_.dp > 1) {
     for (const auto& [name, t] : owned_) {
-      dpScratch = std::max(dpScratch,
+      updateScratch = std::max(updateScratch,
                            scratchOf(dpComm_, static_cast<int64_t>(t.nbytes()), t.scalar_type()));
     }
   }
@@ -285,10 +301,9 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
   for (int k = 0; k < iterations; ++k) {
     const int64_t state = k > 0 ? update_.stateBytes : 0;
     const int64_t base = entryAfter_ + state;
-    const int64_t end =
-        base + static_cast<int64_t>(net) - sent * static_cast<int64_t>(inputs_.at(0).nbytes());
+    const int64_t end = base + static_cast<int64_t>(net) - sent;
     peak = std::max(
-        {peak, base + static_cast<int64_t>(predicted_.ranks.at(p_).peakBytes), end + dpScratch});
+        {peak, base + static_cast<int64_t>(predicted_.ranks.at(p_).peakBytes), end + updateScratch});
     if (training_) {
       peak = std::max(
           {peak, end + 8 + scratchOf(worldComm_, 8, at::kDouble), end - state + update_.peak});

@@ -1,5 +1,6 @@
-// Pipeline parallelism: `pipeline/<schedule>` runs a chain network (mlp_chain, gpt2_stack) cut
-// by layers into stages, one per rank of mesh axis 0 (or, interleaved, several), through the
+// Pipeline parallelism: `pipeline/<schedule>` runs a chain network (mlp_chain, gpt2_stack, or an
+// imported model linearised: pipeline_model.cpp) cut by layers into stages, one per rank of mesh
+// axis 0 (or, interleaved, several), through the
 // actions of a schedule (schedule.h): GPipe, Megatron's 1F1B and interleaved 1F1B, Zero Bubble's
 // ZB-H1, or a schedule read from torch.distributed.pipelining's CSV. On a 2-D mesh axis 1 is
 // data parallel: each replica runs its rows' micro-batches through its pipeline, and the
@@ -15,10 +16,14 @@
 //   I  B's input gradient alone (autograd::grad with the graph kept); W its parameters'
 //      gradients from the same graph and output gradient, accumulated in place.
 // The reference is the same micro-batches accumulated in order on one rank (the chain
-// workloads' shape key `microbatches`): where a schedule accumulates every stage's micro-batches
-// in order 0..M-1 (each built in one does) and there is one replica, every tensor is bitwise
-// equal; with data parallelism the replicas' sums are added in another order (a tolerance for a
-// sum split over the replicas).
+// workloads' and the torchscript workload's shape key `microbatches`): where a schedule
+// accumulates every stage's micro-batches in order 0..M-1 (each built in one does) and there is
+// one replica, every tensor is bitwise equal; with data parallelism the replicas' sums are added
+// in another order (a tolerance for a sum split over the replicas). An imported model's
+// reference is the module's own forward and backward, its kernels rounding otherwise than the
+// imported graph's operators where they differ (the default tolerance). A parameter that stages
+// on several ranks read (GPT-2's tied embedding) is held by each: each accumulates its stages'
+// part, and after the step the holders exchange parts and add them in rank order.
 //
 // Each rank records its actions' start and end in the measured step; the row's details have the
 // measured idle time per rank and the bubble (idle rank time over ranks x step) beside the dry
@@ -39,6 +44,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "harness/registry.h"
@@ -68,15 +74,6 @@ const char* faultName(Fault f) {
   return "?";
 }
 
-std::optional<int> chainLength(const CaseSpec& c) {
-  const auto get = [&](const char* key, int64_t def) {
-    return c.shape.is_object() ? c.shape.value(key, def) : def;
-  };
-  if (c.workload == "mlp_chain") return static_cast<int>(get("depth", 8));
-  if (c.workload == "gpt2_stack") return static_cast<int>(get("layers", 4)) + 1;  // and ln_f
-  return std::nullopt;
-}
-
 namespace {
 std::string microbatchName(const Plan& p, int d, int m) {
   return "micro-batch " + std::to_string(m) + (p.dp > 1 ? " of replica " + std::to_string(d) : "");
@@ -93,8 +90,9 @@ std::string accumulatedGradName(const Plan& p, const std::string& param, int d, 
   return "grad " + param + " after " + microbatchName(p, d, m);
 }
 
-std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const CaseSpec& c) {
-  const auto net = reference::findChainWorkload(c.workload)->makeNet(c.shape, c.dtype, c.seed);
+std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const CaseSpec& c,
+                                                        const reference::WorkloadData& data) {
+  const auto net = makeChainNet(c, data);
   net->zeroGrad();
   const int S = static_cast<int>(p.cut.size()) - 1;
   const int64_t rows = net->input().size(0) / p.dp;
@@ -110,7 +108,7 @@ std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const Cas
       std::vector<at::Tensor> in, outs;
       at::Tensor h = xs[m].contiguous();
       for (int s = 0; s < S; ++s) {
-        in.push_back(h.detach().requires_grad_(true));
+        in.push_back(at::isFloatingType(h.scalar_type()) ? h.detach().requires_grad_(true) : h);
         h = in.back();
         for (int l = p.cut[s]; l < p.cut[s + 1]; ++l) h = net->stage(l, h, true);
         outs.push_back(h);
@@ -120,11 +118,12 @@ std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const Cas
       for (int s = S; s-- > 0;) {
         reference::backward({outs[s]}, {gy});
         gy = in[s].grad();
-        keep("backward", s, stageInputGradName(p, s, d, m), gy);
+        if (gy.defined()) keep("backward", s, stageInputGradName(p, s, d, m), gy);
         if (!p.inOrder) continue;
         for (const auto& [name, t] : net->parameters()) {
-          const int l = layerOf(c, name);
-          if (l >= p.cut[s] && l < p.cut[s + 1]) {
+          // A parameter read by one stage alone: another's gradient is a part of the sum.
+          const auto layers = layersOf(c, name);
+          if (p.stageOf(layers.front()) == s && p.stageOf(layers.back()) == s) {
             keep("backward", s, accumulatedGradName(p, name, d, m), t.grad());
           }
         }
@@ -132,14 +131,6 @@ std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const Cas
     }
   }
   return out;
-}
-
-int layerOf(const CaseSpec& c, const std::string& name) {
-  const std::string head = name.substr(0, name.find('.'));
-  if (head == "ln_f") return *chainLength(c) - 1;
-  const size_t digits = head.find_first_of("0123456789");
-  TORCH_CHECK(digits != std::string::npos, "pipeline: parameter ", name, " names no layer");
-  return std::stoi(head.substr(digits));
 }
 
 namespace {
@@ -159,8 +150,8 @@ class PipelineStrategy final : public harness::Strategy {
             {"stages", "mesh axis 0 (interleaved: virtual_stages per rank)"},
             {"case params",
              "virtual_stages (interleaved-1f1b, default 2), cut (layers | balanced: one per "
-             "block, gpt2_stack's final layer norm nearly none), csv (pipeline/csv: the "
-             "schedule file)"}};
+             "block, gpt2_stack's final layer norm nearly none; an imported model's layers by "
+             "their graph nodes), csv (pipeline/csv: the schedule file)"}};
   }
 
   // The plan a case makes, or why it cannot run: made once per case (a CSV read once), then
@@ -180,8 +171,9 @@ class PipelineStrategy final : public harness::Strategy {
   }
 
   Plan makePlan(const CaseSpec& c) const {
-    const auto L = chainLength(c);
-    TORCH_CHECK(L, "a pipeline runs mlp_chain or gpt2_stack");
+    const auto model = chainModel(c);
+    TORCH_CHECK(model, "a pipeline runs mlp_chain, gpt2_stack or an imported model");
+    const int L = model->layers;
     Plan p;
     p.pp = static_cast<int>(c.mesh.at(0));
     p.dp = c.mesh.size() == 2 ? static_cast<int>(c.mesh[1]) : 1;
@@ -221,7 +213,7 @@ class PipelineStrategy final : public harness::Strategy {
     }
     plant(p.schedule);
     validate(p.schedule);
-    TORCH_CHECK(p.schedule.stages <= *L, "the chain has ", *L, " layers, fewer than the ",
+    TORCH_CHECK(p.schedule.stages <= L, "the chain has ", L, " layers, fewer than the ",
                 p.schedule.stages, " stages");
     for (int s = 0; s + 1 < p.schedule.stages; ++s) {
       TORCH_CHECK(p.schedule.stageRank[s] != p.schedule.stageRank[s + 1], "stages ", s, " and ",
@@ -233,11 +225,9 @@ class PipelineStrategy final : public harness::Strategy {
     TORCH_CHECK(cut == "layers" || cut == "balanced", "params.cut must be layers or balanced, got ",
                 cut);
     if (cut == "layers") {
-      p.cut = evenStages(*L, p.schedule.stages);
+      p.cut = evenStages(L, p.schedule.stages);
     } else {
-      std::vector<double> cost(static_cast<size_t>(*L), 1.0);
-      if (c.workload == "gpt2_stack") cost.back() = 0.01;  // ln_f: a layer norm
-      p.cut = balanceStages(cost, p.schedule.stages);
+      p.cut = balanceStages(model->layerCost, p.schedule.stages);
     }
     // In order where every stage's B (or W) run micro-batches 0..M-1.
     for (const auto& actions : p.schedule.perRank) {
@@ -251,9 +241,9 @@ class PipelineStrategy final : public harness::Strategy {
   }
 
   Applicability applies(const CaseSpec& c) const override {
-    if (!chainLength(c)) {
+    if (c.workload != "mlp_chain" && c.workload != "gpt2_stack" && c.workload != "torchscript") {
       return Applicability::notApplicable(
-          "not a chain network without batch norm (mlp_chain, gpt2_stack)");
+          "not a chain network without batch norm (mlp_chain, gpt2_stack) or an imported model");
     }
     if (c.mesh.size() > 2 || c.mesh.at(0) < 2) {
       return Applicability::unsupported(
@@ -262,7 +252,8 @@ class PipelineStrategy final : public harness::Strategy {
           "has " +
           c.meshString());
     }
-    if (c.shape.is_object() && c.shape.value("dropout", 0.1) != 0.0) {
+    if (c.workload != "torchscript" && c.shape.is_object() &&
+        c.shape.value("dropout", 0.1) != 0.0) {
       return Applicability::unsupported(
           "dropout must be 0: the stages draw their masks in another order than the reference");
     }
@@ -279,9 +270,9 @@ class PipelineStrategy final : public harness::Strategy {
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
     return std::make_unique<PipelineExecutor>(plan(c), fault_, c);
   }
-  std::vector<harness::TraceValue> referenceTrace(const CaseSpec& c,
-                                                  const reference::WorkloadData&) const override {
-    return pipelineReferenceTrace(plan(c), c);
+  std::vector<harness::TraceValue> referenceTrace(
+      const CaseSpec& c, const reference::WorkloadData& data) const override {
+    return pipelineReferenceTrace(plan(c), c, data);
   }
   bool trainsSteps() const override { return true; }
 
@@ -311,11 +302,12 @@ class PipelineStrategy final : public harness::Strategy {
       box.length[0] = rows;
       return box;
     }
+    // Every rank holding a stage that reads the parameter (a tied one's, summed over them).
     const std::string name = tensor.substr(tensor.find('/') + 1);
-    const int layer = layerOf(c, name);
-    const int stage =
-        static_cast<int>(std::upper_bound(p.cut.begin(), p.cut.end(), layer) - p.cut.begin() - 1);
-    return p.schedule.stageRank[stage] == pipeRank ? box : none();
+    for (int layer : layersOf(c, name)) {
+      if (p.schedule.stageRank[p.stageOf(layer)] == pipeRank) return box;
+    }
+    return none();
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
@@ -328,17 +320,9 @@ class PipelineStrategy final : public harness::Strategy {
                                                                   int rank) const override {
     const Plan p = plan(c);
     const int me = rank / p.dp;
-    const auto bytesOf = [&](int) {
-      // Every stage boundary carries [rows, ...] of the input's shape (both chains keep it).
-      const auto s = c.shape;
-      const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
-      const int64_t total = s.is_object() ? s.value("microbatches", int64_t{1}) : 1;
-      if (c.workload == "mlp_chain") {
-        return s.value("batch", int64_t{16}) / total * s.value("width", int64_t{64}) * es;
-      }
-      return s.value("batch", int64_t{2}) / total * s.value("seq", int64_t{64}) *
-             s.value("d_model", int64_t{64}) * es;
-    };
+    const auto model = chainModel(c);
+    // What crosses into layer b (one micro-batch's activation, or its gradient back).
+    const auto bytesOf = [&](int b) { return model->boundaryBytes.at(static_cast<size_t>(b)); };
     std::vector<harness::NodeComm> nodes;
     const auto at = [&](const std::string& node, const char* phase) -> CommStats& {
       return harness::commAt(nodes, node, phase);
@@ -353,24 +337,28 @@ class PipelineStrategy final : public harness::Strategy {
         out.add(Collective::kSendRecv, 0);  // receive
       }
       if (fwd && a.stage < S - 1 && p.schedule.stageRank[a.stage + 1] != me) {
-        out.add(Collective::kSendRecv, bytesOf(a.stage));
+        out.add(Collective::kSendRecv, bytesOf(p.cut[a.stage + 1]));
       }
       if (bwd && a.stage < S - 1 && p.schedule.stageRank[a.stage + 1] != me) {
         out.add(Collective::kSendRecv, 0);
       }
       if (bwd && a.stage > 0 && p.schedule.stageRank[a.stage - 1] != me) {
-        out.add(Collective::kSendRecv, bytesOf(a.stage));
+        out.add(Collective::kSendRecv, bytesOf(p.cut[a.stage]));
       }
     }
-    if (p.dp > 1) {
-      // Every owned parameter's gradient, all-reduced over the replicas.
-      const auto net = reference::findChainWorkload(c.workload)->makeNet(c.shape, c.dtype, 0);
-      for (const auto& [name, t] : net->parameters()) {
-        const Box b = resultBoxOf("grad/" + name, c, rank, t.sizes());
-        if (b.length.empty() || b.length[0] > 0) {
-          at("", "update").add(Collective::kAllReduce, static_cast<int64_t>(t.nbytes()));
-        }
+    // After the step: a tied parameter's gradient sent to every other rank holding it and theirs
+    // received; then every held parameter's gradient all-reduced over the replicas.
+    const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
+    for (const auto& [name, dims] : parameterShapes(c)) {
+      int64_t bytes = es;
+      for (int64_t d : dims) bytes *= d;
+      const std::vector<int> holders = holdersOf(p, layersOf(c, name));
+      if (std::find(holders.begin(), holders.end(), me) == holders.end()) continue;
+      for (size_t k = 1; k < holders.size(); ++k) {
+        at("", "update").add(Collective::kSendRecv, bytes);
+        at("", "update").add(Collective::kSendRecv, 0);
       }
+      if (p.dp > 1) at("", "update").add(Collective::kAllReduce, bytes);
     }
     if (!c.training.enabled()) return nodes;
     // Each step: the above; the loss and the norm's squares, each one float64 over the mesh.
@@ -384,7 +372,36 @@ class PipelineStrategy final : public harness::Strategy {
                                const at::Tensor& expected) const override {
     const Plan p = plan(c);
     harness::Tolerance t;
-    if (p.dp == 1 && p.inOrder) {
+    // A parameter read by several stages (tied): each stage accumulates its part over the
+    // micro-batches, then the parts are added; the reference adds the parts per micro-batch.
+    int readers = 1;
+    std::string name;
+    if (tensor.rfind("grad/", 0) == 0 || tensor.rfind("param/", 0) == 0) {
+      name = tensor.substr(tensor.find('/') + 1);
+    } else if (tensor.rfind("state/", 0) == 0 && tensor.find('/', 6) != std::string::npos) {
+      name = tensor.substr(6, tensor.rfind('/') - 6);  // state/<parameter>/<key>
+    }
+    if (!name.empty()) {
+      std::set<int> stages;
+      for (int l : layersOf(c, name)) stages.insert(p.stageOf(l));
+      readers = static_cast<int>(stages.size());
+    }
+    if (readers > 1) {
+      t = harness::splitReductionTolerance(harness::Tolerance::defaultFor(c.dtype), c.dtype,
+                                           p.microbatches * p.dp * readers, readers * p.dp,
+                                           expected);
+      t.reason = "a tied parameter: its " + std::to_string(readers) +
+                 " stages' sums over the micro-batches added, where the reference adds their "
+                 "parts per micro-batch: " +
+                 t.reason;
+    } else if (p.dp == 1 && p.inOrder && c.workload == "torchscript") {
+      // The stages run the imported graph (its decompositions: linear as a transpose, views and
+      // addmm; its norms' and rotary embeddings' operators), the reference the module's own
+      // kernels: rounded otherwise where they differ (LLaMA's graph), to the bit where they do
+      // not (GPT-2's). The schedule's own arithmetic is the graph's accumulated in order.
+      t = harness::Tolerance::defaultFor(c.dtype);
+      t.reason = "the imported graph's operators against the module's kernels: " + t.reason;
+    } else if (p.dp == 1 && p.inOrder) {
       t = harness::Tolerance::bitwise(
           "the reference's micro-batches, accumulated in the schedule's order");
     } else {
