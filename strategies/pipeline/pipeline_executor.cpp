@@ -13,20 +13,23 @@
 #include "harness/measure/step_trace.h"
 #include "reference/autograd_engine.h"
 #include "strategies/pipeline/pipeline_executor.h"
+#include "strategies/pipeline/split_backward.h"
 
 namespace sb::strategies::pipeline {
 
 PipelineExecutor::PipelineExecutor(Plan plan, Fault fault, const CaseSpec& c)
     : case_(c), fault_(fault), plan_(std::move(plan)), training_(c.training.enabled()) {}
 
-at::Tensor PipelineExecutor::stageForward(int stage, const at::Tensor& x,
-                                          std::vector<at::Tensor>* outs) const {
+at::Tensor PipelineExecutor::stageForward(int stage, const at::Tensor& x) const {
   at::Tensor h = x;
-  for (int l = plan_.cut[stage]; l < plan_.cut[stage + 1]; ++l) {
-    h = net_->stage(l, h, true);
-    if (outs) outs->push_back(h);
-  }
+  for (int l = plan_.cut[stage]; l < plan_.cut[stage + 1]; ++l) h = net_->stage(l, h, true);
   return h;
+}
+
+const std::vector<at::Tensor>& PipelineExecutor::paramsOf(int stage) const {
+  static const std::vector<at::Tensor> none;
+  const auto it = stageParams_.find(stage);
+  return it == stageParams_.end() ? none : it->second;
 }
 
 void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
@@ -83,16 +86,7 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
       stageOfParam_[name] = plan_.stageOf(layers.front());
     }
     owned_.emplace_back(name, t);
-    for (int s : mine) {
-      stageParams_[s].push_back(t);
-      // W takes a parameter's gradient from the last layer of the stage reading it: every use
-      // in the stage's earlier layers reaches the loss through that layer's output.
-      int last = -1;
-      for (int l : layers) {
-        if (plan_.stageOf(l) == s) last = l;
-      }
-      layerParams_[last].push_back(t);
-    }
+    for (int s : mine) stageParams_[s].push_back(t);
     t.mutable_grad() = at::zeros_like(t);
   }
   profile(ctx);
@@ -140,15 +134,14 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
                                     tagOf(plan_, s, m, 0), "the previous stage's activation");
     // Ids (an imported model's first stage) take no gradient.
     x = at::isFloatingType(x.scalar_type()) ? x.detach().requires_grad_(true) : x;
-    std::vector<at::Tensor> outs;
-    at::Tensor y = stageForward(s, x, plan_.schedule.splitBackward ? &outs : nullptr);
+    at::Tensor y = stageForward(s, x);
     if (s < S - 1) {
       int to = s + 1;
       if (fault_ == Fault::kSendWrongStage && s == 0 && m == 0) to = std::min(S - 1, s + 2);
       send(y.detach(), where[s + 1], tagOf(plan_, to, m, 0));
     }
     if (capturing_) keep("forward", s, stageOutputName(plan_, s, d_, m), y);
-    stash_[{s, m}] = {x, y, std::move(outs), {}};
+    stash_[{s, m}] = {x, y, {}};
     return;
   }
   auto it = stash_.find({s, m});
@@ -156,20 +149,10 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
               std::to_string(s) + "F" + std::to_string(m), " (its forward)");
   Stash& st = it->second;
   if (a.op == Op::kBackwardWeight) {
-    TORCH_CHECK(!st.gouts.empty(), "pipeline rank ", p_, " runs ", a.name(), " before ",
+    TORCH_CHECK(st.w.ready(), "pipeline rank ", p_, " runs ", a.name(), " before ",
                 std::to_string(s) + "I" + std::to_string(m),
-                ": the weight gradient needs the layers' output gradients, which the input "
-                "gradient's pass computes");
-    // Each layer's parameters from its own output's gradient (I computed them): autograd runs
-    // the layer's own backward only, not the chain above it again.
-    for (int l = plan_.cut[s]; l < plan_.cut[s + 1]; ++l) {
-      const auto found = layerParams_.find(l);
-      if (found == layerParams_.end()) continue;
-      const size_t j = static_cast<size_t>(l - plan_.cut[s]);
-      const auto grads = torch::autograd::grad({st.outs[j]}, found->second, {st.gouts[j]},
-                                               /*retain_graph=*/true);
-      for (size_t k = 0; k < grads.size(); ++k) found->second[k].mutable_grad().add_(grads[k]);
-    }
+                ": the weight gradient starts from the gradients the input gradient's pass keeps");
+    backwardWeight(st.w, paramsOf(s));
     keepAccumulated(s, m);
     stash_.erase(it);
     return;
@@ -185,28 +168,17 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     const bool twice = fault_ == Fault::kGradTwice && s == 0 && m == 1;
     std::vector<at::Tensor> before;
     if (twice) {
-      for (const at::Tensor& p : stageParams_.at(s)) before.push_back(p.grad().clone());
+      for (const at::Tensor& p : paramsOf(s)) before.push_back(p.grad().clone());
     }
     reference::backward({st.y}, {gy});
     for (size_t k = 0; k < before.size(); ++k) {
-      const at::Tensor& g = stageParams_.at(s)[k].mutable_grad();
+      const at::Tensor& g = paramsOf(s)[k].mutable_grad();
       g.add_(g - before[k]);
     }
     gx = st.x.grad();
   } else {
-    // I: the input's gradient and every layer output's but the last (whose is gy), in one
-    // pass that computes no parameter's gradient; the graph kept for W.
-    std::vector<at::Tensor> wrt(st.outs.begin(), st.outs.end() - 1);
-    const bool differentiable = st.x.requires_grad();
-    if (differentiable) wrt.push_back(st.x);
-    std::vector<at::Tensor> grads;
-    if (!wrt.empty()) grads = torch::autograd::grad({st.y}, wrt, {gy}, /*retain_graph=*/true);
-    if (differentiable) {
-      gx = grads.back();
-      grads.pop_back();
-    }
-    grads.push_back(gy);
-    st.gouts = std::move(grads);
+    // I: the input's gradient alone, the graph kept; what W starts from kept beside it.
+    gx = backwardInput(st.x, st.y, gy, paramsOf(s), st.w);
   }
   if (capturing_ && gx.defined()) keep("backward", s, stageInputGradName(plan_, s, d_, m), gx);
   if (a.op == Op::kBackward) keepAccumulated(s, m);

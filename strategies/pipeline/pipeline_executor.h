@@ -20,6 +20,7 @@
 #include "reference/chain_nets.h"
 #include "reference/training.h"
 #include "strategies/pipeline/schedule.h"
+#include "strategies/pipeline/split_backward.h"
 
 namespace sb::strategies::pipeline {
 
@@ -123,12 +124,12 @@ class PipelineExecutor final : public harness::RankExecutor {
  private:
   struct Stash {
     at::Tensor x, y;  // the stage's input (a leaf) and output
-    // A split backward's: each layer's output (its last, y), and from I to W their gradients.
-    std::vector<at::Tensor> outs, gouts;
+    WeightPass w;     // a split backward's, from I to W (split_backward.h)
   };
-  // The stage's layers on x; where `outs` is given, each layer's output appended to it.
-  at::Tensor stageForward(int stage, const at::Tensor& x,
-                          std::vector<at::Tensor>* outs = nullptr) const;
+  // The stage's layers on x.
+  at::Tensor stageForward(int stage, const at::Tensor& x) const;
+  // The parameters stage `stage` reads (none for a stage of no parameters).
+  const std::vector<at::Tensor>& paramsOf(int stage) const;
   void run(RankContext& ctx, const Action& a);
   void profile(RankContext& ctx);
   void timeStages(at::Tensor& mine, int reps);
@@ -146,7 +147,6 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::unique_ptr<reference::ChainNet> net_;
   std::vector<at::Tensor> inputs_, targets_;               // this replica's micro-batches
   std::map<int, std::vector<at::Tensor>> stageParams_;     // this rank's stages' parameters
-  std::map<int, std::vector<at::Tensor>> layerParams_;     // and its layers', by chain layer
   std::vector<std::pair<std::string, at::Tensor>> owned_;  // (name, parameter)
   std::map<std::string, std::vector<int64_t>> shapes_;     // every parameter's
   std::map<std::pair<int, int>, Stash> stash_;

@@ -98,28 +98,24 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
       const bool differentiable = at::isFloatingType(x.scalar_type());
       if (differentiable) x.requires_grad_(true);
       auto t0 = std::chrono::steady_clock::now();
-      std::vector<at::Tensor> outs;
-      at::Tensor y = stageForward(stage, x, &outs);
+      at::Tensor y = stageForward(stage, x);
       f.push_back(us(t0));
       const at::Tensor g = at::ones_like(y);
-      // I and W as run() runs them: the layers' output gradients and the input's, then each
-      // layer's parameters from its output's gradient.
+      // I and W as run() runs them (split_backward.h).
+      WeightPass wp;
       t0 = std::chrono::steady_clock::now();
-      std::vector<at::Tensor> wrt(outs.begin(), outs.end() - 1);
-      if (differentiable) wrt.push_back(x);
-      std::vector<at::Tensor> gouts;
-      if (!wrt.empty()) gouts = torch::autograd::grad({y}, wrt, {g}, /*retain_graph=*/true);
+      backwardInput(x, y, g, params, wp);
       i.push_back(us(t0));
-      if (differentiable) gouts.pop_back();
-      gouts.push_back(g);
+      std::vector<at::Tensor> before;
+      for (const at::Tensor& p : params) before.push_back(p.grad().clone());
       t0 = std::chrono::steady_clock::now();
-      for (int l = plan_.cut[stage]; l < plan_.cut[stage + 1]; ++l) {
-        const auto found = layerParams_.find(l);
-        if (found == layerParams_.end()) continue;
-        const size_t j = static_cast<size_t>(l - plan_.cut[stage]);
-        torch::autograd::grad({outs[j]}, found->second, {gouts[j]}, /*retain_graph=*/true);
-      }
+      backwardWeight(wp, params);
       w.push_back(us(t0));
+      {
+        at::NoGradGuard noGrad;  // the parameters' gradients as they were
+        for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad().copy_(before[k]);
+      }
+      y = stageForward(stage, x);
       std::vector<at::Tensor> all = params;
       if (differentiable) all.push_back(x);
       t0 = std::chrono::steady_clock::now();

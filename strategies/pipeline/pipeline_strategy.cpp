@@ -13,8 +13,9 @@
 //      or, on the last stage, kept, its gradient the target's rows (the loss is sum(y * target)).
 //   B  the stage's backward from the next stage's input gradient (received): every parameter's
 //      gradient accumulated in place, the input's gradient sent back (or, on stage 0, kept).
-//   I  B's input gradient alone (autograd::grad with the graph kept); W its parameters'
-//      gradients from the same graph and output gradient, accumulated in place.
+//   I  B's input gradient alone, the graph kept, what W starts from kept beside it; W its
+//      parameters' gradients from there, nothing of the activations' side again
+//      (split_backward.h), accumulated in place.
 // The reference is the same micro-batches accumulated in order on one rank (the chain
 // workloads' and the torchscript workload's shape key `microbatches`): where a schedule
 // accumulates every stage's micro-batches in order 0..M-1 (each built in one does) and there is

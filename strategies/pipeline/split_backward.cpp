@@ -1,0 +1,160 @@
+// Zero Bubble's I and W on LibTorch's autograd graph (split_backward.h).
+
+#include "strategies/pipeline/split_backward.h"
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <map>
+#include <set>
+#include <utility>
+
+namespace sb::strategies::pipeline {
+
+namespace ag = torch::autograd;
+
+namespace {
+
+// Keeps the gradients flowing into a node, the first time it runs (I).
+class KeepGradients final : public ag::FunctionPreHook {
+ public:
+  explicit KeepGradients(std::shared_ptr<std::vector<at::Tensor>> slot) : slot_(std::move(slot)) {}
+  ag::variable_list operator()(const ag::variable_list& grads) override {
+    if (slot_->empty()) *slot_ = grads;
+    return grads;
+  }
+
+ private:
+  std::shared_ptr<std::vector<at::Tensor>> slot_;
+};
+
+// A frontier node (split_backward.h) and its edges to the activations' side.
+struct Frontier {
+  std::shared_ptr<ag::Node> node;
+  std::vector<size_t> activationEdges;
+};
+
+// The frontier between the activations' side of the graph under `root` and the parameters'
+// side: nodes not on the weights' side with an edge to it.
+std::vector<Frontier> frontier(const std::shared_ptr<ag::Node>& root,
+                               const std::set<const ag::Node*>& paramLeaves) {
+  std::map<const ag::Node*, bool> weightSide;  // per node visited: every path ends at a parameter
+  std::vector<std::shared_ptr<ag::Node>> order;  // post-order
+  // Iterative depth-first walk (graphs of thousands of nodes).
+  std::vector<std::pair<std::shared_ptr<ag::Node>, size_t>> stack = {{root, 0}};
+  std::set<const ag::Node*> entered = {root.get()};
+  while (!stack.empty()) {
+    auto& [node, next] = stack.back();
+    const auto& edges = node->next_edges();
+    if (next < edges.size()) {
+      const ag::Edge& e = edges[next++];
+      if (e.is_valid() && entered.insert(e.function.get()).second) {
+        stack.push_back({e.function, 0});
+      }
+      continue;
+    }
+    const ag::Node* n = node.get();
+    bool side;
+    if (dynamic_cast<const ag::AccumulateGrad*>(n)) {
+      side = paramLeaves.count(n) > 0;
+    } else {
+      side = false;
+      bool any = false, all = true;
+      for (const ag::Edge& e : edges) {
+        if (!e.is_valid()) continue;
+        any = true;
+        all = all && weightSide.at(e.function.get());
+      }
+      side = any && all;
+    }
+    weightSide[n] = side;
+    order.push_back(node);
+    stack.pop_back();
+  }
+  std::vector<Frontier> out;
+  for (const auto& node : order) {
+    if (weightSide.at(node.get())) continue;
+    Frontier f{node, {}};
+    bool weights = false;
+    const auto& edges = node->next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      if (!edges[i].is_valid()) continue;
+      if (weightSide.at(edges[i].function.get())) {
+        weights = true;
+      } else {
+        f.activationEdges.push_back(i);
+      }
+    }
+    if (weights) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor backwardInput(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gy,
+                         const std::vector<at::Tensor>& params, WeightPass& w) {
+  w.roots.clear();
+  const auto whole = [&] {
+    // W is the whole backward, from y's gradient edge.
+    const ag::Edge e = ag::impl::gradient_edge(y);
+    auto slot = std::make_shared<std::vector<at::Tensor>>(e.function->num_inputs());
+    (*slot)[e.input_nr] = gy;
+    w.roots.push_back({e.function, slot});
+    return at::Tensor();
+  };
+  if (!x.requires_grad() || !y.grad_fn()) return whole();
+  std::set<const ag::Node*> leaves;
+  for (const at::Tensor& p : params) {
+    if (auto acc = ag::impl::try_get_grad_accumulator(p)) leaves.insert(acc.get());
+  }
+  const auto nodes = frontier(y.grad_fn(), leaves);
+  for (const auto& f : nodes) {
+    auto slot = std::make_shared<std::vector<at::Tensor>>();
+    f.node->add_pre_hook(std::make_unique<KeepGradients>(slot));
+    w.roots.push_back({f.node, slot});
+  }
+  const auto gx = ag::grad({y}, {x}, {gy}, /*retain_graph=*/true, /*create_graph=*/false,
+                           /*allow_unused=*/true);
+  for (const auto& r : w.roots) {
+    TORCH_CHECK(!r.grads->empty(), "pipeline: the input gradient's pass did not reach ",
+                r.node->name(), ", which the weight gradient starts from");
+  }
+  // The activations' side is done: each frontier node's edges to it cut, so that W, started at
+  // every frontier node at once, computes only their weights' outputs and passes nothing down
+  // to the frontier nodes below (whose own kept gradients already hold it). (Edges set directly:
+  // a node's topological number stays an upper bound with fewer children.)
+  for (const auto& f : nodes) {
+    for (size_t i : f.activationEdges) f.node->next_edges()[i] = ag::Edge();
+  }
+  return gx.at(0);
+}
+
+void backwardWeight(WeightPass& w, const std::vector<at::Tensor>& params) {
+  TORCH_CHECK(w.ready(), "pipeline: the weight gradient's pass before the input gradient's");
+  ag::edge_list roots, outputs;
+  ag::variable_list grads;
+  for (const auto& r : w.roots) {
+    for (size_t i = 0; i < r.grads->size(); ++i) {
+      if (!(*r.grads)[i].defined()) continue;
+      roots.emplace_back(r.node, static_cast<uint32_t>(i));
+      grads.push_back((*r.grads)[i]);
+    }
+  }
+  for (const at::Tensor& p : params) outputs.push_back(ag::impl::gradient_edge(p));
+  w.roots.clear();
+  if (roots.empty()) return;
+  const auto got = ag::Engine::get_default_engine().execute(
+      roots, grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
+      outputs);
+  at::NoGradGuard noGrad;
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (got[k].defined()) params[k].mutable_grad().add_(got[k]);
+  }
+}
+
+}  // namespace sb::strategies::pipeline
