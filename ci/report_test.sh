@@ -61,6 +61,39 @@ n=$(find "$tmp/rep/plots" -name '*.png' -size +1k | wc -l)
 [ "$n" -eq $((3 * cases + 1)) ] && pass "make_plots.py drew $n non-empty PNGs" ||
   fail "make_plots.py drew $n PNGs, expected $((3 * cases + 1))"
 
+# A pipeline row: its measured step's actions per rank beside the dry run's, as a timeline plot
+# and a Chrome trace (Perfetto) of both.
+check "pipeline rows run" 0 "total +2 +0 +0 +0" -- "$sb" run /dev/stdin --out "$tmp/pipe" <<'YAML'
+suite: pipe
+defaults: {dtype: float32, seed: 1, repetitions: 1, min_time_s: 0.0001}
+cases:
+  - {name: mlp, workload: mlp_chain, mesh: 2, strategies: ["pipeline/(1f1b|zb-h1)"],
+     shape: {batch: 16, width: 32, depth: 4, dropout: 0, microbatches: 4}}
+YAML
+check "report of pipeline rows" 0 "report: " -- "$sb" report "$tmp/pipe" --out "$tmp/piperep"
+check "pipeline timelines: a plot and a trace of both runs per row, linked" 0 "ok 2" -- \
+  python3 - "$tmp/piperep" <<'PY'
+import glob, json, os, sys
+d = sys.argv[1]
+traces = sorted(glob.glob(os.path.join(d, "pipeline", "*.trace.json")))
+assert len(traces) == 2, traces
+for t in traces:
+    name = os.path.basename(t)[:-len(".trace.json")]
+    runs = json.load(open(os.path.join(d, "pipeline", name + ".json")))
+    ev = json.load(open(t))["traceEvents"]
+    spans = [e for e in ev if e["ph"] == "X"]
+    for pid, side in ((0, "measured"), (1, "predicted")):
+        acts = [a for r in runs[side]["per_rank"] for a in r["actions"]]
+        mine = [e for e in spans if e["pid"] == pid]
+        # Every action of every rank, F and B (or I and W) for 4 micro-batches on 2 stages.
+        assert len(mine) == len(acts) == (16 if "1f1b" in name else 24), (name, side, len(mine))
+        assert {e["tid"] for e in mine} == {0, 1}, name
+        assert all(e["dur"] > 0 for e in mine), (name, side)
+    assert os.path.getsize(os.path.join(d, "plots", "pipeline_" + name + ".png")) > 1000, name
+    assert ("plots/pipeline_" + name + ".png") in open(os.path.join(d, "report.md")).read(), name
+print("ok", len(traces))
+PY
+
 # History: two nightly runs in a folder.
 mkdir -p "$tmp/hist"
 cp -r "$tmp/base" "$tmp/hist/2026-11-20"

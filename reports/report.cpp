@@ -121,6 +121,23 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     staged.push_back("history.csv");
     writeText(stage + "/history.csv", historyCsv(history));
   }
+  // Pipeline rows: both runs (measured, dry run) for the timeline plot, and a Chrome trace of
+  // them that Perfetto opens (process "measured" above "dry run", a thread per rank).
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> timelines;  // by case
+  for (const auto& r : current) {
+    if (r.pipelineRuns.is_null()) continue;
+    std::string name = caseSlug(r.suite, r.caseName) + "__" + r.strategyId + "__" + r.backend;
+    for (char& c : name) {
+      if (c == '/') c = '_';
+    }
+    fs::create_directories(stage + "/pipeline", ec);
+    if (ec) throw ReportInputError(stage + "/pipeline: cannot create: " + ec.message());
+    writeText(stage + "/pipeline/" + name + ".json", r.pipelineRuns.dump(1) + "\n");
+    writeText(stage + "/pipeline/" + name + ".trace.json", pipelineTrace(r.pipelineRuns));
+    staged.push_back("pipeline/" + name + ".json");
+    staged.push_back("pipeline/" + name + ".trace.json");
+    timelines[caseSlug(r.suite, r.caseName)].push_back({name, r.strategyId});
+  }
 
   if (options.plots)
     files.plotProblem = runPlots(stage);
@@ -236,6 +253,12 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     doc.table(caseTable(rows, cmp.hasBaseline, "case-" + slug));
     for (const char* kind : {"time_", "memory_", "errors_", "history_"}) {
       if (auto p = plot(kind + slug)) doc.image(*p, std::string(kind) + slug);
+    }
+    for (const auto& [name, strategy] : timelines[slug]) {
+      doc.paragraph(strategy + ": each rank's actions in the measured step above the dry run's "
+                    "(F, B, I, W; idle the gaps); Chrome trace for Perfetto: pipeline/" +
+                    name + ".trace.json");
+      if (auto p = plot("pipeline_" + name)) doc.image(*p, "pipeline timeline " + name);
     }
   }
 

@@ -41,6 +41,12 @@ struct CommNodeTable {
 // `limit` (the rest are in results.json).
 std::vector<CommNodeTable> commNodeTables(const std::vector<ResultRow>& rows, size_t limit);
 
+// ---- pipeline_trace.cpp ---------------------------------------------------------------------
+
+// A pipeline row's runs (ResultRow::pipelineRuns) as a Chrome trace: process "measured" and
+// process "dry run", a thread per rank, each action a span; Perfetto and chrome://tracing open it.
+std::string pipelineTrace(const nlohmann::json& runs);
+
 // ---- summary_csv.cpp ------------------------------------------------------------------------
 
 // One run of a --history directory.

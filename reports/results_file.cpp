@@ -258,7 +258,7 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     throw ReportInputError(path + ": expected an object with a 'records' array");
   }
   // Per field, the last record of a key that has it (as `run` writes one record per key).
-  std::map<std::string, const nlohmann::json*> divergences, comms;
+  std::map<std::string, const nlohmann::json*> divergences, comms, pipelines;
   for (const auto& r : j.at("records")) {
     if (!r.is_object() || !r.contains("details") || !r.at("details").is_object()) continue;
     const auto text = [&](const char* k) {
@@ -271,12 +271,33 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     if (d.contains("comm_by_node") && d.at("comm_by_node").is_array()) {
       comms[key] = &d.at("comm_by_node");
     }
+    if (d.contains("executor") && d.at("executor").is_object() &&
+        d.at("executor").contains("pipeline") && d.at("executor").at("pipeline").is_object()) {
+      pipelines[key] = &d.at("executor").at("pipeline");
+    }
   }
   for (auto& row : rows) {
     if (auto it = divergences.find(row.key()); it != divergences.end()) {
       row.firstDivergence = *it->second;
     }
     if (auto it = comms.find(row.key()); it != comms.end()) row.commByNode = *it->second;
+    if (auto it = pipelines.find(row.key()); it != pipelines.end()) {
+      const nlohmann::json& p = *it->second;
+      const auto run = [&](const char* side) -> nlohmann::json {
+        if (!p.contains(side) || !p.at(side).is_object() || !p.at(side).contains("run")) {
+          return nullptr;
+        }
+        const nlohmann::json& r = p.at(side).at("run");
+        if (!r.is_object() || !r.contains("per_rank") || !r.at("per_rank").is_array()) {
+          throw ReportInputError(path + ": " + row.caseName + " " + row.strategyId +
+                                 ": details.executor.pipeline." + side +
+                                 ".run has no per_rank array");
+        }
+        return r;
+      };
+      nlohmann::json m = run("measured"), pr = run("predicted");
+      if (!m.is_null()) row.pipelineRuns = {{"measured", m}, {"predicted", pr}};
+    }
   }
 }
 

@@ -54,6 +54,10 @@ struct ResultRow {
   // From the same file: the row's communication per node and phase, counted and predicted, per
   // rank (details.comm_by_node, harness/comm/comm_site.h); null where it has none.
   nlohmann::json commByNode;
+  // From the same file, a pipeline row's: its measured step's actions per rank and the dry
+  // run's, each as `solve pipeline` writes a run ({"measured": ..., "predicted": ...}, from
+  // details.executor.pipeline); null for other rows.
+  nlohmann::json pipelineRuns;
 
   // What matches a row to its baseline: the same strategy on the same case and backend.
   std::string key() const {

@@ -77,8 +77,9 @@ namespace {
 std::string checkDestinations(const std::string& stage, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir + "/plots", ec);
+  fs::create_directories(dir + "/pipeline", ec);
   struct stat st = {}, staged = {};
-  for (const std::string& d : {dir, dir + "/plots"}) {
+  for (const std::string& d : {dir, dir + "/plots", dir + "/pipeline"}) {
     if (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return d + " is not a folder the report can be written to";
     }
@@ -106,6 +107,13 @@ std::string moveSet(const std::string& stage, const std::string& dir,
   const std::set<std::string> keep(files.begin(), files.end());
   for (const auto& e : fs::directory_iterator(dir + "/plots", ec)) {
     if (e.path().extension() == ".png" && !keep.count("plots/" + e.path().filename().string())) {
+      fs::remove(e.path(), ec);
+    }
+  }
+  // The pipeline rows' timelines and traces (report.cpp).
+  for (const auto& e : fs::directory_iterator(dir + "/pipeline", ec)) {
+    if (e.path().extension() == ".json" &&
+        !keep.count("pipeline/" + e.path().filename().string())) {
       fs::remove(e.path(), ec);
     }
   }

@@ -13,11 +13,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import error_plot  # noqa: E402
 import history_plot  # noqa: E402
 import memory_plot  # noqa: E402
+import pipeline_timeline_plot  # noqa: E402
 import predicted_plot  # noqa: E402
 import sweep_plot  # noqa: E402
 import time_plot  # noqa: E402
 
-PLOTS = [time_plot, memory_plot, predicted_plot, error_plot, history_plot, sweep_plot]
+PLOTS = [time_plot, memory_plot, predicted_plot, error_plot, history_plot, sweep_plot,
+         pipeline_timeline_plot]
 
 
 def main(argv):

@@ -16,13 +16,10 @@ def action_type(name):
     return next(c for c in name if c.isalpha())
 
 
-def main(run, out):
-    with open(run) as f:
-        d = json.load(f)
-    if "deadlock" in d:
-        sys.exit(f"{run}: the schedule does not finish ({d['deadlock']}): nothing to plot")
+def draw(ax, d, title=""):
+    """One run (`solve pipeline`'s JSON, or a pipeline row's measured or predicted run) on `ax`:
+    a row per rank, each action a bar coloured by its type, idle time as the gaps."""
     ranks = d["per_rank"]
-    fig, ax = plt.subplots(figsize=(11, 0.5 * len(ranks) + 1.6))
     for r in ranks:
         for a in r["actions"]:
             t = action_type(a["action"])
@@ -35,12 +32,23 @@ def main(run, out):
     ax.set_yticklabels([f"rank {r['rank']} ({100 * r['bubble_fraction']:.0f}% idle)"
                         for r in ranks])
     ax.invert_yaxis()
-    ax.set_xlabel("time (us, or the profile's unit)")
-    ax.set_title(f"{d['schedule']}: {d['stages']} stages, {d['microbatches']} micro-batches, "
-                 f"step {d['step_time_us']:g}, bubble {100 * d['bubble_fraction']:.1f}%")
+    ax.set_title((title + ": " if title else "") +
+                 f"{d['schedule']}: {d['stages']} stages, {d['microbatches']} micro-batches, "
+                 f"step {d['step_time_us']:g}, bubble {100 * d['bubble_fraction']:.1f}%",
+                 fontsize=9)
     used = sorted({action_type(a["action"]) for r in ranks for a in r["actions"]})
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=COLOURS[t]) for t in used],
               labels=used, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+
+
+def main(run, out):
+    with open(run) as f:
+        d = json.load(f)
+    if "deadlock" in d:
+        sys.exit(f"{run}: the schedule does not finish ({d['deadlock']}): nothing to plot")
+    fig, ax = plt.subplots(figsize=(11, 0.5 * len(d["per_rank"]) + 1.6))
+    draw(ax, d)
+    ax.set_xlabel("time (us, or the profile's unit)")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 

@@ -365,6 +365,37 @@ void PipelineExecutor::settle(RankContext& ctx) {
     idlePerRank.push_back(step - all[r][0].item<double>());
     idle += idlePerRank.back();
   }
+  // And every rank's actions in the measured step (each action's compute, after what it
+  // received, to its end), gathered: the measured run in the dry run's form, for the report's
+  // timeline and Chrome trace.
+  Simulation measured;
+  {
+    std::vector<int64_t> counts;
+    for (int r = 0; r < plan_.pp; ++r) {
+      counts.push_back(static_cast<int64_t>(plan_.schedule.perRank[r].size()));
+    }
+    at::Tensor times = at::empty({static_cast<int64_t>(timeline_.size()), 2}, at::kDouble);
+    for (size_t k = 0; k < timeline_.size(); ++k) {
+      times[k][0] = timeline_[k].startUs;
+      times[k][1] = timeline_[k].endUs;
+    }
+    TORCH_CHECK(times.size(0) == counts[p_], "pipeline rank ", p_, " timed ", times.size(0),
+                " actions of its ", counts[p_]);
+    const at::Tensor every = ctx.group({0}).allGather(times, counts);
+    const auto acc = every.accessor<double, 2>();
+    int64_t row = 0;
+    for (int r = 0; r < plan_.pp; ++r) {
+      RankTimeline t;
+      for (const Action& a : plan_.schedule.perRank[r]) {
+        t.actions.push_back({a, acc[row][0], acc[row][1]});
+        t.busyUs += acc[row][1] - acc[row][0];
+        ++row;
+      }
+      measured.ranks.push_back(std::move(t));
+    }
+    measured.stepUs = step;
+    measured.bubbleFraction = step > 0 ? idle / (plan_.pp * step) : 0.0;
+  }
   std::vector<double> predictedIdle;
   for (const auto& rt : predicted_.ranks) predictedIdle.push_back(predicted_.stepUs - rt.busyUs);
   auto& d = details_["pipeline"];
@@ -379,6 +410,14 @@ void PipelineExecutor::settle(RankContext& ctx) {
                     {"idle_us_per_rank", predictedIdle},
                     {"bubble_fraction", predicted_.bubbleFraction}};
   if (!predicted_.deadlock.empty()) d["predicted"]["deadlock"] = predicted_.deadlock;
+  // Both runs as `solve pipeline` writes them (reports/plots/pipeline_plot.py draws either).
+  d["measured"]["run"] = nlohmann::json::parse(simulationJson(plan_.schedule, measured));
+  for (auto& r : d["measured"]["run"]["per_rank"]) {  // memory is the row's, not the timeline's
+    for (const char* k : {"peak_activation_bytes", "peak_bytes", "peak_microbatches_in_flight"}) {
+      r.erase(k);
+    }
+  }
+  d["predicted"]["run"] = nlohmann::json::parse(simulationJson(plan_.schedule, predicted_));
   // The bubble judged (harness/run/predict.cpp): the dry run's idle fraction within 10% of the
   // measured one, or within 2 points of the step where the bubble is small (a few hundred
   // microseconds of a millisecond step move with the machine's other work).
