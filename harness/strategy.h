@@ -74,6 +74,10 @@ class RankExecutor {
   // chunk size, ...) and details for its JSON (a schedule, a plan).
   virtual std::vector<std::pair<std::string, std::string>> recordParams() const { return {}; }
   virtual nlohmann::json details() const { return nlohmann::json::object(); }
+  // Whether details() after the timed steps' settle() is the record's (measurements the
+  // executor aggregates over every step it ran, the timed ones included, as the pipeline's
+  // bubble); otherwise the record's details are those after the measured step.
+  virtual bool detailsCoverTiming() const { return false; }
 
   // Locating a failure (harness/run/divergence.h): whether this executor can keep its pieces of
   // the step's intermediate values (Strategy::referenceTrace names them). Untimed, only on a

@@ -207,6 +207,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     for (int r : local) {
       out.ranks[slot[r]].checksAfter = verifyRank(c, data, strategy, r, results[r]);
     }
+    if (slot[0] >= 0 && execs[0]->detailsCoverTiming()) out.executorDetails = execs[0]->details();
 
     // A failing row is located: one more step with capture on (divergence.h). Decided alike on
     // every rank, so that the capture's collectives meet.

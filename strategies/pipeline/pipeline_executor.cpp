@@ -236,7 +236,8 @@ void PipelineExecutor::step(RankContext& ctx) {
     gradInputs_.assign(plan_.microbatches, at::Tensor());
     if (k == 0) entryAfter_ = mem.current(ctx.rank());
     lossSum_ = 0;
-    timeline_.clear();
+    StepRecord record;
+    record.warmup = stepCalls_ == 0;
     start_ = std::chrono::steady_clock::now();
     for (const Action& a : plan_.schedule.perRank[p_]) {
       computeStart_ = std::chrono::steady_clock::now();
@@ -255,12 +256,15 @@ void PipelineExecutor::step(RankContext& ctx) {
         throw;
       }
       const double t0 = std::chrono::duration<double, std::micro>(computeStart_ - start_).count();
-      timeline_.push_back({a, t0, now()});
+      record.timeline.push_back({a, t0, now()});
     }
     for (auto& s : sends_) s->wait();
     sends_.clear();
     capturing_ = false;
     end = now();
+    for (const auto& t : record.timeline) record.busyUs += t.endUs - t.startUs;
+    record.endUs = end;
+    steps_.push_back(std::move(record));
     const harness::CommSiteScope update("", harness::StepPhase::kUpdate);
     sumTiedGradients(ctx);
     if (plan_.dp > 1) {
@@ -278,10 +282,7 @@ void PipelineExecutor::step(RankContext& ctx) {
       loop_->update(loss);
     }
   }
-  // The last iteration's timeline, for the record (settle() gathers it after the measured step).
-  busyUs_ = 0;
-  for (const auto& t : timeline_) busyUs_ += t.endUs - t.startUs;
-  stepUs_ = end;
+  ++stepCalls_;
 }
 
 // A tied parameter's gradient on each rank holding it is its stages' part: each holder sends
@@ -354,30 +355,60 @@ void PipelineExecutor::settle(RankContext& ctx) {
       }
     }
   }
-  // Every rank's measured busy and step time, gathered (uncounted: settle), beside the dry run.
-  at::Tensor mineT = at::tensor({busyUs_, stepUs_}, at::kDouble);
-  const at::Tensor all =
-      ctx.group({0}).allGather(mineT.view({1, 2}), std::vector<int64_t>(plan_.pp, 1));
-  double step = 0, idle = 0;
+  // The steps measured: every pipeline step since the warm-up (after the measured step, that
+  // one; after the timing, the timed ones too: detailsCoverTiming), the warm-up's only where
+  // nothing else ran. Every rank's busy time and end of each, gathered (uncounted: settle); the
+  // measured bubble is the median step's (a single step's moves with whatever else the machine
+  // runs), and its idle time per rank and timeline are the record's.
+  std::vector<const StepRecord*> used;
+  for (const auto& r : steps_) {
+    if (!r.warmup) used.push_back(&r);
+  }
+  if (used.empty()) {
+    for (const auto& r : steps_) used.push_back(&r);
+  }
+  TORCH_CHECK(!used.empty(), "pipeline: settle before any step");
+  const int64_t n = static_cast<int64_t>(used.size());
+  at::Tensor mineT = at::empty({n, 2}, at::kDouble);
+  for (int64_t j = 0; j < n; ++j) {
+    mineT[j][0] = used[j]->busyUs;
+    mineT[j][1] = used[j]->endUs;
+  }
+  const at::Tensor all = ctx.group({0}).allGather(mineT, std::vector<int64_t>(plan_.pp, n));
+  const auto allAcc = all.accessor<double, 2>();  // rank r's step j at row r * n + j
+  std::vector<double> stepOf(n, 0.0), bubbleOf(n, 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int r = 0; r < plan_.pp; ++r) stepOf[j] = std::max(stepOf[j], allAcc[r * n + j][1]);
+    double idleJ = 0;
+    for (int r = 0; r < plan_.pp; ++r) idleJ += stepOf[j] - allAcc[r * n + j][0];
+    bubbleOf[j] = stepOf[j] > 0 ? idleJ / (plan_.pp * stepOf[j]) : 0.0;
+  }
+  std::vector<int64_t> byBubble(n);
+  for (int64_t j = 0; j < n; ++j) byBubble[j] = j;
+  std::sort(byBubble.begin(), byBubble.end(),
+            [&](int64_t a, int64_t b) { return bubbleOf[a] < bubbleOf[b]; });
+  const int64_t jm = byBubble[(n - 1) / 2];
+  const double step = stepOf[jm];
+  double idle = 0;
   std::vector<double> idlePerRank;
-  for (int r = 0; r < plan_.pp; ++r) step = std::max(step, all[r][1].item<double>());
   for (int r = 0; r < plan_.pp; ++r) {
-    idlePerRank.push_back(step - all[r][0].item<double>());
+    idlePerRank.push_back(step - allAcc[r * n + jm][0]);
     idle += idlePerRank.back();
   }
-  // And every rank's actions in the measured step (each action's compute, after what it
-  // received, to its end), gathered: the measured run in the dry run's form, for the report's
-  // timeline and Chrome trace.
+  // And every rank's actions in that step (each action's compute, after what it received, to
+  // its end), gathered: the measured run in the dry run's form, for the report's timeline and
+  // Chrome trace.
   Simulation measured;
   {
+    const std::vector<TimedAction>& timeline = used[jm]->timeline;
     std::vector<int64_t> counts;
     for (int r = 0; r < plan_.pp; ++r) {
       counts.push_back(static_cast<int64_t>(plan_.schedule.perRank[r].size()));
     }
-    at::Tensor times = at::empty({static_cast<int64_t>(timeline_.size()), 2}, at::kDouble);
-    for (size_t k = 0; k < timeline_.size(); ++k) {
-      times[k][0] = timeline_[k].startUs;
-      times[k][1] = timeline_[k].endUs;
+    at::Tensor times = at::empty({static_cast<int64_t>(timeline.size()), 2}, at::kDouble);
+    for (size_t k = 0; k < timeline.size(); ++k) {
+      times[k][0] = timeline[k].startUs;
+      times[k][1] = timeline[k].endUs;
     }
     TORCH_CHECK(times.size(0) == counts[p_], "pipeline rank ", p_, " timed ", times.size(0),
                 " actions of its ", counts[p_]);
@@ -405,7 +436,10 @@ void PipelineExecutor::settle(RankContext& ctx) {
   d["stage_layers"] = plan_.cut;
   d["measured"] = {{"step_us", step},
                    {"idle_us_per_rank", idlePerRank},
-                   {"bubble_fraction", step > 0 ? idle / (plan_.pp * step) : 0.0}};
+                   {"bubble_fraction", step > 0 ? idle / (plan_.pp * step) : 0.0},
+                   {"steps", n},
+                   {"bubble_fraction_min", bubbleOf[byBubble.front()]},
+                   {"bubble_fraction_max", bubbleOf[byBubble.back()]}};
   d["predicted"] = {{"step_us", predicted_.stepUs},
                     {"idle_us_per_rank", predictedIdle},
                     {"bubble_fraction", predicted_.bubbleFraction}};

@@ -111,6 +111,8 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::optional<int64_t> predictedPeakBytes() const override;
   std::vector<std::pair<std::string, std::string>> recordParams() const override;
   nlohmann::json details() const override { return details_; }
+  // The measured bubble is over every step run, the timed ones too (settle()).
+  bool detailsCoverTiming() const override { return true; }
   // Locating a failure: the next step's first iteration keeps every action's values as it
   // makes them (the names above).
   bool capturesValues() const override { return true; }
@@ -177,8 +179,16 @@ class PipelineExecutor final : public harness::RankExecutor {
   int64_t entryBefore_ = 0, entryAfter_ = 0;  // live bytes at the step's start, and after it let
                                               // the last step's outputs go
   std::vector<at::Tensor> outputs_, gradInputs_;
-  std::vector<TimedAction> timeline_;
-  double busyUs_ = 0, stepUs_ = 0;  // the last step's (its last iteration's) busy time, and end
+  // Every pipeline step this rank ran (an iteration of step(): one, or the case's optimizer
+  // steps): its actions' times from its start, their sum and its end; whether step()'s first
+  // call (the harness's warm-up) ran it.
+  struct StepRecord {
+    std::vector<TimedAction> timeline;
+    double busyUs = 0, endUs = 0;
+    bool warmup = false;
+  };
+  std::vector<StepRecord> steps_;
+  int stepCalls_ = 0;
   // The step's start, and the current action's compute (after what it received).
   std::chrono::steady_clock::time_point start_, computeStart_;
   std::optional<double> predictedStepUs_;
