@@ -74,12 +74,20 @@ namespace {
 // Whether the staged set can be moved in: every destination folder a writable folder on the
 // staging folder's file system (a rename cannot cross one), no destination a folder. Checked
 // before anything is moved, so that a set is moved whole or not at all. Returns the problem.
-std::string checkDestinations(const std::string& stage, const std::string& dir) {
+std::string checkDestinations(const std::string& stage, const std::string& dir,
+                              const std::vector<std::string>& files) {
   std::error_code ec;
-  fs::create_directories(dir + "/plots", ec);
-  fs::create_directories(dir + "/pipeline", ec);
+  std::vector<std::string> folders = {dir, dir + "/plots"};
+  // pipeline/: the pipeline rows' timelines and traces, where the set has any.
+  for (const auto& f : files) {
+    if (f.rfind("pipeline/", 0) == 0) {
+      folders.push_back(dir + "/pipeline");
+      break;
+    }
+  }
+  for (const auto& d : folders) fs::create_directories(d, ec);
   struct stat st = {}, staged = {};
-  for (const std::string& d : {dir, dir + "/plots", dir + "/pipeline"}) {
+  for (const std::string& d : folders) {
     if (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return d + " is not a folder the report can be written to";
     }
@@ -125,7 +133,7 @@ std::string moveSet(const std::string& stage, const std::string& dir,
 
 void commitSet(const std::string& stage, const std::string& dir,
                const std::vector<std::string>& files) {
-  if (const std::string problem = checkDestinations(stage, dir); !problem.empty()) {
+  if (const std::string problem = checkDestinations(stage, dir, files); !problem.empty()) {
     throw ReportInputError(problem);
   }
   std::string problem;

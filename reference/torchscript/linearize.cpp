@@ -250,8 +250,8 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
   // The constants of the graph the stages run: a folded tensor of one micro-batch's size is
   // not the whole batch's (the data's).
   {
-    at::ScalarType dtype = at::kFloat;
-    if (!g.parameters.empty()) dtype = data.inputs.at(g.parameters.front().first).scalar_type();
+    // The case's floating dtype, as the module's output gradient has it.
+    const at::ScalarType dtype = data.inputs.at("grad_output").scalar_type();
     for (const auto& name : constants) {
       const auto it = m.constants.find(name);
       state->fixed[name] = spec.microbatches == 1 || it == m.constants.end()

@@ -4,6 +4,7 @@ in the measured step above the dry run's on the same time axis: plots/pipeline_N
 import glob
 import json
 import os
+import sys
 
 from common import plt
 import pipeline_plot
@@ -29,3 +30,10 @@ def plot(report_dir, out_dir):
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "pipeline_" + name + ".png"), dpi=100)
         plt.close(fig)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: pipeline_timeline_plot.py REPORT_DIR")
+    os.makedirs(os.path.join(sys.argv[1], "plots"), exist_ok=True)
+    plot(sys.argv[1], os.path.join(sys.argv[1], "plots"))

@@ -59,15 +59,19 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
     for (int b = 0; b <= L; ++b) {
       boundary_.push_back(at::empty({0}, h.options()));
       boundaryShape_.push_back(h.sizes().vec());
+      // The first cut's (the profile's ping-pong) and each of this rank's stages' input.
       const bool used = b == plan_.cut[1] ||
-                        (b < L && plan_.schedule.stageRank[plan_.stageOf(b)] == p_);
+                        (b < L && plan_.schedule.stageRank[plan_.stageOf(b)] == p_ &&
+                         plan_.cut[plan_.stageOf(b)] == b);
       if (used) samples_[b] = h;
       if (b < L) h = net_->stage(b, h, false);
     }
   }
   // Each parameter on every rank holding a stage that reads it; elsewhere let go (the layers
   // hold the tensors, emptied), so that a rank's memory is its stages' alone.
+  int index = -1;  // the parameter's place in the net, the same on every rank
   for (const auto& [name, t] : net_->parameters()) {
+    ++index;
     const std::vector<int> layers = layersOf(case_, name);
     shapes_[name] = t.sizes().vec();
     std::set<int> mine;
@@ -80,7 +84,7 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
       continue;
     }
     const std::vector<int> holders = holdersOf(plan_, layers);
-    if (holders.size() > 1) tied_.push_back({owned_.size(), holders});
+    if (holders.size() > 1) tied_.push_back({owned_.size(), holders, index});
     // One stage reading it: whose accumulated gradient the reference's trace has.
     if (plan_.stageOf(layers.front()) == plan_.stageOf(layers.back())) {
       stageOfParam_[name] = plan_.stageOf(layers.front());
@@ -95,7 +99,7 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
     for (const auto& [name, t] : owned_) initial_.push_back(t.detach().clone());
     // The norm's squares counted once: on replica 0, by a tied parameter's first holder.
     std::vector<bool> counted(owned_.size(), d_ == 0);
-    for (const auto& [k, holders] : tied_) counted[k] = counted[k] && holders.front() == p_;
+    for (const Tied& t : tied_) counted[t.owned] = counted[t.owned] && t.holders.front() == p_;
     update_ = harness::profileUpdate(ctx.rank(), case_.training, owned_, counted);
     counted_ = counted;
   }
@@ -170,7 +174,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     if (twice) {
       for (const at::Tensor& p : paramsOf(s)) before.push_back(p.grad().clone());
     }
-    reference::backward({st.y}, {gy});
+    if (st.y.requires_grad()) reference::backward({st.y}, {gy});
     for (size_t k = 0; k < before.size(); ++k) {
       const at::Tensor& g = paramsOf(s)[k].mutable_grad();
       g.add_(g - before[k]);
@@ -179,6 +183,10 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
   } else {
     // I: the input's gradient alone, the graph kept; what W starts from kept beside it.
     gx = backwardInput(st.x, st.y, gy, paramsOf(s), st.w);
+  }
+  if (!gx.defined() && st.x.requires_grad()) {
+    // The stage's output does not depend on its input: the input's gradient is zeros.
+    gx = at::zeros(boundaryShape_[plan_.cut[s]], boundary_[plan_.cut[s]].options());
   }
   if (capturing_ && gx.defined()) keep("backward", s, stageInputGradName(plan_, s, d_, m), gx);
   if (a.op == Op::kBackward) keepAccumulated(s, m);
@@ -291,10 +299,12 @@ void PipelineExecutor::step(RankContext& ctx) {
 // holder's own part is changed only after its sends are done.)
 void PipelineExecutor::sumTiedGradients(RankContext& ctx) {
   auto& pipe = ctx.group({0});
-  for (size_t i = 0; i < tied_.size(); ++i) {
-    const auto& [k, holders] = tied_[i];
-    at::Tensor& g = owned_[k].second.mutable_grad();
-    const int tag = tagOf(plan_, plan_.schedule.stages, 1, 0) + static_cast<int>(i);
+  for (const Tied& tied : tied_) {
+    const std::vector<int>& holders = tied.holders;
+    at::Tensor& g = owned_[tied.owned].second.mutable_grad();
+    // Past every action's tag and the profile's ping-pong; by the parameter's place in the net,
+    // which every holder agrees on (this rank's list holds only what it holds).
+    const int tag = tagOf(plan_, plan_.schedule.stages, 1, 0) + tied.index;
     std::vector<std::unique_ptr<harness::Communicator::PendingSend>> out;
     for (int h : holders) {
       if (h != p_) out.push_back(pipe.isend(g, h, tag));

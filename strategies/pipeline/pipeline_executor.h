@@ -157,9 +157,14 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::vector<at::Tensor> boundary_;
   std::vector<std::vector<int64_t>> boundaryShape_;
   std::map<int, at::Tensor> samples_;
-  // Tied parameters (read by stages on several pipeline ranks): the index in owned_ and the
-  // holders; the gradients summed over them after the step (sumTiedGradients).
-  std::vector<std::pair<size_t, std::vector<int>>> tied_;
+  // Tied parameters (read by stages on several pipeline ranks); their gradients summed over
+  // the holders after the step (sumTiedGradients).
+  struct Tied {
+    size_t owned = 0;          // in owned_
+    std::vector<int> holders;  // pipeline ranks, ascending
+    int index = 0;             // the parameter's place in the net (its exchange's tag)
+  };
+  std::vector<Tied> tied_;
   void sumTiedGradients(RankContext& ctx);
   std::map<std::string, int> stageOfParam_;  // a parameter one stage reads: that stage
   std::vector<bool> counted_;                // training: whose squares this rank's norm counts

@@ -90,7 +90,9 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
   const auto us = [](auto t0) {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   };
-  for (const auto& [stage, params] : stageParams_) {
+  for (int stage = 0; stage < plan_.schedule.stages; ++stage) {
+    if (plan_.schedule.stageRank[stage] != p_) continue;  // every stage of this rank's, with
+    const std::vector<at::Tensor>& params = paramsOf(stage);  // parameters or none
     std::vector<double> f, b, i, w;
     for (int rep = 0; rep < reps; ++rep) {
       // The stage's input as micro-batch 0 reaches it (ids take no gradient).
@@ -119,7 +121,7 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
       std::vector<at::Tensor> all = params;
       if (differentiable) all.push_back(x);
       t0 = std::chrono::steady_clock::now();
-      torch::autograd::grad({y}, all, {g});
+      if (!all.empty() && y.requires_grad()) torch::autograd::grad({y}, all, {g});
       b.push_back(us(t0));
     }
     const auto median = [](std::vector<double> v) {
@@ -278,9 +280,9 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
   };
   // A tied parameter's gradient: the other holders' parts, received into buffers of their own.
   int64_t updateScratch = 0;
-  for (const auto& [k, holders] : tied_) {
-    updateScratch = std::max(updateScratch, static_cast<int64_t>(holders.size() - 1) *
-                                        static_cast<int64_t>(owned_[k].second.nbytes()));
+  for (const Tied& t : tied_) {
+    updateScratch = std::max(updateScratch, static_cast<int64_t>(t.holders.size() - 1) *
+                                                static_cast<int64_t>(owned_[t.owned].second.nbytes()));
   }
   if (plan_.dp > 1) {
     for (const auto& [name, t] : owned_) {

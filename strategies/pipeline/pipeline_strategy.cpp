@@ -26,8 +26,9 @@
 // on several ranks read (GPT-2's tied embedding) is held by each: each accumulates its stages'
 // part, and after the step the holders exchange parts and add them in rank order.
 //
-// Each rank records its actions' start and end in the measured step; the row's details have the
-// measured idle time per rank and the bubble (idle rank time over ranks x step) beside the dry
+// Each rank records its actions' start and end in every step; the row's details have the
+// measured idle time per rank and the bubble (idle rank time over ranks x step) of the median
+// step (by bubble, the lower of two middle ones) among those after the warm-up, beside the dry
 // run's (simulate()) on per-stage costs profiled in prepare (each rank times its stages' F and B,
 // or I and W, on one micro-batch; the costs are all-gathered).
 //

@@ -99,20 +99,33 @@ std::vector<Frontier> frontier(const std::shared_ptr<ag::Node>& root,
 at::Tensor backwardInput(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gy,
                          const std::vector<at::Tensor>& params, WeightPass& w) {
   w.roots.clear();
+  w.inputDone = true;
+  // Nothing of the stage takes a gradient: nothing to do in I or W.
+  if (!y.requires_grad()) return at::Tensor();
+  // W the whole backward, from y's gradient edge.
   const auto whole = [&] {
-    // W is the whole backward, from y's gradient edge.
     const ag::Edge e = ag::impl::gradient_edge(y);
     auto slot = std::make_shared<std::vector<at::Tensor>>(e.function->num_inputs());
     (*slot)[e.input_nr] = gy;
     w.roots.push_back({e.function, slot});
-    return at::Tensor();
   };
-  if (!x.requires_grad() || !y.grad_fn()) return whole();
+  if (!x.requires_grad()) {
+    whole();
+    return at::Tensor();
+  }
   std::set<const ag::Node*> leaves;
   for (const at::Tensor& p : params) {
     if (auto acc = ag::impl::try_get_grad_accumulator(p)) leaves.insert(acc.get());
   }
-  const auto nodes = frontier(y.grad_fn(), leaves);
+  const auto nodes = y.grad_fn() ? frontier(y.grad_fn(), leaves) : std::vector<Frontier>();
+  if (nodes.empty()) {
+    // No node mixes the two sides: the input's gradient alone (the stage reads no parameter on
+    // the input's path), and W whatever reaches the parameters from the output.
+    const auto gx = ag::grad({y}, {x}, {gy}, /*retain_graph=*/true, /*create_graph=*/false,
+                             /*allow_unused=*/true);
+    if (!params.empty()) whole();
+    return gx.at(0);
+  }
   for (const auto& f : nodes) {
     auto slot = std::make_shared<std::vector<at::Tensor>>();
     f.node->add_pre_hook(std::make_unique<KeepGradients>(slot));
@@ -147,7 +160,8 @@ void backwardWeight(WeightPass& w, const std::vector<at::Tensor>& params) {
   }
   for (const at::Tensor& p : params) outputs.push_back(ag::impl::gradient_edge(p));
   w.roots.clear();
-  if (roots.empty()) return;
+  w.inputDone = false;
+  if (roots.empty() || outputs.empty()) return;
   const auto got = ag::Engine::get_default_engine().execute(
       roots, grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
       outputs);

@@ -14,8 +14,10 @@
 //      and nothing of the activations' again. The gradients are added into each parameter's
 //      `grad` in place, as AccumulateGrad adds them.
 //
-// Where the stage's input takes no gradient (ids) or its output does not depend on it, I
-// computes nothing and W is the whole backward from the output's gradient.
+// Where the stage's input takes no gradient (ids), I computes nothing and W is the whole
+// backward from the output's gradient; where no node mixes the two sides (the output depends on
+// the parameters alone, or the stage has none), I is the input's gradient alone and W whatever
+// reaches the parameters from the output.
 
 #pragma once
 
@@ -37,7 +39,8 @@ struct WeightPass {
     std::shared_ptr<std::vector<at::Tensor>> grads;  // filled by the node's pre-hook during I
   };
   std::vector<Root> roots;
-  bool ready() const { return !roots.empty(); }
+  bool inputDone = false;  // I ran, and W has not
+  bool ready() const { return inputDone; }
 };
 
 // I: the gradient of x (undefined where x takes none) from y's gradient gy, the graph kept;

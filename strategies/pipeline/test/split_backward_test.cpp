@@ -112,5 +112,21 @@ TEST(SplitBackward, WithoutAnInputGradientWIsTheWholeBackward) {
   EXPECT_TRUE(at::equal(table.grad(), want));
 }
 
+// A stage of no parameters (an activation, a view): I is the input's gradient, W nothing; a
+// stage whose output takes no gradient at all: nothing in either.
+TEST(SplitBackward, StagesWithoutParametersOrGradients) {
+  const at::Tensor x = at::randn({3, 5}, at::kDouble).requires_grad_(true);
+  const at::Tensor gy = at::randn({3, 5}, at::kDouble);
+  WeightPass w;
+  const at::Tensor gx = backwardInput(x, x.tanh(), gy, {}, w);
+  EXPECT_TRUE(at::equal(gx, ag::grad({x.tanh()}, {x}, {gy}).at(0))) << "the input's gradient";
+  ASSERT_TRUE(w.ready());
+  backwardWeight(w, {});
+  EXPECT_FALSE(w.ready());
+  const at::Tensor ids = at::randint(0, 4, {3}, at::kLong);
+  EXPECT_FALSE(backwardInput(ids, ids.to(at::kDouble), gy.select(1, 0), {}, w).defined());
+  backwardWeight(w, {});
+}
+
 }  // namespace
 }  // namespace sb::strategies::pipeline
