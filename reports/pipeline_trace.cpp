@@ -12,12 +12,15 @@ std::string pipelineTrace(const nlohmann::json& runs) {
   for (const char* side : {"measured", "predicted"}) {
     const nlohmann::json& run = runs.value(side, nlohmann::json());
     if (!run.is_object()) continue;
-    events.push_back({{"name", "process_name"},
+    events.push_back(
+        {{"name", "process_name"},
+         {"ph", "M"},
+         {"pid", pid},
+         {"args", {{"name", std::string(side) == "measured" ? "measured" : "dry run"}}}});
+    events.push_back({{"name", "process_sort_index"},
                       {"ph", "M"},
                       {"pid", pid},
-                      {"args", {{"name", std::string(side) == "measured" ? "measured" : "dry run"}}}});
-    events.push_back(
-        {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+                      {"args", {{"sort_index", pid}}}});
     for (const auto& rank : run.value("per_rank", nlohmann::json::array())) {
       const int tid = rank.value("rank", 0);
       events.push_back({{"name", "thread_name"},

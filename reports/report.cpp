@@ -255,7 +255,8 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
       if (auto p = plot(kind + slug)) doc.image(*p, std::string(kind) + slug);
     }
     for (const auto& [name, strategy] : timelines[slug]) {
-      doc.paragraph(strategy + ": each rank's actions in the measured step above the dry run's "
+      doc.paragraph(strategy +
+                    ": each rank's actions in the measured step above the dry run's "
                     "(F, B, I, W; idle the gaps); Chrome trace for Perfetto: pipeline/" +
                     name + ".trace.json");
       if (auto p = plot("pipeline_" + name)) doc.image(*p, "pipeline timeline " + name);

@@ -234,8 +234,7 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
   state->model = importModel(spec.microbatch());
   const ImportedModel& m = *state->model;
   const Graph& g = m.graph;
-  const std::vector<ChainStage> stages =
-      linearizeModel(m, spec.fault == "cut_where_two_cross", in);
+  const std::vector<ChainStage> stages = linearizeModel(m, spec.fault == "cut_where_two_cross", in);
   const std::string input = m.dataInputs.at(0);
   std::vector<std::string> constants;
   for (const auto& [name, dims] : g.inputs) {

@@ -120,8 +120,10 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
   if (shape.contains("microbatches")) {
     const auto& m = shape.at("microbatches");
     if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() > 100000) {
-      throw ImportError("torchscript: shape key 'microbatches' must be an integer from 1 to "
-                        "100000, got " + m.dump());
+      throw ImportError(
+          "torchscript: shape key 'microbatches' must be an integer from 1 to "
+          "100000, got " +
+          m.dump());
     }
     s.microbatches = m.get<int64_t>();
     for (size_t i = 0; i < s.inputs.size(); ++i) {

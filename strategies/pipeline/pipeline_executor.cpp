@@ -60,9 +60,9 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
       boundary_.push_back(at::empty({0}, h.options()));
       boundaryShape_.push_back(h.sizes().vec());
       // The first cut's (the profile's ping-pong) and each of this rank's stages' input.
-      const bool used = b == plan_.cut[1] ||
-                        (b < L && plan_.schedule.stageRank[plan_.stageOf(b)] == p_ &&
-                         plan_.cut[plan_.stageOf(b)] == b);
+      const bool used =
+          b == plan_.cut[1] || (b < L && plan_.schedule.stageRank[plan_.stageOf(b)] == p_ &&
+                                plan_.cut[plan_.stageOf(b)] == b);
       if (used) samples_[b] = h;
       if (b < L) h = net_->stage(b, h, false);
     }
@@ -162,10 +162,10 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     return;
   }
   if (training_ && s == S - 1) lossSum_ += (st.y * targets_[m]).sum().item<double>();
-  const at::Tensor gy = s == S - 1 ? targets_[m]
-                                   : receive(st.y, st.y.sizes(), where[s + 1],
-                                             tagOf(plan_, s, m, 1),
-                                             "the next stage's input gradient");
+  const at::Tensor gy = s == S - 1
+                            ? targets_[m]
+                            : receive(st.y, st.y.sizes(), where[s + 1], tagOf(plan_, s, m, 1),
+                                      "the next stage's input gradient");
   at::Tensor gx;
   if (a.op == Op::kBackward) {
     // Planted: this micro-batch's share of every parameter's gradient added a second time.

@@ -91,7 +91,7 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   };
   for (int stage = 0; stage < plan_.schedule.stages; ++stage) {
-    if (plan_.schedule.stageRank[stage] != p_) continue;  // every stage of this rank's, with
+    if (plan_.schedule.stageRank[stage] != p_) continue;      // every stage of this rank's, with
     const std::vector<at::Tensor>& params = paramsOf(stage);  // parameters or none
     std::vector<double> f, b, i, w;
     for (int rep = 0; rep < reps; ++rep) {
@@ -281,13 +281,14 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
   // A tied parameter's gradient: the other holders' parts, received into buffers of their own.
   int64_t updateScratch = 0;
   for (const Tied& t : tied_) {
-    updateScratch = std::max(updateScratch, static_cast<int64_t>(t.holders.size() - 1) *
-                                                static_cast<int64_t>(owned_[t.owned].second.nbytes()));
+    updateScratch =
+        std::max(updateScratch, static_cast<int64_t>(t.holders.size() - 1) *
+                                    static_cast<int64_t>(owned_[t.owned].second.nbytes()));
   }
   if (plan_.dp > 1) {
     for (const auto& [name, t] : owned_) {
-      updateScratch = std::max(updateScratch,
-                           scratchOf(dpComm_, static_cast<int64_t>(t.nbytes()), t.scalar_type()));
+      updateScratch = std::max(
+          updateScratch, scratchOf(dpComm_, static_cast<int64_t>(t.nbytes()), t.scalar_type()));
     }
   }
   // Each iteration (one, or the case's steps) from what was live once it let the last one's
@@ -300,8 +301,8 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
     const int64_t state = k > 0 ? update_.stateBytes : 0;
     const int64_t base = entryAfter_ + state;
     const int64_t end = base + static_cast<int64_t>(net) - sent;
-    peak = std::max(
-        {peak, base + static_cast<int64_t>(predicted_.ranks.at(p_).peakBytes), end + updateScratch});
+    peak = std::max({peak, base + static_cast<int64_t>(predicted_.ranks.at(p_).peakBytes),
+                     end + updateScratch});
     if (training_) {
       peak = std::max(
           {peak, end + 8 + scratchOf(worldComm_, 8, at::kDouble), end - state + update_.peak});

@@ -42,7 +42,7 @@ struct Frontier {
 // side: nodes not on the weights' side with an edge to it.
 std::vector<Frontier> frontier(const std::shared_ptr<ag::Node>& root,
                                const std::set<const ag::Node*>& paramLeaves) {
-  std::map<const ag::Node*, bool> weightSide;  // per node visited: every path ends at a parameter
+  std::map<const ag::Node*, bool> weightSide;    // per node visited: every path ends at a parameter
   std::vector<std::shared_ptr<ag::Node>> order;  // post-order
   // Iterative depth-first walk (graphs of thousands of nodes).
   std::vector<std::pair<std::shared_ptr<ag::Node>, size_t>> stack = {{root, 0}};
@@ -162,9 +162,9 @@ void backwardWeight(WeightPass& w, const std::vector<at::Tensor>& params) {
   w.roots.clear();
   w.inputDone = false;
   if (roots.empty() || outputs.empty()) return;
-  const auto got = ag::Engine::get_default_engine().execute(
-      roots, grads, /*keep_graph=*/false, /*create_graph=*/false, /*accumulate_grad=*/false,
-      outputs);
+  const auto got = ag::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false,
+                                                            /*create_graph=*/false,
+                                                            /*accumulate_grad=*/false, outputs);
   at::NoGradGuard noGrad;
   for (size_t k = 0; k < params.size(); ++k) {
     if (got[k].defined()) params[k].mutable_grad().add_(got[k]);

@@ -44,8 +44,8 @@ struct Stage {
 Stage makeStage(int64_t d, int64_t hidden) {
   at::manual_seed(3);
   Stage s;
-  for (auto shape : std::vector<std::vector<int64_t>>{
-           {hidden, d}, {hidden}, {d, hidden}, {d}, {d}, {d}}) {
+  for (auto shape :
+       std::vector<std::vector<int64_t>>{{hidden, d}, {hidden}, {d, hidden}, {d}, {d}, {d}}) {
     s.params.push_back(at::randn(shape, at::kDouble).requires_grad_(true));
   }
   for (auto& p : s.params) p.mutable_grad() = at::zeros_like(p);
