@@ -57,8 +57,7 @@ void PipelineExecutor::prepare(RankContext& ctx, const reference::WorkloadData& 
     at::Tensor h = inputs_[0];
     const int L = net_->numStages();
     for (int b = 0; b <= L; ++b) {
-      boundary_.push_back(at::empty({0}, h.options()));
-      boundaryShape_.push_back(h.sizes().vec());
+      boundary_.push_back({h.sizes().vec(), h.options()});
       // The first cut's (the profile's ping-pong) and each of this rank's stages' input.
       const bool used =
           b == plan_.cut[1] || (b < L && plan_.schedule.stageRank[plan_.stageOf(b)] == p_ &&
@@ -109,9 +108,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
   auto& pipe = ctx.group({0});
   const int S = plan_.schedule.stages, s = a.stage, m = a.microbatch;
   const auto& where = plan_.schedule.stageRank;
-  const auto receive = [&](const at::Tensor& like, at::IntArrayRef shape, int from, int tag,
-                           const char* what) {
-    at::Tensor t = at::empty(shape, like.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto receive = [&](at::Tensor t, int from, int tag, const char* what) {
     if (profiling_) return t;
     try {
       pipe.recv(t, from, tag);
@@ -134,8 +131,8 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
   if (a.op == Op::kForward) {
     const int b = plan_.cut[s];
     at::Tensor x = s == 0 ? inputs_[m]
-                          : receive(boundary_[b], boundaryShape_[b], where[s - 1],
-                                    tagOf(plan_, s, m, 0), "the previous stage's activation");
+                          : receive(boundary_[b].empty(), where[s - 1], tagOf(plan_, s, m, 0),
+                                    "the previous stage's activation");
     // Ids (an imported model's first stage) take no gradient.
     x = at::isFloatingType(x.scalar_type()) ? x.detach().requires_grad_(true) : x;
     at::Tensor y = stageForward(s, x);
@@ -162,10 +159,10 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
     return;
   }
   if (training_ && s == S - 1) lossSum_ += (st.y * targets_[m]).sum().item<double>();
-  const at::Tensor gy = s == S - 1
-                            ? targets_[m]
-                            : receive(st.y, st.y.sizes(), where[s + 1], tagOf(plan_, s, m, 1),
-                                      "the next stage's input gradient");
+  const at::Tensor gy =
+      s == S - 1 ? targets_[m]
+                 : receive(at::empty_like(st.y, at::MemoryFormat::Contiguous), where[s + 1],
+                           tagOf(plan_, s, m, 1), "the next stage's input gradient");
   at::Tensor gx;
   if (a.op == Op::kBackward) {
     // Planted: this micro-batch's share of every parameter's gradient added a second time.
@@ -186,7 +183,7 @@ void PipelineExecutor::run(RankContext& ctx, const Action& a) {
   }
   if (!gx.defined() && st.x.requires_grad()) {
     // The stage's output does not depend on its input: the input's gradient is zeros.
-    gx = at::zeros(boundaryShape_[plan_.cut[s]], boundary_[plan_.cut[s]].options());
+    gx = boundary_[plan_.cut[s]].empty().zero_();
   }
   if (capturing_ && gx.defined()) keep("backward", s, stageInputGradName(plan_, s, d_, m), gx);
   if (a.op == Op::kBackward) keepAccumulated(s, m);
@@ -455,13 +452,13 @@ void PipelineExecutor::settle(RankContext& ctx) {
                     {"bubble_fraction", predicted_.bubbleFraction}};
   if (!predicted_.deadlock.empty()) d["predicted"]["deadlock"] = predicted_.deadlock;
   // Both runs as `solve pipeline` writes them (reports/plots/pipeline_plot.py draws either).
-  d["measured"]["run"] = nlohmann::json::parse(simulationJson(plan_.schedule, measured));
+  d["measured"]["run"] = simulationValue(plan_.schedule, measured);
   for (auto& r : d["measured"]["run"]["per_rank"]) {  // memory is the row's, not the timeline's
     for (const char* k : {"peak_activation_bytes", "peak_bytes", "peak_microbatches_in_flight"}) {
       r.erase(k);
     }
   }
-  d["predicted"]["run"] = nlohmann::json::parse(simulationJson(plan_.schedule, predicted_));
+  d["predicted"]["run"] = simulationValue(plan_.schedule, predicted_);
   // The bubble judged (harness/run/predict.cpp): the dry run's idle fraction within 10% of the
   // measured one, or within 2 points of the step where the bubble is small (a few hundred
   // microseconds of a millisecond step move with the machine's other work).

@@ -54,6 +54,8 @@ struct ChainModel {
   std::map<std::string, std::vector<int>> readers;
   std::map<std::string, std::vector<int64_t>> paramShapes;
 };
+// Whether a pipeline cuts the workload (mlp_chain, gpt2_stack, torchscript).
+bool cutsIntoStages(const std::string& workload);
 // Null where the workload is none a pipeline cuts; throws where the case's shape is bad (an
 // import error names the file and node). Cached per workload, shape and dtype.
 std::shared_ptr<const ChainModel> chainModel(const CaseSpec& c);
@@ -152,10 +154,16 @@ class PipelineExecutor final : public harness::RankExecutor {
   std::vector<std::pair<std::string, at::Tensor>> owned_;  // (name, parameter)
   std::map<std::string, std::vector<int64_t>> shapes_;     // every parameter's
   std::map<std::pair<int, int>, Stash> stash_;
-  // Per layer boundary (layer b's input): its tensor's options and one micro-batch's shape; and,
-  // until the profile is done, micro-batch 0's value where this rank's stages take it.
-  std::vector<at::Tensor> boundary_;
-  std::vector<std::vector<int64_t>> boundaryShape_;
+  // Per layer boundary (layer b's input): one micro-batch's shape and its tensor's options
+  // (what is received there, and the input's gradient sent back); and, until the profile is
+  // done, micro-batch 0's value where this rank's stages take it.
+  struct Boundary {
+    std::vector<int64_t> shape;
+    at::TensorOptions options;
+    at::Tensor empty() const { return at::empty(shape, options); }
+    int64_t bytes() const;
+  };
+  std::vector<Boundary> boundary_;
   std::map<int, at::Tensor> samples_;
   // Tied parameters (read by stages on several pipeline ranks); their gradients summed over
   // the holders after the step (sumTiedGradients).

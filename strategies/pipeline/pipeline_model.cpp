@@ -87,10 +87,12 @@ ChainModel importedModel(const CaseSpec& c) {
 
 }  // namespace
 
+bool cutsIntoStages(const std::string& workload) {
+  return workload == "mlp_chain" || workload == "gpt2_stack" || workload == "torchscript";
+}
+
 std::shared_ptr<const ChainModel> chainModel(const CaseSpec& c) {
-  if (c.workload != "mlp_chain" && c.workload != "gpt2_stack" && c.workload != "torchscript") {
-    return nullptr;
-  }
+  if (!cutsIntoStages(c.workload)) return nullptr;
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const ChainModel>> cache;
   const std::string key =

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <set>
@@ -21,6 +22,12 @@
 namespace sb::strategies::pipeline {
 
 using harness::Collective;
+
+namespace {
+double usSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
 
 // Each of this rank's stages timed on micro-batch 0 (forward; backward, or its input and weight
 // halves), the median of three, one rank at a time (the others wait), so that each cost is the
@@ -40,9 +47,6 @@ void PipelineExecutor::profile(RankContext& ctx) {
   ctx.group({0}).allReduce(all);
   Costs costs;
   costs.sharing = hostSharing(ctx);
-  const auto us = [](auto t0) {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  };
   // One hop of an activation between neighbours: half a ping-pong's round trip, timed on one
   // clock (ranks 2k and 2k + 1), the median of five after one to warm up; the pairs' mean.
   auto& pipe = ctx.group({0});
@@ -59,7 +63,7 @@ void PipelineExecutor::profile(RankContext& ctx) {
       auto sent = pipe.isend(first, p_ + 1, kPing);
       pipe.recv(ball, p_ + 1, kPong);
       sent->wait();
-      if (rep > 0) hops.push_back(us(t0) / 2);
+      if (rep > 0) hops.push_back(usSince(t0) / 2);
     } else {
       pipe.recv(ball, p_ - 1, kPing);
       pipe.isend(ball, p_ - 1, kPong)->wait();
@@ -87,9 +91,6 @@ void PipelineExecutor::profile(RankContext& ctx) {
 // Each of this rank's stages timed on micro-batch 0, the median of `reps`: its row of `mine`
 // (forward, backward, input gradient, weight gradient).
 void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
-  const auto us = [](auto t0) {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  };
   for (int stage = 0; stage < plan_.schedule.stages; ++stage) {
     if (plan_.schedule.stageRank[stage] != p_) continue;      // every stage of this rank's, with
     const std::vector<at::Tensor>& params = paramsOf(stage);  // parameters or none
@@ -101,18 +102,18 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
       if (differentiable) x.requires_grad_(true);
       auto t0 = std::chrono::steady_clock::now();
       at::Tensor y = stageForward(stage, x);
-      f.push_back(us(t0));
+      f.push_back(usSince(t0));
       const at::Tensor g = at::ones_like(y);
       // I and W as run() runs them (split_backward.h).
       WeightPass wp;
       t0 = std::chrono::steady_clock::now();
       backwardInput(x, y, g, params, wp);
-      i.push_back(us(t0));
+      i.push_back(usSince(t0));
       std::vector<at::Tensor> before;
       for (const at::Tensor& p : params) before.push_back(p.grad().clone());
       t0 = std::chrono::steady_clock::now();
       backwardWeight(wp, params);
-      w.push_back(us(t0));
+      w.push_back(usSince(t0));
       {
         at::NoGradGuard noGrad;  // the parameters' gradients as they were
         for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad().copy_(before[k]);
@@ -122,7 +123,7 @@ void PipelineExecutor::timeStages(at::Tensor& mine, int reps) {
       if (differentiable) all.push_back(x);
       t0 = std::chrono::steady_clock::now();
       if (!all.empty() && y.requires_grad()) torch::autograd::grad({y}, all, {g});
-      b.push_back(us(t0));
+      b.push_back(usSince(t0));
     }
     const auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
@@ -240,6 +241,12 @@ void PipelineExecutor::profileMemory(RankContext& ctx, Costs& costs) {
   }
 }
 
+int64_t PipelineExecutor::Boundary::bytes() const {
+  int64_t n = static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 // The dry run's peak for this rank (its actions' profiled bytes in its order) above what was
 // live once the step let the last step's outputs go; then, after the step waits for its sends
 // and lets what they held go, data parallelism's all-reduce of each gradient (its scratch).
@@ -250,25 +257,20 @@ std::optional<int64_t> PipelineExecutor::predictedPeakBytes() const {
   const int S = plan_.schedule.stages;
   double net = 0;
   int64_t sent = 0;  // what the step's sends hold until it waits for them
-  const auto bytesAt = [&](int b) {
-    int64_t n = c10::elementSize(boundary_.at(b).scalar_type());
-    for (int64_t d : boundaryShape_.at(b)) n *= d;
-    return n;
-  };
   for (const Action& a : plan_.schedule.perRank[p_]) {
     const StageCost& c = costs_.of(a.stage);
     switch (a.op) {
       case Op::kForward:
         net += c.forwardBytes.net;
-        if (a.stage < S - 1) sent += bytesAt(plan_.cut[a.stage + 1]);
+        if (a.stage < S - 1) sent += boundary_.at(plan_.cut[a.stage + 1]).bytes();
         break;
       case Op::kBackward:
         net += c.backwardBytes.net;
-        if (a.stage > 0) sent += bytesAt(plan_.cut[a.stage]);
+        if (a.stage > 0) sent += boundary_.at(plan_.cut[a.stage]).bytes();
         break;
       case Op::kBackwardInput:
         net += c.backwardInputBytes.net;
-        if (a.stage > 0) sent += bytesAt(plan_.cut[a.stage]);
+        if (a.stage > 0) sent += boundary_.at(plan_.cut[a.stage]).bytes();
         break;
       case Op::kBackwardWeight:
         net += c.backwardWeightBytes.net;

@@ -98,6 +98,14 @@ std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const Cas
   net->zeroGrad();
   const int S = static_cast<int>(p.cut.size()) - 1;
   const int64_t rows = net->input().size(0) / p.dp;
+  // Each parameter's stage, where one stage alone reads it (another's gradient is a part of the
+  // sum); -1 for a tied one.
+  std::vector<int> stageOfParam;
+  for (const auto& [name, t] : net->parameters()) {
+    const auto layers = layersOf(c, name);
+    const int s = p.stageOf(layers.front());
+    stageOfParam.push_back(s == p.stageOf(layers.back()) ? s : -1);
+  }
   std::vector<harness::TraceValue> out;
   const auto keep = [&](const char* phase, int s, std::string name, const at::Tensor& t) {
     out.push_back({"stage " + std::to_string(s), phase, std::move(name), t.detach().clone(), {}});
@@ -122,12 +130,10 @@ std::vector<harness::TraceValue> pipelineReferenceTrace(const Plan& p, const Cas
         gy = in[s].grad();
         if (gy.defined()) keep("backward", s, stageInputGradName(p, s, d, m), gy);
         if (!p.inOrder) continue;
-        for (const auto& [name, t] : net->parameters()) {
-          // A parameter read by one stage alone: another's gradient is a part of the sum.
-          const auto layers = layersOf(c, name);
-          if (p.stageOf(layers.front()) == s && p.stageOf(layers.back()) == s) {
-            keep("backward", s, accumulatedGradName(p, name, d, m), t.grad());
-          }
+        for (size_t k = 0; k < net->parameters().size(); ++k) {
+          if (stageOfParam[k] != s) continue;
+          const auto& [name, t] = net->parameters()[k];
+          keep("backward", s, accumulatedGradName(p, name, d, m), t.grad());
         }
       }
     }
@@ -243,7 +249,7 @@ class PipelineStrategy final : public harness::Strategy {
   }
 
   Applicability applies(const CaseSpec& c) const override {
-    if (c.workload != "mlp_chain" && c.workload != "gpt2_stack" && c.workload != "torchscript") {
+    if (!cutsIntoStages(c.workload)) {
       return Applicability::notApplicable(
           "not a chain network without batch norm (mlp_chain, gpt2_stack) or an imported model");
     }
@@ -350,17 +356,20 @@ class PipelineStrategy final : public harness::Strategy {
     }
     // After the step: a tied parameter's gradient sent to every other rank holding it and theirs
     // received; then every held parameter's gradient all-reduced over the replicas.
-    const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
-    for (const auto& [name, dims] : parameterShapes(c)) {
-      int64_t bytes = es;
-      for (int64_t d : dims) bytes *= d;
-      const std::vector<int> holders = holdersOf(p, layersOf(c, name));
-      if (std::find(holders.begin(), holders.end(), me) == holders.end()) continue;
-      for (size_t k = 1; k < holders.size(); ++k) {
-        at("", "update").add(Collective::kSendRecv, bytes);
-        at("", "update").add(Collective::kSendRecv, 0);
+    // (A built-in chain ties no parameter: its net is built for the shapes only with replicas.)
+    if (p.dp > 1 || model->imported) {
+      const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
+      for (const auto& [name, dims] : parameterShapes(c)) {
+        int64_t bytes = es;
+        for (int64_t d : dims) bytes *= d;
+        const std::vector<int> holders = holdersOf(p, layersOf(c, name));
+        if (std::find(holders.begin(), holders.end(), me) == holders.end()) continue;
+        for (size_t k = 1; k < holders.size(); ++k) {
+          at("", "update").add(Collective::kSendRecv, bytes);
+          at("", "update").add(Collective::kSendRecv, 0);
+        }
+        if (p.dp > 1) at("", "update").add(Collective::kAllReduce, bytes);
       }
-      if (p.dp > 1) at("", "update").add(Collective::kAllReduce, bytes);
     }
     if (!c.training.enabled()) return nodes;
     // Each step: the above; the loss and the norm's squares, each one float64 over the mesh.

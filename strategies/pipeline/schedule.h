@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace sb::strategies::pipeline {
 
 enum class Op { kForward, kBackward, kBackwardInput, kBackwardWeight };
@@ -157,8 +159,9 @@ struct Simulation {
 Simulation simulate(const Schedule& s, const Costs& c);
 
 // The run as JSON (schedule, sizes, step time, bubble, per rank busy, idle, peak and the
-// timed actions), and as a Chrome trace (one thread per rank; Perfetto and chrome://tracing
-// open it).
+// timed actions), as a value and as text, and as a Chrome trace (one thread per rank; Perfetto
+// and chrome://tracing open it).
+nlohmann::json simulationValue(const Schedule& s, const Simulation& sim);
 std::string simulationJson(const Schedule& s, const Simulation& sim);
 std::string chromeTrace(const Schedule& s, const Simulation& sim);
 

@@ -316,7 +316,7 @@ Simulation simulate(const Schedule& s, const Costs& c) {
   return sim;
 }
 
-std::string simulationJson(const Schedule& s, const Simulation& sim) {
+nlohmann::json simulationValue(const Schedule& s, const Simulation& sim) {
   nlohmann::json ranks = nlohmann::json::array();
   for (size_t r = 0; r < sim.ranks.size(); ++r) {
     const auto& t = sim.ranks[r];
@@ -362,7 +362,12 @@ std::string simulationJson(const Schedule& s, const Simulation& sim) {
                          {"host_of", sim.sharing.hostOf}};
   }
   j["per_rank"] = ranks;
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return j;
+}
+
+std::string simulationJson(const Schedule& s, const Simulation& sim) {
+  return simulationValue(s, sim).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
 }
 
 std::string chromeTrace(const Schedule& s, const Simulation& sim) {
