@@ -126,10 +126,8 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> timelines;  // by case
   for (const auto& r : current) {
     if (r.pipelineRuns.is_null()) continue;
-    std::string name = caseSlug(r.suite, r.caseName) + "__" + r.strategyId + "__" + r.backend;
-    for (char& c : name) {
-      if (c == '/') c = '_';
-    }
+    // A file name as a case's (caseSlug: every character but letters, digits, - _ . as _).
+    const std::string name = caseSlug(r.suite, r.caseName + "__" + r.strategyId + "__" + r.backend);
     fs::create_directories(stage + "/pipeline", ec);
     if (ec) throw ReportInputError(stage + "/pipeline: cannot create: " + ec.message());
     writeText(stage + "/pipeline/" + name + ".json", r.pipelineRuns.dump(1) + "\n");
