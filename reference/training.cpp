@@ -11,6 +11,8 @@
 #include <functional>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 #include "reference/autograd_engine.h"
 #include "reference/block.h"
@@ -35,7 +37,22 @@ double number(const nlohmann::json& j, const std::string& where, const std::stri
   return v.get<double>();
 }
 
-std::string key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// LibTorch keys an optimizer's state by the parameter's TensorImpl: as its address printed to a
+// string in 1.13, as the address itself in 2.x.
+using StateKey = std::decay_t<decltype(std::declval<const torch::optim::Optimizer&>().state())>::key_type;
+
+template <typename Key>
+Key keyAs(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;  // what 1.13's c10::guts::to_string does
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+
+StateKey key(const at::Tensor& p) { return keyAs<StateKey>(p); }
 
 }  // namespace
 

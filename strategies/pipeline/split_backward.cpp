@@ -34,18 +34,18 @@ class KeepGradients final : public ag::FunctionPreHook {
 
 // A frontier node (split_backward.h) and its edges to the activations' side.
 struct Frontier {
-  std::shared_ptr<ag::Node> node;
+  NodePtr node;
   std::vector<size_t> activationEdges;
 };
 
 // The frontier between the activations' side of the graph under `root` and the parameters'
 // side: nodes not on the weights' side with an edge to it.
-std::vector<Frontier> frontier(const std::shared_ptr<ag::Node>& root,
+std::vector<Frontier> frontier(const NodePtr& root,
                                const std::set<const ag::Node*>& paramLeaves) {
   std::map<const ag::Node*, bool> weightSide;    // per node visited: every path ends at a parameter
-  std::vector<std::shared_ptr<ag::Node>> order;  // post-order
+  std::vector<NodePtr> order;  // post-order
   // Iterative depth-first walk (graphs of thousands of nodes).
-  std::vector<std::pair<std::shared_ptr<ag::Node>, size_t>> stack = {{root, 0}};
+  std::vector<std::pair<NodePtr, size_t>> stack = {{root, 0}};
   std::set<const ag::Node*> entered = {root.get()};
   while (!stack.empty()) {
     auto& [node, next] = stack.back();

@@ -26,16 +26,17 @@
 #include <memory>
 #include <vector>
 
-namespace torch::autograd {
-struct Node;
-}
+#include <torch/csrc/autograd/edge.h>
 
 namespace sb::strategies::pipeline {
+
+// How LibTorch holds an autograd node: a std::shared_ptr in 1.13, a c10::intrusive_ptr in 2.x.
+using NodePtr = decltype(torch::autograd::Edge::function);
 
 // What I leaves for W: the edges W starts from and the gradients kept for them.
 struct WeightPass {
   struct Root {
-    std::shared_ptr<torch::autograd::Node> node;
+    NodePtr node;
     std::shared_ptr<std::vector<at::Tensor>> grads;  // filled by the node's pre-hook during I
   };
   std::vector<Root> roots;
