@@ -27,9 +27,39 @@ try:
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    import torchvision
 except ImportError as e:
     sys.exit(f"trace_models.py: {e}: python3-torch is not installed: run ci/setup.sh --test")
+
+
+def import_torchvision():
+    """torchvision, for its models (plain nn.Modules that trace to aten:: operators only).
+
+    PyPI's torchvision for PyTorch 2.13 is built against a CUDA torch: beside the CPU build its
+    C++ operators (nms, roi_align...) do not load, and its import stops where it registers their
+    meta kernels ("operator torchvision::nms does not exist"). None of the models traced here
+    calls those operators, so the import is retried without that registration; a model that did
+    call one would fail to trace, not trace wrongly."""
+    try:
+        import torchvision
+        return torchvision
+    except RuntimeError as e:
+        if "torchvision::" not in str(e):
+            raise
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        import types
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType(
+            "torchvision._meta_registrations")
+        import torchvision
+        print(f"trace_models.py: torchvision {torchvision.__version__} without its C++ operators "
+              f"({e}); its models need none")
+        return torchvision
+
+
+try:
+    torchvision = import_torchvision()
+except ImportError as e:
+    sys.exit(f"trace_models.py: {e}: torchvision is not installed: run ci/setup.sh --test")
 
 
 # ---- GPT-2 style decoder; attribute names follow HF GPT-2 so that the importer's
