@@ -24,12 +24,26 @@ targets=("$@")
 command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 2; }
 out="$build/fuzz"
 mkdir -p "$out"
-libdir=/usr/lib/$(gcc -print-multiarch)
+# The LibTorch the build was configured with (Debian's, or a pip wheel's on the torch2 leg):
+# its headers, its libraries and the version number the sources test (SB_TORCH_VERSION_NUM).
+torch_dir=$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")
+version_num=$(grep -o -m1 'SB_TORCH_VERSION_NUM=[0-9]*' "$build/compile_commands.json" | cut -d= -f2)
+[ -n "$torch_dir" ] && [ -n "$version_num" ] ||
+  { echo "fuzz: $build is not a configured stratbench build (no Torch_DIR or SB_TORCH_VERSION_NUM)"; exit 2; }
+if [ -f "$torch_dir/../../../include/torch/csrc/api/include/torch/torch.h" ]; then
+  torch_root=$(cd "$torch_dir/../../.." && pwd)  # a wheel's torch/: include/ and lib/ inside
+  libdir=$torch_root/lib
+  torch=(-isystem "$torch_root/include" -isystem "$torch_root/include/torch/csrc/api/include")
+else
+  libdir=/usr/lib/$(gcc -print-multiarch)
+  torch=(-isystem /usr/include/torch/csrc/api/include)
+fi
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -fno-omit-frame-pointer -D_GLIBCXX_USE_CXX11_ABI=1 -I"$src" -Wno-unused-command-line-argument)
-torch=(-isystem /usr/include/torch/csrc/api/include)
+       -fno-omit-frame-pointer -D_GLIBCXX_USE_CXX11_ABI=1 -DSB_TORCH_VERSION_NUM="$version_num"
+       -I"$src" -Wno-unused-command-line-argument)
 ccache=$(command -v ccache || true)
-rpath=(-Wl,-rpath,"$build/harness" -Wl,-rpath,"$build/strategies" -Wl,-rpath,"$build/reference" -Wl,-rpath,"$build/kernels")
+rpath=(-Wl,-rpath,"$build/harness" -Wl,-rpath,"$build/strategies" -Wl,-rpath,"$build/reference"
+       -Wl,-rpath,"$build/kernels" -Wl,-rpath,"$libdir")
 harness=(-L"$build/harness" -lstratbench_harness -L"$build/reference" -lstratbench_reference
          -L"$build/kernels" -lstratbench_kernels -L"$libdir" -lc10 -ltorch -ltorch_cpu)
 
