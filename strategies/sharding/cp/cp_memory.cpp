@@ -38,9 +38,7 @@ void Replay::ln2Backward(bool seedFreeable) {
   f(E, "residual saved");
   f(N, "ln2 mean");
   f(N, "ln2 rstd");
-  a(E, "residual grad");
-  f(E, "ln2 grad input");
-  if (seedFreeable) f(E, "block grad");
+  gradSum(E, "residual grad", "block grad", seedFreeable, "ln2 grad input");
   f(D * es, "ln2 weight grad");
   f(D * es, "ln2 bias grad");
 }
@@ -53,9 +51,7 @@ void Replay::ln1Backward(int64_t l) {
   if (l > 0) f(E, "block input saved");
   f(N, "ln1 mean");
   f(N, "ln1 rstd");
-  a(E, "input grad");
-  f(E, "ln1 grad input");
-  f(E, "residual grad");
+  gradSum(E, "input grad", "residual grad", true, "ln1 grad input");
   f(D * es, "ln1 weight grad");
   f(D * es, "ln1 bias grad");
 }
@@ -173,15 +169,12 @@ void Replay::layerBackward(int64_t l, bool seedFreeable) {
   f(E, "kv path grad");
   a(3 * D * D * es, "qkv weight grad (kv)");
   f(2 * Da * D * es, "kv weight grad");
-  a(3 * D * D * es, "qkv weight grad sum");
-  f(3 * D * D * es, "qkv weight grad (q)");
-  f(3 * D * D * es, "qkv weight grad (kv)");
+  gradSum(3 * D * D * es, "qkv weight grad sum", "qkv weight grad (q)", true,
+          "qkv weight grad (kv)");
   f(3 * D * D * es, "qkv weight grad sum");
   a(3 * D * es, "qkv bias grad (kv)");
   f(2 * Da * es, "kv bias grad");
-  a(3 * D * es, "qkv bias grad sum");
-  f(3 * D * es, "qkv bias grad (q)");
-  f(3 * D * es, "qkv bias grad (kv)");
+  gradSum(3 * D * es, "qkv bias grad sum", "qkv bias grad (q)", true, "qkv bias grad (kv)");
   f(3 * D * es, "qkv bias grad sum");
   // ln1, then the block input's gradient.
   ln1Backward(l);
@@ -292,9 +285,10 @@ void Replay::tpLayerBackward(int64_t l, bool seedFreeable) {
   if (copies) a(A, "dk copy");
   linearBackward(E, Da * D * es, Da * es);
   if (copies) f(A, "dk copy");
-  a(E, "ln1 grad sum");
-  f(E, "q path grad");
-  f(E, "k path grad");
+  // The q path's gradient waits in the buffer of Megatron's f (a custom function): 2.x adds
+  // the k path's into a new tensor there, as the trace shows (which of LibTorch's conditions
+  // refuses it is not traced yet; the layer without f adds in place).
+  gradSum(E, "ln1 grad sum", "q path grad", true, "k path grad", /*firstReusable=*/false);
   if (copies) {
     a(A, "dv copy");
     f(buffer, "dqkv");
@@ -302,9 +296,7 @@ void Replay::tpLayerBackward(int64_t l, bool seedFreeable) {
   linearBackward(E, Da * D * es, Da * es);
   f(copies ? A : buffer, "dv consumed");
   f(E, "ln1 saved");
-  a(E, "ln1 grad sum (with v's)");
-  f(E, "ln1 grad sum");
-  f(E, "v path grad");
+  gradSum(E, "ln1 grad sum (with v's)", "ln1 grad sum", true, "v path grad");
   if (summed) {
     tpAllReduce("ln1 grad summed");  // f
     f(E, "ln1 grad consumed");
@@ -318,9 +310,7 @@ void Replay::tpLayerBackward(int64_t l, bool seedFreeable) {
     for (int k = 0; k < 2; ++k) {
       a(whole, "whole-size grad");
       f(slice, "slice grad");
-      a(whole, "whole-size grad sum");
-      f(whole, "whole-size grad");
-      f(whole, "whole-size grad");
+      gradSum(whole, "whole-size grad sum", "whole-size grad (before)", true, "whole-size grad");
     }
     f(whole, "whole-size grad sum");
   }

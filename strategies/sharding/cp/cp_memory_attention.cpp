@@ -236,9 +236,7 @@ void Replay::ulyssesBackward() {
   for (const char* which : {"select backward k", "select backward q"}) {
     a(3 * A, which);
     f(A, "d head consumed");
-    a(3 * A, "dqkv sum");
-    f(3 * A, "dqkv");
-    f(3 * A, which);
+    gradSum(3 * A, "dqkv sum", "dqkv", true, which);
   }
   a(3 * A, "index_select backward");
   f(3 * A, "dqkv sum");

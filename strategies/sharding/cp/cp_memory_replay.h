@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "reference/autograd_facts.h"
 #include "strategies/sharding/cp/cp_memory.h"
 
 namespace sb::strategies::cp::replay {
@@ -120,6 +121,24 @@ class Replay {
     a(E, what);
     transient(s_.tpScratch(Collective::kAllReduce, E, E), "all-reduce scratch");
   }
+  // Two gradients of one tensor meet in autograd's input buffer, `second` arriving while
+  // `first` waits (reference::autogradSumsGradientsInPlace). LibTorch 1.13 adds them into a new
+  // tensor, `sum`, and lets both go (`first` only where the buffer held its only reference,
+  // `firstFreeable`). 2.x adds `second` into `first` where the buffer holds its only reference
+  // (`second` goes; nothing is allocated, and `sum`'s later free is `first`'s), and otherwise
+  // adds them into a new tensor as 1.13 does.
+  // `firstReusable`: 2.x's test (LibTorch's can_accumulate_inplace) can refuse a `first` that
+  // only the buffer holds; where it does is read off the trace (memory_trace.py --model).
+  void gradSum(int64_t bytes, const char* sum, const char* first, bool firstFreeable,
+               const char* second, bool firstReusable = true) {
+    if (sumsInPlace_ && firstFreeable && firstReusable) {
+      f(bytes, second);
+      return;
+    }
+    a(bytes, sum);
+    f(bytes, second);
+    if (firstFreeable) f(bytes, first);
+  }
   // A slice's gradient made whole-size (zero-padded), then added into .grad and let go.
   void sliceGrad(int64_t slice, int64_t whole) {
     a(whole, "whole-size grad");
@@ -129,6 +148,7 @@ class Replay {
 
   const CpStepSizes& s_;
   std::vector<CpMemoryEvent>* log_;
+  const bool sumsInPlace_ = reference::autogradSumsGradientsInPlace();
   int64_t cur_ = 0, peak_ = 0;
   int64_t B, Tl, D, H, Da, es, E, A, U, S, R, Rb, N, Hl, Sf, scalarCast;
   bool fold, headCopy;
