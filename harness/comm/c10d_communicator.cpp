@@ -41,10 +41,11 @@ class C10dCommunicator final : public Communicator {
 
   // What the collectives below allocate besides their result: a 16-bit all-reduce Gloo cannot
   // reduce gathers every block and sums into a copy; all-gather pads a short block and receives
-  // every block at the largest size before concatenating; reduce-scatter receives every rank's
-  // block before summing.
+  // every block at the largest size before concatenating (and the backend may flatten them on
+  // this thread: CollectiveGroup::allGatherFlattensOnCaller); reduce-scatter receives every
+  // rank's block before summing.
   int64_t doScratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
-                         at::ScalarType dtype) const override {
+                         at::ScalarType dtype, int64_t resultBytes) const override {
     const int64_t n = size();
     switch (c) {
       case Collective::kAllReduce:
@@ -52,7 +53,14 @@ class C10dCommunicator final : public Communicator {
         return (n + 1) * myBlockBytes;
       case Collective::kAllGather:
         if (maxBlockBytes == 0) return 0;
-        return n * maxBlockBytes + (myBlockBytes != maxBlockBytes ? maxBlockBytes : 0);
+      {
+        // The padded block and every rank's block received; where the backend flattens them on
+        // this thread while it runs, that flat copy too, which is let go before the result is
+        // made: it counts above the result only for what it exceeds it by.
+        const int64_t flat = group_->allGatherFlattensOnCaller ? n * maxBlockBytes : 0;
+        return n * maxBlockBytes + std::max<int64_t>(0, flat - resultBytes) +
+               (myBlockBytes != maxBlockBytes ? maxBlockBytes : 0);
+      }
       case Collective::kReduceScatter:
         return n * myBlockBytes;
       default:

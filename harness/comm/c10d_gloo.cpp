@@ -13,6 +13,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "harness/measure/memory.h"
+
 #if SB_HAVE_GLOO
 #define USE_C10D_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -48,6 +50,27 @@ std::string localAddressTowards(const std::string& host, int port) {
   return out;
 }
 
+// Whether `group`'s all-gather holds a flat copy of every block on this thread while it runs
+// (CollectiveGroup::allGatherFlattensOnCaller): one all-gather of a 1 KiB block per rank into
+// outputs made beforehand, measured by the memory tracker in this rank's bucket. Every member
+// of the group calls this right after making it, as it made the group, so the all-gather pairs.
+bool flattensOnCaller(CollectiveGroup& group, int size, int rank) {
+  auto& tracker = MemoryTracker::instance();
+  tracker.install();
+  ScopedMemoryRank scope(rank);
+  constexpr int64_t kElems = 256;
+  at::Tensor block = at::zeros({kElems}, at::kFloat);
+  std::vector<at::Tensor> outs;
+  for (int r = 0; r < size; ++r) outs.push_back(at::empty({kElems}, at::kFloat));
+  const int64_t held = tracker.heldDuring(rank, [&] { group.allGather(outs, block); });
+  const int64_t flat = size * kElems * static_cast<int64_t>(sizeof(float));
+  TORCH_CHECK(held == 0 || held == flat, "the gloo all-gather probe held ", held,
+              " bytes on the calling thread; expected 0 or one flat copy of ", flat,
+              " (harness/comm/c10d_gloo.cpp): this LibTorch's ProcessGroupGloo allocates what "
+              "the scratch model does not know");
+  return held == flat;
+}
+
 }  // namespace
 
 void makeGlooDevice(SessionState& s, const DistEnv& env) {
@@ -75,9 +98,11 @@ GroupFactory glooGroupFactory(SessionState& s) {
     opts->threads = 1;
     auto store =
         c10::make_intrusive<::c10d::PrefixStore>(s.store->prefix() + name, s.store->impl().store);
-    return std::make_shared<GroupOf<::c10d::ProcessGroupGloo>>(
+    auto group = std::make_shared<GroupOf<::c10d::ProcessGroupGloo>>(
         c10::make_intrusive<::c10d::ProcessGroupGloo>(store, groupRank, size, opts),
         /*reducesBf16=*/false);
+    if (size > 1) group->allGatherFlattensOnCaller = flattensOnCaller(*group, size, s.env.rank);
+    return group;
   };
 }
 #endif

@@ -47,6 +47,13 @@ class CollectiveGroup {
   // Posts a send under `tag` and returns what waits for it (Communicator::isend); the tensor
   // stays referenced until then.
   virtual std::function<void()> isend(const at::Tensor& t, int peer, int tag) = 0;
+
+  // Whether the backend's all-gather allocates one flat buffer of every rank's block on the
+  // calling thread while it runs, beside the outputs it is given. ProcessGroupGloo does in
+  // PyTorch 2.x and does not in 1.13 (there its worker thread makes it, which no rank's memory
+  // counts); the gloo factory measures it when it makes a group (c10d_gloo.cpp), so the
+  // Communicator's scratch model is this LibTorch's, not one version's.
+  bool allGatherFlattensOnCaller = false;
 };
 
 // Waits for a collective and then until this thread holds the only reference to its work:

@@ -172,17 +172,20 @@ class Communicator {
   // (or reduces into), at their peak: what a memory model adds for the collective, since the
   // memory tracker sees every one of them. `myBlockBytes` is this rank's block (all-reduce: its
   // buffer; all-gather: its input; reduce-scatter: its output; all-to-all: its input),
-  // `maxBlockBytes` the largest block of any rank of the group. A group of one rank never
-  // reaches its backend (its collectives copy or do nothing): 0.
+  // `maxBlockBytes` the largest block of any rank of the group, `resultBytes` what the
+  // collective returns (all-gather: every rank's block; -1: as many blocks as ranks, each
+  // `myBlockBytes`), for a backend whose temporary outlives none of the result. A group of one
+  // rank never reaches its backend (its collectives copy or do nothing): 0.
   int64_t scratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
-                       at::ScalarType dtype) const {
-    return size_ > 1 ? doScratchBytes(c, myBlockBytes, maxBlockBytes, dtype) : 0;
+                       at::ScalarType dtype, int64_t resultBytes = -1) const {
+    if (resultBytes < 0) resultBytes = size_ * myBlockBytes;
+    return size_ > 1 ? doScratchBytes(c, myBlockBytes, maxBlockBytes, dtype, resultBytes) : 0;
   }
 
  protected:
   // scratchBytes for a group of two ranks or more: the backend's.
   virtual int64_t doScratchBytes(Collective c, int64_t myBlockBytes, int64_t maxBlockBytes,
-                                 at::ScalarType dtype) const {
+                                 at::ScalarType dtype, int64_t resultBytes) const {
     return 0;
   }
   virtual void doAllReduce(at::Tensor& tensor);

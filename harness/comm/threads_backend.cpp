@@ -49,8 +49,8 @@ class ThreadsCommunicator final : public Communicator {
 
   // The all-reduce sums into a fresh tensor before it copies back; the other collectives
   // allocate only what they return.
-  int64_t doScratchBytes(Collective c, int64_t myBlockBytes, int64_t,
-                         at::ScalarType) const override {
+  int64_t doScratchBytes(Collective c, int64_t myBlockBytes, int64_t, at::ScalarType,
+                         int64_t) const override {
     return c == Collective::kAllReduce ? myBlockBytes : 0;
   }
 

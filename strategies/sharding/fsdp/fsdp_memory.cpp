@@ -66,7 +66,8 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
     for (int i : unitParams_[u]) {
       const int64_t cast = mixed() ? pShardB[i] : 0;
       at(live + pFullB[i] + (again ? pFullB[i] : 0) + cast +
-         sc.scratchBytes(Collective::kAllGather, pShardB[i], pMaxShardB[i], paramDtype_));
+         sc.scratchBytes(Collective::kAllGather, pShardB[i], pMaxShardB[i], paramDtype_,
+                         pFullB[i]));
       live += pFullB[i];
       overlay += pFullB[i];
     }
@@ -170,7 +171,8 @@ void FsdpExecutor::modelMemory(RankContext& ctx) {
     if (kind_ == Kind::kZero1 || kind_ == Kind::kZero2) {
       for (int i = 0; i < n; ++i) {
         at(live + fullB[i] +
-           world.scratchBytes(Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype));
+           world.scratchBytes(Collective::kAllGather, shardB[i], maxShardB[i], case_.dtype,
+                              fullB[i]));
       }
     }
   }

@@ -283,7 +283,8 @@ RedistRunner::Memory RedistRunner::memory(int64_t live, bool backward) const {
         maxBlock =
             std::max(maxBlock, g_.localBytes(byOutput ? after : before, static_cast<int>(pos)));
       }
-      scratch = ctx_.group(st.axes).scratchBytes(*coll, byOutput ? out : in, maxBlock, dtype_);
+      scratch = ctx_.group(st.axes).scratchBytes(*coll, byOutput ? out : in, maxBlock, dtype_,
+                                                 st.kind == StepKind::kAllGather ? out : -1);
     }
     int64_t extra = 0;
     switch (st.kind) {
