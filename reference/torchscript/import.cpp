@@ -184,7 +184,18 @@ class Walker {
                         " in training draws its mask from torch's generator, which a graph "
                         "cannot repeat; trace the model with dropout 0 or in eval mode");
     }
-    if (n->isNondeterministic()) {
+    // PyTorch 2.x's fused attention (nn.MultiheadAttention, torchvision's ViT) is random only
+    // through its dropout: with dropout_p 0 it draws nothing, whatever the mode.
+    const bool drawsNothing = k == "aten::scaled_dot_product_attention" &&
+                              env.at(n->input(4)).v.isDouble() &&
+                              env.at(n->input(4)).v.toDouble() == 0;
+    if (k == "aten::scaled_dot_product_attention" && !drawsNothing) {
+      throw ImportError(where(n, path) +
+                        ": scaled_dot_product_attention with dropout draws its mask from torch's "
+                        "generator, which a graph cannot repeat; trace the model with dropout 0 "
+                        "or in eval mode");
+    }
+    if (n->isNondeterministic() && !drawsNothing) {
       throw ImportError(where(n, path) + ": a random operator; its draws cannot be repeated");
     }
     if (dynamic && (k == "aten::item" || k == "aten::Int" || k == "aten::Float" ||
