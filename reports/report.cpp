@@ -211,6 +211,31 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     for (auto& t : tables) doc.details(t.summary, std::move(t.table), t.differs ? "fail" : "");
   }
 
+  // Another LibTorch in the baseline: what the upgrade changed, row by row.
+  std::optional<VersionTables> versions;
+  if (versionsDiffer(current, baseline)) {
+    constexpr size_t kChangedRows = 500;
+    versions = versionTables(cmp, kChangedRows);
+    doc.heading(2, "Across LibTorch versions");
+    doc.paragraph("The baseline ran LibTorch " + joined(distinct(baseline, &ResultRow::torchVersion)) +
+                  ", the results " + joined(distinct(current, &ResultRow::torchVersion)) +
+                  ": the rows both have, old -> new. A peak predicted to the byte on one and not "
+                  "the other is a memory model that encodes what one ATen allocates.");
+    doc.table(versions->families);
+    if (versions->changes.rows.empty()) {
+      doc.paragraph("No row changed its status, its peak, the exactness of its memory model or "
+                    "its verdict on predictions.");
+    } else {
+      doc.paragraph(std::to_string(versions->changed) +
+                    " row(s) changed their status, peak, exactness or verdict on predictions" +
+                    (static_cast<size_t>(versions->changed) > versions->changes.rows.size()
+                         ? " (the first " + std::to_string(versions->changes.rows.size()) + " here)"
+                         : std::string()) +
+                    ":");
+      doc.table(versions->changes);
+    }
+  }
+
   doc.heading(2, "Summary by family");
   doc.table(familyTable(cmp));
 
@@ -283,6 +308,12 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   out << "report: " << current.size() << " rows (" << pass << " pass, " << bad << " fail or error)"
       << (cmp.hasBaseline ? " against " + std::to_string(baseline.size()) + " baseline rows" : "")
       << "\n";
+  if (versions) {
+    out << "  LibTorch " << joined(distinct(baseline, &ResultRow::torchVersion)) << " -> "
+        << joined(distinct(current, &ResultRow::torchVersion)) << ": " << versions->both
+        << " rows in both, " << versions->samePeak << " with the same peak, " << versions->changed
+        << " changed (report: \"Across LibTorch versions\")\n";
+  }
   for (const auto& w : warnings) out << "  warning: " << w << "\n";
   for (const auto& f : failures) out << "  GATE: " << f << "\n";
   if (!files.plotProblem.empty()) out << "  plots: " << files.plotProblem << "\n";

@@ -41,6 +41,23 @@ struct CommNodeTable {
 // `limit` (the rest are in results.json).
 std::vector<CommNodeTable> commNodeTables(const std::vector<ResultRow>& rows, size_t limit);
 
+// ---- versions.cpp ---------------------------------------------------------------------------
+
+// Whether the baseline ran on another LibTorch than the results (their torch_version sets
+// differ): the report then shows what the upgrade changed.
+bool versionsDiffer(const std::vector<ResultRow>& cur, const std::vector<ResultRow>& base);
+// Over the rows both have: per family, how many keep their status, error ratio and peak to the
+// byte, how many peaks each side's model predicts to the byte, how many each side flagged
+// mispredicted, and the geometric mean of the median times' ratio (new / old); and the rows
+// whose status, peak, exactness or prediction verdict moved (at most `limit`; `changed` counts
+// them all).
+struct VersionTables {
+  Table families;
+  Table changes;
+  int both = 0, samePeak = 0, changed = 0;  // over every family
+};
+VersionTables versionTables(const Comparison& cmp, size_t limit);
+
 // ---- pipeline_trace.cpp ---------------------------------------------------------------------
 
 // A pipeline row's runs (ResultRow::pipelineRuns) as a Chrome trace: process "measured" and
