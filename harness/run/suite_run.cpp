@@ -103,6 +103,23 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     if (onDevice) installCudaMemoryTracking(nullptr);
     try {
       if (c.device != "cuda" || onDevice) {
+        // On the threads backend every rank runs its kernels on a share of the process's
+        // intra-op threads (ThreadsWorld); CPU kernels split their reductions by the thread
+        // count (PyTorch 2.13's layer-norm backward does at a pipeline stage's sizes, 1.13's
+        // did not), so the reference runs on that share too: the same arithmetic on the same
+        // threads gives the same bits (a pipeline's one replica against gradient accumulation).
+        struct ReferenceThreads {
+          int was = at::get_num_threads();
+          explicit ReferenceThreads(int n) {
+            if (n != was) at::set_num_threads(n);
+          }
+          ~ReferenceThreads() {
+            if (at::get_num_threads() != was) at::set_num_threads(was);
+          }
+        } referenceThreads(options.backend == "threads" && !onDevice
+                               ? std::max(1, at::get_num_threads() /
+                                                 static_cast<int>(std::max<int64_t>(1, c.meshSize())))
+                               : at::get_num_threads());
         data = c.training.enabled()
                    ? reference::buildTraining(c.workload, c.shape, c.dtype, c.seed, c.inputs,
                                               c.training)
