@@ -113,8 +113,11 @@ case "$leg" in
     py=$(venv torch2.13 torch==2.13.0 torchvision==0.28.0)
     [ "$build" = 1 ] || exit 0
     if [ ! -f build-torch2/build.ninja ]; then
+      # CMAKE_LIBRARY_PATH: TorchConfig's find_library would take Debian's libc10.so (in the
+      # system's folders, searched before the wheel's) for the wheel's.
       cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSB_WITH_CUDA=OFF \
         -DCMAKE_PREFIX_PATH="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+        -DCMAKE_LIBRARY_PATH="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')" \
         -DSB_TRACE_PYTHON="$py" >/dev/null
     fi
     cmake --build build-torch2 -j "$jobs"
@@ -134,6 +137,7 @@ case "$leg" in
     if [ ! -f build-cuda/build.ninja ]; then
       cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DCMAKE_PREFIX_PATH="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+        -DCMAKE_LIBRARY_PATH="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')" \
         -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDA_TOOLKIT_ROOT_DIR="$(dirname "$(dirname "$nvcc")")" \
         -DSB_REQUIRE_CUDA=ON >/dev/null
     fi
