@@ -134,11 +134,14 @@ case "$leg" in
            "on PATH or in CUDACXX" >&2
       exit 2
     fi
+    # NVRTC, which LibTorch's CUDA side links: the wheel's (the toolkit here may lack it).
+    nvrtc=$("$py" -c 'import glob, os, torch; d = os.path.join(os.path.dirname(torch.__file__), "..", "nvidia"); print(next(iter(sorted(glob.glob(d + "/*/lib/libnvrtc.so.*"))), ""))')
     if [ ! -f build-cuda/build.ninja ]; then
       cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DCMAKE_PREFIX_PATH="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
         -DCMAKE_LIBRARY_PATH="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')" \
         -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDA_TOOLKIT_ROOT_DIR="$(dirname "$(dirname "$nvcc")")" \
+        -DCUDA_nvrtc_LIBRARY="$nvrtc" -DCUDA_NVRTC_LIB="$nvrtc" \
         -DSB_REQUIRE_CUDA=ON >/dev/null
     fi
     # What holds the GPU side: the kernels (kernels/*.cu and their CPU twins), the harness (the
