@@ -90,11 +90,19 @@ venv() {
   if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]} into $dir" >&2
     # (this machine's pip configuration names local indexes that may be absent: not news)
-    "$dir/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 |
-      grep -v "^WARNING: Location '.*' is ignored" >&2 || true
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "setup: pip could not install $*" >&2; exit 2; }
+    local log rc=0
+    log=$(mktemp)
+    "$dir/bin/pip" install -q --disable-pip-version-check "$@" >"$log" 2>&1 || rc=$?
+    grep -v "^WARNING: Location '.*' is ignored" "$log" >&2 || true
+    rm -f "$log"
+    [ "$rc" = 0 ] || { echo "setup: pip could not install $* (exit $rc)" >&2; exit 2; }
   fi
   echo "$dir/bin/python"
+}
+
+# torch_paths PYTHON: that PyTorch's CMake prefix and its lib/ folder, on one line each.
+torch_paths() {
+  "$1" -c 'import os, torch; print(torch.utils.cmake_prefix_path); print(os.path.join(os.path.dirname(torch.__file__), "lib"))'
 }
 
 [ "$build" = 1 ] || [ "$leg" != debian ] || exit 0
@@ -113,11 +121,11 @@ case "$leg" in
     py=$(venv torch2.13 torch==2.13.0 torchvision==0.28.0)
     [ "$build" = 1 ] || exit 0
     if [ ! -f build-torch2/build.ninja ]; then
+      { read -r prefix; read -r libdir; } < <(torch_paths "$py")
       # CMAKE_LIBRARY_PATH: TorchConfig's find_library would take Debian's libc10.so (in the
       # system's folders, searched before the wheel's) for the wheel's.
       cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSB_WITH_CUDA=OFF \
-        -DCMAKE_PREFIX_PATH="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-        -DCMAKE_LIBRARY_PATH="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')" \
+        -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_PATH="$libdir" \
         -DSB_TRACE_PYTHON="$py" >/dev/null
     fi
     cmake --build build-torch2 -j "$jobs"
@@ -137,9 +145,9 @@ case "$leg" in
     # NVRTC, which LibTorch's CUDA side links: the wheel's (the toolkit here may lack it).
     nvrtc=$("$py" -c 'import glob, os, torch; d = os.path.join(os.path.dirname(torch.__file__), "..", "nvidia"); print(next(iter(sorted(glob.glob(d + "/*/lib/libnvrtc.so.*"))), ""))')
     if [ ! -f build-cuda/build.ninja ]; then
+      { read -r prefix; read -r libdir; } < <(torch_paths "$py")
       cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        -DCMAKE_PREFIX_PATH="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-        -DCMAKE_LIBRARY_PATH="$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')" \
+        -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_LIBRARY_PATH="$libdir" \
         -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDA_TOOLKIT_ROOT_DIR="$(dirname "$(dirname "$nvcc")")" \
         -DCUDA_nvrtc_LIBRARY="$nvrtc" -DCUDA_NVRTC_LIB="$nvrtc" \
         -DSB_REQUIRE_CUDA=ON >/dev/null
