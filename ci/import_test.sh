@@ -21,7 +21,7 @@ suite="$tmp/imported.yaml"
 sed "s#build/models/#$models/#g" "$src/suites/imported.yaml" > "$suite"
 check "imported suite: every row passes but those unsupported, saying why" 0 "total +48 +0 +0 +16" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 1 --min-time 0.0001
-check "unsupported rows say why; communication and checkpointed peaks as predicted" 0 "ok" -- \
+check "unsupported rows say why; communication, plans' and checkpointed peaks as predicted" 0 "ok" -- \
   python3 - "$tmp/suite/results.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
@@ -41,6 +41,9 @@ for r in rows:
             checkpointed += 1
         else:
             assert r["comm_bytes"] == r["predicted_comm_bytes"], r
+            # The plan's replay within the 5% it claims, on this LibTorch's own allocations
+            # (what an imported operator's node saves is learned, not assumed).
+            assert "memory" not in r["mispredicted"], r
 assert checkpointed == 27, checkpointed
 print("ok", len(rows), "rows")
 PY

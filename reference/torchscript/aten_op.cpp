@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <set>
 
 #include "reference/ops.h"
 
@@ -221,6 +222,95 @@ std::vector<at::Tensor> atenForward(const OpShape& s, const std::vector<at::Tens
                 dimsString(shapes[i]));
   }
   return out;
+}
+
+AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
+                           const std::vector<bool>& requiresGrad,
+                           const std::vector<std::vector<int64_t>>& strides) {
+  static std::mutex mu;
+  static std::map<std::string, AtenSaved> cache;
+  const auto names = s.operands();
+  std::string key = s.toString() + "|" + c10::toString(dtype) + "|";
+  for (size_t i = 0; i < names.size(); ++i) {
+    key += i < requiresGrad.size() && requiresGrad[i] ? '1' : '0';
+    if (i < strides.size()) key += dimsString(strides[i]);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  AtenSaved saved;
+  saved.operands.assign(names.size(), false);
+  if (s.attrs.value("view", false)) {
+    saved.known = true;
+  } else {
+    try {
+      at::AutoGradMode grad(true);
+      std::vector<at::Tensor> in;
+      for (size_t i = 0; i < names.size(); ++i) {
+        const std::string d = s.attrs.at("dtypes").at(i).get<std::string>();
+        const at::ScalarType t = d == "float" ? dtype
+                                 : d == "long" ? at::kLong
+                                 : d == "int"  ? at::kInt
+                                               : at::kBool;
+        const std::vector<int64_t>& sizes = s.operandShape(names[i]);
+        bool strided = false;
+        if (i < strides.size() && strides[i].size() == sizes.size()) {
+          int64_t expected = 1;
+          for (size_t d = sizes.size(); d-- > 0;) {
+            strided |= sizes[d] != 1 && strides[i][d] != expected;
+            expected *= sizes[d];
+          }
+        }
+        int64_t extent = 1;  // the storage's elements under these strides
+        for (size_t d = 0; strided && d < sizes.size(); ++d) {
+          extent += sizes[d] == 0 ? 0 : (sizes[d] - 1) * strides[i][d];
+        }
+        at::Tensor x = at::zeros(strided ? std::vector<int64_t>{extent} : sizes,
+                                 at::TensorOptions().dtype(t));
+        // A value of the graph, not a leaf: its node saves it as LibTorch saves any
+        // intermediate (a leaf is saved another way).
+        if (d == "float" && i < requiresGrad.size() && requiresGrad[i]) {
+          x = x.requires_grad_(true).mul(1);
+        }
+        if (strided) x = x.as_strided(sizes, strides[i]);
+        in.push_back(std::move(x));
+      }
+      std::vector<at::Tensor> out = atenForward(s, in);
+      // Every reference beyond this function's own is the node's (a SavedVariable holds an
+      // operand itself, an output's data through another TensorImpl on its storage). Ours:
+      // the handles in `in` and `out` on the same TensorImpl, and the distinct TensorImpls
+      // among them on the same storage (an output that is its operand, or a view of it), with
+      // the bases of those that are views (a view holds its base: linear's 3-D output is a
+      // view of its addmm's result, which no node saved).
+      const auto held = [&](const at::Tensor& t) {
+        if (!t.defined()) return false;
+        std::set<const c10::TensorImpl*> impls;
+        size_t handles = 0;
+        for (const auto* v : {&in, &out}) {
+          for (const at::Tensor& o : *v) {
+            if (!o.defined()) continue;
+            handles += o.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+            if (t.has_storage() && o.has_storage() && o.is_alias_of(t)) {
+              impls.insert(o.unsafeGetTensorImpl());
+              if (o.is_view()) impls.insert(o._base().unsafeGetTensorImpl());
+            }
+          }
+        }
+        return static_cast<size_t>(t.use_count()) > handles ||
+               (t.has_storage() && static_cast<size_t>(t.storage().use_count()) > impls.size());
+      };
+      for (size_t i = 0; i < in.size(); ++i) saved.operands[i] = held(in[i]);
+      saved.output = !out.empty() && held(out[0]);
+      saved.known = true;
+    } catch (const std::exception&) {
+      saved = AtenSaved{};
+      saved.operands.assign(names.size(), false);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace(key, saved);
+  return saved;
 }
 
 }  // namespace sb::reference

@@ -41,4 +41,23 @@ bool atenOperandFloating(const OpShape& s, size_t index);
 // Runs it: `operands` in OpShape::operands() order; returns every tensor it returns.
 std::vector<at::Tensor> atenForward(const OpShape& s, const std::vector<at::Tensor>& operands);
 
+// What the autograd node of an "aten" operator keeps until its backward: per operand (in
+// OpShape::operands() order) whether it is saved, and whether its first output is. Learned by
+// running the operator once on the CPU (zeros of the operands' shapes, dtypes and `strides`,
+// where given: a non-contiguous operand may be copied and the copy saved; those with
+// `requiresGrad` made by an autograd operator of their own, as a graph's values are) and
+// counting the references the node took, once per shape, layout and pattern: what a node saves
+// is LibTorch's choice and differs by version (1.13's MeanBackward1 saves its whole input,
+// 2.x's only its element count). `known` is false where the operator could not be run so
+// (an operand whose zeros it refuses): nothing is learned then. An operator returning a view
+// saves nothing that lives beyond its operand.
+struct AtenSaved {
+  bool known = false;
+  std::vector<bool> operands;
+  bool output = false;
+};
+AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
+                           const std::vector<bool>& requiresGrad,
+                           const std::vector<std::vector<int64_t>>& strides = {});
+
 }  // namespace sb::reference

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "harness/comm/mesh.h"
+#include "reference/torchscript/aten_op.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
 #include "strategies/sharding/ops/op_rule.h"
 
@@ -99,6 +100,7 @@ struct Unit {
   // kOp: the rule's backward events and each operand's gradient; the native operators'.
   std::vector<int64_t> backwardEvents;
   std::vector<Dims> gradSizes;  // per operand (kEdge: the gradient's, redistributed back)
+  std::vector<Dims> gradStrides;  // kOp: per operand, where not contiguous
   std::vector<bool> hasGrad;
   bool native = false;      // kOp add: the incoming gradient passed on
   int64_t extrasAfter = 0;  // kOp: what the forward saved, released with the saved tensors
@@ -429,10 +431,29 @@ void Replay::forwardNode(int v) {
       for (size_t i = 0; i < local.size(); ++i) {
         u->gradSizes.push_back(local[i]->sizes);
         u->hasGrad.push_back(grads[i]);
+        // mm_mat1_backward and mm_mat2_backward return a column-major operand's gradient
+        // column-major (grad.t().mm(...).t()): a transposed weight's then reaches its
+        // AccumulateGrad contiguous, and is kept, not copied.
+        const Dims& sz = local[i]->sizes;
+        const Dims& st = local[i]->strides;
+        const bool columnMajor = (op == "addmm" || op == "mm") && i < 2 && sz.size() == 2 &&
+                                 sz[0] > 1 && sz[1] > 1 && st[0] == 1 && st[1] == sz[0];
+        u->gradStrides.push_back(columnMajor ? st : Dims{});
       }
     }
   }
-  if (u) {
+  if (u && op == "aten") {
+    // An imported operator's node saves what this LibTorch's saves (1.13's mean its input,
+    // 2.x's not): learned from the operator itself.
+    std::vector<Dims> strides;
+    for (const Ref& t : local) strides.push_back(t->strides);
+    const reference::AtenSaved saved =
+        reference::atenSavedTensors(r.shape, dtype_, grads, strides);
+    for (size_t i = 0; i < local.size() && i < saved.operands.size(); ++i) {
+      if (saved.operands[i]) u->saved.push_back(local[i]);
+    }
+    if (saved.output && !outs.empty()) u->saved.push_back(outs[0]);
+  } else if (u) {
     for (size_t i = 0; i < local.size(); ++i) {
       if (savesOperand(r, i, grads)) u->saved.push_back(local[i]);
     }
@@ -556,6 +577,9 @@ void Replay::runUnit(Unit& u) {
         contiguousGrad.reset();
         for (size_t i = 0; i < u.gradSizes.size(); ++i) {
           grads.push_back(u.hasGrad[i] ? adopt(u.gradSizes[i], what + " gradient") : nullptr);
+          if (grads.back() && i < u.gradStrides.size() && !u.gradStrides[i].empty()) {
+            grads.back()->strides = u.gradStrides[i];
+          }
         }
       }
       break;
