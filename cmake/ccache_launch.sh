@@ -2,7 +2,7 @@
 # The compiler launcher of stratbench's C++ compiles (CMakeLists.txt), so that a fresh clone
 # elsewhere reuses what another checkout compiled:
 #
-#   cmake/ccache_launch.sh SOURCE_DIR CCACHE COMPILER ARGS...
+#   cmake/ccache_launch.sh SOURCE_DIR CCACHE COMPILER ARGS...   (C++ and CUDA compiles)
 #
 # - base_dir SOURCE_DIR: paths inside the checkout are hashed relative to it; with
 #   -fdebug-prefix-map (CMakeLists.txt) the working folder is not hashed either.
@@ -20,6 +20,9 @@ shift 2
 export CCACHE_BASEDIR=$src
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_PCH_EXTSUM=1
+# nvcc (kernels/*.cu): its debug info cannot be remapped as GCC's is, so the working folder is
+# left out of the hash (an object from another checkout names that checkout's folder).
+case "$(basename "$1")" in nvcc) export CCACHE_NOHASHDIR=1 ;; esac
 
 out=""
 prev=""
