@@ -36,7 +36,7 @@ using sb::cli::kExitBadInput;
 constexpr int64_t kMaxPlanRanks = 4096;
 
 // `solve shard`: a sharding plan of a whole model as JSON (stdout or --out); exit 1 when no
-// plan fits the memory limit (saying the least any plan needs), 2 for malformed input.
+// plan fits the memory limit (saying what the plan of least memory needs by the replay), 2 for malformed input.
 struct ShardArgs {
   std::string workload = "gpt2", shape = "{}", mesh, profile, algo = "ilp", out, dtype = "float32";
   sb::cli::ModelOptions model;  // a traced model instead of a graph workload

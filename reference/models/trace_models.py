@@ -12,7 +12,7 @@ inlined graph has control flow (prim::If / prim::Loop), which the importer rejec
 `--malformed` adds the inputs of the importer's error tests.
 
 Usage: /usr/bin/python3 reference/models/trace_models.py --out DIR [--only NAME ...]
-       [--list] [--seed N] [--malformed] [--ops]
+       [--list] [--seed N] [--malformed] [--zoo] [--ops]
 """
 import argparse
 from collections import OrderedDict
@@ -227,6 +227,154 @@ class ScriptedIf(nn.Module):
         return -x
 
 
+# ---- The zoo: models as users write them, for the family-by-model table (ci/zoo_test.sh).
+# ---- None of the suites' own checks was written against them.
+class EncoderClassifier(nn.Module):
+    """nn.TransformerEncoder (post- or pre-norm) over [B, T, d] features, mean-pooled, a head."""
+
+    def __init__(self, d, heads, hidden, layers, classes, norm_first):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, heads, hidden, dropout=0.0, batch_first=True,
+                                           norm_first=norm_first, activation="gelu")
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(1))
+
+
+class CausalSelfAttention(nn.Module):
+    """nn.MultiheadAttention with a causal mask (a bool buffer), a residual and a projection."""
+
+    def __init__(self, d, heads, seq):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, heads, dropout=0.0, batch_first=True)
+        self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1))
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        y, _ = self.attn(x, x, x, attn_mask=self.mask, need_weights=False)
+        return self.proj(x + y)
+
+
+class PaddedAttention(nn.Module):
+    """nn.MultiheadAttention whose key-padding mask comes from a second input (token ids: id 0 is
+    padding, the first position never is), the way a batch of uneven sequences arrives."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, heads, dropout=0.0, batch_first=True)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x, ids):
+        first = torch.arange(ids.shape[1]) == 0
+        pad = (ids == 0) & ~first
+        y, _ = self.attn(x, x, x, key_padding_mask=pad, need_weights=False)
+        return self.head(self.norm(x + y))
+
+
+class MetaRMSNorm(nn.Module):
+    """RMSNorm as Meta's reference code writes it."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class MetaAttention(nn.Module):
+    """Grouped-query attention as Meta's code writes it: repeat_interleave of the kv heads, the
+    causal mask added as -inf, and rotary embeddings either as complex numbers
+    (view_as_complex, as llama's reference does) or as real cos/sin arithmetic."""
+
+    def __init__(self, d, heads, kv_heads, seq, complex_rope):
+        super().__init__()
+        self.heads, self.kv_heads, self.dh = heads, kv_heads, d // heads
+        self.complex_rope = complex_rope
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, kv_heads * self.dh, bias=False)
+        self.wv = nn.Linear(d, kv_heads * self.dh, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+        freqs = 1.0 / (10000.0 ** (torch.arange(0, self.dh, 2).float() / self.dh))
+        angles = torch.outer(torch.arange(seq).float(), freqs)
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+        self.register_buffer("mask", torch.full((seq, seq), float("-inf")).triu(1))
+
+    def rope(self, x):
+        B, T, H, D = x.shape
+        if self.complex_rope:
+            xc = torch.view_as_complex(x.float().reshape(B, T, H, D // 2, 2))
+            freqs = torch.complex(self.cos, self.sin).view(1, T, 1, D // 2)
+            return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
+        xr = x.reshape(B, T, H, D // 2, 2)
+        a, b = xr[..., 0], xr[..., 1]
+        c, s = self.cos.view(1, T, 1, D // 2), self.sin.view(1, T, 1, D // 2)
+        return torch.stack([a * c - b * s, a * s + b * c], -1).flatten(3)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.rope(self.wq(x).view(B, T, self.heads, self.dh))
+        k = self.rope(self.wk(x).view(B, T, self.kv_heads, self.dh))
+        v = self.wv(x).view(B, T, self.kv_heads, self.dh)
+        rep = self.heads // self.kv_heads
+        k = torch.repeat_interleave(k, rep, dim=2)
+        v = torch.repeat_interleave(v, rep, dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.dh) + self.mask
+        out = F.softmax(scores.float(), dim=-1).type_as(q) @ v
+        return self.wo(out.transpose(1, 2).contiguous().view(B, T, -1))
+
+
+class MetaBlock(nn.Module):
+    def __init__(self, d, heads, kv_heads, hidden, seq, complex_rope):
+        super().__init__()
+        self.attention = MetaAttention(d, heads, kv_heads, seq, complex_rope)
+        self.w1 = nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+        self.w3 = nn.Linear(d, hidden, bias=False)
+        self.attention_norm = MetaRMSNorm(d)
+        self.ffn_norm = MetaRMSNorm(d)
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        y = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+class MetaLlama(nn.Module):
+    def __init__(self, vocab, seq, d, heads, kv_heads, hidden, layers, complex_rope):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(
+            [MetaBlock(d, heads, kv_heads, hidden, seq, complex_rope) for _ in range(layers)])
+        self.norm = MetaRMSNorm(d)
+        self.output = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        h = self.tok_embeddings(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h)).float()
+
+
+class RecurrentClassifier(nn.Module):
+    """An LSTM or GRU over [B, T, features], its last step's hidden state to a head."""
+
+    def __init__(self, cell, features, hidden, classes):
+        super().__init__()
+        self.rnn = cell(features, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
 def f32(*shape):
     return {"shape": list(shape), "dtype": "float32"}
 
@@ -259,6 +407,63 @@ MODELS = {
                    "Linear(16,32) -> cumsum(-1) -> tanh -> Linear(32,16); cumsum has no "
                    "sharding strategy, so it must run replicated"),
 }
+# The zoo (--zoo): models no suite check was written against, traced for ci/zoo_test.sh's table
+# of model x family. Small shapes: every family runs on each in CI.
+def _convnext_small():
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+    return ConvNeXt([CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)],
+                    stochastic_depth_prob=0.0, num_classes=10)
+
+
+def _efficientnet_b0():
+    from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
+    setting, last = _efficientnet_conf("efficientnet_b0", width_mult=1.0, depth_mult=1.0)
+    return EfficientNet(setting, dropout=0.0, stochastic_depth_prob=0.0, num_classes=10,
+                        last_channel=last)
+
+
+ZOO = {
+    "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=10,
+                                                                          dropout=0.0),
+                           [f32(4, 3, 32, 32)], "torchvision mobilenet_v3_small (SE blocks, "
+                           "hardswish, depthwise convs), 10 classes"),
+    "efficientnet_b0": (_efficientnet_b0, [f32(2, 3, 32, 32)],
+        "torchvision efficientnet_b0 (MBConv, SiLU, SE), 10 classes"),
+    "shufflenet_v2": (lambda: torchvision.models.shufflenet_v2_x0_5(num_classes=10),
+                      [f32(4, 3, 32, 32)], "torchvision shufflenet_v2_x0_5 (channel shuffle), "
+                      "10 classes"),
+    "squeezenet": (lambda: torchvision.models.squeezenet1_1(num_classes=10, dropout=0.0),
+                   [f32(2, 3, 32, 32)], "torchvision squeezenet1_1 (fire modules, concat), "
+                   "10 classes"),
+    "regnet_y": (lambda: torchvision.models.regnet_y_400mf(num_classes=10), [f32(2, 3, 32, 32)],
+                 "torchvision regnet_y_400mf (grouped convs, SE), 10 classes"),
+    "convnext": (_convnext_small, [f32(2, 3, 32, 32)],
+                 "torchvision ConvNeXt, 2 stages of 1 block (16, 32 channels): depthwise 7x7, "
+                 "permuted LayerNorm, layer scale"),
+    "mnasnet": (lambda: torchvision.models.mnasnet0_5(num_classes=10, dropout=0.0),
+                [f32(2, 3, 32, 32)], "torchvision mnasnet0_5, 10 classes"),
+    "encoder_post": (lambda: EncoderClassifier(32, 4, 64, 2, 10, norm_first=False),
+                     [f32(4, 16, 32)], "nn.TransformerEncoder, post-norm, d 32, 4 heads, "
+                     "ff 64, 2 layers, GELU, mean-pooled head"),
+    "encoder_pre": (lambda: EncoderClassifier(32, 4, 64, 2, 10, norm_first=True),
+                    [f32(4, 16, 32)], "nn.TransformerEncoder, pre-norm, d 32, 4 heads, ff 64, "
+                    "2 layers, GELU, mean-pooled head"),
+    "mha_causal": (lambda: CausalSelfAttention(32, 4, 16), [f32(4, 16, 32)],
+                   "nn.MultiheadAttention with a causal bool mask, residual, projection"),
+    "mha_padding": (lambda: PaddedAttention(32, 4), [f32(4, 16, 32), ids(4, 16, 4)],
+                    "nn.MultiheadAttention with a key-padding mask from a second input (ids)"),
+    "meta_llama": (lambda: MetaLlama(64, 16, 32, 4, 2, 64, 2, complex_rope=False),
+                   [ids(4, 16, 64)], "LLaMA as Meta's code writes it: rsqrt RMSNorm, "
+                   "repeat_interleave GQA, -inf mask added, real rotary, SwiGLU, 2 layers"),
+    "meta_llama_complex": (lambda: MetaLlama(64, 16, 32, 4, 2, 64, 2, complex_rope=True),
+                           [ids(4, 16, 64)], "meta_llama with rotary as complex numbers "
+                           "(view_as_complex / view_as_real)"),
+    "lstm": (lambda: RecurrentClassifier(nn.LSTM, 16, 32, 10), [f32(4, 8, 16)],
+             "nn.LSTM(16, 32) over 8 steps, the last step to a head"),
+    "gru": (lambda: RecurrentClassifier(nn.GRU, 16, 32, 10), [f32(4, 8, 16)],
+            "nn.GRU(16, 32) over 8 steps, the last step to a head"),
+}
+
 MALFORMED = {
     "scripted_if": (ScriptedIf, [f32(2, 4)],
                     "MALFORMED: torch.jit.script module with data-dependent prim::If"),
@@ -280,7 +485,7 @@ def node_kinds(block, kinds):
 
 
 def write_model(name, args, malformed):
-    builder, specs, description = (MALFORMED if malformed else MODELS)[name]
+    builder, specs, description = (MALFORMED if malformed else {**MODELS, **ZOO})[name]
     path = os.path.join(args.out, name + ".pt")
     meta = {"file": name + ".pt", "inputs": specs, "description": description}
     with open(os.path.join(args.out, name + ".json"), "w") as f:
@@ -341,21 +546,24 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--malformed", action="store_true",
                         help="also write the malformed inputs for the importer's error tests")
+    parser.add_argument("--zoo", action="store_true",
+                        help="write the zoo (models no suite check was written against) instead")
     parser.add_argument("--ops", action="store_true", help="print each model's inlined op kinds")
     args = parser.parse_args()
 
     if args.list:
-        for name, (_, _, description) in {**MODELS, **MALFORMED}.items():
+        for name, (_, _, description) in {**MODELS, **ZOO, **MALFORMED}.items():
             print(f"{name:16s} {description}")
         return 0
     if not args.out:
         parser.error("--out DIR is required")
-    names = list(args.only) if args.only else list(MODELS)
+    names = list(args.only) if args.only else list(ZOO if args.zoo else MODELS)
     if args.malformed:
         names += [n for n in MALFORMED if n not in names]
-    unknown = [n for n in names if n not in MODELS and n not in MALFORMED]
+    known = {**MODELS, **ZOO, **MALFORMED}
+    unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"unknown model(s) {unknown}; expected one of {[*MODELS, *MALFORMED]}")
+        parser.error(f"unknown model(s) {unknown}; expected one of {[*known]}")
 
     torch.set_default_dtype(torch.float32)
     # torchvision's ViT checks shapes with torch._assert, which warns under tracing; the check

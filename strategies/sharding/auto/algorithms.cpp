@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <optional>
 
 #include "harness/error.h"
 #include "strategies/sharding/auto/model_internal.h"
@@ -249,6 +250,38 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   // the program is solved again under a limit tightened by what its rows missed of that plan,
   // a few rounds at most: a plan returned fits by the replay, or there is none.
   constexpr int kRounds = 6;
+  std::optional<ShardingPlan> fallback;  // a plan that fits by the replay, once one is known
+  bool loosened = false;
+  const auto anyBarred = [&](const Selection& sel) {
+    for (size_t c = 0; c < sel.choice.size() && c < barred.size(); ++c) {
+      if (barred[c][static_cast<size_t>(sel.choice[c])]) return true;
+    }
+    return false;
+  };
+  // The fastest plan with no limit, where it fits the limit by the replay of its step: the
+  // answer under any limit it meets (the rows, an estimate, may put it above the limit).
+  const auto unlimitedIfItFits = [&]() -> std::optional<ShardingPlan> {
+    SelectionProblem unlimited = p.problem;
+    unlimited.memoryLimit = 0;
+    const Selection sel = solveIlp(unlimited, so);
+    if ((sel.status != "optimal" && sel.status != "feasible") || anyBarred(sel)) return {};
+    ShardingPlan fast = plan;
+    fast.choice = m.planOf(p, sel.choice);
+    fast.predictMemory(m);
+    if (fast.predictedPeakBytes > o.memoryLimit) return {};
+    fast.solver.algo = o.algo;
+    fast.solver.status = sel.status;
+    fast.solver.objectiveUs = sel.objective;
+    fast.solver.bound = sel.bound;
+    fast.solver.gap = sel.gap;
+    fast.solver.seconds += sel.seconds;
+    fast.solver.variables = sel.variables;
+    fast.solver.constraints = sel.constraints;
+    fast.solver.classes = static_cast<int>(p.problem.vars.size());
+    fast.solver.memoryLimit = o.memoryLimit;
+    fast.predictedStepUs = m.stepUs(fast.choice);
+    return fast;
+  };
   for (int round = 0;; ++round) {
     Selection sel = solveIlp(p.problem, so);
     bool choseBarred = false;
@@ -256,6 +289,8 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
       choseBarred |= barred[c][static_cast<size_t>(sel.choice[c])];
     }
     if (round > 0 && (sel.status == "infeasible" || choseBarred)) {
+      if (fallback) return *fallback;
+      if (auto fast = unlimitedIfItFits()) return *fast;
       throw NoPlanError(o.algo + ": found no plan that fits " +
                             std::to_string(static_cast<int64_t>(o.memoryLimit)) +
                             " bytes per rank by the replay of its step: the integer program's "
@@ -289,11 +324,39 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
                               "choice outside " + o.algo + ")",
                           least.peakMemory);
       }
+      // The rows are an estimate of the replay, above it where they price an operator
+      // conservatively (an imported `aten` node as saving all it reads). The limit is a
+      // promise on the replay: the plan of least memory by the rows is replayed, and where it
+      // fits, the rows' limit is loosened by what they over-count of it, once, so that the
+      // program may look for a faster plan that fits by the replay too; failing that, that
+      // plan is the answer.
+      if (!loosened) {
+        if (auto fast = unlimitedIfItFits()) return *fast;
+      }
+      ShardingPlan leastPlan = plan;
+      leastPlan.choice = m.planOf(p, least.choice);
+      leastPlan.predictMemory(m);
+      const double leastRows = peakMemory(p.problem, least.choice);
+      if (leastPlan.predictedPeakBytes <= o.memoryLimit) {
+        fallback = leastPlan;
+        fallback->solver.algo = o.algo;
+        fallback->solver.status = "least memory";
+        fallback->solver.memoryLimit = o.memoryLimit;
+        fallback->predictedStepUs = m.stepUs(fallback->choice);
+        if (!loosened && leastRows > o.memoryLimit) {
+          loosened = true;
+          p.problem.memoryLimit =
+              o.memoryLimit + (leastRows - static_cast<double>(leastPlan.predictedPeakBytes));
+          continue;
+        }
+        return *fallback;
+      }
       throw NoPlanError(o.algo + ": no plan fits " +
                             std::to_string(static_cast<int64_t>(o.memoryLimit)) +
-                            " bytes per rank; the least any plan of it needs is " +
-                            std::to_string(static_cast<int64_t>(least.peakMemory)) + " bytes",
-                        least.peakMemory);
+                            " bytes per rank; the plan of least memory needs " +
+                            std::to_string(leastPlan.predictedPeakBytes) +
+                            " bytes by the replay of its step",
+                        static_cast<double>(leastPlan.predictedPeakBytes));
     }
     plan.choice = m.planOf(p, sel.choice);
     plan.solver.algo = o.algo;
@@ -318,6 +381,8 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
         std::min(p.problem.memoryLimit - 1,
                  o.memoryLimit - (static_cast<double>(plan.predictedPeakBytes) - rows));
     if (o.algo != "ilp" || round + 1 >= kRounds || !(next > 0)) {
+      if (fallback) return *fallback;
+      if (auto fast = unlimitedIfItFits()) return *fast;
       throw NoPlanError(
           o.algo + ": no plan fits " + std::to_string(static_cast<int64_t>(o.memoryLimit)) +
               " bytes per rank; its plan needs " + std::to_string(plan.predictedPeakBytes) +

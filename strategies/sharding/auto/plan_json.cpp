@@ -9,6 +9,7 @@
 
 #include "harness/error.h"
 #include "reference/graph.h"
+#include "reference/torchscript/import.h"
 
 namespace sb::strategies::autoshard {
 namespace {
@@ -100,7 +101,33 @@ ShardingPlan ShardingPlan::fromJson(const nlohmann::json& j, const ShardingModel
   // The shape the plan was solved for: a plan for d_model 32 has the same nodes as one for
   // d_model 64, but its layouts, costs and memory are another model's.
   if (!j.contains("shape")) fail("shape", "missing (the model shape the plan was solved for)");
-  {
+  if (m.graph().workload == "torchscript") {
+    // An imported model's shape is its file and its inputs: the nodes below check that the
+    // graph is the plan's (names and operators, node by node); the inputs' shapes, which fold
+    // into the graph's constants, and the parameters' source must be the case's.
+    reference::torchscript::ImportSpec planSpec, caseSpec;
+    try {
+      planSpec = reference::torchscript::ImportSpec::fromJson(j.at("shape"));
+    } catch (const std::exception& e) {
+      fail("shape", e.what());
+    }
+    caseSpec = reference::torchscript::ImportSpec::fromJson(m.graph().importShape);
+    const auto inputs = [](const reference::torchscript::ImportSpec& s) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& in : s.inputs) a.push_back(in.toJson());
+      return a;
+    };
+    if (inputs(planSpec) != inputs(caseSpec)) {
+      fail("shape.inputs", "the plan was solved for inputs " + inputs(planSpec).dump() +
+                               ", the case has " + inputs(caseSpec).dump() +
+                               " (a plan is for one model shape: solve it again)");
+    }
+    if (planSpec.seededParams != caseSpec.seededParams ||
+        planSpec.microbatches != caseSpec.microbatches) {
+      fail("shape", "the plan was solved for " + j.at("shape").dump() + ", the case has " +
+                        m.graph().importShape.dump() + " (params and microbatches must agree)");
+    }
+  } else {
     reference::GraphShape planShape;
     try {
       planShape = reference::GraphShape::parse(m.graph().workload, j.at("shape"));
