@@ -4,6 +4,7 @@
 #include "reference/torchscript/aten_op.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/jit/runtime/operator.h>
 
 #include <algorithm>
@@ -226,7 +227,9 @@ std::vector<at::Tensor> atenForward(const OpShape& s, const std::vector<at::Tens
 
 AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
                            const std::vector<bool>& requiresGrad,
-                           const std::vector<std::vector<int64_t>>& strides) {
+                           const std::vector<std::vector<int64_t>>& strides,
+                           const std::vector<bool>& outputGrads,
+                           const AllocationMeasure& measure) {
   static std::mutex mu;
   static std::map<std::string, AtenSaved> cache;
   const auto names = s.operands();
@@ -235,13 +238,16 @@ AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
     key += i < requiresGrad.size() && requiresGrad[i] ? '1' : '0';
     if (i < strides.size()) key += dimsString(strides[i]);
   }
+  key += "|";
+  for (bool g : outputGrads) key += g ? '1' : '0';
+  key += measure ? "|measured" : "";
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
   }
   AtenSaved saved;
   saved.operands.assign(names.size(), false);
-  if (s.attrs.value("view", false)) {
+  if (s.attrs.value("view", false) && !measure) {
     saved.known = true;
   } else {
     try {
@@ -276,7 +282,38 @@ AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
         if (strided) x = x.as_strided(sizes, strides[i]);
         in.push_back(std::move(x));
       }
-      std::vector<at::Tensor> out = atenForward(s, in);
+      std::vector<at::Tensor> out;
+      if (measure) {
+        const auto [peak, net] = measure([&] { out = atenForward(s, in); });
+        // The new storage its outputs hold (once each, an output viewing an operand none).
+        std::set<const void*> storages;
+        int64_t outputBytes = 0;
+        for (const at::Tensor& o : out) {
+          if (!o.defined() || !o.has_storage()) continue;
+          bool aliases = false;
+          for (const at::Tensor& x : in) aliases |= x.has_storage() && o.is_alias_of(x);
+          if (!aliases && storages.insert(o.storage().unsafeGetStorageImpl()).second) {
+            outputBytes += static_cast<int64_t>(o.storage().nbytes());
+          }
+        }
+        saved.forwardPeak = peak;
+        saved.internal = std::max<int64_t>(net - outputBytes, 0);
+        for (const at::Tensor& o : out) {
+          int alias = -1;
+          for (size_t i = 0; i < in.size() && alias < 0; ++i) {
+            if (o.defined() && o.has_storage() && in[i].has_storage() && o.is_alias_of(in[i])) {
+              alias = static_cast<int>(i);
+            }
+          }
+          saved.aliasOf.push_back(alias);
+          saved.outStrides.push_back(o.defined() ? o.strides().vec() : std::vector<int64_t>{});
+        }
+        saved.passThrough = out.size() == 1 && saved.aliasOf[0] >= 0 &&
+                            out[0].unsafeGetTensorImpl() ==
+                                in[static_cast<size_t>(saved.aliasOf[0])].unsafeGetTensorImpl();
+      } else {
+        out = atenForward(s, in);
+      }
       // Every reference beyond this function's own is the node's (a SavedVariable holds an
       // operand itself, an output's data through another TensorImpl on its storage). Ours:
       // the handles in `in` and `out` on the same TensorImpl, and the distinct TensorImpls
@@ -291,6 +328,8 @@ AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
           for (const at::Tensor& o : *v) {
             if (!o.defined()) continue;
             handles += o.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+            // A view among them holds its base (select's output, its operand).
+            handles += o.is_view() && o._base().unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
             if (t.has_storage() && o.has_storage() && o.is_alias_of(t)) {
               impls.insert(o.unsafeGetTensorImpl());
               if (o.is_view()) impls.insert(o._base().unsafeGetTensorImpl());
@@ -302,6 +341,29 @@ AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
       };
       for (size_t i = 0; i < in.size(); ++i) saved.operands[i] = held(in[i]);
       saved.output = !out.empty() && held(out[0]);
+      if (measure) {
+        // Its backward, from zeros for the outputs a gradient reaches to the operands that
+        // take one: what it holds above what the forward left, at its most.
+        std::vector<at::Tensor> roots, rootGrads, wrt;
+        for (size_t j = 0; j < out.size(); ++j) {
+          if (out[j].defined() && out[j].requires_grad() && !saved.passThrough &&
+              (outputGrads.empty() || (j < outputGrads.size() && outputGrads[j]))) {
+            roots.push_back(out[j]);
+            rootGrads.push_back(at::zeros_like(out[j]));
+          }
+        }
+        for (const at::Tensor& x : in) {
+          if (x.requires_grad()) wrt.push_back(x);
+        }
+        if (!roots.empty() && !wrt.empty()) {
+          saved.backwardPeak =
+              measure([&] {
+                torch::autograd::grad(roots, wrt, rootGrads, /*retain_graph=*/false,
+                                      /*create_graph=*/false, /*allow_unused=*/true);
+              }).first;
+        }
+        saved.measured = true;
+      }
       saved.known = true;
     } catch (const std::exception&) {
       saved = AtenSaved{};

@@ -20,8 +20,10 @@
 //   view      optional, true: it returns a view of its first operand (its schema says so:
 //             aten::slice, aten::expand, ...), which allocates nothing
 
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -51,13 +53,36 @@ std::vector<at::Tensor> atenForward(const OpShape& s, const std::vector<at::Tens
 // 2.x's only its element count). `known` is false where the operator could not be run so
 // (an operand whose zeros it refuses): nothing is learned then. An operator returning a view
 // saves nothing that lives beyond its operand.
+//
+// With `measure` (a function that runs its argument and returns the most bytes held above the
+// start while it ran and the bytes held at its end less those at its start, on the calling
+// thread's allocations: harness::MemoryTracker's, which reference/ does not link), the run is
+// also measured, so that the allocations an operator makes inside itself are learned rather
+// than assumed away: an LSTM's gates and cell states of every step, saved for its backward;
+// a kernel's scratch; its backward's transients (the recurrent weight's gradient summed over
+// the steps). `outputGrads` says which outputs a gradient reaches (all where empty).
 struct AtenSaved {
   bool known = false;
   std::vector<bool> operands;
   bool output = false;
+  // Measured (with `measure`):
+  bool measured = false;
+  int64_t forwardPeak = 0;   // most bytes above the start while the forward runs
+  int64_t internal = 0;      // bytes the forward leaves beyond its outputs' new storage: what
+                             // its node saved that is neither an operand nor an output
+  int64_t backwardPeak = 0;  // most bytes above the start while its backward runs
+  // Per output: the operand whose storage it views (-1: storage of its own), and its strides.
+  std::vector<int> aliasOf;
+  std::vector<std::vector<int64_t>> outStrides;
+  bool passThrough = false;  // its one output is operand aliasOf[0] itself (aten::to of the
+                             // dtype it has, type_as): no node, the gradient passes on
 };
+using AllocationMeasure =
+    std::function<std::pair<int64_t, int64_t>(const std::function<void()>& run)>;
 AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
                            const std::vector<bool>& requiresGrad,
-                           const std::vector<std::vector<int64_t>>& strides = {});
+                           const std::vector<std::vector<int64_t>>& strides = {},
+                           const std::vector<bool>& outputGrads = {},
+                           const AllocationMeasure& measure = {});
 
 }  // namespace sb::reference

@@ -144,6 +144,14 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
   const auto allEq = [](const Dims& d, int64_t v) {
     return std::all_of(d.begin(), d.end(), [v](int64_t x) { return x == v; });
   };
+  // Operand i made contiguous, as the kernel that reads it makes it (matmul's reshape of a
+  // transposed input, the im2col convolution's input): a `contiguous` node, a copy where the
+  // operand is not, so that the copy is an allocation the replay sees and the sharding
+  // strategies split like any other.
+  const auto contiguousRef = [&](size_t i, const std::string& name) {
+    if (iv(i).toTensor().is_contiguous()) return ref(in(i));
+    return add(name, {{"op", "contiguous"}, {"input", dims(i)}}, {ref(in(i))});
+  };
   const size_t nin = n->inputs().size();
   Entry& out = env[n->output(0)];
   const auto result = [&](const std::string& name, const std::string& how) {
@@ -174,13 +182,14 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
   }
   if (fk == "aten::linear" && nin == 3) {
     const Dims x = dims(0), w = dims(1);
-    const bool flat3 = x.size() == 3 && iv(0).toTensor().is_contiguous();
-    if (!floating(1) || w.size() != 2 || (x.size() != 2 && !flat3)) return false;
+    if (!floating(1) || w.size() != 2 || x.size() < 2) return false;
     const int64_t N = w[0], K = w[1], M = numel(x) / K;
     const std::string wt =
         add(base + ".weight_t", {{"op", "transpose"}, {"input", w}, {"dim0", 0}, {"dim1", 1}},
             {ref(in(1))});
-    std::string x2 = ref(in(0));
+    // An input of more dimensions is folded to rows, a copy first where it is not contiguous
+    // (matmul's reshape).
+    std::string x2 = x.size() == 2 ? ref(in(0)) : contiguousRef(0, base + ".input_contiguous");
     if (x.size() != 2) {
       x2 = add(base + ".input_2d", {{"op", "view"}, {"input", x}, {"size", {M, K}}}, {x2});
     }
@@ -193,10 +202,11 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
   }
   if ((fk == "aten::matmul" || fk == "aten::mm" || fk == "aten::bmm") && floating(1)) {
     const Dims a = dims(0), b = dims(1);
-    if (b.size() == 2 && a.size() >= 2 && (a.size() == 2 || iv(0).toTensor().is_contiguous())) {
-      // [.., K] x [K, N]: LibTorch folds the batch into rows and runs one matrix product.
+    if (b.size() == 2 && a.size() >= 2) {
+      // [.., K] x [K, N]: LibTorch folds the batch into rows (a copy first where they are not
+      // contiguous) and runs one matrix product.
       const int64_t K = b[0], N = b[1], M = numel(a) / K;
-      std::string a2 = ref(in(0));
+      std::string a2 = a.size() == 2 ? ref(in(0)) : contiguousRef(0, base + ".input_contiguous");
       if (a.size() != 2) {
         a2 = add(base + ".input_2d", {{"op", "view"}, {"input", a}, {"size", {M, K}}}, {a2});
       }
@@ -263,7 +273,7 @@ bool GraphMapper::mapped(const Node* n, Env& env, const std::string& fk, const s
                        {"kernel", w[2]},
                        {"stride", stride[0]},
                        {"padding", pad[0]}},
-                      {ref(in(0)), ref(in(1)), b}),
+                      {contiguousRef(0, base + ".input_contiguous"), ref(in(1)), b}),
                   "conv2d");
   }
   if (fk == "aten::max_pool2d" || fk == "aten::avg_pool2d") {

@@ -7,6 +7,7 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -15,6 +16,7 @@
 #include <set>
 
 #include "harness/comm/mesh.h"
+#include "harness/measure/memory.h"
 #include "reference/torchscript/aten_op.h"
 #include "strategies/sharding/layout/redistribute_exec.h"
 #include "strategies/sharding/ops/op_rule.h"
@@ -74,6 +76,22 @@ struct Tensor {
   }
 };
 using Ref = std::shared_ptr<Tensor>;
+
+int64_t numelOf(const Dims& sizes) {
+  return std::accumulate(sizes.begin(), sizes.end(), int64_t{1}, std::multiplies<>());
+}
+
+// The allocator's account of `run` on the calling thread's bucket: the most bytes held above
+// the start while it runs, and the bytes held at its end less those at its start (an imported
+// operator's probe, aten_op.h).
+std::pair<int64_t, int64_t> measureAllocations(const std::function<void()>& run) {
+  auto& tracker = harness::MemoryTracker::instance();
+  tracker.install();
+  const int bucket = harness::MemoryTracker::threadBucket();
+  const int64_t before = tracker.current(bucket);
+  const int64_t held = tracker.heldDuring(bucket, run);
+  return {held, tracker.current(bucket) - before};
+}
 
 Dims contiguousStrides(const Dims& sizes) {
   Dims s(sizes.size(), 1);
@@ -347,7 +365,59 @@ void Replay::forwardNode(int v) {
     u->slots.resize(outShapes.size());
     u->inSizes = local[0]->sizes;
   }
-  if (op == "view" || op == "reshape") {
+  // An imported operator: what its node saves, what it allocates inside itself and in its
+  // backward, and which outputs view an operand, learned from the operator (aten_op.h).
+  reference::AtenSaved aten;
+  if (op == "aten") {
+    std::vector<Dims> strides;
+    for (const Ref& t : local) strides.push_back(t->strides);
+    std::vector<bool> outputGrads;
+    for (const std::string& o : outNames) {
+      outputGrads.push_back(reads_[o] > 0 || o == g_.output);
+    }
+    aten = reference::atenSavedTensors(r.shape, dtype_, grads, strides, outputGrads,
+                                       measureAllocations);
+  }
+  if (op == "aten" && aten.measured && aten.passThrough) {
+    // aten::to of the dtype it has, type_as: the operand itself, no node; its gradient is the
+    // output's.
+    const size_t k = static_cast<size_t>(aten.aliasOf[0]);
+    outs.push_back(alias(local[k]));
+    if (u) {
+      u->native = true;
+      u->targets = {targets[k]};
+    }
+  } else if (op == "aten" && aten.measured) {
+    // As measured: the forward's transient and what its node keeps beyond its outputs (an
+    // LSTM's gates of every step), outputs viewing an operand allocating nothing; the
+    // backward's most above what it started from, then the operands' gradients.
+    int64_t O = 0;
+    for (size_t j = 0; j < outShapes.size(); ++j) {
+      if (aten.aliasOf[j] < 0) O += numelOf(localSizes(outShapes[j], r.outputs[j])) * es_;
+    }
+    const int64_t kept = O + aten.internal;
+    const int64_t forwardPeak = std::max(aten.forwardPeak, kept);
+    alloc(forwardPeak, n.name + " forward");
+    release(forwardPeak - kept, n.name + " forward's transients");
+    if (!u) release(aten.internal, n.name + " forward (nothing saved)");
+    for (size_t j = 0; j < outShapes.size(); ++j) {
+      const int k = aten.aliasOf[j];
+      const Dims sizes = localSizes(outShapes[j], r.outputs[j]);
+      outs.push_back(k >= 0 ? alias(local[static_cast<size_t>(k)], sizes, aten.outStrides[j])
+                            : adopt(sizes, n.name));
+    }
+    if (u) {
+      int64_t sumG = 0;
+      for (size_t i = 0; i < local.size(); ++i) {
+        u->gradSizes.push_back(local[i]->sizes);
+        u->hasGrad.push_back(grads[i]);
+        if (grads[i]) sumG += local[i]->numel() * es_;
+      }
+      const int64_t backwardPeak = std::max(aten.backwardPeak, sumG);
+      u->backwardEvents = {backwardPeak, -(backwardPeak - sumG)};
+      u->extrasAfter = aten.internal;
+    }
+  } else if (op == "view" || op == "reshape") {
     outs.push_back(reshape(local[0], localSizes(outShapes[0], r.outputs[0]), n.name));
   } else if (op == "permute" || op == "transpose") {
     const auto perm = n.shape.permutation();
@@ -445,14 +515,12 @@ void Replay::forwardNode(int v) {
   if (u && op == "aten") {
     // An imported operator's node saves what this LibTorch's saves (1.13's mean its input,
     // 2.x's not): learned from the operator itself.
-    std::vector<Dims> strides;
-    for (const Ref& t : local) strides.push_back(t->strides);
-    const reference::AtenSaved saved =
-        reference::atenSavedTensors(r.shape, dtype_, grads, strides);
-    for (size_t i = 0; i < local.size() && i < saved.operands.size(); ++i) {
-      if (saved.operands[i]) u->saved.push_back(local[i]);
+    if (!aten.passThrough) {
+      for (size_t i = 0; i < local.size() && i < aten.operands.size(); ++i) {
+        if (aten.operands[i]) u->saved.push_back(local[i]);
+      }
+      if (aten.output && !outs.empty()) u->saved.push_back(outs[0]);
     }
-    if (saved.output && !outs.empty()) u->saved.push_back(outs[0]);
   } else if (u) {
     for (size_t i = 0; i < local.size(); ++i) {
       if (savesOperand(r, i, grads)) u->saved.push_back(local[i]);
@@ -692,7 +760,9 @@ bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads)
     return r.statAxes.empty() && r.spec.variant != "hidden";
   }
   if (op == "conv2d") return i < 2;
-  if (op == "batch_norm") return i <= 1;  // NativeBatchNormBackward0, SplitNorm: its weight
+  // NativeBatchNormBackward0 its input and weight; SplitNorm (a batch split's synchronised
+  // statistics) its weight, and its own normalised copy of the input (the rule's).
+  if (op == "batch_norm") return i == 1 || (i == 0 && r.spec.variant != "sync");
   if (op == "max_pool2d" || op == "avg_pool2d") return i == 0;
   return false;
 }

@@ -20,7 +20,9 @@ std::vector<OpStrategySpec> convSpecs(const reference::OpShape& s) {
 
 std::vector<at::Tensor> convForward(const LocalForward& f) {
   const reference::OpShape& s = f.r.shape;
-  const at::Tensor& x = f.in[0];
+  // The importer hands a contiguous input (a `contiguous` node where the module's was not); a
+  // layout the plan made otherwise is copied here, as the im2col kernel's backward needs.
+  const at::Tensor x = f.in[0].is_contiguous() ? f.in[0] : f.in[0].contiguous();
   const auto& in = f.in;
   // ATen's native im2col convolution (thnn_conv2d), not oneDNN's: its buffers are a function
   // of the shapes alone, where oneDNN's blocked reorders pad channels to the CPU's vector
