@@ -555,7 +555,7 @@ def main():
     args = parser.parse_args()
 
     if args.list:
-        for name, (_, _, description) in {**MODELS, **ZOO, **MALFORMED}.items():
+        for name, (_, _, description) in (ZOO if args.zoo else {**MODELS, **MALFORMED}).items():
             print(f"{name:16s} {description}")
         return 0
     if not args.out:

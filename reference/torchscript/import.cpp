@@ -17,6 +17,7 @@
 #include <cmath>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "reference/torchscript/import_map.h"
@@ -184,11 +185,23 @@ class Walker {
                         " in training draws its mask from torch's generator, which a graph "
                         "cannot repeat; trace the model with dropout 0 or in eval mode");
     }
-    // PyTorch 2.x's fused attention (nn.MultiheadAttention, torchvision's ViT) is random only
-    // through its dropout: with dropout_p 0 it draws nothing, whatever the mode.
-    const bool drawsNothing = k == "aten::scaled_dot_product_attention" &&
-                              env.at(n->input(4)).v.isDouble() &&
-                              env.at(n->input(4)).v.toDouble() == 0;
+    // PyTorch 2.x's fused attention (nn.MultiheadAttention, torchvision's ViT) and the
+    // recurrent layers (aten::lstm, gru, rnn_tanh: marked random in 2.x) are random only
+    // through their dropout: with dropout 0, or outside training, they draw nothing.
+    bool drawsNothing = false;
+    if (const c10::FunctionSchema* schema = n->maybeSchema()) {
+      std::optional<double> dropout;
+      std::optional<bool> train;
+      const auto& args = schema->arguments();
+      for (size_t i = 0; i < args.size() && i < n->inputs().size(); ++i) {
+        const c10::IValue& v = env.at(n->input(i)).v;
+        if ((args[i].name() == "dropout" || args[i].name() == "dropout_p") && v.isDouble()) {
+          dropout = v.toDouble();
+        }
+        if (args[i].name() == "train" && v.isBool()) train = v.toBool();
+      }
+      drawsNothing = dropout && (*dropout == 0 || (train && !*train));
+    }
     if (k == "aten::scaled_dot_product_attention" && !drawsNothing) {
       throw ImportError(where(n, path) +
                         ": scaled_dot_product_attention with dropout draws its mask from torch's "

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -260,6 +261,39 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   };
   // The fastest plan with no limit, where it fits the limit by the replay of its step: the
   // answer under any limit it meets (the rows, an estimate, may put it above the limit).
+  // The plan of least memory by the program's rows (barred choices made too big), and its
+  // replay: once.
+  std::optional<std::pair<Selection, ShardingPlan>> leastCache;
+  const auto leastMemory = [&]() -> const std::pair<Selection, ShardingPlan>& {
+    if (!leastCache) {
+      SelectionProblem free = p.problem;
+      free.memoryLimit = 0;
+      SelectionProblem::MemoryRow barredRow;
+      barredRow.what = "choices outside " + o.algo;
+      for (size_t c = 0; c < free.vars.size(); ++c) {
+        std::vector<double> b;
+        for (size_t k = 0; k < free.vars[c].cost.size(); ++k) {
+          b.push_back(barred[c][k] ? 1e18 : 0);
+        }
+        barredRow.terms.emplace_back(static_cast<int>(c), b);
+      }
+      free.memory.push_back(barredRow);
+      Selection least = solveMinPeakMemory(free, so);
+      ShardingPlan leastPlan = plan;
+      if (!anyBarred(least)) {
+        leastPlan.choice = m.planOf(p, least.choice);
+        leastPlan.predictMemory(m);
+        leastPlan.solver.algo = o.algo;
+        leastPlan.solver.status = "least memory";
+        leastPlan.solver.memoryLimit = o.memoryLimit;
+        leastPlan.predictedStepUs = m.stepUs(leastPlan.choice);
+      } else {
+        leastPlan.predictedPeakBytes = std::numeric_limits<int64_t>::max();
+      }
+      leastCache.emplace(std::move(least), std::move(leastPlan));
+    }
+    return *leastCache;
+  };
   const auto unlimitedIfItFits = [&]() -> std::optional<ShardingPlan> {
     SelectionProblem unlimited = p.problem;
     unlimited.memoryLimit = 0;
@@ -282,6 +316,16 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
     fast.predictedStepUs = m.stepUs(fast.choice);
     return fast;
   };
+  // Where the program's rounds end without a plan that fits by the replay: one known to fit,
+  // the fastest without a limit if it fits, or the plan of least memory if it does.
+  const auto anyThatFits = [&]() -> std::optional<ShardingPlan> {
+    if (fallback) return fallback;
+    if (auto fast = unlimitedIfItFits()) return fast;
+    if (o.memoryLimit > 0 && leastMemory().second.predictedPeakBytes <= o.memoryLimit) {
+      return leastMemory().second;
+    }
+    return {};
+  };
   for (int round = 0;; ++round) {
     Selection sel = solveIlp(p.problem, so);
     bool choseBarred = false;
@@ -289,15 +333,17 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
       choseBarred |= barred[c][static_cast<size_t>(sel.choice[c])];
     }
     if (round > 0 && (sel.status == "infeasible" || choseBarred)) {
-      if (fallback) return *fallback;
-      if (auto fast = unlimitedIfItFits()) return *fast;
+      if (auto fits = anyThatFits()) return *fits;
       throw NoPlanError(o.algo + ": found no plan that fits " +
                             std::to_string(static_cast<int64_t>(o.memoryLimit)) +
                             " bytes per rank by the replay of its step: the integer program's "
                             "rows (an estimate) admit none under it that does; the last it "
                             "offered needs " +
-                            std::to_string(plan.predictedPeakBytes) + " bytes",
-                        static_cast<double>(plan.predictedPeakBytes));
+                            std::to_string(plan.predictedPeakBytes) +
+                            " bytes, the plan of least memory needs " +
+                            std::to_string(leastMemory().second.predictedPeakBytes) +
+                            " bytes by the replay of its step",
+                        static_cast<double>(leastMemory().second.predictedPeakBytes));
     }
     if (sel.status == "infeasible" || sel.status == "no_solution" || choseBarred) {
       if (sel.status == "no_solution") {
@@ -305,20 +351,7 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
                               std::to_string(o.timeLimitSeconds) + " s; give it longer",
                           0);
       }
-      SelectionProblem free = p.problem;
-      free.memoryLimit = 0;
-      // The least memory of the plans this algorithm may choose: barred choices made too big.
-      SelectionProblem::MemoryRow barredRow;
-      barredRow.what = "choices outside " + o.algo;
-      for (size_t c = 0; c < free.vars.size(); ++c) {
-        std::vector<double> b;
-        for (size_t k = 0; k < free.vars[c].cost.size(); ++k) {
-          b.push_back(barred[c][k] ? 1e18 : 0);
-        }
-        barredRow.terms.emplace_back(static_cast<int>(c), b);
-      }
-      free.memory.push_back(barredRow);
-      const Selection least = solveMinPeakMemory(free, so);
+      const Selection& least = leastMemory().first;
       if (!(o.memoryLimit > 0)) {
         throw NoPlanError(o.algo + ": no plan of it exists on this mesh (every plan needs a " +
                               "choice outside " + o.algo + ")",
@@ -333,16 +366,10 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
       if (!loosened) {
         if (auto fast = unlimitedIfItFits()) return *fast;
       }
-      ShardingPlan leastPlan = plan;
-      leastPlan.choice = m.planOf(p, least.choice);
-      leastPlan.predictMemory(m);
+      const ShardingPlan& leastPlan = leastMemory().second;
       const double leastRows = peakMemory(p.problem, least.choice);
       if (leastPlan.predictedPeakBytes <= o.memoryLimit) {
         fallback = leastPlan;
-        fallback->solver.algo = o.algo;
-        fallback->solver.status = "least memory";
-        fallback->solver.memoryLimit = o.memoryLimit;
-        fallback->predictedStepUs = m.stepUs(fallback->choice);
         if (!loosened && leastRows > o.memoryLimit) {
           loosened = true;
           p.problem.memoryLimit =
@@ -381,12 +408,13 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
         std::min(p.problem.memoryLimit - 1,
                  o.memoryLimit - (static_cast<double>(plan.predictedPeakBytes) - rows));
     if (o.algo != "ilp" || round + 1 >= kRounds || !(next > 0)) {
-      if (fallback) return *fallback;
-      if (auto fast = unlimitedIfItFits()) return *fast;
+      if (auto fits = anyThatFits()) return *fits;
       throw NoPlanError(
           o.algo + ": no plan fits " + std::to_string(static_cast<int64_t>(o.memoryLimit)) +
               " bytes per rank; its plan needs " + std::to_string(plan.predictedPeakBytes) +
-              " bytes" + (plan.replayedPeakBytes.empty() ? "" : " by the replay of its step"),
+              " bytes" + (plan.replayedPeakBytes.empty() ? "" : " by the replay of its step") +
+              ", the plan of least memory needs " +
+              std::to_string(leastMemory().second.predictedPeakBytes) + " bytes",
           static_cast<double>(plan.predictedPeakBytes));
     }
     p.problem.memoryLimit = next;

@@ -43,12 +43,15 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
         continue;
       }
     }
-    // A following node (one activation in, layouts following it) rides on its producer.
+    // A following node (one activation in, layouts following it) rides on its producer; not
+    // on an imported operator kept whole, whose one layout it would be held to (a ReLU after
+    // it splits by batch as well: data-parallel's plan needs it to).
     const std::string& op = n.shape.op;
     const bool follower = op == "gelu" || op == "relu" || op == "silu" || op == "dropout" ||
                           op == "view" || op == "permute" || op == "transpose" ||
                           op == "contiguous";
-    if (follower && !graph_.isInput(n.args[0]) && !graph_.isParameter(n.args[0])) {
+    if (follower && !graph_.isInput(n.args[0]) && !graph_.isParameter(n.args[0]) &&
+        graph_.nodes[graph_.producer(n.args[0]).first].shape.op != "aten") {
       const auto [u, j] = graph_.producer(n.args[0]);
       const int c = p.classOf[u];
       std::vector<int> map;
