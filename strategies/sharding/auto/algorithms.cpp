@@ -251,6 +251,11 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   // the program is solved again under a limit tightened by what its rows missed of that plan,
   // a few rounds at most: a plan returned fits by the replay, or there is none.
   constexpr int kRounds = 6;
+  // Under a limit a plan fits by the replay of its step alone: the rows' estimate, where a
+  // step cannot be replayed, promises nothing.
+  const auto fitsByReplay = [&](const ShardingPlan& q) {
+    return !q.replayedPeakBytes.empty() && q.predictedPeakBytes <= o.memoryLimit;
+  };
   std::optional<ShardingPlan> fallback;  // a plan that fits by the replay, once one is known
   bool loosened = false;
   const auto anyBarred = [&](const Selection& sel) {
@@ -302,7 +307,7 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
     ShardingPlan fast = plan;
     fast.choice = m.planOf(p, sel.choice);
     fast.predictMemory(m);
-    if (fast.predictedPeakBytes > o.memoryLimit) return {};
+    if (!fitsByReplay(fast)) return {};
     fast.solver.algo = o.algo;
     fast.solver.status = sel.status;
     fast.solver.objectiveUs = sel.objective;
@@ -319,9 +324,11 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   // Where the program's rounds end without a plan that fits by the replay: one known to fit,
   // the fastest without a limit if it fits, or the plan of least memory if it does.
   const auto anyThatFits = [&]() -> std::optional<ShardingPlan> {
+    // A hand-written family's plan does not bend to the limit: its one plan fits or not.
+    if (o.algo != "ilp") return {};
     if (fallback) return fallback;
     if (auto fast = unlimitedIfItFits()) return fast;
-    if (o.memoryLimit > 0 && leastMemory().second.predictedPeakBytes <= o.memoryLimit) {
+    if (o.memoryLimit > 0 && fitsByReplay(leastMemory().second)) {
       return leastMemory().second;
     }
     return {};
@@ -368,7 +375,7 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
       }
       const ShardingPlan& leastPlan = leastMemory().second;
       const double leastRows = peakMemory(p.problem, least.choice);
-      if (leastPlan.predictedPeakBytes <= o.memoryLimit) {
+      if (fitsByReplay(leastPlan)) {
         fallback = leastPlan;
         if (!loosened && leastRows > o.memoryLimit) {
           loosened = true;
@@ -402,7 +409,19 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
     plan.predictMemory(m);
     plan.solver.replaySeconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - replayStart).count();
-    if (!(o.memoryLimit > 0) || plan.predictedPeakBytes <= o.memoryLimit) break;
+    if (!(o.memoryLimit > 0) || fitsByReplay(plan)) break;
+    if (plan.replayedPeakBytes.empty()) {
+      // Its step cannot be replayed (a rule's allocations unknown for one of its layouts): its
+      // peak is the rows' estimate, which is no promise. A plan that fits by its replay, or
+      // none.
+      if (auto fits = anyThatFits()) return *fits;
+      throw NoPlanError(o.algo + ": no plan known to fit " +
+                            std::to_string(static_cast<int64_t>(o.memoryLimit)) +
+                            " bytes per rank: the program's plan cannot be replayed (" +
+                            plan.notReplayed + "), and neither the fastest plan nor the plan "
+                            "of least memory fits by its replay",
+                        static_cast<double>(plan.predictedPeakBytes));
+    }
     const double rows = peakMemory(p.problem, sel.choice);
     const double next =
         std::min(p.problem.memoryLimit - 1,

@@ -36,8 +36,9 @@ void ShardingPlan::predictMemory(const ShardingModel& m) {
   predictedPeakBytes = livenessPeakBytes;
   replayedPeakBytes.clear();
   notReplayed.clear();
-  if (m.rowsWithoutParameters()) {  // the planted fault: the model's rows are all it has
-    notReplayed = "planted fault rows_without_parameters";
+  if (m.rowsWithoutParameters()) {  // the planted fault: the model's rows are all it has,
+    notReplayed = "planted fault rows_without_parameters";  // trusted as a replay would be
+    replayedPeakBytes.assign(1, livenessPeakBytes);
     return;
   }
   try {
