@@ -310,8 +310,11 @@ class PipelineStrategy final : public harness::Strategy {
       box.length[0] = rows;
       return box;
     }
-    // Every rank holding a stage that reads the parameter (a tied one's, summed over them).
-    const std::string name = tensor.substr(tensor.find('/') + 1);
+    // Every rank holding a stage that reads the parameter (a tied one's, summed over them):
+    // grad/<name>, param/<name>, state/<name>/<key>. (An imported model's names are looked up
+    // whole; the built-in chains' by their first component, which hid the key.)
+    std::string name = tensor.substr(tensor.find('/') + 1);
+    if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
     for (int layer : layersOf(c, name)) {
       if (p.schedule.stageRank[p.stageOf(layer)] == pipeRank) return box;
     }
