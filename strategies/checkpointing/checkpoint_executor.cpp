@@ -59,6 +59,7 @@
 #include <mutex>
 #include <optional>
 
+#include "harness/error.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/step_trace.h"
 #include "harness/measure/update_profile.h"
@@ -461,8 +462,7 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
     if (c.params.contains("budget")) {
       const auto& b = c.params["budget"];
       if (!b.is_number() || b.get<double>() <= 0) {
-        return Applicability::unsupported("params.budget must be a positive fraction, got " +
-                                          b.dump());
+        throw harness::InputError("params.budget must be a positive fraction, got " + b.dump());
       }
     }
     return Applicability::yes();

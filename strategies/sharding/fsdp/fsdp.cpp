@@ -66,6 +66,7 @@
 #include <utility>
 
 #include "harness/comm/comm_site.h"
+#include "harness/error.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
@@ -122,8 +123,8 @@ class FsdpStrategy final : public harness::Strategy {
     }
     if (c.params.contains("reshard_after_forward") &&
         !c.params["reshard_after_forward"].is_boolean()) {
-      return Applicability::unsupported("params.reshard_after_forward must be true or false, got " +
-                                        c.params["reshard_after_forward"].dump());
+      throw harness::InputError("params.reshard_after_forward must be true or false, got " +
+                                c.params["reshard_after_forward"].dump());
     }
     if (fault_ == Fault::kUnitNotResharded && !reshardAfterForward(c)) {
       return Applicability::unsupported(
@@ -131,9 +132,8 @@ class FsdpStrategy final : public harness::Strategy {
           "gathered (reshard_after_forward: false)");
     }
     if (c.params.contains("prefetch") && prefetchDepth(c) < 0) {
-      return Applicability::unsupported(
-          "params.prefetch must be a whole number of units, 0 to 8, got " +
-          c.params["prefetch"].dump());
+      throw harness::InputError("params.prefetch must be a whole number of units, 0 to 8, got " +
+                                c.params["prefetch"].dump());
     }
     if (c.params.contains("param_dtype")) {
       if (!shardsParams(kind_)) {
@@ -142,7 +142,7 @@ class FsdpStrategy final : public harness::Strategy {
             "hsdp");
       }
       if (!paramDtype(c)) {
-        return Applicability::unsupported(
+        throw harness::InputError(
             "params.param_dtype must be bfloat16 or float32 (the case's dtype), got " +
             c.params["param_dtype"].dump());
       }
