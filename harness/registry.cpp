@@ -24,8 +24,11 @@ const char* familyName(Family f) {
 
 Applicability applicabilityOf(const Strategy& s, const CaseSpec& c) {
   if (c.training.enabled() && !s.trainsSteps()) {
+    // A strategy that cannot run the case at all says why itself (its reason names the model
+    // or shape it cannot run, which trains or not); only one that could run it once is
+    // turned away for the steps.
     const Applicability a = s.applies(c);
-    if (a.kind == Applicability::Kind::kNotApplicable) return a;
+    if (a.kind != Applicability::Kind::kApplies) return a;
     return Applicability::unsupported(
         "runs one forward and backward; steps: " + std::to_string(c.training.steps) +
         " (optimizer steps) need a strategy that trains (sharding/fsdp/*, sharding/linear/* "

@@ -111,6 +111,8 @@ class Strategy {
   // for the workload's canonical shape and the communication in forward and backward.
   virtual nlohmann::json describe() const { return nlohmann::json::object(); }
 
+  // Whether it runs `c`. A parameter of the case it reads (caseParams) with a malformed value
+  // is bad input, not a row: it throws InputError (harness/error.h) naming the key.
   virtual Applicability applies(const CaseSpec& c) const = 0;
   virtual std::unique_ptr<RankExecutor> makeExecutor(const CaseSpec& c) const = 0;
   // Whether its executors run a case's `steps` (reference/training.h): N optimizer steps from

@@ -19,6 +19,7 @@
 #include "reference/chain_nets.h"
 #include "reference/evoformer.h"
 #include "reference/graph.h"
+#include "reference/torchscript/import.h"
 #include "reference/transformer.h"
 
 namespace sb::reference {
@@ -303,14 +304,14 @@ int64_t TrainingLoop::stateBytes() const {
 bool hasTrainingReference(const std::string& workload) {
   return workload == "mlp" || workload == "gpt2" || workload == "bert" || workload == "llama" ||
          workload == "linear" || workload == "transformer_block" || workload == "gpt2_prefill" ||
-         workload == "vit_encoder" || workload == "evoformer_pair" ||
+         workload == "vit_encoder" || workload == "evoformer_pair" || workload == "torchscript" ||
          findChainWorkload(workload) != nullptr;
 }
 
 std::string trainingWorkloadList() {
   std::string s =
       "linear, mlp, gpt2, bert, llama, transformer_block, gpt2_prefill, vit_encoder, "
-      "evoformer_pair";
+      "evoformer_pair, torchscript";
   for (const Workload* w : chainWorkloads()) s += ", " + w->name();
   return s;
 }
@@ -459,6 +460,9 @@ WorkloadData buildTraining(const std::string& workload, const nlohmann::json& sh
   }
   if (workload == "transformer_block") {
     return buildBlockTraining(shape, dtype, seed, mode, training);
+  }
+  if (workload == "torchscript") {
+    return torchscript::buildTraining(shape, dtype, seed, mode, training);
   }
   if (workload == "linear") return buildLinearTraining(shape, dtype, seed, mode, training);
   if (workload == "gpt2_prefill" || workload == "vit_encoder") {

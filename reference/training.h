@@ -122,7 +122,7 @@ class TrainingLoop {
 };
 
 // Whether `workload` has a training reference (buildTraining): the graph workloads, Megatron's
-// transformer_block and the chain networks do.
+// transformer_block, the chain networks and imported models (torchscript) do.
 bool hasTrainingReference(const std::string& workload);
 // The workloads that have one, for messages: "mlp, gpt2, bert, mlp_chain, ...".
 std::string trainingWorkloadList();
@@ -131,7 +131,9 @@ std::string trainingWorkloadList();
 // (its grad_output the target, the weight and bias stepped), of the chunking family's models
 // (gpt2_prefill, vit_encoder, evoformer_pair in mode: training; inputs "input" and "target"), or
 // of a
-// chain network (reference/chain_nets.h: mlp_chain, resnet18, densenet121, gpt2_stack). Inputs:
+// chain network (reference/chain_nets.h: mlp_chain, resnet18, densenet121, gpt2_stack), or of an
+// imported model (torchscript: the module's own forward and backward, reference/torchscript/
+// import.h). Inputs:
 // the graph's inputs and initial parameters, and "target". A chain network's step is its
 // reference step (dropout from the generator seeded once before the first step, running
 // statistics updated by every step), and its expected tensors add "buffer/<name>" and

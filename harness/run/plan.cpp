@@ -68,14 +68,26 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
       throw InputError(c.where() + ": case '" + c.name + "': " + errorText(e));
     }
     PlannedCase pc{c, {}};
+    // A strategy's applicability; a parameter of the case that it reads and finds malformed is
+    // bad input (InputError), named with the case.
+    const auto applicability = [&](const Strategy& s) {
+      try {
+        return applicabilityOf(s, c);
+      } catch (const InputError& e) {
+        throw InputError(c.where() + ": case '" + c.name + "': strategy '" + s.id() +
+                         "': " + e.what());
+      }
+    };
     std::vector<const Strategy*> chosen;
     for (const auto& pattern : c.strategies) {
       std::vector<const Strategy*> matched;
       if (const Strategy* exact = registry.find(pattern)) {
-        // Named by id: the user asked for exactly this strategy on this case, so a case it
-        // cannot run is an error in the suite, not a row.
-        const Applicability a = applicabilityOf(*exact, c);
-        if (a.kind != Applicability::Kind::kApplies) {
+        // Named by id: the user asked for exactly this strategy on this case. One for another
+        // kind of case (another workload, another mesh) is an error in the suite; one of the
+        // right kind that cannot run this model or shape is an `unsupported` row saying why,
+        // as it would be where a pattern selected it.
+        const Applicability a = applicability(*exact);
+        if (a.kind == Applicability::Kind::kNotApplicable) {
           throw InputError(c.where() + ": case '" + c.name + "': strategy '" + pattern +
                            "' cannot run it: " + a.reason);
         }
@@ -115,7 +127,9 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
     }
     for (const Strategy* s : chosen) {
       if (filter && !filter->search(s->id())) continue;
-      Applicability a = applicabilityOf(*s, c);
+      Applicability a = applicability(*s);
+      // Not applicable: another kind of case, which a pattern over several families selects
+      // without meaning it (a named one was refused above).
       if (a.kind == Applicability::Kind::kNotApplicable) continue;
       pc.strategies.push_back({s, a, nullptr});
     }

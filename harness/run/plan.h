@@ -29,8 +29,10 @@ struct PlannedCase {
 // Resolves every case's strategy selection against the registry and the options. Throws
 // InputError (exit 2) before anything runs: an id or pattern that selects nothing, a filter
 // that leaves nothing, a mesh whose size is not the world size, an unknown backend, a strategy
-// named by its exact id that cannot run the case's shape (with the reason, naming the
-// dimension).
+// named by its exact id for another kind of case (with the reason), a case parameter a
+// strategy finds malformed (its applies() throws InputError). A strategy of the right kind of
+// case that cannot run its model or shape is planned as an `unsupported` row, named by id or
+// selected by a pattern alike.
 std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options);
 
 // Why this process cannot run a case on its device ("" when it can): a case on `device: cuda`

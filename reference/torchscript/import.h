@@ -45,6 +45,10 @@
 
 #include "reference/graph.h"
 
+namespace sb::reference {
+struct TrainingSpec;
+}
+
 namespace sb::reference::torchscript {
 
 class ImportError : public std::invalid_argument {
@@ -83,6 +87,12 @@ struct ImportSpec {
   // (linearize.h).
   std::string fault;
   static ImportSpec fromJson(const nlohmann::json& shape);
+  // The shape keys fromJson reads back to this spec (the file, every input, params, microbatches
+  // and import_fault where they are not the defaults).
+  nlohmann::json toJson() const;
+  // The spec of a data-parallel rank's slice of the batch: every input's first dimension over
+  // `ranks` (which must divide each); the micro-batches the same.
+  ImportSpec rowsOver(int64_t ranks) const;
 };
 
 // One aten operator kind of the model: how many nodes, what they became, whether a strategy
@@ -128,5 +138,15 @@ std::map<std::string, at::Tensor> importedParameters(const ImportedModel& m, con
 
 // The reference workload "torchscript": the module's own forward and backward, by LibTorch.
 const Workload* torchscriptWorkload();
+
+// The training reference of a torchscript case (reference/training.h): the module's own forward
+// and backward and LibTorch's optimizer over `training`'s steps. Each step clears the gradients,
+// runs the shape's `microbatches` M (one without) in order through the module's forward and
+// backward, accumulating, its loss the micro-batches' sum(output * target) added in float64, and
+// the loop's update. Inputs: the one-step workload's (data, constants, the initial parameters,
+// grad_output) and "target", grad_output itself. Expected: loss, grad_norm, param/<name> and
+// state/<name>/<key> of every graph parameter, state/step. Throws ImportError as importModel.
+WorkloadData buildTraining(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                           InputMode mode, const TrainingSpec& training);
 
 }  // namespace sb::reference::torchscript

@@ -1,5 +1,6 @@
 // The "torchscript" workload (import.h): a case's keys, the inputs and parameters every rank
-// shards from, and the reference: the loaded module's own forward and backward.
+// shards from, and the reference: the loaded module's own forward and backward, once or, in
+// training, over a case's optimizer steps.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 
 #include "reference/torchscript/import.h"
+#include "reference/training.h"
 
 namespace sb::reference::torchscript {
 namespace {
@@ -78,6 +80,28 @@ ImportSpec ImportSpec::microbatch() const {
   for (auto& i : s.inputs) i.shape[0] /= microbatches;
   s.microbatches = 1;
   return s;
+}
+
+ImportSpec ImportSpec::rowsOver(int64_t ranks) const {
+  ImportSpec s = *this;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    if (s.inputs[i].shape[0] % ranks != 0) {
+      throw ImportError("torchscript: inputs[" + std::to_string(i) + "]'s first dimension (" +
+                        std::to_string(s.inputs[i].shape[0]) + ") does not divide over " +
+                        std::to_string(ranks) + " data-parallel ranks");
+    }
+    s.inputs[i].shape[0] /= ranks;
+  }
+  return s;
+}
+
+nlohmann::json ImportSpec::toJson() const {
+  nlohmann::json j = {{"file", file}, {"inputs", nlohmann::json::array()}};
+  for (const auto& i : inputs) j["inputs"].push_back(i.toJson());
+  if (seededParams) j["params"] = "seed";
+  if (microbatches > 1) j["microbatches"] = microbatches;
+  if (!fault.empty()) j["import_fault"] = fault;
+  return j;
 }
 
 nlohmann::json InputSpec::toJson() const {
@@ -203,6 +227,106 @@ std::map<std::string, at::Tensor> importedParameters(const ImportedModel& m, con
 
 namespace {
 
+// The module of `spec`, loaded afresh (its forward updates its buffers), in the case's dtype and
+// on its device as module.to() puts it, in training mode, holding `inputs`' parameters (the
+// graph's, by name) with no gradients yet.
+struct LoadedModule {
+  torch::jit::Module module;
+  std::map<std::string, at::Tensor> own;  // its parameters, by qualified (graph) name
+};
+
+LoadedModule loadModule(const ImportSpec& spec, const ImportedModel& m, at::ScalarType dtype,
+                        const std::map<std::string, at::Tensor>& inputs) {
+  LoadedModule l{torch::jit::load(spec.file), {}};
+  // As nn.Module.to(dtype) does: floating parameters and buffers converted, the rest (a bool
+  // mask, num_batches_tracked) moved only. (torch::jit::Module::to converts every buffer.)
+  {
+    at::NoGradGuard noGrad;
+    const auto convert = [&](const at::Tensor& t) {
+      t.set_data(at::isFloatingType(t.scalar_type()) ? t.to(caseDevice(), dtype)
+                                                     : t.to(caseDevice()));
+    };
+    for (const auto& p : l.module.named_parameters(true)) convert(p.value);
+    for (const auto& b : l.module.named_buffers(true)) convert(b.value);
+  }
+  l.module.train();
+  for (const auto& p : l.module.named_parameters(true)) l.own[p.name] = p.value;
+  {
+    at::NoGradGuard noGrad;
+    for (const auto& [name, dims] : m.graph.parameters) l.own.at(name).copy_(inputs.at(name));
+  }
+  for (auto& [name, p] : l.own) {
+    p.set_requires_grad(true);
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+  }
+  return l;
+}
+
+// TorchScript's graph executor runs a module as traced the first time and, from PyTorch 2.x's
+// profiling executor on, an optimized graph with its own symbolic gradients after that: the
+// gradients of a module's second run differ from its first in the last bits (GPT-2 on 2.13;
+// never on 1.13). The reference is the module's eager computation on every micro-batch (and,
+// training, every step), as the graph replays it: the executor's optimization is off while it
+// runs.
+struct NoExecutorOptimization {
+  const bool was = torch::jit::getGraphExecutorOptimize();
+  NoExecutorOptimization() { torch::jit::setGraphExecutorOptimize(false); }
+  ~NoExecutorOptimization() { torch::jit::setGraphExecutorOptimize(was); }
+};
+
+// The data a case of `spec` starts from: the forward's inputs and constants, the parameters,
+// and grad_output (the stream the graph reference draws its target from).
+WorkloadData startingData(const ImportSpec& spec, const ImportedModel& m, at::ScalarType dtype,
+                          uint64_t seed, InputMode mode) {
+  WorkloadData d;
+  d.inputs = importedInputs(m, dtype, seed, mode);
+  for (auto& [name, t] : importedParameters(m, spec, dtype, seed)) d.inputs[name] = t;
+  const std::vector<int64_t> outShape = m.graph.valueShape(m.graph.output);
+  d.inputs["grad_output"] = makeNormal(outShape, dtype, seed, 999, mode);
+  if (spec.microbatches > 1 && outShape.at(0) % spec.microbatches != 0) {
+    throw ImportError("torchscript: shape key 'microbatches' (" +
+                      std::to_string(spec.microbatches) +
+                      ") must divide the output's first dimension (the batch's rows), " +
+                      std::to_string(outShape[0]));
+  }
+  return d;
+}
+
+// The module's forward and backward on each micro-batch of every input's rows in turn (one,
+// without `microbatches`), its parameters' gradients accumulated in that order, as a training
+// loop accumulating gradients does; the backward of each from grad_output's rows, d sum(output *
+// grad_output) / d output. Returns the micro-batches' outputs; adds their losses sum(output *
+// grad_output), each in float64, to `loss` where given.
+std::vector<at::Tensor> forwardBackward(torch::jit::Module& module, const ImportSpec& spec,
+                                        const ImportedModel& m, const WorkloadData& d,
+                                        double* loss) {
+  const int64_t M = spec.microbatches;
+  const at::Tensor& gradOutput = d.inputs.at("grad_output");
+  std::vector<at::Tensor> outs;
+  for (int64_t k = 0; k < M; ++k) {
+    const auto rows = [&](const at::Tensor& t) {
+      return M == 1 ? t : t.narrow(0, k * (t.size(0) / M), t.size(0) / M);
+    };
+    std::vector<c10::IValue> args;
+    for (const auto& name : m.dataInputs) args.emplace_back(rows(d.inputs.at(name)));
+    c10::IValue r = module.forward(args);
+    while (r.isTuple()) r = r.toTupleRef().elements().at(0);
+    const at::Tensor out = r.toTensor();
+    const at::Tensor g = rows(gradOutput);
+    if (!out.sizes().equals(g.sizes())) {
+      throw ImportError("torchscript: " + spec.file + " returns " + dimsString(out.sizes()) +
+                        " on a micro-batch, not the rows " + dimsString(g.sizes()) +
+                        " of its output " + dimsString(gradOutput.sizes()) +
+                        " (shape key 'microbatches' needs the batch as every input's and the "
+                        "output's first dimension)");
+    }
+    torch::autograd::backward({out}, {g});
+    if (loss) *loss += (out.detach() * g).sum().item<double>();
+    outs.push_back(out.detach());
+  }
+  return outs;
+}
+
 class TorchscriptWorkload final : public Workload {
  public:
   std::string name() const override { return "torchscript"; }
@@ -233,80 +357,14 @@ class TorchscriptWorkload final : public Workload {
                      InputMode mode) const override {
     const ImportSpec spec = ImportSpec::fromJson(shape);
     const auto m = importModel(spec);
-    WorkloadData d;
-    d.inputs = importedInputs(*m, dtype, seed, mode);
-    for (auto& [name, t] : importedParameters(*m, spec, dtype, seed)) d.inputs[name] = t;
-    // The module itself, loaded afresh (its forward updates its buffers), in the case's dtype
-    // and on its device as module.to() puts it, holding the case's parameters.
-    torch::jit::Module module = torch::jit::load(spec.file);
-    // As nn.Module.to(dtype) does: floating parameters and buffers converted, the rest (a bool
-    // mask, num_batches_tracked) moved only. (torch::jit::Module::to converts every buffer.)
-    {
-      at::NoGradGuard noGrad;
-      const auto convert = [&](const at::Tensor& t) {
-        t.set_data(at::isFloatingType(t.scalar_type()) ? t.to(caseDevice(), dtype)
-                                                       : t.to(caseDevice()));
-      };
-      for (const auto& p : module.named_parameters(true)) convert(p.value);
-      for (const auto& b : module.named_buffers(true)) convert(b.value);
-    }
-    module.train();
-    std::map<std::string, at::Tensor> own;
-    for (const auto& p : module.named_parameters(true)) own[p.name] = p.value;
-    {
-      at::NoGradGuard noGrad;
-      for (const auto& [name, dims] : m->graph.parameters) own.at(name).copy_(d.inputs.at(name));
-    }
-    for (auto& [name, p] : own) {
-      p.set_requires_grad(true);
-      if (p.grad().defined()) p.mutable_grad() = at::Tensor();
-    }
-    // The module's forward and backward on each micro-batch of every input's rows in turn
-    // (one, without `microbatches`), its parameters' gradients accumulated in that order, as a
-    // training loop accumulating gradients does; the output the micro-batches' outputs' rows.
-    const std::vector<int64_t> outShape = m->graph.valueShape(m->graph.output);
-    d.inputs["grad_output"] = makeNormal(outShape, dtype, seed, 999, mode);
-    const int64_t M = spec.microbatches;
-    if (M > 1 && outShape.at(0) % M != 0) {
-      throw ImportError("torchscript: shape key 'microbatches' (" + std::to_string(M) +
-                        ") must divide the output's first dimension (the batch's rows), " +
-                        std::to_string(outShape[0]));
-    }
-    std::vector<at::Tensor> outs;
-    // TorchScript's graph executor runs a module as traced the first time and, from PyTorch
-    // 2.x's profiling executor on, an optimized graph with its own symbolic gradients after
-    // that: the gradients of a module's second run differ from its first in the last bits (GPT-2
-    // on 2.13; never on 1.13). The reference is the module's eager computation on every
-    // micro-batch, as the graph replays it: the executor's optimization is off while it runs.
-    struct NoExecutorOptimization {
-      const bool was = torch::jit::getGraphExecutorOptimize();
-      NoExecutorOptimization() { torch::jit::setGraphExecutorOptimize(false); }
-      ~NoExecutorOptimization() { torch::jit::setGraphExecutorOptimize(was); }
-    } noOptimization;
-    for (int64_t k = 0; k < M; ++k) {
-      const auto rows = [&](const at::Tensor& t) {
-        return M == 1 ? t : t.narrow(0, k * (t.size(0) / M), t.size(0) / M);
-      };
-      std::vector<c10::IValue> args;
-      for (const auto& name : m->dataInputs) args.emplace_back(rows(d.inputs.at(name)));
-      c10::IValue r = module.forward(args);
-      while (r.isTuple()) r = r.toTupleRef().elements().at(0);
-      const at::Tensor out = r.toTensor();
-      const at::Tensor g = rows(d.inputs.at("grad_output"));
-      if (!out.sizes().equals(g.sizes())) {
-        throw ImportError("torchscript: " + spec.file + " returns " + dimsString(out.sizes()) +
-                          " on a micro-batch, not the rows " + dimsString(g.sizes()) +
-                          " of its output " + dimsString(outShape) +
-                          " (shape key 'microbatches' needs the batch as every input's and the "
-                          "output's first dimension)");
-      }
-      torch::autograd::backward({out}, {g});
-      outs.push_back(out.detach());
-    }
-    d.expected["output"] = M == 1 ? outs[0] : at::cat(outs, 0);
+    WorkloadData d = startingData(spec, *m, dtype, seed, mode);
+    LoadedModule l = loadModule(spec, *m, dtype, d.inputs);
+    const NoExecutorOptimization noOptimization;
+    const auto outs = forwardBackward(l.module, spec, *m, d, nullptr);
+    d.expected["output"] = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
     d.checked.push_back("output");
     for (const auto& [name, dims] : m->graph.parameters) {
-      const at::Tensor& p = own.at(name);
+      const at::Tensor& p = l.own.at(name);
       d.expected["grad/" + name] = p.grad().defined() ? p.grad() : at::zeros_like(p);
       d.checked.push_back("grad/" + name);
     }
@@ -315,6 +373,31 @@ class TorchscriptWorkload final : public Workload {
 };
 
 }  // namespace
+
+WorkloadData buildTraining(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                           InputMode mode, const TrainingSpec& training) {
+  const ImportSpec spec = ImportSpec::fromJson(shape);
+  const auto m = importModel(spec);
+  WorkloadData d = startingData(spec, *m, dtype, seed, mode);
+  // The target is grad_output (d loss / d output), which a pipeline's chain and the one-step
+  // executors read under either name.
+  d.inputs["target"] = d.inputs.at("grad_output");
+  LoadedModule l = loadModule(spec, *m, dtype, d.inputs);
+  // The graph's parameters are what every executor holds and steps; a parameter of the module
+  // that no path to the output reads is neither.
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const auto& [name, dims] : m->graph.parameters) params.emplace_back(name, l.own.at(name));
+  TrainingLoop loop(training, params);
+  const NoExecutorOptimization noOptimization;
+  for (int k = 0; k < training.steps; ++k) {
+    for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+    double loss = 0;
+    forwardBackward(l.module, spec, *m, d, &loss);
+    loop.update(loss);
+  }
+  loop.write(d.expected, &d.checked);
+  return d;
+}
 
 const Workload* torchscriptWorkload() {
   static const TorchscriptWorkload w;

@@ -59,6 +59,7 @@
 #include <mutex>
 #include <optional>
 
+#include "harness/error.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/step_trace.h"
 #include "harness/measure/update_profile.h"
@@ -461,8 +462,7 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
     if (c.params.contains("budget")) {
       const auto& b = c.params["budget"];
       if (!b.is_number() || b.get<double>() <= 0) {
-        return Applicability::unsupported("params.budget must be a positive fraction, got " +
-                                          b.dump());
+        throw harness::InputError("params.budget must be a positive fraction, got " + b.dump());
       }
     }
     return Applicability::yes();
@@ -506,12 +506,18 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
 
 void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData& data) {
   harness::MemoryTracker::instance().install();
-  // An imported model's chain holds the reference's tensors: its target is the module's
-  // grad_output, so that the step's gradients are the module's.
-  net_ = case_.workload == "torchscript"
-             ? reference::torchscript::importedChainNet(case_.shape, data)
-             : reference::findChainWorkload(case_.workload)
-                   ->makeNet(case_.shape, case_.dtype, case_.seed);
+  // An imported model's chain holds copies of the reference's tensors: its target is the
+  // module's grad_output, so that the step's gradients are the module's. Copies, because
+  // training steps the chain's parameters in place: on the data's own tensors every strategy
+  // after this one (and the reference's trace) would start from this one's trained parameters.
+  if (case_.workload == "torchscript") {
+    reference::WorkloadData own;
+    for (const auto& [name, t] : data.inputs) own.inputs[name] = t.clone();
+    net_ = reference::torchscript::importedChainNet(case_.shape, own);
+  } else {
+    net_ = reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype,
+                                                                 case_.seed);
+  }
   chain_ = profileChain(*net_, ctx.rank());
   nonePeak_ = simulate(chain_, segmentSchedule(chain_.length(), {0})).peak;
   if (case_.params.contains("budget")) budgetFraction_ = case_.params["budget"].get<double>();

@@ -16,6 +16,7 @@
 // Planted faults: off_by_one, wrong_offset, and per_chunk_reduction, which sums x over the
 // chunk's own k only.
 
+#include "harness/error.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/verify.h"
 #include "harness/registry.h"
@@ -65,7 +66,8 @@ class PairStrategy final : public harness::SingleRankStrategy {
     if (auto refused = stepsRefusal(c, PairShape::parse(c.shape).training)) return *refused;
     if (c.params.contains("chunk") &&
         (!c.params["chunk"].is_number_integer() || c.params["chunk"].get<int64_t>() <= 0)) {
-      return Applicability::unsupported("params.chunk must be a positive integer");
+      throw harness::InputError("params.chunk must be a positive integer, got " +
+                                c.params["chunk"].dump());
     }
     return Applicability::yes();
   }

@@ -49,6 +49,7 @@
 #include <set>
 #include <sstream>
 
+#include "harness/error.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "strategies/pipeline/pipeline_executor.h"
@@ -191,31 +192,42 @@ class PipelineStrategy final : public harness::Strategy {
     TORCH_CHECK(total % p.dp == 0, "the shape's ", total, " micro-batches do not split over ", p.dp,
                 " data-parallel replicas");
     p.microbatches = static_cast<int>(total / p.dp);
+    // A malformed parameter, or a schedule file that cannot be read, is bad input (exit 2),
+    // not a case the pipeline cannot run.
+    const auto input = [](bool ok, const std::string& what) {
+      if (!ok) throw harness::InputError(what);
+    };
     int v = kind_ == "interleaved-1f1b" ? 2 : 1;
     if (c.params.contains("virtual_stages")) {
       const auto& j = c.params["virtual_stages"];
-      TORCH_CHECK(j.is_number_integer() && j.get<int64_t>() >= 1 && j.get<int64_t>() <= 64,
-                  "params.virtual_stages must be an integer from 1 to 64, got ", j.dump());
+      input(j.is_number_integer() && j.get<int64_t>() >= 1 && j.get<int64_t>() <= 64,
+            "params.virtual_stages must be an integer from 1 to 64, got " + j.dump());
       v = static_cast<int>(j.get<int64_t>());
     }
     if (kind_ == "csv") {
-      TORCH_CHECK(c.params.contains("csv") && c.params["csv"].is_string(),
-                  "pipeline/csv needs params.csv, the schedule file");
+      input(c.params.contains("csv") && c.params["csv"].is_string(),
+            "pipeline/csv needs params.csv, the schedule file");
       const std::string file = c.params["csv"].get<std::string>();
       std::error_code ec;
-      TORCH_CHECK(std::filesystem::is_regular_file(file, ec), "pipeline/csv: cannot read ", file,
-                  " (not a regular file)");
-      TORCH_CHECK(std::filesystem::file_size(file, ec) <= (16u << 20), "pipeline/csv: ", file,
-                  " is over 16 MiB");
+      input(std::filesystem::is_regular_file(file, ec),
+            "pipeline/csv: cannot read " + file + " (not a regular file)");
+      input(std::filesystem::file_size(file, ec) <= (16u << 20),
+            "pipeline/csv: " + file + " is over 16 MiB");
       std::ifstream in(file);
-      TORCH_CHECK(in, "pipeline/csv: cannot read ", file);
+      input(static_cast<bool>(in), "pipeline/csv: cannot read " + file);
       std::stringstream text;
       text << in.rdbuf();
-      p.schedule = readScheduleCsv(text.str(), file);
-      TORCH_CHECK(p.schedule.ranks == p.pp, file, " schedules ", p.schedule.ranks,
-                  " ranks; the mesh's axis 0 has ", p.pp);
-      TORCH_CHECK(p.schedule.microbatches == p.microbatches, file, " has ", p.schedule.microbatches,
-                  " micro-batches; the case runs ", p.microbatches, " per replica");
+      try {
+        p.schedule = readScheduleCsv(text.str(), file);
+      } catch (const ScheduleError& e) {
+        throw harness::InputError(e.what());
+      }
+      input(p.schedule.ranks == p.pp, file + " schedules " + std::to_string(p.schedule.ranks) +
+                                          " ranks; the mesh's axis 0 has " + std::to_string(p.pp));
+      input(p.schedule.microbatches == p.microbatches,
+            file + " has " + std::to_string(p.schedule.microbatches) +
+                " micro-batches; the case runs " + std::to_string(p.microbatches) +
+                " per replica");
     } else {
       p.schedule = makeSchedule(kind_, p.pp, p.microbatches, v);
     }
@@ -228,10 +240,10 @@ class PipelineStrategy final : public harness::Strategy {
                   s + 1, " are both on rank ", p.schedule.stageRank[s],
                   ": neighbouring stages on one rank (V-shaped schedules) are not run yet");
     }
-    const std::string cut =
-        c.params.contains("cut") ? c.params["cut"].get<std::string>() : std::string("layers");
-    TORCH_CHECK(cut == "layers" || cut == "balanced", "params.cut must be layers or balanced, got ",
-                cut);
+    const std::string cut = !c.params.contains("cut")      ? std::string("layers")
+                            : c.params["cut"].is_string() ? c.params["cut"].get<std::string>()
+                                                          : c.params["cut"].dump();
+    input(cut == "layers" || cut == "balanced", "params.cut must be layers or balanced, got " + cut);
     if (cut == "layers") {
       p.cut = evenStages(L, p.schedule.stages);
     } else {
@@ -267,6 +279,8 @@ class PipelineStrategy final : public harness::Strategy {
     }
     try {
       plan(c);
+    } catch (const harness::InputError&) {
+      throw;
     } catch (const std::exception& e) {
       std::string msg = e.what();
       if (auto* ce = dynamic_cast<const c10::Error*>(&e)) msg = ce->what_without_backtrace();
@@ -310,8 +324,11 @@ class PipelineStrategy final : public harness::Strategy {
       box.length[0] = rows;
       return box;
     }
-    // Every rank holding a stage that reads the parameter (a tied one's, summed over them).
-    const std::string name = tensor.substr(tensor.find('/') + 1);
+    // Every rank holding a stage that reads the parameter (a tied one's, summed over them):
+    // grad/<name>, param/<name>, state/<name>/<key>. (An imported model's names are looked up
+    // whole; the built-in chains' by their first component, which hid the key.)
+    std::string name = tensor.substr(tensor.find('/') + 1);
+    if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
     for (int layer : layersOf(c, name)) {
       if (p.schedule.stageRank[p.stageOf(layer)] == pipeRank) return box;
     }

@@ -17,6 +17,7 @@
 #include "reference/graph.h"
 #include "reference/torchscript/import.h"
 #include "reference/torchscript/linearize.h"
+#include "reference/training.h"
 
 namespace sb::reference::torchscript {
 namespace {
@@ -337,6 +338,44 @@ TEST(ImportedChain, MicrobatchesAreTheModulesOwnAccumulated) {
   }
   shape["microbatches"] = "2";
   EXPECT_THROW(ImportSpec::fromJson(shape), ImportError);
+}
+
+// Training (buildTraining): one SGD step is the module's one-step gradient stepped by
+// torch::optim, bitwise, whole or in micro-batches; its loss is sum(output * grad_output) of
+// the one-step reference's output, and the target is its grad_output.
+TEST(ImportedTraining, OneSgdStepIsTheModulesOwnGradientStepped) {
+  for (const std::string model : {"gpt2", "llama", "vit"}) {
+    auto shape = shapeOf(model);
+    SKIP_WITHOUT_MODELS(shape);
+    for (const int64_t M : {1, 2}) {
+      if (M > 1) shape["microbatches"] = M;
+      TrainingSpec training;
+      training.steps = 1;
+      training.optimizer.lr = 0.5;
+      const WorkloadData one = torchscriptWorkload()->build(shape, at::kFloat, 5, InputMode::kRandom);
+      const WorkloadData t = buildTraining(shape, at::kFloat, 5, InputMode::kRandom, training);
+      const std::string what = model + " microbatches " + std::to_string(M);
+      EXPECT_TRUE(at::equal(t.inputs.at("target"), one.inputs.at("grad_output"))) << what;
+      const Graph g = buildGraph("torchscript", shape);
+      for (const auto& [name, dims] : g.parameters) {
+        // The inputs keep the initial parameters; the step is p - lr * g.
+        EXPECT_TRUE(at::equal(t.inputs.at(name), one.inputs.at(name))) << what << ": " << name;
+        const at::Tensor want = one.inputs.at(name) - 0.5 * one.expected.at("grad/" + name);
+        EXPECT_TRUE(at::allclose(t.expected.at("param/" + name), want, 0, 1e-7))
+            << what << ": param/" << name;
+      }
+      const at::Tensor out = one.expected.at("output");
+      const int64_t rows = out.size(0) / M;
+      double loss = 0;
+      for (int64_t m = 0; m < M; ++m) {
+        loss += (out.narrow(0, m * rows, rows) * one.inputs.at("grad_output").narrow(0, m * rows, rows))
+                    .sum()
+                    .item<double>();
+      }
+      EXPECT_EQ(t.expected.at("loss").item<double>(), loss) << what;
+      EXPECT_EQ(t.checked.front(), "loss") << what;
+    }
+  }
 }
 
 // Planted: cuts also where two activations cross (a residual block split inside, its skip

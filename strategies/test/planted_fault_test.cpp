@@ -192,10 +192,39 @@ TEST(PlanSuite, AMeshThatIsNotTheWorldSizeIsRejected) {
   EXPECT_NE(e.find("mesh 2x2 (4 ranks) but the world size is 8"), std::string::npos) << e;
 }
 
-TEST(PlanSuite, AStrategyNamedByIdThatCannotShardTheShapeSaysWhichDimension) {
-  const auto e = planError(suiteWith({"sharding/linear/S01R=S01R.RR/0"}, {2, 16}));
-  EXPECT_NE(e.find("input dimension 0 has size 2"), std::string::npos) << e;
-  EXPECT_NE(e.find("does not split evenly into 4 shards"), std::string::npos) << e;
+TEST(PlanSuite, AStrategyNamedByIdThatCannotShardTheShapeIsAnUnsupportedRowSayingWhichDimension) {
+  // The user asked for it by name: a row saying why it did not run, as a pattern would give,
+  // never an absent row, and not a refusal of the whole suite.
+  const auto plan = harness::planSuite(suiteWith({"sharding/linear/S01R=S01R.RR/0"}, {2, 16}), {});
+  ASSERT_EQ(plan.size(), 1u);
+  ASSERT_EQ(plan[0].strategies.size(), 1u);
+  const auto& a = plan[0].strategies[0].applicability;
+  EXPECT_EQ(a.kind, harness::Applicability::Kind::kUnsupported);
+  EXPECT_NE(a.reason.find("input dimension 0 has size 2"), std::string::npos) << a.reason;
+  EXPECT_NE(a.reason.find("does not split evenly into 4 shards"), std::string::npos) << a.reason;
+}
+
+TEST(PlanSuite, AStrategyNamedByIdForAnotherKindOfCaseIsRejected) {
+  const auto e = planError(suiteWith({"checkpointing/rotor"}));
+  EXPECT_NE(e.find("t.yaml:3"), std::string::npos) << e;
+  EXPECT_NE(e.find("strategy 'checkpointing/rotor' cannot run it"), std::string::npos) << e;
+}
+
+TEST(PlanSuite, AMalformedParameterIsRejectedNamingTheCaseAndTheKey) {
+  // By id or by pattern alike: a value the user must fix is bad input, not a row.
+  for (const std::string pattern : {"sharding/fsdp/zero3", "sharding/fsdp/.*"}) {
+    harness::Suite s = suiteWith({pattern}, {8, 16}, {2});
+    harness::CaseSpec& c = s.cases[0];
+    c.workload = "mlp";
+    c.shape = {{"batch", 8}, {"d_model", 8}, {"layers", 1}};
+    c.training.steps = 2;
+    c.params = {{"prefetch", 1.5}};
+    const auto e = planError(s);
+    EXPECT_NE(e.find("t.yaml:3"), std::string::npos) << pattern << ": " << e;
+    EXPECT_NE(e.find("params.prefetch must be a whole number of units, 0 to 8, got 1.5"),
+              std::string::npos)
+        << pattern << ": " << e;
+  }
 }
 
 TEST(PlanSuite, APatternRecordsShapesItCannotShardAsUnsupportedRows) {

@@ -139,6 +139,12 @@ TEST(Registry, AOneStepStrategyIsUnsupportedOnACaseWithStepsAndSaysWhatTrains) {
   c.training.steps = 3;
   EXPECT_EQ(harness::applicabilityOf(test::strategy("checkpointing/rotor"), c).kind,
             Applicability::Kind::kNotApplicable);
+  // One that could not run the case even once says why itself, not that it does not train.
+  c.mesh = {3};
+  const Applicability own = harness::applicabilityOf(oneStep, c);
+  EXPECT_EQ(own.kind, Applicability::Kind::kUnsupported);
+  EXPECT_NE(own.reason.find("does not split evenly over 3 ranks"), std::string::npos)
+      << own.reason;
 }
 
 TEST(Registry, ListDescribesShardingSequencesForEveryOperand) {

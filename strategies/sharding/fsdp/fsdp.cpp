@@ -1,7 +1,11 @@
 // Data-parallel training with sharded state: `sharding/fsdp/<kind>`, over a case's optimizer
-// steps (reference/training.h) on the graph workloads (mlp, gpt2, bert). Every rank takes an
-// equal slice of the batch (dim 0 of every data input and of the target); the loss is the sum
-// over the batch, so gradients are summed across ranks, never averaged.
+// steps (reference/training.h) on the graph workloads (mlp, gpt2, bert, llama) and imported
+// models (torchscript). Every rank takes an equal slice of the batch (dim 0 of every data input
+// and of the target); the loss is the sum over the batch, so gradients are summed across ranks,
+// never averaged. An imported model runs on each rank as imported at its rows (its shape
+// constants folded at that size), its constants (buffers, folded tensors) whole on every rank;
+// a model whose operators mix the rows (batch norm) or whose output is not by rows is
+// `unsupported`, saying which (fsdp_plan.h: importedUnsupported).
 //
 //   ddp    parameters, gradients and optimizer state whole on every rank; each gradient
 //          all-reduced after the backward (one call per parameter: no buckets)
@@ -48,6 +52,9 @@
 // hsdp) never frees the first block's unit after its forward (it is gathered again before its
 // backward, into the storage still there): every number and every collective right, the peak
 // over what the memory model promises (modelMemory), and the row fails on that alone.
+// "rank_skips_update" (every kind) lets the last rank's optimizer pass over the parameter with
+// the most rows (its gradient dropped before the update): that rank's copy or shard of it stays
+// where it started, and its norm leaves the others'.
 
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
@@ -59,11 +66,13 @@
 #include <utility>
 
 #include "harness/comm/comm_site.h"
+#include "harness/error.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
 #include "reference/graph.h"
+#include "reference/torchscript/import.h"
 #include "reference/training.h"
 #include "strategies/sharding/auto/plan_trace.h"
 #include "strategies/sharding/fsdp/fsdp_executor.h"
@@ -107,14 +116,15 @@ class FsdpStrategy final : public harness::Strategy {
     if (!reference::hasTrainingReference(c.workload) || !reference::findGraphWorkload(c.workload)) {
       return Applicability::notApplicable("not a graph workload with a training reference");
     }
+    const bool imported = c.workload == "torchscript";
     if (!c.training.enabled()) {
       return Applicability::unsupported(
           "FSDP and ZeRO shard the optimizer's state: the case needs steps: N (and optimizer)");
     }
     if (c.params.contains("reshard_after_forward") &&
         !c.params["reshard_after_forward"].is_boolean()) {
-      return Applicability::unsupported("params.reshard_after_forward must be true or false, got " +
-                                        c.params["reshard_after_forward"].dump());
+      throw harness::InputError("params.reshard_after_forward must be true or false, got " +
+                                c.params["reshard_after_forward"].dump());
     }
     if (fault_ == Fault::kUnitNotResharded && !reshardAfterForward(c)) {
       return Applicability::unsupported(
@@ -122,9 +132,8 @@ class FsdpStrategy final : public harness::Strategy {
           "gathered (reshard_after_forward: false)");
     }
     if (c.params.contains("prefetch") && prefetchDepth(c) < 0) {
-      return Applicability::unsupported(
-          "params.prefetch must be a whole number of units, 0 to 8, got " +
-          c.params["prefetch"].dump());
+      throw harness::InputError("params.prefetch must be a whole number of units, 0 to 8, got " +
+                                c.params["prefetch"].dump());
     }
     if (c.params.contains("param_dtype")) {
       if (!shardsParams(kind_)) {
@@ -133,7 +142,7 @@ class FsdpStrategy final : public harness::Strategy {
             "hsdp");
       }
       if (!paramDtype(c)) {
-        return Applicability::unsupported(
+        throw harness::InputError(
             "params.param_dtype must be bfloat16 or float32 (the case's dtype), got " +
             c.params["param_dtype"].dump());
       }
@@ -149,6 +158,11 @@ class FsdpStrategy final : public harness::Strategy {
           "hsdp shards on mesh axis 1 and replicates on axis 0: "
           "it needs a 2-D mesh, the case has " +
           c.meshString());
+    }
+    if (imported) {
+      const std::string why = importedUnsupported(c);
+      if (!why.empty()) return Applicability::unsupported(why);
+      return Applicability::yes();
     }
     const auto s = reference::GraphShape::parse(c.workload, c.shape);
     if (s.batch % c.meshSize() != 0) {
@@ -271,20 +285,35 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   ctx_ = &ctx;
   layout_ = Layout::of(kind_, case_, ctx.rank());
   const Graph full = reference::buildGraph(case_.workload, case_.shape);
-  nlohmann::json localShape = case_.shape;
-  localShape["batch"] = full.shape.batch / layout_.world;
-  local_ = reference::buildGraph(case_.workload, localShape);
+  local_ = reference::buildGraph(case_.workload, rankShape(case_, layout_.world));
   units_ = Units::of(local_);
-  // This rank's slice of the batch: dim 0 of every data input and of the target.
+  // This rank's slice of the batch: dim 0 of every data input and of the target. An imported
+  // model's constants (a causal mask, rotary tables, positions: buffers and tensors folded from
+  // the trace) are not data: every rank holds them as the model imported at its rows folds
+  // them.
   const auto slice = [&](const at::Tensor& t) {
     const int64_t rows = t.size(0) / layout_.world;
     return t.narrow(0, ctx.rank() * rows, rows).clone();
   };
-  for (const auto& [name, dims] : local_.inputs) inputs_[name] = slice(data.inputs.at(name));
+  std::map<std::string, reference::torchscript::ImportedModel::Constant> constants;
+  if (case_.workload == "torchscript") {
+    constants = reference::torchscript::importModel(
+                    reference::torchscript::ImportSpec::fromJson(local_.importShape))
+                    ->constants;
+  }
+  for (const auto& [name, dims] : local_.inputs) {
+    const auto c = constants.find(name);
+    if (c == constants.end()) {
+      inputs_[name] = slice(data.inputs.at(name));
+    } else {
+      inputs_[name] = reference::torchscript::importedConstant(c->second, case_.dtype);
+      constants_.insert(name);
+    }
+  }
   dataIndex_ = ctx.rank();
   for (const auto& node : local_.nodes) {
     const bool fromData = std::any_of(node.args.begin(), node.args.end(), [&](const auto& a) {
-      return local_.isInput(a) || fromData_.count(a);
+      return (local_.isInput(a) && !constants_.count(a)) || fromData_.count(a);
     });
     if (!fromData) continue;
     for (const auto& o : node.outputs()) {
@@ -464,7 +493,7 @@ double FsdpExecutor::pass() {
     std::map<std::string, at::Tensor> values = inputs_;
     if (mixed()) {  // the root's floating inputs cast, as FSDP2's pre-forward does
       for (auto& [name, t] : values) {
-        if (at::isFloatingType(t.scalar_type())) t = t.to(paramDtype_);
+        if (at::isFloatingType(t.scalar_type()) && !constants_.count(name)) t = t.to(paramDtype_);
       }
     }
     unitGathered_.assign(units_.names.size(), false);
@@ -632,6 +661,15 @@ void FsdpExecutor::step(RankContext& ctx) {
     }
     if (fault_ == Fault::kStaleShard && shardsState(kind_)) {
       for (int i = 0; i < n; ++i) staleShards_[i].mutable_grad() = shards_[i].grad();
+    }
+    if (fault_ == Fault::kRankSkipsUpdate && ctx.rank() == layout_.world - 1) {
+      // The last rank's optimizer passes over the parameter with the most rows (a shard of it
+      // is never empty): its gradient let go, as a parameter left out of a rank's optimizer.
+      int most = 0;
+      for (int i = 1; i < n; ++i) {
+        if (sizes_[i].at(0) > sizes_[most].at(0)) most = i;
+      }
+      stepped[most].second.mutable_grad() = at::Tensor();
     }
     loop_->update(loss);
     // The updated shards back into the whole parameters (zero1, zero2).

@@ -121,7 +121,8 @@ class FsdpExecutor final : public harness::RankExecutor {
   reference::Graph local_;  // the graph at this rank's batch
   Units units_;
   harness::RankContext* ctx_ = nullptr;
-  std::map<std::string, at::Tensor> inputs_;  // this rank's data inputs
+  std::map<std::string, at::Tensor> inputs_;  // this rank's data inputs, and the constants
+  std::set<std::string> constants_;           // an imported model's constant inputs
   at::Tensor target_;
   std::vector<std::string> names_;  // parameters, in graph order
   // From the layout and the graph once, not per collective or node: each parameter's rows per

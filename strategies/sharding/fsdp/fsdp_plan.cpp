@@ -6,6 +6,7 @@
 #include <set>
 
 #include "harness/box.h"
+#include "reference/torchscript/import.h"
 
 namespace sb::strategies::fsdp {
 
@@ -61,6 +62,8 @@ const char* faultName(Fault f) {
       return "replica_own_order";
     case Fault::kUnitNotResharded:
       return "unit_not_resharded";
+    case Fault::kRankSkipsUpdate:
+      return "rank_skips_update";
   }
   return "?";
 }
@@ -98,6 +101,61 @@ int prefetchDepth(const CaseSpec& c) {
   if (it == c.params.end()) return 0;
   if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 8) return -1;
   return static_cast<int>(it->get<int64_t>());
+}
+
+nlohmann::json rankShape(const CaseSpec& c, int ranks) {
+  if (c.workload == "torchscript") {
+    return reference::torchscript::ImportSpec::fromJson(c.shape).rowsOver(ranks).toJson();
+  }
+  nlohmann::json s = c.shape;
+  s["batch"] = reference::GraphShape::parse(c.workload, c.shape).batch / ranks;
+  return s;
+}
+
+std::string importedUnsupported(const CaseSpec& c) {
+  namespace ts = reference::torchscript;
+  const ts::ImportSpec spec = ts::ImportSpec::fromJson(c.shape);
+  if (spec.microbatches > 1) {
+    return "the reference accumulates micro-batches (shape key microbatches), the pipeline's; "
+           "a data-parallel step runs each rank's rows of the whole batch at once";
+  }
+  const int ranks = static_cast<int>(c.meshSize());
+  const auto whole = ts::importModel(spec);
+  for (const auto& n : whole->graph.nodes) {
+    const bool batchNorm =
+        n.shape.op == "batch_norm" ||
+        (n.shape.op == "aten" &&
+         n.shape.attrs.value("schema", std::string()).find("batch_norm") != std::string::npos);
+    if (batchNorm) {
+      return "batch norm (" + n.name +
+             "): each rank would normalise its rows by their own statistics, not the whole "
+             "batch's as the reference does (SyncBatchNorm's all-reduce is not run here)";
+    }
+  }
+  std::shared_ptr<const ts::ImportedModel> local;
+  try {
+    local = ts::importModel(spec.rowsOver(ranks));
+  } catch (const ts::ImportError& e) {
+    return std::string("a rank's rows of the batch: ") + e.what();
+  }
+  const Graph& g = whole->graph;
+  const Graph& l = local->graph;
+  const auto out = g.valueShape(g.output), localOut = l.valueShape(l.output);
+  if (out.empty() || localOut.empty() || out[0] != localOut[0] * ranks) {
+    return "the output's first dimension is not the batch: " + reference::dimsString(out) +
+           " on the whole batch, " + reference::dimsString(localOut) + " on one of " +
+           std::to_string(ranks) + " ranks' rows (the loss must be a sum over rows split over "
+           "the ranks)";
+  }
+  bool same = g.nodes.size() == l.nodes.size() && g.parameters == l.parameters;
+  for (size_t j = 0; same && j < g.nodes.size(); ++j) {
+    same = g.nodes[j].name == l.nodes[j].name && g.nodes[j].args == l.nodes[j].args;
+  }
+  if (!same) {
+    return "the model imports at one rank's rows into another graph than at the whole batch's "
+           "(the trace folds the batch size into its operators)";
+  }
+  return "";
 }
 
 std::vector<int> forwardOrder(const Units& u, const Graph& g) {
@@ -161,12 +219,28 @@ Units Units::of(const Graph& g) {
     u.params[unit].push_back(name);
     u.unitOfParam[name] = unit;
   }
-  // Where each unit's forward ends, and what it hands on.
+  // Where each unit's forward ends: its last node reading one of its parameters, or a value
+  // computed from parameters alone that holds them (an imported linear's weight transpose, a
+  // view of the gathered storage, read by the addmm after it: where a linear has no bias, the
+  // transpose is the last node that reads the weight itself). And what it hands on.
   const int nodes = static_cast<int>(g.nodes.size());
   u.lastNode.assign(u.names.size(), -1);
+  std::map<std::string, std::set<int>> heldUnits;  // a value of parameters alone: whose
   for (int j = 0; j < nodes; ++j) {
+    std::set<int> reads;
+    bool parametersAlone = true;
     for (const auto& a : g.nodes[j].args) {
-      if (g.isParameter(a)) u.lastNode[u.unitOfParam.at(a)] = j;
+      if (g.isParameter(a)) {
+        reads.insert(u.unitOfParam.at(a));
+      } else if (const auto it = heldUnits.find(a); it != heldUnits.end()) {
+        reads.insert(it->second.begin(), it->second.end());
+      } else {
+        parametersAlone = false;
+      }
+    }
+    for (int unit : reads) u.lastNode[unit] = j;
+    if (parametersAlone && !reads.empty()) {
+      for (const auto& o : g.nodes[j].outputs()) heldUnits[o] = reads;
     }
   }
   u.handedOn.assign(u.names.size(), {});

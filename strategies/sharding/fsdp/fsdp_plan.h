@@ -26,11 +26,13 @@ enum class Fault {
   kHsdpWrongAxis,
   kReplicaUnsummed,
   kReplicaOwnOrder,
-  kUnitNotResharded
+  kUnitNotResharded,
+  kRankSkipsUpdate
 };
 inline constexpr Fault kFaults[] = {Fault::kGradDividedTwice, Fault::kStaleShard,
                                     Fault::kHsdpWrongAxis,    Fault::kReplicaUnsummed,
-                                    Fault::kReplicaOwnOrder,  Fault::kUnitNotResharded};
+                                    Fault::kReplicaOwnOrder,  Fault::kUnitNotResharded,
+                                    Fault::kRankSkipsUpdate};
 
 const char* kindName(Kind k);    // "ddp", "zero1", ...
 const char* faultName(Fault f);  // "grad_divided_twice", ...
@@ -50,6 +52,18 @@ int prefetchDepth(const harness::CaseSpec& c);
 // units gathered and computed in bfloat16, gradients reduced in float32 into float32 shards
 // that the optimizer steps. The case's dtype where absent; nullopt where not a dtype it takes.
 std::optional<at::ScalarType> paramDtype(const harness::CaseSpec& c);
+
+// Why FSDP cannot train the imported model (workload torchscript) of `c` on its ranks, or ""
+// where it can: each rank runs the model imported at its rows of the batch (rankShape), so
+// every input's first dimension must be the batch and divide over the ranks, the model must
+// import at that size into the same graph, its output's first dimension must be the batch, and
+// no operator may mix the rows (batch norm's statistics over the batch are not the sum of the
+// ranks'). Micro-batches are the pipeline's reference, not a data-parallel step.
+std::string importedUnsupported(const harness::CaseSpec& c);
+// The shape of one data-parallel rank's slice of the case's batch (every rank the same number
+// of rows): a graph workload's batch over `ranks`; an imported model's every input's first
+// dimension over `ranks`.
+nlohmann::json rankShape(const harness::CaseSpec& c, int ranks);
 
 inline bool shardsParams(Kind k) { return k == Kind::kZero3 || k == Kind::kHsdp; }
 inline bool shardsState(Kind k) { return k != Kind::kDdp; }
