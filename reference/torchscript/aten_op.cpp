@@ -349,7 +349,10 @@ AtenSaved atenSavedTensors(const OpShape& s, at::ScalarType dtype,
           if (out[j].defined() && out[j].requires_grad() && !saved.passThrough &&
               (outputGrads.empty() || (j < outputGrads.size() && outputGrads[j]))) {
             roots.push_back(out[j]);
-            rootGrads.push_back(at::zeros_like(out[j]));
+            // Contiguous, as the gradients a consumer's backward hands on mostly are (a
+            // select's, a view's): an operator whose output is laid out otherwise (2.x's LSTM,
+            // batch_first: a transpose of its time-major buffer) copies it in its backward.
+            rootGrads.push_back(at::zeros(out[j].sizes(), out[j].options()));
           }
         }
         for (const at::Tensor& x : in) {
