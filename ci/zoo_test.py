@@ -43,10 +43,6 @@ KNOWN = {
     # judged bitwise.
     ("lstm", r"checkpointing/(full|revolve|sqrt|greedy|rotor|none)", "2."):
         "2.x's LSTM: oneDNN's kernel in an untaped forward (1 ulp)",
-    # The plans' peaks on 2.x are 4,096 B (2%) above the replay's, inside the stated 5%, but
-    # over a limit 0.3% above the plan's prediction (not found yet: the probe sees the LSTM
-    # node's own allocations exactly on 1.13).
-    ("lstm", r"binding limit", "2."): "2.x: 4,096 B the replay misses (2%, under the 5% claimed)",
     # Batch norm right after a bias-free convolution that follows batch norm: the first norm's
     # bias has no effect on the loss, its gradient is zero by structure, and what both sides
     # compute is rounding, judged against a tolerance from the result (issue 59).

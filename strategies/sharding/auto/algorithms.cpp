@@ -299,26 +299,30 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
     }
     return *leastCache;
   };
+  // A plan of the program's selection, with the solver's record of it.
+  const auto takeSelection = [&](ShardingPlan& q, const Selection& sel) {
+    q.choice = m.planOf(p, sel.choice);
+    q.solver.algo = o.algo;
+    q.solver.status = sel.status;
+    q.solver.objectiveUs = sel.objective;
+    q.solver.bound = sel.bound;
+    q.solver.gap = sel.gap;
+    q.solver.seconds += sel.seconds;
+    q.solver.variables = sel.variables;
+    q.solver.constraints = sel.constraints;
+    q.solver.classes = static_cast<int>(p.problem.vars.size());
+    q.solver.memoryLimit = o.memoryLimit;
+    q.predictedStepUs = m.stepUs(q.choice);
+  };
   const auto unlimitedIfItFits = [&]() -> std::optional<ShardingPlan> {
     SelectionProblem unlimited = p.problem;
     unlimited.memoryLimit = 0;
     const Selection sel = solveIlp(unlimited, so);
     if ((sel.status != "optimal" && sel.status != "feasible") || anyBarred(sel)) return {};
     ShardingPlan fast = plan;
-    fast.choice = m.planOf(p, sel.choice);
+    takeSelection(fast, sel);
     fast.predictMemory(m);
     if (!fitsByReplay(fast)) return {};
-    fast.solver.algo = o.algo;
-    fast.solver.status = sel.status;
-    fast.solver.objectiveUs = sel.objective;
-    fast.solver.bound = sel.bound;
-    fast.solver.gap = sel.gap;
-    fast.solver.seconds += sel.seconds;
-    fast.solver.variables = sel.variables;
-    fast.solver.constraints = sel.constraints;
-    fast.solver.classes = static_cast<int>(p.problem.vars.size());
-    fast.solver.memoryLimit = o.memoryLimit;
-    fast.predictedStepUs = m.stepUs(fast.choice);
     return fast;
   };
   // Where the program's rounds end without a plan that fits by the replay: one known to fit,
@@ -392,19 +396,8 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
                             " bytes by the replay of its step",
                         static_cast<double>(leastPlan.predictedPeakBytes));
     }
-    plan.choice = m.planOf(p, sel.choice);
-    plan.solver.algo = o.algo;
-    plan.solver.status = sel.status;
-    plan.solver.objectiveUs = sel.objective;
-    plan.solver.bound = sel.bound;
-    plan.solver.gap = sel.gap;
-    plan.solver.seconds += sel.seconds;
-    plan.solver.variables = sel.variables;
-    plan.solver.constraints = sel.constraints;
-    plan.solver.classes = static_cast<int>(p.problem.vars.size());
-    plan.solver.memoryLimit = o.memoryLimit;
+    takeSelection(plan, sel);
     plan.solver.rounds = round + 1;
-    plan.predictedStepUs = m.stepUs(plan.choice);
     const auto replayStart = std::chrono::steady_clock::now();
     plan.predictMemory(m);
     plan.solver.replaySeconds +=
