@@ -407,8 +407,7 @@ void Replay::forwardNode(int v) {
                             : adopt(sizes, n.name));
       // Laid out as the operator lays it out (2.x's CPU flash attention returns [B, H, T, D]
       // as a permutation of a [B, T, H, D] buffer: the heads' merge that follows is a view).
-      if (k < 0 && aten.outStrides[j].size() == sizes.size() && sizes == outShapes[j] &&
-          outs.back()->dense()) {
+      if (k < 0 && aten.outStrides[j].size() == sizes.size() && sizes == outShapes[j]) {
         const Dims before = outs.back()->strides;
         outs.back()->strides = aten.outStrides[j];
         if (!outs.back()->dense()) outs.back()->strides = before;
