@@ -43,6 +43,8 @@ struct Applicability {
   static Applicability unsupported(std::string why) { return {Kind::kUnsupported, std::move(why)}; }
 };
 
+class OutOfProcessStep;
+
 // One rank's instance of a strategy for one case. Every rank runs the same code (SPMD).
 class RankExecutor {
  public:
@@ -87,6 +89,31 @@ class RankExecutor {
   virtual bool capturesValues() const { return false; }
   virtual void setCapture(bool on) {}
   virtual std::vector<TraceValue> captured() const { return {}; }
+
+  // A step that runs in another process (a PyTorch rank, strategies/torch/), which this
+  // process's allocation tracker and communicator never see: the facet through which the runner
+  // has that process measure its measured step instead (OutOfProcessStep, below). nullptr: the
+  // step runs here and is measured here (the default).
+  virtual OutOfProcessStep* outOfProcess() { return nullptr; }
+};
+
+// What a step run in another process measured of itself: the rank's peak tensor bytes (what
+// was live at the step's start included) and its collectives, counted where they ran.
+struct OutOfProcessMeasures {
+  int64_t peakBytes = 0;
+  int64_t startBytes = 0;  // what was live when the step began
+  CommStats comm;
+};
+
+// The facet of a RankExecutor whose step runs in another process (RankExecutor::outOfProcess).
+class OutOfProcessStep {
+ public:
+  virtual ~OutOfProcessStep() = default;
+  // The next step() is the measured one: count its collectives and profile its allocations
+  // (the others run unobserved, as timed steps must).
+  virtual void measureNextStep() = 0;
+  // What the last measured step measured.
+  virtual OutOfProcessMeasures measures() const = 0;
 };
 
 // A registered strategy: what it is, where it applies, how it lays out its results, what
@@ -148,6 +175,11 @@ class Strategy {
   }
   // Per-rank calls and bytes of one step, for comparison with what the backend counted.
   virtual CommStats predictComm(const CaseSpec& c, int rank) const = 0;
+  // Whether predictComm() is this strategy's model of its own communication, judged (a row
+  // whose counts differ from it fails), or only a comparison: a PyTorch strategy's counts beside
+  // what stratbench's own executor of the same plan predicts (strategies/torch/), where a
+  // difference is a finding for the record, not the row's failure. Judged by default.
+  virtual bool judgesComm(const CaseSpec& c) const { return true; }
   // The same per node (graph node, module or operator) and phase of the step, as the executor
   // names them with CommSiteScope (harness/comm/comm_site.h), in the step's order; their sum is
   // predictComm(). The runner compares each node's with what the Communicator counted there, so

@@ -159,7 +159,10 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
                            {"predicted_per_node", predictedByNode.has_value()},
                            {"nodes", std::move(nodes)}});
     }
-    if (commProblem.empty() && !(o.counted == predicted)) {
+    if (!strategy.judgesComm(c)) {
+      // A comparison, not a model (strategy.h): whether they agree is kept with the rank's.
+      commRanks.back()["matches_prediction"] = o.counted == predicted;
+    } else if (commProblem.empty() && !(o.counted == predicted)) {
       commProblem = "rank " + std::to_string(o.rank) + " communicated " + o.counted.toString() +
                     " but the strategy predicts " + predicted.toString() +
                     (nodeProblem.empty() ? "" : "; first " + nodeProblem);

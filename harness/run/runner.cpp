@@ -141,6 +141,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       MemoryTracker::instance().resetPeak(r);
       start[r] = MemoryTracker::instance().current(r);
       maybeFireRankFault(options, r);
+      if (OutOfProcessStep* other = execs[r]->outOfProcess()) other->measureNextStep();
       {
         // A one-node strategy's collectives are its node's (comm_site.h); a multi-node
         // executor names its own.
@@ -170,6 +171,14 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     for (int r : local) {
       out.ranks[slot[r]].counted = world.stats(r);
       out.ranks[slot[r]].wire = world.wireStats(r);
+      // A step run by another process (a PyTorch rank) was measured there.
+      if (const OutOfProcessStep* other = execs[r]->outOfProcess()) {
+        const OutOfProcessMeasures m = other->measures();
+        out.ranks[slot[r]].counted = m.comm;
+        out.ranks[slot[r]].wire = m.comm;
+        peak[r] = m.peakBytes;
+        start[r] = m.startBytes;
+      }
     }
     // Untimed and uncounted: results laid out as the strategy declares them (pending sums
     // reduced), then taken for verification; after the measured step and after the timing.

@@ -474,6 +474,15 @@ MALFORMED = {
 }
 
 
+def build_model(name):
+    """The nn.Module `name` is traced from, before its parameters are set: what a PyTorch-side
+    executor (strategies/torch/rank_runner.py) builds and loads the harness's parameters into."""
+    known = {**MODELS, **ZOO}
+    if name not in known:
+        raise ValueError(f"unknown model '{name}'; expected one of {[*known]}")
+    return known[name][0]()
+
+
 def make_inputs(specs, gen):
     return [torch.randint(s["low"], s["high"], s["shape"], generator=gen)
             if s["dtype"] == "int64" else torch.randn(s["shape"], generator=gen) for s in specs]
@@ -490,7 +499,9 @@ def node_kinds(block, kinds):
 def write_model(name, args, malformed):
     builder, specs, description = (MALFORMED if malformed else {**MODELS, **ZOO})[name]
     path = os.path.join(args.out, name + ".pt")
-    meta = {"file": name + ".pt", "inputs": specs, "description": description}
+    meta = {"file": name + ".pt", "inputs": specs, "description": description,
+            # Where the module comes from, for the torch/* executors (build_model above).
+            "python": {"source": os.path.abspath(__file__), "model": name}}
     with open(os.path.join(args.out, name + ".json"), "w") as f:
         f.write(json.dumps({**meta, "malformed": True} if malformed else meta, indent=1) + "\n")
     if builder is None:

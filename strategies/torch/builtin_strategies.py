@@ -1,0 +1,228 @@
+"""PyTorch's own strategies, applied as a user applies them: the torch/* executors' built-ins.
+
+Each is what rank_runner.py calls a strategy: parallelize(model, mesh, ctx) written with
+PyTorch's public API exactly as torchtitan and PyTorch's tutorials write it, the mesh's axis
+names, the axes the batch is split over, and the deliberate misuses (ctx.fault) that the
+planted-fault tests run to prove a wrong strategy fails its row.
+
+  ddp            DistributedDataParallel over the whole mesh (gradients all-reduced in buckets,
+                 averaged)
+  fsdp2          fully_shard on every block of the model's layer list, then the root
+                 (reshard_after_forward=True: each block gathered again for its backward)
+  fsdp2-keep     the same with reshard_after_forward=False
+  hsdp           fully_shard on a 2-D mesh (replicate, shard): sharded on axis 1, replicated on 0
+  tp             parallelize_module with torchtitan's Megatron plan for a LLaMA written as Meta
+                 writes it (wq/wk/wv/w1/w3 column-wise, wo/w2 row-wise, the embedding row-wise,
+                 the output column-wise gathered): every rank the whole batch
+  sp             the same with sequence parallelism (norms SequenceParallel, the residual stream
+                 sharded on the sequence)
+  checkpoint     torch.utils.checkpoint (non-reentrant) around every block, on one rank
+  sac            selective activation checkpointing: the same with a policy that saves every
+                 matmul's output and recomputes everything else
+
+Planted faults (ctx.fault):
+  grad_divided_twice   ddp, fsdp2, hsdp: the loss not scaled to the batch's sum, so the mean the
+                       strategy takes divides the gradients once more than the reference
+  norm_grad_partial    sp: the norms left out of the plan, so each rank's norm weights see only
+                       its part of the sequence: their gradients are partial sums, stepped as if
+                       whole (torchtitan#1805's kind of bug)
+"""
+
+import functools
+
+import torch
+import torch.nn as nn
+
+
+class Unsupported(Exception):
+    """Raised by parallelize(): the case cannot run this strategy (an `unsupported` row)."""
+
+
+def layer_list(model):
+    """The model's list of blocks: the first nn.ModuleList among its children."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.ModuleList):
+            return name, child
+    raise Unsupported("the model has no nn.ModuleList of blocks to wrap one by one")
+
+
+class Strategy:
+    mesh_dim_names = None
+    batch_axes = ()
+    gradient_mean = True
+    faults = ()
+
+    def applies(self, ctx):
+        if ctx.fault and ctx.fault not in self.faults:
+            return f"no planted fault '{ctx.fault}' (this one has {list(self.faults)})"
+        return None
+
+    def loss_scale(self, ctx):
+        scale = 1
+        for a in self.batch_axes:
+            scale *= ctx.mesh.size(ctx.mesh.mesh_dim_names.index(a))
+        # grad_divided_twice: the loss of a rank's rows unscaled, under a mean over the ranks.
+        return 1 if ctx.fault == "grad_divided_twice" else scale
+
+
+class DDP(Strategy):
+    mesh_dim_names = ("dp",)
+    batch_axes = ("dp",)
+    faults = ("grad_divided_twice",)
+
+    def applies(self, ctx):
+        if len(ctx.case["mesh"]) != 1:
+            return "ddp runs on a 1-D mesh"
+        return super().applies(ctx)
+
+    def parallelize(self, model, mesh, ctx):
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, process_group=mesh.get_group("dp"))
+
+
+class FSDP2(Strategy):
+    mesh_dim_names = ("dp",)
+    batch_axes = ("dp",)
+    faults = ("grad_divided_twice",)
+
+    def __init__(self, reshard_after_forward=True, hsdp=False):
+        self.reshard = reshard_after_forward
+        if hsdp:
+            self.mesh_dim_names = ("replicate", "shard")
+            self.batch_axes = ("replicate", "shard")
+
+    def applies(self, ctx):
+        want = len(self.mesh_dim_names)
+        if len(ctx.case["mesh"]) != want:
+            return f"needs a {want}-D mesh ({', '.join(self.mesh_dim_names)})"
+        return super().applies(ctx)
+
+    def parallelize(self, model, mesh, ctx):
+        from torch.distributed.fsdp import fully_shard
+        _, blocks = layer_list(model)
+        for block in blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard)
+        return model
+
+
+def _meta_llama_layers(model):
+    _, blocks = layer_list(model)
+    need = ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "w1", "w2", "w3",
+            "attention_norm", "ffn_norm")
+    for block in blocks:
+        names = dict(block.named_modules())
+        if any(n not in names for n in need) or not hasattr(model, "tok_embeddings"):
+            raise Unsupported("the tp/sp plans are written for a LLaMA as Meta writes it "
+                              f"(tok_embeddings, layers[i].{{{', '.join(need)}}}, norm, output); "
+                              "this model is not one")
+    return blocks
+
+
+class TensorParallel(Strategy):
+    mesh_dim_names = ("tp",)
+    gradient_mean = False
+
+    def __init__(self, sequence_parallel):
+        self.sp = sequence_parallel
+        self.faults = ("norm_grad_partial",) if sequence_parallel else ()
+
+    def applies(self, ctx):
+        if len(ctx.case["mesh"]) != 1:
+            return "tp/sp run on a 1-D mesh (composed with FSDP: the composition issue)"
+        return super().applies(ctx)
+
+    def parallelize(self, model, mesh, ctx):
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                       RowwiseParallel, SequenceParallel,
+                                                       parallelize_module)
+        blocks = _meta_llama_layers(model)
+        tp = mesh.size(0)
+        for block in blocks:
+            a = block.attention
+            if a.heads % tp or a.kv_heads % tp:
+                raise Unsupported(f"{a.heads} heads and {a.kv_heads} kv heads do not divide over "
+                                  f"{tp} tensor-parallel ranks")
+        if self.sp:
+            root = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(),
+                                                      output_layouts=Shard(1)),
+                    "norm": SequenceParallel(),
+                    "output": ColwiseParallel(input_layouts=Shard(1),
+                                              output_layouts=Replicate())}
+        else:
+            root = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+                    "output": ColwiseParallel(output_layouts=Replicate())}
+        if ctx.fault == "norm_grad_partial":
+            root.pop("norm")
+        parallelize_module(model, mesh, root)
+        for block in blocks:
+            plan = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+                    "attention.wv": ColwiseParallel()}
+            if self.sp:
+                plan.update({
+                    "attention_norm": SequenceParallel(),
+                    "attention": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                    desired_input_layouts=(Replicate(),),
+                                                    use_local_output=True),
+                    "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                    "ffn_norm": SequenceParallel(),
+                    "w1": ColwiseParallel(input_layouts=Shard(1)),
+                    "w3": ColwiseParallel(input_layouts=Shard(1)),
+                    "w2": RowwiseParallel(output_layouts=Shard(1))})
+                if ctx.fault == "norm_grad_partial":
+                    del plan["attention_norm"], plan["ffn_norm"]
+            else:
+                plan.update({"attention.wo": RowwiseParallel(), "w1": ColwiseParallel(),
+                             "w3": ColwiseParallel(), "w2": RowwiseParallel()})
+            parallelize_module(block, mesh, plan)
+            # Each rank's attention runs its share of the heads (Meta's n_local_heads).
+            block.attention.heads //= tp
+            block.attention.kv_heads //= tp
+        return model
+
+
+class Checkpoint(Strategy):
+    mesh_dim_names = ("dp",)
+    gradient_mean = False
+
+    def __init__(self, selective):
+        self.selective = selective
+
+    def applies(self, ctx):
+        if ctx.case["mesh"] != [1]:
+            return "checkpointing runs on one rank (mesh: 1)"
+        return super().applies(ctx)
+
+    def parallelize(self, model, mesh, ctx):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import \
+            checkpoint_wrapper
+        name, blocks = layer_list(model)
+        for i, block in enumerate(blocks):
+            if self.selective:
+                from torch.utils.checkpoint import create_selective_checkpoint_contexts
+                blocks[i] = checkpoint_wrapper(block, context_fn=functools.partial(
+                    create_selective_checkpoint_contexts, save_matmuls))
+            else:
+                blocks[i] = checkpoint_wrapper(block)
+        return model
+
+
+def save_matmuls(ctx, op, *args, **kwargs):
+    """The selective policy: every matmul's output saved, everything else recomputed."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+               torch.ops.aten.bmm.default, torch.ops.aten.matmul.default)
+    return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+STRATEGIES = {
+    "ddp": DDP(),
+    "fsdp2": FSDP2(reshard_after_forward=True),
+    "fsdp2-keep": FSDP2(reshard_after_forward=False),
+    "hsdp": FSDP2(hsdp=True),
+    "tp": TensorParallel(sequence_parallel=False),
+    "sp": TensorParallel(sequence_parallel=True),
+    "checkpoint": Checkpoint(selective=False),
+    "sac": Checkpoint(selective=True),
+}

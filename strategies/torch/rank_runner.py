@@ -1,0 +1,524 @@
+"""One rank of a torch/* executor: PyTorch's own strategy run as a stratbench row.
+
+The harness (strategies/torch/torch_strategy.cpp) starts one of these per rank, with RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them, stdin carrying its commands
+(one JSON object a line) and the file descriptor SB_REPLY_FD its replies; stdout and stderr go to
+a log the harness quotes when something fails. The ranks meet in a torch.distributed gloo group,
+build a DeviceMesh of the case's shape, and run the strategy there as a user's training loop
+would. The harness keeps the case, the reference, the verdicts and the record; this file only
+runs steps and hands back what they left.
+
+Commands and replies:
+  prepare {case, bundle}  reads the initial parameters, the data inputs and the target from the
+                          bundle (tensor_bundle.py) the harness wrote, builds the model (the
+                          Python module the case's TorchScript file was traced from), hands it to
+                          the strategy's parallelize(), and keeps its initial local tensors.
+                          -> {ok, torch} | {unsupported: why}
+  step {measure}          runs the case: `steps` optimizer steps (or one forward and backward)
+                          from the initial parameters, every time. With measure, the
+                          collectives are counted (a dispatch mode over c10d's and the
+                          functional collectives' operators) and the tensor allocations
+                          profiled. -> {ok, seconds[, comm, peak_bytes, start_bytes]}
+  results {path}          writes this rank's local tensors, named as the reference names them,
+                          and their placements on the whole mesh. -> {ok}
+  exit
+Any failure replies {error: text, traceback}; the harness records the row as an error.
+
+A strategy (builtin_strategies.py, or a user's file) is a module or object with:
+  parallelize(model, mesh, ctx) -> model     required: what the user's own code does
+  MESH_DIM_NAMES / mesh_dim_names            the mesh's axis names (default dim0, dim1, ...)
+  BATCH_AXES / batch_axes                    the axes the batch is split over (default none)
+  GRADIENT_MEAN / gradient_mean              True where the gradients are averaged over the
+                                             batch axes (DDP, FSDP: the default); the loss of a
+                                             rank is then scaled by their size so that the
+                                             gradients are the sum the reference computes
+  applies(ctx) -> None | str                 why the case cannot run (an `unsupported` row)
+"""
+
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def reply_channel():
+    fd = int(os.environ.get("SB_REPLY_FD", "1"))
+    return os.fdopen(fd, "w", buffering=1)
+
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+    import tensor_bundle
+except Exception as e:  # a missing or broken PyTorch: every command says so
+    IMPORT_ERROR = f"{type(e).__name__}: {e}"
+else:
+    IMPORT_ERROR = None
+
+
+# ---- Counting collectives -------------------------------------------------------------------
+# Bytes follow stratbench's convention (harness/comm/comm.h, nccl-tests' "size"): all-reduce and
+# broadcast the buffer, all-gather the gathered output, reduce-scatter the full input,
+# all-to-all the send buffer, a send its bytes and a receive none.
+def _nbytes(x):
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(y) for y in x)
+    return 0
+
+
+COLLECTIVES = {
+    "c10d::allreduce_": ("all_reduce", lambda a: _nbytes(a[0])),
+    "c10d::allreduce_coalesced_": ("all_reduce", lambda a: _nbytes(a[0])),
+    "c10d::allgather_": ("all_gather", lambda a: _nbytes(a[0])),
+    "c10d::_allgather_base_": ("all_gather", lambda a: _nbytes(a[0])),
+    "c10d::allgather_coalesced_": ("all_gather", lambda a: _nbytes(a[0])),
+    "c10d::allgather_into_tensor_coalesced_": ("all_gather", lambda a: _nbytes(a[0])),
+    "c10d::reduce_scatter_": ("reduce_scatter", lambda a: _nbytes(a[1])),
+    "c10d::_reduce_scatter_base_": ("reduce_scatter", lambda a: _nbytes(a[1])),
+    "c10d::reduce_scatter_tensor_coalesced_": ("reduce_scatter", lambda a: _nbytes(a[1])),
+    "c10d::alltoall_": ("all_to_all", lambda a: _nbytes(a[1])),
+    "c10d::alltoall_base_": ("all_to_all", lambda a: _nbytes(a[1])),
+    "c10d::broadcast_": ("broadcast", lambda a: _nbytes(a[0])),
+    "c10d::barrier": ("barrier", lambda a: 0),
+    "c10d::send": ("send_recv", lambda a: _nbytes(a[0])),
+    "c10d::recv_": ("send_recv", lambda a: 0),
+    "c10d::recv_any_source_": ("send_recv", lambda a: 0),
+    "_c10d_functional::all_reduce": ("all_reduce", lambda a: _nbytes(a[0])),
+    "_c10d_functional::all_reduce_": ("all_reduce", lambda a: _nbytes(a[0])),
+    "_c10d_functional::all_reduce_coalesced": ("all_reduce", lambda a: _nbytes(a[0])),
+    "_c10d_functional::all_gather_into_tensor": ("all_gather", lambda a: _nbytes(a[0]) * a[1]),
+    "_c10d_functional::all_gather_into_tensor_coalesced":
+        ("all_gather", lambda a: _nbytes(a[0]) * a[1]),
+    "_c10d_functional::reduce_scatter_tensor": ("reduce_scatter", lambda a: _nbytes(a[0])),
+    "_c10d_functional::reduce_scatter_tensor_coalesced":
+        ("reduce_scatter", lambda a: _nbytes(a[0])),
+    "_c10d_functional::all_to_all_single": ("all_to_all", lambda a: _nbytes(a[0])),
+    "_c10d_functional::broadcast": ("broadcast", lambda a: _nbytes(a[0])),
+}
+NOT_COLLECTIVES = {"_c10d_functional::wait_tensor", "_c10d_functional::_wrap_tensor_autograd",
+                   "c10d::monitored_barrier_"}
+
+if IMPORT_ERROR is None:
+    class CommCounter(TorchDispatchMode):
+        """Counts every collective operator dispatched while it is on, by stratbench's kinds;
+        an operator of c10d's namespaces it does not know is an error (nothing is dropped)."""
+
+        def __init__(self):
+            super().__init__()
+            self.counts = {}
+            self.unknown = []
+            self.paused = False
+
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func._schema.name.replace("_c10d_functional_autograd::",
+                                             "_c10d_functional::")
+            if not self.paused and name.split("::")[0] in ("c10d", "_c10d_functional"):
+                if name in COLLECTIVES:
+                    kind, size = COLLECTIVES[name]
+                    calls, nbytes = self.counts.get(kind, (0, 0))
+                    self.counts[kind] = (calls + 1, nbytes + size(args))
+                elif name not in NOT_COLLECTIVES:
+                    self.unknown.append(name)
+            return func(*args, **kwargs)
+
+        @contextlib.contextmanager
+        def pause(self):
+            was, self.paused = self.paused, True
+            try:
+                yield
+            finally:
+                self.paused = was
+
+
+def profiled_peak(prof):
+    """The most the step's tensor allocations held above what was live when it began, from the
+    profiler's memory events in time order."""
+    events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]"]
+    events.sort(key=lambda e: e[0])
+    current = peak = 0
+    for _, n in events:
+        current += n
+        peak = max(peak, current)
+    return peak
+
+
+# ---- Placements -----------------------------------------------------------------------------
+def placement_text(p):
+    if p.is_shard():
+        if type(p).__name__ != "Shard":  # _StridedShard: not a torch.chunk piece
+            raise ValueError(f"placement {p!r} is not one stratbench lays out")
+        return f"Shard({p.dim})"
+    if p.is_replicate():
+        return "Replicate()"
+    if p.is_partial():
+        return "Partial(sum)"
+    raise ValueError(f"placement {p!r} is not one stratbench lays out")
+
+
+class Rank:
+    def __init__(self):
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+
+    # -- prepare ---------------------------------------------------------------------------
+    def prepare(self, msg):
+        from torch.distributed.device_mesh import init_device_mesh
+        case = msg["case"]
+        self.case = case
+        tensors, _ = tensor_bundle.read(msg["bundle"])
+        self.dtype = getattr(torch, case["dtype"])
+        torch.manual_seed(case["seed"])
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.world)
+        self.strategy = load_strategy(case)
+        mesh_shape = tuple(case["mesh"])
+        names = tuple(attr(self.strategy, "mesh_dim_names", None) or
+                      [f"dim{i}" for i in range(len(mesh_shape))])
+        if len(names) != len(mesh_shape):
+            return {"unsupported": f"the strategy names {len(names)} mesh axes {list(names)}, "
+                                   f"the case's mesh has {len(mesh_shape)}"}
+        self.mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+        self.names = names
+        self.batch_axes = tuple(attr(self.strategy, "batch_axes", ()))
+        self.ctx = types.SimpleNamespace(
+            mesh=self.mesh, case=case, params=case.get("params", {}), dtype=self.dtype,
+            fault=case.get("fault") or None, world_size=self.world, rank=self.rank,
+            batch_axes=self.batch_axes)
+        applies = attr(self.strategy, "applies", None)
+        why = applies(self.ctx) if applies else None
+        # The batch is split over the batch axes in torch.chunk's pieces of equal rows.
+        self.replicas = 1
+        for a in self.batch_axes:
+            self.replicas *= self.mesh.size(names.index(a))
+        batch = tensors[case["data_inputs"][0]].shape[0]
+        if why is None and batch % self.replicas:
+            why = (f"the batch's {batch} rows do not divide over the {self.replicas} ranks of "
+                   f"the batch axes {list(self.batch_axes)}")
+        if why:
+            return {"unsupported": why}
+
+        model = build_model(case)
+        model = model.to(self.dtype)
+        own = dict(model.named_parameters())
+        missing = [n for n in case["parameters"] if n not in own]
+        if missing:
+            raise ValueError(f"the module built for {case['model_source']} has no parameter "
+                             f"{missing[0]} that the traced graph names (it has "
+                             f"{sorted(own)[:6]}...)")
+        with torch.no_grad():
+            for n in case["parameters"]:
+                own[n].copy_(tensors[n])
+            # Buffers the graph reads (rotary tables, masks, running statistics) as the
+            # reference has them.
+            for n, b in model.named_buffers():
+                if n in tensors and tensors[n].shape == b.shape:
+                    b.copy_(tensors[n])
+        model.train()
+        try:
+            self.model = attr(self.strategy, "parallelize")(model, self.mesh, self.ctx) or model
+        except Exception as e:
+            if type(e).__name__ == "Unsupported":  # the strategy's own word: not this case
+                return {"unsupported": str(e)}
+            raise
+        self.params = []
+        for n, p in self.model.named_parameters():
+            self.params.append((clean_name(n), p))
+        got = {n for n, _ in self.params}
+        lost = [n for n in case["parameters"] if n not in got]
+        if lost:
+            raise ValueError(f"after parallelize() the model has no parameter {lost[0]}")
+        self.initial = [local(p).detach().clone() for _, p in self.params]
+        index = 0
+        for a in self.batch_axes:
+            i = names.index(a)
+            index = index * self.mesh.size(i) + self.mesh.get_local_rank(i)
+        self.rows = lambda t: t.chunk(self.replicas, 0)[index] if self.replicas > 1 else t
+        self.inputs = [self.rows(tensors[n]) for n in case["data_inputs"]]
+        self.target = self.rows(tensors["target"] if "target" in tensors
+                                else tensors["grad_output"])
+        mean = attr(self.strategy, "gradient_mean", True)
+        self.loss_scale = float(self.replicas) if mean and self.batch_axes else 1.0
+        scale = attr(self.strategy, "loss_scale", None)
+        if scale is not None:
+            self.loss_scale = float(scale(self.ctx))
+        return {"ok": True, "torch": torch.__version__}
+
+    # -- step ------------------------------------------------------------------------------
+    def make_optimizer(self):
+        spec = self.case.get("optimizer") or {}
+        params = [p for _, p in self.params]
+        kind = spec.get("kind", "sgd")
+        if kind == "sgd":
+            return torch.optim.SGD(params, lr=spec.get("lr", 0.01),
+                                   momentum=spec.get("momentum", 0.0),
+                                   weight_decay=spec.get("weight_decay", 0.0), foreach=False)
+        if kind == "adamw":
+            betas = spec.get("betas", [0.9, 0.999])
+            return torch.optim.AdamW(params, lr=spec.get("lr", 0.01), betas=tuple(betas),
+                                     eps=spec.get("eps", 1e-8),
+                                     weight_decay=spec.get("weight_decay", 0.0), foreach=False)
+        raise ValueError(f"optimizer kind '{kind}' (expected sgd or adamw)")
+
+    def norm_and_loss(self, loss_sum):
+        """This step's loss over the whole batch and the global gradient norm, in float64:
+        bookkeeping for the record (one all-reduce of two numbers), not the strategy's."""
+        from torch.distributed.tensor import DTensor
+        squares = torch.zeros((), dtype=torch.float64)
+        for _, p in self.params:
+            g = p.grad
+            if g is None:
+                continue
+            if isinstance(g, DTensor):
+                if any(pl.is_partial() for pl in g.placements):
+                    g = g.full_tensor()
+                    squares += g.double().pow(2).sum() / self.world
+                    continue
+                copies = 1
+                for i, pl in enumerate(g.placements):
+                    if not pl.is_shard():
+                        copies *= g.device_mesh.size(i)
+                copies *= self.world // g.device_mesh.size()
+                squares += g.to_local().double().pow(2).sum() / copies
+            else:
+                squares += g.double().pow(2).sum() / self.world
+        # The loss is summed over the batch axes' ranks; the others hold copies of it.
+        both = torch.stack([loss_sum * self.replicas / self.world, squares])
+        dist.all_reduce(both)
+        return both[0].item(), both[1].sqrt().item()
+
+    def run(self, counter=None):
+        training = self.case["steps"] > 0
+        pause = counter.pause if counter else contextlib.nullcontext
+        with torch.no_grad():
+            for (_, p), init in zip(self.params, self.initial):
+                local(p).copy_(init)
+                p.grad = None
+        opt = self.make_optimizer() if training else None
+        self.opt = opt
+        losses, norms = [], []
+        clip = (self.case.get("optimizer") or {}).get("clip_grad_norm", 0.0)
+        for k in range(max(1, self.case["steps"])):
+            if opt:
+                for group in opt.param_groups:
+                    group["lr"] = self.case["lrs"][k]
+            out = self.model(*self.inputs)
+            while isinstance(out, (tuple, list)):
+                out = out[0]
+            out_local = local(out)
+            loss = (out_local * self.target).sum()
+            (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
+            with pause(), torch.no_grad():
+                l, n = self.norm_and_loss(loss.detach().double())
+            losses.append(l)
+            norms.append(n)
+            if training:
+                if clip > 0:
+                    coef = clip / (n + 1e-6)
+                    if coef < 1:
+                        with torch.no_grad():
+                            for _, p in self.params:
+                                if p.grad is not None:
+                                    p.grad.mul_(coef)
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+        self.output = out
+        self.losses, self.norms = losses, norms
+
+    def step(self, msg):
+        if not msg.get("measure"):
+            start = time.perf_counter()
+            self.run()
+            return {"ok": True, "seconds": time.perf_counter() - start}
+        from torch.profiler import ProfilerActivity, profile
+        counter = CommCounter()
+        start_bytes = self.live_bytes()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            start = time.perf_counter()
+            with counter:
+                self.run(counter)
+            seconds = time.perf_counter() - start
+        if counter.unknown:
+            raise RuntimeError(f"the step ran collective operator(s) {sorted(set(counter.unknown))}"
+                               f" that the counter does not know how to count")
+        return {"ok": True, "seconds": seconds, "comm": counter.counts,
+                "peak_bytes": start_bytes + profiled_peak(prof), "start_bytes": start_bytes}
+
+    def live_bytes(self):
+        """The bytes of what a step starts from: parameters, gradients, optimizer state, buffers
+        and the rank's inputs (each storage once)."""
+        seen, total = set(), 0
+
+        def add(t):
+            nonlocal total
+            if isinstance(t, torch.Tensor):
+                t = local(t)
+                s = t.untyped_storage()
+                if s.data_ptr() not in seen and s.nbytes():
+                    seen.add(s.data_ptr())
+                    total += s.nbytes()
+        for _, p in self.params:
+            add(p)
+            add(p.grad)
+        for b in self.model.buffers():
+            add(b)
+        for t in self.inputs + [self.target]:
+            add(t)
+        opt = getattr(self, "opt", None)
+        if opt is not None:
+            for st in opt.state.values():
+                for v in st.values():
+                    add(v)
+        return total
+
+    # -- results ---------------------------------------------------------------------------
+    def full_placements(self, t):
+        """`t`'s placement on every axis of the case's mesh."""
+        from torch.distributed.tensor import DTensor
+        out = ["Replicate()"] * len(self.names)
+        if not isinstance(t, DTensor):
+            return out
+        sub = t.device_mesh.mesh_dim_names
+        if t.device_mesh.ndim == len(self.names) and sub in (None, self.names):
+            return [placement_text(p) for p in t.placements]
+        if not sub or any(n not in self.names for n in sub):
+            raise ValueError(f"a DTensor on mesh {t.device_mesh} whose axes are not named after "
+                             f"the case's mesh axes {list(self.names)}")
+        for n, p in zip(sub, t.placements):
+            out[self.names.index(n)] = placement_text(p)
+        return out
+
+    def results(self, msg):
+        training = self.case["steps"] > 0
+        tensors, placements = {}, {}
+
+        def put(name, t, where):
+            tensors[name] = local(t).detach()
+            placements[name] = where
+
+        replicated = ["Replicate()"] * len(self.names)
+        if training:
+            put("loss", torch.tensor(self.losses, dtype=torch.float64), replicated)
+            put("grad_norm", torch.tensor(self.norms, dtype=torch.float64), replicated)
+            step = None
+            for name, p in self.params:
+                put("param/" + name, p, self.full_placements(p))
+                for key, v in self.opt.state.get(p, {}).items():
+                    if key == "step":
+                        step = float(v)
+                    elif isinstance(v, torch.Tensor):
+                        put(f"state/{name}/{key}", v, self.full_placements(v))
+            if step is not None:
+                put("state/step", torch.tensor([step], dtype=torch.float64), replicated)
+        else:
+            out = self.output
+            where = self.full_placements(out)
+            if self.replicas > 1 and not hasattr(out, "placements"):
+                where = list(where)
+                for a in self.batch_axes:
+                    # The rows of a batch split over several axes nest in axis order.
+                    i = self.names.index(a)
+                    where[i] = "Shard(0)"
+            put("output", out, where)
+            for name, p in self.params:
+                if p.grad is not None:
+                    put("grad/" + name, p.grad, self.full_placements(p.grad))
+        tensor_bundle.write(msg["path"], tensors, {"placements": json.dumps(placements)})
+        return {"ok": True}
+
+
+def attr(strategy, name, default=None):
+    """A strategy's attribute as a module (UPPER_CASE constants, functions) or an object."""
+    for n in (name, name.upper()):
+        if hasattr(strategy, n):
+            return getattr(strategy, n)
+    if default is None and name == "parallelize":
+        raise AttributeError("the strategy has no parallelize(model, mesh, ctx)")
+    return default
+
+
+def local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def clean_name(name):
+    """A parameter's name as the model had it, without the wrappers' prefixes."""
+    for token in ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod."):
+        name = name.replace(token, "")
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def import_file(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None:
+        raise FileNotFoundError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_strategy(case):
+    if case.get("strategy_file"):
+        return import_file(case["strategy_file"], "sb_user_strategy")
+    import builtin_strategies
+    return builtin_strategies.STRATEGIES[case["strategy"]]
+
+
+def build_model(case):
+    """The Python module the case's model was traced from: `source:name`, where the file
+    defines build_model(name) or a callable `name` returning the nn.Module."""
+    source, _, name = case["model_source"].rpartition(":")
+    module = import_file(source, "sb_user_model")
+    if hasattr(module, "build_model"):
+        return module.build_model(name)
+    if not hasattr(module, name):
+        raise ValueError(f"{source} has neither build_model(name) nor a callable '{name}'")
+    return getattr(module, name)()
+
+
+def main():
+    reply = reply_channel()
+
+    def send(obj):
+        reply.write(json.dumps(obj) + "\n")
+        reply.flush()
+    rank = None
+    for line in sys.stdin:
+        msg = json.loads(line)
+        cmd = msg.get("cmd")
+        if cmd == "exit":
+            break
+        if IMPORT_ERROR is not None:
+            send({"unsupported": f"{sys.executable} cannot import torch's distributed pieces "
+                                 f"({IMPORT_ERROR})"})
+            continue
+        try:
+            if cmd == "prepare":
+                rank = Rank()
+                send(rank.prepare(msg))
+            elif cmd == "step":
+                send(rank.step(msg))
+            elif cmd == "results":
+                send(rank.results(msg))
+            else:
+                send({"error": f"unknown command '{cmd}'"})
+        except Exception as e:
+            traceback.print_exc()
+            send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+    if IMPORT_ERROR is None and dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,512 @@
+// PyTorch's own strategies as executors: `torch/<name>`, run by PyTorch in Python processes under
+// torch.distributed, verified, timed and profiled by the harness like any other row.
+//
+// Every rank of the case's mesh starts one Python process, rank_runner.py, with torchrun's
+// environment (RANK, WORLD_SIZE, MASTER_ADDR, and a MASTER_PORT rank 0 picks and broadcasts);
+// the processes meet in a gloo group and build a DeviceMesh of the case's shape. The harness
+// keeps everything but the step: the case, the reference (LibTorch's, from the TorchScript file
+// the user's model was traced to), the verdicts and the record. What crosses over:
+//   prepare   the reference's initial parameters, buffers, data inputs and target, in a tensor
+//             bundle (tensor_bundle.h: safetensors' format) the Python side loads into the
+//             module the file was traced from (the "python" entry trace_models.py writes beside
+//             it, or the case's `params: {model: "file.py:name"}`), then hands to the strategy's
+//             parallelize() as the user's code would be handed it;
+//   step      the case's optimizer steps (or one forward and backward) from those parameters;
+//             the measured one with its collectives counted by a dispatch mode over c10d's
+//             operators and its allocations profiled (OutOfProcessStep);
+//   settle    every rank's local tensors named as the reference names them (loss, grad_norm,
+//             param/..., state/..., or output and grad/...), each with its DTensor placements
+//             on the whole mesh.
+// A local tensor is checked against the slice of the reference its placements declare
+// (placement.h's nested torch.chunk, DTensor's); where a built-in strategy documents its layout
+// (FSDP2 shards dim 0, DDP replicates, the Megatron plan's column- and row-wise weights), that
+// specification is checked against the placements too (specifiedBox), so that a plan that left
+// a weight replicated fails even where its numbers are right.
+//
+// The step's time is the harness's clock around the command (the pipe's round trip is in it,
+// tens of microseconds); the runner's own clock is in the record's details. Memory: the peak of
+// the profiler's allocation events over the step, on what was live at its start (parameters,
+// gradients, optimizer state, buffers, inputs): the same meaning as the tracker's, but without
+// the harness's own copies, which live in this process. Communication is counted, not modelled:
+// predictComm() is the prediction stratbench's own executor of the same plan (its twin) makes,
+// shown beside the counts and not judged (judgesComm).
+//
+// Missing or old Python or PyTorch: every row `unsupported`, saying what the probe found.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <regex>
+
+#include "harness/comm/mesh.h"
+#include "harness/error.h"
+#include "harness/registry.h"
+#include "reference/torchscript/import.h"
+#include "reference/training.h"
+#include "strategies/sharding/layout/placement.h"
+#include "strategies/torch/rank_process.h"
+#include "strategies/torch/tensor_bundle.h"
+
+namespace sb::strategies::torchside {
+namespace {
+
+using harness::Applicability;
+using harness::Box;
+using harness::CaseSpec;
+using harness::CommStats;
+using harness::Family;
+using harness::Layout;
+using harness::Placement;
+
+struct Kind {
+  std::string name;
+  Family family;
+  std::string twin;  // stratbench's executor of the same plan, or ""
+  std::vector<std::string> faults;
+  std::string summary;
+};
+
+const std::vector<Kind>& kinds() {
+  static const std::vector<Kind> table = {
+      {"ddp", Family::kSharding, "sharding/fsdp/ddp", {"grad_divided_twice"},
+       "DistributedDataParallel over a 1-D mesh"},
+      {"fsdp2", Family::kSharding, "sharding/fsdp/zero3", {"grad_divided_twice"},
+       "fully_shard per block and the root, resharded after forward"},
+      {"fsdp2-keep", Family::kSharding, "sharding/fsdp/zero3", {"grad_divided_twice"},
+       "fully_shard with reshard_after_forward=False"},
+      {"hsdp", Family::kSharding, "sharding/fsdp/hsdp", {"grad_divided_twice"},
+       "fully_shard on a 2-D (replicate, shard) mesh"},
+      {"tp", Family::kSharding, "", {}, "parallelize_module, torchtitan's Megatron plan"},
+      {"sp", Family::kSharding, "", {"norm_grad_partial"},
+       "parallelize_module with sequence parallelism"},
+      {"checkpoint", Family::kCheckpointing, "checkpointing/full", {},
+       "torch.utils.checkpoint around every block"},
+      {"sac", Family::kCheckpointing, "", {},
+       "selective activation checkpointing: matmuls saved, the rest recomputed"},
+      {"file", Family::kSharding, "", {},
+       "a user's own parallelize(model, mesh, ctx), from params.strategy_file"},
+  };
+  return table;
+}
+
+std::string envOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+std::string pythonPath() { return envOr("SB_TORCH_PYTHON", SB_TORCH_PYTHON_DEFAULT); }
+std::string runnerPath() {
+  return envOr("SB_TORCH_RUNNER", std::string(SB_SOURCE_DIR) + "/strategies/torch/rank_runner.py");
+}
+double timeoutSec() {
+  const std::string v = envOr("SB_TORCH_TIMEOUT_S", "600");
+  try {
+    return std::stod(v);
+  } catch (const std::exception&) {
+    throw harness::InputError("SB_TORCH_TIMEOUT_S='" + v + "': expected a number of seconds");
+  }
+}
+
+// Whether the Python named by SB_TORCH_PYTHON has the PyTorch these executors need; asked once.
+struct Probe {
+  bool ok = false;
+  std::string version;  // torch.__version__
+  std::string why;
+};
+const Probe& probe() {
+  static Probe p;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string py = pythonPath();
+    const CommandOutput out = runCommand(
+        {py, "-c",
+         "import torch\n"
+         "from torch.distributed.fsdp import fully_shard\n"
+         "from torch.distributed.tensor import DTensor\n"
+         "from torch.distributed.tensor.parallel import parallelize_module\n"
+         "print(torch.__version__)"},
+        120);
+    std::string text = out.output;
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    if (out.status == 0) {
+      p.ok = true;
+      p.version = text.substr(text.rfind('\n') + 1);
+      return;
+    }
+    const size_t nl = text.rfind('\n');
+    p.why = "the torch/* executors need PyTorch 2.x with fully_shard and DTensor in the Python "
+            "SB_TORCH_PYTHON names (" + py + "), which " +
+            (out.status < 0 && text.find("cannot start") != std::string::npos
+                 ? "cannot be started"
+                 : "says: " + (nl == std::string::npos ? text : text.substr(nl + 1)));
+  });
+  return p;
+}
+
+// The module the case's model was traced from, as "file.py:name": params.model, or the
+// "python" entry trace_models.py writes into the JSON beside the TorchScript file. Empty, with
+// `why`, where there is none.
+std::string modelSource(const CaseSpec& c, std::string& why) {
+  if (c.params.contains("model")) {
+    const auto& m = c.params.at("model");
+    if (!m.is_string() || m.get<std::string>().find(':') == std::string::npos) {
+      throw harness::InputError(c.where() + ": params.model: expected \"file.py:name\", got " +
+                                m.dump());
+    }
+    return m.get<std::string>();
+  }
+  const std::string file = c.shape.value("file", "");
+  const std::string sidecar = file.substr(0, file.rfind('.')) + ".json";
+  std::ifstream in(sidecar);
+  nlohmann::json j;
+  try {
+    if (in) j = nlohmann::json::parse(in);
+  } catch (const std::exception&) {
+  }
+  if (!j.contains("python") || !j["python"].contains("source")) {
+    why = "no Python module to build: " + sidecar +
+          " has no \"python\" entry (trace_models.py writes one) and the case no params.model "
+          "(\"file.py:name\")";
+    return "";
+  }
+  return j["python"]["source"].get<std::string>() + ":" + j["python"]["model"].get<std::string>();
+}
+
+int64_t freePort() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (s < 0 || bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (s >= 0) close(s);
+    throw std::runtime_error("cannot find a free port for the PyTorch ranks to meet at");
+  }
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+class TorchStrategy;
+
+class TorchRankExecutor final : public harness::RankExecutor, public harness::OutOfProcessStep {
+ public:
+  TorchRankExecutor(const TorchStrategy& s, const Kind& kind, CaseSpec c, std::string fault)
+      : strategy_(s), kind_(kind), case_(std::move(c)), fault_(std::move(fault)) {}
+  ~TorchRankExecutor() override {
+    proc_.reset();
+    std::error_code ec;
+    if (!dir_.empty() && !std::getenv("SB_TORCH_KEEP")) std::filesystem::remove_all(dir_, ec);
+  }
+
+  void prepare(harness::RankContext& ctx, const reference::WorkloadData& data) override;
+  void step(harness::RankContext& ctx) override;
+  void settle(harness::RankContext& ctx) override;
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+  nlohmann::json details() const override {
+    return {{"torch", version_},
+            {"python", pythonPath()},
+            {"runner_step_seconds", runnerSeconds_},
+            {"twin", kind_.twin}};
+  }
+  OutOfProcessStep* outOfProcess() override { return this; }
+  void measureNextStep() override { measureNext_ = true; }
+  harness::OutOfProcessMeasures measures() const override { return measured_; }
+
+ private:
+  nlohmann::json call(const nlohmann::json& command) {
+    nlohmann::json reply = proc_->call(command, timeoutSec());
+    if (reply.contains("error")) {
+      throw std::runtime_error("PyTorch rank " + std::to_string(rank_) + ": " +
+                               reply["error"].get<std::string>() + " (its log: " +
+                               proc_->logPath() + ", kept with SB_TORCH_KEEP=1)");
+    }
+    return reply;
+  }
+
+  const TorchStrategy& strategy_;
+  const Kind& kind_;
+  CaseSpec case_;
+  std::string fault_;
+  int rank_ = 0;
+  std::string dir_;
+  std::unique_ptr<RankProcess> proc_;
+  std::string version_;
+  double runnerSeconds_ = 0;
+  bool measureNext_ = false;
+  harness::OutOfProcessMeasures measured_;
+  std::map<std::string, at::Tensor> results_;
+};
+
+class TorchStrategy final : public harness::Strategy {
+ public:
+  TorchStrategy(const Kind& kind, std::string fault)
+      : Strategy("torch/" + kind.name, "PyTorch " + kind.name, kind.family),
+        kind_(kind),
+        fault_(std::move(fault)) {}
+
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"runs", kind_.summary + " (PyTorch's own, in Python ranks)"},
+            {"twin", kind_.twin.empty() ? "none" : kind_.twin}};
+  }
+  std::vector<std::string> caseParams() const override {
+    if (kind_.name == "file") return {"model", "strategy_file"};
+    return {"model"};
+  }
+  bool trainsSteps() const override { return true; }
+  bool judgesComm(const CaseSpec&) const override { return false; }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (c.workload != "torchscript") {
+      return Applicability::notApplicable(
+          "torch/* runs imported models (workload torchscript), whose Python module it builds");
+    }
+    if (kind_.name == "file" &&
+        (!c.params.contains("strategy_file") || !c.params.at("strategy_file").is_string())) {
+      throw harness::InputError(c.where() + ": torch/file needs params.strategy_file, the path "
+                                "of a Python file defining parallelize(model, mesh, ctx)");
+    }
+    std::string why;
+    if (modelSource(c, why).empty()) return Applicability::unsupported(why);
+    if (c.device != "cpu") {
+      return Applicability::unsupported("torch/* ranks run on the CPU over gloo here; device " +
+                                        c.device + " is not wired yet");
+    }
+    if (reference::torchscript::ImportSpec::fromJson(c.shape).microbatches > 1) {
+      return Applicability::unsupported("micro-batches are the pipeline family's; torch/* runs "
+                                        "each step on the whole batch");
+    }
+    const Probe& p = probe();
+    if (!p.ok) return Applicability::unsupported(p.why);
+    return Applicability::yes();
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
+    return std::make_unique<TorchRankExecutor>(*this, kind_, c, fault_);
+  }
+
+  // Boxes come from the placements the ranks reported (DTensor's own metadata), never from the
+  // local tensors' shapes: a shard whose contents are not what its placement says mismatches.
+  Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
+    throw std::logic_error("torch/*: a result box needs the tensor's full shape (resultBoxOf)");
+  }
+  Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                  at::IntArrayRef fullShape) const override {
+    std::vector<Placement> placements;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = placements_.find({key(c), tensor});
+      if (it == placements_.end()) return Box::whole(fullShape);  // not reported: a missing result
+      placements = it->second;
+    }
+    const Layout layout = Layout::fromPlacements(placements, static_cast<int>(fullShape.size()));
+    return layout.box(fullShape.vec(), c.mesh, harness::DeviceMesh(c.mesh).coords(rank));
+  }
+  std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
+                                           at::IntArrayRef fullShape) const override;
+
+  CommStats predictComm(const CaseSpec& c, int rank) const override {
+    const harness::Strategy* twin =
+        kind_.twin.empty() ? nullptr : harness::StrategyRegistry::global().find(kind_.twin);
+    if (!twin) return {};
+    CaseSpec t = twinCase(c);
+    if (harness::applicabilityOf(*twin, t).kind != Applicability::Kind::kApplies) return {};
+    return twin->predictComm(t, rank);
+  }
+
+  std::vector<std::string> plantableFaults() const override { return kind_.faults; }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& fault) const override {
+    for (const auto& f : kind_.faults) {
+      if (f == fault) return std::make_unique<TorchStrategy>(kind_, fault);
+    }
+    return nullptr;
+  }
+
+  // What a rank reported of the tensors' placements (the same on every rank: SPMD).
+  void notePlacements(const CaseSpec& c,
+                      const std::map<std::string, std::vector<Placement>>& placements) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, p] : placements) placements_[{key(c), name}] = p;
+  }
+
+ private:
+  static std::string key(const CaseSpec& c) { return c.suite + "/" + c.name; }
+  // The case as the twin reads it (fsdp2-keep is zero3 kept gathered).
+  CaseSpec twinCase(const CaseSpec& c) const {
+    CaseSpec t = c;
+    t.params.erase("model");
+    if (kind_.name == "fsdp2-keep") t.params["reshard_after_forward"] = false;
+    return t;
+  }
+
+  Kind kind_;
+  std::string fault_;
+  mutable std::mutex mu_;
+  mutable std::map<std::pair<std::string, std::string>, std::vector<Placement>> placements_;
+};
+
+// The layout each built-in strategy documents, per result tensor; nullopt for one it leaves
+// to the reported placements (a user's file, a replicated scalar).
+std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
+    const std::string& tensor, const CaseSpec& c, int rank, at::IntArrayRef fullShape) const {
+  const bool param = tensor.rfind("param/", 0) == 0 || tensor.rfind("state/", 0) == 0 ||
+                     tensor.rfind("grad/", 0) == 0;
+  if (!param || tensor == "state/step") return std::nullopt;
+  const int nd = static_cast<int>(fullShape.size());
+  const int axes = static_cast<int>(c.mesh.size());
+  std::vector<Placement> spec(axes, Placement::replicate());
+  std::string text;
+  const std::string& k = kind_.name;
+  if (k == "ddp" || k == "checkpoint" || k == "sac") {
+    text = k + ": every parameter whole on every rank";
+  } else if (k == "fsdp2" || k == "fsdp2-keep" || k == "hsdp") {
+    spec.back() = Placement::shard(0);
+    text = "FSDP2: every parameter sharded on dim 0 over the " +
+           std::string(k == "hsdp" ? "shard axis, replicated over the replicate axis"
+                                   : "mesh");
+  } else if (k == "tp" || k == "sp") {
+    // torchtitan's plan: column-wise projections shard the weight's rows, row-wise ones its
+    // columns, the embedding its rows (vocabulary); norms replicate.
+    static const std::regex colwise(
+        R"(.*(attention\.w[qkv]|\.w1|\.w3)\.weight(/.*)?$|.*/output\.weight(/.*)?$)");
+    static const std::regex rowwise(R"(.*(attention\.wo|\.w2)\.weight(/.*)?$)");
+    static const std::regex embedding(R"(.*/tok_embeddings\.weight(/.*)?$)");
+    if (std::regex_match(tensor, colwise) || std::regex_match(tensor, embedding)) {
+      spec[0] = Placement::shard(0);
+      text = "torchtitan's TP plan: column-wise (or the embedding's rows): Shard(0)";
+    } else if (std::regex_match(tensor, rowwise)) {
+      spec[0] = Placement::shard(1);
+      text = "torchtitan's TP plan: row-wise: Shard(1)";
+    } else {
+      text = "torchtitan's TP plan: norms replicated";
+    }
+  } else {
+    return std::nullopt;
+  }
+  if (nd == 0) return std::nullopt;
+  const Layout layout = Layout::fromPlacements(spec, nd);
+  return SpecifiedBox{layout.box(fullShape.vec(), c.mesh, harness::DeviceMesh(c.mesh).coords(rank)),
+                      text};
+}
+
+void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData& data) {
+  rank_ = ctx.rank();
+  // The ranks meet at a port rank 0 finds free, told to every rank before they start.
+  at::Tensor port = at::zeros({1}, at::kLong);
+  if (ctx.rank() == 0) port[0] = freePort();
+  ctx.world().broadcast(port, 0);
+
+  char dirTemplate[] = "/tmp/sb-torch-XXXXXX";
+  if (!mkdtemp(dirTemplate)) throw std::runtime_error("cannot make a folder under /tmp");
+  dir_ = dirTemplate;
+  TensorBundle in;
+  in.tensors = data.inputs;
+  const std::string bundle = dir_ + "/inputs.safetensors";
+  writeBundle(bundle, in);
+
+  const auto spec = reference::torchscript::ImportSpec::fromJson(case_.shape);
+  const auto model = reference::torchscript::importModel(spec);
+  std::vector<std::string> parameters;
+  for (const auto& [name, dims] : model->graph.parameters) parameters.push_back(name);
+  std::string why;
+  nlohmann::json lrs = nlohmann::json::array();
+  for (int k = 0; k < case_.training.steps; ++k) {
+    lrs.push_back(case_.training.optimizer.lrAt(k, case_.training.steps));
+  }
+  const nlohmann::json caseJson = {
+      {"dtype", harness::dtypeName(case_.dtype)},
+      {"seed", case_.seed},
+      {"mesh", case_.mesh},
+      {"params", case_.params},
+      {"fault", fault_},
+      {"strategy", kind_.name},
+      {"strategy_file", case_.params.value("strategy_file", "")},
+      {"data_inputs", model->dataInputs},
+      {"parameters", parameters},
+      {"steps", case_.training.steps},
+      {"lrs", lrs},
+      {"optimizer", case_.training.optimizer.toJson()},
+      {"model_source", modelSource(case_, why)}};
+
+  const std::map<std::string, std::string> env = {
+      {"RANK", std::to_string(ctx.rank())},
+      {"LOCAL_RANK", std::to_string(ctx.rank())},
+      {"WORLD_SIZE", std::to_string(ctx.mesh().size())},
+      {"MASTER_ADDR", envOr("MASTER_ADDR", "127.0.0.1")},
+      {"MASTER_PORT", std::to_string(port.item<int64_t>())},
+      // As torchrun does: one thread a rank unless the user says otherwise.
+      {"OMP_NUM_THREADS", envOr("OMP_NUM_THREADS", "1")}};
+  proc_ = std::make_unique<RankProcess>(
+      std::vector<std::string>{pythonPath(), "-u", runnerPath()}, env,
+      dir_ + "/rank" + std::to_string(ctx.rank()) + ".log");
+  const nlohmann::json reply =
+      call({{"cmd", "prepare"}, {"case", caseJson}, {"bundle", bundle}});
+  if (reply.contains("unsupported")) {
+    throw harness::UnsupportedCase(reply["unsupported"].get<std::string>());
+  }
+  version_ = reply.value("torch", "");
+}
+
+void TorchRankExecutor::step(harness::RankContext&) {
+  const bool measure = measureNext_;
+  measureNext_ = false;
+  const nlohmann::json reply = call({{"cmd", "step"}, {"measure", measure}});
+  runnerSeconds_ = reply.value("seconds", 0.0);
+  if (!measure) return;
+  measured_ = {};
+  measured_.peakBytes = reply.at("peak_bytes").get<int64_t>();
+  measured_.startBytes = reply.at("start_bytes").get<int64_t>();
+  static const std::map<std::string, harness::Collective> byName = {
+      {"all_reduce", harness::Collective::kAllReduce},
+      {"all_gather", harness::Collective::kAllGather},
+      {"reduce_scatter", harness::Collective::kReduceScatter},
+      {"all_to_all", harness::Collective::kAllToAll},
+      {"broadcast", harness::Collective::kBroadcast},
+      {"barrier", harness::Collective::kBarrier},
+      {"send_recv", harness::Collective::kSendRecv}};
+  for (const auto& [name, counts] : reply.at("comm").items()) {
+    const auto it = byName.find(name);
+    if (it == byName.end()) throw std::logic_error("torch/*: the runner counted '" + name + "'");
+    auto& e = measured_.comm[it->second];
+    e.calls += counts.at(0).get<int64_t>();
+    e.bytes += counts.at(1).get<int64_t>();
+  }
+}
+
+void TorchRankExecutor::settle(harness::RankContext&) {
+  const std::string path = dir_ + "/results.safetensors";
+  call({{"cmd", "results"}, {"path", path}});
+  TensorBundle b = readBundle(path);
+  results_ = std::move(b.tensors);
+  std::map<std::string, std::vector<Placement>> placements;
+  const auto j = nlohmann::json::parse(b.metadata.at("placements"));
+  for (const auto& [name, list] : j.items()) {
+    std::string text = "[";
+    for (size_t i = 0; i < list.size(); ++i) text += (i ? ", " : "") + list[i].get<std::string>();
+    text += "]";
+    const int nd = static_cast<int>(results_.at(name).dim());
+    placements[name] =
+        Layout::parse(text, nd, static_cast<int>(case_.mesh.size())).placements(case_.mesh.size());
+  }
+  strategy_.notePlacements(case_, placements);
+}
+
+std::vector<std::unique_ptr<harness::Strategy>> registerTorch() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  for (const auto& k : kinds()) out.push_back(std::make_unique<TorchStrategy>(k, ""));
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::torchside
+
+SB_REGISTER_STRATEGIES(sb::strategies::torchside::registerTorch);
