@@ -403,6 +403,10 @@ MODELS = {
                             layers=2), [ids(2, 16, 64)],
               "LLaMA style decoder: vocab 64, seq 16, d 32, 4 heads, 2 kv heads (GQA), "
               "SwiGLU hidden 64, RoPE, RMSNorm, 2 layers, untied lm_head"),
+    # Meta's LLaMA (also in the zoo): the model the torch/* executors' TP and SP plans target.
+    "meta_llama": (lambda: MetaLlama(64, 16, 32, 4, 2, 64, 2, complex_rope=False),
+                   [ids(4, 16, 64)], "LLaMA as Meta's code writes it: rsqrt RMSNorm, "
+                   "repeat_interleave GQA, -inf mask added, real rotary, SwiGLU, 2 layers"),
     "mlp_cumsum": (MlpCumsum, [f32(4, 16)],
                    "Linear(16,32) -> cumsum(-1) -> tanh -> Linear(32,16); cumsum has no "
                    "sharding strategy, so it must run replicated"),

@@ -58,10 +58,11 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // the whole-model plans of the four auto-sharding algorithms and the plan read from a file;
   // the five FSDP kinds (ddp, zero1, zero2, zero3, hsdp); the three context-parallel variants
   // (ring/p2p, ring/allgather, ulysses); the five pipeline schedules (gpipe, 1f1b,
-  // interleaved-1f1b, zb-h1, and one read from a CSV).
-  EXPECT_EQ(all.size(), 79u);
+  // interleaved-1f1b, zb-h1, and one read from a CSV); PyTorch's own strategies run in Python
+  // ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, checkpoint, sac, and a user's file).
+  EXPECT_EQ(all.size(), 88u);
   for (const char* id : {"pipeline/gpipe", "pipeline/1f1b", "pipeline/interleaved-1f1b",
-                         "pipeline/zb-h1", "pipeline/csv"}) {
+                         "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/file"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }
   ASSERT_EQ(StrategyRegistry::global().generators().size(), 2u);

@@ -39,8 +39,9 @@ class Unsupported(Exception):
 
 
 def layer_list(model):
-    """The model's list of blocks: the first nn.ModuleList among its children."""
-    for name, child in model.named_children():
+    """The model's list of blocks: the first nn.ModuleList in it (a child, as Meta's and HF's
+    `layers` / `h`, or deeper, as nn.TransformerEncoder's `encoder.layers`)."""
+    for name, child in model.named_modules():
         if isinstance(child, nn.ModuleList):
             return name, child
     raise Unsupported("the model has no nn.ModuleList of blocks to wrap one by one")

@@ -406,6 +406,15 @@ class Rank:
             tensors[name] = local(t).detach()
             placements[name] = where
 
+        def settled(t):
+            """`t` with its pending sums (a Partial placement DTensor keeps until it is used)
+            reduced, as the harness's settle() promises its results."""
+            if hasattr(t, "placements") and any(p.is_partial() for p in t.placements):
+                from torch.distributed.tensor import Replicate
+                return t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p
+                                                      for p in t.placements])
+            return t
+
         replicated = ["Replicate()"] * len(self.names)
         if training:
             put("loss", torch.tensor(self.losses, dtype=torch.float64), replicated)
@@ -421,7 +430,7 @@ class Rank:
             if step is not None:
                 put("state/step", torch.tensor([step], dtype=torch.float64), replicated)
         else:
-            out = self.output
+            out = settled(self.output)
             where = self.full_placements(out)
             if self.replicas > 1 and not hasattr(out, "placements"):
                 where = list(where)
@@ -432,7 +441,8 @@ class Rank:
             put("output", out, where)
             for name, p in self.params:
                 if p.grad is not None:
-                    put("grad/" + name, p.grad, self.full_placements(p.grad))
+                    g = settled(p.grad)
+                    put("grad/" + name, g, self.full_placements(g))
         tensor_bundle.write(msg["path"], tensors, {"placements": json.dumps(placements)})
         return {"ok": True}
 

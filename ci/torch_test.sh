@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# End-to-end checks of PyTorch's own strategies as executors (strategies/torch/,
+# docs/torch-strategies.md). Where this build's SB_TORCH_PYTHON has PyTorch 2.x (the torch2 leg):
+# suites/torch.yaml passes with every row verified (every step's loss and gradient norm, every
+# shard of every parameter and optimizer state; outputs and gradients in the one-step case),
+# each multi-rank row's collectives counted and its peak measured; the side-by-side table of
+# PyTorch's executors and stratbench's twins is written; each planted misuse of PyTorch's API
+# fails its row naming the tensor; a user's strategy file with a syntax error is a row error
+# naming the file. On every leg: a Python without PyTorch 2.x makes every torch/* row
+# `unsupported`, saying what it found, and nothing else. Usage: ci/torch_test.sh BUILD SOURCE
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+cd "$src"
+py=$(sed -n 's/^SB_TORCH_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+models="$build/torch-models"
+# The suite's models, traced by this leg's tracing Python (what the fixture trace_models does).
+trace=$(sed -n 's/^SB_TRACE_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+"$trace" reference/models/trace_models.py --out "$models" --only meta_llama gpt2 encoder_pre >/dev/null ||
+  { echo "FAIL tracing the suite's models with $trace"; exit 1; }
+suite="$tmp/torch.yaml"
+sed "s#build-torch2/models/#$models/#g" suites/torch.yaml > "$suite"
+
+# A missing PyTorch: every row unsupported, saying so (the debian leg's python3 has 1.13).
+check "no PyTorch 2.x: every torch/* row unsupported, naming the Python and what it said" 0 \
+  "total +0 +0 +0 +[1-9]" -- env SB_TORCH_PYTHON=/usr/bin/python3 "$sb" run "$suite" \
+  --filter '^torch/' --out "$tmp/missing" --repetitions 1
+check "the unsupported rows say what is missing" 0 "ok" -- python3 - "$tmp/missing/results.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert rows and all(r["status"] == "unsupported" and "/usr/bin/python3" in r["message"]
+                    and "PyTorch 2.x" in r["message"] for r in rows), rows
+print("ok")
+PY
+check "a Python that does not exist: unsupported, 'cannot be started'" 0 "cannot be started" -- \
+  bash -c "SB_TORCH_PYTHON=/nonexistent/python '$sb' run '$suite' --filter '^torch/ddp$' \
+    --out '$tmp/none' --repetitions 1 >/dev/null && grep -h 'cannot be started' '$tmp/none/results.csv'"
+
+if ! "$py" -c "from torch.distributed.fsdp import fully_shard" 2>/dev/null; then
+  echo "note: $py has no PyTorch 2.x (this leg's LibTorch is $(sed -n 's/^Torch_DIR:PATH=//p' \
+    "$build/CMakeCache.txt")): the suite itself runs on the torch2 leg"
+  finish
+  exit $?
+fi
+
+check "torch suite: every row passes" 0 "total +[0-9]+ +0 +0 +0" -- \
+  "$sb" run "$suite" --out "$tmp/suite" --repetitions 3
+check "every row verified, measured and counted; twins side by side" 0 "ok" -- \
+  python3 - "$tmp/suite/results.json" "$src" <<'PY'
+import json, subprocess, sys
+records = json.load(open(sys.argv[1]))["records"]
+torch_rows = [r for r in records if r["strategy_id"].startswith("torch/")]
+assert len(torch_rows) >= 14, len(torch_rows)
+for r in torch_rows:
+    assert r["status"] == "pass", (r["case"], r["strategy_id"], r["message"])
+    d = r["details"]
+    assert d["executor"]["torch"].startswith("2."), d["executor"]
+    # Every rank measured: a peak over what was live at the step's start.
+    assert all(p > s for p, s in zip(d["peak_mem_bytes_per_rank"], d["step_start_bytes_per_rank"])), r
+    if r["world_size"] > 1:
+        assert r["comm_bytes"] > 0 and r["comm_calls"] > 0, (r["case"], r["strategy_id"])
+    else:
+        assert r["comm_calls"] == 0, r
+    # Training rows check the optimizer's state after the last step, every rank's shard.
+    if r["case"] != "meta-llama-one-step":
+        assert any("state/" in t for t in r["tensor_err_ratio"]), list(r["tensor_err_ratio"])[:3]
+        assert "grad_norm" in r["tensor_err_ratio"], r
+    else:
+        assert any(t.startswith("grad/") for t in r["tensor_err_ratio"]), r
+table = subprocess.run([sys.executable, sys.argv[2] + "/reports/torch_side_by_side.py",
+                        sys.argv[1]], capture_output=True, text=True, check=True).stdout
+for pair in ("torch/ddp | pass", "torch/fsdp2 | pass", "torch/hsdp | pass",
+             "torch/checkpoint | pass"):
+    assert pair in table, (pair, table)
+print(table)
+print("ok")
+PY
+cp "$tmp/suite/results.json" "$build/torch-results.json" 2>/dev/null || true
+
+# Planted misuses of PyTorch's API: each row fails, naming the tensor.
+check "planted: FSDP2 and DDP with the gradient divided once more than the loss was scaled" 1 \
+  "torch/fsdp2: grad_norm@rank0.*torch/ddp: grad_norm@rank0|torch/ddp: grad_norm@rank0.*" -- \
+  "$sb" run "$suite" --filter '^torch/(ddp|fsdp2)$' --out "$tmp/f1" --repetitions 1 \
+  --plant-fault torch/fsdp2=grad_divided_twice --plant-fault torch/ddp=grad_divided_twice
+check "planted: HSDP with the gradient divided twice" 1 "torch/hsdp: (loss|grad_norm)@rank0" -- \
+  "$sb" run "$suite" --filter '^torch/hsdp$' --out "$tmp/f2" --repetitions 1 \
+  --plant-fault torch/hsdp=grad_divided_twice
+check "planted: SP with the norms out of the plan: their gradients partial, the replicas apart" 1 \
+  "torch/sp: replicas: param/layers.0.attention_norm.weight" -- \
+  "$sb" run "$suite" --filter '^torch/sp$' --out "$tmp/f3" --repetitions 1 \
+  --plant-fault torch/sp=norm_grad_partial
+
+# A user's strategy file that does not import: the row is an error naming the file.
+printf 'def parallelize(model, mesh, ctx:\n    return model\n' > "$tmp/broken.py"
+sed "s#examples/torch_strategy/fsdp_checkpointed.py#$tmp/broken.py#" "$suite" > "$tmp/broken.yaml"
+check "a user's strategy file with a syntax error: an error row naming the file" 1 "broken.py" -- \
+  "$sb" run "$tmp/broken.yaml" --filter '^torch/file$' --out "$tmp/f4" --repetitions 1
+finish
