@@ -52,7 +52,7 @@ check "every row verified, measured and counted; twins side by side" 0 "ok" -- \
 import json, subprocess, sys
 records = json.load(open(sys.argv[1]))["records"]
 torch_rows = [r for r in records if r["strategy_id"].startswith("torch/")]
-assert len(torch_rows) >= 14, len(torch_rows)
+assert len(torch_rows) >= 17, len(torch_rows)
 for r in torch_rows:
     assert r["status"] == "pass", (r["case"], r["strategy_id"], r["message"])
     d = r["details"]
@@ -64,6 +64,9 @@ for r in torch_rows:
     else:
         assert r["comm_calls"] == 0, r
     # Training rows check the optimizer's state after the last step, every rank's shard.
+    if r["strategy_id"].startswith("torch/pipeline"):
+        # Every stage's parameters on their rank, every other rank holding none of them.
+        assert any(t.startswith("param/layers.1") for t in r["tensor_err_ratio"]), r
     if r["case"] != "meta-llama-one-step":
         assert any("state/" in t for t in r["tensor_err_ratio"]), list(r["tensor_err_ratio"])[:3]
         assert "grad_norm" in r["tensor_err_ratio"], r
@@ -72,7 +75,8 @@ for r in torch_rows:
 table = subprocess.run([sys.executable, sys.argv[2] + "/reports/torch_side_by_side.py",
                         sys.argv[1]], capture_output=True, text=True, check=True).stdout
 for pair in ("torch/ddp | pass", "torch/fsdp2 | pass", "torch/hsdp | pass",
-             "torch/checkpoint | pass"):
+             "torch/checkpoint | pass", "torch/pipeline-1f1b | pass",
+             "torch/pipeline-interleaved-1f1b | pass"):
     assert pair in table, (pair, table)
 print(table)
 print("ok")
@@ -91,6 +95,11 @@ check "planted: SP with the norms out of the plan: their gradients partial, the 
   "torch/sp: replicas: param/layers.0.attention_norm.weight" -- \
   "$sb" run "$suite" --filter '^torch/sp$' --out "$tmp/f3" --repetitions 1 \
   --plant-fault torch/sp=norm_grad_partial
+
+check "planted: a pipeline schedule left dividing a summed loss's gradients by the micro-batches" 1 \
+  "torch/pipeline-1f1b: loss@rank0.*grad_norm@rank0" -- \
+  "$sb" run "$suite" --filter '^torch/pipeline-1f1b$' --out "$tmp/f5" --repetitions 1 \
+  --plant-fault torch/pipeline-1f1b=grads_scaled_by_microbatches
 
 # A user's strategy file that does not import: the row is an error naming the file.
 printf 'def parallelize(model, mesh, ctx:\n    return model\n' > "$tmp/broken.py"

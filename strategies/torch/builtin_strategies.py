@@ -19,10 +19,17 @@ planted-fault tests run to prove a wrong strategy fails its row.
   checkpoint     torch.utils.checkpoint (non-reentrant) around every block, on one rank
   sac            selective activation checkpointing: the same with a policy that saves every
                  matmul's output and recomputes everything else
+  pipeline-gpipe, pipeline-1f1b, pipeline-interleaved-1f1b
+                 torch.distributed.pipelining's schedules on a LLaMA as Meta writes it, cut at
+                 block boundaries, over the case's micro-batches
 
 Planted faults (ctx.fault):
   grad_divided_twice   ddp, fsdp2, hsdp: the loss not scaled to the batch's sum, so the mean the
                        strategy takes divides the gradients once more than the reference
+  grads_scaled_by_microbatches
+                       pipeline-*: the schedule's default scale_grads=True left on under a
+                       loss that is the batch's sum: every gradient divided by the micro-batch
+                       count (the loss and its gradients scaled apart)
   norm_grad_partial    sp: the norms left out of the plan, so each rank's norm weights see only
                        its part of the sequence: their gradients are partial sums, stepped as if
                        whole (torchtitan#1805's kind of bug)
@@ -217,6 +224,111 @@ def save_matmuls(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+class _Stage(nn.Module):
+    """One pipeline stage of a LLaMA as Meta writes it, holding the model's own submodules under
+    their own names (layers in a ModuleDict keyed by index, as torchtitan keeps them), so that
+    every parameter keeps the name the traced graph gives it."""
+
+    def __init__(self, model, units):
+        super().__init__()
+        if "emb" in units:
+            self.tok_embeddings = model.tok_embeddings
+        self.layers = nn.ModuleDict({str(u): model.layers[u] for u in units if isinstance(u, int)})
+        if "head" in units:
+            self.norm, self.output = model.norm, model.output
+
+    def forward(self, h):
+        if hasattr(self, "tok_embeddings"):
+            h = self.tok_embeddings(h)
+        for layer in self.layers.values():
+            h = layer(h)
+        if hasattr(self, "output"):
+            h = self.output(self.norm(h)).float()
+        return h
+
+
+class Pipeline(Strategy):
+    """torch.distributed.pipelining: the model cut into stages at block boundaries (the embedding
+    with the first blocks, the norm and the output with the last), one stage per rank (two,
+    looped, for the interleaved schedule), run by PyTorch's schedule over the case's
+    micro-batches. Each micro-batch's loss is its part of the batch's sum; the schedule
+    accumulates the gradients of every micro-batch. Parameters live on their stage's rank only."""
+    mesh_dim_names = ("pp",)
+    gradient_mean = False
+    plain_param_copies = 1  # a parameter is on one rank: its stage's
+    faults = ("grads_scaled_by_microbatches",)
+
+    def __init__(self, schedule, stages_per_rank=1):
+        self.schedule = schedule
+        self.stages_per_rank = stages_per_rank
+
+    def applies(self, ctx):
+        if len(ctx.case["mesh"]) != 1:
+            return "a pipeline runs on a 1-D mesh"
+        if ctx.case["steps"] == 0:
+            return "the pipeline runs training steps (its output stays on the last stage)"
+        if ctx.case.get("microbatches", 1) < 2:
+            return "the schedule needs the case's micro-batches (shape key microbatches)"
+        return super().applies(ctx)
+
+    def parallelize(self, model, mesh, ctx):
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleaved1F1B)
+        if not (hasattr(model, "tok_embeddings") and hasattr(model, "layers")
+                and hasattr(model, "norm") and hasattr(model, "output")):
+            raise Unsupported("the stage cuts are written for a LLaMA as Meta writes it "
+                              "(tok_embeddings, layers, norm, output)")
+        pp = mesh.size(0)
+        rank = mesh.get_local_rank(0)
+        n_stages = pp * self.stages_per_rank
+        units = ["emb"] + list(range(len(model.layers))) + ["head"]
+        if len(units) < n_stages:
+            raise Unsupported(f"{len(units)} pieces (embedding, {len(model.layers)} blocks, head) "
+                              f"cannot fill {n_stages} stages")
+        # Contiguous pieces, as even as the units allow (torch.chunk's sizes).
+        bounds, start = [], 0
+        for k in range(n_stages):
+            size = len(units) // n_stages + (1 if k < len(units) % n_stages else 0)
+            bounds.append(units[start:start + size])
+            start += size
+        # Looped placement: stage k on rank k % pp.
+        mine = [k for k in range(n_stages) if k % pp == rank]
+        modules = [_Stage(model, bounds[k]) for k in mine]
+        group = mesh.get_group(0)
+        stages = [PipelineStage(m, k, n_stages, torch.device("cpu"), group=group)
+                  for m, k in zip(modules, mine)]
+        M = ctx.case["microbatches"]
+
+        def loss_fn(out, target):
+            return (out * target).sum()
+        # The schedule divides the gradients by the micro-batch count unless told not to
+        # (scale_grads, for a loss that is a mean per micro-batch). A micro-batch's loss here is
+        # its part of the batch's sum: nothing to divide. grads_scaled_by_microbatches leaves
+        # the default on, as a user whose loss is a sum and who never read the flag does.
+        scale_grads = ctx.fault == "grads_scaled_by_microbatches"
+        if self.schedule == "interleaved-1f1b":
+            self.run = ScheduleInterleaved1F1B(stages, n_microbatches=M, loss_fn=loss_fn,
+                                               scale_grads=scale_grads)
+        else:
+            kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule]
+            self.run = kind(stages[0], n_microbatches=M, loss_fn=loss_fn, scale_grads=scale_grads)
+        self.first = 0 in mine
+        self.last = (n_stages - 1) in mine
+        # What this rank holds, under the model's own names (its stages share these modules).
+        return _Stage(model, [u for k in mine for u in bounds[k]])
+
+    def forward_backward(self, model, inputs, target, ctx):
+        """One step's forward and backward by the schedule; this rank's part of the batch's loss
+        (the last stage's micro-batch losses, nothing elsewhere)."""
+        losses = []
+        args = inputs if self.first else ()
+        kwargs = {"target": target, "losses": losses} if self.last else {}
+        self.run.step(*args, **kwargs)
+        if not self.last:
+            return torch.zeros((), dtype=torch.float64)
+        return sum(l.detach().double() for l in losses)
+
+
 STRATEGIES = {
     "ddp": DDP(),
     "fsdp2": FSDP2(reshard_after_forward=True),
@@ -226,4 +338,7 @@ STRATEGIES = {
     "sp": TensorParallel(sequence_parallel=True),
     "checkpoint": Checkpoint(selective=False),
     "sac": Checkpoint(selective=True),
+    "pipeline-gpipe": Pipeline("gpipe"),
+    "pipeline-1f1b": Pipeline("1f1b"),
+    "pipeline-interleaved-1f1b": Pipeline("interleaved-1f1b", stages_per_rank=2),
 }

@@ -33,6 +33,12 @@ A strategy (builtin_strategies.py, or a user's file) is a module or object with:
                                              rank is then scaled by their size so that the
                                              gradients are the sum the reference computes
   applies(ctx) -> None | str                 why the case cannot run (an `unsupported` row)
+  forward_backward(model, inputs, target, ctx) -> loss
+                                             a strategy that runs the step's forward and
+                                             backward itself (a pipeline schedule): this rank's
+                                             part of the batch's loss, summed over the ranks
+  plain_param_copies                         how many ranks hold each plain parameter (a
+                                             pipeline's: 1; default every rank)
 """
 
 import contextlib
@@ -236,9 +242,13 @@ class Rank:
             self.params.append((clean_name(n), p))
         got = {n for n, _ in self.params}
         lost = [n for n in case["parameters"] if n not in got]
-        if lost:
+        # How many ranks hold a plain (not DTensor) parameter: every rank, unless the strategy
+        # splits the model over the ranks (a pipeline's stages hold theirs only).
+        self.plain_copies = attr(self.strategy, "plain_param_copies", None) or self.world
+        if lost and self.plain_copies == self.world:
             raise ValueError(f"after parallelize() the model has no parameter {lost[0]}")
         self.initial = [local(p).detach().clone() for _, p in self.params]
+        self.own_step = attr(self.strategy, "forward_backward", None)
         index = 0
         for a in self.batch_axes:
             i = names.index(a)
@@ -291,9 +301,11 @@ class Rank:
                 copies *= self.world // g.device_mesh.size()
                 squares += g.to_local().double().pow(2).sum() / copies
             else:
-                squares += g.double().pow(2).sum() / self.world
-        # The loss is summed over the batch axes' ranks; the others hold copies of it.
-        both = torch.stack([loss_sum * self.replicas / self.world, squares])
+                squares += g.double().pow(2).sum() / self.plain_copies
+        # The loss is summed over the batch axes' ranks; the others hold copies of it (a
+        # strategy that runs the step itself returns each rank's part of the sum).
+        share = loss_sum if self.own_step else loss_sum * self.replicas / self.world
+        both = torch.stack([share, squares])
         dist.all_reduce(both)
         return both[0].item(), both[1].sqrt().item()
 
@@ -312,12 +324,17 @@ class Rank:
             if opt:
                 for group in opt.param_groups:
                     group["lr"] = self.case["lrs"][k]
-            out = self.model(*self.inputs)
-            while isinstance(out, (tuple, list)):
-                out = out[0]
-            out_local = local(out)
-            loss = (out_local * self.target).sum()
-            (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
+            if self.own_step:
+                # The strategy runs the forward and backward (a pipeline's schedule).
+                out = None
+                loss = self.own_step(self.model, self.inputs, self.target, self.ctx)
+            else:
+                out = self.model(*self.inputs)
+                while isinstance(out, (tuple, list)):
+                    out = out[0]
+                out_local = local(out)
+                loss = (out_local * self.target).sum()
+                (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
             with pause(), torch.no_grad():
                 l, n = self.norm_and_loss(loss.detach().double())
             losses.append(l)

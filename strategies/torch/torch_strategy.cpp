@@ -93,6 +93,12 @@ const std::vector<Kind>& kinds() {
        "torch.utils.checkpoint around every block"},
       {"sac", Family::kCheckpointing, "", {},
        "selective activation checkpointing: matmuls saved, the rest recomputed"},
+      {"pipeline-gpipe", Family::kSharding, "pipeline/gpipe", {"grads_scaled_by_microbatches"},
+       "torch.distributed.pipelining's ScheduleGPipe, one stage a rank"},
+      {"pipeline-1f1b", Family::kSharding, "pipeline/1f1b", {"grads_scaled_by_microbatches"},
+       "torch.distributed.pipelining's Schedule1F1B, one stage a rank"},
+      {"pipeline-interleaved-1f1b", Family::kSharding, "pipeline/interleaved-1f1b",
+       {"grads_scaled_by_microbatches"}, "ScheduleInterleaved1F1B, two looped stages a rank"},
       {"file", Family::kSharding, "", {},
        "a user's own parallelize(model, mesh, ctx), from params.strategy_file"},
   };
@@ -247,6 +253,7 @@ class TorchRankExecutor final : public harness::RankExecutor, public harness::Ou
   bool measureNext_ = false;
   harness::OutOfProcessMeasures measured_;
   std::map<std::string, at::Tensor> results_;
+  std::map<std::string, std::vector<int64_t>> shapes_;  // the reference's, by name
 };
 
 class TorchStrategy final : public harness::Strategy {
@@ -283,9 +290,13 @@ class TorchStrategy final : public harness::Strategy {
       return Applicability::unsupported("torch/* ranks run on the CPU over gloo here; device " +
                                         c.device + " is not wired yet");
     }
-    if (reference::torchscript::ImportSpec::fromJson(c.shape).microbatches > 1) {
-      return Applicability::unsupported("micro-batches are the pipeline family's; torch/* runs "
-                                        "each step on the whole batch");
+    if (!pipeline() && reference::torchscript::ImportSpec::fromJson(c.shape).microbatches > 1) {
+      return Applicability::unsupported("micro-batches are the pipelines'; torch/" + kind_.name +
+                                        " runs each step on the whole batch");
+    }
+    if (pipeline() && c.backend != "threads") {
+      // Which rank holds which stage is learnt from the ranks' reports, in this process.
+      return Applicability::unsupported("torch/pipeline-* runs on the threads backend");
     }
     const Probe& p = probe();
     if (!p.ok) return Applicability::unsupported(p.why);
@@ -301,14 +312,31 @@ class TorchStrategy final : public harness::Strategy {
   Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
     throw std::logic_error("torch/*: a result box needs the tensor's full shape (resultBoxOf)");
   }
+  // A tensor a rank did not report is not there (a pipeline stage's parameters live on its
+  // rank only): an empty box. Ranks of another process (gloo) are boxed by any rank's report:
+  // placements are the same on every rank of an SPMD strategy.
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef fullShape) const override {
     std::vector<Placement> placements;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      const auto it = placements_.find({key(c), tensor});
-      if (it == placements_.end()) return Box::whole(fullShape);  // not reported: a missing result
-      placements = it->second;
+      const auto mine = placements_.find({key(c), rank});
+      if (mine != placements_.end()) {
+        const auto it = mine->second.find(tensor);
+        if (it == mine->second.end()) return nothing(fullShape);
+        placements = it->second;
+      } else {
+        bool found = false;
+        for (const auto& [k, byTensor] : placements_) {
+          const auto it = byTensor.find(tensor);
+          if (k.first == key(c) && it != byTensor.end()) {
+            placements = it->second;
+            found = true;
+            break;
+          }
+        }
+        if (!found) return Box::whole(fullShape);  // reported by no rank: a missing result
+      }
     }
     const Layout layout = Layout::fromPlacements(placements, static_cast<int>(fullShape.size()));
     return layout.box(fullShape.vec(), c.mesh, harness::DeviceMesh(c.mesh).coords(rank));
@@ -352,11 +380,18 @@ class TorchStrategy final : public harness::Strategy {
     return nullptr;
   }
 
-  // What a rank reported of the tensors' placements (the same on every rank: SPMD).
-  void notePlacements(const CaseSpec& c,
+  // What `rank` reported of its tensors' placements.
+  void notePlacements(const CaseSpec& c, int rank,
                       const std::map<std::string, std::vector<Placement>>& placements) const {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [name, p] : placements) placements_[{key(c), name}] = p;
+    placements_[{key(c), rank}] = placements;
+  }
+  bool pipeline() const { return kind_.name.rfind("pipeline-", 0) == 0; }
+  // The box of a tensor a rank does not hold.
+  static Box nothing(at::IntArrayRef shape) {
+    Box b = Box::whole(shape);
+    if (!b.length.empty()) b.length[0] = 0;
+    return b;
   }
 
  private:
@@ -372,7 +407,9 @@ class TorchStrategy final : public harness::Strategy {
   Kind kind_;
   std::string fault_;
   mutable std::mutex mu_;
-  mutable std::map<std::pair<std::string, std::string>, std::vector<Placement>> placements_;
+  // (case, rank) -> tensor -> placements.
+  mutable std::map<std::pair<std::string, int>, std::map<std::string, std::vector<Placement>>>
+      placements_;
 };
 
 // The layout each built-in strategy documents, per result tensor; nullopt for one it leaves
@@ -395,6 +432,8 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
     text = "FSDP2: every parameter sharded on dim 0 over the " +
            std::string(k == "hsdp" ? "shard axis, replicated over the replicate axis"
                                    : "mesh");
+  } else if (k.rfind("pipeline-", 0) == 0) {
+    return std::nullopt;  // whole on its stage's rank: what the reports say
   } else if (k == "tp" || k == "sp") {
     // torchtitan's plan: column-wise projections shard the weight's rows, row-wise ones its
     // columns, the embedding its rows (vocabulary); norms replicate.
@@ -457,7 +496,9 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
       {"steps", case_.training.steps},
       {"lrs", lrs},
       {"optimizer", case_.training.optimizer.toJson()},
-      {"model_source", modelSource(case_, why)}};
+      {"model_source", modelSource(case_, why)},
+      {"microbatches", spec.microbatches}};
+  for (const auto& name : data.checked) shapes_[name] = data.expected.at(name).sizes().vec();
 
   const std::map<std::string, std::string> env = {
       {"RANK", std::to_string(ctx.rank())},
@@ -519,7 +560,15 @@ void TorchRankExecutor::settle(harness::RankContext&) {
     placements[name] =
         Layout::parse(text, nd, static_cast<int>(case_.mesh.size())).placements(case_.mesh.size());
   }
-  strategy_.notePlacements(case_, placements);
+  strategy_.notePlacements(case_, rank_, placements);
+  // What this rank does not hold is handed back empty, in the empty box resultBoxOf gives it.
+  for (const auto& [name, shape] : shapes_) {
+    if (!results_.count(name)) {
+      std::vector<int64_t> none = shape;
+      if (!none.empty()) none[0] = 0;
+      results_[name] = at::empty(none, at::TensorOptions().dtype(case_.dtype));
+    }
+  }
 }
 
 std::vector<std::unique_ptr<harness::Strategy>> registerTorch() {
