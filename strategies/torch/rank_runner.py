@@ -42,6 +42,7 @@ A strategy (builtin_strategies.py, or a user's file) is a module or object with:
 """
 
 import contextlib
+import gc
 import importlib.util
 import json
 import os
@@ -186,7 +187,9 @@ class Rank:
         tensors, _ = tensor_bundle.read(msg["bundle"])
         self.dtype = getattr(torch, case["dtype"])
         torch.manual_seed(case["seed"])
-        dist.init_process_group("gloo", rank=self.rank, world_size=self.world)
+        # A runner the harness keeps between rows (its pool) meets its peers once.
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.world)
         self.strategy = load_strategy(case)
         mesh_shape = tuple(case["mesh"])
         names = tuple(attr(self.strategy, "mesh_dim_names", None) or
@@ -531,6 +534,8 @@ def main():
             continue
         try:
             if cmd == "prepare":
+                rank = None  # the last row's model, strategy and optimizer go first
+                gc.collect()
                 rank = Rank()
                 send(rank.prepare(msg))
             elif cmd == "step":

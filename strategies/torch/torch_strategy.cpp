@@ -204,6 +204,86 @@ int64_t freePort() {
   return ntohs(a.sin_port);
 }
 
+// The rank runners this process keeps between rows, one per local rank: starting Python and
+// importing torch costs seconds a rank, a row's step milliseconds. A runner goes back to the
+// pool after a row that raised nothing; the next row reuses the whole set only where every rank
+// still has its runner of the same generation and world (decided together, RunnerPool::take),
+// else every rank starts a new one. Each runner's log is its own, kept while it lives.
+struct PooledRunner {
+  std::unique_ptr<RankProcess> proc;
+  std::string dir;  // its log's folder
+  int64_t generation = 0;
+  int world = 0;
+  std::string python;
+};
+
+class RunnerPool {
+ public:
+  static RunnerPool& instance() {
+    static RunnerPool pool;
+    return pool;
+  }
+  ~RunnerPool() {
+    for (auto& [rank, r] : byRank_) drop(r);
+  }
+  // This rank's runner for `world` ranks: the pooled one where every rank has one of the same
+  // generation, else a new one started with `env` (every rank's old one ended first). A
+  // collective of the world: every rank calls it.
+  PooledRunner take(harness::RankContext& ctx, std::map<std::string, std::string> env) {
+    const int rank = ctx.rank(), world = ctx.mesh().size();
+    PooledRunner mine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = byRank_.find(rank);
+      if (it != byRank_.end()) {
+        mine = std::move(it->second);
+        byRank_.erase(it);
+      }
+    }
+    at::Tensor gen = at::full({1}, mine.proc ? mine.generation : -1, at::kLong);
+    ctx.world().broadcast(gen, 0);
+    const bool usable = mine.proc && mine.generation == gen.item<int64_t>() &&
+                        mine.world == world && mine.python == pythonPath();
+    at::Tensor ok = at::full({1}, usable ? 1 : 0, at::kLong);
+    ctx.world().allReduce(ok);
+    if (ok.item<int64_t>() == world) return mine;
+    drop(mine);
+    // The ranks meet at a port rank 0 finds free, told to every rank before they start.
+    at::Tensor port = at::zeros({1}, at::kLong);
+    if (rank == 0) port[0] = freePort();
+    ctx.world().broadcast(port, 0);
+    env["MASTER_PORT"] = std::to_string(port.item<int64_t>());
+    PooledRunner fresh;
+    char dirTemplate[] = "/tmp/sb-torch-rank-XXXXXX";
+    if (!mkdtemp(dirTemplate)) throw std::runtime_error("cannot make a folder under /tmp");
+    fresh.dir = dirTemplate;
+    fresh.generation = std::max<int64_t>(gen.item<int64_t>(), 0) + 1;
+    fresh.world = world;
+    fresh.python = pythonPath();
+    fresh.proc = std::make_unique<RankProcess>(
+        std::vector<std::string>{fresh.python, "-u", runnerPath()}, env,
+        fresh.dir + "/rank" + std::to_string(rank) + ".log");
+    return fresh;
+  }
+  // Back after a row that raised nothing.
+  void give(int rank, PooledRunner r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    drop(byRank_[rank]);
+    byRank_[rank] = std::move(r);
+  }
+  // Ends a runner: asks it to exit (killing it if it does not) and removes its log.
+  static void drop(PooledRunner& r) {
+    r.proc.reset();
+    std::error_code ec;
+    if (!r.dir.empty() && !std::getenv("SB_TORCH_KEEP")) std::filesystem::remove_all(r.dir, ec);
+    r.dir.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, PooledRunner> byRank_;
+};
+
 class TorchStrategy;
 
 class TorchRankExecutor final : public harness::RankExecutor, public harness::OutOfProcessStep {
@@ -211,7 +291,12 @@ class TorchRankExecutor final : public harness::RankExecutor, public harness::Ou
   TorchRankExecutor(const TorchStrategy& s, const Kind& kind, CaseSpec c, std::string fault)
       : strategy_(s), kind_(kind), case_(std::move(c)), fault_(std::move(fault)) {}
   ~TorchRankExecutor() override {
-    proc_.reset();
+    // A runner that answered everything goes back to the pool; one that failed ends.
+    if (runner_.proc && healthy_) {
+      RunnerPool::instance().give(rank_, std::move(runner_));
+    } else {
+      RunnerPool::drop(runner_);
+    }
     std::error_code ec;
     if (!dir_.empty() && !std::getenv("SB_TORCH_KEEP")) std::filesystem::remove_all(dir_, ec);
   }
@@ -232,12 +317,14 @@ class TorchRankExecutor final : public harness::RankExecutor, public harness::Ou
 
  private:
   nlohmann::json call(const nlohmann::json& command) {
-    nlohmann::json reply = proc_->call(command, timeoutSec());
+    healthy_ = false;  // until it answers
+    nlohmann::json reply = runner_.proc->call(command, timeoutSec());
     if (reply.contains("error")) {
       throw std::runtime_error("PyTorch rank " + std::to_string(rank_) + ": " +
                                reply["error"].get<std::string>() + " (its log: " +
-                               proc_->logPath() + ", kept with SB_TORCH_KEEP=1)");
+                               runner_.proc->logPath() + ", kept with SB_TORCH_KEEP=1)");
     }
+    healthy_ = true;
     return reply;
   }
 
@@ -246,8 +333,9 @@ class TorchRankExecutor final : public harness::RankExecutor, public harness::Ou
   CaseSpec case_;
   std::string fault_;
   int rank_ = 0;
-  std::string dir_;
-  std::unique_ptr<RankProcess> proc_;
+  std::string dir_;  // the row's bundles
+  PooledRunner runner_;
+  bool healthy_ = false;
   std::string version_;
   double runnerSeconds_ = 0;
   bool measureNext_ = false;
@@ -461,11 +549,6 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
 
 void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::WorkloadData& data) {
   rank_ = ctx.rank();
-  // The ranks meet at a port rank 0 finds free, told to every rank before they start.
-  at::Tensor port = at::zeros({1}, at::kLong);
-  if (ctx.rank() == 0) port[0] = freePort();
-  ctx.world().broadcast(port, 0);
-
   char dirTemplate[] = "/tmp/sb-torch-XXXXXX";
   if (!mkdtemp(dirTemplate)) throw std::runtime_error("cannot make a folder under /tmp");
   dir_ = dirTemplate;
@@ -500,17 +583,13 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
       {"microbatches", spec.microbatches}};
   for (const auto& name : data.checked) shapes_[name] = data.expected.at(name).sizes().vec();
 
-  const std::map<std::string, std::string> env = {
-      {"RANK", std::to_string(ctx.rank())},
-      {"LOCAL_RANK", std::to_string(ctx.rank())},
-      {"WORLD_SIZE", std::to_string(ctx.mesh().size())},
-      {"MASTER_ADDR", envOr("MASTER_ADDR", "127.0.0.1")},
-      {"MASTER_PORT", std::to_string(port.item<int64_t>())},
-      // As torchrun does: one thread a rank unless the user says otherwise.
-      {"OMP_NUM_THREADS", envOr("OMP_NUM_THREADS", "1")}};
-  proc_ = std::make_unique<RankProcess>(
-      std::vector<std::string>{pythonPath(), "-u", runnerPath()}, env,
-      dir_ + "/rank" + std::to_string(ctx.rank()) + ".log");
+  runner_ = RunnerPool::instance().take(
+      ctx, {{"RANK", std::to_string(ctx.rank())},
+            {"LOCAL_RANK", std::to_string(ctx.rank())},
+            {"WORLD_SIZE", std::to_string(ctx.mesh().size())},
+            {"MASTER_ADDR", envOr("MASTER_ADDR", "127.0.0.1")},
+            // As torchrun does: one thread a rank unless the user says otherwise.
+            {"OMP_NUM_THREADS", envOr("OMP_NUM_THREADS", "1")}});
   const nlohmann::json reply =
       call({{"cmd", "prepare"}, {"case", caseJson}, {"bundle", bundle}});
   if (reply.contains("unsupported")) {
