@@ -52,13 +52,22 @@ check "every row verified, measured and counted; twins side by side" 0 "ok" -- \
 import json, subprocess, sys
 records = json.load(open(sys.argv[1]))["records"]
 torch_rows = [r for r in records if r["strategy_id"].startswith("torch/")]
-assert len(torch_rows) >= 17, len(torch_rows)
+assert len(torch_rows) >= 17 + 60 + 16, len(torch_rows)
+linear = [r for r in torch_rows if r["workload"] == "linear"]
+assert len({r["strategy_id"] for r in linear if r["case"] == "linear-mesh2"}) == 60, len(linear)
 for r in torch_rows:
     assert r["status"] == "pass", (r["case"], r["strategy_id"], r["message"])
     d = r["details"]
     assert d["executor"]["torch"].startswith("2."), d["executor"]
     # Every rank measured: a peak over what was live at the step's start.
     assert all(p > s for p, s in zip(d["peak_mem_bytes_per_rank"], d["step_start_bytes_per_rank"])), r
+    if r["workload"] == "linear":
+        # DTensor's operator: output and every gradient, each rank's piece; an operand with
+        # pending sums or a shard the op cannot use is redistributed, counted.
+        assert {"output", "grad_input", "grad_weight", "grad_bias"} <= set(r["tensor_err_ratio"]), r
+        if "P" in r["strategy_id"].split("/")[-1].split("x")[0]:
+            assert r["comm_calls"] > 0, r["strategy_id"]
+        continue
     if r["world_size"] > 1:
         assert r["comm_bytes"] > 0 and r["comm_calls"] > 0, (r["case"], r["strategy_id"])
     else:
@@ -100,6 +109,11 @@ check "planted: a pipeline schedule left dividing a summed loss's gradients by t
   "torch/pipeline-1f1b: loss@rank0.*grad_norm@rank0" -- \
   "$sb" run "$suite" --filter '^torch/pipeline-1f1b$' --out "$tmp/f5" --repetitions 1 \
   --plant-fault torch/pipeline-1f1b=grads_scaled_by_microbatches
+
+check "planted: DTensor's linear with its pending sums handed back as whole" 1 \
+  "torch/dtensor/linear/RRS0xRS0xR: replicas: output" -- \
+  "$sb" run "$suite" --filter '^torch/dtensor/linear/RRS0xRS0xR$' --out "$tmp/f6" --repetitions 1 \
+  --plant-fault torch/dtensor/linear/RRS0xRS0xR=partial_reported_whole
 
 # A user's strategy file that does not import: the row is an error naming the file.
 printf 'def parallelize(model, mesh, ctx:\n    return model\n' > "$tmp/broken.py"

@@ -66,11 +66,12 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
                          "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/file"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }
-  ASSERT_EQ(StrategyRegistry::global().generators().size(), 2u);
+  ASSERT_EQ(StrategyRegistry::global().generators().size(), 3u);
   std::set<std::string> patterns;
   for (const auto& g : StrategyRegistry::global().generators()) patterns.insert(g.idPattern);
   EXPECT_EQ(patterns, (std::set<std::string>{"sharding/redistribute/<from>-><to>",
-                                             "sharding/op/<op>/<strategy>"}));
+                                             "sharding/op/<op>/<strategy>",
+                                             "torch/dtensor/linear/<input>x<weight>x<bias>"}));
   for (const char* id : {"chunking/attention/seq", "chunking/ffn/seq", "chunking/block/seq",
                          "chunking/attention/online"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;

@@ -30,6 +30,9 @@ Planted faults (ctx.fault):
                        pipeline-*: the schedule's default scale_grads=True left on under a
                        loss that is the batch's sum: every gradient divided by the micro-batch
                        count (the loss and its gradients scaled apart)
+  partial_reported_whole
+                       dtensor-linear: a result with pending sums handed back as its rank's
+                       part, declared whole (a to_local() that forgets a Partial placement)
   norm_grad_partial    sp: the norms left out of the plan, so each rank's norm weights see only
                        its part of the sequence: their gradients are partial sums, stepped as if
                        whole (torchtitan#1805's kind of bug)
@@ -329,6 +332,22 @@ class Pipeline(Strategy):
         return sum(l.detach().double() for l in losses)
 
 
+class DTensorOperator(Strategy):
+    """DTensor's own operator on inputs laid out as the case says: the runner places the
+    operands (workload linear: input, weight, bias) and runs F.linear's forward and backward;
+    nothing to parallelize."""
+    gradient_mean = False
+    faults = ("partial_reported_whole",)
+
+    def applies(self, ctx):
+        if ctx.case["workload"] != "linear":
+            return "DTensor's operators run on the linear workload"
+        return super().applies(ctx)
+
+    def parallelize(self, model, mesh, ctx):
+        return model
+
+
 STRATEGIES = {
     "ddp": DDP(),
     "fsdp2": FSDP2(reshard_after_forward=True),
@@ -341,4 +360,5 @@ STRATEGIES = {
     "pipeline-gpipe": Pipeline("gpipe"),
     "pipeline-1f1b": Pipeline("1f1b"),
     "pipeline-interleaved-1f1b": Pipeline("interleaved-1f1b", stages_per_rank=2),
+    "dtensor-linear": DTensorOperator(),
 }

@@ -210,12 +210,16 @@ class Rank:
         self.replicas = 1
         for a in self.batch_axes:
             self.replicas *= self.mesh.size(names.index(a))
-        batch = tensors[case["data_inputs"][0]].shape[0]
+        batch = tensors[case["data_inputs"][0]].shape[0] if case["data_inputs"] else 1
         if why is None and batch % self.replicas:
             why = (f"the batch's {batch} rows do not divide over the {self.replicas} ranks of "
                    f"the batch axes {list(self.batch_axes)}")
         if why:
             return {"unsupported": why}
+        if case["workload"] == "linear":
+            self.op = DTensorLinear(tensors, self.mesh, case["placements"])
+            return {"ok": True, "torch": torch.__version__}
+        self.op = None
 
         model = build_model(case)
         model = model.to(self.dtype)
@@ -313,6 +317,9 @@ class Rank:
         return both[0].item(), both[1].sqrt().item()
 
     def run(self, counter=None):
+        if self.op is not None:
+            self.op.step()
+            return
         training = self.case["steps"] > 0
         pause = counter.pause if counter else contextlib.nullcontext
         with torch.no_grad():
@@ -378,6 +385,8 @@ class Rank:
         """The bytes of what a step starts from: parameters, gradients, optimizer state, buffers
         and the rank's inputs (each storage once)."""
         seen, total = set(), 0
+        if self.op is not None:
+            return sum(local(t).untyped_storage().nbytes() for t in self.op.leaves())
 
         def add(t):
             nonlocal total
@@ -421,19 +430,26 @@ class Rank:
     def results(self, msg):
         training = self.case["steps"] > 0
         tensors, placements = {}, {}
+        if self.op is not None:
+            for name, t in self.op.results().items():
+                if self.ctx.fault == "partial_reported_whole" and hasattr(t, "placements"):
+                    # Planted: pending sums handed back as if reduced (a rank's part as the
+                    # whole), the mistake of a to_local() that forgets a Partial placement.
+                    tensors[name] = t.to_local().detach()
+                    placements[name] = [placement_text(p) if not p.is_partial() else
+                                        "Replicate()" for p in t.placements]
+                    continue
+                t = settled(t)
+                tensors[name] = local(t).detach()
+                placements[name] = self.full_placements(t)
+            tensor_bundle.write(msg["path"], tensors, {"placements": json.dumps(placements)})
+            return {"ok": True}
 
         def put(name, t, where):
             tensors[name] = local(t).detach()
             placements[name] = where
 
-        def settled(t):
-            """`t` with its pending sums (a Partial placement DTensor keeps until it is used)
-            reduced, as the harness's settle() promises its results."""
-            if hasattr(t, "placements") and any(p.is_partial() for p in t.placements):
-                from torch.distributed.tensor import Replicate
-                return t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p
-                                                      for p in t.placements])
-            return t
+
 
         replicated = ["Replicate()"] * len(self.names)
         if training:
@@ -465,6 +481,81 @@ class Rank:
                     put("grad/" + name, g, self.full_placements(g))
         tensor_bundle.write(msg["path"], tensors, {"placements": json.dumps(placements)})
         return {"ok": True}
+
+
+def settled(t):
+    """`t` with its pending sums (a Partial placement DTensor keeps until it is used) reduced,
+    as the harness's settle() promises its results."""
+    if hasattr(t, "placements") and any(p.is_partial() for p in t.placements):
+        from torch.distributed.tensor import Replicate
+        return t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p
+                                              for p in t.placements])
+    return t
+
+
+def parse_placements(texts):
+    """DTensor placements from their spelling: "Shard(0)", "Replicate()", "Partial(sum)"."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    out = []
+    for t in texts:
+        if t.startswith("Shard("):
+            out.append(Shard(int(t[6:-1])))
+        elif t == "Replicate()":
+            out.append(Replicate())
+        elif t.startswith("Partial"):
+            out.append(Partial())
+        else:
+            raise ValueError(f"placement '{t}'")
+    return out
+
+
+def place(full, mesh, placements):
+    """`full` as a DTensor with `placements`: shards as DTensor cuts them; pending sums held
+    whole by the ranks at coordinate 0 of the partial axes and as zeros by the others (their
+    sum is `full`, exactly)."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+    plain = [Replicate() if p.is_partial() else p for p in placements]
+    local_ = distribute_tensor(full, mesh, plain).to_local().clone()
+    if any(mesh.get_local_rank(i) != 0 for i, p in enumerate(placements) if p.is_partial()):
+        local_.zero_()
+    return DTensor.from_local(local_, mesh, placements, run_check=False, shape=full.shape,
+                              stride=full.stride())
+
+
+class DTensorLinear:
+    """DTensor's own F.linear on inputs laid out as the case says (workload linear): its forward
+    and its backward by DTensor's sharding propagation and redistribution, the gradient of the
+    output laid out as the output is (its pending sums' dual: replicated)."""
+
+    def __init__(self, tensors, mesh, placements):
+        self.x = place(tensors["input"], mesh, parse_placements(placements["input"]))
+        self.w = place(tensors["weight"], mesh, parse_placements(placements["weight"]))
+        self.b = (place(tensors["bias"], mesh, parse_placements(placements["bias"]))
+                  if "bias" in tensors and "bias" in placements else None)
+        for t in self.leaves():
+            t.requires_grad_(True)
+        with torch.no_grad():
+            out = torch.nn.functional.linear(self.x, self.w, self.b)
+        from torch.distributed.tensor import Replicate, distribute_tensor
+        self.grad_output = distribute_tensor(
+            tensors["grad_output"], mesh,
+            [Replicate() if p.is_partial() else p for p in out.placements])
+
+    def leaves(self):
+        return [t for t in (self.x, self.w, self.b) if t is not None]
+
+    def step(self):
+        for t in self.leaves():
+            t.grad = None
+        self.out = torch.nn.functional.linear(self.x, self.w, self.b)
+        self.out.backward(self.grad_output)
+
+    def results(self):
+        out = {"output": self.out.detach(), "grad_input": self.x.grad,
+               "grad_weight": self.w.grad}
+        if self.b is not None:
+            out["grad_bias"] = self.b.grad
+        return out
 
 
 def attr(strategy, name, default=None):

@@ -350,12 +350,31 @@ class TorchStrategy final : public harness::Strategy {
       : Strategy("torch/" + kind.name, "PyTorch " + kind.name, kind.family),
         kind_(kind),
         fault_(std::move(fault)) {}
+  // DTensor's F.linear on operands laid out as `operands` says (input, weight[, bias]): id
+  // torch/dtensor/linear/<input>x<weight>[x<bias>] in the compact spelling (placement.h).
+  TorchStrategy(const Kind& kind, std::vector<std::pair<std::string, Layout>> operands,
+                const std::string& suffix, std::string fault = "")
+      : Strategy("torch/dtensor/linear/" + suffix, "DTensor linear " + suffix, kind.family),
+        kind_(kind),
+        fault_(std::move(fault)),
+        operands_(std::move(operands)),
+        suffix_(suffix) {}
+  bool operatorVariant() const { return !operands_.empty(); }
+  // The operands' placements on a mesh of `meshNdim` axes, as the runner reads them.
+  nlohmann::json operandPlacements(int meshNdim) const {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [name, layout] : operands_) {
+      for (const auto& p : layout.placements(meshNdim)) j[name].push_back(p.toString());
+    }
+    return j;
+  }
 
   std::vector<std::pair<std::string, std::string>> params() const override {
     return {{"runs", kind_.summary + " (PyTorch's own, in Python ranks)"},
             {"twin", kind_.twin.empty() ? "none" : kind_.twin}};
   }
   std::vector<std::string> caseParams() const override {
+    if (operatorVariant()) return {};
     if (kind_.name == "file") return {"model", "strategy_file"};
     return {"model"};
   }
@@ -363,6 +382,29 @@ class TorchStrategy final : public harness::Strategy {
   bool judgesComm(const CaseSpec&) const override { return false; }
 
   Applicability applies(const CaseSpec& c) const override {
+    if (operatorVariant()) {
+      if (c.workload != "linear") return Applicability::notApplicable("the linear workload's");
+      // Generated for another case (a generated strategy stays registered): its layouts must
+      // fit this case's operands and mesh.
+      const auto shape = reference::LinearShape::parse(c.shape);
+      const std::map<std::string, int> ndim = {
+          {"input", static_cast<int>(shape.input.size())}, {"weight", 2}, {"bias", 1}};
+      if ((operands_.size() == 3) != shape.bias) {
+        return Applicability::notApplicable("generated for a linear case with another bias");
+      }
+      for (const auto& [name, layout] : operands_) {
+        if (layout.ndim() != ndim.at(name) ||
+            layout.maxAxis() >= static_cast<int>(c.mesh.size())) {
+          return Applicability::notApplicable("generated for another shape or mesh");
+        }
+      }
+      const Probe& p = probe();
+      if (!p.ok) return Applicability::unsupported(p.why);
+      if (c.device != "cpu") {
+        return Applicability::unsupported("torch/* ranks run on the CPU over gloo here");
+      }
+      return Applicability::yes();
+    }
     if (c.workload != "torchscript") {
       return Applicability::notApplicable(
           "torch/* runs imported models (workload torchscript), whose Python module it builds");
@@ -463,7 +505,9 @@ class TorchStrategy final : public harness::Strategy {
   std::vector<std::string> plantableFaults() const override { return kind_.faults; }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& fault) const override {
     for (const auto& f : kind_.faults) {
-      if (f == fault) return std::make_unique<TorchStrategy>(kind_, fault);
+      if (f != fault) continue;
+      if (operatorVariant()) return std::make_unique<TorchStrategy>(kind_, operands_, suffix_, f);
+      return std::make_unique<TorchStrategy>(kind_, fault);
     }
     return nullptr;
   }
@@ -494,6 +538,8 @@ class TorchStrategy final : public harness::Strategy {
 
   Kind kind_;
   std::string fault_;
+  std::vector<std::pair<std::string, Layout>> operands_;
+  std::string suffix_;
   mutable std::mutex mu_;
   // (case, rank) -> tensor -> placements.
   mutable std::map<std::pair<std::string, int>, std::map<std::string, std::vector<Placement>>>
@@ -520,7 +566,7 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
     text = "FSDP2: every parameter sharded on dim 0 over the " +
            std::string(k == "hsdp" ? "shard axis, replicated over the replicate axis"
                                    : "mesh");
-  } else if (k.rfind("pipeline-", 0) == 0) {
+  } else if (k.rfind("pipeline-", 0) == 0 || k == "dtensor-linear") {
     return std::nullopt;  // whole on its stage's rank: what the reports say
   } else if (k == "tp" || k == "sp") {
     // torchtitan's plan: column-wise projections shard the weight's rows, row-wise ones its
@@ -557,11 +603,17 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
   const std::string bundle = dir_ + "/inputs.safetensors";
   writeBundle(bundle, in);
 
-  const auto spec = reference::torchscript::ImportSpec::fromJson(case_.shape);
-  const auto model = reference::torchscript::importModel(spec);
-  std::vector<std::string> parameters;
-  for (const auto& [name, dims] : model->graph.parameters) parameters.push_back(name);
-  std::string why;
+  std::vector<std::string> parameters, dataInputs;
+  std::string why, source;
+  int64_t microbatches = 1;
+  if (case_.workload == "torchscript") {
+    const auto spec = reference::torchscript::ImportSpec::fromJson(case_.shape);
+    const auto model = reference::torchscript::importModel(spec);
+    for (const auto& [name, dims] : model->graph.parameters) parameters.push_back(name);
+    dataInputs = model->dataInputs;
+    source = modelSource(case_, why);
+    microbatches = spec.microbatches;
+  }
   nlohmann::json lrs = nlohmann::json::array();
   for (int k = 0; k < case_.training.steps; ++k) {
     lrs.push_back(case_.training.optimizer.lrAt(k, case_.training.steps));
@@ -574,13 +626,15 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
       {"fault", fault_},
       {"strategy", kind_.name},
       {"strategy_file", case_.params.value("strategy_file", "")},
-      {"data_inputs", model->dataInputs},
+      {"workload", case_.workload},
+      {"placements", strategy_.operandPlacements(static_cast<int>(case_.mesh.size()))},
+      {"data_inputs", dataInputs},
       {"parameters", parameters},
       {"steps", case_.training.steps},
       {"lrs", lrs},
       {"optimizer", case_.training.optimizer.toJson()},
-      {"model_source", modelSource(case_, why)},
-      {"microbatches", spec.microbatches}};
+      {"model_source", source},
+      {"microbatches", microbatches}};
   for (const auto& name : data.checked) shapes_[name] = data.expected.at(name).sizes().vec();
 
   runner_ = RunnerPool::instance().take(
@@ -656,7 +710,43 @@ std::vector<std::unique_ptr<harness::Strategy>> registerTorch() {
   return out;
 }
 
+// Every layout of a linear case's operands on its mesh (shards nested in mesh order, at most
+// one axis of pending sums each): DTensor's F.linear on each combination, forward and backward.
+std::vector<std::unique_ptr<harness::Strategy>> generateDTensorLinear(const CaseSpec& c) {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  if (c.workload != "linear") return out;
+  static const Kind kind{"dtensor-linear", Family::kSharding, "", {"partial_reported_whole"},
+                         "DTensor's F.linear"};
+  const auto s = reference::LinearShape::parse(c.shape);
+  const int axes = static_cast<int>(c.mesh.size());
+  const auto inputs = harness::enumerateLayouts(static_cast<int>(s.input.size()), axes, 1);
+  const auto weights = harness::enumerateLayouts(2, axes, 1);
+  const auto biases = s.bias ? harness::enumerateLayouts(1, axes, 1) : std::vector<Layout>{};
+  for (const auto& x : inputs) {
+    for (const auto& w : weights) {
+      if (!s.bias) {
+        out.push_back(std::make_unique<TorchStrategy>(
+            kind, std::vector<std::pair<std::string, Layout>>{{"input", x}, {"weight", w}},
+            x.compact() + "x" + w.compact()));
+        continue;
+      }
+      for (const auto& b : biases) {
+        out.push_back(std::make_unique<TorchStrategy>(
+            kind,
+            std::vector<std::pair<std::string, Layout>>{{"input", x}, {"weight", w}, {"bias", b}},
+            x.compact() + "x" + w.compact() + "x" + b.compact()));
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace sb::strategies::torchside
 
 SB_REGISTER_STRATEGIES(sb::strategies::torchside::registerTorch);
+SB_REGISTER_STRATEGY_GENERATOR((sb::harness::StrategyRegistry::GeneratorInfo{
+    "torch/dtensor/linear/<input>x<weight>x<bias>", sb::harness::Family::kSharding,
+    "DTensor's own F.linear, forward and backward, on every layout of a linear case's operands "
+    "(at most one partial axis each), run by PyTorch in Python ranks",
+    sb::strategies::torchside::generateDTensorLinear}));
