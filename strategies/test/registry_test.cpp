@@ -60,8 +60,8 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // (ring/p2p, ring/allgather, ulysses); the five pipeline schedules (gpipe, 1f1b,
   // interleaved-1f1b, zb-h1, and one read from a CSV); PyTorch's own strategies run in Python
   // ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, checkpoint, sac, three pipeline
-  // schedules, and a user's file).
-  EXPECT_EQ(all.size(), 91u);
+  // schedules, context_parallel, and a user's file).
+  EXPECT_EQ(all.size(), 92u);
   for (const char* id : {"pipeline/gpipe", "pipeline/1f1b", "pipeline/interleaved-1f1b",
                          "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/file"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;

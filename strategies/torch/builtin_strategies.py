@@ -19,6 +19,8 @@ planted-fault tests run to prove a wrong strategy fails its row.
   checkpoint     torch.utils.checkpoint (non-reentrant) around every block, on one rank
   sac            selective activation checkpointing: the same with a policy that saves every
                  matmul's output and recomputes everything else
+  cp             context_parallel where this PyTorch runs it on the mesh's device; on the CPU
+                 (2.13) `unsupported` with PyTorch's reason
   pipeline-gpipe, pipeline-1f1b, pipeline-interleaved-1f1b
                  torch.distributed.pipelining's schedules on a LLaMA as Meta writes it, cut at
                  block boundaries, over the case's micro-batches
@@ -332,6 +334,30 @@ class Pipeline(Strategy):
         return sum(l.detach().double() for l in losses)
 
 
+class ContextParallel(Strategy):
+    """context_parallel (torch.distributed.tensor.experimental): asks this PyTorch whether it
+    runs on the mesh's device by running causal SDPA under it on a small batch; where it does
+    not (2.13 on the CPU: the CPU's SDPA kernel has no sharding strategy), the row is
+    `unsupported` with PyTorch's own words. Where it does, the executor that shards a model's
+    sequence is not written yet, and the row says that instead."""
+    mesh_dim_names = ("cp",)
+    gradient_mean = False
+
+    def parallelize(self, model, mesh, ctx):
+        import torch.nn.functional as F
+        from torch.distributed.tensor.experimental import context_parallel
+        q, k, v = (torch.randn(1, 2, 4 * mesh.size(0), 8) for _ in range(3))
+        try:
+            with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+                a, b, c = (t.detach().requires_grad_() for t in (q, k, v))
+                F.scaled_dot_product_attention(a, b, c, is_causal=True).sum().backward()
+        except Exception as e:
+            raise Unsupported(f"context_parallel does not run here (PyTorch {torch.__version__}, "
+                              f"{mesh.device_type}): {type(e).__name__}: {e}")
+        raise Unsupported("context_parallel runs here, but the torch/cp executor that shards a "
+                          "model's sequence under it is not written yet")
+
+
 class DTensorOperator(Strategy):
     """DTensor's own operator on inputs laid out as the case says: the runner places the
     operands (workload linear: input, weight, bias) and runs F.linear's forward and backward;
@@ -361,4 +387,5 @@ STRATEGIES = {
     "pipeline-1f1b": Pipeline("1f1b"),
     "pipeline-interleaved-1f1b": Pipeline("interleaved-1f1b", stages_per_rank=2),
     "dtensor-linear": DTensorOperator(),
+    "cp": ContextParallel(),
 }

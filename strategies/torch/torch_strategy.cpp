@@ -99,6 +99,8 @@ const std::vector<Kind>& kinds() {
        "torch.distributed.pipelining's Schedule1F1B, one stage a rank"},
       {"pipeline-interleaved-1f1b", Family::kSharding, "pipeline/interleaved-1f1b",
        {"grads_scaled_by_microbatches"}, "ScheduleInterleaved1F1B, two looped stages a rank"},
+      {"cp", Family::kSharding, "sharding/cp/ring/allgather", {},
+       "context_parallel, where this PyTorch runs it"},
       {"file", Family::kSharding, "", {},
        "a user's own parallelize(model, mesh, ctx), from params.strategy_file"},
   };
