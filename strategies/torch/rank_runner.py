@@ -128,6 +128,14 @@ if IMPORT_ERROR is None:
 
         def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                return func(*args, **kwargs)
+            # A mode runs before a tensor subclass; returning NotImplemented for DTensor's
+            # operators lets DTensor desugar them first, with this mode still on, so that the
+            # collectives its redistributions issue come back here (as CommDebugMode does).
+            # Otherwise they would run inside this handler, where the mode is off, uncounted.
+            if any(getattr(t, "__name__", "") == "DTensor" for t in types_):
+                return NotImplemented
             name = func._schema.name.replace("_c10d_functional_autograd::",
                                              "_c10d_functional::")
             if not self.paused and name.split("::")[0] in ("c10d", "_c10d_functional"):
