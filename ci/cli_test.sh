@@ -41,8 +41,9 @@ check "unknown option" 2 "" -- "$sb" run "$src/suites/smoke.yaml" --bogus
 check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --filter 'S01R=S01R.RR/0'
 # 45 Linear and redistribution strategies, 310 operator strategies for the canonical shapes,
 # Megatron's two blocks, the 5 whole-model plans (4 auto-sharding algorithms, 1 from a file),
-# and the rest (context parallel, FSDP, the 5 pipeline schedules).
-check "list --family" 0 "410 strategies" -- "$sb" list --family sharding
+# the rest (context parallel, FSDP, the 5 pipeline schedules), and PyTorch's own run in Python
+# ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, cp, 3 pipeline schedules, a user's file).
+check "list --family" 0 "421 strategies" -- "$sb" list --family sharding
 cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || fail "results.csv changed"
 
 # The checkpointing suite's sweep with rotor: every feasible budget passes bitwise, the
