@@ -18,10 +18,15 @@
 //             param/..., state/..., or output and grad/...), each with its DTensor placements
 //             on the whole mesh.
 // A local tensor is checked against the slice of the reference its placements declare
-// (placement.h's nested torch.chunk, DTensor's); where a built-in strategy documents its layout
-// (FSDP2 shards dim 0, DDP replicates, the Megatron plan's column- and row-wise weights), that
-// specification is checked against the placements too (specifiedBox), so that a plan that left
-// a weight replicated fails even where its numbers are right.
+// (placement.h's nested torch.chunk, DTensor's); a tensor a rank does not report is not there
+// (a pipeline stage's parameters live on its rank only: an empty box). Where a built-in strategy
+// documents its layout (FSDP2 shards dim 0, DDP replicates, the Megatron plan's column- and
+// row-wise weights), that specification is checked against the placements too (specifiedBox),
+// so that a plan that left a weight replicated fails even where its numbers are right.
+//
+// The runners outlive a row (RunnerPool): starting Python and importing torch costs seconds a
+// rank, a step milliseconds. `torch/dtensor/linear/<input>x<weight>x<bias>` is generated per
+// linear case, one executor per layout of F.linear's operands, run by DTensor itself.
 //
 // The step's time is the harness's clock around the command (the pipe's round trip is in it,
 // tens of microseconds); the runner's own clock is in the record's details. Memory: the peak of
