@@ -39,6 +39,9 @@ A strategy (builtin_strategies.py, or a user's file) is a module or object with:
                                              part of the batch's loss, summed over the ranks
   plain_param_copies                         how many ranks hold each plain parameter (a
                                              pipeline's: 1; default every rank)
+  loss_scale(ctx) -> None | number           what a rank's loss is multiplied by before its
+                                             backward (None: the batch axes' size where
+                                             GRADIENT_MEAN holds, else 1)
 """
 
 import contextlib
@@ -275,8 +278,9 @@ class Rank:
         mean = attr(self.strategy, "gradient_mean", True)
         self.loss_scale = float(self.replicas) if mean and self.batch_axes else 1.0
         scale = attr(self.strategy, "loss_scale", None)
-        if scale is not None:
-            self.loss_scale = float(scale(self.ctx))
+        custom = scale(self.ctx) if scale is not None else None
+        if custom is not None:
+            self.loss_scale = float(custom)
         return {"ok": True, "torch": torch.__version__}
 
     # -- step ------------------------------------------------------------------------------
@@ -436,31 +440,24 @@ class Rank:
         return out
 
     def results(self, msg):
-        training = self.case["steps"] > 0
         tensors, placements = {}, {}
-        if self.op is not None:
-            for name, t in self.op.results().items():
-                if self.ctx.fault == "partial_reported_whole" and hasattr(t, "placements"):
-                    # Planted: pending sums handed back as if reduced (a rank's part as the
-                    # whole), the mistake of a to_local() that forgets a Partial placement.
-                    tensors[name] = t.to_local().detach()
-                    placements[name] = [placement_text(p) if not p.is_partial() else
-                                        "Replicate()" for p in t.placements]
-                    continue
-                t = settled(t)
-                tensors[name] = local(t).detach()
-                placements[name] = self.full_placements(t)
-            tensor_bundle.write(msg["path"], tensors, {"placements": json.dumps(placements)})
-            return {"ok": True}
 
         def put(name, t, where):
             tensors[name] = local(t).detach()
             placements[name] = where
 
-
-
         replicated = ["Replicate()"] * len(self.names)
-        if training:
+        if self.op is not None:
+            for name, t in self.op.results().items():
+                if self.ctx.fault == "partial_reported_whole" and hasattr(t, "placements"):
+                    # Planted: pending sums handed back as if reduced (a rank's part as the
+                    # whole), the mistake of a to_local() that forgets a Partial placement.
+                    put(name, t, [placement_text(p) if not p.is_partial() else "Replicate()"
+                                  for p in t.placements])
+                    continue
+                t = settled(t)
+                put(name, t, self.full_placements(t))
+        elif self.case["steps"] > 0:
             put("loss", torch.tensor(self.losses, dtype=torch.float64), replicated)
             put("grad_norm", torch.tensor(self.norms, dtype=torch.float64), replicated)
             step = None
