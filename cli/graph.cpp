@@ -69,7 +69,12 @@ void printCoverage(const ts::ImportedModel& m) {
     std::cout << "  " << std::left << std::setw(32) << r.aten << std::setw(7) << r.count
               << std::setw(11) << (r.strategies ? "yes" : "NO") << r.mapped << "\n";
   }
-  std::cout << "imported in " << m.importSeconds << " s (torch::jit::load " << m.loadSeconds
+  if (m.exported) {
+    std::cout << "torch.export archive of PyTorch " << m.exportedBy << ": " << m.exportCheck
+              << "\n";
+  }
+  std::cout << "imported in " << m.importSeconds << " s ("
+            << (m.exported ? "the archive read in " : "torch::jit::load ") << m.loadSeconds
             << " s)\n";
 }
 

@@ -362,6 +362,81 @@ class MetaLlama(nn.Module):
         return self.output(self.norm(h)).float()
 
 
+class MaskedAttention(MetaAttention):
+    """MetaAttention with an additive key-padding bias from a second input."""
+
+    def forward(self, x, bias):
+        B, T, _ = x.shape
+        q = self.rope(self.wq(x).view(B, T, self.heads, self.dh))
+        k = self.rope(self.wk(x).view(B, T, self.kv_heads, self.dh))
+        v = self.wv(x).view(B, T, self.kv_heads, self.dh)
+        rep = self.heads // self.kv_heads
+        k = torch.repeat_interleave(k, rep, dim=2)
+        v = torch.repeat_interleave(v, rep, dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.dh) + self.mask + bias
+        out = F.softmax(scores, dim=-1) @ v
+        return self.wo(out.transpose(1, 2).contiguous().view(B, T, -1))
+
+
+class MaskedBlock(MetaBlock):
+    def __init__(self, d, heads, kv_heads, hidden, seq):
+        super().__init__(d, heads, kv_heads, hidden, seq, False)
+        self.attention = MaskedAttention(d, heads, kv_heads, seq, False)
+
+    def forward(self, x, bias):
+        h = x + self.attention(self.attention_norm(x), bias)
+        y = self.ffn_norm(h)
+        return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+class MaskedLlama(nn.Module):
+    """LLaMA blocks as Meta's code writes them, with an attention mask as a second input (1 a
+    token, 0 padding), as Hugging Face's models take one: a key-padding bias of -1e4."""
+
+    def __init__(self, vocab, seq, d, heads, kv_heads, hidden, layers):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(
+            [MaskedBlock(d, heads, kv_heads, hidden, seq) for _ in range(layers)])
+        self.norm = MetaRMSNorm(d)
+        self.output = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids, attention_mask):
+        bias = (1.0 - attention_mask.to(torch.float32))[:, None, None, :] * -1e4
+        h = self.tok_embeddings(ids)
+        for layer in self.layers:
+            h = layer(h, bias)
+        return self.output(self.norm(h))
+
+
+class MoEBlock(nn.Module):
+    """A mixture-of-experts feed-forward block: a linear router, softmax, top-k experts per token
+    with their gates renormalised, SwiGLU experts, a residual. Every expert runs every token and
+    is weighted by its gate (0 where not chosen): the dense form of top-k routing, without
+    capacity limits, whose numbers a dispatching implementation must equal."""
+
+    def __init__(self, d, hidden, experts, top_k):
+        super().__init__()
+        self.top_k = top_k
+        self.norm = nn.LayerNorm(d)
+        self.router = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList([nn.ModuleDict({
+            "w1": nn.Linear(d, hidden, bias=False), "w2": nn.Linear(hidden, d, bias=False),
+            "w3": nn.Linear(d, hidden, bias=False)}) for _ in range(experts)])
+
+    def forward(self, x):
+        y = self.norm(x)
+        probs = F.softmax(self.router(y), dim=-1)
+        top, index = torch.topk(probs, self.top_k, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        out = x
+        for e, expert in enumerate(self.experts):
+            gate = (top * (index == e).to(top.dtype)).sum(-1, keepdim=True)
+            out = out + gate * expert["w2"](F.silu(expert["w1"](y)) * expert["w3"](y))
+        return out
+
+
 class RecurrentClassifier(nn.Module):
     """An LSTM or GRU over [B, T, features], its last step's hidden state to a head."""
 
@@ -478,10 +553,96 @@ MALFORMED = {
 }
 
 
+# torch.export archives (--export, PyTorch 2.x): NAME.pt2 with a dynamic batch dimension (so a
+# case runs them at a data-parallel rank's or a micro-batch's rows), NAME.pt2.json (the case's
+# inputs) and NAME.pt2.expected.safetensors: the exported program's own numbers, computed here by
+# PyTorch (reference/torchscript/export.h says how the importer checks them).
+EXPORTS = {
+    "resnet18": (lambda: torchvision.models.resnet18(num_classes=10), [f32(4, 3, 32, 32)],
+                 "torchvision resnet18, 10 classes, 32x32 images (batch norm in training)"),
+    "mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=10,
+                                                                          dropout=0.0),
+                           [f32(4, 3, 64, 64)], "torchvision mobilenet_v3_small, 10 classes"),
+    "gpt2": (lambda: GPT2(vocab=64, max_seq=16, d=32, heads=4, layers=2), [ids(4, 16, 64)],
+             "GPT-2 style decoder: vocab 64, seq 16, d 32, 4 heads, 2 layers, tied head"),
+    "meta_llama": (lambda: MetaLlama(64, 16, 32, 4, 2, 64, 2, complex_rope=False),
+                   [ids(4, 16, 64)], "LLaMA as Meta's code writes it, 2 layers"),
+    "llama_masked": (lambda: MaskedLlama(64, 16, 32, 4, 2, 64, 2),
+                     [ids(4, 16, 64), ids(4, 16, 2)],
+                     "LLaMA blocks with an attention mask as a second input (0 pads a key)"),
+    "moe": (lambda: MoEBlock(32, 64, 4, 2), [f32(4, 8, 32)],
+            "mixture-of-experts block: router, softmax, top-2 of 4 SwiGLU experts, residual"),
+}
+EXPORT_STEPS, EXPORT_LR = 3, 0.001
+
+
+def export_model(name, args):
+    """Writes NAME.pt2, NAME.pt2.json and NAME.pt2.expected.safetensors (export.h)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import copy
+    import tensor_bundle
+    builder, specs, description = EXPORTS[name]
+    torch.manual_seed(args.seed)
+    model = builder()
+    with torch.no_grad():  # constant initialisations made distinct, as for the traces
+        for p in model.parameters():
+            if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                p.add_(torch.randn_like(p) * 0.02)
+    model.train()
+    inputs = make_inputs(specs, torch.Generator().manual_seed(args.seed))
+    batch = torch.export.Dim("batch", min=2, max=1024)
+    try:
+        ep = torch.export.export(copy.deepcopy(model), tuple(inputs),
+                                 dynamic_shapes=tuple({0: batch} for _ in inputs))
+        dynamic = True
+    except Exception as e:  # a model that fixes its batch size: exported at its own
+        print(f"{name}: no dynamic batch dimension ({type(e).__name__}: "
+              f"{str(e).splitlines()[0][:120]}); exported static")
+        ep = torch.export.export(copy.deepcopy(model), tuple(inputs))
+        dynamic = False
+    path = os.path.join(args.out, name + ".pt2")
+    torch.export.save(ep, path)
+    with open(path + ".json", "w") as f:
+        f.write(json.dumps({"file": name + ".pt2", "inputs": specs, "description": description,
+                            "dynamic_batch": dynamic,
+                            "python": {"source": os.path.abspath(__file__), "model": name}},
+                           indent=1) + "\n")
+    # The program's own numbers: its module (ep.module(), what torch.export.load gives back) run
+    # forward and backward on the example inputs, and EXPORT_STEPS steps of plain SGD on
+    # sum(output * grad_output).
+    program = ep.module()
+    out = program(*inputs)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    grad_output = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    params = dict(program.named_parameters())
+    grads = torch.autograd.grad((out * grad_output).sum(), list(params.values()),
+                                allow_unused=True)
+    expected = {f"input/{i}": t for i, t in enumerate(inputs)}
+    expected.update({"grad_output": grad_output, "output": out.detach()})
+    for (pname, _), g in zip(params.items(), grads):
+        if g is not None:
+            expected[f"grad/{pname}"] = g
+    stepped = torch.export.load(path).module()
+    sgd = torch.optim.SGD(stepped.parameters(), lr=EXPORT_LR)
+    losses = []
+    for _ in range(EXPORT_STEPS):
+        sgd.zero_grad()
+        loss = (stepped(*inputs) * grad_output).sum()
+        loss.backward()
+        sgd.step()
+        losses.append(loss.item())
+    expected["losses"] = torch.tensor(losses, dtype=torch.float64)
+    tensor_bundle.write(path + ".expected.safetensors", expected,
+                        {"lr": str(EXPORT_LR), "steps": str(EXPORT_STEPS),
+                         "torch": torch.__version__})
+    print(f"{name:18s} exported {os.path.getsize(path):9d} bytes  "
+          f"{len(ep.graph.nodes):5d} fx nodes  batch {'dynamic' if dynamic else 'static'}")
+
+
 def build_model(name):
     """The nn.Module `name` is traced from, before its parameters are set: what a PyTorch-side
     executor (strategies/torch/rank_runner.py) builds and loads the harness's parameters into."""
-    known = {**MODELS, **ZOO}
+    known = {**MODELS, **ZOO, **EXPORTS}
     if name not in known:
         raise ValueError(f"unknown model '{name}'; expected one of {[*known]}")
     return known[name][0]()
@@ -567,7 +728,30 @@ def main():
     parser.add_argument("--zoo", action="store_true",
                         help="write the zoo (models no suite check was written against) instead")
     parser.add_argument("--ops", action="store_true", help="print each model's inlined op kinds")
+    parser.add_argument("--export", action="store_true",
+                        help="write torch.export archives (PyTorch 2.x) of EXPORTS instead")
     args = parser.parse_args()
+
+    if args.export:
+        if not hasattr(torch, "export") or not hasattr(torch.export, "save"):
+            sys.exit(f"trace_models.py: --export needs PyTorch 2.x's torch.export; "
+                     f"{sys.executable} has PyTorch {torch.__version__}")
+        if args.list:
+            for name, (_, _, description) in EXPORTS.items():
+                print(f"{name:18s} {description}")
+            return 0
+        if not args.out:
+            parser.error("--out DIR is required")
+        names = list(args.only) if args.only else list(EXPORTS)
+        unknown = [n for n in names if n not in EXPORTS]
+        if unknown:
+            parser.error(f"unknown export(s) {unknown}; expected one of {[*EXPORTS]}")
+        os.makedirs(args.out, exist_ok=True)
+        start = time.time()
+        for name in names:
+            export_model(name, args)
+        print(f"exported {len(names)} model(s) to {args.out} in {time.time() - start:.1f} s")
+        return 0
 
     if args.list:
         for name, (_, _, description) in (ZOO if args.zoo else {**MODELS, **MALFORMED}).items():

@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 
+#include "reference/torchscript/export.h"
 #include "reference/torchscript/import_map.h"
 
 namespace sb::reference::torchscript {
@@ -47,8 +48,8 @@ constexpr const char* kControlFlow =
 
 class Walker {
  public:
-  Walker(const ImportSpec& spec, torch::jit::Module module, ImportedModel& out)
-      : spec_(spec), module_(std::move(module)), out_(out), map_(out) {
+  Walker(const ImportSpec& spec, const ModelFile& file, ImportedModel& out)
+      : spec_(spec), file_(file), module_(file.module), out_(out), map_(out) {
     for (const auto& p : module_.named_parameters(true)) {
       if (!paramName_.count(p.value.unsafeGetTensorImpl())) {
         paramName_[p.value.unsafeGetTensorImpl()] = p.name;
@@ -100,9 +101,19 @@ class Walker {
  private:
   std::string where(const Node* n, const std::string& path) const {
     const std::string line = sourceLine(n);
-    const std::string loc = line.empty() ? "" : ", " + line;
+    std::string loc = line.empty() ? "" : ", " + line;
+    if (auto it = file_.nodeName.find(n); it != file_.nodeName.end()) {
+      loc += ", export node '" + it->second + "'";
+    }
     return spec_.file + ": node " + n->kind().toQualString() + " (in " +
            (path.empty() ? "the top module" : "'" + path + "'") + loc + ")";
+  }
+
+  // The module a node runs in: its call's, or for an export (one flat forward) its
+  // nn_module_stack's innermost.
+  std::string pathOf(const Node* n, const std::string& path) const {
+    if (auto it = file_.modulePath.find(n); it != file_.modulePath.end()) return it->second;
+    return path;
   }
 
   std::string inputsText() const {
@@ -119,7 +130,7 @@ class Walker {
                           const std::string& path) {
     std::map<const Value*, Entry> env;
     for (size_t i = 0; i < graph.inputs().size(); ++i) env[graph.inputs()[i]] = args.at(i);
-    for (Node* n : graph.nodes()) step(n, env, path);
+    for (Node* n : graph.nodes()) step(n, env, pathOf(n, path));
     std::vector<Entry> out;
     for (const Value* v : graph.outputs()) out.push_back(env.at(v));
     return out;
@@ -278,6 +289,7 @@ class Walker {
   }
 
   const ImportSpec& spec_;
+  const ModelFile& file_;
   torch::jit::Module module_;
   ImportedModel& out_;
   GraphMapper map_;
@@ -313,12 +325,30 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
   auto out = std::make_shared<ImportedModel>();
   out->inputSpecs = spec.inputs;
   const auto t0 = std::chrono::steady_clock::now();
-  torch::jit::Module module;
-  try {
-    module = torch::jit::load(spec.file);
-  } catch (const std::exception& e) {
-    throw ImportError(spec.file + ": not a TorchScript file torch::jit::load can read (" +
-                      firstLine(e.what()) + ")");
+  const ModelFile file = loadModelFile(spec.file, spec.fault);
+  const torch::jit::Module& module = file.module;
+  if (file.exported) {
+    // Checked once per file (and planted fault): the rows' reference is this program.
+    static std::mutex mu;
+    static std::map<std::string, ExportCheck> checks;
+    ImportSpec fileOnly;
+    fileOnly.file = spec.file;
+    fileOnly.fault = spec.fault;
+    const std::string key = cacheKey(fileOnly);
+    ExportCheck check;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = checks.find(key);
+      if (it == checks.end()) it = checks.emplace(key, verifyExport(spec.file, spec.fault)).first;
+      check = it->second;
+    }
+    if (!check.pass) {
+      throw ImportError(spec.file + ": the program run here " + check.text +
+                        ": this reader does not run it as PyTorch does");
+    }
+    out->exported = true;
+    out->exportedBy = file.torchVersion;
+    out->exportCheck = check.text;
   }
   const auto t1 = std::chrono::steady_clock::now();
   if (!module.find_method("forward")) {
@@ -343,7 +373,7 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
   }
   {
     at::NoGradGuard noGrad;
-    Walker(spec, module, *out).run();
+    Walker(spec, file, *out).run();
   }
   const auto t2 = std::chrono::steady_clock::now();
   out->loadSeconds = std::chrono::duration<double>(t1 - t0).count();

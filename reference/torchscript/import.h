@@ -118,6 +118,10 @@ struct ImportedModel {
   std::vector<InputSpec> inputSpecs;
   std::vector<CoverageRow> coverage;
   double loadSeconds = 0, importSeconds = 0;  // torch::jit::load; the walk after it
+  // A torch.export archive (export.h): the PyTorch that wrote it, and the import's check
+  // against PyTorch's own numbers (a program that differs is refused: ImportError).
+  bool exported = false;
+  std::string exportedBy, exportCheck;
 };
 
 // Imports `spec` (cached by file, its modification time and the specs). Throws ImportError.

@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "reference/torchscript/export.h"
 #include "reference/torchscript/import.h"
 #include "reference/training.h"
 
@@ -163,10 +164,10 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
   if (shape.contains("import_fault")) {
     s.fault = shape.at("import_fault").get<std::string>();
     if (s.fault != "wrong_parameter" && s.fault != "shape_constant_off_by_one" &&
-        s.fault != "cut_where_two_cross") {
+        s.fault != "cut_where_two_cross" && s.fault != "export_wrong_weight") {
       throw ImportError("torchscript: import_fault '" + s.fault +
-                        "' (expected wrong_parameter, shape_constant_off_by_one or "
-                        "cut_where_two_cross)");
+                        "' (expected wrong_parameter, shape_constant_off_by_one, "
+                        "cut_where_two_cross or export_wrong_weight)");
     }
   }
   return s;
@@ -237,7 +238,7 @@ struct LoadedModule {
 
 LoadedModule loadModule(const ImportSpec& spec, const ImportedModel& m, at::ScalarType dtype,
                         const std::map<std::string, at::Tensor>& inputs) {
-  LoadedModule l{torch::jit::load(spec.file), {}};
+  LoadedModule l{loadModelFile(spec.file, spec.fault).module, {}};
   // As nn.Module.to(dtype) does: floating parameters and buffers converted, the rest (a bool
   // mask, num_batches_tracked) moved only. (torch::jit::Module::to converts every buffer.)
   {

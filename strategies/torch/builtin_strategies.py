@@ -50,12 +50,38 @@ class Unsupported(Exception):
     """Raised by parallelize(): the case cannot run this strategy (an `unsupported` row)."""
 
 
+class _Children:
+    """A module's numbered children as a list whose items can be replaced (a wrapper in place
+    of a block), as an nn.ModuleList's can."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __len__(self):
+        return len(list(self.module.children()))
+
+    def __iter__(self):
+        return iter(list(self.module.children()))
+
+    def __getitem__(self, i):
+        return getattr(self.module, str(i))
+
+    def __setitem__(self, i, value):
+        setattr(self.module, str(i), value)
+
+
 def layer_list(model):
     """The model's list of blocks: the first nn.ModuleList in it (a child, as Meta's and HF's
     `layers` / `h`, or deeper, as nn.TransformerEncoder's `encoder.layers`)."""
     for name, child in model.named_modules():
         if isinstance(child, nn.ModuleList):
             return name, child
+    # An exported program unflattened (torch.export.unflatten) keeps the hierarchy, not the
+    # container types: the first module whose children are named 0, 1, ... is the list.
+    for name, child in model.named_modules():
+        keys = [k for k, _ in child.named_children()]
+        if len(keys) >= 2 and keys == [str(i) for i in range(len(keys))]:
+            return name, _Children(child)
     raise Unsupported("the model has no nn.ModuleList of blocks to wrap one by one")
 
 

@@ -56,6 +56,8 @@ import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+# tensor_bundle.py lives in reference/ (the export script writes bundles too).
+sys.path.insert(1, os.path.join(HERE, "..", "..", "reference"))
 
 
 def reply_channel():
@@ -602,7 +604,11 @@ def load_strategy(case):
 
 def build_model(case):
     """The Python module the case's model was traced from: `source:name`, where the file
-    defines build_model(name) or a callable `name` returning the nn.Module."""
+    defines build_model(name) or a callable `name` returning the nn.Module; or a torch.export
+    archive (`file.pt2`): the exported program itself, unflattened into its modules
+    (torch.export.unflatten), so that a strategy wraps its blocks as it wraps the model's."""
+    if case["model_source"].endswith(".pt2"):
+        return torch.export.unflatten(torch.export.load(case["model_source"]))
     source, _, name = case["model_source"].rpartition(":")
     module = import_file(source, "sb_user_model")
     if hasattr(module, "build_model"):

@@ -7,7 +7,7 @@
 // keeps everything but the step: the case, the reference (LibTorch's, from the TorchScript file
 // the user's model was traced to), the verdicts and the record. What crosses over:
 //   prepare   the reference's initial parameters, buffers, data inputs and target, in a tensor
-//             bundle (tensor_bundle.h: safetensors' format) the Python side loads into the
+//             bundle (reference/tensor_bundle.h: safetensors' format) the Python side loads into the
 //             module the file was traced from (the "python" entry trace_models.py writes beside
 //             it, or the case's `params: {model: "file.py:name"}`), then hands to the strategy's
 //             parallelize() as the user's code would be handed it;
@@ -60,7 +60,8 @@
 #include "reference/training.h"
 #include "strategies/sharding/layout/placement.h"
 #include "strategies/torch/rank_process.h"
-#include "strategies/torch/tensor_bundle.h"
+#include "reference/tensor_bundle.h"
+#include "reference/torchscript/export.h"
 
 namespace sb::strategies::torchside {
 namespace {
@@ -72,6 +73,9 @@ using harness::CommStats;
 using harness::Family;
 using harness::Layout;
 using harness::Placement;
+using reference::TensorBundle;
+using reference::readBundle;
+using reference::writeBundle;
 
 struct Kind {
   std::string name;
@@ -179,6 +183,8 @@ std::string modelSource(const CaseSpec& c, std::string& why) {
     return m.get<std::string>();
   }
   const std::string file = c.shape.value("file", "");
+  // A torch.export archive is its own source: the ranks load and unflatten the program.
+  if (reference::torchscript::isExportArchive(file)) return std::filesystem::absolute(file).string();
   const std::string sidecar = file.substr(0, file.rfind('.')) + ".json";
   std::ifstream in(sidecar);
   nlohmann::json j;

@@ -55,7 +55,9 @@ std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<in
   const harness::RedistCostModel cm = model.redistModel();
   const auto es = static_cast<int64_t>(c10::elementSize(model.options().dtype));
   // Repeated blocks repeat their edges: each (shape, from, to) planned once.
-  std::map<std::tuple<std::vector<int64_t>, Layout, Layout>, size_t> planned;
+  std::map<std::tuple<std::vector<int64_t>, Layout, Layout>,
+           std::pair<harness::RedistPlan, harness::RedistPlan>>
+      planned;
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const auto& n = g.nodes[v];
     const Candidate& cand = model.candidates(static_cast<int>(v))[choice[v]];
@@ -67,15 +69,26 @@ std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<in
       e.operand = i;
       e.geometry = {g.valueShape(n.args[i]), model.mesh(), es};
       const auto key = std::make_tuple(e.geometry.shape, *from, cand.op.operands[i]);
-      if (auto it = planned.find(key); it != planned.end()) {
-        e.forward = edges[it->second].forward;
-        e.backward = edges[it->second].backward;
-      } else {
-        e.forward = harness::planRedistribution(e.geometry, *from, cand.op.operands[i], cm,
-                                                harness::PlanObjective::kTime);
-        e.backward = harness::planRedistribution(e.geometry, cand.op.operands[i], *from, cm,
-                                                 harness::PlanObjective::kTime);
-        planned.emplace(key, edges.size());
+      auto it = planned.find(key);
+      if (it == planned.end()) {
+        it = planned
+                 .emplace(key, std::make_pair(
+                                   harness::planRedistribution(e.geometry, *from,
+                                                               cand.op.operands[i], cm,
+                                                               harness::PlanObjective::kTime),
+                                   harness::planRedistribution(e.geometry, cand.op.operands[i],
+                                                               *from, cm,
+                                                               harness::PlanObjective::kTime)))
+                 .first;
+      }
+      e.forward = it->second.first;
+      e.backward = it->second.second;
+      // An operand no gradient reaches (an attention bias from a mask input, a routing mask)
+      // has no backward: autograd never calls the edge's, so it moves nothing.
+      if (!g.requiresGrad(n.args[i])) {
+        e.backward = harness::RedistPlan{};
+        e.backward.from = e.backward.to = cand.op.operands[i];
+        e.backward.layouts = {cand.op.operands[i]};
       }
       edges.push_back(std::move(e));
     }

@@ -3,7 +3,7 @@
 The format is safetensors' (8 bytes of little-endian header length, a JSON header naming each
 tensor's dtype, shape and byte range, then the bytes), written and read here without the
 safetensors package so that a rank needs nothing but torch. The C++ side is
-strategies/torch/tensor_bundle.cpp; the header's "__metadata__" (strings only, as safetensors
+reference/tensor_bundle.cpp; the header's "__metadata__" (strings only, as safetensors
 requires) carries what goes with the tensors (placements, measurements).
 """
 

@@ -1,4 +1,4 @@
-#include "strategies/torch/tensor_bundle.h"
+#include "reference/tensor_bundle.h"
 
 #include <ATen/ATen.h>
 
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace sb::strategies::torchside {
+namespace sb::reference {
 namespace {
 
 const std::vector<std::pair<std::string, at::ScalarType>>& dtypes() {
@@ -116,4 +116,4 @@ TensorBundle readBundle(const std::string& path) {
   return b;
 }
 
-}  // namespace sb::strategies::torchside
+}  // namespace sb::reference

@@ -3,14 +3,14 @@
 // Tensor bundles: the files the harness and a PyTorch rank hand tensors over in. The format is
 // safetensors' (8 bytes of little-endian header length, a JSON header naming each tensor's
 // dtype, shape and byte range, then the bytes), so that any tool reads them; the Python side is
-// strategies/torch/tensor_bundle.py. The header's "__metadata__" holds strings only.
+// reference/tensor_bundle.py. The header's "__metadata__" holds strings only.
 
 #include <map>
 #include <string>
 
 #include <ATen/core/Tensor.h>
 
-namespace sb::strategies::torchside {
+namespace sb::reference {
 
 struct TensorBundle {
   std::map<std::string, at::Tensor> tensors;
@@ -24,4 +24,4 @@ void writeBundle(const std::string& path, const TensorBundle& b);
 // (a header that is not JSON, a dtype it does not know, a byte range outside the file).
 TensorBundle readBundle(const std::string& path);
 
-}  // namespace sb::strategies::torchside
+}  // namespace sb::reference

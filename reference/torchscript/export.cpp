@@ -1,0 +1,828 @@
+// The torch.export reader (export.h): a .pt2 archive's program built into a torch::jit::Module.
+
+#include "reference/torchscript/export.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/frontend/schema_matching.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/ir/named_value.h>
+#include <torch/csrc/jit/runtime/operator.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "reference/tensor_bundle.h"
+#include "reference/torchscript/import.h"
+
+namespace sb::reference::torchscript {
+namespace {
+
+using json = nlohmann::json;
+using torch::jit::Node;
+using torch::jit::Value;
+
+std::string firstLine(const std::string& s) {
+  size_t start = s.find_first_not_of(" \n");
+  if (start == std::string::npos) return s;
+  return s.substr(start, s.find('\n', start) - start);
+}
+
+// torch/_export/serde/schema.py's ScalarType numbering, not c10's.
+std::optional<at::ScalarType> scalarType(int64_t code) {
+  switch (code) {
+    case 1: return at::kByte;
+    case 2: return at::kChar;
+    case 3: return at::kShort;
+    case 4: return at::kInt;
+    case 5: return at::kLong;
+    case 6: return at::kHalf;
+    case 7: return at::kFloat;
+    case 8: return at::kDouble;
+    case 9: return at::ScalarType::ComplexHalf;
+    case 10: return at::ScalarType::ComplexFloat;
+    case 11: return at::ScalarType::ComplexDouble;
+    case 12: return at::kBool;
+    case 13: return at::kBFloat16;
+    default: return std::nullopt;
+  }
+}
+
+// schema.py's Layout (Strided 7) and MemoryFormat (ContiguousFormat 1 ... PreserveFormat 4).
+std::optional<c10::Layout> layoutOf(int64_t code) {
+  if (code == 7) return c10::kStrided;
+  return std::nullopt;
+}
+std::optional<c10::MemoryFormat> memoryFormat(int64_t code) {
+  switch (code) {
+    case 1: return c10::MemoryFormat::Contiguous;
+    case 2: return c10::MemoryFormat::ChannelsLast;
+    case 3: return c10::MemoryFormat::ChannelsLast3d;
+    case 4: return c10::MemoryFormat::Preserve;
+    default: return std::nullopt;
+  }
+}
+
+// The one key of a schema union ({"as_tensor": {...}}).
+std::pair<std::string, const json*> unionOf(const json& j, const std::string& where) {
+  if (!j.is_object() || j.size() != 1) {
+    throw ImportError(where + ": expected a one-key object (a schema union), got " +
+                      j.dump().substr(0, 120));
+  }
+  return {j.begin().key(), &j.begin().value()};
+}
+
+const json& at(const json& j, const std::string& key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) {
+    throw ImportError(where + ": missing key '" + key + "'");
+  }
+  return j.at(key);
+}
+
+// Concrete ints of a tensor_meta's sizes or strides ({"as_int": 4}); a symbolic one
+// ({"as_expr": {"expr_str": "s0", "hint": 4}}) gives its hint where `hint`, else is refused.
+std::vector<int64_t> ints(const json& list, const std::string& where) {
+  std::vector<int64_t> out;
+  if (!list.is_array()) throw ImportError(where + ": expected a list of sizes");
+  for (const json& e : list) {
+    auto [key, v] = unionOf(e, where);
+    if (key == "as_int" && v->is_number_integer()) {
+      out.push_back(v->get<int64_t>());
+    } else {
+      throw ImportError(where + ": a symbolic size (" + e.dump() +
+                        ") where the reader needs a concrete one");
+    }
+  }
+  return out;
+}
+
+// A float of the schema's JSON: a number, or "Infinity", "-Infinity", "NaN" (what json.dumps
+// writes for the non-finite ones).
+double number(const json& j, const std::string& where) {
+  if (j.is_number()) return j.get<double>();
+  if (j.is_string()) {
+    const std::string s = j.get<std::string>();
+    if (s == "Infinity" || s == "inf") return std::numeric_limits<double>::infinity();
+    if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
+    if (s == "NaN" || s == "nan") return std::numeric_limits<double>::quiet_NaN();
+  }
+  throw ImportError(where + ": expected a float, got " + j.dump());
+}
+
+class Reader {
+ public:
+  Reader(std::string file, std::string fault) : file_(std::move(file)), fault_(std::move(fault)) {}
+
+  ModelFile read() {
+    try {
+      zip_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(file_);
+    } catch (const std::exception& e) {
+      throw ImportError(file_ + ": not a zip archive LibTorch's reader can read (" +
+                        firstLine(e.what()) + ")");
+    }
+    std::vector<std::string> records;
+    try {
+      records = zip_->getAllRecords();
+    } catch (const std::exception& e) {
+      throw ImportError(file_ + ": its records cannot be listed (" + firstLine(e.what()) + ")");
+    }
+    for (const auto& r : records) {
+      if (r == "serialized_exported_program.json") {
+        throw ImportError(file_ + ": record serialized_exported_program.json: the 2.7-era "
+                                  "layout, not read here; save it again with PyTorch 2.8 or "
+                                  "later (torch.export.save)");
+      }
+      if (r.rfind("models/", 0) == 0 && r.size() > 12 && r.substr(r.size() - 5) == ".json") {
+        models_.push_back(r);
+      }
+    }
+    if (models_.empty()) {
+      throw ImportError(file_ + ": no record models/<name>.json: not a torch.export archive");
+    }
+    if (std::find(models_.begin(), models_.end(), "models/model.json") != models_.end()) {
+      models_ = {"models/model.json"};
+    } else if (models_.size() > 1) {
+      std::string all;
+      for (const auto& m : models_) all += (all.empty() ? "" : ", ") + m;
+      throw ImportError(file_ + ": several programs (" + all + ") and none named model");
+    }
+    const std::string modelRecord = models_[0];
+    name_ = modelRecord.substr(7, modelRecord.size() - 12);
+    if (zip_->hasRecord("byteorder")) {
+      const std::string order = record("byteorder");
+      if (order != "little") {
+        throw ImportError(file_ + ": record byteorder says '" + order +
+                          "'; only little-endian weights are read");
+      }
+    }
+    json program;
+    try {
+      program = json::parse(record(modelRecord));
+    } catch (const json::exception& e) {
+      throw ImportError(file_ + ": record " + modelRecord + " is not JSON (" + e.what() + ")");
+    }
+    const std::string where = file_ + ": " + modelRecord;
+    const json& version = at(program, "schema_version", where);
+    out_.schemaVersion = {at(version, "major", where).get<int>(),
+                          at(version, "minor", where).get<int>()};
+    if (out_.schemaVersion.first != kSchemaMajor) {
+      throw ImportError(where + ": schema_version " + std::to_string(out_.schemaVersion.first) +
+                        "." + std::to_string(out_.schemaVersion.second) +
+                        " is not read here (this reader takes major " +
+                        std::to_string(kSchemaMajor) + ", any minor)");
+    }
+    if (program.contains("torch_version") && program["torch_version"].is_string()) {
+      out_.torchVersion = program["torch_version"];
+    }
+    tensors_ = readTensors("data/weights/" + name_ + "_weights_config.json", "data/weights/");
+    if (zip_->hasRecord("data/constants/" + name_ + "_constants_config.json")) {
+      auto constants =
+          readTensors("data/constants/" + name_ + "_constants_config.json", "data/constants/");
+      tensors_.insert(constants.begin(), constants.end());
+    }
+    const json& gm = at(program, "graph_module", where);
+    try {
+      build(at(gm, "graph", where + " graph_module"),
+            at(gm, "signature", where + " graph_module"));
+    } catch (const json::exception& e) {
+      throw ImportError(where + ": malformed (" + e.what() + ")");
+    }
+    out_.exported = true;
+    return std::move(out_);
+  }
+
+ private:
+  std::string record(const std::string& name) {
+    if (!zip_->hasRecord(name)) throw ImportError(file_ + ": no record " + name);
+    try {
+      auto [ptr, size] = zip_->getRecord(name);
+      return std::string(static_cast<const char*>(ptr.get()), size);
+    } catch (const std::exception& e) {
+      throw ImportError(file_ + ": record " + name + " cannot be read (" + firstLine(e.what()) +
+                        ")");
+    }
+  }
+
+  // A weights or constants config: per qualified name, the tensor rebuilt from its record's
+  // bytes and tensor_meta.
+  std::map<std::string, at::Tensor> readTensors(const std::string& configRecord,
+                                                const std::string& dir) {
+    json config;
+    try {
+      config = json::parse(record(configRecord));
+    } catch (const json::exception& e) {
+      throw ImportError(file_ + ": record " + configRecord + " is not JSON (" + e.what() + ")");
+    }
+    std::map<std::string, at::Tensor> out;
+    const std::string where = file_ + ": " + configRecord;
+    bool first = true;
+    for (const auto& [name, entry] : at(config, "config", where).items()) {
+      const std::string w = where + " '" + name + "'";
+      if (entry.value("use_pickle", false)) {
+        throw ImportError(w + ": a pickled tensor (use_pickle), which is not read here");
+      }
+      const json& meta = at(entry, "tensor_meta", w);
+      const auto dtype = scalarType(at(meta, "dtype", w).get<int64_t>());
+      if (!dtype) throw ImportError(w + ": dtype " + meta["dtype"].dump() + " is not read here");
+      if (!layoutOf(meta.value("layout", 7))) {
+        throw ImportError(w + ": layout " + meta["layout"].dump() + " is not strided");
+      }
+      const auto sizes = ints(at(meta, "sizes", w), w + " sizes");
+      const auto strides = ints(at(meta, "strides", w), w + " strides");
+      int64_t offset = 0;
+      if (meta.contains("storage_offset")) {
+        offset = ints(json::array({meta["storage_offset"]}), w + " storage_offset").at(0);
+      }
+      if (strides.size() != sizes.size()) {
+        throw ImportError(w + ": " + std::to_string(sizes.size()) + " sizes but " +
+                          std::to_string(strides.size()) + " strides");
+      }
+      int64_t extent = 1;  // elements the storage must hold from its start
+      bool empty = false;
+      for (size_t d = 0; d < sizes.size(); ++d) {
+        if (sizes[d] < 0 || strides[d] < 0) throw ImportError(w + ": a negative size or stride");
+        if (sizes[d] == 0) empty = true;
+        extent += (sizes[d] - 1) * strides[d];
+      }
+      const std::string bytesRecord = dir + at(entry, "path_name", w).get<std::string>();
+      // Tied weights (GPT-2's embedding and head) share a record: one tensor under both names.
+      if (auto it = byRecord_.find(bytesRecord + "|" + meta.dump()); it != byRecord_.end()) {
+        out[name] = out.at(it->second);
+        out_.aliases[it->second].push_back(name);
+        continue;
+      }
+      byRecord_[bytesRecord + "|" + meta.dump()] = name;
+      const std::string bytes = record(bytesRecord);
+      const int64_t item = static_cast<int64_t>(c10::elementSize(*dtype));
+      const int64_t need = empty ? 0 : (offset + extent) * item;
+      if (static_cast<int64_t>(bytes.size()) < need) {
+        throw ImportError(file_ + ": record " + bytesRecord + " holds " +
+                          std::to_string(bytes.size()) + " bytes; '" + name + "' (" +
+                          c10::toString(*dtype) + ", sizes " + c10::str(sizes) + ") needs " +
+                          std::to_string(need));
+      }
+      at::Tensor storage = at::empty({static_cast<int64_t>(bytes.size()) / item},
+                                     at::TensorOptions().dtype(*dtype));
+      std::memcpy(storage.data_ptr(), bytes.data(), storage.numel() * item);
+      if (fault_ == "export_wrong_weight" && first && storage.numel() > 1 && !empty) {
+        // Planted: the first weight read one element late.
+        storage = at::cat({storage.narrow(0, 1, storage.numel() - 1), storage.narrow(0, 0, 1)});
+      }
+      first = false;
+      out[name] = empty ? at::empty(sizes, at::TensorOptions().dtype(*dtype))
+                        : storage.as_strided(sizes, strides, offset).clone();
+    }
+    return out;
+  }
+
+  // ---- the module and its forward
+  torch::jit::Module submodule(const std::string& path) {
+    if (path.empty()) return root_;
+    if (auto it = modules_.find(path); it != modules_.end()) return it->second;
+    const size_t dot = path.rfind('.');
+    torch::jit::Module parent = submodule(dot == std::string::npos ? "" : path.substr(0, dot));
+    const std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+    torch::jit::Module m(c10::QualifiedName("__torch__.stratbench.export.Module_" +
+                                            std::to_string(modules_.size())),
+                         cu_, true);
+    m.register_attribute("training", c10::BoolType::get(), true);
+    parent.register_module(leaf, m);
+    modules_.emplace(path, m);
+    return m;
+  }
+
+  static std::pair<std::string, std::string> split(const std::string& qualified) {
+    const size_t dot = qualified.rfind('.');
+    if (dot == std::string::npos) return {"", qualified};
+    return {qualified.substr(0, dot), qualified.substr(dot + 1)};
+  }
+
+  // The GetAttr chain reading `qualified` from self.
+  Value* attribute(const std::string& qualified) {
+    Value* v = self_;
+    size_t start = 0;
+    while (true) {
+      const size_t dot = qualified.find('.', start);
+      v = graph_->insertGetAttr(v, qualified.substr(start, dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    return v;
+  }
+
+  std::string nodeWhere(const std::string& name, const std::string& target) const {
+    return file_ + ": node '" + name + "' (" + target + ")";
+  }
+
+  Value* tensorValue(const json& arg, const std::string& where) {
+    const std::string name = at(arg, "name", where).get<std::string>();
+    auto it = values_.find(name);
+    if (it == values_.end()) throw ImportError(where + ": reads '" + name + "', defined nowhere");
+    return it->second;
+  }
+
+  Value* constant(const c10::IValue& v) { return graph_->insertConstant(v); }
+
+  // One argument of a node as a JIT value.
+  Value* argument(const json& arg, const std::string& where) {
+    auto [key, v] = unionOf(arg, where);
+    const json& j = *v;
+    if (key == "as_none") return constant(c10::IValue());
+    if (key == "as_tensor") return tensorValue(j, where);
+    if (key == "as_tensors" || key == "as_optional_tensors") {
+      std::vector<Value*> items;
+      bool optional = key == "as_optional_tensors";
+      for (const json& e : j) {
+        if (optional) {
+          auto [k, inner] = unionOf(e, where);
+          items.push_back(k == "as_none" ? constant(c10::IValue()) : tensorValue(*inner, where));
+        } else {
+          items.push_back(tensorValue(e, where));
+        }
+      }
+      c10::TypePtr elem = c10::TensorType::get();
+      if (optional) elem = c10::OptionalType::create(elem);
+      return graph_->insertNode(graph_->createList(elem, items))->output();
+    }
+    if (key == "as_optional_tensor") {
+      auto [k, inner] = unionOf(j, where);
+      return k == "as_none" ? constant(c10::IValue()) : tensorValue(*inner, where);
+    }
+    if (key == "as_int") return constant(j.get<int64_t>());
+    if (key == "as_float") return constant(number(j, where));
+    if (key == "as_bool") return constant(j.get<bool>());
+    if (key == "as_string") return constant(j.get<std::string>());
+    if (key == "as_ints") return constant(c10::IValue(j.get<std::vector<int64_t>>()));
+    if (key == "as_floats") {
+      std::vector<double> v;
+      for (const json& e : j) v.push_back(number(e, where));
+      return constant(c10::IValue(v));
+    }
+    if (key == "as_bools") return constant(c10::IValue(j.get<std::vector<bool>>()));
+    if (key == "as_strings") {
+      c10::List<std::string> l;
+      for (const json& s : j) l.push_back(s.get<std::string>());
+      return constant(c10::IValue(l));
+    }
+    if (key == "as_sym_int" || key == "as_sym_bool" || key == "as_sym_float") {
+      return symbol(j, where);
+    }
+    if (key == "as_sym_ints") {
+      std::vector<Value*> items;
+      for (const json& e : j) items.push_back(symbol(e, where));
+      return graph_->insertNode(graph_->createList(c10::IntType::get(), items))->output();
+    }
+    if (key == "as_scalar_type") {
+      const auto t = scalarType(j.get<int64_t>());
+      if (!t) throw ImportError(where + ": scalar type " + j.dump() + " is not read here");
+      return constant(static_cast<int64_t>(*t));
+    }
+    if (key == "as_memory_format") {
+      const auto f = memoryFormat(j.get<int64_t>());
+      if (!f) throw ImportError(where + ": memory format " + j.dump() + " is not read here");
+      return constant(static_cast<int64_t>(*f));
+    }
+    if (key == "as_layout") {
+      const auto l = layoutOf(j.get<int64_t>());
+      if (!l) throw ImportError(where + ": layout " + j.dump() + " is not strided");
+      return constant(static_cast<int64_t>(*l));
+    }
+    if (key == "as_device") {
+      std::string type = at(j, "type", where).get<std::string>();
+      if (j.contains("index") && j["index"].is_number_integer()) {
+        type += ":" + std::to_string(j["index"].get<int64_t>());
+      }
+      return constant(c10::Device(type));
+    }
+    if (key == "as_graph") {
+      throw ImportError(where + ": a higher-order operator's subgraph, which is not imported");
+    }
+    throw ImportError(where + ": an argument of kind " + key + ", which is not read here");
+  }
+
+  // A SymIntArgument / SymBoolArgument: a constant, or a value a node computed.
+  Value* symbol(const json& j, const std::string& where) {
+    auto [key, v] = unionOf(j, where);
+    if (key == "as_int") return constant(v->get<int64_t>());
+    if (key == "as_bool") return constant(v->get<bool>());
+    if (key == "as_float") return constant(number(*v, where));
+    if (key == "as_name") {
+      const std::string name = v->get<std::string>();
+      auto it = values_.find(name);
+      if (it == values_.end()) {
+        throw ImportError(where + ": symbolic size '" + name +
+                          "' is computed by no node of the graph");
+      }
+      return it->second;
+    }
+    throw ImportError(where + ": a symbolic argument of kind " + key + ", which is not read here");
+  }
+
+  // The innermost module of a node's nn_module_stack ("key,path,type;key,path,type").
+  static std::string modulePath(const json& node) {
+    if (!node.contains("metadata") || !node["metadata"].is_object()) return "";
+    const json& meta = node["metadata"];
+    if (!meta.contains("nn_module_stack") || !meta["nn_module_stack"].is_string()) return "";
+    const std::string stack = meta["nn_module_stack"];
+    const size_t start = stack.rfind(';') == std::string::npos ? 0 : stack.rfind(';') + 1;
+    const std::string entry = stack.substr(start);
+    const size_t a = entry.find(','), b = entry.rfind(',');
+    if (a == std::string::npos || b <= a) return "";
+    std::string path = entry.substr(a + 1, b - a - 1);
+    if (const size_t at = path.find('@'); at != std::string::npos) path.resize(at);
+    return path;
+  }
+
+  void node(const json& n, size_t index) {
+    const std::string name = n.value("name", "#" + std::to_string(index));
+    const std::string target = n.value("target", "");
+    const std::string where = nodeWhere(name, target);
+    // Runtime assertions on symbolic sizes: nothing to compute.
+    if (target == "torch.ops.aten._assert_scalar.default" ||
+        target == "torch.ops.aten._assert_tensor_metadata.default" ||
+        target.rfind("torch.ops.aten.sym_constrain_range", 0) == 0) {
+      return;
+    }
+    if (target.rfind("torch.ops.higher_order.", 0) == 0) {
+      throw ImportError(where + ": a higher-order operator (control flow or a wrapped "
+                                "subgraph), which is not imported; export without it");
+    }
+    std::string qual, overload;
+    static const std::set<std::string> kIntOps = {"add", "sub", "mul", "floordiv", "mod",
+                                                  "neg", "ge", "gt", "le", "lt", "eq", "ne"};
+    if (target.rfind("_operator.", 0) == 0 && kIntOps.count(target.substr(10))) {
+      qual = "aten::" + target.substr(10);  // int arithmetic on symbolic sizes
+    } else if (target.rfind("torch.ops.", 0) == 0) {
+      // torch.ops.<namespace>.<op>.<overload>
+      const std::string rest = target.substr(10);
+      const size_t a = rest.find('.'), b = rest.rfind('.');
+      if (a == std::string::npos || b == a) throw ImportError(where + ": a target it cannot parse");
+      qual = rest.substr(0, a) + "::" + rest.substr(a + 1, b - a - 1);
+      overload = rest.substr(b + 1);
+      if (overload == "default") overload = "";
+    } else {
+      throw ImportError(where + ": not an operator of torch.ops, which is not imported");
+    }
+    if (qual == "aten::sym_size") qual = "aten::size";  // sym_size.int(self, dim): a size
+    const c10::Symbol symbol = c10::Symbol::fromQualString(qual);
+    if (torch::jit::getAllOperatorsFor(symbol).empty()) {
+      throw ImportError(where + ": operator " + qual + " is unknown to this LibTorch");
+    }
+    std::vector<torch::jit::NamedValue> args, kwargs;
+    for (const json& in : at(n, "inputs", where)) {
+      const std::string argName = in.value("name", "");
+      Value* v = argument(at(in, "arg", where + " argument '" + argName + "'"),
+                          where + " argument '" + argName + "'");
+      if (in.value("kind", 1) == 2) {
+        kwargs.emplace_back(argName, v);
+      } else {
+        args.emplace_back(v);
+      }
+    }
+    Value* result = nullptr;
+    try {
+      result = graph_->insert(symbol, args, kwargs);
+    } catch (const std::exception& e) {
+      throw ImportError(where + ": matches none of " + qual +
+                        "'s schemas in this LibTorch (" + firstLine(e.what()) + ")");
+    }
+    // Multiple returns come packed in a tuple: the operator's own outputs are its inputs.
+    std::vector<Value*> outs;
+    Node* made = result->node();
+    if (made->kind() == c10::prim::TupleConstruct) {
+      for (Value* v : made->inputs()) outs.push_back(v);
+      made->destroy();
+      made = outs.empty() ? nullptr : outs[0]->node();
+    } else {
+      outs.push_back(result);
+    }
+    if (made) {
+      out_.modulePath[made] = modulePath(n);
+      out_.nodeName[made] = name;
+    }
+    const json& outputs = at(n, "outputs", where);
+    if (outputs.size() > outs.size()) {
+      throw ImportError(where + ": " + std::to_string(outputs.size()) + " outputs, the operator " +
+                        "returns " + std::to_string(outs.size()));
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) bindOutput(outputs[i], outs[i], where);
+  }
+
+  void bindOutput(const json& o, Value* v, const std::string& where) {
+    auto [key, j] = unionOf(o, where);
+    if (key == "as_tensor" || key == "as_sym_int" || key == "as_sym_bool" ||
+        key == "as_sym_float") {
+      std::string name;
+      if (key == "as_tensor") {
+        name = at(*j, "name", where).get<std::string>();
+      } else {
+        auto [k, inner] = unionOf(*j, where);
+        if (k != "as_name") return;
+        name = inner->get<std::string>();
+      }
+      values_[name] = v;
+      return;
+    }
+    if (key == "as_tensors") {
+      // A list return (split, unbind): unpacked into its elements.
+      Node* unpack = graph_->insertNode(graph_->create(c10::prim::ListUnpack, {v}, j->size()));
+      for (size_t i = 0; i < j->size(); ++i) {
+        unpack->output(i)->setType(c10::TensorType::get());
+        values_[at((*j)[i], "name", where).get<std::string>()] = unpack->output(i);
+      }
+      return;
+    }
+    if (key == "as_none") return;
+    throw ImportError(where + ": an output of kind " + key + ", which is not read here");
+  }
+
+  void build(const json& graph, const json& signature) {
+    const std::string where = file_ + ": models/" + name_ + ".json";
+    cu_ = std::make_shared<torch::jit::CompilationUnit>();
+    root_ = torch::jit::Module(c10::QualifiedName("__torch__.stratbench.export.Program"), cu_,
+                               true);
+    root_.register_attribute("training", c10::BoolType::get(), true);
+    graph_ = std::make_shared<torch::jit::Graph>();
+    self_ = graph_->addInput("self");
+    // The signature's inputs: parameters and buffers become module state at their qualified
+    // names; user inputs the forward's arguments.
+    const json& inputSpecs = at(signature, "input_specs", where + " signature");
+    const json& graphInputs = at(graph, "inputs", where + " graph");
+    if (inputSpecs.size() != graphInputs.size()) {
+      throw ImportError(where + ": " + std::to_string(inputSpecs.size()) + " input specs for " +
+                        std::to_string(graphInputs.size()) + " graph inputs");
+    }
+    struct State {
+      std::string placeholder, qualified;
+      bool parameter;
+    };
+    std::vector<State> state;
+    std::vector<std::string> user;
+    for (const json& spec : inputSpecs) {
+      auto [key, j] = unionOf(spec, where + " input_specs");
+      const std::string w = where + " input spec " + key;
+      if (key == "parameter") {
+        state.push_back({at(at(*j, "arg", w), "name", w), at(*j, "parameter_name", w), true});
+      } else if (key == "buffer") {
+        state.push_back({at(at(*j, "arg", w), "name", w), at(*j, "buffer_name", w), false});
+      } else if (key == "tensor_constant") {
+        state.push_back({at(at(*j, "arg", w), "name", w), at(*j, "tensor_constant_name", w),
+                         false});
+      } else if (key == "user_input") {
+        auto [k, arg] = unionOf(at(*j, "arg", w), w);
+        if (k != "as_tensor") {
+          throw ImportError(w + ": a user input of kind " + k +
+                            " (only tensors are inputs of a case)");
+        }
+        user.push_back(at(*arg, "name", w));
+      } else {
+        throw ImportError(w + ": not read here (custom objects, effect tokens and constant "
+                              "inputs are not imported)");
+      }
+    }
+    for (const State& s : state) {
+      auto it = tensors_.find(s.qualified);
+      if (it == tensors_.end()) {
+        throw ImportError(file_ + ": '" + s.qualified +
+                          "' is in the signature but in no weights or constants record");
+      }
+      const auto [path, leaf] = split(s.qualified);
+      torch::jit::Module m = submodule(path);
+      if (s.parameter) {
+        m.register_parameter(leaf, it->second.set_requires_grad(
+                                       at::isFloatingType(it->second.scalar_type())),
+                             false);
+      } else {
+        m.register_buffer(leaf, it->second);
+      }
+    }
+    for (const std::string& u : user) {
+      values_[u] = graph_->addInput(u)->setType(c10::TensorType::get());
+    }
+    self_->setType(root_.type());  // its attributes all registered: the GetAttr chains read them
+    for (const State& s : state) values_[s.placeholder] = attribute(s.qualified);
+    const json& nodes = at(graph, "nodes", where + " graph");
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      try {
+        node(nodes[i], i);
+      } catch (const json::exception& e) {
+        throw ImportError(nodeWhere(nodes[i].value("name", "#" + std::to_string(i)),
+                                    nodes[i].value("target", "")) +
+                          ": malformed (" + e.what() + ")");
+      }
+    }
+    // Outputs: the user's, in order; buffer mutations written back into the buffer.
+    std::vector<Value*> results;
+    for (const json& spec : at(signature, "output_specs", where + " signature")) {
+      auto [key, j] = unionOf(spec, where + " output_specs");
+      const std::string w = where + " output spec " + key;
+      if (key == "user_output" || key == "loss_output") {
+        results.push_back(argument(at(*j, "arg", w), w));
+      } else if (key == "buffer_mutation") {
+        Value* value = tensorValue(at(*j, "arg", w), w);
+        Value* buffer = attribute(at(*j, "buffer_name", w).get<std::string>());
+        graph_->insert(c10::aten::copy_, {buffer, value});
+      } else {
+        throw ImportError(w + ": not read here (user-input and parameter mutations, gradients "
+                              "and effect tokens are not imported)");
+      }
+    }
+    if (results.empty()) throw ImportError(where + ": the program returns no user output");
+    graph_->registerOutput(results.size() == 1
+                               ? results[0]
+                               : graph_->insertNode(graph_->createTuple(results))->output());
+    auto* fn = cu_->create_function(
+        c10::QualifiedName(*root_.type()->name(), "forward"), graph_);
+    root_.type()->addMethod(fn);
+    out_.module = root_;
+  }
+
+  std::string file_, fault_, name_;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip_;
+  std::vector<std::string> models_;
+  std::map<std::string, at::Tensor> tensors_;
+  std::map<std::string, std::string> byRecord_;  // record and tensor_meta -> first name
+  std::shared_ptr<torch::jit::CompilationUnit> cu_;
+  torch::jit::Module root_;
+  std::map<std::string, torch::jit::Module> modules_;
+  std::shared_ptr<torch::jit::Graph> graph_;
+  Value* self_ = nullptr;
+  std::map<std::string, Value*> values_;
+  ModelFile out_;
+};
+
+}  // namespace
+
+bool isExportArchive(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  char magic[2] = {0, 0};
+  if (!in.read(magic, 2) || magic[0] != 'P' || magic[1] != 'K') return false;
+  try {
+    caffe2::serialize::PyTorchStreamReader zip(file);
+    for (const auto& r : zip.getAllRecords()) {
+      if (r == "archive_format" || r.rfind("models/", 0) == 0 ||
+          r == "serialized_exported_program.json") {
+        return true;
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  // A zip LibTorch cannot open: by its name (the reader then says what is wrong).
+  return file.size() > 4 && file.substr(file.size() - 4) == ".pt2";
+}
+
+ModelFile loadModelFile(const std::string& file, const std::string& fault) {
+  if (isExportArchive(file) ||
+      (file.size() > 4 && file.substr(file.size() - 4) == ".pt2")) {
+    try {
+      return Reader(file, fault).read();
+    } catch (const nlohmann::json::exception& e) {
+      throw ImportError(file + ": a record's JSON is not what torch/_export/serde/schema.py "
+                               "writes (" + std::string(e.what()) + ")");
+    }
+  }
+  ModelFile m;
+  try {
+    m.module = torch::jit::load(file);
+  } catch (const std::exception& e) {
+    throw ImportError(file + ": not a TorchScript file torch::jit::load can read (" +
+                      firstLine(e.what()) + ")");
+  }
+  return m;
+}
+
+ExportCheck verifyExport(const std::string& file, const std::string& fault) {
+  ExportCheck c;
+  const std::string path = file + ".expected.safetensors";
+  if (!std::ifstream(path).good()) {
+    c.text = "not checked against PyTorch's numbers: no " + path +
+             " (trace_models.py --export writes it)";
+    return c;
+  }
+  TensorBundle expected;
+  try {
+    expected = readBundle(path);
+  } catch (const std::exception& e) {
+    throw ImportError(path + ": " + firstLine(e.what()));
+  }
+  const auto want = [&](const std::string& name) -> const at::Tensor& {
+    auto it = expected.tensors.find(name);
+    if (it == expected.tensors.end()) throw ImportError(path + ": no tensor '" + name + "'");
+    return it->second;
+  };
+  c.checked = true;
+  const auto compare = [&](const std::string& name, const at::Tensor& got) {
+    const at::Tensor& ref = want(name);
+    if (!got.defined() || got.sizes() != ref.sizes()) {
+      throw ImportError(file + ": " + name + " has shape " +
+                        (got.defined() ? c10::str(got.sizes()) : std::string("(none)")) +
+                        " here, " + c10::str(ref.sizes()) + " in PyTorch's numbers (" + path +
+                        ")");
+    }
+    const at::Tensor g = got.detach().to(at::kDouble), r = ref.to(at::kDouble);
+    const double scale = std::max(r.abs().max().item<double>(), 1e-30);
+    const double err = (g - r).abs().max().item<double>() / scale;
+    ++c.tensors;
+    if (!(err <= c.worst) || c.worstName.empty()) {
+      c.worst = std::isnan(err) ? INFINITY : err;
+      c.worstName = name;
+    }
+  };
+  std::vector<c10::IValue> inputs;
+  for (int k = 0; expected.tensors.count("input/" + std::to_string(k)); ++k) {
+    inputs.emplace_back(expected.tensors.at("input/" + std::to_string(k)));
+  }
+  const auto firstTensor = [](const c10::IValue& v) {
+    return v.isTuple() ? v.toTupleRef().elements().at(0).toTensor() : v.toTensor();
+  };
+  const at::Tensor& gradOutput = want("grad_output");
+  try {
+    // One forward and backward.
+    ModelFile m = loadModelFile(file, fault);
+    m.module.train();
+    std::vector<at::Tensor> params;
+    std::vector<std::string> names;
+    std::set<const c10::TensorImpl*> seen;  // a tied weight once, as named_parameters() does
+    for (const auto& p : m.module.named_parameters(true)) {
+      if (!seen.insert(p.value.unsafeGetTensorImpl()).second) continue;
+      names.push_back(p.name);
+      params.push_back(p.value);
+    }
+    const at::Tensor out = firstTensor(m.module.forward(inputs));
+    compare("output", out);
+    const auto grads =
+        torch::autograd::grad({(out * gradOutput).sum()}, params, {}, false, false, true);
+    // Every gradient PyTorch computed, found here under its name or a tied weight's.
+    std::set<std::string> compared;
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::vector<std::string> aliases = {names[i]};
+      if (auto it = m.aliases.find(names[i]); it != m.aliases.end()) {
+        aliases.insert(aliases.end(), it->second.begin(), it->second.end());
+      }
+      for (const auto& [first, others] : m.aliases) {
+        if (std::find(others.begin(), others.end(), names[i]) != others.end()) {
+          aliases.push_back(first);
+          aliases.insert(aliases.end(), others.begin(), others.end());
+        }
+      }
+      for (const auto& a : aliases) {
+        if (expected.tensors.count("grad/" + a) && !compared.count("grad/" + a)) {
+          compare("grad/" + a, grads[i]);
+          compared.insert("grad/" + a);
+          break;
+        }
+      }
+    }
+    for (const auto& [name, t] : expected.tensors) {
+      if (name.rfind("grad/", 0) == 0 && !compared.count(name)) {
+        throw ImportError(file + ": " + name + " of PyTorch's numbers (" + path +
+                          ") is the gradient of no parameter here");
+      }
+    }
+    // Optimizer steps: plain SGD, as torch.optim.SGD(lr) updates (p.add_(grad, alpha=-lr)).
+    const double lr = std::stod(expected.metadata.count("lr") ? expected.metadata.at("lr") : "0");
+    const at::Tensor& losses = want("losses");
+    ModelFile s = loadModelFile(file, fault);
+    s.module.train();
+    std::vector<at::Tensor> sp;
+    seen.clear();
+    for (const auto& p : s.module.named_parameters(true)) {
+      if (seen.insert(p.value.unsafeGetTensorImpl()).second) sp.push_back(p.value);
+    }
+    std::vector<double> got;
+    for (int64_t step = 0; step < losses.numel(); ++step) {
+      const at::Tensor loss = (firstTensor(s.module.forward(inputs)) * gradOutput).sum();
+      const auto g = torch::autograd::grad({loss}, sp, {}, false, false, true);
+      got.push_back(loss.item<double>());
+      at::NoGradGuard noGrad;
+      for (size_t i = 0; i < sp.size(); ++i) {
+        if (g[i].defined()) sp[i].add_(g[i], -lr);
+      }
+    }
+    compare("losses", at::tensor(got, at::kDouble));
+  } catch (const ImportError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ImportError(file + ": running the program on PyTorch's inputs (" + path +
+                      ") fails: " + firstLine(e.what()));
+  }
+  c.pass = c.worst <= kVerifyRtol;
+  std::ostringstream text;
+  text << (c.pass ? "checked against" : "DIFFERS from") << " PyTorch's numbers (" << path
+       << "): " << c.tensors << " tensors, the largest difference " << c.worst
+       << " of the magnitude (" << c.worstName << "; within " << kVerifyRtol << ")";
+  c.text = text.str();
+  return c;
+}
+
+}  // namespace sb::reference::torchscript
