@@ -12,11 +12,13 @@
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/csrc/jit/serialization/import.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -702,6 +704,7 @@ ModelFile loadModelFile(const std::string& file, const std::string& fault) {
 }
 
 ExportCheck verifyExport(const std::string& file, const std::string& fault) {
+  const auto start = std::chrono::steady_clock::now();
   ExportCheck c;
   const std::string path = file + ".expected.safetensors";
   if (!std::ifstream(path).good()) {
@@ -817,6 +820,7 @@ ExportCheck verifyExport(const std::string& file, const std::string& fault) {
                       ") fails: " + firstLine(e.what()));
   }
   c.pass = c.worst <= kVerifyRtol;
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::ostringstream text;
   text << (c.pass ? "checked against" : "DIFFERS from") << " PyTorch's numbers (" << path
        << "): " << c.tensors << " tensors, the largest difference " << c.worst

@@ -80,6 +80,7 @@ struct ExportCheck {
   double worst = 0;       // the largest |difference| / max |PyTorch's|, over them
   std::string worstName;  // where it is
   std::string text;       // one line for the record and `stratbench graph`
+  double seconds = 0;     // reading the numbers and running the program on them
 };
 constexpr double kVerifyRtol = 1e-5;
 ExportCheck verifyExport(const std::string& file, const std::string& fault = "");

@@ -327,6 +327,7 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
   const auto t0 = std::chrono::steady_clock::now();
   const ModelFile file = loadModelFile(spec.file, spec.fault);
   const torch::jit::Module& module = file.module;
+  const auto loaded = std::chrono::steady_clock::now();
   if (file.exported) {
     // Checked once per file (and planted fault): the rows' reference is this program.
     static std::mutex mu;
@@ -349,6 +350,7 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
     out->exported = true;
     out->exportedBy = file.torchVersion;
     out->exportCheck = check.text;
+    out->checkSeconds = check.seconds;
   }
   const auto t1 = std::chrono::steady_clock::now();
   if (!module.find_method("forward")) {
@@ -376,7 +378,7 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
     Walker(spec, file, *out).run();
   }
   const auto t2 = std::chrono::steady_clock::now();
-  out->loadSeconds = std::chrono::duration<double>(t1 - t0).count();
+  out->loadSeconds = std::chrono::duration<double>(loaded - t0).count();
   out->importSeconds = std::chrono::duration<double>(t2 - t1).count();
   return out;
 }

@@ -122,6 +122,7 @@ struct ImportedModel {
   // against PyTorch's own numbers (a program that differs is refused: ImportError).
   bool exported = false;
   std::string exportedBy, exportCheck;
+  double checkSeconds = 0;  // the check's runs (once per file and process: 0 when cached)
 };
 
 // Imports `spec` (cached by file, its modification time and the specs). Throws ImportError.

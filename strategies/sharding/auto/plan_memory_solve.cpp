@@ -86,9 +86,8 @@ std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<in
       // An operand no gradient reaches (an attention bias from a mask input, a routing mask)
       // has no backward: autograd never calls the edge's, so it moves nothing.
       if (!g.requiresGrad(n.args[i])) {
-        e.backward = harness::RedistPlan{};
-        e.backward.from = e.backward.to = cand.op.operands[i];
-        e.backward.layouts = {cand.op.operands[i]};
+        const Layout& at = cand.op.operands[i];
+        e.backward = harness::RedistPlan{at, at, {}, {at}, 0.0};
       }
       edges.push_back(std::move(e));
     }
