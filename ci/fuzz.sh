@@ -11,15 +11,16 @@
 # Targets: chain (the checkpoint chain reader and the solvers on what it accepts), numbers (the
 # command line's numbers), suite (the suite reader), profile (the cost-profile reader), results
 # (the result-file reader of `report`), plan (the sharding-plan reader), graph (the graph
-# workloads' --shape reader, through the strict JSON parser). The readers' own files are compiled with
-# instrumentation; what they call in the built libraries (LibTorch, the harness) is not.
+# workloads' --shape reader, through the strict JSON parser), pt2 (the torch.export reader: a
+# program and weights config). The readers' own files are compiled with instrumentation; what
+# they call in the built libraries (LibTorch, the harness) is not.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 secs=$2
 shift 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results plan graph pipeline)
+[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results plan graph pipeline pt2)
 
 command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 2; }
 out="$build/fuzz"
@@ -50,7 +51,7 @@ harness=(-L"$build/harness" -lstratbench_harness -L"$build/reference" -lstratben
 build_target() {
   local t=$1 bin="$out/$1_fuzz"
   local srcs=("$src/ci/fuzz/${t}_fuzz.cpp")
-  local extra=()
+  local extra=() tflags=()
   case "$t" in
     chain) srcs+=("$src/strategies/checkpointing/chain.cpp" "$src/strategies/checkpointing/solvers.cpp") ;;
     numbers) ;;
@@ -72,9 +73,15 @@ build_target() {
     # reference library (the operators the graph names) from the build.
     graph) srcs+=("$src/reference/graph.cpp")
            extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
+    # The torch.export reader (instrumented); the importer's error type from import.h.
+    # UBSan's vptr check is off here: it needs the typeinfo of LibTorch's JIT types
+    # (c10::DynamicType), which the library does not export.
+    pt2) srcs+=("$src/reference/torchscript/export.cpp" "$src/reference/tensor_bundle.cpp")
+         tflags=(-fno-sanitize=vptr)
+         extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
     # The pipeline schedule reader and its dry run (no LibTorch).
     pipeline) srcs+=("$src/strategies/pipeline/schedule.cpp" "$src/strategies/pipeline/simulate.cpp") ;;
-    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan, graph, pipeline)"; exit 2 ;;
+    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan, graph, pipeline, pt2)"; exit 2 ;;
   esac
   # Rebuilt only when a source is newer than the binary.
   local newest
@@ -87,11 +94,11 @@ build_target() {
     mkdir -p "$out/obj-$t"
     for s in "${srcs[@]}"; do
       obj="$out/obj-$t/$(basename "$s" .cpp).o"
-      (cd "$src" && CCACHE_BASEDIR="$src" CCACHE_NOHASHDIR=1 $ccache clang++ "${flags[@]}" \
+      (cd "$src" && CCACHE_BASEDIR="$src" CCACHE_NOHASHDIR=1 $ccache clang++ "${flags[@]}" "${tflags[@]}" \
         "${torch[@]}" -fdebug-prefix-map="$src"=. -c "$s" -o "$obj")
       objs+=("$obj")
     done
-    clang++ "${flags[@]}" "${objs[@]}" -o "$bin" "${extra[@]}" -lpthread
+    clang++ "${flags[@]}" "${tflags[@]}" "${objs[@]}" -o "$bin" "${extra[@]}" -lpthread
   fi
 }
 
