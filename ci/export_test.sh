@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end checks of torch.export archives as workloads (reference/torchscript/export.h,
 # docs/export.md). Where this build's SB_TORCH_PYTHON has PyTorch 2.x (the torch2 leg; skipped,
-# exit 77, elsewhere): trace_models.py --export writes six models with PyTorch's own numbers;
-# `graph --model` checks each import against them; suites/exported.yaml passes every family that
-# takes imported graphs (auto-sharding plans, checkpointing, FSDP / ZeRO and pipelines over
+# exit 77, elsewhere): trace_models.py --export writes seven models (one decomposed to core ATen)
+# with PyTorch's own numbers; `graph --model` checks each import against them;
+# suites/exported.yaml passes every family that takes imported graphs (auto-sharding plans, checkpointing, FSDP / ZeRO and pipelines over
 # optimizer steps, PyTorch's own DDP / FSDP2 / checkpointing on the unflattened program), with
 # collectives and the exact families' peaks as predicted and the rest unsupported saying why;
 # planted faults fail (a reader that shifts a weight, a rank skipping an update, FSDP2's
@@ -22,12 +22,12 @@ if ! "$py" -c 'import torch.export, sys; sys.exit(0 if hasattr(torch.export, "sa
   exit 77
 fi
 exports="$build/exports"
-check "trace_models.py --export: six archives, each with PyTorch's numbers" 0 "exported 6 model" -- \
+check "trace_models.py --export: seven archives, each with PyTorch's numbers" 0 "exported 7 model" -- \
   "$py" reference/models/trace_models.py --export --out "$exports"
 suite="$tmp/exported.yaml"
 sed "s#build-torch2/exports/#$exports/#g" suites/exported.yaml > "$suite"
 ids='{"shape": [4, 16], "dtype": "int64", "low": 0, "high": 64}'
-for m in "gpt2 $ids" "meta_llama $ids" "moe [4,8,32]" "resnet18 [4,3,32,32]" \
+for m in "gpt2 $ids" "meta_llama $ids" "moe [4,8,32]" "resnet18 [4,3,32,32]" "resnet18_core [4,3,32,32]" \
          "mobilenet_v3_small [4,3,64,64]"; do
   name=${m%% *}
   check "graph --model $name.pt2: the import checked against PyTorch's numbers" 0 \
@@ -41,7 +41,7 @@ check "graph --model llama_masked.pt2: two inputs, ids and a mask" 0 \
 check "a dynamic batch: the import folds the symbolic size at 2 rows" 0 "aten::view" -- \
   "$sb" graph --model "$exports/gpt2.pt2" --input '{"shape": [2, 16], "dtype": "int64", "low": 0, "high": 64}'
 
-check "exported suite: every row passes but those unsupported, saying why" 0 "total +50 +0 +0 +16" -- \
+check "exported suite: every row passes but those unsupported, saying why" 0 "total +55 +0 +0 +16" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 1 --min-time 0.0001
 check "unsupported rows say why; collectives and the exact families' peaks as predicted" 0 "ok" -- \
   python3 - "$tmp/suite/results.csv" <<'PY'

@@ -316,7 +316,7 @@ class MetaAttention(nn.Module):
         c, s = self.cos.view(1, T, 1, D // 2), self.sin.view(1, T, 1, D // 2)
         return torch.stack([a * c - b * s, a * s + b * c], -1).flatten(3)
 
-    def forward(self, x):
+    def forward(self, x, bias=None):
         B, T, _ = x.shape
         q = self.rope(self.wq(x).view(B, T, self.heads, self.dh))
         k = self.rope(self.wk(x).view(B, T, self.kv_heads, self.dh))
@@ -326,6 +326,8 @@ class MetaAttention(nn.Module):
         v = torch.repeat_interleave(v, rep, dim=2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         scores = q @ k.transpose(2, 3) / math.sqrt(self.dh) + self.mask
+        if bias is not None:  # a key-padding bias from an attention-mask input
+            scores = scores + bias
         out = F.softmax(scores.float(), dim=-1).type_as(q) @ v
         return self.wo(out.transpose(1, 2).contiguous().view(B, T, -1))
 
@@ -340,8 +342,10 @@ class MetaBlock(nn.Module):
         self.attention_norm = MetaRMSNorm(d)
         self.ffn_norm = MetaRMSNorm(d)
 
-    def forward(self, x):
-        h = x + self.attention(self.attention_norm(x))
+    def forward(self, x, bias=None):
+        y = self.attention_norm(x)
+        # Without a bias the attention is called as traced models call it: one argument.
+        h = x + (self.attention(y) if bias is None else self.attention(y, bias))
         y = self.ffn_norm(h)
         return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
 
@@ -362,45 +366,12 @@ class MetaLlama(nn.Module):
         return self.output(self.norm(h)).float()
 
 
-class MaskedAttention(MetaAttention):
-    """MetaAttention with an additive key-padding bias from a second input."""
-
-    def forward(self, x, bias):
-        B, T, _ = x.shape
-        q = self.rope(self.wq(x).view(B, T, self.heads, self.dh))
-        k = self.rope(self.wk(x).view(B, T, self.kv_heads, self.dh))
-        v = self.wv(x).view(B, T, self.kv_heads, self.dh)
-        rep = self.heads // self.kv_heads
-        k = torch.repeat_interleave(k, rep, dim=2)
-        v = torch.repeat_interleave(v, rep, dim=2)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        scores = q @ k.transpose(2, 3) / math.sqrt(self.dh) + self.mask + bias
-        out = F.softmax(scores, dim=-1) @ v
-        return self.wo(out.transpose(1, 2).contiguous().view(B, T, -1))
-
-
-class MaskedBlock(MetaBlock):
-    def __init__(self, d, heads, kv_heads, hidden, seq):
-        super().__init__(d, heads, kv_heads, hidden, seq, False)
-        self.attention = MaskedAttention(d, heads, kv_heads, seq, False)
-
-    def forward(self, x, bias):
-        h = x + self.attention(self.attention_norm(x), bias)
-        y = self.ffn_norm(h)
-        return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
-
-
-class MaskedLlama(nn.Module):
-    """LLaMA blocks as Meta's code writes them, with an attention mask as a second input (1 a
-    token, 0 padding), as Hugging Face's models take one: a key-padding bias of -1e4."""
+class MaskedLlama(MetaLlama):
+    """MetaLlama with an attention mask as a second input (1 a token, 0 padding), as Hugging
+    Face's models take one: a key-padding bias of -1e4."""
 
     def __init__(self, vocab, seq, d, heads, kv_heads, hidden, layers):
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(
-            [MaskedBlock(d, heads, kv_heads, hidden, seq) for _ in range(layers)])
-        self.norm = MetaRMSNorm(d)
-        self.output = nn.Linear(d, vocab, bias=False)
+        super().__init__(vocab, seq, d, heads, kv_heads, hidden, layers, complex_rope=False)
 
     def forward(self, ids, attention_mask):
         bias = (1.0 - attention_mask.to(torch.float32))[:, None, None, :] * -1e4
@@ -572,6 +543,10 @@ EXPORTS = {
                      "LLaMA blocks with an attention mask as a second input (0 pads a key)"),
     "moe": (lambda: MoEBlock(32, 64, 4, 2), [f32(4, 8, 32)],
             "mixture-of-experts block: router, softmax, top-2 of 4 SwiGLU experts, residual"),
+    # Decomposed to core ATen (ep.run_decompositions()): convolution, addmm over permute,
+    # _native_batch_norm_legit_functional whose new statistics are buffer-mutation outputs.
+    "resnet18_core": (lambda: torchvision.models.resnet18(num_classes=10), [f32(4, 3, 32, 32)],
+                      "resnet18 decomposed to core ATen (functional batch norm)"),
 }
 EXPORT_STEPS, EXPORT_LR = 3, 0.001
 
@@ -601,6 +576,17 @@ def export_model(name, args):
         ep = torch.export.export(copy.deepcopy(model), tuple(inputs))
         dynamic = False
     path = os.path.join(args.out, name + ".pt2")
+    numbers_from = path
+    if name.endswith("_core"):
+        # PyTorch cannot train a decomposed program whose batch norm updates its statistics
+        # (ep.module()'s backward meets the buffer copied into after the functional operator
+        # saved it): its numbers come from the same program before decomposition.
+        numbers_from = path + ".training-ir.pt2"
+        torch.export.save(ep, numbers_from)
+        program = ep.module()
+        ep = ep.run_decompositions()
+    else:
+        program = None
     torch.export.save(ep, path)
     with open(path + ".json", "w") as f:
         f.write(json.dumps({"file": name + ".pt2", "inputs": specs, "description": description,
@@ -610,7 +596,7 @@ def export_model(name, args):
     # The program's own numbers: its module (ep.module(), what torch.export.load gives back) run
     # forward and backward on the example inputs, and EXPORT_STEPS steps of plain SGD on
     # sum(output * grad_output).
-    program = ep.module()
+    program = program or ep.module()
     out = program(*inputs)
     gen = torch.Generator().manual_seed(args.seed + 1)
     grad_output = torch.randn(out.shape, generator=gen, dtype=out.dtype)
@@ -622,7 +608,7 @@ def export_model(name, args):
     for (pname, _), g in zip(params.items(), grads):
         if g is not None:
             expected[f"grad/{pname}"] = g
-    stepped = torch.export.load(path).module()
+    stepped = torch.export.load(numbers_from).module()
     sgd = torch.optim.SGD(stepped.parameters(), lr=EXPORT_LR)
     losses = []
     for _ in range(EXPORT_STEPS):
@@ -632,6 +618,8 @@ def export_model(name, args):
         sgd.step()
         losses.append(loss.item())
     expected["losses"] = torch.tensor(losses, dtype=torch.float64)
+    if numbers_from != path:
+        os.remove(numbers_from)
     tensor_bundle.write(path + ".expected.safetensors", expected,
                         {"lr": str(EXPORT_LR), "steps": str(EXPORT_STEPS),
                          "torch": torch.__version__})

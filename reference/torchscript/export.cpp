@@ -34,12 +34,6 @@ using json = nlohmann::json;
 using torch::jit::Node;
 using torch::jit::Value;
 
-std::string firstLine(const std::string& s) {
-  size_t start = s.find_first_not_of(" \n");
-  if (start == std::string::npos) return s;
-  return s.substr(start, s.find('\n', start) - start);
-}
-
 // torch/_export/serde/schema.py's ScalarType numbering, not c10's.
 std::optional<at::ScalarType> scalarType(int64_t code) {
   switch (code) {
@@ -130,13 +124,14 @@ class Reader {
       zip_ = std::make_unique<caffe2::serialize::PyTorchStreamReader>(file_);
     } catch (const std::exception& e) {
       throw ImportError(file_ + ": not a zip archive LibTorch's reader can read (" +
-                        firstLine(e.what()) + ")");
+                        errorFirstLine(e.what()) + ")");
     }
     std::vector<std::string> records;
     try {
       records = zip_->getAllRecords();
     } catch (const std::exception& e) {
-      throw ImportError(file_ + ": its records cannot be listed (" + firstLine(e.what()) + ")");
+      throw ImportError(file_ + ": its records cannot be listed (" + errorFirstLine(e.what()) +
+                        ")");
     }
     for (const auto& r : records) {
       if (r == "serialized_exported_program.json") {
@@ -210,8 +205,8 @@ class Reader {
       auto [ptr, size] = zip_->getRecord(name);
       return std::string(static_cast<const char*>(ptr.get()), size);
     } catch (const std::exception& e) {
-      throw ImportError(file_ + ": record " + name + " cannot be read (" + firstLine(e.what()) +
-                        ")");
+      throw ImportError(file_ + ": record " + name + " cannot be read (" +
+                        errorFirstLine(e.what()) + ")");
     }
   }
 
@@ -496,7 +491,7 @@ class Reader {
       result = graph_->insert(symbol, args, kwargs);
     } catch (const std::exception& e) {
       throw ImportError(where + ": matches none of " + qual +
-                        "'s schemas in this LibTorch (" + firstLine(e.what()) + ")");
+                        "'s schemas in this LibTorch (" + errorFirstLine(e.what()) + ")");
     }
     // Multiple returns come packed in a tuple: the operator's own outputs are its inputs.
     std::vector<Value*> outs;
@@ -631,9 +626,13 @@ class Reader {
       if (key == "user_output" || key == "loss_output") {
         results.push_back(argument(at(*j, "arg", w), w));
       } else if (key == "buffer_mutation") {
+        // The module's buffer becomes the new tensor (prim::SetAttr), as an in-place copy_
+        // would: but the old one, which the functional operator's backward saved, stays as it
+        // was (a copy_ into it breaks autograd's version check, in PyTorch's ep.module() too).
         Value* value = tensorValue(at(*j, "arg", w), w);
-        Value* buffer = attribute(at(*j, "buffer_name", w).get<std::string>());
-        graph_->insert(c10::aten::copy_, {buffer, value});
+        const auto [path, leaf] = split(at(*j, "buffer_name", w).get<std::string>());
+        Value* owner = path.empty() ? self_ : attribute(path);
+        graph_->insertNode(graph_->createSetAttr(owner, leaf, value));
       } else {
         throw ImportError(w + ": not read here (user-input and parameter mutations, gradients "
                               "and effect tokens are not imported)");
@@ -664,6 +663,12 @@ class Reader {
 };
 
 }  // namespace
+
+std::string errorFirstLine(const std::string& s) {
+  size_t start = s.find_first_not_of(" \n");
+  if (start == std::string::npos) return s;
+  return s.substr(start, s.find('\n', start) - start);
+}
 
 bool isExportArchive(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
@@ -698,7 +703,7 @@ ModelFile loadModelFile(const std::string& file, const std::string& fault) {
     m.module = torch::jit::load(file);
   } catch (const std::exception& e) {
     throw ImportError(file + ": not a TorchScript file torch::jit::load can read (" +
-                      firstLine(e.what()) + ")");
+                      errorFirstLine(e.what()) + ")");
   }
   return m;
 }
@@ -716,7 +721,7 @@ ExportCheck verifyExport(const std::string& file, const std::string& fault) {
   try {
     expected = readBundle(path);
   } catch (const std::exception& e) {
-    throw ImportError(path + ": " + firstLine(e.what()));
+    throw ImportError(path + ": " + errorFirstLine(e.what()));
   }
   const auto want = [&](const std::string& name) -> const at::Tensor& {
     auto it = expected.tensors.find(name);
@@ -817,7 +822,7 @@ ExportCheck verifyExport(const std::string& file, const std::string& fault) {
     throw;
   } catch (const std::exception& e) {
     throw ImportError(file + ": running the program on PyTorch's inputs (" + path +
-                      ") fails: " + firstLine(e.what()));
+                      ") fails: " + errorFirstLine(e.what()));
   }
   c.pass = c.worst <= kVerifyRtol;
   c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

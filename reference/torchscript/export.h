@@ -26,7 +26,7 @@
 // unchanged, autograd included. The exported graph is PyTorch's training IR (torch.export.export
 // as is: aten::linear, aten::batch_norm with its running statistics updated in place); a graph
 // decomposed to core ATen (ep.run_decompositions()) reads too, its operators kept opaque where
-// no strategy knows them, and its buffer mutations written back with aten::copy_.
+// no strategy knows them, and its buffer mutations stored back into the module (prim::SetAttr).
 // Symbolic sizes (a Dim in dynamic_shapes) become aten::size of the input and int arithmetic,
 // so the walk folds them at the case's shapes: export with a dynamic batch dimension for a
 // case run at other batch sizes (data-parallel ranks, a pipeline's micro-batches).

@@ -29,12 +29,6 @@ namespace {
 using torch::jit::Node;
 using torch::jit::Value;
 
-// The first line of an error that says something (c10's messages may open with a newline).
-std::string firstLine(const std::string& s) {
-  size_t start = s.find_first_not_of(" \n");
-  if (start == std::string::npos) return s;
-  return s.substr(start, s.find('\n', start) - start);
-}
 
 // "file.py:42" of a node's source, or "" where the file does not record one.
 std::string sourceLine(const Node* n) {
@@ -166,6 +160,9 @@ class Walker {
       env[n->output()] = getAttr(n, env.at(n->input(0)));
       return;
     }
+    // A decomposed export's buffer update (export.h): module state for the next forward, not
+    // part of this one's graph.
+    if (kind == c10::prim::SetAttr) return;
     if (kind == c10::prim::CallMethod) {
       const Entry& self = env.at(n->input(0));
       torch::jit::Module sub(self.v.toObject());
@@ -249,8 +246,9 @@ class Walker {
         n->getOperation()(stack);
       }
     } catch (const std::exception& e) {
-      throw ImportError(where(n, path) + " fails on the inputs given (" + inputsText() + "): " +
-                        firstLine(e.what()) + "; the model was probably traced at other shapes");
+      throw ImportError(where(n, path) + " fails on the inputs given (" + inputsText() +
+                        "): " + errorFirstLine(e.what()) +
+                        "; the model was probably traced at other shapes");
     }
     for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]].v = stack.at(i);
     if (kind == c10::aten::size && spec_.fault == "shape_constant_off_by_one" && !faulted_ &&

@@ -56,6 +56,10 @@ class ImportError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// The first line of an error that says something (c10's messages may open with a newline):
+// what the importer's errors quote of LibTorch's.
+std::string errorFirstLine(const std::string& s);
+
 // One input of the forward: its shape, and its dtype: "float" (the case's floating dtype) or
 // "int64" (ids, drawn in [low, high)).
 struct InputSpec {
