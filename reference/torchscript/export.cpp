@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -76,6 +77,21 @@ std::pair<std::string, const json*> unionOf(const json& j, const std::string& wh
                       j.dump().substr(0, 120));
   }
   return {j.begin().key(), &j.begin().value()};
+}
+
+// An optional field: its value where it is of the default's type, else the default (the schema
+// writes absent optionals as null).
+template <typename T>
+T optional(const json& j, const std::string& key, T fallback) {
+  if (!j.is_object() || !j.contains(key)) return fallback;
+  const json& v = j.at(key);
+  if constexpr (std::is_same_v<T, bool>) {
+    return v.is_boolean() ? v.get<bool>() : fallback;
+  } else if constexpr (std::is_integral_v<T>) {
+    return v.is_number_integer() ? v.get<T>() : fallback;
+  } else {
+    return v.is_string() ? v.get<std::string>() : fallback;
+  }
 }
 
 const json& at(const json& j, const std::string& key, const std::string& where) {
@@ -225,13 +241,13 @@ class Reader {
     bool first = true;
     for (const auto& [name, entry] : at(config, "config", where).items()) {
       const std::string w = where + " '" + name + "'";
-      if (entry.value("use_pickle", false)) {
+      if (optional(entry, "use_pickle", false)) {
         throw ImportError(w + ": a pickled tensor (use_pickle), which is not read here");
       }
       const json& meta = at(entry, "tensor_meta", w);
       const auto dtype = scalarType(at(meta, "dtype", w).get<int64_t>());
       if (!dtype) throw ImportError(w + ": dtype " + meta["dtype"].dump() + " is not read here");
-      if (!layoutOf(meta.value("layout", 7))) {
+      if (!layoutOf(optional<int64_t>(meta, "layout", 7))) {
         throw ImportError(w + ": layout " + meta["layout"].dump() + " is not strided");
       }
       const auto sizes = ints(at(meta, "sizes", w), w + " sizes");
@@ -441,8 +457,8 @@ class Reader {
   }
 
   void node(const json& n, size_t index) {
-    const std::string name = n.value("name", "#" + std::to_string(index));
-    const std::string target = n.value("target", "");
+    const std::string name = optional<std::string>(n, "name", "#" + std::to_string(index));
+    const std::string target = optional<std::string>(n, "target", "");
     const std::string where = nodeWhere(name, target);
     // Runtime assertions on symbolic sizes: nothing to compute.
     if (target == "torch.ops.aten._assert_scalar.default" ||
@@ -477,10 +493,10 @@ class Reader {
     }
     std::vector<torch::jit::NamedValue> args, kwargs;
     for (const json& in : at(n, "inputs", where)) {
-      const std::string argName = in.value("name", "");
+      const std::string argName = optional<std::string>(in, "name", "");
       Value* v = argument(at(in, "arg", where + " argument '" + argName + "'"),
                           where + " argument '" + argName + "'");
-      if (in.value("kind", 1) == 2) {
+      if (optional<int64_t>(in, "kind", 1) == 2) {
         kwargs.emplace_back(argName, v);
       } else {
         args.emplace_back(v);
@@ -613,12 +629,12 @@ class Reader {
       try {
         node(nodes[i], i);
       } catch (const json::exception& e) {
-        throw ImportError(nodeWhere(nodes[i].value("name", "#" + std::to_string(i)),
-                                    nodes[i].value("target", "")) +
+        const std::string name = optional<std::string>(nodes[i], "name", "#" + std::to_string(i));
+        throw ImportError(nodeWhere(name, optional<std::string>(nodes[i], "target", "")) +
                           ": malformed (" + e.what() + ")");
       }
     }
-    // Outputs: the user's, in order; buffer mutations written back into the buffer.
+    // Outputs: the user's, in order; buffer mutations stored back into the module.
     std::vector<Value*> results;
     for (const json& spec : at(signature, "output_specs", where + " signature")) {
       auto [key, j] = unionOf(spec, where + " output_specs");
