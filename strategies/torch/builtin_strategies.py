@@ -24,18 +24,26 @@ planted-fault tests run to prove a wrong strategy fails its row.
   pipeline-gpipe, pipeline-1f1b, pipeline-interleaved-1f1b
                  torch.distributed.pipelining's schedules on a LLaMA as Meta writes it, cut at
                  block boundaries, over the case's micro-batches
+  compose        torchtitan's composition on an N-D mesh (docs/compose.md): pipeline stages,
+                 each tensor (and sequence) parallel, its blocks checkpointed, FSDP2 / HSDP over
+                 the data-parallel axes, the schedule over the micro-batches, clipping by the
+                 norm summed over the stages
 
 Planted faults (ctx.fault):
   grad_divided_twice   ddp, fsdp2, hsdp: the loss not scaled to the batch's sum, so the mean the
                        strategy takes divides the gradients once more than the reference
   grads_scaled_by_microbatches
-                       pipeline-*: the schedule's default scale_grads=True left on under a
+                       pipeline-*, compose: the schedule's default scale_grads=True left on under a
                        loss that is the batch's sum: every gradient divided by the micro-batch
                        count (the loss and its gradients scaled apart)
   partial_reported_whole
                        dtensor-linear: a result with pending sums handed back as its rank's
                        part, declared whole (a to_local() that forgets a Partial placement)
-  norm_grad_partial    sp: the norms left out of the plan, so each rank's norm weights see only
+  clip_norm_one_axis   compose: clipping's norm not all-reduced over the pipeline's stages
+  loss_not_mean_scaled compose: the loss not scaled for FSDP's mean over the data-parallel ranks
+  output_not_tp        compose without SP: the output projection left out of the tp plan (every
+                       number right; the layout check fails it)
+  norm_grad_partial    sp, compose: the norms left out of the plan, so each rank's norm weights see only
                        its part of the sequence: their gradients are partial sums, stepped as if
                        whole (torchtitan#1805's kind of bug)
 """
@@ -170,53 +178,65 @@ class TensorParallel(Strategy):
         return super().applies(ctx)
 
     def parallelize(self, model, mesh, ctx):
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                       RowwiseParallel, SequenceParallel,
-                                                       parallelize_module)
         blocks = _meta_llama_layers(model)
-        tp = mesh.size(0)
-        for block in blocks:
-            a = block.attention
-            if a.heads % tp or a.kv_heads % tp:
-                raise Unsupported(f"{a.heads} heads and {a.kv_heads} kv heads do not divide over "
-                                  f"{tp} tensor-parallel ranks")
-        if self.sp:
-            root = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(),
-                                                      output_layouts=Shard(1)),
-                    "norm": SequenceParallel(),
-                    "output": ColwiseParallel(input_layouts=Shard(1),
-                                              output_layouts=Replicate())}
-        else:
-            root = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
-                    "output": ColwiseParallel(output_layouts=Replicate())}
-        if ctx.fault == "norm_grad_partial":
-            root.pop("norm")
-        parallelize_module(model, mesh, root)
-        for block in blocks:
-            plan = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-                    "attention.wv": ColwiseParallel()}
-            if self.sp:
-                plan.update({
-                    "attention_norm": SequenceParallel(),
-                    "attention": PrepareModuleInput(input_layouts=(Shard(1),),
-                                                    desired_input_layouts=(Replicate(),),
-                                                    use_local_output=True),
-                    "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-                    "ffn_norm": SequenceParallel(),
-                    "w1": ColwiseParallel(input_layouts=Shard(1)),
-                    "w3": ColwiseParallel(input_layouts=Shard(1)),
-                    "w2": RowwiseParallel(output_layouts=Shard(1))})
-                if ctx.fault == "norm_grad_partial":
-                    del plan["attention_norm"], plan["ffn_norm"]
-            else:
-                plan.update({"attention.wo": RowwiseParallel(), "w1": ColwiseParallel(),
-                             "w3": ColwiseParallel(), "w2": RowwiseParallel()})
-            parallelize_module(block, mesh, plan)
-            # Each rank's attention runs its share of the heads (Meta's n_local_heads).
-            block.attention.heads //= tp
-            block.attention.kv_heads //= tp
+        apply_tp(model, blocks, mesh, self.sp, ctx.fault)
         return model
+
+
+def apply_tp(model, blocks, mesh, sp, fault=None):
+    """torchtitan's Megatron plan on `model` (a whole LLaMA as Meta writes it, or a pipeline
+    stage of one: the root's embedding, norm and output where it holds them) and its `blocks`,
+    over the 1-D tensor-parallel mesh `mesh`; with `sp` the norms and the residual stream are
+    sharded on the sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+    tp = mesh.size(0)
+    for block in blocks:
+        a = block.attention
+        if a.heads % tp or a.kv_heads % tp:
+            raise Unsupported(f"{a.heads} heads and {a.kv_heads} kv heads do not divide over "
+                              f"{tp} tensor-parallel ranks")
+    if sp:
+        root = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate(),
+                                                  output_layouts=Shard(1)),
+                "norm": SequenceParallel(),
+                "output": ColwiseParallel(input_layouts=Shard(1),
+                                          output_layouts=Replicate())}
+    else:
+        root = {"tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+                "output": ColwiseParallel(output_layouts=Replicate())}
+    if fault == "norm_grad_partial":
+        root.pop("norm")
+    if fault == "output_not_tp" and not sp:
+        root.pop("output")
+    root = {k: v for k, v in root.items() if hasattr(model, k)}
+    if root:
+        parallelize_module(model, mesh, root)
+    for block in blocks:
+        plan = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel()}
+        if sp:
+            plan.update({
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                desired_input_layouts=(Replicate(),),
+                                                use_local_output=True),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "w1": ColwiseParallel(input_layouts=Shard(1)),
+                "w3": ColwiseParallel(input_layouts=Shard(1)),
+                "w2": RowwiseParallel(output_layouts=Shard(1))})
+            if fault == "norm_grad_partial":
+                del plan["attention_norm"], plan["ffn_norm"]
+        else:
+            plan.update({"attention.wo": RowwiseParallel(), "w1": ColwiseParallel(),
+                         "w3": ColwiseParallel(), "w2": RowwiseParallel()})
+        parallelize_module(block, mesh, plan)
+        # Each rank's attention runs its share of the heads (Meta's n_local_heads).
+        block.attention.heads //= tp
+        block.attention.kv_heads //= tp
 
 
 class Checkpoint(Strategy):
@@ -276,6 +296,45 @@ class _Stage(nn.Module):
         return h
 
 
+def stage_cut(model, pp, stages_per_rank, rank):
+    """A LLaMA as Meta writes it cut into pp x stages_per_rank stages at block boundaries: the
+    pieces (embedding, each block, norm and output) in contiguous runs as even as torch.chunk
+    makes them, stage k on rank k % pp (looped, as the interleaved schedules place them). Returns
+    every stage's pieces and the stages of `rank`."""
+    if not (hasattr(model, "tok_embeddings") and hasattr(model, "layers")
+            and hasattr(model, "norm") and hasattr(model, "output")):
+        raise Unsupported("the stage cuts are written for a LLaMA as Meta writes it "
+                          "(tok_embeddings, layers, norm, output)")
+    n_stages = pp * stages_per_rank
+    units = ["emb"] + list(range(len(model.layers))) + ["head"]
+    if len(units) < n_stages:
+        raise Unsupported(f"{len(units)} pieces (embedding, {len(model.layers)} blocks, head) "
+                          f"cannot fill {n_stages} stages")
+    bounds, start = [], 0
+    for k in range(n_stages):
+        size = len(units) // n_stages + (1 if k < len(units) % n_stages else 0)
+        bounds.append(units[start:start + size])
+        start += size
+    return bounds, [k for k in range(n_stages) if k % pp == rank]
+
+
+def make_schedule(name, stages, microbatches, loss_fn, scale_grads):
+    """torch.distributed.pipelining's schedule `name` over this rank's `stages`."""
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
+    if name == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn,
+                                       scale_grads=scale_grads)
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(name)
+    if kind is None:
+        raise ValueError(f"schedule '{name}' (expected gpipe, 1f1b or interleaved-1f1b)")
+    if len(stages) != 1:
+        raise Unsupported(f"{name} runs one stage a rank; {len(stages)} stages need "
+                          "interleaved-1f1b")
+    return kind(stages[0], n_microbatches=microbatches, loss_fn=loss_fn,
+                scale_grads=scale_grads)
+
+
 class Pipeline(Strategy):
     """torch.distributed.pipelining: the model cut into stages at block boundaries (the embedding
     with the first blocks, the norm and the output with the last), one stage per rank (two,
@@ -301,29 +360,13 @@ class Pipeline(Strategy):
         return super().applies(ctx)
 
     def parallelize(self, model, mesh, ctx):
-        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                  ScheduleInterleaved1F1B)
-        if not (hasattr(model, "tok_embeddings") and hasattr(model, "layers")
-                and hasattr(model, "norm") and hasattr(model, "output")):
-            raise Unsupported("the stage cuts are written for a LLaMA as Meta writes it "
-                              "(tok_embeddings, layers, norm, output)")
+        from torch.distributed.pipelining import PipelineStage
         pp = mesh.size(0)
         rank = mesh.get_local_rank(0)
-        n_stages = pp * self.stages_per_rank
-        units = ["emb"] + list(range(len(model.layers))) + ["head"]
-        if len(units) < n_stages:
-            raise Unsupported(f"{len(units)} pieces (embedding, {len(model.layers)} blocks, head) "
-                              f"cannot fill {n_stages} stages")
-        # Contiguous pieces, as even as the units allow (torch.chunk's sizes).
-        bounds, start = [], 0
-        for k in range(n_stages):
-            size = len(units) // n_stages + (1 if k < len(units) % n_stages else 0)
-            bounds.append(units[start:start + size])
-            start += size
-        # Looped placement: stage k on rank k % pp.
-        mine = [k for k in range(n_stages) if k % pp == rank]
+        bounds, mine = stage_cut(model, pp, self.stages_per_rank, rank)
         modules = [_Stage(model, bounds[k]) for k in mine]
         group = mesh.get_group(0)
+        n_stages = len(bounds)
         stages = [PipelineStage(m, k, n_stages, torch.device("cpu"), group=group)
                   for m, k in zip(modules, mine)]
         M = ctx.case["microbatches"]
@@ -335,12 +378,7 @@ class Pipeline(Strategy):
         # its part of the batch's sum: nothing to divide. grads_scaled_by_microbatches leaves
         # the default on, as a user whose loss is a sum and who never read the flag does.
         scale_grads = ctx.fault == "grads_scaled_by_microbatches"
-        if self.schedule == "interleaved-1f1b":
-            self.run = ScheduleInterleaved1F1B(stages, n_microbatches=M, loss_fn=loss_fn,
-                                               scale_grads=scale_grads)
-        else:
-            kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule]
-            self.run = kind(stages[0], n_microbatches=M, loss_fn=loss_fn, scale_grads=scale_grads)
+        self.run = make_schedule(self.schedule, stages, M, loss_fn, scale_grads)
         self.first = 0 in mine
         self.last = (n_stages - 1) in mine
         # What this rank holds, under the model's own names (its stages share these modules).
@@ -356,6 +394,188 @@ class Pipeline(Strategy):
         if not self.last:
             return torch.zeros((), dtype=torch.float64)
         return sum(l.detach().double() for l in losses)
+
+
+COMPOSE_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+COMPOSE_DEFAULT_AXES = {1: ("dp_shard",), 2: ("dp_shard", "tp"), 3: ("pp", "dp_shard", "tp"),
+                        4: ("pp", "dp_replicate", "dp_shard", "tp")}
+
+
+class Compose(Strategy):
+    """torchtitan's composition of PyTorch's own pieces on one N-D mesh, in torchtitan's order:
+    the model cut into pipeline stages (pp), each stage tensor parallel (torchtitan's Megatron
+    plan, with sequence parallelism unless params.sp is false), its blocks checkpointed
+    (params.ac: none, full, or selective: matmuls saved), then fully_shard'ed per block and per
+    stage over the data-parallel axes (dp_shard; HSDP with dp_replicate), the stages run by
+    torch.distributed.pipelining's schedule (params.schedule: gpipe, 1f1b, interleaved-1f1b with
+    params.virtual_stages) over the case's micro-batches. The mesh's axes are named by
+    params.axes (from pp, dp_replicate, dp_shard, tp; outermost first, as torchtitan orders them),
+    by default from the mesh's rank: [dp_shard], [dp_shard, tp], [pp, dp_shard, tp],
+    [pp, dp_replicate, dp_shard, tp]. Clipping by the global norm is torchtitan's too: the norm
+    of the DTensor gradients (over dp and tp) squared, all-reduced over pp, and every gradient
+    scaled by max_norm / norm."""
+    faults = ("clip_norm_one_axis", "norm_grad_partial", "grads_scaled_by_microbatches",
+              "loss_not_mean_scaled", "output_not_tp")
+
+    @staticmethod
+    def axes(case):
+        names = case.get("params", {}).get("axes")
+        if names is None:
+            return COMPOSE_DEFAULT_AXES.get(len(case["mesh"]))
+        return tuple(names)
+
+    def mesh_dim_names(self, case):
+        names = self.axes(case)
+        return names if names is not None else ()
+
+    def batch_axes(self, names):
+        return tuple(a for a in ("dp_replicate", "dp_shard") if a in names)
+
+    def applies(self, ctx):
+        names = self.axes(ctx.case)
+        if names is None:
+            return (f"a {len(ctx.case['mesh'])}-D mesh needs params.axes (names from "
+                    f"{list(COMPOSE_AXES)})")
+        bad = [a for a in names if a not in COMPOSE_AXES]
+        if bad or len(set(names)) != len(names) or len(names) != len(ctx.case["mesh"]):
+            return (f"params.axes {list(names)}: one name a mesh axis "
+                    f"({len(ctx.case['mesh'])}), each once, from {list(COMPOSE_AXES)}")
+        if "cp" in names:
+            return ("cp: PyTorch's context_parallel does not run on the CPU (see torch/cp); "
+                    "stratbench's own CP composes in sharding/compose")
+        if "dp_replicate" in names and "dp_shard" not in names:
+            return "dp_replicate (HSDP) needs a dp_shard axis beside it"
+        if "pp" in names:
+            if ctx.case["steps"] == 0:
+                return "a pipeline runs training steps (its output stays on the last stage)"
+            if ctx.case.get("microbatches", 1) < 2:
+                return "the schedule needs the case's micro-batches (shape key microbatches)"
+        return super().applies(ctx)
+
+    def parallelize(self, model, mesh, ctx):
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.pipelining import PipelineStage
+        names = mesh.mesh_dim_names
+        params = ctx.params
+        self.names = names
+        self.sp = bool(params.get("sp", True))
+        size = {n: mesh.size(i) for i, n in enumerate(names)}
+        self.tp = size.get("tp", 1)
+        dp_axes = self.batch_axes(names)
+        self.dp = 1
+        for a in dp_axes:
+            self.dp *= size[a]
+        self.pp = size.get("pp", 1)
+        # The pieces this rank holds: the whole model, or its pipeline stages.
+        if self.pp > 1:
+            schedule = params.get("schedule", "1f1b")
+            v = int(params.get("virtual_stages", 2 if schedule == "interleaved-1f1b" else 1))
+            bounds, mine = stage_cut(model, self.pp, v, mesh["pp"].get_local_rank())
+            parts = [_Stage(model, bounds[k]) for k in mine]
+        else:
+            _meta_llama_layers(model)
+            parts = [model]
+        for part in parts:
+            blocks = list(part.layers.values() if isinstance(part.layers, nn.ModuleDict)
+                          else part.layers)
+            if self.tp > 1:
+                apply_tp(part, blocks, mesh["tp"], self.sp, ctx.fault)
+            ac = params.get("ac", "none")
+            if ac not in ("none", "full", "selective"):
+                raise ValueError(f"params.ac '{ac}' (expected none, full or selective)")
+            if ac != "none":
+                from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import \
+                    checkpoint_wrapper
+                kw = {}
+                if ac == "selective":
+                    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+                    kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts,
+                                                         save_matmuls)
+                container = part.layers
+                for key in list(container.keys() if isinstance(container, nn.ModuleDict)
+                                else range(len(container))):
+                    container[key] = checkpoint_wrapper(container[key], **kw)
+            if dp_axes:
+                dp_mesh = mesh[dp_axes] if len(dp_axes) > 1 else mesh[dp_axes[0]]
+                # torchtitan keeps the blocks gathered between forward and backward under a
+                # pipeline (each micro-batch would gather them again).
+                keep = self.pp == 1
+                container = part.layers
+                for block in (container.values() if isinstance(container, nn.ModuleDict)
+                              else container):
+                    fully_shard(block, mesh=dp_mesh, reshard_after_forward=keep)
+                fully_shard(part, mesh=dp_mesh, reshard_after_forward=keep)
+        # Every rank's loss is its rows' sum; FSDP averages the gradients over the data-parallel
+        # ranks, so the loss a backward starts from is scaled by their count.
+        self.scale = 1 if ctx.fault == "loss_not_mean_scaled" else self.dp
+        if self.pp == 1:
+            self.run = None
+            return parts[0]
+        group = mesh["pp"].get_group()
+        n_stages = len(bounds)
+        stages = [PipelineStage(m, k, n_stages, torch.device("cpu"), group=group)
+                  for m, k in zip(parts, mine)]
+        scale = self.scale
+
+        def loss_fn(out, target):
+            return (out * target).sum() * scale
+        self.run = make_schedule(params.get("schedule", "1f1b"), stages,
+                                 ctx.case["microbatches"], loss_fn,
+                                 ctx.fault == "grads_scaled_by_microbatches")
+        self.first = 0 in mine
+        self.last = (n_stages - 1) in mine
+        return _Stage(model, [u for k in mine for u in bounds[k]]) if len(parts) > 1 else parts[0]
+
+    def forward_backward(self, model, inputs, target, ctx):
+        """One step's forward and backward; this rank's part of the batch's loss (summed over
+        the ranks: a data-parallel replica's rows, divided among the tp ranks that hold the same
+        copy; nothing on a stage before the last)."""
+        if self.run is None:
+            out = model(*inputs)
+            out = out.to_local() if hasattr(out, "to_local") else out
+            loss = (out * target).sum()
+            (loss * self.scale).backward()
+            return loss.detach().double() / self.tp
+        losses = []
+        args = inputs if self.first else ()
+        kwargs = {"target": target, "losses": losses} if self.last else {}
+        self.run.step(*args, **kwargs)
+        if not self.last:
+            return torch.zeros((), dtype=torch.float64)
+        return sum(l.detach().double() for l in losses) / (self.scale * self.tp)
+
+    def param_split(self, names, mesh):
+        """How many ways the parameters are split (not copied) across ranks: the pipeline's
+        stages."""
+        return mesh.size(names.index("pp")) if "pp" in names else 1
+
+    def clip_grad_norm(self, params, max_norm, ctx):
+        """torchtitan's clip_grad_norm_: the DTensor gradients' norm (DTensor reduces it over
+        the axes it is sharded on), squared and summed over the pipeline's stages, then every
+        gradient scaled. clip_norm_one_axis leaves out the stages' sum: each stage clips by its
+        own part of the norm."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+        # Gradients on different meshes (a parameter left out of the tp plan is FSDP's alone)
+        # cannot be stacked into one norm: each mesh's norm is taken apart, then combined.
+        groups = {}
+        for p in params:
+            if p.grad is not None:
+                key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+                groups.setdefault(key, []).append(p.grad)
+        squares = torch.zeros(())
+        for grads in groups.values():
+            part = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=False)
+            if isinstance(part, DTensor):
+                part = part.full_tensor()
+            squares = squares + part.float() ** 2
+        norm = squares ** 0.5
+        if self.pp > 1 and ctx.fault != "clip_norm_one_axis":
+            norm = norm ** 2
+            dist.all_reduce(norm, group=ctx.mesh["pp"].get_group())
+            norm = norm ** 0.5
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=False)
+        return norm
 
 
 class ContextParallel(Strategy):
@@ -412,4 +632,5 @@ STRATEGIES = {
     "pipeline-interleaved-1f1b": Pipeline("interleaved-1f1b", stages_per_rank=2),
     "dtensor-linear": DTensorOperator(),
     "cp": ContextParallel(),
+    "compose": Compose(),
 }

@@ -26,8 +26,10 @@ Any failure replies {error: text, traceback}; the harness records the row as an 
 
 A strategy (builtin_strategies.py, or a user's file) is a module or object with:
   parallelize(model, mesh, ctx) -> model     required: what the user's own code does
-  MESH_DIM_NAMES / mesh_dim_names            the mesh's axis names (default dim0, dim1, ...)
-  BATCH_AXES / batch_axes                    the axes the batch is split over (default none)
+  MESH_DIM_NAMES / mesh_dim_names            the mesh's axis names (default dim0, dim1, ...);
+                                             or a function of the case returning them
+  BATCH_AXES / batch_axes                    the axes the batch is split over (default none);
+                                             or a function of the axis names returning them
   GRADIENT_MEAN / gradient_mean              True where the gradients are averaged over the
                                              batch axes (DDP, FSDP: the default); the loss of a
                                              rank is then scaled by their size so that the
@@ -39,6 +41,12 @@ A strategy (builtin_strategies.py, or a user's file) is a module or object with:
                                              part of the batch's loss, summed over the ranks
   plain_param_copies                         how many ranks hold each plain parameter (a
                                              pipeline's: 1; default every rank)
+  param_split(names, mesh) -> int            how many ways the parameters are split (not
+                                             copied) over the mesh (a composition's pipeline
+                                             stages; default 1)
+  clip_grad_norm(params, max_norm, ctx)      clips the gradients as the strategy's training
+                                             loop does (default: the runner scales them by
+                                             max_norm / the global norm it computed)
   loss_scale(ctx) -> None | number           what a rank's loss is multiplied by before its
                                              backward (None: the batch axes' size where
                                              GRADIENT_MEAN holds, else 1)
@@ -178,6 +186,12 @@ def profiled_peak(prof):
 
 
 # ---- Placements -----------------------------------------------------------------------------
+def sharded(p):
+    """A shard placement: Shard, or the _StridedShard FSDP2 puts over a tensor-parallel piece
+    (which is not a Shard in PyTorch's class tree: is_shard() says False)."""
+    return p.is_shard() or type(p).__name__ == "_StridedShard"
+
+
 def placement_text(p):
     if p.is_shard():
         if type(p).__name__ != "Shard":  # _StridedShard: not a torch.chunk piece
@@ -208,14 +222,17 @@ class Rank:
             dist.init_process_group("gloo", rank=self.rank, world_size=self.world)
         self.strategy = load_strategy(case)
         mesh_shape = tuple(case["mesh"])
-        names = tuple(attr(self.strategy, "mesh_dim_names", None) or
-                      [f"dim{i}" for i in range(len(mesh_shape))])
+        names = attr(self.strategy, "mesh_dim_names", None)
+        if callable(names):  # names that depend on the case (a composition's params.axes)
+            names = names(case)
+        names = tuple(names or [f"dim{i}" for i in range(len(mesh_shape))])
         if len(names) != len(mesh_shape):
             return {"unsupported": f"the strategy names {len(names)} mesh axes {list(names)}, "
                                    f"the case's mesh has {len(mesh_shape)}"}
         self.mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
         self.names = names
-        self.batch_axes = tuple(attr(self.strategy, "batch_axes", ()))
+        batch_axes = attr(self.strategy, "batch_axes", ())
+        self.batch_axes = tuple(batch_axes(names) if callable(batch_axes) else batch_axes)
         self.ctx = types.SimpleNamespace(
             mesh=self.mesh, case=case, params=case.get("params", {}), dtype=self.dtype,
             fault=case.get("fault") or None, world_size=self.world, rank=self.rank,
@@ -267,7 +284,13 @@ class Rank:
         lost = [n for n in case["parameters"] if n not in got]
         # How many ranks hold a plain (not DTensor) parameter: every rank, unless the strategy
         # splits the model over the ranks (a pipeline's stages hold theirs only).
-        self.plain_copies = attr(self.strategy, "plain_param_copies", None) or self.world
+        # A composition's pipeline splits the parameters over its stages (param_split): a
+        # DTensor on the mesh's other axes then has copies on world / (its mesh x the split)
+        # ranks, a plain parameter on world / split.
+        split = attr(self.strategy, "param_split", None)
+        self.split = split(names, self.mesh) if split else 1
+        self.plain_copies = (attr(self.strategy, "plain_param_copies", None) or
+                             self.world // self.split)
         if lost and self.plain_copies == self.world:
             raise ValueError(f"after parallelize() the model has no parameter {lost[0]}")
         self.initial = [local(p).detach().clone() for _, p in self.params]
@@ -316,13 +339,13 @@ class Rank:
             if isinstance(g, DTensor):
                 if any(pl.is_partial() for pl in g.placements):
                     g = g.full_tensor()
-                    squares += g.double().pow(2).sum() / self.world
+                    squares += g.double().pow(2).sum() / (self.world // self.split)
                     continue
                 copies = 1
                 for i, pl in enumerate(g.placements):
-                    if not pl.is_shard():
+                    if not sharded(pl):
                         copies *= g.device_mesh.size(i)
-                copies *= self.world // g.device_mesh.size()
+                copies *= self.world // (g.device_mesh.size() * self.split)
                 squares += g.to_local().double().pow(2).sum() / copies
             else:
                 squares += g.double().pow(2).sum() / self.plain_copies
@@ -367,7 +390,12 @@ class Rank:
             losses.append(l)
             norms.append(n)
             if training:
-                if clip > 0:
+                clip_fn = attr(self.strategy, "clip_grad_norm", None)
+                if clip > 0 and clip_fn is not None:
+                    # The strategy clips as its training loop does (torchtitan's over a
+                    # pipeline's stages); the norm recorded stays the runner's own.
+                    clip_fn([p for _, p in self.params], clip, self.ctx)
+                elif clip > 0:
                     coef = clip / (n + 1e-6)
                     if coef < 1:
                         with torch.no_grad():
@@ -454,6 +482,47 @@ class Rank:
             out[self.names.index(n)] = placement_text(p)
         return out
 
+    def layout_of(self, t):
+        """`t`'s layout on the case's mesh: its placement per axis, or, where a dimension is
+        sharded over several axes out of mesh order (FSDP2 over a tensor-parallel weight:
+        DTensor's _StridedShard on the data-parallel axis, whose piece is cut from the tp
+        axis's piece), ColossalAI's sequence naming each dimension's axes outermost first
+        ("[S20, R]"), which placement.h reads."""
+        from torch.distributed.tensor import DTensor
+        if not isinstance(t, DTensor) or not any(type(p).__name__ == "_StridedShard"
+                                                 for p in t.placements):
+            return self.full_placements(t)
+        sub = t.device_mesh.mesh_dim_names
+        if not sub or any(n not in self.names for n in sub):
+            raise ValueError(f"a DTensor on mesh {t.device_mesh} whose axes are not named after "
+                             f"the case's mesh axes {list(self.names)}")
+        axis = [self.names.index(n) for n in sub]
+        dims = [[] for _ in range(t.ndim)]
+        for d in range(t.ndim):
+            entries = [(i, p) for i, p in enumerate(t.placements) if sharded(p) and p.dim == d]
+            order = [i for i, _ in entries]
+            for i, p in entries:
+                sf = getattr(p, "split_factor", 1)
+                if type(p).__name__ != "_StridedShard" or sf == 1:
+                    continue
+                # The axes after i that shard d first, their sizes multiplying to the split
+                # factor, are outer to i.
+                later, prod = [], 1
+                for j, _ in entries:
+                    if j > i and prod < sf:
+                        later.append(j)
+                        prod *= t.device_mesh.size(j)
+                if prod != sf:
+                    raise ValueError(f"placement {p!r} on mesh {t.device_mesh}: no later axes "
+                                     f"of dimension {d} make its split factor {sf}")
+                order.remove(i)
+                order.insert(order.index(later[-1]) + 1, i)
+            dims[d] = [axis[i] for i in order]
+        if any(p.is_partial() for p in t.placements):
+            raise ValueError(f"placements {t.placements}: pending sums beside a strided shard")
+        return "[" + ", ".join("S" + "".join(str(a) for a in axes) if axes else "R"
+                               for axes in dims) + "]"
+
     def results(self, msg):
         tensors, placements = {}, {}
 
@@ -477,12 +546,12 @@ class Rank:
             put("grad_norm", torch.tensor(self.norms, dtype=torch.float64), replicated)
             step = None
             for name, p in self.params:
-                put("param/" + name, p, self.full_placements(p))
+                put("param/" + name, p, self.layout_of(p))
                 for key, v in self.opt.state.get(p, {}).items():
                     if key == "step":
                         step = float(v)
                     elif isinstance(v, torch.Tensor):
-                        put(f"state/{name}/{key}", v, self.full_placements(v))
+                        put(f"state/{name}/{key}", v, self.layout_of(v))
             if step is not None:
                 put("state/step", torch.tensor([step], dtype=torch.float64), replicated)
         else:
@@ -498,7 +567,7 @@ class Rank:
             for name, p in self.params:
                 if p.grad is not None:
                     g = settled(p.grad)
-                    put("grad/" + name, g, self.full_placements(g))
+                    put("grad/" + name, g, self.layout_of(g))
         tensor_bundle.write(msg["path"], tensors, {"placements": json.dumps(placements)})
         return {"ok": True}
 

@@ -110,6 +110,10 @@ const std::vector<Kind>& kinds() {
        {"grads_scaled_by_microbatches"}, "ScheduleInterleaved1F1B, two looped stages a rank"},
       {"cp", Family::kSharding, "sharding/cp/ring/allgather", {},
        "context_parallel, where this PyTorch runs it"},
+      {"compose", Family::kSharding, "",
+       {"clip_norm_one_axis", "norm_grad_partial", "grads_scaled_by_microbatches",
+        "loss_not_mean_scaled", "output_not_tp"},
+       "torchtitan's composition: pipelining x TP/SP x checkpointing x FSDP2/HSDP on an N-D mesh"},
       {"file", Family::kSharding, "", {},
        "a user's own parallelize(model, mesh, ctx), from params.strategy_file"},
   };
@@ -389,6 +393,7 @@ class TorchStrategy final : public harness::Strategy {
   std::vector<std::string> caseParams() const override {
     if (operatorVariant()) return {};
     if (kind_.name == "file") return {"model", "strategy_file"};
+    if (kind_.name == "compose") return {"model", "axes", "sp", "schedule", "virtual_stages", "ac"};
     return {"model"};
   }
   bool trainsSteps() const override { return true; }
@@ -427,17 +432,19 @@ class TorchStrategy final : public harness::Strategy {
       throw harness::InputError(c.where() + ": torch/file needs params.strategy_file, the path "
                                 "of a Python file defining parallelize(model, mesh, ctx)");
     }
+    if (kind_.name == "compose") checkComposeParams(c);
     std::string why;
     if (modelSource(c, why).empty()) return Applicability::unsupported(why);
     if (c.device != "cpu") {
       return Applicability::unsupported("torch/* ranks run on the CPU over gloo here; device " +
                                         c.device + " is not wired yet");
     }
-    if (!pipeline() && reference::torchscript::ImportSpec::fromJson(c.shape).microbatches > 1) {
+    if (!pipeline() && kind_.name != "compose" &&
+        reference::torchscript::ImportSpec::fromJson(c.shape).microbatches > 1) {
       return Applicability::unsupported("micro-batches are the pipelines'; torch/" + kind_.name +
                                         " runs each step on the whole batch");
     }
-    if (pipeline() && c.backend != "threads") {
+    if (staged(c) && c.backend != "threads") {
       // Which rank holds which stage is learnt from the ranks' reports, in this process.
       return Applicability::unsupported("torch/pipeline-* runs on the threads backend");
     }
@@ -460,20 +467,20 @@ class TorchStrategy final : public harness::Strategy {
   // placements are the same on every rank of an SPMD strategy.
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef fullShape) const override {
-    std::vector<Placement> placements;
+    Layout layout;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      const auto mine = placements_.find({key(c), rank});
-      if (mine != placements_.end()) {
+      const auto mine = layouts_.find({key(c), rank});
+      if (mine != layouts_.end()) {
         const auto it = mine->second.find(tensor);
         if (it == mine->second.end()) return nothing(fullShape);
-        placements = it->second;
+        layout = it->second;
       } else {
         bool found = false;
-        for (const auto& [k, byTensor] : placements_) {
+        for (const auto& [k, byTensor] : layouts_) {
           const auto it = byTensor.find(tensor);
           if (k.first == key(c) && it != byTensor.end()) {
-            placements = it->second;
+            layout = it->second;
             found = true;
             break;
           }
@@ -481,11 +488,12 @@ class TorchStrategy final : public harness::Strategy {
         if (!found) return Box::whole(fullShape);  // reported by no rank: a missing result
       }
     }
-    const Layout layout = Layout::fromPlacements(placements, static_cast<int>(fullShape.size()));
     return layout.box(fullShape.vec(), c.mesh, harness::DeviceMesh(c.mesh).coords(rank));
   }
   std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
                                            at::IntArrayRef fullShape) const override;
+  std::optional<SpecifiedBox> composeSpecifiedBox(const std::string& tensor, const CaseSpec& c,
+                                                  int rank, at::IntArrayRef fullShape) const;
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     const harness::Strategy* twin =
@@ -525,13 +533,71 @@ class TorchStrategy final : public harness::Strategy {
     return nullptr;
   }
 
-  // What `rank` reported of its tensors' placements.
-  void notePlacements(const CaseSpec& c, int rank,
-                      const std::map<std::string, std::vector<Placement>>& placements) const {
+  // What `rank` reported of its tensors' layouts.
+  void noteLayouts(const CaseSpec& c, int rank,
+                   const std::map<std::string, Layout>& layouts) const {
     std::lock_guard<std::mutex> lock(mu_);
-    placements_[{key(c), rank}] = placements;
+    layouts_[{key(c), rank}] = layouts;
   }
   bool pipeline() const { return kind_.name.rfind("pipeline-", 0) == 0; }
+  // torch/compose's params, each with the value it must have: exit 2 naming the key.
+  static void checkComposeParams(const CaseSpec& c) {
+    const auto bad = [&](const std::string& key, const std::string& expected) {
+      throw harness::InputError(c.where() + ": torch/compose params." + key + " " +
+                                c.params.at(key).dump() + ": expected " + expected);
+    };
+    if (c.params.contains("axes")) {
+      static const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp",
+                                                     "tp"};
+      const auto& a = c.params.at("axes");
+      const std::string want = "a list of " + std::to_string(c.mesh.size()) +
+                               " distinct axis names (one a mesh axis) from pp, dp_replicate, "
+                               "dp_shard, cp, tp";
+      if (!a.is_array() || a.size() != c.mesh.size()) bad("axes", want);
+      std::vector<std::string> seen;
+      for (const auto& n : a) {
+        if (!n.is_string() || std::find(names.begin(), names.end(), n.get<std::string>()) ==
+                                  names.end() ||
+            std::find(seen.begin(), seen.end(), n.get<std::string>()) != seen.end()) {
+          bad("axes", want);
+        }
+        seen.push_back(n.get<std::string>());
+      }
+    }
+    if (c.params.contains("sp") && !c.params.at("sp").is_boolean()) bad("sp", "true or false");
+    if (c.params.contains("schedule")) {
+      const auto& v = c.params.at("schedule");
+      if (!v.is_string() || (v != "gpipe" && v != "1f1b" && v != "interleaved-1f1b")) {
+        bad("schedule", "gpipe, 1f1b or interleaved-1f1b");
+      }
+    }
+    if (c.params.contains("virtual_stages")) {
+      const auto& v = c.params.at("virtual_stages");
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 8) {
+        bad("virtual_stages", "an integer from 1 to 8");
+      }
+    }
+    if (c.params.contains("ac")) {
+      const auto& v = c.params.at("ac");
+      if (!v.is_string() || (v != "none" && v != "full" && v != "selective")) {
+        bad("ac", "none, full or selective");
+      }
+    }
+  }
+  // The case splits the model into pipeline stages: a pipeline, or a composition with a pp axis
+  // (params.axes, or by default every mesh of 3 axes or more, as builtin_strategies.py's Compose
+  // names them).
+  bool staged(const CaseSpec& c) const {
+    if (pipeline()) return true;
+    if (kind_.name != "compose") return false;
+    if (c.params.contains("axes") && c.params.at("axes").is_array()) {
+      for (const auto& a : c.params.at("axes")) {
+        if (a.is_string() && a.get<std::string>() == "pp") return true;
+      }
+      return false;
+    }
+    return c.mesh.size() >= 3;
+  }
   // The box of a tensor a rank does not hold.
   static Box nothing(at::IntArrayRef shape) {
     Box b = Box::whole(shape);
@@ -554,10 +620,92 @@ class TorchStrategy final : public harness::Strategy {
   std::vector<std::pair<std::string, Layout>> operands_;
   std::string suffix_;
   mutable std::mutex mu_;
-  // (case, rank) -> tensor -> placements.
-  mutable std::map<std::pair<std::string, int>, std::map<std::string, std::vector<Placement>>>
-      placements_;
+  // (case, rank) -> tensor -> layout (DTensor's placements, or nested out of mesh order where
+  // FSDP2 shards a tensor-parallel piece).
+  mutable std::map<std::pair<std::string, int>, std::map<std::string, Layout>> layouts_;
 };
+
+// torch/compose's plan, per parameter (and its optimizer state): on its pipeline stage's ranks
+// only (stage_cut in builtin_strategies.py: embedding, blocks, norm and output in contiguous
+// runs as even as torch.chunk makes them, stage k on pp rank k % pp), torchtitan's tp plan
+// (column-wise weights and the embedding Shard(0), row-wise Shard(1), norms replicated), then
+// FSDP2's Shard(0) over dp_shard cut from the tp piece (DTensor's _StridedShard), replicated
+// over dp_replicate. The mesh's axis names as Compose names them: params.axes, or by the mesh's
+// rank [dp_shard], [dp_shard, tp], [pp, dp_shard, tp], [pp, dp_replicate, dp_shard, tp].
+std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::composeSpecifiedBox(
+    const std::string& tensor, const CaseSpec& c, int rank, at::IntArrayRef fullShape) const {
+  const int nd = static_cast<int>(fullShape.size());
+  if (nd == 0) return std::nullopt;
+  std::vector<std::string> axes;
+  if (c.params.contains("axes")) {
+    for (const auto& a : c.params.at("axes")) axes.push_back(a.get<std::string>());
+  } else {
+    static const std::vector<std::vector<std::string>> byRank = {
+        {"dp_shard"}, {"dp_shard", "tp"}, {"pp", "dp_shard", "tp"},
+        {"pp", "dp_replicate", "dp_shard", "tp"}};
+    if (c.mesh.empty() || c.mesh.size() > byRank.size()) return std::nullopt;
+    axes = byRank[c.mesh.size() - 1];
+  }
+  const auto axis = [&](const std::string& n) {
+    const auto it = std::find(axes.begin(), axes.end(), n);
+    return it == axes.end() ? -1 : static_cast<int>(it - axes.begin());
+  };
+  // The parameter's name, without "param/" or "state/" and the state's key.
+  std::string name = tensor.substr(tensor.find('/') + 1);
+  if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
+  const auto coords = harness::DeviceMesh(c.mesh).coords(rank);
+  std::string text = "torchtitan's composition: ";
+  if (const int pp = axis("pp"); pp >= 0) {
+    const auto spec = reference::torchscript::ImportSpec::fromJson(c.shape);
+    int layers = 0;
+    static const std::regex layerName(R"(layers\.(\d+)\..*)");
+    for (const auto& [p, dims] : reference::torchscript::importModel(spec)->graph.parameters) {
+      std::smatch m;
+      if (std::regex_match(p, m, layerName)) layers = std::max(layers, std::stoi(m[1]) + 1);
+    }
+    const std::string schedule = c.params.value("schedule", "1f1b");
+    const int v = c.params.value("virtual_stages", schedule == "interleaved-1f1b" ? 2 : 1);
+    const int stages = static_cast<int>(c.mesh[pp]) * v;
+    const int units = layers + 2;
+    if (stages > units) return std::nullopt;  // unsupported: the runner says why
+    // The parameter's piece: 0 the embedding, 1 + i block i, units - 1 the norm and output.
+    std::smatch m;
+    int unit = units - 1;
+    if (name.rfind("tok_embeddings.", 0) == 0) {
+      unit = 0;
+    } else if (std::regex_match(name, m, layerName)) {
+      unit = 1 + std::stoi(m[1]);
+    }
+    int stage = 0;
+    for (int k = 0, start = 0; k < stages; ++k) {
+      const int size = units / stages + (k < units % stages ? 1 : 0);
+      if (unit >= start && unit < start + size) stage = k;
+      start += size;
+    }
+    text += "on its stage's pp rank only, ";
+    if (stage % c.mesh[pp] != coords[pp]) return SpecifiedBox{nothing(fullShape), text};
+  }
+  std::vector<std::vector<int>> dims(nd);
+  static const std::regex colwise(R"(.*(attention\.w[qkv]|w1|w3)\.weight$|^output\.weight$)");
+  static const std::regex rowwise(R"(.*(attention\.wo|w2)\.weight$)");
+  if (const int tp = axis("tp"); tp >= 0) {
+    if (std::regex_match(name, colwise) || name == "tok_embeddings.weight") {
+      dims[0].push_back(tp);
+      text += "tp Shard(0), ";
+    } else if (std::regex_match(name, rowwise) && nd >= 2) {
+      dims[1].push_back(tp);
+      text += "tp Shard(1), ";
+    } else {
+      text += "tp replicated, ";
+    }
+  }
+  if (const int dp = axis("dp_shard"); dp >= 0) {
+    dims[0].push_back(dp);
+    text += "FSDP2 Shard(0) over dp_shard inside it";
+  }
+  const Layout layout(dims, {});
+  return SpecifiedBox{layout.box(fullShape.vec(), c.mesh, coords), text};
+}
 
 // The layout each built-in strategy documents, per result tensor; nullopt for one it leaves
 // to the reported placements (a user's file, a replicated scalar).
@@ -579,6 +727,8 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
     text = "FSDP2: every parameter sharded on dim 0 over the " +
            std::string(k == "hsdp" ? "shard axis, replicated over the replicate axis"
                                    : "mesh");
+  } else if (k == "compose") {
+    return composeSpecifiedBox(tensor, c, rank, fullShape);
   } else if (k.rfind("pipeline-", 0) == 0 || k == "dtensor-linear") {
     return std::nullopt;  // whole on its stage's rank: what the reports say
   } else if (k == "tp" || k == "sp") {
@@ -696,17 +846,23 @@ void TorchRankExecutor::settle(harness::RankContext&) {
   call({{"cmd", "results"}, {"path", path}});
   TensorBundle b = readBundle(path);
   results_ = std::move(b.tensors);
-  std::map<std::string, std::vector<Placement>> placements;
+  // Per tensor its placement on every mesh axis, or a ColossalAI sequence ("[S20, R]") where a
+  // dimension's shards nest out of mesh order.
+  std::map<std::string, Layout> layouts;
   const auto j = nlohmann::json::parse(b.metadata.at("placements"));
   for (const auto& [name, list] : j.items()) {
-    std::string text = "[";
-    for (size_t i = 0; i < list.size(); ++i) text += (i ? ", " : "") + list[i].get<std::string>();
-    text += "]";
+    std::string text;
+    if (list.is_string()) {
+      text = list.get<std::string>();
+    } else {
+      text = "[";
+      for (size_t i = 0; i < list.size(); ++i) text += (i ? ", " : "") + list[i].get<std::string>();
+      text += "]";
+    }
     const int nd = static_cast<int>(results_.at(name).dim());
-    placements[name] =
-        Layout::parse(text, nd, static_cast<int>(case_.mesh.size())).placements(case_.mesh.size());
+    layouts[name] = Layout::parse(text, nd, static_cast<int>(case_.mesh.size()));
   }
-  strategy_.notePlacements(case_, rank_, placements);
+  strategy_.noteLayouts(case_, rank_, layouts);
   // What this rank does not hold is handed back empty, in the empty box resultBoxOf gives it.
   for (const auto& [name, shape] : shapes_) {
     if (!results_.count(name)) {

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# End-to-end checks of composed parallelism (docs/compose.md). Where this build's SB_TORCH_PYTHON
+# has PyTorch 2.x (the torch2 leg; skipped, exit 77, elsewhere): suites/compose.yaml passes,
+# torchtitan's composition of PyTorch's own FSDP2, TP/SP, pipelining and checkpointing on 2-D,
+# 3-D and 4-D meshes, every rank's shard of every parameter and optimizer state after 3 steps and
+# every step's loss and gradient norm against LibTorch's reference, the plan's layout checked per
+# rank, collectives counted and peaks measured on every rank; each planted field fault fails its
+# row naming what it got wrong: clipping's norm not summed over the pipeline's stages, the
+# norms left out of the tp plan (their gradients partial over tp), the schedule dividing a summed
+# loss by the micro-batches, the loss not scaled for FSDP's mean, the output left out of the tp
+# plan (every number right: the layout check names it). Usage: ci/compose_test.sh BUILD SOURCE
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+cd "$src"
+py=$(sed -n 's/^SB_TORCH_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+py=${SB_TORCH_PYTHON:-$py}
+if ! "$py" -c "from torch.distributed.fsdp import fully_shard; import torch.distributed.pipelining" \
+    2>/dev/null; then
+  echo "SKIP: $py has no PyTorch 2.x (the torch2 leg runs these checks)"
+  exit 77
+fi
+models="$build/compose-models"
+trace=$(sed -n 's/^SB_TRACE_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+"$trace" reference/models/trace_models.py --out "$models" --only meta_llama >/dev/null ||
+  { echo "FAIL tracing the suite's model with $trace"; exit 1; }
+suite="$tmp/compose.yaml"
+sed "s#build-torch2/models/#$models/#g" suites/compose.yaml > "$suite"
+
+check "compose suite: every composition passes" 0 "total +5 +0 +0 +0$" -- \
+  "$sb" run "$suite" --out "$tmp/suite" --repetitions 1
+check "every rank verified, its layout checked, measured and counted" 0 "ok" -- \
+  python3 - "$tmp/suite/results.json" <<'PY'
+import json, sys
+records = json.load(open(sys.argv[1]))["records"]
+assert len(records) == 5, len(records)
+meshes = set()
+for r in records:
+    d = r["details"]
+    assert r["status"] == "pass", (r["case"], r["message"])
+    meshes.add(len(d["mesh"]) if "mesh" in d else r["mesh"].count("x") + 1)
+    # Every step's loss and norm, every parameter and optimizer state.
+    t = r["tensor_err_ratio"]
+    assert "loss" in t and "grad_norm" in t, r["case"]
+    assert any(k.startswith("state/") for k in t) and any(k.startswith("param/") for k in t), r
+    # The plan's layout checked on every rank of every parameter, and nothing wrong with it.
+    spec = d["spec_check"]
+    assert spec["checked"] >= 2 * r["world_size"] and not spec["problems"], (r["case"], spec)
+    assert all(p > s for p, s in zip(d["peak_mem_bytes_per_rank"], d["step_start_bytes_per_rank"])), r
+    assert r["comm_calls"] > 0 and r["comm_bytes"] > 0, r
+    if "pp" in r["case"]:
+        # A pipeline stage's parameters on its ranks only: the first block's on some, not all.
+        assert any("stage's pp rank only" in s for s in spec["specs"]), spec["specs"]
+print(sorted(meshes))
+assert {2, 3, 4} <= meshes, meshes
+print("ok")
+PY
+
+# Each fault on the case it is about (one suite file a case).
+python3 - "$suite" "$tmp" <<'PY'
+import sys, yaml
+s = yaml.safe_load(open(sys.argv[1]))
+for name, out in (("meta-llama-pp2xfsdp2xtp2-adamw", "pp3"), ("meta-llama-fsdp2xtp2-nosp-sgd",
+                                                               "nosp")):
+    yaml.safe_dump(dict(s, cases=[c for c in s["cases"] if c["name"] == name]),
+                   open(f"{sys.argv[2]}/{out}.yaml", "w"))
+PY
+plant() {  # plant CASE-FILE NAME FAULT PATTERN: the case fails naming PATTERN
+  check "planted: $2" 1 "$4" -- "$sb" run "$tmp/$1.yaml" --out "$tmp/$3" --repetitions 1 \
+    --plant-fault "torch/compose=$3"
+}
+plant pp3 "clipping's norm not summed over the pipeline's stages" clip_norm_one_axis \
+  "meta-llama-pp2xfsdp2xtp2-adamw torch/compose: .*(loss|param/|state/)"
+plant pp3 "the norms out of the tp plan: their gradients partial, the tp replicas apart" \
+  norm_grad_partial "pp2xfsdp2xtp2-adamw torch/compose: replicas: param/layers.0.attention_norm.weight"
+plant pp3 "the schedule dividing a summed loss's gradients by the micro-batches" \
+  grads_scaled_by_microbatches "pp2xfsdp2xtp2-adamw torch/compose: grad_norm@rank0"
+plant pp3 "the loss not scaled for FSDP's mean over the data-parallel ranks" loss_not_mean_scaled \
+  "pp2xfsdp2xtp2-adamw torch/compose: grad_norm@rank0"
+plant nosp "the output left out of the tp plan: every number right, the layout check names it" \
+  output_not_tp "nosp-sgd torch/compose: layout: param/output.weight on rank 0 is declared"
+check "params with a wrong value: exit 2 naming the key" 2 "params.schedule \"zigzag\": expected" -- \
+  bash -c "sed 's/schedule: interleaved-1f1b/schedule: zigzag/' '$suite' > '$tmp/bad.yaml' &&
+           '$sb' run '$tmp/bad.yaml' --out '$tmp/bad' --repetitions 1"
+finish
