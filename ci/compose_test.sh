@@ -8,7 +8,8 @@
 # row naming what it got wrong: clipping's norm not summed over the pipeline's stages, the
 # norms left out of the tp plan (their gradients partial over tp), the schedule dividing a summed
 # loss by the micro-batches, the loss not scaled for FSDP's mean, the output left out of the tp
-# plan (every number right: the layout check names it). Usage: ci/compose_test.sh BUILD SOURCE
+# plan (every number right: the layout check names it); the 2-D case on gloo under launch.
+# Usage: ci/compose_test.sh BUILD SOURCE
 set -uo pipefail
 build=$1
 src=$2
@@ -81,6 +82,15 @@ plant pp3 "the loss not scaled for FSDP's mean over the data-parallel ranks" los
   "pp2xfsdp2xtp2-adamw torch/compose: grad_norm@rank0"
 plant nosp "the output left out of the tp plan: every number right, the layout check names it" \
   output_not_tp "nosp-sgd torch/compose: layout: param/output.weight on rank 0 is declared"
+# A sample on gloo: four stratbench processes (launch), each starting its rank's Python runner.
+python3 - "$suite" "$tmp/gloo.yaml" <<'PY'
+import sys, yaml
+s = yaml.safe_load(open(sys.argv[1]))
+s["cases"] = [c for c in s["cases"] if c["name"] == "meta-llama-fsdp2xtp2-adamw"]
+yaml.safe_dump(s, open(sys.argv[2], "w"))
+PY
+check "gloo: FSDP2 x TP/SP under launch -n 4, every rank verified" 0 "total +1 +0 +0 +0$" -- \
+  "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo" --repetitions 1
 check "params with a wrong value: exit 2 naming the key" 2 "params.schedule \"zigzag\": expected" -- \
   bash -c "sed 's/schedule: interleaved-1f1b/schedule: zigzag/' '$suite' > '$tmp/bad.yaml' &&
            '$sb' run '$tmp/bad.yaml' --out '$tmp/bad' --repetitions 1"

@@ -468,6 +468,10 @@ class Compose(Strategy):
         self.pp = size.get("pp", 1)
         # The pieces this rank holds: the whole model, or its pipeline stages.
         if self.pp > 1:
+            M = ctx.case["microbatches"]
+            if ctx.rows % M:
+                raise Unsupported(f"a data-parallel replica's {ctx.rows} rows do not divide into "
+                                  f"{M} micro-batches")
             schedule = params.get("schedule", "1f1b")
             v = int(params.get("virtual_stages", 2 if schedule == "interleaved-1f1b" else 1))
             bounds, mine = stage_cut(model, self.pp, v, mesh["pp"].get_local_rank())

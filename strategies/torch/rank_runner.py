@@ -249,6 +249,7 @@ class Rank:
                    f"the batch axes {list(self.batch_axes)}")
         if why:
             return {"unsupported": why}
+        self.ctx.rows = batch // self.replicas  # a replica's rows of the batch
         if case["workload"] == "linear":
             self.op = DTensorLinear(tensors, self.mesh, case["placements"])
             return {"ok": True, "torch": torch.__version__}
