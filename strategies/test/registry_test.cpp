@@ -60,10 +60,11 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // (ring/p2p, ring/allgather, ulysses); the five pipeline schedules (gpipe, 1f1b,
   // interleaved-1f1b, zb-h1, and one read from a CSV); PyTorch's own strategies run in Python
   // ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, checkpoint, sac, three pipeline
-  // schedules, context_parallel, and a user's file).
-  EXPECT_EQ(all.size(), 92u);
+  // schedules, context_parallel, torchtitan's composition, and a user's file).
+  EXPECT_EQ(all.size(), 93u);
   for (const char* id : {"pipeline/gpipe", "pipeline/1f1b", "pipeline/interleaved-1f1b",
-                         "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/file"}) {
+                         "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/compose",
+                         "torch/file"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }
   ASSERT_EQ(StrategyRegistry::global().generators().size(), 3u);
