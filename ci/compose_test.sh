@@ -30,13 +30,13 @@ trace=$(sed -n 's/^SB_TRACE_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
 suite="$tmp/compose.yaml"
 sed "s#build-torch2/models/#$models/#g" suites/compose.yaml > "$suite"
 
-check "compose suite: every composition passes" 0 "total +5 +0 +0 +0$" -- \
+check "compose suite: every composition passes" 0 "total +6 +0 +0 +0$" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 1
 check "every rank verified, its layout checked, measured and counted" 0 "ok" -- \
   python3 - "$tmp/suite/results.json" <<'PY'
 import json, sys
 records = json.load(open(sys.argv[1]))["records"]
-assert len(records) == 5, len(records)
+assert len(records) == 6, len(records)
 meshes = set()
 for r in records:
     d = r["details"]

@@ -59,11 +59,11 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // the five FSDP kinds (ddp, zero1, zero2, zero3, hsdp); the three context-parallel variants
   // (ring/p2p, ring/allgather, ulysses); the five pipeline schedules (gpipe, 1f1b,
   // interleaved-1f1b, zb-h1, and one read from a CSV); PyTorch's own strategies run in Python
-  // ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, checkpoint, sac, three pipeline
+  // ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, checkpoint, sac, five pipeline
   // schedules, context_parallel, torchtitan's composition, and a user's file).
-  EXPECT_EQ(all.size(), 93u);
+  EXPECT_EQ(all.size(), 95u);
   for (const char* id : {"pipeline/gpipe", "pipeline/1f1b", "pipeline/interleaved-1f1b",
-                         "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/compose",
+                         "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/compose", "torch/pipeline-zbv",
                          "torch/file"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }

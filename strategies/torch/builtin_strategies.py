@@ -296,11 +296,15 @@ class _Stage(nn.Module):
         return h
 
 
-def stage_cut(model, pp, stages_per_rank, rank):
+V_SCHEDULES = ("zbv", "dualpipev")
+
+
+def stage_cut(model, pp, stages_per_rank, rank, v_shape=False):
     """A LLaMA as Meta writes it cut into pp x stages_per_rank stages at block boundaries: the
     pieces (embedding, each block, norm and output) in contiguous runs as even as torch.chunk
-    makes them, stage k on rank k % pp (looped, as the interleaved schedules place them). Returns
-    every stage's pieces and the stages of `rank`."""
+    makes them, stage k on rank k % pp (looped, as the interleaved schedules place them), or with
+    `v_shape` two stages a rank in a V (rank r holds stages r and 2 pp - 1 - r, as the ZBV and
+    DualPipeV schedules place them). Returns every stage's pieces and the stages of `rank`."""
     if not (hasattr(model, "tok_embeddings") and hasattr(model, "layers")
             and hasattr(model, "norm") and hasattr(model, "output")):
         raise Unsupported("the stage cuts are written for a LLaMA as Meta writes it "
@@ -315,19 +319,34 @@ def stage_cut(model, pp, stages_per_rank, rank):
         size = len(units) // n_stages + (1 if k < len(units) % n_stages else 0)
         bounds.append(units[start:start + size])
         start += size
+    if v_shape:
+        if stages_per_rank != 2:
+            raise Unsupported(f"a V-shaped schedule places two stages a rank, not {stages_per_rank}")
+        return bounds, [rank, 2 * pp - 1 - rank]
     return bounds, [k for k in range(n_stages) if k % pp == rank]
 
 
 def make_schedule(name, stages, microbatches, loss_fn, scale_grads):
-    """torch.distributed.pipelining's schedule `name` over this rank's `stages`."""
-    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
-    if name == "interleaved-1f1b":
-        return ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=loss_fn,
-                                       scale_grads=scale_grads)
+    """torch.distributed.pipelining's schedule `name` over this rank's `stages`: gpipe, 1f1b (one
+    stage a rank), interleaved-1f1b, interleaved-zb (ScheduleInterleavedZeroBubble: the
+    backward split into input and weight gradients), zbv and dualpipev (V-shaped placement)."""
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble,
+                                              ScheduleZBVZeroBubble)
+    multi = {"interleaved-1f1b": ScheduleInterleaved1F1B,
+             "interleaved-zb": ScheduleInterleavedZeroBubble,
+             "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+    if name in multi:
+        try:
+            return multi[name](stages, n_microbatches=microbatches, loss_fn=loss_fn,
+                               scale_grads=scale_grads)
+        except ValueError as e:  # the schedule refuses the case's shape (too few micro-batches)
+            raise Unsupported(f"{name}: {e}")
     kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(name)
     if kind is None:
-        raise ValueError(f"schedule '{name}' (expected gpipe, 1f1b or interleaved-1f1b)")
+        raise ValueError(f"schedule '{name}' (expected gpipe, 1f1b, interleaved-1f1b, "
+                         "interleaved-zb, zbv or dualpipev)")
     if len(stages) != 1:
         raise Unsupported(f"{name} runs one stage a rank; {len(stages)} stages need "
                           "interleaved-1f1b")
@@ -363,7 +382,8 @@ class Pipeline(Strategy):
         from torch.distributed.pipelining import PipelineStage
         pp = mesh.size(0)
         rank = mesh.get_local_rank(0)
-        bounds, mine = stage_cut(model, pp, self.stages_per_rank, rank)
+        bounds, mine = stage_cut(model, pp, self.stages_per_rank, rank,
+                                 v_shape=self.schedule in V_SCHEDULES)
         modules = [_Stage(model, bounds[k]) for k in mine]
         group = mesh.get_group(0)
         n_stages = len(bounds)
@@ -473,8 +493,10 @@ class Compose(Strategy):
                 raise Unsupported(f"a data-parallel replica's {ctx.rows} rows do not divide into "
                                   f"{M} micro-batches")
             schedule = params.get("schedule", "1f1b")
-            v = int(params.get("virtual_stages", 2 if schedule == "interleaved-1f1b" else 1))
-            bounds, mine = stage_cut(model, self.pp, v, mesh["pp"].get_local_rank())
+            multi = schedule not in ("gpipe", "1f1b")
+            v = int(params.get("virtual_stages", 2 if multi else 1))
+            bounds, mine = stage_cut(model, self.pp, v, mesh["pp"].get_local_rank(),
+                                     v_shape=schedule in V_SCHEDULES)
             parts = [_Stage(model, bounds[k]) for k in mine]
         else:
             _meta_llama_layers(model)
@@ -634,6 +656,8 @@ STRATEGIES = {
     "pipeline-gpipe": Pipeline("gpipe"),
     "pipeline-1f1b": Pipeline("1f1b"),
     "pipeline-interleaved-1f1b": Pipeline("interleaved-1f1b", stages_per_rank=2),
+    "pipeline-interleaved-zb": Pipeline("interleaved-zb", stages_per_rank=2),
+    "pipeline-zbv": Pipeline("zbv", stages_per_rank=2),
     "dtensor-linear": DTensorOperator(),
     "cp": ContextParallel(),
     "compose": Compose(),

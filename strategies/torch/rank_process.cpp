@@ -141,7 +141,8 @@ std::runtime_error RankProcess::failure(const std::string& what) const {
                                                             "):\n" + tail));
 }
 
-nlohmann::json RankProcess::call(const nlohmann::json& command, double timeoutSec) {
+nlohmann::json RankProcess::call(const nlohmann::json& command, double timeoutSec,
+                                 const std::function<std::string()>& abandon) {
   const std::string line = command.dump() + "\n";
   size_t sent = 0;
   while (sent < line.size()) {
@@ -162,6 +163,13 @@ nlohmann::json RankProcess::call(const nlohmann::json& command, double timeoutSe
     pollfd p{fromChild_, POLLIN, 0};
     const int rc = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
     if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0 && abandon) {
+      const std::string why = abandon();
+      if (!why.empty()) {
+        throw std::runtime_error("the PyTorch rank runner was abandoned waiting for '" +
+                                 command.value("cmd", "") + "': " + why);
+      }
+    }
     if (rc <= 0) continue;
     char buf[65536];
     const ssize_t n = read(fromChild_, buf, sizeof buf);

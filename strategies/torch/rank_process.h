@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,8 +27,11 @@ class RankProcess {
   RankProcess& operator=(const RankProcess&) = delete;
 
   // Sends `command` and waits up to `timeoutSec` for the reply. Throws std::runtime_error (the
-  // log's tail quoted) where the process ends, closes its reply channel or does not answer.
-  nlohmann::json call(const nlohmann::json& command, double timeoutSec);
+  // log's tail quoted) where the process ends, closes its reply channel or does not answer, and
+  // where `abandon` (asked about once a second while waiting) returns a reason: a peer rank
+  // failed, so this one, blocked in a collective with it, will not answer.
+  nlohmann::json call(const nlohmann::json& command, double timeoutSec,
+                      const std::function<std::string()>& abandon = {});
   // The last `bytes` of its log.
   std::string logTail(size_t bytes = 2000) const;
   const std::string& logPath() const { return logPath_; }

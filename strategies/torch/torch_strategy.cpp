@@ -108,6 +108,11 @@ const std::vector<Kind>& kinds() {
        "torch.distributed.pipelining's Schedule1F1B, one stage a rank"},
       {"pipeline-interleaved-1f1b", Family::kSharding, "pipeline/interleaved-1f1b",
        {"grads_scaled_by_microbatches"}, "ScheduleInterleaved1F1B, two looped stages a rank"},
+      {"pipeline-interleaved-zb", Family::kSharding, "", {"grads_scaled_by_microbatches"},
+       "ScheduleInterleavedZeroBubble (backward split into input and weight gradients), two "
+       "looped stages a rank"},
+      {"pipeline-zbv", Family::kSharding, "", {"grads_scaled_by_microbatches"},
+       "ScheduleZBVZeroBubble, two stages a rank in a V (rank r: stages r and 2 pp - 1 - r)"},
       {"cp", Family::kSharding, "sharding/cp/ring/allgather", {},
        "context_parallel, where this PyTorch runs it"},
       {"compose", Family::kSharding, "",
@@ -230,6 +235,7 @@ struct PooledRunner {
   std::unique_ptr<RankProcess> proc;
   std::string dir;  // its log's folder
   int64_t generation = 0;
+  int64_t group = 0;  // the ranks started together share it (rank 0's draw, broadcast)
   int world = 0;
   std::string python;
 };
@@ -266,11 +272,15 @@ class RunnerPool {
     if (ok.item<int64_t>() == world) return mine;
     drop(mine);
     // The ranks meet at a port rank 0 finds free, told to every rank before they start.
-    at::Tensor port = at::zeros({1}, at::kLong);
-    if (rank == 0) port[0] = freePort();
+    at::Tensor port = at::zeros({2}, at::kLong);
+    if (rank == 0) {
+      port[0] = freePort();
+      port[1] = ++groups_;
+    }
     ctx.world().broadcast(port, 0);
-    env["MASTER_PORT"] = std::to_string(port.item<int64_t>());
+    env["MASTER_PORT"] = std::to_string(port[0].item<int64_t>());
     PooledRunner fresh;
+    fresh.group = port[1].item<int64_t>();
     char dirTemplate[] = "/tmp/sb-torch-rank-XXXXXX";
     if (!mkdtemp(dirTemplate)) throw std::runtime_error("cannot make a folder under /tmp");
     fresh.dir = dirTemplate;
@@ -281,6 +291,19 @@ class RunnerPool {
         std::vector<std::string>{fresh.python, "-u", runnerPath()}, env,
         fresh.dir + "/rank" + std::to_string(rank) + ".log");
     return fresh;
+  }
+  // A rank of `group` failed (its runner answered an error, or none): its peers, blocked in a
+  // collective with it, are abandoned at once rather than waiting out SB_TORCH_TIMEOUT_S.
+  void fail(int64_t group, int rank, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failures_.emplace(group, std::make_pair(rank, why.substr(0, 400)));
+  }
+  // Why `rank` of `group` is abandoned: another rank's failure, or "".
+  std::string abandoned(int64_t group, int rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = failures_.find(group);
+    if (it == failures_.end() || it->second.first == rank) return "";
+    return "rank " + std::to_string(it->second.first) + " failed first (" + it->second.second + ")";
   }
   // Back after a row that raised nothing.
   void give(int rank, PooledRunner r) {
@@ -299,6 +322,8 @@ class RunnerPool {
  private:
   std::mutex mu_;
   std::map<int, PooledRunner> byRank_;
+  int64_t groups_ = 0;
+  std::map<int64_t, std::pair<int, std::string>> failures_;  // group -> its first failure
 };
 
 class TorchStrategy;
@@ -335,11 +360,22 @@ class TorchRankExecutor final : public harness::RankExecutor, public harness::Ou
  private:
   nlohmann::json call(const nlohmann::json& command) {
     healthy_ = false;  // until it answers
-    nlohmann::json reply = runner_.proc->call(command, timeoutSec());
+    RunnerPool& pool = RunnerPool::instance();
+    const int64_t group = runner_.group;
+    nlohmann::json reply;
+    try {
+      reply = runner_.proc->call(command, timeoutSec(),
+                                 [&pool, group, this] { return pool.abandoned(group, rank_); });
+    } catch (const std::exception& e) {
+      pool.fail(group, rank_, e.what());
+      throw;
+    }
     if (reply.contains("error")) {
-      throw std::runtime_error("PyTorch rank " + std::to_string(rank_) + ": " +
-                               reply["error"].get<std::string>() + " (its log: " +
-                               runner_.proc->logPath() + ", kept with SB_TORCH_KEEP=1)");
+      const std::string what = "PyTorch rank " + std::to_string(rank_) + ": " +
+                               reply["error"].get<std::string>();
+      pool.fail(group, rank_, what);
+      throw std::runtime_error(what + " (its log: " + runner_.proc->logPath() +
+                               ", kept with SB_TORCH_KEEP=1)");
     }
     healthy_ = true;
     return reply;
@@ -567,8 +603,11 @@ class TorchStrategy final : public harness::Strategy {
     if (c.params.contains("sp") && !c.params.at("sp").is_boolean()) bad("sp", "true or false");
     if (c.params.contains("schedule")) {
       const auto& v = c.params.at("schedule");
-      if (!v.is_string() || (v != "gpipe" && v != "1f1b" && v != "interleaved-1f1b")) {
-        bad("schedule", "gpipe, 1f1b or interleaved-1f1b");
+      static const std::vector<std::string> schedules = {
+          "gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev"};
+      if (!v.is_string() ||
+          std::find(schedules.begin(), schedules.end(), v.get<std::string>()) == schedules.end()) {
+        bad("schedule", "gpipe, 1f1b, interleaved-1f1b, interleaved-zb, zbv or dualpipev");
       }
     }
     if (c.params.contains("virtual_stages")) {
@@ -664,8 +703,11 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::composeSpecifiedBo
       if (std::regex_match(p, m, layerName)) layers = std::max(layers, std::stoi(m[1]) + 1);
     }
     const std::string schedule = c.params.value("schedule", "1f1b");
-    const int v = c.params.value("virtual_stages", schedule == "interleaved-1f1b" ? 2 : 1);
-    const int stages = static_cast<int>(c.mesh[pp]) * v;
+    const bool multi = schedule != "gpipe" && schedule != "1f1b";
+    const bool vShape = schedule == "zbv" || schedule == "dualpipev";
+    const int v = c.params.value("virtual_stages", multi ? 2 : 1);
+    const int ppSize = static_cast<int>(c.mesh[pp]);
+    const int stages = ppSize * v;
     const int units = layers + 2;
     if (stages > units) return std::nullopt;  // unsupported: the runner says why
     // The parameter's piece: 0 the embedding, 1 + i block i, units - 1 the norm and output.
@@ -683,7 +725,9 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::composeSpecifiedBo
       start += size;
     }
     text += "on its stage's pp rank only, ";
-    if (stage % c.mesh[pp] != coords[pp]) return SpecifiedBox{nothing(fullShape), text};
+    // Looped: stage k on pp rank k mod pp; V-shaped (two a rank): rank r holds r and 2 pp - 1 - r.
+    const int owner = vShape ? (stage < ppSize ? stage : 2 * ppSize - 1 - stage) : stage % ppSize;
+    if (owner != coords[pp]) return SpecifiedBox{nothing(fullShape), text};
   }
   std::vector<std::vector<int>> dims(nd);
   static const std::regex colwise(R"(.*(attention\.w[qkv]|w1|w3)\.weight$|^output\.weight$)");
