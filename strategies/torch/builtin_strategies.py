@@ -354,6 +354,34 @@ def make_schedule(name, stages, microbatches, loss_fn, scale_grads):
                 scale_grads=scale_grads)
 
 
+def pipeline_refusal(case):
+    """Why a case cannot run a pipeline schedule, or None."""
+    if case["steps"] == 0:
+        return "a pipeline runs training steps (its output stays on the last stage)"
+    if case.get("microbatches", 1) < 2:
+        return "the schedule needs the case's micro-batches (shape key microbatches)"
+    return None
+
+
+def pipeline_stages(modules, mine, n_stages, group):
+    """PipelineStage objects for this rank's stage modules (`mine`: their indices)."""
+    from torch.distributed.pipelining import PipelineStage
+    return [PipelineStage(m, k, n_stages, torch.device("cpu"), group=group)
+            for m, k in zip(modules, mine)]
+
+
+def schedule_step(run, first, last, inputs, target):
+    """One step of the schedule `run`: the inputs fed where the first stage is, the target where
+    the last is. The last stage's micro-batch losses summed (float64); zero elsewhere."""
+    losses = []
+    args = inputs if first else ()
+    kwargs = {"target": target, "losses": losses} if last else {}
+    run.step(*args, **kwargs)
+    if not last:
+        return torch.zeros((), dtype=torch.float64)
+    return sum(l.detach().double() for l in losses)
+
+
 class Pipeline(Strategy):
     """torch.distributed.pipelining: the model cut into stages at block boundaries (the embedding
     with the first blocks, the norm and the output with the last), one stage per rank (two,
@@ -372,23 +400,16 @@ class Pipeline(Strategy):
     def applies(self, ctx):
         if len(ctx.case["mesh"]) != 1:
             return "a pipeline runs on a 1-D mesh"
-        if ctx.case["steps"] == 0:
-            return "the pipeline runs training steps (its output stays on the last stage)"
-        if ctx.case.get("microbatches", 1) < 2:
-            return "the schedule needs the case's micro-batches (shape key microbatches)"
-        return super().applies(ctx)
+        return pipeline_refusal(ctx.case) or super().applies(ctx)
 
     def parallelize(self, model, mesh, ctx):
-        from torch.distributed.pipelining import PipelineStage
         pp = mesh.size(0)
         rank = mesh.get_local_rank(0)
         bounds, mine = stage_cut(model, pp, self.stages_per_rank, rank,
                                  v_shape=self.schedule in V_SCHEDULES)
-        modules = [_Stage(model, bounds[k]) for k in mine]
-        group = mesh.get_group(0)
         n_stages = len(bounds)
-        stages = [PipelineStage(m, k, n_stages, torch.device("cpu"), group=group)
-                  for m, k in zip(modules, mine)]
+        stages = pipeline_stages([_Stage(model, bounds[k]) for k in mine], mine, n_stages,
+                                 mesh.get_group(0))
         M = ctx.case["microbatches"]
 
         def loss_fn(out, target):
@@ -407,13 +428,7 @@ class Pipeline(Strategy):
     def forward_backward(self, model, inputs, target, ctx):
         """One step's forward and backward by the schedule; this rank's part of the batch's loss
         (the last stage's micro-batch losses, nothing elsewhere)."""
-        losses = []
-        args = inputs if self.first else ()
-        kwargs = {"target": target, "losses": losses} if self.last else {}
-        self.run.step(*args, **kwargs)
-        if not self.last:
-            return torch.zeros((), dtype=torch.float64)
-        return sum(l.detach().double() for l in losses)
+        return schedule_step(self.run, self.first, self.last, inputs, target)
 
 
 COMPOSE_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -465,16 +480,12 @@ class Compose(Strategy):
                     "stratbench's own CP composes in sharding/compose")
         if "dp_replicate" in names and "dp_shard" not in names:
             return "dp_replicate (HSDP) needs a dp_shard axis beside it"
-        if "pp" in names:
-            if ctx.case["steps"] == 0:
-                return "a pipeline runs training steps (its output stays on the last stage)"
-            if ctx.case.get("microbatches", 1) < 2:
-                return "the schedule needs the case's micro-batches (shape key microbatches)"
+        if "pp" in names and pipeline_refusal(ctx.case):
+            return pipeline_refusal(ctx.case)
         return super().applies(ctx)
 
     def parallelize(self, model, mesh, ctx):
         from torch.distributed.fsdp import fully_shard
-        from torch.distributed.pipelining import PipelineStage
         names = mesh.mesh_dim_names
         params = ctx.params
         self.names = names
@@ -537,10 +548,8 @@ class Compose(Strategy):
         if self.pp == 1:
             self.run = None
             return parts[0]
-        group = mesh["pp"].get_group()
         n_stages = len(bounds)
-        stages = [PipelineStage(m, k, n_stages, torch.device("cpu"), group=group)
-                  for m, k in zip(parts, mine)]
+        stages = pipeline_stages(parts, mine, n_stages, mesh["pp"].get_group())
         scale = self.scale
 
         def loss_fn(out, target):
@@ -562,13 +571,8 @@ class Compose(Strategy):
             loss = (out * target).sum()
             (loss * self.scale).backward()
             return loss.detach().double() / self.tp
-        losses = []
-        args = inputs if self.first else ()
-        kwargs = {"target": target, "losses": losses} if self.last else {}
-        self.run.step(*args, **kwargs)
-        if not self.last:
-            return torch.zeros((), dtype=torch.float64)
-        return sum(l.detach().double() for l in losses) / (self.scale * self.tp)
+        loss = schedule_step(self.run, self.first, self.last, inputs, target)
+        return loss / (self.scale * self.tp)
 
     def param_split(self, names, mesh):
         """How many ways the parameters are split (not copied) across ranks: the pipeline's
