@@ -8,7 +8,8 @@
 # row naming what it got wrong: clipping's norm not summed over the pipeline's stages, the
 # norms left out of the tp plan (their gradients partial over tp), the schedule dividing a summed
 # loss by the micro-batches, the loss not scaled for FSDP's mean, the output left out of the tp
-# plan (every number right: the layout check names it); the 2-D case on gloo under launch.
+# plan (every number right: the layout check names it); the 2-D case on gloo under launch; a
+# rank that fails abandons its peer at once.
 # Usage: ci/compose_test.sh BUILD SOURCE
 set -uo pipefail
 build=$1
@@ -91,6 +92,32 @@ yaml.safe_dump(s, open(sys.argv[2], "w"))
 PY
 check "gloo: FSDP2 x TP/SP under launch -n 4, every rank verified" 0 "total +1 +0 +0 +0$" -- \
   "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo" --repetitions 1
+# A rank that fails leaves its peers blocked in a collective with it: they are abandoned at once
+# (the row an error naming the failing rank's words), not after SB_TORCH_TIMEOUT_S (600 s).
+cat > "$tmp/one_rank_fails.py" <<'PY'
+import torch.distributed as dist
+MESH_DIM_NAMES = ("dp",)
+BATCH_AXES = ("dp",)
+def parallelize(model, mesh, ctx):
+    if ctx.rank == 1:
+        raise RuntimeError("planted: rank 1 fails before the barrier")
+    dist.barrier()  # rank 0 would wait here for rank 1 until the timeout
+    return model
+PY
+python3 - "$suite" "$tmp/one_rank_fails.yaml" "$tmp/one_rank_fails.py" <<'PY'
+import sys, yaml
+s = yaml.safe_load(open(sys.argv[1]))
+c = dict(s["cases"][0], name="one-rank-fails", mesh=[2], strategies=["torch/file"],
+         params={"strategy_file": sys.argv[3]})
+yaml.safe_dump(dict(s, cases=[c]), open(sys.argv[2], "w"))
+PY
+start=$(date +%s)
+check "a rank that fails: an error row naming it, its peer abandoned" 1 \
+  "planted: rank 1 fails before the barrier" -- \
+  "$sb" run "$tmp/one_rank_fails.yaml" --out "$tmp/one_rank_fails" --repetitions 1
+took=$(( $(date +%s) - start ))
+[ "$took" -le 120 ] && pass "the peer abandoned at once: the row ended in ${took} s" ||
+  fail "the row took ${took} s: the peer waited out the timeout"
 check "params with a wrong value: exit 2 naming the key" 2 "params.schedule \"zigzag\": expected" -- \
   bash -c "sed 's/schedule: interleaved-1f1b/schedule: zigzag/' '$suite' > '$tmp/bad.yaml' &&
            '$sb' run '$tmp/bad.yaml' --out '$tmp/bad' --repetitions 1"
