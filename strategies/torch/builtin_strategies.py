@@ -252,17 +252,28 @@ class Checkpoint(Strategy):
         return super().applies(ctx)
 
     def parallelize(self, model, mesh, ctx):
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import \
-            checkpoint_wrapper
-        name, blocks = layer_list(model)
-        for i, block in enumerate(blocks):
-            if self.selective:
-                from torch.utils.checkpoint import create_selective_checkpoint_contexts
-                blocks[i] = checkpoint_wrapper(block, context_fn=functools.partial(
-                    create_selective_checkpoint_contexts, save_matmuls))
-            else:
-                blocks[i] = checkpoint_wrapper(block)
+        checkpoint_blocks(layer_list(model)[1], self.selective)
         return model
+
+
+def block_keys(container):
+    """The keys of a container of blocks: a ModuleDict's names, a list's indices."""
+    return list(container.keys()) if isinstance(container, nn.ModuleDict) else \
+        list(range(len(container)))
+
+
+def checkpoint_blocks(container, selective):
+    """Every block of `container` (a ModuleList, a ModuleDict, a module's numbered children) in
+    checkpoint_wrapper (non-reentrant), in place; `selective` with the policy that saves every
+    matmul's output and recomputes the rest."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import \
+        checkpoint_wrapper
+    kw = {}
+    if selective:
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, save_matmuls)
+    for key in block_keys(container):
+        container[key] = checkpoint_wrapper(container[key], **kw)
 
 
 def save_matmuls(ctx, op, *args, **kwargs):
@@ -488,8 +499,6 @@ class Compose(Strategy):
         from torch.distributed.fsdp import fully_shard
         names = mesh.mesh_dim_names
         params = ctx.params
-        self.names = names
-        self.sp = bool(params.get("sp", True))
         size = {n: mesh.size(i) for i, n in enumerate(names)}
         self.tp = size.get("tp", 1)
         dp_axes = self.batch_axes(names)
@@ -512,35 +521,21 @@ class Compose(Strategy):
         else:
             _meta_llama_layers(model)
             parts = [model]
+        # params' values were checked by the harness (exit 2 naming the key).
+        ac = params.get("ac", "none")
         for part in parts:
-            blocks = list(part.layers.values() if isinstance(part.layers, nn.ModuleDict)
-                          else part.layers)
             if self.tp > 1:
-                apply_tp(part, blocks, mesh["tp"], self.sp, ctx.fault)
-            ac = params.get("ac", "none")
-            if ac not in ("none", "full", "selective"):
-                raise ValueError(f"params.ac '{ac}' (expected none, full or selective)")
+                apply_tp(part, [part.layers[k] for k in block_keys(part.layers)], mesh["tp"],
+                         bool(params.get("sp", True)), ctx.fault)
             if ac != "none":
-                from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import \
-                    checkpoint_wrapper
-                kw = {}
-                if ac == "selective":
-                    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-                    kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts,
-                                                         save_matmuls)
-                container = part.layers
-                for key in list(container.keys() if isinstance(container, nn.ModuleDict)
-                                else range(len(container))):
-                    container[key] = checkpoint_wrapper(container[key], **kw)
+                checkpoint_blocks(part.layers, ac == "selective")
             if dp_axes:
                 dp_mesh = mesh[dp_axes] if len(dp_axes) > 1 else mesh[dp_axes[0]]
                 # torchtitan keeps the blocks gathered between forward and backward under a
                 # pipeline (each micro-batch would gather them again).
                 keep = self.pp == 1
-                container = part.layers
-                for block in (container.values() if isinstance(container, nn.ModuleDict)
-                              else container):
-                    fully_shard(block, mesh=dp_mesh, reshard_after_forward=keep)
+                for key in block_keys(part.layers):
+                    fully_shard(part.layers[key], mesh=dp_mesh, reshard_after_forward=keep)
                 fully_shard(part, mesh=dp_mesh, reshard_after_forward=keep)
         # Every rank's loss is its rows' sum; FSDP averages the gradients over the data-parallel
         # ranks, so the loss a backward starts from is scaled by their count.
@@ -599,11 +594,9 @@ class Compose(Strategy):
             if isinstance(part, DTensor):
                 part = part.full_tensor()
             squares = squares + part.float() ** 2
-        norm = squares ** 0.5
         if self.pp > 1 and ctx.fault != "clip_norm_one_axis":
-            norm = norm ** 2
-            dist.all_reduce(norm, group=ctx.mesh["pp"].get_group())
-            norm = norm ** 0.5
+            dist.all_reduce(squares, group=ctx.mesh["pp"].get_group())
+        norm = squares ** 0.5
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=False)
         return norm
 

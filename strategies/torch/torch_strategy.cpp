@@ -482,7 +482,8 @@ class TorchStrategy final : public harness::Strategy {
     }
     if (staged(c) && c.backend != "threads") {
       // Which rank holds which stage is learnt from the ranks' reports, in this process.
-      return Applicability::unsupported("torch/pipeline-* runs on the threads backend");
+      return Applicability::unsupported("torch/" + kind_.name +
+                                        " (pipeline stages) runs on the threads backend");
     }
     const Probe& p = probe();
     if (!p.ok) return Applicability::unsupported(p.why);
@@ -629,13 +630,20 @@ class TorchStrategy final : public harness::Strategy {
   bool staged(const CaseSpec& c) const {
     if (pipeline()) return true;
     if (kind_.name != "compose") return false;
-    if (c.params.contains("axes") && c.params.at("axes").is_array()) {
-      for (const auto& a : c.params.at("axes")) {
-        if (a.is_string() && a.get<std::string>() == "pp") return true;
-      }
-      return false;
-    }
-    return c.mesh.size() >= 3;
+    const auto axes = composeAxes(c);
+    return std::find(axes.begin(), axes.end(), "pp") != axes.end();
+  }
+  // torch/compose's mesh axis names, as builtin_strategies.py's Compose names them: params.axes
+  // (checked by checkComposeParams), or by the mesh's rank [dp_shard], [dp_shard, tp],
+  // [pp, dp_shard, tp], [pp, dp_replicate, dp_shard, tp]; empty for a mesh of more axes without
+  // params.axes (the runner says the row is unsupported).
+  static std::vector<std::string> composeAxes(const CaseSpec& c) {
+    if (c.params.contains("axes")) return c.params.at("axes").get<std::vector<std::string>>();
+    static const std::vector<std::vector<std::string>> byRank = {
+        {"dp_shard"}, {"dp_shard", "tp"}, {"pp", "dp_shard", "tp"},
+        {"pp", "dp_replicate", "dp_shard", "tp"}};
+    if (c.mesh.empty() || c.mesh.size() > byRank.size()) return {};
+    return byRank[c.mesh.size() - 1];
   }
   // The box of a tensor a rank does not hold.
   static Box nothing(at::IntArrayRef shape) {
@@ -669,22 +677,13 @@ class TorchStrategy final : public harness::Strategy {
 // runs as even as torch.chunk makes them, stage k on pp rank k % pp), torchtitan's tp plan
 // (column-wise weights and the embedding Shard(0), row-wise Shard(1), norms replicated), then
 // FSDP2's Shard(0) over dp_shard cut from the tp piece (DTensor's _StridedShard), replicated
-// over dp_replicate. The mesh's axis names as Compose names them: params.axes, or by the mesh's
-// rank [dp_shard], [dp_shard, tp], [pp, dp_shard, tp], [pp, dp_replicate, dp_shard, tp].
+// over dp_replicate. The mesh's axis names as Compose names them (composeAxes).
 std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::composeSpecifiedBox(
     const std::string& tensor, const CaseSpec& c, int rank, at::IntArrayRef fullShape) const {
   const int nd = static_cast<int>(fullShape.size());
   if (nd == 0) return std::nullopt;
-  std::vector<std::string> axes;
-  if (c.params.contains("axes")) {
-    for (const auto& a : c.params.at("axes")) axes.push_back(a.get<std::string>());
-  } else {
-    static const std::vector<std::vector<std::string>> byRank = {
-        {"dp_shard"}, {"dp_shard", "tp"}, {"pp", "dp_shard", "tp"},
-        {"pp", "dp_replicate", "dp_shard", "tp"}};
-    if (c.mesh.empty() || c.mesh.size() > byRank.size()) return std::nullopt;
-    axes = byRank[c.mesh.size() - 1];
-  }
+  const std::vector<std::string> axes = composeAxes(c);
+  if (axes.empty()) return std::nullopt;
   const auto axis = [&](const std::string& n) {
     const auto it = std::find(axes.begin(), axes.end(), n);
     return it == axes.end() ? -1 : static_cast<int>(it - axes.begin());
