@@ -171,11 +171,12 @@ if IMPORT_ERROR is None:
 
 def profiled_peak(prof):
     """The most the step's tensor allocations held above what was live when it began, from the
-    profiler's memory events in time order; None where the profiler recorded none (a step always
-    allocates: its output, its gradients' temporaries)."""
+    profiler's memory events in time order; None where the profiler recorded no allocation (a
+    step always allocates: its output, its gradients' temporaries; seen under load in CI: no
+    event at all, or only frees)."""
     events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]"]
-    if not events:
+    if not any(n > 0 for _, n in events):
         return None
     events.sort(key=lambda e: e[0])
     current = peak = 0
@@ -186,10 +187,15 @@ def profiled_peak(prof):
 
 
 # ---- Placements -----------------------------------------------------------------------------
+def strided(p):
+    """DTensor's _StridedShard: FSDP2's shard of a tensor-parallel piece (not a Shard in
+    PyTorch's class tree: is_shard() says False)."""
+    return type(p).__name__ == "_StridedShard"
+
+
 def sharded(p):
-    """A shard placement: Shard, or the _StridedShard FSDP2 puts over a tensor-parallel piece
-    (which is not a Shard in PyTorch's class tree: is_shard() says False)."""
-    return p.is_shard() or type(p).__name__ == "_StridedShard"
+    """A shard placement: Shard or _StridedShard."""
+    return p.is_shard() or strided(p)
 
 
 def placement_text(p):
@@ -371,6 +377,7 @@ class Rank:
         self.opt = opt
         losses, norms = [], []
         clip = (self.case.get("optimizer") or {}).get("clip_grad_norm", 0.0)
+        clip_fn = attr(self.strategy, "clip_grad_norm", None)
         for k in range(max(1, self.case["steps"])):
             if opt:
                 for group in opt.param_groups:
@@ -391,7 +398,6 @@ class Rank:
             losses.append(l)
             norms.append(n)
             if training:
-                clip_fn = attr(self.strategy, "clip_grad_norm", None)
                 if clip > 0 and clip_fn is not None:
                     # The strategy clips as its training loop does (torchtitan's over a
                     # pipeline's stages); the norm recorded stays the runner's own.
@@ -414,11 +420,13 @@ class Rank:
             self.run()
             return {"ok": True, "seconds": time.perf_counter() - start}
         from torch.profiler import ProfilerActivity, profile
-        # Now and then (under load, seen in CI) the profiler hands back no memory event at all
-        # for a step that allocated: that step is measured again, up to twice, rather than
-        # reported as allocating nothing.
+        # Now and then (under load, seen in CI) the profiler hands back no allocation event for a
+        # step that allocated: that step is measured again, up to twice, rather than reported as
+        # allocating nothing.
         for attempt in range(3):
             counter = CommCounter()
+            if self.op is not None:
+                self.op.reset()
             start_bytes = self.live_bytes()
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
                 start = time.perf_counter()
@@ -429,7 +437,7 @@ class Rank:
             if peak is not None:
                 break
         if peak is None:
-            raise RuntimeError("the profiler recorded no memory event in 3 measured steps")
+            raise RuntimeError("the profiler recorded no allocation in 3 measured steps")
         if counter.unknown:
             raise RuntimeError(f"the step ran collective operator(s) {sorted(set(counter.unknown))}"
                                f" that the counter does not know how to count")
@@ -490,8 +498,7 @@ class Rank:
         axis's piece), ColossalAI's sequence naming each dimension's axes outermost first
         ("[S20, R]"), which placement.h reads."""
         from torch.distributed.tensor import DTensor
-        if not isinstance(t, DTensor) or not any(type(p).__name__ == "_StridedShard"
-                                                 for p in t.placements):
+        if not isinstance(t, DTensor) or not any(strided(p) for p in t.placements):
             return self.full_placements(t)
         sub = t.device_mesh.mesh_dim_names
         if not sub or any(n not in self.names for n in sub):
@@ -504,7 +511,7 @@ class Rank:
             order = [i for i, _ in entries]
             for i, p in entries:
                 sf = getattr(p, "split_factor", 1)
-                if type(p).__name__ != "_StridedShard" or sf == 1:
+                if not strided(p) or sf == 1:
                     continue
                 # The axes after i that shard d first, their sizes multiplying to the split
                 # factor, are outer to i.
@@ -634,9 +641,16 @@ class DTensorLinear:
     def leaves(self):
         return [t for t in (self.x, self.w, self.b) if t is not None]
 
-    def step(self):
+    def reset(self):
+        """Drops the last step's gradients and output, before a step and before what a measured
+        step starts from is counted (live_bytes counts the operands only): otherwise the step's
+        first events free them and its allocations can fit in what they freed."""
         for t in self.leaves():
             t.grad = None
+        self.out = None
+
+    def step(self):
+        self.reset()
         self.out = torch.nn.functional.linear(self.x, self.w, self.b)
         self.out.backward(self.grad_output)
 
