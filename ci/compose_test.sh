@@ -9,7 +9,8 @@
 # norms left out of the tp plan (their gradients partial over tp), the schedule dividing a summed
 # loss by the micro-batches, the loss not scaled for FSDP's mean, the output left out of the tp
 # plan (every number right: the layout check names it); the 2-D case on gloo under launch; a
-# rank that fails abandons its peer at once.
+# rank that fails abandons its peer at once; `solve parallel --verify 3` runs the degree
+# search's top three as rows.
 # Usage: ci/compose_test.sh BUILD SOURCE
 set -uo pipefail
 build=$1
@@ -121,4 +122,22 @@ took=$(( $(date +%s) - start ))
 check "params with a wrong value: exit 2 naming the key" 2 "params.schedule \"zigzag\": expected" -- \
   bash -c "sed 's/schedule: interleaved-1f1b/schedule: zigzag/' '$suite' > '$tmp/bad.yaml' &&
            '$sb' run '$tmp/bad.yaml' --out '$tmp/bad' --repetitions 1"
+# The degree search's top 3 on 4 ranks of this host (2 cores shared), run as torch/compose rows:
+# each passes, each prediction beside its measured step time and peak.
+check "solve parallel --verify 3: the top three run and pass" 0 "rank correlation" -- \
+  "$sb" solve parallel --model "$models/meta_llama.pt" \
+  --input '{"shape": [4, 16], "dtype": "int64", "low": 0, "high": 64}' --ranks 4 \
+  --host-cores 2 --verify 3 --verify-out "$tmp/search" --out "$tmp/search.json"
+check "every verified row has its prediction and its measurement" 0 "ok" -- \
+  python3 - "$tmp/search.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows = j["verified"]
+assert len(rows) == 3, rows
+for r in rows:
+    assert r["status"] == "pass", r
+    assert r["measured_step_us"] > 0 and r["measured_peak_bytes"] > 0, r
+    assert r["predicted_step_us"] > 0 and r["predicted_peak_bytes"] > 0, r
+print("ok")
+PY
 finish

@@ -32,6 +32,7 @@ Command addGraph(CLI::App& app);      // cli/graph.cpp
 Command addSolveChunk(CLI::App& solve);         // cli/solve_chunk.cpp
 Command addSolveRedistribute(CLI::App& solve);  // cli/solve_redistribute.cpp
 Command addSolveShard(CLI::App& solve);         // cli/solve_shard.cpp
+Command addSolveParallel(CLI::App& solve);      // cli/solve_parallel.cpp
 
 // `stratbench launch -n N [...] -- COMMAND...` (cli/launch.cpp): parsed by a CLI11 parser of its
 // own, since everything after "--" is the ranks' command. argv holds "stratbench launch ...".

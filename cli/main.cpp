@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
   const sb::cli::Command chunkCmd = sb::cli::addSolveChunk(*solveCmd);
   const sb::cli::Command redistCmd = sb::cli::addSolveRedistribute(*solveCmd);
   const sb::cli::Command shardCmd = sb::cli::addSolveShard(*solveCmd);
+  const sb::cli::Command parallelCmd = sb::cli::addSolveParallel(*solveCmd);
 
   const sb::cli::Command graphCmd = sb::cli::addGraph(app);
 
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
   if (*pipe) return sb::cli::solvePipeline(pipeArgs);
   if (*chunkCmd.app) return chunkCmd.run();
   if (*shardCmd.app) return shardCmd.run();
+  if (*parallelCmd.app) return parallelCmd.run();
   if (*graphCmd.app) return graphCmd.run();
   if (*redistCmd.app) return redistCmd.run();
   if (*calib.app) return calib.run();
