@@ -43,8 +43,8 @@ check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --f
 # Megatron's two blocks, the 5 whole-model plans (4 auto-sharding algorithms, 1 from a file),
 # the rest (context parallel, FSDP, the 5 pipeline schedules), and PyTorch's own run in Python
 # ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, cp, 5 pipeline schedules, torchtitan's
-# composition, a user's file).
-check "list --family" 0 "424 strategies" -- "$sb" list --family sharding
+# composition, a user's file), and expert parallelism (sharding/moe/ep).
+check "list --family" 0 "425 strategies" -- "$sb" list --family sharding
 cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || fail "results.csv changed"
 
 # The checkpointing suite's sweep with rotor: every feasible budget passes bitwise, the

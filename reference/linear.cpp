@@ -11,6 +11,7 @@
 #include "reference/chain_nets.h"
 #include "reference/evoformer.h"
 #include "reference/graph.h"
+#include "reference/moe.h"
 #include "reference/ops.h"
 #include "reference/transformer.h"
 #include "reference/workload.h"
@@ -123,6 +124,7 @@ const Workload* findWorkload(const std::string& name) {
   if (name == gpt2PrefillWorkload()->name()) return gpt2PrefillWorkload();
   if (name == vitEncoderWorkload()->name()) return vitEncoderWorkload();
   if (name == evoformerPairWorkload()->name()) return evoformerPairWorkload();
+  if (name == moeWorkload()->name()) return moeWorkload();
   if (const Workload* g = findGraphWorkload(name)) return g;
   return findChainWorkload(name);
 }
@@ -135,6 +137,7 @@ std::vector<std::string> workloadNames() {
                                     "gpt2_prefill",
                                     "vit_encoder",
                                     "evoformer_pair",
+                                    "moe",
                                     "gpt2",
                                     "bert",
                                     "mlp"};

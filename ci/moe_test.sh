@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# End-to-end checks of expert parallelism (docs/moe.md): suites/moe.yaml passes (dropless and
+# with a capacity, both drop policies, k = 1 and 2, E = 4 and 8, EP 2 and 4), the capacity cases
+# drop assignments, communication is counted as predicted; each planted field fault fails its
+# rows naming the tensor it got wrong (the experts' gradients scaled by the EP degree, the
+# router's gradient left partial, the experts' gradients reduced over the data-parallel group,
+# the capacity from a rank's own tokens: only the cases with a capacity fail); a malformed shape
+# is exit 2 naming the key; experts that do not divide over the ranks are unsupported.
+# Usage: ci/moe_test.sh BUILD SOURCE
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+cd "$src"
+
+check "moe suite: every case passes" 0 "total +5 +0 +0 +0$" -- \
+  "$sb" run suites/moe.yaml --out "$tmp/suite" --repetitions 1
+check "routing checked, drops happen, communication as predicted" 0 "ok" -- \
+  python3 - "$tmp/suite/results.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert len(rows) == 5, len(rows)
+for r in rows:
+    assert r["status"] == "pass", (r["case"], r["message"])
+    assert r["comm_bytes"] == r["predicted_comm_bytes"] and int(r["comm_bytes"]) > 0, r["case"]
+    params = dict(p.split("=", 1) for p in r["params"].split(";") if "=" in p)
+    if r["case"].startswith("capacity"):
+        assert params["capacity"] != "dropless", params
+    else:
+        assert params["capacity"] == "dropless" and params["dropped"] == "0", params
+print("ok")
+PY
+check "a capacity drops assignments (rank 0's count in results.json)" 0 "ok" -- \
+  python3 - "$tmp/suite/results.json" <<'PY'
+import json, sys
+recs = json.load(open(sys.argv[1]))["records"]
+drops = [r["case"] for r in recs if int(r["params"]["dropped"]) > 0]
+assert drops and all(c.startswith("capacity") for c in drops), drops
+print("ok", drops)
+PY
+for fault in grads_scaled_by_ep:grad_w experts_reduced_over_dp:grad_w router_grad_partial:grad_router \
+             capacity_local:output; do
+  name=${fault%%:*}
+  tensor=${fault#*:}
+  want="total +0 +5 +0 +0$"
+  [ "$name" = capacity_local ] && want="total +2 +3 +0 +0$"
+  check "planted $name: fails, naming $tensor" 1 "$want" -- \
+    "$sb" run suites/moe.yaml --out "$tmp/f-$name" --repetitions 1 --plant-fault "sharding/moe/ep=$name"
+  grep -q "sharding/moe/ep: .*$tensor" "$tmp/out" && pass "$name names $tensor" ||
+    fail "$name: no failure names $tensor"
+done
+cat > "$tmp/bad.yaml" <<'YAML'
+suite: bad
+cases:
+  - name: bad-k
+    workload: moe
+    shape: {experts: 4, top_k: 5}
+    mesh: 2
+    strategies: ["sharding/moe/ep"]
+YAML
+check "top_k over the experts: exit 2 naming it" 2 "top_k" -- "$sb" run "$tmp/bad.yaml" --out "$tmp/bad"
+cat > "$tmp/uneven.yaml" <<'YAML'
+suite: uneven
+cases:
+  - name: e6-ep4
+    workload: moe
+    shape: {experts: 6, top_k: 2}
+    mesh: 4
+    strategies: ["sharding/moe/ep"]
+YAML
+check "6 experts over 4 ranks: unsupported" 0 "total +0 +0 +0 +1$" -- \
+  "$sb" run "$tmp/uneven.yaml" --out "$tmp/uneven"
+grep -q "6 experts do not divide over 4 EP ranks" "$tmp/uneven/results.csv" &&
+  pass "the row says why" || fail "the unsupported row does not say why"
+finish

@@ -1,0 +1,480 @@
+// Expert parallelism: `sharding/moe/ep`, the mixture-of-experts layer (workload "moe",
+// reference/moe.h) with its experts sharded over a 1-D mesh of EP ranks and its tokens split
+// among the same ranks (each rank a data-parallel replica of the rest: the router replicated).
+// Rank r holds experts [r E/ep, (r + 1) E/ep) and tokens [r T/ep, (r + 1) T/ep).
+//
+// A step, on every rank:
+//   1. the router on the rank's tokens: scores, top-k, gates;
+//   2. the capacity (where the case has one): ceil(T k / E x factor) over the whole batch, and
+//      which assignments each expert keeps in the drop policy's order over the whole batch:
+//      by position, each rank's offset per expert from every rank's counts (all-gathered); by
+//      probability, every rank's (probability, expert) pairs all-gathered and each assignment
+//      ranked among its expert's;
+//   3. dispatch: the kept assignments sorted by destination (the expert's rank), then expert,
+//      then token; the counts per (destination, expert) exchanged first by an all-to-all, so
+//      every rank knows how many rows it receives from each rank for each of its experts
+//      (uneven splits); then the token rows by an all-to-all;
+//   4. each local expert's SwiGLU on its received rows;
+//   5. combine: the rows back by the reverse all-to-all, gated, added into the rank's tokens in
+//      expert order (the reference's);
+//   6. the load-balancing loss: the experts' assignment counts all-reduced, each rank's share of
+//      P_e from its tokens (its gradient stays local), the value all-reduced;
+//   7. backward through the all-to-alls (each the reverse all-to-all of the gradient); the
+//      router's gradient, a partial sum over each rank's tokens, all-reduced; the experts'
+//      gradients already whole (every token of an expert passes through its rank).
+//
+// Verified: every checked tensor of the reference, the routing included (each token's top-k
+// experts, which assignments were kept, the kept tokens per expert), the experts' gradients per
+// rank on its experts' slice. Communication predicted per rank from the case's routing (the
+// reference's seeded inputs routed once: the all-to-alls' uneven bytes follow the counts) and
+// judged. Memory: not predicted yet (docs/moe.md).
+//
+// Planted faults (the field's): "grads_scaled_by_ep" (the experts' gradients multiplied by the
+// EP degree, a mean over EP ranks undone twice: pytorch#160285's 2x), "router_grad_partial" (the
+// router's gradient left as each rank's partial sum, marked replicated: torchtitan#2387),
+// "experts_reduced_over_dp" (the experts' gradients all-reduced over the data-parallel group,
+// which here holds other experts: Megatron-LM#1628), "capacity_local" (the capacity and the
+// drop order computed from the rank's own tokens: DeepSpeed#6809's mismatch).
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+
+#include "harness/comm/autograd_comm.h"
+#include "harness/comm/comm_site.h"
+#include "harness/error.h"
+#include "harness/registry.h"
+#include "harness/strategy.h"
+#include "reference/moe.h"
+
+namespace sb::strategies::moe {
+namespace {
+
+using harness::Applicability;
+using harness::Box;
+using harness::CaseSpec;
+using harness::Collective;
+using harness::CommStats;
+using harness::RankContext;
+using reference::MoeShape;
+
+enum class Fault { kNone, kGradsScaledByEp, kRouterGradPartial, kExpertsReducedOverDp, kCapacityLocal };
+
+const std::vector<std::pair<std::string, Fault>>& faultNames() {
+  static const std::vector<std::pair<std::string, Fault>> names = {
+      {"grads_scaled_by_ep", Fault::kGradsScaledByEp},
+      {"router_grad_partial", Fault::kRouterGradPartial},
+      {"experts_reduced_over_dp", Fault::kExpertsReducedOverDp},
+      {"capacity_local", Fault::kCapacityLocal}};
+  return names;
+}
+
+// The case's routing, as the reference chose it (the counts the communication follows): per
+// rank, the kept assignments it sends and the rows it receives.
+struct Routing {
+  std::vector<int64_t> sent, received;
+};
+
+class EpStrategy;
+
+class EpExecutor final : public harness::RankExecutor {
+ public:
+  EpExecutor(const MoeShape& s, int ep, Fault f) : s_(s), ep_(ep), fault_(f) {}
+  void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
+  void step(RankContext& ctx) override;
+  void settle(RankContext& ctx) override;
+  std::map<std::string, at::Tensor> results() const override { return results_; }
+  std::vector<std::pair<std::string, std::string>> recordParams() const override {
+    return {{"ep", std::to_string(ep_)},
+            {"experts_per_rank", std::to_string(s_.experts / ep_)},
+            {"capacity", s_.capacity() < 0 ? "dropless" : std::to_string(s_.capacity())},
+            {"rows_sent", std::to_string(sent_)},
+            {"rows_received", std::to_string(received_)},
+            {"dropped", std::to_string(dropped_)}};
+  }
+
+ private:
+  // Which of this rank's assignments (flat t k + j) are kept.
+  std::vector<uint8_t> keepMask(harness::Communicator& comm, const int64_t* idx,
+                                const double* val) const;
+  MoeShape s_;
+  int ep_;
+  Fault fault_;
+  int rank_ = 0;
+  at::Tensor x_, router_, w1_, w3_, w2_, go_;
+  at::Tensor y_, aux_, idx_, kept_, perExpert_;
+  int64_t sent_ = 0, received_ = 0, dropped_ = 0;  // this rank's assignments
+  std::map<std::string, at::Tensor> results_;
+};
+
+void EpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
+  rank_ = ctx.rank();
+  const int64_t Tl = s_.tokens() / ep_, El = s_.experts / ep_;
+  const auto rows = [&](const at::Tensor& t, int64_t n) { return t.narrow(0, rank_ * n, n).clone(); };
+  x_ = rows(data.inputs.at("input"), Tl).set_requires_grad(true);
+  go_ = rows(data.inputs.at("grad_output"), Tl);
+  router_ = data.inputs.at("router").clone().set_requires_grad(true);
+  w1_ = rows(data.inputs.at("w1"), El).set_requires_grad(true);
+  w3_ = rows(data.inputs.at("w3"), El).set_requires_grad(true);
+  w2_ = rows(data.inputs.at("w2"), El).set_requires_grad(true);
+}
+
+std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& comm, const int64_t* idx,
+                                          const double* val) const {
+  const int64_t Tl = s_.tokens() / ep_, k = s_.topK, E = s_.experts, n = Tl * k;
+  std::vector<uint8_t> keep(static_cast<size_t>(n), 1);
+  if (s_.capacity() < 0) return keep;
+  const bool local = fault_ == Fault::kCapacityLocal;
+  const double tokens = static_cast<double>(local ? Tl : s_.tokens());
+  const int64_t cap = static_cast<int64_t>(
+      std::ceil(tokens * static_cast<double>(k) / static_cast<double>(E) * s_.capacityFactor));
+  if (s_.dropByPosition) {
+    // Position order over the batch: every earlier rank's assignments to e come first.
+    at::Tensor counts = at::zeros({1, E}, at::kLong);
+    auto* c = counts.data_ptr<int64_t>();
+    for (int64_t a = 0; a < n; ++a) ++c[idx[a]];
+    std::vector<int64_t> offset(static_cast<size_t>(E), 0);
+    if (!local) {
+      const at::Tensor all = comm.allGather(counts, std::vector<int64_t>(ep_, 1));
+      for (int r = 0; r < rank_; ++r) {
+        for (int64_t e = 0; e < E; ++e) offset[e] += all[r][e].item<int64_t>();
+      }
+    }
+    for (int64_t a = 0; a < n; ++a) {
+      if (offset[idx[a]]++ >= cap) keep[a] = 0;
+    }
+    return keep;
+  }
+  // Probability order over the batch (ties by position): every assignment's (probability,
+  // expert) gathered; an assignment is kept when fewer than `cap` of its expert's rank before it.
+  at::Tensor mine = at::empty({n, 2}, at::kDouble);
+  for (int64_t a = 0; a < n; ++a) {
+    mine[a][0] = val[a];
+    mine[a][1] = static_cast<double>(idx[a]);
+  }
+  const at::Tensor all =
+      local ? mine : comm.allGather(mine, std::vector<int64_t>(ep_, n)).contiguous();
+  const double* g = all.data_ptr<double>();
+  const int64_t total = all.size(0), base = local ? 0 : rank_ * n;
+  for (int64_t a = 0; a < n; ++a) {
+    const int64_t me = base + a;
+    int64_t before = 0;
+    for (int64_t b = 0; b < total && before < cap; ++b) {
+      if (g[2 * b + 1] != g[2 * me + 1] || b == me) continue;
+      if (g[2 * b] > g[2 * me] || (g[2 * b] == g[2 * me] && b < me)) ++before;
+    }
+    if (before >= cap) keep[a] = 0;
+  }
+  return keep;
+}
+
+void EpExecutor::step(RankContext& ctx) {
+  harness::Communicator& comm = ctx.group({0});
+  const int64_t Tl = s_.tokens() / ep_, k = s_.topK, E = s_.experts, El = E / ep_,
+                D = s_.dModel;
+  if (x_.grad().defined()) {
+    for (at::Tensor* p : {&x_, &router_, &w1_, &w3_, &w2_}) p->mutable_grad() = at::Tensor();
+  }
+  at::Tensor loss;
+  {
+    const harness::CommSiteScope site("router", harness::StepPhase::kForward);
+    const at::Tensor logits = at::linear(x_, router_);
+    const at::Tensor probs = s_.sigmoid ? at::sigmoid(logits) : at::softmax(logits, -1);
+    auto [vals, idx] = at::topk(probs, k, -1);
+    const at::Tensor gates = s_.normTopk ? vals / vals.sum(-1, true) : vals;
+    idx_ = idx;
+    const at::Tensor idxC = idx.contiguous();
+    const at::Tensor valC = vals.detach().to(at::kDouble).contiguous();
+    const int64_t* ix = idxC.data_ptr<int64_t>();
+    const std::vector<uint8_t> keep = keepMask(comm, ix, valC.data_ptr<double>());
+    dropped_ = std::count(keep.begin(), keep.end(), 0);
+    kept_ = at::tensor(std::vector<double>(keep.begin(), keep.end()), at::kDouble)
+                .reshape({Tl, k})
+                .to(x_.scalar_type());
+
+    // Dispatch order: destination rank, expert, token (then slot).
+    std::vector<int64_t> order;
+    for (int64_t a = 0; a < Tl * k; ++a) {
+      if (keep[a]) order.push_back(a);
+    }
+    std::stable_sort(order.begin(), order.end(), [ix](int64_t a, int64_t b) { return ix[a] < ix[b]; });
+    std::vector<int64_t> perExpert(static_cast<size_t>(E), 0), sendRows(ep_, 0), tok, slot;
+    for (int64_t a : order) {
+      ++perExpert[ix[a]];  // per (destination, its local expert)
+      ++sendRows[ix[a] / El];
+      tok.push_back(a / k);
+      slot.push_back(a % k);
+    }
+    const at::Tensor counts = at::tensor(perExpert, at::kLong).reshape({E, 1});
+    // Switch's loss: every rank's assignment counts before dropping, its own tokens' share of P.
+    std::vector<double> routedCounts(static_cast<size_t>(E), 0.0);
+    for (int64_t a = 0; a < Tl * k; ++a) routedCounts[ix[a]] += 1.0;
+    at::Tensor routed = at::tensor(routedCounts, at::kDouble);
+    comm.allReduce(routed);
+    const at::Tensor f = routed.to(x_.scalar_type()) / static_cast<double>(s_.tokens() * k);
+    const at::Tensor p =
+        (s_.sigmoid ? probs / probs.sum(-1, true) : probs).sum(0) / static_cast<double>(s_.tokens());
+    const at::Tensor auxLocal = static_cast<double>(E) * (f * p).sum();
+    at::Tensor auxValue = auxLocal.detach().reshape({1}).clone();
+    comm.allReduce(auxValue);
+    aux_ = auxValue;
+
+    // The counts first (uneven splits), then the rows.
+    const at::Tensor gotT = comm.allToAll(counts, std::vector<int64_t>(ep_, El),
+                                          std::vector<int64_t>(ep_, El)).contiguous();
+    const int64_t* got = gotT.data_ptr<int64_t>();  // [source][local expert]
+    std::vector<int64_t> recvRows(ep_, 0);
+    for (int r = 0; r < ep_; ++r) {
+      for (int64_t e = 0; e < El; ++e) recvRows[r] += got[r * El + e];
+    }
+    sent_ = static_cast<int64_t>(order.size());
+    received_ = std::accumulate(recvRows.begin(), recvRows.end(), int64_t{0});
+    const at::Tensor t = at::tensor(tok, at::kLong);
+    const at::Tensor j = at::tensor(slot, at::kLong);
+    at::Tensor back;
+    {
+      const harness::CommSiteScope dispatch("dispatch", harness::StepPhase::kForward);
+      const at::Tensor rows =
+          harness::allToAllFwdAllToAllBwd(x_.index_select(0, t), comm, sendRows, recvRows);
+      // Each local expert's rows: from each source, in expert order.
+      at::Tensor out = at::zeros({received_, D}, x_.options());
+      std::vector<std::vector<int64_t>> mine(static_cast<size_t>(El));
+      int64_t at_ = 0;
+      for (int r = 0; r < ep_; ++r) {
+        for (int64_t e = 0; e < El; ++e) {
+          const int64_t n = got[r * El + e];
+          for (int64_t i = 0; i < n; ++i) mine[e].push_back(at_++);
+        }
+      }
+      for (int64_t e = 0; e < El; ++e) {
+        if (mine[e].empty()) continue;
+        const at::Tensor ri = at::tensor(mine[e], at::kLong);
+        const at::Tensor xe = rows.index_select(0, ri);
+        const at::Tensor ye =
+            at::linear(at::silu(at::linear(xe, w1_[e])) * at::linear(xe, w3_[e]), w2_[e]);
+        out = out.index_add(0, ri, ye);
+      }
+      const harness::CommSiteScope combine("combine", harness::StepPhase::kForward);
+      back = harness::allToAllFwdAllToAllBwd(out, comm, recvRows, sendRows);
+    }
+    y_ = at::zeros_like(x_).index_add(0, t, back * gates.index({t, j}).unsqueeze(1));
+    perExpert_ = counts.reshape({E}).to(at::kDouble);
+    loss = (y_ * go_).sum() + s_.auxCoef * auxLocal;
+  }
+  {
+    const harness::CommSiteScope site("moe", harness::StepPhase::kBackward);
+    torch::autograd::backward({loss}, {});
+  }
+  const harness::CommSiteScope update("moe", harness::StepPhase::kUpdate);
+  at::Tensor& gr = router_.mutable_grad();
+  if (fault_ != Fault::kRouterGradPartial) comm.allReduce(gr);
+  for (at::Tensor* w : {&w1_, &w3_, &w2_}) {
+    at::Tensor& g = w->mutable_grad();
+    if (fault_ == Fault::kGradsScaledByEp) g.mul_(static_cast<double>(ep_));
+    if (fault_ == Fault::kExpertsReducedOverDp) comm.allReduce(g);
+  }
+}
+
+void EpExecutor::settle(RankContext& ctx) {
+  harness::Communicator& comm = ctx.group({0});
+  results_.clear();
+  results_["output"] = y_.detach();
+  results_["aux_loss"] = aux_;
+  results_["expert_index"] = idx_.to(x_.scalar_type());
+  results_["kept"] = kept_;
+  // The kept assignments per expert, summed over the ranks that sent them.
+  at::Tensor per = perExpert_.clone();
+  comm.allReduce(per);
+  results_["tokens_per_expert"] = per.to(x_.scalar_type());
+  results_["grad_input"] = x_.grad();
+  results_["grad_router"] = router_.grad();
+  results_["grad_w1"] = w1_.grad();
+  results_["grad_w3"] = w3_.grad();
+  results_["grad_w2"] = w2_.grad();
+}
+
+class EpStrategy final : public harness::Strategy {
+ public:
+  explicit EpStrategy(Fault f)
+      : Strategy("sharding/moe/ep", "expert parallel (all-to-all dispatch)",
+                 harness::Family::kSharding),
+        fault_(f) {}
+
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"experts", "sharded over a 1-D mesh (EP), tokens split among the same ranks"},
+            {"dispatch", "counts all-to-all, then rows all-to-all; combine the reverse"},
+            {"router", "replicated, its gradient all-reduced"}};
+  }
+  Applicability applies(const CaseSpec& c) const override {
+    if (c.workload != "moe") return Applicability::notApplicable("not a mixture of experts");
+    if (c.mesh.size() != 1) {
+      return Applicability::unsupported("expert parallelism runs on a 1-D mesh here; the case has " +
+                                        c.meshString());
+    }
+    const auto s = MoeShape::parse(c.shape);
+    const int64_t ep = c.mesh[0];
+    if (s.experts % ep) {
+      return Applicability::unsupported(std::to_string(s.experts) + " experts do not divide over " +
+                                        std::to_string(ep) + " EP ranks");
+    }
+    if (s.tokens() % ep) {
+      return Applicability::unsupported(std::to_string(s.tokens()) +
+                                        " tokens do not divide over " + std::to_string(ep) +
+                                        " EP ranks");
+    }
+    return Applicability::yes();
+  }
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
+    return std::make_unique<EpExecutor>(MoeShape::parse(c.shape), static_cast<int>(c.mesh[0]),
+                                        fault_);
+  }
+  Box resultBox(const std::string&, const CaseSpec&, int) const override {
+    TORCH_INTERNAL_ASSERT(false, "ep results are boxed by resultBoxOf");
+  }
+  Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                  at::IntArrayRef shape) const override {
+    const int64_t ep = c.mesh[0];
+    static const std::vector<std::string> byToken = {"output", "grad_input", "expert_index", "kept"};
+    static const std::vector<std::string> byExpert = {"grad_w1", "grad_w3", "grad_w2"};
+    if (std::count(byToken.begin(), byToken.end(), tensor) ||
+        std::count(byExpert.begin(), byExpert.end(), tensor)) {
+      return harness::chunkBox(shape, 0, ep, rank);
+    }
+    return Box::whole(shape);  // the router's gradient, the loss, the counts: replicated
+  }
+  // The tokens' rows and the experts' slices as expert parallelism defines them (Megatron's
+  // and torchtitan's EP: contiguous experts per rank), independent of the executor.
+  std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
+                                           at::IntArrayRef shape) const override {
+    const int64_t ep = c.mesh[0];
+    if (tensor.rfind("grad_w", 0) == 0) {
+      Box b = Box::whole(shape);
+      b.length[0] = shape[0] / ep;
+      b.offset[0] = rank * b.length[0];
+      return SpecifiedBox{b, "EP: rank r holds experts [r E/ep, (r + 1) E/ep)"};
+    }
+    if (tensor == "grad_router") {
+      return SpecifiedBox{Box::whole(shape), "EP: the router replicated"};
+    }
+    return std::nullopt;
+  }
+
+  CommStats predictComm(const CaseSpec& c, int rank) const override {
+    return harness::totalOf(*predictCommByNode(c, rank));
+  }
+  // Per node: the router's capacity exchange, the loss's two all-reduces and the counts'
+  // all-to-all; dispatch's rows out (forward) and their gradients back (backward); combine's
+  // the reverse; the router's gradient all-reduced in the update.
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    const auto s = MoeShape::parse(c.shape);
+    const int64_t ep = c.mesh[0], E = s.experts, k = s.topK, D = s.dModel;
+    const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
+    const Routing r = routingOf(c);
+    std::vector<harness::NodeComm> nodes;
+    CommStats& router = harness::commAt(nodes, "router", "forward");
+    const bool local = fault_ == Fault::kCapacityLocal;
+    if (s.capacity() >= 0 && !local) {
+      if (s.dropByPosition) {
+        router.add(Collective::kAllGather, ep * E * 8);
+      } else {
+        router.add(Collective::kAllGather, s.tokens() * k * 2 * 8);
+      }
+    }
+    router.add(Collective::kAllReduce, E * 8);  // the assignment counts (float64)
+    router.add(Collective::kAllReduce, es);     // the loss's value
+    router.add(Collective::kAllToAll, E * 8);   // the counts per (destination, expert)
+    harness::commAt(nodes, "dispatch", "forward").add(Collective::kAllToAll, r.sent[rank] * D * es);
+    harness::commAt(nodes, "combine", "forward")
+        .add(Collective::kAllToAll, r.received[rank] * D * es);
+    // The backward's all-to-alls at their forward's node: combine's gradient to the experts'
+    // ranks, then dispatch's back to the tokens'.
+    harness::commAt(nodes, "combine", "backward")
+        .add(Collective::kAllToAll, r.sent[rank] * D * es);
+    harness::commAt(nodes, "dispatch", "backward")
+        .add(Collective::kAllToAll, r.received[rank] * D * es);
+    CommStats& upd = harness::commAt(nodes, "moe", "update");
+    if (fault_ != Fault::kRouterGradPartial) upd.add(Collective::kAllReduce, E * D * es);
+    if (fault_ == Fault::kExpertsReducedOverDp) {
+      const int64_t El = E / ep, F = s.ffn;
+      for (int i = 0; i < 3; ++i) upd.add(Collective::kAllReduce, El * F * D * es);
+    }
+    return nodes;
+  }
+
+  harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
+                               const at::Tensor& expected) const override {
+    const harness::Tolerance base = Strategy::tolerance(tensor, c, expected);
+    if (tensor == "expert_index" || tensor == "kept" || tensor == "tokens_per_expert") {
+      return harness::Tolerance::bitwise("routing decisions and counts are integers");
+    }
+    // The router's gradient and the loss are sums over the ranks' tokens; an expert's gradient
+    // sums its tokens in the received order (by source rank); a token's rows are products on
+    // other row counts: a sum of up to T terms split over the EP ranks.
+    const auto s = MoeShape::parse(c.shape);
+    return harness::splitReductionTolerance(base, c.dtype, std::max(s.tokens(), s.ffn),
+                                            c.mesh[0], expected);
+  }
+
+  std::vector<std::string> plantableFaults() const override {
+    std::vector<std::string> out;
+    for (const auto& [name, f] : faultNames()) out.push_back(name);
+    return out;
+  }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& fault) const override {
+    for (const auto& [name, f] : faultNames()) {
+      if (name == fault) return std::make_unique<EpStrategy>(f);
+    }
+    return nullptr;
+  }
+
+ private:
+  // The case's routing by the reference (built once per case and cached): per rank, the kept
+  // assignments of its tokens (rows it sends) and those routed to its experts (rows it gets).
+  Routing routingOf(const CaseSpec& c) const {
+    const std::string key = c.suite + "\x1f" + c.name + "\x1f" + c.shape.dump() + "\x1f" +
+                            std::to_string(c.seed) + harness::dtypeName(c.dtype) + c.meshString() +
+                            (c.inputs == reference::InputMode::kExact ? "exact" : "random");
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    const auto s = MoeShape::parse(c.shape);
+    const reference::WorkloadData d =
+        reference::moeWorkload()->build(c.shape, c.dtype, c.seed, c.inputs);
+    const at::Tensor idx = d.expected.at("expert_index").to(at::kLong).cpu().contiguous();
+    const at::Tensor kept = d.expected.at("kept").cpu().to(at::kDouble).contiguous();
+    const int64_t ep = c.mesh[0], Tl = s.tokens() / ep, El = s.experts / ep, k = s.topK;
+    Routing r;
+    r.sent.assign(ep, 0);
+    r.received.assign(ep, 0);
+    const int64_t* ix = idx.data_ptr<int64_t>();
+    const double* kx = kept.data_ptr<double>();
+    for (int64_t a = 0; a < s.tokens() * k; ++a) {
+      if (kx[a] == 0) continue;
+      ++r.sent[a / k / Tl];
+      ++r.received[ix[a] / El];
+    }
+    cache_[key] = r;
+    return r;
+  }
+  Fault fault_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, Routing> cache_;
+};
+
+std::vector<std::unique_ptr<harness::Strategy>> registerExpertParallel() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  out.push_back(std::make_unique<EpStrategy>(Fault::kNone));
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::moe
+
+SB_REGISTER_STRATEGIES(sb::strategies::moe::registerExpertParallel);
