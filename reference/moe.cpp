@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "reference/training.h"
+
 namespace sb::reference {
 namespace {
 
@@ -41,6 +43,20 @@ at::Tensor expert(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w
   return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
 }
 
+WorkloadData moeInputs(const MoeShape& s, at::ScalarType dtype, uint64_t seed, InputMode mode) {
+  const int64_t T = s.tokens(), D = s.dModel, F = s.ffn, E = s.experts;
+  const double inBound = 1.0 / std::sqrt(static_cast<double>(D));
+  WorkloadData d;
+  d.inputs["input"] = makeNormal({T, D}, dtype, seed, 0, mode);
+  d.inputs["router"] = makeUniform({E, D}, inBound, dtype, seed, 1, mode);
+  d.inputs["w1"] = makeUniform({E, F, D}, inBound, dtype, seed, 2, mode);
+  d.inputs["w3"] = makeUniform({E, F, D}, inBound, dtype, seed, 3, mode);
+  d.inputs["w2"] = makeUniform({E, D, F}, 1.0 / std::sqrt(static_cast<double>(F)), dtype, seed, 4,
+                               mode);
+  d.inputs["grad_output"] = makeNormal({T, D}, dtype, seed, 5, mode);
+  return d;
+}
+
 class MoeWorkload final : public Workload {
  public:
   std::string name() const override { return "moe"; }
@@ -65,85 +81,21 @@ class MoeWorkload final : public Workload {
   WorkloadData build(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
                      InputMode mode) const override {
     const auto s = MoeShape::parse(shape);
-    const int64_t T = s.tokens(), D = s.dModel, F = s.ffn, E = s.experts, k = s.topK;
-    WorkloadData d;
-    d.inputs["input"] = makeNormal({T, D}, dtype, seed, 0, mode);
-    d.inputs["router"] = makeUniform({E, D}, 1.0 / std::sqrt(static_cast<double>(D)), dtype, seed,
-                                     1, mode);
-    d.inputs["w1"] = makeUniform({E, F, D}, 1.0 / std::sqrt(static_cast<double>(D)), dtype, seed,
-                                 2, mode);
-    d.inputs["w3"] = makeUniform({E, F, D}, 1.0 / std::sqrt(static_cast<double>(D)), dtype, seed,
-                                 3, mode);
-    d.inputs["w2"] = makeUniform({E, D, F}, 1.0 / std::sqrt(static_cast<double>(F)), dtype, seed,
-                                 4, mode);
-    d.inputs["grad_output"] = makeNormal({T, D}, dtype, seed, 5, mode);
-
+    WorkloadData d = moeInputs(s, dtype, seed, mode);
     at::Tensor x = d.inputs["input"].clone().set_requires_grad(true);
     at::Tensor router = d.inputs["router"].clone().set_requires_grad(true);
     at::Tensor w1 = d.inputs["w1"].clone().set_requires_grad(true);
     at::Tensor w3 = d.inputs["w3"].clone().set_requires_grad(true);
     at::Tensor w2 = d.inputs["w2"].clone().set_requires_grad(true);
-
-    const at::Tensor logits = at::linear(x, router);
-    const at::Tensor probs = s.sigmoid ? at::sigmoid(logits) : at::softmax(logits, -1);
-    const auto [vals, idx] = at::topk(probs, k, -1);
-    const at::Tensor gates = s.normTopk ? vals / vals.sum(-1, true) : vals;
-
-    // Which assignments (token t, slot j) each expert keeps: all, or the first `capacity` in
-    // the drop policy's order.
-    const at::Tensor idxCpu = idx.cpu().contiguous();
-    const at::Tensor valCpu = vals.detach().to(at::kDouble).cpu().contiguous();
-    const int64_t* ix = idxCpu.data_ptr<int64_t>();
-    const double* vx = valCpu.data_ptr<double>();
-    std::vector<uint8_t> keep(static_cast<size_t>(T * k), 1);
-    const int64_t cap = s.capacity();
-    if (cap >= 0) {
-      for (int64_t e = 0; e < E; ++e) {
-        std::vector<int64_t> mine;  // flat t * k + j
-        for (int64_t a = 0; a < T * k; ++a) {
-          if (ix[a] == e) mine.push_back(a);
-        }
-        if (!s.dropByPosition) {
-          std::stable_sort(mine.begin(), mine.end(),
-                           [vx](int64_t a, int64_t b) { return vx[a] > vx[b]; });
-        }
-        for (size_t i = static_cast<size_t>(cap); i < mine.size(); ++i) keep[mine[i]] = 0;
-      }
-    }
-
-    // The output: each expert on its kept tokens, gated, added in expert order.
-    at::Tensor y = at::zeros_like(x);
-    std::vector<double> perExpert(static_cast<size_t>(E), 0.0), routed(static_cast<size_t>(E), 0.0);
-    for (int64_t e = 0; e < E; ++e) {
-      std::vector<int64_t> tok, slot;
-      for (int64_t a = 0; a < T * k; ++a) {
-        if (ix[a] != e) continue;
-        routed[e] += 1;
-        if (!keep[a]) continue;
-        tok.push_back(a / k);
-        slot.push_back(a % k);
-      }
-      perExpert[e] = static_cast<double>(tok.size());
-      if (tok.empty()) continue;
-      const at::Tensor t = at::tensor(tok, at::kLong).to(x.device());
-      const at::Tensor j = at::tensor(slot, at::kLong).to(x.device());
-      const at::Tensor out = expert(x.index_select(0, t), w1[e], w3[e], w2[e]);
-      y = y.index_add(0, t, out * gates.index({t, j}).unsqueeze(1));
-    }
-    // Switch's load-balancing loss over the assignments before dropping.
-    const at::Tensor f =
-        at::tensor(routed, at::kDouble).to(x.device()).to(dtype) / static_cast<double>(T * k);
-    const at::Tensor p = (s.sigmoid ? probs / probs.sum(-1, true) : probs).mean(0);
-    const at::Tensor aux = static_cast<double>(E) * (f * p).sum();
-    const at::Tensor loss = (y * d.inputs["grad_output"]).sum() + s.auxCoef * aux;
+    const MoeForward f = moeForward(s, x, router, w1, w3, w2);
+    const at::Tensor loss = (f.output * d.inputs["grad_output"]).sum() + s.auxCoef * f.aux;
     torch::autograd::backward({loss}, {});
 
-    d.expected["output"] = y.detach();
-    d.expected["aux_loss"] = aux.detach().reshape({1});
-    d.expected["expert_index"] = idx.to(dtype);
-    d.expected["kept"] =
-        at::tensor(std::vector<double>(keep.begin(), keep.end()), at::kDouble).reshape({T, k}).to(x.device()).to(dtype);
-    d.expected["tokens_per_expert"] = at::tensor(perExpert, at::kDouble).to(x.device()).to(dtype);
+    d.expected["output"] = f.output.detach();
+    d.expected["aux_loss"] = f.aux.detach().reshape({1});
+    d.expected["expert_index"] = f.expertIndex.to(dtype);
+    d.expected["kept"] = f.kept.to(dtype);
+    d.expected["tokens_per_expert"] = f.tokensPerExpert.to(dtype);
     d.expected["grad_input"] = x.grad();
     d.expected["grad_router"] = router.grad();
     d.expected["grad_w1"] = w1.grad();
@@ -156,6 +108,101 @@ class MoeWorkload final : public Workload {
 };
 
 }  // namespace
+
+MoeForward moeForward(const MoeShape& s, const at::Tensor& x, const at::Tensor& router,
+                      const at::Tensor& w1, const at::Tensor& w3, const at::Tensor& w2) {
+  const int64_t T = s.tokens(), E = s.experts, k = s.topK;
+  const at::Tensor logits = at::linear(x, router);
+  const at::Tensor probs = s.sigmoid ? at::sigmoid(logits) : at::softmax(logits, -1);
+  const auto [vals, idx] = at::topk(probs, k, -1);
+  const at::Tensor gates = s.normTopk ? vals / vals.sum(-1, true) : vals;
+
+  // Which assignments (token t, slot j) each expert keeps: all, or the first `capacity` in
+  // the drop policy's order.
+  const at::Tensor idxCpu = idx.cpu().contiguous();
+  const at::Tensor valCpu = vals.detach().to(at::kDouble).cpu().contiguous();
+  const int64_t* ix = idxCpu.data_ptr<int64_t>();
+  const double* vx = valCpu.data_ptr<double>();
+  std::vector<uint8_t> keep(static_cast<size_t>(T * k), 1);
+  const int64_t cap = s.capacity();
+  if (cap >= 0) {
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<int64_t> mine;  // flat t * k + j
+      for (int64_t a = 0; a < T * k; ++a) {
+        if (ix[a] == e) mine.push_back(a);
+      }
+      if (!s.dropByPosition) {
+        std::stable_sort(mine.begin(), mine.end(),
+                         [vx](int64_t a, int64_t b) { return vx[a] > vx[b]; });
+      }
+      for (size_t i = static_cast<size_t>(cap); i < mine.size(); ++i) keep[mine[i]] = 0;
+    }
+  }
+
+  // The output: each expert on its kept tokens, gated, added in expert order.
+  at::Tensor y = at::zeros_like(x);
+  std::vector<double> perExpert(static_cast<size_t>(E), 0.0), routed(static_cast<size_t>(E), 0.0);
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t> tok, slot;
+    for (int64_t a = 0; a < T * k; ++a) {
+      if (ix[a] != e) continue;
+      routed[e] += 1;
+      if (!keep[a]) continue;
+      tok.push_back(a / k);
+      slot.push_back(a % k);
+    }
+    perExpert[e] = static_cast<double>(tok.size());
+    if (tok.empty()) continue;
+    const at::Tensor t = at::tensor(tok, at::kLong).to(x.device());
+    const at::Tensor j = at::tensor(slot, at::kLong).to(x.device());
+    const at::Tensor out = expert(x.index_select(0, t), w1[e], w3[e], w2[e]);
+    y = y.index_add(0, t, out * gates.index({t, j}).unsqueeze(1));
+  }
+  // Switch's load-balancing loss over the assignments before dropping.
+  const at::Tensor f = at::tensor(routed, at::kDouble).to(x.device()).to(x.scalar_type()) /
+                       static_cast<double>(T * k);
+  const at::Tensor p = (s.sigmoid ? probs / probs.sum(-1, true) : probs).mean(0);
+  MoeForward out;
+  out.output = y;
+  out.aux = static_cast<double>(E) * (f * p).sum();
+  out.expertIndex = idx;
+  out.kept = at::tensor(std::vector<double>(keep.begin(), keep.end()), at::kDouble)
+                 .reshape({T, k})
+                 .to(x.device());
+  out.tokensPerExpert = at::tensor(perExpert, at::kDouble).to(x.device());
+  return out;
+}
+
+WorkloadData buildMoeTraining(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                              InputMode mode, const TrainingSpec& training) {
+  const auto s = MoeShape::parse(shape);
+  WorkloadData d = moeInputs(s, dtype, seed, mode);
+  d.inputs["target"] = d.inputs.at("grad_output");
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const char* name : {"router", "w1", "w3", "w2"}) {
+    params.emplace_back(name, d.inputs.at(name).clone().requires_grad_(true));
+  }
+  TrainingLoop loop(training, params);
+  std::vector<at::Tensor> index, kept, perExpert;
+  for (int step = 0; step < training.steps; ++step) {
+    for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+    const MoeForward f = moeForward(s, d.inputs.at("input"), params[0].second, params[1].second,
+                                    params[2].second, params[3].second);
+    index.push_back(f.expertIndex.to(dtype));
+    kept.push_back(f.kept.to(dtype));
+    perExpert.push_back(f.tokensPerExpert.to(dtype));
+    const at::Tensor loss = (f.output * d.inputs.at("target")).sum() + s.auxCoef * f.aux;
+    torch::autograd::backward({loss}, {});
+    loop.update(loss.item<double>());
+  }
+  loop.write(d.expected, &d.checked);
+  // Every step's routing, as the parameters of that step chose it.
+  d.expected["expert_index"] = at::stack(index);
+  d.expected["kept"] = at::stack(kept);
+  d.expected["tokens_per_expert"] = at::stack(perExpert);
+  for (const char* name : {"expert_index", "kept", "tokens_per_expert"}) d.checked.push_back(name);
+  return d;
+}
 
 int64_t MoeShape::capacity() const {
   if (capacityFactor <= 0) return -1;

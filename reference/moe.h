@@ -42,4 +42,22 @@ struct MoeShape {
 
 const Workload* moeWorkload();
 
+// The layer's forward on whole tensors (the reference's; an executor that runs the layer on one
+// rank may call it): its output, the auxiliary loss (with autograd), each token's top-k experts
+// [T, k], which assignments were kept [T, k] (float64 0/1) and the kept assignments per expert
+// [E] (float64).
+struct MoeForward {
+  at::Tensor output, aux, expertIndex, kept, tokensPerExpert;
+};
+MoeForward moeForward(const MoeShape& s, const at::Tensor& x, const at::Tensor& router,
+                      const at::Tensor& w1, const at::Tensor& w3, const at::Tensor& w2);
+
+struct TrainingSpec;
+// Training over steps (reference/training.h): the loss sum(output * target) + aux_coef x aux, the
+// router and the experts stepped; target the one-step workload's grad_output. Beside training's
+// tensors, every step's routing: expert_index and kept [steps, T, k], tokens_per_expert
+// [steps, E].
+WorkloadData buildMoeTraining(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
+                              InputMode mode, const TrainingSpec& training);
+
 }  // namespace sb::reference

@@ -19,6 +19,7 @@
 #include "reference/chain_nets.h"
 #include "reference/evoformer.h"
 #include "reference/graph.h"
+#include "reference/moe.h"
 #include "reference/torchscript/import.h"
 #include "reference/transformer.h"
 
@@ -305,13 +306,13 @@ bool hasTrainingReference(const std::string& workload) {
   return workload == "mlp" || workload == "gpt2" || workload == "bert" || workload == "llama" ||
          workload == "linear" || workload == "transformer_block" || workload == "gpt2_prefill" ||
          workload == "vit_encoder" || workload == "evoformer_pair" || workload == "torchscript" ||
-         findChainWorkload(workload) != nullptr;
+         workload == "moe" || findChainWorkload(workload) != nullptr;
 }
 
 std::string trainingWorkloadList() {
   std::string s =
       "linear, mlp, gpt2, bert, llama, transformer_block, gpt2_prefill, vit_encoder, "
-      "evoformer_pair, torchscript";
+      "evoformer_pair, torchscript, moe";
   for (const Workload* w : chainWorkloads()) s += ", " + w->name();
   return s;
 }
@@ -465,6 +466,7 @@ WorkloadData buildTraining(const std::string& workload, const nlohmann::json& sh
     return torchscript::buildTraining(shape, dtype, seed, mode, training);
   }
   if (workload == "linear") return buildLinearTraining(shape, dtype, seed, mode, training);
+  if (workload == "moe") return buildMoeTraining(shape, dtype, seed, mode, training);
   if (workload == "gpt2_prefill" || workload == "vit_encoder") {
     return buildModelTraining<Transformer>(workload, TransformerShape::parse(shape, workload),
                                            dtype, seed, training);

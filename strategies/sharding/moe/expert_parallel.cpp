@@ -1,15 +1,18 @@
 // Expert parallelism: `sharding/moe/ep`, the mixture-of-experts layer (workload "moe",
-// reference/moe.h) with its experts sharded over a 1-D mesh of EP ranks and its tokens split
-// among the same ranks (each rank a data-parallel replica of the rest: the router replicated).
-// Rank r holds experts [r E/ep, (r + 1) E/ep) and tokens [r T/ep, (r + 1) T/ep).
+// reference/moe.h) with its experts sharded over the EP ranks and its tokens split among all
+// ranks (the router replicated). On a 1-D mesh [ep]; on a 2-D mesh [dp, ep] (EP x DP) axis 0
+// holds data-parallel replicas of the experts: rank (d, e) holds experts [e E/ep, (e + 1) E/ep)
+// and the tokens of chunk d ep + e of dp ep; its EP group (axis 1) shares one replica's tokens.
+// Expert and non-expert parameters are reduced over their own groups: the router over every
+// rank, the experts over axis 0 only (their replicas).
 //
 // A step, on every rank:
 //   1. the router on the rank's tokens: scores, top-k, gates;
 //   2. the capacity (where the case has one): ceil(T k / E x factor) over the whole batch, and
 //      which assignments each expert keeps in the drop policy's order over the whole batch:
-//      by position, each rank's offset per expert from every rank's counts (all-gathered); by
-//      probability, every rank's (probability, expert) pairs all-gathered and each assignment
-//      ranked among its expert's;
+//      by position, each rank's offset per expert from every rank's counts (all-gathered over
+//      the mesh); by probability, every rank's (probability, expert) pairs all-gathered and
+//      each assignment ranked among its expert's;
 //   3. dispatch: the kept assignments sorted by destination (the expert's rank), then expert,
 //      then token; the counts per (destination, expert) exchanged first by an all-to-all, so
 //      every rank knows how many rows it receives from each rank for each of its experts
@@ -20,8 +23,9 @@
 //   6. the load-balancing loss: the experts' assignment counts all-reduced, each rank's share of
 //      P_e from its tokens (its gradient stays local), the value all-reduced;
 //   7. backward through the all-to-alls (each the reverse all-to-all of the gradient); the
-//      router's gradient, a partial sum over each rank's tokens, all-reduced; the experts'
-//      gradients already whole (every token of an expert passes through its rank).
+//      router's gradient, a partial sum over each rank's tokens, all-reduced over the mesh; the
+//      experts' gradients whole within the EP group (every token of the replica routed to an
+//      expert passes through its rank), all-reduced over the replicas (axis 0).
 //
 // Verified: every checked tensor of the reference, the routing included (each token's top-k
 // experts, which assignments were kept, the kept tokens per expert), the experts' gradients per
@@ -52,6 +56,7 @@
 #include "harness/registry.h"
 #include "harness/strategy.h"
 #include "reference/moe.h"
+#include "reference/training.h"
 
 namespace sb::strategies::moe {
 namespace {
@@ -85,49 +90,75 @@ class EpStrategy;
 
 class EpExecutor final : public harness::RankExecutor {
  public:
-  EpExecutor(const MoeShape& s, int ep, Fault f) : s_(s), ep_(ep), fault_(f) {}
+  EpExecutor(const MoeShape& s, const std::vector<int64_t>& mesh,
+             const reference::TrainingSpec& training, Fault f)
+      : s_(s), dp_(mesh.size() == 2 ? static_cast<int>(mesh[0]) : 1),
+        ep_(static_cast<int>(mesh.back())), epAxis_(static_cast<int>(mesh.size()) - 1),
+        training_(training), fault_(f) {}
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
   void step(RankContext& ctx) override;
   void settle(RankContext& ctx) override;
   std::map<std::string, at::Tensor> results() const override { return results_; }
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     return {{"ep", std::to_string(ep_)},
+            {"dp", std::to_string(dp_)},
             {"experts_per_rank", std::to_string(s_.experts / ep_)},
             {"capacity", s_.capacity() < 0 ? "dropless" : std::to_string(s_.capacity())},
             {"rows_sent", std::to_string(sent_)},
             {"rows_received", std::to_string(received_)},
-            {"dropped", std::to_string(dropped_)}};
+            {"dropped", std::to_string(dropped_)},
+            {"dropped_total", std::to_string(droppedTotal_)}};
   }
 
  private:
   // Which of this rank's assignments (flat t k + j) are kept.
-  std::vector<uint8_t> keepMask(harness::Communicator& comm, const int64_t* idx,
+  std::vector<uint8_t> keepMask(harness::Communicator& world, const int64_t* idx,
                                 const double* val) const;
+  int64_t localTokens() const { return s_.tokens() / (dp_ * ep_); }
+  // One forward on the rank's tokens and experts; the rank's part of the loss (its tokens'
+  // sum(output x target) and its share of the load-balancing loss).
+  at::Tensor forward(RankContext& ctx);
+  // The gradients reduced over their groups: the router's over every rank, the experts' over
+  // their replicas.
+  void reduceGradients(RankContext& ctx);
   MoeShape s_;
-  int ep_;
+  int dp_, ep_, epAxis_;
+  reference::TrainingSpec training_;
   Fault fault_;
+  at::Tensor init_[4];  // the router's and the experts' initial values (training restarts there)
+  std::vector<at::Tensor> stepIndex_, stepKept_, stepPerExpert_;  // each training step's routing
+  std::unique_ptr<reference::TrainingLoop> loop_;
   int rank_ = 0;
   at::Tensor x_, router_, w1_, w3_, w2_, go_;
   at::Tensor y_, aux_, idx_, kept_, perExpert_;
-  int64_t sent_ = 0, received_ = 0, dropped_ = 0;  // this rank's assignments
+  int64_t sent_ = 0, received_ = 0, dropped_ = 0;  // this rank's assignments (the last step's)
+  int64_t droppedTotal_ = 0;                        // every rank's, every step's
   std::map<std::string, at::Tensor> results_;
 };
 
 void EpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
   rank_ = ctx.rank();
-  const int64_t Tl = s_.tokens() / ep_, El = s_.experts / ep_;
-  const auto rows = [&](const at::Tensor& t, int64_t n) { return t.narrow(0, rank_ * n, n).clone(); };
-  x_ = rows(data.inputs.at("input"), Tl).set_requires_grad(true);
-  go_ = rows(data.inputs.at("grad_output"), Tl);
-  router_ = data.inputs.at("router").clone().set_requires_grad(true);
-  w1_ = rows(data.inputs.at("w1"), El).set_requires_grad(true);
-  w3_ = rows(data.inputs.at("w3"), El).set_requires_grad(true);
-  w2_ = rows(data.inputs.at("w2"), El).set_requires_grad(true);
+  const int64_t Tl = localTokens(), El = s_.experts / ep_, e = rank_ % ep_;
+  const auto rows = [](const at::Tensor& t, int64_t at_, int64_t n) {
+    return t.narrow(0, at_ * n, n).clone();
+  };
+  x_ = rows(data.inputs.at("input"), rank_, Tl).set_requires_grad(true);
+  go_ = rows(data.inputs.at("grad_output"), rank_, Tl);
+  if (training_.enabled()) go_ = rows(data.inputs.at("target"), rank_, Tl);
+  init_[0] = data.inputs.at("router").clone();
+  init_[1] = rows(data.inputs.at("w1"), e, El);
+  init_[2] = rows(data.inputs.at("w3"), e, El);
+  init_[3] = rows(data.inputs.at("w2"), e, El);
+  router_ = init_[0].clone().set_requires_grad(true);
+  w1_ = init_[1].clone().set_requires_grad(true);
+  w3_ = init_[2].clone().set_requires_grad(true);
+  w2_ = init_[3].clone().set_requires_grad(true);
 }
 
-std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& comm, const int64_t* idx,
+std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& world, const int64_t* idx,
                                           const double* val) const {
-  const int64_t Tl = s_.tokens() / ep_, k = s_.topK, E = s_.experts, n = Tl * k;
+  const int64_t Tl = localTokens(), k = s_.topK, E = s_.experts, n = Tl * k;
+  const int ranks = dp_ * ep_;
   std::vector<uint8_t> keep(static_cast<size_t>(n), 1);
   if (s_.capacity() < 0) return keep;
   const bool local = fault_ == Fault::kCapacityLocal;
@@ -141,7 +172,7 @@ std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& comm, const int
     for (int64_t a = 0; a < n; ++a) ++c[idx[a]];
     std::vector<int64_t> offset(static_cast<size_t>(E), 0);
     if (!local) {
-      const at::Tensor all = comm.allGather(counts, std::vector<int64_t>(ep_, 1));
+      const at::Tensor all = world.allGather(counts, std::vector<int64_t>(ranks, 1));
       for (int r = 0; r < rank_; ++r) {
         for (int64_t e = 0; e < E; ++e) offset[e] += all[r][e].item<int64_t>();
       }
@@ -159,7 +190,7 @@ std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& comm, const int
     mine[a][1] = static_cast<double>(idx[a]);
   }
   const at::Tensor all =
-      local ? mine : comm.allGather(mine, std::vector<int64_t>(ep_, n)).contiguous();
+      local ? mine : world.allGather(mine, std::vector<int64_t>(ranks, n)).contiguous();
   const double* g = all.data_ptr<double>();
   const int64_t total = all.size(0), base = local ? 0 : rank_ * n;
   for (int64_t a = 0; a < n; ++a) {
@@ -175,12 +206,57 @@ std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& comm, const int
 }
 
 void EpExecutor::step(RankContext& ctx) {
-  harness::Communicator& comm = ctx.group({0});
-  const int64_t Tl = s_.tokens() / ep_, k = s_.topK, E = s_.experts, El = E / ep_,
-                D = s_.dModel;
-  if (x_.grad().defined()) {
-    for (at::Tensor* p : {&x_, &router_, &w1_, &w3_, &w2_}) p->mutable_grad() = at::Tensor();
+  for (at::Tensor* p : {&x_, &router_, &w1_, &w3_, &w2_}) p->mutable_grad() = at::Tensor();
+  if (!training_.enabled()) {
+    const at::Tensor loss = forward(ctx);
+    {
+      const harness::CommSiteScope site("moe", harness::StepPhase::kBackward);
+      torch::autograd::backward({loss}, {});
+    }
+    reduceGradients(ctx);
+    return;
   }
+  // N optimizer steps from the initial parameters, every rank stepping its own pieces with
+  // LibTorch's optimizer (the reference's loop): the router replicated, the experts' slices.
+  router_ = init_[0].clone().set_requires_grad(true);
+  w1_ = init_[1].clone().set_requires_grad(true);
+  w3_ = init_[2].clone().set_requires_grad(true);
+  w2_ = init_[3].clone().set_requires_grad(true);
+  loop_ = std::make_unique<reference::TrainingLoop>(
+      training_, std::vector<std::pair<std::string, at::Tensor>>{
+                     {"router", router_}, {"w1", w1_}, {"w3", w3_}, {"w2", w2_}});
+  // The norm's squares: the router's on rank 0 only, each expert slice's on its first replica.
+  harness::Communicator& world = ctx.world();
+  loop_->shareNorm({rank_ == 0, rank_ < ep_, rank_ < ep_, rank_ < ep_}, [&world](double sq) {
+    at::Tensor t = at::full({1}, sq, at::kDouble);
+    world.allReduce(t);
+    return t.item<double>();
+  });
+  stepIndex_.clear();
+  stepKept_.clear();
+  stepPerExpert_.clear();
+  for (int k = 0; k < training_.steps; ++k) {
+    for (at::Tensor* p : {&x_, &router_, &w1_, &w3_, &w2_}) p->mutable_grad() = at::Tensor();
+    const at::Tensor loss = forward(ctx);
+    stepIndex_.push_back(idx_.to(x_.scalar_type()));
+    stepKept_.push_back(kept_);
+    stepPerExpert_.push_back(perExpert_);
+    {
+      const harness::CommSiteScope site("moe", harness::StepPhase::kBackward);
+      torch::autograd::backward({loss}, {});
+    }
+    reduceGradients(ctx);
+    const harness::CommSiteScope site("moe", harness::StepPhase::kUpdate);
+    at::Tensor total = loss.detach().reshape({1}).clone();
+    world.allReduce(total);
+    loop_->update(total.item<double>());
+  }
+}
+
+at::Tensor EpExecutor::forward(RankContext& ctx) {
+  harness::Communicator& world = ctx.world();
+  harness::Communicator& comm = ctx.group({epAxis_});  // the EP group
+  const int64_t Tl = localTokens(), k = s_.topK, E = s_.experts, El = E / ep_, D = s_.dModel;
   at::Tensor loss;
   {
     const harness::CommSiteScope site("router", harness::StepPhase::kForward);
@@ -192,7 +268,7 @@ void EpExecutor::step(RankContext& ctx) {
     const at::Tensor idxC = idx.contiguous();
     const at::Tensor valC = vals.detach().to(at::kDouble).contiguous();
     const int64_t* ix = idxC.data_ptr<int64_t>();
-    const std::vector<uint8_t> keep = keepMask(comm, ix, valC.data_ptr<double>());
+    const std::vector<uint8_t> keep = keepMask(world, ix, valC.data_ptr<double>());
     dropped_ = std::count(keep.begin(), keep.end(), 0);
     kept_ = at::tensor(std::vector<double>(keep.begin(), keep.end()), at::kDouble)
                 .reshape({Tl, k})
@@ -216,13 +292,13 @@ void EpExecutor::step(RankContext& ctx) {
     std::vector<double> routedCounts(static_cast<size_t>(E), 0.0);
     for (int64_t a = 0; a < Tl * k; ++a) routedCounts[ix[a]] += 1.0;
     at::Tensor routed = at::tensor(routedCounts, at::kDouble);
-    comm.allReduce(routed);
+    world.allReduce(routed);
     const at::Tensor f = routed.to(x_.scalar_type()) / static_cast<double>(s_.tokens() * k);
     const at::Tensor p =
         (s_.sigmoid ? probs / probs.sum(-1, true) : probs).sum(0) / static_cast<double>(s_.tokens());
     const at::Tensor auxLocal = static_cast<double>(E) * (f * p).sum();
     at::Tensor auxValue = auxLocal.detach().reshape({1}).clone();
-    comm.allReduce(auxValue);
+    world.allReduce(auxValue);
     aux_ = auxValue;
 
     // The counts first (uneven splits), then the rows.
@@ -267,31 +343,47 @@ void EpExecutor::step(RankContext& ctx) {
     perExpert_ = counts.reshape({E}).to(at::kDouble);
     loss = (y_ * go_).sum() + s_.auxCoef * auxLocal;
   }
-  {
-    const harness::CommSiteScope site("moe", harness::StepPhase::kBackward);
-    torch::autograd::backward({loss}, {});
-  }
+  return loss;
+}
+
+void EpExecutor::reduceGradients(RankContext& ctx) {
+  harness::Communicator& world = ctx.world();
   const harness::CommSiteScope update("moe", harness::StepPhase::kUpdate);
   at::Tensor& gr = router_.mutable_grad();
-  if (fault_ != Fault::kRouterGradPartial) comm.allReduce(gr);
+  if (fault_ != Fault::kRouterGradPartial) world.allReduce(gr);
   for (at::Tensor* w : {&w1_, &w3_, &w2_}) {
     at::Tensor& g = w->mutable_grad();
     if (fault_ == Fault::kGradsScaledByEp) g.mul_(static_cast<double>(ep_));
-    if (fault_ == Fault::kExpertsReducedOverDp) comm.allReduce(g);
+    if (fault_ == Fault::kExpertsReducedOverDp) {
+      world.allReduce(g);  // over every rank: the other experts' gradients added in
+    } else if (epAxis_ == 1) {
+      ctx.group({0}).allReduce(g);  // over the expert's replicas
+    }
   }
 }
 
 void EpExecutor::settle(RankContext& ctx) {
-  harness::Communicator& comm = ctx.group({0});
+  harness::Communicator& world = ctx.world();
   results_.clear();
+  if (training_.enabled()) {
+    loop_->write(results_);
+    results_["expert_index"] = at::stack(stepIndex_);
+    results_["kept"] = at::stack(stepKept_);
+    at::Tensor per = at::stack(stepPerExpert_);
+    world.allReduce(per);
+    results_["tokens_per_expert"] = per.to(x_.scalar_type());
+    droppedTotal_ = training_.steps * s_.tokens() * s_.topK - per.sum().item<int64_t>();
+    return;
+  }
   results_["output"] = y_.detach();
   results_["aux_loss"] = aux_;
   results_["expert_index"] = idx_.to(x_.scalar_type());
   results_["kept"] = kept_;
   // The kept assignments per expert, summed over the ranks that sent them.
   at::Tensor per = perExpert_.clone();
-  comm.allReduce(per);
+  world.allReduce(per);
   results_["tokens_per_expert"] = per.to(x_.scalar_type());
+  droppedTotal_ = s_.tokens() * s_.topK - per.sum().item<int64_t>();
   results_["grad_input"] = x_.grad();
   results_["grad_router"] = router_.grad();
   results_["grad_w1"] = w1_.grad();
@@ -313,53 +405,68 @@ class EpStrategy final : public harness::Strategy {
   }
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload != "moe") return Applicability::notApplicable("not a mixture of experts");
-    if (c.mesh.size() != 1) {
-      return Applicability::unsupported("expert parallelism runs on a 1-D mesh here; the case has " +
-                                        c.meshString());
+    if (c.mesh.size() > 2) {
+      return Applicability::unsupported(
+          "expert parallelism runs on a 1-D mesh [ep] or a 2-D one [dp, ep] here; the case has " +
+          c.meshString());
     }
     const auto s = MoeShape::parse(c.shape);
-    const int64_t ep = c.mesh[0];
+    const int64_t ep = c.mesh.back(), ranks = c.meshSize();
     if (s.experts % ep) {
       return Applicability::unsupported(std::to_string(s.experts) + " experts do not divide over " +
                                         std::to_string(ep) + " EP ranks");
     }
-    if (s.tokens() % ep) {
+    if (s.tokens() % ranks) {
       return Applicability::unsupported(std::to_string(s.tokens()) +
-                                        " tokens do not divide over " + std::to_string(ep) +
-                                        " EP ranks");
+                                        " tokens do not divide over " + std::to_string(ranks) +
+                                        " ranks");
     }
     return Applicability::yes();
   }
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
-    return std::make_unique<EpExecutor>(MoeShape::parse(c.shape), static_cast<int>(c.mesh[0]),
-                                        fault_);
+    return std::make_unique<EpExecutor>(MoeShape::parse(c.shape), c.mesh, c.training, fault_);
+  }
+  bool trainsSteps() const override { return true; }
+  // A training row's parameter or state of an expert ("param/w1", "state/w2/exp_avg").
+  static bool expertTensor(const std::string& t) {
+    for (const char* w : {"w1", "w3", "w2"}) {
+      const std::string name(w);
+      if (t == "grad_" + name || t == "param/" + name || t.rfind("state/" + name + "/", 0) == 0) {
+        return true;
+      }
+    }
+    return false;
   }
   Box resultBox(const std::string&, const CaseSpec&, int) const override {
     TORCH_INTERNAL_ASSERT(false, "ep results are boxed by resultBoxOf");
   }
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef shape) const override {
-    const int64_t ep = c.mesh[0];
+    const int64_t ep = c.mesh.back();
     static const std::vector<std::string> byToken = {"output", "grad_input", "expert_index", "kept"};
-    static const std::vector<std::string> byExpert = {"grad_w1", "grad_w3", "grad_w2"};
-    if (std::count(byToken.begin(), byToken.end(), tensor) ||
-        std::count(byExpert.begin(), byExpert.end(), tensor)) {
-      return harness::chunkBox(shape, 0, ep, rank);
+    if (std::count(byToken.begin(), byToken.end(), tensor)) {
+      // [T, ...], or a training row's routing [steps, T, k].
+      const int64_t dim = c.training.enabled() && tensor != "output" && tensor != "grad_input";
+      return harness::chunkBox(shape, dim, c.meshSize(), rank);
     }
+    if (expertTensor(tensor)) return harness::chunkBox(shape, 0, ep, rank % ep);
     return Box::whole(shape);  // the router's gradient, the loss, the counts: replicated
   }
   // The tokens' rows and the experts' slices as expert parallelism defines them (Megatron's
   // and torchtitan's EP: contiguous experts per rank), independent of the executor.
   std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
                                            at::IntArrayRef shape) const override {
-    const int64_t ep = c.mesh[0];
-    if (tensor.rfind("grad_w", 0) == 0) {
+    const int64_t ep = c.mesh.back();
+    if (expertTensor(tensor)) {
+      // The rank's coordinate on the last axis, from the mesh's shape alone.
+      const int64_t e = rank % ep;
       Box b = Box::whole(shape);
       b.length[0] = shape[0] / ep;
-      b.offset[0] = rank * b.length[0];
-      return SpecifiedBox{b, "EP: rank r holds experts [r E/ep, (r + 1) E/ep)"};
+      b.offset[0] = e * b.length[0];
+      return SpecifiedBox{b, "EP: the rank at e on the EP axis holds experts [e E/ep, (e + 1) E/ep)"};
     }
-    if (tensor == "grad_router") {
+    if (tensor == "grad_router" || tensor == "param/router" ||
+        tensor.rfind("state/router/", 0) == 0) {
       return SpecifiedBox{Box::whole(shape), "EP: the router replicated"};
     }
     return std::nullopt;
@@ -374,36 +481,49 @@ class EpStrategy final : public harness::Strategy {
   std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
                                                                   int rank) const override {
     const auto s = MoeShape::parse(c.shape);
-    const int64_t ep = c.mesh[0], E = s.experts, k = s.topK, D = s.dModel;
+    const int64_t ep = c.mesh.back(), dp = c.meshSize() / ep, ranks = c.meshSize();
+    const int64_t E = s.experts, k = s.topK, D = s.dModel;
     const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
-    const Routing r = routingOf(c);
+    // A collective over a group of one is counted with no bytes.
+    const auto on = [](int64_t group, int64_t bytes) { return group > 1 ? bytes : 0; };
     std::vector<harness::NodeComm> nodes;
-    CommStats& router = harness::commAt(nodes, "router", "forward");
-    const bool local = fault_ == Fault::kCapacityLocal;
-    if (s.capacity() >= 0 && !local) {
-      if (s.dropByPosition) {
-        router.add(Collective::kAllGather, ep * E * 8);
-      } else {
-        router.add(Collective::kAllGather, s.tokens() * k * 2 * 8);
+    // Each step's: its routing's (a training case routes anew after every update).
+    for (const Routing& r : routingOf(c)) {
+      CommStats& router = harness::commAt(nodes, "router", "forward");
+      if (s.capacity() >= 0 && fault_ != Fault::kCapacityLocal) {
+        router.add(Collective::kAllGather,
+                   on(ranks, s.dropByPosition ? ranks * E * 8 : s.tokens() * k * 2 * 8));
       }
-    }
-    router.add(Collective::kAllReduce, E * 8);  // the assignment counts (float64)
-    router.add(Collective::kAllReduce, es);     // the loss's value
-    router.add(Collective::kAllToAll, E * 8);   // the counts per (destination, expert)
-    harness::commAt(nodes, "dispatch", "forward").add(Collective::kAllToAll, r.sent[rank] * D * es);
-    harness::commAt(nodes, "combine", "forward")
-        .add(Collective::kAllToAll, r.received[rank] * D * es);
-    // The backward's all-to-alls at their forward's node: combine's gradient to the experts'
-    // ranks, then dispatch's back to the tokens'.
-    harness::commAt(nodes, "combine", "backward")
-        .add(Collective::kAllToAll, r.sent[rank] * D * es);
-    harness::commAt(nodes, "dispatch", "backward")
-        .add(Collective::kAllToAll, r.received[rank] * D * es);
-    CommStats& upd = harness::commAt(nodes, "moe", "update");
-    if (fault_ != Fault::kRouterGradPartial) upd.add(Collective::kAllReduce, E * D * es);
-    if (fault_ == Fault::kExpertsReducedOverDp) {
-      const int64_t El = E / ep, F = s.ffn;
-      for (int i = 0; i < 3; ++i) upd.add(Collective::kAllReduce, El * F * D * es);
+      router.add(Collective::kAllReduce, on(ranks, E * 8));  // the assignment counts (float64)
+      router.add(Collective::kAllReduce, on(ranks, es));     // the loss's value
+      router.add(Collective::kAllToAll, on(ep, E * 8));      // counts per (destination, expert)
+      harness::commAt(nodes, "dispatch", "forward")
+          .add(Collective::kAllToAll, on(ep, r.sent[rank] * D * es));
+      harness::commAt(nodes, "combine", "forward")
+          .add(Collective::kAllToAll, on(ep, r.received[rank] * D * es));
+      // The backward's all-to-alls at their forward's node: combine's gradient to the experts'
+      // ranks, then dispatch's back to the tokens'.
+      harness::commAt(nodes, "combine", "backward")
+          .add(Collective::kAllToAll, on(ep, r.sent[rank] * D * es));
+      harness::commAt(nodes, "dispatch", "backward")
+          .add(Collective::kAllToAll, on(ep, r.received[rank] * D * es));
+      CommStats& upd = harness::commAt(nodes, "moe", "update");
+      if (fault_ != Fault::kRouterGradPartial) {
+        upd.add(Collective::kAllReduce, on(ranks, E * D * es));
+      }
+      const int64_t expertBytes = E / ep * s.ffn * D * es;
+      for (int i = 0; i < 3; ++i) {
+        if (fault_ == Fault::kExpertsReducedOverDp) {
+          upd.add(Collective::kAllReduce, on(ranks, expertBytes));
+        } else if (c.mesh.size() == 2) {
+          upd.add(Collective::kAllReduce, on(dp, expertBytes));
+        }
+      }
+      if (c.training.enabled()) {
+        // After each step its loss (in the dtype) and its gradient norm's squares (float64).
+        upd.add(Collective::kAllReduce, on(ranks, es));
+        upd.add(Collective::kAllReduce, on(ranks, 8));
+      }
     }
     return nodes;
   }
@@ -418,8 +538,10 @@ class EpStrategy final : public harness::Strategy {
     // sums its tokens in the received order (by source rank); a token's rows are products on
     // other row counts: a sum of up to T terms split over the EP ranks.
     const auto s = MoeShape::parse(c.shape);
-    return harness::splitReductionTolerance(base, c.dtype, std::max(s.tokens(), s.ffn),
-                                            c.mesh[0], expected);
+    const harness::Tolerance one = harness::splitReductionTolerance(
+        base, c.dtype, std::max(s.tokens(), s.ffn), c.meshSize(), expected);
+    return c.training.enabled() ? harness::overSteps(one, c.dtype, c.training.steps, expected)
+                                : one;
   }
 
   std::vector<std::string> plantableFaults() const override {
@@ -435,37 +557,53 @@ class EpStrategy final : public harness::Strategy {
   }
 
  private:
-  // The case's routing by the reference (built once per case and cached): per rank, the kept
-  // assignments of its tokens (rows it sends) and those routed to its experts (rows it gets).
-  Routing routingOf(const CaseSpec& c) const {
+  // The case's routing by the reference, per step (built once per case and cached): per rank,
+  // the kept assignments of its tokens (rows it sends) and those routed to its experts (rows it
+  // gets).
+  std::vector<Routing> routingOf(const CaseSpec& c) const {
     const std::string key = c.suite + "\x1f" + c.name + "\x1f" + c.shape.dump() + "\x1f" +
                             std::to_string(c.seed) + harness::dtypeName(c.dtype) + c.meshString() +
-                            (c.inputs == reference::InputMode::kExact ? "exact" : "random");
+                            (c.inputs == reference::InputMode::kExact ? "exact" : "random") +
+                            (c.training.enabled() ? c.training.optimizer.toString() + "x" +
+                                                        std::to_string(c.training.steps)
+                                                  : "");
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     const auto s = MoeShape::parse(c.shape);
     const reference::WorkloadData d =
-        reference::moeWorkload()->build(c.shape, c.dtype, c.seed, c.inputs);
-    const at::Tensor idx = d.expected.at("expert_index").to(at::kLong).cpu().contiguous();
-    const at::Tensor kept = d.expected.at("kept").cpu().to(at::kDouble).contiguous();
-    const int64_t ep = c.mesh[0], Tl = s.tokens() / ep, El = s.experts / ep, k = s.topK;
-    Routing r;
-    r.sent.assign(ep, 0);
-    r.received.assign(ep, 0);
-    const int64_t* ix = idx.data_ptr<int64_t>();
-    const double* kx = kept.data_ptr<double>();
-    for (int64_t a = 0; a < s.tokens() * k; ++a) {
-      if (kx[a] == 0) continue;
-      ++r.sent[a / k / Tl];
-      ++r.received[ix[a] / El];
+        c.training.enabled()
+            ? reference::buildMoeTraining(c.shape, c.dtype, c.seed, c.inputs, c.training)
+            : reference::moeWorkload()->build(c.shape, c.dtype, c.seed, c.inputs);
+    const int64_t steps = c.training.enabled() ? c.training.steps : 1, k = s.topK;
+    const at::Tensor idx =
+        d.expected.at("expert_index").to(at::kLong).cpu().reshape({steps, s.tokens() * k}).contiguous();
+    const at::Tensor kept =
+        d.expected.at("kept").cpu().to(at::kDouble).reshape({steps, s.tokens() * k}).contiguous();
+    const int64_t ranks = c.meshSize(), ep = c.mesh.back(), Tl = s.tokens() / ranks,
+                  El = s.experts / ep;
+    std::vector<Routing> out;
+    for (int64_t step = 0; step < steps; ++step) {
+      Routing r;
+      r.sent.assign(ranks, 0);
+      r.received.assign(ranks, 0);
+      const int64_t* ix = idx[step].data_ptr<int64_t>();
+      const double* kx = kept[step].data_ptr<double>();
+      for (int64_t a = 0; a < s.tokens() * k; ++a) {
+        if (kx[a] == 0) continue;
+        const int64_t from = a / k / Tl;  // the rank holding the token
+        ++r.sent[from];
+        // The expert's rank in the sender's EP group: same replica, EP coordinate ix / El.
+        ++r.received[from / ep * ep + ix[a] / El];
+      }
+      out.push_back(r);
     }
-    cache_[key] = r;
-    return r;
+    cache_[key] = out;
+    return out;
   }
   Fault fault_;
   mutable std::mutex mutex_;
-  mutable std::map<std::string, Routing> cache_;
+  mutable std::map<std::string, std::vector<Routing>> cache_;
 };
 
 std::vector<std::unique_ptr<harness::Strategy>> registerExpertParallel() {
