@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end checks of expert parallelism (docs/moe.md): suites/moe.yaml passes (dropless and
 # with a capacity, both drop policies, k = 1 and 2, E = 4 and 8, EP 2 and 4, EP x DP on 2x2 and
-# 2x4, over 3 optimizer steps), the capacity cases drop assignments, communication is counted
+# 2x4, EP x TP on 2x2, DP x EP x TP on 2x2x2, over 3 optimizer steps), the capacity cases drop
+# assignments, communication is counted
 # as predicted from each step's routing; each planted field fault fails its
 # rows naming the tensor it got wrong (the experts' gradients scaled by the EP degree, the
 # router's gradient left partial, the experts' gradients reduced over the data-parallel group,
@@ -15,13 +16,13 @@ sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 cd "$src"
 
-check "moe suite: every case passes" 0 "total +9 +0 +0 +0$" -- \
+check "moe suite: every case passes" 0 "total +12 +0 +0 +0$" -- \
   "$sb" run suites/moe.yaml --out "$tmp/suite" --repetitions 1
 check "routing checked, drops happen, communication as predicted" 0 "ok" -- \
   python3 - "$tmp/suite/results.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-assert len(rows) == 9, len(rows)
+assert len(rows) == 12, len(rows)
 for r in rows:
     assert r["status"] == "pass", (r["case"], r["message"])
     assert r["comm_bytes"] == r["predicted_comm_bytes"] and int(r["comm_bytes"]) > 0, r["case"]
@@ -36,12 +37,14 @@ for r in recs:
     assert (dropped > 0) == (r["params"]["capacity"] != "dropless"), (r["case"], dropped)
 print("ok")
 PY
-for fault in grads_scaled_by_ep:grad_w experts_reduced_over_dp:grad_w router_grad_partial:grad_router \
-             capacity_local:output; do
-  name=${fault%%:*}
-  tensor=${fault#*:}
-  want="total +0 +9 +0 +0$"
-  [ "$name" = capacity_local ] && want="total +4 +5 +0 +0$"
+# Each fault with the rows it must fail (pass / fail): capacity_local only the 6 with a capacity,
+# tp_rows_grad_unsummed only the 2 one-step rows with tp (over steps only the parameters are
+# checked, and the layer's input gradient reaches none of them).
+for fault in grads_scaled_by_ep:grad_w:0:12 experts_reduced_over_dp:grad_w:0:12 \
+             router_grad_partial:grad_router:0:12 capacity_local:output:6:6 \
+             tp_rows_grad_unsummed:grad_input:10:2; do
+  IFS=: read -r name tensor passing failing <<<"$fault"
+  want="total +$passing +$failing +0 +0$"
   check "planted $name: fails, naming $tensor" 1 "$want" -- \
     "$sb" run suites/moe.yaml --out "$tmp/f-$name" --repetitions 1 --plant-fault "sharding/moe/ep=$name"
   grep -q "sharding/moe/ep: .*$tensor" "$tmp/out" && pass "$name names $tensor" ||
@@ -66,6 +69,18 @@ cases:
     mesh: 4
     strategies: ["sharding/moe/ep"]
 YAML
+cat > "$tmp/axes.yaml" <<'YAML'
+suite: axes
+cases:
+  - name: bad-axes
+    workload: moe
+    shape: {experts: 4, top_k: 2}
+    mesh: 2x2
+    params: {axes: [tp, ep]}
+    strategies: ["sharding/moe/ep"]
+YAML
+check "params.axes out of order: exit 2 naming it" 2 "params.axes" -- \
+  "$sb" run "$tmp/axes.yaml" --out "$tmp/axes"
 check "6 experts over 4 ranks: unsupported" 0 "total +0 +0 +0 +1$" -- \
   "$sb" run "$tmp/uneven.yaml" --out "$tmp/uneven"
 grep -q "6 experts do not divide over 4 EP ranks" "$tmp/uneven/results.csv" &&

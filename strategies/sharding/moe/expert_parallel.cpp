@@ -38,7 +38,9 @@
 // router's gradient left as each rank's partial sum, marked replicated: torchtitan#2387),
 // "experts_reduced_over_dp" (the experts' gradients all-reduced over the data-parallel group,
 // which here holds other experts: Megatron-LM#1628), "capacity_local" (the capacity and the
-// drop order computed from the rank's own tokens: DeepSpeed#6809's mismatch).
+// drop order computed from the rank's own tokens: DeepSpeed#6809's mismatch),
+// "tp_rows_grad_unsummed" (EP x TP: the experts' input rows' gradient not all-reduced over tp,
+// Megatron's f forgotten: each tp rank keeps its hidden units' share).
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -69,32 +71,108 @@ using harness::CommStats;
 using harness::RankContext;
 using reference::MoeShape;
 
-enum class Fault { kNone, kGradsScaledByEp, kRouterGradPartial, kExpertsReducedOverDp, kCapacityLocal };
+enum class Fault {
+  kNone,
+  kGradsScaledByEp,
+  kRouterGradPartial,
+  kExpertsReducedOverDp,
+  kCapacityLocal,
+  kTpRowsGradUnsummed
+};
 
 const std::vector<std::pair<std::string, Fault>>& faultNames() {
   static const std::vector<std::pair<std::string, Fault>> names = {
       {"grads_scaled_by_ep", Fault::kGradsScaledByEp},
       {"router_grad_partial", Fault::kRouterGradPartial},
       {"experts_reduced_over_dp", Fault::kExpertsReducedOverDp},
-      {"capacity_local", Fault::kCapacityLocal}};
+      {"capacity_local", Fault::kCapacityLocal},
+      {"tp_rows_grad_unsummed", Fault::kTpRowsGradUnsummed}};
   return names;
 }
 
 // The case's routing, as the reference chose it (the counts the communication follows): per
-// rank, the kept assignments it sends and the rows it receives.
+// chunk of the tokens (EpLayout), the kept assignments it sends and the rows its rank
+// receives.
 struct Routing {
   std::vector<int64_t> sent, received;
+};
+
+// Which mesh axis is which (params.axes, outermost first: an optional data-parallel axis `dp`,
+// the expert-parallel axis `ep`, an optional tensor-parallel axis `tp`; by default [ep],
+// [dp, ep], [dp, ep, tp] by the mesh's rank), and what a rank holds: its chunk of the tokens
+// (over dp and ep, row-major: the EP groups' chunks contiguous; tp ranks share one), its EP
+// coordinate (its experts) and its tp coordinate (its part of each expert's hidden width).
+struct EpLayout {
+  std::vector<int64_t> mesh;
+  int dpAxis = -1, epAxis = 0, tpAxis = -1;
+  int64_t dp = 1, ep = 1, tp = 1;
+  std::vector<int> tokenAxes;  // dp and ep
+  int64_t chunks() const { return dp * ep; }
+  std::vector<int64_t> coords(int rank) const {
+    std::vector<int64_t> c(mesh.size());
+    for (int a = static_cast<int>(mesh.size()) - 1; a >= 0; --a) {
+      c[a] = rank % mesh[a];
+      rank /= static_cast<int>(mesh[a]);
+    }
+    return c;
+  }
+  int64_t chunkOf(int rank) const {
+    const auto c = coords(rank);
+    return (dpAxis >= 0 ? c[dpAxis] * ep : 0) + c[epAxis];
+  }
+  int64_t expertCoord(int rank) const { return coords(rank)[epAxis]; }
+  int64_t tpCoord(int rank) const { return tpAxis >= 0 ? coords(rank)[tpAxis] : 0; }
+  int64_t dpCoord(int rank) const { return dpAxis >= 0 ? coords(rank)[dpAxis] : 0; }
+
+  // Throws harness::InputError naming params.axes on a malformed value.
+  static EpLayout of(const CaseSpec& c) {
+    EpLayout l;
+    l.mesh = c.mesh;
+    std::vector<std::string> names;
+    if (c.params.contains("axes")) {
+      const auto& v = c.params.at("axes");
+      bool ok = v.is_array() && v.size() == c.mesh.size();
+      for (const auto& n : v) ok = ok && n.is_string();
+      if (ok) names = v.get<std::vector<std::string>>();
+      static const std::vector<std::vector<std::string>> allowed = {
+          {"ep"}, {"dp", "ep"}, {"ep", "tp"}, {"dp", "ep", "tp"}};
+      if (!ok || !std::count(allowed.begin(), allowed.end(), names)) {
+        throw harness::InputError(
+            "params.axes " + v.dump() + ": expected one name a mesh axis (" +
+            std::to_string(c.mesh.size()) +
+            "), outermost first: [ep], [dp, ep], [ep, tp] or [dp, ep, tp]");
+      }
+    } else {
+      static const std::vector<std::vector<std::string>> byRank = {
+          {"ep"}, {"dp", "ep"}, {"dp", "ep", "tp"}};
+      if (c.mesh.empty() || c.mesh.size() > byRank.size()) return l;
+      names = byRank[c.mesh.size() - 1];
+    }
+    for (int a = 0; a < static_cast<int>(names.size()); ++a) {
+      if (names[a] == "dp") {
+        l.dpAxis = a;
+        l.dp = c.mesh[a];
+      } else if (names[a] == "ep") {
+        l.epAxis = a;
+        l.ep = c.mesh[a];
+      } else {
+        l.tpAxis = a;
+        l.tp = c.mesh[a];
+      }
+      if (names[a] != "tp") l.tokenAxes.push_back(a);
+    }
+    return l;
+  }
 };
 
 class EpStrategy;
 
 class EpExecutor final : public harness::RankExecutor {
  public:
-  EpExecutor(const MoeShape& s, const std::vector<int64_t>& mesh,
-             const reference::TrainingSpec& training, Fault f)
-      : s_(s), dp_(mesh.size() == 2 ? static_cast<int>(mesh[0]) : 1),
-        ep_(static_cast<int>(mesh.back())), epAxis_(static_cast<int>(mesh.size()) - 1),
-        training_(training), fault_(f) {}
+  EpExecutor(const MoeShape& s, const EpLayout& l, const reference::TrainingSpec& training,
+             Fault f)
+      : s_(s), l_(l), dp_(static_cast<int>(l.dp)), ep_(static_cast<int>(l.ep)),
+        tp_(static_cast<int>(l.tp)), training_(training), fault_(f) {}
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override;
   void step(RankContext& ctx) override;
   void settle(RankContext& ctx) override;
@@ -102,6 +180,7 @@ class EpExecutor final : public harness::RankExecutor {
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     return {{"ep", std::to_string(ep_)},
             {"dp", std::to_string(dp_)},
+            {"tp", std::to_string(tp_)},
             {"experts_per_rank", std::to_string(s_.experts / ep_)},
             {"capacity", s_.capacity() < 0 ? "dropless" : std::to_string(s_.capacity())},
             {"rows_sent", std::to_string(sent_)},
@@ -112,7 +191,7 @@ class EpExecutor final : public harness::RankExecutor {
 
  private:
   // Which of this rank's assignments (flat t k + j) are kept.
-  std::vector<uint8_t> keepMask(harness::Communicator& world, const int64_t* idx,
+  std::vector<uint8_t> keepMask(harness::Communicator& tokens, const int64_t* idx,
                                 const double* val) const;
   int64_t localTokens() const { return s_.tokens() / (dp_ * ep_); }
   // One forward on the rank's tokens and experts; the rank's part of the loss (its tokens'
@@ -122,7 +201,9 @@ class EpExecutor final : public harness::RankExecutor {
   // their replicas.
   void reduceGradients(RankContext& ctx);
   MoeShape s_;
-  int dp_, ep_, epAxis_;
+  EpLayout l_;
+  int dp_, ep_, tp_;
+  int64_t chunk_ = 0;  // this rank's chunk of the tokens
   reference::TrainingSpec training_;
   Fault fault_;
   at::Tensor init_[4];  // the router's and the experts' initial values (training restarts there)
@@ -138,33 +219,36 @@ class EpExecutor final : public harness::RankExecutor {
 
 void EpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) {
   rank_ = ctx.rank();
-  const int64_t Tl = localTokens(), El = s_.experts / ep_, e = rank_ % ep_;
-  const auto rows = [](const at::Tensor& t, int64_t at_, int64_t n) {
-    return t.narrow(0, at_ * n, n).clone();
+  chunk_ = l_.chunkOf(rank_);
+  const int64_t Tl = localTokens(), El = s_.experts / ep_, e = l_.expertCoord(rank_);
+  const int64_t Fl = s_.ffn / tp_, t = l_.tpCoord(rank_);
+  const auto rows = [](const at::Tensor& x, int64_t at_, int64_t n) {
+    return x.narrow(0, at_ * n, n).clone();
   };
-  x_ = rows(data.inputs.at("input"), rank_, Tl).set_requires_grad(true);
-  go_ = rows(data.inputs.at("grad_output"), rank_, Tl);
-  if (training_.enabled()) go_ = rows(data.inputs.at("target"), rank_, Tl);
+  x_ = rows(data.inputs.at("input"), chunk_, Tl).set_requires_grad(true);
+  go_ = rows(data.inputs.at(training_.enabled() ? "target" : "grad_output"), chunk_, Tl);
   init_[0] = data.inputs.at("router").clone();
-  init_[1] = rows(data.inputs.at("w1"), e, El);
-  init_[2] = rows(data.inputs.at("w3"), e, El);
-  init_[3] = rows(data.inputs.at("w2"), e, El);
+  // This rank's experts, each its tp part of the hidden width: gate and up by rows, down by
+  // columns (Megatron's column- and row-parallel pair inside every expert).
+  init_[1] = rows(data.inputs.at("w1"), e, El).narrow(1, t * Fl, Fl).contiguous();
+  init_[2] = rows(data.inputs.at("w3"), e, El).narrow(1, t * Fl, Fl).contiguous();
+  init_[3] = rows(data.inputs.at("w2"), e, El).narrow(2, t * Fl, Fl).contiguous();
   router_ = init_[0].clone().set_requires_grad(true);
   w1_ = init_[1].clone().set_requires_grad(true);
   w3_ = init_[2].clone().set_requires_grad(true);
   w2_ = init_[3].clone().set_requires_grad(true);
 }
 
-std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& world, const int64_t* idx,
+std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& tokens, const int64_t* idx,
                                           const double* val) const {
   const int64_t Tl = localTokens(), k = s_.topK, E = s_.experts, n = Tl * k;
-  const int ranks = dp_ * ep_;
+  const int ranks = dp_ * ep_;  // the token chunks, in the group's order
   std::vector<uint8_t> keep(static_cast<size_t>(n), 1);
   if (s_.capacity() < 0) return keep;
   const bool local = fault_ == Fault::kCapacityLocal;
-  const double tokens = static_cast<double>(local ? Tl : s_.tokens());
+  const double seen = static_cast<double>(local ? Tl : s_.tokens());
   const int64_t cap = static_cast<int64_t>(
-      std::ceil(tokens * static_cast<double>(k) / static_cast<double>(E) * s_.capacityFactor));
+      std::ceil(seen * static_cast<double>(k) / static_cast<double>(E) * s_.capacityFactor));
   if (s_.dropByPosition) {
     // Position order over the batch: every earlier rank's assignments to e come first.
     at::Tensor counts = at::zeros({1, E}, at::kLong);
@@ -172,8 +256,8 @@ std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& world, const in
     for (int64_t a = 0; a < n; ++a) ++c[idx[a]];
     std::vector<int64_t> offset(static_cast<size_t>(E), 0);
     if (!local) {
-      const at::Tensor all = world.allGather(counts, std::vector<int64_t>(ranks, 1));
-      for (int r = 0; r < rank_; ++r) {
+      const at::Tensor all = tokens.allGather(counts, std::vector<int64_t>(ranks, 1));
+      for (int r = 0; r < chunk_; ++r) {
         for (int64_t e = 0; e < E; ++e) offset[e] += all[r][e].item<int64_t>();
       }
     }
@@ -190,9 +274,9 @@ std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& world, const in
     mine[a][1] = static_cast<double>(idx[a]);
   }
   const at::Tensor all =
-      local ? mine : world.allGather(mine, std::vector<int64_t>(ranks, n)).contiguous();
+      local ? mine : tokens.allGather(mine, std::vector<int64_t>(ranks, n)).contiguous();
   const double* g = all.data_ptr<double>();
-  const int64_t total = all.size(0), base = local ? 0 : rank_ * n;
+  const int64_t total = all.size(0), base = local ? 0 : chunk_ * n;
   for (int64_t a = 0; a < n; ++a) {
     const int64_t me = base + a;
     int64_t before = 0;
@@ -227,7 +311,9 @@ void EpExecutor::step(RankContext& ctx) {
                      {"router", router_}, {"w1", w1_}, {"w3", w3_}, {"w2", w2_}});
   // The norm's squares: the router's on rank 0 only, each expert slice's on its first replica.
   harness::Communicator& world = ctx.world();
-  loop_->shareNorm({rank_ == 0, rank_ < ep_, rank_ < ep_, rank_ < ep_}, [&world](double sq) {
+  harness::Communicator& tokens = ctx.group(l_.tokenAxes);
+  const bool first = l_.dpCoord(rank_) == 0;
+  loop_->shareNorm({rank_ == 0, first, first, first}, [&world](double sq) {
     at::Tensor t = at::full({1}, sq, at::kDouble);
     world.allReduce(t);
     return t.item<double>();
@@ -247,15 +333,16 @@ void EpExecutor::step(RankContext& ctx) {
     }
     reduceGradients(ctx);
     const harness::CommSiteScope site("moe", harness::StepPhase::kUpdate);
+    // The chunks' losses summed (the tp ranks of a chunk hold the same one).
     at::Tensor total = loss.detach().reshape({1}).clone();
-    world.allReduce(total);
+    tokens.allReduce(total);
     loop_->update(total.item<double>());
   }
 }
 
 at::Tensor EpExecutor::forward(RankContext& ctx) {
-  harness::Communicator& world = ctx.world();
-  harness::Communicator& comm = ctx.group({epAxis_});  // the EP group
+  harness::Communicator& tokens = ctx.group(l_.tokenAxes);  // a rank for each chunk
+  harness::Communicator& comm = ctx.group({l_.epAxis});     // the EP group
   const int64_t Tl = localTokens(), k = s_.topK, E = s_.experts, El = E / ep_, D = s_.dModel;
   at::Tensor loss;
   {
@@ -268,7 +355,7 @@ at::Tensor EpExecutor::forward(RankContext& ctx) {
     const at::Tensor idxC = idx.contiguous();
     const at::Tensor valC = vals.detach().to(at::kDouble).contiguous();
     const int64_t* ix = idxC.data_ptr<int64_t>();
-    const std::vector<uint8_t> keep = keepMask(world, ix, valC.data_ptr<double>());
+    const std::vector<uint8_t> keep = keepMask(tokens, ix, valC.data_ptr<double>());
     dropped_ = std::count(keep.begin(), keep.end(), 0);
     kept_ = at::tensor(std::vector<double>(keep.begin(), keep.end()), at::kDouble)
                 .reshape({Tl, k})
@@ -292,13 +379,13 @@ at::Tensor EpExecutor::forward(RankContext& ctx) {
     std::vector<double> routedCounts(static_cast<size_t>(E), 0.0);
     for (int64_t a = 0; a < Tl * k; ++a) routedCounts[ix[a]] += 1.0;
     at::Tensor routed = at::tensor(routedCounts, at::kDouble);
-    world.allReduce(routed);
+    tokens.allReduce(routed);
     const at::Tensor f = routed.to(x_.scalar_type()) / static_cast<double>(s_.tokens() * k);
     const at::Tensor p =
         (s_.sigmoid ? probs / probs.sum(-1, true) : probs).sum(0) / static_cast<double>(s_.tokens());
     const at::Tensor auxLocal = static_cast<double>(E) * (f * p).sum();
     at::Tensor auxValue = auxLocal.detach().reshape({1}).clone();
-    world.allReduce(auxValue);
+    tokens.allReduce(auxValue);
     aux_ = auxValue;
 
     // The counts first (uneven splits), then the rows.
@@ -313,11 +400,18 @@ at::Tensor EpExecutor::forward(RankContext& ctx) {
     received_ = std::accumulate(recvRows.begin(), recvRows.end(), int64_t{0});
     const at::Tensor t = at::tensor(tok, at::kLong);
     const at::Tensor j = at::tensor(slot, at::kLong);
-    at::Tensor back;
+    at::Tensor back, rows;
     {
       const harness::CommSiteScope dispatch("dispatch", harness::StepPhase::kForward);
-      const at::Tensor rows =
-          harness::allToAllFwdAllToAllBwd(x_.index_select(0, t), comm, sendRows, recvRows);
+      rows = harness::allToAllFwdAllToAllBwd(x_.index_select(0, t), comm, sendRows, recvRows);
+    }
+    {
+      const harness::CommSiteScope experts("experts", harness::StepPhase::kForward);
+      // Under tp every rank of the group holds the same rows and its part of each expert's
+      // hidden width: the rows' gradient summed over tp (Megatron's f), the outputs (g).
+      if (tp_ > 1 && fault_ != Fault::kTpRowsGradUnsummed) {
+        rows = harness::identityFwdAllReduceBwd(rows, ctx.group({l_.tpAxis}));
+      }
       // Each local expert's rows: from each source, in expert order.
       at::Tensor out = at::zeros({received_, D}, x_.options());
       std::vector<std::vector<int64_t>> mine(static_cast<size_t>(El));
@@ -336,6 +430,7 @@ at::Tensor EpExecutor::forward(RankContext& ctx) {
             at::linear(at::silu(at::linear(xe, w1_[e])) * at::linear(xe, w3_[e]), w2_[e]);
         out = out.index_add(0, ri, ye);
       }
+      if (tp_ > 1) out = harness::allReduceFwdIdentityBwd(out, ctx.group({l_.tpAxis}));
       const harness::CommSiteScope combine("combine", harness::StepPhase::kForward);
       back = harness::allToAllFwdAllToAllBwd(out, comm, recvRows, sendRows);
     }
@@ -350,20 +445,21 @@ void EpExecutor::reduceGradients(RankContext& ctx) {
   harness::Communicator& world = ctx.world();
   const harness::CommSiteScope update("moe", harness::StepPhase::kUpdate);
   at::Tensor& gr = router_.mutable_grad();
-  if (fault_ != Fault::kRouterGradPartial) world.allReduce(gr);
+  // Over the chunks (a chunk's tp ranks computed the same gradient).
+  if (fault_ != Fault::kRouterGradPartial) ctx.group(l_.tokenAxes).allReduce(gr);
   for (at::Tensor* w : {&w1_, &w3_, &w2_}) {
     at::Tensor& g = w->mutable_grad();
     if (fault_ == Fault::kGradsScaledByEp) g.mul_(static_cast<double>(ep_));
     if (fault_ == Fault::kExpertsReducedOverDp) {
       world.allReduce(g);  // over every rank: the other experts' gradients added in
-    } else if (epAxis_ == 1) {
-      ctx.group({0}).allReduce(g);  // over the expert's replicas
+    } else if (l_.dpAxis >= 0) {
+      ctx.group({l_.dpAxis}).allReduce(g);  // over the expert's replicas
     }
   }
 }
 
 void EpExecutor::settle(RankContext& ctx) {
-  harness::Communicator& world = ctx.world();
+  harness::Communicator& world = ctx.group(l_.tokenAxes);  // one rank a chunk
   results_.clear();
   if (training_.enabled()) {
     loop_->write(results_);
@@ -399,32 +495,41 @@ class EpStrategy final : public harness::Strategy {
         fault_(f) {}
 
   std::vector<std::pair<std::string, std::string>> params() const override {
-    return {{"experts", "sharded over a 1-D mesh (EP), tokens split among the same ranks"},
+    return {{"experts", "sharded over the EP axis, each expert's hidden width over tp"},
+            {"tokens", "split over the dp and ep axes"},
             {"dispatch", "counts all-to-all, then rows all-to-all; combine the reverse"},
-            {"router", "replicated, its gradient all-reduced"}};
+            {"router", "replicated, its gradient all-reduced over the token chunks"},
+            {"case params", "axes ([ep], [dp, ep], [ep, tp], [dp, ep, tp])"}};
   }
+  std::vector<std::string> caseParams() const override { return {"axes"}; }
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload != "moe") return Applicability::notApplicable("not a mixture of experts");
-    if (c.mesh.size() > 2) {
+    if (c.mesh.size() > 3) {
       return Applicability::unsupported(
-          "expert parallelism runs on a 1-D mesh [ep] or a 2-D one [dp, ep] here; the case has " +
-          c.meshString());
+          "expert parallelism runs on meshes [ep], [dp, ep], [ep, tp] or [dp, ep, tp]; the case "
+          "has " + c.meshString());
     }
+    const EpLayout l = EpLayout::of(c);  // params.axes checked: exit 2 naming it
     const auto s = MoeShape::parse(c.shape);
-    const int64_t ep = c.mesh.back(), ranks = c.meshSize();
-    if (s.experts % ep) {
+    if (s.experts % l.ep) {
       return Applicability::unsupported(std::to_string(s.experts) + " experts do not divide over " +
-                                        std::to_string(ep) + " EP ranks");
+                                        std::to_string(l.ep) + " EP ranks");
     }
-    if (s.tokens() % ranks) {
+    if (s.tokens() % l.chunks()) {
       return Applicability::unsupported(std::to_string(s.tokens()) +
-                                        " tokens do not divide over " + std::to_string(ranks) +
-                                        " ranks");
+                                        " tokens do not divide over " +
+                                        std::to_string(l.chunks()) + " dp x ep ranks");
+    }
+    if (s.ffn % l.tp) {
+      return Applicability::unsupported("the experts' hidden width " + std::to_string(s.ffn) +
+                                        " does not divide over " + std::to_string(l.tp) +
+                                        " tp ranks");
     }
     return Applicability::yes();
   }
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
-    return std::make_unique<EpExecutor>(MoeShape::parse(c.shape), c.mesh, c.training, fault_);
+    return std::make_unique<EpExecutor>(MoeShape::parse(c.shape), EpLayout::of(c), c.training,
+                                        fault_);
   }
   bool trainsSteps() const override { return true; }
   // A training row's parameter or state of an expert ("param/w1", "state/w2/exp_avg").
@@ -442,28 +547,53 @@ class EpStrategy final : public harness::Strategy {
   }
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef shape) const override {
-    const int64_t ep = c.mesh.back();
+    const EpLayout l = EpLayout::of(c);
     static const std::vector<std::string> byToken = {"output", "grad_input", "expert_index", "kept"};
     if (std::count(byToken.begin(), byToken.end(), tensor)) {
       // [T, ...], or a training row's routing [steps, T, k].
       const int64_t dim = c.training.enabled() && tensor != "output" && tensor != "grad_input";
-      return harness::chunkBox(shape, dim, c.meshSize(), rank);
+      return harness::chunkBox(shape, dim, l.chunks(), l.chunkOf(rank));
     }
-    if (expertTensor(tensor)) return harness::chunkBox(shape, 0, ep, rank % ep);
+    if (expertTensor(tensor)) {
+      Box b = harness::chunkBox(shape, 0, l.ep, l.expertCoord(rank));
+      // The hidden width: dim 1 of gate and up ([E, ffn, d]), dim 2 of down ([E, d, ffn]).
+      const int64_t fdim = tensor.find("w2") != std::string::npos ? 2 : 1;
+      b.length[fdim] = shape[fdim] / l.tp;
+      b.offset[fdim] = l.tpCoord(rank) * b.length[fdim];
+      return b;
+    }
     return Box::whole(shape);  // the router's gradient, the loss, the counts: replicated
   }
   // The tokens' rows and the experts' slices as expert parallelism defines them (Megatron's
   // and torchtitan's EP: contiguous experts per rank), independent of the executor.
   std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
                                            at::IntArrayRef shape) const override {
-    const int64_t ep = c.mesh.back();
     if (expertTensor(tensor)) {
-      // The rank's coordinate on the last axis, from the mesh's shape alone.
-      const int64_t e = rank % ep;
+      // The rank's coordinates from the mesh's shape and the axes' names alone.
+      std::vector<std::string> names;
+      if (c.params.contains("axes")) {
+        names = c.params.at("axes").get<std::vector<std::string>>();
+      } else {
+        names = c.mesh.size() == 1   ? std::vector<std::string>{"ep"}
+                : c.mesh.size() == 2 ? std::vector<std::string>{"dp", "ep"}
+                                     : std::vector<std::string>{"dp", "ep", "tp"};
+      }
+      int64_t e = 0, ep = 1, t = 0, tp = 1, rest = rank;
+      for (int a = static_cast<int>(c.mesh.size()) - 1; a >= 0; --a) {
+        const int64_t coord = rest % c.mesh[a];
+        rest /= c.mesh[a];
+        if (names[a] == "ep") e = coord, ep = c.mesh[a];
+        if (names[a] == "tp") t = coord, tp = c.mesh[a];
+      }
       Box b = Box::whole(shape);
       b.length[0] = shape[0] / ep;
       b.offset[0] = e * b.length[0];
-      return SpecifiedBox{b, "EP: the rank at e on the EP axis holds experts [e E/ep, (e + 1) E/ep)"};
+      const size_t f = tensor.find("w2") != std::string::npos ? 2 : 1;
+      b.length[f] = shape[f] / tp;
+      b.offset[f] = t * b.length[f];
+      return SpecifiedBox{b,
+                          "EP x TP: the rank at e on ep, t on tp holds experts [e E/ep, (e + 1) "
+                          "E/ep), hidden units [t ffn/tp, (t + 1) ffn/tp)"};
     }
     if (tensor == "grad_router" || tensor == "param/router" ||
         tensor.rfind("state/router/", 0) == 0) {
@@ -481,7 +611,8 @@ class EpStrategy final : public harness::Strategy {
   std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
                                                                   int rank) const override {
     const auto s = MoeShape::parse(c.shape);
-    const int64_t ep = c.mesh.back(), dp = c.meshSize() / ep, ranks = c.meshSize();
+    const EpLayout l = EpLayout::of(c);
+    const int64_t ep = l.ep, chunks = l.chunks(), ranks = c.meshSize(), chunk = l.chunkOf(rank);
     const int64_t E = s.experts, k = s.topK, D = s.dModel;
     const int64_t es = static_cast<int64_t>(c10::elementSize(c.dtype));
     // A collective over a group of one is counted with no bytes.
@@ -489,39 +620,45 @@ class EpStrategy final : public harness::Strategy {
     std::vector<harness::NodeComm> nodes;
     // Each step's: its routing's (a training case routes anew after every update).
     for (const Routing& r : routingOf(c)) {
+      const int64_t sent = r.sent[chunk] * D * es, received = r.received[chunk] * D * es;
       CommStats& router = harness::commAt(nodes, "router", "forward");
       if (s.capacity() >= 0 && fault_ != Fault::kCapacityLocal) {
         router.add(Collective::kAllGather,
-                   on(ranks, s.dropByPosition ? ranks * E * 8 : s.tokens() * k * 2 * 8));
+                   on(chunks, s.dropByPosition ? chunks * E * 8 : s.tokens() * k * 2 * 8));
       }
-      router.add(Collective::kAllReduce, on(ranks, E * 8));  // the assignment counts (float64)
-      router.add(Collective::kAllReduce, on(ranks, es));     // the loss's value
-      router.add(Collective::kAllToAll, on(ep, E * 8));      // counts per (destination, expert)
-      harness::commAt(nodes, "dispatch", "forward")
-          .add(Collective::kAllToAll, on(ep, r.sent[rank] * D * es));
-      harness::commAt(nodes, "combine", "forward")
-          .add(Collective::kAllToAll, on(ep, r.received[rank] * D * es));
-      // The backward's all-to-alls at their forward's node: combine's gradient to the experts'
-      // ranks, then dispatch's back to the tokens'.
-      harness::commAt(nodes, "combine", "backward")
-          .add(Collective::kAllToAll, on(ep, r.sent[rank] * D * es));
-      harness::commAt(nodes, "dispatch", "backward")
-          .add(Collective::kAllToAll, on(ep, r.received[rank] * D * es));
+      router.add(Collective::kAllReduce, on(chunks, E * 8));  // the assignment counts (float64)
+      router.add(Collective::kAllReduce, on(chunks, es));     // the loss's value
+      router.add(Collective::kAllToAll, on(ep, E * 8));       // counts per (destination, expert)
+      harness::commAt(nodes, "dispatch", "forward").add(Collective::kAllToAll, on(ep, sent));
+      // Under tp: the experts' outputs all-reduced (g), forward; their rows' gradient (f),
+      // backward.
+      if (l.tp > 1) {
+        harness::commAt(nodes, "experts", "forward").add(Collective::kAllReduce, received);
+      }
+      harness::commAt(nodes, "combine", "forward").add(Collective::kAllToAll, on(ep, received));
+      // The backward's collectives at their forward's node: combine's gradient to the experts'
+      // ranks, the rows' gradient over tp, dispatch's back to the tokens'.
+      harness::commAt(nodes, "combine", "backward").add(Collective::kAllToAll, on(ep, sent));
+      if (l.tp > 1 && fault_ != Fault::kTpRowsGradUnsummed) {
+        harness::commAt(nodes, "experts", "backward").add(Collective::kAllReduce, received);
+      }
+      harness::commAt(nodes, "dispatch", "backward").add(Collective::kAllToAll, on(ep, received));
       CommStats& upd = harness::commAt(nodes, "moe", "update");
       if (fault_ != Fault::kRouterGradPartial) {
-        upd.add(Collective::kAllReduce, on(ranks, E * D * es));
+        upd.add(Collective::kAllReduce, on(chunks, E * D * es));
       }
-      const int64_t expertBytes = E / ep * s.ffn * D * es;
+      const int64_t expertBytes = E / ep * s.ffn / l.tp * D * es;
       for (int i = 0; i < 3; ++i) {
         if (fault_ == Fault::kExpertsReducedOverDp) {
           upd.add(Collective::kAllReduce, on(ranks, expertBytes));
-        } else if (c.mesh.size() == 2) {
-          upd.add(Collective::kAllReduce, on(dp, expertBytes));
+        } else if (l.dpAxis >= 0) {
+          upd.add(Collective::kAllReduce, on(l.dp, expertBytes));
         }
       }
       if (c.training.enabled()) {
-        // After each step its loss (in the dtype) and its gradient norm's squares (float64).
-        upd.add(Collective::kAllReduce, on(ranks, es));
+        // After each step its loss (in the dtype) over the chunks and its gradient norm's
+        // squares (float64) over every rank.
+        upd.add(Collective::kAllReduce, on(chunks, es));
         upd.add(Collective::kAllReduce, on(ranks, 8));
       }
     }
@@ -557,12 +694,13 @@ class EpStrategy final : public harness::Strategy {
   }
 
  private:
-  // The case's routing by the reference, per step (built once per case and cached): per rank,
-  // the kept assignments of its tokens (rows it sends) and those routed to its experts (rows it
-  // gets).
+  // The case's routing by the reference, per step (built once per case and cached): per chunk,
+  // the kept assignments of its tokens (rows it sends) and those routed to its rank's experts
+  // (rows it gets).
   std::vector<Routing> routingOf(const CaseSpec& c) const {
     const std::string key = c.suite + "\x1f" + c.name + "\x1f" + c.shape.dump() + "\x1f" +
                             std::to_string(c.seed) + harness::dtypeName(c.dtype) + c.meshString() +
+                            c.params.dump() +
                             (c.inputs == reference::InputMode::kExact ? "exact" : "random") +
                             (c.training.enabled() ? c.training.optimizer.toString() + "x" +
                                                         std::to_string(c.training.steps)
@@ -580,8 +718,8 @@ class EpStrategy final : public harness::Strategy {
         d.expected.at("expert_index").to(at::kLong).cpu().reshape({steps, s.tokens() * k}).contiguous();
     const at::Tensor kept =
         d.expected.at("kept").cpu().to(at::kDouble).reshape({steps, s.tokens() * k}).contiguous();
-    const int64_t ranks = c.meshSize(), ep = c.mesh.back(), Tl = s.tokens() / ranks,
-                  El = s.experts / ep;
+    const EpLayout l = EpLayout::of(c);
+    const int64_t ranks = l.chunks(), ep = l.ep, Tl = s.tokens() / ranks, El = s.experts / ep;
     std::vector<Routing> out;
     for (int64_t step = 0; step < steps; ++step) {
       Routing r;
@@ -591,9 +729,9 @@ class EpStrategy final : public harness::Strategy {
       const double* kx = kept[step].data_ptr<double>();
       for (int64_t a = 0; a < s.tokens() * k; ++a) {
         if (kx[a] == 0) continue;
-        const int64_t from = a / k / Tl;  // the rank holding the token
+        const int64_t from = a / k / Tl;  // the chunk holding the token
         ++r.sent[from];
-        // The expert's rank in the sender's EP group: same replica, EP coordinate ix / El.
+        // The expert's chunk in the sender's EP group: same replica, EP coordinate ix / El.
         ++r.received[from / ep * ep + ix[a] / El];
       }
       out.push_back(r);
