@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # End-to-end checks of expert parallelism (docs/moe.md): suites/moe.yaml passes (dropless and
 # with a capacity, both drop policies, k = 1 and 2, E = 4 and 8, EP 2 and 4, EP x DP on 2x2 and
-# 2x4, EP x TP on 2x2, DP x EP x TP on 2x2x2, over 3 optimizer steps), the capacity cases drop
-# assignments, communication is counted
-# as predicted from each step's routing; each planted field fault fails its
-# rows naming the tensor it got wrong (the experts' gradients scaled by the EP degree, the
-# router's gradient left partial, the experts' gradients reduced over the data-parallel group,
-# the capacity from a rank's own tokens: only the cases with a capacity fail); a malformed shape
-# is exit 2 naming the key; experts that do not divide over the ranks are unsupported.
+# 2x4, EP x TP on 2x2, DP x EP x TP on 2x2x2, EP x FSDP on 2x2 and FSDP x EP x TP on 2x2x2,
+# over 3 optimizer steps), the capacity cases drop assignments, communication is counted as
+# predicted from each step's routing; each planted field fault fails its rows naming the tensor
+# it got wrong (the experts' gradients scaled by the EP degree, the router's gradient left
+# partial, the experts' gradients reduced over the data-parallel group, the capacity from a
+# rank's own tokens: only the cases with a capacity fail; the experts' rows' gradient not summed
+# over tp); a malformed shape or params.axes is exit 2 naming the key; experts that do not
+# divide over the ranks are unsupported.
 # Usage: ci/moe_test.sh BUILD SOURCE
 set -uo pipefail
 build=$1
@@ -16,13 +17,13 @@ sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 cd "$src"
 
-check "moe suite: every case passes" 0 "total +12 +0 +0 +0$" -- \
+check "moe suite: every case passes" 0 "total +14 +0 +0 +0$" -- \
   "$sb" run suites/moe.yaml --out "$tmp/suite" --repetitions 1
 check "routing checked, drops happen, communication as predicted" 0 "ok" -- \
   python3 - "$tmp/suite/results.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-assert len(rows) == 12, len(rows)
+assert len(rows) == 14, len(rows)
 for r in rows:
     assert r["status"] == "pass", (r["case"], r["message"])
     assert r["comm_bytes"] == r["predicted_comm_bytes"] and int(r["comm_bytes"]) > 0, r["case"]
@@ -37,12 +38,12 @@ for r in recs:
     assert (dropped > 0) == (r["params"]["capacity"] != "dropless"), (r["case"], dropped)
 print("ok")
 PY
-# Each fault with the rows it must fail (pass / fail): capacity_local only the 6 with a capacity,
+# Each fault with the rows it must fail (pass / fail): capacity_local only the 7 with a capacity,
 # tp_rows_grad_unsummed only the 2 one-step rows with tp (over steps only the parameters are
 # checked, and the layer's input gradient reaches none of them).
-for fault in grads_scaled_by_ep:grad_w:0:12 experts_reduced_over_dp:grad_w:0:12 \
-             router_grad_partial:grad_router:0:12 capacity_local:output:6:6 \
-             tp_rows_grad_unsummed:grad_input:10:2; do
+for fault in grads_scaled_by_ep:grad_w:0:14 experts_reduced_over_dp:grad_w:0:14 \
+             router_grad_partial:grad_router:0:14 capacity_local:output:7:7 \
+             tp_rows_grad_unsummed:grad_input:12:2; do
   IFS=: read -r name tensor passing failing <<<"$fault"
   want="total +$passing +$failing +0 +0$"
   check "planted $name: fails, naming $tensor" 1 "$want" -- \

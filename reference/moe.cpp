@@ -1,7 +1,6 @@
 #include "reference/moe.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "reference/autograd_engine.h"
 #include "reference/training.h"
 
 namespace sb::reference {
@@ -89,7 +89,7 @@ class MoeWorkload final : public Workload {
     at::Tensor w2 = d.inputs["w2"].clone().set_requires_grad(true);
     const MoeForward f = moeForward(s, x, router, w1, w3, w2);
     const at::Tensor loss = (f.output * d.inputs["grad_output"]).sum() + s.auxCoef * f.aux;
-    torch::autograd::backward({loss}, {});
+    backward({loss});
 
     d.expected["output"] = f.output.detach();
     d.expected["aux_loss"] = f.aux.detach().reshape({1});
@@ -192,7 +192,7 @@ WorkloadData buildMoeTraining(const nlohmann::json& shape, at::ScalarType dtype,
     kept.push_back(f.kept.to(dtype));
     perExpert.push_back(f.tokensPerExpert.to(dtype));
     const at::Tensor loss = (f.output * d.inputs.at("target")).sum() + s.auxCoef * f.aux;
-    torch::autograd::backward({loss}, {});
+    backward({loss});
     loop.update(loss.item<double>());
   }
   loop.write(d.expected, &d.checked);

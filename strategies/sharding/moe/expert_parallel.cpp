@@ -43,7 +43,6 @@
 // Megatron's f forgotten: each tp rank keeps its hidden units' share).
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,6 +56,7 @@
 #include "harness/error.h"
 #include "harness/registry.h"
 #include "harness/strategy.h"
+#include "reference/autograd_engine.h"
 #include "reference/moe.h"
 #include "reference/training.h"
 
@@ -106,6 +106,7 @@ struct EpLayout {
   std::vector<int64_t> mesh;
   int dpAxis = -1, epAxis = 0, tpAxis = -1;
   int64_t dp = 1, ep = 1, tp = 1;
+  bool fsdp = false;  // the data-parallel axis is dp_shard: the parameters sharded over it
   std::vector<int> tokenAxes;  // dp and ep
   int64_t chunks() const { return dp * ep; }
   std::vector<int64_t> coords(int rank) const {
@@ -135,12 +136,14 @@ struct EpLayout {
       for (const auto& n : v) ok = ok && n.is_string();
       if (ok) names = v.get<std::vector<std::string>>();
       static const std::vector<std::vector<std::string>> allowed = {
-          {"ep"}, {"dp", "ep"}, {"ep", "tp"}, {"dp", "ep", "tp"}};
+          {"ep"},     {"dp", "ep"},       {"dp_shard", "ep"},
+          {"ep", "tp"}, {"dp", "ep", "tp"}, {"dp_shard", "ep", "tp"}};
       if (!ok || !std::count(allowed.begin(), allowed.end(), names)) {
         throw harness::InputError(
             "params.axes " + v.dump() + ": expected one name a mesh axis (" +
             std::to_string(c.mesh.size()) +
-            "), outermost first: [ep], [dp, ep], [ep, tp] or [dp, ep, tp]");
+            "), outermost first: [ep], [dp, ep], [dp_shard, ep], [ep, tp], [dp, ep, tp] or "
+            "[dp_shard, ep, tp]");
       }
     } else {
       static const std::vector<std::vector<std::string>> byRank = {
@@ -149,9 +152,10 @@ struct EpLayout {
       names = byRank[c.mesh.size() - 1];
     }
     for (int a = 0; a < static_cast<int>(names.size()); ++a) {
-      if (names[a] == "dp") {
+      if (names[a] == "dp" || names[a] == "dp_shard") {
         l.dpAxis = a;
         l.dp = c.mesh[a];
+        l.fsdp = names[a] == "dp_shard";
       } else if (names[a] == "ep") {
         l.epAxis = a;
         l.ep = c.mesh[a];
@@ -233,6 +237,17 @@ void EpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data) 
   init_[1] = rows(data.inputs.at("w1"), e, El).narrow(1, t * Fl, Fl).contiguous();
   init_[2] = rows(data.inputs.at("w3"), e, El).narrow(1, t * Fl, Fl).contiguous();
   init_[3] = rows(data.inputs.at("w2"), e, El).narrow(2, t * Fl, Fl).contiguous();
+  if (l_.fsdp) {
+    // FSDP over dp_shard: the router's rows, each expert piece's dim 1 (gate and up: the hidden
+    // units, down: d_model), cut in dp_shard pieces; this rank keeps its own.
+    const int64_t d = l_.dpCoord(rank_), sh = l_.dp;
+    const auto piece = [d, sh](const at::Tensor& x, int64_t dim) {
+      const int64_t n = x.size(dim) / sh;
+      return x.narrow(dim, d * n, n).contiguous();
+    };
+    init_[0] = piece(init_[0], 0);
+    for (int i = 1; i < 4; ++i) init_[i] = piece(init_[i], 1);
+  }
   router_ = init_[0].clone().set_requires_grad(true);
   w1_ = init_[1].clone().set_requires_grad(true);
   w3_ = init_[2].clone().set_requires_grad(true);
@@ -295,7 +310,7 @@ void EpExecutor::step(RankContext& ctx) {
     const at::Tensor loss = forward(ctx);
     {
       const harness::CommSiteScope site("moe", harness::StepPhase::kBackward);
-      torch::autograd::backward({loss}, {});
+      reference::backward({loss});
     }
     reduceGradients(ctx);
     return;
@@ -312,8 +327,11 @@ void EpExecutor::step(RankContext& ctx) {
   // The norm's squares: the router's on rank 0 only, each expert slice's on its first replica.
   harness::Communicator& world = ctx.world();
   harness::Communicator& tokens = ctx.group(l_.tokenAxes);
-  const bool first = l_.dpCoord(rank_) == 0;
-  loop_->shareNorm({rank_ == 0, first, first, first}, [&world](double sq) {
+  // Under FSDP every rank's pieces are its own: the router's counted once an EP x TP
+  // coordinate pair's first, the experts' everywhere.
+  const bool first = l_.fsdp || l_.dpCoord(rank_) == 0;
+  const bool router = l_.fsdp ? l_.expertCoord(rank_) == 0 && l_.tpCoord(rank_) == 0 : rank_ == 0;
+  loop_->shareNorm({router, first, first, first}, [&world](double sq) {
     at::Tensor t = at::full({1}, sq, at::kDouble);
     world.allReduce(t);
     return t.item<double>();
@@ -329,7 +347,7 @@ void EpExecutor::step(RankContext& ctx) {
     stepPerExpert_.push_back(perExpert_);
     {
       const harness::CommSiteScope site("moe", harness::StepPhase::kBackward);
-      torch::autograd::backward({loss}, {});
+      reference::backward({loss});
     }
     reduceGradients(ctx);
     const harness::CommSiteScope site("moe", harness::StepPhase::kUpdate);
@@ -344,10 +362,26 @@ at::Tensor EpExecutor::forward(RankContext& ctx) {
   harness::Communicator& tokens = ctx.group(l_.tokenAxes);  // a rank for each chunk
   harness::Communicator& comm = ctx.group({l_.epAxis});     // the EP group
   const int64_t Tl = localTokens(), k = s_.topK, E = s_.experts, El = E / ep_, D = s_.dModel;
+  // The parameters as the step uses them: under FSDP gathered (their gradients reduce-scattered
+  // back to the pieces in the backward).
+  at::Tensor router = router_, w1 = w1_, w3 = w3_, w2 = w2_;
+  if (l_.fsdp && l_.dp > 1) {
+    const harness::CommSiteScope site("fsdp", harness::StepPhase::kForward);
+    harness::Communicator& sh = ctx.group({l_.dpAxis});
+    const auto rows = [&](const at::Tensor& x) { return std::vector<int64_t>(l_.dp, x.size(0)); };
+    router = harness::allGatherFwdReduceScatterBwd(router_, sh, rows(router_));
+    const auto dim1 = [&](const at::Tensor& x) {
+      const at::Tensor t = x.transpose(0, 1).contiguous();
+      return harness::allGatherFwdReduceScatterBwd(t, sh, rows(t)).transpose(0, 1);
+    };
+    w1 = dim1(w1_);
+    w3 = dim1(w3_);
+    w2 = dim1(w2_);
+  }
   at::Tensor loss;
   {
     const harness::CommSiteScope site("router", harness::StepPhase::kForward);
-    const at::Tensor logits = at::linear(x_, router_);
+    const at::Tensor logits = at::linear(x_, router);
     const at::Tensor probs = s_.sigmoid ? at::sigmoid(logits) : at::softmax(logits, -1);
     auto [vals, idx] = at::topk(probs, k, -1);
     const at::Tensor gates = s_.normTopk ? vals / vals.sum(-1, true) : vals;
@@ -427,7 +461,7 @@ at::Tensor EpExecutor::forward(RankContext& ctx) {
         const at::Tensor ri = at::tensor(mine[e], at::kLong);
         const at::Tensor xe = rows.index_select(0, ri);
         const at::Tensor ye =
-            at::linear(at::silu(at::linear(xe, w1_[e])) * at::linear(xe, w3_[e]), w2_[e]);
+            at::linear(at::silu(at::linear(xe, w1[e])) * at::linear(xe, w3[e]), w2[e]);
         out = out.index_add(0, ri, ye);
       }
       if (tp_ > 1) out = harness::allReduceFwdIdentityBwd(out, ctx.group({l_.tpAxis}));
@@ -445,14 +479,17 @@ void EpExecutor::reduceGradients(RankContext& ctx) {
   harness::Communicator& world = ctx.world();
   const harness::CommSiteScope update("moe", harness::StepPhase::kUpdate);
   at::Tensor& gr = router_.mutable_grad();
-  // Over the chunks (a chunk's tp ranks computed the same gradient).
-  if (fault_ != Fault::kRouterGradPartial) ctx.group(l_.tokenAxes).allReduce(gr);
+  // Over the chunks (a chunk's tp ranks computed the same gradient); under FSDP the backward's
+  // reduce-scatter summed dp_shard's, the EP group's are left.
+  if (fault_ != Fault::kRouterGradPartial) {
+    (l_.fsdp ? ctx.group({l_.epAxis}) : ctx.group(l_.tokenAxes)).allReduce(gr);
+  }
   for (at::Tensor* w : {&w1_, &w3_, &w2_}) {
     at::Tensor& g = w->mutable_grad();
     if (fault_ == Fault::kGradsScaledByEp) g.mul_(static_cast<double>(ep_));
     if (fault_ == Fault::kExpertsReducedOverDp) {
       world.allReduce(g);  // over every rank: the other experts' gradients added in
-    } else if (l_.dpAxis >= 0) {
+    } else if (l_.dpAxis >= 0 && !l_.fsdp) {
       ctx.group({l_.dpAxis}).allReduce(g);  // over the expert's replicas
     }
   }
@@ -525,6 +562,12 @@ class EpStrategy final : public harness::Strategy {
                                         " does not divide over " + std::to_string(l.tp) +
                                         " tp ranks");
     }
+    if (l.fsdp && (s.experts % l.dp || (s.ffn / l.tp) % l.dp || s.dModel % l.dp)) {
+      return Applicability::unsupported(
+          "FSDP cuts the router's " + std::to_string(s.experts) + " rows, each expert's " +
+          std::to_string(s.ffn / l.tp) + " hidden units and d_model " + std::to_string(s.dModel) +
+          " over dp_shard " + std::to_string(l.dp) + ": they must divide");
+    }
     return Applicability::yes();
   }
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
@@ -554,14 +597,22 @@ class EpStrategy final : public harness::Strategy {
       const int64_t dim = c.training.enabled() && tensor != "output" && tensor != "grad_input";
       return harness::chunkBox(shape, dim, l.chunks(), l.chunkOf(rank));
     }
+    const bool router = tensor == "grad_router" || tensor == "param/router" ||
+                        tensor.rfind("state/router/", 0) == 0;
     if (expertTensor(tensor)) {
       Box b = harness::chunkBox(shape, 0, l.ep, l.expertCoord(rank));
       // The hidden width: dim 1 of gate and up ([E, ffn, d]), dim 2 of down ([E, d, ffn]).
-      const int64_t fdim = tensor.find("w2") != std::string::npos ? 2 : 1;
+      const bool down = tensor.find("w2") != std::string::npos;
+      const int64_t fdim = down ? 2 : 1;
       b.length[fdim] = shape[fdim] / l.tp;
       b.offset[fdim] = l.tpCoord(rank) * b.length[fdim];
+      if (l.fsdp) {  // dim 1 (gate and up: inside the tp piece) cut over dp_shard
+        b.length[1] /= l.dp;
+        b.offset[1] += l.dpCoord(rank) * b.length[1];
+      }
       return b;
     }
+    if (router && l.fsdp) return harness::chunkBox(shape, 0, l.dp, l.dpCoord(rank));
     return Box::whole(shape);  // the router's gradient, the loss, the counts: replicated
   }
   // The tokens' rows and the experts' slices as expert parallelism defines them (Megatron's
@@ -578,12 +629,13 @@ class EpStrategy final : public harness::Strategy {
                 : c.mesh.size() == 2 ? std::vector<std::string>{"dp", "ep"}
                                      : std::vector<std::string>{"dp", "ep", "tp"};
       }
-      int64_t e = 0, ep = 1, t = 0, tp = 1, rest = rank;
+      int64_t e = 0, ep = 1, t = 0, tp = 1, d = 0, sh = 1, rest = rank;
       for (int a = static_cast<int>(c.mesh.size()) - 1; a >= 0; --a) {
         const int64_t coord = rest % c.mesh[a];
         rest /= c.mesh[a];
         if (names[a] == "ep") e = coord, ep = c.mesh[a];
         if (names[a] == "tp") t = coord, tp = c.mesh[a];
+        if (names[a] == "dp_shard") d = coord, sh = c.mesh[a];
       }
       Box b = Box::whole(shape);
       b.length[0] = shape[0] / ep;
@@ -591,12 +643,22 @@ class EpStrategy final : public harness::Strategy {
       const size_t f = tensor.find("w2") != std::string::npos ? 2 : 1;
       b.length[f] = shape[f] / tp;
       b.offset[f] = t * b.length[f];
+      b.length[1] /= sh;
+      b.offset[1] += d * b.length[1];
       return SpecifiedBox{b,
-                          "EP x TP: the rank at e on ep, t on tp holds experts [e E/ep, (e + 1) "
-                          "E/ep), hidden units [t ffn/tp, (t + 1) ffn/tp)"};
+                          "EP x TP x FSDP: the rank at e on ep, t on tp, d on dp_shard holds "
+                          "experts [e E/ep, (e + 1) E/ep), hidden units [t ffn/tp, (t + 1) "
+                          "ffn/tp), and of dim 1 its dp_shard piece d"};
     }
     if (tensor == "grad_router" || tensor == "param/router" ||
         tensor.rfind("state/router/", 0) == 0) {
+      const auto l = EpLayout::of(c);
+      if (l.fsdp) {
+        Box b = Box::whole(shape);
+        b.length[0] = shape[0] / c.mesh[0];
+        b.offset[0] = rank / (c.meshSize() / c.mesh[0]) * b.length[0];
+        return SpecifiedBox{b, "FSDP: the router's rows cut over dp_shard (axis 0)"};
+      }
       return SpecifiedBox{Box::whole(shape), "EP: the router replicated"};
     }
     return std::nullopt;
@@ -621,6 +683,18 @@ class EpStrategy final : public harness::Strategy {
     // Each step's: its routing's (a training case routes anew after every update).
     for (const Routing& r : routingOf(c)) {
       const int64_t sent = r.sent[chunk] * D * es, received = r.received[chunk] * D * es;
+      const int64_t expertBytes = E / ep * s.ffn / l.tp * D * es;  // a local expert tensor
+      if (l.fsdp) {
+        // The router and the three expert tensors gathered whole; their gradients
+        // reduce-scattered back.
+        for (const char* phase : {"forward", "backward"}) {
+          CommStats& fs = harness::commAt(nodes, "fsdp", phase);
+          const Collective kind =
+              phase[0] == 'f' ? Collective::kAllGather : Collective::kReduceScatter;
+          fs.add(kind, on(l.dp, E * D * es));
+          for (int i = 0; i < 3; ++i) fs.add(kind, on(l.dp, expertBytes));
+        }
+      }
       CommStats& router = harness::commAt(nodes, "router", "forward");
       if (s.capacity() >= 0 && fault_ != Fault::kCapacityLocal) {
         router.add(Collective::kAllGather,
@@ -645,13 +719,14 @@ class EpStrategy final : public harness::Strategy {
       harness::commAt(nodes, "dispatch", "backward").add(Collective::kAllToAll, on(ep, received));
       CommStats& upd = harness::commAt(nodes, "moe", "update");
       if (fault_ != Fault::kRouterGradPartial) {
-        upd.add(Collective::kAllReduce, on(chunks, E * D * es));
+        upd.add(Collective::kAllReduce,
+                l.fsdp ? on(ep, E / l.dp * D * es) : on(chunks, E * D * es));
       }
-      const int64_t expertBytes = E / ep * s.ffn / l.tp * D * es;
+      const int64_t expertPiece = l.fsdp ? expertBytes / l.dp : expertBytes;
       for (int i = 0; i < 3; ++i) {
         if (fault_ == Fault::kExpertsReducedOverDp) {
-          upd.add(Collective::kAllReduce, on(ranks, expertBytes));
-        } else if (l.dpAxis >= 0) {
+          upd.add(Collective::kAllReduce, on(ranks, expertPiece));
+        } else if (l.dpAxis >= 0 && !l.fsdp) {
           upd.add(Collective::kAllReduce, on(l.dp, expertBytes));
         }
       }
