@@ -7,8 +7,8 @@
 # it got wrong (the experts' gradients scaled by the EP degree, the router's gradient left
 # partial, the experts' gradients reduced over the data-parallel group, the capacity from a
 # rank's own tokens: only the cases with a capacity fail; the experts' rows' gradient not summed
-# over tp); a malformed shape or params.axes is exit 2 naming the key; experts that do not
-# divide over the ranks are unsupported.
+# over tp); two cases on gloo across 4 processes; a malformed shape or params.axes is exit 2
+# naming the key; experts that do not divide over the ranks are unsupported.
 # Usage: ci/moe_test.sh BUILD SOURCE
 set -uo pipefail
 build=$1
@@ -51,6 +51,29 @@ for fault in grads_scaled_by_ep:grad_w:0:14 experts_reduced_over_dp:grad_w:0:14 
   grep -q "sharding/moe/ep: .*$tensor" "$tmp/out" && pass "$name names $tensor" ||
     fail "$name: no failure names $tensor"
 done
+# A sample across processes: 4 ranks under launch on gloo (its uneven all-to-alls), one step
+# with a capacity on EP 4 and 3 AdamW steps of EP x FSDP.
+cat > "$tmp/gloo.yaml" <<'YAML'
+suite: moe-gloo
+defaults: {dtype: float32, inputs: random, seed: 1234, repetitions: 1, min_time_s: 0.002}
+cases:
+  - name: capacity-k2-e8-ep4-probability
+    workload: moe
+    shape: {batch: 4, seq: 16, d_model: 32, ffn: 64, experts: 8, top_k: 2, capacity_factor: 1.0}
+    mesh: 4
+    strategies: ["sharding/moe/ep"]
+  - name: train-fsdp2xep2-position
+    workload: moe
+    shape: {batch: 4, seq: 16, d_model: 32, ffn: 64, experts: 8, top_k: 2, capacity_factor: 1.0,
+            drop: position}
+    mesh: 2x2
+    params: {axes: [dp_shard, ep]}
+    steps: 3
+    optimizer: {kind: adamw, lr: 0.001, weight_decay: 0.01, clip_grad_norm: 1.0}
+    strategies: ["sharding/moe/ep"]
+YAML
+check "gloo across 4 processes: both pass" 0 "total +2 +0 +0 +0$" -- \
+  "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
 cat > "$tmp/bad.yaml" <<'YAML'
 suite: bad
 cases:
