@@ -17,16 +17,23 @@ sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 cd "$src"
 
-check "moe suite: every case passes" 0 "total +14 +0 +0 +0$" -- \
+check "moe suite: every case passes" 0 "total +15 +0 +0 +0$" -- \
   "$sb" run suites/moe.yaml --out "$tmp/suite" --repetitions 1
 check "routing checked, drops happen, communication as predicted" 0 "ok" -- \
   python3 - "$tmp/suite/results.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-assert len(rows) == 14, len(rows)
+assert len(rows) == 15, len(rows)
 for r in rows:
     assert r["status"] == "pass", (r["case"], r["message"])
     assert r["comm_bytes"] == r["predicted_comm_bytes"] and int(r["comm_bytes"]) > 0, r["case"]
+print("ok")
+PY
+check "a rank whose expert gets no row (and one whose tokens are all dropped) still passes" 0 "ok" -- \
+  python3 - "$tmp/suite/results.json" <<'PY'
+import json, sys
+r = [r for r in json.load(open(sys.argv[1]))["records"] if r["case"] == "sparse-k1-e8-ep8-capacity"][0]
+assert r["status"] == "pass" and r["params"]["least_rows_received"] == "0", r["params"]
 print("ok")
 PY
 check "every case with a capacity drops assignments, no dropless one does" 0 "ok" -- \
@@ -38,12 +45,12 @@ for r in recs:
     assert (dropped > 0) == (r["params"]["capacity"] != "dropless"), (r["case"], dropped)
 print("ok")
 PY
-# Each fault with the rows it must fail (pass / fail): capacity_local only the 7 with a capacity,
+# Each fault with the rows it must fail (pass / fail): capacity_local only the 8 with a capacity,
 # tp_rows_grad_unsummed only the 2 one-step rows with tp (over steps only the parameters are
 # checked, and the layer's input gradient reaches none of them).
-for fault in grads_scaled_by_ep:grad_w:0:14 experts_reduced_over_dp:grad_w:0:14 \
-             router_grad_partial:grad_router:0:14 capacity_local:output:7:7 \
-             tp_rows_grad_unsummed:grad_input:12:2; do
+for fault in grads_scaled_by_ep:grad_w:0:15 experts_reduced_over_dp:grad_w:0:15 \
+             router_grad_partial:grad_router:0:15 capacity_local:output:7:8 \
+             tp_rows_grad_unsummed:grad_input:13:2; do
   IFS=: read -r name tensor passing failing <<<"$fault"
   want="total +$passing +$failing +0 +0$"
   check "planted $name: fails, naming $tensor" 1 "$want" -- \

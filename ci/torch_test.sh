@@ -7,7 +7,8 @@
 # PyTorch's executors and stratbench's twins is written; each planted misuse of PyTorch's API
 # fails its row naming the tensor; a user's strategy file with a syntax error is a row error
 # naming the file. On every leg: a Python without PyTorch 2.x makes every torch/* row
-# `unsupported`, saying what it found, and nothing else. Usage: ci/torch_test.sh BUILD SOURCE
+# `unsupported`, saying what it found, and nothing else; a malformed SB_TORCH_TIMEOUT_S is exit 2
+# naming it. Usage: ci/torch_test.sh BUILD SOURCE
 set -uo pipefail
 build=$1
 src=$2
@@ -34,6 +35,9 @@ assert rows and all(r["status"] == "unsupported" and "/usr/bin/python3" in r["me
                     and "PyTorch 2.x" in r["message"] for r in rows), rows
 print("ok")
 PY
+check "a malformed SB_TORCH_TIMEOUT_S: exit 2 naming it, before any row" 2 \
+  "SB_TORCH_TIMEOUT_S='5abc': expected a number of seconds" -- \
+  env SB_TORCH_TIMEOUT_S=5abc "$sb" run "$suite" --filter '^torch/ddp$' --out "$tmp/timeout"
 check "a Python that does not exist: unsupported, 'cannot be started'" 0 "cannot be started" -- \
   bash -c "SB_TORCH_PYTHON=/nonexistent/python '$sb' run '$suite' --filter '^torch/ddp$' \
     --out '$tmp/none' --repetitions 1 >/dev/null && grep -h 'cannot be started' '$tmp/none/results.csv'"

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -85,7 +86,7 @@ cs::Prices pricesFrom(const ParallelArgs& a) {
     if (prof.copy && prof.copy->usPerByte > 0) p.copyGBps = 1e-3 / prof.copy->usPerByte;
     const sb::harness::CostProfile::Group* widest = nullptr;
     for (const auto& [key, g] : prof.groups) {
-      if (g.collectives.count(sb::harness::Collective::kAllReduce) &&
+      if (g.size > 1 && g.collectives.count(sb::harness::Collective::kAllReduce) &&
           (!widest || g.size > widest->size))
         widest = &g;
     }
@@ -196,6 +197,7 @@ int runSuite(const std::string& suite, const std::string& dir) {
   }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return 127;
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -229,6 +231,11 @@ int verify(const ParallelArgs& a, const nlohmann::json& shape, const cs::SearchR
                 << " (cp: PyTorch's context parallelism does not run on the CPU)\n";
       continue;
     }
+    if (p.config.pp > 1 && p.config.microbatches < 2) {
+      std::cerr << kWho << "not verified: " << p.config.label()
+                << " (torch/compose's schedules need 2 micro-batches or more)\n";
+      continue;
+    }
     chosen.push_back(&p);
   }
   if (chosen.empty()) {
@@ -236,7 +243,13 @@ int verify(const ParallelArgs& a, const nlohmann::json& shape, const cs::SearchR
     return 1;
   }
   namespace fs = std::filesystem;
-  fs::create_directories(a.verifyDir);
+  std::error_code ec;
+  fs::create_directories(a.verifyDir, ec);
+  if (ec || !fs::is_directory(a.verifyDir)) {
+    std::cerr << kWho << "--verify-out " << a.verifyDir << ": cannot make the folder"
+              << (ec ? " (" + ec.message() + ")" : std::string(" (a file is there)")) << "\n";
+    return kExitBadInput;
+  }
   const std::string suite = (fs::path(a.verifyDir) / "suite.yaml").string();
   const std::string results = (fs::path(a.verifyDir) / "results").string();
   sb::harness::replaceResultFile(suite, verifySuite(a, shape, chosen));
@@ -396,6 +409,9 @@ int solveParallel(const ParallelArgs& a) {
   } catch (const sb::reports::ReportInputError& e) {
     std::cerr << kWho << "the verified rows: " << e.what() << "\n";
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << kWho << e.what() << "\n";
+    return kExitBadInput;
   } catch (const std::logic_error& e) {
     std::cerr << kWho << sb::harness::errorText(e) << "\n";
     return kExitBadInput;

@@ -140,7 +140,9 @@ std::vector<std::string> workloadNames() {
                                     "moe",
                                     "gpt2",
                                     "bert",
-                                    "mlp"};
+                                    "mlp",
+                                    "llama",
+                                    "torchscript"};
   for (const Workload* w : chainWorkloads()) names.push_back(w->name());
   return names;
 }

@@ -134,13 +134,22 @@ std::string pythonPath() { return envOr("SB_TORCH_PYTHON", SB_TORCH_PYTHON_DEFAU
 std::string runnerPath() {
   return envOr("SB_TORCH_RUNNER", std::string(SB_SOURCE_DIR) + "/strategies/torch/rank_runner.py");
 }
+// SB_TORCH_TIMEOUT_S, read whole: a number of seconds in (0, 1e6]. Anything else is bad input
+// (exit 2 before any row: applies() asks first), never a row's error or a timeout of "5abc".
 double timeoutSec() {
   const std::string v = envOr("SB_TORCH_TIMEOUT_S", "600");
+  size_t used = 0;
+  double t = 0;
   try {
-    return std::stod(v);
+    t = std::stod(v, &used);
   } catch (const std::exception&) {
-    throw harness::InputError("SB_TORCH_TIMEOUT_S='" + v + "': expected a number of seconds");
+    used = 0;
   }
+  if (used != v.size() || !(t > 0) || t > 1e6) {
+    throw harness::InputError("SB_TORCH_TIMEOUT_S='" + v +
+                              "': expected a number of seconds in (0, 1e6]");
+  }
+  return t;
 }
 
 // Whether the Python named by SB_TORCH_PYTHON has the PyTorch these executors need; asked once.
@@ -452,6 +461,7 @@ class TorchStrategy final : public harness::Strategy {
           return Applicability::notApplicable("generated for another shape or mesh");
         }
       }
+      timeoutSec();
       const Probe& p = probe();
       if (!p.ok) return Applicability::unsupported(p.why);
       if (c.device != "cpu") {
@@ -463,6 +473,7 @@ class TorchStrategy final : public harness::Strategy {
       return Applicability::notApplicable(
           "torch/* runs imported models (workload torchscript), whose Python module it builds");
     }
+    timeoutSec();  // a malformed SB_TORCH_TIMEOUT_S is the run's bad input, not a row's error
     if (kind_.name == "file" &&
         (!c.params.contains("strategy_file") || !c.params.at("strategy_file").is_string())) {
       throw harness::InputError(c.where() + ": torch/file needs params.strategy_file, the path "

@@ -9,6 +9,7 @@
 
 #include "harness/run/suite.h"
 #include "reference/training.h"
+#include "reference/workload.h"
 
 namespace sb::harness {
 namespace {
@@ -126,8 +127,16 @@ TEST(Suite, AWrongShapeNamesTheShapeKey) {
 }
 
 TEST(Suite, UnknownWorkloadDuplicateNamesAndNoCasesAreRejected) {
-  EXPECT_NE(errorOf("cases:\n  - name: a\n    workload: conv\n").find("unknown workload 'conv'"),
-            std::string::npos);
+  const std::string unknown = errorOf("cases:\n  - name: a\n    workload: conv\n");
+  EXPECT_NE(unknown.find("unknown workload 'conv'"), std::string::npos);
+  // The error lists every workload a suite may name, and only those.
+  for (const auto& w : sb::reference::workloadNames()) {
+    EXPECT_NE(sb::reference::findWorkload(w), nullptr) << w;
+    EXPECT_NE(unknown.find(w), std::string::npos) << w << " missing from: " << unknown;
+  }
+  for (const char* w : {"llama", "torchscript", "moe", "gpt2_prefill", "resnet18"}) {
+    EXPECT_NE(unknown.find(w), std::string::npos) << w << " missing from: " << unknown;
+  }
   EXPECT_NE(errorOf("suite: x\n").find("key 'cases' is missing"), std::string::npos);
   EXPECT_NE(errorOf("cases: []\n").find("non-empty list"), std::string::npos);
   const std::string c =

@@ -131,6 +131,15 @@ ModelCosts modelCosts(const reference::Graph& g, int64_t elementBytes) {
       if (b < 0) b = i;
       e = i + 1;
     }
+    if (b < 0) {
+      throw std::invalid_argument("block " + std::to_string(l) + " of " +
+                                  std::to_string(layers) + " has no nodes");
+    }
+    if (!spans.empty() && b < spans.back().second) {
+      throw std::invalid_argument("block " + std::to_string(l) +
+                                  " interleaves with the block before it: the units must be "
+                                  "contiguous runs of nodes");
+    }
     spans.push_back({b, e});
   }
   if (last + 1 < static_cast<int>(g.nodes.size()))

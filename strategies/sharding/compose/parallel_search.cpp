@@ -288,9 +288,12 @@ Prediction predict(const ModelCosts& m, const ParallelConfig& c, const SearchOpt
     const pl::Schedule s = pl::makeSchedule(c.schedule, c.pp, c.microbatches, c.virtualStages);
     pl::Costs costs;
     for (const auto& st : perStage) costs.stages.push_back(st.cost);
-    // A send of a stage's output (or its gradient) to the next rank.
+    // A send of a stage's output (or its gradient) to the next rank: every stage's but the
+    // last's (the head's logits are never sent).
     double boundary = 0;
-    for (const auto& st : perStage) boundary = std::max(boundary, st.boundaryElems);
+    for (size_t k = 0; k + 1 < perStage.size(); ++k) {
+      boundary = std::max(boundary, perStage[k].boundaryElems);
+    }
     costs.p2pUs = ppAxis.send(boundary * e);
     if (p.hostCores > 0) {
       costs.sharing.cores = p.hostCores / (static_cast<double>(c.ranks()) / c.pp);

@@ -15,7 +15,8 @@
 //           optimizer's states (AdamW 2, SGD with momentum 1), the gathered copy FSDP keeps
 //           (under a pipeline the rank's stages gathered for the whole step, with their
 //           unsharded gradients accumulating over the micro-batches; without one the largest
-//           unit gathered twice, as FSDP2 prefetches), the activations the pipeline's dry run
+//           unit gathered, the next prefetched and the unit's unsharded gradient before its
+//           reduce-scatter: three of the largest), the activations the pipeline's dry run
 //           holds at its peak (each stage's saved elements per micro-batch: inside tp regions
 //           / tp, on the residual stream / tp with SP only, / cp; `ac full` keeps a block's
 //           input, `ac selective` its matmul outputs), and the largest unit's activations again

@@ -23,9 +23,10 @@
 //   6. the load-balancing loss: the experts' assignment counts all-reduced, each rank's share of
 //      P_e from its tokens (its gradient stays local), the value all-reduced;
 //   7. backward through the all-to-alls (each the reverse all-to-all of the gradient); the
-//      router's gradient, a partial sum over each rank's tokens, all-reduced over the mesh; the
-//      experts' gradients whole within the EP group (every token of the replica routed to an
-//      expert passes through its rank), all-reduced over the replicas (axis 0).
+//      router's gradient, a partial sum over each chunk's tokens, all-reduced over the chunks
+//      (dp x ep; a chunk's tp ranks computed the same one); the experts' gradients whole within
+//      the EP group (every token of the replica routed to an expert passes through its rank),
+//      all-reduced over the replicas (dp).
 //
 // Verified: every checked tensor of the reference, the routing included (each token's top-k
 // experts, which assignments were kept, the kept tokens per expert), the experts' gradients per
@@ -190,7 +191,8 @@ class EpExecutor final : public harness::RankExecutor {
             {"rows_sent", std::to_string(sent_)},
             {"rows_received", std::to_string(received_)},
             {"dropped", std::to_string(dropped_)},
-            {"dropped_total", std::to_string(droppedTotal_)}};
+            {"dropped_total", std::to_string(droppedTotal_)},
+            {"least_rows_received", std::to_string(leastReceived_)}};
   }
 
  private:
@@ -218,6 +220,7 @@ class EpExecutor final : public harness::RankExecutor {
   at::Tensor y_, aux_, idx_, kept_, perExpert_;
   int64_t sent_ = 0, received_ = 0, dropped_ = 0;  // this rank's assignments (the last step's)
   int64_t droppedTotal_ = 0;                        // every rank's, every step's
+  int64_t leastReceived_ = 0;                       // the fewest rows any rank received
   std::map<std::string, at::Tensor> results_;
 };
 
@@ -464,6 +467,12 @@ at::Tensor EpExecutor::forward(RankContext& ctx) {
             at::linear(at::silu(at::linear(xe, w1[e])) * at::linear(xe, w3[e]), w2[e]);
         out = out.index_add(0, ri, ye);
       }
+      if (received_ == 0) {
+        // No rows for this rank's experts: its backward must still run every collective its
+        // peers run (the all-to-alls' reverse, tp's f, FSDP's reduce-scatters), and its experts'
+        // gradients exist (zero): the output kept on the rows and the weights, times zero.
+        out = out + (rows.sum() + w1.sum() + w3.sum() + w2.sum()) * 0.0;
+      }
       if (tp_ > 1) out = harness::allReduceFwdIdentityBwd(out, ctx.group({l_.tpAxis}));
       const harness::CommSiteScope combine("combine", harness::StepPhase::kForward);
       back = harness::allToAllFwdAllToAllBwd(out, comm, recvRows, sendRows);
@@ -498,6 +507,11 @@ void EpExecutor::reduceGradients(RankContext& ctx) {
 void EpExecutor::settle(RankContext& ctx) {
   harness::Communicator& world = ctx.group(l_.tokenAxes);  // one rank a chunk
   results_.clear();
+  {
+    const at::Tensor mine = at::full({1}, received_, at::kLong);
+    const int n = ctx.world().size();
+    leastReceived_ = ctx.world().allGather(mine, std::vector<int64_t>(n, 1)).min().item<int64_t>();
+  }
   if (training_.enabled()) {
     loop_->write(results_);
     results_["expert_index"] = at::stack(stepIndex_);
@@ -536,15 +550,22 @@ class EpStrategy final : public harness::Strategy {
             {"tokens", "split over the dp and ep axes"},
             {"dispatch", "counts all-to-all, then rows all-to-all; combine the reverse"},
             {"router", "replicated, its gradient all-reduced over the token chunks"},
-            {"case params", "axes ([ep], [dp, ep], [ep, tp], [dp, ep, tp])"}};
+            {"case params",
+             "axes ([ep], [dp, ep], [dp_shard, ep], [ep, tp], [dp, ep, tp], [dp_shard, ep, tp])"}};
   }
   std::vector<std::string> caseParams() const override { return {"axes"}; }
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload != "moe") return Applicability::notApplicable("not a mixture of experts");
     if (c.mesh.size() > 3) {
       return Applicability::unsupported(
-          "expert parallelism runs on meshes [ep], [dp, ep], [ep, tp] or [dp, ep, tp]; the case "
-          "has " + c.meshString());
+          "expert parallelism runs on meshes [ep], [dp, ep], [dp_shard, ep], [ep, tp], "
+          "[dp, ep, tp] or [dp_shard, ep, tp]; the case has " + c.meshString());
+    }
+    if (c.device != "cpu") {
+      // The routing (top-k, capacity, dispatch order) is decided on the host from the rank's
+      // scores; a device's step would copy them over first, which is not written yet.
+      return Applicability::unsupported("sharding/moe/ep runs on the CPU here; device " + c.device +
+                                        " is not wired yet");
     }
     const EpLayout l = EpLayout::of(c);  // params.axes checked: exit 2 naming it
     const auto s = MoeShape::parse(c.shape);
@@ -684,7 +705,7 @@ class EpStrategy final : public harness::Strategy {
     for (const Routing& r : routingOf(c)) {
       const int64_t sent = r.sent[chunk] * D * es, received = r.received[chunk] * D * es;
       const int64_t expertBytes = E / ep * s.ffn / l.tp * D * es;  // a local expert tensor
-      if (l.fsdp) {
+      if (l.fsdp && l.dp > 1) {
         // The router and the three expert tensors gathered whole; their gradients
         // reduce-scattered back.
         for (const char* phase : {"forward", "backward"}) {
