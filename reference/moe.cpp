@@ -37,12 +37,6 @@ std::string oneOf(const nlohmann::json& shape, const char* key, const std::strin
                               v.dump());
 }
 
-// One expert's SwiGLU: down(silu(gate x) * up x).
-at::Tensor expert(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
-                  const at::Tensor& w2) {
-  return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
-}
-
 WorkloadData moeInputs(const MoeShape& s, at::ScalarType dtype, uint64_t seed, InputMode mode) {
   const int64_t T = s.tokens(), D = s.dModel, F = s.ffn, E = s.experts;
   const double inBound = 1.0 / std::sqrt(static_cast<double>(D));
@@ -109,6 +103,11 @@ class MoeWorkload final : public Workload {
 
 }  // namespace
 
+at::Tensor moeExpert(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
+                     const at::Tensor& w2) {
+  return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
+}
+
 MoeForward moeForward(const MoeShape& s, const at::Tensor& x, const at::Tensor& router,
                       const at::Tensor& w1, const at::Tensor& w3, const at::Tensor& w2) {
   const int64_t T = s.tokens(), E = s.experts, k = s.topK;
@@ -155,7 +154,7 @@ MoeForward moeForward(const MoeShape& s, const at::Tensor& x, const at::Tensor& 
     if (tok.empty()) continue;
     const at::Tensor t = at::tensor(tok, at::kLong).to(x.device());
     const at::Tensor j = at::tensor(slot, at::kLong).to(x.device());
-    const at::Tensor out = expert(x.index_select(0, t), w1[e], w3[e], w2[e]);
+    const at::Tensor out = moeExpert(x.index_select(0, t), w1[e], w3[e], w2[e]);
     y = y.index_add(0, t, out * gates.index({t, j}).unsqueeze(1));
   }
   // Switch's load-balancing loss over the assignments before dropping.

@@ -42,6 +42,11 @@ struct MoeShape {
 
 const Workload* moeWorkload();
 
+// One expert's SwiGLU, down(silu(gate x) * up x): x [rows, d_model], w1 and w3 [ffn, d_model]
+// (or an executor's rows of them), w2 [d_model, ffn] (or its columns).
+at::Tensor moeExpert(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
+                     const at::Tensor& w2);
+
 // The layer's forward on whole tensors (the reference's; an executor that runs the layer on one
 // rank may call it): its output, the auxiliary loss (with autograd), each token's top-k experts
 // [T, k], which assignments were kept [T, k] (float64 0/1) and the kept assignments per expert

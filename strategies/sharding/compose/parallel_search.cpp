@@ -68,11 +68,6 @@ struct StageCosts {
   double boundaryElems = 0;  // the last unit's output, per micro-batch, this rank's
 };
 
-struct Shares {
-  double f;    // a micro-batch's share of the batch
-  double tp, stream, cp;
-};
-
 StageCosts stageCosts(const ModelCosts& m, const ParallelConfig& c, int first, int last,
                       const Prices& p) {
   StageCosts s;
@@ -94,17 +89,22 @@ StageCosts stageCosts(const ModelCosts& m, const ParallelConfig& c, int first, i
     // with their gradients: twice the bytes).
     const double kv = u.attentionKv * f / (tp * cp) * e;
     const double cpOne = c.cp > 1 ? (c.cp - 1) * cpAxis.send(kv) : 0;
-    double forward = mm + traffic + launch + tpOne + cpOne;
-    double backward = 2 * mm + 2 * traffic + 2 * launch + tpOne + 2 * cpOne;
+    // Each phase's compute, tp and cp parts: the backward twice the forward's kernels (its cp
+    // passes twice the bytes), a checkpointed block's recomputation on top (full: the whole
+    // forward, its collectives included; selective: all but the matmuls).
     const bool checkpointed = u.block && c.ac != "none";
-    if (checkpointed && c.ac == "full") backward += forward;  // the whole forward again
-    if (checkpointed && c.ac == "selective") backward += traffic + launch;  // all but the mms
-    s.computeUs += 3 * mm + 3 * traffic + 3 * launch +
-                   (checkpointed ? (c.ac == "full" ? mm + traffic + launch : traffic + launch) : 0);
-    s.tpUs += 2 * tpOne + (checkpointed && c.ac == "full" ? tpOne : 0);
-    s.cpUs += 3 * cpOne + (checkpointed && c.ac == "full" ? cpOne : 0);
-    s.cost.forwardUs += forward;
-    s.cost.backwardUs += backward;
+    const bool full = checkpointed && c.ac == "full";
+    const double fwdCompute = mm + traffic + launch;
+    const double bwdCompute = 2 * fwdCompute + (full           ? fwdCompute
+                                                 : checkpointed ? traffic + launch
+                                                                : 0);
+    const double fwdTp = tpOne, bwdTp = tpOne + (full ? tpOne : 0);
+    const double fwdCp = cpOne, bwdCp = 2 * cpOne + (full ? cpOne : 0);
+    s.computeUs += fwdCompute + bwdCompute;
+    s.tpUs += fwdTp + bwdTp;
+    s.cpUs += fwdCp + bwdCp;
+    s.cost.forwardUs += fwdCompute + fwdTp + fwdCp;
+    s.cost.backwardUs += bwdCompute + bwdTp + bwdCp;
     const double all = (u.shardedActs / tp + u.streamActs / stream) * f / cp;
     const double kept =
         !checkpointed       ? all

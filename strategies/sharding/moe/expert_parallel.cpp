@@ -274,9 +274,11 @@ std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& tokens, const i
     for (int64_t a = 0; a < n; ++a) ++c[idx[a]];
     std::vector<int64_t> offset(static_cast<size_t>(E), 0);
     if (!local) {
-      const at::Tensor all = tokens.allGather(counts, std::vector<int64_t>(ranks, 1));
-      for (int r = 0; r < chunk_; ++r) {
-        for (int64_t e = 0; e < E; ++e) offset[e] += all[r][e].item<int64_t>();
+      const at::Tensor all =
+          tokens.allGather(counts, std::vector<int64_t>(ranks, 1)).contiguous();  // [ranks, E]
+      const int64_t* g = all.data_ptr<int64_t>();
+      for (int64_t r = 0; r < chunk_; ++r) {
+        for (int64_t e = 0; e < E; ++e) offset[e] += g[r * E + e];
       }
     }
     for (int64_t a = 0; a < n; ++a) {
@@ -287,9 +289,10 @@ std::vector<uint8_t> EpExecutor::keepMask(harness::Communicator& tokens, const i
   // Probability order over the batch (ties by position): every assignment's (probability,
   // expert) gathered; an assignment is kept when fewer than `cap` of its expert's rank before it.
   at::Tensor mine = at::empty({n, 2}, at::kDouble);
+  double* m = mine.data_ptr<double>();
   for (int64_t a = 0; a < n; ++a) {
-    mine[a][0] = val[a];
-    mine[a][1] = static_cast<double>(idx[a]);
+    m[2 * a] = val[a];
+    m[2 * a + 1] = static_cast<double>(idx[a]);
   }
   const at::Tensor all =
       local ? mine : tokens.allGather(mine, std::vector<int64_t>(ranks, n)).contiguous();
@@ -463,8 +466,7 @@ at::Tensor EpExecutor::forward(RankContext& ctx) {
         if (mine[e].empty()) continue;
         const at::Tensor ri = at::tensor(mine[e], at::kLong);
         const at::Tensor xe = rows.index_select(0, ri);
-        const at::Tensor ye =
-            at::linear(at::silu(at::linear(xe, w1[e])) * at::linear(xe, w3[e]), w2[e]);
+        const at::Tensor ye = reference::moeExpert(xe, w1[e], w3[e], w2[e]);
         out = out.index_add(0, ri, ye);
       }
       if (received_ == 0) {
@@ -640,49 +642,45 @@ class EpStrategy final : public harness::Strategy {
   // and torchtitan's EP: contiguous experts per rank), independent of the executor.
   std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
                                            at::IntArrayRef shape) const override {
-    if (expertTensor(tensor)) {
-      // The rank's coordinates from the mesh's shape and the axes' names alone.
-      std::vector<std::string> names;
-      if (c.params.contains("axes")) {
-        names = c.params.at("axes").get<std::vector<std::string>>();
-      } else {
-        names = c.mesh.size() == 1   ? std::vector<std::string>{"ep"}
-                : c.mesh.size() == 2 ? std::vector<std::string>{"dp", "ep"}
-                                     : std::vector<std::string>{"dp", "ep", "tp"};
-      }
-      int64_t e = 0, ep = 1, t = 0, tp = 1, d = 0, sh = 1, rest = rank;
-      for (int a = static_cast<int>(c.mesh.size()) - 1; a >= 0; --a) {
-        const int64_t coord = rest % c.mesh[a];
-        rest /= c.mesh[a];
-        if (names[a] == "ep") e = coord, ep = c.mesh[a];
-        if (names[a] == "tp") t = coord, tp = c.mesh[a];
-        if (names[a] == "dp_shard") d = coord, sh = c.mesh[a];
-      }
-      Box b = Box::whole(shape);
-      b.length[0] = shape[0] / ep;
-      b.offset[0] = e * b.length[0];
-      const size_t f = tensor.find("w2") != std::string::npos ? 2 : 1;
-      b.length[f] = shape[f] / tp;
-      b.offset[f] = t * b.length[f];
-      b.length[1] /= sh;
-      b.offset[1] += d * b.length[1];
-      return SpecifiedBox{b,
-                          "EP x TP x FSDP: the rank at e on ep, t on tp, d on dp_shard holds "
-                          "experts [e E/ep, (e + 1) E/ep), hidden units [t ffn/tp, (t + 1) "
-                          "ffn/tp), and of dim 1 its dp_shard piece d"};
+    const bool router = tensor == "grad_router" || tensor == "param/router" ||
+                        tensor.rfind("state/router/", 0) == 0;
+    if (!router && !expertTensor(tensor)) return std::nullopt;
+    // The rank's coordinates from the mesh's shape and the axes' names alone (not EpLayout,
+    // which the executor and resultBoxOf share).
+    std::vector<std::string> names;
+    if (c.params.contains("axes")) {
+      names = c.params.at("axes").get<std::vector<std::string>>();
+    } else {
+      names = c.mesh.size() == 1   ? std::vector<std::string>{"ep"}
+              : c.mesh.size() == 2 ? std::vector<std::string>{"dp", "ep"}
+                                   : std::vector<std::string>{"dp", "ep", "tp"};
     }
-    if (tensor == "grad_router" || tensor == "param/router" ||
-        tensor.rfind("state/router/", 0) == 0) {
-      const auto l = EpLayout::of(c);
-      if (l.fsdp) {
-        Box b = Box::whole(shape);
-        b.length[0] = shape[0] / c.mesh[0];
-        b.offset[0] = rank / (c.meshSize() / c.mesh[0]) * b.length[0];
-        return SpecifiedBox{b, "FSDP: the router's rows cut over dp_shard (axis 0)"};
-      }
-      return SpecifiedBox{Box::whole(shape), "EP: the router replicated"};
+    int64_t e = 0, ep = 1, t = 0, tp = 1, d = 0, sh = 1, rest = rank;
+    for (int a = static_cast<int>(c.mesh.size()) - 1; a >= 0; --a) {
+      const int64_t coord = rest % c.mesh[a];
+      rest /= c.mesh[a];
+      if (names[a] == "ep") e = coord, ep = c.mesh[a];
+      if (names[a] == "tp") t = coord, tp = c.mesh[a];
+      if (names[a] == "dp_shard") d = coord, sh = c.mesh[a];
     }
-    return std::nullopt;
+    Box b = Box::whole(shape);
+    if (router) {
+      if (sh == 1) return SpecifiedBox{b, "EP: the router replicated"};
+      b.length[0] = shape[0] / sh;
+      b.offset[0] = d * b.length[0];
+      return SpecifiedBox{b, "FSDP: the router's rows cut over dp_shard"};
+    }
+    b.length[0] = shape[0] / ep;
+    b.offset[0] = e * b.length[0];
+    const size_t f = tensor.find("w2") != std::string::npos ? 2 : 1;
+    b.length[f] = shape[f] / tp;
+    b.offset[f] = t * b.length[f];
+    b.length[1] /= sh;
+    b.offset[1] += d * b.length[1];
+    return SpecifiedBox{b,
+                        "EP x TP x FSDP: the rank at e on ep, t on tp, d on dp_shard holds "
+                        "experts [e E/ep, (e + 1) E/ep), hidden units [t ffn/tp, (t + 1) "
+                        "ffn/tp), and of dim 1 its dp_shard piece d"};
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
