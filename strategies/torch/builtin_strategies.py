@@ -51,6 +51,7 @@ Planted faults (ctx.fault):
 import functools
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 
@@ -641,6 +642,118 @@ class DTensorOperator(Strategy):
         return model
 
 
+class ExpertParallel(Strategy):
+    """Expert parallelism on a PyTorch MoE layer (workload moe; moe_layer.py's contract, a
+    user's layer or the built-in one), as torchtitan applies it: the experts' w1, w3, w2
+    distributed over the ep axis as DTensors sharded on dim 0 (contiguous experts a rank) by a
+    ParallelStyle whose input_fn dispatches the rows sorted by expert to their experts' ranks
+    and whose output_fn combines them back: the counts per expert exchanged first by an
+    all_to_all_single, then the rows by the functional all_to_all_single_autograd with uneven
+    splits (the backward is the reverse all-to-all), regrouped by local expert in between. The
+    batch's tokens split over every axis ([ep], or [dp, ep]: chunk d ep + e); the router
+    replicated, its gradient all-reduced over every rank; the experts' all-reduced over their
+    replicas (dp); the load-balancing loss's counts over the whole batch (the layer's
+    aux_group). Gradients are the batch's sums (no mean), as the reference's."""
+    gradient_mean = False
+    faults = ("grads_scaled_by_ep", "router_grad_partial", "experts_reduced_over_dp")
+
+    @staticmethod
+    def mesh_dim_names(case):
+        axes = case.get("params", {}).get("axes")
+        if axes:
+            return tuple(axes)
+        return ("ep",) if len(case["mesh"]) == 1 else ("dp", "ep")
+
+    @staticmethod
+    def batch_axes(names):
+        return tuple(names)
+
+    def applies(self, ctx):
+        if ctx.case["workload"] != "moe":
+            return "torch/ep runs the moe workload"
+        names = self.mesh_dim_names(ctx.case)
+        if names not in (("ep",), ("dp", "ep")):
+            return f"torch/ep runs on a mesh [ep] or [dp, ep], not {list(names)}"
+        return super().applies(ctx)
+
+    def parallelize(self, model, mesh, ctx):
+        from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+        from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+        experts = getattr(model, "experts", None)
+        if experts is None:
+            raise ValueError("the MoE layer has no `experts` submodule for expert parallelism "
+                             "to shard (moe_layer.py says what torch/ep relies on)")
+        ep_mesh = mesh["ep"]
+        E = ctx.case["shape"].get("experts", 4)
+        if E % ep_mesh.size():
+            raise Unsupported(f"{E} experts do not divide over {ep_mesh.size()} EP ranks")
+
+        def shard_experts(name, module, device_mesh):
+            for n, p in list(module.named_parameters(recurse=False)):
+                module.register_parameter(
+                    n, nn.Parameter(distribute_tensor(p.data, device_mesh, [Shard(0)])))
+
+        class Dispatch(ParallelStyle):
+            def _apply(self, module, device_mesh):
+                return distribute_module(module, device_mesh, shard_experts,
+                                         input_fn=self.dispatch, output_fn=self.combine)
+
+            def dispatch(self, module, inputs, device_mesh):
+                import torch.distributed._functional_collectives as funcol
+                rows, counts = inputs
+                ep, group = device_mesh.size(), device_mesh.get_group()
+                mine = counts.numel() // ep
+                # received[r, e]: the rows rank r sends to this rank's local expert e.
+                received = funcol.all_to_all_single(counts, None, None, group).wait()
+                received = received.view(ep, mine)
+                send = counts.view(ep, mine).sum(1).tolist()
+                recv = received.sum(1).tolist()
+                got = funcol.all_to_all_single_autograd(rows, recv, send, group)
+                # From (source rank, local expert) order to (local expert, source rank).
+                start = torch.cumsum(received.reshape(-1), 0) - received.reshape(-1)
+                perm = [torch.arange(int(start[r * mine + e]),
+                                     int(start[r * mine + e] + received[r, e]))
+                        for e in range(mine) for r in range(ep)]
+                perm = torch.cat(perm) if perm else torch.zeros(0, dtype=torch.long)
+                module._sb_route = (perm, send, recv, group)
+                return got[perm], received.sum(0)
+
+            def combine(self, module, out, device_mesh):
+                import torch.distributed._functional_collectives as funcol
+                perm, send, recv, group = module._sb_route
+                back = torch.empty_like(out).index_copy(0, perm, out) if perm.numel() else out
+                return funcol.all_to_all_single_autograd(back, send, recv, group)
+
+        parallelize_module(experts, ep_mesh, Dispatch())
+        if hasattr(model, "aux_group"):
+            model.aux_group = dist.group.WORLD
+        return model
+
+    def reduce_gradients(self, model, ctx):
+        """After the backward, in one order on every rank: the router's (every other non-expert
+        parameter's) gradients all-reduced over every rank, the experts' over their replicas."""
+        experts = {id(p) for p in model.experts.parameters()}
+        mesh = ctx.mesh
+        ep = mesh["ep"].size()
+        replicas = mesh["dp"].get_group() if "dp" in mesh.mesh_dim_names else None
+        for _, p in model.named_parameters():
+            if p.grad is None:  # an expert no row reached still takes part in the reductions
+                p.grad = torch.zeros_like(p)
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            if id(p) not in experts:
+                if ctx.fault != "router_grad_partial":  # planted: left partial (torchtitan#2387)
+                    dist.all_reduce(g)
+                continue
+            if ctx.fault == "experts_reduced_over_dp":
+                # Planted: over the whole data-parallel group, which holds other experts
+                # (Megatron-LM#1628).
+                dist.all_reduce(g)
+            elif replicas is not None:
+                dist.all_reduce(g, group=replicas)
+            if ctx.fault == "grads_scaled_by_ep":
+                g.mul_(ep)  # planted: a mean over the EP ranks undone twice (pytorch#160285)
+
+
 STRATEGIES = {
     "ddp": DDP(),
     "fsdp2": FSDP2(reshard_after_forward=True),
@@ -658,4 +771,5 @@ STRATEGIES = {
     "dtensor-linear": DTensorOperator(),
     "cp": ContextParallel(),
     "compose": Compose(),
+    "ep": ExpertParallel(),
 }

@@ -50,6 +50,14 @@ A strategy (builtin_strategies.py, or a user's file) is a module or object with:
   loss_scale(ctx) -> None | number           what a rank's loss is multiplied by before its
                                              backward (None: the batch axes' size where
                                              GRADIENT_MEAN holds, else 1)
+  reduce_gradients(model, ctx)               called after every backward of a MoE layer (in one
+                                             order on every rank): the strategy's own gradient
+                                             reductions (expert parallelism's)
+
+The moe workload (moe_layer.py): the model is a MoE layer built from the case's shape; it returns
+(output, its share of the load-balancing loss) and reports its routing, which the results carry
+beside the reference's other names (aux_loss, expert_index, kept, tokens_per_expert, grad_input,
+grad_router, grad_w1, ...).
 """
 
 import contextlib
@@ -264,14 +272,27 @@ class Rank:
         model = build_model(case)
         model = model.to(self.dtype)
         own = dict(model.named_parameters())
-        missing = [n for n in case["parameters"] if n not in own]
+        # The module's name of each of the reference's parameters: the same, or a MoE layer's
+        # (REFERENCE_NAMES, by default torchtitan's; moe_layer.py).
+        self.moe = case["workload"] == "moe"
+        self.module_name = {n: n for n in case["parameters"]}
+        if self.moe:
+            self.module_name = dict(MOE_NAMES)
+            self.module_name.update(getattr(model, "REFERENCE_NAMES", {}))
+        self.reference_name = {m: r for r, m in self.module_name.items()}
+        missing = [n for n in case["parameters"] if self.module_name[n] not in own]
         if missing:
             raise ValueError(f"the module built for {case['model_source']} has no parameter "
-                             f"{missing[0]} that the traced graph names (it has "
-                             f"{sorted(own)[:6]}...)")
+                             f"{self.module_name[missing[0]]} (the reference's {missing[0]}; "
+                             f"it has {sorted(own)[:6]}...)")
         with torch.no_grad():
             for n in case["parameters"]:
-                own[n].copy_(tensors[n])
+                if own[self.module_name[n]].shape != tensors[n].shape:
+                    raise ValueError(f"the module built for {case['model_source']} has "
+                                     f"{self.module_name[n]} of shape "
+                                     f"{list(own[self.module_name[n]].shape)}, the reference's "
+                                     f"{n} {list(tensors[n].shape)}")
+                own[self.module_name[n]].copy_(tensors[n])
             # Buffers the graph reads (rotary tables, masks, running statistics) as the
             # reference has them.
             for n, b in model.named_buffers():
@@ -286,7 +307,8 @@ class Rank:
             raise
         self.params = []
         for n, p in self.model.named_parameters():
-            self.params.append((clean_name(n), p))
+            n = clean_name(n)
+            self.params.append((self.reference_name.get(n, n), p))
         got = {n for n, _ in self.params}
         lost = [n for n in case["parameters"] if n not in got]
         # How many ranks hold a plain (not DTensor) parameter: every rank, unless the strategy
@@ -386,6 +408,8 @@ class Rank:
                 # The strategy runs the forward and backward (a pipeline's schedule).
                 out = None
                 loss = self.own_step(self.model, self.inputs, self.target, self.ctx)
+            elif self.moe:
+                out, loss = self.moe_step(k)
             else:
                 out = self.model(*self.inputs)
                 while isinstance(out, (tuple, list)):
@@ -413,6 +437,29 @@ class Rank:
                 opt.zero_grad(set_to_none=False)
         self.output = out
         self.losses, self.norms = losses, norms
+
+    def moe_step(self, k):
+        """One forward and backward of a MoE layer on the rank's tokens: the loss
+        sum(output x target) + aux_coef x the rank's share of the load-balancing loss, the
+        input's gradient kept, the strategy's reductions after the backward (reduce_gradients),
+        the layer's routing kept per step."""
+        x = self.inputs[0].detach().clone().requires_grad_(True)
+        out, aux = self.model(x)
+        loss = (local(out) * self.target).sum() + self.case["shape"].get("aux_coef", 0.01) * aux
+        (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
+        reduce = attr(self.strategy, "reduce_gradients", None)
+        if reduce is not None:
+            reduce(self.model, self.ctx)
+        routing = getattr(self.model, "routing", None) or {}
+        missing = [n for n in ("expert_index", "kept", "tokens_per_expert") if n not in routing]
+        if missing:
+            raise ValueError(f"the MoE layer set no routing['{missing[0]}'] in its forward "
+                             f"(moe_layer.py says what torch/ep reads)")
+        if k == 0:
+            self.routing = []
+        self.routing.append({n: t.detach().clone() for n, t in routing.items()})
+        self.aux, self.grad_input = aux.detach(), x.grad
+        return out, loss
 
     def step(self, msg):
         if not msg.get("measure"):
@@ -539,6 +586,8 @@ class Rank:
             placements[name] = where
 
         replicated = ["Replicate()"] * len(self.names)
+        if self.moe:
+            self.moe_results(put, replicated)
         if self.op is not None:
             for name, t in self.op.results().items():
                 if self.ctx.fault == "partial_reported_whole" and hasattr(t, "placements"):
@@ -562,6 +611,10 @@ class Rank:
                         put(f"state/{name}/{key}", v, self.layout_of(v))
             if step is not None:
                 put("state/step", torch.tensor([step], dtype=torch.float64), replicated)
+        elif self.moe:
+            for name, p in self.params:
+                if p.grad is not None:
+                    put("grad_" + name, p.grad, self.layout_of(p.grad))
         else:
             out = settled(self.output)
             where = self.full_placements(out)
@@ -578,6 +631,35 @@ class Rank:
                     put("grad/" + name, g, self.layout_of(g))
         tensor_bundle.write(msg["path"], tensors, {"placements": json.dumps(placements)})
         return {"ok": True}
+
+
+    def rows_layout(self, dim):
+        """Where a tensor of the rank's tokens lies: its dimension `dim` split over the batch
+        axes, nested in axis order."""
+        where = ["Replicate()"] * len(self.names)
+        for a in self.batch_axes:
+            where[self.names.index(a)] = f"Shard({dim})"
+        return where
+
+    def moe_results(self, put, replicated):
+        """A MoE layer's own results: its routing (every step's, stacked, over steps), the
+        load-balancing loss and, for one step, the output and the input's gradient; the counts
+        per expert and the loss summed over the ranks' tokens."""
+        training = self.case["steps"] > 0
+        for name in ("expert_index", "kept", "tokens_per_expert"):
+            per_step = [r[name].to(self.dtype) for r in self.routing]
+            if name == "tokens_per_expert":
+                for t in per_step:
+                    dist.all_reduce(t)
+            t = torch.stack(per_step) if training else per_step[0]
+            put(name, t, replicated if name == "tokens_per_expert" else
+                self.rows_layout(1 if training else 0))
+        if not training:
+            aux = self.aux.reshape(1).clone()
+            dist.all_reduce(aux)
+            put("aux_loss", aux, replicated)
+            put("output", local(self.output), self.rows_layout(0))
+            put("grad_input", self.grad_input, self.rows_layout(0))
 
 
 def settled(t):
@@ -704,6 +786,14 @@ def build_model(case):
     defines build_model(name) or a callable `name` returning the nn.Module; or a torch.export
     archive (`file.pt2`): the exported program itself, unflattened into its modules
     (torch.export.unflatten), so that a strategy wraps its blocks as it wraps the model's."""
+    if case["workload"] == "moe":
+        # A MoE layer: a callable taking the case's shape (moe_layer.py).
+        source, _, name = case["model_source"].rpartition(":")
+        module = import_file(source, "sb_user_model")
+        if not callable(getattr(module, name, None)):
+            raise ValueError(f"{source} has no callable '{name}' (a MoE layer taking the case's "
+                             f"shape)")
+        return getattr(module, name)(case["shape"])
     if case["model_source"].endswith(".pt2"):
         return torch.export.unflatten(torch.export.load(case["model_source"]))
     source, _, name = case["model_source"].rpartition(":")
@@ -713,6 +803,11 @@ def build_model(case):
     if not hasattr(module, name):
         raise ValueError(f"{source} has neither build_model(name) nor a callable '{name}'")
     return getattr(module, name)()
+
+
+# The reference moe workload's parameters as torchtitan's MoE names them (moe_layer.py).
+MOE_NAMES = {"router": "router.gate.weight", "w1": "experts.w1", "w3": "experts.w3",
+             "w2": "experts.w2"}
 
 
 def main():

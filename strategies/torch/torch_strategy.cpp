@@ -56,6 +56,7 @@
 #include "harness/error.h"
 #include "harness/measure/verify.h"
 #include "harness/registry.h"
+#include "reference/moe.h"
 #include "reference/torchscript/import.h"
 #include "reference/training.h"
 #include "strategies/sharding/layout/placement.h"
@@ -119,6 +120,10 @@ const std::vector<Kind>& kinds() {
        {"clip_norm_one_axis", "norm_grad_partial", "grads_scaled_by_microbatches",
         "loss_not_mean_scaled", "output_not_tp"},
        "torchtitan's composition: pipelining x TP/SP x checkpointing x FSDP2/HSDP on an N-D mesh"},
+      {"ep", Family::kSharding, "sharding/moe/ep",
+       {"grads_scaled_by_ep", "router_grad_partial", "experts_reduced_over_dp"},
+       "expert parallelism on a PyTorch MoE layer: the experts DTensors sharded over ep, the rows "
+       "dispatched and combined by all_to_all_single"},
       {"file", Family::kSharding, "", {},
        "a user's own parallelize(model, mesh, ctx), from params.strategy_file"},
   };
@@ -189,8 +194,9 @@ const Probe& probe() {
 }
 
 // The module the case's model was traced from, as "file.py:name": params.model, or the
-// "python" entry trace_models.py writes into the JSON beside the TorchScript file. Empty, with
-// `why`, where there is none.
+// "python" entry trace_models.py writes into the JSON beside the TorchScript file; for the moe
+// workload, a MoE layer (params.model, or strategies/torch/moe_layer.py's). Empty, with `why`,
+// where there is none.
 std::string modelSource(const CaseSpec& c, std::string& why) {
   if (c.params.contains("model")) {
     const auto& m = c.params.at("model");
@@ -200,6 +206,7 @@ std::string modelSource(const CaseSpec& c, std::string& why) {
     }
     return m.get<std::string>();
   }
+  if (c.workload == "moe") return std::string(SB_SOURCE_DIR) + "/strategies/torch/moe_layer.py:MoE";
   const std::string file = c.shape.value("file", "");
   // A torch.export archive is its own source: the ranks load and unflatten the program.
   if (reference::torchscript::isExportArchive(file)) return std::filesystem::absolute(file).string();
@@ -439,6 +446,7 @@ class TorchStrategy final : public harness::Strategy {
     if (operatorVariant()) return {};
     if (kind_.name == "file") return {"model", "strategy_file"};
     if (kind_.name == "compose") return {"model", "axes", "sp", "schedule", "virtual_stages", "ac"};
+    if (kind_.name == "ep") return {"model", "axes"};
     return {"model"};
   }
   bool trainsSteps() const override { return true; }
@@ -469,6 +477,7 @@ class TorchStrategy final : public harness::Strategy {
       }
       return Applicability::yes();
     }
+    if (kind_.name == "ep") return appliesEp(c);
     if (c.workload != "torchscript") {
       return Applicability::notApplicable(
           "torch/* runs imported models (workload torchscript), whose Python module it builds");
@@ -499,6 +508,64 @@ class TorchStrategy final : public harness::Strategy {
     const Probe& p = probe();
     if (!p.ok) return Applicability::unsupported(p.why);
     return Applicability::yes();
+  }
+
+  // torch/ep: the moe workload, dropless, on a mesh [ep] or [dp, ep] over which the experts
+  // divide.
+  Applicability appliesEp(const CaseSpec& c) const {
+    if (c.workload != "moe") return Applicability::notApplicable("torch/ep runs the moe workload");
+    timeoutSec();
+    const auto s = reference::MoeShape::parse(c.shape);
+    std::vector<std::string> axes = epAxes(c);
+    if (c.params.contains("axes")) {
+      const auto& a = c.params.at("axes");
+      if (!a.is_array() || a.size() != c.mesh.size() ||
+          !std::all_of(a.begin(), a.end(), [](const auto& v) { return v.is_string(); })) {
+        throw harness::InputError(c.where() + ": torch/ep params.axes " + a.dump() +
+                                  ": expected a list of " + std::to_string(c.mesh.size()) +
+                                  " axis names, one a mesh axis: [ep] or [dp, ep]");
+      }
+    }
+    if (axes != std::vector<std::string>{"ep"} && axes != std::vector<std::string>{"dp", "ep"}) {
+      return Applicability::unsupported(
+          "torch/ep runs on a mesh [ep] or [dp, ep] (EP x TP and EP x FSDP are "
+          "sharding/moe/ep's here)");
+    }
+    if (s.capacity() >= 0) {
+      return Applicability::unsupported(
+          "torch/ep runs the layer dropless, as torchtitan's MoE: a capacity's drop order over "
+          "the whole batch needs every rank's assignments (sharding/moe/ep runs it)");
+    }
+    const int64_t ep = c.mesh.back();
+    if (s.experts % ep != 0) {
+      return Applicability::unsupported(std::to_string(s.experts) + " experts do not divide over " +
+                                        std::to_string(ep) + " EP ranks");
+    }
+    if (s.tokens() % c.meshSize() != 0) {
+      return Applicability::unsupported(std::to_string(s.tokens()) +
+                                        " tokens do not divide over the " +
+                                        std::to_string(c.meshSize()) + " ranks");
+    }
+    std::string why;
+    if (modelSource(c, why).empty()) return Applicability::unsupported(why);
+    if (c.device != "cpu") {
+      return Applicability::unsupported("torch/* ranks run on the CPU over gloo here; device " +
+                                        c.device + " is not wired yet");
+    }
+    const Probe& p = probe();
+    if (!p.ok) return Applicability::unsupported(p.why);
+    return Applicability::yes();
+  }
+  // torch/ep's mesh axis names, as builtin_strategies.py's ExpertParallel names them.
+  static std::vector<std::string> epAxes(const CaseSpec& c) {
+    if (c.params.contains("axes") && c.params.at("axes").is_array()) {
+      std::vector<std::string> out;
+      for (const auto& v : c.params.at("axes")) out.push_back(v.is_string() ? v.get<std::string>() : "");
+      return out;
+    }
+    if (c.mesh.size() == 1) return {"ep"};
+    if (c.mesh.size() == 2) return {"dp", "ep"};
+    return {};
   }
 
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
@@ -558,6 +625,12 @@ class TorchStrategy final : public harness::Strategy {
   // the tolerance stratbench's own FSDP rows state for the same reason (harness::stepsTolerance).
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
+    if (kind_.name == "ep") {
+      // The twin's: routing bitwise (integers), the rest sums split over the ranks' tokens.
+      if (const auto* twin = harness::StrategyRegistry::global().find(kind_.twin)) {
+        return twin->tolerance(tensor, twinCase(c), expected);
+      }
+    }
     if (c.meshSize() <= 1) return Strategy::tolerance(tensor, c, expected);
     const int steps = std::max(1, c.training.steps);
     harness::Tolerance t = harness::stepsTolerance(
@@ -783,6 +856,17 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
                                    : "mesh");
   } else if (k == "compose") {
     return composeSpecifiedBox(tensor, c, rank, fullShape);
+  } else if (k == "ep") {
+    // Expert parallelism: every expert's weights on its EP rank only (contiguous experts),
+    // replicated over dp; the router replicated.
+    std::string name = tensor.substr(tensor.find('/') + 1);
+    if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
+    if (name == "w1" || name == "w2" || name == "w3") {
+      spec.back() = Placement::shard(0);
+      text = "expert parallelism: the experts Shard(0) over ep, replicated over dp";
+    } else {
+      text = "expert parallelism: the router replicated";
+    }
   } else if (k.rfind("pipeline-", 0) == 0 || k == "dtensor-linear") {
     return std::nullopt;  // whole on its stage's rank: what the reports say
   } else if (k == "tp" || k == "sp") {
@@ -823,7 +907,19 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
   std::vector<std::string> parameters, dataInputs;
   std::string why, source;
   int64_t microbatches = 1;
-  if (case_.workload == "torchscript") {
+  nlohmann::json layerShape = nlohmann::json::object();
+  if (case_.workload == "moe") {
+    // The layer's shape with every default filled in: the Python side assumes none.
+    const auto s = reference::MoeShape::parse(case_.shape);
+    layerShape = {{"batch", s.batch},       {"seq", s.seq},
+                  {"d_model", s.dModel},    {"ffn", s.ffn},
+                  {"experts", s.experts},   {"top_k", s.topK},
+                  {"score", s.sigmoid ? "sigmoid" : "softmax"},
+                  {"norm_topk", s.normTopk}, {"aux_coef", s.auxCoef}};
+    parameters = {"router", "w1", "w3", "w2"};
+    dataInputs = {"input"};
+    source = modelSource(case_, why);
+  } else if (case_.workload == "torchscript") {
     const auto spec = reference::torchscript::ImportSpec::fromJson(case_.shape);
     const auto model = reference::torchscript::importModel(spec);
     for (const auto& [name, dims] : model->graph.parameters) parameters.push_back(name);
@@ -844,6 +940,7 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
       {"strategy", kind_.name},
       {"strategy_file", case_.params.value("strategy_file", "")},
       {"workload", case_.workload},
+      {"shape", layerShape},
       {"placements", strategy_.operandPlacements(static_cast<int>(case_.mesh.size()))},
       {"data_inputs", dataInputs},
       {"parameters", parameters},
