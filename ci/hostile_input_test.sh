@@ -400,4 +400,66 @@ check "report on a hostile comm_by_node: written, markup escaped, rounding not h
 check "a LibTorch check's message without its backtrace" 0 "clean" -- bash -c \
   '"$1" solve shard --workload gpt2 --mesh 65536x65536 2>&1 | { ! grep -q "Exception raised from\|frame #"; } && echo clean' _ "$sb"
 
+# ---- Damage (issue 60): nothing the user owns is written through, replaced or removed -----------
+# report: a plots/ that is a symbolic link is refused (the linked folder's files untouched, even
+# with --no-plots); a file of the user's in a real plots/ survives reports that prune their own.
+mkdir -p "$tmp/pictures" "$tmp/rep-link" && echo mine > "$tmp/pictures/holiday.png"
+ln -s "$tmp/pictures" "$tmp/rep-link/plots"
+check "a report whose plots/ is a symbolic link is refused, naming it" 2 \
+  "plots is a symbolic link" -- "$sb" report "$tmp/keep" --out "$tmp/rep-link" --no-plots
+check "the linked folder's pictures are untouched" 0 "^mine$" -- cat "$tmp/pictures/holiday.png"
+"$sb" report "$tmp/keep" --out "$tmp/rep-own" >/dev/null 2>&1
+echo mine > "$tmp/rep-own/plots/mine.png"
+check "a second report prunes only what the first wrote" 0 "^mine$" -- bash -c \
+  '"$1" report "$2" --out "$3" --no-plots >/dev/null && cat "$3/plots/mine.png" &&
+   ! ls "$3"/plots/time_*.png 2>/dev/null' _ "$sb" "$tmp/keep" "$tmp/rep-own"
+# --write-golden: never the suite file, never a file it did not write; names with a comma or a
+# leading '#' round-trip through its own reader; a reference that diverges is the reference's.
+gold() {  # gold NAME GOLDEN CASE_NAME LR [STEPS]: a one-case training suite
+  cat > "$tmp/$1.yaml" <<Y
+suite: $1
+golden: $2
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: '$3'
+    workload: mlp
+    shape: {batch: 4, d_model: 8, layers: 1}
+    mesh: 2
+    steps: ${5:-2}
+    optimizer: {kind: sgd, lr: $4}
+    strategies: ["sharding/fsdp/ddp"]
+Y
+}
+gold gself gself.yaml plain 0.01
+cp "$tmp/gself.yaml" "$tmp/gself.copy"
+check "golden: naming the suite file itself is exit 2, the suite untouched" 2 \
+  "names the suite file itself" -- "$sb" run "$tmp/gself.yaml" --write-golden --out "$tmp/g1"
+cmp -s "$tmp/gself.yaml" "$tmp/gself.copy" && pass "the suite file is as it was" ||
+  fail "the suite file changed"
+gold gother notes.txt plain 0.01
+echo "my notes" > "$tmp/notes.txt"
+check "golden: a file it did not write is exit 2, left as it was" 2 \
+  "replaces only a golden losses file it wrote" -- \
+  "$sb" run "$tmp/gother.yaml" --write-golden --out "$tmp/g2"
+check "the notes are as they were" 0 "^my notes$" -- cat "$tmp/notes.txt"
+gold gcomma gcomma.csv '#a,"b"' 0.01
+check "golden: a case named '#a,\"b\"' written, then read back and compared" 0 \
+  "total +1 +0 +0 +0" -- bash -c '"$1" run "$2" --write-golden --out "$3/g3" >/dev/null &&
+  "$1" run "$2" --out "$3/g4"' _ "$sb" "$tmp/gcomma.yaml" "$tmp"
+gold gnan gnan.csv diverge 10 40
+check "golden: a reference whose loss is not finite errors its row, saying so" 1 \
+  "(loss|norm) at step [0-9]+ is -?(nan|inf)" -- \
+  bash -c '"$1" run "$2" --write-golden --out "$3/g5" >/dev/null; cat "$3/g5/results.csv"; exit 1' \
+  _ "$sb" "$tmp/gnan.yaml" "$tmp"
+# --trace: a suite and a case named ".." stay inside DIR.
+sed -e 's/^suite: ok/suite: ".."/' -e 's/name: lin/name: ".."/' "$tmp/ok.yaml" > "$tmp/dots.yaml"
+mkdir -p "$tmp/tr/a/b"
+check "--trace with names '..': every file inside DIR" 0 "inside" -- bash -c \
+  '"$1" run "$2" --trace "$3/tr/a/b/t" --out "$3/tr-out" >/dev/null &&
+   [ -z "$(find "$3/tr" -name "*.trace.json" -not -path "$3/tr/a/b/t/*")" ] &&
+   [ -n "$(find "$3/tr/a/b/t" -name "*.trace.json")" ] && echo inside' _ "$sb" "$tmp/dots.yaml" "$tmp"
+printf 'suite: "a\\u0007b"\ncases: []\n' > "$tmp/bell.yaml"
+check "a suite name with a control character is exit 2 naming key 'suite'" 2 "key 'suite'" -- \
+  "$sb" run "$tmp/bell.yaml" --out "$tmp/bell"
+
 finish

@@ -113,8 +113,10 @@ void removeStaleStaging(const std::string& dir);
 
 // Moves a complete staged set into the report folder, with SIGINT, SIGTERM and SIGHUP held so
 // that an interrupt lands before or after the whole move. Files of the previous set that the
-// new one does not have (a plot no longer drawn, history.csv) go, so that the folder is
-// exactly the new set. report.html is moved last.
+// new one does not have (a plot no longer drawn, history.csv) go: those the previous report's
+// manifest (.stratbench-report, moved in with each set) names, never another file. A plots/ or
+// pipeline/ that is a symbolic link is refused before anything moves. report.html is moved
+// last.
 void commitSet(const std::string& stage, const std::string& dir,
                const std::vector<std::string>& files);
 

@@ -11,7 +11,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "harness/run/records.h"
@@ -27,6 +30,10 @@ void writeText(const std::string& path, const std::string& text) {
 namespace {
 
 constexpr const char* kStagingPrefix = ".report.new.";
+// The list of the files the report in this folder wrote (one relative path a line), moved in
+// with its set: the next report removes only files that list names (never a file of the
+// user's, whatever its name) and checks every name it reads back.
+constexpr const char* kManifest = ".stratbench-report";
 
 }  // namespace
 
@@ -85,8 +92,20 @@ std::string checkDestinations(const std::string& stage, const std::string& dir,
       break;
     }
   }
-  for (const auto& d : folders) fs::create_directories(d, ec);
   struct stat st = {}, staged = {};
+  // The report's own sub-folders are its own: one that is a symbolic link (plots -> ~/Pictures)
+  // is refused, never written through nor pruned.
+  for (size_t i = 1; i < folders.size(); ++i) {
+    if (::lstat(folders[i].c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      std::error_code linkEc;
+      const fs::path target = fs::read_symlink(folders[i], linkEc);
+      return folders[i] + " is a symbolic link" +
+             (linkEc ? std::string() : " (to " + target.string() + ")") +
+             ": the report writes its files into a folder of its own there and removes the "
+             "ones it no longer writes; remove the link or give --out another folder";
+    }
+  }
+  for (const auto& d : folders) fs::create_directories(d, ec);
   for (const std::string& d : folders) {
     if (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return d + " is not a folder the report can be written to";
@@ -100,10 +119,38 @@ std::string checkDestinations(const std::string& stage, const std::string& dir,
   return "";
 }
 
+// What the report in `dir` wrote, from its manifest: the names a report writes (plots/X.png,
+// pipeline/X.json, history.csv; a name of letters, digits, - _ . that is not . or ..), any
+// other line ignored. Empty where there is no manifest (a report older than it, or none).
+std::set<std::string> previousSet(const std::string& dir) {
+  std::set<std::string> out;
+  std::ifstream in(dir + "/" + kManifest);
+  std::string line;
+  const auto plain = [](const std::string& name) {
+    if (name.empty() || name == "." || name == ".." || name.size() > 255) return false;
+    return std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    });
+  };
+  while (std::getline(in, line)) {
+    if (line == "history.csv") {
+      out.insert(line);
+      continue;
+    }
+    for (const char* folder : {"plots/", "pipeline/"}) {
+      const std::string f = folder;
+      if (line.rfind(f, 0) == 0 && plain(line.substr(f.size()))) out.insert(line);
+    }
+  }
+  return out;
+}
+
 // The moves of commitSet, in order, stopping at the first that fails; the previous set's
 // files that the new one does not have go only once every move succeeded. Returns the problem.
 std::string moveSet(const std::string& stage, const std::string& dir,
                     const std::vector<std::string>& files) {
+  // The previous set, read before its manifest is replaced by the new one.
+  const std::set<std::string> previous = previousSet(dir);
   for (const auto& f : files) {
     const std::string to = dir + "/" + f;
     if (fs::is_directory(to)) return to + " is a folder; the report's file cannot replace it";
@@ -111,28 +158,27 @@ std::string moveSet(const std::string& stage, const std::string& dir,
       return "cannot move " + stage + "/" + f + " to " + to + ": " + std::strerror(errno);
     }
   }
-  std::error_code ec;
+  // The previous set's files that this one does not have: only those its manifest names.
   const std::set<std::string> keep(files.begin(), files.end());
-  for (const auto& e : fs::directory_iterator(dir + "/plots", ec)) {
-    if (e.path().extension() == ".png" && !keep.count("plots/" + e.path().filename().string())) {
-      fs::remove(e.path(), ec);
-    }
+  for (const std::string& old : previous) {
+    if (keep.count(old)) continue;
+    struct stat st = {};
+    const std::string path = dir + "/" + old;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(path.c_str());
   }
-  // The pipeline rows' timelines and traces (report.cpp).
-  for (const auto& e : fs::directory_iterator(dir + "/pipeline", ec)) {
-    if (e.path().extension() == ".json" &&
-        !keep.count("pipeline/" + e.path().filename().string())) {
-      fs::remove(e.path(), ec);
-    }
-  }
-  if (!keep.count("history.csv")) fs::remove(dir + "/history.csv", ec);
   return "";
 }
 
 }  // namespace
 
 void commitSet(const std::string& stage, const std::string& dir,
-               const std::vector<std::string>& files) {
+               const std::vector<std::string>& set) {
+  // The manifest moves in with the set, before report.html (the last).
+  std::vector<std::string> files = set;
+  std::string manifest;
+  for (const auto& f : set) manifest += f + "\n";
+  harness::writeFileAtomic(stage + "/" + kManifest, manifest);
+  files.insert(files.end() - (files.empty() ? 0 : 1), kManifest);
   if (const std::string problem = checkDestinations(stage, dir, files); !problem.empty()) {
     throw ReportInputError(problem);
   }

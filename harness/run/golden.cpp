@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -17,6 +18,8 @@
 
 namespace sb::harness {
 namespace {
+
+constexpr const char* kGoldenFirstLine = "# Golden losses:";
 
 std::string hexFloat(double v) {
   char buf[64];
@@ -30,10 +33,45 @@ std::string decimal(double v) {
   return buf;
 }
 
-std::vector<std::string> splitCommas(const std::string& line) {
+// A case name as the file's first cell: quoted as CSV quotes (the quotes doubled inside) where
+// it holds a comma or a quote, or begins with '#' (a comment line) or a space.
+std::string nameCell(const std::string& name) {
+  const bool quote = name.find_first_of(",\"") != std::string::npos ||
+                     (!name.empty() && (name[0] == '#' || name[0] == ' '));
+  if (!quote) return name;
+  std::string out = "\"";
+  for (char c : name) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+// The cells of a data line: the first one quoted or not (nameCell), the rest plain. Empty with
+// `problem` set for a quoted cell that does not end.
+std::vector<std::string> splitCells(const std::string& line, std::string& problem) {
   std::vector<std::string> out;
+  size_t at = 0;
+  if (!line.empty() && line[0] == '"') {
+    std::string name;
+    size_t i = 1;
+    for (; i < line.size(); ++i) {
+      if (line[i] != '"') {
+        name += line[i];
+      } else if (i + 1 < line.size() && line[i + 1] == '"') {
+        name += '"';
+        ++i;
+      } else {
+        break;
+      }
+    }
+    if (i >= line.size() || (i + 1 < line.size() && line[i + 1] != ',')) {
+      problem = "the quoted case name does not end with '\"' before a ','";
+      return {};
+    }
+    out.push_back(name);
+    at = i + 2;
+    if (at > line.size()) return out;
+  }
   std::string cell;
-  std::istringstream is(line);
+  std::istringstream is(line.substr(at));
   while (std::getline(is, cell, ',')) out.push_back(cell);
   if (!line.empty() && line.back() == ',') out.emplace_back();
   return out;
@@ -94,7 +132,9 @@ GoldenLosses readGolden(const std::string& path) {
       }
       continue;
     }
-    const std::vector<std::string> cells = splitCommas(line);
+    std::string problem;
+    const std::vector<std::string> cells = splitCells(line, problem);
+    if (!problem.empty()) bad(problem);
     if (!header) {
       if (line != "case,step,loss,grad_norm") {
         bad("expected the header 'case,step,loss,grad_norm', got '" + line + "'");
@@ -131,7 +171,7 @@ GoldenLosses readGolden(const std::string& path) {
 
 std::string goldenText(const GoldenLosses& g) {
   std::ostringstream os;
-  os << "# Golden losses: the reference's loss and gradient norm per optimizer step, written by\n"
+  os << kGoldenFirstLine << " the reference's loss and gradient norm per optimizer step, written by\n"
         "# `stratbench run SUITE --write-golden`. Compared bitwise on hosts with these vector\n"
         "# features and threads, within the steps' tolerance elsewhere (harness/run/golden.h).\n";
   os << "# cpu: " << g.cpu << "\n";
@@ -139,7 +179,7 @@ std::string goldenText(const GoldenLosses& g) {
   os << "case,step,loss,grad_norm\n";
   for (const auto& [name, steps] : g.cases) {
     for (size_t k = 0; k < steps.size(); ++k) {
-      os << name << "," << k + 1 << "," << hexFloat(steps[k].loss) << ","
+      os << nameCell(name) << "," << k + 1 << "," << hexFloat(steps[k].loss) << ","
          << hexFloat(steps[k].gradNorm) << "\n";
     }
   }
@@ -151,9 +191,37 @@ std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data)
   const at::Tensor norm = data.expected.at("grad_norm").to(at::kDouble).cpu();
   std::vector<GoldenLosses::Step> out;
   for (int64_t k = 0; k < loss.numel(); ++k) {
-    out.push_back({loss[k].item<double>(), norm[k].item<double>()});
+    const double l = loss[k].item<double>(), n = norm[k].item<double>();
+    if (!std::isfinite(l) || !std::isfinite(n)) {
+      throw std::runtime_error("the reference's " + std::string(std::isfinite(l) ? "gradient norm" : "loss") +
+                               " at step " + std::to_string(k + 1) + " is " +
+                               decimal(std::isfinite(l) ? n : l) +
+                               ": not a golden loss (the reference diverged; nothing written "
+                               "for this case)");
+    }
+    out.push_back({l, n});
   }
   return out;
+}
+
+void checkGoldenTarget(const std::string& path, const std::string& suiteFile) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(path, suiteFile, ec)) {
+    throw InputError(path + ": key 'golden' names the suite file itself; --write-golden "
+                     "would replace it (name another file, e.g. " +
+                     std::filesystem::path(suiteFile).stem().string() + ".golden.csv)");
+  }
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return;
+  std::ifstream in(path);
+  std::string first;
+  if (!std::filesystem::is_regular_file(path, ec) || !in || !std::getline(in, first) ||
+      first.rfind(kGoldenFirstLine, 0) != 0) {
+    throw InputError(path + ": --write-golden replaces only a golden losses file it wrote "
+                     "(its first line '" + std::string(kGoldenFirstLine) + " ...'); this one " +
+                     (first.empty() ? std::string("is not one")
+                                    : "begins '" + first.substr(0, 60) + "'") +
+                     ": remove it or name another file in the suite's key 'golden'");
+  }
 }
 
 GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,

@@ -17,6 +17,8 @@
 //   # threads: 2                     its intra-op threads
 //   case,step,loss,grad_norm         losses in C's hexadecimal floats (%a): exact, and portable
 //   fsdp-mlp,1,0x1.2p+3,0x1.8p-1
+//   "a,b",1,0x1.2p+3,0x1.8p-1        a name with a comma or a quote, or beginning with '#' or a
+//                                    space, quoted as CSV quotes it
 
 #include <map>
 #include <string>
@@ -60,7 +62,12 @@ GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
                             const reference::WorkloadData& data, const std::string& hostCpu,
                             int hostThreads);
 
-// The case's reference losses, as a golden entry.
+// The case's reference losses, as a golden entry; throws std::runtime_error where one is not
+// finite (the reference diverged: its row errors, nothing is written for it).
 std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data);
+
+// Before --write-golden replaces `path`: throws InputError unless it is absent or a golden
+// losses file (its first line the writer's), and never the suite file `suiteFile` itself.
+void checkGoldenTarget(const std::string& path, const std::string& suiteFile);
 
 }  // namespace sb::harness

@@ -52,9 +52,15 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
     }
     records[ctx.rank()] = endStepTrace();
   });
-  // One folder level per name, whatever it holds ('/' in a swept case's name or an id).
+  // One folder level per name, whatever it holds ('/' in a swept case's name or an id), and
+  // never one that leaves the level: a name of dots only ("..") has them spelled %2E.
   const auto level = [](std::string s) {
     std::replace(s.begin(), s.end(), '/', '+');
+    if (s.find_first_not_of('.') == std::string::npos) {
+      std::string spelled;
+      for (size_t i = 0; i < s.size(); ++i) spelled += "%2E";
+      return spelled.empty() ? std::string("%00") : spelled;
+    }
     return s;
   };
   const std::string folder =

@@ -366,7 +366,10 @@ Suite parseSuite(const std::string& text, const std::string& file) {
            "unknown top-level key '" + key + "' (expected one of: " + keyList(topKeys) + ")");
     }
   }
-  if (root["suite"]) suite.name = scalar(file, root["suite"], "suite");
+  if (root["suite"]) {
+    suite.name = scalar(file, root["suite"], "suite");
+    checkName(file, root["suite"], suite.name, "key 'suite'");
+  }
   if (root["description"]) suite.description = scalar(file, root["description"], "description");
   if (root["golden"]) {
     const std::string g = scalar(file, root["golden"], "golden");

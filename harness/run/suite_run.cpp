@@ -44,6 +44,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       golden->cpu = hostCpu;
       golden->threads = threads;
       if (writes) checkResultPath(suite.golden);
+      checkGoldenTarget(suite.golden, suite.file);
       // The suite's cases this run does not train (a --filter left them out of the plan) keep
       // what the file says of them; a case no longer in the suite is dropped. The file has one
       // writer's header: entries written with other vector units or threads cannot be kept
@@ -127,7 +128,11 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
         if (onDevice) synchronizeDevice();
         if (golden && c.training.enabled()) {
           if (options.writeGolden) {
-            golden->cases[c.name] = goldenSteps(data);
+            try {
+              golden->cases[c.name] = goldenSteps(data);
+            } catch (const std::runtime_error& e) {
+              buildError = std::string("golden losses: ") + e.what();
+            }
           } else {
             const GoldenVerdict v = compareGolden(*golden, c, data, hostCpu, threads);
             if (!v.problem.empty()) buildError = "golden losses: " + v.problem;
