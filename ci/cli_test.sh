@@ -43,9 +43,40 @@ check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --f
 # Megatron's two blocks, the 5 whole-model plans (4 auto-sharding algorithms, 1 from a file),
 # the rest (context parallel, FSDP, the 5 pipeline schedules), and PyTorch's own run in Python
 # ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, cp, 5 pipeline schedules, torchtitan's
-# composition, a user's file), and expert parallelism (sharding/moe/ep).
-check "list --family" 0 "425 strategies" -- "$sb" list --family sharding
+# composition, expert parallelism on a PyTorch MoE layer, a user's file), and expert
+# parallelism (sharding/moe/ep).
+check "list --family" 0 "426 strategies" -- "$sb" list --family sharding
 cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || fail "results.csv changed"
+check "list names each strategy's plantable faults" 0 \
+  "^sharding/moe/ep .*\[faults: grads_scaled_by_ep, router_grad_partial" -- "$sb" list --filter '^sharding/moe/ep$'
+
+# The newcomer's CLI (issue 62): every command in --help, launch among them; an unknown command
+# named; --version with stratbench's version and commit; the exit codes at the end of every
+# --help; one error prefix; --plant-fault without a fault says so.
+check "--help lists every command, launch included" 0 "launch" -- "$sb" --help
+for c in list run launch calibrate report solve graph; do
+  grep -qE "^  $c( |$)" "$tmp/out" || fail "--help does not list $c"
+done
+check "an unknown command is named, with the list" 2 "unknown command 'bogus' \(expected one of: list, run, launch" -- \
+  "$sb" bogus
+check "--version says stratbench's version, its commit and LibTorch's" 0 \
+  "^stratbench [0-9]+\.[0-9]+\.[0-9]+ \(git [0-9a-f]{7,}(-dirty)?, LibTorch [0-9.]+" -- "$sb" --version
+for c in "run" "report" "list" "solve shard" "solve checkpoint" "solve pipeline" "launch"; do
+  check "$c --help ends with the exit codes" 0 "Exit codes: 0 .*; 2 bad input" -- $sb $c --help
+done
+check "report without results: one prefix" 2 "^stratbench report: give results files" -- "$sb" report
+grep -q "report: report:" "$tmp/out" && fail "report's error is prefixed twice" || pass "one prefix"
+check "--case picks cases by name" 0 "total +[1-9][0-9]* +0 +0 +0" -- \
+  "$sb" run "$src/suites/smoke.yaml" --case '^linear-64x16-mesh2x2$' --out "$tmp/case" --repetitions 1
+python3 - "$tmp/case/results.csv" <<'PY' && pass "--case: only that case's rows" || fail "--case ran other cases"
+import csv, sys
+sys.exit(0 if {r["case"] for r in csv.DictReader(open(sys.argv[1]))} == {"linear-64x16-mesh2x2"} else 1)
+PY
+check "--case selecting nothing is exit 2 naming it" 2 "--case 'no-such-case'" -- \
+  "$sb" run "$src/suites/smoke.yaml" --case no-such-case --out "$tmp/case2"
+check "--plant-fault ID without a fault names the id and the faults" 2 \
+  "expected STRATEGY_ID=FAULT" -- \
+  "$sb" run "$src/suites/smoke.yaml" --plant-fault sharding/moe/ep --out "$tmp/pf"
 
 # The checkpointing suite's sweep with rotor: every feasible budget passes bitwise, the
 # infeasible ones are unsupported rows, nothing fails.

@@ -13,6 +13,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/exit_codes.h"
+
 namespace sb::cli {
 
 // Bad input or usage, a plugin refused included (the exit codes: cli/main.cpp).

@@ -35,6 +35,9 @@ int launchMain(int argc, char** argv) {
   }
   CLI::App app{"stratbench launch: start N ranks of a multi-process run on this host"};
   app.name("stratbench launch");
+  app.footer(std::string("The ranks' command follows \"--\" and is required: stratbench launch -n 4 "
+                         "-- run SUITE --backend gloo --out DIR.\n") +
+             sb::cli::kExitCodesText + " A rank lost, killed or hung: exit 1.\n");
   std::string hosts;
   double timeoutSec = 300, graceSec = 10;
   app.add_option("-n,--nproc-per-node", o.procsPerNode, "Ranks to start on this host")
@@ -49,7 +52,9 @@ int launchMain(int argc, char** argv) {
       ->check(sb::cli::wholeNumber(0, 65535, "port"));
   app.add_option("--hosts", hosts,
                  "Comma-separated hosts, node 0 first: sets --nnodes and --master-addr");
-  app.add_option("--timeout", timeoutSec, "Seconds the other ranks get to finish after a rank dies")
+  app.add_option("--timeout", timeoutSec,
+                 "Seconds a rank may wait on the store, and the other ranks get (with --grace) "
+                 "to finish after a rank dies")
       ->check(sb::cli::realNumber(0, 86400, true, "seconds"))
       ->capture_default_str();
   app.add_option("--grace", graceSec, "Seconds the ranks get after rank 0 has finished")

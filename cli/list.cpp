@@ -77,6 +77,10 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
     // Built-in strategies say nothing more; a plugin's name the library they came from.
     const std::string origin = StrategyRegistry::global().originOf(s->id());
     if (origin != "built-in") std::cout << "  [plugin " << origin << "]";
+    // The deliberate bugs `run --plant-fault ID=FAULT` can build it with.
+    std::string faults;
+    for (const auto& f : s->plantableFaults()) faults += (faults.empty() ? "" : ", ") + f;
+    if (!faults.empty()) std::cout << "  [faults: " << faults << "]";
     std::cout << "\n";
   }
   std::cout << shown.size() << " strategies\n";

@@ -29,6 +29,7 @@
 // This file builds the parser from the subcommands (cli/commands.h, one file each), parses and
 // dispatches; `launch` takes the command line whole (cli/launch.cpp).
 
+#include <iostream>
 #include <string>
 
 #include <torch/version.h>
@@ -38,14 +39,45 @@
 #include "cli/common.h"
 #include "cli/solve_checkpoint.h"
 #include "cli/solve_pipeline.h"
+#include "harness/run/records.h"
+
+namespace {
+
+// The commands, as `--help` lists them and an unknown one is told.
+constexpr const char* kCommands = "list, run, launch, calibrate, report, solve, graph";
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "launch") return sb::cli::launchMain(argc, argv);
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string first = argv[1];
+    bool known = false;
+    for (const char* c : {"list", "run", "calibrate", "report", "solve", "graph"}) {
+      known = known || first == c;
+    }
+    if (!known) {
+      std::cerr << "stratbench: unknown command '" << first << "' (expected one of: " << kCommands
+                << "; stratbench --help says what each does)\n";
+      return sb::cli::kExitBadInput;
+    }
+  }
   CLI::App app{
       "stratbench: verify, time and memory-profile parallelization and memory "
       "strategies against a plain LibTorch reference"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("stratbench (LibTorch ") + TORCH_VERSION + ")");
+  // stratbench's version, the commit its sources are at (git, as every result row's git_sha),
+  // and the LibTorch it runs on: asked for only when --version is given.
+  app.add_flag_callback(
+      "--version",
+      [] {
+        std::cout << "stratbench " << SB_VERSION << " (git "
+                  << sb::harness::Provenance::collect().gitSha << ", LibTorch " << TORCH_VERSION
+                  << ")\n";
+        throw CLI::Success();
+      },
+      "Print stratbench's version, its sources' git commit and LibTorch's version, and exit");
+  app.footer(sb::cli::kExitCodesText);
 
   const sb::cli::Command list = sb::cli::addList(app);
   const sb::cli::Command run = sb::cli::addRun(app);
@@ -73,6 +105,19 @@ int main(int argc, char** argv) {
   const sb::cli::Command parallelCmd = sb::cli::addSolveParallel(*solveCmd);
 
   const sb::cli::Command graphCmd = sb::cli::addGraph(app);
+  // `launch` is parsed by its own parser (above, before this one); listed here for --help.
+  app.add_subcommand("launch",
+                     "Start N ranks of a command (one process each, torchrun's environment): "
+                     "stratbench launch -n N [...] -- run SUITE --backend gloo ...; "
+                     "stratbench launch --help for its options")
+      ->allow_extras();
+  // Every subcommand's --help ends with the exit codes.
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    sub->footer(sb::cli::kExitCodesText);
+    for (CLI::App* inner : sub->get_subcommands([](CLI::App*) { return true; })) {
+      inner->footer(sb::cli::kExitCodesText);
+    }
+  }
 
   try {
     app.parse(argc, argv);

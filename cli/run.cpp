@@ -90,6 +90,8 @@ Command addRun(CLI::App& app) {
   auto* run = app.add_subcommand("run", "Run a suite: verify, time and profile every strategy");
   run->add_option("suite", a->suitePath, "Suite file, e.g. suites/smoke.yaml")->required();
   run->add_option("--filter", a->opts.filter, "Only strategy ids matching this regular expression");
+  run->add_option("--case", a->opts.caseFilter,
+                  "Only the cases whose names match this regular expression");
   run->add_option("--backend", a->opts.backend,
                   "Communication backend: threads (one process), or gloo or nccl (a CUDA "
                   "LibTorch; one GPU per rank) under `stratbench launch`, torchrun, srun or "

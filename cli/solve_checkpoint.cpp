@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/exit_codes.h"
 #include "cli/numbers.h"
 #include "strategies/checkpointing/solvers.h"
 
@@ -114,6 +115,7 @@ int solveCheckpointMain(int argc, char** argv) {
                "stratbench solve checkpoint"};
   CheckpointArgs args;
   addCheckpointOptions(&app, args);
+  app.footer(kExitCodesText);
   try {
     app.parse(argc - 2, argv + 2);
   } catch (const CLI::ParseError& e) {

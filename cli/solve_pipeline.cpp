@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cli/exit_codes.h"
 #include "cli/numbers.h"
 #include "harness/error.h"
 #include "harness/out_file.h"
@@ -178,6 +179,7 @@ int solvePipelineMain(int argc, char** argv) {
                "stratbench solve pipeline"};
   PipelineArgs args;
   addPipelineOptions(&app, args);
+  app.footer(kExitCodesText);
   try {
     app.parse(argc - 2, argv + 2);
   } catch (const CLI::ParseError& e) {

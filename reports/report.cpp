@@ -88,7 +88,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   std::vector<ResultRow> current;
   std::vector<std::string> resultPaths = options.results;
   if (resultPaths.empty()) {
-    if (history.empty()) throw ReportInputError("report: give results files or --history DIR");
+    if (history.empty()) throw ReportInputError("give results files or --history DIR");
     resultPaths.push_back(history.back().dir);  // the newest run of the history
   }
   current = readAll(resultPaths);

@@ -42,10 +42,19 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
       throw InputError(std::string("--filter: ") + e.what());
     }
   }
+  std::optional<IdPattern> caseFilter;
+  if (!options.caseFilter.empty()) {
+    try {
+      caseFilter.emplace(options.caseFilter);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(std::string("--case: ") + e.what());
+    }
+  }
   auto& registry = StrategyRegistry::global();
   std::vector<PlannedCase> plan;
   size_t selected = 0;
   for (CaseSpec c : suite.cases) {
+    if (caseFilter && !caseFilter->search(c.name)) continue;
     const nlohmann::json userParams = c.params;  // before the runner adds its own
     if (options.repetitions) c.repetitions = *options.repetitions;
     if (options.seed) c.seed = *options.seed;
@@ -137,14 +146,22 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
     if (!pc.strategies.empty()) plan.push_back(std::move(pc));
   }
   for (const auto& [id, fault] : options.plantedFaults) {
+    const auto faultsOf = [](const Strategy& st) {
+      std::string can;
+      for (const auto& f : st.plantableFaults()) can += (can.empty() ? "" : ", ") + f;
+      return can.empty() ? std::string("none") : can;
+    };
+    // An id that holds '=' given without a fault splits at its own '=': name the whole id.
+    if (const Strategy* whole = registry.find(id + "=" + fault)) {
+      throw InputError("--plant-fault '" + id + "=" + fault + "': no fault given (expected " +
+                       whole->id() + "=FAULT, FAULT one of: " + faultsOf(*whole) + ")");
+    }
     const Strategy* s = registry.find(id);
     if (!s) throw InputError("--plant-fault: no strategy has the id '" + id + "'");
     std::shared_ptr<const Strategy> faulty = s->withPlantedFault(fault);
     if (!faulty) {
-      std::string can;
-      for (const auto& f : s->plantableFaults()) can += (can.empty() ? "" : ", ") + f;
       throw InputError("--plant-fault: strategy '" + id + "' has no fault '" + fault +
-                       "' (it has: " + (can.empty() ? "none" : can) + ")");
+                       "' (it has: " + faultsOf(*s) + ")");
     }
     bool used = false;
     for (auto& pc : plan) {
@@ -163,7 +180,10 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
                      (options.filter.empty()
                           ? std::string("no case selects a strategy that "
                                         "applies to it")
-                          : "--filter '" + options.filter + "' selects no strategy of any case"));
+                          : "--filter '" + options.filter + "' selects no strategy of any case") +
+                         (options.caseFilter.empty()
+                              ? std::string()
+                              : " (of the cases --case '" + options.caseFilter + "' selects)"));
   }
   return plan;
 }
