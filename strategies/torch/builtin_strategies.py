@@ -704,7 +704,7 @@ class ExpertParallel(Strategy):
                 ep, group = device_mesh.size(), device_mesh.get_group()
                 mine = counts.numel() // ep
                 # received[r, e]: the rows rank r sends to this rank's local expert e.
-                received = funcol.all_to_all_single(counts, None, None, group).wait()
+                received = funcol.wait_tensor(funcol.all_to_all_single(counts, None, None, group))
                 received = received.view(ep, mine)
                 send = counts.view(ep, mine).sum(1).tolist()
                 recv = received.sum(1).tolist()

@@ -219,6 +219,8 @@ def placement_text(p):
 
 
 class Rank:
+    moe = False  # a MoE layer (workload moe), set by prepare
+
     def __init__(self):
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
@@ -228,6 +230,7 @@ class Rank:
         from torch.distributed.device_mesh import init_device_mesh
         case = msg["case"]
         self.case = case
+        self.moe = case["workload"] == "moe"
         tensors, _ = tensor_bundle.read(msg["bundle"])
         self.dtype = getattr(torch, case["dtype"])
         torch.manual_seed(case["seed"])
@@ -274,7 +277,6 @@ class Rank:
         own = dict(model.named_parameters())
         # The module's name of each of the reference's parameters: the same, or a MoE layer's
         # (REFERENCE_NAMES, by default torchtitan's; moe_layer.py).
-        self.moe = case["workload"] == "moe"
         self.module_name = {n: n for n in case["parameters"]}
         if self.moe:
             self.module_name = dict(MOE_NAMES)
@@ -647,11 +649,13 @@ class Rank:
         per expert and the loss summed over the ranks' tokens."""
         training = self.case["steps"] > 0
         for name in ("expert_index", "kept", "tokens_per_expert"):
-            per_step = [r[name].to(self.dtype) for r in self.routing]
+            per_step = [r[name].double().clone() for r in self.routing]
             if name == "tokens_per_expert":
+                # Summed as float64 (exact counts in any dtype), on copies: results() may be
+                # asked again.
                 for t in per_step:
                     dist.all_reduce(t)
-            t = torch.stack(per_step) if training else per_step[0]
+            t = (torch.stack(per_step) if training else per_step[0]).to(self.dtype)
             put(name, t, replicated if name == "tokens_per_expert" else
                 self.rows_layout(1 if training else 0))
         if not training:

@@ -518,12 +518,24 @@ class TorchStrategy final : public harness::Strategy {
     const auto s = reference::MoeShape::parse(c.shape);
     std::vector<std::string> axes = epAxes(c);
     if (c.params.contains("axes")) {
+      // Names expert parallelism knows (sharding/moe/ep's), each once, ep among them; those
+      // torch/ep does not run are unsupported below, anything else is bad input.
       const auto& a = c.params.at("axes");
-      if (!a.is_array() || a.size() != c.mesh.size() ||
-          !std::all_of(a.begin(), a.end(), [](const auto& v) { return v.is_string(); })) {
+      static const std::vector<std::string> known = {"dp", "dp_shard", "ep", "tp"};
+      const bool ok =
+          a.is_array() && a.size() == c.mesh.size() &&
+          std::all_of(a.begin(), a.end(),
+                      [&](const auto& v) {
+                        return v.is_string() && std::count(known.begin(), known.end(),
+                                                           v.template get<std::string>()) == 1 &&
+                               std::count(a.begin(), a.end(), v) == 1;
+                      }) &&
+          std::count(a.begin(), a.end(), nlohmann::json("ep")) == 1;
+      if (!ok) {
         throw harness::InputError(c.where() + ": torch/ep params.axes " + a.dump() +
-                                  ": expected a list of " + std::to_string(c.mesh.size()) +
-                                  " axis names, one a mesh axis: [ep] or [dp, ep]");
+                                  ": expected " + std::to_string(c.mesh.size()) +
+                                  " distinct axis names from dp, dp_shard, ep, tp, one a mesh "
+                                  "axis, ep among them ([ep] or [dp, ep] run here)");
       }
     }
     if (axes != std::vector<std::string>{"ep"} && axes != std::vector<std::string>{"dp", "ep"}) {
