@@ -409,6 +409,8 @@ check "a report whose plots/ is a symbolic link is refused, naming it" 2 \
   "plots is a symbolic link" -- "$sb" report "$tmp/keep" --out "$tmp/rep-link" --no-plots
 check "the linked folder's pictures are untouched" 0 "^mine$" -- cat "$tmp/pictures/holiday.png"
 "$sb" report "$tmp/keep" --out "$tmp/rep-own" >/dev/null 2>&1
+ls "$tmp"/rep-own/plots/time_*.png >/dev/null 2>&1 && pass "the first report drew its plots" ||
+  fail "the first report drew no plots (the pruning check below would prove nothing)"
 echo mine > "$tmp/rep-own/plots/mine.png"
 check "a second report prunes only what the first wrote" 0 "^mine$" -- bash -c \
   '"$1" report "$2" --out "$3" --no-plots >/dev/null && cat "$3/plots/mine.png" &&

@@ -7,15 +7,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
-#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <utility>
 
 #include "harness/run/records.h"
 #include "reports/report_internal.h"
@@ -94,12 +95,14 @@ std::string checkDestinations(const std::string& stage, const std::string& dir,
   }
   struct stat st = {}, staged = {};
   // The report's own sub-folders are its own: one that is a symbolic link (plots -> ~/Pictures)
-  // is refused, never written through nor pruned.
-  for (size_t i = 1; i < folders.size(); ++i) {
-    if (::lstat(folders[i].c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+  // is refused, never written through nor pruned; pipeline/ too when this set writes none there
+  // (the previous set's files in it would be pruned through the link).
+  for (const char* sub : {"/plots", "/pipeline"}) {
+    const std::string d = dir + sub;
+    if (::lstat(d.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
       std::error_code linkEc;
-      const fs::path target = fs::read_symlink(folders[i], linkEc);
-      return folders[i] + " is a symbolic link" +
+      const fs::path target = fs::read_symlink(d, linkEc);
+      return d + " is a symbolic link" +
              (linkEc ? std::string() : " (to " + target.string() + ")") +
              ": the report writes its files into a folder of its own there and removes the "
              "ones it no longer writes; remove the link or give --out another folder";
@@ -120,8 +123,8 @@ std::string checkDestinations(const std::string& stage, const std::string& dir,
 }
 
 // What the report in `dir` wrote, from its manifest: the names a report writes (plots/X.png,
-// pipeline/X.json, history.csv; a name of letters, digits, - _ . that is not . or ..), any
-// other line ignored. Empty where there is no manifest (a report older than it, or none).
+// pipeline/X.json, history.csv; X of letters, digits, - _ . and not . or ..), any other line
+// ignored. Empty where there is no manifest (a report older than it, or none).
 std::set<std::string> previousSet(const std::string& dir) {
   std::set<std::string> out;
   std::ifstream in(dir + "/" + kManifest);
@@ -137,9 +140,13 @@ std::set<std::string> previousSet(const std::string& dir) {
       out.insert(line);
       continue;
     }
-    for (const char* folder : {"plots/", "pipeline/"}) {
-      const std::string f = folder;
-      if (line.rfind(f, 0) == 0 && plain(line.substr(f.size()))) out.insert(line);
+    for (const auto& [folder, ext] : {std::pair<std::string, std::string>{"plots/", ".png"},
+                                      {"pipeline/", ".json"}}) {
+      const std::string name = line.substr(std::min(line.size(), folder.size()));
+      if (line.rfind(folder, 0) == 0 && plain(name) && name.size() > ext.size() &&
+          name.compare(name.size() - ext.size(), ext.size(), ext) == 0) {
+        out.insert(line);
+      }
     }
   }
   return out;
@@ -163,6 +170,13 @@ std::string moveSet(const std::string& stage, const std::string& dir,
   for (const std::string& old : previous) {
     if (keep.count(old)) continue;
     struct stat st = {};
+    // Only inside a real sub-folder (checkDestinations refused links; checked again here, as
+    // lstat looks at the last component only), and only a regular file.
+    const size_t slash = old.find('/');
+    if (slash != std::string::npos) {
+      const std::string parent = dir + "/" + old.substr(0, slash);
+      if (::lstat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    }
     const std::string path = dir + "/" + old;
     if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(path.c_str());
   }

@@ -35,6 +35,9 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   // --write-golden, collected from the references and written at the end.
   std::optional<GoldenLosses> golden;
   std::map<std::string, std::vector<GoldenLosses::Step>> keptGolden;
+  // What the file says of the cases this run trains, kept for one whose reference fails (it
+  // errors its row; its old entry is not lost with it), where the file's header is this host's.
+  std::map<std::string, std::vector<GoldenLosses::Step>> fallbackGolden;
   const std::string hostCpu = suite.golden.empty() ? "" : hostVectorFeatures();
   const int threads = hostThreads();
   if (!suite.golden.empty()) {
@@ -59,10 +62,11 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
         const auto inSuite = [&](const CaseSpec& c) { return c.name == name; };
         const bool planned = std::any_of(plan.begin(), plan.end(),
                                          [&](const PlannedCase& p) { return p.spec.name == name; });
+        if (planned && old->cpu == hostCpu && old->threads == threads) fallbackGolden[name] = steps;
         if (planned || std::none_of(suite.cases.begin(), suite.cases.end(), inSuite)) continue;
         if (old->cpu != hostCpu || old->threads != threads) {
           throw InputError(suite.golden + ": case '" + name +
-                           "' is not run here (--filter) and its losses were written with "
+                           "' is not run here (--filter, --case) and its losses were written with "
                            "other vector units or threads (" +
                            old->cpu + ", " + std::to_string(old->threads) +
                            " threads): they cannot be kept "
@@ -167,11 +171,18 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     const size_t written = golden->cases.size();
     size_t kept = 0;
     for (auto& [name, steps] : keptGolden) kept += golden->cases.emplace(name, steps).second;
+    size_t failedKept = 0;
+    for (auto& [name, steps] : fallbackGolden) {
+      failedKept += golden->cases.emplace(name, steps).second;
+    }
     replaceResultFile(suite.golden, goldenText(*golden));
     observer.note(
         "golden losses of " + std::to_string(written) + " training case(s) written to " +
         suite.golden +
-        (kept ? " (" + std::to_string(kept) + " not run kept as the file had them)" : ""));
+        (kept ? " (" + std::to_string(kept) + " not run kept as the file had them)" : "") +
+        (failedKept ? " (" + std::to_string(failedKept) +
+                          " whose reference failed kept as the file had them)"
+                    : ""));
   }
   observer.resultsWritten(writer->csvPath(), writer->jsonPath(),
                           std::chrono::duration<double>(Clock::now() - runStart).count());
