@@ -74,9 +74,12 @@ sys.exit(0 if {r["case"] for r in csv.DictReader(open(sys.argv[1]))} == {"linear
 PY
 check "--case selecting nothing is exit 2 naming it" 2 "--case 'no-such-case'" -- \
   "$sb" run "$src/suites/smoke.yaml" --case no-such-case --out "$tmp/case2"
-check "--plant-fault ID without a fault names the id and the faults" 2 \
+check "--plant-fault ID without '=FAULT' is exit 2 saying what is expected" 2 \
   "expected STRATEGY_ID=FAULT" -- \
   "$sb" run "$src/suites/smoke.yaml" --plant-fault sharding/moe/ep --out "$tmp/pf"
+check "--plant-fault on an id holding '=' without a fault names the whole id and its faults" 2 \
+  "no fault given \(expected sharding/linear/S0S1=S0R.RS1/0=FAULT, FAULT one of: " -- \
+  "$sb" run "$src/suites/smoke.yaml" --plant-fault 'sharding/linear/S0S1=S0R.RS1/0' --out "$tmp/pf"
 
 # The checkpointing suite's sweep with rotor: every feasible budget passes bitwise, the
 # infeasible ones are unsupported rows, nothing fails.

@@ -34,6 +34,17 @@ check "installed: binaries, libraries, API headers, CMake package" 0 "" -- bash 
            strategies/sharding/layout/redistribute.h; do
     test ! -e '$prefix/include/stratbench/'\$f || { echo internal \$f installed; exit 1; }
   done"
+# Every header docs/write-a-strategy.md names for a plugin (above its last section, which is
+# about adding an operator inside the tree) is installed.
+check "every header the plugin page names is installed" 0 "" -- python3 - "$src/docs/write-a-strategy.md" \
+  "$prefix/include/stratbench" <<'PY'
+import os, re, sys
+text = open(sys.argv[1]).read()
+text = text[:text.rfind("\n## ")]
+named = set(re.findall(r"\b((?:harness|reference|strategies)/[\w/]+\.h)\b", text))
+missing = sorted(h for h in named if not os.path.exists(os.path.join(sys.argv[2], h)))
+assert named and not missing, f"named but not installed: {missing}"
+PY
 # The installed headers are a closed set: together they compile with nothing but LibTorch's and
 # nlohmann_json's headers beside them (no internal header is missing).
 check "installed headers compile from the prefix alone" 0 "" -- bash -c "

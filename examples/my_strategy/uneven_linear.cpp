@@ -132,7 +132,7 @@ class UnevenColwiseExecutor final : public sb::harness::RankExecutor {
 
  private:
   // The peak of one step, in bytes of tensor storage as the harness's tracker counts them
-  // (harness/memory.h), from what is live at its highest point, the input gradient's
+  // (the harness's allocator hook), from what is live at its highest point, the input gradient's
   // all-reduce:
   //   - what prepare() took: X, W_r, b_r and dY_r;
   //   - the previous step's results, held until this step replaces them: Y_r, dX, dW_r, db_r;
@@ -227,7 +227,7 @@ class UnevenColwiseStrategy final : public sb::harness::Strategy {
   }
 
   // dX sums N features split over the ranks in another order than the reference's matmul:
-  // the tolerance of a split reduction (harness/verify.h). Exact inputs stay bitwise.
+  // the tolerance of a split reduction (harness/measure/verify.h). Exact inputs stay bitwise.
   sb::harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                    const at::Tensor& expected) const override {
     const auto base = Strategy::tolerance(tensor, c, expected);
