@@ -113,7 +113,18 @@ case "$leg" in
       cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         ${CMAKE_PREFIX_PATH:+-DCMAKE_PREFIX_PATH="$CMAKE_PREFIX_PATH"} >/dev/null
     fi
-    cmake --build build -j "$jobs"
+    # ./run.sh needs the command alone; the test binaries are ./test.sh's (--test).
+    names=()
+    [ "$test_deps" = 1 ] || names=(stratbench stratbench-core)
+    targets=()
+    [ ${#names[@]} = 0 ] || targets=(--target "${names[@]}")
+    if [ ! -x build/stratbench-core ]; then
+      steps=$(ninja -C build -t commands "${names[@]}" 2>/dev/null | wc -l)
+      # About 15 core-seconds a step on this project (LibTorch's headers; docs/measurements.md).
+      echo "setup: first build: $steps compile and link steps, roughly $(( (steps * 15 / jobs + 59) / 60 ))" \
+           "minutes on $jobs cores (ccache makes later ones seconds); ninja's [n/$steps] shows the progress"
+    fi
+    cmake --build build -j "$jobs" "${targets[@]}"
     ;;
   torch2)
     # torchvision 0.28.0 is 2.13.0's pair; PyPI's is built for a CUDA torch, so its C++ operators
