@@ -57,6 +57,44 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 rm -f "$tmp/rep/plots/"*.png
 check "plot scripts run headless" 0 "" -- env -u DISPLAY "$py" "$src/reports/plots/make_plots.py" "$tmp/rep"
+# No warning on the console: every warning an error, the scripts run again, nothing on stderr.
+check "the plot scripts warn of nothing" 0 "^quiet$" -- bash -c \
+  'env -u DISPLAY PYTHONWARNINGS=error "$1" "$2" "$3" 2>"$3/plot-stderr" >/dev/null &&
+   [ ! -s "$3/plot-stderr" ] && echo quiet || cat "$3/plot-stderr"' _ "$py" \
+  "$src/reports/plots/make_plots.py" "$tmp/rep"
+# The error plot: a finite ratio far past the old ceiling (2.9e5) drawn as a value, not as
+# inf/NaN; the time plot's bars never below 0 (min-max, not +-stddev).
+check "plots: finite errors drawn as values, time bars from 0" 0 "^drawn$" -- "$py" - \
+  "$src/reports/plots" "$tmp/rep" <<'PY'
+import csv, os, shutil, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import error_plot, time_plot
+import matplotlib.axes
+d = tempfile.mkdtemp()
+rows = list(csv.DictReader(open(os.path.join(sys.argv[2], "tensors.csv"))))
+rows[0]["err_ratio"] = "290000"
+rows[1]["err_ratio"] = "inf"
+with open(os.path.join(d, "tensors.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+    w.writeheader()
+    w.writerows(rows)
+drawn = []
+real = matplotlib.axes.Axes.scatter
+def spy(self, x, y, marker=None, **kw):
+    drawn.extend((yy, marker) for yy in y)
+    return real(self, x, y, marker=marker, **kw)
+matplotlib.axes.Axes.scatter = spy
+os.makedirs(os.path.join(d, "plots"))
+error_plot.plot(d, os.path.join(d, "plots"))
+assert (290000.0, "o") in drawn, drawn[:5]
+assert any(m == "x" and y > 290000 for y, m in drawn), drawn[:5]
+rows = list(csv.DictReader(open(os.path.join(sys.argv[2], "summary.csv"))))
+lower, upper = time_plot.spread(rows)
+for r, lo in zip(rows, lower):
+    med = float(r["time_us_median"] or 0)
+    assert 0 <= lo <= med and r["time_us_min"] != "", (r["time_us_min"], lo, med)
+print("drawn")
+PY
 n=$(find "$tmp/rep/plots" -name '*.png' -size +1k | wc -l)
 [ "$n" -eq $((3 * cases + 1)) ] && pass "make_plots.py drew $n non-empty PNGs" ||
   fail "make_plots.py drew $n PNGs, expected $((3 * cases + 1))"

@@ -154,7 +154,11 @@ std::string summaryCsv(const Comparison& cmp) {
                              "prediction_verdict",
                              "verdict",
                              "gate",
-                             "reasons"});
+                             "reasons",
+                             "time_us_min",
+                             "time_us_max",
+                             "baseline_time_us_min",
+                             "baseline_time_us_max"});
   const auto f = [](const std::optional<double>& v) {
     return v ? harness::formatDouble(*v) : std::string();
   };
@@ -206,7 +210,11 @@ std::string summaryCsv(const Comparison& cmp) {
                     rc.prediction,
                     verdictName(rc.verdict),
                     gateCell(rc),
-                    reasons(rc)});
+                    reasons(rc),
+                    c ? f(c->timeMinUs) : "",
+                    c ? f(c->timeMaxUs) : "",
+                    b ? f(b->timeMinUs) : "",
+                    b ? f(b->timeMaxUs) : ""});
   }
   return out;
 }

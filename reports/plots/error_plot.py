@@ -1,8 +1,10 @@
 """Numerical error per strategy and tensor against its tolerance, on a log scale.
 
 The y value is err_ratio = max |actual - expected| / (atol + rtol |expected|): 1 is the
-tolerance, below passes. Exact zeros sit on a floor line, infinities (NaN, bitwise mismatch)
-on a ceiling line, so neither disappears from the plot.
+tolerance, below passes. Exact zeros sit on a floor line (v), a ratio that is not finite (an
+infinite or NaN error, or a bitwise check's mismatch) on a ceiling line above every finite one
+(x), so neither disappears from the plot; every finite ratio is drawn at its value (o), however
+large.
 """
 import math
 import sys
@@ -26,6 +28,9 @@ def plot(report_dir, out_dir):
                 tensors.append(r["tensor"])
         fig, ax = plt.subplots(figsize=(max(7, 0.32 * len(strategies) + 3), 4.8))
         width = 0.8 / max(1, len(tensors))
+        values = [num(r["err_ratio"]) for r in rows]
+        top = max([CEIL / 10] + [v for v in values if v is not None and math.isfinite(v)])
+        ceil = 10 ** math.ceil(math.log10(top) + 1)
         for k, t in enumerate(tensors):
             xs, ys, marks = [], [], []
             for r in rows:
@@ -33,8 +38,8 @@ def plot(report_dir, out_dir):
                     continue
                 v = num(r["err_ratio"])
                 x = strategies.index(r["strategy_id"]) - 0.4 + width * (k + 0.5)
-                if v is None or math.isnan(v) or v > CEIL:
-                    y, m = CEIL, "^"
+                if v is None or not math.isfinite(v):
+                    y, m = ceil, "x"
                 elif v < FLOOR:
                     y, m = FLOOR, "v"
                 else:
@@ -49,12 +54,13 @@ def plot(report_dir, out_dir):
         ax.axhline(1.0, color="#c62828", linewidth=1.2, label="tolerance")
         ax.axhline(FLOOR, color="#999", linewidth=0.6, linestyle=":")
         ax.set_yscale("log")
-        ax.set_ylim(FLOOR / 3, CEIL * 3)
+        ax.axhline(ceil, color="#999", linewidth=0.6, linestyle=":")
+        ax.set_ylim(FLOOR / 3, ceil * 3)
         ax.set_xticks(range(len(strategies)))
         ax.set_xticklabels([names[s] for s in strategies], rotation=75, ha="right", fontsize=7)
         ax.set_ylabel("max |err| / (atol + rtol |ref|)")
         ax.set_title("Error against tolerance: " + rows[0]["suite"] + "/" + rows[0]["case"] +
-                     "  (v: exact, ^: inf/NaN)", fontsize=10)
+                     "  (v: exact, x: inf/NaN/mismatch)", fontsize=10)
         handles, labels = ax.get_legend_handles_labels()
         seen = {}
         for h, l in zip(handles, labels):

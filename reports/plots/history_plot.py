@@ -3,6 +3,9 @@ import sys
 
 from common import STATUS_COLOURS, by_case, num, plt, read_rows, save
 
+# A series moved when its newest run is this far off the median of its earlier runs.
+MOVED = 0.25
+
 
 def plot(report_dir, out_dir):
     rows = read_rows(report_dir + "/history.csv")
@@ -30,20 +33,38 @@ def plot(report_dir, out_dir):
     files.append(save(fig, out_dir, "history_status"))
 
     for slug, case_rows in by_case(rows).items():
-        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(runs) + 3), 4))
-        strategies = []
+        series = {}
         for r in case_rows:
-            if r["strategy_id"] not in strategies:
-                strategies.append(r["strategy_id"])
-        for k, s in enumerate(strategies):
-            pts = sorted((int(r["run_index"]), num(r["time_us_median"]), r["status"])
-                         for r in case_rows if r["strategy_id"] == s
-                         and num(r["time_us_median"]) is not None)
-            if not pts:
+            if num(r["time_us_median"]) is not None:
+                series.setdefault(r["strategy_id"], []).append(
+                    (int(r["run_index"]), num(r["time_us_median"]), r["status"]))
+        if not series:
+            continue  # no run timed this case: no plot rather than an empty one
+        # The series that moved: the newest run MOVED off the median of the earlier ones, or a
+        # run that failed. They are drawn in colour and named, the largest change first (at most
+        # 10); the rest in grey, unnamed.
+        changes = []
+        for s, pts in series.items():
+            pts.sort()
+            earlier = sorted(p[1] for p in pts[:-1])
+            change = 0.0
+            if earlier:
+                mid = earlier[len(earlier) // 2]
+                change = abs(pts[-1][1] - mid) / mid if mid > 0 else 0.0
+            bad = any(p[2] in ("fail", "error") for p in pts)
+            if change > MOVED or bad:
+                changes.append((-(float("inf") if bad else change), s))
+        moved = [s for _, s in sorted(changes)[:10]]
+        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(runs) + 3), 4))
+        for s, pts in series.items():
+            if s in moved:
                 continue
-            colour = "C%d" % (k % 10)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=2,
+                    linewidth=0.8, color="#bbbbbb")
+        for k, s in enumerate(moved):
+            pts = series[s]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
-                    linewidth=1, color=colour, label=s if len(strategies) <= 12 else None)
+                    linewidth=1.2, color="C%d" % (k % 10), label=s, zorder=2)
             bad = [p for p in pts if p[2] in ("fail", "error")]
             if bad:
                 ax.scatter([p[0] for p in bad], [p[1] for p in bad], marker="x", s=50,
@@ -51,9 +72,12 @@ def plot(report_dir, out_dir):
         ax.set_xticks(runs)
         ax.set_xticklabels([run_label[i] for i in runs], rotation=45, ha="right", fontsize=7)
         ax.set_ylabel("median step time (us)")
+        note = ("%d of %d moved > %d%% or failed (named); grey: the rest" %
+                (len(moved), len(series), round(MOVED * 100)) if moved else
+                "no series moved > %d%% or failed (grey)" % round(MOVED * 100))
         ax.set_title("Median time over runs: " + case_rows[0]["suite"] + "/" +
-                     case_rows[0]["case"] + "  (x: fail or error)", fontsize=10)
-        if len(strategies) <= 12:
+                     case_rows[0]["case"] + "\n" + note + "  (x: fail or error)", fontsize=9)
+        if moved:
             ax.legend(fontsize=6)
         files.append(save(fig, out_dir, "history_" + slug))
     return files
