@@ -460,6 +460,31 @@ check "--trace with names '..': every file inside DIR" 0 "inside" -- bash -c \
   '"$1" run "$2" --trace "$3/tr/a/b/t" --out "$3/tr-out" >/dev/null &&
    [ -z "$(find "$3/tr" -name "*.trace.json" -not -path "$3/tr/a/b/t/*")" ] &&
    [ -n "$(find "$3/tr/a/b/t" -name "*.trace.json")" ] && echo inside' _ "$sb" "$tmp/dots.yaml" "$tmp"
+# Crashes (issue 60): a value of the wrong type where a parser expected another is exit 2 naming
+# it, in a suite's shape and in a results.json the report reads, never an abort.
+cat > "$tmp/ts-type.yaml" <<'Y'
+suite: ts
+cases:
+  - name: a
+    workload: torchscript
+    shape: {file: /nonexistent.pt, inputs: [{shape: [4, 16], dtype: 5, low: 0, high: 64}]}
+    mesh: 1
+    strategies: ["sharding/fsdp/ddp"]
+Y
+check "a torchscript input's dtype: 5 is exit 2 naming it" 2 "inputs\[0\]\.dtype: expected" -- \
+  "$sb" run "$tmp/ts-type.yaml" --out "$tmp/ts-type"
+for junk in '"x"' '{"found": "yes"}' '{"found": true, "ranks": ["a"]}' '{"check": 5}'; do
+  rm -rf "$tmp/div" && cp -r "$tmp/keep" "$tmp/div"
+  python3 - "$tmp/div/results.json" "$junk" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["records"]:
+    r["details"]["first_divergence"] = json.loads(sys.argv[2])
+json.dump(d, open(sys.argv[1], "w"))
+PY
+  check "report on first_divergence $junk: exit 2 naming the key" 2 \
+    "details.first_divergence.*expected" -- "$sb" report "$tmp/div" --out "$tmp/div/rep" --no-plots
+done
 printf 'suite: "a\\u0007b"\ncases: []\n' > "$tmp/bell.yaml"
 check "a suite name with a control character is exit 2 naming key 'suite'" 2 "key 'suite'" -- \
   "$sb" run "$tmp/bell.yaml" --out "$tmp/bell"

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <utility>
@@ -257,6 +258,79 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   if (!j.is_object() || !j.contains("records") || !j.at("records").is_array()) {
     throw ReportInputError(path + ": expected an object with a 'records' array");
   }
+  // The JSON the report reads past the CSV, type-checked here so that a hand-edited or hostile
+  // results.json is bad input naming the key, never an abort in a table or a trace.
+  const auto bad = [](const std::string& where, const std::string& expected,
+                      const nlohmann::json& got) {
+    std::string text = got.dump();
+    if (text.size() > 80) text = text.substr(0, 77) + "...";
+    throw ReportInputError(where + ": expected " + expected + ", got " + text);
+  };
+  const auto checkDivergence = [&](const nlohmann::json& d, const std::string& where) {
+    if (!d.is_object()) bad(where, "an object", d);
+    const auto typed = [&](const nlohmann::json& o, const std::string& at, const char* key,
+                           bool (nlohmann::json::*is)() const noexcept, const char* what) {
+      if (o.contains(key) && !(o.at(key).*is)()) bad(at + "." + key, what, o.at(key));
+    };
+    for (const char* k : {"error", "node", "phase", "tensor"}) {
+      typed(d, where, k, &nlohmann::json::is_string, "a string");
+    }
+    typed(d, where, "found", &nlohmann::json::is_boolean, "true or false");
+    for (const char* k : {"compared", "rank", "index", "of"}) {
+      typed(d, where, k, &nlohmann::json::is_number_integer, "an integer");
+    }
+    if (d.contains("ranks")) {
+      const auto& ranks = d.at("ranks");
+      if (!ranks.is_array() || ranks.size() > 65536) bad(where + ".ranks", "a list of ranks", ranks);
+      for (const auto& x : ranks) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > 65535) {
+          bad(where + ".ranks", "ranks from 0 to 65535", x);
+        }
+      }
+    }
+    if (d.contains("check")) {
+      const auto& c = d.at("check");
+      if (!c.is_object()) bad(where + ".check", "an object", c);
+      typed(c, where + ".check", "problem", &nlohmann::json::is_string, "a string");
+      for (const char* k : {"mismatches", "numel"}) {
+        typed(c, where + ".check", k, &nlohmann::json::is_number_integer, "an integer");
+      }
+    }
+  };
+  // A pipeline run's timeline: at most 65536 ranks and a million actions over both runs (what
+  // the trace and the plot draw), each a named span of finite times.
+  const auto checkPipelineRun = [&](const nlohmann::json& r, const std::string& where,
+                                    size_t& actions) {
+    if (r.contains("schedule") && !r.at("schedule").is_string()) {
+      bad(where + ".schedule", "a string", r.at("schedule"));
+    }
+    const auto& ranks = r.at("per_rank");
+    if (ranks.size() > 65536) bad(where + ".per_rank", "at most 65536 ranks", ranks.size());
+    for (const auto& rank : ranks) {
+      if (!rank.is_object()) bad(where + ".per_rank[]", "an object", rank);
+      if (rank.contains("rank") && (!rank.at("rank").is_number_integer() ||
+                                    rank.at("rank").get<int64_t>() < 0 ||
+                                    rank.at("rank").get<int64_t>() > 65535)) {
+        bad(where + ".per_rank[].rank", "a rank from 0 to 65535", rank.at("rank"));
+      }
+      if (!rank.contains("actions")) continue;
+      const auto& list = rank.at("actions");
+      if (!list.is_array()) bad(where + ".per_rank[].actions", "a list", list);
+      actions += list.size();
+      if (actions > 1000000) bad(where, "at most a million timeline actions", actions);
+      for (const auto& a : list) {
+        if (!a.is_object()) bad(where + ".per_rank[].actions[]", "an object", a);
+        if (a.contains("action") && !a.at("action").is_string()) {
+          bad(where + ".per_rank[].actions[].action", "a string", a.at("action"));
+        }
+        for (const char* k : {"start_us", "end_us"}) {
+          if (a.contains(k) && (!a.at(k).is_number() || !std::isfinite(a.at(k).get<double>()))) {
+            bad(where + ".per_rank[].actions[]." + k, "a finite number", a.at(k));
+          }
+        }
+      }
+    }
+  };
   // Per field, the last record of a key that has it (as `run` writes one record per key).
   std::map<std::string, const nlohmann::json*> divergences, comms, pipelines;
   for (const auto& r : j.at("records")) {
@@ -277,7 +351,9 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     }
   }
   for (auto& row : rows) {
+    const std::string where = path + ": case '" + row.caseName + "', " + row.strategyId + ": ";
     if (auto it = divergences.find(row.key()); it != divergences.end()) {
+      checkDivergence(*it->second, where + "details.first_divergence");
       row.firstDivergence = *it->second;
     }
     if (auto it = comms.find(row.key()); it != comms.end()) row.commByNode = *it->second;
@@ -296,6 +372,14 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
         return r;
       };
       nlohmann::json m = run("measured"), pr = run("predicted");
+      size_t actions = 0;
+      using Side = std::pair<const char*, const nlohmann::json*>;
+      const std::initializer_list<Side> sides = {{"measured", &m}, {"predicted", &pr}};
+      for (const auto& [side, r] : sides) {
+        if (!r->is_null()) {
+          checkPipelineRun(*r, where + "details.executor.pipeline." + side + ".run", actions);
+        }
+      }
       if (!m.is_null()) row.pipelineRuns = {{"measured", m}, {"predicted", pr}};
     }
   }

@@ -422,6 +422,16 @@ Suite parseSuite(const std::string& text, const std::string& file) {
     } catch (const std::logic_error& e) {
       // The graph workloads say what is wrong with a shape as std::invalid_argument.
       fail(file, node["shape"] ? node["shape"] : node, "case '" + c.name + "': " + e.what());
+    } catch (const nlohmann::json::exception& e) {
+      // A parser that read a value as the type it expected without asking first (`dtype: 5`
+      // where a name belongs): bad input naming the case and the workload, never an abort.
+      std::string what = e.what();
+      if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos) {
+        what = what.substr(what.find("] ") + 2);
+      }
+      fail(file, node["shape"] ? node["shape"] : node,
+           "case '" + c.name + "': " + c.workload + ": a shape value of the wrong type (" + what +
+               ")");
     }
     // A sweep is the cartesian product of its lists: one case per combination, named
     // NAME/key=value/..., the values in its params.

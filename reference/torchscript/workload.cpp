@@ -52,6 +52,10 @@ InputSpec InputSpec::fromJson(const nlohmann::json& j, const std::string& where)
     }
   }
   s.shape = dimsFrom(j.at("shape"), where + ".shape");
+  if (j.contains("dtype") && !j.at("dtype").is_string()) {
+    throw ImportError(where + ".dtype: expected float32, float64 or int64, got " +
+                      j.at("dtype").dump());
+  }
   const std::string dt = j.value("dtype", std::string("float32"));
   if (dt == "float32" || dt == "float" || dt == "float64") {
     s.dtype = "float";
@@ -137,6 +141,10 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
     s.inputs.push_back(InputSpec::fromJson(shape.at("inputs")[i],
                                            "torchscript: inputs[" + std::to_string(i) + "]"));
   }
+  if (shape.contains("params") && !shape.at("params").is_string()) {
+    throw ImportError("torchscript: shape key 'params' must be module or seed, got " +
+                      shape.at("params").dump());
+  }
   const std::string params = shape.value("params", std::string("module"));
   if (params != "module" && params != "seed") {
     throw ImportError("torchscript: shape key 'params' is '" + params +
@@ -162,6 +170,10 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
     }
   }
   if (shape.contains("import_fault")) {
+    if (!shape.at("import_fault").is_string()) {
+      throw ImportError("torchscript: import_fault must be a name, got " +
+                        shape.at("import_fault").dump());
+    }
     s.fault = shape.at("import_fault").get<std::string>();
     if (s.fault != "wrong_parameter" && s.fault != "shape_constant_off_by_one" &&
         s.fault != "cut_where_two_cross" && s.fault != "export_wrong_weight") {
