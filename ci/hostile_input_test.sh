@@ -485,6 +485,12 @@ PY
   check "report on first_divergence $junk: exit 2 naming the key" 2 \
     "details.first_divergence.*expected" -- "$sb" report "$tmp/div" --out "$tmp/div/rep" --no-plots
 done
+# A case named like mathtext ("$x_{1$") is drawn as text: every plot of the report is there.
+sed "s/name: lin/name: '\$x_{1\$'/" "$tmp/ok.yaml" > "$tmp/math.yaml"
+check "a case named '\$x_{1\$': its plots drawn" 0 "^drawn$" -- bash -c \
+  '"$1" run "$2" --out "$3" >/dev/null && "$1" report "$3" >/dev/null 2>"$3/err" &&
+   ls "$3"/plots/time_*.png "$3"/plots/errors_*.png >/dev/null && ! grep -qi "plot.*fail\|missing" "$3/err" &&
+   echo drawn' _ "$sb" "$tmp/math.yaml" "$tmp/math"
 printf 'suite: "a\\u0007b"\ncases: []\n' > "$tmp/bell.yaml"
 check "a suite name with a control character is exit 2 naming key 'suite'" 2 "key 'suite'" -- \
   "$sb" run "$tmp/bell.yaml" --out "$tmp/bell"

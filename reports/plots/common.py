@@ -10,6 +10,10 @@ import os
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on CI machines
+# Names are text, never mathtext: a case called "$x$" or "a_$b" is drawn as written, not parsed
+# (a parse error would cost every plot of the report).
+if "text.parse_math" in matplotlib.rcParams:
+    matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt  # noqa: E402
 
 STATUS_COLOURS = {
