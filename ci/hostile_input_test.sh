@@ -155,6 +155,7 @@ wait_lock "$tmp/busy"
 check "a second run into the same --out is refused, naming the first" 2 \
   "is in use by another run \(pid $first\)" -- "$sb" run "$tmp/ok.yaml" --out "$tmp/busy"
 wait "$first"
+check "a finished run leaves no lock file in its folder" 0 "" -- bash -c "[ ! -e '$tmp/busy/.stratbench.lock' ]"
 check "the first run's files are one set" 0 "" -- python3 - "$tmp/busy" <<'PY'
 import csv, json, sys
 rows = list(csv.DictReader(open(sys.argv[1] + "/results.csv")))

@@ -337,9 +337,27 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
               "': ", ec.message());
   TORCH_CHECK(::access(dir_.c_str(), W_OK) == 0, "output directory '", dir_, "' is not writable");
   const std::string lockPath = dir_ + "/.stratbench.lock";
-  lockFd_ = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  TORCH_CHECK(lockFd_ >= 0, "cannot open ", lockPath, ": ", std::strerror(errno));
-  if (::flock(lockFd_, LOCK_EX | LOCK_NB) != 0) {
+  // The lock file goes when its holder is done (the destructor unlinks it while still holding
+  // it), so a lock taken on a file that was unlinked meanwhile is no lock: taken again on the
+  // file the path now names.
+  for (int attempt = 0;; ++attempt) {
+    lockFd_ = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    TORCH_CHECK(lockFd_ >= 0, "cannot open ", lockPath, ": ", std::strerror(errno));
+    if (::flock(lockFd_, LOCK_EX | LOCK_NB) != 0) break;  // held: refused below
+    struct stat held = {}, named = {};
+    if (::fstat(lockFd_, &held) == 0 && ::stat(lockPath.c_str(), &named) == 0 &&
+        held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
+      const std::string pid = std::to_string(::getpid()) + "\n";
+      (void)!::ftruncate(lockFd_, 0);
+      (void)!::pwrite(lockFd_, pid.data(), pid.size(), 0);
+      write();
+      return;
+    }
+    ::close(lockFd_);
+    lockFd_ = -1;
+    TORCH_CHECK(attempt < 100, "cannot lock ", lockPath, ": it is replaced as fast as it is taken");
+  }
+  {
     char buf[32] = {};
     const ssize_t n = ::pread(lockFd_, buf, sizeof buf - 1, 0);
     ::close(lockFd_);
@@ -349,10 +367,6 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
     throw OutputBusy("output directory '" + dir_ + "' is in use by another run (pid " + pid +
                      "): wait for it, or give this run another --out");
   }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  (void)!::ftruncate(lockFd_, 0);
-  (void)!::pwrite(lockFd_, pid.data(), pid.size(), 0);
-  write();
 }
 
 ResultWriter::~ResultWriter() {
@@ -363,8 +377,11 @@ ResultWriter::~ResultWriter() {
               << "\n";
   }
   if (lockFd_ >= 0) {
-    (void)!::ftruncate(lockFd_, 0);  // no pid: nobody holds it
-    ::close(lockFd_);                // releases the lock
+    // The folder keeps no lock file: unlinked while held (a run waiting on this file sees it
+    // gone and takes the new one), then released.
+    (void)!::ftruncate(lockFd_, 0);
+    ::unlink((dir_ + "/.stratbench.lock").c_str());
+    ::close(lockFd_);
   }
 }
 

@@ -152,8 +152,9 @@ std::string csvRow(const Record& r);
 // Writes a run's `results.csv` and `results.json` into a directory, one consistent set:
 //
 //   - The directory is locked for the writer's lifetime (an flock on `.stratbench.lock`, which
-//     holds the owner's pid): a second run into it is refused with the first one's pid, and a
-//     lock left by a process that died is free again.
+//     holds the owner's pid; unlinked, still held, when the writer goes): a second run into it
+//     is refused with the first one's pid, and a lock left by a process that died is free
+//     again.
 //   - While the run goes on, the records so far go to `results.partial.csv` and
 //     `results.partial.json` (rewritten together, at most once per `kFlushInterval` while
 //     records arrive, at every flush() and when the writer is destroyed), so an interrupted run
