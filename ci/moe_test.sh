@@ -129,6 +129,7 @@ if ! "$py" -c "from torch.distributed.tensor import distribute_module" 2>/dev/nu
   check "no PyTorch 2.x: every torch/ep row unsupported, saying so" 0 "total +0 +0 +0 +6$" -- \
     "$sb" run suites/moe.yaml --filter '^torch/ep$' --out "$tmp/torch-missing" --repetitions 1
   finish
+  exit
 fi
 check "torch/ep: PyTorch's MoE layer passes every dropless [ep] and [dp, ep] case" 0 \
   "total +6 +0 +0 +0$" -- \

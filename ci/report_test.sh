@@ -57,9 +57,10 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 rm -f "$tmp/rep/plots/"*.png
 check "plot scripts run headless" 0 "" -- env -u DISPLAY "$py" "$src/reports/plots/make_plots.py" "$tmp/rep"
-# No warning on the console: every warning an error, the scripts run again, nothing on stderr.
+# No warning on the console: every warning shown (once per place), the scripts run again,
+# nothing on stderr.
 check "the plot scripts warn of nothing" 0 "^quiet$" -- bash -c \
-  'env -u DISPLAY PYTHONWARNINGS=error "$1" "$2" "$3" 2>"$3/plot-stderr" >/dev/null &&
+  'env -u DISPLAY PYTHONWARNINGS=default "$1" "$2" "$3" 2>"$3/plot-stderr" >/dev/null &&
    [ ! -s "$3/plot-stderr" ] && echo quiet || cat "$3/plot-stderr"' _ "$py" \
   "$src/reports/plots/make_plots.py" "$tmp/rep"
 # The error plot: a finite ratio far past the old ceiling (2.9e5) drawn as a value, not as
