@@ -4,6 +4,7 @@
 #include "strategies/sharding/matmul_scratch.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
 #include <functional>
@@ -42,6 +43,20 @@ int64_t linearScratchBytes(at::IntArrayRef xSizes, at::IntArrayRef wSizes, bool 
   const at::Tensor x = at::zeros(xSizes, opts), w = at::zeros(wSizes, opts);
   const at::Tensor b = bias ? at::zeros({wSizes[0]}, opts) : at::Tensor();
   return heldBeyondResult([&] { return at::linear(x, w, b); });
+}
+
+bool linearRunsAddmm(at::IntArrayRef xSizes, at::IntArrayRef wSizes, at::ScalarType dtype) {
+  const auto opts = at::TensorOptions().dtype(dtype).device(reference::caseDevice());
+  const at::AutoGradMode grad(true);
+  const at::Tensor x = at::zeros(xSizes, opts).requires_grad_(true);
+  const at::Tensor w = at::zeros(wSizes, opts), b = at::zeros({wSizes[0]}, opts);
+  const at::Tensor y = at::linear(x, w, b);
+  // Through the views that fold the rows back into the input's shape, to the product.
+  auto node = y.grad_fn();  // shared_ptr (1.13) or intrusive_ptr (2.x)
+  while (node && node->name().find("View") != std::string::npos && !node->next_edges().empty()) {
+    node = node->next_edges()[0].function;
+  }
+  return node && node->name() == "AddmmBackward0";
 }
 
 }  // namespace sb::strategies

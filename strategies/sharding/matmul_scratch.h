@@ -26,4 +26,10 @@ int64_t matmulScratchBytes(at::IntArrayRef aSizes, bool aTransposed, at::IntArra
 int64_t linearScratchBytes(at::IntArrayRef xSizes, at::IntArrayRef wSizes, bool bias,
                            at::ScalarType dtype);
 
+// Whether at::linear(x, w, bias) on a contiguous input of these sizes runs one fused addmm
+// (its backward AddmmBackward0: the input's gradient first, then the weight's, then the
+// bias's) rather than a product and an add (the bias's gradient first). Asked of this LibTorch,
+// whose rule moved: 1.13 fuses a 2-D or 3-D input, 2.x any contiguous one.
+bool linearRunsAddmm(at::IntArrayRef xSizes, at::IntArrayRef wSizes, at::ScalarType dtype);
+
 }  // namespace sb::strategies

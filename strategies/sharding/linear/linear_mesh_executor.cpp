@@ -58,9 +58,11 @@ void LinearMeshExecutor::prepare(RankContext& ctx, const reference::WorkloadData
   {
     const int64_t k = x_.size(-1), n = w_.size(0), rows = x_.numel() / std::max<int64_t>(k, 1);
     const bool fusedBias = b_.defined() && !inGroup_;
-    // at::linear runs addmm for a 2-D input, or a contiguous 3-D one, with a bias; matmul
-    // (mm on the flattened input) otherwise.
-    fusedAddmm_ = fusedBias && (x_.dim() == 2 || (x_.dim() == 3 && x_.is_contiguous()));
+    // at::linear runs one addmm with a bias for a 2-D input and a contiguous 3-D one (1.13), or
+    // any contiguous one (2.x), matmul and an add otherwise: asked of this LibTorch.
+    fusedAddmm_ = fusedBias && (x_.dim() == 2 || (x_.is_contiguous() &&
+                                                  linearRunsAddmm(x_.sizes(), w_.sizes(),
+                                                                  case_.dtype)));
     scratchForward_ = linearScratchBytes(x_.sizes(), w_.sizes(), fusedBias, case_.dtype);
     scratchGradWeight_ = matmulScratchBytes({n, rows}, true, {rows, k}, false, case_.dtype);
     scratchGradInput_ = matmulScratchBytes({rows, n}, false, {n, k}, false, case_.dtype);
