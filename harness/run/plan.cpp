@@ -34,22 +34,20 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
       throw InputError("--plant-rank-fault needs a multi-process backend (--backend gloo)");
     }
   }
-  std::optional<IdPattern> filter;
-  if (!options.filter.empty()) {
+  // --filter (strategy ids) and --case (case names): none, or a pattern, bad input naming the
+  // option where it is not one.
+  const auto pattern = [](const std::string& text, const char* option) {
+    std::optional<IdPattern> p;
+    if (text.empty()) return p;
     try {
-      filter.emplace(options.filter);
+      p.emplace(text);
     } catch (const std::invalid_argument& e) {
-      throw InputError(std::string("--filter: ") + e.what());
+      throw InputError(std::string(option) + ": " + e.what());
     }
-  }
-  std::optional<IdPattern> caseFilter;
-  if (!options.caseFilter.empty()) {
-    try {
-      caseFilter.emplace(options.caseFilter);
-    } catch (const std::invalid_argument& e) {
-      throw InputError(std::string("--case: ") + e.what());
-    }
-  }
+    return p;
+  };
+  const std::optional<IdPattern> filter = pattern(options.filter, "--filter");
+  const std::optional<IdPattern> caseFilter = pattern(options.caseFilter, "--case");
   auto& registry = StrategyRegistry::global();
   std::vector<PlannedCase> plan;
   size_t selected = 0;
