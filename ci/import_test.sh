@@ -22,19 +22,33 @@ ids='{"shape": [4, 16], "dtype": "int64", "low": 0, "high": 64}'
 # build's models there.
 suite="$tmp/imported.yaml"
 sed "s#build/models/#$models/#g" "$src/suites/imported.yaml" > "$suite"
-check "imported suite: every row passes but those unsupported, saying why" 0 "total +68 +0 +0 +22" -- \
+# (68 pass, 22 unsupported; where this CPU's oneDNN convolution backward holds more than every
+# other stage's tapes, the 5 schedules of vit-checkpoint-budget are unsupported too: below.)
+check "imported suite: every row passes but those unsupported, saying why" 0 \
+  "total +(68 +0 +0 +22|63 +0 +0 +27)$" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 1 --min-time 0.0001
 check "unsupported rows say why; communication, plans' and checkpointed peaks as predicted" 0 "ok" -- \
   python3 - "$tmp/suite/results.csv" <<'PY'
-import csv, sys
+import csv, re, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 why = {"sharding/auto/megatron": "not recognised", "checkpointing/none": "no none schedule fits",
        "checkpointing/rotor": "one floating input", "chunking/": "not searched for yet",
        "sharding/fsdp/hsdp": "needs a 2-D mesh", "sharding/fsdp/": "batch norm (bn1.batch_norm)",
        "sharding/cp/": "does not find yet"}
-checkpointed, exact, cp = 0, 0, []
+checkpointed, exact, cp, floored = 0, 0, [], []
 peak = {}
+floor = re.compile(r"no \w+ schedule fits a budget of (\d+) bytes .*checkpointing every stage "
+                   r"needs (\d+)")
 for r in rows:
+    m = floor.search(r["message"])
+    if (r["status"] == "unsupported" and r["case"] == "vit-checkpoint-budget" and m and
+            r["strategy_id"] != "checkpointing/none"):
+        # The host's floor: the solver proves no schedule fits (every stage checkpointed needs
+        # at least the budget), as it does on a CPU whose oneDNN convolution backward (stage 0)
+        # holds more than the other stages' tapes; named, counted, never silently passed.
+        assert int(m.group(2)) > int(m.group(1)), r["message"]
+        floored.append(r["strategy_id"])
+        continue
     if r["status"] == "unsupported":
         reason = [v for k, v in why.items() if r["strategy_id"].startswith(k)]
         assert reason and reason[0] in r["message"], r
@@ -58,7 +72,10 @@ for r in rows:
         # The plan's replay within the 5% it claims, on this LibTorch's own allocations
         # (what an imported operator's node saves is learned, not assumed).
         assert "memory" not in r["mispredicted"], r
-assert checkpointed == 30, checkpointed
+assert checkpointed + len(floored) == 30 and len(floored) in (0, 5), (checkpointed, floored)
+if floored:
+    print("note: vit-checkpoint-budget below this host's floor (oneDNN's convolution backward):",
+          ", ".join(floored))
 assert exact == 13, exact
 # Context parallelism named by id and matched by a pattern: one row each, none vanished.
 assert sorted(cp) == ["sharding/cp/ring/allgather", "sharding/cp/ring/p2p", "sharding/cp/ulysses"], cp
