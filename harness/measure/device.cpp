@@ -180,7 +180,7 @@ std::string cudaDeviceDescription(int index) {
 #if SB_TORCH_CUDA
   if (index < 0 || index >= cudaDeviceCount()) return "";
   const cudaDeviceProp* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
-  char buf[256];
+  char buf[400];  // the name (up to 255 bytes) and the rest
   std::snprintf(buf, sizeof(buf), "%s (sm_%d%d, %d SMs, %.1f GiB)", p->name, p->major, p->minor,
                 p->multiProcessorCount, static_cast<double>(p->totalGlobalMem) / (1 << 30));
   return buf;
