@@ -486,6 +486,17 @@ PY
   check "report on first_divergence $junk: exit 2 naming the key" 2 \
     "details.first_divergence.*expected" -- "$sb" report "$tmp/div" --out "$tmp/div/rep" --no-plots
 done
+# A results.json of another schema is refused, naming it (it was read silently).
+rm -rf "$tmp/schema" && cp -r "$tmp/keep" "$tmp/schema"
+python3 - "$tmp/schema/results.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["schema_version"] = 99
+json.dump(d, open(sys.argv[1], "w"))
+PY
+check "report on a results.json of schema_version 99: exit 2 naming it" 2 \
+  "results.json: schema_version 99: expected [0-9]+" -- \
+  "$sb" report "$tmp/schema" --out "$tmp/schema/rep" --no-plots
 # A case named like mathtext ("$x_{1$") is drawn as text: every plot of the report is there.
 sed "s/name: lin/name: '\$x_{1\$'/" "$tmp/ok.yaml" > "$tmp/math.yaml"
 check "a case named '\$x_{1\$': its plots drawn" 0 "^drawn$" -- bash -c \

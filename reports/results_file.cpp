@@ -258,6 +258,15 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   if (!j.is_object() || !j.contains("records") || !j.at("records").is_array()) {
     throw ReportInputError(path + ": expected an object with a 'records' array");
   }
+  // The schema it was written in: the CSV beside it says the same (checked row by row there).
+  if (!j.contains("schema_version") || !j.at("schema_version").is_number_integer() ||
+      j.at("schema_version").get<int64_t>() != harness::kSchemaVersion) {
+    throw ReportInputError(path + ": schema_version " +
+                           (j.contains("schema_version") ? j.at("schema_version").dump()
+                                                         : std::string("missing")) +
+                           ": expected " + std::to_string(harness::kSchemaVersion) +
+                           ", the schema this stratbench reads");
+  }
   // The JSON the report reads past the CSV, type-checked here so that a hand-edited or hostile
   // results.json is bad input naming the key, never an abort in a table or a trace.
   const auto bad = [](const std::string& where, const std::string& expected,
