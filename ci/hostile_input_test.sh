@@ -486,6 +486,11 @@ PY
   check "report on first_divergence $junk: exit 2 naming the key" 2 \
     "details.first_divergence.*expected" -- "$sb" report "$tmp/div" --out "$tmp/div/rep" --no-plots
 done
+# GLOO_SOCKET_IFNAME naming no interface: every rank exit 2 naming it (gloo aborted them).
+check "GLOO_SOCKET_IFNAME naming no interface: exit 2 naming it" 2 \
+  "GLOO_SOCKET_IFNAME='nosuch0': no such network interface on this host \(it has: lo" -- \
+  env GLOO_SOCKET_IFNAME=nosuch0 timeout 120 "$sb" launch -n 2 -- run "$tmp/ok.yaml" \
+  --backend gloo --out "$tmp/gloo-if"
 # A results.json of another schema is refused, naming it (it was read silently).
 rm -rf "$tmp/schema" && cp -r "$tmp/keep" "$tmp/schema"
 python3 - "$tmp/schema/results.json" <<'PY'

@@ -5,6 +5,7 @@
 #include "harness/comm/c10d_internal.h"
 
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "harness/error.h"
 #include "harness/measure/memory.h"
 
 #if SB_HAVE_GLOO
@@ -75,6 +77,18 @@ bool flattensOnCaller(CollectiveGroup& group, int size, int rank) {
 
 void makeGlooDevice(SessionState& s, const DistEnv& env) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    // Gloo aborts the process on an interface that is not there: asked first, bad input.
+    if (::if_nametoindex(ifname) == 0) {
+      std::string have;
+      if (struct if_nameindex* all = ::if_nameindex()) {
+        for (const struct if_nameindex* i = all; i->if_index != 0 && i->if_name; ++i) {
+          have += (have.empty() ? "" : ", ") + std::string(i->if_name);
+        }
+        ::if_freenameindex(all);
+      }
+      throw InputError(std::string("GLOO_SOCKET_IFNAME='") + ifname +
+                       "': no such network interface on this host (it has: " + have + ")");
+    }
     s.glooDevice = ::c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
     s.localAddress = std::string("interface ") + ifname;
   } else {
