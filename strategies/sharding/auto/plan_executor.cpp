@@ -110,14 +110,19 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   heldBytes_ = static_cast<int64_t>(seed_.nbytes());
   for (const auto& [name, l] : leaves_) heldBytes_ += static_cast<int64_t>(l.nbytes());
   for (const auto& [key, t] : data_) heldBytes_ += static_cast<int64_t>(t.nbytes());
+  for (const auto& e : solved_->edges) edgeOf_[{e.node, e.operand}] = &e;
   auto& mem = harness::MemoryTracker::instance();
   std::vector<PlanMemoryEvent> log;
-  try {
-    stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
-                               mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_);
-    replayed_ = true;
-  } catch (const PlanMemoryUnknown& e) {
-    notReplayed_ = e.what();
+  if (recompute_) {
+    notReplayed_ = noReplayReason_;
+  } else {
+    try {
+      stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
+                                 mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_);
+      replayed_ = true;
+    } catch (const PlanMemoryUnknown& e) {
+      notReplayed_ = e.what();
+    }
   }
   for (const auto& e : log) {
     fprintf(stderr, "model %+lld %s\n", static_cast<long long>(e.bytes), e.what.c_str());
@@ -148,8 +153,10 @@ void PlanExecutor::step(RankContext& ctx) {
   runners_.clear();
   for (auto& [name, l] : leaves_) l.mutable_grad().reset();
   startCapture(ctx);
+  startPass(ctx);
   at::Tensor out = forward(ctx);
   reference::backward({out}, {seed_});
+  endPass();
   endCapture();
   results_["output"] = out.detach();
   for (const auto& [name, l] : leaves_) results_["grad/" + name] = l.grad();
@@ -180,10 +187,12 @@ void PlanExecutor::trainSteps(RankContext& ctx) {
     double loss = 0;
     {
       if (k == 0) startCapture(ctx);
+      startPass(ctx);
       const at::Tensor out = forward(ctx);
       // Seeded with the target, d sum(output * target) / d output, as the one-step backward is
       // (the plan's memory model counts that backward); the loss from the output after it.
       reference::backward({out}, {seed_});
+      endPass();
       endCapture();
       at::Tensor total =
           outputCounted_ ? (out.detach() * seed_).sum() : at::zeros({}, out.options());
@@ -205,68 +214,38 @@ std::map<std::string, at::Tensor> PlanExecutor::results() const {
 }
 
 at::Tensor PlanExecutor::forward(RankContext& ctx) {
-  const auto& m = *solved_->model;
-  const auto& g = m.graph();
-  const auto& choice = solved_->plan.choice;
+  const auto& g = solved_->model->graph();
   // How many reads each value has left, to drop it after its last.
   std::map<std::string, int> reads;
   for (const auto& n : g.nodes) {
     for (const auto& a : n.args) ++reads[a];
   }
-  std::map<std::pair<int, size_t>, const PlanEdge*> edges;
-  for (const auto& e : solved_->edges) edges[{e.node, e.operand}] = &e;
   bool faultDone = !fault_;
   std::map<std::string, at::Tensor> values;
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const auto& n = g.nodes[v];
-    const Candidate& cand = m.candidates(v)[choice[v]];
     // run --trace: the node's forward (its edges' redistributions in it) as a span.
     const harness::TraceScope span("node", n.name);
-    const harness::CommSiteScope site(n.name);
-    std::vector<at::Tensor> local;
-    for (size_t i = 0; i < n.args.size(); ++i) {
-      const std::string& a = n.args[i];
-      at::Tensor t;
-      if (g.isInput(a)) {
-        t = data_.at({static_cast<int>(v), i});
-      } else if (g.isParameter(a)) {
-        t = leaves_.at(a);
-      } else {
-        t = values.at(a);
-      }
-      if (auto it = edges.find({static_cast<int>(v), i}); it != edges.end()) {
-        const PlanEdge& e = *it->second;
-        if (!faultDone) {
-          // The planted fault: no redistribution; the piece cut or padded to the expected shape.
-          faultDone = true;
-          const auto want =
-              cand.op.operands[i].box(e.geometry.shape, case_.mesh, ctx.mesh().coords(ctx.rank()));
-          for (int64_t d = 0; d < t.dim(); ++d) {
-            if (t.size(d) > want.length[d]) t = t.narrow(d, 0, want.length[d]);
-          }
-          std::vector<int64_t> pad;
-          for (int64_t d = t.dim() - 1; d >= 0; --d) {
-            pad.push_back(0);
-            pad.push_back(want.length[d] - t.size(d));
-          }
-          t = at::constant_pad_nd(t, pad, 0);
-          if (capture_) capture_->operand(v, i, t);
-        } else {
-          runners_.push_back(
-              std::make_unique<harness::RedistRunner>(e.geometry, e.forward, ctx, case_.dtype));
-          const harness::RedistRunner* fwd = runners_.back().get();
-          runners_.push_back(
-              std::make_unique<harness::RedistRunner>(e.geometry, e.backward, ctx, case_.dtype));
-          t = EdgeRedistribute::apply(t, fwd, runners_.back().get());
-          if (capture_) capture_->operand(v, i, t);
-        }
-      }
-      local.push_back(t);
-      if (!g.isInput(a) && !g.isParameter(a) && --reads[a] == 0 && a != g.output) values.erase(a);
+    std::vector<at::Tensor> outs;
+    {
+      const auto hooks = recompute_ ? recompute_->nodeHooks(static_cast<int>(v)) : nullptr;
+      outs = nodeForward(
+          ctx, v,
+          [&](size_t i) -> at::Tensor {
+            const std::string& a = n.args[i];
+            if (g.isInput(a)) return data_.at({static_cast<int>(v), i});
+            if (g.isParameter(a)) return leaves_.at(a);
+            return values.at(a);
+          },
+          [&](size_t i) {
+            const std::string& a = n.args[i];
+            if (!g.isInput(a) && !g.isParameter(a) && --reads[a] == 0 && a != g.output) {
+              values.erase(a);
+            }
+          },
+          faultDone, 0, true);
     }
-    auto outs = runOp(cand.op, ctx, local, case_.seed + n.seedOffset);
-    local.clear();
-    if (capture_) capture_->outputs(v, outs);
+    if (recompute_) recompute_->nodeDone(static_cast<int>(v), outs);
     const auto names = n.outputs();
     for (size_t j = 0; j < names.size(); ++j) {
       if (reads[names[j]] > 0 || names[j] == g.output) values[names[j]] = outs[j];
@@ -280,6 +259,80 @@ at::Tensor PlanExecutor::forward(RankContext& ctx) {
   at::Tensor out = values.at(g.output);
   values.clear();
   return out;
+}
+
+std::vector<at::Tensor> PlanExecutor::nodeForward(RankContext& ctx, size_t v,
+                                                  const std::function<at::Tensor(size_t)>& operand,
+                                                  const std::function<void(size_t)>& taken,
+                                                  bool& faultDone, uint64_t seedShift,
+                                                  bool capture) {
+  const auto& m = *solved_->model;
+  const auto& n = m.graph().nodes[v];
+  const Candidate& cand = m.candidates(v)[solved_->plan.choice[v]];
+  const harness::CommSiteScope site(n.name);
+  PlanCapture* const cap = capture ? capture_.get() : nullptr;
+  std::vector<at::Tensor> local;
+  for (size_t i = 0; i < n.args.size(); ++i) {
+    at::Tensor t = operand(i);
+    if (auto e = edgeOf_.find({static_cast<int>(v), i}); e != edgeOf_.end()) {
+      const PlanEdge& edge = *e->second;
+      if (!faultDone) {
+        // The planted fault: no redistribution; the piece cut or padded to the expected shape.
+        faultDone = true;
+        const auto want = cand.op.operands[i].box(edge.geometry.shape, case_.mesh,
+                                                  ctx.mesh().coords(ctx.rank()));
+        for (int64_t d = 0; d < t.dim(); ++d) {
+          if (t.size(d) > want.length[d]) t = t.narrow(d, 0, want.length[d]);
+        }
+        std::vector<int64_t> pad;
+        for (int64_t d = t.dim() - 1; d >= 0; --d) {
+          pad.push_back(0);
+          pad.push_back(want.length[d] - t.size(d));
+        }
+        t = at::constant_pad_nd(t, pad, 0);
+        if (cap) cap->operand(v, i, t);
+      } else {
+        runners_.push_back(std::make_unique<harness::RedistRunner>(edge.geometry, edge.forward,
+                                                                   ctx, case_.dtype));
+        const harness::RedistRunner* fwd = runners_.back().get();
+        runners_.push_back(std::make_unique<harness::RedistRunner>(edge.geometry, edge.backward,
+                                                                   ctx, case_.dtype));
+        t = EdgeRedistribute::apply(t, fwd, runners_.back().get());
+        if (cap) cap->operand(v, i, t);
+      }
+    }
+    local.push_back(t);
+    t = at::Tensor();
+    taken(i);
+  }
+  auto outs = runOp(cand.op, ctx, local, case_.seed + n.seedOffset + seedShift);
+  local.clear();
+  if (cap) cap->outputs(v, outs);
+  return outs;
+}
+
+void PlanExecutor::startPass(RankContext& ctx) {
+  if (!recompute_) return;
+  std::vector<at::Tensor> held;
+  for (const auto& [name, l] : leaves_) held.push_back(l);
+  for (const auto& [key, t] : data_) held.push_back(t);
+  held.push_back(seed_);
+  const auto& g = solved_->model->graph();
+  recompute_->startPass(
+      [this, &ctx, &g](int v, const PlanRecompute::Value& value, uint64_t seedShift) {
+        const auto& n = g.nodes[static_cast<size_t>(v)];
+        bool noFault = true;
+        return nodeForward(
+            ctx, static_cast<size_t>(v),
+            [&](size_t i) -> at::Tensor {
+              const std::string& a = n.args[i];
+              if (g.isInput(a)) return data_.at({v, i});
+              if (g.isParameter(a)) return leaves_.at(a);
+              return value(a);
+            },
+            [](size_t) {}, noFault, seedShift, false);
+      },
+      held);
 }
 
 }  // namespace sb::strategies::autoshard

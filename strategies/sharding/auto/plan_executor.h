@@ -4,6 +4,7 @@
 // solved plan it runs; PlanStrategy (plan_strategy.cpp) solves or reads the plan for a case and
 // makes one executor per rank. Internal to strategies/sharding/auto/.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "harness/strategy.h"
+#include "reference/saved_tensor_hooks.h"
 #include "reference/training.h"
 #include "strategies/sharding/auto/model.h"
 #include "strategies/sharding/auto/plan_memory.h"
@@ -36,8 +38,37 @@ struct SolvedPlan {
   std::string problem;  // non-empty: no plan (unsupported)
 };
 
+// A plan's tolerance for a tensor, from the dtype's `base`: a split reduction over every rank of
+// the longest sum, over the case's steps (exact inputs judged as random ones past a
+// normalisation or an activation).
+harness::Tolerance planTolerance(harness::Tolerance base, const SolvedPlan& s, const CaseSpec& c,
+                                 const at::Tensor& expected);
+
 // Where a parameter lives: its first reader's operand.
 Layout parameterLayout(const SolvedPlan& s, const std::string& name);
+
+// Selective activation checkpointing inside a plan (strategies/checkpointing/sac/ implements
+// it): told of every node's forward, it decides what each node's autograd keeps of what it saves
+// and recomputes the rest in the backward by rerunning nodes through the executor.
+class PlanRecompute {
+ public:
+  virtual ~PlanRecompute() = default;
+  using Value = std::function<at::Tensor(const std::string&)>;
+  // Reruns node v's forward (its edges' redistributions, its operator) on its operands: `value`
+  // gives those that are earlier nodes' outputs, the executor its data and parameters.
+  // `seedShift` is added to a dropout's seed (a planted fault).
+  using Rerun =
+      std::function<std::vector<at::Tensor>(int v, const Value& value, uint64_t seedShift)>;
+  // A forward and backward begins: how to rerun a node, and what the executor holds through
+  // the pass (parameters, data, the gradient seed), which is never recomputed.
+  virtual void startPass(Rerun rerun, const std::vector<at::Tensor>& held) = 0;
+  // The saved-tensor hooks for node v's forward (nullptr: LibTorch's own saving).
+  virtual std::unique_ptr<reference::ScopedSavedTensorHooks> nodeHooks(int v) = 0;
+  // Node v's outputs as it made them.
+  virtual void nodeDone(int v, const std::vector<at::Tensor>& outs) = 0;
+  // The backward is over: what the pass still holds goes.
+  virtual void endPass() = 0;
+};
 
 class PlanExecutor final : public harness::RankExecutor {
  public:
@@ -66,6 +97,12 @@ class PlanExecutor final : public harness::RankExecutor {
   }
   // A plan chosen under params.max_memory promises to fit it on every rank.
   std::optional<int64_t> memoryLimitBytes() const override { return memoryLimit_; }
+  // Selective activation checkpointing (above): the memory replay does not model it, so such a
+  // row has no memory prediction, and says why.
+  void setRecompute(std::shared_ptr<PlanRecompute> r, std::string noReplay) {
+    recompute_ = std::move(r);
+    noReplayReason_ = std::move(noReplay);
+  }
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     const auto& s = solved_->plan.solver;
     std::vector<std::pair<std::string, std::string>> out = {{"algo", s.algo},
@@ -117,10 +154,25 @@ class PlanExecutor final : public harness::RankExecutor {
   std::map<std::pair<int, size_t>, at::Tensor> data_;  // graph inputs, per reader
   at::Tensor seed_;
   std::vector<std::unique_ptr<harness::RedistRunner>> runners_;
+  std::map<std::pair<int, size_t>, const PlanEdge*> edgeOf_;  // per (node, operand)
   std::map<std::string, at::Tensor> results_;
 
   // One forward through the plan, from the leaves as they are; returns the output's piece.
   at::Tensor forward(RankContext& ctx);
+  // Node v's forward: operand i as stored (`operand(i)`) through its edge's redistribution,
+  // `taken(i)` told once the node holds its operand i (the forward drops a value after its last
+  // reader there, before the next operand is redistributed), then the operator. `capture`: the
+  // step's capture sees it (a recomputation's does not).
+  std::vector<at::Tensor> nodeForward(RankContext& ctx, size_t v,
+                                      const std::function<at::Tensor(size_t)>& operand,
+                                      const std::function<void(size_t)>& taken, bool& faultDone,
+                                      uint64_t seedShift, bool capture);
+  // A forward and backward with recompute_ told of it.
+  void startPass(RankContext& ctx);
+  void endPass() {
+    if (recompute_) recompute_->endPass();
+  }
+  std::shared_ptr<PlanRecompute> recompute_;
   // Training over the case's steps (reference/training.h): every step() from the initial
   // pieces, LibTorch's optimizer over this rank's pieces; the loss and the gradient norm summed
   // over the ranks, each replicated box counted once. The update is profiled in prepare().
@@ -135,7 +187,7 @@ class PlanExecutor final : public harness::RankExecutor {
   // pieces, the data slices, the seed), or why there is none.
   bool replayed_ = false;
   int64_t heldBytes_ = 0, stepPeak_ = 0;
-  std::string notReplayed_;
+  std::string notReplayed_, noReplayReason_;
   // Capture: on for the next step (its first optimizer step in training), the pieces it kept.
   bool captureOn_ = false;
   std::unique_ptr<PlanCapture> capture_;

@@ -73,6 +73,43 @@ double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
   return x;
 }
 
+}  // namespace
+
+harness::Tolerance planTolerance(harness::Tolerance base, const SolvedPlan& s, const CaseSpec& c,
+                                 const at::Tensor& expected) {
+  // The plan sums partial products over ranks and runs bmm where the reference runs a
+  // batched matmul: bounded as a split reduction over every rank of the longest sum.
+  // Exact inputs stay integers only through sums and products: a normalisation, softmax or
+  // activation makes fractions that another summation order rounds otherwise.
+  if (base.exact) {
+    static const std::set<std::string> kIntegerOps = {
+        "embedding", "add",     "mul",   "sum",     "addmm",   "mm",        "bmm",       "matmul",
+        "view",      "reshape", "split", "getitem", "permute", "transpose", "contiguous"};
+    for (const auto& n : s.model->graph().nodes) {
+      if (kIntegerOps.count(n.shape.op)) continue;
+      base = harness::Tolerance::defaultFor(c.dtype);
+      base.reason = "exact inputs leave the integers at " + n.shape.op + " (" + n.name +
+                    "), so sums in another order round otherwise: judged as random inputs";
+      break;
+    }
+  }
+  int64_t length = 1;
+  for (const auto& n : s.model->graph().nodes) {
+    for (const auto& o : n.shape.outputs()) {
+      int64_t numel = 1;
+      for (int64_t d : o) numel *= d;
+      length = std::max(length, numel);
+    }
+  }
+  const harness::Tolerance split =
+      harness::splitReductionTolerance(base, c.dtype, length, c.meshSize(), expected);
+  // Over steps, each step's rounding moves the next step's parameters.
+  return c.training.enabled() ? harness::overSteps(split, c.dtype, c.training.steps, expected)
+                              : split;
+}
+
+namespace {
+
 class PlanStrategy final : public harness::Strategy {
  public:
   std::vector<std::string> caseParams() const override {
@@ -250,37 +287,7 @@ class PlanStrategy final : public harness::Strategy {
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
-    // The plan sums partial products over ranks and runs bmm where the reference runs a
-    // batched matmul: bounded as a split reduction over every rank of the longest sum.
-    harness::Tolerance base = Strategy::tolerance(tensor, c, expected);
-    const auto s = solved(c);
-    // Exact inputs stay integers only through sums and products: a normalisation, softmax or
-    // activation makes fractions that another summation order rounds otherwise.
-    if (base.exact) {
-      static const std::set<std::string> kIntegerOps = {
-          "embedding", "add",     "mul",   "sum",     "addmm",   "mm",        "bmm",       "matmul",
-          "view",      "reshape", "split", "getitem", "permute", "transpose", "contiguous"};
-      for (const auto& n : s->model->graph().nodes) {
-        if (kIntegerOps.count(n.shape.op)) continue;
-        base = harness::Tolerance::defaultFor(c.dtype);
-        base.reason = "exact inputs leave the integers at " + n.shape.op + " (" + n.name +
-                      "), so sums in another order round otherwise: judged as random inputs";
-        break;
-      }
-    }
-    int64_t length = 1;
-    for (const auto& n : s->model->graph().nodes) {
-      for (const auto& o : n.shape.outputs()) {
-        int64_t numel = 1;
-        for (int64_t d : o) numel *= d;
-        length = std::max(length, numel);
-      }
-    }
-    const harness::Tolerance split =
-        harness::splitReductionTolerance(base, c.dtype, length, c.meshSize(), expected);
-    // Over steps, each step's rounding moves the next step's parameters.
-    return c.training.enabled() ? harness::overSteps(split, c.dtype, c.training.steps, expected)
-                                : split;
+    return planTolerance(Strategy::tolerance(tensor, c, expected), *solved(c), c, expected);
   }
   bool trainsSteps() const override { return true; }
   // The replay (plan_memory.h) claims the peak to the byte on the operators it is checked on;
