@@ -1,0 +1,383 @@
+// Selective activation checkpointing inside a plan: the hooks, the recomputation and its model
+// (sac_runtime.h says how it works).
+
+#include "strategies/checkpointing/sac/sac_runtime.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "strategies/sharding/auto/plan_memory.h"
+
+namespace sb::strategies::sac {
+namespace {
+
+using reference::SavedTensorHooks;
+using Packed = SavedTensorHooks::Packed;
+
+bool isMatmul(const std::string& op) {
+  return op == "addmm" || op == "mm" || op == "bmm" || op == "matmul";
+}
+
+// Operators whose saving the model knows: what they save of their operands (savesOperand), and
+// whether their node saves tensors of its own (statistics, a mask, its output, rope's tables).
+bool modelled(const std::string& op) {
+  static const std::set<std::string> k = {
+      "embedding", "add",     "mul",   "addmm",   "mm",      "bmm",       "matmul",
+      "gelu",      "silu",    "relu",  "softmax", "dropout", "layer_norm", "rms_norm",
+      "rope",      "view",    "reshape", "permute", "transpose", "split",  "contiguous"};
+  return k.count(op) > 0;
+}
+bool savesOwn(const std::string& op) {
+  return op == "dropout" || op == "layer_norm" || op == "rms_norm" || op == "softmax" ||
+         op == "relu" || op == "rope";
+}
+
+// 2 m n k of a product whose output is `out` and whose first operand is [..., m, k].
+double productFlops(const reference::OpShape& s) {
+  double out = 1;
+  const auto outputs = s.outputs();
+  for (int64_t d : outputs[0]) out *= static_cast<double>(d);
+  return 2 * out * static_cast<double>(s.input.back());
+}
+
+// The first pass's matmul flops, counted on the thread that runs it.
+thread_local double* tlsFlops = nullptr;
+
+std::unique_ptr<at::ObserverContext> countMatmul(const at::RecordFunction& fn) {
+  if (!tlsFlops) return nullptr;
+  const char* name = fn.name();
+  int a = -1;
+  if (std::strcmp(name, "aten::mm") == 0 || std::strcmp(name, "aten::bmm") == 0) a = 0;
+  if (std::strcmp(name, "aten::addmm") == 0 || std::strcmp(name, "aten::baddbmm") == 0) a = 1;
+  if (a < 0) return nullptr;
+  const auto in = fn.inputs();
+  if (in.size() < static_cast<size_t>(a + 2) || !in[a].isTensor() || !in[a + 1].isTensor()) {
+    return nullptr;
+  }
+  const auto x = in[a].toTensor().sizes();
+  const auto y = in[a + 1].toTensor().sizes();
+  double f = 2;
+  for (int64_t d : x) f *= static_cast<double>(d);  // [b,] m, k
+  *tlsFlops += f * static_cast<double>(y.back());   // n
+  return nullptr;
+}
+
+struct DroppedValue final : Packed {
+  int node = 0, output = 0, region = 0;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;  // from the output's own storage offset
+  at::TensorOptions options;
+};
+struct DroppedOwn final : Packed {
+  int node = 0, index = 0, region = 0;
+};
+struct Nothing final : Packed {};
+
+// The forward's hooks of node v, and a recomputation's, which captures what v saves.
+class NodeHooks final : public SavedTensorHooks {
+ public:
+  NodeHooks(std::shared_ptr<SacRuntime> rt, int v) : rt_(std::move(rt)), v_(v) {}
+  std::unique_ptr<Packed> pack(const at::Tensor& t) override { return rt_->pack(v_, t); }
+  at::Tensor unpack(Packed& p) override { return rt_->unpack(p); }
+
+ private:
+  std::shared_ptr<SacRuntime> rt_;
+  int v_;
+};
+
+class CaptureHooks final : public SavedTensorHooks {
+ public:
+  explicit CaptureHooks(std::function<void(const at::Tensor&)> keep) : keep_(std::move(keep)) {}
+  std::unique_ptr<Packed> pack(const at::Tensor& t) override {
+    keep_(t);
+    return std::make_unique<Nothing>();
+  }
+  at::Tensor unpack(Packed&) override {
+    throw std::logic_error("a recomputation's own graph is never run backward");
+  }
+
+ private:
+  std::function<void(const at::Tensor&)> keep_;
+};
+
+}  // namespace
+
+RecomputeModel modelRecompute(const autoshard::ShardingModel& m, const std::vector<int>& choice,
+                              const Policy& p) {
+  const auto& g = m.graph();
+  const size_t n = g.nodes.size();
+  RecomputeModel r;
+  r.recomputed.assign(n, false);
+  std::vector<std::vector<bool>> grads(n);
+  std::map<int, int> readers;  // per dropped node, the backward nodes that read its output
+  for (size_t v = 0; v < n; ++v) {
+    const auto& node = g.nodes[v];
+    const auto& op = m.candidates(static_cast<int>(v))[choice[v]].op;
+    for (const auto& a : node.args) grads[v].push_back(g.requiresGrad(a));
+    if (!modelled(node.shape.op) && r.unmodelled.empty()) r.unmodelled = node.shape.op;
+    if (isMatmul(node.shape.op)) {
+      const double f = productFlops(node.shape);
+      r.forwardFlops += f;
+      for (size_t i = 0; i < 2 && i < grads[v].size(); ++i) {
+        if (grads[v][i]) r.backwardFlops += f;
+      }
+    }
+    const bool hasGrad = std::find(grads[v].begin(), grads[v].end(), true) != grads[v].end();
+    const int region = p.region[v];
+    if (region < 0 || !hasGrad) continue;
+    if (!p.save[v] && savesOwn(node.shape.op)) r.recomputed[v] = true;
+    for (size_t i = 0; i < node.args.size(); ++i) {
+      if (!autoshard::savesOperand(op, i, grads[v])) continue;
+      const int o = storageOwner(g, node.args[i]);
+      if (o >= 0 && p.region[static_cast<size_t>(o)] == region && !p.save[static_cast<size_t>(o)]) {
+        r.recomputed[static_cast<size_t>(o)] = true;
+        ++readers[o];
+      }
+    }
+  }
+  for (const auto& [o, k] : readers) r.savedTwice = r.savedTwice || k >= 2;
+  // What a recomputed node reads that was dropped too is recomputed before it.
+  for (size_t v = n; v-- > 0;) {
+    if (!r.recomputed[v]) continue;
+    for (const auto& a : g.nodes[v].args) {
+      const int q = g.producer(a).first;
+      if (q >= 0 && p.region[static_cast<size_t>(q)] == p.region[v] &&
+          !p.save[static_cast<size_t>(q)]) {
+        r.recomputed[static_cast<size_t>(q)] = true;
+      }
+    }
+  }
+  for (size_t v = 0; v < n; ++v) {
+    if (!r.recomputed[v]) continue;
+    const auto& node = g.nodes[v];
+    if (isMatmul(node.shape.op)) r.recomputeFlops += productFlops(node.shape);
+    if (node.shape.op == "dropout") r.recomputesDropout = true;
+    for (const auto& a : node.args) {
+      const int q = g.producer(a).first;
+      if (q < 0) continue;  // data and parameters: the executor holds them
+      if (p.region[static_cast<size_t>(q)] != p.region[v] || p.save[static_cast<size_t>(q)]) {
+        r.heldBy[a].insert(p.region[v]);
+      }
+    }
+  }
+  return r;
+}
+
+struct SacRuntime::Owner {
+  Owner(const at::Tensor& t, int n, int out)
+      : storage(t.storage().getWeakStorageImpl()),
+        node(n),
+        output(out),
+        offset(t.storage_offset()) {}
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int node = -1, output = 0;
+  int64_t offset = 0;
+};
+
+SacRuntime::SacRuntime(const reference::Graph& g, Policy policy, RecomputeModel model,
+                       SacFault fault)
+    : g_(g), policy_(std::move(policy)), model_(std::move(model)), fault_(fault) {}
+
+void SacRuntime::startPass(Rerun rerun, const std::vector<at::Tensor>& held) {
+  rerun_ = std::move(rerun);
+  owners_.clear();
+  packIndex_.clear();
+  held_.clear();
+  recomputedRegions_.clear();
+  readersLeft_.clear();
+  recomputedOut_.clear();
+  droppedOwn_.clear();
+  captured_.clear();
+  droppedNodes_.clear();
+  for (const auto& t : held) {
+    if (!t.defined() || !t.has_storage()) continue;
+    owners_[t.storage().unsafeGetStorageImpl()] = std::make_shared<Owner>(t, -1, 0);
+  }
+  if (firstPass_) {
+    counts_ = Counts{};
+    tlsFlops = &counts_.matmulFlops;
+    observer_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(countMatmul).needsInputs(true).scopes(
+            {at::RecordScope::FUNCTION}));
+    observing_ = true;
+  }
+}
+
+void SacRuntime::endPass() {
+  if (observing_) {
+    at::removeCallback(observer_);
+    tlsFlops = nullptr;
+    observing_ = false;
+    counts_.counted = true;
+    firstPass_ = false;
+  }
+  held_.clear();
+  recomputedOut_.clear();
+  captured_.clear();
+  owners_.clear();
+  rerun_ = nullptr;
+}
+
+std::unique_ptr<reference::ScopedSavedTensorHooks> SacRuntime::nodeHooks(int v) {
+  if (policy_.region[static_cast<size_t>(v)] < 0) return nullptr;
+  return std::make_unique<reference::ScopedSavedTensorHooks>(
+      std::make_shared<NodeHooks>(shared_from_this(), v));
+}
+
+void SacRuntime::nodeDone(int v, const std::vector<at::Tensor>& outs) {
+  const auto names = g_.nodes[static_cast<size_t>(v)].outputs();
+  for (size_t j = 0; j < outs.size(); ++j) {
+    const at::Tensor& t = outs[j];
+    if (!t.defined() || !t.has_storage()) continue;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    auto it = owners_.find(key);
+    if (it == owners_.end() || it->second->storage.expired()) {
+      owners_[key] = std::make_shared<Owner>(t, v, static_cast<int>(j));
+    }
+    if (j < names.size()) {
+      if (auto h = model_.heldBy.find(names[j]); h != model_.heldBy.end()) {
+        for (int region : h->second) held_[region][names[j]] = t;
+      }
+    }
+  }
+}
+
+std::unique_ptr<Packed> SacRuntime::pack(int v, const at::Tensor& t) {
+  const int k = packIndex_[v]++;
+  const int region = policy_.region[static_cast<size_t>(v)];
+  if (t.defined() && t.has_storage()) {
+    auto it = owners_.find(t.storage().unsafeGetStorageImpl());
+    if (it != owners_.end() && !it->second->storage.expired()) {
+      const Owner& o = *it->second;
+      if (o.node >= 0 && policy_.region[static_cast<size_t>(o.node)] == region &&
+          !policy_.save[static_cast<size_t>(o.node)]) {
+        auto d = std::make_unique<DroppedValue>();
+        d->node = o.node;
+        d->output = o.output;
+        d->region = region;
+        d->sizes = t.sizes().vec();
+        d->strides = t.strides().vec();
+        d->offset = t.storage_offset() - o.offset;
+        d->options = t.options();
+        ++readersLeft_[{o.node, o.output}];
+        droppedNodes_[region].insert(o.node);
+        if (firstPass_) ++counts_.dropped;
+        return d;
+      }
+    } else if (!policy_.save[static_cast<size_t>(v)]) {
+      auto d = std::make_unique<DroppedOwn>();
+      d->node = v;
+      d->index = k;
+      d->region = region;
+      droppedOwn_.insert({v, k});
+      droppedNodes_[region].insert(v);
+      if (firstPass_) ++counts_.dropped;
+      return d;
+    }
+  }
+  if (firstPass_) ++counts_.kept;
+  return reference::keepSaved(t);
+}
+
+at::Tensor SacRuntime::unpack(Packed& p) {
+  if (const at::Tensor* t = reference::keptTensor(p)) return *t;
+  if (auto* d = dynamic_cast<DroppedValue*>(&p)) {
+    if (!recomputedRegions_.count(d->region)) recompute(d->region);
+    const std::pair<int, int> key{d->node, d->output};
+    auto it = recomputedOut_.find(key);
+    if (it == recomputedOut_.end()) {
+      if (fault_ != SacFault::kSavedFreedEarly) {
+        throw std::logic_error("selective checkpointing: " +
+                               g_.nodes[static_cast<size_t>(d->node)].name +
+                               "'s output was not recomputed for its reader");
+      }
+      // The planted fault's second reader: the memory went back to the pool.
+      return at::zeros(d->sizes, d->options);
+    }
+    const at::Tensor base = it->second.detach();
+    at::Tensor out = base.as_strided(d->sizes, d->strides, base.storage_offset() + d->offset);
+    if (--readersLeft_[key] == 0 || fault_ == SacFault::kSavedFreedEarly) {
+      recomputedOut_.erase(it);
+    }
+    return out;
+  }
+  auto& d = dynamic_cast<DroppedOwn&>(p);
+  if (!recomputedRegions_.count(d.region)) recompute(d.region);
+  auto it = captured_.find({d.node, d.index});
+  if (it == captured_.end()) {
+    throw std::logic_error("selective checkpointing: " +
+                           g_.nodes[static_cast<size_t>(d.node)].name + "'s saved tensor " +
+                           std::to_string(d.index) + " was not captured by its recomputation");
+  }
+  at::Tensor out = it->second.detach();
+  captured_.erase(it);
+  return out;
+}
+
+void SacRuntime::recompute(int region) {
+  recomputedRegions_.insert(region);
+  const size_t n = g_.nodes.size();
+  std::vector<bool> needed(n, false);
+  for (int v : droppedNodes_[region]) needed[static_cast<size_t>(v)] = true;
+  for (size_t v = n; v-- > 0;) {
+    if (!needed[v]) continue;
+    for (const auto& a : g_.nodes[v].args) {
+      const int q = g_.producer(a).first;
+      if (q >= 0 && policy_.region[static_cast<size_t>(q)] == region &&
+          !policy_.save[static_cast<size_t>(q)]) {
+        needed[static_cast<size_t>(q)] = true;
+      }
+    }
+  }
+  auto& held = held_[region];
+  std::map<std::string, at::Tensor> values;  // this recomputation's outputs
+  const at::AutoGradMode grad(true);
+  for (size_t v = 0; v < n; ++v) {
+    if (!needed[v]) continue;
+    const auto& node = g_.nodes[v];
+    int index = 0;
+    const int vi = static_cast<int>(v);
+    std::vector<at::Tensor> outs;
+    {
+      const reference::ScopedSavedTensorHooks capture(
+          std::make_shared<CaptureHooks>([&](const at::Tensor& t) {
+            if (droppedOwn_.count({vi, index})) captured_[{vi, index}] = t;
+            ++index;
+          }));
+      const uint64_t shift =
+          fault_ == SacFault::kRecomputeWithoutRng && node.shape.op == "dropout" ? 1 : 0;
+      outs = rerun_(
+          vi,
+          [&](const std::string& a) -> at::Tensor {
+            if (auto it = values.find(a); it != values.end()) return it->second;
+            auto it = held.find(a);
+            if (it == held.end()) {
+              throw std::logic_error("selective checkpointing: recomputing " + node.name +
+                                     ": its operand " + a + " was neither held nor recomputed");
+            }
+            const at::Tensor& t = it->second;
+            return t.detach().requires_grad_(t.requires_grad());
+          },
+          shift);
+    }
+    const auto names = node.outputs();
+    for (size_t j = 0; j < outs.size() && j < names.size(); ++j) {
+      values[names[j]] = outs[j];
+      if (readersLeft_.count({vi, static_cast<int>(j)})) {
+        recomputedOut_[{vi, static_cast<int>(j)}] = outs[j];
+      }
+    }
+    if (firstPass_ && !isViewOp(node.shape.op)) {
+      ++counts_.recomputedNodes;
+      if (isMatmul(node.shape.op)) ++counts_.recomputedMatmulNodes;
+      counts_.recomputed.push_back(node.name);
+    }
+  }
+  held_.erase(region);
+}
+
+}  // namespace sb::strategies::sac

@@ -1,0 +1,359 @@
+// Selective (operator-level) activation checkpointing as executors: `checkpointing/sac/<policy>`
+// runs a graph workload (GPT-2, BERT, LLaMA, the residual MLP, an imported model) node by node
+// through the plan executor on one rank, every block's nodes under the policy's saved-tensor
+// hooks (sac_runtime.h), and is checked like every row: the output and every parameter's
+// gradient (over optimizer steps: every step's loss and every parameter and optimizer state)
+// against the plain LibTorch model. Bitwise where the plain graph run (the same executor without
+// the policy, run once per case when the row is judged) is bitwise the reference on a tensor:
+// a recomputation reruns the same kernels on the same operands and dropout seed. Where the plain
+// graph run is not (an imported conv net's im2col convolution rounds otherwise than oneDNN's,
+// issue 59), the policy's run is held to the plain run's own distance from the reference, no
+// further, element for element at most its largest.
+//
+// Predicted and judged (tolerance 0): the matmul flops of the step, forward, backward and
+// recomputation, by the recompute model (sac_runtime.h), against what ATen ran, counted by a
+// RecordFunction observer, as torchtitan's test pins a policy's flops with FlopCounterMode.
+// Peak memory is measured; its prediction (the plan replay with the policy's saved set) is
+// not built yet, and the rows say so.
+//
+// Policies: save-all, recompute-all, torchtitan, cheap (policy.h), and `checkpointing/sac/policy`,
+// whose policy is params.policy (a built-in's name or {default, ops, nodes}).
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "harness/comm/mesh.h"
+#include "harness/comm/threads_backend.h"
+#include "harness/error.h"
+#include "harness/measure/update_profile.h"
+#include "harness/registry.h"
+#include "reference/graph.h"
+#include "reference/training.h"
+#include "strategies/checkpointing/sac/policy.h"
+#include "strategies/checkpointing/sac/sac_runtime.h"
+#include "strategies/sharding/auto/model.h"
+#include "strategies/sharding/auto/plan_executor.h"
+#include "strategies/sharding/auto/plan_memory.h"
+
+namespace sb::strategies::sac {
+namespace {
+
+using autoshard::PlanExecutor;
+using autoshard::SolvedPlan;
+using harness::Applicability;
+using harness::Box;
+using harness::CaseSpec;
+using harness::RankContext;
+
+constexpr const char* kFaultRng = "recompute_without_rng";
+constexpr const char* kFaultFreed = "saved_freed_early";
+constexpr const char* kNoReplay =
+    "selective checkpointing's recomputation is not in the plan's memory replay yet";
+
+struct Solved {
+  std::shared_ptr<const SolvedPlan> plan;
+  Policy policy;
+  RecomputeModel model;
+  // The plain graph run's results (made by the first tolerance() asked of the case).
+  std::mutex mu;
+  std::optional<std::map<std::string, at::Tensor>> plain;
+};
+
+// The case through the plan executor without a policy, on a world of its own.
+std::map<std::string, at::Tensor> plainRun(const CaseSpec& c, const Solved& s) {
+  const reference::WorkloadData data =
+      c.training.enabled()
+          ? reference::buildTraining(c.workload, c.shape, c.dtype, c.seed, c.inputs, c.training)
+          : reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
+  std::map<std::string, at::Tensor> out;
+  harness::ThreadsWorld world{harness::DeviceMesh(c.mesh)};
+  world.run([&](RankContext& ctx) {
+    PlanExecutor plain(c, s.plan, std::nullopt, false, false);
+    plain.prepare(ctx, data);
+    plain.step(ctx);
+    for (const auto& [name, t] : plain.results()) {
+      if (t.defined()) out[name] = t.detach().clone();
+    }
+  });
+  return out;
+}
+
+class SacExecutor final : public harness::RankExecutor {
+ public:
+  SacExecutor(const CaseSpec& c, std::shared_ptr<Solved> s, SacFault fault)
+      : case_(c), solved_(std::move(s)), inner_(c, solved_->plan, std::nullopt, false, false) {
+    runtime_ = std::make_shared<SacRuntime>(solved_->plan->model->graph(), solved_->policy,
+                                            solved_->model, fault);
+    inner_.setRecompute(runtime_, kNoReplay);
+  }
+
+  void prepare(RankContext& ctx, const reference::WorkloadData& data) override {
+    inner_.prepare(ctx, data);
+  }
+  void step(RankContext& ctx) override { inner_.step(ctx); }
+  std::map<std::string, at::Tensor> results() const override { return inner_.results(); }
+
+  std::vector<std::pair<std::string, std::string>> recordParams() const override {
+    auto out = inner_.recordParams();
+    const auto& m = solved_->model;
+    const auto& k = runtime_->counts();
+    const int64_t recomputed = predictedNodes();
+    out.emplace_back("policy", solved_->policy.name);
+    out.emplace_back("recomputed_nodes", std::to_string(k.recomputedNodes));
+    out.emplace_back("predicted_recomputed_nodes", std::to_string(recomputed));
+    out.emplace_back("saved_kept", std::to_string(k.kept));
+    out.emplace_back("saved_dropped", std::to_string(k.dropped));
+    out.emplace_back("recompute_flops", std::to_string(static_cast<int64_t>(m.recomputeFlops)));
+    return out;
+  }
+  nlohmann::json details() const override {
+    nlohmann::json j = inner_.details();
+    const auto& m = solved_->model;
+    const auto& k = runtime_->counts();
+    const auto& g = solved_->plan->model->graph();
+    nlohmann::json recomputed = nlohmann::json::array();
+    for (size_t v = 0; v < g.nodes.size(); ++v) {
+      if (m.recomputed[v]) recomputed.push_back(g.nodes[v].name);
+    }
+    j["sac"] = {{"policy", solved_->policy.name},
+                {"predicted_recomputed", recomputed},
+                {"recomputed", k.recomputed},
+                {"saved_kept", k.kept},
+                {"saved_dropped", k.dropped},
+                {"flops",
+                 {{"forward", m.forwardFlops},
+                  {"backward", m.backwardFlops},
+                  {"recompute", m.recomputeFlops}}}};
+    // The step's matmul flops, judged exactly: a node recomputed that the model does not
+    // recompute (or one missing) is a mispredicted row.
+    if (k.counted && m.unmodelled.empty()) {
+      // Counted on the first forward and backward (a training case's first step).
+      j["predictions"] = nlohmann::json::array(
+          {{{"what", "matmul_flops"},
+            {"unit", "flop"},
+            {"measured", k.matmulFlops},
+            {"predicted", m.forwardFlops + m.backwardFlops + m.recomputeFlops},
+            {"tolerance", 0.0}},
+           {{"what", "recomputed_nodes"},
+            {"unit", "nodes"},
+            {"measured", k.recomputedNodes},
+            {"predicted", predictedNodes()},
+            {"tolerance", 0.0}}});
+    } else if (!m.unmodelled.empty()) {
+      j["sac"]["flops_prediction"] = "none: " + m.unmodelled + "'s saving is not modelled";
+    }
+    return j;
+  }
+  bool capturesValues() const override { return inner_.capturesValues(); }
+  void setCapture(bool on) override { inner_.setCapture(on); }
+  std::vector<harness::TraceValue> captured() const override { return inner_.captured(); }
+
+ private:
+  // The model's recomputed nodes, views apart (as the runtime counts them).
+  int64_t predictedNodes() const {
+    const auto& g = solved_->plan->model->graph();
+    int64_t n = 0;
+    for (size_t v = 0; v < g.nodes.size(); ++v) {
+      n += solved_->model.recomputed[v] && !isViewOp(g.nodes[v].shape.op);
+    }
+    return n;
+  }
+  const CaseSpec& case_;
+  std::shared_ptr<Solved> solved_;
+  PlanExecutor inner_;
+  std::shared_ptr<SacRuntime> runtime_;
+};
+
+class SacStrategy final : public harness::Strategy {
+ public:
+  // `policy` empty: params.policy.
+  SacStrategy(std::string policy, std::string fault = "")
+      : Strategy("checkpointing/sac/" + (policy.empty() ? std::string("policy") : policy),
+                 "selective checkpointing: " + (policy.empty() ? std::string("params.policy") : policy),
+                 harness::Family::kCheckpointing),
+        policy_(std::move(policy)),
+        fault_(std::move(fault)) {}
+
+  std::vector<std::string> caseParams() const override {
+    if (policy_.empty()) return {"policy"};
+    return {};
+  }
+  std::vector<std::pair<std::string, std::string>> params() const override {
+    return {{"policy", policy_.empty() ? "params.policy" : policy_}};
+  }
+  nlohmann::json describe() const override {
+    return {{"policy", policy_.empty() ? "params.policy" : policy_},
+            {"workloads", reference::graphWorkloads()},
+            {"mesh", "one rank"},
+            {"params", policy_.empty() ? nlohmann::json::array({"policy"})
+                                       : nlohmann::json::array()}};
+  }
+
+  std::shared_ptr<Solved> solved(const CaseSpec& c) const {
+    const std::string key = c.workload + "|" + c.shape.dump() + "|" + c.meshString() + "|" +
+                            harness::dtypeName(c.dtype) + "|" + c.params.dump() + "|" +
+                            std::to_string(c.seed);
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    auto s = std::make_shared<Solved>();
+    auto plan = std::make_shared<SolvedPlan>();
+    const autoshard::CostOptions opts =
+        autoshard::costOptionsFrom(nlohmann::json::object(), plan->profile.get(), c.dtype);
+    plan->model = std::make_unique<autoshard::ShardingModel>(
+        reference::buildGraph(c.workload, c.shape), c.mesh, opts);
+    autoshard::SolveOptions o;
+    o.algo = "replicated";
+    plan->plan = autoshard::solvePlan(*plan->model, o);
+    plan->plan.shape = c.shape;
+    plan->json = plan->plan.toJson(*plan->model);
+    plan->edges = autoshard::planEdges(*plan->model, plan->plan.choice);
+    const auto& g = plan->model->graph();
+    nlohmann::json spec = policy_;
+    if (policy_.empty()) {
+      if (!c.params.contains("policy")) {
+        throw harness::InputError(c.where() +
+                                  ": params.policy: expected a policy's name (save-all, "
+                                  "recompute-all, torchtitan, cheap) or an object "
+                                  "{default, ops, nodes}");
+      }
+      spec = c.params.at("policy");
+    }
+    try {
+      s->policy = resolvePolicy(g, spec);
+    } catch (const std::invalid_argument& e) {
+      throw harness::InputError(c.where() + ": params." + e.what());
+    }
+    s->model = modelRecompute(*plan->model, plan->plan.choice, s->policy);
+    s->plan = std::move(plan);
+    cache_[key] = s;
+    return s;
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (!reference::findGraphWorkload(c.workload)) {
+      return Applicability::notApplicable("not a graph workload (gpt2, bert, llama, mlp)");
+    }
+    if (c.meshSize() != 1) {
+      return Applicability::notApplicable(
+          "selective checkpointing runs on one rank (inside a sharded plan: not yet)");
+    }
+    if (c.shape.is_object() && c.shape.value("microbatches", int64_t{1}) != 1) {
+      return Applicability::notApplicable(
+          "the reference accumulates micro-batches (shape key microbatches); the policy runs the "
+          "whole batch");
+    }
+    if (policy_.empty() && !c.params.contains("policy")) {
+      return Applicability::notApplicable("a case without params.policy (the built-ins need none)");
+    }
+    const auto s = solved(c);
+    if (fault_ == kFaultRng && !s->model.recomputesDropout) {
+      return Applicability::unsupported(std::string(kFaultRng) +
+                                        ": this policy recomputes no dropout here, nothing to plant");
+    }
+    if (fault_ == kFaultFreed && !s->model.savedTwice) {
+      return Applicability::unsupported(
+          std::string(kFaultFreed) +
+          ": no recomputed tensor has two backward readers here, nothing to plant");
+    }
+    return Applicability::yes();
+  }
+
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
+    const SacFault f = fault_ == kFaultRng     ? SacFault::kRecomputeWithoutRng
+                       : fault_ == kFaultFreed ? SacFault::kSavedFreedEarly
+                                               : SacFault::kNone;
+    return std::make_unique<SacExecutor>(c, solved(c), f);
+  }
+
+  Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
+    const auto s = solved(c);
+    const auto& m = *s->plan->model;
+    const auto& g = m.graph();
+    const auto coords = harness::DeviceMesh(c.mesh).coords(rank);
+    if (tensor == "output") {
+      return m.valueLayout(g.output, s->plan->plan.choice)->box(g.valueShape(g.output), c.mesh,
+                                                                coords);
+    }
+    std::string name = tensor.substr(tensor.find('/') + 1);
+    if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
+    return autoshard::parameterLayout(*s->plan, name).box(g.valueShape(name), c.mesh, coords);
+  }
+  Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
+                  at::IntArrayRef fullShape) const override {
+    if (harness::isWholeTrainingResult(tensor)) return Box::whole(fullShape);
+    return resultBox(tensor, c, rank);
+  }
+  harness::CommStats predictComm(const CaseSpec&, int) const override { return {}; }
+  bool trainsSteps() const override { return true; }
+
+  harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
+                               const at::Tensor& expected) const override {
+    const auto s = solved(c);
+    at::Tensor plain;
+    {
+      const std::lock_guard<std::mutex> lock(s->mu);
+      if (!s->plain) s->plain = plainRun(c, *s);
+      if (auto it = s->plain->find(tensor); it != s->plain->end()) plain = it->second;
+    }
+    if (plain.defined() && plain.sizes() == expected.sizes() &&
+        plain.scalar_type() == expected.scalar_type() &&
+        at::equal(plain, expected.to(plain.device()))) {
+      return harness::Tolerance::bitwise(
+          "the plain graph run is bitwise the reference here, and a recomputation reruns its "
+          "kernels on the same operands and dropout seed");
+    }
+    if (!plain.defined() || plain.sizes() != expected.sizes()) {
+      return autoshard::planTolerance(Strategy::tolerance(tensor, c, expected), *s->plan, c,
+                                      expected);
+    }
+    // The plain run's own distance from the reference, and no further.
+    const double off =
+        (plain.to(at::kDouble) - expected.to(plain.device()).to(at::kDouble)).abs().max().item<double>();
+    harness::Tolerance t;
+    t.atol = off;
+    t.rtol = 0;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.6g", off);
+    t.reason = std::string("the plain graph run is ") + buf +
+               " from the reference on this tensor (another rounding order); a recomputation "
+               "reruns its kernels, so the policy's run is held to that distance";
+    return t;
+  }
+
+  nlohmann::json caseDetails(const CaseSpec& c) const override {
+    const auto s = solved(c);
+    const auto& g = s->plan->model->graph();
+    nlohmann::json nodes = nlohmann::json::object();
+    for (size_t v = 0; v < g.nodes.size(); ++v) {
+      if (s->policy.region[v] < 0) continue;
+      nodes[g.nodes[v].name] = s->policy.save[v] ? "save" : "recompute";
+    }
+    return {{"policy", s->policy.name}, {"decisions", nodes}};
+  }
+
+  std::vector<std::string> plantableFaults() const override { return {kFaultRng, kFaultFreed}; }
+  std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
+    if (name != kFaultRng && name != kFaultFreed) return nullptr;
+    return std::make_unique<SacStrategy>(policy_, name);
+  }
+
+ private:
+  std::string policy_, fault_;
+  mutable std::mutex mu_;
+  mutable std::map<std::string, std::shared_ptr<Solved>> cache_;
+};
+
+std::vector<std::unique_ptr<harness::Strategy>> registerAll() {
+  std::vector<std::unique_ptr<harness::Strategy>> out;
+  for (const auto& p : builtinPolicies()) out.push_back(std::make_unique<SacStrategy>(p));
+  out.push_back(std::make_unique<SacStrategy>(""));
+  return out;
+}
+
+}  // namespace
+}  // namespace sb::strategies::sac
+
+SB_REGISTER_STRATEGIES(sb::strategies::sac::registerAll);
