@@ -21,6 +21,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -57,9 +58,17 @@ struct Solved {
   std::shared_ptr<const SolvedPlan> plan;
   Policy policy;
   RecomputeModel model;
-  // The plain graph run's results (made by the first tolerance() asked of the case).
-  std::mutex mu;
-  std::optional<std::map<std::string, at::Tensor>> plain;
+};
+
+// A result of the plain graph run, kept in host memory the tracker does not count (a later row's
+// peak must not include it).
+struct PlainTensor {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+  std::vector<char> bytes;
+  at::Tensor view() {
+    return at::from_blob(bytes.data(), sizes, at::TensorOptions().dtype(dtype));
+  }
 };
 
 // The case through the plan executor without a policy, on a world of its own.
@@ -192,10 +201,13 @@ class SacStrategy final : public harness::Strategy {
                                        : nlohmann::json::array()}};
   }
 
+  static std::string caseKey(const CaseSpec& c) {
+    return c.workload + "|" + c.shape.dump() + "|" + c.meshString() + "|" +
+           harness::dtypeName(c.dtype) + "|" + c.params.dump() + "|" + std::to_string(c.seed) +
+           "|" + std::to_string(static_cast<int>(c.inputs)) + "|" + std::to_string(c.training.steps) + c.training.optimizer.toString();
+  }
   std::shared_ptr<Solved> solved(const CaseSpec& c) const {
-    const std::string key = c.workload + "|" + c.shape.dump() + "|" + c.meshString() + "|" +
-                            harness::dtypeName(c.dtype) + "|" + c.params.dump() + "|" +
-                            std::to_string(c.seed);
+    const std::string key = caseKey(c);
     const std::lock_guard<std::mutex> lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     auto s = std::make_shared<Solved>();
@@ -249,6 +261,11 @@ class SacStrategy final : public harness::Strategy {
       return Applicability::notApplicable("a case without params.policy (the built-ins need none)");
     }
     const auto s = solved(c);
+    if (!fault_.empty() && !s->model.unmodelled.empty()) {
+      return Applicability::unsupported(fault_ + ": " + s->model.unmodelled +
+                                        "'s saving is not modelled, so whether there is anything "
+                                        "to plant here is not known");
+    }
     if (fault_ == kFaultRng && !s->model.recomputesDropout) {
       return Applicability::unsupported(std::string(kFaultRng) +
                                         ": this policy recomputes no dropout here, nothing to plant");
@@ -294,9 +311,23 @@ class SacStrategy final : public harness::Strategy {
     const auto s = solved(c);
     at::Tensor plain;
     {
-      const std::lock_guard<std::mutex> lock(s->mu);
-      if (!s->plain) s->plain = plainRun(c, *s);
-      if (auto it = s->plain->find(tensor); it != s->plain->end()) plain = it->second;
+      // One case's plain run at a time, shared by the policies (rows run case by case).
+      static std::mutex mu;
+      static std::string key;
+      static std::map<std::string, PlainTensor> results;
+      const std::lock_guard<std::mutex> lock(mu);
+      const std::string k = caseKey(c);
+      if (key != k) {
+        results.clear();
+        for (const auto& [name, t] : plainRun(c, *s)) {
+          const at::Tensor h = t.cpu().contiguous();
+          PlainTensor p{h.sizes().vec(), h.scalar_type(), std::vector<char>(h.nbytes())};
+          std::memcpy(p.bytes.data(), h.data_ptr(), h.nbytes());
+          results.emplace(name, std::move(p));
+        }
+        key = k;
+      }
+      if (auto it = results.find(tensor); it != results.end()) plain = it->second.view().clone();
     }
     if (plain.defined() && plain.sizes() == expected.sizes() &&
         plain.scalar_type() == expected.scalar_type() &&

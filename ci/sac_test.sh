@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# End-to-end checks of selective activation checkpointing (docs/checkpointing.md, "Selective
+# checkpointing"): suites/sac.yaml passes (every built-in policy and one of one's own, on GPT-2,
+# BERT, LLaMA and MLP graphs and on traced GPT-2 and LLaMA, over optimizer steps too), bitwise
+# where the plain graph run is, with the matmul flops and the recomputed nodes as predicted on
+# every built-in graph row, the policies ordered as they must be (recompute-all runs the most
+# flops, save-all the plain step's, and recompute-all's peak is below save-all's); each planted
+# fault fails its rows on their numbers (dropout recomputed without its seed; a recomputed
+# tensor let go before its second reader) and is unsupported, saying why, where there is
+# nothing to plant; a malformed policy is exit 2 naming the key.
+# Usage: ci/sac_test.sh BUILD SOURCE
+set -uo pipefail
+build=$1
+src=$2
+sb="$build/stratbench"
+source "$src/ci/test_lib.sh"
+cd "$src"
+# The suite names the traced models as build/models/...: this build's (its leg's PyTorch traced
+# them).
+suite="$tmp/sac.yaml"
+sed "s#build/models/#$build/models/#g" suites/sac.yaml > "$suite"
+
+check "sac suite: every row passes" 0 "total +41 +0 +0 +0$" -- \
+  "$sb" run "$suite" --out "$tmp/suite" --repetitions 1
+check "bitwise, flops and recomputed nodes as predicted, policies ordered" 0 "^ok" -- \
+  python3 - "$tmp/suite/results.json" <<'PY'
+import json, sys
+from collections import defaultdict
+d = json.load(open(sys.argv[1]))
+rows = d["records"] if isinstance(d, dict) and "records" in d else d
+assert len(rows) == 41, len(rows)
+judged, bitwise = 0, 0
+by = defaultdict(dict)
+for r in rows:
+    assert r["status"] == "pass" and not r["mispredicted"], (r["case"], r["strategy_id"], r["message"])
+    e = r["details"]["executor"]
+    by[r["case"]][r["strategy_id"].split("/")[-1]] = (r, e)
+    if r["workload"] == "torchscript":
+        assert "predictions" not in e and "not modelled" in e["sac"]["flops_prediction"], r["case"]
+        continue
+    p = {x["what"]: x for x in e["predictions"]}
+    assert p["matmul_flops"]["measured"] == p["matmul_flops"]["predicted"] > 0, (r["case"], p)
+    assert p["recomputed_nodes"]["measured"] == p["recomputed_nodes"]["predicted"], (r["case"], p)
+    judged += 1
+    if r["workload"] in ("gpt2", "bert", "mlp") and "steps" not in r["case"]:
+        # These graphs run bitwise the plain models: every tensor judged bitwise, error 0.
+        assert float(r["max_abs_err"]) == 0.0, (r["case"], r["strategy_id"], r["max_abs_err"])
+        bitwise += 1
+for case, pol in by.items():
+    if not {"save-all", "recompute-all", "torchtitan", "cheap"} <= set(pol):
+        continue
+    flops = {k: e["sac"]["flops"] for k, (r, e) in pol.items()}
+    f = {k: v["forward"] + v["backward"] + v["recompute"] for k, v in flops.items()}
+    assert flops["save-all"]["recompute"] == 0 and pol["save-all"][1]["sac"]["saved_dropped"] == 0, case
+    assert f["recompute-all"] >= max(f.values()) and f["recompute-all"] > f["save-all"], (case, f)
+    peak = {k: int(r["peak_mem_bytes"]) for k, (r, e) in pol.items()}
+    if "steps" not in case:
+        assert peak["recompute-all"] < peak["save-all"], (case, peak)
+        assert all(peak[k] <= peak["save-all"] for k in peak), (case, peak)
+print(f"ok: {judged} rows with flops judged exactly, {bitwise} bitwise")
+PY
+
+# Planted faults: every row a fault is planted in fails on its numbers; where there is nothing
+# to plant the row is unsupported and says so.
+for fault in recompute_without_rng saved_freed_early; do
+  for policy in recompute-all torchtitan cheap; do
+    "$sb" run "$suite" --filter "^checkpointing/sac/$policy\$" \
+      --plant-fault "checkpointing/sac/$policy=$fault" --out "$tmp/$fault-$policy" \
+      --repetitions 1 >/dev/null 2>&1
+  done
+  check "planted $fault: every planted row fails on its tensors, the rest say why not" 0 "^ok" -- \
+    python3 - "$fault" "$tmp"/"$fault"-*/results.csv <<'PY'
+import csv, sys
+fault, files = sys.argv[1], sys.argv[2:]
+failed = 0
+for f in files:
+    for r in csv.DictReader(open(f)):
+        if r["status"] == "unsupported":
+            assert "nothing to plant" in r["message"] or "not known" in r["message"], (r["case"], r["message"])
+            continue
+        assert r["status"] == "fail" and "mismatched" in r["message"], (r["case"], r["strategy_id"], r["status"], r["message"][:200])
+        failed += 1
+assert failed >= 5, failed
+print(f"ok: {failed} rows fail")
+PY
+done
+
+# Hostile policies: exit 2 naming what is wrong.
+bad() {
+  printf 'suite: bad\ncases:\n  - name: c\n    workload: gpt2\n    shape: {batch: 2, seq: 8, d_model: 16, heads: 2, layers: 1, vocab: 32}\n    mesh: 1\n    strategies: ["checkpointing/sac/policy"]\n    params: {policy: %s}\n' "$1" >"$tmp/bad.yaml"
+}
+bad '"every-other"'
+check "an unknown policy name: exit 2 listing the built-ins" 2 "unknown policy \"every-other\".*torchtitan" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/bad1"
+bad '{ops: {conv2d: recompute}}'
+check "an operator the graph lacks: exit 2 naming it and listing the graph's" 2 "policy.ops: \"conv2d\" is no operator.*addmm" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/bad2"
+bad '{default: maybe}'
+check "a decision that is neither save nor recompute: exit 2 naming the key" 2 "policy.default: expected \"save\" or \"recompute\", got \"maybe\"" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/bad3"
+bad '{nodes: {"h9\\..*": recompute}}'
+check "a node pattern that matches nothing: exit 2 naming it" 2 "matches no node" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/bad4"
+bad '{nodes: {"h0\\..*": recompute, "h0\\.mlp\\..*": save}}'
+check "two patterns deciding one node otherwise: exit 2 naming both" 2 "both match h0.mlp" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/bad5"
+bad '{recompute: [gelu]}'
+check "an unknown key: exit 2 naming it" 2 "unknown key \"recompute\"" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/bad6"
+finish
