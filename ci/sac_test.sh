@@ -3,7 +3,8 @@
 # checkpointing"): suites/sac.yaml passes (every built-in policy and one of one's own, on GPT-2,
 # BERT, LLaMA and MLP graphs and on traced GPT-2 and LLaMA, over optimizer steps too), bitwise
 # where the plain graph run is, with the matmul flops and the recomputed nodes as predicted on
-# every built-in graph row, the policies ordered as they must be (recompute-all runs the most
+# every built-in graph row and the peak predicted to the byte by the plan's memory replay with the
+# policy's saved set and recomputations, the policies ordered as they must be (recompute-all runs the most
 # flops, save-all the plain step's, and recompute-all's peak is below save-all's); each planted
 # fault fails its rows on their numbers (dropout recomputed without its seed; a recomputed
 # tensor let go before its second reader) and is unsupported, saying why, where there is
@@ -38,6 +39,8 @@ for r in rows:
     if r["workload"] == "torchscript":
         assert "predictions" not in e and "not modelled" in e["sac"]["flops_prediction"], r["case"]
         continue
+    # The plan's replay with the policy: the peak to the byte.
+    assert r["predicted_mem_bytes"] == r["peak_mem_bytes"], (r["case"], r["strategy_id"], r["peak_mem_bytes"], r["predicted_mem_bytes"])
     p = {x["what"]: x for x in e["predictions"]}
     assert p["matmul_flops"]["measured"] == p["matmul_flops"]["predicted"] > 0, (r["case"], p)
     assert p["recomputed_nodes"]["measured"] == p["recomputed_nodes"]["predicted"], (r["case"], p)
@@ -57,7 +60,7 @@ for case, pol in by.items():
     if "steps" not in case:
         assert peak["recompute-all"] < peak["save-all"], (case, peak)
         assert all(peak[k] <= peak["save-all"] for k in peak), (case, peak)
-print(f"ok: {judged} rows with flops judged exactly, {bitwise} bitwise")
+print(f"ok: {judged} rows with flops and peak judged exactly, {bitwise} bitwise")
 PY
 
 # Planted faults: every row a fault is planted in fails on its numbers; where there is nothing

@@ -180,7 +180,11 @@ struct SacRuntime::Owner {
 
 SacRuntime::SacRuntime(const reference::Graph& g, Policy policy, RecomputeModel model,
                        SacFault fault)
-    : g_(g), policy_(std::move(policy)), model_(std::move(model)), fault_(fault) {}
+    : g_(g), policy_(std::move(policy)), model_(std::move(model)), fault_(fault) {
+  replay_.save = policy_.save;
+  replay_.region = policy_.region;
+  replay_.heldBy = model_.heldBy;
+}
 
 void SacRuntime::startPass(Rerun rerun, const std::vector<at::Tensor>& held) {
   rerun_ = std::move(rerun);
@@ -345,7 +349,9 @@ void SacRuntime::recompute(int region) {
     {
       const reference::ScopedSavedTensorHooks capture(
           std::make_shared<CaptureHooks>([&](const at::Tensor& t) {
-            if (droppedOwn_.count({vi, index})) captured_[{vi, index}] = t;
+            // Detached, as torch.utils.checkpoint's recomputation keeps them: the recomputed
+            // graph, and the operands it read, go when the recomputation returns.
+            if (droppedOwn_.count({vi, index})) captured_[{vi, index}] = t.detach();
             ++index;
           }));
       const uint64_t shift =
@@ -368,7 +374,7 @@ void SacRuntime::recompute(int region) {
     for (size_t j = 0; j < outs.size() && j < names.size(); ++j) {
       values[names[j]] = outs[j];
       if (readersLeft_.count({vi, static_cast<int>(j)})) {
-        recomputedOut_[{vi, static_cast<int>(j)}] = outs[j];
+        recomputedOut_[{vi, static_cast<int>(j)}] = outs[j].detach();
       }
     }
     if (firstPass_ && !isViewOp(node.shape.op)) {

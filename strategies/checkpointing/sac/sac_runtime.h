@@ -68,6 +68,7 @@ class SacRuntime final : public autoshard::PlanRecompute,
   std::unique_ptr<reference::ScopedSavedTensorHooks> nodeHooks(int v) override;
   void nodeDone(int v, const std::vector<at::Tensor>& outs) override;
   void endPass() override;
+  const autoshard::RecomputePolicy* replayPolicy() const override { return &replay_; }
 
   // Of the first pass: the matmul flops ATen ran (forward, backward and recomputation,
   // counted by a RecordFunction observer of mm, addmm, bmm and baddbmm), the nodes recomputed
@@ -95,6 +96,7 @@ class SacRuntime final : public autoshard::PlanRecompute,
   Policy policy_;
   RecomputeModel model_;
   SacFault fault_;
+  autoshard::RecomputePolicy replay_;
   Rerun rerun_;
   Counts counts_;
   bool firstPass_ = true;

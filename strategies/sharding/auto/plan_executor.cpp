@@ -113,12 +113,14 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   for (const auto& e : solved_->edges) edgeOf_[{e.node, e.operand}] = &e;
   auto& mem = harness::MemoryTracker::instance();
   std::vector<PlanMemoryEvent> log;
-  if (recompute_) {
+  const RecomputePolicy* policy = recompute_ ? recompute_->replayPolicy() : nullptr;
+  if (recompute_ && !policy) {
     notReplayed_ = noReplayReason_;
   } else {
     try {
       stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
-                                 mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_);
+                                 mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_, nullptr,
+                                 policy);
       replayed_ = true;
     } catch (const PlanMemoryUnknown& e) {
       notReplayed_ = e.what();

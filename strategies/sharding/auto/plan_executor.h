@@ -68,6 +68,8 @@ class PlanRecompute {
   virtual void nodeDone(int v, const std::vector<at::Tensor>& outs) = 0;
   // The backward is over: what the pass still holds goes.
   virtual void endPass() = 0;
+  // What the memory replay follows (plan_memory.h), or nullptr: no memory prediction.
+  virtual const RecomputePolicy* replayPolicy() const { return nullptr; }
 };
 
 class PlanExecutor final : public harness::RankExecutor {

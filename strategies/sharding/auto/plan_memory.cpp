@@ -38,6 +38,8 @@ struct Storage {
   Replay* sim = nullptr;
   int64_t bytes = 0;
   std::string what;
+  // The node output that made it (-1: held by the executor, or not yet a node's).
+  int node = -1, output = 0;
   ~Storage();
 };
 
@@ -115,6 +117,9 @@ struct Unit {
   // Per gradient it makes: where it goes (nullptr: nowhere, no gradient).
   std::vector<std::pair<Unit*, size_t>> targets;
   std::vector<Ref> saved;
+  // Selective checkpointing: what a recomputation handed back for the node's backward to unpack
+  // (a local of the node's apply, gone when it returns).
+  std::vector<Ref> unpacked;
   // kOp: the rule's backward events and each operand's gradient; the native operators'.
   std::vector<int64_t> backwardEvents;
   std::vector<Dims> gradSizes;  // per operand (kEdge: the gradient's, redistributed back)
@@ -124,6 +129,7 @@ struct Unit {
   int64_t extrasAfter = 0;  // kOp: what the forward saved, released with the saved tensors
   size_t incomingReleasedAt = SIZE_MAX;  // kOp: the backward event before which they go
   std::string op;
+  bool recomputes = false;  // kOp: reads a tensor the forward dropped (selective checkpointing)
   Dims inSizes;                                   // kOp views: the operand's local sizes
   std::vector<int64_t> inversePerm;               // kOp permute
   std::unique_ptr<harness::RedistRunner> runner;  // kEdge: the gradient's way back
@@ -143,6 +149,7 @@ class Replay {
   }
 
   int64_t run();
+  const RecomputePolicy* recompute = nullptr;  // selective checkpointing (plan_memory.h)
   // What the executor holds across the step: parameters' pieces, data slices, the seed.
   int64_t heldBytes() const { return held_; }
   bool freeEarly = false;  // the planted fault: values freed at their last reader's forward
@@ -233,7 +240,32 @@ class Replay {
     return u;
   }
 
-  void forwardNode(int v);
+  // A recomputation's context: its operands by value name, and the node's own unit for what the
+  // recomputed node hands its backward.
+  struct Rerun {
+    std::map<std::string, Ref>* values;
+    int region;
+  };
+  // `rerun`: the node's forward again in the backward (no unit of its own, nothing counted as
+  // read; what it saves goes at once but for what the forward dropped).
+  std::vector<Ref> forwardNode(int v, const Rerun* rerun = nullptr);
+  void recomputeRegion(int region);
+  // Selective checkpointing's forward state: per (node, output) the dropped readers' units and
+  // geometries; per node the unit whose own saved tensors went; per block the nodes dropped and
+  // the values held for its recomputation; the blocks recomputed.
+  struct DroppedRead {
+    Unit* unit;
+    Dims sizes, strides;
+  };
+  std::map<std::pair<int, int>, std::vector<DroppedRead>> droppedReads_;
+  std::map<int, Unit*> droppedOwn_;
+  std::map<int, std::set<int>> droppedNodes_;
+  std::map<int, std::map<std::string, Ref>> heldForRerun_;
+  std::set<int> rerunRegions_;
+  bool keeps(int v) const {
+    return !recompute || recompute->region[static_cast<size_t>(v)] < 0 ||
+           recompute->save[static_cast<size_t>(v)];
+  }
   void backward();
   void runUnit(Unit& u);
   void deliver(Unit& from, std::vector<Ref>& grads);
@@ -272,8 +304,9 @@ bool isView(const std::string& op) {
   return op == "view" || op == "reshape" || op == "permute" || op == "transpose";
 }
 
-void Replay::forwardNode(int v) {
+std::vector<Ref> Replay::forwardNode(int v, const Rerun* rerun) {
   const GraphNode& n = g_.nodes[v];
+  const int region = recompute ? recompute->region[static_cast<size_t>(v)] : -1;
   const Candidate& cand = m_.candidates(v)[choice_[v]];
   const ResolvedOp& r = cand.op;
   const std::string& op = n.shape.op;
@@ -290,12 +323,27 @@ void Replay::forwardNode(int v) {
       t = params_.at(a);
       target = gradOf_.at(a);
     } else {
-      t = values_.at(a);
+      if (!rerun) {
+        t = values_.at(a);
+      } else if (auto it = rerun->values->find(a); it != rerun->values->end()) {
+        t = it->second;
+      } else {
+        auto& held = heldForRerun_[rerun->region];
+        auto h = held.find(a);
+        if (h == held.end()) {
+          throw PlanMemoryUnknown(n.name + ": recomputed without its operand " + a);
+        }
+        t = alias(h->second);  // detached: the same storage
+      }
       // A value no gradient flows through (made from the data alone) has none.
       if (auto it = gradOf_.find(a); it != gradOf_.end()) target = it->second;
     }
     const bool grad = target.first != nullptr;
     if (auto it = edges_.find({v, i}); it != edges_.end()) {
+      if (recompute) {
+        throw PlanMemoryUnknown(n.name + ": a redistribution under selective checkpointing is "
+                                "not replayed");
+      }
       const PlanEdge& e = *it->second;
       const Dims sourceSizes = t->sizes;
       forwardRunners_.push_back(
@@ -328,7 +376,7 @@ void Replay::forwardNode(int v) {
     local.push_back(t);
     grads.push_back(grad);
     targets.push_back(target);
-    if (!g_.isInput(a) && !g_.isParameter(a) && --reads_[a] == 0 && a != g_.output) {
+    if (!rerun && !g_.isInput(a) && !g_.isParameter(a) && --reads_[a] == 0 && a != g_.output) {
       Ref& value = values_.at(a);
       if (freeEarly && value->storage->sim) {
         // The planted fault: the storage counted free at its last reader's forward, whatever
@@ -343,6 +391,10 @@ void Replay::forwardNode(int v) {
   // (their autograd nodes come later, so the engine runs them first).
   for (size_t i = 0; i < local.size(); ++i) {
     if (!grads[i] || r.gradPartial[i].empty()) continue;
+    if (recompute) {
+      throw PlanMemoryUnknown(n.name + ": a partial gradient under selective checkpointing is "
+                              "not replayed");
+    }
     Unit* u = newUnit(Unit::kAllReduce, v, n.name + " grad all-reduce " + std::to_string(i));
     u->operand = i;
     u->axes = r.gradPartial[i];
@@ -358,7 +410,13 @@ void Replay::forwardNode(int v) {
   const auto outNames = n.outputs();
   std::vector<Ref> outs;
   const bool anyGrad = std::find(grads.begin(), grads.end(), true) != grads.end();
-  Unit* u = anyGrad ? newUnit(Unit::kOp, v, n.name) : nullptr;
+  // A recomputation's node: its autograd node is thrown away with the recomputation.
+  std::unique_ptr<Unit> scratch;
+  if (rerun && anyGrad) {
+    scratch = std::make_unique<Unit>();
+    scratch->name = n.name + " (recomputed)";
+  }
+  Unit* u = !anyGrad ? nullptr : rerun ? scratch.get() : newUnit(Unit::kOp, v, n.name);
   if (u) {
     u->op = op;
     u->targets = targets;
@@ -368,6 +426,10 @@ void Replay::forwardNode(int v) {
   // An imported operator: what its node saves, what it allocates inside itself and in its
   // backward, and which outputs view an operand, learned from the operator (aten_op.h).
   reference::AtenSaved aten;
+  if (op == "aten" && region >= 0) {
+    throw PlanMemoryUnknown(n.name + ": an imported operator's saving under selective "
+                            "checkpointing is not replayed");
+  }
   if (op == "aten") {
     std::vector<Dims> strides;
     for (const Ref& t : local) strides.push_back(t->strides);
@@ -498,6 +560,19 @@ void Replay::forwardNode(int v) {
     // Autograd records nothing where no operand needs a gradient: what the forward would have
     // saved goes when it returns.
     if (!u) release(extras, n.name + " forward (nothing saved)");
+    // Selective checkpointing: a node not kept drops what it saves of its own (its
+    // recomputation makes it again); a recomputation keeps it only for the forward's node
+    // that dropped it.
+    if (u && extras > 0 && !keeps(v)) {
+      if (!rerun) {
+        droppedOwn_[v] = u;
+        droppedNodes_[region].insert(v);
+        u->recomputes = true;
+        release(extras, n.name + " forward (its own saved tensors dropped)");
+      } else if (!droppedOwn_.count(v)) {
+        release(extras, n.name + " recomputed (nothing of its own kept)");
+      }
+    }
     for (size_t j = 0; j < outShapes.size(); ++j) outs.push_back(adopt(outBoxes[j].length, n.name));
     if (u) {
       u->backwardEvents.assign(mr.events.begin() + mr.backwardFrom, mr.events.end());
@@ -528,17 +603,89 @@ void Replay::forwardNode(int v) {
       }
       if (aten.output && !outs.empty()) u->saved.push_back(outs[0]);
     }
-  } else if (u) {
+  } else if (u && !rerun) {
     for (size_t i = 0; i < local.size(); ++i) {
-      if (savesOperand(r, i, grads)) u->saved.push_back(local[i]);
+      if (!savesOperand(r, i, grads)) continue;
+      // Selective checkpointing: dropped where its storage was made in this block by a node not
+      // kept; the recomputation hands it to this node again.
+      const Storage& st = *local[i]->storage;
+      if (region >= 0 && st.node >= 0 && recompute->region[static_cast<size_t>(st.node)] == region &&
+          !recompute->save[static_cast<size_t>(st.node)]) {
+        droppedReads_[{st.node, st.output}].push_back({u, local[i]->sizes, local[i]->strides});
+        droppedNodes_[region].insert(st.node);
+        u->recomputes = true;
+      } else {
+        u->saved.push_back(local[i]);
+      }
     }
-    if (savesOutput(op)) u->saved.push_back(outs[0]);
+    if (savesOutput(op)) {
+      if (keeps(v)) {
+        u->saved.push_back(outs[0]);
+      } else {
+        droppedOwn_[v] = u;
+        droppedNodes_[region].insert(v);
+        u->recomputes = true;
+      }
+    }
+  } else if (u && savesOutput(op)) {
+    // A recomputed node's own output, for the forward's node that dropped it.
+    if (auto it = droppedOwn_.find(v); it != droppedOwn_.end()) {
+      it->second->unpacked.push_back(outs[0]);
+    }
   }
   local.clear();
+  if (rerun) return outs;
   for (size_t j = 0; j < outNames.size(); ++j) {
+    Storage& st = *outs[j]->storage;
+    if (st.sim && st.node < 0) {
+      st.node = v;
+      st.output = static_cast<int>(j);
+    }
     if (u) gradOf_[outNames[j]] = {u, j};
     if (reads_[outNames[j]] > 0 || outNames[j] == g_.output) values_[outNames[j]] = outs[j];
+    if (recompute) {
+      if (auto h = recompute->heldBy.find(outNames[j]); h != recompute->heldBy.end()) {
+        for (int b : h->second) heldForRerun_[b][outNames[j]] = outs[j];
+      }
+    }
   }
+  return outs;
+}
+
+void Replay::recomputeRegion(int region) {
+  if (!rerunRegions_.insert(region).second) return;
+  // The nodes whose tensors were dropped, and before them the dropped nodes they read.
+  const size_t n = g_.nodes.size();
+  std::vector<bool> needed(n, false);
+  for (int v : droppedNodes_[region]) needed[static_cast<size_t>(v)] = true;
+  for (size_t v = n; v-- > 0;) {
+    if (!needed[v]) continue;
+    for (const auto& a : g_.nodes[v].args) {
+      const int q = g_.producer(a).first;
+      if (q >= 0 && recompute->region[static_cast<size_t>(q)] == region &&
+          !recompute->save[static_cast<size_t>(q)]) {
+        needed[static_cast<size_t>(q)] = true;
+      }
+    }
+  }
+  std::map<std::string, Ref> values;
+  const Rerun rerun{&values, region};
+  for (size_t v = 0; v < n; ++v) {
+    if (!needed[v]) continue;
+    const int vi = static_cast<int>(v);
+    const auto outs = forwardNode(vi, &rerun);
+    const auto names = g_.nodes[v].outputs();
+    for (size_t j = 0; j < outs.size() && j < names.size(); ++j) {
+      values[names[j]] = outs[j];
+      if (auto it = droppedReads_.find({vi, static_cast<int>(j)}); it != droppedReads_.end()) {
+        for (const DroppedRead& d : it->second) {
+          d.unit->unpacked.push_back(alias(outs[j], d.sizes, d.strides));
+        }
+      }
+    }
+  }
+  values.clear();
+  heldForRerun_.erase(region);
 }
 
 void Replay::deliver(Unit& from, std::vector<Ref>& grads) {
@@ -614,6 +761,9 @@ void Replay::runUnit(Unit& u) {
     }
     case Unit::kOp: {
       const std::string& op = u.op;
+      // Selective checkpointing: the first node of a block to read a dropped tensor recomputes
+      // the block (its backward's first unpack).
+      if (u.recomputes) recomputeRegion(recompute->region[static_cast<size_t>(u.node)]);
       if (op == "view" || op == "reshape") {
         grads.push_back(reshape(u.slots[0], u.inSizes, what + " gradient"));
       } else if (op == "permute" || op == "transpose") {
@@ -642,6 +792,17 @@ void Replay::runUnit(Unit& u) {
         if (op == "rope" && !u.slots[0]->contiguous()) {
           contiguousGrad = copy(u.slots[0], what + " gradient made contiguous");
         }
+        // What a recomputation handed back dies as the node's apply returns; a broadcast bias's
+        // gradient is summed after that, by the engine (validate_outputs), so with such tensors
+        // it is allocated after them.
+        int64_t late = 0;
+        if (!u.unpacked.empty() && op == "addmm" && u.hasGrad.size() > 2 && u.hasGrad[2] &&
+            u.gradSizes[2].size() == 1 && u.incomingReleasedAt == SIZE_MAX &&
+            !u.backwardEvents.empty()) {
+          late = numelOf(u.gradSizes[2]) * es_;
+          if (u.backwardEvents[0] < late) late = 0;
+          u.backwardEvents[0] -= late;
+        }
         const size_t at = std::min(u.incomingReleasedAt, u.backwardEvents.size());
         applyEvents({u.backwardEvents.begin(), u.backwardEvents.begin() + at}, what + " backward");
         if (at < u.backwardEvents.size()) {
@@ -649,6 +810,8 @@ void Replay::runUnit(Unit& u) {
           u.saved.clear();
         }
         applyEvents({u.backwardEvents.begin() + at, u.backwardEvents.end()}, what + " backward");
+        u.unpacked.clear();
+        alloc(late, what + " bias gradient summed");
         contiguousGrad.reset();
         for (size_t i = 0; i < u.gradSizes.size(); ++i) {
           grads.push_back(u.hasGrad[i] ? adopt(u.gradSizes[i], what + " gradient") : nullptr);
@@ -660,6 +823,7 @@ void Replay::runUnit(Unit& u) {
       break;
     }
   }
+  u.unpacked.clear();
   u.slots.clear();  // the incoming gradients, after the node
   u.saved.clear();  // then what it saved (release_variables)
   release(u.extrasAfter, what + " saved tensors");
@@ -777,9 +941,10 @@ bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads)
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
                        at::ScalarType dtype, std::vector<PlanMemoryEvent>* log, bool freeEarly,
-                       int64_t* heldBytes) {
+                       int64_t* heldBytes, const RecomputePolicy* recompute) {
   Replay r(model, choice, edges, ctx, dtype, log);
   r.freeEarly = freeEarly;
+  r.recompute = recompute;
   const int64_t peak = r.run();
   if (heldBytes) *heldBytes = r.heldBytes();
   r.stopLogging();  // what the replay still holds (the results) the executor keeps

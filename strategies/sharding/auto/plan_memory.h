@@ -28,6 +28,8 @@
 // why, rather than a wrong one.
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -76,6 +78,20 @@ bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads)
 // planner's cheapest paths by the model's pricing (what the executor runs).
 std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<int>& choice);
 
+// Selective activation checkpointing (strategies/checkpointing/sac/sac_runtime.h) as the replay
+// follows it: per node its block (-1 outside every block) and whether what its autograd node
+// saves is kept; per value, the blocks whose recomputation reads it from the forward. A saved
+// tensor in a block is dropped where the storage it lives in was made in that block by a node
+// not kept, or is the node's own and the node is not kept; the first backward node of a block
+// that reads a dropped tensor recomputes the block's dropped nodes and those they read, each
+// node's forward as the forward replayed it, what each dropped reader needs kept to its
+// backward.
+struct RecomputePolicy {
+  std::vector<bool> save;
+  std::vector<int> region;
+  std::map<std::string, std::set<int>> heldBy;
+};
+
 // Every rank's peak of the plan's step (what the executor holds included), by the replay on a
 // `threads` world of the model's mesh and dtype: what solving checks a memory limit with.
 // Throws PlanMemoryUnknown.
@@ -88,6 +104,7 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
                        at::ScalarType dtype, std::vector<PlanMemoryEvent>* log,
-                       bool freeEarly = false, int64_t* heldBytes = nullptr);
+                       bool freeEarly = false, int64_t* heldBytes = nullptr,
+                       const RecomputePolicy* recompute = nullptr);
 
 }  // namespace sb::strategies::autoshard
