@@ -21,7 +21,7 @@ cd "$src"
 suite="$tmp/sac.yaml"
 sed "s#build/models/#$build/models/#g" suites/sac.yaml > "$suite"
 
-check "sac suite: every row passes" 0 "total +41 +0 +0 +0$" -- \
+check "sac suite: every row passes (two budgets below any policy's peak unsupported)" 0 "total +51 +0 +0 +2$" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 1
 check "bitwise, flops and recomputed nodes as predicted, policies ordered" 0 "^ok" -- \
   python3 - "$tmp/suite/results.json" <<'PY'
@@ -29,11 +29,17 @@ import json, sys
 from collections import defaultdict
 d = json.load(open(sys.argv[1]))
 rows = d["records"] if isinstance(d, dict) and "records" in d else d
-assert len(rows) == 41, len(rows)
+assert len(rows) == 53, len(rows)
 judged, bitwise = 0, 0
 by = defaultdict(dict)
+budgets = defaultdict(list)
 for r in rows:
+    if r["status"] == "unsupported":
+        assert "budget" in r["case"] and "below the least peak any policy reaches" in r["message"], r["message"]
+        continue
     assert r["status"] == "pass" and not r["mispredicted"], (r["case"], r["strategy_id"], r["message"])
+    if r["strategy_id"].endswith("/budget"):
+        budgets[r["case"].split("/")[0]].append(r)
     e = r["details"]["executor"]
     by[r["case"]][r["strategy_id"].split("/")[-1]] = (r, e)
     if r["workload"] == "torchscript":
@@ -60,7 +66,22 @@ for case, pol in by.items():
     if "steps" not in case:
         assert peak["recompute-all"] < peak["save-all"], (case, peak)
         assert all(peak[k] <= peak["save-all"] for k in peak), (case, peak)
-print(f"ok: {judged} rows with flops and peak judged exactly, {bitwise} bitwise")
+# The budget solver: every plan within its budget by the replay (the measured peak is judged
+# against the promise by the runner), recomputing no more as the budget grows, never more than
+# the greedy baseline, everything kept at budget 1.
+for case, rs in budgets.items():
+    rs.sort(key=lambda r: float(r["params"]["budget"]))
+    us = [float(r["params"]["recompute_us"]) for r in rs]
+    peaks = [int(r["params"]["model_peak_bytes"]) for r in rs]
+    assert all(a >= b for a, b in zip(us, us[1:])), (case, us)
+    assert all(a <= b for a, b in zip(peaks, peaks[1:])), (case, peaks)
+    for r in rs:
+        p = r["params"]
+        assert int(p["model_peak_bytes"]) <= int(p["budget_bytes"]), (case, p)
+        assert float(p["recompute_us"]) <= float(p["greedy_recompute_us"]), (case, p)
+    assert us[-1] == 0 and rs[-1]["params"]["budget"].startswith("1"), (case, us)
+print(f"ok: {judged} rows with flops and peak judged exactly, {bitwise} bitwise, "
+      f"{sum(len(v) for v in budgets.values())} budget plans within budget and monotone")
 PY
 
 # Planted faults: every row a fault is planted in fails on its numbers; where there is nothing
@@ -88,6 +109,22 @@ print(f"ok: {failed} rows fail")
 PY
 done
 
+# The budget solver trusting a model that counts nothing for an operator's outputs saved only
+# through a view (and not replaying its plan): its plans break their budgets, and those rows fail
+# on the measured peak against the promise.
+"$sb" run "$suite" --filter '^checkpointing/sac/budget$' \
+  --plant-fault "checkpointing/sac/budget=budget_ignores_view_base" --out "$tmp/viewbase" \
+  --repetitions 1 >/dev/null 2>&1
+check "planted budget_ignores_view_base: the plans over their budgets fail on the measured peak" 0 "^ok" -- \
+  python3 - "$tmp/viewbase/results.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+failed = [r for r in rows if r["status"] == "fail"]
+assert all("over the" in r["message"] and "promised" in r["message"] for r in failed), failed[0]["message"]
+assert len(failed) >= 5, [(r["case"], r["status"]) for r in rows]
+print(f"ok: {len(failed)} of {len(rows)} rows fail")
+PY
+
 # Hostile policies: exit 2 naming what is wrong.
 bad() {
   printf 'suite: bad\ncases:\n  - name: c\n    workload: gpt2\n    shape: {batch: 2, seq: 8, d_model: 16, heads: 2, layers: 1, vocab: 32}\n    mesh: 1\n    strategies: ["checkpointing/sac/policy"]\n    params: {policy: %s}\n' "$1" >"$tmp/bad.yaml"
@@ -110,4 +147,10 @@ check "two patterns deciding one node otherwise: exit 2 naming both" 2 "both mat
 bad '{recompute: [gelu]}'
 check "an unknown key: exit 2 naming it" 2 "unknown key \"recompute\"" -- \
   "$sb" run "$tmp/bad.yaml" --out "$tmp/bad6"
+sed -i 's#checkpointing/sac/policy#checkpointing/sac/budget#; s#params: {policy: .*#params: {budget: 1.5}#' "$tmp/bad.yaml"
+check "a budget past 1: exit 2 naming it" 2 "params.budget: expected a fraction in \(0, 1\], got 1.5" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/bad7"
+sed -i 's#params: {budget: 1.5}#params: {budget: 0.5, budget_bytes: 1000}#' "$tmp/bad.yaml"
+check "both a budget and budget_bytes: exit 2" 2 "expected one of budget" -- \
+  "$sb" run "$tmp/bad.yaml" --out "$tmp/bad8"
 finish

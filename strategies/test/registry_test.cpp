@@ -62,8 +62,8 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, checkpoint, sac, five pipeline
   // schedules, context_parallel, torchtitan's composition, expert parallelism on a PyTorch MoE
   // layer, and a user's file); expert parallelism (sharding/moe/ep); selective checkpointing's
-  // four built-in policies and the policy from params (checkpointing/sac/).
-  EXPECT_EQ(all.size(), 102u);
+  // four built-in policies, the policy from params and the budget solver's (checkpointing/sac/).
+  EXPECT_EQ(all.size(), 103u);
   for (const char* id : {"pipeline/gpipe", "pipeline/1f1b", "pipeline/interleaved-1f1b",
                          "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/compose", "torch/pipeline-zbv",
                          "torch/file", "torch/ep", "sharding/moe/ep", "checkpointing/sac/torchtitan",

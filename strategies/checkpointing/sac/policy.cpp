@@ -155,6 +155,16 @@ Policy resolvePolicy(const Graph& g, const nlohmann::json& spec) {
     throw std::invalid_argument("policy: expected a policy's name or an object, got " +
                                 spec.dump());
   }
+  return makePolicy(g, p.name, rule);
+}
+
+Policy makePolicy(const Graph& g, std::string name, const std::vector<bool>& rule) {
+  Policy p;
+  const size_t n = g.nodes.size();
+  p.name = std::move(name);
+  p.save.assign(n, true);
+  p.region.assign(n, -1);
+  for (size_t v = 0; v < n; ++v) p.region[v] = g.nodes[v].layer;
   // Outside the blocks everything is kept; a view takes its storage's decision.
   for (size_t v = 0; v < n; ++v) {
     if (p.region[v] < 0) continue;

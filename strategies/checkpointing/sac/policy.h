@@ -57,6 +57,10 @@ const std::vector<std::string>& builtinPolicies();
 // key or value and what was expected.
 Policy resolvePolicy(const reference::Graph& g, const nlohmann::json& spec);
 
+// A policy from one decision per node (`rule`, true: keep): the rules above applied (outside the
+// blocks kept, views taking their storage's decision).
+Policy makePolicy(const reference::Graph& g, std::string name, const std::vector<bool>& rule);
+
 // The node whose storage a value lives in: through views to the first node that allocates; -1
 // for the data and the parameters.
 int storageOwner(const reference::Graph& g, const std::string& value);

@@ -35,6 +35,7 @@
 #include "harness/registry.h"
 #include "reference/graph.h"
 #include "reference/training.h"
+#include "strategies/checkpointing/sac/budget.h"
 #include "strategies/checkpointing/sac/policy.h"
 #include "strategies/checkpointing/sac/sac_runtime.h"
 #include "strategies/sharding/auto/model.h"
@@ -53,12 +54,17 @@ using harness::RankContext;
 
 constexpr const char* kFaultRng = "recompute_without_rng";
 constexpr const char* kFaultFreed = "saved_freed_early";
+constexpr const char* kFaultViewBase = "budget_ignores_view_base";
 constexpr const char* kNoReplay = "selective checkpointing without a replay policy";
 
 struct Solved {
   std::shared_ptr<const SolvedPlan> plan;
   Policy policy;
   RecomputeModel model;
+  // checkpointing/sac/budget: the budget (bytes above the step's start) and the solver's plan.
+  int64_t budgetBytes = 0;
+  double budgetFraction = 0;
+  std::optional<BudgetPlan> budget;
 };
 
 // A result of the plain graph run, kept in host memory the tracker does not count (a later row's
@@ -106,6 +112,11 @@ class SacExecutor final : public harness::RankExecutor {
   void step(RankContext& ctx) override { inner_.step(ctx); }
   // The plan's replay with the policy (plan_memory.h's RecomputePolicy).
   std::optional<int64_t> predictedPeakBytes() const override { return inner_.predictedPeakBytes(); }
+  // A budget's plan promises the step fits it, above what the step starts with.
+  std::optional<int64_t> memoryLimitBytes() const override {
+    if (!solved_->budget) return std::nullopt;
+    return inner_.heldBytes() + solved_->budgetBytes;
+  }
   std::map<std::string, at::Tensor> results() const override { return inner_.results(); }
 
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
@@ -119,6 +130,20 @@ class SacExecutor final : public harness::RankExecutor {
     out.emplace_back("saved_kept", std::to_string(k.kept));
     out.emplace_back("saved_dropped", std::to_string(k.dropped));
     out.emplace_back("recompute_flops", std::to_string(static_cast<int64_t>(m.recomputeFlops)));
+    if (const auto& b = solved_->budget) {
+      out.emplace_back("budget", std::to_string(solved_->budgetFraction));
+      out.emplace_back("budget_bytes", std::to_string(solved_->budgetBytes));
+      out.emplace_back("solver_status", b->status);
+      out.emplace_back("plan_from", b->chosen);
+      out.emplace_back("rounds", std::to_string(b->rounds));
+      out.emplace_back("ascent_replays", std::to_string(b->ascents));
+      out.emplace_back("model_peak_bytes", std::to_string(b->peak));
+      out.emplace_back("keep_all_peak_bytes", std::to_string(b->keepAllPeak));
+      out.emplace_back("least_peak_bytes", std::to_string(b->leastPeak));
+      out.emplace_back("recompute_us", std::to_string(b->recomputeUs));
+      out.emplace_back("greedy_recompute_us", std::to_string(b->greedyUs));
+      out.emplace_back("greedy_peak_bytes", std::to_string(b->greedyPeak));
+    }
     return out;
   }
   nlohmann::json details() const override {
@@ -191,6 +216,7 @@ class SacStrategy final : public harness::Strategy {
 
   std::vector<std::string> caseParams() const override {
     if (policy_.empty()) return {"policy"};
+    if (policy_ == "budget") return {"budget", "budget_bytes", "time_limit"};
     return {};
   }
   std::vector<std::pair<std::string, std::string>> params() const override {
@@ -226,6 +252,13 @@ class SacStrategy final : public harness::Strategy {
     plan->json = plan->plan.toJson(*plan->model);
     plan->edges = autoshard::planEdges(*plan->model, plan->plan.choice);
     const auto& g = plan->model->graph();
+    if (policy_ == "budget") {
+      solveForBudget(c, *plan, *s);
+      s->model = modelRecompute(*plan->model, plan->plan.choice, s->policy);
+      s->plan = std::move(plan);
+      cache_[key] = s;
+      return s;
+    }
     nlohmann::json spec = policy_;
     if (policy_.empty()) {
       if (!c.params.contains("policy")) {
@@ -247,6 +280,53 @@ class SacStrategy final : public harness::Strategy {
     return s;
   }
 
+  // params.budget (a fraction of keeping everything's step peak) or params.budget_bytes.
+  void solveForBudget(const CaseSpec& c, const SolvedPlan& plan, Solved& s) const {
+    const auto& g = plan.model->graph();
+    const bool frac = c.params.contains("budget"), abs = c.params.contains("budget_bytes");
+    if (frac == abs) {
+      throw harness::InputError(c.where() +
+                                ": params: expected one of budget (a fraction of keeping "
+                                "everything's peak, in (0, 1]) and budget_bytes");
+    }
+    const int64_t keepAll = replayPolicyPeak(*plan.model, plan.plan.choice,
+                                             makePolicy(g, "save-all", std::vector<bool>(g.nodes.size(), true)));
+    if (frac) {
+      const auto& b = c.params.at("budget");
+      const double f = b.is_number() ? b.get<double>() : -1;
+      if (!(f > 0 && f <= 1)) {
+        throw harness::InputError(c.where() + ": params.budget: expected a fraction in (0, 1], got " +
+                                  b.dump());
+      }
+      s.budgetFraction = f;
+      s.budgetBytes = static_cast<int64_t>(f * static_cast<double>(keepAll));
+    } else {
+      const auto& b = c.params.at("budget_bytes");
+      if (!b.is_number_integer() || b.get<int64_t>() <= 0) {
+        throw harness::InputError(c.where() +
+                                  ": params.budget_bytes: expected a whole number of bytes above "
+                                  "0, got " + b.dump());
+      }
+      s.budgetBytes = b.get<int64_t>();
+      s.budgetFraction = static_cast<double>(s.budgetBytes) / static_cast<double>(keepAll);
+    }
+    BudgetOptions o;
+    if (c.params.contains("time_limit")) {
+      const auto& t = c.params.at("time_limit");
+      if (!t.is_number() || !(t.get<double>() > 0 && t.get<double>() <= 86400)) {
+        throw harness::InputError(c.where() +
+                                  ": params.time_limit: expected a number of seconds in (0, 86400], got " +
+                                  t.dump());
+      }
+      o.timeLimitSeconds = t.get<double>();
+    }
+    o.ignoreViewBase = fault_ == kFaultViewBase;
+    s.budget = solveBudget(*plan.model, plan.plan.choice, s.budgetBytes, o);
+    s.policy = s.budget->status == "infeasible"
+                   ? makePolicy(g, "budget", std::vector<bool>(g.nodes.size(), false))
+                   : s.budget->policy;
+  }
+
   Applicability applies(const CaseSpec& c) const override {
     if (!reference::findGraphWorkload(c.workload)) {
       return Applicability::notApplicable("not a graph workload (gpt2, bert, llama, mlp)");
@@ -263,7 +343,21 @@ class SacStrategy final : public harness::Strategy {
     if (policy_.empty() && !c.params.contains("policy")) {
       return Applicability::notApplicable("a case without params.policy (the built-ins need none)");
     }
+    if (policy_ == "budget" && !c.params.contains("budget") && !c.params.contains("budget_bytes")) {
+      return Applicability::notApplicable("a case without params.budget or params.budget_bytes");
+    }
+    if (policy_ == "budget" && c.training.enabled()) {
+      return Applicability::unsupported(
+          "a budget bounds one step's activations; over optimizer steps the state is not in it yet");
+    }
     const auto s = solved(c);
+    if (s->budget && s->budget->status == "infeasible") {
+      return Applicability::unsupported(
+          "budget " + std::to_string(s->budgetBytes) + " B is below the least peak any policy "
+          "reaches here: " + std::to_string(s->budget->leastPeak) +
+          " B (recomputing every block operator; keeping all: " +
+          std::to_string(s->budget->keepAllPeak) + " B)");
+    }
     if (!fault_.empty() && !s->model.unmodelled.empty()) {
       return Applicability::unsupported(fault_ + ": " + s->model.unmodelled +
                                         "'s saving is not modelled, so whether there is anything "
@@ -375,9 +469,14 @@ class SacStrategy final : public harness::Strategy {
     return {{"policy", s->policy.name}, {"decisions", nodes}};
   }
 
-  std::vector<std::string> plantableFaults() const override { return {kFaultRng, kFaultFreed}; }
+  std::vector<std::string> plantableFaults() const override {
+    if (policy_ == "budget") return {kFaultRng, kFaultFreed, kFaultViewBase};
+    return {kFaultRng, kFaultFreed};
+  }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    if (name != kFaultRng && name != kFaultFreed) return nullptr;
+    if (name != kFaultRng && name != kFaultFreed && !(name == kFaultViewBase && policy_ == "budget")) {
+      return nullptr;
+    }
     return std::make_unique<SacStrategy>(policy_, name);
   }
 
@@ -391,6 +490,7 @@ std::vector<std::unique_ptr<harness::Strategy>> registerAll() {
   std::vector<std::unique_ptr<harness::Strategy>> out;
   for (const auto& p : builtinPolicies()) out.push_back(std::make_unique<SacStrategy>(p));
   out.push_back(std::make_unique<SacStrategy>(""));
+  out.push_back(std::make_unique<SacStrategy>("budget"));
   return out;
 }
 

@@ -99,6 +99,8 @@ class PlanExecutor final : public harness::RankExecutor {
   }
   // A plan chosen under params.max_memory promises to fit it on every rank.
   std::optional<int64_t> memoryLimitBytes() const override { return memoryLimit_; }
+  // What the executor holds through a step (parameters' pieces, data slices, the seed).
+  int64_t heldBytes() const { return heldBytes_; }
   // Selective activation checkpointing (above): the memory replay does not model it, so such a
   // row has no memory prediction, and says why.
   void setRecompute(std::shared_ptr<PlanRecompute> r, std::string noReplay) {
