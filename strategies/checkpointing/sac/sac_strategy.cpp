@@ -137,6 +137,7 @@ class SacExecutor final : public harness::RankExecutor {
       out.emplace_back("plan_from", b->chosen);
       out.emplace_back("rounds", std::to_string(b->rounds));
       out.emplace_back("ascent_replays", std::to_string(b->ascents));
+      out.emplace_back("solve_seconds", std::to_string(b->seconds));
       out.emplace_back("model_peak_bytes", std::to_string(b->peak));
       out.emplace_back("keep_all_peak_bytes", std::to_string(b->keepAllPeak));
       out.emplace_back("least_peak_bytes", std::to_string(b->leastPeak));
