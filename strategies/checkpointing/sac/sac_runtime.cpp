@@ -141,16 +141,7 @@ RecomputeModel modelRecompute(const autoshard::ShardingModel& m, const std::vect
   }
   for (const auto& [o, k] : readers) r.savedTwice = r.savedTwice || k >= 2;
   // What a recomputed node reads that was dropped too is recomputed before it.
-  for (size_t v = n; v-- > 0;) {
-    if (!r.recomputed[v]) continue;
-    for (const auto& a : g.nodes[v].args) {
-      const int q = g.producer(a).first;
-      if (q >= 0 && p.region[static_cast<size_t>(q)] == p.region[v] &&
-          !p.save[static_cast<size_t>(q)]) {
-        r.recomputed[static_cast<size_t>(q)] = true;
-      }
-    }
-  }
+  autoshard::recomputeClosure(g, p.save, p.region, r.recomputed);
   for (size_t v = 0; v < n; ++v) {
     if (!r.recomputed[v]) continue;
     const auto& node = g.nodes[v];
@@ -327,16 +318,7 @@ void SacRuntime::recompute(int region) {
   const size_t n = g_.nodes.size();
   std::vector<bool> needed(n, false);
   for (int v : droppedNodes_[region]) needed[static_cast<size_t>(v)] = true;
-  for (size_t v = n; v-- > 0;) {
-    if (!needed[v]) continue;
-    for (const auto& a : g_.nodes[v].args) {
-      const int q = g_.producer(a).first;
-      if (q >= 0 && policy_.region[static_cast<size_t>(q)] == region &&
-          !policy_.save[static_cast<size_t>(q)]) {
-        needed[static_cast<size_t>(q)] = true;
-      }
-    }
-  }
+  autoshard::recomputeClosure(g_, policy_.save, policy_.region, needed);
   auto& held = held_[region];
   std::map<std::string, at::Tensor> values;  // this recomputation's outputs
   const at::AutoGradMode grad(true);

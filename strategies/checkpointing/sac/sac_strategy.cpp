@@ -133,7 +133,7 @@ class SacExecutor final : public harness::RankExecutor {
     if (const auto& b = solved_->budget) {
       out.emplace_back("budget", std::to_string(solved_->budgetFraction));
       out.emplace_back("budget_bytes", std::to_string(solved_->budgetBytes));
-      out.emplace_back("solver_status", b->status);
+      out.emplace_back("budget_status", b->status);
       out.emplace_back("plan_from", b->chosen);
       out.emplace_back("rounds", std::to_string(b->rounds));
       out.emplace_back("ascent_replays", std::to_string(b->ascents));

@@ -42,7 +42,9 @@ TEST(SacPolicy, TorchtitanKeepsEveryOtherLinearAndAttentionPerBlock) {
   }
   // Outside the blocks everything is kept.
   for (const auto& n : g.nodes) {
-    if (n.layer < 0) EXPECT_TRUE(d.at(n.name)) << n.name;
+    if (n.layer < 0) {
+      EXPECT_TRUE(d.at(n.name)) << n.name;
+    }
   }
 }
 

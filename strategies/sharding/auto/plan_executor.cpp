@@ -155,10 +155,12 @@ void PlanExecutor::step(RankContext& ctx) {
   runners_.clear();
   for (auto& [name, l] : leaves_) l.mutable_grad().reset();
   startCapture(ctx);
-  startPass(ctx);
-  at::Tensor out = forward(ctx);
-  reference::backward({out}, {seed_});
-  endPass();
+  at::Tensor out;
+  {
+    const PassScope pass(*this, ctx);
+    out = forward(ctx);
+    reference::backward({out}, {seed_});
+  }
   endCapture();
   results_["output"] = out.detach();
   for (const auto& [name, l] : leaves_) results_["grad/" + name] = l.grad();
@@ -189,12 +191,14 @@ void PlanExecutor::trainSteps(RankContext& ctx) {
     double loss = 0;
     {
       if (k == 0) startCapture(ctx);
-      startPass(ctx);
-      const at::Tensor out = forward(ctx);
-      // Seeded with the target, d sum(output * target) / d output, as the one-step backward is
-      // (the plan's memory model counts that backward); the loss from the output after it.
-      reference::backward({out}, {seed_});
-      endPass();
+      at::Tensor out;
+      {
+        const PassScope pass(*this, ctx);
+        out = forward(ctx);
+        // Seeded with the target, d sum(output * target) / d output, as the one-step backward
+        // is (the plan's memory model counts that backward); the loss from the output after it.
+        reference::backward({out}, {seed_});
+      }
       endCapture();
       at::Tensor total =
           outputCounted_ ? (out.detach() * seed_).sum() : at::zeros({}, out.options());

@@ -171,11 +171,19 @@ class PlanExecutor final : public harness::RankExecutor {
                                       const std::function<at::Tensor(size_t)>& operand,
                                       const std::function<void(size_t)>& taken, bool& faultDone,
                                       uint64_t seedShift, bool capture);
-  // A forward and backward with recompute_ told of it.
+  // A forward and backward with recompute_ told of it, its end told however the pass ends (a
+  // step that throws leaves no observer or hook of the pass behind on the thread).
   void startPass(RankContext& ctx);
   void endPass() {
     if (recompute_) recompute_->endPass();
   }
+  struct PassScope {
+    PassScope(PlanExecutor& e, RankContext& ctx) : e(e) { e.startPass(ctx); }
+    ~PassScope() { e.endPass(); }
+    PassScope(const PassScope&) = delete;
+    PassScope& operator=(const PassScope&) = delete;
+    PlanExecutor& e;
+  };
   std::shared_ptr<PlanRecompute> recompute_;
   // Training over the case's steps (reference/training.h): every step() from the initial
   // pieces, LibTorch's optimizer over this rank's pieces; the loss and the gradient norm summed

@@ -658,16 +658,7 @@ void Replay::recomputeRegion(int region) {
   const size_t n = g_.nodes.size();
   std::vector<bool> needed(n, false);
   for (int v : droppedNodes_[region]) needed[static_cast<size_t>(v)] = true;
-  for (size_t v = n; v-- > 0;) {
-    if (!needed[v]) continue;
-    for (const auto& a : g_.nodes[v].args) {
-      const int q = g_.producer(a).first;
-      if (q >= 0 && recompute->region[static_cast<size_t>(q)] == region &&
-          !recompute->save[static_cast<size_t>(q)]) {
-        needed[static_cast<size_t>(q)] = true;
-      }
-    }
-  }
+  recomputeClosure(g_, recompute->save, recompute->region, needed);
   std::map<std::string, Ref> values;
   const Rerun rerun{&values, region};
   for (size_t v = 0; v < n; ++v) {
@@ -914,6 +905,20 @@ int64_t Replay::run() {
 }
 
 }  // namespace
+
+void recomputeClosure(const reference::Graph& g, const std::vector<bool>& save,
+                      const std::vector<int>& region, std::vector<bool>& needed) {
+  for (size_t v = needed.size(); v-- > 0;) {
+    if (!needed[v]) continue;
+    for (const auto& a : g.nodes[v].args) {
+      const int q = g.producer(a).first;
+      if (q >= 0 && region[static_cast<size_t>(q)] == region[v] &&
+          !save[static_cast<size_t>(q)]) {
+        needed[static_cast<size_t>(q)] = true;
+      }
+    }
+  }
+}
 
 bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads) {
   const std::string& op = r.shape.op;

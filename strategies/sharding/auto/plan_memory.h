@@ -92,6 +92,12 @@ struct RecomputePolicy {
   std::map<std::string, std::set<int>> heldBy;
 };
 
+// What a recomputation reruns besides `needed` (in place): the nodes of a needed node's block,
+// not kept, whose outputs it reads, and so on back (the executor's runtime and the replay both
+// close over this, so that they rerun the same nodes).
+void recomputeClosure(const reference::Graph& g, const std::vector<bool>& save,
+                      const std::vector<int>& region, std::vector<bool>& needed);
+
 // Every rank's peak of the plan's step (what the executor holds included), by the replay on a
 // `threads` world of the model's mesh and dtype: what solving checks a memory limit with.
 // Throws PlanMemoryUnknown.
