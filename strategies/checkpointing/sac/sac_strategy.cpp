@@ -15,8 +15,8 @@
 // ATen ran, counted by a RecordFunction observer, as torchtitan's test pins a policy's flops with
 // FlopCounterMode; and the peak, by the plan's memory replay with the policy's saved set and
 // recomputations (plan_memory.h's RecomputePolicy), to the byte on the operators the replay is
-// checked on. An imported graph's operators are not in either model: its rows are measured,
-// and say why there is no prediction.
+// checked on (an imported graph's within 5%, as its plans' are). What an imported operator saves
+// is not in the flops model: such rows' flops are measured, and say why there is no prediction.
 //
 // Policies: save-all, recompute-all, torchtitan, cheap (policy.h), and `checkpointing/sac/policy`,
 // whose policy is params.policy (a built-in's name or {default, ops, nodes}).

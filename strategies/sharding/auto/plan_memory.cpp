@@ -262,6 +262,7 @@ class Replay {
   std::map<int, std::set<int>> droppedNodes_;
   std::map<int, std::map<std::string, Ref>> heldForRerun_;
   std::set<int> rerunRegions_;
+  std::map<int, std::vector<bool>> atenOutputGrads_;  // per imported node, as the forward asked
   bool keeps(int v) const {
     return !recompute || recompute->region[static_cast<size_t>(v)] < 0 ||
            recompute->save[static_cast<size_t>(v)];
@@ -426,16 +427,16 @@ std::vector<Ref> Replay::forwardNode(int v, const Rerun* rerun) {
   // An imported operator: what its node saves, what it allocates inside itself and in its
   // backward, and which outputs view an operand, learned from the operator (aten_op.h).
   reference::AtenSaved aten;
-  if (op == "aten" && region >= 0) {
-    throw PlanMemoryUnknown(n.name + ": an imported operator's saving under selective "
-                            "checkpointing is not replayed");
-  }
   if (op == "aten") {
     std::vector<Dims> strides;
     for (const Ref& t : local) strides.push_back(t->strides);
-    std::vector<bool> outputGrads;
-    for (const std::string& o : outNames) {
-      outputGrads.push_back(reads_[o] > 0 || o == g_.output);
+    // Which outputs a gradient reaches: read later (a recomputation asks as the forward did).
+    std::vector<bool>& outputGrads = atenOutputGrads_[v];
+    if (!rerun) {
+      outputGrads.clear();
+      for (const std::string& o : outNames) {
+        outputGrads.push_back(reads_[o] > 0 || o == g_.output);
+      }
     }
     aten = reference::atenSavedTensors(r.shape, dtype_, grads, strides, outputGrads,
                                        measureAllocations);
@@ -462,6 +463,17 @@ std::vector<Ref> Replay::forwardNode(int v, const Rerun* rerun) {
     alloc(forwardPeak, n.name + " forward");
     release(forwardPeak - kept, n.name + " forward's transients");
     if (!u) release(aten.internal, n.name + " forward (nothing saved)");
+    // Selective checkpointing: what the node keeps of its own (as a rule's extras, below).
+    if (u && aten.internal > 0 && !keeps(v)) {
+      if (!rerun) {
+        droppedOwn_[v] = u;
+        droppedNodes_[region].insert(v);
+        u->recomputes = true;
+        release(aten.internal, n.name + " forward (its own saved tensors dropped)");
+      } else if (!droppedOwn_.count(v)) {
+        release(aten.internal, n.name + " recomputed (nothing of its own kept)");
+      }
+    }
     for (size_t j = 0; j < outShapes.size(); ++j) {
       const int k = aten.aliasOf[j];
       const Dims sizes = localSizes(outShapes[j], r.outputs[j]);
@@ -594,44 +606,49 @@ std::vector<Ref> Replay::forwardNode(int v, const Rerun* rerun) {
       }
     }
   }
+  // A saved operand: kept, or (selective checkpointing) dropped where its storage was made in
+  // this block by a node not kept, the recomputation handing it to this node again.
+  const auto saveOperand = [&](size_t i) {
+    const Storage& st = *local[i]->storage;
+    if (region >= 0 && st.node >= 0 && recompute->region[static_cast<size_t>(st.node)] == region &&
+        !recompute->save[static_cast<size_t>(st.node)]) {
+      droppedReads_[{st.node, st.output}].push_back({u, local[i]->sizes, local[i]->strides});
+      droppedNodes_[region].insert(st.node);
+      u->recomputes = true;
+    } else {
+      u->saved.push_back(local[i]);
+    }
+  };
+  // The node's own saved output: kept, dropped, or (recomputed) handed to the forward's node.
+  const auto saveOwnOutput = [&]() {
+    if (rerun) {
+      if (auto it = droppedOwn_.find(v); it != droppedOwn_.end()) {
+        it->second->unpacked.push_back(outs[0]);
+      }
+    } else if (keeps(v)) {
+      u->saved.push_back(outs[0]);
+    } else {
+      droppedOwn_[v] = u;
+      droppedNodes_[region].insert(v);
+      u->recomputes = true;
+    }
+  };
   if (u && op == "aten") {
     // An imported operator's node saves what this LibTorch's saves (1.13's mean its input,
     // 2.x's not): learned from the operator itself.
     if (!aten.passThrough) {
       for (size_t i = 0; i < local.size() && i < aten.operands.size(); ++i) {
-        if (aten.operands[i]) u->saved.push_back(local[i]);
+        if (aten.operands[i] && !rerun) saveOperand(i);
       }
-      if (aten.output && !outs.empty()) u->saved.push_back(outs[0]);
+      if (aten.output && !outs.empty()) saveOwnOutput();
     }
   } else if (u && !rerun) {
     for (size_t i = 0; i < local.size(); ++i) {
-      if (!savesOperand(r, i, grads)) continue;
-      // Selective checkpointing: dropped where its storage was made in this block by a node not
-      // kept; the recomputation hands it to this node again.
-      const Storage& st = *local[i]->storage;
-      if (region >= 0 && st.node >= 0 && recompute->region[static_cast<size_t>(st.node)] == region &&
-          !recompute->save[static_cast<size_t>(st.node)]) {
-        droppedReads_[{st.node, st.output}].push_back({u, local[i]->sizes, local[i]->strides});
-        droppedNodes_[region].insert(st.node);
-        u->recomputes = true;
-      } else {
-        u->saved.push_back(local[i]);
-      }
+      if (savesOperand(r, i, grads)) saveOperand(i);
     }
-    if (savesOutput(op)) {
-      if (keeps(v)) {
-        u->saved.push_back(outs[0]);
-      } else {
-        droppedOwn_[v] = u;
-        droppedNodes_[region].insert(v);
-        u->recomputes = true;
-      }
-    }
+    if (savesOutput(op)) saveOwnOutput();
   } else if (u && savesOutput(op)) {
-    // A recomputed node's own output, for the forward's node that dropped it.
-    if (auto it = droppedOwn_.find(v); it != droppedOwn_.end()) {
-      it->second->unpacked.push_back(outs[0]);
-    }
+    saveOwnOutput();  // a recomputed node's own output, for the forward's node that dropped it
   }
   local.clear();
   if (rerun) return outs;
