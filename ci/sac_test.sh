@@ -153,4 +153,32 @@ check "a budget past 1: exit 2 naming it" 2 "params.budget: expected a fraction 
 sed -i 's#params: {budget: 1.5}#params: {budget: 0.5, budget_bytes: 1000}#' "$tmp/bad.yaml"
 check "both a budget and budget_bytes: exit 2" 2 "expected one of budget" -- \
   "$sb" run "$tmp/bad.yaml" --out "$tmp/bad8"
+
+# ---- Side by side with PyTorch's SAC (torch/sac, suites/sac-torch.yaml) ------------------------
+sed "s#build/models/#$build/models/#g" suites/sac-torch.yaml > "$tmp/sac-torch.yaml"
+py=$(sed -n 's/^SB_TORCH_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+if "$py" -c "from torch.utils.checkpoint import create_selective_checkpoint_contexts" 2>/dev/null; then
+  check "side by side: each policy passes by stratbench and by PyTorch's SAC" 0 "total +8 +0 +0 +0$" -- \
+    "$sb" run "$tmp/sac-torch.yaml" --out "$tmp/side" --repetitions 1
+  check "side by side: PyTorch's peak beside stratbench's prediction, recompute-all below save-all in both" 0 "^ok" -- \
+    python3 - "$tmp/side/results.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["records"]
+peak = {(r["params"]["policy"] if "policy" in r["params"] else r["case"].split("-", 2)[2], r["strategy_id"]): r for r in rows}
+ours = {r["case"]: r for r in rows if r["strategy_id"] == "checkpointing/sac/policy"}
+torch = {r["case"]: r for r in rows if r["strategy_id"] == "torch/sac"}
+for case, r in ours.items():
+    assert r["predicted_mem_bytes"] and not r["mispredicted"], (case, r["message"])
+    print(case, "stratbench predicted", r["predicted_mem_bytes"], "measured", r["peak_mem_bytes"],
+          "| PyTorch's SAC measured", torch[case]["peak_mem_bytes"])
+for t in (ours, torch):
+    assert int(t["traced-gpt2-recompute-all"]["peak_mem_bytes"]) < int(t["traced-gpt2-save-all"]["peak_mem_bytes"])
+print("ok")
+PY
+  check "torch/sac: a policy it does not know is exit 2 naming it" 2 "params.policy \"every-other\"" -- \
+    bash -c "sed 's/policy: cheap/policy: every-other/; s#\"checkpointing/sac/policy\", ##' '$tmp/sac-torch.yaml' > '$tmp/bad-torch.yaml' && '$sb' run '$tmp/bad-torch.yaml' --out '$tmp/bt'"
+else
+  check "no PyTorch 2.x: torch/sac rows unsupported, stratbench's pass" 0 "total +4 +0 +0 +4$" -- \
+    "$sb" run "$tmp/sac-torch.yaml" --out "$tmp/side" --repetitions 1
+fi
 finish

@@ -51,6 +51,7 @@
 #include <fstream>
 #include <mutex>
 #include <regex>
+#include <set>
 
 #include "harness/comm/mesh.h"
 #include "harness/error.h"
@@ -447,6 +448,7 @@ class TorchStrategy final : public harness::Strategy {
     if (kind_.name == "file") return {"model", "strategy_file"};
     if (kind_.name == "compose") return {"model", "axes", "sp", "schedule", "virtual_stages", "ac"};
     if (kind_.name == "ep") return {"model", "axes"};
+    if (kind_.name == "sac") return {"model", "policy"};
     return {"model"};
   }
   bool trainsSteps() const override { return true; }
@@ -489,6 +491,23 @@ class TorchStrategy final : public harness::Strategy {
                                 "of a Python file defining parallelize(model, mesh, ctx)");
     }
     if (kind_.name == "compose") checkComposeParams(c);
+    if (kind_.name == "sac" && c.params.contains("policy")) {
+      // The policy by name: stratbench's checkpointing/sac/<name> decides the same per
+      // operator (builtin_strategies.py's sac_policy); a policy object is stratbench's only.
+      const auto& p = c.params.at("policy");
+      static const std::set<std::string> kNames = {"matmuls", "save-all", "recompute-all",
+                                                   "torchtitan", "cheap"};
+      if (p.is_object()) {
+        return Applicability::unsupported(
+            "torch/sac runs a policy by name (matmuls, save-all, recompute-all, torchtitan, "
+            "cheap); a policy object is checkpointing/sac/policy's");
+      }
+      if (!p.is_string() || !kNames.count(p.get<std::string>())) {
+        throw harness::InputError(c.where() + ": params.policy " + p.dump() +
+                                  ": expected matmuls, save-all, recompute-all, torchtitan or "
+                                  "cheap (torch/sac), or an object (checkpointing/sac/policy)");
+      }
+    }
     std::string why;
     if (modelSource(c, why).empty()) return Applicability::unsupported(why);
     if (c.device != "cpu") {
