@@ -18,14 +18,6 @@ namespace {
 
 using autoshard::ShardingModel;
 
-bool isMatmul(const std::string& op) {
-  return op == "addmm" || op == "mm" || op == "bmm" || op == "matmul";
-}
-bool savesOwnTensors(const std::string& op) {
-  return op == "dropout" || op == "layer_norm" || op == "rms_norm" || op == "softmax" ||
-         op == "relu" || op == "rope";
-}
-
 Policy fromKeep(const reference::Graph& g, const std::vector<int>& decisions,
                 const std::vector<bool>& keep, const std::string& name) {
   std::vector<bool> rule(g.nodes.size(), true);
@@ -57,44 +49,30 @@ BudgetPlan solveBudget(const ShardingModel& m, const std::vector<int>& choice,
   BudgetPlan out;
   // The decisions: a block's operators that take a gradient, views apart.
   std::vector<int> decisions;
-  std::vector<std::vector<bool>> grads(n);
   for (size_t v = 0; v < n; ++v) {
     const auto& node = g.nodes[v];
-    for (const auto& a : node.args) grads[v].push_back(g.requiresGrad(a));
-    const bool anyGrad = std::find(grads[v].begin(), grads[v].end(), true) != grads[v].end();
+    const bool anyGrad = std::any_of(node.args.begin(), node.args.end(),
+                                     [&](const std::string& a) { return g.requiresGrad(a); });
     if (node.layer >= 0 && anyGrad && !isViewOp(node.shape.op)) {
       decisions.push_back(static_cast<int>(v));
     }
   }
   out.decisions = static_cast<int>(decisions.size());
-  // Per operator: whether a node of its block saves its outputs (through views to their maker).
-  std::vector<bool> saved(n, false);
-  for (size_t w = 0; w < n; ++w) {
-    const auto& node = g.nodes[w];
-    if (node.layer < 0) continue;
-    const auto& op = m.candidates(static_cast<int>(w))[choice[w]].op;
-    for (size_t i = 0; i < node.args.size(); ++i) {
-      if (!autoshard::savesOperand(op, i, grads[w])) continue;
-      const int o = options.ignoreViewBase ? g.producer(node.args[i]).first
-                                           : storageOwner(g, node.args[i]);
-      if (o >= 0 && g.nodes[static_cast<size_t>(o)].layer == node.layer) {
-        saved[static_cast<size_t>(o)] = true;
-      }
-    }
-  }
+  // Per operator: how many nodes of its block save its outputs (through views to their maker).
+  const std::vector<int> readers = blockSaveReaders(m, choice, !options.ignoreViewBase);
   std::vector<double> bytes(decisions.size()), us(decisions.size());
   for (size_t i = 0; i < decisions.size(); ++i) {
     const size_t v = static_cast<size_t>(decisions[i]);
     const auto& node = g.nodes[v];
     const auto& cand = m.candidates(static_cast<int>(v))[choice[v]];
-    if (saved[v] || savesOwnTensors(node.shape.op)) {
+    if (readers[v] > 0 || savesOwnTensors(node.shape.op)) {
       for (const auto& shape : node.shape.outputs()) {
         int64_t e = es;
         for (int64_t d : shape) e *= d;
         bytes[i] += static_cast<double>(e);
       }
     }
-    us[i] = (isMatmul(node.shape.op) ? cand.computeUs / 3 : cand.computeUs / 2) +
+    us[i] = (isMatmulOp(node.shape.op) ? cand.computeUs / 3 : cand.computeUs / 2) +
             cand.localUs / 2;
   }
   const auto replay = [&](const Policy& p) { return replayPolicyPeak(m, choice, p); };

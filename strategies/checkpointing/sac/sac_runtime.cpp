@@ -18,10 +18,6 @@ namespace {
 using reference::SavedTensorHooks;
 using Packed = SavedTensorHooks::Packed;
 
-bool isMatmul(const std::string& op) {
-  return op == "addmm" || op == "mm" || op == "bmm" || op == "matmul";
-}
-
 // Operators whose saving the model knows: what they save of their operands (savesOperand), and
 // whether their node saves tensors of its own (statistics, a mask, its output, rope's tables).
 bool modelled(const std::string& op) {
@@ -31,11 +27,6 @@ bool modelled(const std::string& op) {
       "rope",      "view",    "reshape", "permute", "transpose", "split",  "contiguous"};
   return k.count(op) > 0;
 }
-bool savesOwn(const std::string& op) {
-  return op == "dropout" || op == "layer_norm" || op == "rms_norm" || op == "softmax" ||
-         op == "relu" || op == "rope";
-}
-
 // 2 m n k of a product whose output is `out` and whose first operand is [..., m, k].
 double productFlops(const reference::OpShape& s) {
   double out = 1;
@@ -106,46 +97,66 @@ class CaptureHooks final : public SavedTensorHooks {
 
 }  // namespace
 
+bool isMatmulOp(const std::string& op) {
+  return op == "addmm" || op == "mm" || op == "bmm" || op == "matmul";
+}
+
+bool savesOwnTensors(const std::string& op) {
+  return op == "dropout" || op == "layer_norm" || op == "rms_norm" || op == "softmax" ||
+         op == "relu" || op == "rope";
+}
+
+std::vector<int> blockSaveReaders(const autoshard::ShardingModel& m, const std::vector<int>& choice,
+                                  bool throughViews) {
+  const auto& g = m.graph();
+  std::vector<int> readers(g.nodes.size(), 0);
+  for (size_t w = 0; w < g.nodes.size(); ++w) {
+    const auto& node = g.nodes[w];
+    std::vector<bool> grads;
+    for (const auto& a : node.args) grads.push_back(g.requiresGrad(a));
+    // No operand takes a gradient: no autograd node, nothing saved.
+    if (node.layer < 0 || std::find(grads.begin(), grads.end(), true) == grads.end()) continue;
+    const auto& op = m.candidates(static_cast<int>(w))[choice[w]].op;
+    for (size_t i = 0; i < node.args.size(); ++i) {
+      if (!autoshard::savesOperand(op, i, grads)) continue;
+      const int o = throughViews ? storageOwner(g, node.args[i]) : g.producer(node.args[i]).first;
+      if (o >= 0 && g.nodes[static_cast<size_t>(o)].layer == node.layer) {
+        ++readers[static_cast<size_t>(o)];
+      }
+    }
+  }
+  return readers;
+}
+
 RecomputeModel modelRecompute(const autoshard::ShardingModel& m, const std::vector<int>& choice,
                               const Policy& p) {
   const auto& g = m.graph();
   const size_t n = g.nodes.size();
   RecomputeModel r;
   r.recomputed.assign(n, false);
-  std::vector<std::vector<bool>> grads(n);
-  std::map<int, int> readers;  // per dropped node, the backward nodes that read its output
+  // A node not kept is recomputed where a node of its block saves its storage, or where it
+  // saves tensors of its own.
+  const std::vector<int> readers = blockSaveReaders(m, choice);
   for (size_t v = 0; v < n; ++v) {
     const auto& node = g.nodes[v];
-    const auto& op = m.candidates(static_cast<int>(v))[choice[v]].op;
-    for (const auto& a : node.args) grads[v].push_back(g.requiresGrad(a));
-    if (!modelled(node.shape.op) && r.unmodelled.empty()) r.unmodelled = node.shape.op;
-    if (isMatmul(node.shape.op)) {
-      const double f = productFlops(node.shape);
-      r.forwardFlops += f;
-      for (size_t i = 0; i < 2 && i < grads[v].size(); ++i) {
-        if (grads[v][i]) r.backwardFlops += f;
-      }
-    }
-    const bool hasGrad = std::find(grads[v].begin(), grads[v].end(), true) != grads[v].end();
-    const int region = p.region[v];
-    if (region < 0 || !hasGrad) continue;
-    if (!p.save[v] && savesOwn(node.shape.op)) r.recomputed[v] = true;
+    bool hasGrad = false;
     for (size_t i = 0; i < node.args.size(); ++i) {
-      if (!autoshard::savesOperand(op, i, grads[v])) continue;
-      const int o = storageOwner(g, node.args[i]);
-      if (o >= 0 && p.region[static_cast<size_t>(o)] == region && !p.save[static_cast<size_t>(o)]) {
-        r.recomputed[static_cast<size_t>(o)] = true;
-        ++readers[o];
-      }
+      const bool grad = g.requiresGrad(node.args[i]);
+      hasGrad = hasGrad || grad;
+      if (isMatmulOp(node.shape.op) && i < 2 && grad) r.backwardFlops += productFlops(node.shape);
     }
+    if (!modelled(node.shape.op) && r.unmodelled.empty()) r.unmodelled = node.shape.op;
+    if (isMatmulOp(node.shape.op)) r.forwardFlops += productFlops(node.shape);
+    if (p.region[v] < 0 || p.save[v]) continue;
+    if (readers[v] > 0 || (hasGrad && savesOwnTensors(node.shape.op))) r.recomputed[v] = true;
+    r.savedTwice = r.savedTwice || readers[v] >= 2;
   }
-  for (const auto& [o, k] : readers) r.savedTwice = r.savedTwice || k >= 2;
   // What a recomputed node reads that was dropped too is recomputed before it.
   autoshard::recomputeClosure(g, p.save, p.region, r.recomputed);
   for (size_t v = 0; v < n; ++v) {
     if (!r.recomputed[v]) continue;
     const auto& node = g.nodes[v];
-    if (isMatmul(node.shape.op)) r.recomputeFlops += productFlops(node.shape);
+    if (isMatmulOp(node.shape.op)) r.recomputeFlops += productFlops(node.shape);
     if (node.shape.op == "dropout") r.recomputesDropout = true;
     for (const auto& a : node.args) {
       const int q = g.producer(a).first;
@@ -361,7 +372,7 @@ void SacRuntime::recompute(int region) {
     }
     if (firstPass_ && !isViewOp(node.shape.op)) {
       ++counts_.recomputedNodes;
-      if (isMatmul(node.shape.op)) ++counts_.recomputedMatmulNodes;
+      if (isMatmulOp(node.shape.op)) ++counts_.recomputedMatmulNodes;
       counts_.recomputed.push_back(node.name);
     }
   }

@@ -57,6 +57,16 @@ struct RecomputeModel {
 RecomputeModel modelRecompute(const autoshard::ShardingModel& m, const std::vector<int>& choice,
                               const Policy& p);
 
+// The model's facts, which the budget solver prices with too: the products (addmm, mm, bmm,
+// matmul); the operators whose node saves tensors of its own (statistics, a mask, its output,
+// rope's tables); per node, how many nodes of its block that take a gradient save its storage
+// (`throughViews`: a view's saves counted at the node that made its storage; false: at the view,
+// as the planted budget_ignores_view_base counts them).
+bool isMatmulOp(const std::string& op);
+bool savesOwnTensors(const std::string& op);
+std::vector<int> blockSaveReaders(const autoshard::ShardingModel& m, const std::vector<int>& choice,
+                                  bool throughViews = true);
+
 enum class SacFault { kNone, kRecomputeWithoutRng, kSavedFreedEarly };
 
 class SacRuntime final : public autoshard::PlanRecompute,
@@ -68,7 +78,7 @@ class SacRuntime final : public autoshard::PlanRecompute,
   std::unique_ptr<reference::ScopedSavedTensorHooks> nodeHooks(int v) override;
   void nodeDone(int v, const std::vector<at::Tensor>& outs) override;
   void endPass() override;
-  const autoshard::RecomputePolicy* replayPolicy() const override { return &replay_; }
+  const autoshard::RecomputePolicy& replayPolicy() const override { return replay_; }
 
   // Of the first pass: the matmul flops ATen ran (forward, backward and recomputation,
   // counted by a RecordFunction observer of mm, addmm, bmm and baddbmm), the nodes recomputed

@@ -55,7 +55,6 @@ using harness::RankContext;
 constexpr const char* kFaultRng = "recompute_without_rng";
 constexpr const char* kFaultFreed = "saved_freed_early";
 constexpr const char* kFaultViewBase = "budget_ignores_view_base";
-constexpr const char* kNoReplay = "selective checkpointing without a replay policy";
 
 struct Solved {
   std::shared_ptr<const SolvedPlan> plan;
@@ -103,7 +102,7 @@ class SacExecutor final : public harness::RankExecutor {
       : case_(c), solved_(std::move(s)), inner_(c, solved_->plan, std::nullopt, false, false) {
     runtime_ = std::make_shared<SacRuntime>(solved_->plan->model->graph(), solved_->policy,
                                             solved_->model, fault);
-    inner_.setRecompute(runtime_, kNoReplay);
+    inner_.setRecompute(runtime_);
   }
 
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override {
@@ -252,28 +251,24 @@ class SacStrategy final : public harness::Strategy {
     plan->plan.shape = c.shape;
     plan->json = plan->plan.toJson(*plan->model);
     plan->edges = autoshard::planEdges(*plan->model, plan->plan.choice);
-    const auto& g = plan->model->graph();
     if (policy_ == "budget") {
       solveForBudget(c, *plan, *s);
-      s->model = modelRecompute(*plan->model, plan->plan.choice, s->policy);
-      s->plan = std::move(plan);
-      cache_[key] = s;
-      return s;
-    }
-    nlohmann::json spec = policy_;
-    if (policy_.empty()) {
-      if (!c.params.contains("policy")) {
-        throw harness::InputError(c.where() +
-                                  ": params.policy: expected a policy's name (save-all, "
-                                  "recompute-all, torchtitan, cheap) or an object "
-                                  "{default, ops, nodes}");
+    } else {
+      nlohmann::json spec = policy_;
+      if (policy_.empty()) {
+        if (!c.params.contains("policy")) {
+          throw harness::InputError(c.where() +
+                                    ": params.policy: expected a policy's name (save-all, "
+                                    "recompute-all, torchtitan, cheap) or an object "
+                                    "{default, ops, nodes}");
+        }
+        spec = c.params.at("policy");
       }
-      spec = c.params.at("policy");
-    }
-    try {
-      s->policy = resolvePolicy(g, spec);
-    } catch (const std::invalid_argument& e) {
-      throw harness::InputError(c.where() + ": params." + e.what());
+      try {
+        s->policy = resolvePolicy(plan->model->graph(), spec);
+      } catch (const std::invalid_argument& e) {
+        throw harness::InputError(c.where() + ": params." + e.what());
+      }
     }
     s->model = modelRecompute(*plan->model, plan->plan.choice, s->policy);
     s->plan = std::move(plan);
@@ -384,17 +379,7 @@ class SacStrategy final : public harness::Strategy {
   }
 
   Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
-    const auto s = solved(c);
-    const auto& m = *s->plan->model;
-    const auto& g = m.graph();
-    const auto coords = harness::DeviceMesh(c.mesh).coords(rank);
-    if (tensor == "output") {
-      return m.valueLayout(g.output, s->plan->plan.choice)->box(g.valueShape(g.output), c.mesh,
-                                                                coords);
-    }
-    std::string name = tensor.substr(tensor.find('/') + 1);
-    if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
-    return autoshard::parameterLayout(*s->plan, name).box(g.valueShape(name), c.mesh, coords);
+    return autoshard::planResultBox(*solved(c)->plan, tensor, c, rank);
   }
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef fullShape) const override {

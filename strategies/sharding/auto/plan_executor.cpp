@@ -52,6 +52,18 @@ Layout parameterLayout(const SolvedPlan& s, const std::string& name) {
   return *s.model->valueLayout(name, s.plan.choice);
 }
 
+Box planResultBox(const SolvedPlan& s, const std::string& tensor, const CaseSpec& c, int rank) {
+  const auto& g = s.model->graph();
+  const auto coords = harness::DeviceMesh(c.mesh).coords(rank);
+  if (tensor == "output") {
+    return s.model->valueLayout(g.output, s.plan.choice)->box(g.valueShape(g.output), c.mesh, coords);
+  }
+  // grad/<parameter>, param/<parameter>, state/<parameter>/<key>: the parameter's piece.
+  std::string name = tensor.substr(tensor.find('/') + 1);
+  if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
+  return parameterLayout(s, name).box(g.valueShape(name), c.mesh, coords);
+}
+
 namespace {
 
 // Gradient moves back along the planner's steps the other way (see the file comment).
@@ -113,18 +125,13 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   for (const auto& e : solved_->edges) edgeOf_[{e.node, e.operand}] = &e;
   auto& mem = harness::MemoryTracker::instance();
   std::vector<PlanMemoryEvent> log;
-  const RecomputePolicy* policy = recompute_ ? recompute_->replayPolicy() : nullptr;
-  if (recompute_ && !policy) {
-    notReplayed_ = noReplayReason_;
-  } else {
-    try {
-      stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
-                                 mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_, nullptr,
-                                 policy);
-      replayed_ = true;
-    } catch (const PlanMemoryUnknown& e) {
-      notReplayed_ = e.what();
-    }
+  try {
+    stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
+                               mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_, nullptr,
+                               recompute_ ? &recompute_->replayPolicy() : nullptr);
+    replayed_ = true;
+  } catch (const PlanMemoryUnknown& e) {
+    notReplayed_ = e.what();
   }
   for (const auto& e : log) {
     fprintf(stderr, "model %+lld %s\n", static_cast<long long>(e.bytes), e.what.c_str());

@@ -46,6 +46,9 @@ harness::Tolerance planTolerance(harness::Tolerance base, const SolvedPlan& s, c
 
 // Where a parameter lives: its first reader's operand.
 Layout parameterLayout(const SolvedPlan& s, const std::string& name);
+// Where a result of a plan's row lives on `rank`: the output in the graph output's layout,
+// grad/, param/ and state/<parameter>/<key> in their parameter's.
+Box planResultBox(const SolvedPlan& s, const std::string& tensor, const CaseSpec& c, int rank);
 
 // Selective activation checkpointing inside a plan (strategies/checkpointing/sac/ implements
 // it): told of every node's forward, it decides what each node's autograd keeps of what it saves
@@ -68,8 +71,8 @@ class PlanRecompute {
   virtual void nodeDone(int v, const std::vector<at::Tensor>& outs) = 0;
   // The backward is over: what the pass still holds goes.
   virtual void endPass() = 0;
-  // What the memory replay follows (plan_memory.h), or nullptr: no memory prediction.
-  virtual const RecomputePolicy* replayPolicy() const { return nullptr; }
+  // What the memory replay follows (plan_memory.h).
+  virtual const RecomputePolicy& replayPolicy() const = 0;
 };
 
 class PlanExecutor final : public harness::RankExecutor {
@@ -101,12 +104,8 @@ class PlanExecutor final : public harness::RankExecutor {
   std::optional<int64_t> memoryLimitBytes() const override { return memoryLimit_; }
   // What the executor holds through a step (parameters' pieces, data slices, the seed).
   int64_t heldBytes() const { return heldBytes_; }
-  // Selective activation checkpointing (above): the memory replay does not model it, so such a
-  // row has no memory prediction, and says why.
-  void setRecompute(std::shared_ptr<PlanRecompute> r, std::string noReplay) {
-    recompute_ = std::move(r);
-    noReplayReason_ = std::move(noReplay);
-  }
+  // Selective activation checkpointing (above), which the memory replay follows.
+  void setRecompute(std::shared_ptr<PlanRecompute> r) { recompute_ = std::move(r); }
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     const auto& s = solved_->plan.solver;
     std::vector<std::pair<std::string, std::string>> out = {{"algo", s.algo},
@@ -199,7 +198,7 @@ class PlanExecutor final : public harness::RankExecutor {
   // pieces, the data slices, the seed), or why there is none.
   bool replayed_ = false;
   int64_t heldBytes_ = 0, stepPeak_ = 0;
-  std::string notReplayed_, noReplayReason_;
+  std::string notReplayed_;
   // Capture: on for the next step (its first optimizer step in training), the pieces it kept.
   bool captureOn_ = false;
   std::unique_ptr<PlanCapture> capture_;

@@ -220,17 +220,7 @@ class PlanStrategy final : public harness::Strategy {
   }
 
   Box resultBox(const std::string& tensor, const CaseSpec& c, int rank) const override {
-    const auto s = solved(c);
-    const auto& g = s->model->graph();
-    const auto coords = harness::DeviceMesh(c.mesh).coords(rank);
-    if (tensor == "output") {
-      return s->model->valueLayout(g.output, s->plan.choice)
-          ->box(g.valueShape(g.output), c.mesh, coords);
-    }
-    // grad/<parameter>, param/<parameter>, state/<parameter>/<key>: the parameter's piece.
-    std::string name = tensor.substr(tensor.find('/') + 1);
-    if (tensor.rfind("state/", 0) == 0) name = name.substr(0, name.rfind('/'));
-    return parameterLayout(*s, name).box(g.valueShape(name), c.mesh, coords);
+    return planResultBox(*solved(c), tensor, c, rank);
   }
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef fullShape) const override {
