@@ -8,7 +8,8 @@
 # flops, save-all the plain step's, and recompute-all's peak is below save-all's); each planted
 # fault fails its rows on their numbers (dropout recomputed without its seed; a recomputed
 # tensor let go before its second reader) and is unsupported, saying why, where there is
-# nothing to plant; a malformed policy is exit 2 naming the key.
+# nothing to plant; a graph without repeated blocks is unsupported, saying so; a malformed policy
+# is exit 2 naming the key.
 # Usage: ci/sac_test.sh BUILD SOURCE
 set -uo pipefail
 build=$1
@@ -124,6 +125,14 @@ assert all("over the" in r["message"] and "promised" in r["message"] for r in fa
 assert len(failed) >= 5, [(r["case"], r["status"]) for r in rows]
 print(f"ok: {len(failed)} of {len(rows)} rows fail")
 PY
+
+# A traced model without repeated blocks: a policy has nowhere to decide, so its rows are
+# unsupported, saying so, rather than passing as the plain step.
+printf 'suite: noblocks\ncases:\n  - name: c\n    workload: torchscript\n    shape: {file: %s/models/mlp_cumsum.pt, inputs: [[4, 16]]}\n    mesh: 1\n    strategies: ["checkpointing/sac/(save-all|recompute-all|torchtitan|cheap)"]\n' "$build" >"$tmp/noblocks.yaml"
+check "a graph without blocks: every policy unsupported, saying why" 0 "total +0 +0 +0 +4$" -- \
+  "$sb" run "$tmp/noblocks.yaml" --out "$tmp/noblocks"
+grep -q "no repeated blocks" "$tmp/noblocks/results.csv" && pass "the rows say there are no blocks" ||
+  fail "the unsupported rows do not say why"
 
 # Hostile policies: exit 2 naming what is wrong.
 bad() {

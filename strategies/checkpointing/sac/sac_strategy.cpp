@@ -23,6 +23,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -347,6 +348,14 @@ class SacStrategy final : public harness::Strategy {
           "a budget bounds one step's activations; over optimizer steps the state is not in it yet");
     }
     const auto s = solved(c);
+    const auto& regions = s->policy.region;
+    if (std::all_of(regions.begin(), regions.end(), [](int r) { return r < 0; })) {
+      // A policy decides inside repeated blocks: without them it would run the plain step and
+      // pass as if it had checkpointed.
+      return Applicability::unsupported(
+          "this graph has no repeated blocks (layers its builder or the import recognises from "
+          "module paths), and a policy decides inside blocks: nothing to checkpoint");
+    }
     if (s->budget && s->budget->status == "infeasible") {
       return Applicability::unsupported(
           "budget " + std::to_string(s->budgetBytes) + " B is below the least peak any policy "
