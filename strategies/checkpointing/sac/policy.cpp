@@ -51,9 +51,11 @@ const std::vector<std::string>& builtinPolicies() {
   return k;
 }
 
-int storageOwner(const Graph& g, const std::string& value) {
+int storageOwner(const Graph& g, const std::string& value,
+                 const std::set<std::pair<int, size_t>>* copies) {
   int v = g.producer(value).first;
-  while (v >= 0 && isViewOp(g.nodes[static_cast<size_t>(v)].shape.op)) {
+  while (v >= 0 && isViewOp(g.nodes[static_cast<size_t>(v)].shape.op) &&
+         !(copies && copies->count({v, 0}))) {
     v = g.producer(g.nodes[static_cast<size_t>(v)].args[0]).first;
   }
   return v;

@@ -31,7 +31,9 @@
 // The most specific wins: a node pattern over an op over the default; two patterns that match
 // one node with different decisions are refused.
 
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -62,7 +64,9 @@ Policy resolvePolicy(const reference::Graph& g, const nlohmann::json& spec);
 Policy makePolicy(const reference::Graph& g, std::string name, const std::vector<bool>& rule);
 
 // The node whose storage a value lives in: through views to the first node that allocates; -1
-// for the data and the parameters.
-int storageOwner(const reference::Graph& g, const std::string& value);
+// for the data and the parameters. `copies` (a sharded plan's (node, operand) reads whose
+// redistribution copies): a view reading its input through one owns that copy.
+int storageOwner(const reference::Graph& g, const std::string& value,
+                 const std::set<std::pair<int, size_t>>* copies = nullptr);
 
 }  // namespace sb::strategies::sac

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "harness/comm/mesh.h"
 #include "strategies/sharding/auto/plan_memory.h"
 
 namespace sb::strategies::sac {
@@ -27,12 +28,14 @@ bool modelled(const std::string& op) {
       "rope",      "view",    "reshape", "permute", "transpose", "split",  "contiguous"};
   return k.count(op) > 0;
 }
-// 2 m n k of a product whose output is `out` and whose first operand is [..., m, k].
-double productFlops(const reference::OpShape& s) {
-  double out = 1;
-  const auto outputs = s.outputs();
-  for (int64_t d : outputs[0]) out *= static_cast<double>(d);
-  return 2 * out * static_cast<double>(s.input.back());
+// 2 m n k of one rank's product: its piece of the output ([..., m, n], a pending sum's whole)
+// and its first operand's [..., m, k] (k cut where the sum is split over ranks).
+double productFlops(const autoshard::Candidate& c, const std::vector<int64_t>& mesh,
+                    const std::vector<int64_t>& coords) {
+  const auto& r = c.op;
+  const harness::Box out = r.outputs[0].box(r.shape.outputs()[0], mesh, coords);
+  const harness::Box in = r.operands[0].box(r.shape.operandShape(r.spec.operands[0]), mesh, coords);
+  return 2 * static_cast<double>(out.numel()) * static_cast<double>(in.length.back());
 }
 
 // The first pass's matmul flops, counted on the thread that runs it.
@@ -106,9 +109,25 @@ bool savesOwnTensors(const std::string& op) {
          op == "relu" || op == "rope";
 }
 
+std::set<std::pair<int, size_t>> copyingEdges(const autoshard::ShardingModel& m,
+                                              const std::vector<int>& choice) {
+  std::set<std::pair<int, size_t>> out;
+  const harness::DeviceMesh mesh(m.mesh());
+  for (const auto& e : autoshard::planEdges(m, choice)) {
+    for (const auto& st : e.forward.steps) {
+      if (mesh.groupSize(st.axes) > 1) {
+        out.insert({e.node, e.operand});
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<int> blockSaveReaders(const autoshard::ShardingModel& m, const std::vector<int>& choice,
                                   bool throughViews) {
   const auto& g = m.graph();
+  const auto copies = copyingEdges(m, choice);
   std::vector<int> readers(g.nodes.size(), 0);
   for (size_t w = 0; w < g.nodes.size(); ++w) {
     const auto& node = g.nodes[w];
@@ -118,8 +137,12 @@ std::vector<int> blockSaveReaders(const autoshard::ShardingModel& m, const std::
     if (node.layer < 0 || std::find(grads.begin(), grads.end(), true) == grads.end()) continue;
     const auto& op = m.candidates(static_cast<int>(w))[choice[w]].op;
     for (size_t i = 0; i < node.args.size(); ++i) {
-      if (!autoshard::savesOperand(op, i, grads)) continue;
-      const int o = throughViews ? storageOwner(g, node.args[i]) : g.producer(node.args[i]).first;
+      // Read through a redistribution that copies: the node saves its own copy.
+      if (!autoshard::savesOperand(op, i, grads) || copies.count({static_cast<int>(w), i})) {
+        continue;
+      }
+      const int o =
+          throughViews ? storageOwner(g, node.args[i], &copies) : g.producer(node.args[i]).first;
       if (o >= 0 && g.nodes[static_cast<size_t>(o)].layer == node.layer) {
         ++readers[static_cast<size_t>(o)];
       }
@@ -129,26 +152,36 @@ std::vector<int> blockSaveReaders(const autoshard::ShardingModel& m, const std::
 }
 
 RecomputeModel modelRecompute(const autoshard::ShardingModel& m, const std::vector<int>& choice,
-                              const Policy& p) {
+                              const Policy& p, int rank) {
   const auto& g = m.graph();
   const size_t n = g.nodes.size();
+  const auto coords = harness::DeviceMesh(m.mesh()).coords(rank);
   RecomputeModel r;
   r.recomputed.assign(n, false);
   // A node not kept is recomputed where a node of its block saves its storage, or where it
-  // saves tensors of its own.
+  // saves tensors of its own (a copy its edge's redistribution made among them).
   const std::vector<int> readers = blockSaveReaders(m, choice);
+  const auto copies = copyingEdges(m, choice);
+  std::vector<double> flops(n, 0.0);
   for (size_t v = 0; v < n; ++v) {
     const auto& node = g.nodes[v];
-    bool hasGrad = false;
+    const auto& cand = m.candidates(static_cast<int>(v))[choice[v]];
+    if (isMatmulOp(node.shape.op)) flops[v] = productFlops(cand, m.mesh(), coords);
+    std::vector<bool> grads;
+    for (const auto& a : node.args) grads.push_back(g.requiresGrad(a));
+    const bool hasGrad = std::find(grads.begin(), grads.end(), true) != grads.end();
+    bool savesCopy = false;
     for (size_t i = 0; i < node.args.size(); ++i) {
-      const bool grad = g.requiresGrad(node.args[i]);
-      hasGrad = hasGrad || grad;
-      if (isMatmulOp(node.shape.op) && i < 2 && grad) r.backwardFlops += productFlops(node.shape);
+      if (isMatmulOp(node.shape.op) && i < 2 && grads[i]) r.backwardFlops += flops[v];
+      savesCopy = savesCopy || (hasGrad && copies.count({static_cast<int>(v), i}) &&
+                                autoshard::savesOperand(cand.op, i, grads));
     }
     if (!modelled(node.shape.op) && r.unmodelled.empty()) r.unmodelled = node.shape.op;
-    if (isMatmulOp(node.shape.op)) r.forwardFlops += productFlops(node.shape);
+    r.forwardFlops += flops[v];
     if (p.region[v] < 0 || p.save[v]) continue;
-    if (readers[v] > 0 || (hasGrad && savesOwnTensors(node.shape.op))) r.recomputed[v] = true;
+    if (readers[v] > 0 || savesCopy || (hasGrad && savesOwnTensors(node.shape.op))) {
+      r.recomputed[v] = true;
+    }
     r.savedTwice = r.savedTwice || readers[v] >= 2;
   }
   // What a recomputed node reads that was dropped too is recomputed before it.
@@ -156,7 +189,7 @@ RecomputeModel modelRecompute(const autoshard::ShardingModel& m, const std::vect
   for (size_t v = 0; v < n; ++v) {
     if (!r.recomputed[v]) continue;
     const auto& node = g.nodes[v];
-    if (isMatmulOp(node.shape.op)) r.recomputeFlops += productFlops(node.shape);
+    r.recomputeFlops += flops[v];
     if (node.shape.op == "dropout") r.recomputesDropout = true;
     for (const auto& a : node.args) {
       const int q = g.producer(a).first;

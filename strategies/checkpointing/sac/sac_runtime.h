@@ -54,8 +54,11 @@ struct RecomputeModel {
   bool recomputesDropout = false;
   bool savedTwice = false;  // a recomputed value read by two backward nodes
 };
+// Inside a sharded plan: `rank`'s pieces (its flops); a node that reads an operand through a
+// redistribution that copies saves that copy as its own, kept or recomputed with it (its
+// edges rerun, collectives and all, by its recomputation).
 RecomputeModel modelRecompute(const autoshard::ShardingModel& m, const std::vector<int>& choice,
-                              const Policy& p);
+                              const Policy& p, int rank = 0);
 
 // The model's facts, which the budget solver prices with too: the products (addmm, mm, bmm,
 // matmul); the operators whose node saves tensors of its own (statistics, a mask, its output,
@@ -63,6 +66,9 @@ RecomputeModel modelRecompute(const autoshard::ShardingModel& m, const std::vect
 // (`throughViews`: a view's saves counted at the node that made its storage; false: at the view,
 // as the planted budget_ignores_view_base counts them).
 bool isMatmulOp(const std::string& op);
+// The (node, operand) reads whose redistribution copies (a step over more than one rank).
+std::set<std::pair<int, size_t>> copyingEdges(const autoshard::ShardingModel& m,
+                                              const std::vector<int>& choice);
 bool savesOwnTensors(const std::string& op);
 std::vector<int> blockSaveReaders(const autoshard::ShardingModel& m, const std::vector<int>& choice,
                                   bool throughViews = true);

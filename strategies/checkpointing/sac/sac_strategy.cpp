@@ -42,6 +42,7 @@
 #include "strategies/sharding/auto/model.h"
 #include "strategies/sharding/auto/plan_executor.h"
 #include "strategies/sharding/auto/plan_memory.h"
+#include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies::sac {
 namespace {
@@ -100,7 +101,9 @@ std::map<std::string, at::Tensor> plainRun(const CaseSpec& c, const Solved& s) {
 class SacExecutor final : public harness::RankExecutor {
  public:
   SacExecutor(const CaseSpec& c, std::shared_ptr<Solved> s, SacFault fault)
-      : case_(c), solved_(std::move(s)), inner_(c, solved_->plan, std::nullopt, false, false) {
+      : case_(c),
+        solved_(std::move(s)),
+        inner_(c, solved_->plan, maxMemory(c), false, false) {
     runtime_ = std::make_shared<SacRuntime>(solved_->plan->model->graph(), solved_->policy,
                                             solved_->model, fault);
     inner_.setRecompute(runtime_);
@@ -108,20 +111,35 @@ class SacExecutor final : public harness::RankExecutor {
 
   void prepare(RankContext& ctx, const reference::WorkloadData& data) override {
     inner_.prepare(ctx, data);
+    // A sharded plan's ranks hold other pieces: this rank's matmul flops.
+    if (case_.meshSize() > 1) {
+      model_ = modelRecompute(*solved_->plan->model, solved_->plan->plan.choice, solved_->policy,
+                              ctx.rank());
+    }
   }
   void step(RankContext& ctx) override { inner_.step(ctx); }
   // The plan's replay with the policy (plan_memory.h's RecomputePolicy).
   std::optional<int64_t> predictedPeakBytes() const override { return inner_.predictedPeakBytes(); }
+  // The plan's step by the search's cost model, the recomputations priced in (model.h's
+  // RecomputePricing).
+  std::optional<double> predictedTimeUs() const override { return inner_.predictedTimeUs(); }
   // A budget's plan promises the step fits it, above what the step starts with.
+  // params.max_memory: the plan's, as sharding/auto's rows promise it.
   std::optional<int64_t> memoryLimitBytes() const override {
-    if (!solved_->budget) return std::nullopt;
+    if (!solved_->budget) return inner_.memoryLimitBytes();
     return inner_.heldBytes() + solved_->budgetBytes;
+  }
+  static std::optional<int64_t> maxMemory(const CaseSpec& c) {
+    if (!c.params.contains("max_memory") || !c.params.at("max_memory").is_number()) return {};
+    const auto b = c.params.at("max_memory").get<double>();
+    if (!(b > 0)) return {};
+    return static_cast<int64_t>(b);
   }
   std::map<std::string, at::Tensor> results() const override { return inner_.results(); }
 
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     auto out = inner_.recordParams();
-    const auto& m = solved_->model;
+    const auto& m = model_;
     const auto& k = runtime_->counts();
     const int64_t recomputed = predictedNodes();
     out.emplace_back("policy", solved_->policy.name);
@@ -149,7 +167,7 @@ class SacExecutor final : public harness::RankExecutor {
   }
   nlohmann::json details() const override {
     nlohmann::json j = inner_.details();
-    const auto& m = solved_->model;
+    const auto& m = model_;
     const auto& k = runtime_->counts();
     const auto& g = solved_->plan->model->graph();
     nlohmann::json recomputed = nlohmann::json::array();
@@ -201,6 +219,7 @@ class SacExecutor final : public harness::RankExecutor {
   }
   const CaseSpec& case_;
   std::shared_ptr<Solved> solved_;
+  RecomputeModel model_{solved_->model};  // this rank's (its flops)
   PlanExecutor inner_;
   std::shared_ptr<SacRuntime> runtime_;
 };
@@ -216,9 +235,12 @@ class SacStrategy final : public harness::Strategy {
         fault_(std::move(fault)) {}
 
   std::vector<std::string> caseParams() const override {
-    if (policy_.empty()) return {"policy"};
-    if (policy_ == "budget") return {"budget", "budget_bytes", "time_limit"};
-    return {};
+    // The plan the policy runs inside (sharding/auto's parameters).
+    std::vector<std::string> out = {"algo", "plan",        "max_memory",
+                                    "time_limit", "mip_rel_gap", "tp_axis"};
+    if (policy_.empty()) out.push_back("policy");
+    if (policy_ == "budget") out.insert(out.end(), {"budget", "budget_bytes"});
+    return out;
   }
   std::vector<std::pair<std::string, std::string>> params() const override {
     return {{"policy", policy_.empty() ? "params.policy" : policy_}};
@@ -226,9 +248,10 @@ class SacStrategy final : public harness::Strategy {
   nlohmann::json describe() const override {
     return {{"policy", policy_.empty() ? "params.policy" : policy_},
             {"workloads", reference::graphWorkloads()},
-            {"mesh", "one rank"},
-            {"params", policy_.empty() ? nlohmann::json::array({"policy"})
-                                       : nlohmann::json::array()}};
+            {"mesh", policy_ == "budget" ? "one rank"
+                                         : "one rank, or a plan's ranks (params.algo) on a mesh "
+                                           "of 1 to 3 axes"},
+            {"params", caseParams()}};
   }
 
   static std::string caseKey(const CaseSpec& c) {
@@ -236,24 +259,38 @@ class SacStrategy final : public harness::Strategy {
            harness::dtypeName(c.dtype) + "|" + c.params.dump() + "|" + std::to_string(c.seed) +
            "|" + std::to_string(static_cast<int>(c.inputs)) + "|" + std::to_string(c.training.steps) + c.training.optimizer.toString();
   }
+  // params.algo: the plan the policy runs inside (sharding/auto's: ilp, megatron,
+  // data-parallel, replicated), or params.plan: a plan file (sharding/plan's); by default the
+  // search's (ilp) on a mesh, replicated on one rank.
+  static std::string algoOf(const CaseSpec& c) {
+    if (c.params.contains("plan")) {
+      if (c.params.contains("algo")) {
+        throw harness::InputError(c.where() +
+                                  ": params: expected one of algo (a plan solved) and plan (a "
+                                  "plan file), not both");
+      }
+      return "file";
+    }
+    if (!c.params.contains("algo")) return c.meshSize() > 1 ? "ilp" : "replicated";
+    const auto& a = c.params.at("algo");
+    const auto& algos = autoshard::planAlgos();
+    if (!a.is_string() || std::find(algos.begin(), algos.end(), a.get<std::string>()) == algos.end()) {
+      throw harness::InputError(c.where() +
+                                ": params.algo: expected one of ilp, megatron, data-parallel, "
+                                "replicated, got " + a.dump());
+    }
+    return a.get<std::string>();
+  }
+
   std::shared_ptr<Solved> solved(const CaseSpec& c) const {
     const std::string key = caseKey(c);
     const std::lock_guard<std::mutex> lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     auto s = std::make_shared<Solved>();
-    auto plan = std::make_shared<SolvedPlan>();
-    const autoshard::CostOptions opts =
-        autoshard::costOptionsFrom(nlohmann::json::object(), plan->profile.get(), c.dtype);
-    plan->model = std::make_unique<autoshard::ShardingModel>(
-        reference::buildGraph(c.workload, c.shape), c.mesh, opts);
-    autoshard::SolveOptions o;
-    o.algo = "replicated";
-    plan->plan = autoshard::solvePlan(*plan->model, o);
-    plan->plan.shape = c.shape;
-    plan->json = plan->plan.toJson(*plan->model);
-    plan->edges = autoshard::planEdges(*plan->model, plan->plan.choice);
     if (policy_ == "budget") {
-      solveForBudget(c, *plan, *s);
+      auto plan = autoshard::solveCasePlan(c, "replicated");
+      if (plan->problem.empty()) solveForBudget(c, *plan, *s);
+      s->plan = std::move(plan);
     } else {
       nlohmann::json spec = policy_;
       if (policy_.empty()) {
@@ -265,20 +302,40 @@ class SacStrategy final : public harness::Strategy {
         }
         spec = c.params.at("policy");
       }
-      try {
-        s->policy = resolvePolicy(plan->model->graph(), spec);
-      } catch (const std::invalid_argument& e) {
-        throw harness::InputError(c.where() + ": params." + e.what());
-      }
+      // The policy priced into the plan's search (its recomputations' time, its dropped
+      // tensors in the rows) and into the replay that checks a plan's memory.
+      s->plan = autoshard::solveCasePlan(c, algoOf(c), [&](autoshard::ShardingModel& m) {
+        try {
+          s->policy = resolvePolicy(m.graph(), spec);
+        } catch (const std::invalid_argument& e) {
+          throw harness::InputError(c.where() + ": params." + e.what());
+        }
+        std::vector<int> replicated;
+        for (size_t v = 0; v < m.graph().nodes.size(); ++v) {
+          replicated.push_back(m.replicatedCandidate(static_cast<int>(v)));
+        }
+        auto pricing = std::make_shared<autoshard::RecomputePricing>();
+        pricing->policy = s->policy.name;
+        pricing->save = s->policy.save;
+        pricing->region = s->policy.region;
+        pricing->recomputed = modelRecompute(m, replicated, s->policy).recomputed;
+        pricing->replayFor = [&m, policy = s->policy](const std::vector<int>& choice) {
+          return autoshard::RecomputePolicy{policy.save, policy.region,
+                                            modelRecompute(m, choice, policy).heldBy};
+        };
+        m.priceRecompute(std::move(pricing));
+      });
     }
-    s->model = modelRecompute(*plan->model, plan->plan.choice, s->policy);
-    s->plan = std::move(plan);
+    if (s->plan->problem.empty()) {
+      s->model = modelRecompute(*s->plan->model, s->plan->plan.choice, s->policy);
+    }
     cache_[key] = s;
     return s;
   }
 
   // params.budget (a fraction of keeping everything's step peak) or params.budget_bytes.
   void solveForBudget(const CaseSpec& c, const SolvedPlan& plan, Solved& s) const {
+    if (c.meshSize() > 1) return;  // unsupported (applies)
     const auto& g = plan.model->graph();
     const bool frac = c.params.contains("budget"), abs = c.params.contains("budget_bytes");
     if (frac == abs) {
@@ -328,9 +385,13 @@ class SacStrategy final : public harness::Strategy {
     if (!reference::findGraphWorkload(c.workload)) {
       return Applicability::notApplicable("not a graph workload (gpt2, bert, llama, mlp)");
     }
-    if (c.meshSize() != 1) {
-      return Applicability::notApplicable(
-          "selective checkpointing runs on one rank (inside a sharded plan: not yet)");
+    if (c.mesh.empty() || c.mesh.size() > 3) {
+      return Applicability::notApplicable("plans are for meshes of 1 to 3 axes");
+    }
+    if (policy_ == "budget" && c.meshSize() > 1) {
+      return Applicability::unsupported(
+          "the budget's solver replays one rank's step; a budget inside a sharded plan is not "
+          "solved yet (a named policy is: checkpointing/sac/<policy> with params.algo)");
     }
     if (c.shape.is_object() && c.shape.value("microbatches", int64_t{1}) != 1) {
       return Applicability::notApplicable(
@@ -348,6 +409,7 @@ class SacStrategy final : public harness::Strategy {
           "a budget bounds one step's activations; over optimizer steps the state is not in it yet");
     }
     const auto s = solved(c);
+    if (!s->plan->problem.empty()) return Applicability::unsupported(s->plan->problem);
     const auto& regions = s->policy.region;
     if (std::all_of(regions.begin(), regions.end(), [](int r) { return r < 0; })) {
       // A policy decides inside repeated blocks: without them it would run the plain step and
@@ -395,7 +457,21 @@ class SacStrategy final : public harness::Strategy {
     if (harness::isWholeTrainingResult(tensor)) return Box::whole(fullShape);
     return resultBox(tensor, c, rank);
   }
-  harness::CommStats predictComm(const CaseSpec&, int) const override { return {}; }
+  // The plan's collectives and redistributions, and the recomputed nodes' forward ones again in
+  // their backward.
+  std::vector<std::pair<std::vector<int>, harness::CommStats>> predictCommByGroup(
+      const CaseSpec& c, int rank) const override {
+    const auto s = solved(c);
+    return autoshard::planCommByGroup(*s->plan, c, rank, &s->model.recomputed);
+  }
+  harness::CommStats predictComm(const CaseSpec& c, int rank) const override {
+    return totalComm(predictCommByGroup(c, rank));
+  }
+  std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
+                                                                  int rank) const override {
+    const auto s = solved(c);
+    return autoshard::planCommByNode(*s->plan, c, rank, &s->model.recomputed);
+  }
   // The plan's replay with the policy's saved set and recomputations (plan_memory.h) claims the
   // peak to the byte on the operators it is checked on; a graph with others is judged within
   // the default 5%.
@@ -408,6 +484,12 @@ class SacStrategy final : public harness::Strategy {
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
     const auto s = solved(c);
+    if (c.meshSize() > 1) {
+      // Each rank's pieces are judged against the reference as the plan's own rows are (a
+      // recomputation reruns the rank's kernels and collectives on the same operands).
+      return autoshard::planTolerance(Strategy::tolerance(tensor, c, expected), *s->plan, c,
+                                      expected);
+    }
     at::Tensor plain;
     {
       // One case's plain run at a time, shared by the policies (rows run case by case).

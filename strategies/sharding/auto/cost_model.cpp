@@ -123,6 +123,10 @@ ShardingModel::ShardingModel(Graph graph, std::vector<int64_t> mesh, CostOptions
         c.commUs += commUs(axes, stats);
       }
       c.localUs = copyUs(opLocalWork(c.op, mesh_, 0, options_.dtype));
+      c.forwardUs = c.computeUs / 3 + c.localUs / 2;
+      for (const auto& part : opCommParts(c.op, mesh_, 0, options_.dtype)) {
+        if (!part.backward) c.forwardUs += commUs(part.axes, part.comm);
+      }
     }
     addStoredVariants(static_cast<int>(v), cands);
     auto shared = std::make_shared<const std::vector<Candidate>>(std::move(cands));
@@ -166,6 +170,8 @@ void ShardingModel::addStoredVariants(int v, std::vector<Candidate>& cands) cons
         dims[d] = axes;
         z.stored[i] = Layout(dims, {});
         z.commUs += edgeUs(shape, z.stored[i], read);
+        z.forwardUs += edgeUsMatrix(shape, {z.stored[i]}, {read}, 2)[0][0] -
+                       edgeUs(shape, z.stored[i], read);  // the gather again
         names += (names.empty() ? "" : ",") + z.stored[i].compact();
         break;
       }
@@ -303,7 +309,8 @@ double ShardingModel::edgeUs(const std::vector<int64_t>& shape, const Layout& fr
 
 std::vector<std::vector<double>> ShardingModel::edgeUsMatrix(const std::vector<int64_t>& shape,
                                                              const std::vector<Layout>& from,
-                                                             const std::vector<Layout>& to) const {
+                                                             const std::vector<Layout>& to,
+                                                             int forwardTimes) const {
   LayoutGraph& g = layoutGraph(shape);
   std::vector<int> f, t;
   for (const auto& l : from) f.push_back(g.idOf(l));
@@ -323,7 +330,7 @@ std::vector<std::vector<double>> ShardingModel::edgeUsMatrix(const std::vector<i
   for (size_t a = 0; a < f.size(); ++a) {
     const auto& there = *dist.at(f[a]);
     for (size_t b = 0; b < t.size(); ++b) {
-      if (f[a] != t[b]) m[a][b] = at(there, t[b]) + at(*dist.at(t[b]), f[a]);
+      if (f[a] != t[b]) m[a][b] = forwardTimes * at(there, t[b]) + at(*dist.at(t[b]), f[a]);
     }
   }
   return m;
@@ -349,11 +356,16 @@ double ShardingModel::stepUs(const std::vector<int>& choice) const {
     const Candidate& c = candidates(v)[choice[v]];
     us += c.us();
     const GraphNode& n = graph_.nodes[v];
+    // A node a selective checkpointing policy recomputes: its forward and its operands'
+    // redistributions again.
+    const bool again = recompute_ && recompute_->recomputed[v];
+    if (again) us += c.forwardUs;
     for (size_t i = 0; i < n.args.size(); ++i) {
       if (graph_.isInput(n.args[i])) continue;
       if (graph_.isParameter(n.args[i]) && firstReader_.at(n.args[i]) == static_cast<int>(v))
         continue;
-      us += edgeUs(graph_.valueShape(n.args[i]), *valueLayout(n.args[i], choice), c.op.operands[i]);
+      us += edgeUsMatrix(graph_.valueShape(n.args[i]), {*valueLayout(n.args[i], choice)},
+                         {c.op.operands[i]}, again ? 2 : 1)[0][0];
     }
   }
   return us;

@@ -279,8 +279,28 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     }
     if (any) copies.push_back(std::move(c));
   }
+  // Selective checkpointing priced (model.h's RecomputePricing): a node not kept drops what it
+  // saves of its own and its copies, and a saver drops a value whose storage a node of its block
+  // not kept made; each comes back when its block's backward recomputes it (from the block's
+  // last node's backward on), as the replay has it.
+  const RecomputePricing* rp = m.recomputePricing();
+  std::map<int, int> regionEnd;
+  if (rp) {
+    for (int v = 0; v < N; ++v) {
+      if (rp->region[v] >= 0) regionEnd[rp->region[v]] = v;
+    }
+  }
+  const auto dropsOwn = [&](int v) { return rp && rp->region[v] >= 0 && !rp->save[v]; };
+  const auto dropsValue = [&](int storage, int saver) {
+    return rp && storage >= 0 && rp->region[saver] >= 0 &&
+           rp->region[storage] == rp->region[saver] && !rp->save[storage];
+  };
+  // In the backward row of node t: a dropped tensor of `saver`'s is back once its block's
+  // backward begins.
+  const auto backAt = [&](int saver, int t) { return t <= regionEnd[rp->region[saver]]; };
   const auto addCopies = [&](NodeRow& r, int t, bool backward) {
     for (const auto& c : copies) {
+      if (dropsOwn(c.saver) && (!backward || !backAt(c.saver, t))) continue;
       const bool live = backward ? c.backward && t >= c.saver : t >= c.saver && t < c.forwardUntil;
       if (live) r.pairs.push_back({c.from, c.saver, &c.bytes});
     }
@@ -297,14 +317,16 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     r.what = "forward, after " + g.nodes[t].name;
     r.layer = g.nodes[t].layer;
     for (int u = 0; u <= t; ++u) {
-      if (!saved[u].empty()) r.terms.emplace_back(u, &saved[u]);
+      if (!saved[u].empty() && !dropsOwn(u)) r.terms.emplace_back(u, &saved[u]);
       if (allocates[u] && (lastUse[u] > t || u == outputNode || u == t)) {
         r.terms.emplace_back(u, &out[u]);
       }
     }
     for (const auto& [storage, sv] : savedValues) {
       const bool outputCounted = lastUse[storage] > t || storage == outputNode || storage == t;
-      if (sv.saver <= t && !outputCounted) r.terms.emplace_back(sv.saver, &sv.bytes);
+      if (sv.saver <= t && !outputCounted && !dropsValue(storage, sv.saver)) {
+        r.terms.emplace_back(sv.saver, &sv.bytes);
+      }
     }
     if (!transient[t].empty()) r.terms.emplace_back(t, &transient[t]);
     addCopies(r, t, false);
@@ -319,16 +341,27 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     r.layer = g.nodes[t].layer;
     r.terms.emplace_back(outputNode, &out[outputNode]);
     for (const auto& [storage, sv] : savedValues) {
-      if (sv.saver <= t) r.terms.emplace_back(sv.saver, &sv.bytes);
+      if (sv.saver <= t && (!dropsValue(storage, sv.saver) || backAt(sv.saver, t))) {
+        r.terms.emplace_back(sv.saver, &sv.bytes);
+      }
     }
     for (int u = 0; u <= t; ++u) {
-      if (!saved[u].empty()) r.terms.emplace_back(u, &saved[u]);
+      if (!saved[u].empty() && (!dropsOwn(u) || backAt(u, t))) r.terms.emplace_back(u, &saved[u]);
       // An activation's gradient, after its last reader's backward (which makes it: grads) to
       // its producer's.
       if (allocates[u] && lastUse[u] > t) r.terms.emplace_back(u, &out[u]);
     }
     for (const auto& [owner, last, bytes] : paramGrads) {
       if (last >= t) r.terms.emplace_back(owner, &bytes);
+    }
+    // The block's recomputation, at its backward's first node: every node it reruns holds its
+    // output until the recomputation returns.
+    if (rp && rp->region[t] >= 0 && regionEnd[rp->region[t]] == t) {
+      for (int u = 0; u <= t; ++u) {
+        if (rp->region[u] == rp->region[t] && rp->recomputed[u] && allocates[u]) {
+          r.terms.emplace_back(u, &out[u]);
+        }
+      }
     }
     if (!grads[t].empty()) r.terms.emplace_back(t, &grads[t]);
     if (!reduceCopies[t].empty()) r.terms.emplace_back(t, &reduceCopies[t]);

@@ -42,9 +42,11 @@
 // the chosen plan (plan_memory.h), which has them, to the byte.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -93,11 +95,36 @@ struct Candidate {
   std::map<size_t, harness::Layout> stored;
   double computeUs = 0, commUs = 0, localUs = 0;
   double us() const { return computeUs + commUs + localUs; }
+  // Its forward again, as a recomputation runs it: one of the three products' time, the
+  // forward's collectives, half the element-wise traffic (the forward's kernels).
+  double forwardUs = 0;
   // The layout operand i exists in before the node reads it (stored, or as read).
   const harness::Layout& storedLayout(size_t i) const {
     const auto it = stored.find(i);
     return it != stored.end() ? it->second : op.operands[i];
   }
+};
+
+// Selective activation checkpointing in a plan's step (plan_memory.h replays it; the executor
+// runs it through strategies/checkpointing/sac/): per node whether a policy keeps what it saves
+// and its block (-1: outside every block), and per value the blocks whose recomputation reads
+// it from the forward (held until then).
+struct RecomputePolicy {
+  std::vector<bool> save;
+  std::vector<int> region;
+  std::map<std::string, std::set<int>> heldBy;
+};
+
+// A policy priced by the search (ShardingModel::priceRecompute): the nodes its recomputation
+// reruns (each one's forward paid again, its operands' forward redistributions too), what the
+// liveness rows leave out (a block's dropped tensors, from their forward to the block's
+// backward), and per plan the replay's policy (what a block's recomputation holds depends on
+// which reads the plan redistributes into copies).
+struct RecomputePricing {
+  std::string policy;
+  std::vector<bool> save, recomputed;
+  std::vector<int> region;
+  std::function<RecomputePolicy(const std::vector<int>& choice)> replayFor;
 };
 
 struct PlanNode {
@@ -138,9 +165,12 @@ class ShardingModel {
   double edgeUs(const std::vector<int64_t>& shape, const harness::Layout& from,
                 const harness::Layout& to) const;
   // edgeUs of every pair (from[a], to[b]), each layout looked up once.
+  // `forwardTimes`: the forward's redistribution paid that many times (2: a recomputed reader
+  // redistributes again in the backward).
   std::vector<std::vector<double>> edgeUsMatrix(const std::vector<int64_t>& shape,
                                                 const std::vector<harness::Layout>& from,
-                                                const std::vector<harness::Layout>& to) const;
+                                                const std::vector<harness::Layout>& to,
+                                                int forwardTimes = 1) const;
   // The layout in which `value` exists under `choice` (its producer's output, or a
   // parameter's first reader's operand layout); nullopt for the graph's inputs.
   std::optional<harness::Layout> valueLayout(const std::string& value,
@@ -171,7 +201,13 @@ class ShardingModel {
   void plantRowsWithoutParameters() { rowsWithoutParameters_ = true; }
   bool rowsWithoutParameters() const { return rowsWithoutParameters_; }
 
+  // Prices a selective checkpointing policy into the program (its costs and rows), the step's
+  // prediction (stepUs) and the replay of a plan's peak (ShardingPlan::predictMemory).
+  void priceRecompute(std::shared_ptr<const RecomputePricing> p) { recompute_ = std::move(p); }
+  const RecomputePricing* recomputePricing() const { return recompute_.get(); }
+
  private:
+  std::shared_ptr<const RecomputePricing> recompute_;
   bool rowsWithoutParameters_ = false;
   int64_t bytes(const std::vector<int64_t>& shape, const harness::Layout& l) const;
   void addStoredVariants(int node, std::vector<Candidate>& cands) const;

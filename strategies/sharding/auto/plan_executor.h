@@ -38,6 +38,25 @@ struct SolvedPlan {
   std::string problem;  // non-empty: no plan (unsupported)
 };
 
+// The plan of `algo` (ilp, megatron, data-parallel, replicated) for a case: the model from the
+// case's graph, mesh and cost parameters (cost_profile, intra_node_bandwidth,
+// inter_node_bandwidth), handed to `prepare` before solving (a planted fault, a checkpointing
+// policy priced), solved under params max_memory, time_limit, mip_rel_gap and tp_axis (each
+// checked against its range, InputError naming it), its edges planned. No plan: `problem` says
+// why.
+std::shared_ptr<SolvedPlan> solveCasePlan(const CaseSpec& c, const std::string& algo,
+                                          const std::function<void(ShardingModel&)>& prepare = {});
+
+// A plan's predicted communication per rank: per group of mesh axes, and per node and phase
+// (an edge is its consumer's: the executor runs it inside the consuming node; the backward
+// runs the nodes the other way), over the case's steps. `recomputed` (selective
+// checkpointing): those nodes' forward collectives and redistributions again, in their
+// backward.
+std::vector<std::pair<std::vector<int>, harness::CommStats>> planCommByGroup(
+    const SolvedPlan& s, const CaseSpec& c, int rank, const std::vector<bool>* recomputed = nullptr);
+std::vector<harness::NodeComm> planCommByNode(const SolvedPlan& s, const CaseSpec& c, int rank,
+                                              const std::vector<bool>* recomputed = nullptr);
+
 // A plan's tolerance for a tensor, from the dtype's `base`: a split reduction over every rank of
 // the longest sum, over the case's steps (exact inputs judged as random ones past a
 // normalisation or an activation).

@@ -341,10 +341,6 @@ std::vector<Ref> Replay::forwardNode(int v, const Rerun* rerun) {
     }
     const bool grad = target.first != nullptr;
     if (auto it = edges_.find({v, i}); it != edges_.end()) {
-      if (recompute) {
-        throw PlanMemoryUnknown(n.name + ": a redistribution under selective checkpointing is "
-                                "not replayed");
-      }
       const PlanEdge& e = *it->second;
       const Dims sourceSizes = t->sizes;
       forwardRunners_.push_back(
@@ -360,11 +356,19 @@ std::vector<Ref> Replay::forwardNode(int v, const Rerun* rerun) {
       if (mem.outBytes > 0) {
         current_ = mem.live - mem.outBytes;
         t = fresh(sizes, n.name + " operand " + std::to_string(i) + " redistributed");
+        // Selective checkpointing: the redistributed copy is the node's own (made in its
+        // forward, not an output): kept or dropped with the node, its recomputation
+        // redistributing again.
+        if (recompute) {
+          t->storage->node = v;
+          t->storage->output = -1 - static_cast<int>(i);
+        }
       } else {
         current_ = mem.live;
         t = alias(t);
       }
-      if (grad) {
+      // A recomputation's edge: its backward is never run (the recomputed graph goes).
+      if (grad && !rerun) {
         Unit* u = newUnit(Unit::kEdge, v, n.name + " edge " + std::to_string(i));
         u->operand = i;
         u->runner = std::make_unique<harness::RedistRunner>(e.geometry, e.backward, ctx_, dtype_);
@@ -392,9 +396,9 @@ std::vector<Ref> Replay::forwardNode(int v, const Rerun* rerun) {
   // (their autograd nodes come later, so the engine runs them first).
   for (size_t i = 0; i < local.size(); ++i) {
     if (!grads[i] || r.gradPartial[i].empty()) continue;
-    if (recompute) {
-      throw PlanMemoryUnknown(n.name + ": a partial gradient under selective checkpointing is "
-                              "not replayed");
+    if (rerun) {
+      local[i] = alias(local[i]);  // view_as; the recomputed graph's backward is never run
+      continue;
     }
     Unit* u = newUnit(Unit::kAllReduce, v, n.name + " grad all-reduce " + std::to_string(i));
     u->operand = i;
@@ -406,6 +410,17 @@ std::vector<Ref> Replay::forwardNode(int v, const Rerun* rerun) {
   }
   if (r.spec.gatherInput && ctx_.mesh().groupSize(usedAxes(r.operands[0])) > 1 && isView(op)) {
     throw PlanMemoryUnknown(n.name + ": a view that gathers its input is not replayed");
+  }
+  if (rerun) {
+    // The operands this node redistributed into copies of its own and dropped (its edges
+    // recomputed with it): handed to its backward, as the outputs a reader dropped are.
+    for (size_t i = 0; i < local.size(); ++i) {
+      auto it = droppedReads_.find({v, -1 - static_cast<int>(i)});
+      if (it == droppedReads_.end()) continue;
+      for (const DroppedRead& d : it->second) {
+        d.unit->unpacked.push_back(alias(local[i], d.sizes, d.strides));
+      }
+    }
   }
   const auto outShapes = n.shape.outputs();
   const auto outNames = n.outputs();
@@ -771,6 +786,21 @@ void Replay::runUnit(Unit& u) {
       const std::string& op = u.op;
       // Selective checkpointing: the first node of a block to read a dropped tensor recomputes
       // the block (its backward's first unpack).
+      // An addmm over a pending sum adds its bias in a node of its own (the product summed
+      // first): that node's backward, which sums a broadcast bias's gradient, runs before the
+      // product's unpacks anything, and so before the recomputation.
+      int64_t early = 0;
+      if (u.recomputes && op == "addmm" && u.hasGrad.size() > 2 && u.hasGrad[2] &&
+          u.gradSizes[2].size() == 1 && !u.backwardEvents.empty() &&
+          !m_.candidates(u.node)[static_cast<size_t>(choice_[static_cast<size_t>(u.node)])]
+               .op.outputs[0]
+               .partialAxes()
+               .empty()) {
+        early = numelOf(u.gradSizes[2]) * es_;
+        if (u.backwardEvents[0] < early) early = 0;
+        u.backwardEvents[0] -= early;
+        alloc(early, what + " bias gradient summed (its own node)");
+      }
       if (u.recomputes) recomputeRegion(recompute->region[static_cast<size_t>(u.node)]);
       if (op == "view" || op == "reshape") {
         grads.push_back(reshape(u.slots[0], u.inSizes, what + " gradient"));
@@ -804,7 +834,7 @@ void Replay::runUnit(Unit& u) {
         // gradient is summed after that, by the engine (validate_outputs), so with such tensors
         // it is allocated after them.
         int64_t late = 0;
-        if (!u.unpacked.empty() && op == "addmm" && u.hasGrad.size() > 2 && u.hasGrad[2] &&
+        if (early == 0 && !u.unpacked.empty() && op == "addmm" && u.hasGrad.size() > 2 && u.hasGrad[2] &&
             u.gradSizes[2].size() == 1 && u.incomingReleasedAt == SIZE_MAX &&
             !u.backwardEvents.empty()) {
           late = numelOf(u.gradSizes[2]) * es_;

@@ -86,11 +86,7 @@ std::vector<PlanEdge> planEdges(const ShardingModel& model, const std::vector<in
 // that reads a dropped tensor recomputes the block's dropped nodes and those they read, each
 // node's forward as the forward replayed it, what each dropped reader needs kept to its
 // backward.
-struct RecomputePolicy {
-  std::vector<bool> save;
-  std::vector<int> region;
-  std::map<std::string, std::set<int>> heldBy;
-};
+// (RecomputePolicy is declared in model.h, where the search prices it too.)
 
 // What a recomputation reruns besides `needed` (in place): the nodes of a needed node's block,
 // not kept, whose outputs it reads, and so on back (the executor's runtime and the replay both

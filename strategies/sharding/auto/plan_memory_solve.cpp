@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -130,6 +131,9 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
     }
     representative[static_cast<size_t>(rank)] = classes.emplace(key, rank).first->second;
   }
+  // A selective checkpointing policy the search prices: the plan's step with it.
+  std::optional<RecomputePolicy> policy;
+  if (const RecomputePricing* rp = model.recomputePricing()) policy = rp->replayFor(choice);
   harness::ThreadsWorld world{mesh};
   std::vector<int64_t> peaks(static_cast<size_t>(world.mesh().size()), 0);
   std::vector<std::string> unknown(peaks.size());
@@ -138,7 +142,8 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
     try {
       int64_t held = 0;
       const int64_t peak =
-          replayPlanStep(model, choice, edges, ctx, model.options().dtype, nullptr, false, &held);
+          replayPlanStep(model, choice, edges, ctx, model.options().dtype, nullptr, false, &held,
+                         policy ? &*policy : nullptr);
       peaks[static_cast<size_t>(ctx.rank())] = held + peak;
     } catch (const PlanMemoryUnknown& e) {
       unknown[static_cast<size_t>(ctx.rank())] = e.what();

@@ -75,6 +75,113 @@ double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
 
 }  // namespace
 
+std::shared_ptr<SolvedPlan> solveCasePlan(const CaseSpec& c, const std::string& algo,
+                                          const std::function<void(ShardingModel&)>& prepare) {
+  auto s = std::make_shared<SolvedPlan>();
+  const CostOptions opts = costOptionsFrom(c.params, s->profile.get(), c.dtype);
+  s->model =
+      std::make_unique<ShardingModel>(reference::buildGraph(c.workload, c.shape), c.mesh, opts);
+  if (prepare) prepare(*s->model);
+  if (algo == "file") {
+    if (!c.params.contains("plan") || !c.params.at("plan").is_string()) {
+      throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file");
+    }
+    if (c.params.contains("tp_axis")) {
+      throw harness::InputError(c.where() +
+                                ": params.tp_axis: Megatron's tensor-parallel axis, for "
+                                "sharding/auto/megatron; a plan from a file has its layouts");
+    }
+    const std::string path = c.params.at("plan").get<std::string>();
+    std::ifstream in(path);
+    if (!in) throw harness::InputError(c.where() + ": params.plan: cannot read " + path);
+    nlohmann::json j;
+    try {
+      // Strict: a key given twice in a plan is refused, not the last one kept.
+      j = harness::parseJsonNoDuplicates(
+          std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+    } catch (const nlohmann::json::exception& e) {
+      throw harness::InputError(path + ": not valid JSON: " + e.what());
+    } catch (const std::invalid_argument& e) {
+      throw harness::InputError(path + ": " + e.what());
+    }
+    s->plan = ShardingPlan::fromJson(j, *s->model, path);
+    s->plan.shape = c.shape;
+    s->json = s->plan.toJson(*s->model);
+    s->edges = planEdges(*s->model, s->plan.choice);
+    return s;
+  }
+  try {
+    SolveOptions o;
+    o.algo = algo;
+    o.memoryLimit = numberParam(c, "max_memory", 0);
+    o.timeLimitSeconds = numberParam(c, "time_limit", 60);
+    o.relativeGap = numberParam(c, "mip_rel_gap", 0) / 100.0;
+    o.tpAxis = static_cast<int>(numberParam(c, "tp_axis", -1));
+    s->plan = solvePlan(*s->model, o);
+    s->plan.shape = c.shape;
+    s->json = s->plan.toJson(*s->model);
+    // The edges that redistribute: the cheapest paths by the model's own pricing, what the
+    // plan's prediction counted.
+    s->edges = planEdges(*s->model, s->plan.choice);
+  } catch (const NoPlanError& e) {
+    s->problem = e.what();
+  }
+  return s;
+}
+
+std::vector<std::pair<std::vector<int>, CommStats>> planCommByGroup(
+    const SolvedPlan& s, const CaseSpec& c, int rank, const std::vector<bool>* recomputed) {
+  std::vector<std::pair<std::vector<int>, CommStats>> out;
+  const auto& g = s.model->graph();
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    const Candidate& cand = s.model->candidates(v)[s.plan.choice[v]];
+    for (auto& p : opCommByGroup(cand.op, c.mesh, rank, c.dtype)) out.push_back(p);
+    if (recomputed && (*recomputed)[v]) {
+      for (const auto& part : opCommParts(cand.op, c.mesh, rank, c.dtype)) {
+        if (!part.backward) out.emplace_back(part.axes, part.comm);
+      }
+    }
+  }
+  for (const auto& e : s.edges) {
+    for (auto& p : e.forward.commByGroup(e.geometry, rank, false)) out.push_back(p);
+    for (auto& p : e.backward.commByGroup(e.geometry, rank, false)) out.push_back(p);
+    if (recomputed && (*recomputed)[static_cast<size_t>(e.node)]) {
+      for (auto& p : e.forward.commByGroup(e.geometry, rank, false)) out.push_back(p);
+    }
+  }
+  addTrainingComm(out, c);
+  return out;
+}
+
+std::vector<harness::NodeComm> planCommByNode(const SolvedPlan& s, const CaseSpec& c, int rank,
+                                              const std::vector<bool>* recomputed) {
+  const auto& g = s.model->graph();
+  std::vector<harness::NodeComm> fwd, bwd;
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    fwd.push_back({g.nodes[v].name, "forward", {}});
+    bwd.push_back({g.nodes[v].name, "backward", {}});
+    const Candidate& cand = s.model->candidates(v)[s.plan.choice[v]];
+    const bool again = recomputed && (*recomputed)[v];
+    for (const auto& part : opCommParts(cand.op, c.mesh, rank, c.dtype)) {
+      (part.backward ? bwd : fwd).back().comm += part.comm;
+      // Recomputed in the backward: counted there, at the node.
+      if (again && !part.backward) bwd.back().comm += part.comm;
+    }
+  }
+  for (const auto& e : s.edges) {
+    fwd[e.node].comm += e.forward.comm(e.geometry, rank, false);
+    bwd[e.node].comm += e.backward.comm(e.geometry, rank, false);
+    if (recomputed && (*recomputed)[static_cast<size_t>(e.node)]) {
+      bwd[e.node].comm += e.forward.comm(e.geometry, rank, false);
+    }
+  }
+  // The backward runs the nodes the other way.
+  std::vector<harness::NodeComm> out = std::move(fwd);
+  out.insert(out.end(), std::make_move_iterator(bwd.rbegin()), std::make_move_iterator(bwd.rend()));
+  addTrainingComm(out, c);
+  return out;
+}
+
 harness::Tolerance planTolerance(harness::Tolerance base, const SolvedPlan& s, const CaseSpec& c,
                                  const at::Tensor& expected) {
   // The plan sums partial products over ranks and runs bmm where the reference runs a
@@ -139,52 +246,9 @@ class PlanStrategy final : public harness::Strategy {
     const std::string key = cacheKey(id(), c);
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-    auto s = std::make_shared<SolvedPlan>();
-    const CostOptions opts = costOptionsFrom(c.params, s->profile.get(), c.dtype);
-    s->model =
-        std::make_unique<ShardingModel>(reference::buildGraph(c.workload, c.shape), c.mesh, opts);
-    if (fault_ == kFaultRows) s->model->plantRowsWithoutParameters();
-    try {
-      if (algo_.empty()) {
-        if (!c.params.contains("plan") || !c.params.at("plan").is_string()) {
-          throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file");
-        }
-        if (c.params.contains("tp_axis")) {
-          throw harness::InputError(c.where() +
-                                    ": params.tp_axis: Megatron's tensor-parallel axis, for "
-                                    "sharding/auto/megatron; a plan from a file has its layouts");
-        }
-        const std::string path = c.params.at("plan").get<std::string>();
-        std::ifstream in(path);
-        if (!in) throw harness::InputError(c.where() + ": params.plan: cannot read " + path);
-        nlohmann::json j;
-        try {
-          // Strict: a key given twice in a plan is refused, not the last one kept.
-          j = harness::parseJsonNoDuplicates(
-              std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
-        } catch (const nlohmann::json::exception& e) {
-          throw harness::InputError(path + ": not valid JSON: " + e.what());
-        } catch (const std::invalid_argument& e) {
-          throw harness::InputError(path + ": " + e.what());
-        }
-        s->plan = ShardingPlan::fromJson(j, *s->model, path);
-      } else {
-        SolveOptions o;
-        o.algo = algo_;
-        o.memoryLimit = numberParam(c, "max_memory", 0);
-        o.timeLimitSeconds = numberParam(c, "time_limit", 60);
-        o.relativeGap = numberParam(c, "mip_rel_gap", 0) / 100.0;
-        o.tpAxis = static_cast<int>(numberParam(c, "tp_axis", -1));
-        s->plan = solvePlan(*s->model, o);
-      }
-      s->plan.shape = c.shape;
-      s->json = s->plan.toJson(*s->model);
-      // The edges that redistribute: the cheapest paths by the model's own pricing, what the
-      // plan's prediction counted.
-      s->edges = planEdges(*s->model, s->plan.choice);
-    } catch (const NoPlanError& e) {
-      s->problem = e.what();
-    }
+    auto s = solveCasePlan(c, algo_.empty() ? "file" : algo_, [&](ShardingModel& m) {
+      if (fault_ == kFaultRows) m.plantRowsWithoutParameters();
+    });
     cache_[key] = s;
     return s;
   }
@@ -231,48 +295,14 @@ class PlanStrategy final : public harness::Strategy {
 
   std::vector<std::pair<std::vector<int>, CommStats>> predictCommByGroup(const CaseSpec& c,
                                                                          int rank) const override {
-    const auto s = solved(c);
-    std::vector<std::pair<std::vector<int>, CommStats>> out;
-    const auto& g = s->model->graph();
-    for (size_t v = 0; v < g.nodes.size(); ++v) {
-      const Candidate& cand = s->model->candidates(v)[s->plan.choice[v]];
-      for (auto& p : opCommByGroup(cand.op, c.mesh, rank, c.dtype)) out.push_back(p);
-    }
-    for (const auto& e : s->edges) {
-      for (auto& p : e.forward.commByGroup(e.geometry, rank, false)) out.push_back(p);
-      for (auto& p : e.backward.commByGroup(e.geometry, rank, false)) out.push_back(p);
-    }
-    addTrainingComm(out, c);
-    return out;
+    return planCommByGroup(*solved(c), c, rank);
   }
   CommStats predictComm(const CaseSpec& c, int rank) const override {
     return totalComm(predictCommByGroup(c, rank));
   }
-  // Per node: its operator's collectives and its operands' redistributions (an edge is its
-  // consumer's: the executor runs it inside the consuming node), forward and backward.
   std::optional<std::vector<harness::NodeComm>> predictCommByNode(const CaseSpec& c,
                                                                   int rank) const override {
-    const auto s = solved(c);
-    const auto& g = s->model->graph();
-    std::vector<harness::NodeComm> fwd, bwd;
-    for (size_t v = 0; v < g.nodes.size(); ++v) {
-      fwd.push_back({g.nodes[v].name, "forward", {}});
-      bwd.push_back({g.nodes[v].name, "backward", {}});
-      const Candidate& cand = s->model->candidates(v)[s->plan.choice[v]];
-      for (const auto& part : opCommParts(cand.op, c.mesh, rank, c.dtype)) {
-        (part.backward ? bwd : fwd).back().comm += part.comm;
-      }
-    }
-    for (const auto& e : s->edges) {
-      fwd[e.node].comm += e.forward.comm(e.geometry, rank, false);
-      bwd[e.node].comm += e.backward.comm(e.geometry, rank, false);
-    }
-    // The backward runs the nodes the other way.
-    std::vector<harness::NodeComm> out = std::move(fwd);
-    out.insert(out.end(), std::make_move_iterator(bwd.rbegin()),
-               std::make_move_iterator(bwd.rend()));
-    addTrainingComm(out, c);
-    return out;
+    return planCommByNode(*solved(c), c, rank);
   }
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,

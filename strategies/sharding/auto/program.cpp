@@ -90,7 +90,12 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
   }
   for (int v = 0; v < N; ++v) {
     auto& cost = prob.vars[p.classOf[v]].cost;
-    for (size_t k = 0; k < cost.size(); ++k) cost[k] += candidates(v)[p.memberChoice[v][k]].us();
+    // Selective checkpointing priced: a recomputed node's forward again.
+    const bool again = recompute_ && recompute_->recomputed[v];
+    for (size_t k = 0; k < cost.size(); ++k) {
+      const Candidate& c = candidates(v)[p.memberChoice[v][k]];
+      cost[k] += c.us() + (again ? c.forwardUs : 0.0);
+    }
   }
   // Edges: every read of an activation, and of a parameter by a reader other than its first.
   std::map<std::string, std::vector<std::vector<double>>> matrices;
@@ -114,12 +119,14 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
         from = [&, u, j = j](int k) { return candidates(u)[k].outputs[j]; };
       }
       const int cu = p.classOf[u], cv = p.classOf[v];
+      const bool again = recompute_ && recompute_->recomputed[v];
       const size_t Ku = prob.vars[cu].cost.size(), Kv = prob.vars[cv].cost.size();
       const std::string key =
           std::to_string(cu) + ">" + std::to_string(cv) + ":" +
           (graph_.nodes[u].layer < 0 ? graph_.nodes[u].name : graph_.nodes[u].role) + ">" + n.role +
           ":" + a.substr(a.find(':') == std::string::npos ? a.size() : a.find(':')) + ":" +
-          std::to_string(i) + ":" + std::to_string(n.layer == graph_.nodes[u].layer);
+          std::to_string(i) + ":" + std::to_string(n.layer == graph_.nodes[u].layer) +
+          (again ? ":again" : "");
       auto it = matrices.find(key);
       if (it == matrices.end()) {
         std::vector<Layout> fromLayouts, toLayouts;
@@ -127,7 +134,7 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
         for (size_t kv = 0; kv < Kv; ++kv) {
           toLayouts.push_back(candidates(v)[p.memberChoice[v][kv]].op.operands[i]);
         }
-        auto mat = edgeUsMatrix(graph_.valueShape(a), fromLayouts, toLayouts);
+        auto mat = edgeUsMatrix(graph_.valueShape(a), fromLayouts, toLayouts, again ? 2 : 1);
         if (cu == cv) {  // a class feeding itself pays only its diagonal
           for (size_t ku = 0; ku < Ku; ++ku) {
             for (size_t kv = 0; kv < Kv; ++kv) {
