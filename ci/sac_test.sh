@@ -9,7 +9,11 @@
 # fault fails its rows on their numbers (dropout recomputed without its seed; a recomputed
 # tensor let go before its second reader) and is unsupported, saying why, where there is
 # nothing to plant; a graph without repeated blocks is unsupported, saying so; a malformed policy
-# is exit 2 naming the key.
+# is exit 2 naming the key. Inside sharded plans (suites/sac-sharded.yaml): every policy passes
+# in Megatron, data-parallel and integer-program plans on 1- to 3-axis meshes and in a plan file,
+# each rank's peak, flops and recomputed nodes exact, the recomputed collectives counted in the
+# backward, the faults failing; the search priced with a policy keeps a plan that communicates
+# less under a memory limit than the unpriced search's.
 # Usage: ci/sac_test.sh BUILD SOURCE
 set -uo pipefail
 build=$1
@@ -162,6 +166,91 @@ check "a budget past 1: exit 2 naming it" 2 "params.budget: expected a fraction 
 sed -i 's#params: {budget: 1.5}#params: {budget: 0.5, budget_bytes: 1000}#' "$tmp/bad.yaml"
 check "both a budget and budget_bytes: exit 2" 2 "expected one of budget" -- \
   "$sb" run "$tmp/bad.yaml" --out "$tmp/bad8"
+
+# ---- Inside sharded plans (suites/sac-sharded.yaml) ---------------------------------------------
+check "sac-sharded suite: every policy passes inside tensor-, data- and auto-parallel plans" 0 "total +37 +0 +0 +0$" -- \
+  "$sb" run suites/sac-sharded.yaml --out "$tmp/sharded" --repetitions 1
+check "sharded: every rank's peak, flops and nodes exact; recomputed collectives counted; the priced search keeps the faster plan" 0 "^ok" -- \
+  python3 - "$tmp/sharded/results.json" <<'PY'
+import json, sys
+from collections import defaultdict
+rows = json.load(open(sys.argv[1]))["records"]
+by = defaultdict(dict)
+for r in rows:
+    assert r["status"] == "pass" and not r["mispredicted"], (r["case"], r["strategy_id"], r["message"])
+    by[r["case"]][r["strategy_id"].split("/")[-1]] = r
+    if r["family"] != "checkpointing":
+        continue
+    d = r["details"]
+    # Each rank's peak by the plan's replay with the policy, to the byte.
+    assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], (r["case"], r["strategy_id"])
+    assert int(r["comm_bytes"]) == int(r["predicted_comm_bytes"]), (r["case"], r["strategy_id"])
+    p = {x["what"]: x for x in d["executor"]["predictions"]}
+    assert p["matmul_flops"]["measured"] == p["matmul_flops"]["predicted"] > 0, (r["case"], p)
+    assert p["recomputed_nodes"]["measured"] == p["recomputed_nodes"]["predicted"], (r["case"], p)
+    assert r["params"]["algo"] == ("ilp" if "ilp" in r["case"] else "megatron" if "tp" in r["case"] or "megatron" in r["case"] else "data-parallel"), (r["case"], r["params"])
+for case, pol in by.items():
+    comm = {k: int(r["comm_bytes"]) for k, r in pol.items()}
+    flops = {k: r["details"]["executor"]["sac"]["flops"]["recompute"] for k, r in pol.items() if k != "ilp"}
+    assert flops["save-all"] == 0 and flops["recompute-all"] >= max(flops.values()), (case, flops)
+    if "megatron" in case or "tp" in case:
+        # Megatron's row-parallel products all-reduce in the forward: recomputing them does so
+        # again, in the backward.
+        assert comm["recompute-all"] > comm["save-all"], (case, comm)
+    if "dp4" in case:
+        assert comm["recompute-all"] == comm["save-all"], (case, comm)  # nothing in the forward
+    if "steps" not in case:
+        peak = {k: int(r["peak_mem_bytes"]) for k, r in pol.items()}
+        assert peak["recompute-all"] < peak["save-all"], (case, peak)
+lim = by["gpt2-L4-ilp-2x2-limit"]
+limit = 2300000
+assert all(int(r["peak_mem_bytes"]) <= limit for r in lim.values()), {k: r["peak_mem_bytes"] for k, r in lim.items()}
+# Unpriced, the program meets the limit by sharding more; priced with a policy it keeps a plan
+# that communicates less, and one policy's plan is predicted faster than the unpriced one.
+assert all(int(lim[k]["comm_bytes"]) < int(lim["ilp"]["comm_bytes"]) for k in ("recompute-all", "torchtitan", "cheap")), {k: r["comm_bytes"] for k, r in lim.items()}
+assert min(float(lim[k]["predicted_time_us"]) for k in ("recompute-all", "torchtitan", "cheap")) < float(lim["ilp"]["predicted_time_us"])
+print("ok:", sum(len(p) for p in by.values()), "rows")
+PY
+for fault in recompute_without_rng saved_freed_early; do
+  "$sb" run suites/sac-sharded.yaml --case "^(gpt2-L2-megatron-2x2|llama-L2-tp4|gpt2-L2-ilp-2x2x2)$" \
+    --filter "^checkpointing/sac/recompute-all$" --plant-fault "checkpointing/sac/recompute-all=$fault" \
+    --out "$tmp/sharded-$fault" --repetitions 1 >/dev/null 2>&1
+  check "sharded, planted $fault: the planted rows fail on their tensors" 0 "^ok" -- \
+    python3 - "$tmp/sharded-$fault/results.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+failed = [r for r in rows if r["status"] == "fail" and "mismatched" in r["message"]]
+rest = [r for r in rows if r not in failed]
+assert all(r["status"] == "unsupported" and "nothing to plant" in r["message"] for r in rest), [(r["case"], r["status"], r["message"][:100]) for r in rest]
+assert len(failed) >= 2, len(failed)
+print(f"ok: {len(failed)} of {len(rows)} rows fail")
+PY
+done
+# A plan from a file (stratbench solve shard's): the policy runs in it as in the solved one.
+"$sb" solve shard --workload gpt2 --shape '{"batch": 4, "seq": 16, "d_model": 32, "heads": 4, "layers": 2, "vocab": 64, "dropout": 0.1}' \
+  --mesh 2x2 --algo megatron --out "$tmp/plan.json" >/dev/null
+printf 'suite: planfile\ncases:\n  - name: c\n    workload: gpt2\n    shape: {batch: 4, seq: 16, d_model: 32, heads: 4, layers: 2, vocab: 64, dropout: 0.1}\n    mesh: 2x2\n    strategies: ["checkpointing/sac/(save-all|recompute-all|torchtitan|cheap)"]\n    params: {plan: %s}\n' "$tmp/plan.json" >"$tmp/planfile.yaml"
+check "a plan file: every policy passes in it" 0 "total +4 +0 +0 +0$" -- \
+  "$sb" run "$tmp/planfile.yaml" --out "$tmp/planfile" --repetitions 1
+check "a plan file: the same collectives as the solved Megatron plan's rows" 0 "^ok" -- \
+  python3 - "$tmp/planfile/results.csv" "$tmp/sharded/results.csv" <<'PY'
+import csv, sys
+f = {r["strategy_id"]: r["comm_bytes"] for r in csv.DictReader(open(sys.argv[1]))}
+s = {r["strategy_id"]: r["comm_bytes"] for r in csv.DictReader(open(sys.argv[2])) if r["case"] == "gpt2-L2-megatron-2x2"}
+assert f == s, (f, s)
+print("ok")
+PY
+sed -i 's#params: {plan: .*#params: {algo: tensor-parallel}#' "$tmp/planfile.yaml"
+check "params.algo not a plan's algorithm: exit 2 naming it" 2 "params.algo: expected one of ilp, megatron, data-parallel, replicated, got \"tensor-parallel\"" -- \
+  "$sb" run "$tmp/planfile.yaml" --out "$tmp/bad9"
+sed -i "s#params: {algo: .*#params: {algo: megatron, plan: $tmp/plan.json}#" "$tmp/planfile.yaml"
+check "both params.algo and params.plan: exit 2" 2 "expected one of algo .* and plan" -- \
+  "$sb" run "$tmp/planfile.yaml" --out "$tmp/bad10"
+sed -i 's#checkpointing/sac/(save-all|recompute-all|torchtitan|cheap)#checkpointing/sac/budget#; s#params: {algo: .*#params: {budget: 0.8}#' "$tmp/planfile.yaml"
+check "a budget on a sharded mesh: unsupported, saying so" 0 "total +0 +0 +0 +1$" -- \
+  "$sb" run "$tmp/planfile.yaml" --out "$tmp/budget-sharded"
+grep -q "budget inside a sharded plan is not" "$tmp/budget-sharded/results.csv" && pass "the row says why" ||
+  fail "the unsupported budget row does not say why"
 
 # ---- Side by side with PyTorch's SAC (torch/sac, suites/sac-torch.yaml) ------------------------
 sed "s#build/models/#$build/models/#g" suites/sac-torch.yaml > "$tmp/sac-torch.yaml"

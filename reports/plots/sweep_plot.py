@@ -3,7 +3,10 @@
 - checkpointing budgets: measured peak memory against the budget, and step time against peak
   memory, one line per solver (dotted: the prediction);
 - chunk sizes: activation peak and step time against the chunk size, one line per region;
-- chunk-search limits: the limit against the measured activation peak and step time.
+- chunk-search limits: the limit against the measured activation peak and step time;
+- selective checkpointing policies (one case, several rows with a `policy` parameter): each
+  policy's step time against its measured peak (the trade-off curve of the workload), its
+  recompute flops beside it, and the predicted peak as a hollow marker.
 """
 import sys
 from collections import defaultdict
@@ -90,12 +93,47 @@ def chunk_figure(suite, base, key, lines):
     return fig
 
 
+def policy_figure(suite, case, pts):
+    """pts: (label, peak, time_us, predicted_peak, recompute_flops)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    mib = 1024.0 * 1024.0
+    pts = sorted(pts, key=lambda p: p[1])
+    a.plot([p[1] / mib for p in pts], [p[2] / 1000.0 for p in pts], color="#888", linewidth=1)
+    for k, (label, peak, time_us, predicted, flops) in enumerate(pts):
+        colour = "C%d" % (k % 10)
+        a.plot([peak / mib], [time_us / 1000.0], marker="o", color=colour, label=label)
+        if predicted is not None:
+            a.plot([predicted / mib], [time_us / 1000.0], marker="o", markerfacecolor="none",
+                   color=colour)
+        b.bar(k, (flops or 0) / 1e6, color=colour)
+    a.set_xlabel("measured peak memory of the step (MiB); hollow: predicted")
+    a.set_ylabel("step time, median (ms)")
+    a.set_title("Step time against peak memory", fontsize=10)
+    a.legend(fontsize=8)
+    b.set_xticks(range(len(pts)))
+    b.set_xticklabels([p[0] for p in pts], rotation=30, ha="right", fontsize=8)
+    b.set_ylabel("recompute matmul flops (Mflop)")
+    b.set_title("What the memory costs", fontsize=10)
+    fig.suptitle("Selective checkpointing: %s/%s" % (suite, case), fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def plot(report_dir, out_dir):
     budgets = defaultdict(lambda: defaultdict(list))
+    policies = defaultdict(list)
     chunks = defaultdict(lambda: defaultdict(list))
     for r in read_rows(report_dir + "/summary.csv"):
         s = swept(r)
-        if r["status"] != "pass" or s is None:
+        if r["status"] != "pass":
+            continue
+        p = params(r)
+        if s is None and "policy" in p and "recompute_flops" in p:
+            policies[(r["suite"], r["case"])].append(
+                (p["policy"], num(r["peak_mem_bytes"]), num(r["time_us_median"]),
+                 num(r["predicted_mem_bytes"]), float(p["recompute_flops"])))
+            continue
+        if s is None:
             continue
         base, key, value = s
         p = params(r)
@@ -112,6 +150,10 @@ def plot(report_dir, out_dir):
     files = []
     for (suite, base), lines in budgets.items():
         files.append(save(budget_figure(suite, base, lines), out_dir, "sweep_" + slug(suite, base)))
+    for (suite, case), pts in policies.items():
+        if len(pts) >= 2:
+            files.append(save(policy_figure(suite, case, pts), out_dir,
+                              "sweep_policies_" + slug(suite, case)))
     for (suite, base, key), lines in chunks.items():
         files.append(save(chunk_figure(suite, base, key, lines), out_dir,
                           "sweep_" + slug(suite, base)))

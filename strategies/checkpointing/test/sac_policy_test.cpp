@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <string>
 
 #include "reference/graph.h"
@@ -121,6 +122,70 @@ TEST(SacRecomputeModel, FlopsInClosedForm) {
   EXPECT_EQ(model("cheap").recomputeFlops, 0);
   // torchtitan: fc kept, proj recomputed; nothing reads proj's output to save it.
   EXPECT_EQ(model("torchtitan").recomputeFlops, 0);
+}
+
+TEST(SacRecomputeModel, EachRankCountsItsPiecesInADataParallelPlan) {
+  // The residual MLP's batch split over 4 ranks: each rank's products a quarter of the whole.
+  const int64_t B = 16, D = 16, L = 2, R = 4;
+  const autoshard::ShardingModel m(
+      reference::buildGraph("mlp", {{"batch", B}, {"d_model", D}, {"layers", L}}), {R},
+      autoshard::CostOptions{});
+  autoshard::SolveOptions o;
+  o.algo = "data-parallel";
+  const auto plan = autoshard::solvePlan(m, o);
+  const double perProduct = 2.0 * (B / R) * D * 4 * D;
+  for (int rank = 0; rank < R; ++rank) {
+    const RecomputeModel all =
+        modelRecompute(m, plan.choice, resolvePolicy(m.graph(), "recompute-all"), rank);
+    EXPECT_EQ(all.forwardFlops, 2 * L * perProduct) << "rank " << rank;
+    EXPECT_EQ(all.recomputeFlops, L * perProduct) << "rank " << rank;
+  }
+}
+
+// The search priced with a policy (model.h's RecomputePricing): a recomputed node's forward paid
+// again in the step's prediction, the rows' peak lower where the policy drops what blocks save,
+// nothing changed by a policy that keeps everything.
+TEST(SacPricing, TheStepPaysTheRecomputationAndTheRowsDropTheBlocksTensors) {
+  const auto build = [] {
+    return std::make_unique<autoshard::ShardingModel>(
+        reference::buildGraph("gpt2", {{"batch", 16}, {"seq", 32}, {"d_model", 32}, {"heads", 4},
+                                       {"layers", 2}, {"vocab", 64}}),
+        std::vector<int64_t>{4}, autoshard::CostOptions{});
+  };
+  const auto plain = build();
+  autoshard::SolveOptions o;
+  o.algo = "data-parallel";
+  const auto plan = autoshard::solvePlan(*plain, o);
+  const auto priced = [&](const std::string& name) {
+    auto m = build();
+    const Policy p = resolvePolicy(m->graph(), name);
+    auto pricing = std::make_shared<autoshard::RecomputePricing>();
+    pricing->policy = name;
+    pricing->save = p.save;
+    pricing->region = p.region;
+    pricing->recomputed = modelRecompute(*m, plan.choice, p).recomputed;
+    m->priceRecompute(pricing);
+    return m;
+  };
+  const auto keep = priced("save-all");
+  EXPECT_DOUBLE_EQ(keep->stepUs(plan.choice), plain->stepUs(plan.choice));
+  EXPECT_EQ(keep->peakBytes(plan.choice), plain->peakBytes(plan.choice));
+  const auto all = priced("recompute-all");
+  // Data parallel: no recomputed node reads through a redistribution, so the step pays exactly
+  // the recomputed nodes' forwards again.
+  double again = 0;
+  const auto* rp = all->recomputePricing();
+  for (size_t v = 0; v < rp->recomputed.size(); ++v) {
+    if (rp->recomputed[v]) again += all->candidates(static_cast<int>(v))[plan.choice[v]].forwardUs;
+  }
+  EXPECT_GT(again, 0);
+  EXPECT_NEAR(all->stepUs(plan.choice), plain->stepUs(plan.choice) + again, 1e-6);
+  EXPECT_LT(all->peakBytes(plan.choice), plain->peakBytes(plan.choice));
+  // A matmul's forward again is one of its three products' time and less than the node's step.
+  for (size_t v = 0; v < all->graph().nodes.size(); ++v) {
+    const auto& c = all->candidates(static_cast<int>(v))[plan.choice[v]];
+    EXPECT_LE(c.forwardUs, c.us()) << all->graph().nodes[v].name;
+  }
 }
 
 }  // namespace

@@ -150,7 +150,38 @@ const std::vector<std::string>& planAlgos() {
   return a;
 }
 
+namespace {
+ShardingPlan solveProgram(const ShardingModel& m, const SolveOptions& o);
+}  // namespace
+
 ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
+  if (!m.recomputePricing() || !(o.memoryLimit > 0) || o.algo != "ilp") return solveProgram(m, o);
+  try {
+    return solveProgram(m, o);
+  } catch (const NoPlanError& priced) {
+    // Under a policy the rows are a rougher estimate of the replay (a block's recomputation is
+    // priced at its largest): where they admit no plan, the plan the unpriced program finds
+    // under the limit, replayed with the policy (which keeps no more than the plain step), may
+    // still fit.
+    ShardingModel plain = m;
+    plain.priceRecompute(nullptr);
+    ShardingPlan q;
+    try {
+      q = solveProgram(plain, o);
+    } catch (const NoPlanError&) {
+      throw priced;
+    }
+    q.predictMemory(m);
+    if (q.replayedPeakBytes.empty() || q.predictedPeakBytes > o.memoryLimit) throw priced;
+    q.predictedStepUs = m.stepUs(q.choice);
+    q.solver.status += " (the unpriced program's plan, replayed with the policy)";
+    return q;
+  }
+}
+
+namespace {
+
+ShardingPlan solveProgram(const ShardingModel& m, const SolveOptions& o) {
   const auto& algos = planAlgos();
   if (std::find(algos.begin(), algos.end(), o.algo) == algos.end()) {
     throw InputError("--algo '" + o.algo +
@@ -437,4 +468,5 @@ ShardingPlan solvePlan(const ShardingModel& m, const SolveOptions& o) {
   return plan;
 }
 
+}  // namespace
 }  // namespace sb::strategies::autoshard

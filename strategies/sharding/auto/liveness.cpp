@@ -341,7 +341,12 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     r.layer = g.nodes[t].layer;
     r.terms.emplace_back(outputNode, &out[outputNode]);
     for (const auto& [storage, sv] : savedValues) {
-      if (sv.saver <= t && (!dropsValue(storage, sv.saver) || backAt(sv.saver, t))) {
+      // At the block's first backward node the recomputation's outputs (below) hold them.
+      const bool recomputing =
+          rp && rp->region[sv.saver] >= 0 && regionEnd.at(rp->region[sv.saver]) == t;
+      const bool held =
+          !dropsValue(storage, sv.saver) || (backAt(sv.saver, t) && !recomputing);
+      if (sv.saver <= t && held) {
         r.terms.emplace_back(sv.saver, &sv.bytes);
       }
     }
