@@ -219,6 +219,16 @@ cases:
     steps: 2
     optimizer: {kind: sgd, lr: 0.001, momentum: 0.9}
     strategies: ["sharding/fsdp/.*"]
+  # FSDP with a selective checkpointing policy in its blocks (params.sac), where the policy's
+  # own fault plants.
+  - name: gpt2-fsdp-sac-2x2
+    workload: gpt2
+    shape: {batch: 4, seq: 8, d_model: 32, heads: 2, layers: 2, vocab: 64, dropout: 0}
+    mesh: 2x2
+    steps: 2
+    optimizer: {kind: sgd, lr: 0.001, momentum: 0.9}
+    strategies: ["sharding/fsdp/.*"]
+    params: {sac: recompute-all}
   - name: cp-train-4
     workload: gpt2_prefill
     shape: {batch: 2, seq: 32, d_model: 32, heads: 8, layers: 2, mode: training}

@@ -168,7 +168,7 @@ check "both a budget and budget_bytes: exit 2" 2 "expected one of budget" -- \
   "$sb" run "$tmp/bad.yaml" --out "$tmp/bad8"
 
 # ---- Inside sharded plans (suites/sac-sharded.yaml) ---------------------------------------------
-check "sac-sharded suite: every policy passes inside tensor-, data- and auto-parallel plans" 0 "total +37 +0 +0 +0$" -- \
+check "sac-sharded suite: every policy passes inside tensor-, data- and auto-parallel plans and FSDP" 0 "total +46 +0 +0 +0$" -- \
   "$sb" run suites/sac-sharded.yaml --out "$tmp/sharded" --repetitions 1
 check "sharded: every rank's peak, flops and nodes exact; recomputed collectives counted; the priced search keeps the faster plan" 0 "^ok" -- \
   python3 - "$tmp/sharded/results.json" <<'PY'
@@ -189,7 +189,27 @@ for r in rows:
     assert p["matmul_flops"]["measured"] == p["matmul_flops"]["predicted"] > 0, (r["case"], p)
     assert p["recomputed_nodes"]["measured"] == p["recomputed_nodes"]["predicted"], (r["case"], p)
     assert r["params"]["algo"] == ("ilp" if "ilp" in r["case"] else "megatron" if "tp" in r["case"] or "megatron" in r["case"] else "data-parallel"), (r["case"], r["params"])
+# FSDP with params.sac: each rank's peak exact (FSDP's model), the flops and nodes as the model
+# has them, no collective more than FSDP's own, the peak falling as the policy drops more.
+fsdp = {r["case"]: r for r in rows if r["strategy_id"] == "sharding/fsdp/zero3" and r["case"].startswith("gpt2-L4-zero3-4")}
+for r in rows:
+    if not r["strategy_id"].startswith("sharding/fsdp/"):
+        continue
+    d = r["details"]
+    assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], (r["case"], r["strategy_id"])
+    if "/sac=" in r["case"]:
+        p = {x["what"]: x for x in d["executor"]["predictions"]}
+        assert p["matmul_flops"]["measured"] == p["matmul_flops"]["predicted"] > 0, (r["case"], p)
+        assert p["recomputed_nodes"]["measured"] == p["recomputed_nodes"]["predicted"], (r["case"], p)
+        assert r["params"]["policy"] == r["case"].split("/sac=")[1], r["params"]
+plain = fsdp.pop("gpt2-L4-zero3-4")
+peak = {c.split("=")[1]: int(r["peak_mem_bytes"]) for c, r in fsdp.items()}
+assert all(r["comm_bytes"] == plain["comm_bytes"] for r in fsdp.values())
+assert peak["save-all"] == int(plain["peak_mem_bytes"]), (peak, plain["peak_mem_bytes"])
+assert peak["recompute-all"] < min(peak["torchtitan"], peak["cheap"]) <= max(peak["torchtitan"], peak["cheap"]) < peak["save-all"], peak
 for case, pol in by.items():
+    if "save-all" not in pol:
+        continue
     comm = {k: int(r["comm_bytes"]) for k, r in pol.items()}
     flops = {k: r["details"]["executor"]["sac"]["flops"]["recompute"] for k, r in pol.items() if k != "ilp"}
     assert flops["save-all"] == 0 and flops["recompute-all"] >= max(flops.values()), (case, flops)
@@ -226,6 +246,24 @@ assert len(failed) >= 2, len(failed)
 print(f"ok: {len(failed)} of {len(rows)} rows fail")
 PY
 done
+"$sb" run suites/sac-sharded.yaml --case "^(gpt2-L4-zero3-4-sac/sac=recompute-all|llama-L2-hsdp-2x2-sac/sac=recompute-all|gpt2-L4-zero3-4)$" \
+  --plant-fault "sharding/fsdp/zero3=saved_freed_early" --plant-fault "sharding/fsdp/hsdp=saved_freed_early" \
+  --out "$tmp/fsdp-freed" --repetitions 1 >/dev/null 2>&1
+check "FSDP, planted saved_freed_early: the rows with a policy fail on their tensors, the one without says why not" 0 "^ok" -- \
+  python3 - "$tmp/fsdp-freed/results.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for r in rows:
+    if "/sac=" in r["case"]:
+        assert r["status"] == "fail" and "mismatched" in r["message"], (r["case"], r["strategy_id"], r["status"], r["message"][:200])
+    else:
+        assert r["status"] == "unsupported" and "nothing to plant" in r["message"], (r["case"], r["message"])
+assert sum(r["status"] == "fail" for r in rows) == 3, [(r["case"], r["strategy_id"], r["status"]) for r in rows]
+print("ok")
+PY
+printf 'suite: badfsdp\ncases:\n  - name: c\n    workload: gpt2\n    shape: {batch: 4, seq: 8, d_model: 16, heads: 2, layers: 1, vocab: 32, dropout: 0}\n    mesh: 2\n    steps: 1\n    optimizer: {kind: sgd, lr: 0.01}\n    strategies: ["sharding/fsdp/zero3"]\n    params: {sac: {default: maybe}}\n' >"$tmp/badfsdp.yaml"
+check "FSDP: a malformed params.sac is exit 2 naming the key" 2 "params.sac.default: expected \"save\" or \"recompute\", got \"maybe\"" -- \
+  "$sb" run "$tmp/badfsdp.yaml" --out "$tmp/badfsdp"
 # A plan from a file (stratbench solve shard's): the policy runs in it as in the solved one.
 "$sb" solve shard --workload gpt2 --shape '{"batch": 4, "seq": 16, "d_model": 32, "heads": 4, "layers": 2, "vocab": 64, "dropout": 0.1}' \
   --mesh 2x2 --algo megatron --out "$tmp/plan.json" >/dev/null

@@ -128,8 +128,10 @@ def plot(report_dir, out_dir):
         if r["status"] != "pass":
             continue
         p = params(r)
-        if s is None and "policy" in p and "recompute_flops" in p:
-            policies[(r["suite"], r["case"])].append(
+        if "policy" in p and "recompute_flops" in p and (s is None or "/sac=" in r["case"]):
+            # A case's policies as its rows, or a case swept over params.sac (FSDP's).
+            base = r["case"].rsplit("/", 1)[0] if "/sac=" in r["case"] else r["case"]
+            policies[(r["suite"], base)].append(
                 (p["policy"], num(r["peak_mem_bytes"]), num(r["time_us_median"]),
                  num(r["predicted_mem_bytes"]), float(p["recompute_flops"])))
             continue

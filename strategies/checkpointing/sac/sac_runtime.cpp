@@ -246,6 +246,11 @@ void SacRuntime::startPass(Rerun rerun, const std::vector<at::Tensor>& held) {
   }
 }
 
+void SacRuntime::hold(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return;
+  owners_[t.storage().unsafeGetStorageImpl()] = std::make_shared<Owner>(t, -1, 0);
+}
+
 void SacRuntime::endPass() {
   if (observing_) {
     at::removeCallback(observer_);
@@ -410,6 +415,63 @@ void SacRuntime::recompute(int region) {
     }
   }
   held_.erase(region);
+}
+
+int64_t predictedRecomputedNodes(const RecomputeModel& m, const reference::Graph& g) {
+  int64_t n = 0;
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    n += m.recomputed[v] && !isViewOp(g.nodes[v].shape.op);
+  }
+  return n;
+}
+
+std::vector<std::pair<std::string, std::string>> runParams(const SacRuntime& rt,
+                                                           const RecomputeModel& m,
+                                                           const reference::Graph& g) {
+  const auto& k = rt.counts();
+  return {{"policy", rt.policy().name},
+          {"recomputed_nodes", std::to_string(k.recomputedNodes)},
+          {"predicted_recomputed_nodes", std::to_string(predictedRecomputedNodes(m, g))},
+          {"saved_kept", std::to_string(k.kept)},
+          {"saved_dropped", std::to_string(k.dropped)},
+          {"recompute_flops", std::to_string(static_cast<int64_t>(m.recomputeFlops))}};
+}
+
+void addRunDetails(nlohmann::json& j, const SacRuntime& rt, const RecomputeModel& m,
+                   const reference::Graph& g) {
+  const auto& k = rt.counts();
+  nlohmann::json recomputed = nlohmann::json::array();
+  for (size_t v = 0; v < g.nodes.size(); ++v) {
+    if (m.recomputed[v]) recomputed.push_back(g.nodes[v].name);
+  }
+  j["sac"] = {{"policy", rt.policy().name},
+              {"predicted_recomputed", recomputed},
+              {"recomputed", k.recomputed},
+              {"saved_kept", k.kept},
+              {"saved_dropped", k.dropped},
+              {"flops",
+               {{"forward", m.forwardFlops},
+                {"backward", m.backwardFlops},
+                {"recompute", m.recomputeFlops}}}};
+  // The step's matmul flops, judged exactly: a node recomputed that the model does not
+  // recompute (or one missing) is a mispredicted row.
+  if (k.counted && m.unmodelled.empty()) {
+    // Counted on the first forward and backward (a training case's first step).
+    auto& p = j["predictions"];
+    if (!p.is_array()) p = nlohmann::json::array();
+    p.push_back({{"what", "matmul_flops"},
+                 {"unit", "flop"},
+                 {"measured", k.matmulFlops},
+                 {"predicted", m.forwardFlops + m.backwardFlops + m.recomputeFlops},
+                 {"tolerance", 0.0}});
+    p.push_back({{"what", "recomputed_nodes"},
+                 {"unit", "nodes"},
+                 {"measured", k.recomputedNodes},
+                 {"predicted", predictedRecomputedNodes(m, g)},
+                 {"tolerance", 0.0}});
+  } else if (!m.unmodelled.empty()) {
+    j["sac"]["flops_prediction"] = "none: " + m.unmodelled + "'s saving is not modelled";
+  }
 }
 
 }  // namespace sb::strategies::sac

@@ -85,6 +85,10 @@ class SacRuntime final : public autoshard::PlanRecompute,
   void nodeDone(int v, const std::vector<at::Tensor>& outs) override;
   void endPass() override;
   const autoshard::RecomputePolicy& replayPolicy() const override { return replay_; }
+  // A tensor the executor holds through the pass besides startPass's (an FSDP unit's gathered
+  // parameters, whose storage is filled again before the unit's backward): a node that saves it
+  // keeps a reference, never recomputed for it.
+  void hold(const at::Tensor& t);
 
   // Of the first pass: the matmul flops ATen ran (forward, backward and recomputation,
   // counted by a RecordFunction observer of mm, addmm, bmm and baddbmm), the nodes recomputed
@@ -132,5 +136,17 @@ class SacRuntime final : public autoshard::PlanRecompute,
   std::map<std::pair<int, int>, at::Tensor> captured_;
   std::map<int, std::set<int>> droppedNodes_;  // per region, the nodes whose tensors went
 };
+
+// A row's record of a policy's run: its parameters (the policy, the nodes recomputed and
+// predicted, the tensors kept and dropped, the recompute flops), and its details ("sac": what
+// was recomputed and the flops; "predictions": the step's matmul flops and the nodes
+// recomputed, measured beside the model's, tolerance 0, where every operator's saving is
+// modelled). Shared by the executors that run a policy (checkpointing/sac, sharding/fsdp).
+int64_t predictedRecomputedNodes(const RecomputeModel& m, const reference::Graph& g);
+std::vector<std::pair<std::string, std::string>> runParams(const SacRuntime& rt,
+                                                           const RecomputeModel& m,
+                                                           const reference::Graph& g);
+void addRunDetails(nlohmann::json& j, const SacRuntime& rt, const RecomputeModel& m,
+                   const reference::Graph& g);
 
 }  // namespace sb::strategies::sac

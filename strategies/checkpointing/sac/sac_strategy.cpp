@@ -139,15 +139,7 @@ class SacExecutor final : public harness::RankExecutor {
 
   std::vector<std::pair<std::string, std::string>> recordParams() const override {
     auto out = inner_.recordParams();
-    const auto& m = model_;
-    const auto& k = runtime_->counts();
-    const int64_t recomputed = predictedNodes();
-    out.emplace_back("policy", solved_->policy.name);
-    out.emplace_back("recomputed_nodes", std::to_string(k.recomputedNodes));
-    out.emplace_back("predicted_recomputed_nodes", std::to_string(recomputed));
-    out.emplace_back("saved_kept", std::to_string(k.kept));
-    out.emplace_back("saved_dropped", std::to_string(k.dropped));
-    out.emplace_back("recompute_flops", std::to_string(static_cast<int64_t>(m.recomputeFlops)));
+    for (auto& p : runParams(*runtime_, model_, solved_->plan->model->graph())) out.push_back(p);
     if (const auto& b = solved_->budget) {
       out.emplace_back("budget", std::to_string(solved_->budgetFraction));
       out.emplace_back("budget_bytes", std::to_string(solved_->budgetBytes));
@@ -167,40 +159,7 @@ class SacExecutor final : public harness::RankExecutor {
   }
   nlohmann::json details() const override {
     nlohmann::json j = inner_.details();
-    const auto& m = model_;
-    const auto& k = runtime_->counts();
-    const auto& g = solved_->plan->model->graph();
-    nlohmann::json recomputed = nlohmann::json::array();
-    for (size_t v = 0; v < g.nodes.size(); ++v) {
-      if (m.recomputed[v]) recomputed.push_back(g.nodes[v].name);
-    }
-    j["sac"] = {{"policy", solved_->policy.name},
-                {"predicted_recomputed", recomputed},
-                {"recomputed", k.recomputed},
-                {"saved_kept", k.kept},
-                {"saved_dropped", k.dropped},
-                {"flops",
-                 {{"forward", m.forwardFlops},
-                  {"backward", m.backwardFlops},
-                  {"recompute", m.recomputeFlops}}}};
-    // The step's matmul flops, judged exactly: a node recomputed that the model does not
-    // recompute (or one missing) is a mispredicted row.
-    if (k.counted && m.unmodelled.empty()) {
-      // Counted on the first forward and backward (a training case's first step).
-      j["predictions"] = nlohmann::json::array(
-          {{{"what", "matmul_flops"},
-            {"unit", "flop"},
-            {"measured", k.matmulFlops},
-            {"predicted", m.forwardFlops + m.backwardFlops + m.recomputeFlops},
-            {"tolerance", 0.0}},
-           {{"what", "recomputed_nodes"},
-            {"unit", "nodes"},
-            {"measured", k.recomputedNodes},
-            {"predicted", predictedNodes()},
-            {"tolerance", 0.0}}});
-    } else if (!m.unmodelled.empty()) {
-      j["sac"]["flops_prediction"] = "none: " + m.unmodelled + "'s saving is not modelled";
-    }
+    addRunDetails(j, *runtime_, model_, solved_->plan->model->graph());
     return j;
   }
   bool capturesValues() const override { return inner_.capturesValues(); }
@@ -208,15 +167,6 @@ class SacExecutor final : public harness::RankExecutor {
   std::vector<harness::TraceValue> captured() const override { return inner_.captured(); }
 
  private:
-  // The model's recomputed nodes, views apart (as the runtime counts them).
-  int64_t predictedNodes() const {
-    const auto& g = solved_->plan->model->graph();
-    int64_t n = 0;
-    for (size_t v = 0; v < g.nodes.size(); ++v) {
-      n += solved_->model.recomputed[v] && !isViewOp(g.nodes[v].shape.op);
-    }
-    return n;
-  }
   const CaseSpec& case_;
   std::shared_ptr<Solved> solved_;
   RecomputeModel model_{solved_->model};  // this rank's (its flops)

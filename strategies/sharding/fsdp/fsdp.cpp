@@ -91,17 +91,18 @@ using reference::Graph;
 
 class FsdpStrategy final : public harness::Strategy {
  public:
-  FsdpStrategy(Kind kind, Fault fault)
+  FsdpStrategy(Kind kind, Fault fault, sac::SacFault sacFault = sac::SacFault::kNone)
       : Strategy(std::string("sharding/fsdp/") + kindName(kind),
                  std::string("fsdp ") + kindName(kind), harness::Family::kSharding),
         kind_(kind),
-        fault_(fault) {}
+        fault_(fault),
+        sacFault_(sacFault) {}
   Kind kind() const { return kind_; }
   Fault fault() const { return fault_; }
   bool trainsSteps() const override { return true; }
   std::vector<std::string> caseParams() const override {
-    if (shardsParams(kind_)) return {"reshard_after_forward", "prefetch", "param_dtype"};
-    return {};
+    if (shardsParams(kind_)) return {"reshard_after_forward", "prefetch", "param_dtype", "sac"};
+    return {"sac"};
   }
 
   std::vector<std::pair<std::string, std::string>> params() const override {
@@ -159,6 +160,7 @@ class FsdpStrategy final : public harness::Strategy {
           "it needs a 2-D mesh, the case has " +
           c.meshString());
     }
+    if (const auto why = sacUnsupported(c); !why.empty()) return Applicability::unsupported(why);
     if (imported) {
       const std::string why = importedUnsupported(c);
       if (!why.empty()) return Applicability::unsupported(why);
@@ -179,7 +181,48 @@ class FsdpStrategy final : public harness::Strategy {
   }
 
   std::unique_ptr<harness::RankExecutor> makeExecutor(const CaseSpec& c) const override {
-    return std::make_unique<FsdpExecutor>(kind_, fault_, c);
+    return std::make_unique<FsdpExecutor>(kind_, fault_, c, sacFault_);
+  }
+
+  // params.sac: a selective checkpointing policy (a built-in's name or {default, ops, nodes},
+  // docs/checkpointing.md) inside every block's forward. Malformed: InputError naming the key.
+  // Why the case cannot run it (or its planted fault), or "".
+  std::string sacUnsupported(const CaseSpec& c) const {
+    if (!c.params.contains("sac")) {
+      return sacFault_ == sac::SacFault::kNone
+                 ? ""
+                 : "saved_freed_early plants into a selective checkpointing policy: the case "
+                   "has none (params.sac), nothing to plant";
+    }
+    const Graph g = reference::buildGraph(c.workload, c.shape);
+    sac::Policy p;
+    try {
+      p = sac::resolvePolicy(g, c.params.at("sac"));
+    } catch (const std::invalid_argument& e) {
+      std::string what = e.what();
+      if (what.rfind("policy", 0) == 0) what = what.substr(6);  // "policy.ops: ..." -> ".ops: ..."
+      throw harness::InputError(c.where() + ": params.sac" + what);
+    }
+    if (std::all_of(p.region.begin(), p.region.end(), [](int r) { return r < 0; })) {
+      return "params.sac: this graph has no repeated blocks, and a policy decides inside blocks: "
+             "nothing to checkpoint";
+    }
+    if (paramDtype(c) && *paramDtype(c) != c.dtype) {
+      return "params.sac with mixed precision (params.param_dtype): a recomputation would read "
+             "the inputs cast in the pass; not yet";
+    }
+    if (sacFault_ == sac::SacFault::kSavedFreedEarly) {
+      const autoshard::ShardingModel m(g, {1}, autoshard::CostOptions{});
+      std::vector<int> replicated;
+      for (size_t v = 0; v < g.nodes.size(); ++v) {
+        replicated.push_back(m.replicatedCandidate(static_cast<int>(v)));
+      }
+      if (!sac::modelRecompute(m, replicated, p).savedTwice) {
+        return "saved_freed_early: no recomputed tensor has two backward readers here, nothing "
+               "to plant";
+      }
+    }
+    return "";
   }
   // The plain graph's first training step, whole (the executors keep their rows of it).
   std::vector<harness::TraceValue> referenceTrace(
@@ -221,6 +264,9 @@ class FsdpStrategy final : public harness::Strategy {
     for (Fault f : kFaults) {
       if (takesFault(kind_, f)) out.push_back(faultName(f));
     }
+    // Into params.sac's policy: a recomputed tensor let go after its first reader. (Dropout
+    // recomputed without its seed has nothing to plant: the data-parallel cases run dropout 0.)
+    out.push_back(kSacFreed);
     return out;
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
@@ -228,12 +274,17 @@ class FsdpStrategy final : public harness::Strategy {
       if (takesFault(kind_, f) && name == faultName(f))
         return std::make_unique<FsdpStrategy>(kind_, f);
     }
+    if (name == kSacFreed) {
+      return std::make_unique<FsdpStrategy>(kind_, Fault::kNone, sac::SacFault::kSavedFreedEarly);
+    }
     return nullptr;
   }
 
  private:
+  static constexpr const char* kSacFreed = "saved_freed_early";
   Kind kind_;
   Fault fault_;
+  sac::SacFault sacFault_;
 };
 
 harness::Tolerance FsdpStrategy::tolerance(const std::string& tensor, const CaseSpec& c,
@@ -274,8 +325,8 @@ torch::autograd::variable_list GatherParam::backward(torch::autograd::AutogradCo
   return {e->reduceGrad(index, grads[0]), at::Tensor(), at::Tensor()};
 }
 
-FsdpExecutor::FsdpExecutor(Kind kind, Fault fault, CaseSpec c)
-    : case_(std::move(c)), kind_(kind), fault_(fault) {
+FsdpExecutor::FsdpExecutor(Kind kind, Fault fault, CaseSpec c, sac::SacFault sacFault)
+    : case_(std::move(c)), kind_(kind), fault_(fault), sacFault_(sacFault) {
   reshardAfterForward_ = reshardAfterForward(case_);
   prefetch_ = prefetchDepth(case_);
   paramDtype_ = paramDtype(case_).value_or(case_.dtype);
@@ -351,6 +402,23 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   order_ = forwardOrder(units_, local_);
   orderPos_.assign(units_.names.size(), -1);
   for (size_t k = 0; k < order_.size(); ++k) orderPos_[order_[k]] = static_cast<int>(k);
+  paramIndex_ = index;
+  for (int j = 0; j < static_cast<int>(local_.nodes.size()); ++j) {
+    for (const auto& a : local_.nodes[j].args) lastRead_[a] = j;
+  }
+  // params.sac: the policy on the graph at this rank's batch (the strategy checked it).
+  sac::Policy policy;
+  if (case_.params.contains("sac")) {
+    sacGraph_ = std::make_unique<autoshard::ShardingModel>(local_, std::vector<int64_t>{1},
+                                                           autoshard::CostOptions{});
+    std::vector<int> replicated;
+    for (size_t v = 0; v < local_.nodes.size(); ++v) {
+      replicated.push_back(sacGraph_->replicatedCandidate(static_cast<int>(v)));
+    }
+    policy = sac::resolvePolicy(local_, case_.params.at("sac"));
+    sacModel_ = sac::modelRecompute(*sacGraph_, replicated, policy);
+    sac_ = std::make_shared<sac::SacRuntime>(local_, policy, sacModel_, sacFault_);
+  }
   // The profile: one pass on whole parameters, no communication, nothing freed that FSDP
   // frees, the live bytes recorded at each mark (modelMemory adds what FSDP does there).
   {
@@ -368,7 +436,41 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
     shards_.clear();
     gathered_.clear();
   }
+  // The steps' own runtime: its counts (flops, nodes recomputed) are the first step's.
+  if (sac_) sac_ = std::make_shared<sac::SacRuntime>(local_, policy, sacModel_, sacFault_);
   modelMemory(ctx);
+}
+
+FsdpExecutor::SacPass::SacPass(FsdpExecutor& x) : e(x) {
+  if (!e.sac_) return;
+  std::vector<at::Tensor> held;
+  for (const auto& [name, t] : e.inputs_) held.push_back(t);
+  held.push_back(e.target_);
+  for (const auto* ts : {&e.full_, &e.shards_}) {
+    for (const auto& t : *ts) {
+      if (t.defined()) held.push_back(t);
+    }
+  }
+  // A recomputed node reads the unit's gathered parameters (its storage filled again before
+  // the unit's backward), the data, and what the runtime hands it.
+  e.sac_->startPass(
+      [&x = e](int v, const autoshard::PlanRecompute::Value& value, uint64_t shift) {
+        return reference::runNode(
+            x.local_.nodes[static_cast<size_t>(v)],
+            [&](const std::string& a) -> at::Tensor {
+              if (auto it = x.paramIndex_.find(a); it != x.paramIndex_.end()) {
+                return shardsParams(x.kind_) ? x.gathered_[it->second] : x.full_[it->second];
+              }
+              if (x.local_.isInput(a)) return x.inputs_.at(a);
+              return value(a);
+            },
+            x.case_.seed + shift);
+      },
+      held);
+}
+
+FsdpExecutor::SacPass::~SacPass() {
+  if (e.sac_) e.sac_->endPass();
 }
 
 void FsdpExecutor::mark(MarkKind kind, int index, bool contiguous) {
@@ -441,6 +543,7 @@ void FsdpExecutor::gatherParams(int unit, std::map<std::string, at::Tensor>& val
   for (int i : unitParams_[unit]) {
     gathered_[i] = GatherParam::apply(shards_[i], reinterpret_cast<int64_t>(this), i);
     values[names_[i]] = gathered_[i];
+    if (sac_) sac_->hold(gathered_[i]);  // the unit's: saved by reference, never recomputed
   }
   unitGathered_[unit] = true;
 }
@@ -489,6 +592,7 @@ double FsdpExecutor::pass() {
   mark(MarkKind::kStart, -1);
   double result = 0;
   {
+    const SacPass sacPass(*this);
     // Forward, unit by unit where parameters are sharded.
     std::map<std::string, at::Tensor> values = inputs_;
     if (mixed()) {  // the root's floating inputs cast, as FSDP2's pre-forward does
@@ -515,8 +619,21 @@ double FsdpExecutor::pass() {
           if (u != 0 && !values.count(a)) gatherUnit(u, values);
         }
       }
-      const auto ys = reference::runNode(
-          node, [&](const std::string& a) { return values.at(a); }, case_.seed);
+      std::vector<at::Tensor> ys;
+      {
+        const auto hooks = sac_ ? sac_->nodeHooks(j) : nullptr;
+        ys = reference::runNode(
+            node, [&](const std::string& a) { return values.at(a); }, case_.seed);
+      }
+      if (sac_) sac_->nodeDone(j, ys);
+      // A value goes after its last reader, as a PyTorch module's intermediates do (what autograd
+      // saved of it stays, or goes, by the node that saved it: a checkpointing policy's choice).
+      for (const auto& a : node.args) {
+        if (!local_.isParameter(a) && !local_.isInput(a) && a != local_.output &&
+            lastRead_.at(a) == j) {
+          values.erase(a);
+        }
+      }
       const auto outs = node.outputs();
       for (size_t i = 0; i < ys.size(); ++i) values[outs[i]] = ys[i];
       if (tape_) {
@@ -699,7 +816,7 @@ std::map<std::string, at::Tensor> FsdpExecutor::results() const {
 }
 
 std::vector<std::pair<std::string, std::string>> FsdpExecutor::recordParams() const {
-  return {{"kind", kindName(kind_)},
+  std::vector<std::pair<std::string, std::string>> out = {{"kind", kindName(kind_)},
           {"steps", std::to_string(case_.training.steps)},
           {"optimizer", case_.training.optimizer.toString()},
           {"units", std::to_string(units_.names.size())},
@@ -709,6 +826,10 @@ std::vector<std::pair<std::string, std::string>> FsdpExecutor::recordParams() co
           {"param_dtype", harness::dtypeName(paramDtype_)},
           {"shard_parts", std::to_string(layout_.shardParts)},
           {"replicas", std::to_string(layout_.replicaParts)}};
+  if (sac_) {
+    for (auto& p : sac::runParams(*sac_, sacModel_, local_)) out.push_back(p);
+  }
+  return out;
 }
 
 std::vector<std::unique_ptr<harness::Strategy>> registerFsdp() {

@@ -20,6 +20,7 @@
 #include "harness/strategy.h"
 #include "reference/graph.h"
 #include "reference/training.h"
+#include "strategies/checkpointing/sac/sac_runtime.h"
 #include "strategies/sharding/fsdp/fsdp_plan.h"
 
 namespace sb::strategies::fsdp {
@@ -35,7 +36,9 @@ struct GatherParam : public torch::autograd::Function<GatherParam> {
 
 class FsdpExecutor final : public harness::RankExecutor {
  public:
-  FsdpExecutor(Kind kind, Fault fault, harness::CaseSpec c);
+  // `sacFault`: a selective checkpointing fault planted in params.sac's policy.
+  FsdpExecutor(Kind kind, Fault fault, harness::CaseSpec c,
+               sac::SacFault sacFault = sac::SacFault::kNone);
   void prepare(harness::RankContext& ctx, const reference::WorkloadData& data) override;
   void step(harness::RankContext& ctx) override;
   std::map<std::string, at::Tensor> results() const override;
@@ -111,6 +114,7 @@ class FsdpExecutor final : public harness::RankExecutor {
   harness::CaseSpec case_;
   Kind kind_;
   Fault fault_;
+  sac::SacFault sacFault_ = sac::SacFault::kNone;
   bool reshardAfterForward_ = true;
   int prefetch_ = 0;  // units gathered ahead, forward and backward (params.prefetch)
   // params.param_dtype: what the units are gathered and computed in (the shards, the
@@ -154,6 +158,21 @@ class FsdpExecutor final : public harness::RankExecutor {
   int64_t stepPeak_ = 0;    // the model's peak above startLive_ + paramBytes_
   int64_t entryLive_ = 0, startLive_ = 0;
   nlohmann::json memoryDetails_;
+  // params.sac: a selective checkpointing policy inside every block's forward
+  // (strategies/checkpointing/sac/), its recomputation reading the unit's gathered parameters
+  // (gathered again before the unit's backward, as FSDP2's pre-backward hook does). The model's
+  // facts (what it recomputes, its flops) from the graph at this rank's batch on one rank.
+  std::shared_ptr<sac::SacRuntime> sac_;
+  std::unique_ptr<autoshard::ShardingModel> sacGraph_;
+  sac::RecomputeModel sacModel_;
+  std::map<std::string, int> paramIndex_;
+  std::map<std::string, int> lastRead_;  // per value, the last node that reads it
+  // A forward and backward with the policy's runtime told of it, its end told however it ends.
+  struct SacPass {
+    FsdpExecutor& e;
+    explicit SacPass(FsdpExecutor& x);
+    ~SacPass();
+  };
 };
 
 }  // namespace sb::strategies::fsdp

@@ -196,6 +196,7 @@ nlohmann::json FsdpExecutor::details() const {
   nlohmann::json d = memoryDetails_;
   d["memory_model"]["step_start_live_bytes"] = startLive_;
   d["memory_model"]["step_entry_live_bytes"] = entryLive_;
+  if (sac_) sac::addRunDetails(d, *sac_, sacModel_, local_);
   return d;
 }
 
