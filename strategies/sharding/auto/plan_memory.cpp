@@ -972,9 +972,14 @@ bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads)
   const auto other = [&](size_t j) { return j < grads.size() && grads[j]; };
   if (op == "addmm" || op == "mm") return i == 0 ? other(1) : i == 1 && other(0);
   // What LibTorch 1.13's nodes save of a parameter operand counts only where it is a gathered
-  // copy (ZeRO-3 storage), not the parameter itself: EmbeddingBackward0 saves the weight,
-  // RmsNorm its weight, NativeLayerNormBackward0 its weight and bias.
+  // copy (ZeRO-3 storage), not the parameter itself: EmbeddingBackward0 saves the weight (2.x's
+  // only its size: a gathered table goes after the lookup), RmsNorm its weight,
+  // NativeLayerNormBackward0 its weight and bias.
+#if SB_TORCH_VERSION_NUM >= 200
+  if (op == "embedding") return false;
+#else
   if (op == "embedding") return i == 1 && other(1);
+#endif
   if (op == "rms_norm") return i <= 1;
   if (op == "bmm" || op == "matmul" || op == "mul") return other(1 - i);
   if (op == "gelu" || op == "silu") return i == 0;
