@@ -133,7 +133,7 @@ def plot(report_dir, out_dir):
             base = r["case"].rsplit("/", 1)[0] if "/sac=" in r["case"] else r["case"]
             policies[(r["suite"], base)].append(
                 (p["policy"], num(r["peak_mem_bytes"]), num(r["time_us_median"]),
-                 num(r["predicted_mem_bytes"]), float(p["recompute_flops"])))
+                 num(r["predicted_mem_bytes"]), float(p["recompute_flops"]), r["strategy_id"]))
             continue
         if s is None:
             continue
@@ -153,6 +153,9 @@ def plot(report_dir, out_dir):
     for (suite, base), lines in budgets.items():
         files.append(save(budget_figure(suite, base, lines), out_dir, "sweep_" + slug(suite, base)))
     for (suite, case), pts in policies.items():
+        # Several strategies in one case (FSDP's kinds): each point says whose.
+        several = len({p[5] for p in pts}) > 1
+        pts = [((p[5].rsplit("/", 1)[-1] + " " + p[0]) if several else p[0],) + p[1:5] for p in pts]
         if len(pts) >= 2:
             files.append(save(policy_figure(suite, case, pts), out_dir,
                               "sweep_policies_" + slug(suite, case)))
