@@ -264,6 +264,19 @@ PY
 printf 'suite: badfsdp\ncases:\n  - name: c\n    workload: gpt2\n    shape: {batch: 4, seq: 8, d_model: 16, heads: 2, layers: 1, vocab: 32, dropout: 0}\n    mesh: 2\n    steps: 1\n    optimizer: {kind: sgd, lr: 0.01}\n    strategies: ["sharding/fsdp/zero3"]\n    params: {sac: {default: maybe}}\n' >"$tmp/badfsdp.yaml"
 check "FSDP: a malformed params.sac is exit 2 naming the key" 2 "params.sac.default: expected \"save\" or \"recompute\", got \"maybe\"" -- \
   "$sb" run "$tmp/badfsdp.yaml" --out "$tmp/badfsdp"
+# The command line's search priced with a policy (solve shard --sac-policy): under the limit the
+# plain search meets by sharding more, cheap's plan is predicted faster and holds less.
+shape4='{"batch": 8, "seq": 32, "d_model": 64, "heads": 4, "layers": 4, "vocab": 128, "dropout": 0.1}'
+"$sb" solve shard --workload gpt2 --shape "$shape4" --mesh 2x2 --max-memory 2300000 --out "$tmp/plain.json" 2>/dev/null
+check "solve shard --sac-policy cheap: a plan predicted faster than the unpriced one under the same limit" 0 "^ok" -- \
+  bash -c "'$sb' solve shard --workload gpt2 --shape '$shape4' --mesh 2x2 --max-memory 2300000 --sac-policy cheap --out '$tmp/cheap.json' 2>/dev/null && python3 -c \"
+import json
+a, b = (json.load(open(f)) for f in ('$tmp/plain.json', '$tmp/cheap.json'))
+pa, pb = a['predicted'], b['predicted']
+assert pb['step_time_us'] < pa['step_time_us'] and pb['peak_bytes_per_rank'] < pa['peak_bytes_per_rank'], (pa, pb)
+print('ok', pa, pb)\""
+check "solve shard: an unknown --sac-policy is exit 2 naming it" 2 "sac-policy: unknown policy \"every-other\"" -- \
+  "$sb" solve shard --workload gpt2 --shape "$shape4" --mesh 2x2 --sac-policy every-other
 # A plan from a file (stratbench solve shard's): the policy runs in it as in the solved one.
 "$sb" solve shard --workload gpt2 --shape '{"batch": 4, "seq": 16, "d_model": 32, "heads": 4, "layers": 2, "vocab": 64, "dropout": 0.1}' \
   --mesh 2x2 --algo megatron --out "$tmp/plan.json" >/dev/null

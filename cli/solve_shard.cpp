@@ -26,6 +26,8 @@
 #include "harness/run/run_util.h"
 #include "reference/graph.h"
 #include "reference/torchscript/import.h"
+#include "strategies/checkpointing/sac/policy.h"
+#include "strategies/checkpointing/sac/sac_runtime.h"
 #include "strategies/sharding/auto/model.h"
 
 namespace {
@@ -39,6 +41,7 @@ constexpr int64_t kMaxPlanRanks = 4096;
 // plan fits the memory limit (saying what the plan of least memory needs by the replay), 2 for malformed input.
 struct ShardArgs {
   std::string workload = "gpt2", shape = "{}", mesh, profile, algo = "ilp", out, dtype = "float32";
+  std::string sacPolicy;  // a selective checkpointing policy priced into the search
   sb::cli::ModelOptions model;  // a traced model instead of a graph workload
   double intra = 0, inter = 0, maxMemory = 0, timeLimit = 60, gapPct = 0;
   int tpAxis = -1;
@@ -104,7 +107,27 @@ int solveShard(const ShardArgs& a) {
     // while it runs, on a terminal.
     std::optional<sb::cli::TtyProgress> progress(std::in_place, "solve shard",
                                                  "pricing every node's strategies on the mesh");
-    const as::ShardingModel model(sb::reference::buildGraph(workload, shape), mesh, opts);
+    as::ShardingModel model(sb::reference::buildGraph(workload, shape), mesh, opts);
+    if (!a.sacPolicy.empty()) {
+      // A name, or a policy of one's own as JSON ({default, ops, nodes}).
+      nlohmann::json spec = a.sacPolicy;
+      if (a.sacPolicy.front() == '{') {
+        try {
+          spec = h::parseJsonNoDuplicates(a.sacPolicy);
+        } catch (const std::exception& e) {
+          std::cerr << who << "--sac-policy is not valid JSON: " << sb::harness::errorText(e)
+                    << "\n";
+          return kExitBadInput;
+        }
+      }
+      try {
+        sb::strategies::sac::priceRecompute(
+            model, sb::strategies::sac::resolvePolicy(model.graph(), spec));
+      } catch (const std::invalid_argument& e) {
+        std::cerr << who << "--sac-" << sb::harness::errorText(e) << "\n";
+        return kExitBadInput;
+      }
+    }
     as::SolveOptions o;
     o.algo = a.algo;
     o.memoryLimit = a.maxMemory;
@@ -188,6 +211,9 @@ Command addSolveShard(CLI::App& solve) {
   shardCmd->add_option("--mip-rel-gap", shard->gapPct, "Relative gap to stop at, in %")
       ->check(sb::cli::realNumber(0, 100, false, "percent"));
   shardCmd->add_option("--out", shard->out, "Write the plan here (default: stdout)");
+  shardCmd->add_option("--sac-policy", shard->sacPolicy,
+                       "Price a selective checkpointing policy into the search: save-all, "
+                       "recompute-all, torchtitan, cheap, or JSON {default, ops, nodes}");
   shardCmd->add_option("--dtype", shard->dtype, "float32, float64, bfloat16, float16")
       ->capture_default_str();
   return {shardCmd, [shard] { return solveShard(*shard); }};

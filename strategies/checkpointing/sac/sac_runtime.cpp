@@ -417,6 +417,22 @@ void SacRuntime::recompute(int region) {
   held_.erase(region);
 }
 
+void priceRecompute(autoshard::ShardingModel& m, const Policy& p) {
+  std::vector<int> replicated;
+  for (size_t v = 0; v < m.graph().nodes.size(); ++v) {
+    replicated.push_back(m.replicatedCandidate(static_cast<int>(v)));
+  }
+  auto pricing = std::make_shared<autoshard::RecomputePricing>();
+  pricing->policy = p.name;
+  pricing->save = p.save;
+  pricing->region = p.region;
+  pricing->recomputed = modelRecompute(m, replicated, p).recomputed;
+  pricing->replayFor = [&m, p](const std::vector<int>& choice) {
+    return autoshard::RecomputePolicy{p.save, p.region, modelRecompute(m, choice, p).heldBy};
+  };
+  m.priceRecompute(std::move(pricing));
+}
+
 int64_t predictedRecomputedNodes(const RecomputeModel& m, const reference::Graph& g) {
   int64_t n = 0;
   for (size_t v = 0; v < g.nodes.size(); ++v) {

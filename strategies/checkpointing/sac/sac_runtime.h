@@ -137,6 +137,11 @@ class SacRuntime final : public autoshard::PlanRecompute,
   std::map<int, std::set<int>> droppedNodes_;  // per region, the nodes whose tensors went
 };
 
+// Prices `p` into the auto-sharding search over `m` (model.h's RecomputePricing): the nodes it
+// recomputes (on the replicated plan: which of them a plan's edges add is the replay's to
+// find), and per plan the replay's policy. The pricing refers to `m`, which it is stored in.
+void priceRecompute(autoshard::ShardingModel& m, const Policy& p);
+
 // A row's record of a policy's run: its parameters (the policy, the nodes recomputed and
 // predicted, the tensors kept and dropped, the recompute flops), and its details ("sac": what
 // was recomputed and the flops; "predictions": the step's matmul flops and the nodes

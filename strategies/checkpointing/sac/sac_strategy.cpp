@@ -260,23 +260,11 @@ class SacStrategy final : public harness::Strategy {
         } catch (const std::invalid_argument& e) {
           throw harness::InputError(c.where() + ": params." + e.what());
         }
-        std::vector<int> replicated;
-        for (size_t v = 0; v < m.graph().nodes.size(); ++v) {
-          replicated.push_back(m.replicatedCandidate(static_cast<int>(v)));
-        }
-        auto pricing = std::make_shared<autoshard::RecomputePricing>();
-        pricing->policy = s->policy.name;
-        pricing->save = s->policy.save;
-        pricing->region = s->policy.region;
-        pricing->recomputed = modelRecompute(m, replicated, s->policy).recomputed;
-        pricing->replayFor = [&m, policy = s->policy](const std::vector<int>& choice) {
-          return autoshard::RecomputePolicy{policy.save, policy.region,
-                                            modelRecompute(m, choice, policy).heldBy};
-        };
-        m.priceRecompute(std::move(pricing));
+        priceRecompute(m, s->policy);
       });
     }
-    if (s->plan->problem.empty()) {
+    // (A budget on a mesh has no policy: applies() says it is unsupported.)
+    if (s->plan->problem.empty() && !s->policy.save.empty()) {
       s->model = modelRecompute(*s->plan->model, s->plan->plan.choice, s->policy);
     }
     cache_[key] = s;

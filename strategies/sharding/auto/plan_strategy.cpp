@@ -136,7 +136,7 @@ std::vector<std::pair<std::vector<int>, CommStats>> planCommByGroup(
   for (size_t v = 0; v < g.nodes.size(); ++v) {
     const Candidate& cand = s.model->candidates(v)[s.plan.choice[v]];
     for (auto& p : opCommByGroup(cand.op, c.mesh, rank, c.dtype)) out.push_back(p);
-    if (recomputed && (*recomputed)[v]) {
+    if (recomputed && v < recomputed->size() && (*recomputed)[v]) {
       for (const auto& part : opCommParts(cand.op, c.mesh, rank, c.dtype)) {
         if (!part.backward) out.emplace_back(part.axes, part.comm);
       }
@@ -145,7 +145,8 @@ std::vector<std::pair<std::vector<int>, CommStats>> planCommByGroup(
   for (const auto& e : s.edges) {
     for (auto& p : e.forward.commByGroup(e.geometry, rank, false)) out.push_back(p);
     for (auto& p : e.backward.commByGroup(e.geometry, rank, false)) out.push_back(p);
-    if (recomputed && (*recomputed)[static_cast<size_t>(e.node)]) {
+    if (recomputed && static_cast<size_t>(e.node) < recomputed->size() &&
+        (*recomputed)[static_cast<size_t>(e.node)]) {
       for (auto& p : e.forward.commByGroup(e.geometry, rank, false)) out.push_back(p);
     }
   }
@@ -161,7 +162,7 @@ std::vector<harness::NodeComm> planCommByNode(const SolvedPlan& s, const CaseSpe
     fwd.push_back({g.nodes[v].name, "forward", {}});
     bwd.push_back({g.nodes[v].name, "backward", {}});
     const Candidate& cand = s.model->candidates(v)[s.plan.choice[v]];
-    const bool again = recomputed && (*recomputed)[v];
+    const bool again = recomputed && v < recomputed->size() && (*recomputed)[v];
     for (const auto& part : opCommParts(cand.op, c.mesh, rank, c.dtype)) {
       (part.backward ? bwd : fwd).back().comm += part.comm;
       // Recomputed in the backward: counted there, at the node.
@@ -171,7 +172,8 @@ std::vector<harness::NodeComm> planCommByNode(const SolvedPlan& s, const CaseSpe
   for (const auto& e : s.edges) {
     fwd[e.node].comm += e.forward.comm(e.geometry, rank, false);
     bwd[e.node].comm += e.backward.comm(e.geometry, rank, false);
-    if (recomputed && (*recomputed)[static_cast<size_t>(e.node)]) {
+    if (recomputed && static_cast<size_t>(e.node) < recomputed->size() &&
+        (*recomputed)[static_cast<size_t>(e.node)]) {
       bwd[e.node].comm += e.forward.comm(e.geometry, rank, false);
     }
   }
