@@ -168,8 +168,9 @@ check "both a budget and budget_bytes: exit 2" 2 "expected one of budget" -- \
   "$sb" run "$tmp/bad.yaml" --out "$tmp/bad8"
 
 # ---- Inside sharded plans (suites/sac-sharded.yaml) ---------------------------------------------
-check "sac-sharded suite: every policy passes inside tensor-, data- and auto-parallel plans and FSDP" 0 "total +46 +0 +0 +0$" -- \
-  "$sb" run suites/sac-sharded.yaml --out "$tmp/sharded" --repetitions 1
+sed "s#build/models/#$build/models/#g" suites/sac-sharded.yaml > "$tmp/sac-sharded.yaml"
+check "sac-sharded suite: every policy passes inside tensor-, data- and auto-parallel plans and FSDP" 0 "total +50 +0 +0 +0$" -- \
+  "$sb" run "$tmp/sac-sharded.yaml" --out "$tmp/sharded" --repetitions 1
 check "sharded: every rank's peak, flops and nodes exact; recomputed collectives counted; the priced search keeps the faster plan" 0 "^ok" -- \
   python3 - "$tmp/sharded/results.json" <<'PY'
 import json, sys
@@ -185,6 +186,9 @@ for r in rows:
     # Each rank's peak by the plan's replay with the policy, to the byte.
     assert d["predicted_peak_mem_bytes_per_rank"] == d["peak_mem_bytes_per_rank"], (r["case"], r["strategy_id"])
     assert int(r["comm_bytes"]) == int(r["predicted_comm_bytes"]), (r["case"], r["strategy_id"])
+    if r["workload"] == "torchscript":
+        assert "not modelled" in d["executor"]["sac"]["flops_prediction"], r["case"]
+        continue
     p = {x["what"]: x for x in d["executor"]["predictions"]}
     assert p["matmul_flops"]["measured"] == p["matmul_flops"]["predicted"] > 0, (r["case"], p)
     assert p["recomputed_nodes"]["measured"] == p["recomputed_nodes"]["predicted"], (r["case"], p)
@@ -232,7 +236,7 @@ assert min(float(lim[k]["predicted_time_us"]) for k in ("recompute-all", "torcht
 print("ok:", sum(len(p) for p in by.values()), "rows")
 PY
 for fault in recompute_without_rng saved_freed_early; do
-  "$sb" run suites/sac-sharded.yaml --case "^(gpt2-L2-megatron-2x2|llama-L2-tp4|gpt2-L2-ilp-2x2x2)$" \
+  "$sb" run "$tmp/sac-sharded.yaml" --case "^(gpt2-L2-megatron-2x2|llama-L2-tp4|gpt2-L2-ilp-2x2x2)$" \
     --filter "^checkpointing/sac/recompute-all$" --plant-fault "checkpointing/sac/recompute-all=$fault" \
     --out "$tmp/sharded-$fault" --repetitions 1 >/dev/null 2>&1
   check "sharded, planted $fault: the planted rows fail on their tensors" 0 "^ok" -- \
@@ -246,7 +250,7 @@ assert len(failed) >= 2, len(failed)
 print(f"ok: {len(failed)} of {len(rows)} rows fail")
 PY
 done
-"$sb" run suites/sac-sharded.yaml --case "^(gpt2-L4-zero3-4-sac/sac=recompute-all|llama-L2-hsdp-2x2-sac/sac=recompute-all|gpt2-L4-zero3-4)$" \
+"$sb" run "$tmp/sac-sharded.yaml" --case "^(gpt2-L4-zero3-4-sac/sac=recompute-all|llama-L2-hsdp-2x2-sac/sac=recompute-all|gpt2-L4-zero3-4)$" \
   --plant-fault "sharding/fsdp/zero3=saved_freed_early" --plant-fault "sharding/fsdp/hsdp=saved_freed_early" \
   --out "$tmp/fsdp-freed" --repetitions 1 >/dev/null 2>&1
 check "FSDP, planted saved_freed_early: the rows with a policy fail on their tensors, the one without says why not" 0 "^ok" -- \
