@@ -223,7 +223,9 @@ for case, pol in by.items():
         assert comm["recompute-all"] > comm["save-all"], (case, comm)
     if "dp4" in case:
         assert comm["recompute-all"] == comm["save-all"], (case, comm)  # nothing in the forward
-    if "steps" not in case:
+    # In one plan (the integer program's differs by policy: without a limit each is the
+    # fastest under its policy, whatever its peak), recompute-all holds less than save-all.
+    if "steps" not in case and "ilp" not in case:
         peak = {k: int(r["peak_mem_bytes"]) for k, r in pol.items()}
         assert peak["recompute-all"] < peak["save-all"], (case, peak)
 lim = by["gpt2-L4-ilp-2x2-limit"]
