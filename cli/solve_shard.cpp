@@ -1,6 +1,7 @@
 // `stratbench solve shard`: a sharding plan of a whole model on a device mesh (auto-sharding,
 // strategies/sharding/auto/model.h). One subcommand per file (cli/commands.h).
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <iostream>
@@ -108,12 +109,21 @@ int solveShard(const ShardArgs& a) {
     std::optional<sb::cli::TtyProgress> progress(std::in_place, "solve shard",
                                                  "pricing every node's strategies on the mesh");
     as::ShardingModel model(sb::reference::buildGraph(workload, shape), mesh, opts);
-    if (!a.sacPolicy.empty()) {
+    const std::string policyText = [&] {
+      const size_t b = a.sacPolicy.find_first_not_of(" \t\n");
+      const size_t e = a.sacPolicy.find_last_not_of(" \t\n");
+      return b == std::string::npos ? std::string() : a.sacPolicy.substr(b, e - b + 1);
+    }();
+    if (!a.sacPolicy.empty() && policyText.empty()) {
+      std::cerr << who << "--sac-policy is empty: expected a policy's name or JSON\n";
+      return kExitBadInput;
+    }
+    if (!policyText.empty()) {
       // A name, or a policy of one's own as JSON ({default, ops, nodes}).
-      nlohmann::json spec = a.sacPolicy;
-      if (a.sacPolicy.front() == '{') {
+      nlohmann::json spec = policyText;
+      if (policyText.front() == '{') {
         try {
-          spec = h::parseJsonNoDuplicates(a.sacPolicy);
+          spec = h::parseJsonNoDuplicates(policyText);
         } catch (const std::exception& e) {
           std::cerr << who << "--sac-policy is not valid JSON: " << sb::harness::errorText(e)
                     << "\n";
@@ -121,8 +131,14 @@ int solveShard(const ShardArgs& a) {
         }
       }
       try {
-        sb::strategies::sac::priceRecompute(
-            model, sb::strategies::sac::resolvePolicy(model.graph(), spec));
+        const auto policy = sb::strategies::sac::resolvePolicy(model.graph(), spec);
+        if (std::all_of(policy.region.begin(), policy.region.end(),
+                        [](int r) { return r < 0; })) {
+          std::cerr << who << "--sac-policy: this graph has no repeated blocks, and a policy "
+                    << "decides inside blocks: nothing to price\n";
+          return kExitBadInput;
+        }
+        sb::strategies::sac::priceRecompute(model, policy);
       } catch (const std::invalid_argument& e) {
         std::cerr << who << "--sac-" << sb::harness::errorText(e) << "\n";
         return kExitBadInput;

@@ -430,6 +430,9 @@ void priceRecompute(autoshard::ShardingModel& m, const Policy& p) {
   pricing->replayFor = [&m, p](const std::vector<int>& choice) {
     return autoshard::RecomputePolicy{p.save, p.region, modelRecompute(m, choice, p).heldBy};
   };
+  pricing->recomputedFor = [&m, p](const std::vector<int>& choice) {
+    return modelRecompute(m, choice, p).recomputed;
+  };
   m.priceRecompute(std::move(pricing));
 }
 

@@ -122,7 +122,11 @@ class SacExecutor final : public harness::RankExecutor {
   std::optional<int64_t> predictedPeakBytes() const override { return inner_.predictedPeakBytes(); }
   // The plan's step by the search's cost model, the recomputations priced in (model.h's
   // RecomputePricing).
-  std::optional<double> predictedTimeUs() const override { return inner_.predictedTimeUs(); }
+  std::optional<double> predictedTimeUs() const override {
+    // A budget's plan is solved on its own operators' costs, not priced into a plan's search.
+    if (solved_->budget) return std::nullopt;
+    return inner_.predictedTimeUs();
+  }
   // A budget's plan promises the step fits it, above what the step starts with.
   // params.max_memory: the plan's, as sharding/auto's rows promise it.
   std::optional<int64_t> memoryLimitBytes() const override {
@@ -186,10 +190,16 @@ class SacStrategy final : public harness::Strategy {
 
   std::vector<std::string> caseParams() const override {
     // The plan the policy runs inside (sharding/auto's parameters).
-    std::vector<std::string> out = {"algo", "plan",        "max_memory",
-                                    "time_limit", "mip_rel_gap", "tp_axis"};
+    // The budget's solver plans one rank's replicated step: of the plan's keys, the cost
+    // model's.
+    std::vector<std::string> out = {"cost_profile", "intra_node_bandwidth",
+                                    "inter_node_bandwidth", "time_limit"};
+    if (policy_ == "budget") {
+      out.insert(out.end(), {"budget", "budget_bytes"});
+      return out;
+    }
+    out.insert(out.end(), {"algo", "plan", "max_memory", "mip_rel_gap", "tp_axis"});
     if (policy_.empty()) out.push_back("policy");
-    if (policy_ == "budget") out.insert(out.end(), {"budget", "budget_bytes"});
     return out;
   }
   std::vector<std::pair<std::string, std::string>> params() const override {

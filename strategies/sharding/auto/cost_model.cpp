@@ -352,13 +352,18 @@ std::optional<Layout> ShardingModel::valueLayout(const std::string& value,
 
 double ShardingModel::stepUs(const std::vector<int>& choice) const {
   double us = stepOverheadUs();
+  std::vector<bool> recomputed;
+  if (recompute_) {
+    recomputed = recompute_->recomputedFor ? recompute_->recomputedFor(choice)
+                                           : recompute_->recomputed;
+  }
   for (size_t v = 0; v < graph_.nodes.size(); ++v) {
     const Candidate& c = candidates(v)[choice[v]];
     us += c.us();
     const GraphNode& n = graph_.nodes[v];
     // A node a selective checkpointing policy recomputes: its forward and its operands'
     // redistributions again.
-    const bool again = recompute_ && recompute_->recomputed[v];
+    const bool again = v < recomputed.size() && recomputed[v];
     if (again) us += c.forwardUs;
     for (size_t i = 0; i < n.args.size(); ++i) {
       if (graph_.isInput(n.args[i])) continue;

@@ -125,6 +125,9 @@ struct RecomputePricing {
   std::vector<bool> save, recomputed;
   std::vector<int> region;
   std::function<RecomputePolicy(const std::vector<int>& choice)> replayFor;
+  // Per plan, the nodes recomputed (a plan's redistributions into copies add the nodes that
+  // save them): the step's prediction (stepUs) pays these; the program, `recomputed`.
+  std::function<std::vector<bool>(const std::vector<int>& choice)> recomputedFor;
 };
 
 struct PlanNode {

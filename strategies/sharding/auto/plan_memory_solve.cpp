@@ -133,7 +133,9 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
   }
   // A selective checkpointing policy the search prices: the plan's step with it.
   std::optional<RecomputePolicy> policy;
-  if (const RecomputePricing* rp = model.recomputePricing()) policy = rp->replayFor(choice);
+  if (const RecomputePricing* rp = model.recomputePricing(); rp && rp->replayFor) {
+    policy = rp->replayFor(choice);
+  }
   harness::ThreadsWorld world{mesh};
   std::vector<int64_t> peaks(static_cast<size_t>(world.mesh().size()), 0);
   std::vector<std::string> unknown(peaks.size());

@@ -83,6 +83,7 @@ std::shared_ptr<SolvedPlan> solveCasePlan(const CaseSpec& c, const std::string& 
       std::make_unique<ShardingModel>(reference::buildGraph(c.workload, c.shape), c.mesh, opts);
   if (prepare) prepare(*s->model);
   if (algo == "file") {
+    numberParam(c, "max_memory", 0);  // the executor's promise: checked as a solve's limit is
     if (!c.params.contains("plan") || !c.params.at("plan").is_string()) {
       throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file");
     }

@@ -459,7 +459,13 @@ FsdpExecutor::SacPass::SacPass(FsdpExecutor& x) : e(x) {
             x.local_.nodes[static_cast<size_t>(v)],
             [&](const std::string& a) -> at::Tensor {
               if (auto it = x.paramIndex_.find(a); it != x.paramIndex_.end()) {
-                return shardsParams(x.kind_) ? x.gathered_[it->second] : x.full_[it->second];
+                if (!shardsParams(x.kind_)) return x.full_[it->second];
+                // A block's backward can reach a dropped tensor before its unit's re-gather
+                // hook fires (a node after the unit's last parameter reader saved it): gathered
+                // here then, as FSDP2's pre-backward would have.
+                const int u = x.unitOf_[static_cast<size_t>(it->second)];
+                if (!x.unitGathered_[static_cast<size_t>(u)]) x.regatherUnit(u);
+                return x.gathered_[it->second];
               }
               if (x.local_.isInput(a)) return x.inputs_.at(a);
               return value(a);
