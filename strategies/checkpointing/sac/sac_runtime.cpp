@@ -418,15 +418,11 @@ void SacRuntime::recompute(int region) {
 }
 
 void priceRecompute(autoshard::ShardingModel& m, const Policy& p) {
-  std::vector<int> replicated;
-  for (size_t v = 0; v < m.graph().nodes.size(); ++v) {
-    replicated.push_back(m.replicatedCandidate(static_cast<int>(v)));
-  }
   auto pricing = std::make_shared<autoshard::RecomputePricing>();
   pricing->policy = p.name;
   pricing->save = p.save;
   pricing->region = p.region;
-  pricing->recomputed = modelRecompute(m, replicated, p).recomputed;
+  pricing->recomputed = modelRecompute(m, m.replicatedChoice(), p).recomputed;
   pricing->replayFor = [&m, p](const std::vector<int>& choice) {
     return autoshard::RecomputePolicy{p.save, p.region, modelRecompute(m, choice, p).heldBy};
   };

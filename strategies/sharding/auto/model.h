@@ -161,6 +161,14 @@ class ShardingModel {
   // A candidate whose operands and outputs are all replicated (added where the generator has
   // none, as for bmm).
   int replicatedCandidate(int node) const;
+  // Every node's replicated candidate: one rank's plain step.
+  std::vector<int> replicatedChoice() const {
+    std::vector<int> out;
+    for (size_t v = 0; v < graph_.nodes.size(); ++v) {
+      out.push_back(replicatedCandidate(static_cast<int>(v)));
+    }
+    return out;
+  }
 
   // Microseconds of moving a tensor of `shape` from `from` to `to` and its gradient back, by
   // the redistribution planner's cheapest paths (priced by the profile's fits, or by the

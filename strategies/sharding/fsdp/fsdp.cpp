@@ -213,11 +213,7 @@ class FsdpStrategy final : public harness::Strategy {
     }
     if (sacFault_ == sac::SacFault::kSavedFreedEarly) {
       const autoshard::ShardingModel m(g, {1}, autoshard::CostOptions{});
-      std::vector<int> replicated;
-      for (size_t v = 0; v < g.nodes.size(); ++v) {
-        replicated.push_back(m.replicatedCandidate(static_cast<int>(v)));
-      }
-      if (!sac::modelRecompute(m, replicated, p).savedTwice) {
+      if (!sac::modelRecompute(m, m.replicatedChoice(), p).savedTwice) {
         return "saved_freed_early: no recomputed tensor has two backward readers here, nothing "
                "to plant";
       }
@@ -411,12 +407,8 @@ void FsdpExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   if (case_.params.contains("sac")) {
     sacGraph_ = std::make_unique<autoshard::ShardingModel>(local_, std::vector<int64_t>{1},
                                                            autoshard::CostOptions{});
-    std::vector<int> replicated;
-    for (size_t v = 0; v < local_.nodes.size(); ++v) {
-      replicated.push_back(sacGraph_->replicatedCandidate(static_cast<int>(v)));
-    }
     policy = sac::resolvePolicy(local_, case_.params.at("sac"));
-    sacModel_ = sac::modelRecompute(*sacGraph_, replicated, policy);
+    sacModel_ = sac::modelRecompute(*sacGraph_, sacGraph_->replicatedChoice(), policy);
     sac_ = std::make_shared<sac::SacRuntime>(local_, policy, sacModel_, sacFault_);
   }
   // The profile: one pass on whole parameters, no communication, nothing freed that FSDP
