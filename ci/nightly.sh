@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
 # Nightly job: run a suite, keep the run in a dated folder, report it against a baseline with
-# the history of earlier runs, gate, and optionally promote the run to be the new baseline.
+# the history of earlier runs, gate on numerics, memory, predictions and (against the machine's
+# own noise) time, and promote the run to be the new baseline only when it deserves it.
 #
-#   ci/nightly.sh [--suite FILE] [--runs DIR] [--baseline FILE] [--promote] [--gate-perf]
-#                 [--no-setup] [-- ARGS for stratbench run...]
+#   ci/nightly.sh [--suite FILE] [--runs DIR] [--baseline FILE] [--calibrate N]
+#                 [--promote | --promote-anyway REASON] [--gate-perf] [--allow-empty-suite]
+#                 [--no-plots] [--no-setup] [-- ARGS for stratbench run...]
 #
 #   --suite      suite file (default suites/smoke.yaml)
 #   --runs       where dated runs are kept (default $STRATBENCH_RUNS or out/nightly)
 #   --baseline   baseline results.csv (default $STRATBENCH_BASELINE or RUNS/baseline.csv);
 #                missing on the first night: the run is judged on its own
-#   --promote    after a passing gate, copy this run's results.csv over the baseline
-#   --gate-perf  time regressions fail the gate too (soft by default)
+#   --calibrate N  measure the machine's noise instead of a night: run the suite N times (>= 2;
+#                3-5 is usual) with this build into RUNS/calibration/, and write RUNS/noise.json
+#                (`stratbench noise`), which every later night's report judges time against: a
+#                row's median must move past its own band (1.5 x the spread of its medians over
+#                the N runs, at least --perf-threshold) and the U test to count. Recalibrate
+#                after changing the machine, the suite or a strategy's speed on purpose.
+#   --promote    make this run the baseline if it is promotable: the gate passed and no row's
+#                time is a regression (soft or hard); otherwise refuse, naming why
+#   --promote-anyway REASON  promote whatever the findings; the reason, the findings and the
+#                run are recorded beside the baseline (BASELINE.promotion.json) and every later
+#                report shows them
+#   --gate-perf  time regressions fail the gate too (soft by default; they always block
+#                --promote)
+#   --allow-empty-suite  a suite whose every row was skipped or unsupported only warns
+#   --no-plots   the report without its matplotlib plots
 #   --no-setup   skip ci/setup.sh (already built; STRATBENCH_BUILD names the build directory)
 #   --fuzz S     first run every fuzz target for S seconds (ci/fuzz.sh; 600 for the nightly
 #                depth ./test.sh does not have time for); a finding fails the night with exit 1
 #
-# Exit codes: 0 gate passed, 1 gate failed (the report names the rows and why), 2 bad input.
+# Exit codes: 0 gate passed, 1 gate failed (the report names the rows and why; a calibration run
+# that failed), 2 bad input. A refused --promote does not change the exit code (the gate's
+# verdict is the night's); it says "NOT promoted" with the reasons, and the baseline is kept.
+# Each night's report folder holds gate.json (verdict, promotable, findings with their time
+# class) and gate.junit.xml for a CI's test view.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +42,8 @@ suite=suites/smoke.yaml
 runs=${STRATBENCH_RUNS:-out/nightly}
 baseline=${STRATBENCH_BASELINE:-}
 promote=0
+force_reason=
+calibrate=0
 setup=1
 fuzz=0
 report_args=()
@@ -33,7 +54,16 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;;
     --promote) promote=1; shift ;;
+    --promote-anyway)
+      [ $# -ge 2 ] && [ -n "$2" ] || { echo "nightly: --promote-anyway needs a REASON" >&2; exit 2; }
+      promote=1; force_reason=$2; shift 2 ;;
+    --calibrate)
+      [[ ${2:-} =~ ^[0-9]+$ ]] && [ "$2" -ge 2 ] ||
+        { echo "nightly: --calibrate needs a number of runs >= 2, got '${2:-}'" >&2; exit 2; }
+      calibrate=$2; shift 2 ;;
     --gate-perf) report_args+=(--gate-perf); shift ;;
+    --allow-empty-suite) report_args+=(--allow-empty-suite); shift ;;
+    --no-plots) report_args+=(--no-plots); shift ;;
     --no-setup) setup=0; shift ;;
     --fuzz) fuzz=$2; shift 2 ;;
     --) shift; run_args=("$@"); break ;;
@@ -48,13 +78,38 @@ sb=${STRATBENCH_BUILD:-./build}/stratbench
 if [ "$fuzz" != 0 ]; then
   ci/fuzz.sh "${STRATBENCH_BUILD:-./build}" "$fuzz" || { echo "nightly: fuzzing found a crash" >&2; exit 1; }
 fi
+mkdir -p "$runs"
+noise=$runs/noise.json
+
+if [ "$calibrate" -gt 0 ]; then
+  # Runs of one build on this machine, back to back: how far each row's median moves by itself.
+  cal="$runs/calibration/$(date -u +%Y-%m-%dT%H%M%SZ)"
+  [ -e "$cal" ] && cal="$cal-$$"
+  mkdir -p "$cal"
+  dirs=()
+  for i in $(seq 1 "$calibrate"); do
+    echo "nightly: calibration run $i of $calibrate into $cal/run-$i"
+    rc=0
+    "$sb" run "$suite" --out "$cal/run-$i" "${run_args[@]}" >"$cal/run-$i.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+      tail -20 "$cal/run-$i.log" >&2
+      echo "nightly: calibration run $i exited $rc (log: $cal/run-$i.log); a run that fails" \
+           "cannot calibrate, the noise file is not written" >&2
+      exit "$([ "$rc" -eq 2 ] && echo 2 || echo 1)"
+    fi
+    dirs+=("$cal/run-$i")
+  done
+  "$sb" noise "${dirs[@]}" --out "$noise" || exit $?
+  echo "nightly: calibrated; later nights judge time against $noise"
+  exit 0
+fi
+
 run_dir="$runs/$(date -u +%Y-%m-%dT%H%M%SZ)"
 n=1
 while [ -e "$run_dir" ]; do  # two runs in one second keep both
   n=$((n + 1))
   run_dir="$runs/$(date -u +%Y-%m-%dT%H%M%SZ)-$n"
 done
-mkdir -p "$runs"
 
 echo "nightly: running $suite into $run_dir"
 run_rc=0
@@ -70,18 +125,50 @@ else
   echo "nightly: no baseline at $baseline yet; the run is judged on its own" \
        "(--promote makes it the baseline)"
 fi
+if [ -f "$noise" ]; then
+  report_args+=(--noise "$noise")
+else
+  echo "nightly: no noise calibration at $noise: time is judged against the fixed threshold," \
+       "which a shared machine's noise passes (ci/nightly.sh --calibrate 5 measures it)"
+fi
 gate_rc=0
 "$sb" report "$run_dir" --history "$runs" --gate "${report_args[@]}" || gate_rc=$?
 [ "$gate_rc" -eq 2 ] && exit 2
 
 if [ "$promote" -eq 1 ]; then
-  if [ "$gate_rc" -eq 0 ]; then
+  # The report's own decision (gate.json): the gate passed and no time regression.
+  promotable=0
+  grep -q '"promotable": true' "$run_dir/gate.json" 2>/dev/null && promotable=1
+  if [ ! -f "$run_dir/results.csv" ]; then
+    echo "nightly: NOT promoted: $run_dir holds no complete results.csv" >&2
+  elif [ "$promotable" -eq 1 ] || [ -n "$force_reason" ]; then
     mkdir -p "$(dirname "$baseline")"
+    # The record first, then the baseline: a reader never sees a forced baseline unrecorded.
+    python3 - "$run_dir" "$force_reason" "$promotable" >"$baseline.promotion.json.tmp.$$" <<'PY' ||
+import json, sys, datetime
+run, reason, promotable = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+gate = json.load(open(run + "/gate.json"))
+record = {"promoted_from": run, "forced": not promotable,
+          "at_utc": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+if not promotable:
+    record.update(reason=reason, blockers=gate.get("promotion_blockers", []))
+print(json.dumps(record, indent=1))
+PY
+      { echo "nightly: cannot record the promotion" >&2; exit 2; }
+    mv "$baseline.promotion.json.tmp.$$" "$baseline.promotion.json"
     cp "$run_dir/results.csv" "$baseline.tmp.$$"
     mv "$baseline.tmp.$$" "$baseline"  # atomic: a reader sees the old or the new baseline
-    echo "nightly: promoted $run_dir/results.csv to the baseline $baseline"
+    if [ "$promotable" -eq 1 ]; then
+      echo "nightly: promoted $run_dir/results.csv to the baseline $baseline"
+    else
+      echo "nightly: promoted ANYWAY $run_dir/results.csv to the baseline $baseline" \
+           "(recorded in $baseline.promotion.json: $force_reason)"
+    fi
   else
-    echo "nightly: gate failed, the baseline $baseline is kept" >&2
+    echo "nightly: NOT promoted: the run has findings (gate.json promotion_blockers); the" \
+         "baseline $baseline is kept (--promote-anyway REASON overrides, on the record)" >&2
+    python3 -c 'import json,sys; [print("  " + b, file=sys.stderr) for b in json.load(open(sys.argv[1])).get("promotion_blockers", [])]' \
+      "$run_dir/gate.json" || true
   fi
 fi
 echo "nightly: report at $run_dir/report.html"

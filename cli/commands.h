@@ -26,6 +26,7 @@ Command addList(CLI::App& app);       // cli/list.cpp
 Command addRun(CLI::App& app);        // cli/run.cpp
 Command addCalibrate(CLI::App& app);  // cli/calibrate.cpp
 Command addReport(CLI::App& app);     // cli/report.cpp
+Command addNoise(CLI::App& app);      // cli/report.cpp
 Command addGraph(CLI::App& app);      // cli/graph.cpp
 
 // Subcommands of `solve`, added to it.

@@ -74,6 +74,29 @@ int launchMain(int argc, char** argv) {
     return kExitBadInput;
   }
   for (int i = split + 1; i < argc; ++i) o.command.push_back(argv[i]);
+  if (o.command.front() == "run") {
+    // `threads` is one process's backend: under launch every rank would run the whole suite on
+    // its own threads into the same folder (a race on the results). No backend given: gloo.
+    std::string backend;
+    for (size_t i = 1; i < o.command.size(); ++i) {
+      const std::string& w = o.command[i];
+      if (w == "--backend" && i + 1 < o.command.size()) backend = o.command[i + 1];
+      if (w.rfind("--backend=", 0) == 0) backend = w.substr(10);
+    }
+    if (backend.empty()) {
+      o.command.push_back("--backend");
+      o.command.push_back("gloo");
+      std::cerr << "stratbench launch: `run` without --backend: the ranks run on gloo (threads is "
+                   "a single process's backend)\n";
+    } else if (backend == "threads") {
+      std::cerr << "stratbench launch: `run --backend threads` runs every rank of a mesh in one "
+                   "process; under launch each of the "
+                << o.procsPerNode
+                << " processes would run the whole suite into the same folder. Use --backend "
+                   "gloo (or nccl), or run without launch\n";
+      return kExitBadInput;
+    }
+  }
   if (!hosts.empty()) {
     std::vector<std::string> list;
     std::stringstream ss(hosts);

@@ -44,7 +44,7 @@
 namespace {
 
 // The commands, as `--help` lists them and an unknown one is told.
-constexpr const char* kCommands = "list, run, launch, calibrate, report, solve, graph";
+constexpr const char* kCommands = "list, run, launch, calibrate, report, noise, solve, graph";
 
 }  // namespace
 
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-') {
     const std::string first = argv[1];
     bool known = false;
-    for (const char* c : {"list", "run", "calibrate", "report", "solve", "graph"}) {
+    for (const char* c : {"list", "run", "calibrate", "report", "noise", "solve", "graph"}) {
       known = known || first == c;
     }
     if (!known) {
@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   const sb::cli::Command run = sb::cli::addRun(app);
   const sb::cli::Command calib = sb::cli::addCalibrate(app);
   const sb::cli::Command report = sb::cli::addReport(app);
+  const sb::cli::Command noise = sb::cli::addNoise(app);
 
   auto* solveCmd = app.add_subcommand(
       "solve",
@@ -137,5 +138,6 @@ int main(int argc, char** argv) {
   if (*redistCmd.app) return redistCmd.run();
   if (*calib.app) return calib.run();
   if (*report.app) return report.run();
+  if (*noise.app) return noise.run();
   return run.run();
 }

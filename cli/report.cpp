@@ -1,8 +1,11 @@
 // `stratbench report`: merge result files, compare with a baseline, gate, and write
 // report.md/html and plots (reports/report.h). One subcommand per file (cli/commands.h).
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <set>
 
 #include <CLI/CLI.hpp>
 
@@ -18,6 +21,7 @@ Command addReport(CLI::App& app) {
   struct Args {
     sb::reports::ReportOptions ropts;
     bool noPlots = false;
+    std::string noisePath;
   };
   const auto a = std::make_shared<Args>();
   auto& ropts = a->ropts;
@@ -47,13 +51,100 @@ Command addReport(CLI::App& app) {
                    "Minimum change of peak memory, in %")
       ->capture_default_str()
       ->check(sb::cli::realNumber(0, 1000, false, "percent"));
+  report->add_option("--noise", a->noisePath,
+                     "Noise file (`stratbench noise`): each row's time judged against its own "
+                     "band, not the fixed --perf-threshold");
+  report->add_flag("--allow-empty-suite", ropts.gateOptions.allowEmptySuite,
+                   "A suite whose every row was skipped or unsupported only warns");
   report->add_flag("--no-plots", a->noPlots, "Skip the matplotlib plots");
   return {report, [a] {
             a->ropts.plots = !a->noPlots;
             try {
+              if (!a->noisePath.empty()) {
+                a->ropts.gateOptions.noise = sb::reports::readNoise(a->noisePath);
+              }
               return sb::reports::runReport(a->ropts, std::cout);
             } catch (const sb::reports::ReportInputError& e) {
               std::cerr << "stratbench report: " << sb::harness::errorText(e) << "\n";
+              return kExitBadInput;
+            }
+          }};
+}
+
+// `stratbench noise RUN... --out FILE`: the machine's noise from runs of one build.
+Command addNoise(CLI::App& app) {
+  struct Args {
+    std::vector<std::string> runs;
+    std::string out;
+    double floorPct = 5.0, factor = 1.5;
+  };
+  const auto a = std::make_shared<Args>();
+  auto* noise = app.add_subcommand(
+      "noise",
+      "The machine's noise: each row's spread of median time over runs of one build, as the "
+      "band `report --noise` judges time against");
+  noise->add_option("runs", a->runs, "Run directories (or results.csv files) of one build, >= 2")
+      ->required();
+  noise->add_option("--out", a->out, "The noise file to write (JSON)")->required();
+  noise
+      ->add_option("--floor", a->floorPct,
+                   "Smallest band, in %: no row is judged finer than this")
+      ->capture_default_str()
+      ->check(sb::cli::realNumber(0, 1000, true, "percent"));
+  noise
+      ->add_option("--factor", a->factor,
+                   "Band = factor x the spread (max - min) / median of the runs' medians")
+      ->capture_default_str()
+      ->check(sb::cli::realNumber(1, 100, true, "factor"));
+  return {noise, [a] {
+            try {
+              if (a->runs.size() < 2) {
+                throw sb::reports::ReportInputError(
+                    "noise: " + std::to_string(a->runs.size()) +
+                    " run given; the spread needs at least 2 runs of the same build (3 or more "
+                    "to be worth trusting)");
+              }
+              std::vector<std::vector<sb::reports::ResultRow>> rows;
+              std::set<std::string> suites, shas;
+              for (const auto& r : a->runs) {
+                rows.push_back(sb::reports::readResults(r));
+                for (const auto& row : rows.back()) {
+                  suites.insert(row.suite);
+                  shas.insert(row.gitSha);
+                  if (row.partial) {
+                    throw sb::reports::ReportInputError(
+                        r + ": partial results (an interrupted run) cannot calibrate");
+                  }
+                }
+              }
+              if (suites.size() != 1) {
+                throw sb::reports::ReportInputError(
+                    "noise: the runs hold " + std::to_string(suites.size()) +
+                    " suites; calibrate on runs of one suite");
+              }
+              if (shas.size() != 1) {
+                std::cerr << "stratbench noise: warning: the runs come from " << shas.size()
+                          << " builds (git_sha); the spread then includes what changed\n";
+              }
+              const std::string json =
+                  sb::reports::noiseJson(rows, a->runs, a->floorPct, a->factor);
+              const std::string tmp = a->out + ".tmp";
+              {
+                std::ofstream f(tmp);
+                f << json;
+                if (!f) throw sb::reports::ReportInputError(a->out + ": cannot write");
+              }
+              std::error_code ec;
+              std::filesystem::rename(tmp, a->out, ec);
+              if (ec) throw sb::reports::ReportInputError(a->out + ": " + ec.message());
+              const auto model = sb::reports::readNoise(a->out);
+              double widest = 0;
+              for (const auto& [k, b] : model.byKey) widest = std::max(widest, b.bandPct);
+              std::cout << "noise: " << model.byKey.size() << " rows over " << a->runs.size()
+                        << " runs; widest band " << widest << "%; " << a->out << "\n";
+              return 0;
+            } catch (const sb::reports::ReportInputError& e) {
+              std::cerr << "stratbench noise: " << sb::harness::errorText(e) << "\n";
               return kExitBadInput;
             }
           }};

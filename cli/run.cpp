@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -36,6 +37,7 @@ struct RunArgs {
   double timeoutSec = 300;
   std::string rankFault;
   std::vector<std::string> plantFaults;
+  std::vector<std::string> plantSlowdowns;
   std::vector<std::string> pluginPaths;
   std::vector<std::string> profilePaths;
 };
@@ -51,6 +53,18 @@ int runSuite(RunArgs& a, const CLI::App& run) {
       return kExitBadInput;
     }
     opts.plantedFaults.emplace_back(pf.substr(0, eq), pf.substr(eq + 1));
+  }
+  for (const auto& ps : a.plantSlowdowns) {
+    const auto eq = ps.rfind('=');  // ids contain "=", the percentage does not
+    char* end = nullptr;
+    const double pct = eq == std::string::npos ? 0 : std::strtod(ps.c_str() + eq + 1, &end);
+    if (eq == std::string::npos || eq == 0 || eq + 1 == ps.size() || *end != '\0' ||
+        !(pct > 0 && pct <= 1000)) {
+      std::cerr << "stratbench: --plant-slowdown '" << ps
+                << "': expected STRATEGY_ID=PERCENT with PERCENT in (0, 1000]\n";
+      return kExitBadInput;
+    }
+    opts.plantedSlowdowns.emplace_back(ps.substr(0, eq), pct / 100);
   }
 
   if (run.count("--repetitions")) opts.repetitions = a.repetitions;
@@ -119,6 +133,9 @@ Command addRun(CLI::App& app) {
   run->add_option("--plant-fault", a->plantFaults,
                   "Test only: run strategy ID with a deliberate bug, as ID=FAULT (repeatable)");
 
+  run->add_option("--plant-slowdown", a->plantSlowdowns,
+                  "Test only: make strategy ID's timed steps PERCENT slower, as ID=PERCENT "
+                  "(repeatable; the step spins that long after itself)");
   run->add_option("--plugin", a->pluginPaths, kPluginHelp);
   run->add_flag("--write-golden", a->opts.writeGolden,
                 "Write the training cases' per-step reference losses to the suite's golden file "

@@ -1,9 +1,12 @@
 #include "reports/compare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "reports/stats.h"
 
@@ -124,14 +127,37 @@ void judgeTime(RowComparison& rc, const GateOptions& o) {
   const double change = (cm - bm) / bm * 100.0;
   rc.timeChangePct = change;
   rc.noisy = cvOf(cur) > o.noisyCv || cvOf(base) > o.noisyCv;
-  if (std::abs(change) < o.perfThresholdPct) {
-    rc.time = "unchanged";
-    return;
+  rc.time = "unchanged";
+  rc.timeClass = "unchanged";
+  const std::string moved = "time: median " + num(bm) + " -> " + num(cm) + " us (" + pct(change);
+
+  // The band the change must pass: the row's measured noise, or the fixed threshold.
+  double band = o.perfThresholdPct;
+  std::string bandText = "the threshold " + num(band) + "% (no noise calibration)";
+  if (o.noise) {
+    const auto it = o.noise->byKey.find(cur.key());
+    if (it == o.noise->byKey.end()) {
+      if (std::abs(change) >= o.perfThresholdPct) {
+        rc.time = "uncalibrated";
+        rc.timeClass = "insufficient data";
+        rc.warnings.push_back(moved + ") but " + o.noise->file +
+                              " has no noise band for this row: recalibrate (ci/nightly.sh "
+                              "--calibrate N) to judge it");
+      }
+      return;
+    }
+    band = std::max(o.perfThresholdPct, it->second.bandPct);
+    bandText = "its noise band " + num(band) + "% (" + num(it->second.spreadPct) + "% spread over " +
+               std::to_string(it->second.runs) + " runs of one build)";
   }
+  rc.timeBandPct = band;
+  if (std::abs(change) < band) return;
+
   const size_t nc = cur.timeSamplesUs.size(), nb = base.timeSamplesUs.size();
   if (nc < static_cast<size_t>(o.minSamples) || nb < static_cast<size_t>(o.minSamples)) {
     rc.time = "too few repetitions";
-    rc.warnings.push_back("time: median moved " + pct(change) + " but there are only " +
+    rc.timeClass = "insufficient data";
+    rc.warnings.push_back(moved + ", past " + bandText + ") but there are only " +
                           std::to_string(nc) + " and " + std::to_string(nb) +
                           " repetitions (the U test needs " + std::to_string(o.minSamples) +
                           " a side)");
@@ -141,15 +167,27 @@ void judgeTime(RowComparison& rc, const GateOptions& o) {
   rc.timePValue = mw.pValue;
   if (mw.pValue >= o.alpha) {
     rc.time = "not significant";
+    rc.timeClass = "suspicious";
     rc.noisy = true;
+    rc.warnings.push_back("suspicious " + moved + ", past " + bandText +
+                          ") but Mann-Whitney p = " + num(mw.pValue) + " is not below " +
+                          num(o.alpha));
     return;
   }
-  rc.time = change > 0 ? "regressed" : "improved";
+  const std::string why =
+      moved + ", past " + bandText + "), Mann-Whitney p = " + num(mw.pValue);
   if (change > 0) {
-    const std::string why = "time: median " + num(bm) + " -> " + num(cm) + " us (" + pct(change) +
-                            ", past " + num(o.perfThresholdPct) +
-                            "%), Mann-Whitney p = " + num(mw.pValue);
+    rc.time = "regressed";
+    rc.timeClass = "regression";
     (o.hardPerf ? rc.gateFailures : rc.warnings).push_back(why);
+  } else {
+    rc.time = "improved";
+    rc.timeClass = "improvement";
+    if (-change >= std::max(2 * band, o.largeImprovementPct)) {
+      rc.largeImprovement = true;
+      rc.warnings.push_back("unexplained large improvement: " + why +
+                            ": check that the strategy still does its work before promoting");
+    }
   }
 }
 
@@ -179,7 +217,119 @@ std::string suiteList(const std::set<std::string>& s) {
   return out;
 }
 
+double rowMedian(const ResultRow& r) {
+  if (!r.timeSamplesUs.empty()) return median(r.timeSamplesUs);
+  return r.timeMedianUs ? *r.timeMedianUs : std::nan("");
+}
+
 }  // namespace
+
+std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
+                      const std::vector<std::string>& runDirs, double floorPct, double factor) {
+  std::map<std::string, std::vector<double>> medians;
+  std::map<std::string, const ResultRow*> first;
+  std::set<std::string> shas, hosts, suites;
+  for (const auto& run : runs) {
+    for (const auto& r : run) {
+      shas.insert(r.gitSha);
+      hosts.insert(r.host);
+      suites.insert(r.suite);
+      const double m = rowMedian(r);
+      if (r.status != "pass" || !std::isfinite(m) || !(m > 0)) continue;
+      medians[r.key()].push_back(m);
+      first.emplace(r.key(), &r);
+    }
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [key, ms] : medians) {
+    if (ms.size() < 2) continue;  // one run says nothing about the spread
+    const double mid = median(ms);
+    const auto [lo, hi] = std::minmax_element(ms.begin(), ms.end());
+    const double spread = (*hi - *lo) / mid * 100.0;
+    const ResultRow& r = *first.at(key);
+    rows.push_back({{"suite", r.suite},
+                    {"case", r.caseName},
+                    {"strategy_id", r.strategyId},
+                    {"backend", r.backend},
+                    {"medians_us", ms},
+                    {"spread_pct", spread},
+                    {"band_pct", std::max(floorPct, factor * spread)}});
+  }
+  nlohmann::json j = {{"schema_version", 1},
+                      {"what", "stratbench noise: the spread of each row's median time over runs "
+                               "of one build on one machine"},
+                      {"runs", runDirs},
+                      {"git_sha", suiteList(shas)},
+                      {"host", suiteList(hosts)},
+                      {"suites", suiteList(suites)},
+                      {"floor_pct", floorPct},
+                      {"factor", factor},
+                      {"rows", rows}};
+  return j.dump(1) + "\n";
+}
+
+NoiseModel readNoise(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ReportInputError(path + ": no such noise file (write one with `stratbench noise`)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw ReportInputError(path + ": not JSON: " + e.what());
+  }
+  const auto need = [&](const nlohmann::json& o, const char* key, const std::string& where,
+                        bool number) -> const nlohmann::json& {
+    if (!o.is_object() || !o.contains(key)) {
+      throw ReportInputError(path + ": " + where + "lacks key '" + key + "'");
+    }
+    const auto& v = o.at(key);
+    if (number ? !v.is_number() : !v.is_string()) {
+      throw ReportInputError(path + ": " + where + "key '" + key + "' is " + v.dump() +
+                             ", expected " + (number ? "a number" : "a string"));
+    }
+    return v;
+  };
+  if (!j.is_object() || !j.contains("schema_version") || j["schema_version"] != 1) {
+    throw ReportInputError(path + ": schema_version " +
+                           (j.is_object() && j.contains("schema_version")
+                                ? j["schema_version"].dump()
+                                : std::string("missing")) +
+                           ", expected 1 (a noise file `stratbench noise` writes)");
+  }
+  NoiseModel m;
+  m.file = path;
+  m.floorPct = need(j, "floor_pct", "", true).get<double>();
+  m.factor = need(j, "factor", "", true).get<double>();
+  m.gitSha = need(j, "git_sha", "", false).get<std::string>();
+  m.host = need(j, "host", "", false).get<std::string>();
+  if (!j.contains("runs") || !j["runs"].is_array()) {
+    throw ReportInputError(path + ": key 'runs' must be a list of run folders");
+  }
+  m.runs = static_cast<int>(j["runs"].size());
+  if (!j.contains("rows") || !j["rows"].is_array()) {
+    throw ReportInputError(path + ": key 'rows' must be a list");
+  }
+  int i = 0;
+  for (const auto& r : j["rows"]) {
+    const std::string where = "rows[" + std::to_string(i++) + "] ";
+    ResultRow key;
+    key.suite = need(r, "suite", where, false).get<std::string>();
+    key.caseName = need(r, "case", where, false).get<std::string>();
+    key.strategyId = need(r, "strategy_id", where, false).get<std::string>();
+    key.backend = need(r, "backend", where, false).get<std::string>();
+    NoiseBand b;
+    b.bandPct = need(r, "band_pct", where, true).get<double>();
+    b.spreadPct = need(r, "spread_pct", where, true).get<double>();
+    if (!(b.bandPct >= 0 && b.bandPct < 1e6) || !(b.spreadPct >= 0 && b.spreadPct < 1e6)) {
+      throw ReportInputError(path + ": " + where + "band_pct/spread_pct must be in [0, 1e6)");
+    }
+    b.runs = r.contains("medians_us") && r["medians_us"].is_array()
+                 ? static_cast<int>(r["medians_us"].size())
+                 : m.runs;
+    m.byKey[key.key()] = b;
+  }
+  return m;
+}
 
 const char* verdictName(Verdict v) {
   switch (v) {
@@ -198,14 +348,26 @@ const char* verdictName(Verdict v) {
 }
 
 bool Comparison::gateFailed() const {
+  if (!runFailures.empty()) return true;
   for (const auto& r : rows) {
     if (!r.gateFailures.empty()) return true;
   }
   return false;
 }
 
+std::vector<std::string> Comparison::promotionBlockers() const {
+  std::vector<std::string> out = gateFailures();
+  for (const auto& r : rows) {
+    if (r.timeClass == "regression" && r.gateFailures.empty()) {
+      out.push_back(rowName(r.any()) + ": a time regression (soft in the gate, but a slower "
+                                       "night is no baseline)");
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> Comparison::gateFailures() const {
-  std::vector<std::string> out;
+  std::vector<std::string> out = runFailures;
   for (const auto& r : rows) {
     for (const auto& f : r.gateFailures) out.push_back(rowName(r.any()) + ": " + f);
   }
@@ -213,7 +375,7 @@ std::vector<std::string> Comparison::gateFailures() const {
 }
 
 std::vector<std::string> Comparison::warnings() const {
-  std::vector<std::string> out;
+  std::vector<std::string> out = runWarnings;
   for (const auto& r : rows) {
     for (const auto& w : r.warnings) out.push_back(rowName(r.any()) + ": " + w);
   }
@@ -234,6 +396,42 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
                              "; compare runs of the same suite");
     }
   }
+  // The run as a whole: interrupted, or a suite that ran nothing.
+  std::map<std::string, int> partialRows;
+  for (const auto& r : current) {
+    if (r.partial) partialRows[r.file]++;
+  }
+  for (const auto& [file, n] : partialRows) {
+    cmp.partial = true;
+    cmp.runFailures.push_back("partial results: " + file + " holds " + std::to_string(n) +
+                              " row(s) of a run that was interrupted (or still goes on); the "
+                              "rows it did not reach are missing");
+  }
+  std::map<std::string, std::map<std::string, int>> bySuite;  // suite -> status -> rows
+  std::map<std::string, std::map<std::string, int>> whyNot;    // suite -> reason -> rows
+  for (const auto& r : current) {
+    bySuite[r.suite][r.status]++;
+    if (r.status == "skipped" || r.status == "unsupported") {
+      whyNot[r.suite][r.status + ": " + (r.message.empty() ? "(no reason given)" : r.message)]++;
+    }
+  }
+  for (const auto& [suite, counts] : bySuite) {
+    const auto n = [&](const char* s) { return counts.count(s) ? counts.at(s) : 0; };
+    if (n("pass") + n("fail") + n("error") > 0) continue;
+    std::string why = "suite " + suite + " ran nothing: " + std::to_string(n("skipped")) +
+                      " row(s) skipped, " + std::to_string(n("unsupported")) + " unsupported";
+    int shown = 0;
+    for (const auto& [reason, k] : whyNot[suite]) {
+      if (shown++ == 3) {
+        why += "; ...";
+        break;
+      }
+      why += "; " + std::to_string(k) + " x " + reason;
+    }
+    (options.allowEmptySuite ? cmp.runWarnings : cmp.runFailures)
+        .push_back(why + (options.allowEmptySuite ? " (--allow-empty-suite)" : ""));
+  }
+
   std::map<std::string, const ResultRow*> byKey;
   for (const auto& b : baseline) byKey.emplace(b.key(), &b);
   std::set<std::string> matched;
@@ -267,13 +465,30 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
     }
     cmp.rows.push_back(std::move(rc));
   }
+  std::set<std::string> curBackends, curCases;
+  for (const auto& c : current) {
+    curBackends.insert(c.backend);
+    curCases.insert(c.suite + "\x1f" + c.caseName + "\x1f" + c.backend);
+  }
   for (const auto& b : baseline) {
     if (matched.count(b.key())) continue;
     RowComparison rc;
     rc.baseline = &b;
     rc.verdict = Verdict::kGone;
+    std::string because;
+    if (!curBackends.count(b.backend)) {
+      because = "this run used backend " + suiteList(curBackends) + ", the baseline " + b.backend +
+                ": compare runs of the same backend";
+    } else if (cmp.partial) {
+      because = "the run was interrupted before it (partial results)";
+    } else if (!curCases.count(b.suite + "\x1f" + b.caseName + "\x1f" + b.backend)) {
+      because = "its case did not run (a --case filter, or the case left the suite)";
+    } else {
+      because = "its case ran without this strategy (a --filter, or the strategy was renamed or "
+                "removed)";
+    }
     const std::string why = "gone: in the baseline (status " + b.status + ", " + b.where() +
-                            ") but not in these results";
+                            ") but not in these results: " + because;
     (options.allowGone ? rc.warnings : rc.gateFailures).push_back(why);
     cmp.rows.push_back(std::move(rc));
   }

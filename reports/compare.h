@@ -1,5 +1,6 @@
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,24 @@ namespace sb::reports {
 // past its threshold; time gates only with
 // `hardPerf`, and then only when the median moved past the threshold and the Mann-Whitney U
 // test over the repetitions says the move is significant.
+// How much a row's median time moves between runs of the same build on the same machine: from
+// repeated runs (`stratbench noise`, kept by ci/nightly.sh --calibrate), as Megatron-LM's
+// golden statistics. A row's band is `factor` times the spread (max - min) of its runs'
+// medians relative to their median, never below `floorPct`: the smallest change of the median
+// that the gate calls a regression or an improvement.
+struct NoiseBand {
+  double bandPct = 0;
+  double spreadPct = 0;  // (max - min) / median of the calibration runs' medians, in %
+  int runs = 0;
+};
+struct NoiseModel {
+  std::string file;  // where it was read, for messages
+  int runs = 0;      // calibration runs it was made from
+  double floorPct = 0, factor = 0;
+  std::string gitSha, host;        // the build and machine it was measured on
+  std::map<std::string, NoiseBand> byKey;  // ResultRow::key()
+};
+
 struct GateOptions {
   double perfThresholdPct = 10.0;  // minimum effect size on the median time
   double memThresholdPct = 5.0;    // peak memory is near-deterministic: a tight threshold
@@ -23,7 +42,23 @@ struct GateOptions {
   bool hardPerf = false;           // --gate-perf
   bool allowGone = false;          // a row missing from the current run only warns
   bool allowMispredicted = false;  // a row flagged `mispredicted` only warns
+  bool allowEmptySuite = false;    // a suite that ran no row (all skipped/unsupported) only warns
+  // The machine's noise per row: with it a time change must pass the row's band (and the U
+  // test) to be a regression or an improvement; a row it has no band for is "insufficient
+  // data". Without it the band is perfThresholdPct for every row ("uncalibrated").
+  std::optional<NoiseModel> noise;
+  // An improvement past max(2 x band, this) is reported as unexplained: a benchmark that got
+  // much faster without a change meant to do so usually stopped doing its work.
+  double largeImprovementPct = 25.0;
 };
+
+// Reads a noise file `stratbench noise` wrote; throws ReportInputError naming the file and
+// the key for anything else.
+NoiseModel readNoise(const std::string& path);
+// The noise of `runs` (each one run's rows, the same suite): per row present in at least two
+// runs, the spread of the medians and the band. JSON as readNoise reads it.
+std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
+                      const std::vector<std::string>& runDirs, double floorPct, double factor);
 
 enum class Verdict { kRegressed, kImproved, kUnchanged, kNew, kGone };
 const char* verdictName(Verdict v);  // "regressed", "improved", "unchanged", "new", "gone"
@@ -39,7 +74,13 @@ struct RowComparison {
   std::optional<double> timeChangePct;  // of the median, current vs baseline
   std::optional<double> timePValue;
   std::string time = "n/a";  // "regressed", "improved", "unchanged", "not significant",
-                             // "too few repetitions", "n/a"
+                             // "too few repetitions", "uncalibrated", "n/a"
+  // The finding's class, as a perf dashboard names it: "regression", "improvement",
+  // "suspicious" (past the band, the U test not significant), "insufficient data" (too few
+  // repetitions, or no noise band for the row), "unchanged", "n/a".
+  std::string timeClass = "n/a";
+  std::optional<double> timeBandPct;  // the band the change was judged against
+  bool largeImprovement = false;
   bool noisy = false;        // cv above GateOptions::noisyCv on either side
   std::optional<double> memChangePct;
   std::string mem = "n/a";  // "regressed", "improved", "unchanged", "n/a"
@@ -56,9 +97,16 @@ struct RowComparison {
 struct Comparison {
   std::vector<RowComparison> rows;  // current order, then gone rows in baseline order
   bool hasBaseline = false;
+  // Findings about the run as a whole, not one row: a suite that ran nothing, partial results.
+  std::vector<std::string> runFailures, runWarnings;
+  bool partial = false;  // read from results.partial.csv: the run was interrupted
   bool gateFailed() const;
   std::vector<std::string> gateFailures() const;  // "suite/case strategy: why", every row
   std::vector<std::string> warnings() const;
+  // Whether this run may become the baseline: the gate passed and no row's time is a
+  // regression, hard or soft (a slower night promoted is every later night's reference).
+  // `promotionBlockers` says why not, one line each.
+  std::vector<std::string> promotionBlockers() const;
 };
 
 // Matches rows by key and applies the gate rules. With an empty baseline every row is judged

@@ -41,6 +41,32 @@ void Document::details(std::string summary, Table t, std::string cls) {
   blocks_.push_back(std::move(b));
 }
 
+void Document::toc() { blocks_.emplace_back(Block::Kind::kToc); }
+
+std::string Document::anchor(const std::string& text) {
+  std::string a;
+  for (unsigned char c : text) {
+    if (c >= 'A' && c <= 'Z') {
+      a += static_cast<char>(c - 'A' + 'a');
+    } else if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_') {
+      a += static_cast<char>(c);
+    } else if (c == ' ') {
+      a += '-';
+    } else if (c >= 0x80) {
+      a += static_cast<char>(c);  // GitHub keeps letters beyond ASCII
+    }
+  }
+  return a;
+}
+
+std::vector<std::string> Document::sections() const {
+  std::vector<std::string> out;
+  for (const auto& b : blocks_) {
+    if (b.kind == Block::Kind::kHeading && b.level == 2) out.push_back(b.text);
+  }
+  return out;
+}
+
 void Document::image(std::string path, std::string alt) {
   Block b(Block::Kind::kImage);
   b.path = std::move(path);

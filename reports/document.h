@@ -23,7 +23,7 @@ struct Table {
 };
 
 struct Block {
-  enum class Kind { kHeading, kParagraph, kTable, kList, kImage, kDetails };
+  enum class Kind { kHeading, kParagraph, kTable, kList, kImage, kDetails, kToc };
   explicit Block(Kind k) : kind(k) {}
   Kind kind;
   int level = 2;
@@ -44,6 +44,14 @@ class Document {
   // A table shown on request: HTML's <details> with `summary` as its one visible line (in
   // Markdown the same element, which GitHub renders). `cls` colours the summary (e.g. "fail").
   void details(std::string summary, Table t, std::string cls = "");
+  // A table of contents: a link to every level-2 heading of the whole document, rendered where
+  // it stands (headings added after it included).
+  void toc();
+  // The anchor of a heading's text, as GitHub makes it for Markdown (lower case, letters,
+  // digits, '-' and '_' kept, spaces to '-') and as the HTML renderer sets its id.
+  static std::string anchor(const std::string& text);
+  // Level-2 headings, in order (for the table of contents).
+  std::vector<std::string> sections() const;
 
   // Markdown: tables as pipe tables, images as links to their files (render_markdown.cpp).
   std::string markdown() const;

@@ -99,11 +99,19 @@ std::string Document::html(const std::string& title, const std::string& baseDir)
        "h2{border-bottom:1px solid #ccc;margin-top:1.6em}\n"
        "details{margin:.2em 0}summary{cursor:pointer;font-size:13px}\n"
        "summary.fail{color:#a40000;font-weight:bold}\n"
+       "p.verdict-fail{background:#a40000;color:#fff;font-weight:bold;font-size:1.4em;"
+       "padding:.5em .8em;margin:.4em 0}\n"
+       "p.verdict-pass{background:#176b2c;color:#fff;font-weight:bold;font-size:1.4em;"
+       "padding:.5em .8em;margin:.4em 0}\n"
+       "p.verdict-warn{background:#b36b00;color:#fff;font-weight:bold;font-size:1.4em;"
+       "padding:.5em .8em;margin:.4em 0}\n"
+       "nav#toc{font-size:13px;margin:.4em 0 .8em}\n"
     << "</style></head>\n<body>\n";
   for (const auto& b : blocks_) {
     switch (b.kind) {
       case Block::Kind::kHeading:
-        o << "<h" << b.level << ">" << htmlEscape(b.text) << "</h" << b.level << ">\n";
+        o << "<h" << b.level << " id=\"" << htmlEscape(anchor(b.text)) << "\">"
+          << htmlEscape(b.text) << "</h" << b.level << ">\n";
         break;
       case Block::Kind::kParagraph:
         o << "<p" << (b.cls.empty() ? "" : " class=\"" + b.cls + "\"") << ">" << htmlEscape(b.text)
@@ -122,6 +130,16 @@ std::string Document::html(const std::string& title, const std::string& baseDir)
       case Block::Kind::kTable:
         htmlTable(o, b.table);
         break;
+      case Block::Kind::kToc: {
+        o << "<nav id=\"toc\">Contents:";
+        const auto hs = sections();
+        for (size_t i = 0; i < hs.size(); ++i) {
+          o << (i ? " · " : " ") << "<a href=\"#" << htmlEscape(anchor(hs[i])) << "\">"
+            << htmlEscape(hs[i]) << "</a>";
+        }
+        o << "</nav>\n";
+        break;
+      }
       case Block::Kind::kDetails:
         o << "<details" << (b.table.id.empty() ? "" : " id=\"" + htmlEscape(b.table.id) + "-d\"")
           << "><summary" << (b.cls.empty() ? "" : " class=\"" + htmlEscape(b.cls) + "\"") << ">"
@@ -140,6 +158,15 @@ std::string Document::html(const std::string& title, const std::string& baseDir)
        "  document.body.setAttribute('data-images-total', imgs.length);\n"
        "  document.body.setAttribute('data-images-loaded', ok);\n"
        "  document.body.setAttribute('data-images-broken', broken.join('|'));\n"
+       // What a reader sees without scrolling: the ids of the lead blocks whose top is inside
+       // the window (the screenshot test checks that the verdict and what changed are).
+       "  var seen = [], lead = document.querySelectorAll('p[class^=verdict], #what-changed, "
+       "table#changes, nav#toc');\n"
+       "  for (var j = 0; j < lead.length; j++) {\n"
+       "    var top = lead[j].getBoundingClientRect().top + window.scrollY;\n"
+       "    if (top < window.innerHeight) seen.push(lead[j].id || lead[j].className);\n"
+       "  }\n"
+       "  document.body.setAttribute('data-first-screen', seen.join(' '));\n"
        "});\n</script>\n</body></html>\n";
   return o.str();
 }

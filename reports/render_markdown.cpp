@@ -73,6 +73,15 @@ std::string Document::markdown() const {
       case Block::Kind::kTable:
         pipeTable(o, b.table);
         break;
+      case Block::Kind::kToc: {
+        o << "Contents:";
+        const auto hs = sections();
+        for (size_t i = 0; i < hs.size(); ++i) {
+          o << (i ? " · " : " ") << "[" << hs[i] << "](#" << anchor(hs[i]) << ")";
+        }
+        o << "\n\n";
+        break;
+      }
       case Block::Kind::kDetails:
         o << "<details><summary>" << htmlText(b.text) << "</summary>\n\n";
         pipeTable(o, b.table, true);

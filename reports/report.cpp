@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -97,7 +98,39 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   if (!options.baselines.empty() && baseline.empty()) {
     throw ReportInputError(options.baselines.front() + ": the baseline holds no result rows");
   }
-  const Comparison cmp = compare(current, baseline, options.gateOptions);
+  Comparison cmp = compare(current, baseline, options.gateOptions);
+  // A baseline promoted by force (ci/nightly.sh --promote-anyway) says so on every report
+  // against it: its record, BASELINE.promotion.json, beside the baseline's results.csv.
+  std::vector<std::string> baselineNotes;
+  for (const auto& b : options.baselines) {
+    const std::string csv = fs::is_directory(b) ? b + "/results.csv" : b;
+    const std::string rec = csv + ".promotion.json";
+    std::error_code rec_ec;
+    if (!fs::is_regular_file(rec, rec_ec)) continue;
+    nlohmann::json j;
+    try {
+      std::ifstream in(rec);
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw ReportInputError(rec + ": not JSON: " + e.what());
+    }
+    if (!j.is_object()) throw ReportInputError(rec + ": expected an object");
+    const auto text = [&](const char* k) {
+      return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string("?");
+    };
+    if (j.contains("forced") && j["forced"] == true) {
+      std::string note = "the baseline was promoted by force from " + text("promoted_from") +
+                         " at " + text("at_utc") + ": \"" + text("reason") + "\"";
+      if (j.contains("blockers") && j["blockers"].is_array()) {
+        note += " over " + std::to_string(j["blockers"].size()) + " finding(s)";
+      }
+      cmp.runWarnings.push_back(note + " (" + rec + ")");
+      baselineNotes.push_back(note);
+    } else {
+      baselineNotes.push_back("the baseline was promoted from " + text("promoted_from") +
+                              " (its gate passed, no time regression)");
+    }
+  }
 
   // The report is one set of files (CSVs, plots, report.md, report.html), built whole in a
   // staging folder inside the report's and moved into place only when complete (commitSet):
@@ -151,38 +184,118 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     return std::nullopt;
   };
 
-  // The document.
-  Document doc;
-  doc.heading(1, "stratbench report");
-  doc.table(provenanceTable(current, baseline));
-  if (!files.plotProblem.empty()) doc.paragraph("Plots are missing: " + files.plotProblem, "warn");
-
+  // The document: the verdict and what changed first, then per family and per case, the
+  // per-node communication tables last.
   const auto failures = cmp.gateFailures();
   const auto warnings = cmp.warnings();
-  doc.heading(2, "Gate");
-  if (!cmp.hasBaseline) {
-    doc.paragraph("No baseline given: every row is judged on its own (numerics only).");
+  const GateOptions& go = options.gateOptions;
+  std::map<std::string, int> statusCount;
+  for (const auto& r : current) statusCount[r.status]++;
+  const auto count = [&](const char* s) {
+    return statusCount.count(s) ? statusCount.at(s) : 0;
+  };
+  const std::string rowsLine =
+      std::to_string(current.size()) + " rows: " + std::to_string(count("pass")) + " pass, " +
+      std::to_string(count("fail")) + " fail, " + std::to_string(count("error")) + " error, " +
+      std::to_string(count("unsupported")) + " unsupported, " + std::to_string(count("skipped")) +
+      " skipped" + (cmp.partial ? " (PARTIAL: the run was interrupted)" : "") +
+      (cmp.hasBaseline ? "; against " + std::to_string(baseline.size()) + " baseline rows" : "") +
+      ".";
+  const LeadTables lead = leadTables(cmp, current, 50);
+
+  Document doc;
+  doc.heading(1, "stratbench report: " + joined(distinct(current, &ResultRow::suite)));
+  if (failures.empty()) {
+    doc.paragraph("PASS: the gate found nothing (" + std::to_string(warnings.size()) +
+                      " warning(s)). " + rowsLine,
+                  "verdict-pass");
+  } else if (options.gate) {
+    doc.paragraph("FAIL: " + std::to_string(failures.size()) + " gate finding(s). " + rowsLine,
+                  "verdict-fail");
+  } else {
+    doc.paragraph("WOULD FAIL: " + std::to_string(failures.size()) +
+                      " gate finding(s), not enforced (report without --gate exits 0). " +
+                      rowsLine,
+                  "verdict-warn");
   }
+  doc.toc();
+
+  doc.heading(2, "What changed");
+  for (const auto& n : baselineNotes) doc.paragraph("Baseline: " + n + ".");
+  if (!cmp.hasBaseline) {
+    doc.paragraph("No baseline given: every row is judged on its own (numerics, predictions, a "
+                  "suite that ran nothing); no time or memory comparison.");
+  }
+  if (lead.changes.rows.empty()) {
+    doc.paragraph(cmp.hasBaseline ? "Nothing changed past its threshold since the baseline."
+                                  : "No row fails on its own.");
+  } else {
+    std::string counts;
+    for (const auto& [kind, n] : lead.changeCounts) {
+      counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " " + kind;
+    }
+    doc.paragraph(counts + (static_cast<size_t>(lead.changed) > lead.changes.rows.size()
+                                ? " (the first " + std::to_string(lead.changes.rows.size()) +
+                                      " here; every row is in summary.csv and gate.json)"
+                                : std::string()) +
+                  ".");
+    doc.table(lead.changes);
+  }
+  if (!lead.mostRegressed.rows.empty()) {
+    doc.paragraph("Most slowed down (median time against the baseline; only a \"regression\" is "
+                  "past its noise band and significant):");
+    doc.table(lead.mostRegressed);
+  }
+  if (!lead.slowest.rows.empty()) {
+    doc.paragraph("Slowest rows of this run:");
+    doc.table(lead.slowest);
+  }
+  if (!lead.notRun.rows.empty()) {
+    doc.paragraph("Rows that did not run, by reason (" + std::to_string(count("skipped")) +
+                  " skipped, " + std::to_string(count("unsupported")) + " unsupported):");
+    doc.table(lead.notRun);
+  }
+
+  doc.heading(2, "Gate");
   if (failures.empty()) {
     doc.paragraph("Gate passed: no numerics regression, no misprediction, no memory regression" +
-                      std::string(options.gateOptions.hardPerf ? ", no time regression" : "") + ".",
+                      std::string(go.hardPerf ? ", no time regression" : "") +
+                      ", no suite that ran nothing.",
                   "gate-pass");
   } else {
-    doc.paragraph("Gate failed: " + std::to_string(failures.size()) + " finding(s).", "gate-fail");
+    doc.paragraph(std::string(options.gate ? "Gate failed: " : "Gate would fail (not enforced): ") +
+                      std::to_string(failures.size()) + " finding(s).",
+                  "gate-fail");
     doc.list(failures);
   }
   if (!warnings.empty()) {
     doc.paragraph("Warnings (" + std::to_string(warnings.size()) + "), reported but not gating:");
     doc.list(warnings);
   }
+  const auto blockers = cmp.promotionBlockers();
+  doc.paragraph(blockers.empty()
+                    ? "Promotable: this run may become the baseline."
+                    : "Not promotable: " + std::to_string(blockers.size()) +
+                          " reason(s) (the gate's findings, and any time regression, soft or "
+                          "hard).");
   doc.paragraph(
-      "Thresholds: time " + fmt("%.3g", options.gateOptions.perfThresholdPct) +
-      "% on the median and Mann-Whitney p < " + fmt("%.3g", options.gateOptions.alpha) +
-      " over >= " + std::to_string(options.gateOptions.minSamples) + " repetitions a side (" +
-      (options.gateOptions.hardPerf ? "hard" : "soft") + "); memory " +
-      fmt("%.3g", options.gateOptions.memThresholdPct) +
+      "Thresholds: time " +
+      (go.noise ? "past each row's noise band from " + go.noise->file + " (" +
+                      std::to_string(go.noise->runs) + " runs of build " + go.noise->gitSha +
+                      " on " + go.noise->host + "; band = " + fmt("%.3g", go.noise->factor) +
+                      " x spread, at least " + fmt("%.3g", go.perfThresholdPct) + "%)"
+                : fmt("%.3g", go.perfThresholdPct) +
+                      "% on the median (uncalibrated: no --noise file)") +
+      " and Mann-Whitney p < " + fmt("%.3g", go.alpha) + " over >= " +
+      std::to_string(go.minSamples) + " repetitions a side (" + (go.hardPerf ? "hard" : "soft") +
+      "); memory " + fmt("%.3g", go.memThresholdPct) +
       "% (hard); numerics hard; predictions within each strategy's stated tolerance " +
-      (options.gateOptions.allowMispredicted ? "(soft: --allow-mispredicted)." : "(hard)."));
+      (go.allowMispredicted ? "(soft: --allow-mispredicted)" : "(hard)") +
+      "; a suite that ran nothing " + (go.allowEmptySuite ? "(soft: --allow-empty-suite)." : "(hard)."));
+
+  doc.heading(2, "Provenance");
+  doc.table(provenanceTable(current, baseline));
+  if (!files.plotProblem.empty()) doc.paragraph("Plots are missing: " + files.plotProblem, "warn");
 
   // Where the located rows first left the reference (a failing row, or any with run --capture).
   if (Table located = divergenceTable(current); !located.rows.empty()) {
@@ -192,23 +305,6 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
         "tolerance against the same value of the reference run: the node that made it, the "
         "phase, the ranks where it is the first, and its error (details.first_divergence).");
     doc.table(std::move(located));
-  }
-
-  // Communication per node and phase (details.comm_by_node), each row's table on request.
-  constexpr size_t kCommTables = 200;
-  if (auto tables = commNodeTables(current, kCommTables); !tables.empty()) {
-    doc.heading(2, "Communication per node");
-    size_t rowsWith = 0;
-    for (const auto& r : current) rowsWith += r.commByNode.is_array() && !r.commByNode.empty();
-    doc.paragraph(
-        "Per graph node (or module, or operator) and phase, the collectives each rank issued "
-        "(counted by the communicator) beside what the strategy predicts there; ranks that agree "
-        "are merged. Rows whose nodes differ first. " +
-        (rowsWith > tables.size()
-             ? std::to_string(tables.size()) + " of " + std::to_string(rowsWith) +
-                   " rows shown; every row's is in results.json (details.comm_by_node)."
-             : std::string("The same data is in results.json (details.comm_by_node).")));
-    for (auto& t : tables) doc.details(t.summary, std::move(t.table), t.differs ? "fail" : "");
   }
 
   // Another LibTorch in the baseline: what the upgrade changed, row by row.
@@ -266,10 +362,11 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     if (!byCase.count(slug)) caseOrder.push_back(slug);
     byCase[slug].push_back(&rc);
   }
+  doc.heading(2, "Cases");
   for (const auto& slug : caseOrder) {
     const auto& rows = byCase[slug];
     const ResultRow& a = rows.front()->any();
-    doc.heading(2, "Case " + a.suite + "/" + a.caseName);
+    doc.heading(3, "Case " + a.suite + "/" + a.caseName);
     doc.paragraph("workload " + a.workload + ", shape " + a.shape + ", " + a.dtype + ", mesh " +
                   a.mesh + ", inputs " + a.inputs + ", seed " + std::to_string(a.seed) +
                   ", backend " + a.backend + ", world size " + std::to_string(a.worldSize));
@@ -286,9 +383,30 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     }
   }
 
+  // Communication per node and phase (details.comm_by_node), each row's table on request.
+  constexpr size_t kCommTables = 200;
+  if (auto tables = commNodeTables(current, kCommTables); !tables.empty()) {
+    doc.heading(2, "Communication per node");
+    size_t rowsWith = 0;
+    for (const auto& r : current) rowsWith += r.commByNode.is_array() && !r.commByNode.empty();
+    doc.paragraph(
+        "Per graph node (or module, or operator) and phase, the collectives each rank issued "
+        "(counted by the communicator) beside what the strategy predicts there; ranks that agree "
+        "are merged. Rows whose nodes differ first. " +
+        (rowsWith > tables.size()
+             ? std::to_string(tables.size()) + " of " + std::to_string(rowsWith) +
+                   " rows shown; every row's is in results.json (details.comm_by_node)."
+             : std::string("The same data is in results.json (details.comm_by_node).")));
+    for (auto& t : tables) doc.details(t.summary, std::move(t.table), t.differs ? "fail" : "");
+  }
+
   writeText(stage + "/report.md", doc.markdown());
   writeText(stage + "/report.html",
             doc.html("stratbench report: " + joined(distinct(current, &ResultRow::suite)), stage));
+  writeText(stage + "/gate.json", gateJson(cmp, current, go, options.gate));
+  writeText(stage + "/gate.junit.xml", gateJunit(cmp));
+  staged.push_back("gate.json");
+  staged.push_back("gate.junit.xml");
   staged.push_back("report.md");
   staged.push_back("report.html");  // last: a reader that sees it sees the whole set
   commitSet(stage, dir, staged);
@@ -300,14 +418,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   files.html = dir + "/report.html";
 
   // The console summary.
-  int pass = 0, bad = 0;
-  for (const auto& r : current) {
-    if (r.status == "pass") ++pass;
-    if (r.isBad()) ++bad;
-  }
-  out << "report: " << current.size() << " rows (" << pass << " pass, " << bad << " fail or error)"
-      << (cmp.hasBaseline ? " against " + std::to_string(baseline.size()) + " baseline rows" : "")
-      << "\n";
+  out << "report: " << rowsLine << "\n";
   if (versions) {
     out << "  LibTorch " << joined(distinct(baseline, &ResultRow::torchVersion)) << " -> "
         << joined(distinct(current, &ResultRow::torchVersion)) << ": " << versions->both
@@ -324,7 +435,12 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
         << (failures.empty() ? "passed"
                              : "FAILED (" + std::to_string(failures.size()) + " finding(s))")
         << "\n";
+  } else if (!failures.empty()) {
+    out << "gate: would fail (" << failures.size()
+        << " finding(s)), not enforced: give --gate to exit 1\n";
   }
+  out << "gate: " << (blockers.empty() ? "promotable" : "not promotable") << "; " << dir
+      << "/gate.json, " << dir << "/gate.junit.xml\n";
   if (filesOut) *filesOut = files;
   return options.gate && !failures.empty() ? 1 : 0;
 }

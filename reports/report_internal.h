@@ -41,6 +41,25 @@ struct CommNodeTable {
 // `limit` (the rest are in results.json).
 std::vector<CommNodeTable> commNodeTables(const std::vector<ResultRow>& rows, size_t limit);
 
+// ---- gate_output.cpp ------------------------------------------------------------------------
+
+// What the report leads with: every change since the baseline a team lead acts on (newly
+// failing, regressed, mispredicted, suspicious, improved, gone with why, new; at most `limit`
+// rows, `changed` counts them all and `changeCounts` per kind), the ten slowest rows, the ten
+// whose median time grew most, and the rows that did not run grouped by reason.
+struct LeadTables {
+  Table changes, slowest, mostRegressed, notRun;
+  int changed = 0;
+  std::vector<std::pair<std::string, int>> changeCounts;
+};
+LeadTables leadTables(const Comparison& cmp, const std::vector<ResultRow>& current, size_t limit);
+// The gate's findings as JSON (gate.json: verdict, whether enforced, promotable and why not,
+// per-row findings with their time class) and as JUnit XML (gate.junit.xml: a testcase per
+// row, a failure per gate finding, skipped rows as skipped).
+std::string gateJson(const Comparison& cmp, const std::vector<ResultRow>& current,
+                     const GateOptions& o, bool enforced);
+std::string gateJunit(const Comparison& cmp);
+
 // ---- versions.cpp ---------------------------------------------------------------------------
 
 // Whether the baseline ran on another LibTorch than the results (their torch_version sets

@@ -398,10 +398,17 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
 
 std::vector<ResultRow> readResults(const std::string& given) {
   std::string path = given;
-  if (std::filesystem::is_directory(path)) path += "/results.csv";
+  if (std::filesystem::is_directory(path)) {
+    // A run that was interrupted (or still goes on) left only its partial results: read, and
+    // said to be partial by every row, never ignored.
+    const std::string whole = path + "/results.csv", partial = path + "/results.partial.csv";
+    path = !std::filesystem::exists(whole) && std::filesystem::is_regular_file(partial) ? partial
+                                                                                         : whole;
+  }
   if (!std::filesystem::is_regular_file(path)) {
     throw ReportInputError(path + ": no such results file");
   }
+  const bool partial = std::filesystem::path(path).filename() == "results.partial.csv";
   std::vector<ResultRow> rows;
   try {
     Reader reader(path);
@@ -426,6 +433,7 @@ std::vector<ResultRow> readResults(const std::string& given) {
       const int line = static_cast<int>(reader.get_file_line());
       rows.push_back(parseRow(Fields(fields, path + ":" + std::to_string(line)), path, line));
       rows.back().predictionsJudged = judged;
+      rows.back().partial = partial;
     }
   } catch (const io::error::base& e) {
     // The parser's own messages name the file and line ("Too few columns in line 7 in file

@@ -47,6 +47,8 @@ struct ResultRow {
   bool predictionsJudged = true;  // false for files written before runs judged predictions
   std::vector<std::pair<std::string, std::string>> params;  // e.g. budget -> 0.5
   std::string message;
+  // Read from results.partial.csv: the run that wrote it was interrupted (or is still going).
+  bool partial = false;
   // From the results.json beside the file, where there is one: where a failing row first left
   // the reference (the record's details.first_divergence, harness/run/divergence.h); null
   // otherwise.

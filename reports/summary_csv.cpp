@@ -158,7 +158,9 @@ std::string summaryCsv(const Comparison& cmp) {
                              "time_us_min",
                              "time_us_max",
                              "baseline_time_us_min",
-                             "baseline_time_us_max"});
+                             "baseline_time_us_max",
+                             "time_class",
+                             "time_band_pct"});
   const auto f = [](const std::optional<double>& v) {
     return v ? harness::formatDouble(*v) : std::string();
   };
@@ -214,7 +216,9 @@ std::string summaryCsv(const Comparison& cmp) {
                     c ? f(c->timeMinUs) : "",
                     c ? f(c->timeMaxUs) : "",
                     b ? f(b->timeMinUs) : "",
-                    b ? f(b->timeMaxUs) : ""});
+                    b ? f(b->timeMaxUs) : "",
+                    rc.timeClass,
+                    f(rc.timeBandPct)});
   }
   return out;
 }

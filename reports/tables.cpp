@@ -111,11 +111,13 @@ Table familyTable(const Comparison& cmp) {
     auto& c = counts[fam];
     if (rc.current) c[rc.current->status]++;
     c[verdictName(rc.verdict)]++;
+    c["gate findings"] += !rc.gateFailures.empty();
   }
   Table t;
   t.id = "summary";
   t.head = {"family"};
   for (const auto& s : kStatuses) t.head.push_back(s);
+  t.head.push_back("rows failing the gate");
   if (cmp.hasBaseline) {
     for (auto v : kVerdicts) t.head.push_back(verdictName(v));
   }
@@ -125,6 +127,8 @@ Table familyTable(const Comparison& cmp) {
       const int n = counts[fam][s];
       row.push_back({std::to_string(n), n ? s : ""});
     }
+    const int g = counts[fam]["gate findings"];
+    row.push_back({std::to_string(g), g ? "fail" : ""});
     if (cmp.hasBaseline) {
       for (auto v : kVerdicts) {
         const int n = counts[fam][verdictName(v)];

@@ -173,6 +173,13 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
     }
     if (!used) throw InputError("--plant-fault: strategy '" + id + "' runs in no case");
   }
+  for (const auto& [id, fraction] : options.plantedSlowdowns) {
+    bool used = false;
+    for (const auto& pc : plan) {
+      for (const auto& e : pc.strategies) used = used || e.strategy->id() == id;
+    }
+    if (!used) throw InputError("--plant-slowdown: strategy '" + id + "' runs in no case");
+  }
   if (selected == 0) {
     throw InputError(suite.file + ": " +
                      (options.filter.empty()

@@ -6,10 +6,15 @@
 // observer prints `stratbench run`'s progress lines and summary table. Its own file so that how
 // a run is shown can change, or be replaced by a caller, without touching how it runs.
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <iosfwd>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,6 +43,8 @@ class RunObserver {
                             const RunOptions& options, const Provenance& prov) {}
   // Case `index` (from 0) of `count` starts: its reference is built next.
   virtual void caseStarted(size_t index, size_t count, const CaseSpec& c) {}
+  // Row `index` (from 0) of the case's `count` starts: strategy `id`.
+  virtual void rowStarted(size_t index, size_t count, const std::string& id) {}
   // A row's record, as written (on the process that writes the results).
   virtual void rowFinished(const Record& rec) {}
   // Case `index` of `count` is done (or stopped), `seconds` after it started.
@@ -51,16 +58,31 @@ class RunObserver {
   virtual void note(const std::string& text) {}
 };
 
+// What the running row does now: its phase ("reference", "measured step", "timing",
+// "locating the divergence") and the steps timed so far. Set by the runner (a store of a
+// pointer to a literal and an increment: nothing in the timed step waits on it), read by the
+// console's progress line.
+struct LiveStatus {
+  std::atomic<const char*> phase{""};
+  std::atomic<int64_t> stepsTimed{0};
+};
+LiveStatus& liveStatus();
+
 // `stratbench run`'s console output: one line per case with its counts and time, then a table
-// of counts per case, every failed or errored row with its message, and where the results are.
+// of counts per case, every failed or errored row with its message, skipped rows by reason, and
+// where the results are. With `live` (stderr is a terminal) a case running past two seconds
+// shows, on one line of stderr rewritten each second, the strategy n of m, its phase and the
+// steps timed; quiet otherwise (a log or CI gets only the lines above).
 class ConsoleObserver final : public RunObserver {
  public:
-  explicit ConsoleObserver(std::ostream& out) : out_(out) {}
+  explicit ConsoleObserver(std::ostream& out, bool live = false);
+  ~ConsoleObserver() override;
   void sessionStarted(const DistEnv& env, const std::string& backend,
                       const std::string& rank0Address, std::chrono::milliseconds timeout) override;
   void suiteStarted(const Suite& suite, const std::vector<PlannedCase>& plan,
                     const RunOptions& options, const Provenance& prov) override;
   void caseStarted(size_t index, size_t count, const CaseSpec& c) override;
+  void rowStarted(size_t index, size_t count, const std::string& id) override;
   void rowFinished(const Record& rec) override;
   void caseFinished(size_t index, size_t count, const CaseSpec& c, double seconds) override;
   void suiteFinished(bool stopped) override;
@@ -80,6 +102,20 @@ class ConsoleObserver final : public RunObserver {
   Tally total_;
   std::vector<std::pair<std::string, Tally>> tallies_;
   std::vector<Record> bad_;
+  std::vector<std::pair<std::string, int>> skipped_;  // reason -> rows, in first-seen order
+
+  // The live line (live only): what the ticker thread shows, under mu_.
+  void tick();
+  void clearLine();
+  bool live_ = false;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false, shown_ = false;
+  std::string caseName_, rowId_;
+  size_t rowIndex_ = 0, rowCount_ = 0, caseIndex_ = 0, caseCount_ = 0;
+  std::chrono::steady_clock::time_point caseStart_;
+  bool inCase_ = false;
+  std::thread ticker_;
 };
 
 }  // namespace sb::harness

@@ -8,6 +8,7 @@
 #include "harness/run/runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -33,6 +34,24 @@
 
 namespace sb::harness {
 namespace {
+
+// `run --plant-slowdown ID=PCT`: the fraction the strategy's timed steps are slowed by (0: none).
+double plantedSlowdown(const RunOptions& options, const std::string& id) {
+  for (const auto& [sid, fraction] : options.plantedSlowdowns) {
+    if (sid == id) return fraction;
+  }
+  return 0;
+}
+
+// Spins (busy, as the step's own compute would) until `secs` x (1 + fraction) have passed
+// since the step began, and returns that time: the step made slower by `fraction`, for real.
+double spinFor(double secs, double fraction) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration<double>(secs * fraction);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+  return secs * (1 + fraction);
+}
 
 // `run --trace DIR`: one more step, untimed, traced on every local rank; its files under
 // DIR/<suite>/<case>/<strategy id>/ ('/' in a name as '+'): rank<R>.trace.json (Chrome trace
@@ -133,6 +152,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     world.run([&](RankContext& ctx) { execs[ctx.rank()]->step(ctx); });
 
     // The measured step: communication counts, peak memory and the results to verify.
+    liveStatus().phase = "measured step";
     world.resetStats();
     const std::string node = strategy.singleNode(c);
     const bool cuda = reference::caseDevice().is_cuda();
@@ -208,13 +228,24 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     if (slot[0] >= 0) {
       out.predictedTimeUs = execs[0]->predictedTimeUs();
       out.params = execs[0]->recordParams();
+      if (const double f = plantedSlowdown(options, strategy.id()); f > 0) {
+        out.params.emplace_back("planted_slowdown_pct", std::to_string(f * 100));
+      }
       out.executorDetails = execs[0]->details();
     }
 
     // Timing: the slowest rank's step time per iteration.
-    out.timing =
-        timeWithBenchmark(c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
-                          options.warmupSec, [&] { return timedStep(world, execs, stepSeconds); });
+    liveStatus().phase = "timing";
+    liveStatus().stepsTimed = 0;
+    const double slowdown = plantedSlowdown(options, strategy.id());
+    out.timing = timeWithBenchmark(
+        c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
+        options.warmupSec, [&] {
+          liveStatus().stepsTimed.fetch_add(1, std::memory_order_relaxed);
+          const double secs = timedStep(world, execs, stepSeconds);
+          return slowdown > 0 ? spinFor(secs, slowdown) : secs;
+        });
+    liveStatus().phase = "verifying the timed steps";
 
     // As nccl-tests does, the timed runs are verified too: the last timed step must still
     // give the reference results (catches state that leaks from step to step).
@@ -236,6 +267,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     bool worldUsable = true;
     if (execs[local.front()]->capturesValues() &&
         (world.anyOverProcesses(failedHere) || options.capture)) {
+      liveStatus().phase = "locating the divergence";
       worldUsable = captureDivergence(world, c, data, strategy, execs, slot, out);
     }
     if (!options.traceDir.empty() && worldUsable) {

@@ -3,8 +3,11 @@
 
 #include "harness/run/suite_run.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <optional>
 
@@ -99,6 +102,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     std::string goldenHow;  // how the case's reference compared with the golden file
     const auto t0 = Clock::now();
     observer.caseStarted(i, plan.size(), c);
+    liveStatus().phase = "building the reference";
     reference::WorkloadData data;
     std::string buildError;
     // The reference and every strategy of the case make their tensors on its device.
@@ -147,7 +151,9 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     } catch (const std::exception& e) {
       buildError = "reference failed: " + errorText(e);
     }
-    for (const auto& entry : plan[i].strategies) {
+    for (size_t k = 0; k < plan[i].strategies.size(); ++k) {
+      const auto& entry = plan[i].strategies[k];
+      observer.rowStarted(k, plan[i].strategies.size(), entry.strategy->id());
       RowResult result = row(c, buildError.empty() ? &data : nullptr, buildError, *entry.strategy);
       stopped = result.stop;
       if (result.record) {
@@ -191,7 +197,10 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
 
 int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
                std::ostream& out) {
-  ConsoleObserver console(out);
+  // The live progress line only where someone watches: stderr a terminal (not a log, not CI).
+  const char* term = std::getenv("TERM");
+  ConsoleObserver console(out, ::isatty(STDERR_FILENO) == 1 &&
+                                   !(term && std::string(term) == "dumb"));
   return runPlanned(suite, plan, options, console);
 }
 

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "reports/compare.h"
 #include "reports/stats.h"
@@ -289,6 +290,137 @@ TEST(Gate, AStrategyThatNoLongerRunsItsCaseFailsTheGate) {
   Gate g({now}, {passRow("c", "s")});
   EXPECT_TRUE(g.cmp.gateFailed());
   EXPECT_NE(g.failures().find("now unsupported"), std::string::npos);
+}
+
+// A noise model with one band for the row (smoke, c, s, threads).
+GateOptions withNoise(double bandPct, bool hard = true) {
+  GateOptions o;
+  o.hardPerf = hard;
+  NoiseModel m;
+  m.file = "noise.json";
+  m.runs = 3;
+  m.factor = 1.5;
+  m.byKey[std::string("smoke\x1f") + "c\x1f" + "s\x1f" + "threads"] = {bandPct, bandPct / 1.5, 3};
+  o.noise = m;
+  return o;
+}
+
+TEST(GateNoise, ASlowdownInsideTheRowsBandIsUnchangedPastItARegression) {
+  const auto base = passRow("c", "s", kSamples);
+  const auto slower = passRow("c", "s", scaled(kSamples, 1.25));
+  Gate inside({slower}, {base}, withNoise(30));
+  EXPECT_EQ(inside.row("s").timeClass, "unchanged");
+  EXPECT_FALSE(inside.cmp.gateFailed()) << inside.failures();
+  EXPECT_TRUE(inside.cmp.promotionBlockers().empty());
+  Gate past({slower}, {base}, withNoise(15));
+  EXPECT_EQ(past.row("s").timeClass, "regression");
+  EXPECT_DOUBLE_EQ(*past.row("s").timeBandPct, 15);
+  EXPECT_TRUE(past.cmp.gateFailed());
+  EXPECT_NE(past.failures().find("past its noise band 15%"), std::string::npos);
+  // Soft time: the night passes, but it is no baseline.
+  Gate soft({slower}, {base}, withNoise(15, false));
+  EXPECT_FALSE(soft.cmp.gateFailed());
+  ASSERT_EQ(soft.cmp.promotionBlockers().size(), 1u);
+  EXPECT_NE(soft.cmp.promotionBlockers()[0].find("time regression"), std::string::npos);
+}
+
+TEST(GateNoise, TheBandIsNeverFinerThanTheThreshold) {
+  // A 1% band from a lucky calibration: a 5% move stays under the 10% threshold.
+  Gate g({passRow("c", "s", scaled(kSamples, 1.05))}, {passRow("c", "s", kSamples)}, withNoise(1));
+  EXPECT_EQ(g.row("s").timeClass, "unchanged");
+  EXPECT_DOUBLE_EQ(*g.row("s").timeBandPct, 10);
+}
+
+TEST(GateNoise, ARowTheCalibrationLacksIsInsufficientDataNotARegression) {
+  auto other = passRow("c", "t", scaled(kSamples, 1.5));
+  Gate g({other}, {passRow("c", "t", kSamples)}, withNoise(5));
+  EXPECT_EQ(g.row("t").timeClass, "insufficient data");
+  EXPECT_FALSE(g.cmp.gateFailed());
+  EXPECT_NE(g.cmp.warnings()[0].find("no noise band for this row"), std::string::npos);
+}
+
+TEST(GateNoise, PastTheBandButNotSignificantIsSuspicious) {
+  const std::vector<double> base = {50, 150, 60, 140, 70, 130, 80, 120, 100, 100};
+  const std::vector<double> cur = {55, 160, 65, 150, 75, 145, 85, 135, 115, 115};
+  Gate g({passRow("c", "s", cur)}, {passRow("c", "s", base)}, withNoise(12));
+  EXPECT_EQ(g.row("s").timeClass, "suspicious");
+  EXPECT_FALSE(g.cmp.gateFailed());
+}
+
+TEST(GateNoise, ALargeImprovementIsReportedAsUnexplained) {
+  Gate g({passRow("c", "s", scaled(kSamples, 0.5))}, {passRow("c", "s", kSamples)}, withNoise(12));
+  EXPECT_EQ(g.row("s").timeClass, "improvement");
+  EXPECT_TRUE(g.row("s").largeImprovement);
+  EXPECT_NE(g.cmp.warnings()[0].find("unexplained large improvement"), std::string::npos);
+  Gate small({passRow("c", "s", scaled(kSamples, 0.8))}, {passRow("c", "s", kSamples)},
+             withNoise(12));
+  EXPECT_EQ(small.row("s").timeClass, "improvement");
+  EXPECT_FALSE(small.row("s").largeImprovement);
+}
+
+TEST(GateRun, ASuiteThatRanNothingFailsUnlessAllowed) {
+  auto skipped = passRow("c", "s");
+  skipped.status = harness::Status::kSkipped;
+  skipped.message = "no CUDA device";
+  Gate g({skipped}, {});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_NE(g.failures().find("suite smoke ran nothing: 1 row(s) skipped, 0 unsupported; 1 x "
+                              "skipped: no CUDA device"),
+            std::string::npos)
+      << g.failures();
+  GateOptions o;
+  o.allowEmptySuite = true;
+  Gate allowed({skipped}, {}, o);
+  EXPECT_FALSE(allowed.cmp.gateFailed());
+  // One row that ran is enough.
+  Gate some({skipped, passRow("c", "t")}, {});
+  EXPECT_FALSE(some.cmp.gateFailed()) << some.failures();
+}
+
+TEST(GateRun, AGoneRowSaysWhyItIsGone) {
+  auto elsewhere = passRow("c", "s");
+  elsewhere.backend = "gloo";
+  Gate backend({elsewhere}, {passRow("c", "s")});
+  EXPECT_NE(backend.failures().find("this run used backend gloo, the baseline threads"),
+            std::string::npos)
+      << backend.failures();
+  Gate caseGone({passRow("c", "s")}, {passRow("c", "s"), passRow("d", "s")});
+  EXPECT_NE(caseGone.failures().find("its case did not run"), std::string::npos);
+  Gate stratGone({passRow("c", "s")}, {passRow("c", "s"), passRow("c", "t")});
+  EXPECT_NE(stratGone.failures().find("its case ran without this strategy"), std::string::npos);
+}
+
+TEST(GateNoise, TheNoiseFileRoundTripsAndRejectsWhatItIsNot) {
+  const auto a = readResults(writeRun(tempDir("noise-a"), {passRow("c", "s", kSamples)}));
+  const auto b =
+      readResults(writeRun(tempDir("noise-b"), {passRow("c", "s", scaled(kSamples, 1.1))}));
+  const std::string dir = tempDir("noise-file");
+  const std::string path = dir + "/noise.json";
+  {
+    std::ofstream f(path);
+    f << noiseJson({a, b}, {"a", "b"}, 5, 1.5);
+  }
+  const NoiseModel m = readNoise(path);
+  ASSERT_EQ(m.byKey.size(), 1u);
+  const NoiseBand band = m.byKey.begin()->second;
+  // Medians 100 and 110: spread 10 / median(100, 110) = 9.52%, band 1.5 x that.
+  EXPECT_NEAR(band.spreadPct, 10.0 / 105 * 100, 1e-9);
+  EXPECT_NEAR(band.bandPct, 1.5 * 10.0 / 105 * 100, 1e-9);
+  EXPECT_EQ(band.runs, 2);
+  {
+    std::ofstream f(path);
+    f << R"({"schema_version": 1, "floor_pct": 5, "factor": 1.5, "git_sha": "x", "host": "h",
+             "runs": [], "rows": [{"suite": "s", "case": "c", "strategy_id": "i",
+             "backend": "threads", "band_pct": "wide", "spread_pct": 1}]})";
+  }
+  try {
+    readNoise(path);
+    ADD_FAILURE() << "expected a ReportInputError";
+  } catch (const ReportInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("rows[0] key 'band_pct' is \"wide\", expected a number"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Gate, ABaselineFromAnotherSuiteIsRejected) {
