@@ -5,7 +5,7 @@
 #
 #   ci/nightly.sh [--suite FILE] [--runs DIR] [--baseline FILE] [--calibrate N]
 #                 [--promote | --promote-anyway REASON] [--gate-perf] [--allow-empty-suite]
-#                 [--no-plots] [--no-setup] [-- ARGS for stratbench run...]
+#                 [--no-plots] [--no-rerun] [--no-setup] [-- ARGS for stratbench run...]
 #
 #   --suite      suite file (default suites/smoke.yaml)
 #   --runs       where dated runs are kept (default $STRATBENCH_RUNS or out/nightly)
@@ -14,9 +14,11 @@
 #   --calibrate N  measure the machine's noise instead of a night: run the suite N times (>= 2;
 #                3-5 is usual) with this build into RUNS/calibration/, and write RUNS/noise.json
 #                (`stratbench noise`), which every later night's report judges time against: a
-#                row's median must move past its own band (1.5 x the spread of its medians over
-#                the N runs, at least --perf-threshold) and the U test to count. Recalibrate
-#                after changing the machine, the suite or a strategy's speed on purpose.
+#                row's median must move past its own band (2 x the larger of its spread over
+#                the N runs and its time scale's typical spread; at least --perf-threshold) and
+#                the U test to count, and a rerun of the row must reproduce it (below).
+#                Recalibrate after changing the machine, the suite or a strategy's speed on
+#                purpose. docs/reports.md says how, and why.
 #   --promote    make this run the baseline if it is promotable: the gate passed and no row's
 #                time is a regression (soft or hard); otherwise refuse, naming why
 #   --promote-anyway REASON  promote whatever the findings; the reason, the findings and the
@@ -26,6 +28,8 @@
 #                --promote)
 #   --allow-empty-suite  a suite whose every row was skipped or unsupported only warns
 #   --no-plots   the report without its matplotlib plots
+#   --no-rerun   do not rerun the rows found slower (by default each is run once more, and a
+#                time regression counts only where the rerun reproduces it)
 #   --no-setup   skip ci/setup.sh (already built; STRATBENCH_BUILD names the build directory)
 #   --fuzz S     first run every fuzz target for S seconds (ci/fuzz.sh; 600 for the nightly
 #                depth ./test.sh does not have time for); a finding fails the night with exit 1
@@ -36,14 +40,18 @@
 # Each night's report folder holds gate.json (verdict, promotable, findings with their time
 # class) and gate.junit.xml for a CI's test view.
 set -euo pipefail
+caller=$PWD
 cd "$(dirname "$0")/.."
+# Paths the caller gave are the caller's, not the checkout's: made absolute before use.
+abs() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s/%s' "$caller" "$1" ;; esac; }
 
-suite=suites/smoke.yaml
-runs=${STRATBENCH_RUNS:-out/nightly}
+suite=
+runs=${STRATBENCH_RUNS:-}
 baseline=${STRATBENCH_BASELINE:-}
 promote=0
 force_reason=
 calibrate=0
+reconfirm=1
 setup=1
 fuzz=0
 report_args=()
@@ -64,19 +72,24 @@ while [ $# -gt 0 ]; do
     --gate-perf) report_args+=(--gate-perf); shift ;;
     --allow-empty-suite) report_args+=(--allow-empty-suite); shift ;;
     --no-plots) report_args+=(--no-plots); shift ;;
+    --no-rerun) reconfirm=0; shift ;;
     --no-setup) setup=0; shift ;;
     --fuzz) fuzz=$2; shift 2 ;;
     --) shift; run_args=("$@"); break ;;
     *) echo "nightly: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-baseline=${baseline:-$runs/baseline.csv}
+if [ -n "$suite" ]; then suite=$(abs "$suite"); else suite=$PWD/suites/smoke.yaml; fi
+if [ -n "$runs" ]; then runs=$(abs "$runs"); else runs=$PWD/out/nightly; fi
+if [ -n "$baseline" ]; then baseline=$(abs "$baseline"); else baseline=$runs/baseline.csv; fi
 [ -f "$suite" ] || { echo "nightly: suite file '$suite' not found" >&2; exit 2; }
 
 [ "$setup" -eq 1 ] && ci/setup.sh
-sb=${STRATBENCH_BUILD:-./build}/stratbench
+build_dir=$PWD/build
+[ -n "${STRATBENCH_BUILD:-}" ] && build_dir=$(abs "$STRATBENCH_BUILD")
+sb=$build_dir/stratbench
 if [ "$fuzz" != 0 ]; then
-  ci/fuzz.sh "${STRATBENCH_BUILD:-./build}" "$fuzz" || { echo "nightly: fuzzing found a crash" >&2; exit 1; }
+  ci/fuzz.sh "$build_dir" "$fuzz" || { echo "nightly: fuzzing found a crash" >&2; exit 1; }
 fi
 mkdir -p "$runs"
 noise=$runs/noise.json
@@ -132,8 +145,40 @@ else
        "which a shared machine's noise passes (ci/nightly.sh --calibrate 5 measures it)"
 fi
 gate_rc=0
-"$sb" report "$run_dir" --history "$runs" --gate "${report_args[@]}" || gate_rc=$?
-[ "$gate_rc" -eq 2 ] && exit 2
+"$sb" report "$run_dir" --history "$runs" --gate "${report_args[@]}" >"$run_dir/report.log" 2>&1 ||
+  gate_rc=$?
+[ "$gate_rc" -eq 2 ] && { cat "$run_dir/report.log"; exit 2; }
+
+# A row found slower is rerun once: a shared machine's one-off stall is not a regression, a
+# slower build is slower again. Only the rerun's verdict counts (report --confirm).
+confirm=$(python3 - "$run_dir/gate.json" <<'PY' 2>/dev/null || true
+import json, re, sys
+rows = [f for f in json.load(open(sys.argv[1]))["findings"] if f["time_class"] == "regression"]
+if rows:
+    cases = sorted({re.escape(f["case"]) for f in rows})
+    ids = sorted({re.escape(f["strategy_id"]) for f in rows})
+    print("^(" + "|".join(cases) + ")$")
+    print("^(" + "|".join(ids) + ")$")
+PY
+)
+if [ -n "$confirm" ] && [ "$reconfirm" -eq 1 ]; then
+  case_re=$(sed -n 1p <<<"$confirm")
+  id_re=$(sed -n 2p <<<"$confirm")
+  echo "nightly: $(grep -c '"time_class": "regression"' "$run_dir/gate.json") row(s) slower" \
+       "than the baseline: rerunning them once into $run_dir/confirm"
+  "$sb" run "$suite" "${run_args[@]}" --case "$case_re" --filter "$id_re" --out "$run_dir/confirm" \
+    >"$run_dir/confirm.log" 2>&1 || true
+  if [ -f "$run_dir/confirm/results.csv" ]; then
+    gate_rc=0
+    "$sb" report "$run_dir" --history "$runs" --gate "${report_args[@]}" \
+      --confirm "$run_dir/confirm" >"$run_dir/report.log" 2>&1 || gate_rc=$?
+    [ "$gate_rc" -eq 2 ] && { cat "$run_dir/report.log"; exit 2; }
+  else
+    echo "nightly: the rerun wrote no results (log: $run_dir/confirm.log); the night's" \
+         "findings stand" >&2
+  fi
+fi
+cat "$run_dir/report.log"
 
 if [ "$promote" -eq 1 ]; then
   # The report's own decision (gate.json): the gate passed and no time regression.

@@ -49,7 +49,7 @@ PY
 }
 
 # 1. Calibration: three runs of this build; the noise file names each row's band.
-check "calibrate: three runs of one build, a noise file" 0 "calibrated" -- nightly --calibrate 3
+check "calibrate: five runs of one build, a noise file" 0 "calibrated" -- nightly --calibrate 5
 [ -s "$runs/noise.json" ] && pass "noise.json written" || fail "no noise.json"
 read -r steady band < <(python3 - "$runs/noise.json" <<'PY'
 import json, sys
@@ -93,6 +93,8 @@ check "a 20% slower night: the gate (soft time) passes, NOT promoted" 0 "NOT pro
 found=$(classes "$(newest)")
 [ "$found" = "regression $steady" ] && pass "the slowdown is found and classified: $found" ||
   fail "the slowdown: expected 'regression $steady', got '$found'"
+grep -q "rerunning them once" "$tmp/out" && grep -q "reproduced on a rerun" "$tmp/out" &&
+  pass "the slower row was rerun and the rerun reproduced it" || fail "no rerun of the slower row"
 cmp -s "$runs/baseline.csv" "$tmp/baseline.before" && pass "the slower night is no baseline" ||
   fail "a slower night became the baseline"
 check "with --gate-perf the slower night fails" 1 "time: median .* past its noise band" -- \

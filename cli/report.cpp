@@ -22,6 +22,7 @@ Command addReport(CLI::App& app) {
     sb::reports::ReportOptions ropts;
     bool noPlots = false;
     std::string noisePath;
+    std::vector<std::string> confirm;
   };
   const auto a = std::make_shared<Args>();
   auto& ropts = a->ropts;
@@ -54,6 +55,9 @@ Command addReport(CLI::App& app) {
   report->add_option("--noise", a->noisePath,
                      "Noise file (`stratbench noise`): each row's time judged against its own "
                      "band, not the fixed --perf-threshold");
+  report->add_option("--confirm", a->confirm,
+                     "A rerun of some rows (results): a time regression counts only where its "
+                     "rerun reproduces it");
   report->add_flag("--allow-empty-suite", ropts.gateOptions.allowEmptySuite,
                    "A suite whose every row was skipped or unsupported only warns");
   report->add_flag("--no-plots", a->noPlots, "Skip the matplotlib plots");
@@ -62,6 +66,9 @@ Command addReport(CLI::App& app) {
             try {
               if (!a->noisePath.empty()) {
                 a->ropts.gateOptions.noise = sb::reports::readNoise(a->noisePath);
+              }
+              if (!a->confirm.empty()) {
+                a->ropts.gateOptions.confirm = sb::reports::readAll(a->confirm);
               }
               return sb::reports::runReport(a->ropts, std::cout);
             } catch (const sb::reports::ReportInputError& e) {
@@ -76,7 +83,7 @@ Command addNoise(CLI::App& app) {
   struct Args {
     std::vector<std::string> runs;
     std::string out;
-    double floorPct = 5.0, factor = 1.5;
+    double floorPct = 5.0, factor = 2.0;
   };
   const auto a = std::make_shared<Args>();
   auto* noise = app.add_subcommand(
@@ -93,7 +100,8 @@ Command addNoise(CLI::App& app) {
       ->check(sb::cli::realNumber(0, 1000, true, "percent"));
   noise
       ->add_option("--factor", a->factor,
-                   "Band = factor x the spread (max - min) / median of the runs' medians")
+                   "Band = factor x the larger of the row's spread ((max - min) / median of its "
+                   "runs' medians) and the median spread of the rows of its decade of time")
       ->capture_default_str()
       ->check(sb::cli::realNumber(1, 100, true, "factor"));
   return {noise, [a] {

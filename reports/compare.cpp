@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "reports/stats.h"
 
@@ -117,7 +118,23 @@ double cvOf(const ResultRow& r) {
   return 0;
 }
 
-void judgeTime(RowComparison& rc, const GateOptions& o) {
+// The change of `cur`'s median against `base`'s, in %, and the U test's p (1 when either side
+// has fewer than the minimum repetitions).
+std::pair<double, double> changeOf(const ResultRow& cur, const ResultRow& base,
+                                   const GateOptions& o) {
+  const double cm = cur.timeSamplesUs.empty() ? cur.timeMedianUs.value_or(NAN)
+                                              : median(cur.timeSamplesUs);
+  const double bm = base.timeSamplesUs.empty() ? base.timeMedianUs.value_or(NAN)
+                                               : median(base.timeSamplesUs);
+  double p = 1;
+  if (cur.timeSamplesUs.size() >= static_cast<size_t>(o.minSamples) &&
+      base.timeSamplesUs.size() >= static_cast<size_t>(o.minSamples)) {
+    p = mannWhitneyU(cur.timeSamplesUs, base.timeSamplesUs).pValue;
+  }
+  return {(cm - bm) / bm * 100.0, p};
+}
+
+void judgeTime(RowComparison& rc, const GateOptions& o, const ResultRow* rerun) {
   const ResultRow& cur = *rc.current;
   const ResultRow& base = *rc.baseline;
   if (!cur.timeMedianUs || !base.timeMedianUs) return;
@@ -177,9 +194,21 @@ void judgeTime(RowComparison& rc, const GateOptions& o) {
   const std::string why =
       moved + ", past " + bandText + "), Mann-Whitney p = " + num(mw.pValue);
   if (change > 0) {
+    if (rerun) {
+      const auto [again, p] = changeOf(*rerun, base, o);
+      rc.confirmChangePct = again;
+      if (!(again >= band && p < o.alpha)) {
+        rc.time = "not reproduced";
+        rc.timeClass = "suspicious";
+        rc.warnings.push_back("suspicious " + why + "; but a rerun measured " + pct(again) +
+                              " (p = " + num(p) + "): not reproduced");
+        return;
+      }
+    }
     rc.time = "regressed";
     rc.timeClass = "regression";
-    (o.hardPerf ? rc.gateFailures : rc.warnings).push_back(why);
+    (o.hardPerf ? rc.gateFailures : rc.warnings)
+        .push_back(why + (rerun ? "; reproduced on a rerun: " + pct(*rc.confirmChangePct) : ""));
   } else {
     rc.time = "improved";
     rc.timeClass = "improvement";
@@ -240,24 +269,45 @@ std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
       first.emplace(r.key(), &r);
     }
   }
-  nlohmann::json rows = nlohmann::json::array();
+  // A row's own spread over a handful of runs understates its noise as often as not (three
+  // draws can land close by chance). So each row also gets the typical spread of the rows of
+  // its time scale (the decade of its median: 100 us rows share their noise, 10 ms rows
+  // theirs), the median over those rows, and the band is `factor` times the larger of the two.
+  struct Row {
+    double mid, spread;
+  };
+  std::map<std::string, Row> own;
+  std::map<int, std::vector<double>> byDecade;
+  const auto decadeOf = [](double us) { return static_cast<int>(std::floor(std::log10(us))); };
   for (const auto& [key, ms] : medians) {
     if (ms.size() < 2) continue;  // one run says nothing about the spread
     const double mid = median(ms);
     const auto [lo, hi] = std::minmax_element(ms.begin(), ms.end());
-    const double spread = (*hi - *lo) / mid * 100.0;
+    own[key] = {mid, (*hi - *lo) / mid * 100.0};
+    byDecade[decadeOf(mid)].push_back(own[key].spread);
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [key, ms] : medians) {
+    if (!own.count(key)) continue;
+    const Row& o = own.at(key);
+    const auto& peers = byDecade.at(decadeOf(o.mid));
+    // The typical spread of the time scale: the median over at least three rows, else none.
+    const double pooled = peers.size() >= 3 ? median(peers) : 0.0;
     const ResultRow& r = *first.at(key);
     rows.push_back({{"suite", r.suite},
                     {"case", r.caseName},
                     {"strategy_id", r.strategyId},
                     {"backend", r.backend},
                     {"medians_us", ms},
-                    {"spread_pct", spread},
-                    {"band_pct", std::max(floorPct, factor * spread)}});
+                    {"spread_pct", o.spread},
+                    {"scale_spread_pct", pooled},
+                    {"band_pct", std::max(floorPct, factor * std::max(o.spread, pooled))}});
   }
   nlohmann::json j = {{"schema_version", 1},
                       {"what", "stratbench noise: the spread of each row's median time over runs "
-                               "of one build on one machine"},
+                               "of one build on one machine; band = max(floor, factor x "
+                               "max(spread, the median spread of the rows of its decade of "
+                               "time))"},
                       {"runs", runDirs},
                       {"git_sha", suiteList(shas)},
                       {"host", suiteList(hosts)},
@@ -432,8 +482,9 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
         .push_back(why + (options.allowEmptySuite ? " (--allow-empty-suite)" : ""));
   }
 
-  std::map<std::string, const ResultRow*> byKey;
+  std::map<std::string, const ResultRow*> byKey, rerunOf;
   for (const auto& b : baseline) byKey.emplace(b.key(), &b);
+  for (const auto& r : options.confirm) rerunOf.emplace(r.key(), &r);
   std::set<std::string> matched;
 
   for (const auto& c : current) {
@@ -446,7 +497,8 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
     judgeNumerics(rc);
     judgePrediction(rc, options);
     if (rc.baseline) {
-      judgeTime(rc, options);
+      const auto rr = rerunOf.find(c.key());
+      judgeTime(rc, options, rr == rerunOf.end() ? nullptr : rr->second);
       judgeMemory(rc, options);
     }
     const bool regressed =

@@ -50,6 +50,10 @@ struct GateOptions {
   // An improvement past max(2 x band, this) is reported as unexplained: a benchmark that got
   // much faster without a change meant to do so usually stopped doing its work.
   double largeImprovementPct = 25.0;
+  // A rerun of some rows (ci/nightly.sh reruns the rows a night found slower): a row's time
+  // regression counts only where its rerun is past the band and significant too; otherwise it
+  // is "suspicious" (not reproduced). A shared machine's one-off stall is not a regression.
+  std::vector<ResultRow> confirm;
 };
 
 // Reads a noise file `stratbench noise` wrote; throws ReportInputError naming the file and
@@ -81,6 +85,7 @@ struct RowComparison {
   std::string timeClass = "n/a";
   std::optional<double> timeBandPct;  // the band the change was judged against
   bool largeImprovement = false;
+  std::optional<double> confirmChangePct;  // the rerun's change of median, where there is one
   bool noisy = false;        // cv above GateOptions::noisyCv on either side
   std::optional<double> memChangePct;
   std::string mem = "n/a";  // "regressed", "improved", "unchanged", "n/a"

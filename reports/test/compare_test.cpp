@@ -324,6 +324,23 @@ TEST(GateNoise, ASlowdownInsideTheRowsBandIsUnchangedPastItARegression) {
   EXPECT_NE(soft.cmp.promotionBlockers()[0].find("time regression"), std::string::npos);
 }
 
+TEST(GateNoise, ASlowdownARerunDoesNotReproduceIsSuspiciousNotARegression) {
+  const auto base = passRow("c", "s", kSamples);
+  const auto slower = passRow("c", "s", scaled(kSamples, 1.25));
+  GateOptions o = withNoise(15);
+  o.confirm = readResults(writeRun(tempDir("rerun-ok"), {passRow("c", "s", kSamples)}));
+  Gate stall({slower}, {base}, o);
+  EXPECT_EQ(stall.row("s").timeClass, "suspicious");
+  EXPECT_EQ(stall.row("s").time, "not reproduced");
+  EXPECT_FALSE(stall.cmp.gateFailed()) << stall.failures();
+  EXPECT_TRUE(stall.cmp.promotionBlockers().empty());
+  o.confirm = readResults(writeRun(tempDir("rerun-slow"), {slower}));
+  Gate real({slower}, {base}, o);
+  EXPECT_EQ(real.row("s").timeClass, "regression");
+  EXPECT_NEAR(*real.row("s").confirmChangePct, 25, 1e-9);
+  EXPECT_NE(real.failures().find("reproduced on a rerun: +25.0%"), std::string::npos);
+}
+
 TEST(GateNoise, TheBandIsNeverFinerThanTheThreshold) {
   // A 1% band from a lucky calibration: a 5% move stays under the 10% threshold.
   Gate g({passRow("c", "s", scaled(kSamples, 1.05))}, {passRow("c", "s", kSamples)}, withNoise(1));

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""How often would a noise band rule cry wolf? Runs of ONE build (folders with results.csv),
+randomly split, many times, into N calibration runs and a baseline, a night and a rerun; for
+each rule, the same-build slowdowns past the band per night, alone and after the rerun (which
+must be past it too), and how many rows could show a 20% slowdown at all.
+
+    reports/noise_study.py RUN_DIR... [--trials 40]
+
+The rule `stratbench noise` applies is "max" with factor 2 (docs/reports.md); the table in
+docs/measurements.md ("The nightly loop") is this script's output on twelve smoke-suite runs.
+"""
+import argparse
+import csv
+import math
+import random
+import statistics as st
+
+
+def load(d):
+    out = {}
+    with open(d.rstrip("/") + "/results.csv") as f:
+        for r in csv.DictReader(f):
+            if r["status"] == "pass" and r["time_us_median"]:
+                out[(r["case"], r["strategy_id"], r["backend"])] = float(r["time_us_median"])
+    return out
+
+
+def study(runs, n_cal, factor, pool, trials, floor=0.10):
+    keys = set.intersection(*[set(r) for r in runs])
+    rng = random.Random(1)
+    alone = confirmed = 0.0
+    below = []
+    for _ in range(trials):
+        idx = list(range(len(runs)))
+        rng.shuffle(idx)
+        cal = [runs[i] for i in idx[:n_cal]]
+        base, night, rerun = (runs[i] for i in idx[n_cal:n_cal + 3])
+        mid = {k: st.median([c[k] for c in cal]) for k in keys}
+        spread = {k: (max(c[k] for c in cal) - min(c[k] for c in cal)) / mid[k] for k in keys}
+        decades = {}
+        for k in keys:
+            decades.setdefault(math.floor(math.log10(mid[k])), []).append(spread[k])
+        scale = {d: (st.median(v) if len(v) >= 3 else 0.0) for d, v in decades.items()}
+        band = {}
+        for k in keys:
+            s = spread[k]
+            if pool == "max":
+                s = max(s, scale[math.floor(math.log10(mid[k]))])
+            band[k] = max(floor, factor * s)
+        below.append(sum(b < 0.2 for b in band.values()))
+        for k in keys:
+            if night[k] / base[k] - 1 > band[k]:
+                alone += 1
+                confirmed += rerun[k] / base[k] - 1 > band[k]
+    return alone / trials, confirmed / trials, st.mean(below), len(keys)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--trials", type=int, default=40)
+    a = ap.parse_args()
+    runs = [load(d) for d in a.runs]
+    print("| calibration runs | band | past the band per night | after the rerun | rows under 20% |")
+    print("|---|---|---|---|---|")
+    for n_cal in (3, 5):
+        if n_cal + 3 > len(runs):
+            continue
+        for pool, factor in (("own", 1.5), ("own", 2), ("max", 2), ("max", 3)):
+            al, co, be, rows = study(runs, n_cal, factor, pool, a.trials)
+            rule = f"{factor} x own spread" if pool == "own" else \
+                f"{factor} x max(own, its decade's median spread)"
+            print(f"| {n_cal} | {rule} | {al:.2f} | {co:.3f} | {be:.0f} / {rows} |")
+
+
+if __name__ == "__main__":
+    main()
