@@ -32,7 +32,7 @@ trace=$(sed -n 's/^SB_TRACE_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
 suite="$tmp/compose.yaml"
 sed "s#build-torch2/models/#$models/#g" suites/compose.yaml > "$suite"
 
-check "compose suite: every composition passes" 0 "total +6 +0 +0 +0$" -- \
+check "compose suite: every composition passes" 0 "total +6 +0 +0 +0 +0$" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 1
 check "every rank verified, its layout checked, measured and counted" 0 "ok" -- \
   python3 - "$tmp/suite/results.json" <<'PY'
@@ -91,7 +91,7 @@ s = yaml.safe_load(open(sys.argv[1]))
 s["cases"] = [c for c in s["cases"] if c["name"] == "meta-llama-fsdp2xtp2-adamw"]
 yaml.safe_dump(s, open(sys.argv[2], "w"))
 PY
-check "gloo: FSDP2 x TP/SP under launch -n 4, every rank verified" 0 "total +1 +0 +0 +0$" -- \
+check "gloo: FSDP2 x TP/SP under launch -n 4, every rank verified" 0 "total +1 +0 +0 +0 +0$" -- \
   "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo" --repetitions 1
 # A rank that fails leaves its peers blocked in a collective with it: they are abandoned at once
 # (the row an error naming the failing rank's words), not after SB_TORCH_TIMEOUT_S (600 s).

@@ -22,7 +22,7 @@ sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
 cd "$src"
 
-check "moe suite: every case passes" 0 "total +17 +0 +0 +0$" -- \
+check "moe suite: every case passes" 0 "total +17 +0 +0 +0 +0$" -- \
   "$sb" run suites/moe.yaml --filter '^sharding/' --out "$tmp/suite" --repetitions 1
 check "routing checked, drops happen, communication as predicted" 0 "ok" -- \
   python3 - "$tmp/suite/results.csv" <<'PY'
@@ -58,7 +58,7 @@ for fault in grads_scaled_by_ep:grad_w:0:17 experts_reduced_over_dp:grad_w:0:17 
              router_grad_partial:grad_router:0:17 capacity_local:output:9:8 \
              tp_rows_grad_unsummed:grad_input:15:2; do
   IFS=: read -r name tensor passing failing <<<"$fault"
-  want="total +$passing +$failing +0 +0$"
+  want="total +$passing +$failing +0 +0 +0$"
   check "planted $name: fails, naming $tensor" 1 "$want" -- \
     "$sb" run suites/moe.yaml --filter '^sharding/' --out "$tmp/f-$name" --repetitions 1 \
     --plant-fault "sharding/moe/ep=$name"
@@ -86,7 +86,7 @@ cases:
     optimizer: {kind: adamw, lr: 0.001, weight_decay: 0.01, clip_grad_norm: 1.0}
     strategies: ["sharding/moe/ep"]
 YAML
-check "gloo across 4 processes: both pass" 0 "total +2 +0 +0 +0$" -- \
+check "gloo across 4 processes: both pass" 0 "total +2 +0 +0 +0 +0$" -- \
   "$sb" launch -n 4 -- run "$tmp/gloo.yaml" --backend gloo --out "$tmp/gloo"
 cat > "$tmp/bad.yaml" <<'YAML'
 suite: bad
@@ -119,20 +119,20 @@ cases:
 YAML
 check "params.axes out of order: exit 2 naming it" 2 "params.axes" -- \
   "$sb" run "$tmp/axes.yaml" --out "$tmp/axes"
-check "6 experts over 4 ranks: unsupported" 0 "total +0 +0 +0 +1$" -- \
+check "6 experts over 4 ranks: unsupported" 0 "total +0 +0 +0 +1 +0$" -- \
   "$sb" run "$tmp/uneven.yaml" --out "$tmp/uneven"
 grep -q "6 experts do not divide over 4 EP ranks" "$tmp/uneven/results.csv" &&
   pass "the row says why" || fail "the unsupported row does not say why"
 # ---- torch/ep: PyTorch's MoE layer under expert parallelism (docs/moe.md) ----------------------
 py=$(sed -n 's/^SB_TORCH_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
 if ! "$py" -c "from torch.distributed.tensor import distribute_module" 2>/dev/null; then
-  check "no PyTorch 2.x: every torch/ep row unsupported, saying so" 0 "total +0 +0 +0 +6$" -- \
+  check "no PyTorch 2.x: every torch/ep row unsupported, saying so" 0 "total +0 +0 +0 +6 +0$" -- \
     "$sb" run suites/moe.yaml --filter '^torch/ep$' --out "$tmp/torch-missing" --repetitions 1
   finish
   exit
 fi
 check "torch/ep: PyTorch's MoE layer passes every dropless [ep] and [dp, ep] case" 0 \
-  "total +6 +0 +0 +0$" -- \
+  "total +6 +0 +0 +0 +0$" -- \
   "$sb" run suites/moe.yaml --filter '^torch/ep$' --out "$tmp/torch" --repetitions 1
 check "torch/ep: routing and the aux loss checked, all-to-alls counted, replicas bitwise" 0 "ok" -- \
   python3 - "$tmp/torch/results.json" <<'PY'
@@ -209,11 +209,11 @@ PY
 sed "s#\"torch/ep\"\]#\"torch/ep\"]\n    params: {model: \"$tmp/user_moe.py:MyMoE\"}#" suites/moe.yaml |
   cat > "$tmp/user.yaml"
 check "a user's own MoE layer from a file under torch/ep: every case passes" 0 \
-  "total +6 +0 +0 +0$" -- \
+  "total +6 +0 +0 +0 +0$" -- \
   "$sb" run "$tmp/user.yaml" --filter '^torch/ep$' --out "$tmp/user" --repetitions 1
 sed "s#user_moe.py:MyMoE#user_moe.py:BuggyMoE#" "$tmp/user.yaml" > "$tmp/buggy.yaml"
 check "the same layer with its sigmoid aux unnormalised fails the two sigmoid cases" 1 \
-  "total +1 +2 +0 +0$" -- \
+  "total +1 +2 +0 +0 +0$" -- \
   "$sb" run "$tmp/buggy.yaml" --filter '^torch/ep$' --case 'sigmoid|^dropless-k2-e4-ep2$' \
   --out "$tmp/buggy" --repetitions 1
 grep -q "dropless-k1-e8-ep4-sigmoid.*aux_loss" "$tmp/buggy/results.csv" &&
@@ -223,7 +223,7 @@ grep -q "train-sgd-k1-e4-ep4-sigmoid.*state/router" "$tmp/buggy/results.csv" &&
 # (On the one-step [ep] and [dp, ep] cases: the fault is the strategy's, the same on every case.)
 for fault in grads_scaled_by_ep:grad_w experts_reduced_over_dp:grad_w router_grad_partial:grad_router; do
   IFS=: read -r name tensor <<<"$fault"
-  check "torch/ep planted $name: every row fails, naming $tensor" 1 "total +0 +2 +0 +0$" -- \
+  check "torch/ep planted $name: every row fails, naming $tensor" 1 "total +0 +2 +0 +0 +0$" -- \
     "$sb" run suites/moe.yaml --filter '^torch/ep$' --case '^dropless-k2-e4-(ep2|dp2xep2)$' \
     --out "$tmp/tf-$name" --repetitions 1 --plant-fault "torch/ep=$name"
   grep -q "torch/ep: .*$tensor" "$tmp/out" && pass "torch/ep $name names $tensor" ||
@@ -238,7 +238,7 @@ cases:
     mesh: 2
     strategies: ["torch/ep"]
 YAML
-check "torch/ep with a capacity: unsupported, saying it runs dropless" 0 "total +0 +0 +0 +1$" -- \
+check "torch/ep with a capacity: unsupported, saying it runs dropless" 0 "total +0 +0 +0 +1 +0$" -- \
   "$sb" run "$tmp/torch-capacity.yaml" --out "$tmp/torch-capacity"
 grep -q "dropless" "$tmp/torch-capacity/results.csv" && pass "the row says why" ||
   fail "the capacity row does not say why"

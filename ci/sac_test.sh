@@ -26,7 +26,7 @@ cd "$src"
 suite="$tmp/sac.yaml"
 sed "s#build/models/#$build/models/#g" suites/sac.yaml > "$suite"
 
-check "sac suite: every row passes (two budgets below any policy's peak unsupported)" 0 "total +51 +0 +0 +2$" -- \
+check "sac suite: every row passes (two budgets below any policy's peak unsupported)" 0 "total +51 +0 +0 +2 +0$" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 1
 check "bitwise, flops and recomputed nodes as predicted, policies ordered" 0 "^ok" -- \
   python3 - "$tmp/suite/results.json" <<'PY'
@@ -133,7 +133,7 @@ PY
 # A traced model without repeated blocks: a policy has nowhere to decide, so its rows are
 # unsupported, saying so, rather than passing as the plain step.
 printf 'suite: noblocks\ncases:\n  - name: c\n    workload: torchscript\n    shape: {file: %s/models/mlp_cumsum.pt, inputs: [[4, 16]]}\n    mesh: 1\n    strategies: ["checkpointing/sac/(save-all|recompute-all|torchtitan|cheap)"]\n' "$build" >"$tmp/noblocks.yaml"
-check "a graph without blocks: every policy unsupported, saying why" 0 "total +0 +0 +0 +4$" -- \
+check "a graph without blocks: every policy unsupported, saying why" 0 "total +0 +0 +0 +4 +0$" -- \
   "$sb" run "$tmp/noblocks.yaml" --out "$tmp/noblocks"
 grep -q "no repeated blocks" "$tmp/noblocks/results.csv" && pass "the rows say there are no blocks" ||
   fail "the unsupported rows do not say why"
@@ -169,7 +169,7 @@ check "both a budget and budget_bytes: exit 2" 2 "expected one of budget" -- \
 
 # ---- Inside sharded plans (suites/sac-sharded.yaml) ---------------------------------------------
 sed "s#build/models/#$build/models/#g" suites/sac-sharded.yaml > "$tmp/sac-sharded.yaml"
-check "sac-sharded suite: every policy passes inside tensor-, data- and auto-parallel plans and FSDP" 0 "total +50 +0 +0 +0$" -- \
+check "sac-sharded suite: every policy passes inside tensor-, data- and auto-parallel plans and FSDP" 0 "total +50 +0 +0 +0 +0$" -- \
   "$sb" run "$tmp/sac-sharded.yaml" --out "$tmp/sharded" --repetitions 1
 check "sharded: every rank's peak, flops and nodes exact; recomputed collectives counted; the priced search keeps the faster plan" 0 "^ok" -- \
   python3 - "$tmp/sharded/results.json" <<'PY'
@@ -292,7 +292,7 @@ torch.manual_seed(0)
 torch.jit.trace(Net(), torch.randn(4, 16)).save(sys.argv[1])
 PY
 printf 'suite: linrelu\ncases:\n  - name: c\n    workload: torchscript\n    shape: {file: %s, inputs: [[8, 16]]}\n    mesh: 2\n    steps: 2\n    optimizer: {kind: sgd, lr: 0.01}\n    strategies: ["sharding/fsdp/zero3"]\n    params: {sac: recompute-all}\n' "$tmp/linrelu.pt" >"$tmp/linrelu.yaml"
-check "FSDP, a block ending past its last parameter reader: its recomputation gathers the unit, every number right" 0 "total +1 +0 +0 +0$" -- \
+check "FSDP, a block ending past its last parameter reader: its recomputation gathers the unit, every number right" 0 "total +1 +0 +0 +0 +0$" -- \
   "$sb" run "$tmp/linrelu.yaml" --out "$tmp/linrelu"
 printf 'suite: badfsdp\ncases:\n  - name: c\n    workload: gpt2\n    shape: {batch: 4, seq: 8, d_model: 16, heads: 2, layers: 1, vocab: 32, dropout: 0}\n    mesh: 2\n    steps: 1\n    optimizer: {kind: sgd, lr: 0.01}\n    strategies: ["sharding/fsdp/zero3"]\n    params: {sac: {default: maybe}}\n' >"$tmp/badfsdp.yaml"
 check "FSDP: a malformed params.sac is exit 2 naming the key" 2 "params.sac.default: expected \"save\" or \"recompute\", got \"maybe\"" -- \
@@ -314,7 +314,7 @@ check "solve shard: an unknown --sac-policy is exit 2 naming it" 2 "sac-policy: 
 "$sb" solve shard --workload gpt2 --shape '{"batch": 4, "seq": 16, "d_model": 32, "heads": 4, "layers": 2, "vocab": 64, "dropout": 0.1}' \
   --mesh 2x2 --algo megatron --out "$tmp/plan.json" >/dev/null
 printf 'suite: planfile\ncases:\n  - name: c\n    workload: gpt2\n    shape: {batch: 4, seq: 16, d_model: 32, heads: 4, layers: 2, vocab: 64, dropout: 0.1}\n    mesh: 2x2\n    strategies: ["checkpointing/sac/(save-all|recompute-all|torchtitan|cheap)"]\n    params: {plan: %s}\n' "$tmp/plan.json" >"$tmp/planfile.yaml"
-check "a plan file: every policy passes in it" 0 "total +4 +0 +0 +0$" -- \
+check "a plan file: every policy passes in it" 0 "total +4 +0 +0 +0 +0$" -- \
   "$sb" run "$tmp/planfile.yaml" --out "$tmp/planfile" --repetitions 1
 check "a plan file: the same collectives as the solved Megatron plan's rows" 0 "^ok" -- \
   python3 - "$tmp/planfile/results.csv" "$tmp/sharded/results.csv" <<'PY'
@@ -331,7 +331,7 @@ sed -i "s#params: {algo: .*#params: {algo: megatron, plan: $tmp/plan.json}#" "$t
 check "both params.algo and params.plan: exit 2" 2 "expected one of algo .* and plan" -- \
   "$sb" run "$tmp/planfile.yaml" --out "$tmp/bad10"
 sed -i 's#checkpointing/sac/(save-all|recompute-all|torchtitan|cheap)#checkpointing/sac/budget#; s#params: {algo: .*#params: {budget: 0.8}#' "$tmp/planfile.yaml"
-check "a budget on a sharded mesh: unsupported, saying so" 0 "total +0 +0 +0 +1$" -- \
+check "a budget on a sharded mesh: unsupported, saying so" 0 "total +0 +0 +0 +1 +0$" -- \
   "$sb" run "$tmp/planfile.yaml" --out "$tmp/budget-sharded"
 grep -q "budget inside a sharded plan is not" "$tmp/budget-sharded/results.csv" && pass "the row says why" ||
   fail "the unsupported budget row does not say why"
@@ -340,7 +340,7 @@ grep -q "budget inside a sharded plan is not" "$tmp/budget-sharded/results.csv" 
 sed "s#build/models/#$build/models/#g" suites/sac-torch.yaml > "$tmp/sac-torch.yaml"
 py=$(sed -n 's/^SB_TORCH_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
 if "$py" -c "from torch.utils.checkpoint import create_selective_checkpoint_contexts" 2>/dev/null; then
-  check "side by side: each policy passes by stratbench and by PyTorch's SAC" 0 "total +8 +0 +0 +0$" -- \
+  check "side by side: each policy passes by stratbench and by PyTorch's SAC" 0 "total +8 +0 +0 +0 +0$" -- \
     "$sb" run "$tmp/sac-torch.yaml" --out "$tmp/side" --repetitions 1
   check "side by side: PyTorch's peak beside stratbench's prediction, recompute-all below save-all in both" 0 "^ok" -- \
     python3 - "$tmp/side/results.json" <<'PY'
@@ -360,7 +360,7 @@ PY
   check "torch/sac: a policy it does not know is exit 2 naming it" 2 "params.policy \"every-other\"" -- \
     bash -c "sed 's/policy: cheap/policy: every-other/; s#\"checkpointing/sac/policy\", ##' '$tmp/sac-torch.yaml' > '$tmp/bad-torch.yaml' && '$sb' run '$tmp/bad-torch.yaml' --out '$tmp/bt'"
 else
-  check "no PyTorch 2.x: torch/sac rows unsupported, stratbench's pass" 0 "total +4 +0 +0 +4$" -- \
+  check "no PyTorch 2.x: torch/sac rows unsupported, stratbench's pass" 0 "total +4 +0 +0 +4 +0$" -- \
     "$sb" run "$tmp/sac-torch.yaml" --out "$tmp/side" --repetitions 1
 fi
 finish

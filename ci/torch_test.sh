@@ -50,7 +50,7 @@ if ! "$py" -c "from torch.distributed.fsdp import fully_shard" 2>/dev/null; then
 fi
 
 check "torch suite: every row passes (context_parallel unsupported on the CPU)" 0 \
-  "total +[0-9]+ +0 +0 +1$" -- \
+  "total +[0-9]+ +0 +0 +1 +0$" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 3
 check "every row verified, measured and counted; twins side by side" 0 "ok" -- \
   python3 - "$tmp/suite/results.json" "$src" <<'PY'
