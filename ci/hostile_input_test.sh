@@ -512,4 +512,90 @@ printf 'suite: "a\\u0007b"\ncases: []\n' > "$tmp/bell.yaml"
 check "a suite name with a control character is exit 2 naming key 'suite'" 2 "key 'suite'" -- \
   "$sb" run "$tmp/bell.yaml" --out "$tmp/bell"
 
+# --- issue 60, third round: injection, names, silent acceptance, unbounded waits ---
+# report.md shows names, never runs them: no raw HTML, no link from a case name.
+sed "s/name: lin/name: '<script>alert(1)<\/script>[x](javascript:alert(1))'/" "$tmp/ok.yaml" > "$tmp/inject.yaml"
+check "report.md escapes a case name's HTML and link" 0 "^escaped$" -- bash -c \
+  '"$1" run "$2" --out "$3" >/dev/null && "$1" report "$3" --no-plots >/dev/null &&
+   ! grep -q "<script>" "$3/report.md" && ! grep -q "](javascript:" "$3/report.md" &&
+   grep -q "\\\\<script\\\\>" "$3/report.md" && ! grep -q "<script>alert" "$3/report.html" &&
+   echo escaped' _ "$sb" "$tmp/inject.yaml" "$tmp/inject"
+# A right-to-left override makes a name read as another: refused like a control character.
+printf 'suite: rtl\ncases:\n  - name: "abc\\u202Egpj.exe"\n    workload: linear\n    shape: {input: [8, 16], out_features: 8}\n    mesh: 2\n    strategies: ["sharding/linear/sharded_tensor/colwise"]\n' > "$tmp/rtl.yaml"
+bad "a case name with a right-to-left override is exit 2 naming key 'name'" \
+  "key 'name' must not hold Unicode control or text-direction characters" \
+  "$sb" run "$tmp/rtl.yaml" --out "$tmp/rtl"
+# A case named '=1+1 reads back as itself (the formula guard's apostrophe is the writer's only).
+sed "s/name: lin/name: \"'=1+1\"/" "$tmp/ok.yaml" > "$tmp/apos.yaml"
+check "a case named \"'=1+1\" reads back as itself" 0 "^kept$" -- bash -c \
+  '"$1" run "$2" --out "$3" >/dev/null && "$1" report "$3" --no-plots >/dev/null &&
+   grep -q "Case ok/'"'"'=1+1" "$3/report.md" && echo kept' _ "$sb" "$tmp/apos.yaml" "$tmp/apos"
+# Names that differ only by space and underscore, and a 200-byte name: files of their own.
+long=$(printf 'n%.0s' $(seq 1 200))
+cat > "$tmp/slugs.yaml" <<Y
+suite: slugs
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - {name: "a b", workload: linear, shape: {input: [8, 16], out_features: 8}, mesh: 2, strategies: ["sharding/linear/sharded_tensor/colwise"]}
+  - {name: "a_b", workload: linear, shape: {input: [8, 16], out_features: 8}, mesh: 2, strategies: ["sharding/linear/sharded_tensor/colwise"]}
+  - {name: "$long", workload: linear, shape: {input: [8, 16], out_features: 8}, mesh: 2, strategies: ["sharding/linear/sharded_tensor/colwise"]}
+Y
+check "cases 'a b', 'a_b' and a 200-byte name: a plot each" 0 "^3 plots$" -- bash -c \
+  '"$1" run "$2" --out "$3" >/dev/null && "$1" report "$3" >/dev/null &&
+   echo "$(ls "$3"/plots/time_*.png | wc -l) plots"' _ "$sb" "$tmp/slugs.yaml" "$tmp/slugs"
+# Silent acceptance: a second YAML document, clip_grad_norm 0, half a launcher's variables.
+{ cat "$tmp/ok.yaml"; printf -- '---\nsuite: second\ncases: []\n'; } > "$tmp/twodocs.yaml"
+bad "a suite with a second YAML document is exit 2 naming its line" \
+  "twodocs.yaml:10: a second YAML document" "$sb" run "$tmp/twodocs.yaml" --out "$tmp/keep"
+cat > "$tmp/clip0.yaml" <<'Y'
+suite: clip0
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: steps
+    workload: mlp
+    shape: {batch: 8, d_model: 16, layers: 1}
+    mesh: 2
+    steps: 2
+    optimizer: {kind: sgd, lr: 0.01, clip_grad_norm: 0}
+    strategies: ["sharding/fsdp/.*"]
+Y
+bad "clip_grad_norm: 0 is exit 2 saying what torch would do" \
+  "clip_grad_norm' is 0, which torch reads as 'zero every gradient'" \
+  "$sb" run "$tmp/clip0.yaml" --out "$tmp/keep"
+bad "LOCAL_RANK not below LOCAL_WORLD_SIZE is exit 2 naming both" \
+  "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2" \
+  env RANK=0 WORLD_SIZE=2 LOCAL_RANK=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 \
+  "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+bad "SLURM_PROCID without SLURM_NTASKS is exit 2" "SLURM_PROCID=1 is set but SLURM_NTASKS is not" \
+  env SLURM_PROCID=1 "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+# solve: two outputs into one file, costs past a double, a model beside a workload.
+bad "solve pipeline --out X --trace X is exit 2" "--out and --trace name the same file" \
+  "$sb" solve pipeline --stages 2 --microbatches 4 --out "$tmp/same.json" --trace "$tmp/same.json"
+python3 -c '
+import json
+print(json.dumps({"ftime": [1e308, 1e308], "btime": [1e308, 1e308, 0], "x": [1, 1, 1],
+                  "xbar": [1, 1, 1], "ftmp": [0, 0], "btmp": [0, 0, 0]}))' \
+  > "$tmp/chain308.json"
+check "solve pipeline --chain with costs of 1e308: exit 2, never a null step time" 2 \
+  "sum past what a double holds|must be|finite" -- \
+  "$sb" solve pipeline --stages 2 --microbatches 4 --chain "$tmp/chain308.json"
+bad "solve shard --model with --workload is exit 2" "drop --workload and --shape" \
+  "$sb" solve shard --model "$tmp/none.pt" --input '[2, 16]' --workload gpt2 --mesh 2
+# A CSV schedule that deadlocks is refused before any rank waits on it.
+printf '0F0,0B0\n1B0,1F0\n' > "$tmp/deadlock.csv"
+cat > "$tmp/deadlock.yaml" <<Y
+suite: deadlock
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: mlp
+    workload: mlp_chain
+    shape: {batch: 4, width: 16, depth: 2, dropout: 0, microbatches: 1}
+    mesh: 2
+    params: {csv: $tmp/deadlock.csv}
+    strategies: ["pipeline/csv"]
+Y
+bad "a deadlocking pipeline CSV is exit 2 in seconds, naming the wait" \
+  "the schedule cannot finish: rank 1 waits at 1B0" \
+  "$sb" run "$tmp/deadlock.yaml" --out "$tmp/keep"
+
 finish

@@ -1,5 +1,7 @@
 #include "cli/solve_pipeline.h"
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -79,6 +81,24 @@ int solvePipeline(const PipelineArgs& a) {
     for (const auto* path : {&a.out, &a.trace, &a.writeCsv}) {
       if (!path->empty()) harness::checkResultPath(*path);  // refused before any work
     }
+    // Two outputs into one file: the second would overwrite the first.
+    const std::vector<std::pair<const char*, const std::string*>> outs = {
+        {"--out", &a.out}, {"--trace", &a.trace}, {"--write-csv", &a.writeCsv}};
+    for (size_t i = 0; i < outs.size(); ++i) {
+      for (size_t j = i + 1; j < outs.size(); ++j) {
+        std::error_code ec;
+        const bool same =
+            !outs[i].second->empty() && !outs[j].second->empty() &&
+            (*outs[i].second == *outs[j].second ||
+             std::filesystem::weakly_canonical(*outs[i].second, ec) ==
+                 std::filesystem::weakly_canonical(*outs[j].second, ec));
+        if (same) {
+          std::cerr << kWho << outs[i].first << " and " << outs[j].first << " name the same file '"
+                    << *outs[i].second << "': give each its own\n";
+          return kExitBadInput;
+        }
+      }
+    }
     if (!a.csv.empty()) {
       if (a.stages || a.microbatches || a.virtualStages != 1 || !a.schedule.empty()) {
         std::cerr << kWho
@@ -127,7 +147,7 @@ int solvePipeline(const PipelineArgs& a) {
                                                    : pp::balanceStages(cost, schedule.stages);
       costs.stages.clear();
       for (int st = 0; st < schedule.stages; ++st) {
-        pp::StageCost sc{0, 0, 0, 0, 0, 0};
+        pp::StageCost sc{};
         for (int i = schedule.stageFirstLayer[st]; i < schedule.stageFirstLayer[st + 1]; ++i) {
           sc.forwardUs += chain.ftime[i];
           sc.backwardUs += chain.btime[i];
@@ -144,6 +164,12 @@ int solvePipeline(const PipelineArgs& a) {
       costs = pp::Costs::fromJson(*text, a.profile, schedule.stages);
     }
     const pp::Simulation sim = pp::simulate(schedule, costs);
+    // Costs near the double's limit sum past it: a step time of infinity is no answer.
+    if (sim.deadlock.empty() && !std::isfinite(sim.stepUs)) {
+      std::cerr << kWho << "the costs sum past what a double holds (step time "
+                << sim.stepUs << " us): give the stages' times in microseconds, below 1e15\n";
+      return kExitBadInput;
+    }
     if (!a.writeCsv.empty()) harness::replaceResultFile(a.writeCsv, pp::scheduleCsv(schedule));
     if (!a.trace.empty()) harness::replaceResultFile(a.trace, pp::chromeTrace(schedule, sim));
     const std::string json = pp::simulationJson(schedule, sim);

@@ -100,6 +100,14 @@ OptimizerSpec OptimizerSpec::fromJson(const nlohmann::json& j, const std::string
       s.weightDecay = number(j, where, k, 0, 1);
     } else if (k == "clip_grad_norm") {
       s.clipGradNorm = number(j, where, k, 0, 1e30);
+      // torch.nn.utils.clip_grad_norm_(max_norm=0) zeroes every gradient; here 0 meant "no
+      // clipping". Neither reading is safe to guess: leave the key out for no clipping.
+      if (s.clipGradNorm == 0) {
+        throw std::invalid_argument(where +
+                                    ": optimizer key 'clip_grad_norm' is 0, which torch reads "
+                                    "as 'zero every gradient'; give a positive max norm, or "
+                                    "leave the key out for no clipping");
+      }
     } else if (k == "schedule") {
       const auto& sc = it.value();
       const std::string at = where + ": optimizer key 'schedule'";

@@ -7,37 +7,54 @@
 namespace sb::reports {
 namespace {
 
+// Text as Markdown shows it, never as markup: every character CommonMark could read as
+// markup (emphasis, links, code, raw HTML, entities, headings, table pipes) backslash-escaped,
+// line breaks as spaces. Names come from users' suites and files: a case named
+// `<script>` or `[x](javascript:...)` is shown, not run (report.html escapes the same).
 std::string mdEscape(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '|')
-      o += "\\|";
-    else if (c == '\n')
-      o += ' ';
-    else
-      o += c;
+    switch (c) {
+      case '\\': case '`': case '*': case '_': case '[': case ']': case '<': case '>':
+      case '(': case ')': case '#': case '!': case '|': case '~': case '&':
+        o += '\\';
+        o += c;
+        break;
+      case '\n':
+      case '\r':
+        o += ' ';
+        break;
+      default:
+        o += c;
+    }
   }
   return o;
 }
 
+// A <details> summary's text: HTML-escaped, and the characters of a Markdown link as character
+// references too, so that no renderer that reads Markdown inside HTML makes a link of them.
 std::string htmlText(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '&')
-      o += "&amp;";
-    else
-      o += c;
+    switch (c) {
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '&': o += "&amp;"; break;
+      case '[': o += "&#91;"; break;
+      case ']': o += "&#93;"; break;
+      case '(': o += "&#40;"; break;
+      case ')': o += "&#41;"; break;
+      case '\n': case '\r': o += ' '; break;
+      default: o += c;
+    }
   }
   return o;
 }
 
-// `inHtml`: the table sits in an HTML block (<details>), where a cell's '<' would be markup.
-void pipeTable(std::ostringstream& o, const Table& t, bool inHtml = false) {
-  const auto cell = [&](const std::string& s) { return mdEscape(inHtml ? htmlText(s) : s); };
+// Also inside an HTML block (<details>, a blank line after its summary): the table is
+// Markdown there, and mdEscape keeps a cell's '<' from being markup.
+void pipeTable(std::ostringstream& o, const Table& t) {
+  const auto cell = [&](const std::string& s) { return mdEscape(s); };
   o << "|";
   for (const auto& h : t.head) o << " " << cell(h) << " |";
   o << "\n|";
@@ -55,36 +72,37 @@ void pipeTable(std::ostringstream& o, const Table& t, bool inHtml = false) {
 
 std::string Document::markdown() const {
   std::ostringstream o;
+  const auto ids = anchors({});
   for (const auto& b : blocks_) {
     switch (b.kind) {
       case Block::Kind::kHeading:
-        o << std::string(b.level, '#') << " " << b.text << "\n\n";
+        o << std::string(b.level, '#') << " " << mdEscape(b.text) << "\n\n";
         break;
       case Block::Kind::kParagraph:
-        o << b.text << "\n\n";
+        o << mdEscape(b.text) << "\n\n";
         break;
       case Block::Kind::kList:
         for (const auto& i : b.items) o << "- " << mdEscape(i) << "\n";
         o << "\n";
         break;
       case Block::Kind::kImage:
-        o << "![" << b.text << "](" << b.path << ")\n\n";
+        o << "![" << mdEscape(b.text) << "](" << b.path << ")\n\n";
         break;
       case Block::Kind::kTable:
         pipeTable(o, b.table);
         break;
       case Block::Kind::kToc: {
         o << "Contents:";
-        const auto hs = sections();
+        const auto hs = sections(ids);
         for (size_t i = 0; i < hs.size(); ++i) {
-          o << (i ? " · " : " ") << "[" << hs[i] << "](#" << anchor(hs[i]) << ")";
+          o << (i ? " · " : " ") << "[" << mdEscape(hs[i].first) << "](#" << hs[i].second << ")";
         }
         o << "\n\n";
         break;
       }
       case Block::Kind::kDetails:
-        o << "<details><summary>" << htmlText(b.text) << "</summary>\n\n";
-        pipeTable(o, b.table, true);
+        o << "<details><summary>" << htmlText(b.text) << "</summary>\n\n";  // HTML: escaped
+        pipeTable(o, b.table);
         o << "</details>\n\n";
         break;
     }

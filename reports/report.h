@@ -32,7 +32,9 @@ struct ReportFiles {
 // and the gate failed. Throws ReportInputError for bad input (exit 2), before writing anything.
 int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* files = nullptr);
 
-// A case's name as a file name: [A-Za-z0-9._-] kept, anything else '_', prefixed by the suite.
+// A case's name as a file name: [A-Za-z0-9._-] kept, anything else '_', prefixed by the suite;
+// where a character was replaced or the name is long (150 bytes kept), a hash of the whole name
+// follows, so that names differing only there get files of their own.
 std::string caseSlug(const std::string& suite, const std::string& caseName);
 
 }  // namespace sb::reports

@@ -47,6 +47,18 @@ void readRanks(const Getenv& getenv, DistEnv& e, const char* rank, const char* s
     throw DistEnvError(std::string(rank) + "=" + std::to_string(e.rank) + " is not below " + size +
                        "=" + std::to_string(e.worldSize));
   }
+  // The local view must fit the global one: a rank's place on its host below the host's rank
+  // count, which is no more than the world's.
+  const std::string lr = localRank ? localRank : rank, ls = localSize ? localSize : size;
+  if (e.localRank < 0 || e.localRank >= e.localWorldSize) {
+    throw DistEnvError(lr + "=" + std::to_string(e.localRank) + " is not below " + ls + "=" +
+                       std::to_string(e.localWorldSize));
+  }
+  if (e.localWorldSize > e.worldSize) {
+    throw DistEnvError(ls + "=" + std::to_string(e.localWorldSize) + " is more than " + size +
+                       "=" + std::to_string(e.worldSize) + ": a host cannot hold more ranks than the "
+                       "world");
+  }
 }
 
 }  // namespace
@@ -92,6 +104,12 @@ DistEnv detectDistEnv(const Getenv& getenv) {
       throw DistEnvError("RANK/WORLD_SIZE are set (world of " + std::to_string(e.worldSize) +
                          ") but MASTER_ADDR is not: the ranks cannot find each other");
     }
+  } else if (isSet(getenv, "SLURM_PROCID") && !isSet(getenv, "SLURM_NTASKS")) {
+    // A rank of srun's without the world it belongs to: a mistake, never a world of one that
+    // silently runs every row alone. (SLURM_NTASKS alone is salloc's shell: a world of one.)
+    throw DistEnvError("SLURM_PROCID=" + std::string(getenv("SLURM_PROCID")) +
+                       " is set but SLURM_NTASKS is not: srun sets both (unset SLURM_PROCID, or "
+                       "start the ranks with srun)");
   } else if (isSet(getenv, "SLURM_PROCID") && isSet(getenv, "SLURM_NTASKS")) {
     e.launcher = "srun";
     const char* job = getenv("SLURM_JOB_ID");

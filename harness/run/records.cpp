@@ -90,14 +90,17 @@ std::string formatDouble(double v) {
   return buf;
 }
 
+// A value a spreadsheet would run as a formula gets a leading apostrophe; so does a value that
+// starts with an apostrophe itself, so that reading strips exactly the one the writer added
+// (a case named `'=1+1` reads back as itself, not as `=1+1`).
 std::string csvTextField(const std::string& s) {
-  if (!s.empty() && std::string("=+-@\t\r").find(s[0]) != std::string::npos) return "'" + s;
+  if (!s.empty() && std::string("=+-@\t\r'").find(s[0]) != std::string::npos) return "'" + s;
   return s;
 }
 
 std::string csvTextValue(const std::string& field) {
   if (field.size() >= 2 && field[0] == '\'' &&
-      std::string("=+-@\t\r").find(field[1]) != std::string::npos) {
+      std::string("=+-@\t\r'").find(field[1]) != std::string::npos) {
     return field.substr(1);
   }
   return field;

@@ -213,13 +213,29 @@ void checkName(const std::string& file, const YAML::Node& n, const std::string& 
   if (name.empty() || name.size() > kMaxNameBytes) {
     fail(file, n, what + " must be 1 to " + std::to_string(kMaxNameBytes) + " bytes long");
   }
-  for (char ch : name) {
-    const auto u = static_cast<unsigned char>(ch);
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto u = static_cast<unsigned char>(name[i]);
     if (u < 0x20 || u == 0x7f) {
       fail(file, n,
            what +
                " must not hold control characters (a newline, a tab, ...): "
                "names are printed, written in result files and matched by reports");
+    }
+    // Unicode's controls in UTF-8: C1 (U+0080-009F: C2 80-9F) and the bidirectional ones
+    // (U+061C: D8 9C; U+200E/F: E2 80 8E-8F; U+202A-202E: E2 80 AA-AE; U+2066-2069: E2 81
+    // A6-A9), which make a terminal or a report show a name as another ("a<RLO>gpj.exe").
+    const auto at = [&](size_t k) {
+      return k < name.size() ? static_cast<unsigned char>(name[k]) : 0u;
+    };
+    const bool c1 = u == 0xC2 && at(i + 1) >= 0x80 && at(i + 1) <= 0x9F;
+    const bool alm = u == 0xD8 && at(i + 1) == 0x9C;
+    const bool bidi = u == 0xE2 && ((at(i + 1) == 0x80 && ((at(i + 2) >= 0x8E && at(i + 2) <= 0x8F) ||
+                                                            (at(i + 2) >= 0xAA && at(i + 2) <= 0xAE))) ||
+                                    (at(i + 1) == 0x81 && at(i + 2) >= 0xA6 && at(i + 2) <= 0xA9));
+    if (c1 || alm || bidi) {
+      fail(file, n,
+           what + " must not hold Unicode control or text-direction characters (byte " +
+               std::to_string(i) + "): a name must read as what it is wherever it is shown");
     }
   }
 }
@@ -345,7 +361,14 @@ Suite parseSuite(const std::string& text, const std::string& file) {
   }
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    // Every document, so that a second one (after `---`) is refused, never silently ignored.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1) {
+      throw InputError(file + ":" + std::to_string(docs[1].Mark().line + 1) + ": a second YAML " +
+                       "document (after '---'); a suite file holds one document: put its cases "
+                       "in the first one's 'cases' list, or another suite in a file of its own");
+    }
+    if (!docs.empty()) root = docs.front();
   } catch (const YAML::Exception& e) {
     throw InputError(file + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }

@@ -37,7 +37,16 @@ def swept(row):
 
 
 def slug(suite, base):
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in suite + "__" + base)
+    """As the report's caseSlug: a hash of the whole name where a character was replaced or the
+    name is long, so that names differing only there get files of their own."""
+    raw = suite + "__" + base
+    s = "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in raw)
+    if s == raw and len(s) <= 150:
+        return s
+    h = 1469598103934665603
+    for c in raw.encode():
+        h = ((h ^ c) * 1099511628211) % (1 << 64)
+    return s[:150] + "-" + ("%016x" % h)[:10]
 
 
 def budget_figure(suite, base, lines):

@@ -228,6 +228,16 @@ class PipelineStrategy final : public harness::Strategy {
             file + " has " + std::to_string(p.schedule.microbatches) +
                 " micro-batches; the case runs " + std::to_string(p.microbatches) +
                 " per replica");
+      // A schedule whose ranks wait on each other forever: the dry run finds it in
+      // microseconds, the ranks would wait out the whole collective timeout.
+      {
+        Costs unit;
+        unit.stages = {StageCost{}};
+        const std::string deadlock = simulate(p.schedule, unit).deadlock;
+        input(deadlock.empty(), file + ": the schedule cannot finish: " + deadlock +
+                                    " (`stratbench solve pipeline --csv " + file +
+                                    "` shows the dry run)");
+      }
     } else {
       p.schedule = makeSchedule(kind_, p.pp, p.microbatches, v);
     }

@@ -156,4 +156,34 @@ TEST(DistEnv, FirstSlurmHost) {
 }
 
 }  // namespace
+TEST(DistEnv, InconsistentLauncherVariablesAreRefusedNamingThem) {
+  try {
+    detect({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
+            {"MASTER_ADDR", "h"}});
+    ADD_FAILURE() << "LOCAL_RANK >= LOCAL_WORLD_SIZE accepted";
+  } catch (const DistEnvError& e) {
+    EXPECT_NE(std::string(e.what()).find("LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    detect({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}});
+    ADD_FAILURE() << "LOCAL_WORLD_SIZE > WORLD_SIZE accepted";
+  } catch (const DistEnvError& e) {
+    EXPECT_NE(std::string(e.what()).find("LOCAL_WORLD_SIZE=4 is more than WORLD_SIZE=2"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    detect({{"SLURM_PROCID", "3"}});
+    ADD_FAILURE() << "SLURM_PROCID without SLURM_NTASKS accepted";
+  } catch (const DistEnvError& e) {
+    EXPECT_NE(std::string(e.what()).find("SLURM_PROCID=3 is set but SLURM_NTASKS is not"),
+              std::string::npos)
+        << e.what();
+  }
+  // salloc's shell sets SLURM_NTASKS only: a plain run there is a world of one.
+  EXPECT_EQ(detect({{"SLURM_NTASKS", "4"}}).worldSize, 1);
+}
+
 }  // namespace sb::harness
