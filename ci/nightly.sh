@@ -104,10 +104,11 @@ if [ "$calibrate" -gt 0 ]; then
     echo "nightly: calibration run $i of $calibrate into $cal/run-$i"
     rc=0
     "$sb" run "$suite" --out "$cal/run-$i" "${run_args[@]}" >"$cal/run-$i.log" 2>&1 || rc=$?
-    if [ "$rc" -ne 0 ]; then
+    # Exit 1 is a row that failed: the passing rows still calibrate (noise reads only those).
+    if [ "$rc" -ne 0 ] && { [ "$rc" -ne 1 ] || [ ! -f "$cal/run-$i/results.csv" ]; }; then
       tail -20 "$cal/run-$i.log" >&2
-      echo "nightly: calibration run $i exited $rc (log: $cal/run-$i.log); a run that fails" \
-           "cannot calibrate, the noise file is not written" >&2
+      echo "nightly: calibration run $i exited $rc (log: $cal/run-$i.log) without results;" \
+           "the noise file is not written" >&2
       exit "$([ "$rc" -eq 2 ] && echo 2 || echo 1)"
     fi
     dirs+=("$cal/run-$i")
@@ -131,6 +132,10 @@ if [ "$run_rc" -eq 2 ]; then
   echo "nightly: bad input, nothing to report" >&2
   exit 2
 fi
+if [ ! -f "$run_dir/results.csv" ] && [ ! -f "$run_dir/results.partial.csv" ]; then
+  echo "nightly: the run exited $run_rc and wrote no results into $run_dir; nothing to report" >&2
+  exit 1
+fi
 
 if [ -f "$baseline" ]; then
   report_args+=(--baseline "$baseline")
@@ -151,29 +156,50 @@ gate_rc=0
 
 # A row found slower is rerun once: a shared machine's one-off stall is not a regression, a
 # slower build is slower again. Only the rerun's verdict counts (report --confirm).
-confirm=$(python3 - "$run_dir/gate.json" <<'PY' 2>/dev/null || true
+# The rerun's arguments: the night's, less its own selection (--filter, --case) and the planted
+# faults and slowdowns of rows it does not rerun; then the rows found slower, by name (the whole
+# night again where their names would make a pattern past the id pattern's 1000 bytes).
+mapfile -d '' rerun < <(python3 - "$run_dir/gate.json" "${run_args[@]}" <<'PY' 2>/dev/null || true
 import json, re, sys
-rows = [f for f in json.load(open(sys.argv[1]))["findings"] if f["time_class"] == "regression"]
-if rows:
-    cases = sorted({re.escape(f["case"]) for f in rows})
-    ids = sorted({re.escape(f["strategy_id"]) for f in rows})
-    print("^(" + "|".join(cases) + ")$")
-    print("^(" + "|".join(ids) + ")$")
+rows = [f for f in json.load(open(sys.argv[1]))["findings"]
+        if f["time_class"] in ("regression", "suspicious") and (f["time_change_pct"] or 0) > 0]
+if not rows:
+    sys.exit(0)
+ids = {f["strategy_id"] for f in rows}
+args, out, i = sys.argv[2:], [], 0
+while i < len(args):
+    a = args[i]
+    name, eq, val = a.partition("=")
+    if name in ("--filter", "--case", "--plant-fault", "--plant-slowdown") and a.startswith("--"):
+        if not eq:
+            i += 1
+            val = args[i] if i < len(args) else ""
+        if name == "--plant-slowdown" and val.rpartition("=")[0] in ids:
+            out += [name, val]
+        i += 1
+        continue
+    out.append(a)
+    i += 1
+case_re = "^(" + "|".join(sorted({re.escape(f["case"]) for f in rows})) + ")$"
+id_re = "^(" + "|".join(sorted(re.escape(x) for x in ids)) + ")$"
+if len(case_re) < 900 and len(id_re) < 900:
+    out += ["--case", case_re, "--filter", id_re]
+else:
+    out = args
+sys.stdout.write("".join(x + "\0" for x in out))
 PY
 )
-if [ -n "$confirm" ] && [ "$reconfirm" -eq 1 ]; then
-  case_re=$(sed -n 1p <<<"$confirm")
-  id_re=$(sed -n 2p <<<"$confirm")
-  echo "nightly: $(grep -c '"time_class": "regression"' "$run_dir/gate.json") row(s) slower" \
-       "than the baseline: rerunning them once into $run_dir/confirm"
-  "$sb" run "$suite" "${run_args[@]}" --case "$case_re" --filter "$id_re" --out "$run_dir/confirm" \
-    >"$run_dir/confirm.log" 2>&1 || true
+if [ "${#rerun[@]}" -gt 0 ] && [ "$reconfirm" -eq 1 ]; then
+  echo "nightly: rows slower than the baseline past their band: rerunning them once into" \
+       "$run_dir/confirm"
+  "$sb" run "$suite" "${rerun[@]}" --out "$run_dir/confirm" >"$run_dir/confirm.log" 2>&1 || true
   if [ -f "$run_dir/confirm/results.csv" ]; then
     gate_rc=0
     "$sb" report "$run_dir" --history "$runs" --gate "${report_args[@]}" \
       --confirm "$run_dir/confirm" >"$run_dir/report.log" 2>&1 || gate_rc=$?
     [ "$gate_rc" -eq 2 ] && { cat "$run_dir/report.log"; exit 2; }
   else
+    tail -5 "$run_dir/confirm.log" >&2
     echo "nightly: the rerun wrote no results (log: $run_dir/confirm.log); the night's" \
          "findings stand" >&2
   fi
@@ -201,7 +227,27 @@ print(json.dumps(record, indent=1))
 PY
       { echo "nightly: cannot record the promotion" >&2; exit 2; }
     mv "$baseline.promotion.json.tmp.$$" "$baseline.promotion.json"
-    cp "$run_dir/results.csv" "$baseline.tmp.$$"
+    # Rows a rerun measured again (a stall it did not reproduce) enter the baseline as the
+    # rerun measured them: the next night is never judged against a stalled median.
+    python3 - "$run_dir/results.csv" "$run_dir/confirm/results.csv" >"$baseline.tmp.$$" <<'PY' ||
+import csv, os, sys
+night, rerun = sys.argv[1], sys.argv[2]
+with open(night, newline="") as f:
+    lines = f.read().splitlines(keepends=True)
+if not os.path.exists(rerun):
+    sys.stdout.write("".join(lines))
+    sys.exit(0)
+key = lambda r: (r["suite"], r["case"], r["strategy_id"], r["backend"])
+with open(rerun, newline="") as f:
+    again = {key(r): r for r in csv.DictReader(f) if r["status"] == "pass"}
+with open(night, newline="") as f:
+    reader = csv.DictReader(f)
+    w = csv.DictWriter(sys.stdout, fieldnames=reader.fieldnames, lineterminator="\n")
+    w.writeheader()
+    for r in reader:
+        w.writerow(again.get(key(r), r))
+PY
+      { echo "nightly: cannot write the baseline" >&2; exit 2; }
     mv "$baseline.tmp.$$" "$baseline"  # atomic: a reader sees the old or the new baseline
     if [ "$promotable" -eq 1 ]; then
       echo "nightly: promoted $run_dir/results.csv to the baseline $baseline"

@@ -88,7 +88,7 @@ int launchMain(int argc, char** argv) {
       o.command.push_back("gloo");
       std::cerr << "stratbench launch: `run` without --backend: the ranks run on gloo (threads is "
                    "a single process's backend)\n";
-    } else if (backend == "threads") {
+    } else if (backend == "threads" && (o.procsPerNode > 1 || o.nnodes > 1)) {
       std::cerr << "stratbench launch: `run --backend threads` runs every rank of a mesh in one "
                    "process; under launch each of the "
                 << o.procsPerNode

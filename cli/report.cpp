@@ -83,7 +83,7 @@ Command addNoise(CLI::App& app) {
   struct Args {
     std::vector<std::string> runs;
     std::string out;
-    double floorPct = 5.0, factor = 2.0;
+    double floorPct = 5.0, factor = 3.0;
   };
   const auto a = std::make_shared<Args>();
   auto* noise = app.add_subcommand(
@@ -100,8 +100,8 @@ Command addNoise(CLI::App& app) {
       ->check(sb::cli::realNumber(0, 1000, true, "percent"));
   noise
       ->add_option("--factor", a->factor,
-                   "Band = factor x the larger of the row's spread ((max - min) / median of its "
-                   "runs' medians) and the median spread of the rows of its decade of time")
+                   "Band = factor x the row's spread ((max - min) / median of its runs' medians) "
+                   "pooled with the median spread of the rows of its decade of time")
       ->capture_default_str()
       ->check(sb::cli::realNumber(1, 100, true, "factor"));
   return {noise, [a] {
@@ -146,6 +146,12 @@ Command addNoise(CLI::App& app) {
               std::filesystem::rename(tmp, a->out, ec);
               if (ec) throw sb::reports::ReportInputError(a->out + ": " + ec.message());
               const auto model = sb::reports::readNoise(a->out);
+              if (model.byKey.empty()) {
+                std::filesystem::remove(a->out, ec);
+                throw sb::reports::ReportInputError(
+                    "noise: no row passed with a time in two of the runs; nothing to calibrate "
+                    "(" + a->out + " not written)");
+              }
               double widest = 0;
               for (const auto& [k, b] : model.byKey) widest = std::max(widest, b.bandPct);
               std::cout << "noise: " << model.byKey.size() << " rows over " << a->runs.size()

@@ -154,18 +154,15 @@ void judgeTime(RowComparison& rc, const GateOptions& o, const ResultRow* rerun) 
   if (o.noise) {
     const auto it = o.noise->byKey.find(cur.key());
     if (it == o.noise->byKey.end()) {
-      if (std::abs(change) >= o.perfThresholdPct) {
-        rc.time = "uncalibrated";
-        rc.timeClass = "insufficient data";
-        rc.warnings.push_back(moved + ") but " + o.noise->file +
-                              " has no noise band for this row: recalibrate (ci/nightly.sh "
-                              "--calibrate N) to judge it");
-      }
-      return;
+      // A row the calibration did not see (new, or failing then): judged as before there was
+      // a noise file, and said so; never let through unjudged.
+      bandText = "the threshold " + num(band) + "% (" + o.noise->file +
+                 " has no band for this row: recalibrate, ci/nightly.sh --calibrate N)";
+    } else {
+      band = std::max(o.perfThresholdPct, it->second.bandPct);
+      bandText = "its noise band " + num(band) + "% (" + num(it->second.spreadPct) +
+                 "% spread over " + std::to_string(it->second.runs) + " runs of one build)";
     }
-    band = std::max(o.perfThresholdPct, it->second.bandPct);
-    bandText = "its noise band " + num(band) + "% (" + num(it->second.spreadPct) + "% spread over " +
-               std::to_string(it->second.runs) + " runs of one build)";
   }
   rc.timeBandPct = band;
   if (std::abs(change) < band) return;
@@ -182,41 +179,62 @@ void judgeTime(RowComparison& rc, const GateOptions& o, const ResultRow* rerun) 
   }
   const MannWhitney mw = mannWhitneyU(cur.timeSamplesUs, base.timeSamplesUs);
   rc.timePValue = mw.pValue;
-  if (mw.pValue >= o.alpha) {
-    rc.time = "not significant";
-    rc.timeClass = "suspicious";
-    rc.noisy = true;
-    rc.warnings.push_back("suspicious " + moved + ", past " + bandText +
-                          ") but Mann-Whitney p = " + num(mw.pValue) + " is not below " +
-                          num(o.alpha));
-    return;
-  }
-  const std::string why =
-      moved + ", past " + bandText + "), Mann-Whitney p = " + num(mw.pValue);
+  const std::string why = moved + ", past " + bandText + "), Mann-Whitney p = " + num(mw.pValue);
   if (change > 0) {
-    if (rerun) {
+    // A slower row is rerun (ci/nightly.sh): the rerun decides, where it measured (passed, a
+    // finite median, enough repetitions for the U test). Past the band and significant again:
+    // a regression. Past the band again, not significant: suspicious. Back inside the band: a
+    // one-off stall of the machine, not a change of the build (said, not classed a finding).
+    const bool usable = rerun && rerun->status == "pass" && rerun->timeMedianUs &&
+                        std::isfinite(*rerun->timeMedianUs) &&
+                        rerun->timeSamplesUs.size() >= static_cast<size_t>(o.minSamples);
+    if (rerun && !usable) {
+      rc.warnings.push_back("time: the rerun of this row measured nothing usable (status " +
+                            rerun->status + ", " + std::to_string(rerun->timeSamplesUs.size()) +
+                            " repetitions): the night's finding stands");
+    }
+    bool significant = mw.pValue < o.alpha;
+    std::string rerunText;
+    if (usable) {
       const auto [again, p] = changeOf(*rerun, base, o);
       rc.confirmChangePct = again;
-      if (!(again >= band && p < o.alpha)) {
+      rerunText = "; a rerun measured " + pct(again) + " (p = " + num(p) + ")";
+      if (!(again >= band)) {
         rc.time = "not reproduced";
-        rc.timeClass = "suspicious";
-        rc.warnings.push_back("suspicious " + why + "; but a rerun measured " + pct(again) +
-                              " (p = " + num(p) + "): not reproduced");
+        rc.warnings.push_back("not reproduced: " + why + rerunText +
+                              ", inside the band: a one-off stall, not a change");
         return;
       }
+      significant = p < o.alpha;
+    }
+    if (!significant) {
+      rc.time = "not significant";
+      rc.timeClass = "suspicious";
+      rc.noisy = true;
+      rc.warnings.push_back("suspicious " + why + rerunText + ": past the band, but the U test "
+                            "is not below " + num(o.alpha));
+      return;
     }
     rc.time = "regressed";
     rc.timeClass = "regression";
     (o.hardPerf ? rc.gateFailures : rc.warnings)
-        .push_back(why + (rerun ? "; reproduced on a rerun: " + pct(*rc.confirmChangePct) : ""));
-  } else {
-    rc.time = "improved";
-    rc.timeClass = "improvement";
-    if (-change >= std::max(2 * band, o.largeImprovementPct)) {
-      rc.largeImprovement = true;
-      rc.warnings.push_back("unexplained large improvement: " + why +
-                            ": check that the strategy still does its work before promoting");
-    }
+        .push_back(why + (usable ? rerunText + ": reproduced" : std::string()));
+    return;
+  }
+  if (mw.pValue >= o.alpha) {
+    rc.time = "not significant";
+    rc.timeClass = "suspicious";
+    rc.noisy = true;
+    rc.warnings.push_back("suspicious " + why + ": past the band, but the U test is not below " +
+                          num(o.alpha));
+    return;
+  }
+  rc.time = "improved";
+  rc.timeClass = "improvement";
+  if (-change >= std::max(2 * band, o.largeImprovementPct)) {
+    rc.largeImprovement = true;
+    rc.warnings.push_back("unexplained large improvement: " + why +
+                          ": check that the strategy still does its work before promoting");
   }
 }
 
@@ -270,9 +288,10 @@ std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
     }
   }
   // A row's own spread over a handful of runs understates its noise as often as not (three
-  // draws can land close by chance). So each row also gets the typical spread of the rows of
-  // its time scale (the decade of its median: 100 us rows share their noise, 10 ms rows
-  // theirs), the median over those rows, and the band is `factor` times the larger of the two.
+  // draws can land close by chance). So each row's spread is pooled with the typical spread of
+  // the rows of its time scale (the decade of its median: 100 us rows share their noise, 10 ms
+  // rows theirs; the median over those rows), weighted as one run against the row's own n - 1:
+  // sqrt(((n - 1) own^2 + scale^2) / n). The band is `factor` times that.
   struct Row {
     double mid, spread;
   };
@@ -294,6 +313,8 @@ std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
     // The typical spread of the time scale: the median over at least three rows, else none.
     const double pooled = peers.size() >= 3 ? median(peers) : 0.0;
     const ResultRow& r = *first.at(key);
+    const double n = static_cast<double>(ms.size());
+    const double pooledSpread = std::sqrt(((n - 1) * o.spread * o.spread + pooled * pooled) / n);
     rows.push_back({{"suite", r.suite},
                     {"case", r.caseName},
                     {"strategy_id", r.strategyId},
@@ -301,13 +322,14 @@ std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
                     {"medians_us", ms},
                     {"spread_pct", o.spread},
                     {"scale_spread_pct", pooled},
-                    {"band_pct", std::max(floorPct, factor * std::max(o.spread, pooled))}});
+                    {"pooled_spread_pct", pooledSpread},
+                    {"band_pct", std::max(floorPct, factor * pooledSpread)}});
   }
   nlohmann::json j = {{"schema_version", 1},
                       {"what", "stratbench noise: the spread of each row's median time over runs "
                                "of one build on one machine; band = max(floor, factor x "
-                               "max(spread, the median spread of the rows of its decade of "
-                               "time))"},
+                               "sqrt(((n - 1) spread^2 + scale_spread^2) / n)), scale_spread the "
+                               "median spread of the rows of its decade of time"},
                       {"runs", runDirs},
                       {"git_sha", suiteList(shas)},
                       {"host", suiteList(hosts)},
@@ -315,7 +337,7 @@ std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
                       {"floor_pct", floorPct},
                       {"factor", factor},
                       {"rows", rows}};
-  return j.dump(1) + "\n";
+  return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 NoiseModel readNoise(const std::string& path) {

@@ -44,8 +44,8 @@ struct GateOptions {
   bool allowMispredicted = false;  // a row flagged `mispredicted` only warns
   bool allowEmptySuite = false;    // a suite that ran no row (all skipped/unsupported) only warns
   // The machine's noise per row: with it a time change must pass the row's band (and the U
-  // test) to be a regression or an improvement; a row it has no band for is "insufficient
-  // data". Without it the band is perfThresholdPct for every row ("uncalibrated").
+  // test) to be a regression or an improvement. A row it has no band for, and every row
+  // without it, is judged against perfThresholdPct, and the finding says so.
   std::optional<NoiseModel> noise;
   // An improvement past max(2 x band, this) is reported as unexplained: a benchmark that got
   // much faster without a change meant to do so usually stopped doing its work.
@@ -78,10 +78,10 @@ struct RowComparison {
   std::optional<double> timeChangePct;  // of the median, current vs baseline
   std::optional<double> timePValue;
   std::string time = "n/a";  // "regressed", "improved", "unchanged", "not significant",
-                             // "too few repetitions", "uncalibrated", "n/a"
+                             // "too few repetitions", "not reproduced", "n/a"
   // The finding's class, as a perf dashboard names it: "regression", "improvement",
-  // "suspicious" (past the band, the U test not significant), "insufficient data" (too few
-  // repetitions, or no noise band for the row), "unchanged", "n/a".
+  // "suspicious" (past the band, but the U test not significant or a rerun not reproducing
+  // it), "insufficient data" (too few repetitions), "unchanged", "n/a".
   std::string timeClass = "n/a";
   std::optional<double> timeBandPct;  // the band the change was judged against
   bool largeImprovement = false;

@@ -2,6 +2,7 @@
 
 #include "reports/document.h"
 
+#include <set>
 #include <utility>
 
 namespace sb::reports {
@@ -59,10 +60,29 @@ std::string Document::anchor(const std::string& text) {
   return a;
 }
 
-std::vector<std::string> Document::sections() const {
+std::vector<std::string> Document::anchors(const std::vector<std::string>& reserved) const {
+  std::set<std::string> used(reserved.begin(), reserved.end());
   std::vector<std::string> out;
   for (const auto& b : blocks_) {
-    if (b.kind == Block::Kind::kHeading && b.level == 2) out.push_back(b.text);
+    if (b.kind != Block::Kind::kHeading) {
+      out.emplace_back();
+      continue;
+    }
+    const std::string base = anchor(b.text);
+    std::string a = base;
+    for (int n = 1; used.count(a); ++n) a = base + "-" + std::to_string(n);
+    used.insert(a);
+    out.push_back(a);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> Document::sections(
+    const std::vector<std::string>& anchors) const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const Block& b = blocks_[i];
+    if (b.kind == Block::Kind::kHeading && b.level == 2) out.emplace_back(b.text, anchors[i]);
   }
   return out;
 }

@@ -5,6 +5,7 @@
 // google/benchmark's reporters each render one run. Internal to reports/.
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sb::reports {
@@ -50,8 +51,13 @@ class Document {
   // The anchor of a heading's text, as GitHub makes it for Markdown (lower case, letters,
   // digits, '-' and '_' kept, spaces to '-') and as the HTML renderer sets its id.
   static std::string anchor(const std::string& text);
-  // Level-2 headings, in order (for the table of contents).
-  std::vector<std::string> sections() const;
+  // Each block's anchor (empty for a block that is not a heading): anchor(text), and where an
+  // earlier heading or a `reserved` id (HTML: the tables' ids) has it, "-1", "-2", ... added,
+  // as GitHub numbers repeated headings.
+  std::vector<std::string> anchors(const std::vector<std::string>& reserved) const;
+  // Level-2 headings, in order, with their anchors from `anchors` (for the table of contents).
+  std::vector<std::pair<std::string, std::string>> sections(
+      const std::vector<std::string>& anchors) const;
 
   // Markdown: tables as pipe tables, images as links to their files (render_markdown.cpp).
   std::string markdown() const;

@@ -204,38 +204,62 @@ std::string gateJson(const Comparison& cmp, const std::vector<ResultRow>& curren
       {"failures", cmp.gateFailures()},
       {"warnings", cmp.warnings()},
       {"findings", rows}};
-  return j.dump(1) + "\n";
+  return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 namespace {
 
+// Text for an XML attribute or element: markup escaped, line breaks as character references
+// (an attribute keeps them), control characters XML 1.0 forbids and bytes that are not valid
+// UTF-8 as '?', so that the file stays well-formed whatever a row's message holds.
 std::string xmlEscape(const std::string& s) {
   std::string o;
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
-      default:
-        // XML 1.0 allows no control characters but tab, newline and carriage return.
-        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
-          o += '?';
-        } else {
-          o += static_cast<char>(c);
-        }
+      case '&': o += "&amp;"; continue;
+      case '<': o += "&lt;"; continue;
+      case '>': o += "&gt;"; continue;
+      case '"': o += "&quot;"; continue;
+      case '\'': o += "&apos;"; continue;
+      case '\n': o += "&#10;"; continue;
+      case '\r': o += "&#13;"; continue;
+      case '\t': o += "&#9;"; continue;
+      default: break;
     }
+    if (c < 0x20) {
+      o += '?';
+      continue;
+    }
+    if (c < 0x80) {
+      o += static_cast<char>(c);
+      continue;
+    }
+    // A UTF-8 sequence: its lead byte's length, each continuation byte 10xxxxxx.
+    const size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (!ok) {
+      o += '?';
+      continue;
+    }
+    o.append(s, i, n);
+    i += n - 1;
   }
   return o;
+}
+
+bool notRun(const RowComparison& rc) {
+  return rc.current && (rc.current->status == "skipped" || rc.current->status == "unsupported");
 }
 
 }  // namespace
 
 std::string gateJunit(const Comparison& cmp) {
   // One <testsuite> per suite, one <testcase> per row (classname the case, name the strategy
-  // and backend): a failing gate a <failure>, a skipped or unsupported row <skipped>, a warning
-  // in <system-out>. Findings about the whole run are a testcase of their own.
+  // and backend): its gate findings one <failure> (the first as the message, all in the
+  // text), a skipped or unsupported row <skipped>, its warnings one <system-out>. Findings
+  // about the run as a whole are a testcase of their own.
   std::map<std::string, std::vector<const RowComparison*>> bySuite;
   std::vector<std::string> order;
   for (const auto& rc : cmp.rows) {
@@ -243,31 +267,32 @@ std::string gateJunit(const Comparison& cmp) {
     if (!bySuite.count(s)) order.push_back(s);
     bySuite[s].push_back(&rc);
   }
+  const auto failure = [](const std::vector<std::string>& why) {
+    return "<failure message=\"" + xmlEscape(why.front()) + "\">" + xmlEscape(joinedReasons(why)) +
+           "</failure>\n";
+  };
   std::ostringstream o;
-  int tests = 0, failures = 0, skipped = 0;
+  int tests = 1, failures = !cmp.runFailures.empty(), skipped = 0;
   for (const auto& rc : cmp.rows) {
     ++tests;
     failures += !rc.gateFailures.empty();
-    skipped += rc.current && (rc.current->status == "skipped" || rc.current->status == "unsupported");
+    skipped += rc.gateFailures.empty() && notRun(rc);
   }
-  tests += 1;
-  failures += !cmp.runFailures.empty();
   o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"stratbench gate\" tests=\""
     << tests << "\" failures=\"" << failures << "\" skipped=\"" << skipped << "\">\n";
   o << "<testsuite name=\"stratbench run\" tests=\"1\" failures=\"" << !cmp.runFailures.empty()
-    << "\">\n<testcase classname=\"run\" name=\"the run as a whole\">\n";
-  for (const auto& f : cmp.runFailures) {
-    o << "<failure message=\"" << xmlEscape(f) << "\"/>\n";
+    << "\" skipped=\"0\">\n<testcase classname=\"run\" name=\"the run as a whole\">\n";
+  if (!cmp.runFailures.empty()) o << failure(cmp.runFailures);
+  if (!cmp.runWarnings.empty()) {
+    o << "<system-out>" << xmlEscape(joinedReasons(cmp.runWarnings)) << "</system-out>\n";
   }
-  for (const auto& w : cmp.runWarnings) o << "<system-out>" << xmlEscape(w) << "</system-out>\n";
   o << "</testcase>\n</testsuite>\n";
   for (const auto& suite : order) {
     const auto& rows = bySuite[suite];
     int f = 0, s = 0;
     for (const auto* rc : rows) {
       f += !rc->gateFailures.empty();
-      s += rc->current &&
-           (rc->current->status == "skipped" || rc->current->status == "unsupported");
+      s += rc->gateFailures.empty() && notRun(*rc);
     }
     o << "<testsuite name=\"" << xmlEscape(suite) << "\" tests=\"" << rows.size()
       << "\" failures=\"" << f << "\" skipped=\"" << s << "\">\n";
@@ -279,9 +304,9 @@ std::string gateJunit(const Comparison& cmp) {
         o << " time=\"" << fmt("%.6f", *rc->current->timeMedianUs / 1e6) << "\"";
       }
       o << ">\n";
-      for (const auto& g : rc->gateFailures) o << "<failure message=\"" << xmlEscape(g) << "\"/>\n";
-      if (rc->gateFailures.empty() && rc->current &&
-          (rc->current->status == "skipped" || rc->current->status == "unsupported")) {
+      if (!rc->gateFailures.empty()) {
+        o << failure(rc->gateFailures);
+      } else if (notRun(*rc)) {
         o << "<skipped message=\"" << xmlEscape(rc->current->status + ": " + rc->current->message)
           << "\"/>\n";
       }

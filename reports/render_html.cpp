@@ -107,10 +107,20 @@ std::string Document::html(const std::string& title, const std::string& baseDir)
        "padding:.5em .8em;margin:.4em 0}\n"
        "nav#toc{font-size:13px;margin:.4em 0 .8em}\n"
     << "</style></head>\n<body>\n";
+  // Headings' ids never repeat a table's (or a <details>'s) id, nor each other.
+  std::vector<std::string> reserved;
   for (const auto& b : blocks_) {
+    if (!b.table.id.empty()) {
+      reserved.push_back(b.table.id);
+      reserved.push_back(b.table.id + "-d");
+    }
+  }
+  const auto ids = anchors(reserved);
+  for (size_t bi = 0; bi < blocks_.size(); ++bi) {
+    const Block& b = blocks_[bi];
     switch (b.kind) {
       case Block::Kind::kHeading:
-        o << "<h" << b.level << " id=\"" << htmlEscape(anchor(b.text)) << "\">"
+        o << "<h" << b.level << " id=\"" << htmlEscape(ids[bi]) << "\">"
           << htmlEscape(b.text) << "</h" << b.level << ">\n";
         break;
       case Block::Kind::kParagraph:
@@ -132,10 +142,10 @@ std::string Document::html(const std::string& title, const std::string& baseDir)
         break;
       case Block::Kind::kToc: {
         o << "<nav id=\"toc\">Contents:";
-        const auto hs = sections();
+        const auto hs = sections(ids);
         for (size_t i = 0; i < hs.size(); ++i) {
-          o << (i ? " · " : " ") << "<a href=\"#" << htmlEscape(anchor(hs[i])) << "\">"
-            << htmlEscape(hs[i]) << "</a>";
+          o << (i ? " · " : " ") << "<a href=\"#" << htmlEscape(hs[i].second) << "\">"
+            << htmlEscape(hs[i].first) << "</a>";
         }
         o << "</nav>\n";
         break;

@@ -6,6 +6,8 @@
 #include "reports/report.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -36,7 +38,11 @@ std::vector<HistoryRun> readHistory(const std::string& dir) {
   for (; it != end; it.increment(ec)) {
     if (ec) throw ReportInputError(dir + ": --history: " + ec.message());
     std::error_code entryEc;
-    if (!it->is_directory(entryEc) || !fs::is_regular_file(it->path() / "results.csv", entryEc)) {
+    // A run that was interrupted left results.partial.csv: a run of the history too (read
+    // and said partial), so that the newest night is never an older complete one by default.
+    if (!it->is_directory(entryEc) ||
+        (!fs::is_regular_file(it->path() / "results.csv", entryEc) &&
+         !fs::is_regular_file(it->path() / "results.partial.csv", entryEc))) {
       continue;
     }
     HistoryRun run;
@@ -72,13 +78,23 @@ std::string defaultOutDir(const std::string& results) {
 }  // namespace
 
 std::string caseSlug(const std::string& suite, const std::string& caseName) {
-  std::string s = suite + "__" + caseName;
+  const std::string raw = suite + "__" + caseName;
+  std::string s = raw;
   for (char& c : s) {
     const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                       c == '-' || c == '_' || c == '.';
     if (!keep) c = '_';
   }
-  return s;
+  // Two names that differ only where characters were replaced ("a b" and "a_b") must not share
+  // a file, and a file name stays well under the 255 bytes a file system allows (plot and
+  // pipeline names add prefixes and suffixes): such a slug ends in a hash of the whole name.
+  constexpr size_t kMaxSlug = 150;
+  if (s == raw && s.size() <= kMaxSlug) return s;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : raw) h = (h ^ c) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return s.substr(0, kMaxSlug) + "-" + std::string(hex, 10);
 }
 
 int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* filesOut) {
@@ -236,7 +252,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     }
     doc.paragraph(counts + (static_cast<size_t>(lead.changed) > lead.changes.rows.size()
                                 ? " (the first " + std::to_string(lead.changes.rows.size()) +
-                                      " here; every row is in summary.csv and gate.json)"
+                                      " here; every row is in summary.csv, every finding and warning in gate.json)"
                                 : std::string()) +
                   ".");
     doc.table(lead.changes);
@@ -283,7 +299,9 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
       (go.noise ? "past each row's noise band from " + go.noise->file + " (" +
                       std::to_string(go.noise->runs) + " runs of build " + go.noise->gitSha +
                       " on " + go.noise->host + "; band = " + fmt("%.3g", go.noise->factor) +
-                      " x spread, at least " + fmt("%.3g", go.perfThresholdPct) + "%)"
+                      " x the row's spread pooled with its time scale's, at least " +
+                      fmt("%.3g", go.perfThresholdPct) + "%; a row without a band: " +
+                      fmt("%.3g", go.perfThresholdPct) + "%)"
                 : fmt("%.3g", go.perfThresholdPct) +
                       "% on the median (uncalibrated: no --noise file)") +
       " and Mann-Whitney p < " + fmt("%.3g", go.alpha) + " over >= " +

@@ -43,8 +43,9 @@ struct RunOptions {
   // end on a real failing row.
   std::vector<std::pair<std::string, std::string>> plantedFaults;
   // Test-only: (strategy id, fraction) pairs; each timed step of that strategy spins, after
-  // the step, for that fraction of the step's own time (0.2: 20% slower), under its own id, so
-  // that the nightly's performance gate can be tested on a real slowdown.
+  // the step, for that fraction of the step's own time (0.2: 20% slower). The row keeps its id
+  // (it must meet its baseline) and records params.planted_slowdown_pct, so that the nightly's
+  // performance gate can be tested on a real slowdown.
   std::vector<std::pair<std::string, double>> plantedSlowdowns;
   // Write the reference's per-step losses of every training case to the suite's golden file
   // (its `golden:` key) instead of comparing with it.

@@ -153,6 +153,8 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     }
     for (size_t k = 0; k < plan[i].strategies.size(); ++k) {
       const auto& entry = plan[i].strategies[k];
+      liveStatus().phase = "preparing";
+      liveStatus().stepsTimed = 0;
       observer.rowStarted(k, plan[i].strategies.size(), entry.strategy->id());
       RowResult result = row(c, buildError.empty() ? &data : nullptr, buildError, *entry.strategy);
       stopped = result.stop;
