@@ -14,8 +14,8 @@
 #   --calibrate N  measure the machine's noise instead of a night: run the suite N times (>= 2;
 #                3-5 is usual) with this build into RUNS/calibration/, and write RUNS/noise.json
 #                (`stratbench noise`), which every later night's report judges time against: a
-#                row's median must move past its own band (2 x the larger of its spread over
-#                the N runs and its time scale's typical spread; at least --perf-threshold) and
+#                row's median must move past its own band (3 x its spread over the N runs
+#                pooled with its time scale's typical spread; at least --perf-threshold) and
 #                the U test to count, and a rerun of the row must reproduce it (below).
 #                Recalibrate after changing the machine, the suite or a strategy's speed on
 #                purpose. docs/reports.md says how, and why.
