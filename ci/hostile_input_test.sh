@@ -598,4 +598,81 @@ bad "a deadlocking pipeline CSV is exit 2 in seconds, naming the wait" \
   "the schedule cannot finish: rank 1 waits at 1B0" \
   "$sb" run "$tmp/deadlock.yaml" --out "$tmp/keep"
 
+# Model files: a FIFO is refused before anything opens it (it would block), a zip bomb before
+# LibTorch inflates it.
+mkfifo "$tmp/fifo.pt"
+bad "a FIFO as a model file is exit 2 in seconds" "fifo.pt: not a regular file" \
+  "$sb" graph --model "$tmp/fifo.pt" --input '[2, 16]'
+python3 - "$tmp/bomb.pt" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    z.writestr("bomb/version", "3\n")
+    info = zipfile.ZipInfo("bomb/data/0")
+    info.compress_type = zipfile.ZIP_DEFLATED
+    with z.open(info, "w", force_zip64=True) as f:
+        block = bytes(1 << 20)
+        for _ in range(200):  # 200 MiB of zeros, about 200 KiB deflated
+            f.write(block)
+PY
+bad "a zip bomb as a model file is exit 2 before it is inflated" \
+  "record 'bomb/data/0' inflates from [0-9]+ to 209715200 bytes: a zip bomb" \
+  "$sb" graph --model "$tmp/bomb.pt" --input '[2, 16]'
+# A reference that is not finite is the reference's failure, said on every row, never a
+# strategy's "got nan, expected nan".
+cat > "$tmp/diverge.yaml" <<'Y'
+suite: diverge
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: lr10
+    workload: mlp
+    shape: {batch: 4, d_model: 8, layers: 1}
+    mesh: 2
+    steps: 40
+    optimizer: {kind: sgd, lr: 10}
+    strategies: ["sharding/fsdp/ddp"]
+Y
+check "a diverging reference errors every row, blaming the reference" 1 "^blamed$" -- bash -c \
+  '"$1" run "$2" --out "$3" >/dev/null; python3 -c "
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert rows and all(r[\"status\"] == \"error\" and \"the reference is not finite\" in r[\"message\"] for r in rows), rows
+print(\"blamed\")" "$3/results.csv"; exit 1' _ "$sb" "$tmp/diverge.yaml" "$tmp/diverge"
+
+# Earlier rounds: a profile of another mesh, a step number that is not one.
+bad "solve shard --profile measured on another mesh is exit 2" "was measured on mesh 2, not 2x2" \
+  "$sb" solve shard --workload mlp --mesh 2x2 --profile "$src/ci/fuzz/corpus/profile/mesh2.json"
+check "memory_trace.py --step -5 is exit 2 naming it" 2 "steps count from 1" -- \
+  python3 "$src/reports/memory_trace.py" /dev/null --step -5
+
+# A TorchScript file whose parameter is a view past its storage (sizes (200,) on 6 floats,
+# written by editing a real file's pickle): refused before anything reads it (LibTorch's
+# loader does not check; the first copy would read another object's memory).
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 - "$tmp" <<'PY'
+import sys, zipfile, torch
+d = sys.argv[1]
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.arange(6, dtype=torch.float32))
+    def forward(self, x):
+        return x * self.w
+torch.jit.save(torch.jit.trace(M(), torch.ones(2, 6)), d + "/view_ok.pt")
+z = zipfile.ZipFile(d + "/view_ok.pt")
+pk = [n for n in z.namelist() if n.endswith("/data.pkl")][0]
+data = bytearray(z.read(pk))
+i = data.index(b"(K\x06t(K\x01t")  # the parameter's sizes (6,) and strides (1,)
+data[i + 2] = 200
+with zipfile.ZipFile(d + "/view_past.pt", "w", zipfile.ZIP_STORED) as out:
+    for n in z.namelist():
+        out.writestr(n, bytes(data) if n == pk else z.read(n))
+PY
+  bad "a .pt whose parameter runs past its storage is exit 2 naming it" \
+    "parameter 'w' \(200, offset 0\) reaches past its storage of 24 bytes" \
+    "$sb" graph --model "$tmp/view_past.pt" --input '[2, 6]'
+  check "... and the same file unedited loads" 0 "" -- "$sb" graph --model "$tmp/view_ok.pt" --input '[2, 6]'
+else
+  fail "no /usr/bin/python3 with torch: the crafted .pt cannot be written"
+fi
+
 finish

@@ -147,7 +147,9 @@ int solvePipeline(const PipelineArgs& a) {
                                                    : pp::balanceStages(cost, schedule.stages);
       costs.stages.clear();
       for (int st = 0; st < schedule.stages; ++st) {
-        pp::StageCost sc{};
+        pp::StageCost sc;  // summed from zero below (its defaults are one unit each)
+        sc.forwardUs = sc.backwardUs = sc.backwardInputUs = sc.backwardWeightUs = 0;
+        sc.activationBytes = sc.weightGradBytes = 0;
         for (int i = schedule.stageFirstLayer[st]; i < schedule.stageFirstLayer[st + 1]; ++i) {
           sc.forwardUs += chain.ftime[i];
           sc.backwardUs += chain.btime[i];

@@ -88,7 +88,18 @@ int solveShard(const ShardArgs& a) {
   if (a.inter > 0) params["inter_node_bandwidth"] = a.inter;
   h::CostProfile profile;
   try {
-    if (!a.profile.empty()) params["cost_profile"] = h::CostProfile::load(a.profile).toJson();
+    if (!a.profile.empty()) {
+      const h::CostProfile loaded = h::CostProfile::load(a.profile);
+      // A profile prices the mesh it was measured on (its groups are that mesh's axes), as
+      // `solve redistribute` holds it to: another mesh's numbers would price the wrong groups.
+      if (h::DeviceMesh::parseShape(loaded.mesh, kMaxPlanRanks) != mesh) {
+        std::cerr << who << "--profile " << a.profile << " was measured on mesh " << loaded.mesh
+                  << ", not " << a.mesh << " (`stratbench calibrate --mesh " << a.mesh
+                  << "` measures that one)\n";
+        return kExitBadInput;
+      }
+      params["cost_profile"] = loaded.toJson();
+    }
   } catch (const std::exception& e) {
     std::cerr << who << "--profile " << a.profile << ": " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;

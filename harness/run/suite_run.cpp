@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "harness/measure/device.h"
@@ -145,6 +146,22 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
             const GoldenVerdict v = compareGolden(*golden, c, data, hostCpu, threads);
             if (!v.problem.empty()) buildError = "golden losses: " + v.problem;
             goldenHow = v.how;
+          }
+        }
+      }
+      // A reference that is not finite (a NaN weight, a log of a negative, a learning rate
+      // that diverges) is the reference's failure, said as such on every row: a strategy
+      // compared with NaN would be blamed for the model's own numbers.
+      if (buildError.empty() && (c.device != "cuda" || onDevice)) {
+        for (const auto& [name, t] : data.expected) {
+          if (!t.defined() || !at::isFloatingType(t.scalar_type()) || t.numel() == 0) continue;
+          if (!at::isfinite(t).all().item<bool>()) {
+            const bool nan = at::isnan(t).any().item<bool>();
+            buildError = "the reference is not finite: its '" + name + "' holds " +
+                         (nan ? "NaN" : "infinity") +
+                         " in plain LibTorch (the model, its weights, its inputs or the "
+                         "optimizer's settings; no strategy is judged against it)";
+            break;
           }
         }
       }

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <type_traits>
 #include <fstream>
@@ -678,6 +679,100 @@ class Reader {
   ModelFile out_;
 };
 
+// A model file as it must be before any reader opens it: a regular file (a FIFO, a device or
+// a folder would block or mislead the reader), and, where it is a zip (TorchScript, torch.export
+// archives), no record that inflates out of all proportion. torch.save and torch.jit.save store
+// their records uncompressed; a deflated record of more than 64 MiB at more than 100 times its
+// stored size, or more than 256 GiB in all, is a zip bomb, refused before LibTorch inflates it.
+void checkModelFile(const std::string& file) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(file, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    throw ImportError(file + ": no such model file");
+  }
+  if (!std::filesystem::is_regular_file(st)) {
+    throw ImportError(file + ": not a regular file (a folder, a FIFO or a device); a model is "
+                             "a file torch.jit.save or torch.export.save wrote");
+  }
+  const uint64_t size = std::filesystem::file_size(file, ec);
+  std::ifstream in(file, std::ios::binary);
+  char magic[2] = {0, 0};
+  if (ec || !in.read(magic, 2) || magic[0] != 'P' || magic[1] != 'K') return;  // not a zip
+  const auto u16 = [](const unsigned char* p) {
+    return static_cast<uint64_t>(p[0]) | static_cast<uint64_t>(p[1]) << 8;
+  };
+  const auto u32 = [&](const unsigned char* p) { return u16(p) | u16(p + 2) << 16; };
+  const auto u64 = [&](const unsigned char* p) { return u32(p) | u32(p + 4) << 32; };
+  const auto readAt = [&](uint64_t at, uint64_t n) {
+    std::vector<unsigned char> b(n);
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(at));
+    if (!in.read(reinterpret_cast<char*>(b.data()), static_cast<std::streamsize>(n))) b.clear();
+    return b;
+  };
+  // The end of central directory record: within the last 64 KiB + 22 bytes.
+  const uint64_t tailSize = std::min<uint64_t>(size, 65536 + 22);
+  const auto tail = readAt(size - tailSize, tailSize);
+  if (tail.size() < 22) return;  // the reader says what is wrong
+  int64_t eocd = -1;
+  for (int64_t i = static_cast<int64_t>(tail.size()) - 22; i >= 0; --i) {
+    if (u32(&tail[i]) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
+  }
+  if (eocd < 0) return;
+  uint64_t entries = u16(&tail[eocd + 10]), cdSize = u32(&tail[eocd + 12]),
+           cdOffset = u32(&tail[eocd + 16]);
+  if ((entries == 0xFFFF || cdSize == 0xFFFFFFFF || cdOffset == 0xFFFFFFFF) && eocd >= 20 &&
+      u32(&tail[eocd - 20]) == 0x07064b50) {  // zip64: its locator, then its record
+    const auto rec = readAt(u64(&tail[eocd - 20 + 8]), 56);
+    if (rec.size() == 56 && u32(rec.data()) == 0x06064b50) {
+      entries = u64(&rec[32]);
+      cdSize = u64(&rec[40]);
+      cdOffset = u64(&rec[48]);
+    }
+  }
+  if (cdSize > (64u << 20) || cdOffset > size) return;  // implausible: the reader refuses it
+  const auto cd = readAt(cdOffset, cdSize);
+  uint64_t total = 0;
+  for (size_t at = 0, n = 0; n < entries && at + 46 <= cd.size(); ++n) {
+    if (u32(&cd[at]) != 0x02014b50) break;
+    const uint64_t method = u16(&cd[at + 10]);
+    uint64_t packed = u32(&cd[at + 20]), unpacked = u32(&cd[at + 24]);
+    const size_t nameLen = u16(&cd[at + 28]), extraLen = u16(&cd[at + 30]),
+                 commentLen = u16(&cd[at + 32]);
+    const std::string name(reinterpret_cast<const char*>(&cd[at + 46]),
+                           std::min<size_t>(nameLen, cd.size() - at - 46));
+    // Zip64 sizes: the extra field 0x0001 holds those that are 0xFFFFFFFF, unpacked first.
+    const size_t extraEnd = std::min(cd.size(), at + 46 + nameLen + extraLen);
+    for (size_t e = at + 46 + nameLen; e + 4 <= extraEnd;) {
+      const size_t id = u16(&cd[e]), len = u16(&cd[e + 2]);
+      if (id == 0x0001 && e + 4 + len <= extraEnd) {
+        size_t q = e + 4;
+        if (unpacked == 0xFFFFFFFF && q + 8 <= e + 4 + len) {
+          unpacked = u64(&cd[q]);
+          q += 8;
+        }
+        if (packed == 0xFFFFFFFF && q + 8 <= e + 4 + len) packed = u64(&cd[q]);
+      }
+      e += 4 + len;
+    }
+    if (method != 0 && unpacked > (64ull << 20) && unpacked / 100 > std::max<uint64_t>(packed, 1)) {
+      throw ImportError(file + ": record '" + name + "' inflates from " + std::to_string(packed) +
+                        " to " + std::to_string(unpacked) +
+                        " bytes: a zip bomb, not a model torch.jit.save or torch.export.save "
+                        "wrote (they store records uncompressed); refused before inflating it");
+    }
+    total += unpacked;
+    at += 46 + nameLen + extraLen + commentLen;
+  }
+  if (total > (256ull << 30)) {
+    throw ImportError(file + ": its records hold " + std::to_string(total) +
+                      " bytes in all, more than the 256 GiB a model file may inflate to");
+  }
+}
+
 }  // namespace
 
 std::string errorFirstLine(const std::string& s) {
@@ -705,6 +800,7 @@ bool isExportArchive(const std::string& file) {
 }
 
 ModelFile loadModelFile(const std::string& file, const std::string& fault) {
+  checkModelFile(file);
   if (isExportArchive(file) ||
       (file.size() > 4 && file.substr(file.size() - 4) == ".pt2")) {
     try {
@@ -721,6 +817,33 @@ ModelFile loadModelFile(const std::string& file, const std::string& fault) {
     throw ImportError(file + ": not a TorchScript file torch::jit::load can read (" +
                       errorFirstLine(e.what()) + ")");
   }
+  // LibTorch 1.13's loader takes a tensor's sizes, strides and offset from the file without
+  // checking them against its storage: a crafted file makes a view past the storage, and the
+  // first copy of it reads or writes another object's memory. Every parameter and buffer is
+  // held to its storage here, before anything reads it.
+  const auto check = [&](const std::string& kind, const std::string& name, const at::Tensor& t) {
+    if (!t.defined() || t.numel() == 0) return;
+    int64_t last = t.storage_offset();
+    bool ok = last >= 0;
+    for (int64_t d = 0; ok && d < t.dim(); ++d) {
+      ok = t.stride(d) >= 0 && t.size(d) >= 0;
+      if (ok && t.size(d) > 0) {
+        ok = t.stride(d) == 0 ||
+             (t.size(d) - 1) <= (std::numeric_limits<int64_t>::max() - last) / t.stride(d);
+        if (ok) last += (t.size(d) - 1) * t.stride(d);
+      }
+    }
+    const auto need = ok ? (static_cast<uint64_t>(last) + 1) * t.element_size() : 0;
+    if (!ok || !t.has_storage() || need > t.storage().nbytes()) {
+      throw ImportError(file + ": " + kind + " '" + name + "' (" + dimsString(t.sizes()) +
+                        ", offset " + std::to_string(t.storage_offset()) +
+                        ") reaches past its storage of " +
+                        std::to_string(t.has_storage() ? t.storage().nbytes() : 0) +
+                        " bytes: a damaged or crafted file, refused before it is read");
+    }
+  };
+  for (const auto& p : m.module.named_parameters(true)) check("parameter", p.name, p.value);
+  for (const auto& b : m.module.named_buffers(true)) check("buffer", b.name, b.value);
   return m;
 }
 

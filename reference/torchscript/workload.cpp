@@ -320,8 +320,10 @@ std::vector<at::Tensor> forwardBackward(torch::jit::Module& module, const Import
     const auto rows = [&](const at::Tensor& t) {
       return M == 1 ? t : t.narrow(0, k * (t.size(0) / M), t.size(0) / M);
     };
+    // Copies: a model that writes into its input (x.add_(1)) must not change the inputs every
+    // strategy is then given.
     std::vector<c10::IValue> args;
-    for (const auto& name : m.dataInputs) args.emplace_back(rows(d.inputs.at(name)));
+    for (const auto& name : m.dataInputs) args.emplace_back(rows(d.inputs.at(name)).clone());
     c10::IValue r = module.forward(args);
     while (r.isTuple()) r = r.toTupleRef().elements().at(0);
     const at::Tensor out = r.toTensor();
