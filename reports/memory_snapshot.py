@@ -90,16 +90,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace", help="the stderr of a run with SB_MEMORY_TRACE=<rank> set")
     ap.add_argument("out", help="the snapshot to write (a pickle)")
-    def step_number(text):
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not a whole number")
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"{n}: steps count from 1")
-        return n
-
-    ap.add_argument("--step", type=step_number, default=1,
+    ap.add_argument("--step", type=memory_trace.step_number(1), default=1,
                     help="the measured step, from 1 (default 1)")
     a = ap.parse_args()
     try:

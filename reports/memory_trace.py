@@ -221,20 +221,24 @@ def report(step, depth, listing, out, label=None):
     return ok
 
 
-def main():
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trace", help="the stderr of a run with SB_MEMORY_TRACE=<rank> set ('-': stdin)")
-    def step_number(text):
+
+def step_number(least, note=""):
+    """An argparse type: a step number, at least `least` (argparse exits 2 naming it)."""
+    def parse(text):
         try:
             n = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}' is not a whole number")
-        if n < 0:
-            raise argparse.ArgumentTypeError(f"{n}: steps count from 1 (0: every step)")
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{n}: steps count from 1{note}")
         return n
+    return parse
 
-    ap.add_argument("--step", type=step_number, default=0,
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trace", help="the stderr of a run with SB_MEMORY_TRACE=<rank> set ('-': stdin)")
+    ap.add_argument("--step", type=step_number(0, " (0: every step)"), default=0,
                     help="only the N-th measured step (1 = the first row that ran; default: all)")
     ap.add_argument("--depth", type=int, default=2,
                     help="how many operator scopes name a group, innermost first (default 2)")
