@@ -676,4 +676,21 @@ else
   fail "no /usr/bin/python3 with torch: the crafted .pt cannot be written"
 fi
 
+# A malformed parameter under a strategy pattern is bad input, not hidden behind an
+# `unsupported` row (FSDP's "needs steps" came first).
+cat > "$tmp/patparam.yaml" <<'Y'
+suite: patparam
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: a
+    workload: mlp
+    shape: {batch: 4, d_model: 8, layers: 1}
+    mesh: 2
+    params: {reshard_after_forward: "many"}
+    strategies: ["sharding/fsdp/.*"]
+Y
+bad "a malformed params value under a pattern is exit 2 naming it" \
+  "params.reshard_after_forward must be true or false, got \"many\"" \
+  "$sb" run "$tmp/patparam.yaml" --out "$tmp/keep"
+
 finish

@@ -118,34 +118,36 @@ class FsdpStrategy final : public harness::Strategy {
       return Applicability::notApplicable("not a graph workload with a training reference");
     }
     const bool imported = c.workload == "torchscript";
-    if (!c.training.enabled()) {
-      return Applicability::unsupported(
-          "FSDP and ZeRO shard the optimizer's state: the case needs steps: N (and optimizer)");
-    }
+    // A malformed parameter is bad input before any reason the case cannot run: a pattern
+    // that selects this strategy must not hide it behind an `unsupported` row.
     if (c.params.contains("reshard_after_forward") &&
         !c.params["reshard_after_forward"].is_boolean()) {
       throw harness::InputError("params.reshard_after_forward must be true or false, got " +
                                 c.params["reshard_after_forward"].dump());
+    }
+    if (c.params.contains("prefetch") && prefetchDepth(c) < 0) {
+      throw harness::InputError("params.prefetch must be a whole number of units, 0 to 8, got " +
+                                c.params["prefetch"].dump());
+    }
+    if (c.params.contains("param_dtype") && !paramDtype(c)) {
+      throw harness::InputError(
+          "params.param_dtype must be bfloat16 or float32 (the case's dtype), got " +
+          c.params["param_dtype"].dump());
+    }
+    if (!c.training.enabled()) {
+      return Applicability::unsupported(
+          "FSDP and ZeRO shard the optimizer's state: the case needs steps: N (and optimizer)");
     }
     if (fault_ == Fault::kUnitNotResharded && !reshardAfterForward(c)) {
       return Applicability::unsupported(
           "unit_not_resharded plants a missing reshard after the forward; the case keeps units "
           "gathered (reshard_after_forward: false)");
     }
-    if (c.params.contains("prefetch") && prefetchDepth(c) < 0) {
-      throw harness::InputError("params.prefetch must be a whole number of units, 0 to 8, got " +
-                                c.params["prefetch"].dump());
-    }
     if (c.params.contains("param_dtype")) {
       if (!shardsParams(kind_)) {
         return Applicability::unsupported(
             "params.param_dtype is FSDP2's mixed precision, of the units it gathers: zero3 and "
             "hsdp");
-      }
-      if (!paramDtype(c)) {
-        throw harness::InputError(
-            "params.param_dtype must be bfloat16 or float32 (the case's dtype), got " +
-            c.params["param_dtype"].dump());
       }
       if (*paramDtype(c) != c.dtype && c.dtype != at::kFloat) {
         return Applicability::unsupported(
