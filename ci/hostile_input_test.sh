@@ -693,4 +693,13 @@ bad "a malformed params value under a pattern is exit 2 naming it" \
   "params.reshard_after_forward must be true or false, got \"many\"" \
   "$sb" run "$tmp/patparam.yaml" --out "$tmp/keep"
 
+# solve pipeline --csv of a folder or a FIFO: exit 2 saying so (a folder read as "no ranks", a
+# FIFO waited for a writer).
+mkdir -p "$tmp/csvdir"
+mkfifo "$tmp/csv.fifo"
+bad "solve pipeline --csv FOLDER is exit 2 saying it is not a file" "csvdir: not a regular file" \
+  "$sb" solve pipeline --csv "$tmp/csvdir"
+bad "solve pipeline --csv FIFO is exit 2 in seconds" "csv.fifo: not a regular file" \
+  "$sb" solve pipeline --csv "$tmp/csv.fifo"
+
 finish

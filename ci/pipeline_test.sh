@@ -107,7 +107,7 @@ printf '0F0\n1F0\n2F0\n3F99999\n' >"$tmp/sparse.csv"
 check "a CSV naming far more stage-micro-batches than it has actions: exit 2 before any table" 2 \
   "micro-batches, which take at least 800000 actions; it has 4" -- \
   "$sb" solve pipeline --csv "$tmp/sparse.csv"
-check "--csv of a device that never ends: refused at 64 MiB" 2 "over 64 MiB" -- \
+check "--csv of a device that never ends: refused before it is read" 2 "/dev/zero: not a regular file" -- \
   "$sb" solve pipeline --csv /dev/zero
 printf '{"stages": [{"backward_us": 2, "backward_input_us": 5}]}' >"$tmp/halves.json"
 check "a profile's input gradient longer than its backward: exit 2" 2 \

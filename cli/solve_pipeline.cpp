@@ -23,6 +23,15 @@ constexpr const char* kWho = "stratbench solve pipeline: ";
 
 // A file named on the command line, read whole (at most 64 MiB); nullopt, having said why.
 std::optional<std::string> readFile(const std::string& path, const char* option) {
+  // A regular file only: a folder read as an empty schedule ("no ranks"), and opening a FIFO
+  // waits for a writer that may never come.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    std::cerr << kWho << option << " " << path
+              << ": not a regular file (a folder, a FIFO or a device); give the file itself\n";
+    return std::nullopt;
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     std::cerr << kWho << option << " " << path << ": cannot read it\n";
