@@ -702,4 +702,7 @@ bad "solve pipeline --csv FOLDER is exit 2 saying it is not a file" "csvdir: not
 bad "solve pipeline --csv FIFO is exit 2 in seconds" "csv.fifo: not a regular file" \
   "$sb" solve pipeline --csv "$tmp/csv.fifo"
 
+bad "launch --timeout 1e-9 is exit 2 naming the option's range" "--timeout.*1" \
+  "$sb" launch -n 2 --timeout 1e-9 -- run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+
 finish

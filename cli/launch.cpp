@@ -52,10 +52,12 @@ int launchMain(int argc, char** argv) {
       ->check(sb::cli::wholeNumber(0, 65535, "port"));
   app.add_option("--hosts", hosts,
                  "Comma-separated hosts, node 0 first: sets --nnodes and --master-addr");
+  // At least a second: below it the store's own connect and serve calls time out before any
+  // rank can reach it ("cannot serve the store on port 0" said nothing of the timeout).
   app.add_option("--timeout", timeoutSec,
                  "Seconds a rank may wait on the store, and the other ranks get (with --grace) "
-                 "to finish after a rank dies")
-      ->check(sb::cli::realNumber(0, 86400, true, "seconds"))
+                 "to finish after a rank dies (at least 1)")
+      ->check(sb::cli::realNumber(1, 86400, false, "seconds"))
       ->capture_default_str();
   app.add_option("--grace", graceSec, "Seconds the ranks get after rank 0 has finished")
       ->check(sb::cli::realNumber(0, 86400, true, "seconds"))
