@@ -705,4 +705,37 @@ bad "solve pipeline --csv FIFO is exit 2 in seconds" "csv.fifo: not a regular fi
 bad "launch --timeout 1e-9 is exit 2 naming the option's range" "--timeout.*1" \
   "$sb" launch -n 2 --timeout 1e-9 -- run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
 
+# Models that import but whose reference could not run: said as what the model is.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 - "$tmp" <<'PY'
+import sys, torch
+d = sys.argv[1]
+class Dict(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return {"y": self.l(x)}
+class Argmax(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return self.l(x).argmax(-1)
+class Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+torch.jit.save(torch.jit.trace(Dict(), torch.ones(2, 4), strict=False), d + "/odd_dict.pt")
+torch.jit.save(torch.jit.trace(Argmax(), torch.ones(2, 4)), d + "/odd_int.pt")
+torch.jit.save(torch.jit.trace(Double(), torch.ones(2, 4)), d + "/odd_noparam.pt")
+PY
+  bad "a model returning a dict is exit 2 saying what it returns" "forward returns Dict\[str, Tensor\]" \
+    "$sb" graph --model "$tmp/odd_dict.pt" --input '[2, 4]'
+  bad "a model returning an integer tensor is exit 2 saying it has no gradient" \
+    "forward returns a tensor of Long, which has no gradient" \
+    "$sb" graph --model "$tmp/odd_int.pt" --input '[2, 4]'
+  bad "a model without parameters is exit 2 saying so" "the model has no parameters" \
+    "$sb" graph --model "$tmp/odd_noparam.pt" --input '[2, 4]'
+fi
+
 finish

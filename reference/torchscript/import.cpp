@@ -87,6 +87,18 @@ class Walker {
                         ": the forward returns nothing computed from its inputs or "
                         "parameters (expected a tensor, or a tuple starting with one)");
     }
+    // The output's value on the example inputs: a floating-point tensor, or the backward has
+    // nothing to start from.
+    c10::IValue value = r.v;
+    while (value.isTuple() && !value.toTupleRef().elements().empty()) {
+      value = value.toTupleRef().elements().at(0);
+    }
+    if (value.isTensor() && !at::isFloatingType(value.toTensor().scalar_type())) {
+      throw ImportError(spec_.file + ": forward returns a tensor of " +
+                        std::string(c10::toString(value.toTensor().scalar_type())) +
+                        ", which has no gradient: return the floating-point tensor the loss is "
+                        "made from (the logits, not their argmax)");
+    }
     out_.graph.output = output;
     map_.finish(output);
     out_.coverage = map_.coverage();
@@ -370,10 +382,28 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
       }
     };
     scan(g->block());
+    // What forward returns: a tensor (or a tuple whose first element is one), the output
+    // every strategy's is compared with and whose gradient drives the backward. A dict, a list
+    // or a number has none (an integer tensor is refused once the walk has its value).
+    c10::TypePtr ret = g->outputs().at(0)->type();
+    while (const auto tuple = ret->cast<c10::TupleType>()) {
+      if (tuple->elements().empty()) break;
+      ret = tuple->elements().at(0);
+    }
+    const auto tensor = ret->cast<c10::TensorType>();
+    if (!tensor) {
+      throw ImportError(spec.file + ": forward returns " + ret->annotation_str() +
+                        "; stratbench verifies a forward that returns a tensor (or a tuple "
+                        "whose first element is one): return the tensor the loss is made from");
+    }
   }
   {
     at::NoGradGuard noGrad;
     Walker(spec, file, *out).run();
+  }
+  if (out->graph.parameters.empty()) {
+    throw ImportError(spec.file + ": the model has no parameters: there is nothing to train, "
+                                  "shard or checkpoint, and no gradient to verify");
   }
   const auto t2 = std::chrono::steady_clock::now();
   out->loadSeconds = std::chrono::duration<double>(loaded - t0).count();
