@@ -359,16 +359,38 @@ Suite parseSuite(const std::string& text, const std::string& file) {
     throw InputError(file + ": " + std::to_string(text.size()) + " bytes; a suite is at most " +
                      std::to_string(kMaxSuiteBytes) + " bytes");
   }
+  // One document only. Found in the text, before any parsing: a document marker at the start
+  // of a line ("---", or "..." then more content) after the first document's content starts a
+  // second one, wherever it stands (YAML ends a block scalar there too). Parsing every
+  // document to count them would build a hostile file's later documents first.
+  {
+    bool content = false, ended = false;
+    size_t lineNo = 0;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      ++lineNo;
+      const auto marker = [&](const char* m) {
+        return line.rfind(m, 0) == 0 &&
+               (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+      };
+      const bool blank = line.find_first_not_of(" \t\r") == std::string::npos ||
+                         line[line.find_first_not_of(" \t\r")] == '#';
+      if (marker("---") ? content : (!blank && !marker("...") && line[0] != '%' && ended)) {
+        throw InputError(file + ":" + std::to_string(lineNo) +
+                         ": a second YAML document; a suite file holds one document: put its "
+                         "cases in the first one's 'cases' list, or another suite in a file "
+                         "of its own");
+      }
+      if (marker("...")) {
+        ended = content;
+      } else if (!blank && !marker("---") && line[0] != '%') {
+        content = true;
+      }
+    }
+  }
   YAML::Node root;
   try {
-    // Every document, so that a second one (after `---`) is refused, never silently ignored.
-    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
-    if (docs.size() > 1) {
-      throw InputError(file + ":" + std::to_string(docs[1].Mark().line + 1) + ": a second YAML " +
-                       "document (after '---'); a suite file holds one document: put its cases "
-                       "in the first one's 'cases' list, or another suite in a file of its own");
-    }
-    if (!docs.empty()) root = docs.front();
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     throw InputError(file + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }
