@@ -546,7 +546,7 @@ check "cases 'a b', 'a_b' and a 200-byte name: a plot each" 0 "^3 plots$" -- bas
 # Silent acceptance: a second YAML document, clip_grad_norm 0, half a launcher's variables.
 { cat "$tmp/ok.yaml"; printf -- '---\nsuite: second\ncases: []\n'; } > "$tmp/twodocs.yaml"
 bad "a suite with a second YAML document is exit 2 naming its line" \
-  "twodocs.yaml:10: a second YAML document" "$sb" run "$tmp/twodocs.yaml" --out "$tmp/keep"
+  "twodocs.yaml:9: a second YAML document" "$sb" run "$tmp/twodocs.yaml" --out "$tmp/keep"
 cat > "$tmp/clip0.yaml" <<'Y'
 suite: clip0
 defaults: {repetitions: 1, min_time_s: 0.0001}
