@@ -118,14 +118,18 @@ double cvOf(const ResultRow& r) {
   return 0;
 }
 
+// A row's median time: of its repetitions' samples where it has them, else as written; NaN
+// for a row without a time.
+double rowMedian(const ResultRow& r) {
+  if (!r.timeSamplesUs.empty()) return median(r.timeSamplesUs);
+  return r.timeMedianUs ? *r.timeMedianUs : std::nan("");
+}
+
 // The change of `cur`'s median against `base`'s, in %, and the U test's p (1 when either side
 // has fewer than the minimum repetitions).
 std::pair<double, double> changeOf(const ResultRow& cur, const ResultRow& base,
                                    const GateOptions& o) {
-  const double cm = cur.timeSamplesUs.empty() ? cur.timeMedianUs.value_or(NAN)
-                                              : median(cur.timeSamplesUs);
-  const double bm = base.timeSamplesUs.empty() ? base.timeMedianUs.value_or(NAN)
-                                               : median(base.timeSamplesUs);
+  const double cm = rowMedian(cur), bm = rowMedian(base);
   double p = 1;
   if (cur.timeSamplesUs.size() >= static_cast<size_t>(o.minSamples) &&
       base.timeSamplesUs.size() >= static_cast<size_t>(o.minSamples)) {
@@ -138,8 +142,7 @@ void judgeTime(RowComparison& rc, const GateOptions& o, const ResultRow* rerun) 
   const ResultRow& cur = *rc.current;
   const ResultRow& base = *rc.baseline;
   if (!cur.timeMedianUs || !base.timeMedianUs) return;
-  const double cm = cur.timeSamplesUs.empty() ? *cur.timeMedianUs : median(cur.timeSamplesUs);
-  const double bm = base.timeSamplesUs.empty() ? *base.timeMedianUs : median(base.timeSamplesUs);
+  const double cm = rowMedian(cur), bm = rowMedian(base);
   if (!(bm > 0) || !std::isfinite(cm)) return;
   const double change = (cm - bm) / bm * 100.0;
   rc.timeChangePct = change;
@@ -262,11 +265,6 @@ std::string suiteList(const std::set<std::string>& s) {
   std::string out;
   for (const auto& x : s) out += (out.empty() ? "" : ", ") + x;
   return out;
-}
-
-double rowMedian(const ResultRow& r) {
-  if (!r.timeSamplesUs.empty()) return median(r.timeSamplesUs);
-  return r.timeMedianUs ? *r.timeMedianUs : std::nan("");
 }
 
 }  // namespace
