@@ -44,20 +44,12 @@ KNOWN = {
     ("lstm", r"checkpointing/(full|revolve|sqrt|greedy|rotor|none)", "2."):
         "2.x's LSTM: oneDNN's kernel in an untaped forward (1 ulp)",
     # (Whether it does depends on the CPU: HOST_DEPENDENT.)
-    # Batch norm right after a bias-free convolution that follows batch norm: the first norm's
-    # bias has no effect on the loss, its gradient is zero by structure, and what both sides
-    # compute is rounding, judged against a tolerance from the result (issue 59).
-    ("efficientnet_b0", r"sharding/auto/.*", ""): "zero-by-structure gradient (issue 59)",
-    ("mnasnet", r"sharding/auto/.*", ""): "zero-by-structure gradient (issue 59)",
-    # A few elements of gradients that are sums of terms of both signs (a squeeze-excitation
-    # bias, a late convolution's weight), off against a tolerance from the result; the same
-    # plans pass in float64 on both LibTorch versions (issue 59).
-    ("regnet_y", r"sharding/auto/(replicated|ilp|data-parallel)", ""):
-        "cancelling sums against a tolerance from the result; float64 passes (issue 59)",
-    # Over two SGD steps with momentum: batch norm over 16 values per channel amplifies
-    # float32 rounding into the momentum buffers of the stem; the plan passes in float64.
+    # Over two SGD steps with momentum, batch norm over 16 values per channel amplifies float32
+    # rounding into the momentum buffers: a few elements move 4-7x the reference's own rounding
+    # of the same tensor (measured against float64, docs/results.md): a rounding event (a ReLU's
+    # sign) the float64 shadow does not have there. The plan passes in float64.
     ("shufflenet_v2", r"sharding/auto/ilp", ""):
-        "float32 rounding through batch norm over steps; float64 passes (issue 59)",
+        "float32 rounding through batch norm over steps, past 4x the reference's own; float64 passes",
     # A stage's input is a leaf: AccumulateGrad lays its gradient out as the leaf (channels-last
     # from the permuted LayerNorm), the module's flows on as computed; the bias gradients sum
     # in another order (1 ulp), and checkpointing is judged bitwise.
@@ -105,8 +97,10 @@ def suite_text(model, pt, meta):
 
 # KNOWN entries whose failure depends on the CPU's vector units (oneDNN picks its kernel by
 # them): on a host where every row passes the entry is not stale, and the run says so. Seen:
-# the LSTM rows fail by an ulp on an AMD EPYC with AVX-VNNI and pass on one without it.
-HOST_DEPENDENT = {("lstm", r"checkpointing/(full|revolve|sqrt|greedy|rotor|none)", "2.")}
+# the LSTM rows fail by an ulp on an AMD EPYC with AVX-VNNI and pass on one without it. The
+# ShuffleNet row's rounding event is one element's: another CPU's kernels round elsewhere.
+HOST_DEPENDENT = {("lstm", r"checkpointing/(full|revolve|sqrt|greedy|rotor|none)", "2."),
+                  ("shufflenet_v2", r"sharding/auto/ilp", "")}
 
 # Per KNOWN entry: [rows it matched, of which failed]. One that matched and never failed is
 # stale: the test fails until it leaves the list.

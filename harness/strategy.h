@@ -234,8 +234,16 @@ class Strategy {
   virtual std::optional<int64_t> predictPeakMemory(const CaseSpec& c, int rank) const {
     return std::nullopt;
   }
+  // The dtype this strategy's forward and backward compute in where it is lower than the case's
+  // (FSDP2's param_dtype: bfloat16 against a float32 reference); std::nullopt: the case's. The
+  // runner then measures the reference's own rounding in that dtype too (the reference built in
+  // it from the case's values, against float64) and raises the tolerances to it.
+  virtual std::optional<at::ScalarType> arithmeticDtype(const CaseSpec& c) const {
+    return std::nullopt;
+  }
   // Tolerance for `tensor`, whose full reference value is `expected`; defaults to the dtype's
-  // (bitwise in exact-inputs mode). An override must say why in Tolerance::reason.
+  // (bitwise in exact-inputs mode). An override must say why in Tolerance::reason. The runner
+  // raises it to the reference's own rounding where that was measured (docs/results.md).
   virtual Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                               const at::Tensor& expected) const;
   // The reference run's intermediate values that the executors capture (RankExecutor::

@@ -144,7 +144,7 @@ class BlockWorkload final : public Workload {
       at::Tensor v;
       if (name.rfind("ln_", 0) == 0) {
         v = makeUniform(dims, 0.2, dtype, seed, stream++, mode);
-        if (name.find("weight") != std::string::npos && mode == InputMode::kRandom) v = v.add(1);
+        if (name.find("weight") != std::string::npos && mode == InputMode::kRandom) v = asCaseValues(v.add(1));
       } else {
         const double fanIn = static_cast<double>(dims.size() == 2 ? dims[1] : s.dModel);
         v = makeUniform(dims, 1.0 / std::sqrt(fanIn), dtype, seed, stream++, mode);

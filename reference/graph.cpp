@@ -601,7 +601,7 @@ std::map<std::string, at::Tensor> graphInputs(const Graph& g, at::ScalarType dty
   int stream = 0;
   for (const auto& [name, dims] : g.inputs) {
     if (name == "ids") {
-      const at::Tensor u = makeUniform(dims, 1.0, at::kDouble, seed, stream++, InputMode::kRandom);
+      const at::Tensor u = makeUniformAsDrawn(dims, 1.0, seed, stream++);
       out[name] = u.add(1)
                       .mul(0.5 * static_cast<double>(s.vocab))
                       .floor()
@@ -631,7 +631,7 @@ std::map<std::string, at::Tensor> graphInputs(const Graph& g, at::ScalarType dty
       if (name == "lm_head.bias") fanIn = s.dModel;
       v = makeUniform(dims, norm ? 0.5 : 1.0 / std::sqrt(static_cast<double>(fanIn)), dtype, seed,
                       stream++, mode);
-      if (norm && !bias && mode == InputMode::kRandom) v = v.add(1);
+      if (norm && !bias && mode == InputMode::kRandom) v = asCaseValues(v.add(1));
     }
     out[name] = v;
   }

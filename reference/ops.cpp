@@ -143,7 +143,7 @@ class OpWorkload final : public Workload {
       if (s.op == "embedding" && name == "input") {
         // Ids spread over the whole vocabulary, so every vocabulary shard sees some.
         const at::Tensor u =
-            makeUniform(dims, 1.0, at::kDouble, seed, stream++, InputMode::kRandom);
+            makeUniformAsDrawn(dims, 1.0, seed, stream++);
         d.inputs[name] = u.add(1)
                              .mul(0.5 * static_cast<double>(s.weight[0]))
                              .floor()
@@ -160,7 +160,7 @@ class OpWorkload final : public Workload {
                                                                  int64_t{1}, std::multiplies<>()) /
                                                  dims[0])),
             dtype, seed, stream++, mode);
-        if (norm && name == "weight" && mode == InputMode::kRandom) v = v.add(1);
+        if (norm && name == "weight" && mode == InputMode::kRandom) v = asCaseValues(v.add(1));
         d.inputs[name] = v;
       } else {
         d.inputs[name] = makeNormal(dims, dtype, seed, stream++, mode);

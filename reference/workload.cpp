@@ -21,6 +21,7 @@ at::Tensor exactValues(at::IntArrayRef shape, at::ScalarType dtype, const at::Ge
 }
 
 at::Device gCaseDevice{at::kCPU};
+thread_local std::optional<at::ScalarType> tRoundedAs;
 
 }  // namespace
 
@@ -30,11 +31,27 @@ at::TensorOptions caseOptions(at::ScalarType dtype) {
   return at::TensorOptions().dtype(dtype).device(gCaseDevice);
 }
 
+ValuesRoundedAs::ValuesRoundedAs(at::ScalarType of) : was_(tRoundedAs) { tRoundedAs = of; }
+ValuesRoundedAs::~ValuesRoundedAs() { tRoundedAs = was_; }
+
+at::Tensor asCaseValues(const at::Tensor& t) {
+  if (!tRoundedAs || !t.defined() || !at::isFloatingType(t.scalar_type())) return t;
+  return t.to(*tRoundedAs).to(t.scalar_type());
+}
+
+at::Tensor toCaseDtype(const at::Tensor& t, at::Device device, at::ScalarType dtype) {
+  if (tRoundedAs && at::isFloatingType(t.scalar_type()) && at::isFloatingType(dtype)) {
+    return t.to(*tRoundedAs).to(device, dtype);
+  }
+  return t.to(device, dtype);
+}
+
 at::Tensor makeNormal(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed, int stream,
                       InputMode mode) {
   auto gen = generatorFor(seed, stream);
   if (mode == InputMode::kExact) return exactValues(shape, dtype, gen).to(caseDevice());
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(caseDevice(), dtype);
+  return toCaseDtype(at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)), caseDevice(),
+                     dtype);
 }
 
 at::Tensor makeUniform(at::IntArrayRef shape, double bound, at::ScalarType dtype, uint64_t seed,
@@ -43,7 +60,14 @@ at::Tensor makeUniform(at::IntArrayRef shape, double bound, at::ScalarType dtype
   if (mode == InputMode::kExact) return exactValues(shape, dtype, gen).to(caseDevice());
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
   t.uniform_(-bound, bound, gen);
-  return t.to(caseDevice(), dtype);
+  return toCaseDtype(t, caseDevice(), dtype);
+}
+
+at::Tensor makeUniformAsDrawn(at::IntArrayRef shape, double bound, uint64_t seed, int stream) {
+  auto gen = generatorFor(seed, stream);
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  t.uniform_(-bound, bound, gen);
+  return t.to(caseDevice(), at::kDouble);
 }
 
 std::string dimsString(at::IntArrayRef dims) {

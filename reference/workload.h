@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,14 @@ struct WorkloadData {
   std::map<std::string, at::Tensor> expected;  // e.g. output, grad_input, grad_weight, grad_bias
   // The names of `expected`, in the order records report them.
   std::vector<std::string> checked;
+  // The reference's own rounding, per floating tensor of `expected`: max |expected - the same
+  // computation in float64 from the same values| (see harness/run/rounding.h). Empty where it
+  // was not measured; `roundingNote` then says why (or is empty: bitwise cases, float64 cases).
+  std::map<std::string, double> rounding;
+  std::string roundingNote;
+  // The same, of the reference built in a lower dtype a strategy computes in
+  // (Strategy::arithmeticDtype) from the case's values, against the float64 shadow.
+  std::map<at::ScalarType, std::map<std::string, double>> roundingIn;
 };
 
 // A reference workload: validates a case's shape parameters and builds deterministic data.
@@ -54,12 +63,36 @@ void setCaseDevice(at::Device device);
 // `dtype` on caseDevice(): what a workload's own parameters and index tensors are made with.
 at::TensorOptions caseOptions(at::ScalarType dtype);
 
+// While one is alive on a thread, a reference built there in float64 is the float64 shadow of a
+// case of dtype `of`: every value a workload draws or computes as an input (makeNormal,
+// makeUniform, an imported file's weights, asCaseValues) is rounded to `of` first, so that the
+// shadow starts from exactly the values the case's own reference starts from.
+class ValuesRoundedAs {
+ public:
+  explicit ValuesRoundedAs(at::ScalarType of);
+  ~ValuesRoundedAs();
+  ValuesRoundedAs(const ValuesRoundedAs&) = delete;
+  ValuesRoundedAs& operator=(const ValuesRoundedAs&) = delete;
+
+ private:
+  std::optional<at::ScalarType> was_;
+};
+// `t`, a workload's input value computed in the dtype it builds in, as the case's own reference
+// holds it: rounded through the shadowed dtype inside a ValuesRoundedAs, unchanged otherwise.
+at::Tensor asCaseValues(const at::Tensor& t);
+// `t` (drawn or loaded in any dtype) converted to `dtype` on `device`, as a case's input: through
+// the shadowed dtype inside a ValuesRoundedAs.
+at::Tensor toCaseDtype(const at::Tensor& t, at::Device device, at::ScalarType dtype);
+
 // Deterministic tensor generation shared by the workloads: `stream` separates the tensors of
 // one case so that each draws from its own generator.
 at::Tensor makeNormal(at::IntArrayRef shape, at::ScalarType dtype, uint64_t seed, int stream,
                       InputMode mode);
 at::Tensor makeUniform(at::IntArrayRef shape, double bound, at::ScalarType dtype, uint64_t seed,
                        int stream, InputMode mode);
+// makeUniform's float draw as float64, never rounded as a shadow's values (ValuesRoundedAs): what
+// token ids are computed from, which must be the case's own in its float64 shadow.
+at::Tensor makeUniformAsDrawn(at::IntArrayRef shape, double bound, uint64_t seed, int stream);
 
 // Zeroes every parameter's gradient in place, allocating zeros where there is none yet: a step
 // then accumulates into them, as a training loop with zero_grad() does.

@@ -128,6 +128,20 @@ Tolerance splitReductionTolerance(const Tolerance& base, at::ScalarType dtype, i
   return widened(base, atol, os.str());
 }
 
+Tolerance withReferenceRounding(const Tolerance& tol, double referenceError) {
+  if (tol.exact || !(referenceError > 0) || !std::isfinite(referenceError)) return tol;
+  const double atol = kReferenceRoundingFactor * referenceError;
+  if (atol <= tol.atol) return tol;
+  Tolerance t = tol;
+  t.atol = atol;
+  std::ostringstream os;
+  os << "the reference's own rounding: it is " << referenceError
+     << " from the same computation in float64, so atol = " << kReferenceRoundingFactor
+     << " x that";
+  t.reason = tol.reason.empty() ? os.str() : tol.reason + "; raised to " + os.str();
+  return t;
+}
+
 std::string TensorCheck::toString() const {
   std::ostringstream os;
   os << tensor << "@rank" << rank << ": ";

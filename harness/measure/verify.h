@@ -59,6 +59,19 @@ Tolerance stepsTolerance(at::ScalarType dtype, int steps, double scale);
 Tolerance overSteps(const Tolerance& oneStep, at::ScalarType dtype, int steps,
                     const at::Tensor& expected);
 
+// How many times the reference's own rounding a strategy's result may differ from it: the
+// strategy's result and the reference are two roundings of one exact value (x), the float64
+// shadow's, so |a - r| <= |a - x| + |r - x|; allowing the strategy's rounding up to three times
+// the reference's (another summation order, another blocking) gives 4. See docs/results.md.
+inline constexpr double kReferenceRoundingFactor = 4.0;
+
+// `tol` with atol raised to kReferenceRoundingFactor x `referenceError` (max |reference - the
+// same computation in float64|: what the reference itself lost to rounding, which a tolerance
+// scaled by the result understates where the terms cancel: a gradient zero by structure, an
+// AdamW step on a gradient that is rounding noise), the reason saying so; `tol` where it is
+// bitwise or already wider, or where nothing was measured (referenceError < 0).
+Tolerance withReferenceRounding(const Tolerance& tol, double referenceError);
+
 // The comparison of one local tensor of one rank against its slice of the reference.
 struct TensorCheck {
   std::string tensor;  // "output", "grad_weight", ...

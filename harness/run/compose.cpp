@@ -75,10 +75,25 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   rec.details["case"] = strategy.caseDetails(c);
   {
     const std::string& first = data.checked.front();
-    const Tolerance tol = strategy.tolerance(first, c, data.expected.at(first));
+    const Tolerance tol = rowTolerance(c, data, strategy, first);
     rec.atol = tol.atol;
     rec.rtol = tol.rtol;
     rec.tolerance = tol.toString();
+  }
+  // The reference's own rounding (what tolerances were raised to), or why it was not measured.
+  if (!data.rounding.empty()) {
+    nlohmann::json r = nlohmann::json::object();
+    for (const auto& [name, err] : data.rounding) r[name] = err;
+    rec.details["reference_rounding"] = r;
+  } else if (!data.roundingNote.empty()) {
+    rec.details["reference_rounding"] = data.roundingNote;
+  }
+  if (const auto low = strategy.arithmeticDtype(c)) {
+    if (auto in = data.roundingIn.find(*low); in != data.roundingIn.end()) {
+      nlohmann::json r = nlohmann::json::object();
+      for (const auto& [name, err] : in->second) r[name] = err;
+      rec.details["reference_rounding_in"] = {{c10::toString(*low), r}};
+    }
   }
   if (const std::string err = errorMessage(ranks, perRankErrors); !err.empty()) {
     rec.status = Status::kError;

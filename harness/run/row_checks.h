@@ -20,6 +20,29 @@
 
 namespace sb::harness {
 
+// Fills data.rounding from `shadow`, the same reference built in float64 from the same values
+// (reference::ValuesRoundedAs): per floating checked tensor, max |expected - shadow|. Measures
+// nothing, and says why in data.roundingNote, where the shadow is not the same computation: an
+// input value differs (the shadow did not start where the case did), or an output or the
+// gradient norm differs by more than a quarter of its largest value. (Rounding alone moves an
+// ill-conditioned model by percents: batch norm over a few values, a ReLU's sign flipped; the
+// tolerance then honestly follows it.)
+void measureReferenceRounding(reference::WorkloadData& data,
+                              const reference::WorkloadData& shadow);
+
+// Per floating checked tensor of `computed` (a reference built in some dtype from the case's
+// values), max |computed - shadow|; empty, with `note` saying why, where an output or the gradient
+// norm is more than a quarter off (another computation).
+std::map<std::string, double> roundingAgainst(const reference::WorkloadData& computed,
+                                              const reference::WorkloadData& shadow,
+                                              std::string* note);
+
+// The tolerance `strategy` states for `name`, raised to the reference's own rounding where it
+// was measured (withReferenceRounding): in the case's dtype, and in the strategy's
+// arithmeticDtype() where it computes in a lower one.
+Tolerance rowTolerance(const CaseSpec& c, const reference::WorkloadData& data,
+                       const Strategy& strategy, const std::string& name);
+
 // Compares one rank's local tensors with the matching slices of the reference.
 std::vector<TensorCheck> verifyRank(const CaseSpec& c, const reference::WorkloadData& data,
                                     const Strategy& strategy, int rank,

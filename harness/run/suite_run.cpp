@@ -12,12 +12,14 @@
 #include <optional>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
 #include "harness/measure/device.h"
 #include "harness/out_file.h"
 #include "harness/run/distributed_row.h"
 #include "harness/run/golden.h"
+#include "harness/run/row_checks.h"
 #include "harness/run/run_util.h"
 #include "harness/run/runner.h"
 #include "reference/training.h"
@@ -130,11 +132,50 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
                                ? std::max(1, at::get_num_threads() /
                                                  static_cast<int>(std::max<int64_t>(1, c.meshSize())))
                                : at::get_num_threads());
-        data = c.training.enabled()
-                   ? reference::buildTraining(c.workload, c.shape, c.dtype, c.seed, c.inputs,
-                                              c.training)
-                   : reference::findWorkload(c.workload)->build(c.shape, c.dtype, c.seed, c.inputs);
+        const auto build = [&c](at::ScalarType dtype) {
+          return c.training.enabled()
+                     ? reference::buildTraining(c.workload, c.shape, dtype, c.seed, c.inputs,
+                                                c.training)
+                     : reference::findWorkload(c.workload)->build(c.shape, dtype, c.seed, c.inputs);
+        };
+        data = build(c.dtype);
         if (onDevice) synchronizeDevice();
+        // The reference's own rounding: the same computation in float64 from the same values,
+        // what tolerances are raised to where the result's magnitude understates the rounding
+        // of the terms that made it (docs/results.md). The global generators are left as the
+        // case's reference left them.
+        // SB_REFERENCE_ROUNDING=off: the tolerances as strategies state them (an A/B of the floor).
+        static const bool roundingOff = [] {
+          const char* v = std::getenv("SB_REFERENCE_ROUNDING");
+          return v != nullptr && std::string(v) == "off";
+        }();
+        if (!roundingOff && at::isFloatingType(c.dtype) && c.dtype != at::kDouble) {
+          at::Generator cpu = at::detail::getDefaultCPUGenerator();
+          const at::Tensor rngState = cpu.get_state();
+          try {
+            reference::ValuesRoundedAs rounded(c.dtype);
+            const reference::WorkloadData shadow = build(at::kDouble);
+            measureReferenceRounding(data, shadow);
+            // Strategies computing in a lower dtype (mixed precision): the reference built in
+            // it from the case's values, against the same shadow.
+            for (const auto& entry : plan[i].strategies) {
+              const auto low = entry.strategy->arithmeticDtype(c);
+              if (!low || *low == c.dtype || data.roundingIn.count(*low) ||
+                  !data.roundingNote.empty()) {
+                continue;
+              }
+              std::string note;
+              data.roundingIn[*low] = roundingAgainst(build(*low), shadow, &note);
+              cpu.set_state(rngState);
+            }
+          } catch (const std::exception& e) {
+            data.rounding.clear();
+            data.roundingIn.clear();
+            data.roundingNote = "no float64 shadow (the reference's own rounding not measured): " +
+                                errorText(e);
+          }
+          cpu.set_state(rngState);
+        }
         if (golden && c.training.enabled()) {
           if (options.writeGolden) {
             try {

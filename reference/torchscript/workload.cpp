@@ -192,7 +192,7 @@ std::map<std::string, at::Tensor> importedInputs(const ImportedModel& m, at::Sca
     const InputSpec& s = m.inputSpecs[i];
     const int stream = static_cast<int>(i);
     if (s.dtype == "int64") {
-      const at::Tensor u = makeUniform(s.shape, 1.0, at::kDouble, seed, stream, InputMode::kRandom);
+      const at::Tensor u = makeUniformAsDrawn(s.shape, 1.0, seed, stream);
       const double span = static_cast<double>(s.high - s.low);
       out[m.dataInputs[i]] = u.add(1)
                                  .mul(0.5 * span)
@@ -210,7 +210,7 @@ std::map<std::string, at::Tensor> importedInputs(const ImportedModel& m, at::Sca
 
 at::Tensor importedConstant(const ImportedModel::Constant& c, at::ScalarType dtype) {
   return c.followsDtype && at::isFloatingType(c.value.scalar_type())
-             ? c.value.to(caseDevice(), dtype)
+             ? toCaseDtype(c.value, caseDevice(), dtype)
              : c.value.to(caseDevice());
 }
 
@@ -219,7 +219,7 @@ std::map<std::string, at::Tensor> importedParameters(const ImportedModel& m, con
   std::map<std::string, at::Tensor> out;
   int stream = 1000;
   for (const auto& [name, dims] : m.graph.parameters) {
-    const at::Tensor own = m.parameters.at(name).detach().to(caseDevice(), dtype);
+    const at::Tensor own = toCaseDtype(m.parameters.at(name).detach(), caseDevice(), dtype);
     if (!s.seededParams) {
       out[name] = own.clone();
       continue;
@@ -232,7 +232,8 @@ std::map<std::string, at::Tensor> importedParameters(const ImportedModel& m, con
       out[name] =
           makeUniform(dims, 1.0 / std::sqrt(fanIn), dtype, seed, stream++, InputMode::kRandom);
     } else {
-      out[name] = own + makeUniform(dims, 0.1, dtype, seed, stream++, InputMode::kRandom);
+      out[name] =
+          asCaseValues(own + makeUniform(dims, 0.1, dtype, seed, stream++, InputMode::kRandom));
     }
   }
   return out;
@@ -256,7 +257,7 @@ LoadedModule loadModule(const ImportSpec& spec, const ImportedModel& m, at::Scal
   {
     at::NoGradGuard noGrad;
     const auto convert = [&](const at::Tensor& t) {
-      t.set_data(at::isFloatingType(t.scalar_type()) ? t.to(caseDevice(), dtype)
+      t.set_data(at::isFloatingType(t.scalar_type()) ? toCaseDtype(t, caseDevice(), dtype)
                                                      : t.to(caseDevice()));
     };
     for (const auto& p : l.module.named_parameters(true)) convert(p.value);

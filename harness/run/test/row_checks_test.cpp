@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <fstream>
+#include <optional>
 
 #include "harness/error.h"
 #include "harness/run/golden.h"
@@ -162,6 +163,104 @@ TEST(Golden, MalformedFilesNameTheLineAndWhatWasExpected) {
             std::string::npos);
   EXPECT_NE(read("case,step,loss,grad_norm\n").find("no '# cpu: ...' line"), std::string::npos);
   EXPECT_NE(read("").find("no header"), std::string::npos);
+}
+
+// The reference's own rounding (measureReferenceRounding, rowTolerance).
+
+reference::WorkloadData gpt2(at::ScalarType dtype) {
+  const nlohmann::json shape = {{"batch", 2}, {"seq", 8},   {"d_model", 32}, {"heads", 4},
+                                {"layers", 1}, {"vocab", 48}, {"dropout", 0}};
+  return reference::findWorkload("gpt2")->build(shape, dtype, 7, reference::InputMode::kRandom);
+}
+
+reference::WorkloadData gpt2Shadow(at::ScalarType of) {
+  reference::ValuesRoundedAs rounded(of);
+  return gpt2(at::kDouble);
+}
+
+double maxAbs(const at::Tensor& t) { return t.abs().max().item<double>(); }
+
+// A tolerance for every tensor: the dtype's default, or bitwise for the tensor named "exact",
+// and a lower arithmetic dtype where one is given.
+class DefaultsStrategy final : public Strategy {
+ public:
+  explicit DefaultsStrategy(std::optional<at::ScalarType> low = std::nullopt)
+      : Strategy("test/defaults", "defaults", Family::kSharding), low_(low) {}
+  Applicability applies(const CaseSpec&) const override { return Applicability::yes(); }
+  std::unique_ptr<RankExecutor> makeExecutor(const CaseSpec&) const override { return nullptr; }
+  Box resultBox(const std::string&, const CaseSpec&, int) const override { return Box{{0}, {2}}; }
+  CommStats predictComm(const CaseSpec&, int) const override { return {}; }
+  std::optional<at::ScalarType> arithmeticDtype(const CaseSpec&) const override { return low_; }
+  Tolerance tolerance(const std::string& name, const CaseSpec& c,
+                      const at::Tensor&) const override {
+    return name == "exact" ? Tolerance::bitwise("test") : Tolerance::defaultFor(c.dtype);
+  }
+
+ private:
+  std::optional<at::ScalarType> low_;
+};
+
+TEST(ReferenceRounding, ShadowStartsFromTheCaseValuesAndFindsTheZeroByStructureGradient) {
+  reference::WorkloadData d = gpt2(at::kFloat);
+  measureReferenceRounding(d, gpt2Shadow(at::kFloat));
+  ASSERT_TRUE(d.roundingNote.empty()) << d.roundingNote;
+  // The key bias's gradient is zero by softmax's shift invariance: what float32 holds is its
+  // own rounding, as large as the values themselves, and past torch.testing's atol.
+  const at::Tensor kb = d.expected.at("grad/h0.attn.k.bias");
+  const double e = d.rounding.at("grad/h0.attn.k.bias");
+  EXPECT_GT(e, 0.5 * maxAbs(kb));
+  // A gradient that does not cancel: its rounding is a few u of its values.
+  const double w = d.rounding.at("grad/h0.mlp.fc.weight");
+  EXPECT_GT(w, 0);
+  EXPECT_LT(w, 1e-5 * maxAbs(d.expected.at("grad/h0.mlp.fc.weight")));
+  EXPECT_EQ(d.rounding.size(), d.checked.size());
+}
+
+TEST(ReferenceRounding, AShadowFromOtherValuesMeasuresNothingAndSaysWhy) {
+  // A bfloat16 case's shadow built without rounding its values to bfloat16 first.
+  reference::WorkloadData d = gpt2(at::kBFloat16);
+  measureReferenceRounding(d, gpt2(at::kDouble));
+  EXPECT_TRUE(d.rounding.empty());
+  EXPECT_NE(d.roundingNote.find("is not the case's value"), std::string::npos) << d.roundingNote;
+  // Another computation (an output a quarter off) measures nothing either.
+  reference::WorkloadData f = gpt2(at::kFloat);
+  reference::WorkloadData other = gpt2Shadow(at::kFloat);
+  other.expected.at("output").mul_(2);
+  measureReferenceRounding(f, other);
+  EXPECT_TRUE(f.rounding.empty());
+  EXPECT_NE(f.roundingNote.find("'output' differs"), std::string::npos) << f.roundingNote;
+}
+
+TEST(ReferenceRounding, RaisesOnlyNonBitwiseTolerancesAndOnlyWhereWider) {
+  const Tolerance fp32 = Tolerance::defaultFor(at::kFloat);
+  const Tolerance raised = withReferenceRounding(fp32, 1e-4);
+  EXPECT_DOUBLE_EQ(raised.atol, kReferenceRoundingFactor * 1e-4);
+  EXPECT_DOUBLE_EQ(raised.rtol, fp32.rtol);
+  EXPECT_NE(raised.reason.find("the reference's own rounding"), std::string::npos);
+  EXPECT_DOUBLE_EQ(withReferenceRounding(fp32, 1e-7).atol, fp32.atol);  // already wider
+  EXPECT_TRUE(withReferenceRounding(Tolerance::bitwise("x"), 1.0).exact);
+  EXPECT_DOUBLE_EQ(withReferenceRounding(fp32, -1).atol, fp32.atol);  // not measured
+
+  reference::WorkloadData d;
+  d.expected["output"] = at::zeros({2});
+  d.expected["exact"] = at::zeros({2});
+  d.checked = {"output", "exact"};
+  d.rounding = {{"output", 1e-3}, {"exact", 1e-3}};
+  d.roundingIn[at::kBFloat16] = {{"output", 0.5}};
+  CaseSpec c;
+  c.dtype = at::kFloat;
+  EXPECT_DOUBLE_EQ(rowTolerance(c, d, DefaultsStrategy(), "output").atol, 4e-3);
+  EXPECT_TRUE(rowTolerance(c, d, DefaultsStrategy(), "exact").exact);
+  // Computing in bfloat16: the reference's rounding in bfloat16.
+  EXPECT_DOUBLE_EQ(rowTolerance(c, d, DefaultsStrategy(at::kBFloat16), "output").atol, 2.0);
+  // A right tensor passes; one off by the value's own size fails, even at the raised atol.
+  const at::Tensor e = d.expected.at("output");
+  EXPECT_TRUE(checkTensor("output", 0, e + 3e-3, e, {0},
+                          rowTolerance(c, d, DefaultsStrategy(), "output"))
+                  .passed());
+  EXPECT_FALSE(checkTensor("output", 0, e + 5e-3, e, {0},
+                           rowTolerance(c, d, DefaultsStrategy(), "output"))
+                   .passed());
 }
 
 }  // namespace

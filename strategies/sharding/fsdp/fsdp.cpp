@@ -256,6 +256,11 @@ class FsdpStrategy final : public harness::Strategy {
 
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override;
+  // Mixed precision: the units compute in params.param_dtype.
+  std::optional<at::ScalarType> arithmeticDtype(const CaseSpec& c) const override {
+    const auto d = paramDtype(c);
+    return d && *d != c.dtype ? d : std::nullopt;
+  }
 
   std::vector<std::string> plantableFaults() const override {
     std::vector<std::string> out;
