@@ -50,6 +50,15 @@ KNOWN = {
     # sign) the float64 shadow does not have there. The plan passes in float64.
     ("shufflenet_v2", r"sharding/auto/ilp", ""):
         "float32 rounding through batch norm over steps, past 4x the reference's own; float64 passes",
+    # On 2.x (oneDNN's convolutions, batch norm split by batch): a ReLU's input within rounding
+    # of zero flips in the plan and not in the reference, and a gradient term of its own size
+    # moves (RegNetY: 0.022 on a weight gradient whose reference is 1.6e-5 from float64). The
+    # float64 shadow rounds where the reference does, so it cannot see a flip that only the
+    # plan has; float64 passes.
+    ("regnet_y", r"sharding/auto/.*", "2."):
+        "a ReLU flipped by rounding in the plan only (2.x); float64 passes",
+    ("mnasnet", r"sharding/auto/ilp", "2."):
+        "a ReLU flipped by rounding in the plan only, over steps (2.x); float64 passes",
     # A stage's input is a leaf: AccumulateGrad lays its gradient out as the leaf (channels-last
     # from the permuted LayerNorm), the module's flows on as computed; the bias gradients sum
     # in another order (1 ulp), and checkpointing is judged bitwise.
@@ -100,7 +109,9 @@ def suite_text(model, pt, meta):
 # the LSTM rows fail by an ulp on an AMD EPYC with AVX-VNNI and pass on one without it. The
 # ShuffleNet row's rounding event is one element's: another CPU's kernels round elsewhere.
 HOST_DEPENDENT = {("lstm", r"checkpointing/(full|revolve|sqrt|greedy|rotor|none)", "2."),
-                  ("shufflenet_v2", r"sharding/auto/ilp", "")}
+                  ("shufflenet_v2", r"sharding/auto/ilp", ""),
+                  ("regnet_y", r"sharding/auto/.*", "2."),
+                  ("mnasnet", r"sharding/auto/ilp", "2.")}
 
 # Per KNOWN entry: [rows it matched, of which failed]. One that matched and never failed is
 # stale: the test fails until it leaves the list.

@@ -11,6 +11,8 @@ planted-fault tests run to prove a wrong strategy fails its row.
                  (reshard_after_forward=True: each block gathered again for its backward)
   fsdp2-keep     the same with reshard_after_forward=False
   hsdp           fully_shard on a 2-D mesh (replicate, shard): sharded on axis 1, replicated on 0
+                 (fsdp2, fsdp2-keep and hsdp: params.param_dtype: bfloat16 is FSDP2's
+                 MixedPrecisionPolicy, computed in bfloat16, gradients reduced in float32)
   tp             parallelize_module with torchtitan's Megatron plan for a LLaMA written as Meta
                  writes it (wq/wk/wv/w1/w3 column-wise, wo/w2 row-wise, the embedding row-wise,
                  the output column-wise gathered): every rank the whole batch
@@ -145,10 +147,17 @@ class FSDP2(Strategy):
 
     def parallelize(self, model, mesh, ctx):
         from torch.distributed.fsdp import fully_shard
+        kw = {"reshard_after_forward": self.reshard}
+        # params.param_dtype: bfloat16 (the harness checked it): FSDP2's mixed precision, units
+        # gathered and computed in bfloat16, gradients reduced into float32 shards.
+        if ctx.params.get("param_dtype") == "bfloat16":
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                   reduce_dtype=torch.float32)
         _, blocks = layer_list(model)
         for block in blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard)
-        fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard)
+            fully_shard(block, mesh=mesh, **kw)
+        fully_shard(model, mesh=mesh, **kw)
         return model
 
 

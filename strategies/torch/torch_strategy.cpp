@@ -449,6 +449,7 @@ class TorchStrategy final : public harness::Strategy {
     if (kind_.name == "compose") return {"model", "axes", "sp", "schedule", "virtual_stages", "ac"};
     if (kind_.name == "ep") return {"model", "axes"};
     if (kind_.name == "sac") return {"model", "policy"};
+    if (fsdp2Kind()) return {"model", "param_dtype"};
     return {"model"};
   }
   bool trainsSteps() const override { return true; }
@@ -491,6 +492,13 @@ class TorchStrategy final : public harness::Strategy {
                                 "of a Python file defining parallelize(model, mesh, ctx)");
     }
     if (kind_.name == "compose") checkComposeParams(c);
+    if (fsdp2Kind() && c.params.contains("param_dtype") && !paramDtype(c)) {
+      throw harness::InputError(c.where() + ": params.param_dtype " +
+                                c.params.at("param_dtype").dump() +
+                                ": expected \"bfloat16\" (FSDP2's MixedPrecisionPolicy: units "
+                                "gathered and computed in it, gradients reduced in float32) or "
+                                "the case's dtype");
+    }
     if (kind_.name == "sac" && c.params.contains("policy")) {
       // The policy by name: stratbench's checkpointing/sac/<name> decides the same per
       // operator (builtin_strategies.py's sac_policy); a policy object is stratbench's only.
@@ -654,6 +662,12 @@ class TorchStrategy final : public harness::Strategy {
   // several ranks the step's sums are split (the batch's rows over data-parallel ranks, a
   // row-wise matmul's partial products over tensor-parallel ones) and added in PyTorch's order:
   // the tolerance stratbench's own FSDP rows state for the same reason (harness::stepsTolerance).
+  // FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16): the units compute in it.
+  std::optional<at::ScalarType> arithmeticDtype(const CaseSpec& c) const override {
+    const auto d = fsdp2Kind() ? paramDtype(c) : std::nullopt;
+    return d && *d != c.dtype ? d : std::nullopt;
+  }
+
   harness::Tolerance tolerance(const std::string& tensor, const CaseSpec& c,
                                const at::Tensor& expected) const override {
     if (kind_.name == "ep") {
@@ -664,14 +678,18 @@ class TorchStrategy final : public harness::Strategy {
     }
     if (c.meshSize() <= 1) return Strategy::tolerance(tensor, c, expected);
     const int steps = std::max(1, c.training.steps);
+    const at::ScalarType computed = arithmeticDtype(c).value_or(c.dtype);
     harness::Tolerance t = harness::stepsTolerance(
-        c.dtype, steps, expected.numel() ? expected.abs().max().item<double>() : 0.0);
+        computed, steps, expected.numel() ? expected.abs().max().item<double>() : 0.0);
     t.reason = "the step's sums split over " + std::to_string(c.meshSize()) +
                " ranks and added in PyTorch's order" +
                (c.training.steps > 0
                     ? ", compounded over " + std::to_string(steps) + " steps"
                     : std::string()) +
-               ": 10 x steps x the dtype's tolerance, as stratbench's FSDP rows";
+               ": 10 x steps x the dtype's tolerance, as stratbench's FSDP rows" +
+               (computed != c.dtype ? std::string(" (bfloat16's: the units compute in it, "
+                                                  "against a float32 reference)")
+                                    : std::string());
     return t;
   }
 
@@ -692,6 +710,19 @@ class TorchStrategy final : public harness::Strategy {
     layouts_[{key(c), rank}] = layouts;
   }
   bool pipeline() const { return kind_.name.rfind("pipeline-", 0) == 0; }
+  bool fsdp2Kind() const {
+    return kind_.name == "fsdp2" || kind_.name == "fsdp2-keep" || kind_.name == "hsdp";
+  }
+  // params.param_dtype as a dtype: bfloat16 or the case's own; std::nullopt when absent (the
+  // case's) or anything else.
+  static std::optional<at::ScalarType> paramDtype(const CaseSpec& c) {
+    if (!c.params.contains("param_dtype")) return c.dtype;
+    const auto& v = c.params.at("param_dtype");
+    if (!v.is_string()) return std::nullopt;
+    if (v.get<std::string>() == "bfloat16") return at::kBFloat16;
+    if (v.get<std::string>() == harness::dtypeName(c.dtype)) return c.dtype;
+    return std::nullopt;
+  }
   // torch/compose's params, each with the value it must have: exit 2 naming the key.
   static void checkComposeParams(const CaseSpec& c) {
     const auto bad = [&](const std::string& key, const std::string& expected) {

@@ -155,6 +155,12 @@ class FsdpStrategy final : public harness::Strategy {
             "params.param_dtype "
             "needs a float32 case");
       }
+      if (*paramDtype(c) != c.dtype && c.workload == "torchscript") {
+        return Applicability::unsupported(
+            "params.param_dtype on an imported model: its graph's operators run in the case's "
+            "dtype, with no casts of their inputs to the units' bfloat16 (torch/fsdp2 runs "
+            "FSDP2's MixedPrecisionPolicy on it)");
+      }
     }
     if (kind_ == Kind::kHsdp && c.mesh.size() != 2) {
       return Applicability::unsupported(
