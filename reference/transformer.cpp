@@ -58,11 +58,11 @@ Transformer::Transformer(const TransformerShape& s, at::ScalarType dtype, uint64
   int stream = 0;
   const int64_t D = s.dModel;
   const auto w = [&](const std::string& n, at::IntArrayRef shape, int64_t fanIn) {
-    return param(n, asCaseValues(makeNormal(shape, dtype, seed, stream++, InputMode::kRandom) *
-                                     std::sqrt(1.0 / static_cast<double>(fanIn))));
+    return param(n, scaledAsCase(makeNormal(shape, dtype, seed, stream++, InputMode::kRandom),
+                                 std::sqrt(1.0 / static_cast<double>(fanIn))));
   };
   const auto b = [&](const std::string& n, int64_t len) {
-    return param(n, asCaseValues(makeNormal({len}, dtype, seed, stream++, InputMode::kRandom) * 0.02));
+    return param(n, scaledAsCase(makeNormal({len}, dtype, seed, stream++, InputMode::kRandom), 0.02));
   };
   const auto ones = [&](const std::string& n) {
     return param(n, at::ones({D}, caseOptions(dtype)));

@@ -39,6 +39,11 @@ at::Tensor asCaseValues(const at::Tensor& t) {
   return t.to(*tRoundedAs).to(t.scalar_type());
 }
 
+at::Tensor scaledAsCase(const at::Tensor& t, double s) {
+  if (!tRoundedAs || !at::isFloatingType(t.scalar_type())) return t * s;
+  return (t.to(*tRoundedAs) * s).to(t.scalar_type());
+}
+
 at::Tensor toCaseDtype(const at::Tensor& t, at::Device device, at::ScalarType dtype) {
   if (tRoundedAs && at::isFloatingType(t.scalar_type()) && at::isFloatingType(dtype)) {
     return t.to(*tRoundedAs).to(device, dtype);

@@ -80,6 +80,9 @@ class ValuesRoundedAs {
 // `t`, a workload's input value computed in the dtype it builds in, as the case's own reference
 // holds it: rounded through the shadowed dtype inside a ValuesRoundedAs, unchanged otherwise.
 at::Tensor asCaseValues(const at::Tensor& t);
+// `t * s` as the case's own reference computes it: in the shadowed dtype (the scalar cast to it,
+// as ATen does) inside a ValuesRoundedAs, so a float32 case's `x * 0.02` is its own bits.
+at::Tensor scaledAsCase(const at::Tensor& t, double s);
 // `t` (drawn or loaded in any dtype) converted to `dtype` on `device`, as a case's input: through
 // the shadowed dtype inside a ValuesRoundedAs.
 at::Tensor toCaseDtype(const at::Tensor& t, at::Device device, at::ScalarType dtype);

@@ -142,8 +142,8 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
         if (onDevice) synchronizeDevice();
         // The reference's own rounding: the same computation in float64 from the same values,
         // what tolerances are raised to where the result's magnitude understates the rounding
-        // of the terms that made it (docs/results.md). The global generators are left as the
-        // case's reference left them.
+        // of the terms that made it (docs/results.md). The global generators (the CPU's, the
+        // case device's) are left as the case's reference left them.
         // SB_REFERENCE_ROUNDING=off: the tolerances as strategies state them (an A/B of the floor).
         static const bool roundingOff = [] {
           const char* v = std::getenv("SB_REFERENCE_ROUNDING");
@@ -152,6 +152,16 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
         if (!roundingOff && at::isFloatingType(c.dtype) && c.dtype != at::kDouble) {
           at::Generator cpu = at::detail::getDefaultCPUGenerator();
           const at::Tensor rngState = cpu.get_state();
+          std::optional<at::Generator> device;
+          at::Tensor deviceState;
+          if (onDevice) {
+            device = at::globalContext().defaultGenerator(reference::caseDevice());
+            deviceState = device->get_state();
+          }
+          const auto restore = [&] {
+            cpu.set_state(rngState);
+            if (device) device->set_state(deviceState);
+          };
           try {
             reference::ValuesRoundedAs rounded(c.dtype);
             const reference::WorkloadData shadow = build(at::kDouble);
@@ -170,7 +180,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
               } catch (const std::exception&) {
                 data.roundingIn[*low] = {};  // not built in it: its strategies' own tolerance
               }
-              cpu.set_state(rngState);
+              restore();
             }
           } catch (const std::exception& e) {
             data.rounding.clear();
@@ -178,7 +188,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
             data.roundingNote = "no float64 shadow (the reference's own rounding not measured): " +
                                 errorText(e);
           }
-          cpu.set_state(rngState);
+          restore();
         }
         if (golden && c.training.enabled()) {
           if (options.writeGolden) {
