@@ -82,17 +82,13 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   }
   // The reference's own rounding (what tolerances were raised to), or why it was not measured.
   if (!data.rounding.empty()) {
-    nlohmann::json r = nlohmann::json::object();
-    for (const auto& [name, err] : data.rounding) r[name] = err;
-    rec.details["reference_rounding"] = r;
+    rec.details["reference_rounding"] = data.rounding;
   } else if (!data.roundingNote.empty()) {
     rec.details["reference_rounding"] = data.roundingNote;
   }
   if (const auto low = strategy.arithmeticDtype(c)) {
     if (auto in = data.roundingIn.find(*low); in != data.roundingIn.end()) {
-      nlohmann::json r = nlohmann::json::object();
-      for (const auto& [name, err] : in->second) r[name] = err;
-      rec.details["reference_rounding_in"] = {{c10::toString(*low), r}};
+      rec.details["reference_rounding_in"] = {{c10::toString(*low), in->second}};
     }
   }
   if (const std::string err = errorMessage(ranks, perRankErrors); !err.empty()) {

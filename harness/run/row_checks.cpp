@@ -45,7 +45,7 @@ std::map<std::string, double> roundingAgainst(const reference::WorkloadData& com
       if (err > kShadowMismatch * scale) {
         std::ostringstream os;
         os << "no float64 shadow: its '" << name << "' differs from the reference in "
-           << computed.expected.at(name).scalar_type() << " by " << err / std::max(scale, 1e-300)
+           << r.scalar_type() << " by " << err / std::max(scale, 1e-300)
            << " of its largest value, more than rounding moves it (the reference's own rounding "
               "not measured)";
         *note = os.str();
