@@ -2,8 +2,12 @@
 // time to solve, side by side in one run, and the bytes of each one's table. Stage times are
 // uniform in [1, 10] (backward about twice the forward), activation and tape sizes in
 // [1, 100] and [x, 3x], temporaries up to a fifth of them; the budget is half of what keeping
-// every tape peaks at. The reference runs only up to 200 stages (its time grows as L^3 with
-// nothing to spare); 2,000 stages at 500 slots is refused by the memory limit, in microseconds.
+// every tape peaks at. `terms:1` adds what every profiled chain carries (chain.h): the step's
+// terms (output and loss kept, d[L] held) and a taped forward's own temporaries, so rotor plans
+// the chain with them and without (solvers.cpp). The reference runs only up to 200 stages (its
+// time grows as L^3 with nothing to spare); 2,000 stages at 500 slots is refused by the memory
+// limit, in microseconds. Whole processes, against another build and ColossalAI's C rotor:
+// ci/bench/rotor_bench.py.
 //
 //   build/strategies/checkpoint_solver_bench --benchmark_counters_tabular=true
 
@@ -17,7 +21,7 @@ namespace {
 
 namespace ck = sb::strategies::checkpointing;
 
-ck::Chain randomChain(int stages, uint64_t seed) {
+ck::Chain randomChain(int stages, uint64_t seed, bool terms) {
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> time(1, 10), size(1, 100), frac(0, 0.2), tape(1, 3);
   ck::Chain c;
@@ -35,6 +39,12 @@ ck::Chain randomChain(int stages, uint64_t seed) {
       c.btime.push_back(1);  // the loss
     }
   }
+  if (terms) {  // drawn after the rest: the plain and the profiled chain share every other value
+    for (int i = 0; i < stages; ++i) c.fetmp.push_back(std::round(c.ftmp[i] * (0.3 + 3.5 * frac(gen))));
+    c.outputKept = true;
+    c.lossBytes = 8;
+    c.lossGradKept = true;
+  }
   return c;
 }
 
@@ -46,7 +56,7 @@ template <bool kReference>
 void BM_Rotor(benchmark::State& state) {
   const int stages = static_cast<int>(state.range(0));
   const int slots = static_cast<int>(state.range(1));
-  const ck::Chain chain = randomChain(stages, 42 + stages);
+  const ck::Chain chain = randomChain(stages, 42 + stages, state.range(2) != 0);
   ck::SolveOptions o;
   o.budget = halfOfKeepingEverything(chain);
   o.slots = slots;
@@ -60,37 +70,43 @@ void BM_Rotor(benchmark::State& state) {
       refused = true;
     }
   }
-  const double pairs =
-      kReference ? (stages + 1.0) * (stages + 1.0) : (stages + 1.0) * (stages + 2) / 2;
-  // The reference: a time (8 bytes) and a choice (4) per (slots, i, l); the fast table the same
-  // per (i <= l, slots), plus an int per row.
-  state.counters["table_MB"] = pairs * ((slots + 1) * 12.0 + (kReference ? 0 : 4)) / 1e6;
+  // The reference: a time (8 bytes) per (slots, i, l); the fast table the same per (i <= l,
+  // slots) and per row its least value and where it turns finite (12 bytes), and with the
+  // step's terms 2L + 1 rows more (the table without them).
+  const double rows = kReference ? (stages + 1.0) * (stages + 1.0)
+                                 : (stages + 1.0) * (stages + 2) / 2 +
+                                       (chain.stepTermsBound() > 0 ? 2.0 * stages + 1 : 0);
+  state.counters["table_MB"] = rows * ((slots + 1) * 8.0 + (kReference ? 0 : 12)) / 1e6;
   state.counters["predicted_time"] = time;
   state.counters["refused"] = refused;
 }
 
 void fast(benchmark::internal::Benchmark* b) {
   for (int stages : {20, 60, 120, 200, 500, 1000, 2000}) {
-    for (int slots : {100, 500}) b->Args({stages, slots});
+    for (int slots : {100, 500}) {
+      for (int terms : {0, 1}) b->Args({stages, slots, terms});
+    }
   }
 }
 void reference(benchmark::internal::Benchmark* b) {
   for (int stages : {20, 60, 120, 200}) {
-    for (int slots : {100, 500}) b->Args({stages, slots});
+    for (int slots : {100, 500}) {
+      for (int terms : {0, 1}) b->Args({stages, slots, terms});
+    }
   }
 }
 
 BENCHMARK_TEMPLATE(BM_Rotor, false)
     ->Name("rotor")
     ->Apply(fast)
-    ->ArgNames({"stages", "slots"})
+    ->ArgNames({"stages", "slots", "terms"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(1);
 BENCHMARK_TEMPLATE(BM_Rotor, true)
     ->Name("rotor_reference")
     ->Apply(reference)
-    ->ArgNames({"stages", "slots"})
+    ->ArgNames({"stages", "slots", "terms"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(1);

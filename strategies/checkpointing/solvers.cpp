@@ -197,14 +197,22 @@ class Revolve {
 // as each table stores them, and the schedule read back from the choices.
 class RotorSlots {
  public:
-  RotorSlots(const Chain& c, double budget, int slots) : c_(c), L_(c.length()) {
+  // The slot count of a chain's table: one unit a slot where every size and the budget are
+  // integers and the budget is at most `slots`, else `slots`.
+  static int slotCount(const Chain& c, double budget, int slots) {
     const double lossBytes = c.outputKept ? c.lossBytes : 0;
     bool integral = budget == std::floor(budget) && lossBytes == std::floor(lossBytes);
     for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.fetmp, &c.btmp}) {
       for (double s : *v) integral = integral && s == std::floor(s);
     }
-    S_ = integral && budget <= slots ? static_cast<int>(budget) : slots;
+    return integral && budget <= slots ? static_cast<int>(budget) : slots;
+  }
+
+  RotorSlots(const Chain& c, double budget, int slots)
+      : c_(c), L_(c.length()), S_(slotCount(c, budget, slots)) {
+    const double lossBytes = c.outputKept ? c.lossBytes : 0;
     const double unit = budget / S_;
+    exact_ = unit == 1;
     const auto disc = [&](const std::vector<double>& v) {
       std::vector<int> out;
       // Rounding up keeps every schedule that fits in slots within the budget in bytes; the
@@ -236,6 +244,9 @@ class RotorSlots {
   virtual ~RotorSlots() = default;
 
   double tableTime() const { return T(S_ - X_[0], 0, L_); }
+  int slots() const { return S_; }
+  // A slot is one unit of the chain: the table is exact (no rounding up).
+  bool exact() const { return exact_; }
 
   std::optional<std::vector<Op>> schedule() const {
     const int m = S_ - X_[0];
@@ -247,7 +258,6 @@ class RotorSlots {
 
  protected:
   virtual double T(int m, int i, int l) const = 0;
-  virtual int choiceAt(int m, int i, int l) const = 0;
   // The gradient d[l+1] held in P(i, l, m); d[L] in rows (i, L - 1) as they count it.
   int D(int l) const { return l == L_ ? 0 : l + 1 == L_ ? DL_ : X_[l + 1]; }
   // B_i's d[i+1], tape, d[i] and temporary in row (i, l); in rows (i, L), and what is beside.
@@ -258,6 +268,29 @@ class RotorSlots {
   int lossNeeds() const { return X_[L_] + std::max(BT_[L_], LB_); }  // d[L], then the loss too
   // Row (i, l) reads the rows (i, j - 1) of its leaf moves at m - shift(l).
   int shift(int l) const { return l == L_ ? E_ : 0; }
+
+  // The move the table's value at (m, i, l) came from, found again rather than stored (a
+  // choice per entry would be a third of the table): both tables try the moves in one order
+  // (the chain, then leaf j = i + 1 ..) and keep a later one only when strictly cheaper, so
+  // theirs is the first move worth exactly the value, computed here with the same operations
+  // in the same order. -1: the chain; j: leaf j.
+  int choiceAt(int m, int i, int l) const {
+    const double value = T(m, i, l);
+    if (m >= backwardNeeds(i, l) && m >= D(l) + XB_[i + 1] + FE_[i] &&
+        c_.ftime[i] + c_.btime[i] + T(m - XB_[i + 1], i + 1, l) == value) {
+      return -1;
+    }
+    double forward = 0;
+    int fwdPeak = X_[i + 1] + FT_[i];  // CF_i
+    for (int j = i + 1; j <= l; ++j) {
+      if (j > i + 1) fwdPeak = std::max(fwdPeak, X_[j - 1] + X_[j] + FT_[j - 1]);  // Fn_{j-1}
+      forward += c_.ftime[j - 1];
+      if (D(l) + fwdPeak > m) break;
+      if (forward + T(m - X_[j], j, l) + T(m - shift(l), i, j - 1) == value) return j;
+    }
+    throw std::logic_error("rotor: no move makes the table's value at (" + std::to_string(m) +
+                           ", " + std::to_string(i) + ", " + std::to_string(l) + ")");
+  }
 
   void emit(int m, int i, int l, std::vector<Op>& ops) const {
     if (i == L_) {
@@ -284,7 +317,8 @@ class RotorSlots {
   }
 
   const Chain& c_;
-  int L_, S_ = 1;
+  int L_, S_;
+  bool exact_ = false;
   std::vector<int> X_, XB_, FT_, FE_, BT_;  // FE_: taped forwards' ftmp
   int LB_ = 0, E_ = 0, DL_ = 0;             // the loss; E (above); d[L] as rows (i, L - 1) count it
   std::vector<int> BE_;  // btmp[i] and what the step holds beside B_i in rows (i, L)
@@ -299,7 +333,6 @@ class RotorReference final : public RotorSlots {
  public:
   RotorReference(const Chain& c, double budget, int slots) : RotorSlots(c, budget, slots) {
     table_.assign(static_cast<size_t>(S_ + 1) * (L_ + 1) * (L_ + 1), kInf);
-    choice_.assign(table_.size(), 0);
     fill();
   }
 
@@ -308,7 +341,6 @@ class RotorReference final : public RotorSlots {
     return (static_cast<size_t>(m) * (L_ + 1) + i) * (L_ + 1) + l;
   }
   double T(int m, int i, int l) const override { return m < 0 ? kInf : table_[idx(m, i, l)]; }
-  int choiceAt(int m, int i, int l) const override { return choice_[idx(m, i, l)]; }
 
   void fill() {
     for (int d = 0; d <= L_; ++d) {
@@ -327,14 +359,9 @@ class RotorReference final : public RotorSlots {
       return fits ? c_.ftime[i] + c_.btime[i] : kInf;
     }
     double best = kInf;
-    int arg = 0;
     // chain: Fe_i keeps the tape while the rest runs.
     if (backwardFits && m >= D(l) + XB_[i + 1] + FE_[i]) {
-      const double t = c_.ftime[i] + c_.btime[i] + T(m - XB_[i + 1], i + 1, l);
-      if (t < best) {
-        best = t;
-        arg = -1;
-      }
+      best = std::min(best, c_.ftime[i] + c_.btime[i] + T(m - XB_[i + 1], i + 1, l));
     }
     // leaf j: run to x[j] keeping x[i] and x[j] only.
     double forward = 0;
@@ -343,18 +370,12 @@ class RotorReference final : public RotorSlots {
       if (j > i + 1) fwdPeak = std::max(fwdPeak, X_[j - 1] + X_[j] + FT_[j - 1]);  // Fn_{j-1}
       forward += c_.ftime[j - 1];
       if (D(l) + fwdPeak > m) break;  // longer runs only add forwards
-      const double t = forward + T(m - X_[j], j, l) + T(m - shift(l), i, j - 1);
-      if (t < best) {
-        best = t;
-        arg = j;
-      }
+      best = std::min(best, forward + T(m - X_[j], j, l) + T(m - shift(l), i, j - 1));
     }
-    choice_[idx(m, i, l)] = arg;
     return best;
   }
 
   std::vector<double> table_;
-  std::vector<int> choice_;
 };
 
 // ---- rotor --------------------------------------------------------------------------------------
@@ -363,23 +384,63 @@ class RotorReference final : public RotorSlots {
 // values per sub-chain (i, l), i <= l only (half the reference's table). A move's condition on
 // m is a threshold (every fit is "m >= some sum"), so each move is one pass over the row's
 // slots from its threshold up, reading the rows of two shorter sub-chains at fixed offsets:
-// contiguous, branch-free loops the compiler vectorises, where the reference jumps across
-// slices of its table. A move also starts no lower than where the rows it reads become finite
-// (kept per row), which skips the slot counts too small for the rest of the chain. Sub-chains of
-// one length depend only on shorter ones, so each length's rows are filled in parallel over the
-// cores. Moves are tried in the reference's order and replace the best only when strictly cheaper,
-// so both make the same choices and the same schedule.
+// contiguous, branch-free loops the compiler vectorises (kernels below), where the reference
+// jumps across slices of its table. A move also starts no lower than where the rows it reads
+// become finite (kept per row), and stops where the row is already no more than the move's
+// least value (every row is non-increasing in m), which skips the slot counts too small for the
+// rest of the chain and those where a longer recomputation cannot pay. Sub-chains of one length
+// depend only on shorter ones, so each length's rows are filled in parallel over the cores. The
+// value of every entry is the reference's, bit for bit, and so is the move read back from it.
+//
+// A chain with the step's terms (chain.h) is also planned without them (solveRotor): the two
+// programs differ only in rows (i, L - 1) and (i, L), so the second table is those 2L + 1 rows
+// over the first's others.
+
+// row[k] = min(row[k], add + a[k]) and min(row[k], add + a[k] + b[k]) for k < n; where the
+// compiler can, one clone per vector width, picked at load time by the CPU's features.
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones) && defined(__gnu_linux__)
+#define SB_ROTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef SB_ROTOR_CLONES
+#define SB_ROTOR_CLONES
+#endif
+
+SB_ROTOR_CLONES void relaxChain(double* __restrict row, const double* __restrict a, double add,
+                                int n) {
+  for (int k = 0; k < n; ++k) {
+    const double t = add + a[k];
+    row[k] = t < row[k] ? t : row[k];
+  }
+}
+
+SB_ROTOR_CLONES void relaxLeaf(double* __restrict row, const double* __restrict a,
+                               const double* __restrict b, double add, int n) {
+  for (int k = 0; k < n; ++k) {
+    const double t = add + a[k] + b[k];
+    row[k] = t < row[k] ? t : row[k];
+  }
+}
+
 class Rotor final : public RotorSlots {
  public:
   using Clock = std::chrono::steady_clock;
+  // With `base` (the same chain's table with its step terms, at the same slot count), only the
+  // rows (i, L - 1) and (i, L) are this table's own: the others are read from `base`, which must
+  // outlive this one.
   Rotor(const Chain& c, double budget, int slots, double maxBytes, Clock::time_point deadline,
-        const std::function<void(double)>& progress)
-      : RotorSlots(c, budget, slots), deadline_(deadline), progress_(progress) {
+        const std::function<void(double)>& progress, const Rotor* base = nullptr)
+      : RotorSlots(c, budget, slots), base_(base), deadline_(deadline), progress_(progress) {
+    if (base_ && (base_->S_ != S_ || base_->L_ != L_)) {
+      throw std::logic_error("rotor: a table shares rows only at the same length and slots");
+    }
     row_ = static_cast<size_t>(S_) + 1;
     const double pairs = (L_ + 1.0) * (L_ + 2.0) / 2;
-    // Per sub-chain: a time and a choice per slot count, and where the row turns finite.
-    const double bytes =
-        pairs * (static_cast<double>(row_) * (sizeof(double) + sizeof(int32_t)) + sizeof(int));
+    const double own = base_ ? 2.0 * L_ + 1 : pairs;
+    // With the step's terms, the 2L + 1 rows of the table without them come on top.
+    const double tail = !base_ && c.stepTermsBound() > 0 ? 2.0 * L_ + 1 : 0;
+    const double bytes = rowBytes(row_) * (own + tail);
     if (bytes > maxBytes) {
       throw SolverLimitError("rotor: the table of a " + std::to_string(L_) + "-stage chain at " +
                                  std::to_string(S_) + " slots needs " +
@@ -388,27 +449,47 @@ class Rotor final : public RotorSlots {
                                  " allowed (--max-solver-memory; fewer --slots shrink it)",
                              bytes);
     }
-    table_.assign(static_cast<size_t>(pairs) * row_, kInf);
-    choice_.assign(table_.size(), 0);
-    first_.assign(static_cast<size_t>(pairs), S_ + 1);
+    table_.assign(static_cast<size_t>(own) * row_, kInf);
+    first_.assign(static_cast<size_t>(own), S_ + 1);
+    least_.assign(static_cast<size_t>(own), kInf);
     fill();
   }
 
- private:
-  // Row (i, l), i <= l: rows of sub-chains starting at i follow those starting before it.
-  size_t rowIndex(int i, int l) const {
-    const size_t before = static_cast<size_t>(i) * (2 * static_cast<size_t>(L_) + 3 - i) / 2;
-    return (before + static_cast<size_t>(l - i)) * row_;
+  // Per row: a time per slot count, where the row turns finite, and its least value.
+  static double rowBytes(size_t row) {
+    return static_cast<double>(row + 1) * sizeof(double) + sizeof(int);
   }
-  double T(int m, int i, int l) const override { return m < 0 ? kInf : table_[rowIndex(i, l) + m]; }
-  int choiceAt(int m, int i, int l) const override { return choice_[rowIndex(i, l) + m]; }
+
+ private:
+  // Whether row (i, l) is this table's own (else base_'s).
+  bool owns(int l) const { return !base_ || l >= L_ - 1; }
+  // This table's own row (i, l): with base_, rows (i, L - 1) then (i, L); without, rows of
+  // sub-chains starting at i follow those starting before it.
+  size_t rowNumber(int i, int l) const {
+    if (base_) return l == L_ ? static_cast<size_t>(L_) + i : static_cast<size_t>(i);
+    const size_t before = static_cast<size_t>(i) * (2 * static_cast<size_t>(L_) + 3 - i) / 2;
+    return before + static_cast<size_t>(l - i);
+  }
+  const double* rowOf(int i, int l) const {
+    return owns(l) ? &table_[rowNumber(i, l) * row_] : base_->rowOf(i, l);
+  }
+  double* ownRow(int i, int l) { return &table_[rowNumber(i, l) * row_]; }
+  // The row's first slot count with a finite time (S + 1: none): below it a move that reads
+  // the row can be skipped outright.
+  int first(int i, int l) const { return owns(l) ? first_[rowNumber(i, l)] : base_->first(i, l); }
+  // The row's value at S, its least: kept beside first() so that a move's bound needs no read
+  // of the rows themselves (scattered over the table, where first_ and least_ are compact).
+  double least(int i, int l) const {
+    return owns(l) ? least_[rowNumber(i, l)] : base_->least(i, l);
+  }
+  double T(int m, int i, int l) const override { return m < 0 ? kInf : rowOf(i, l)[m]; }
 
   void fill() {
     const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     // The work of length d's rows is (L - d + 1) (d + 1) row sweeps: checked against the
     // deadline, and reported, between lengths.
     double total = 0, done = 0;
-    for (int d = 0; d <= L_; ++d) total += static_cast<double>(L_ - d + 1) * (d + 1);
+    for (int d = 0; d <= L_; ++d) total += rowsOfLength(d) * (d + 1.0);
     auto lastReport = Clock::now();
     for (int d = 0; d <= L_; ++d) {
       const auto now = Clock::now();
@@ -425,10 +506,10 @@ class Rotor final : public RotorSlots {
         progress_(done / total);
         lastReport = now;
       }
-      done += static_cast<double>(L_ - d + 1) * (d + 1);
+      done += rowsOfLength(d) * (d + 1.0);
       // Threads only where the length's rows are worth waking them for.
       const int rows = L_ - d + 1;
-      const double work = static_cast<double>(rows) * (d + 1) * static_cast<double>(row_);
+      const double work = rowsOfLength(d) * (d + 1) * static_cast<double>(row_);
       const int n = work > 2e5 ? std::min(threads, rows) : 1;
       if (n <= 1) {
         for (int i = 0; i + d <= L_; ++i) fillRow(i, i + d);
@@ -444,24 +525,24 @@ class Rotor final : public RotorSlots {
     }
   }
 
-  // The row's first slot count with a finite time (S + 1: none): below it a move that reads
-  // the row can be skipped outright.
-  int first(int i, int l) const { return first_[rowIndex(i, l) / row_]; }
-
-  Clock::time_point deadline_;
-  std::function<void(double)> progress_;
+  // How many rows of sub-chains of d + 1 stages (the loss counted as one) this table fills.
+  double rowsOfLength(int d) const {
+    if (!base_) return L_ - d + 1.0;
+    return (d >= 1 ? 1.0 : 0.0) + 1.0;  // (L - 1 - d, L - 1) where it exists, and (L - d, L)
+  }
 
   void fillRow(int i, int l) {
+    if (!owns(l)) return;
     fillMoves(i, l);
-    const double* row = &table_[rowIndex(i, l)];
+    const double* row = rowOf(i, l);
     int m = 0;
     while (m <= S_ && row[m] == kInf) ++m;
-    first_[rowIndex(i, l) / row_] = m;
+    first_[rowNumber(i, l)] = m;
+    least_[rowNumber(i, l)] = row[S_];
   }
 
   void fillMoves(int i, int l) {
-    double* row = &table_[rowIndex(i, l)];
-    int32_t* ch = &choice_[rowIndex(i, l)];
+    double* row = ownRow(i, l);
     const int S = S_;
     if (i == L_) {
       for (int m = lossNeeds(); m <= S; ++m) row[m] = c_.btime[L_];
@@ -475,15 +556,11 @@ class Rotor final : public RotorSlots {
     }
     // chain: Fe_i keeps the tape while the rest runs.
     {
-      const double* next = &table_[rowIndex(i + 1, l)];
-      const double t0 = c_.ftime[i] + c_.btime[i];
       const int off = XB_[i + 1];
-      for (int m = std::max({backward, D(l) + off + FE_[i], off + first(i + 1, l)}); m <= S; ++m) {
-        const double t = t0 + next[m - off];
-        if (t < row[m]) {
-          row[m] = t;
-          ch[m] = -1;
-        }
+      const int from = std::max({backward, D(l) + off + FE_[i], off + first(i + 1, l)});
+      if (from <= S) {
+        relaxChain(row + from, rowOf(i + 1, l) + from - off, c_.ftime[i] + c_.btime[i],
+                   S + 1 - from);
       }
     }
     // leaf j: run to x[j] keeping x[i] and x[j] only.
@@ -494,37 +571,50 @@ class Rotor final : public RotorSlots {
       forward += c_.ftime[j - 1];
       const int from = D(l) + fwdPeak;
       if (from > S) break;  // longer runs only add forwards
-      const double* after = &table_[rowIndex(j, l)];
-      const double* before = &table_[rowIndex(i, j - 1)];
       const int off = X_[j], sh = shift(l);
-      for (int m = std::max({from, off + first(j, l), sh + first(i, j - 1)}); m <= S; ++m) {
-        const double t = forward + after[m - off] + before[m - sh];
-        if (t < row[m]) {
-          row[m] = t;
-          ch[m] = j;
-        }
+      const int start = std::max({from, off + first(j, l), sh + first(i, j - 1)});
+      if (start > S) continue;
+      // Both rows the move reads are non-increasing in m, and so is this one: the move is worth
+      // no less than the sum of their least values (kept compact: reading the rows' ends instead
+      // would miss the cache on every move). Where the row is already at or below that, the
+      // move cannot be strictly cheaper, nor further on.
+      const double least = forward + this->least(j, l) + this->least(i, j - 1);
+      if (least >= row[start]) continue;
+      const double* after = rowOf(j, l);
+      const double* before = rowOf(i, j - 1);
+      const int end = static_cast<int>(
+          std::partition_point(row + start, row + S + 1, [least](double v) { return v > least; }) -
+          row);
+      if (end > start) {
+        relaxLeaf(row + start, after + start - off, before + start - sh, forward, end - start);
       }
     }
   }
 
+  const Rotor* base_;
+  Clock::time_point deadline_;
+  std::function<void(double)> progress_;
   size_t row_ = 0;
   std::vector<double> table_;
-  std::vector<int32_t> choice_;
   std::vector<int> first_;
+  std::vector<double> least_;
 };
 
 // rotor's schedule with the table `make` builds for a budget in bytes (without a budget, what
-// keeping every tape peaks at), priced by the simulator.
-std::optional<Schedule> solveRotor(
-    const Chain& chain, const SolveOptions& options,
-    const std::function<std::unique_ptr<RotorSlots>(const Chain& c, double budget)>& make) {
+// keeping every tape peaks at), priced by the simulator. `make(c, b, base)` may read the rows
+// the plain chain shares with `base`, the same chain's table with its step terms.
+using MakeRotor = std::function<std::unique_ptr<RotorSlots>(const Chain& c, double budget,
+                                                            const RotorSlots* base)>;
+
+std::optional<Schedule> solveRotor(const Chain& chain, const SolveOptions& options,
+                                   const MakeRotor& make) {
   const int L = chain.length();
   double b = options.budget;
   if (b <= 0) b = simulate(chain, segmentSchedule(L, {0})).peak;  // unconstrained
   if (b <= 0) return priced("rotor", chain, segmentSchedule(L, {0}), options.budget);
   // The table counts the step's terms as the simulator does, so its schedule fits the budget
   // (rounding every size up), and is the fastest of rotor's form that does: nothing to retry.
-  auto rotor = make(chain, b);
+  auto rotor = make(chain, b, nullptr);
   auto ops = rotor->schedule();
   const bool fromTable = ops.has_value();
   // Unconstrained, rounding every size up may leave no schedule in the slots at keeping every
@@ -533,25 +623,28 @@ std::optional<Schedule> solveRotor(
   std::optional<Schedule> s;
   if (ops) s = priced("rotor", chain, std::move(*ops), options.budget);
   if (s && fromTable) s->tableTime = rotor->tableTime();
-  // Its table is freed before the second is built: each may take all of --max-solver-memory.
-  rotor.reset();
   // At coarse slots the table rounds every size up, the step's terms with them, and can miss a
   // schedule that fits: the table of the chain without its terms, priced by the simulator with
   // them, sometimes finds a faster one that does (densenet121 at 40% of its peak, 500 slots: 17
-  // recomputed forwards against 21). The faster of the two that fits; at one slot per byte the
-  // first is optimal and this never wins.
-  if (chain.stepTermsBound() > 0) {
-    Chain plain = chain;
-    plain.outputKept = false;
-    plain.lossGradKept = false;
-    plain.lossBytes = 0;
-    const auto other = make(plain, b);
-    if (auto alt = other->schedule()) {
-      auto t = priced("rotor", chain, std::move(*alt), options.budget);
-      if (t && (!s || t->predictedTime < s->predictedTime)) {
-        t->tableTime = other->tableTime();
-        s = std::move(t);
-      }
+  // recomputed forwards against 21). The faster of the two that fits. At one slot per unit the
+  // first is exact and optimal, and this cannot win.
+  if (chain.stepTermsBound() <= 0 || rotor->exact()) return s;
+  if (gRotorFault == RotorFault::kWithoutThePlainTable) return s;
+  Chain plain = chain;
+  plain.outputKept = false;
+  plain.lossGradKept = false;
+  plain.lossBytes = 0;
+  // Where both have one slot count, the second shares all rows but 2L + 1 with the first;
+  // otherwise the first is freed before the second is built (each may take all of
+  // --max-solver-memory).
+  const bool share = RotorSlots::slotCount(plain, b, options.slots) == rotor->slots();
+  if (!share) rotor.reset();
+  const auto other = make(plain, b, share ? rotor.get() : nullptr);
+  if (auto alt = other->schedule()) {
+    auto t = priced("rotor", chain, std::move(*alt), options.budget);
+    if (t && (!s || t->predictedTime < s->predictedTime)) {
+      t->tableTime = other->tableTime();
+      s = std::move(t);
     }
   }
   return s;
@@ -645,11 +738,11 @@ std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
             ? Rotor::Clock::now() + std::chrono::duration_cast<Rotor::Clock::duration>(
                                         std::chrono::duration<double>(options.timeLimitSec))
             : Rotor::Clock::time_point::max();
-    return solveRotor(chain, options, [&](const Chain& c, double b) {
+    return solveRotor(chain, options, [&](const Chain& c, double b, const RotorSlots* base) {
       return std::make_unique<Rotor>(
           c, b, options.slots,
           options.maxSolverBytes > 0 ? options.maxSolverBytes : defaultSolverBytes(), deadline,
-          options.progress);
+          options.progress, static_cast<const Rotor*>(base));
     });
   }
   std::string known;
@@ -659,7 +752,8 @@ std::optional<Schedule> solve(const std::string& solver, const Chain& chain,
 
 std::optional<Schedule> solveRotorReference(const Chain& chain, const SolveOptions& options) {
   chain.validate();
-  return solveRotor(chain, options, [&](const Chain& c, double b) {
+  // The reference shares nothing: its second table is the plain chain's whole program.
+  return solveRotor(chain, options, [&](const Chain& c, double b, const RotorSlots*) {
     return std::make_unique<RotorReference>(c, b, options.slots);
   });
 }

@@ -2,7 +2,8 @@
 
 // Test-only: a deliberate error in rotor's recurrence, for the planted-fault test of the check
 // that judges the solvers by executing every schedule of a small chain
-// (test/solver_execution_test.cpp). Not part of the solvers' API: nothing but that test
+// (test/solver_execution_test.cpp), and a switch the solver's own tests use
+// (test/checkpoint_solver_test.cpp). Not part of the solvers' API: nothing but those tests
 // includes this header, and without it rotor is the program solvers.cpp describes.
 
 namespace sb::strategies::checkpointing {
@@ -12,6 +13,10 @@ enum class RotorFault {
   // Every stage's tape xbar[i+1] is counted without the output x[i+1] it holds: a stage's
   // activation counted once too few in the chain move and in the taped leaf.
   kTapeWithoutItsOutput,
+  // Not an error but a switch: rotor plans a chain with the step's terms with their table only,
+  // not also without them (solvers.cpp, solveRotor), so that a test can tell where the second
+  // table made the schedule.
+  kWithoutThePlainTable,
 };
 
 // Sets rotor's fault for the scope's lifetime, process-wide (tests run one at a time; the table

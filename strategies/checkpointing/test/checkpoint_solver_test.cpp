@@ -7,6 +7,7 @@
 #include <random>
 
 #include "strategies/checkpointing/solvers.h"
+#include "strategies/checkpointing/solvers_testing.h"
 
 namespace sb::strategies::checkpointing {
 namespace {
@@ -384,15 +385,27 @@ TEST(ChainJson, MalformedChainsNameTheKeyAndIndex) {
 
 }  // namespace
 // The fast rotor is the reference table's program laid out for speed: the same schedule (so
-// the same time and peak) on every chain, budget and slot count tried, integral and not.
+// the same time and peak) on every chain, budget and slot count tried, integral and not, with
+// the step's terms and without. With them, the fast one's second table (the chain without its
+// terms) shares all rows but 2L + 1 with the first, where the reference builds both whole.
 TEST(RotorSolver, TheFastTableMakesTheReferenceTablesSchedules) {
   std::mt19937 rng(2026);
-  for (int trial = 0; trial < 60; ++trial) {
+  int withTerms = 0, secondWon = 0;
+  for (int trial = 0; trial < 90; ++trial) {
     Chain c = randomChain(rng, 2 + trial % 25);
     if (trial % 3 == 0) {  // sizes that are not whole slots
       for (auto* v : {&c.x, &c.xbar, &c.ftmp, &c.btmp}) {
         for (double& s : *v) s = s * 1000.37;
       }
+    }
+    if (trial % 3 != 1) {  // a profiled chain's terms: output and loss kept, d[L] held
+      std::uniform_int_distribution<int> tmp(0, 2), flag(0, 1);
+      c.outputKept = flag(rng) || trial % 2;
+      c.lossBytes = c.outputKept ? (trial % 3 == 0 ? 8.5 : 8) : 0;
+      c.lossGradKept = flag(rng) || !c.outputKept;
+      c.fetmp.clear();
+      for (int i = 0; i < c.length(); ++i) c.fetmp.push_back(c.ftmp[i] + tmp(rng));
+      ++withTerms;
     }
     for (double frac : {0.25, 0.4, 0.6, 0.8, 1.0, 0.0}) {
       for (int slots : {7, 60, 500}) {
@@ -404,9 +417,17 @@ TEST(RotorSolver, TheFastTableMakesTheReferenceTablesSchedules) {
         EXPECT_EQ(fast->names(), ref->names()) << c.toJson().dump() << " budget " << o.budget;
         EXPECT_EQ(fast->predictedTime, ref->predictedTime);
         EXPECT_EQ(fast->tableTime, ref->tableTime);
+        // Where the table without the terms made the schedule, the shared rows were read.
+        if (c.stepTermsBound() > 0) {
+          const ScopedRotorFault firstOnly(RotorFault::kWithoutThePlainTable);
+          const auto first = solve("rotor", c, o);
+          if (!first || first->predictedTime > fast->predictedTime) ++secondWon;
+        }
       }
     }
   }
+  EXPECT_EQ(withTerms, 60);
+  EXPECT_GT(secondWon, 0) << "no case where the table without the step's terms was compared";
 }
 
 // A table over the memory allowed is refused before anything is allocated, naming its size.
@@ -419,8 +440,8 @@ TEST(RotorSolver, ATableOverTheMemoryAllowedIsRefused) {
     solve("rotor", c, o);
     FAIL() << "a 2,000-stage table at 500 slots fit in 1 GB";
   } catch (const SolverLimitError& e) {
-    // (2001 x 2002 / 2) sub-chains x (501 slots x 12 bytes + 4).
-    EXPECT_NEAR(e.neededBytes(), 2001.0 * 2002 / 2 * (501 * 12 + 4), 1.0);
+    // (2001 x 2002 / 2) sub-chains x ((501 slots + the row's least) x 8 bytes + 4).
+    EXPECT_NEAR(e.neededBytes(), 2001.0 * 2002 / 2 * (502 * 8 + 4), 1.0);
     EXPECT_NE(std::string(e.what()).find("--max-solver-memory"), std::string::npos) << e.what();
   }
 }
