@@ -101,7 +101,8 @@ def backtrack(chain, lhs, rhs, budget, cost, back, ops):
                       ("op", f"Fe_{lhs}")]
         else:
             leaf = ptr[1]
-            stack += [("solve", lhs, leaf - 1, budget), ("solve", leaf, rhs, budget - chain.x[leaf])]
+            stack += [("solve", lhs, leaf - 1, budget),
+                      ("solve", leaf, rhs, budget - chain.x[leaf])]
             stack += [("op", f"Fn_{k}") for k in range(leaf - 1, lhs, -1)] + [("op", f"CF_{lhs}")]
 
 

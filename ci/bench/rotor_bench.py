@@ -81,7 +81,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", action="append", required=True, metavar="NAME=STRATBENCH",
                     help="a stratbench binary to time (the first is the ratios' base)")
-    ap.add_argument("--colossal", metavar="DIR", help="ColossalAI's built rotorc (colossal_rotor.py build)")
+    ap.add_argument("--colossal", metavar="DIR",
+                    help="ColossalAI's built rotorc (colossal_rotor.py build)")
     ap.add_argument("--stages", default="20,60,120,200,500")
     ap.add_argument("--slots", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=4)

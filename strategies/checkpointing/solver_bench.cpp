@@ -40,7 +40,9 @@ ck::Chain randomChain(int stages, uint64_t seed, bool terms) {
     }
   }
   if (terms) {  // drawn after the rest: the plain and the profiled chain share every other value
-    for (int i = 0; i < stages; ++i) c.fetmp.push_back(std::round(c.ftmp[i] * (0.3 + 3.5 * frac(gen))));
+    for (int i = 0; i < stages; ++i) {
+      c.fetmp.push_back(std::round(c.ftmp[i] * (0.3 + 3.5 * frac(gen))));
+    }
     c.outputKept = true;
     c.lossBytes = 8;
     c.lossGradKept = true;

@@ -200,19 +200,25 @@ class RotorSlots {
   // The slot count of a chain's table: one unit a slot where every size and the budget are
   // integers and the budget is at most `slots`, else `slots`.
   static int slotCount(const Chain& c, double budget, int slots) {
+    return exactAt(c, budget, slots) ? static_cast<int>(budget) : slots;
+  }
+  // Whether a slot is one unit: every size and the budget integers, the budget at most `slots`.
+  static bool exactAt(const Chain& c, double budget, int slots) {
     const double lossBytes = c.outputKept ? c.lossBytes : 0;
     bool integral = budget == std::floor(budget) && lossBytes == std::floor(lossBytes);
     for (const auto* v : {&c.x, &c.xbar, &c.ftmp, &c.fetmp, &c.btmp}) {
       for (double s : *v) integral = integral && s == std::floor(s);
     }
-    return integral && budget <= slots ? static_cast<int>(budget) : slots;
+    return integral && budget <= slots;
   }
 
   RotorSlots(const Chain& c, double budget, int slots)
-      : c_(c), L_(c.length()), S_(slotCount(c, budget, slots)) {
+      : c_(c),
+        L_(c.length()),
+        S_(slotCount(c, budget, slots)),
+        exact_(exactAt(c, budget, slots)) {
     const double lossBytes = c.outputKept ? c.lossBytes : 0;
     const double unit = budget / S_;
-    exact_ = unit == 1;
     const auto disc = [&](const std::vector<double>& v) {
       std::vector<int> out;
       // Rounding up keeps every schedule that fits in slots within the budget in bytes; the
@@ -245,7 +251,7 @@ class RotorSlots {
 
   double tableTime() const { return T(S_ - X_[0], 0, L_); }
   int slots() const { return S_; }
-  // A slot is one unit of the chain: the table is exact (no rounding up).
+  // A slot is one unit of the chain: the table is exact (no size rounded up).
   bool exact() const { return exact_; }
 
   std::optional<std::vector<Op>> schedule() const {
@@ -318,7 +324,7 @@ class RotorSlots {
 
   const Chain& c_;
   int L_, S_;
-  bool exact_ = false;
+  bool exact_;
   std::vector<int> X_, XB_, FT_, FE_, BT_;  // FE_: taped forwards' ftmp
   int LB_ = 0, E_ = 0, DL_ = 0;             // the loss; E (above); d[L] as rows (i, L - 1) count it
   std::vector<int> BE_;  // btmp[i] and what the step holds beside B_i in rows (i, L)
