@@ -584,12 +584,12 @@ class Rotor final : public RotorSlots {
       // no less than the sum of their least values (kept compact: reading the rows' ends instead
       // would miss the cache on every move). Where the row is already at or below that, the
       // move cannot be strictly cheaper, nor further on.
-      const double least = forward + this->least(j, l) + this->least(i, j - 1);
-      if (least >= row[start]) continue;
+      const double bound = forward + least(j, l) + least(i, j - 1);
+      if (bound >= row[start]) continue;
       const double* after = rowOf(j, l);
       const double* before = rowOf(i, j - 1);
       const int end = static_cast<int>(
-          std::partition_point(row + start, row + S + 1, [least](double v) { return v > least; }) -
+          std::partition_point(row + start, row + S + 1, [bound](double v) { return v > bound; }) -
           row);
       if (end > start) {
         relaxLeaf(row + start, after + start - off, before + start - sh, forward, end - start);

@@ -390,7 +390,7 @@ TEST(ChainJson, MalformedChainsNameTheKeyAndIndex) {
 // terms) shares all rows but 2L + 1 with the first, where the reference builds both whole.
 TEST(RotorSolver, TheFastTableMakesTheReferenceTablesSchedules) {
   std::mt19937 rng(2026);
-  int withTerms = 0, secondWon = 0;
+  int secondWon = 0;
   for (int trial = 0; trial < 90; ++trial) {
     Chain c = randomChain(rng, 2 + trial % 25);
     if (trial % 3 == 0) {  // sizes that are not whole slots
@@ -405,7 +405,6 @@ TEST(RotorSolver, TheFastTableMakesTheReferenceTablesSchedules) {
       c.lossGradKept = flag(rng) || !c.outputKept;
       c.fetmp.clear();
       for (int i = 0; i < c.length(); ++i) c.fetmp.push_back(c.ftmp[i] + tmp(rng));
-      ++withTerms;
     }
     for (double frac : {0.25, 0.4, 0.6, 0.8, 1.0, 0.0}) {
       for (int slots : {7, 60, 500}) {
@@ -426,7 +425,6 @@ TEST(RotorSolver, TheFastTableMakesTheReferenceTablesSchedules) {
       }
     }
   }
-  EXPECT_EQ(withTerms, 60);
   EXPECT_GT(secondWon, 0) << "no case where the table without the step's terms was compared";
 }
 
