@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <optional>
 #include <sstream>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "harness/box.h"
+#include "harness/run/run_util.h"
 
 namespace sb::harness {
 
@@ -73,6 +77,53 @@ void measureReferenceRounding(reference::WorkloadData& data,
   }
   data.roundingNote.clear();
   data.rounding = roundingAgainst(data, shadow, &data.roundingNote);
+}
+
+void measureCaseRounding(reference::WorkloadData& data, const CaseSpec& c,
+                         const std::vector<const Strategy*>& strategies,
+                         const std::function<reference::WorkloadData(at::ScalarType)>& build,
+                         bool onDevice) {
+  static const bool off = [] {
+    const char* v = std::getenv("SB_REFERENCE_ROUNDING");
+    return v != nullptr && std::string(v) == "off";
+  }();
+  if (off || !at::isFloatingType(c.dtype) || c.dtype == at::kDouble) return;
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  const at::Tensor cpuState = cpu.get_state();
+  std::optional<at::Generator> device;
+  at::Tensor deviceState;
+  if (onDevice) {
+    device = at::globalContext().defaultGenerator(reference::caseDevice());
+    deviceState = device->get_state();
+  }
+  const auto restore = [&] {
+    cpu.set_state(cpuState);
+    if (device) device->set_state(deviceState);
+  };
+  try {
+    reference::ValuesRoundedAs rounded(c.dtype);
+    const reference::WorkloadData shadow = build(at::kDouble);
+    measureReferenceRounding(data, shadow);
+    for (const Strategy* strategy : strategies) {
+      const auto low = strategy->arithmeticDtype(c);
+      if (!low || *low == c.dtype || data.roundingIn.count(*low) || !data.roundingNote.empty()) {
+        continue;
+      }
+      std::string anotherComputation;  // why it is empty, where it is: not recorded
+      try {
+        data.roundingIn[*low] = roundingAgainst(build(*low), shadow, &anotherComputation);
+      } catch (const std::exception&) {
+        data.roundingIn[*low] = {};
+      }
+      restore();
+    }
+  } catch (const std::exception& e) {
+    data.rounding.clear();
+    data.roundingIn.clear();
+    data.roundingNote =
+        "no float64 shadow (the reference's own rounding not measured): " + errorText(e);
+  }
+  restore();
 }
 
 Tolerance rowTolerance(const CaseSpec& c, const reference::WorkloadData& data,

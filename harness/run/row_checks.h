@@ -5,6 +5,7 @@
 // Its own file because the row on this process's ranks and the record's composition both use
 // it, and none of it depends on how the row ran.
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +30,22 @@ namespace sb::harness {
 // tolerance then honestly follows it.)
 void measureReferenceRounding(reference::WorkloadData& data,
                               const reference::WorkloadData& shadow);
+
+// The reference's own rounding for case `c` (docs/results.md), what tolerances are raised to
+// where the result's magnitude understates the rounding of the terms that made it: `build` (the
+// case's reference in a dtype) run in float64 from the case's values (reference::ValuesRoundedAs)
+// and measured against `data` (measureReferenceRounding); and for each of `strategies` that
+// computes in a lower dtype (arithmeticDtype), the reference built in that one against the same
+// shadow, in data.roundingIn (empty where it could not be built or is another computation: those
+// strategies' own tolerance). Only for a floating case below float64, and not where the
+// environment has SB_REFERENCE_ROUNDING=off (the tolerances as strategies state them: an A/B of
+// the floor). A shadow that fails to build leaves data.roundingNote saying why. The global
+// generators (the CPU's, and the case device's where `onDevice`) are left as `data`'s build left
+// them.
+void measureCaseRounding(reference::WorkloadData& data, const CaseSpec& c,
+                         const std::vector<const Strategy*>& strategies,
+                         const std::function<reference::WorkloadData(at::ScalarType)>& build,
+                         bool onDevice);
 
 // Per floating checked tensor of `computed` (a reference built in some dtype from the case's
 // values), max |computed - shadow|; empty, with `note` saying why, where an output or the gradient

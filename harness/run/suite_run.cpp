@@ -12,7 +12,6 @@
 #include <optional>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
 #include "harness/measure/device.h"
@@ -140,56 +139,9 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
         };
         data = build(c.dtype);
         if (onDevice) synchronizeDevice();
-        // The reference's own rounding: the same computation in float64 from the same values,
-        // what tolerances are raised to where the result's magnitude understates the rounding
-        // of the terms that made it (docs/results.md). The global generators (the CPU's, the
-        // case device's) are left as the case's reference left them.
-        // SB_REFERENCE_ROUNDING=off: the tolerances as strategies state them (an A/B of the floor).
-        static const bool roundingOff = [] {
-          const char* v = std::getenv("SB_REFERENCE_ROUNDING");
-          return v != nullptr && std::string(v) == "off";
-        }();
-        if (!roundingOff && at::isFloatingType(c.dtype) && c.dtype != at::kDouble) {
-          at::Generator cpu = at::detail::getDefaultCPUGenerator();
-          const at::Tensor rngState = cpu.get_state();
-          std::optional<at::Generator> device;
-          at::Tensor deviceState;
-          if (onDevice) {
-            device = at::globalContext().defaultGenerator(reference::caseDevice());
-            deviceState = device->get_state();
-          }
-          const auto restore = [&] {
-            cpu.set_state(rngState);
-            if (device) device->set_state(deviceState);
-          };
-          try {
-            reference::ValuesRoundedAs rounded(c.dtype);
-            const reference::WorkloadData shadow = build(at::kDouble);
-            measureReferenceRounding(data, shadow);
-            // Strategies computing in a lower dtype (mixed precision): the reference built in
-            // it from the case's values, against the same shadow.
-            for (const auto& entry : plan[i].strategies) {
-              const auto low = entry.strategy->arithmeticDtype(c);
-              if (!low || *low == c.dtype || data.roundingIn.count(*low) ||
-                  !data.roundingNote.empty()) {
-                continue;
-              }
-              std::string note;
-              try {
-                data.roundingIn[*low] = roundingAgainst(build(*low), shadow, &note);
-              } catch (const std::exception&) {
-                data.roundingIn[*low] = {};  // not built in it: its strategies' own tolerance
-              }
-              restore();
-            }
-          } catch (const std::exception& e) {
-            data.rounding.clear();
-            data.roundingIn.clear();
-            data.roundingNote = "no float64 shadow (the reference's own rounding not measured): " +
-                                errorText(e);
-          }
-          restore();
-        }
+        std::vector<const Strategy*> strategies;
+        for (const auto& entry : plan[i].strategies) strategies.push_back(entry.strategy);
+        measureCaseRounding(data, c, strategies, build, onDevice);
         if (golden && c.training.enabled()) {
           if (options.writeGolden) {
             try {
