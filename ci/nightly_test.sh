@@ -12,6 +12,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 # Three strategies of one Linear, steps of 4-9 ms on 2 cores: long enough to time. The
 # replicated one (every rank computes the whole product) is the steadiest.
@@ -196,13 +197,15 @@ check "launch without --backend runs on gloo" 0 "ranks run on gloo" -- \
   "$sb" launch -n 2 -- run "$tmp/suite.yaml" --filter 'RR=RR' --repetitions 2 --out "$tmp/l2"
 grep -q ",gloo," "$tmp/l2/results.csv" && pass "the launched rows are gloo rows" || fail "launched rows"
 
-# 10. Progress: on a terminal a long case says what it does; in a log nothing of it.
+# 10. Progress: on a terminal a long case says what it does; in a log nothing of it. The line
+# shows from a case's third second, ticking each second: 3 strategies x 4 repetitions of 0.3 s
+# keep the case timing past it.
 if command -v script >/dev/null; then
-  script -qec "'$sb' run '$tmp/suite.yaml' --min-time 0.3 --out '$tmp/tty'" /dev/null >"$tmp/tty.log" 2>&1
+  script -qec "'$sb' run '$tmp/suite.yaml' --repetitions 4 --min-time 0.3 --out '$tmp/tty'" /dev/null >"$tmp/tty.log" 2>&1
   grep -aqE "strategy [0-9]/3 sharding/linear/.*: timing, [0-9]+ steps" "$tmp/tty.log" &&
     pass "a terminal sees strategy n/m, its phase and the steps" ||
     fail "no progress line on a terminal"
-  "$sb" run "$tmp/suite.yaml" --min-time 0.3 --out "$tmp/notty" >"$tmp/notty.log" 2>&1
+  "$sb" run "$tmp/suite.yaml" --repetitions 4 --min-time 0.3 --out "$tmp/notty" >"$tmp/notty.log" 2>&1
   grep -aq "steps" "$tmp/notty.log" && fail "a log got progress lines" ||
     pass "a log gets no progress line"
 else
