@@ -13,6 +13,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 # 1. The suite on threads.
 check "autoshard suite on threads" 0 "total +[0-9]+ +0 +0 +[0-9]+" -- \

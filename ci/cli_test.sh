@@ -6,6 +6,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 # A small real run: every ShardedTensor strategy on the uneven 13-feature cases.
 check "run passes and writes results" 0 "total +[0-9]+ +0 +0 +0" -- \
@@ -226,5 +227,82 @@ check "memory_snapshot.py: no such step" 3 "no measured step 9" -- \
   python3 "$src/reports/memory_snapshot.py" "$tmp/trace.err" "$tmp/snap9.pickle" --step 9
 check "memory_snapshot.py: a trace missing a line is refused" 3 "a line is missing|add up to" -- \
   python3 "$src/reports/memory_snapshot.py" "$tmp/trace-gap.err" "$tmp/snapgap.pickle"
+
+
+# The test scripts' fork server (cli/serve.h): a served command ends as the exec'd one does (the
+# same output and exit code; killed, the same signal), the front's signals reach it, the front
+# killed takes it along, and what a fork cannot carry (here OMP_NUM_THREADS) is exec'd.
+if [ -n "${STRATBENCH_CORE_SERVER:-}" ]; then
+  same() {  # NAME ARGS...: served and exec'd, the same output and exit code
+    local name=$1 a b ra rb
+    shift
+    a=$("$sb" "$@" 2>&1); ra=$?
+    b=$(STRATBENCH_CORE_SERVER= "$sb" "$@" 2>&1); rb=$?
+    [ "$ra" = "$rb" ] && [ "$a" = "$b" ] && pass "served as exec'd: $name (exit $ra)" ||
+      fail "served as exec'd: $name: exit $ra vs $rb; '${a:0:200}' vs '${b:0:200}'"
+  }
+  same "--help" --help
+  same "an unknown command" frobnicate
+  same "a suite that is missing" run "$tmp/missing.yaml" --out "$tmp/unused"
+  same "list --json" list --json
+  same "a bad number" run "$src/suites/smoke.yaml" --repetitions 0 --out "$tmp/unused"
+  abs=$(cd "$build" && pwd)/stratbench
+  ( cd "$tmp" && "$abs" run "$src/suites/smoke.yaml" --filter 'linear/RR=RR' --out rel --repetitions 1 \
+      </dev/null >/dev/null 2>&1 )
+  [ -f "$tmp/rel/results.csv" ] && pass "served: the front's working directory" ||
+    fail "served: --out rel not written in the front's working directory"
+  echo "suite: stdin" | "$sb" run /dev/stdin --out "$tmp/unused" >"$tmp/out" 2>&1
+  grep -q "stdin" "$tmp/out" && pass "served: the front's standard input" || fail "served: stdin"
+  wait_lock() {  # DIR: the pid in DIR's lock, once a run holds it (at most 30 s)
+    for _ in $(seq 300); do
+      [ -s "$1/.stratbench.lock" ] && { cat "$1/.stratbench.lock"; return 0; }
+      sleep 0.1
+    done
+    return 1
+  }
+  long=("$src/suites/smoke.yaml" --repetitions 1000 --min-time 1)
+  "$sb" run "${long[@]}" --out "$tmp/served" >/dev/null 2>&1 &
+  front=$!
+  pid=$(wait_lock "$tmp/served")
+  [ -n "$pid" ] && [ "$pid" != "$front" ] && pass "served: the command is a fork of the server" ||
+    fail "served: the lock's pid $pid is the front's ($front)"
+  kill -TERM "$front"
+  wait "$front"
+  rc=$?
+  STRATBENCH_CORE_SERVER= "$sb" run "${long[@]}" --out "$tmp/execd" >/dev/null 2>&1 &
+  front=$!
+  wait_lock "$tmp/execd" >/dev/null
+  kill -TERM "$front"
+  wait "$front"
+  [ "$rc" = $? ] && pass "SIGTERM: the served command ends as the exec'd one (exit $rc)" ||
+    fail "SIGTERM: served exit $rc"
+  OMP_NUM_THREADS=3 "$sb" run "${long[@]}" --out "$tmp/omp" >/dev/null 2>&1 &
+  front=$!
+  pid=$(wait_lock "$tmp/omp")
+  [ "$pid" = "$front" ] && pass "another OMP_NUM_THREADS than the server's: exec'd" ||
+    fail "OMP_NUM_THREADS=3: the lock's pid $pid is not the front's ($front)"
+  kill -KILL "$front"
+  wait "$front" 2>/dev/null
+  "$sb" run "${long[@]}" --out "$tmp/segv" >/dev/null 2>&1 &
+  front=$!
+  pid=$(wait_lock "$tmp/segv")
+  kill -SEGV "$pid"
+  wait "$front" 2>/dev/null
+  rc=$?
+  [ "$rc" = 139 ] && pass "the command killed by SIGSEGV: so is the front (exit 139)" ||
+    fail "SIGSEGV: the front's exit $rc"
+  "$sb" run "${long[@]}" --out "$tmp/killed" >/dev/null 2>&1 &
+  front=$!
+  pid=$(wait_lock "$tmp/killed")
+  kill -KILL "$front"
+  wait "$front" 2>/dev/null
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && { fail "the front killed: its command $pid still runs"; kill -9 "$pid"; } ||
+    pass "the front killed (SIGKILL): its command goes too"
+elif [ "${SB_NO_CORE_SERVER:-0}" = 1 ]; then
+  echo "note: SB_NO_CORE_SERVER=1: the fork server's checks did not run"
+else
+  fail "no core server: the fork server's checks did not run"
+fi
 
 finish

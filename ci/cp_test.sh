@@ -13,6 +13,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 check "context-parallel suite on threads: every row passes" 0 "total +35 +0 +0 +0" -- \
   "$sb" run "$src/suites/context-parallel.yaml" --out "$tmp/threads" --repetitions 1 \

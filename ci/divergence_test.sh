@@ -9,6 +9,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 # `located RESULTS.json CHECK`: every row of the file is checked by CHECK, a Python expression
 # over the record `r` and its first divergence `d` (None where there is none); prints each

@@ -9,6 +9,7 @@ build=$1
 src=$(cd "$2" && pwd)
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 check "the manual: links, anchors, reachability, workloads and their keys" 0 "docs: 0 problem" -- \
   python3 "$src/ci/docs_check.py" "$src" "$sb"

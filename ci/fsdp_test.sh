@@ -16,6 +16,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 check "fsdp suite on threads: every row passes" 0 "total +26 +0 +0 +3" -- \
   "$sb" run "$src/suites/fsdp.yaml" --out "$tmp/threads" --repetitions 1 --min-time 0.0001

@@ -11,6 +11,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 # A small valid suite and an earlier run's results, which no refused run may touch.
 cat > "$tmp/ok.yaml" <<'Y'
@@ -149,7 +150,9 @@ wait_lock() {  # DIR: until a run holds DIR's lock (at most 30 s)
   done
   return 1
 }
-"$sb" run "$tmp/ok.yaml" --out "$tmp/busy" --repetitions 3 --min-time 1 > /dev/null 2>&1 &
+# (Exec'd, not served: the lock names the run's pid, which must be the one started here.)
+STRATBENCH_CORE_SERVER= "$sb" run "$tmp/ok.yaml" --out "$tmp/busy" --repetitions 3 --min-time 1 \
+  > /dev/null 2>&1 &
 first=$!
 wait_lock "$tmp/busy"
 check "a second run into the same --out is refused, naming the first" 2 \

@@ -16,6 +16,7 @@ src=$2
 sb="$build/stratbench"
 models="$build/models"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 ids='{"shape": [4, 16], "dtype": "int64", "low": 0, "high": 64}'
 
 # The suite names its files as build/models/...: run it from the source folder, with this

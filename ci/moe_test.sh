@@ -20,6 +20,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 cd "$src"
 
 check "moe suite: every case passes" 0 "total +17 +0 +0 +0 +0$" -- \

@@ -10,6 +10,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 for s in gpipe 1f1b zb-h1; do
   check "$s on 4 stages, 8 micro-batches" 0 "" -- \

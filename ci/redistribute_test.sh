@@ -10,6 +10,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 
 # 1. The whole suite on threads, quickly timed.

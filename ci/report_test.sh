@@ -8,6 +8,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 # Two Linear strategies of the smoke suite, in every case of it they apply to: one splits the
 # contraction (so it can lose its all-reduce), one does not. Ten repetitions: the U test needs

@@ -20,6 +20,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 cd "$src"
 # The suite names the traced models as build/models/...: this build's (its leg's PyTorch traced
 # them).

@@ -11,6 +11,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 
 # Every passing row of a gloo run ($2) has the threads run's ($1) errors and bytes.
 agree() {

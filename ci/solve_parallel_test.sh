@@ -11,6 +11,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 cd "$src"
 llama3='{"layers": 32, "d_model": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256, "seq": 8192, "batch": 64}'
 prices=(--ranks-per-node 8 --gflops 400000 --copy-bandwidth 2000 --intra-node-bandwidth 200

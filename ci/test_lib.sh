@@ -26,6 +26,21 @@ check() {
     pass "$name"
   fi
 }
+# `serve_core BUILD_DIR`: later `stratbench` commands of the script run as forks of one
+# stratbench-core that has loaded LibTorch (cli/serve.h): half a second of CPU less each on
+# Debian's LibTorch. What a fork cannot carry (other OMP_*/LD_*/... values, namespaces, limits)
+# still execs; `launch` always does. A check about the process itself (its pid, its command line)
+# runs with STRATBENCH_CORE_SERVER= before the command. SB_NO_CORE_SERVER=1 turns it off.
+serve_core() {
+  [ "${SB_NO_CORE_SERVER:-0}" = 1 ] && return 0
+  "$1/stratbench-core" __serve "$tmp/core.sock" >/dev/null 2>"$tmp/core-server.log" &
+  for _ in $(seq 200); do
+    [ -S "$tmp/core.sock" ] && { export STRATBENCH_CORE_SERVER="$tmp/core.sock"; return 0; }
+    kill -0 $! 2>/dev/null || break
+    sleep 0.05
+  done
+  echo "note: no core server ($(cat "$tmp/core-server.log")): every command execs" >&2
+}
 finish() {
   echo "$passes passed, $failures failed"
   [ "$failures" -eq 0 ]

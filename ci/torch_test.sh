@@ -14,6 +14,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 cd "$src"
 py=$(sed -n 's/^SB_TORCH_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
 models="$build/torch-models"

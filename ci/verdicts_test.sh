@@ -12,6 +12,7 @@ build=$1
 src=$2
 sb="$build/stratbench"
 source "$src/ci/test_lib.sh"
+serve_core "$build"
 suite="$src/suites/verdicts.yaml"
 
 check "verdicts suite: every row passes against the reference's own rounding" 0 "total +14 +0 +0 +0" -- \

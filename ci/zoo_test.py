@@ -175,6 +175,26 @@ def binding_limit(sb, pt, meta, out):
                 f"measured {peak}" + ("" if ok else " OVER THE LIMIT"))
 
 
+def serve_core(build, folder):
+    """As ci/test_lib.sh's serve_core: the commands run as forks of one stratbench-core that has
+    loaded LibTorch (cli/serve.h); it ends with this process. SB_NO_CORE_SERVER=1 turns it off."""
+    if os.environ.get("SB_NO_CORE_SERVER") == "1":
+        return
+    sock = os.path.join(folder, "core.sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+    server = subprocess.Popen([os.path.join(build, "stratbench-core"), "__serve", sock],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for _ in range(200):
+        if os.path.exists(sock):
+            os.environ["STRATBENCH_CORE_SERVER"] = sock
+            return
+        if server.poll() is not None:
+            break
+        time.sleep(0.05)
+    print("note: no core server: every command execs")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -184,6 +204,7 @@ def main():
     sb = os.path.join(a.build, "stratbench")
     zoo = os.path.join(a.build, "zoo")
     os.makedirs(zoo, exist_ok=True)
+    serve_core(a.build, zoo)
     tracer = [trace_python(a.build), os.path.join(a.source, "reference/models/trace_models.py"),
               "--out", zoo]
     traced = sh(tracer + (["--only"] + a.only if a.only else ["--zoo"]))

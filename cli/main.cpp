@@ -37,6 +37,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/serve.h"
 #include "cli/solve_checkpoint.h"
 #include "cli/solve_pipeline.h"
 #include "harness/run/records.h"
@@ -46,9 +47,7 @@ namespace {
 // The commands, as `--help` lists them and an unknown one is told.
 constexpr const char* kCommands = "list, run, launch, calibrate, report, noise, solve, graph";
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int coreMain(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "launch") return sb::cli::launchMain(argc, argv);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string first = argv[1];
@@ -140,4 +139,12 @@ int main(int argc, char** argv) {
   if (*report.app) return report.run();
   if (*noise.app) return noise.run();
   return run.run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The test scripts' fork server (cli/serve.h): not a command, not listed.
+  if (argc == 3 && std::string(argv[1]) == "__serve") return sb::cli::serveForks(argv[2], coreMain);
+  return coreMain(argc, argv);
 }
