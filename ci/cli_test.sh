@@ -285,20 +285,39 @@ if [ -n "${STRATBENCH_CORE_SERVER:-}" ]; then
   wait "$front" 2>/dev/null
   "$sb" run "${long[@]}" --out "$tmp/segv" >/dev/null 2>&1 &
   front=$!
-  pid=$(wait_lock "$tmp/segv")
-  kill -SEGV "$pid"
+  pid=$(wait_lock "$tmp/segv") || pid=$front  # (then the check fails: the front ends by SIGKILL)
+  [ "$pid" = "$front" ] && kill -KILL "$front" || kill -SEGV "$pid"
   wait "$front" 2>/dev/null
   rc=$?
   [ "$rc" = 139 ] && pass "the command killed by SIGSEGV: so is the front (exit 139)" ||
     fail "SIGSEGV: the front's exit $rc"
   "$sb" run "${long[@]}" --out "$tmp/killed" >/dev/null 2>&1 &
   front=$!
-  pid=$(wait_lock "$tmp/killed")
+  pid=$(wait_lock "$tmp/killed") || pid=
   kill -KILL "$front"
   wait "$front" 2>/dev/null
   for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "$pid" 2>/dev/null && { fail "the front killed: its command $pid still runs"; kill -9 "$pid"; } ||
+  if [ -z "$pid" ] || [ "$pid" = "$front" ]; then
+    fail "the front killed: no served command took the lock"
+  elif kill -0 "$pid" 2>/dev/null; then
+    fail "the front killed: its command $pid still runs"
+    kill -9 "$pid"
+  else
     pass "the front killed (SIGKILL): its command goes too"
+  fi
+  # A background job ignores SIGINT; so does the command it runs, served as exec'd.
+  "$sb" run "${long[@]}" --out "$tmp/ignint" >/dev/null 2>&1 &
+  front=$!
+  pid=$(wait_lock "$tmp/ignint") || pid=
+  kill -INT "$front"
+  sleep 1
+  kill -0 "$front" 2>/dev/null && pass "SIGINT ignored by the front: its command runs on" ||
+    fail "SIGINT ignored by the front: it ended"
+  kill -TERM "$front"
+  wait "$front" 2>/dev/null
+  # A descriptor above 2 that exec would pass on (a process substitution) reaches the command.
+  check "a <(...) argument: the command reads it" 2 "/dev/fd/[0-9]+:1: key 'cases' is missing" -- \
+    "$sb" run <(echo "suite: fd") --out "$tmp/unused"
 elif [ "${SB_NO_CORE_SERVER:-0}" = 1 ]; then
   echo "note: SB_NO_CORE_SERVER=1: the fork server's checks did not run"
 else

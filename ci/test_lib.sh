@@ -33,8 +33,8 @@ check() {
 # runs with STRATBENCH_CORE_SERVER= before the command. SB_NO_CORE_SERVER=1 turns it off.
 serve_core() {
   [ "${SB_NO_CORE_SERVER:-0}" = 1 ] && return 0
-  "$1/stratbench-core" __serve "$tmp/core.sock" >/dev/null 2>"$tmp/core-server.log" &
-  for _ in $(seq 200); do
+  "$1/stratbench-core" __serve "$tmp/core.sock" $$ >/dev/null 2>"$tmp/core-server.log" &
+  for _ in $(seq 1200); do  # loading LibTorch on a busy machine: up to a minute
     [ -S "$tmp/core.sock" ] && { export STRATBENCH_CORE_SERVER="$tmp/core.sock"; return 0; }
     kill -0 $! 2>/dev/null || break
     sleep 0.05

@@ -16,12 +16,15 @@ model x family table docs/measurements.md keeps.
 Usage: ci/zoo_test.py BUILD_DIR SOURCE_DIR [--only MODEL ...]
 """
 import argparse
+import atexit
 import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 # Families, each a case of the model's suite: (column, strategies, mesh, extra case keys).
@@ -175,24 +178,26 @@ def binding_limit(sb, pt, meta, out):
                 f"measured {peak}" + ("" if ok else " OVER THE LIMIT"))
 
 
-def serve_core(build, folder):
+def serve_core(build):
     """As ci/test_lib.sh's serve_core: the commands run as forks of one stratbench-core that has
     loaded LibTorch (cli/serve.h); it ends with this process. SB_NO_CORE_SERVER=1 turns it off."""
     if os.environ.get("SB_NO_CORE_SERVER") == "1":
         return
-    sock = os.path.join(folder, "core.sock")
-    if os.path.exists(sock):
-        os.unlink(sock)
-    server = subprocess.Popen([os.path.join(build, "stratbench-core"), "__serve", sock],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    for _ in range(200):
+    where = tempfile.mkdtemp(prefix="sb-zoo-")  # short: a socket's path has at most 107 bytes
+    atexit.register(shutil.rmtree, where, True)
+    sock = os.path.join(where, "core.sock")
+    log = open(os.path.join(where, "server.log"), "w+")
+    server = subprocess.Popen([os.path.join(build, "stratbench-core"), "__serve", sock,
+                               str(os.getpid())], stdout=subprocess.DEVNULL, stderr=log)
+    for _ in range(1200):  # loading LibTorch on a busy machine: up to a minute
         if os.path.exists(sock):
             os.environ["STRATBENCH_CORE_SERVER"] = sock
             return
         if server.poll() is not None:
             break
         time.sleep(0.05)
-    print("note: no core server: every command execs")
+    log.seek(0)
+    print("note: no core server (" + log.read().strip() + "): every command execs")
 
 
 def main():
@@ -204,7 +209,7 @@ def main():
     sb = os.path.join(a.build, "stratbench")
     zoo = os.path.join(a.build, "zoo")
     os.makedirs(zoo, exist_ok=True)
-    serve_core(a.build, zoo)
+    serve_core(a.build)
     tracer = [trace_python(a.build), os.path.join(a.source, "reference/models/trace_models.py"),
               "--out", zoo]
     traced = sh(tracer + (["--only"] + a.only if a.only else ["--zoo"]))

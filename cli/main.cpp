@@ -29,6 +29,7 @@
 // This file builds the parser from the subcommands (cli/commands.h, one file each), parses and
 // dispatches; `launch` takes the command line whole (cli/launch.cpp).
 
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -145,6 +146,8 @@ int coreMain(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // The test scripts' fork server (cli/serve.h): not a command, not listed.
-  if (argc == 3 && std::string(argv[1]) == "__serve") return sb::cli::serveForks(argv[2], coreMain);
+  if (argc == 4 && std::string(argv[1]) == "__serve") {
+    return sb::cli::serveForks(argv[2], static_cast<pid_t>(std::atol(argv[3])), coreMain);
+  }
   return coreMain(argc, argv);
 }

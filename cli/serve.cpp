@@ -1,9 +1,10 @@
 // The fork server of stratbench-core and its client in the front (see serve.h). No LibTorch
 // here: the front links this file too.
 //
-// The exchange, over a Unix stream socket: the front sends a header (magic, payload size) with
-// its descriptors 0, 1 and 2 (SCM_RIGHTS), then the payload: strings, each a 32-bit length and
-// its bytes: the fingerprint, the working directory, the umask, argc, the arguments, the
+// The exchange, over a Unix stream socket: the front sends a header (magic, payload size, count
+// of descriptors) with the descriptors an exec would pass on (SCM_RIGHTS), then the payload:
+// strings, each a 32-bit length and its bytes: the fingerprint, the working directory, the
+// umask, the signals ignored and blocked, the descriptors' numbers, argc, the arguments, the
 // environment. The server answers with a 32-bit pid (0: declined, the socket then closes), and
 // when that process has ended, its 32-bit wait status.
 
@@ -12,12 +13,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +42,7 @@ namespace {
 
 constexpr uint32_t kMagic = 0x53424631;  // "SBF1"
 constexpr uint32_t kMaxPayload = 64u << 20;
+constexpr uint32_t kMaxFds = 250;  // SCM_RIGHTS carries at most 253
 
 // What a forked process inherits from the server rather than from the front, as text: equal
 // on both sides, or the command is not served.
@@ -64,7 +68,22 @@ std::string fingerprint() {
     const ssize_t n = readlink(ns, buf, sizeof buf - 1);
     f += std::string(ns) + "=" + (n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?") + '\n';
   }
-  f += "uid=" + std::to_string(getuid()) + " gid=" + std::to_string(getgid()) + '\n';
+  f += "uid=" + std::to_string(getuid()) + " gid=" + std::to_string(getgid()) +
+       " euid=" + std::to_string(geteuid()) + " egid=" + std::to_string(getegid()) + " groups=";
+  gid_t groups[256];
+  const int ng = getgroups(256, groups);
+  for (int i = 0; i < ng; ++i) f += std::to_string(groups[i]) + ",";
+  f += '\n';
+  // The CPUs it may run on: OpenMP sizes its threads by them when it loads.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  f += "cpus=";
+  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &cpus)) f += std::to_string(c) + ",";
+    }
+  }
+  f += " nice=" + std::to_string(getpriority(PRIO_PROCESS, 0)) + '\n';
   for (int r : {RLIMIT_AS, RLIMIT_DATA, RLIMIT_STACK, RLIMIT_NOFILE, RLIMIT_CPU, RLIMIT_FSIZE,
                 RLIMIT_CORE, RLIMIT_NPROC, RLIMIT_MEMLOCK}) {
     struct rlimit l = {};
@@ -78,7 +97,7 @@ std::string fingerprint() {
 bool writeAll(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return false;
     p += w;
@@ -130,11 +149,11 @@ int pidfdOpen(pid_t pid) {
 // answers with its pid and, when it ends, its status. The front gone, the command is killed.
 int session(int conn, const std::string& ours, int (*coreMain)(int, char**)) {
   signal(SIGCHLD, SIG_DFL);
-  uint32_t header[2] = {};
-  int fds[3] = {-1, -1, -1};
+  uint32_t header[3] = {};
+  std::vector<int> fds;
   {
     struct iovec iov = {header, sizeof header};
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof fds)];
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
     struct msghdr msg = {};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -144,22 +163,34 @@ int session(int conn, const std::string& ours, int (*coreMain)(int, char**)) {
     do {
       r = ::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
     } while (r < 0 && errno == EINTR);
+    struct cmsghdr* c = r > 0 ? CMSG_FIRSTHDR(&msg) : nullptr;
+    if (c && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(0)) {
+      fds.resize((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      std::memcpy(fds.data(), CMSG_DATA(c), fds.size() * sizeof(int));
+    }
     if (r != static_cast<ssize_t>(sizeof header) || header[0] != kMagic ||
-        header[1] > kMaxPayload) {
+        header[1] > kMaxPayload || header[2] != fds.size() || (msg.msg_flags & MSG_CTRUNC)) {
       return 1;
     }
-    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof fds)) return 1;
-    std::memcpy(fds, CMSG_DATA(c), sizeof fds);
   }
   std::string payload(header[1], '\0');
   if (!readAll(conn, payload.data(), payload.size())) return 1;
   size_t at = 0;
-  std::string theirs, cwd, mask, count;
+  std::string theirs, cwd, mask, ignored, blocked, numbers, count;
   if (!take(payload, at, theirs) || !take(payload, at, cwd) || !take(payload, at, mask) ||
-      !take(payload, at, count)) {
+      !take(payload, at, ignored) || !take(payload, at, blocked) || !take(payload, at, numbers) ||
+      !take(payload, at, count) || ignored.size() != NSIG || blocked.size() != NSIG) {
     return 1;
   }
+  // The number each descriptor had in the front, in the order they came.
+  std::vector<int> targets;
+  for (const char* p = numbers.c_str(); *p;) {
+    char* end = nullptr;
+    targets.push_back(static_cast<int>(std::strtol(p, &end, 10)));
+    if (end == p) return 1;
+    p = *end == ',' ? end + 1 : end;
+  }
+  if (targets.size() != fds.size()) return 1;
   const int32_t declined = 0;
   if (theirs != ours) return writeAll(conn, &declined, sizeof declined) ? 0 : 1;
   const long argc = std::strtol(count.c_str(), nullptr, 10);
@@ -181,19 +212,43 @@ int session(int conn, const std::string& ours, int (*coreMain)(int, char**)) {
     // directory, umask and environment; default signal handling; nothing else of the server's.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != session) _exit(137);
+    // Signals: those the front ignored stay ignored and those it blocked blocked, as exec
+    // keeps them; every other one default.
+    sigset_t theirMask;
+    sigemptyset(&theirMask);
     for (int s = 1; s < NSIG; ++s) {
-      if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
+      if (s == SIGKILL || s == SIGSTOP) continue;
+      signal(s, ignored[static_cast<size_t>(s)] == '1' ? SIG_IGN : SIG_DFL);
+      if (blocked[static_cast<size_t>(s)] == '1') sigaddset(&theirMask, s);
     }
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int i = 0; i < 3; ++i) {
-      if (dup2(fds[i], i) < 0) _exit(2);
+    sigprocmask(SIG_SETMASK, &theirMask, nullptr);
+    // The front's descriptors at the numbers they had there, and no other: first above every
+    // such number (so that no dup2 overwrites another), then every other descriptor closed
+    // (the server's, the connection), then each in its place.
+    const int above = std::max(3, *std::max_element(targets.begin(), targets.end()) + 1);
+    for (int& fd : fds) {
+      const int moved = fcntl(fd, F_DUPFD_CLOEXEC, above);
+      if (moved < 0) _exit(2);
+      close(fd);
+      fd = moved;
     }
-    for (int fd : fds) {
-      if (fd > 2) close(fd);
+    std::vector<int> others;
+    if (DIR* d = opendir("/proc/self/fd")) {
+      const int own = dirfd(d);
+      while (struct dirent* e = readdir(d)) {
+        const int fd = std::atoi(e->d_name);
+        if (e->d_name[0] != '.' && fd != own &&
+            std::find(fds.begin(), fds.end(), fd) == fds.end()) {
+          others.push_back(fd);
+        }
+      }
+      closedir(d);
     }
-    close(conn);
+    for (int fd : others) close(fd);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (dup2(fds[i], targets[i]) < 0) _exit(2);
+      close(fds[i]);
+    }
     umask(static_cast<mode_t>(std::strtol(mask.c_str(), nullptr, 8)));
     if (chdir(cwd.c_str()) != 0) {
       std::fprintf(stderr, "stratbench: cannot enter the working directory %s: %s\n",
@@ -242,12 +297,35 @@ int session(int conn, const std::string& ours, int (*coreMain)(int, char**)) {
 volatile sig_atomic_t gServedPid = 0;
 
 void forward(int sig) {
+  const int saved = errno;
   if (gServedPid > 0) kill(static_cast<pid_t>(gServedPid), sig);
+  errno = saved;
+}
+
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
+
+// The descriptors an exec would pass on: open, without close-on-exec (a `<(...)` argument's
+// /dev/fd/63 among them). Empty where they cannot be listed.
+std::vector<int> inherited() {
+  std::vector<int> fds;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return fds;
+  const int own = dirfd(d);
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd != own && fcntl(fd, F_GETFD) >= 0 && !(fcntl(fd, F_GETFD) & FD_CLOEXEC)) {
+      fds.push_back(fd);
+    }
+  }
+  closedir(d);
+  std::sort(fds.begin(), fds.end());
+  return fds;
 }
 
 }  // namespace
 
-int serveForks(const char* path, int (*coreMain)(int, char**)) {
+int serveForks(const char* path, pid_t parent, int (*coreMain)(int, char**)) {
   // A fork copies only the calling thread: a thread of the libraries' own would be missing (and
   // its locks held) in every command.
   int threads = 0;
@@ -260,8 +338,9 @@ int serveForks(const char* path, int (*coreMain)(int, char**)) {
                  threads);
     return 2;
   }
+  // With the script that started it (it may have gone while LibTorch loaded).
   prctl(PR_SET_PDEATHSIG, SIGTERM);
-  const pid_t parent = getppid();
+  if (getppid() != parent) return 0;
   struct sockaddr_un addr = {};
   addr.sun_family = AF_UNIX;
   if (std::strlen(path) >= sizeof addr.sun_path) {
@@ -283,6 +362,10 @@ int serveForks(const char* path, int (*coreMain)(int, char**)) {
   for (;;) {
     const int conn = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+        usleep(100000);  // for now: the fronts meanwhile wait in the backlog
+        continue;
+      }
       if (errno == EINTR || errno == ECONNABORTED) continue;
       std::fprintf(stderr, "stratbench-core __serve: accept: %s\n", std::strerror(errno));
       return 2;
@@ -306,21 +389,37 @@ bool runServed(int argc, char** argv, int* rc) {
   for (int fd = 0; fd < 3; ++fd) {
     if (fcntl(fd, F_GETFD) < 0) return false;  // a closed standard descriptor: exec
   }
+  char cwd[PATH_MAX];
+  const std::vector<int> fds = inherited();
+  if (!getcwd(cwd, sizeof cwd) || fds.empty() || fds.size() > kMaxFds) return false;
   const int conn = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (conn < 0) return false;
   if (connect(conn, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     close(conn);
     return false;
   }
-  char cwd[PATH_MAX];
   const mode_t mask = umask(0);
   umask(mask);
   std::string payload;
   put(payload, fingerprint());
-  put(payload, getcwd(cwd, sizeof cwd) ? cwd : "/");
+  put(payload, cwd);
   char octal[16];
   std::snprintf(octal, sizeof octal, "%o", static_cast<unsigned>(mask));
   put(payload, octal);
+  // The signals this process ignores and blocks: so will the command, as after exec.
+  sigset_t blockedNow;
+  sigprocmask(SIG_SETMASK, nullptr, &blockedNow);
+  std::string ignored(NSIG, '0'), blocked(NSIG, '0');
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction old = {};
+    if (sigaction(s, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) ignored[static_cast<size_t>(s)] = '1';
+    if (sigismember(&blockedNow, s) == 1) blocked[static_cast<size_t>(s)] = '1';
+  }
+  put(payload, ignored);
+  put(payload, blocked);
+  std::string numbers;
+  for (int fd : fds) numbers += (numbers.empty() ? "" : ",") + std::to_string(fd);
+  put(payload, numbers);
   put(payload, std::to_string(argc));
   for (int i = 0; i < argc; ++i) put(payload, argv[i]);
   for (char** e = environ; e && *e; ++e) put(payload, *e);
@@ -328,20 +427,25 @@ bool runServed(int argc, char** argv, int* rc) {
     close(conn);
     return false;
   }
-  uint32_t header[2] = {kMagic, static_cast<uint32_t>(payload.size())};
-  int fds[3] = {0, 1, 2};
+  uint32_t header[3] = {kMagic, static_cast<uint32_t>(payload.size()),
+                        static_cast<uint32_t>(fds.size())};
   struct iovec iov = {header, sizeof header};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
   struct msghdr msg = {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
   struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof fds);
-  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  // The forwarded signals wait, from before the command exists until the handler knows its pid.
+  sigset_t forwarded, before;
+  sigemptyset(&forwarded);
+  for (int s : kForwarded) sigaddset(&forwarded, s);
+  sigprocmask(SIG_BLOCK, &forwarded, &before);
   ssize_t sent;
   do {
     sent = sendmsg(conn, &msg, MSG_NOSIGNAL);
@@ -351,15 +455,17 @@ bool runServed(int argc, char** argv, int* rc) {
       !writeAll(conn, payload.data(), payload.size()) || !readAll(conn, &pid, sizeof pid) ||
       pid <= 0) {
     close(conn);
+    sigprocmask(SIG_SETMASK, &before, nullptr);
     return false;  // nothing ran: exec
   }
   gServedPid = pid;
   struct sigaction sa = {};
   sa.sa_handler = forward;
   sigemptyset(&sa.sa_mask);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM}) {
-    sigaction(s, &sa, nullptr);
+  for (int s : kForwarded) {
+    if (ignored[static_cast<size_t>(s)] == '0') sigaction(s, &sa, nullptr);
   }
+  sigprocmask(SIG_SETMASK, &before, nullptr);
   int32_t status = 0;
   if (!readAll(conn, &status, sizeof status)) {
     std::fprintf(stderr, "stratbench: the core server (%s) went away while running the command\n",
