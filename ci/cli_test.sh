@@ -253,13 +253,6 @@ if [ -n "${STRATBENCH_CORE_SERVER:-}" ]; then
     fail "served: --out rel not written in the front's working directory"
   echo "suite: stdin" | "$sb" run /dev/stdin --out "$tmp/unused" >"$tmp/out" 2>&1
   grep -q "stdin" "$tmp/out" && pass "served: the front's standard input" || fail "served: stdin"
-  wait_lock() {  # DIR: the pid in DIR's lock, once a run holds it (at most 30 s)
-    for _ in $(seq 300); do
-      [ -s "$1/.stratbench.lock" ] && { cat "$1/.stratbench.lock"; return 0; }
-      sleep 0.1
-    done
-    return 1
-  }
   long=("$src/suites/smoke.yaml" --repetitions 1000 --min-time 1)
   "$sb" run "${long[@]}" --out "$tmp/served" >/dev/null 2>&1 &
   front=$!

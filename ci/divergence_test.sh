@@ -542,6 +542,8 @@ def run(suite, pattern, out, args):
     return subprocess.run([sb, "run", f"{src}/suites/{suite}.yaml", "--out", out, "--filter",
                            pattern, "--repetitions", "1", "--min-time", "0.0001", "--timeout",
                            "10"] + args, capture_output=True, text=True)
+def exactly(ids):  # a --filter of these strategy ids and no other
+    return "^(" + "|".join(re.escape(x) for x in ids) + ")$"
 # Which strategies each suite runs (a fault may only be planted where its strategy runs).
 runs_in = {}
 for suite, pattern in suites.items():
@@ -558,17 +560,15 @@ for k in range(max(len(f) for f in faults.values())):
             continue
         # Only the planted strategies' rows are judged, so only they run: in groups whose
         # pattern fits --filter's 1,000 bytes (the redistributions' suite has 1,836 rows, 12 s).
-        groups, only = [], []
+        groups = [[]]
         for sid in here:
-            if only and len("^(" + "|".join(re.escape(x) for x in only + [sid]) + ")$") > 1000:
-                groups.append(only)
-                only = []
-            only.append(sid)
-        groups.append(only)
+            if groups[-1] and len(exactly(groups[-1] + [sid])) > 1000:
+                groups.append([])
+            groups[-1].append(sid)
         for g, only in enumerate(groups):
             out = f"{tmp}/one-{k}-{suite}-{g}"
             args = [a for sid in only for a in ("--plant-fault", f"{sid}={planted[sid]}")]
-            proc = run(suite, "^(" + "|".join(re.escape(x) for x in only) + ")$", out, args)
+            proc = run(suite, exactly(only), out, args)
             assert proc.returncode in (0, 1), f"{suite}, run {k}: exit {proc.returncode}: {proc.stderr[-400:]}"
             for r in json.load(open(f"{out}/results.json"))["records"]:
                 sid = r["strategy_id"]

@@ -143,18 +143,11 @@ bad "a case name that is not UTF-8" "not UTF-8 text: byte 0xff" \
   "$sb" run "$tmp/latin1.yaml" --out "$tmp/keep"
 
 # 6. Result files: one run per output folder, and the previous set whole until the new one is.
-wait_lock() {  # DIR: until a run holds DIR's lock (at most 30 s)
-  for _ in $(seq 300); do
-    [ -s "$1/.stratbench.lock" ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
 # (Exec'd, not served: the lock names the run's pid, which must be the one started here.)
 STRATBENCH_CORE_SERVER= "$sb" run "$tmp/ok.yaml" --out "$tmp/busy" --repetitions 3 --min-time 1 \
   > /dev/null 2>&1 &
 first=$!
-wait_lock "$tmp/busy"
+wait_lock "$tmp/busy" >/dev/null
 check "a second run into the same --out is refused, naming the first" 2 \
   "is in use by another run \(pid $first\)" -- "$sb" run "$tmp/ok.yaml" --out "$tmp/busy"
 wait "$first"
@@ -169,7 +162,7 @@ PY
 sum_keep=$(cat "$tmp/busy"/results.csv "$tmp/busy"/results.json | md5sum)
 "$sb" run "$tmp/ok.yaml" --out "$tmp/busy" --repetitions 3 --min-time 1 > /dev/null 2>&1 &
 second=$!
-wait_lock "$tmp/busy" && sleep 1
+wait_lock "$tmp/busy" >/dev/null && sleep 1
 kill -TERM "$second"  # (a background job of a script ignores SIGINT)
 wait "$second"
 check "an interrupted run leaves the previous set as it was" 0 "" -- bash -c \

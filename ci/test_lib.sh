@@ -41,6 +41,15 @@ serve_core() {
   done
   echo "note: no core server ($(cat "$tmp/core-server.log")): every command execs" >&2
 }
+# `wait_lock DIR`: waits (at most 30 s) until a run holds DIR's result lock and prints the pid
+# it names; exit 1 where none did.
+wait_lock() {
+  for _ in $(seq 300); do
+    [ -s "$1/.stratbench.lock" ] && { cat "$1/.stratbench.lock"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
 finish() {
   echo "$passes passed, $failures failed"
   [ "$failures" -eq 0 ]

@@ -145,6 +145,20 @@ int pidfdOpen(pid_t pid) {
 #endif
 }
 
+// This process's open descriptors, but the one listing them.
+std::vector<int> openDescriptors() {
+  std::vector<int> fds;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    const int own = dirfd(d);
+    while (struct dirent* e = readdir(d)) {
+      const int fd = std::atoi(e->d_name);
+      if (e->d_name[0] != '.' && fd != own) fds.push_back(fd);
+    }
+    closedir(d);
+  }
+  return fds;
+}
+
 // One connection, in a process of its own: reads the command, forks the process that runs it,
 // answers with its pid and, when it ends, its status. The front gone, the command is killed.
 int session(int conn, const std::string& ours, int (*coreMain)(int, char**)) {
@@ -232,19 +246,9 @@ int session(int conn, const std::string& ours, int (*coreMain)(int, char**)) {
       close(fd);
       fd = moved;
     }
-    std::vector<int> others;
-    if (DIR* d = opendir("/proc/self/fd")) {
-      const int own = dirfd(d);
-      while (struct dirent* e = readdir(d)) {
-        const int fd = std::atoi(e->d_name);
-        if (e->d_name[0] != '.' && fd != own &&
-            std::find(fds.begin(), fds.end(), fd) == fds.end()) {
-          others.push_back(fd);
-        }
-      }
-      closedir(d);
+    for (int fd : openDescriptors()) {
+      if (std::find(fds.begin(), fds.end(), fd) == fds.end()) close(fd);
     }
-    for (int fd : others) close(fd);
     for (size_t i = 0; i < fds.size(); ++i) {
       if (dup2(fds[i], targets[i]) < 0) _exit(2);
       close(fds[i]);
@@ -305,20 +309,14 @@ void forward(int sig) {
 constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
 
 // The descriptors an exec would pass on: open, without close-on-exec (a `<(...)` argument's
-// /dev/fd/63 among them). Empty where they cannot be listed.
+// /dev/fd/63 among them; a closed standard descriptor is not, and stays closed). Empty where
+// they cannot be listed.
 std::vector<int> inherited() {
   std::vector<int> fds;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return fds;
-  const int own = dirfd(d);
-  while (struct dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    const int fd = std::atoi(e->d_name);
-    if (fd != own && fcntl(fd, F_GETFD) >= 0 && !(fcntl(fd, F_GETFD) & FD_CLOEXEC)) {
-      fds.push_back(fd);
-    }
+  for (int fd : openDescriptors()) {
+    const int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) fds.push_back(fd);
   }
-  closedir(d);
   std::sort(fds.begin(), fds.end());
   return fds;
 }
@@ -386,9 +384,6 @@ bool runServed(int argc, char** argv, int* rc) {
   addr.sun_family = AF_UNIX;
   if (std::strlen(path) >= sizeof addr.sun_path) return false;
   std::strcpy(addr.sun_path, path);
-  for (int fd = 0; fd < 3; ++fd) {
-    if (fcntl(fd, F_GETFD) < 0) return false;  // a closed standard descriptor: exec
-  }
   char cwd[PATH_MAX];
   const std::vector<int> fds = inherited();
   if (!getcwd(cwd, sizeof cwd) || fds.empty() || fds.size() > kMaxFds) return false;
