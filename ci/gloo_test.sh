@@ -136,7 +136,11 @@ took=$((SECONDS - start))
 leftovers "external kill"
 
 # 6. No launcher of ours: the variables torchrun, srun and mpirun set.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# Each run's port probed free just before it (the next port up may be another connection's).
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+port=$(free_port)
 by_env() {  # by_env NAME VARS_OF_RANK_0... : starts 4 ranks with VARS where {r} is the rank
   local name=$1
   shift
@@ -156,7 +160,7 @@ by_env() {  # by_env NAME VARS_OF_RANK_0... : starts 4 ranks with VARS where {r}
     cp "$tmp/$name.0.log" "$tmp/out"
     fail "$name environment"
   fi
-  port=$((port + 1))
+  port=$(free_port)
 }
 by_env torchrun RANK={r} WORLD_SIZE=4 LOCAL_RANK={r} LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 \
   MASTER_PORT=$port TORCHELASTIC_RUN_ID=test
