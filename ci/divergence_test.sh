@@ -185,6 +185,13 @@ cases:
     mesh: 1
     params: {budget: 0.6}
     strategies: ["checkpointing/(sqrt|rotor)"]
+  # Tight enough that rotor's optimum needs long runs of forwards (short_leaf_runs bites).
+  - name: mlp-chain-tight
+    workload: mlp_chain
+    shape: {batch: 32, width: 128, depth: 12, dropout: 0.1}
+    mesh: 1
+    params: {budget: 0.3}
+    strategies: ["checkpointing/rotor"]
   - name: gpt2-chain
     workload: gpt2_stack
     shape: {batch: 2, seq: 16, d_model: 32, heads: 2, layers: 4, dropout: 0.1}
@@ -311,6 +318,10 @@ expect = {
     "rng_left_after_recompute": lambda r, d: r["status"] == "fail" and d is not None
         and d.get("found") is False and "rng/cpu" in r["message"],
     "ignore_budget": nothing_numeric("over the [0-9]+ bytes it promised"),
+    # A leak: every number right, what is held after a backward over the schedule's.
+    "keep_input_to_end": nothing_numeric("over what the schedule holds|over the [0-9]+ bytes it promised"),
+    # rotor's fast table missing moves: valid, slower than its reference program's optimum.
+    "short_leaf_runs": nothing_numeric("against the reference program's optimum|reference program finds one"),
     # Selective checkpointing (checkpointing/sac/*, not in the catalogue's run: the stage solvers
     # stand for the family; ci/sac_test.sh plants these): a gradient off, or a promise broken.
     "recompute_without_rng": lambda r, d: r["status"] == "fail",
@@ -400,7 +411,7 @@ for sid, fault in faults:
     for r in rows:
         d = r["details"].get("first_divergence")
         ok = expect[fault](r, d)
-        failed[fault] = failed.get(fault, False) or r["status"] != "pass"
+        failed[fault] = failed.get(fault, False) or r["status"] != "pass" or bool(r["mispredicted"])
         total += 1
         bad += not ok
         where = f'{d.get("node")} ({d.get("phase")}) {d.get("tensor")}' if d and d.get("found") \

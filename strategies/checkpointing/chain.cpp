@@ -248,6 +248,7 @@ Simulation simulate(const Chain& chain, const std::vector<Op>& ops) {
       release("x" + si);
       hold("d" + si, chain.x[i]);
     }
+    sim.heldAfter.push_back(current - (has("x0") ? chain.x[0] : 0));
   }
   if (!has("d0")) {
     sim.valid = false;

@@ -87,6 +87,12 @@ struct Simulation {
   double time = 0;
   double peak = 0;             // the budget of a valid schedule must be at least this
   int recomputedForwards = 0;  // forwards beyond one per stage
+  // What is held after each operation besides x[0], in the order of `ops`: the executor
+  // measures the same after each operation it runs (the bytes over the step's start, where
+  // x[0], the network's input, is live throughout: its caller holds it whether or not the
+  // schedule still does), so a value kept past the operation that frees it (a leak the peak
+  // may not show) is flagged where it happens.
+  std::vector<double> heldAfter;
 };
 
 // Replays `ops` from "x[0] held" to "d[0] produced, nothing else held": every operation's

@@ -38,7 +38,10 @@
 // the recomputation left it: every number of the step is right, and only the generator state
 // it hands to the next step (compared as "rng/cpu", and "rng/cuda" on a GPU) is wrong;
 // "ignore_budget" solves without the budget (keeping every tape where that is fastest) and still
-// promises it: right numbers, a measured peak over the promise.
+// promises it: right numbers, a measured peak over the promise; "keep_input_to_end" keeps every
+// stage's input until the step ends (a leak: flagged after the backward that should have freed
+// it, details.executor.held_after_operations); rotor's "short_leaf_runs" misses moves in its
+// fast table (valid, slower schedules: flagged against the reference program's optimum).
 //
 // The budget is a promise on the measured peak (memoryLimitBytes): what was live at the
 // step's start, less x[0], plus the budget. The model is exact to the byte on the chain
@@ -55,9 +58,12 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <chrono>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 
 #include "harness/error.h"
 #include "harness/measure/memory.h"
@@ -72,6 +78,7 @@
 #include "strategies/checkpointing/profiler.h"
 #include "strategies/checkpointing/run_schedule.h"
 #include "strategies/checkpointing/solvers.h"
+#include "strategies/checkpointing/solvers_testing.h"
 
 namespace sb::strategies::checkpointing {
 namespace {
@@ -80,7 +87,15 @@ using harness::Applicability;
 using harness::CaseSpec;
 using reference::ChainNet;
 
-enum class Fault { kNone, kNoRngRestore, kStaleInput, kRngLeftAfterRecompute, kIgnoreBudget };
+enum class Fault {
+  kNone,
+  kNoRngRestore,
+  kStaleInput,
+  kRngLeftAfterRecompute,
+  kIgnoreBudget,
+  kKeepInputToEnd,
+  kShortLeafRuns
+};
 
 const char* faultName(Fault f) {
   switch (f) {
@@ -94,6 +109,10 @@ const char* faultName(Fault f) {
       return "rng_left_after_recompute";
     case Fault::kIgnoreBudget:
       return "ignore_budget";
+    case Fault::kKeepInputToEnd:
+      return "keep_input_to_end";
+    case Fault::kShortLeafRuns:
+      return "short_leaf_runs";
   }
   return "?";
 }
@@ -190,10 +209,12 @@ class ScheduleRunner {
   at::Tensor forwardPhase(const at::Tensor& x0) {
     reset();
     forwardRuns_.assign(L_, 0);
+    heldAfter_.assign(ops_.size(), std::numeric_limits<double>::quiet_NaN());
     x_[0] = x0.detach();
     for (; pc_ < ops_.size() && ops_[pc_].kind != Op::Kind::kLoss; ++pc_) run(ops_[pc_]);
     TORCH_INTERNAL_ASSERT(pc_ < ops_.size(), "a schedule without the loss");
     note(ops_[pc_]);
+    lossAt_ = pc_;
     ++pc_;
     at::Tensor y = value(L_);
     x_[L_] = at::Tensor();  // the loss reads x[L] and frees it where it is held on its own
@@ -203,11 +224,19 @@ class ScheduleRunner {
   // The operations after the loss, from d[L]; returns d[0].
   at::Tensor backwardPhase(const at::Tensor& dL) {
     d_[L_] = dL;
+    measureHeld(lossAt_);  // the loss ran (outside the runner): what its model says it leaves
     for (; pc_ < ops_.size(); ++pc_) run(ops_[pc_]);
     at::Tensor d0 = d_[0];
     reset();
     return d0;
   }
+
+  // Measures what is held after each operation of the next steps: the tracked bytes over
+  // `start` (what was live when the step began, x[0] among it), as the simulator counts
+  // (Simulation::heldAfter). Until called, nothing is measured.
+  void measureFrom(int64_t start) { measureStart_ = start; }
+  // After the last step: what was held after each operation (NaN: not measured).
+  const std::vector<double>& heldAfter() const { return heldAfter_; }
 
   // How many times each stage's forward ran in the last step: what the schedule recomputed.
   const std::vector<int>& forwardRuns() const { return forwardRuns_; }
@@ -217,6 +246,12 @@ class ScheduleRunner {
   void captureInto(std::vector<harness::TraceValue>* out) { capture_ = out; }
 
  private:
+  void measureHeld(size_t k) {
+    if (measureStart_ < 0 || k >= heldAfter_.size()) return;
+    heldAfter_[k] =
+        static_cast<double>(harness::MemoryTracker::instance().current(rank_) - measureStart_);
+  }
+
   void reset() {
     pc_ = 0;
     x_.assign(L_ + 1, at::Tensor());
@@ -302,13 +337,16 @@ class ScheduleRunner {
         d_[i + 1] = at::Tensor();
         tapeIn_[i + 1] = at::Tensor();
         tapeOut_[i + 1] = at::Tensor();
-        x_[i] = at::Tensor();
+        // keep_input_to_end: the stage's input stays held until the step ends (a leak: every
+        // number right, the peak only where the kept inputs meet it).
+        if (fault_ != Fault::kKeepInputToEnd) x_[i] = at::Tensor();
         rng_[i].clear();
         break;
       }
       case Op::Kind::kLoss:
         TORCH_INTERNAL_ASSERT(false, "a second loss in the schedule");
     }
+    measureHeld(pc_);
   }
 
   const ChainNet& net_;
@@ -322,6 +360,9 @@ class ScheduleRunner {
   std::vector<RngSnapshot> rng_;
   std::vector<bool> firstDone_, recomputed_;
   std::vector<int> forwardRuns_;
+  size_t lossAt_ = 0;
+  int64_t measureStart_ = -1;
+  std::vector<double> heldAfter_;
 };
 
 // The checkpointed chain as one autograd node: forward runs the schedule up to the loss,
@@ -393,6 +434,25 @@ class CheckpointExecutor final : public harness::RankExecutor {
   double budgetFraction_ = 0, budgetBytes_ = 0, nonePeak_ = 0;
   std::unique_ptr<ScheduleRunner> runner_;
   double startLive_ = 0;
+  // What the schedule's simulation holds after each operation (Simulation::heldAfter), and
+  // the last step()'s measurement against it: how many operations held more and how many
+  // less, and the one furthest off each way (the first of them), over every training step.
+  std::vector<double> predictedHeld_;
+  struct HeldOff {
+    int operations = 0;
+    struct Worst {
+      int count = 0, step = -1;
+      size_t op = 0;
+      double measured = 0, predicted = 0;
+    } over, under;
+  } heldOff_;
+  void judgeHeld(int step);
+  // rotor's optimum checked in every row against the reference program (solveRotorReference:
+  // the same recurrence filled by code it shares nothing of the fast table's fill with), where
+  // that table is small enough: details.executor.optimum, and a prediction judged exactly.
+  static constexpr int kSlots = 500;
+  nlohmann::json optimum_;
+  void checkOptimum(double budget);
   std::map<std::string, at::Tensor> results_;
 
   // Training over a case's steps (reference/training.h): the initial parameters every step()
@@ -488,12 +548,17 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   }
 
   std::vector<std::string> plantableFaults() const override {
-    return {faultName(Fault::kNoRngRestore), faultName(Fault::kStaleInput),
-            faultName(Fault::kRngLeftAfterRecompute), faultName(Fault::kIgnoreBudget)};
+    std::vector<std::string> out = {
+        faultName(Fault::kNoRngRestore), faultName(Fault::kStaleInput),
+        faultName(Fault::kRngLeftAfterRecompute), faultName(Fault::kIgnoreBudget),
+        faultName(Fault::kKeepInputToEnd)};
+    if (solver_ == "rotor") out.push_back(faultName(Fault::kShortLeafRuns));
+    return out;
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
     for (Fault f : {Fault::kNoRngRestore, Fault::kStaleInput, Fault::kRngLeftAfterRecompute,
-                    Fault::kIgnoreBudget}) {
+                    Fault::kIgnoreBudget, Fault::kKeepInputToEnd, Fault::kShortLeafRuns}) {
+      if (f == Fault::kShortLeafRuns && solver_ != "rotor") continue;
       if (name == faultName(f)) return std::make_unique<CheckpointStrategy>(solver_, f);
     }
     return nullptr;
@@ -523,9 +588,28 @@ void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::Wor
   if (case_.params.contains("budget")) budgetFraction_ = case_.params["budget"].get<double>();
   budgetBytes_ = budgetFraction_ > 0 ? std::floor(budgetFraction_ * nonePeak_) : 0;
   const double solveBudget = strategy_.fault() == Fault::kIgnoreBudget ? 0 : budgetBytes_;
-  auto s = solve(strategy_.solver(), chain_, {solveBudget, 500});
+  std::optional<Schedule> s;
+  {
+    // short_leaf_runs: rotor's fast table with a recurrence that misses moves (valid, slower).
+    std::optional<ScopedRotorFault> planted;
+    if (strategy_.fault() == Fault::kShortLeafRuns) planted.emplace(RotorFault::kShortLeafRunsOnly);
+    s = solve(strategy_.solver(), chain_, {solveBudget, kSlots});
+  }
   if (!s) {
-    const auto full = solve("full", chain_, {0, 500});
+    // rotor finding none where its reference program finds a schedule is rotor's error, not
+    // the case's: the row errors rather than reads as unsupported.
+    if (strategy_.solver() == "rotor") {
+      checkOptimum(solveBudget);
+      const auto& r = optimum_.value("reference_time_us", nlohmann::json());
+      if (r.is_number()) {
+        throw std::runtime_error(
+            "rotor found no schedule within the budget of " +
+            std::to_string(static_cast<int64_t>(budgetBytes_)) +
+            " bytes where its reference program finds one of " + std::to_string(r.get<double>()) +
+            " us");
+      }
+    }
+    const auto full = solve("full", chain_, {0, kSlots});
     throw harness::UnsupportedCase("no " + strategy_.solver() + " schedule fits a budget of " +
                                    std::to_string(static_cast<int64_t>(budgetBytes_)) + " bytes (" +
                                    std::to_string(budgetFraction_) + " of keeping every tape, " +
@@ -534,6 +618,8 @@ void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::Wor
                                    std::to_string(static_cast<int64_t>(full->predictedPeak)) + ")");
   }
   schedule_ = *s;
+  predictedHeld_ = simulate(chain_, schedule_.ops).heldAfter;
+  if (strategy_.solver() == "rotor") checkOptimum(solveBudget);
   runner_ = std::make_unique<ScheduleRunner>(*net_, schedule_.ops, strategy_.fault(), ctx.rank());
   if (case_.training.enabled()) {
     for (const auto& [name, p] : net_->parameters()) initialParams_.push_back(p.detach().clone());
@@ -556,14 +642,17 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
     return;
   }
   startLive_ = static_cast<double>(harness::MemoryTracker::instance().current(ctx.rank()));
+  heldOff_ = HeldOff();
   const at::Tensor x0 = net_->input().detach().requires_grad_(true);
   if (captureOn_) runner_->captureInto(&captured_);
+  runner_->measureFrom(static_cast<int64_t>(startLive_));
   const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
   // The loss in its own statement: a temporary y * target would live until the end of the
   // full expression, through the whole backward.
   const at::Tensor loss = (y * net_->target()).sum();
   reference::backward({loss});
   runner_->captureInto(nullptr);
+  judgeHeld(0);
   results_.clear();
   results_["output"] = y.detach();
   results_["grad_input"] = x0.grad();
@@ -586,16 +675,20 @@ void CheckpointExecutor::trainSteps(harness::RankContext& ctx) {
   }
   loop_ = std::make_unique<reference::TrainingLoop>(case_.training, net_->parameters());
   startLive_ = static_cast<double>(harness::MemoryTracker::instance().current(ctx.rank()));
+  heldOff_ = HeldOff();
   for (int k = 0; k < case_.training.steps; ++k) {
     net_->zeroGrad();
     double loss = 0;
     {
       const at::Tensor x0 = net_->input().detach().requires_grad_(true);
       if (captureOn_ && k == 0) runner_->captureInto(&captured_);
+      // Each step's operations over what was live when it began (the optimizer's state too).
+      runner_->measureFrom(harness::MemoryTracker::instance().current(ctx.rank()));
       const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
       const at::Tensor l = (y * net_->target()).sum();
       reference::backward({l});
       runner_->captureInto(nullptr);
+      judgeHeld(k);
       loss = l.item<double>();
     }
     loop_->update(loss);
@@ -630,11 +723,100 @@ std::vector<std::pair<std::string, std::string>> CheckpointExecutor::recordParam
   return out;
 }
 
+void CheckpointExecutor::checkOptimum(double budget) {
+  // The reference's table: a double per (slot, i, l), filled in O(slots x L^3 / 6) moves.
+  const double L = chain_.length();
+  const double bytes = (kSlots + 1.0) * (L + 1) * (L + 1) * sizeof(double);
+  constexpr double kMaxBytes = 256.0 * (1 << 20);
+  if (bytes > kMaxBytes) {
+    optimum_ = {{"checked", false},
+                {"why", "the reference program's table of this " + std::to_string(chain_.length()) +
+                            "-stage chain would take " +
+                            std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
+                            " MiB (at most 256 checked)"}};
+    return;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const auto ref = solveRotorReference(chain_, {budget, kSlots});
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  optimum_ = {{"checked", true},
+              {"against", "rotor's reference program (solveRotorReference)"},
+              {"time_us", schedule_.ops.empty() ? nlohmann::json() : nlohmann::json(schedule_.predictedTime)},
+              {"reference_time_us", ref ? nlohmann::json(ref->predictedTime) : nlohmann::json()},
+              {"reference_recomputed_forwards", ref ? ref->recomputedForwards : -1},
+              {"reference_seconds", secs}};
+}
+
+void CheckpointExecutor::judgeHeld(int step) {
+  const auto& measured = runner_->heldAfter();
+  for (size_t k = 0; k < measured.size() && k < predictedHeld_.size(); ++k) {
+    if (std::isnan(measured[k])) continue;
+    ++heldOff_.operations;
+    const double off = measured[k] - predictedHeld_[k];
+    if (off == 0) continue;
+    HeldOff::Worst& w = off > 0 ? heldOff_.over : heldOff_.under;
+    ++w.count;
+    if (w.step < 0 || std::abs(off) > std::abs(w.measured - w.predicted)) {
+      w.step = step;
+      w.op = k;
+      w.measured = measured[k];
+      w.predicted = predictedHeld_[k];
+    }
+  }
+}
+
 nlohmann::json CheckpointExecutor::details() const {
-  return {{"schedule", schedule_.names()},
-          {"chain", chain_.toJson()},
-          {"predicted_time_us", schedule_.predictedTime},
-          {"predicted_peak_bytes", schedule_.predictedPeak}};
+  nlohmann::json j = {{"schedule", schedule_.names()},
+                      {"chain", chain_.toJson()},
+                      {"predicted_time_us", schedule_.predictedTime},
+                      {"predicted_peak_bytes", schedule_.predictedPeak}};
+  if (!optimum_.is_null()) {
+    j["optimum"] = optimum_;
+    if (optimum_.value("checked", false)) {
+      // rotor claims the least time any schedule within the budget has (on its slots): the
+      // reference program's is that least time, found independently; no reference schedule
+      // (null) where rotor found one is as far off as it gets.
+      const auto& r = optimum_["reference_time_us"];
+      j["predictions"].push_back(
+          {{"what", "rotor's schedule time, against the reference program's optimum"},
+           {"unit", "us"},
+           {"measured", r.is_number() ? r.get<double>() : 0.0},
+           {"predicted", schedule_.predictedTime},
+           {"tolerance", 1e-12}});
+    }
+  }
+  if (heldOff_.operations == 0) return j;
+  // Memory after every operation, not only at the peak: a value held past the operation that
+  // frees it (a leak) raises the peak only where it meets it, and is flagged here wherever it
+  // is. The claim is one-sided: never more held than the schedule holds. Less is said, not
+  // judged: a stage whose output is a view of its input (a flatten, a transpose) has both
+  // counted by the chain, one storage in fact (docs/checkpointing.md).
+  auto& h = j["held_after_operations"];
+  h = {{"operations_measured", heldOff_.operations},
+       {"over_the_model", heldOff_.over.count},
+       {"under_the_model", heldOff_.under.count}};
+  const auto describe = [&](const HeldOff::Worst& w) {
+    return nlohmann::json{{"operation", schedule_.ops[w.op].name()},
+                          {"index", w.op},
+                          {"training_step", w.step},
+                          {"measured_bytes", w.measured},
+                          {"predicted_bytes", w.predicted}};
+  };
+  if (heldOff_.under.step >= 0) h["most_under"] = describe(heldOff_.under);
+  if (heldOff_.over.step >= 0) {
+    const HeldOff::Worst& w = heldOff_.over;
+    h["most_over"] = describe(w);
+    // Judged with the row's other predictions, exactly (the record's "mispredicted").
+    j["predictions"].push_back(
+        {{"what", "memory held after " + schedule_.ops[w.op].name() + " (operation " +
+                      std::to_string(w.op) + "), over what the schedule holds"},
+         {"unit", "bytes"},
+         {"measured", w.measured},
+         {"predicted", w.predicted},
+         {"tolerance", 0.0}});
+  }
+  return j;
 }
 
 std::vector<std::unique_ptr<harness::Strategy>> registerCheckpointing() {

@@ -572,7 +572,8 @@ class Rotor final : public RotorSlots {
     // leaf j: run to x[j] keeping x[i] and x[j] only.
     double forward = 0;
     int fwdPeak = X_[i + 1] + FT_[i];  // CF_i
-    for (int j = i + 1; j <= l; ++j) {
+    const int lastLeaf = gRotorFault == RotorFault::kShortLeafRunsOnly ? std::min(l, i + 2) : l;
+    for (int j = i + 1; j <= lastLeaf; ++j) {
       if (j > i + 1) fwdPeak = std::max(fwdPeak, X_[j - 1] + X_[j] + FT_[j - 1]);  // Fn_{j-1}
       forward += c_.ftime[j - 1];
       const int from = D(l) + fwdPeak;

@@ -211,6 +211,84 @@ TEST(CheckpointPlantedFault, ASolverThatIgnoresTheBudgetFailsOnTheMeasuredPeak) 
   EXPECT_LT(*honest.peakMemBytes, *rec.peakMemBytes);
 }
 
+// Memory is judged after every operation, not only at the peak: stage inputs kept to the end
+// of the step (a leak) leave every number right and, under a budget the kept inputs stay
+// within, the peak too; what is held after the backward that should have freed them is over
+// the simulation's, and the row is mispredicted there.
+TEST(CheckpointPlantedFault, AnInputKeptPastItsBackwardIsFlaggedWhereItShouldHaveGone) {
+  const auto faulty = strategy("checkpointing/sqrt").withPlantedFault("keep_input_to_end");
+  ASSERT_TRUE(faulty);
+  const auto c = chainCase("mlp_chain", 0);
+  const auto rec = test::run(c, *faulty);
+  EXPECT_EQ(*rec.mismatches, 0) << "the numbers are right; only memory is held too long";
+  const auto& held = rec.details["executor"]["held_after_operations"];
+  EXPECT_GT(held["over_the_model"].get<int>(), 0) << held.dump();
+  EXPECT_EQ(held["most_over"]["operation"].get<std::string>().rfind("B_", 0), 0u) << held.dump();
+  EXPECT_NE(rec.message.find("over what the schedule holds"), std::string::npos) << rec.message;
+  EXPECT_FALSE(rec.mispredicted.empty());
+
+  const auto honest = test::run(c, strategy("checkpointing/sqrt"));
+  EXPECT_EQ(honest.status, harness::Status::kPass) << honest.message;
+  EXPECT_EQ(honest.mispredicted, "") << honest.message;
+  const auto& fine = honest.details["executor"]["held_after_operations"];
+  EXPECT_EQ(fine["over_the_model"], 0) << fine.dump();
+  EXPECT_EQ(fine["operations_measured"], held["operations_measured"]);
+  // `none` holds no input on its own past the forward: the fault has nothing to keep.
+  const auto none = strategy("checkpointing/none").withPlantedFault("keep_input_to_end");
+  const auto dormant = test::run(c, *none);
+  EXPECT_EQ(dormant.mispredicted, "") << dormant.message;
+  EXPECT_EQ(dormant.details["executor"]["held_after_operations"]["over_the_model"], 0);
+}
+
+// rotor's optimum is checked in every row against its reference program (the same recurrence,
+// filled by code that shares nothing with the fast table's fill). A fast table that misses
+// moves (short_leaf_runs: leaf runs of at most two forwards) gives valid schedules within the
+// budget, with every number right, that are slower than the optimum: flagged; where it finds
+// none at all, the row errors instead of reading as unsupported.
+TEST(CheckpointPlantedFault, ASuboptimalRotorIsFlaggedAgainstItsReferenceProgram) {
+  const auto faulty = strategy("checkpointing/rotor").withPlantedFault("short_leaf_runs");
+  ASSERT_TRUE(faulty);
+  EXPECT_FALSE(strategy("checkpointing/sqrt").withPlantedFault("short_leaf_runs"))
+      << "only rotor has the fast table";
+  int flagged = 0, errored = 0, honestRows = 0;
+  // suites/checkpointing.yaml's MLP: twelve stages, where long runs of forwards pay.
+  for (const std::string workload : {"mlp_chain"}) {
+    for (double budget : {0.3, 0.4, 0.5, 0.6, 0.7, 0.8}) {
+      auto c = chainCase(workload, budget);
+      c.shape = {{"batch", 32}, {"width", 128}, {"depth", 12}, {"dropout", 0.1}};
+      const auto honest = test::run(c, strategy("checkpointing/rotor"));
+      if (honest.status == harness::Status::kUnsupported) continue;
+      ++honestRows;
+      ASSERT_EQ(honest.status, harness::Status::kPass) << honest.message;
+      EXPECT_EQ(honest.mispredicted, "") << workload << " " << budget << ": " << honest.message;
+      const auto& o = honest.details["executor"]["optimum"];
+      ASSERT_TRUE(o["checked"].get<bool>()) << o.dump();
+      EXPECT_EQ(o["time_us"], o["reference_time_us"]) << o.dump();
+
+      const auto rec = test::run(c, *faulty);
+      if (rec.status == harness::Status::kError) {
+        EXPECT_NE(rec.message.find("reference program finds one"), std::string::npos)
+            << rec.message;
+        ++errored;
+        continue;
+      }
+      ASSERT_EQ(rec.status, harness::Status::kPass) << rec.message;
+      EXPECT_EQ(*rec.mismatches, 0);
+      const auto& f = rec.details["executor"]["optimum"];
+      if (f["time_us"] == f["reference_time_us"]) {
+        EXPECT_EQ(rec.mispredicted, "") << "the fault made no difference here";
+        continue;
+      }
+      EXPECT_GT(f["time_us"].get<double>(), f["reference_time_us"].get<double>()) << f.dump();
+      EXPECT_NE(rec.message.find("against the reference program's optimum"), std::string::npos)
+          << rec.message;
+      ++flagged;
+    }
+  }
+  EXPECT_GT(honestRows, 3);
+  EXPECT_GT(flagged + errored, 2) << "few cases where the missed moves mattered";
+}
+
 TEST(CheckpointPlantedFault, WithoutRecomputationThereIsNothingForTheFaultsToBreak) {
   // `none` never recomputes: the planted faults are dormant and the row passes, which shows
   // the failures above come from recomputation, not from the fault plumbing.
