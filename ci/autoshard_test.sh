@@ -190,6 +190,19 @@ check "planted: a replay freeing values early: numerics pass" 0 "total +2 +0 +0 
 check "planted: a replay freeing values early: the gate flags both rows' memory" 1 \
   "gate: FAILED \(2 finding" -- "$sb" report "$tmp/earlyfault" --gate
 
+# The program without the edges of a parameter read twice (GPT-2's tied embedding and head): a
+# plan whose objective is under its step priced node by node; numerics right, the gate flags it.
+check "planted: a program without the parameters' edges: numerics pass" 0 "total +1 +0 +0 +0" -- \
+  "$sb" run "$tmp/sample.yaml" --out "$tmp/programfault" --repetitions 1 \
+  --filter '^sharding/auto/ilp$' \
+  --plant-fault 'sharding/auto/ilp=program_without_parameter_edges'
+check "planted: a program without the parameters' edges: the gate flags its objective" 1 \
+  "integer program's objective, against the plan's step" -- "$sb" report "$tmp/programfault" --gate
+check "the right program's objective is its step priced node by node" 0 "total +1 +0 +0 +0" -- \
+  "$sb" run "$tmp/sample.yaml" --out "$tmp/programright" --repetitions 1 \
+  --filter '^sharding/auto/ilp$'
+"$sb" report "$tmp/programright" --gate >/dev/null 2>&1 || fail "the right program's row fails the gate"
+
 # 4. Plans from files, and malformed input.
 "$sb" solve shard --workload gpt2 --shape '{"layers": 2}' --mesh 2x2 --out "$tmp/plan.json" \
   >/dev/null 2>&1

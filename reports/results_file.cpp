@@ -9,6 +9,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <set>
 #include <map>
 #include <utility>
 
@@ -32,17 +33,25 @@ constexpr size_t kN = kColumns.size();
 // judges them (harness/run/predict.cpp: memory, time, then an executor's own, of which the
 // pipeline's bubble is the one there is), joined by '+'. A new executor prediction's name is
 // added here.
+// The names of the predictions a row contradicts, joined by '+' as `run` judges them: memory,
+// then time, then the executor's own claims (a pipeline's bubble, checkpointing's held_memory,
+// a solver's optimum), each a lower-case name, none twice.
 bool validMispredicted(const std::string& m) {
   if (m.empty()) return true;
-  static const char* kOrder[] = {"memory", "time", "bubble"};
-  size_t at = 0, next = 0;
+  std::set<std::string> seen;
+  size_t at = 0, index = 0;
   while (at <= m.size()) {
     const size_t plus = std::min(m.find('+', at), m.size());
     const std::string part = m.substr(at, plus - at);
-    size_t k = next;
-    while (k < std::size(kOrder) && part != kOrder[k]) ++k;
-    if (k == std::size(kOrder)) return false;
-    next = k + 1;
+    if (part.empty() || !(part[0] >= 'a' && part[0] <= 'z')) return false;
+    for (char ch : part) {
+      if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_')) return false;
+    }
+    if (!seen.insert(part).second) return false;
+    // memory only first; time only first or after memory.
+    if (part == "memory" && index != 0) return false;
+    if (part == "time" && index > (seen.count("memory") ? 1u : 0u)) return false;
+    ++index;
     at = plus + 1;
   }
   return true;
@@ -231,7 +240,8 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.mispredicted = f.str("mispredicted");
   if (!validMispredicted(r.mispredicted)) {
     f.bad("mispredicted", r.mispredicted,
-          "empty, or memory, time and bubble joined by '+' in that order (memory+time)");
+          "empty, or the names of the predictions joined by '+', memory and time first "
+          "(memory+time+bubble)");
   }
   for (const auto& item : splitList(f.str("params"))) {
     const size_t eq = item.find('=');

@@ -59,8 +59,9 @@ void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n
 std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& tol) {
   nlohmann::json j = nlohmann::json::object();
   std::vector<std::string> flagged, why;
+  // `about`: what the claim is, in the message beside its name (an executor's own claims).
   const auto judge = [&](const char* what, const char* unit, double measured, double predicted,
-                         const std::optional<double>& tolerance) {
+                         const std::optional<double>& tolerance, const std::string& about = "") {
     const double err = measured != 0
                            ? std::abs(measured - predicted) / std::abs(measured)
                            : (predicted == 0 ? 0.0 : std::numeric_limits<double>::infinity());
@@ -74,7 +75,7 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
       flagged.push_back(what);
       // Bytes as integers; the error with the digits that show it past the claim.
       std::ostringstream s;
-      s << what << " measured " << std::fixed << std::setprecision(unit[0] == 'b' ? 0 : 1)
+      s << what << (about.empty() ? "" : " (" + about + ")") << " measured " << std::fixed << std::setprecision(unit[0] == 'b' ? 0 : 1)
         << measured << " " << unit << ", predicted " << predicted << " " << unit << " ("
         << std::defaultfloat << std::setprecision(6) << 100 * err << "% off; the strategy claims "
         << 100 * *tolerance << "%)";
@@ -111,7 +112,8 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
     judge("time", "us", rec.timing->medianUs, *rec.predictedTimeUs, tol.time);
   }
   // An executor's own predictions (a pipeline's bubble), each with the claim its strategy makes:
-  // details.executor.predictions[] = {what, unit, measured, predicted, tolerance, floor}. Off
+  // details.executor.predictions[] = {what, unit, measured, predicted, tolerance, floor, about}:
+  // `what` a lower-case name (the mispredicted column's), `about` the claim in words. Off
   // where |measured - predicted| is over tolerance x |measured| and over `floor` (an absolute
   // error the claim allows whatever the measurement, where a quantity can be near zero).
   if (rec.details.contains("executor") && rec.details["executor"].contains("predictions")) {
@@ -125,7 +127,7 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
       const double tolerance =
           measured != 0 ? std::max(p.at("tolerance").get<double>(), floor / std::abs(measured))
                         : (off <= floor ? std::numeric_limits<double>::infinity() : 0.0);
-      judge(what.c_str(), unit.c_str(), measured, predicted, tolerance);
+      judge(what.c_str(), unit.c_str(), measured, predicted, tolerance, p.value("about", ""));
     }
   }
   if (!j.empty()) rec.details["prediction"] = j;

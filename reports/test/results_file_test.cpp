@@ -194,18 +194,20 @@ TEST(ResultsFile, AnUnknownStatusIsAnError) {
 }
 
 // `mispredicted` names the predictions a row contradicts, joined by '+' in the order `run`
-// judges them (memory, time, an executor's own such as a pipeline's bubble); anything else is
-// refused, naming the line and the column.
+// judges them (memory, time, then an executor's own: a pipeline's bubble, checkpointing's
+// held_memory, a solver's optimum); anything else is refused, naming the line and the column.
 TEST(ResultsFile, MispredictedNamesTheJudgedPredictionsInTheirOrder) {
   int k = 0;
-  for (const std::string m : {"", "bubble", "memory+bubble", "memory+time+bubble"}) {
+  for (const std::string m : {"", "bubble", "memory+bubble", "memory+time+bubble",
+                              "held_memory+solver_optimum", "time+program_objective"}) {
     harness::Record r = passRow("c", "s");
     r.mispredicted = m;
     const auto rows = readResults(writeRun(tempDir("judged" + std::to_string(k++)), {r}));
     ASSERT_EQ(rows.size(), 1u);
     EXPECT_EQ(rows[0].mispredicted, m);
   }
-  for (const std::string m : {"bubble+memory", "speed", "memory+", "memory+memory"}) {
+  for (const std::string m : {"bubble+memory", "time+memory", "Speed!", "memory+",
+                              "memory+memory", "held memory", "+time"}) {
     harness::Record r = passRow("c", "s");
     r.mispredicted = m;
     const std::string path = writeRun(tempDir("misjudged" + std::to_string(k++)), {r});

@@ -779,7 +779,8 @@ nlohmann::json CheckpointExecutor::details() const {
       // (null) where rotor found one is as far off as it gets.
       const auto& r = optimum_["reference_time_us"];
       j["predictions"].push_back(
-          {{"what", "rotor's schedule time, against the reference program's optimum"},
+          {{"what", "solver_optimum"},
+           {"about", "rotor's schedule time, against the reference program's optimum"},
            {"unit", "us"},
            {"measured", r.is_number() ? r.get<double>() : 0.0},
            {"predicted", schedule_.predictedTime},
@@ -809,8 +810,9 @@ nlohmann::json CheckpointExecutor::details() const {
     h["most_over"] = describe(w);
     // Judged with the row's other predictions, exactly (the record's "mispredicted").
     j["predictions"].push_back(
-        {{"what", "memory held after " + schedule_.ops[w.op].name() + " (operation " +
-                      std::to_string(w.op) + "), over what the schedule holds"},
+        {{"what", "held_memory"},
+         {"about", "memory held after " + schedule_.ops[w.op].name() + " (operation " +
+                       std::to_string(w.op) + "), over what the schedule holds"},
          {"unit", "bytes"},
          {"measured", w.measured},
          {"predicted", w.predicted},

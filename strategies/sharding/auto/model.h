@@ -211,6 +211,10 @@ class ShardingModel {
   // parameters and their gradients, so that the program takes plans that do not fit.
   void plantRowsWithoutParameters() { rowsWithoutParameters_ = true; }
   bool rowsWithoutParameters() const { return rowsWithoutParameters_; }
+  // Test only (the planted fault program_without_parameter_edges): the program prices no edge
+  // from a parameter's first reader to its other readers, so that it takes plans whose
+  // objective is under their step priced node by node (stepUs).
+  void plantProgramWithoutParameterEdges() { programWithoutParameterEdges_ = true; }
 
   // Prices a selective checkpointing policy into the program (its costs and rows), the step's
   // prediction (stepUs) and the replay of a plan's peak (ShardingPlan::predictMemory).
@@ -220,6 +224,7 @@ class ShardingModel {
  private:
   std::shared_ptr<const RecomputePricing> recompute_;
   bool rowsWithoutParameters_ = false;
+  bool programWithoutParameterEdges_ = false;
   int64_t bytes(const std::vector<int64_t>& shape, const harness::Layout& l) const;
   void addStoredVariants(int node, std::vector<Candidate>& cands) const;
   double commUs(const std::vector<int>& axes, const harness::CommStats& stats) const;

@@ -36,6 +36,10 @@ constexpr const char* kFault = "skip_edge_redistribution";
 // off, which the tolerance-0 judgement flags).
 constexpr const char* kFaultRows = "rows_without_parameters";
 constexpr const char* kFaultReplay = "liveness_frees_early";
+// The cost model's: the integer program without the edges of parameters read by more than one
+// node (a plan's objective under its step priced node by node, which the row's check of the
+// two flags).
+constexpr const char* kFaultProgram = "program_without_parameter_edges";
 
 std::string cacheKey(const std::string& id, const CaseSpec& c) {
   return id + "|" + c.workload + "|" + c.shape.dump() + "|" + c.meshString() + "|" +
@@ -251,6 +255,7 @@ class PlanStrategy final : public harness::Strategy {
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     auto s = solveCasePlan(c, algo_.empty() ? "file" : algo_, [&](ShardingModel& m) {
       if (fault_ == kFaultRows) m.plantRowsWithoutParameters();
+      if (fault_ == kFaultProgram) m.plantProgramWithoutParameterEdges();
     });
     cache_[key] = s;
     return s;
@@ -340,10 +345,12 @@ class PlanStrategy final : public harness::Strategy {
   }
 
   std::vector<std::string> plantableFaults() const override {
-    return {kFault, kFaultRows, kFaultReplay};
+    return {kFault, kFaultRows, kFaultReplay, kFaultProgram};
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    if (name != kFault && name != kFaultRows && name != kFaultReplay) return nullptr;
+    if (name != kFault && name != kFaultRows && name != kFaultReplay && name != kFaultProgram) {
+      return nullptr;
+    }
     return std::make_unique<PlanStrategy>(algo_, name);
   }
 

@@ -108,7 +108,7 @@ ShardingModel::Program ShardingModel::program(double memoryLimit) const {
       std::function<Layout(int)> from;
       if (graph_.isParameter(a)) {
         u = firstReader_.at(a);
-        if (u == v) continue;
+        if (u == v || programWithoutParameterEdges_) continue;
         const GraphNode& owner = graph_.nodes[u];
         const size_t oi = static_cast<size_t>(std::find(owner.args.begin(), owner.args.end(), a) -
                                               owner.args.begin());
