@@ -8,8 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iomanip>
 #include <iterator>
 #include <set>
+#include <sstream>
+#include <tuple>
 #include <map>
 #include <utility>
 
@@ -252,11 +255,117 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   return r;
 }
 
-// The records' first divergences and communication per node from the results.json beside `csv`,
-// matched to the rows by their key. A file that is missing is nothing to read (a CSV copied alone);
-// one that is not the JSON `run` writes is bad input.
+// A row's columns against its record in the results.json beside it (`run` writes both from one
+// record, by two writers) and its summaries against the per-rank values and samples they
+// summarise: a column written from the wrong field, or a file edited or damaged apart from
+// the other, is bad input naming the line, the column and both values, never a report of
+// numbers that are not the run's.
+void checkAgreement(const ResultRow& row, const nlohmann::json& rec, const std::string& json) {
+  const auto disagree = [&](const std::string& column, const std::string& csvValue,
+                            const std::string& other) {
+    throw ReportInputError(row.where() + ": column '" + column + "' is " + csvValue + ", but " +
+                           other + ": the results disagree (a file edited or damaged, or a "
+                           "column written from another field)");
+  };
+  const auto show = [](const auto& v) -> std::string {
+    if (!v) return "empty";
+    std::ostringstream s;
+    s << std::setprecision(12) << *v;
+    return s.str();
+  };
+  const auto same = [](double a, double b) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+    if (std::isinf(a) || std::isinf(b)) return a == b;
+    return std::abs(a - b) <= 1e-8 * std::max(std::abs(a), std::abs(b));  // %.9g in the CSV
+  };
+  const auto numberOf = [](const nlohmann::json& v) -> std::optional<double> {
+    if (v.is_number()) return v.get<double>();
+    if (v.is_string()) {  // a NaN or an infinity, as the JSON writer keeps them
+      const std::string s = v.get<std::string>();
+      if (s == "nan") return std::nan("");
+      if (s == "inf") return INFINITY;
+      if (s == "-inf") return -INFINITY;
+    }
+    return std::nullopt;
+  };
+  const auto field = [&](const char* column, const auto& csv) {
+    if (!rec.contains(column)) return;
+    const std::optional<double> j = numberOf(rec.at(column));
+    const std::optional<double> c =
+        csv ? std::optional<double>(static_cast<double>(*csv)) : std::nullopt;
+    if (c.has_value() != j.has_value() || (c && !same(*c, *j))) {
+      disagree(column, show(c), json + " says " + show(j));
+    }
+  };
+  field("mismatches", row.mismatches);
+  field("max_abs_err", row.maxAbsErr);
+  field("time_us_median", row.timeMedianUs);
+  field("time_us_min", row.timeMinUs);
+  field("time_us_max", row.timeMaxUs);
+  field("peak_mem_bytes", row.peakMemBytes);
+  field("predicted_mem_bytes", row.predictedMemBytes);
+  field("comm_bytes", row.commBytes);
+  field("predicted_comm_bytes", row.predictedCommBytes);
+  field("comm_calls", row.commCalls);
+  field("predicted_time_us", row.predictedTimeUs);
+  for (const auto& [column, csv] :
+       {std::pair<const char*, const std::string*>{"status", &row.status},
+        {"mispredicted", &row.mispredicted}}) {
+    if (rec.contains(column) && rec.at(column).is_string() && rec.at(column) != *csv) {
+      disagree(column, "'" + *csv + "'", json + " says " + rec.at(column).dump());
+    }
+  }
+  // The summaries against what they summarise: the peak and its prediction are the largest
+  // rank's; the median, least and largest time are the samples'.
+  const nlohmann::json& d = rec.at("details");
+  const auto largest = [&](const char* key) -> std::optional<double> {
+    if (!d.contains(key) || !d.at(key).is_array() || d.at(key).empty()) return std::nullopt;
+    double m = -INFINITY;
+    for (const auto& v : d.at(key)) {
+      if (!v.is_number()) return std::nullopt;
+      m = std::max(m, v.get<double>());
+    }
+    return m;
+  };
+  if (const auto m = largest("peak_mem_bytes_per_rank"); m && row.peakMemBytes &&
+                                                         !same(*m, *row.peakMemBytes)) {
+    disagree("peak_mem_bytes", show(row.peakMemBytes),
+             "the largest of details.peak_mem_bytes_per_rank is " + show(m));
+  }
+  if (const auto m = largest("predicted_peak_mem_bytes_per_rank");
+      m && row.predictedMemBytes && !same(*m, *row.predictedMemBytes)) {
+    disagree("predicted_mem_bytes", show(row.predictedMemBytes),
+             "the largest of details.predicted_peak_mem_bytes_per_rank is " + show(m));
+  }
+  if (!row.timeSamplesUs.empty()) {
+    std::vector<double> s = row.timeSamplesUs;
+    std::sort(s.begin(), s.end());
+    const size_t n = s.size();
+    const double median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    const std::optional<double> lo = s.front(), hi = s.back(), mid = median;
+    for (const auto& [column, value, of] :
+         {std::tuple<const char*, std::optional<double>, std::optional<double>>{
+              "time_us_median", row.timeMedianUs, mid},
+          {"time_us_min", row.timeMinUs, lo},
+          {"time_us_max", row.timeMaxUs, hi}}) {
+      if (value && !same(*value, *of)) {
+        disagree(column, show(value), "the samples in time_us_samples give " + show(of));
+      }
+    }
+  }
+}
+
+// The records' first divergences and communication per node from the results.json beside `csv`
+// (results.partial.json beside results.partial.csv: the pair a run writes together), matched to
+// the rows by their key, each row checked against its record (checkAgreement). A file that is
+// missing is nothing to read (a CSV copied alone); one that is not the JSON `run` writes is bad
+// input.
 void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
-  const std::string path = (std::filesystem::path(csv).parent_path() / "results.json").string();
+  const std::filesystem::path p(csv);
+  const std::string path =
+      (p.parent_path() /
+       (p.filename() == "results.partial.csv" ? "results.partial.json" : "results.json"))
+          .string();
   if (!std::filesystem::is_regular_file(path)) return;
   std::ifstream in(path);
   nlohmann::json j;
@@ -351,7 +460,7 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     }
   };
   // Per field, the last record of a key that has it (as `run` writes one record per key).
-  std::map<std::string, const nlohmann::json*> divergences, comms, pipelines;
+  std::map<std::string, const nlohmann::json*> divergences, comms, pipelines, records;
   for (const auto& r : j.at("records")) {
     if (!r.is_object() || !r.contains("details") || !r.at("details").is_object()) continue;
     const auto text = [&](const char* k) {
@@ -359,6 +468,7 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     };
     const std::string key = text("suite") + "\x1f" + text("case") + "\x1f" + text("strategy_id") +
                             "\x1f" + text("backend");
+    records[key] = &r;
     const nlohmann::json& d = r.at("details");
     if (d.contains("first_divergence")) divergences[key] = &d.at("first_divergence");
     if (d.contains("comm_by_node") && d.at("comm_by_node").is_array()) {
@@ -371,6 +481,9 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   }
   for (auto& row : rows) {
     const std::string where = path + ": case '" + row.caseName + "', " + row.strategyId + ": ";
+    if (auto it = records.find(row.key()); it != records.end()) {
+      checkAgreement(row, *it->second, path);
+    }
     if (auto it = divergences.find(row.key()); it != divergences.end()) {
       checkDivergence(*it->second, where + "details.first_divergence");
       row.firstDivergence = *it->second;

@@ -193,6 +193,42 @@ TEST(ResultsFile, AnUnknownStatusIsAnError) {
   expectInputError([&] { readResults(path); }, {"results.csv:2:", "'passed'", "pass, fail"});
 }
 
+// A row's columns are checked against its record in results.json and against the per-rank
+// values and samples they summarise: a summary taken from the wrong field upstream of both
+// writers (the predicted peak where the measured one belongs), a value edited in one file, a
+// median that is not its samples' are bad input naming the line, the column and both values.
+TEST(ResultsFile, AColumnThatDisagreesWithItsRecordOrWhatItSummarisesIsBadInput) {
+  const auto row = [] {
+    harness::Record r = passRow("c", "s");
+    r.details["peak_mem_bytes_per_rank"] = {10000, 8000};
+    r.details["predicted_peak_mem_bytes_per_rank"] = {9000, 7000};
+    return r;
+  };
+  EXPECT_EQ(readResults(writeRun(tempDir("agree"), {row()})).size(), 1u);
+
+  harness::Record fromPredicted = row();
+  fromPredicted.peakMemBytes = 9000;  // the largest predicted peak, not the largest measured
+  expectInputError([&] { readResults(writeRun(tempDir("wrongfield"), {fromPredicted})); },
+                   {"results.csv:2:", "'peak_mem_bytes' is 9000",
+                    "largest of details.peak_mem_bytes_per_rank is 10000"});
+
+  const std::string edited = writeRun(tempDir("edited"), {row()});
+  editLine(edited, 2, ",10000,", ",12000,");
+  expectInputError([&] { readResults(edited); },
+                   {"results.csv:2:", "'peak_mem_bytes' is 12000", "results.json says 10000"});
+
+  harness::Record median = row();
+  median.timing->medianUs = 150;
+  expectInputError([&] { readResults(writeRun(tempDir("median"), {median})); },
+                   {"results.csv:2:", "'time_us_median' is 150", "samples .* give 100"});
+
+  // A CSV copied alone has nothing to disagree with.
+  const std::string alone = tempDir("alone");
+  std::filesystem::create_directories(alone);
+  writeText(alone + "/results.csv", slurp(edited));
+  EXPECT_EQ(readResults(alone + "/results.csv").size(), 1u);
+}
+
 // `mispredicted` names the predictions a row contradicts, joined by '+' in the order `run`
 // judges them (memory, time, then an executor's own: a pipeline's bubble, checkpointing's
 // held_memory, a solver's optimum); anything else is refused, naming the line and the column.
