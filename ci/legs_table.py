@@ -38,7 +38,7 @@ def counts(rows):
             c["exact"] += r["predicted_mem_bytes"] == r["peak_mem_bytes"]
         # A memory (or communication) prediction judged to the byte against one of time (a
         # pipeline's bubble, a step's time), which a loaded machine moves.
-        kinds = set(filter(None, (r.get("mispredicted") or "").replace(";", ",").split(",")))
+        kinds = set(filter(None, (r.get("mispredicted") or "").split("+")))
         c["mis"] += bool(kinds - {"bubble", "time"})
         c["mis_time"] += bool(kinds & {"bubble", "time"})
     return c

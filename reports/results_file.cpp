@@ -32,10 +32,6 @@ namespace {
 constexpr const auto& kColumns = harness::kCsvColumns;
 constexpr size_t kN = kColumns.size();
 
-// What `run` writes in `mispredicted`: the predictions a row contradicts, in the order it
-// judges them (harness/run/predict.cpp: memory, time, then an executor's own, of which the
-// pipeline's bubble is the one there is), joined by '+'. A new executor prediction's name is
-// added here.
 // The names of the predictions a row contradicts, joined by '+' as `run` judges them: memory,
 // then time, then the executor's own claims (a pipeline's bubble, checkpointing's held_memory,
 // a solver's optimum), each a lower-case name, none twice.
@@ -276,7 +272,8 @@ void checkAgreement(const ResultRow& row, const nlohmann::json& rec, const std::
   const auto same = [](double a, double b) {
     if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
     if (std::isinf(a) || std::isinf(b)) return a == b;
-    return std::abs(a - b) <= 1e-8 * std::max(std::abs(a), std::abs(b));  // %.9g in the CSV
+    // %.9g in the CSV: a value, and a median of such values, within a few units of the 9th digit
+    return std::abs(a - b) <= 1e-7 * std::max(std::abs(a), std::abs(b));
   };
   const auto numberOf = [](const nlohmann::json& v) -> std::optional<double> {
     if (v.is_number()) return v.get<double>();
@@ -481,8 +478,12 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   }
   for (auto& row : rows) {
     const std::string where = path + ": case '" + row.caseName + "', " + row.strategyId + ": ";
+    // Only a record of the row's own run: a CSV beside another run's JSON (a baseline copied
+    // into a run's folder, a CSV promoted alone) has nothing here to agree or disagree with.
     if (auto it = records.find(row.key()); it != records.end()) {
-      checkAgreement(row, *it->second, path);
+      const nlohmann::json& rec = *it->second;
+      if (!rec.contains("run_id") || rec.at("run_id") != row.runId) continue;
+      checkAgreement(row, rec, path);
     }
     if (auto it = divergences.find(row.key()); it != divergences.end()) {
       checkDivergence(*it->second, where + "details.first_divergence");

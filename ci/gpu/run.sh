@@ -128,7 +128,10 @@ if has report; then
   echo "stratbench list: exit $?"
   for r in threads nccl; do
     [[ -f $out/$r/results.csv || -f $out/$r/results.partial.csv ]] || continue
-    [[ -f $out/$r/results.csv ]] || cp "$out/$r/results.partial.csv" "$out/$r/results.csv"
+    if [[ ! -f $out/$r/results.csv ]]; then
+      cp "$out/$r/results.partial.csv" "$out/$r/results.csv"
+      [[ -f $out/$r/results.partial.json ]] && cp "$out/$r/results.partial.json" "$out/$r/results.json"
+    fi
     timeout 120 "$sb" report "$out/$r" --no-plots >"$log/report-$r.log" 2>&1
     echo "report $r: exit $?"
   done

@@ -223,7 +223,13 @@ TEST(CheckpointPlantedFault, AnInputKeptPastItsBackwardIsFlaggedWhereItShouldHav
   EXPECT_EQ(*rec.mismatches, 0) << "the numbers are right; only memory is held too long";
   const auto& held = rec.details["executor"]["held_after_operations"];
   EXPECT_GT(held["over_the_model"].get<int>(), 0) << held.dump();
-  EXPECT_EQ(held["most_over"]["operation"].get<std::string>().rfind("B_", 0), 0u) << held.dump();
+  // Named where it starts: the first backward after which an input stays held.
+  EXPECT_EQ(held["first_over"]["operation"].get<std::string>().rfind("B_", 0), 0u) << held.dump();
+  EXPECT_LE(held["first_over"]["index"].get<int>(), held["most_over"]["index"].get<int>());
+  EXPECT_NE(rec.message.find("held_memory (memory held after " +
+                             held["first_over"]["operation"].get<std::string>()),
+            std::string::npos)
+      << rec.message;
   EXPECT_NE(rec.message.find("over what the schedule holds"), std::string::npos) << rec.message;
   EXPECT_FALSE(rec.mispredicted.empty());
 
