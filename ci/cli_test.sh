@@ -278,8 +278,8 @@ if [ -n "${STRATBENCH_CORE_SERVER:-}" ]; then
   wait "$front" 2>/dev/null
   "$sb" run "${long[@]}" --out "$tmp/segv" >/dev/null 2>&1 &
   front=$!
-  pid=$(wait_lock "$tmp/segv") || pid=$front  # (then the check fails: the front ends by SIGKILL)
-  [ "$pid" = "$front" ] && kill -KILL "$front" || kill -SEGV "$pid"
+  # No served command took the lock: the front is killed instead, and the check below fails.
+  if pid=$(wait_lock "$tmp/segv"); then kill -SEGV "$pid"; else kill -KILL "$front"; fi
   wait "$front" 2>/dev/null
   rc=$?
   [ "$rc" = 139 ] && pass "the command killed by SIGSEGV: so is the front (exit 139)" ||

@@ -10,10 +10,10 @@
 #include <initializer_list>
 #include <iomanip>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
-#include <map>
 #include <utility>
 
 // Line by line, on this thread: result files are small and a reader thread buys nothing.
@@ -23,6 +23,7 @@
 #include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
+#include "harness/measure/timing.h"
 #include "harness/run/records.h"
 
 namespace sb::reports {
@@ -335,16 +336,13 @@ void checkAgreement(const ResultRow& row, const nlohmann::json& rec, const std::
              "the largest of details.predicted_peak_mem_bytes_per_rank is " + show(m));
   }
   if (!row.timeSamplesUs.empty()) {
-    std::vector<double> s = row.timeSamplesUs;
-    std::sort(s.begin(), s.end());
-    const size_t n = s.size();
-    const double median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-    const std::optional<double> lo = s.front(), hi = s.back(), mid = median;
+    // As `run` summarises them (TimingStats::fromSamples), from the samples the row has.
+    const auto t = harness::TimingStats::fromSamples(row.timeSamplesUs, 1);
     for (const auto& [column, value, of] :
          {std::tuple<const char*, std::optional<double>, std::optional<double>>{
-              "time_us_median", row.timeMedianUs, mid},
-          {"time_us_min", row.timeMinUs, lo},
-          {"time_us_max", row.timeMaxUs, hi}}) {
+              "time_us_median", row.timeMedianUs, t.medianUs},
+          {"time_us_min", row.timeMinUs, t.minUs},
+          {"time_us_max", row.timeMaxUs, t.maxUs}}) {
       if (value && !same(*value, *of)) {
         disagree(column, show(value), "the samples in time_us_samples give " + show(of));
       }

@@ -75,8 +75,8 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
       flagged.push_back(what);
       // Bytes as integers; the error with the digits that show it past the claim.
       std::ostringstream s;
-      s << what << (about.empty() ? "" : " (" + about + ")") << " measured " << std::fixed << std::setprecision(unit[0] == 'b' ? 0 : 1)
-        << measured << " " << unit << ", predicted " << predicted << " " << unit << " ("
+      s << what << (about.empty() ? "" : " (" + about + ")") << " measured " << std::fixed
+        << std::setprecision(unit[0] == 'b' ? 0 : 1) << measured << " " << unit << ", predicted " << predicted << " " << unit << " ("
         << std::defaultfloat << std::setprecision(6) << 100 * err << "% off; the strategy claims "
         << 100 * *tolerance << "%)";
       why.push_back(s.str());

@@ -549,23 +549,26 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   }
 
   std::vector<std::string> plantableFaults() const override {
-    std::vector<std::string> out = {
-        faultName(Fault::kNoRngRestore), faultName(Fault::kStaleInput),
-        faultName(Fault::kRngLeftAfterRecompute), faultName(Fault::kIgnoreBudget),
-        faultName(Fault::kKeepInputToEnd)};
-    if (solver_ == "rotor") out.push_back(faultName(Fault::kShortLeafRuns));
+    std::vector<std::string> out;
+    for (Fault f : faults()) out.push_back(faultName(f));
     return out;
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    for (Fault f : {Fault::kNoRngRestore, Fault::kStaleInput, Fault::kRngLeftAfterRecompute,
-                    Fault::kIgnoreBudget, Fault::kKeepInputToEnd, Fault::kShortLeafRuns}) {
-      if (f == Fault::kShortLeafRuns && solver_ != "rotor") continue;
+    for (Fault f : faults()) {
       if (name == faultName(f)) return std::make_unique<CheckpointStrategy>(solver_, f);
     }
     return nullptr;
   }
 
  private:
+  // The faults this solver's strategy can plant: short_leaf_runs is rotor's fast table's.
+  std::vector<Fault> faults() const {
+    std::vector<Fault> out = {Fault::kNoRngRestore, Fault::kStaleInput,
+                              Fault::kRngLeftAfterRecompute, Fault::kIgnoreBudget,
+                              Fault::kKeepInputToEnd};
+    if (solver_ == "rotor") out.push_back(Fault::kShortLeafRuns);
+    return out;
+  }
   std::string solver_;
   Fault fault_;
 };
