@@ -57,11 +57,16 @@ KNOWN = {
     # of zero flips in the plan and not in the reference, and a gradient term of its own size
     # moves (RegNetY: 0.022 on a weight gradient whose reference is 1.6e-5 from float64). The
     # float64 shadow rounds where the reference does, so it cannot see a flip that only the
-    # plan has; float64 passes.
-    ("regnet_y", r"sharding/auto/.*", "2."):
-        "a ReLU flipped by rounding in the plan only (2.x); float64 passes",
-    ("mnasnet", r"sharding/auto/ilp", "2."):
-        "a ReLU flipped by rounding in the plan only, over steps (2.x); float64 passes",
+    # plan has; float64 passes. LibTorch 1.13 on an AMD EPYC without AVX-512 does the same:
+    # RegNetY's replicated plan (no sharding: the graph's operators against the module's own
+    # run) first diverges at block4-3's ReLU backward, 0 where the reference has 0.0098 (one
+    # element of 7,040), and MNASNet over two SGD steps at a batch-norm bias gradient near
+    # zero (6.9e-5 against -1.4e-4) that momentum then carries; both pass in float64.
+    ("regnet_y", r"sharding/auto/.*", ""):
+        "a ReLU flipped by rounding in the plan only; float64 passes",
+    ("mnasnet", r"sharding/auto/ilp", ""):
+        "rounding in the plan only (a ReLU's flip, a batch-norm gradient near zero), carried "
+        "over steps; float64 passes",
     # A stage's input is a leaf: AccumulateGrad lays its gradient out as the leaf (channels-last
     # from the permuted LayerNorm), the module's flows on as computed; the bias gradients sum
     # in another order (1 ulp), and checkpointing is judged bitwise.
@@ -113,8 +118,8 @@ def suite_text(model, pt, meta):
 # ShuffleNet row's rounding event is one element's: another CPU's kernels round elsewhere.
 HOST_DEPENDENT = {("lstm", r"checkpointing/(full|revolve|sqrt|greedy|rotor|none)", "2."),
                   ("shufflenet_v2", r"sharding/auto/ilp", ""),
-                  ("regnet_y", r"sharding/auto/.*", "2."),
-                  ("mnasnet", r"sharding/auto/ilp", "2.")}
+                  ("regnet_y", r"sharding/auto/.*", ""),
+                  ("mnasnet", r"sharding/auto/ilp", "")}
 
 # Per KNOWN entry: [rows it matched, of which failed]. One that matched and never failed is
 # stale: the test fails until it leaves the list.
