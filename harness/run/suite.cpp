@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include "harness/comm/mesh.h"
@@ -391,6 +392,11 @@ Suite parseSuite(const std::string& text, const std::string& file) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp's own message for it is "bad file".
+    throw InputError(file + ":" + std::to_string(e.mark.line + 1) +
+                     ": not valid YAML here: lists or mappings nested over " +
+                     std::to_string(e.depth()) + " levels deep (a suite nests a few)");
   } catch (const YAML::Exception& e) {
     throw InputError(file + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
   }

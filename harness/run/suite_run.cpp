@@ -174,6 +174,14 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       }
     } catch (const std::exception& e) {
       buildError = "reference failed: " + errorText(e);
+      // The allocator names bytes, not the case: say which shape asked for them.
+      if (dynamic_cast<const std::bad_alloc*>(&e) ||
+          buildError.find("can't allocate memory") != std::string::npos ||
+          buildError.find("not enough memory") != std::string::npos) {
+        buildError += " (the case's workload " + c.workload + " at shape " + c.shape.dump() +
+                      " in " + dtypeName(c.dtype) +
+                      ": more memory than this machine gives; make the shape smaller)";
+      }
     }
     for (size_t k = 0; k < plan[i].strategies.size(); ++k) {
       const auto& entry = plan[i].strategies[k];

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/inliner.h>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "reference/torchscript/export.h"
 #include "reference/torchscript/import_map.h"
@@ -39,6 +41,21 @@ std::string sourceLine(const Node* n) {
 constexpr const char* kControlFlow =
     ": control flow (from torch.jit.script) is not imported; trace the model with "
     "torch.jit.trace at the shapes to study";
+
+// The one floating dtype of a module's parameters and buffers; float32 where it has none, or
+// several (the module then converts between them itself).
+at::ScalarType floatingDtypeOf(const torch::jit::Module& m) {
+  std::optional<at::ScalarType> dtype;
+  bool mixed = false;
+  const auto see = [&](const at::Tensor& t) {
+    if (!at::isFloatingType(t.scalar_type())) return;
+    if (dtype && *dtype != t.scalar_type()) mixed = true;
+    dtype = t.scalar_type();
+  };
+  for (const auto& p : m.named_parameters(true)) see(p.value);
+  for (const auto& b : m.named_buffers(true)) see(b.value);
+  return dtype && !mixed ? *dtype : at::kFloat;
+}
 
 class Walker {
  public:
@@ -65,13 +82,17 @@ class Walker {
     Entry self;
     self.v = module_._ivalue();
     in.push_back(self);
+    // Floating example inputs in the dtype the module was saved in (a model saved in float64
+    // runs on float64 inputs), as a case then runs it converted to its own dtype.
+    const at::ScalarType savedDtype = floatingDtypeOf(module_);
     for (size_t i = 0; i < spec_.inputs.size(); ++i) {
       const InputSpec& s = spec_.inputs[i];
+      refuseOverMemory(i, s, s.dtype == "int64" ? at::kLong : savedDtype);
       Entry e;
       // Example values: only their shapes matter (numbers read from computed tensors are
       // refused), drawn from a generator of our own so that the process's stays as it was.
       e.v = s.dtype == "int64" ? at::randint(s.low, s.high, s.shape, gen_, at::kLong)
-                               : at::randn(s.shape, gen_, at::kFloat);
+                               : at::randn(s.shape, gen_, savedDtype);
       e.dynamic = true;
       e.name = args[i + 1].name();
       out_.dataInputs.push_back(e.name);
@@ -126,6 +147,75 @@ class Walker {
     std::string s;
     for (const auto& i : spec_.inputs) s += (s.empty() ? "" : ", ") + i.toJson().dump();
     return s;
+  }
+
+  // A failing node's tensor operands, each with where it comes from: "'x' [4, 16] Float (an
+  // input), 'a.weight' [32, 17] Float (a parameter of the file)".
+  std::string operandsText(const Node* n, const std::map<const Value*, Entry>& env) const {
+    std::string out;
+    for (const Value* v : n->inputs()) {
+      const Entry& e = env.at(v);
+      if (!e.v.isTensor()) continue;
+      const at::Tensor& t = e.v.toTensor();
+      const auto* impl = t.unsafeGetTensorImpl();
+      std::string name = v->debugName(), from = "computed";
+      if (auto it = paramName_.find(impl); it != paramName_.end()) {
+        name = it->second;
+        from = "a parameter of the file";
+      } else if (auto b = bufferName_.find(impl); b != bufferName_.end()) {
+        name = b->second;
+        from = "a buffer of the file";
+      } else if (std::find(out_.dataInputs.begin(), out_.dataInputs.end(), e.name) !=
+                 out_.dataInputs.end()) {
+        name = e.name;
+        from = "an input, at the case's shape";
+      } else if (!e.dynamic) {
+        from = "a constant of the trace";
+      }
+      std::ostringstream dims;
+      dims << t.sizes();
+      out += (out.empty() ? "'" : ", '") + name + "' " + dims.str() + " " +
+             std::string(c10::toString(t.scalar_type())) + " (" + from + ")";
+    }
+    return out.empty() ? "none" : out;
+  }
+
+  // Which party the failure points at: tensors of two floating dtypes, a parameter the file
+  // holds in another shape than its code uses, or (most often) shapes other than the trace's.
+  std::string failureHint(const Node* n, const std::map<const Value*, Entry>& env) const {
+    std::set<at::ScalarType> floating;
+    bool parameter = false;
+    for (const Value* v : n->inputs()) {
+      const Entry& e = env.at(v);
+      if (!e.v.isTensor()) continue;
+      const at::Tensor& t = e.v.toTensor();
+      if (at::isFloatingType(t.scalar_type())) floating.insert(t.scalar_type());
+      parameter |= paramName_.count(t.unsafeGetTensorImpl()) > 0;
+    }
+    if (floating.size() > 1) {
+      return "; the operation mixes floating dtypes: the model converts between them itself "
+             "(trace it after model.to(one dtype))";
+    }
+    return std::string("; the model was probably traced at other shapes than the case's") +
+           (parameter ? ", or the file's parameters do not fit its code (an edited or corrupt "
+                        "file: compare their shapes with the module's)"
+                      : "");
+  }
+
+  // An input of more bytes than the machine has is refused naming it, before the allocator
+  // fails with a message that names nothing of the case.
+  void refuseOverMemory(size_t i, const InputSpec& s, at::ScalarType dtype) const {
+    double bytes = static_cast<double>(c10::elementSize(dtype));
+    for (int64_t d : s.shape) bytes *= static_cast<double>(d);
+    const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<double>(sysconf(_SC_PAGESIZE));
+    if (memory > 0 && bytes > memory) {
+      std::ostringstream os;
+      os << spec_.file << ": inputs[" << i << "] " << s.toJson().dump() << " holds " << bytes
+         << " bytes of " << c10::toString(dtype) << ", more than this machine's memory ("
+         << memory << " bytes); the import runs the model once at the case's shapes";
+      throw ImportError(os.str());
+    }
   }
 
   static std::string join(const std::string& a, const std::string& b) {
@@ -259,8 +349,8 @@ class Walker {
       }
     } catch (const std::exception& e) {
       throw ImportError(where(n, path) + " fails on the inputs given (" + inputsText() +
-                        "): " + errorFirstLine(e.what()) +
-                        "; the model was probably traced at other shapes");
+                        "): " + errorFirstLine(e.what()) + "; its tensors: " +
+                        operandsText(n, env) + failureHint(n, env));
     }
     for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]].v = stack.at(i);
     if (kind == c10::aten::size && spec_.fault == "shape_constant_off_by_one" && !faulted_ &&
@@ -402,8 +492,20 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
     Walker(spec, file, *out).run();
   }
   if (out->graph.parameters.empty()) {
-    throw ImportError(spec.file + ": the model has no parameters: there is nothing to train, "
-                                  "shard or checkpoint, and no gradient to verify");
+    // A parameter that reaches no output has no gradient either: named, so that the user
+    // sees what the forward leaves out.
+    std::string unreached;
+    int count = 0;
+    for (const auto& p : module.named_parameters(true)) {
+      if (++count <= 8) unreached += (unreached.empty() ? "" : ", ") + p.name;
+    }
+    if (count > 8) unreached += ", ... (" + std::to_string(count) + " in all)";
+    throw ImportError(spec.file +
+                      (count == 0 ? std::string(": the model has no parameters")
+                                  : ": no parameter of the model reaches its output (" +
+                                        unreached + ")") +
+                      ": there is nothing to train, shard or checkpoint, and no gradient to "
+                      "verify");
   }
   const auto t2 = std::chrono::steady_clock::now();
   out->loadSeconds = std::chrono::duration<double>(loaded - t0).count();
