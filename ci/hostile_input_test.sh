@@ -734,4 +734,102 @@ PY
     "$sb" graph --model "$tmp/odd_noparam.pt" --input '[2, 4]'
 fi
 
+# Models of other kinds: saved in float64 (imported at its own dtype, run at any case dtype), a
+# parameter that reaches no output, weights edited to another shape than the code's, inputs
+# bigger than the machine.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 - "$tmp" <<'PY'
+import sys, torch
+d = sys.argv[1]
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 8)
+        self.b = torch.nn.Linear(8, 4)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+torch.jit.save(torch.jit.trace(Mlp().double(), torch.ones(2, 4, dtype=torch.float64)), d + "/f64.pt")
+class Ignores(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4))
+    def forward(self, x):
+        return x + 1
+torch.jit.save(torch.jit.trace(Ignores(), torch.ones(2, 4)), d + "/ignores.pt")
+m = torch.jit.trace(Mlp(), torch.ones(2, 4))
+m.a.weight = torch.nn.Parameter(torch.ones(8, 5))  # the file's weight no longer fits its code
+torch.jit.save(m, d + "/edited.pt")
+PY
+  check "a model saved in float64 imports at its own dtype" 0 "" -- \
+    "$sb" graph --model "$tmp/f64.pt" --input '[2, 4]'
+  suite f64 <<Y
+suite: f64
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: as-float32
+    workload: torchscript
+    shape: {file: $tmp/f64.pt, inputs: [[4, 4]]}
+    mesh: 2
+    strategies: ["sharding/auto/(ilp|replicated)"]
+  - name: as-float64
+    workload: torchscript
+    dtype: float64
+    shape: {file: $tmp/f64.pt, inputs: [[4, 4]]}
+    mesh: 2
+    strategies: ["sharding/auto/(ilp|replicated)"]
+Y
+  check "... and its rows pass at float32 and float64" 0 "total +4 +0 +0 +0 +0" -- \
+    "$sb" run "$tmp/f64.yaml" --out "$tmp/f64.run"
+  bad "a model whose parameters reach no output is exit 2 naming them" \
+    "no parameter of the model reaches its output \(w\)" \
+    "$sb" graph --model "$tmp/ignores.pt" --input '[2, 4]'
+  bad "weights edited to another shape: exit 2 naming the parameter and the file, not only shapes" \
+    "'a.weight' \[8, 5\] Float \(a parameter of the file\).*do not fit its code" \
+    "$sb" graph --model "$tmp/edited.pt" --input '[2, 4]'
+  bad "inputs bigger than the machine: exit 2 naming the input, before the allocator fails" \
+    "inputs\[0\] \[16000000,16000000\] holds .* more than this machine's memory" \
+    "$sb" graph --model "$tmp/f64.pt" --input '[16000000, 16000000]'
+fi
+suite huge <<'Y'
+suite: huge
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: big
+    workload: mlp
+    shape: {batch: 100000, d_model: 100000, layers: 1}
+    mesh: 2
+    strategies: ["sharding/auto/replicated"]
+Y
+check "a built-in workload bigger than the machine: its row names the shape" 1 \
+  "the case's workload mlp at shape .*\"batch\":100000.*more memory than this machine gives" -- \
+  "$sb" run "$tmp/huge.yaml" --out "$tmp/huge.run"
+
+# Nesting past yaml-cpp's guard: said as such (yaml-cpp's own words are "bad file").
+python3 -c "print('suite: deep\ncases:\n  - name: a\n    workload: mlp\n    shape: ' + '[' * 3000 + ']' * 3000)" \
+  > "$tmp/deep.yaml"
+bad "a suite nested thousands deep is exit 2 saying so" "nested over [0-9]+ levels deep" \
+  "$sb" run "$tmp/deep.yaml" --out "$tmp/keep"
+
+# Malformed params under a pattern, in every family: each strategy checks its params before it
+# says it cannot run the case (checkpointing and chunking on two ranks, a pipeline on one).
+for spec in "checkpointing/.*|mlp_chain|{batch: 4, width: 8, depth: 2}|2|{budget: half}|params.budget must be a positive fraction" \
+            "chunking/.*|gpt2_prefill|{batch: 1, seq: 16, d_model: 16, heads: 2, layers: 1}|2|{chunk: 0}|params.chunk must be a positive integer" \
+            "pipeline/.*|mlp_chain|{batch: 4, width: 8, depth: 2, dropout: 0}|1|{virtual_stages: 0}|params.virtual_stages must be an integer from 1 to 64" \
+            "sharding/moe/.*|moe|{batch: 4, seq: 16, d_model: 32, ffn: 64, experts: 4, top_k: 2}|3|{axes: [ep, ep]}|params.axes"; do
+  IFS='|' read -r pattern workload shape mesh params message <<< "$spec"
+  suite patfamily <<Y
+suite: patfamily
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: a
+    workload: $workload
+    shape: $shape
+    mesh: $mesh
+    params: $params
+    strategies: ["$pattern"]
+Y
+  bad "a malformed value under '$pattern' where every row would be unsupported: exit 2" \
+    "$message" "$sb" run "$tmp/patfamily.yaml" --out "$tmp/keep"
+done
+
 finish

@@ -23,6 +23,21 @@ const char* familyName(Family f) {
 }
 
 Applicability applicabilityOf(const Strategy& s, const CaseSpec& c) {
+  // A value malformed for this strategy is bad input wherever the case is of its kind, even
+  // where it cannot run it (an `unsupported` row would hide the mistake under a pattern); a
+  // case of another kind may mean the key for another strategy (`budget`, `axes`, `plan` are
+  // several strategies' words), so there the strategy is only not applicable.
+  try {
+    s.checkParams(c);
+  } catch (const InputError&) {
+    std::optional<Applicability> a;
+    try {
+      a = s.applies(c);
+    } catch (const std::exception&) {
+    }
+    if (a && a->kind == Applicability::Kind::kNotApplicable) return *a;
+    throw;
+  }
   if (c.training.enabled() && !s.trainsSteps()) {
     // A strategy that cannot run the case at all says why itself (its reason names the model
     // or shape it cannot run, which trains or not); only one that could run it once is

@@ -138,8 +138,14 @@ class Strategy {
   // for the workload's canonical shape and the communication in forward and backward.
   virtual nlohmann::json describe() const { return nlohmann::json::object(); }
 
-  // Whether it runs `c`. A parameter of the case it reads (caseParams) with a malformed value
-  // is bad input, not a row: it throws InputError (harness/error.h) naming the key.
+  // Throws InputError (harness/error.h) naming `params.KEY` where a key it reads (caseParams)
+  // holds a malformed value: a wrong type, a value out of range, a file that cannot be read.
+  // Called before applies() (applicabilityOf): a malformed value is bad input wherever the case
+  // is of the strategy's kind, even where it cannot run it, or a pattern that selects it would
+  // hide the mistake behind `unsupported` rows and exit 0. Where applies() says the case is
+  // not of its kind (notApplicable) the error is dropped: another strategy may read the key.
+  virtual void checkParams(const CaseSpec& c) const {}
+  // Whether it runs `c`, its params already checked (checkParams).
   virtual Applicability applies(const CaseSpec& c) const = 0;
   virtual std::unique_ptr<RankExecutor> makeExecutor(const CaseSpec& c) const = 0;
   // Whether its executors run a case's `steps` (reference/training.h): N optimizer steps from

@@ -19,7 +19,6 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <numeric>
-#include <optional>
 
 #include "harness/comm/autograd_comm.h"
 #include "harness/plugin.h"
@@ -43,26 +42,28 @@ using sb::reference::LinearShape;
 // gradient is left as this rank's partial sum, never all-reduced.
 constexpr const char* kSkipGradInputAllReduce = "skip_grad_input_all_reduce";
 
-// The case's shares, or why they are unusable; rank r holds n - r parts by default.
-std::optional<std::string> readShares(const CaseSpec& c, std::vector<int64_t>* shares) {
-  const int64_t n = c.mesh[0];
-  shares->clear();
+// The case's shares; rank r holds n - r parts by default. A malformed value is bad input
+// (InputError names the key: `run` exits 2), whatever the case.
+std::vector<int64_t> readShares(const CaseSpec& c) {
+  const int64_t n = c.mesh.empty() ? 0 : c.mesh[0];
+  std::vector<int64_t> shares;
   if (!c.params.contains("shares")) {
-    for (int64_t r = 0; r < n; ++r) shares->push_back(n - r);
-    return std::nullopt;
+    for (int64_t r = 0; r < n; ++r) shares.push_back(n - r);
+    return shares;
   }
   const auto& j = c.params["shares"];
   if (!j.is_array() || static_cast<int64_t>(j.size()) != n) {
-    return "params.shares must be a list of " + std::to_string(n) +
-           " positive integers, one per rank; got " + j.dump();
+    throw sb::harness::InputError("params.shares must be a list of " + std::to_string(n) +
+                                  " positive integers, one per rank; got " + j.dump());
   }
   for (const auto& v : j) {
     if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > 1000000) {
-      return "params.shares must hold positive integers (at most 1e6); got " + j.dump();
+      throw sb::harness::InputError(
+          "params.shares must hold positive integers (at most 1e6); got " + j.dump());
     }
-    shares->push_back(v.get<int64_t>());
+    shares.push_back(v.get<int64_t>());
   }
-  return std::nullopt;
+  return shares;
 }
 
 // Feature offsets off_0 = 0 < ... < off_n = N.
@@ -79,9 +80,7 @@ std::vector<int64_t> offsets(int64_t features, const std::vector<int64_t>& share
 
 // The feature offsets of a case whose shares applies() has accepted.
 std::vector<int64_t> featureOffsets(const CaseSpec& c) {
-  std::vector<int64_t> shares;
-  readShares(c, &shares);
-  return offsets(LinearShape::parse(c.shape).outFeatures, shares);
+  return offsets(LinearShape::parse(c.shape).outFeatures, readShares(c));
 }
 
 class UnevenColwiseStrategy;
@@ -170,14 +169,16 @@ class UnevenColwiseStrategy final : public sb::harness::Strategy {
   // The case parameters it reads; `run` refuses a case whose params no strategy reads.
   std::vector<std::string> caseParams() const override { return {"shares"}; }
 
+  // Its params checked before applies(), even where it cannot run the case: a malformed value
+  // is the suite's mistake, never hidden behind an `unsupported` row.
+  void checkParams(const CaseSpec& c) const override { readShares(c); }
+
   // Which cases it runs: linear workloads on 1-D meshes; `unsupported` (a row saying why) where
-  // the shares are malformed or leave a rank without features.
+  // the shares leave a rank without features.
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload != "linear") return Applicability::notApplicable("not a linear workload");
     if (c.mesh.size() != 1) return Applicability::notApplicable("needs a 1-D mesh");
-    std::vector<int64_t> shares;
-    if (auto why = readShares(c, &shares)) return Applicability::unsupported(*why);
-    const auto off = offsets(LinearShape::parse(c.shape).outFeatures, shares);
+    const auto off = offsets(LinearShape::parse(c.shape).outFeatures, readShares(c));
     for (size_t r = 0; r + 1 < off.size(); ++r) {
       if (off[r + 1] == off[r]) {
         return Applicability::unsupported("rank " + std::to_string(r) +

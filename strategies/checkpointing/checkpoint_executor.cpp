@@ -496,6 +496,15 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   // optimizer updates the whole parameters between them (reference/training.h).
   bool trainsSteps() const override { return true; }
 
+  void checkParams(const CaseSpec& c) const override {
+    if (c.params.contains("budget")) {
+      const auto& b = c.params["budget"];
+      if (!b.is_number() || !(b.get<double>() > 0) || !std::isfinite(b.get<double>())) {
+        throw harness::InputError("params.budget must be a positive fraction, got " + b.dump());
+      }
+    }
+  }
+
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload == "torchscript") {
       // An imported model, linearised (reference/torchscript/linearize.h): its chain runs from
@@ -519,12 +528,6 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
     if (c.meshSize() != 1) {
       return Applicability::unsupported("checkpointing runs on one rank; the mesh has " +
                                         std::to_string(c.meshSize()));
-    }
-    if (c.params.contains("budget")) {
-      const auto& b = c.params["budget"];
-      if (!b.is_number() || b.get<double>() <= 0) {
-        throw harness::InputError("params.budget must be a positive fraction, got " + b.dump());
-      }
     }
     return Applicability::yes();
   }

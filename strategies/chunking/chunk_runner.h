@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/error.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/update_profile.h"
 #include "harness/measure/verify.h"
@@ -90,13 +91,12 @@ inline std::optional<harness::Applicability> transformerCaseRefusal(const harnes
   return stepsRefusal(c, reference::TransformerShape::parse(c.shape, c.workload).training);
 }
 
-// A transformer case's params.chunk: why it is not a positive integer, or "" when it is (or
-// when it is absent).
-inline std::string badChunkParam(const harness::CaseSpec& c) {
-  if (!c.params.contains("chunk")) return "";
+// params.chunk, where given: a positive integer, or InputError naming it.
+inline void checkChunkParam(const harness::CaseSpec& c) {
+  if (!c.params.contains("chunk")) return;
   const auto& v = c.params["chunk"];
-  if (v.is_number_integer() && v.get<int64_t>() > 0) return "";
-  return "params.chunk must be a positive integer, got " + v.dump();
+  if (v.is_number_integer() && v.get<int64_t>() > 0) return;
+  throw harness::InputError("params.chunk must be a positive integer, got " + v.dump());
 }
 
 // Its chunk over the sequence: params.chunk (a quarter of the sequence where absent), at most

@@ -59,16 +59,13 @@ class PairStrategy final : public harness::SingleRankStrategy {
             {"case params", "chunk"}};
   }
 
+  void checkParams(const CaseSpec& c) const override { checkChunkParam(c); }
+
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload == "torchscript") return importedModelRefusal();
     if (c.workload != "evoformer_pair") return Applicability::notApplicable("not evoformer_pair");
     if (c.meshSize() != 1) return Applicability::unsupported("chunking runs on one rank");
     if (auto refused = stepsRefusal(c, PairShape::parse(c.shape).training)) return *refused;
-    if (c.params.contains("chunk") &&
-        (!c.params["chunk"].is_number_integer() || c.params["chunk"].get<int64_t>() <= 0)) {
-      throw harness::InputError("params.chunk must be a positive integer, got " +
-                                c.params["chunk"].dump());
-    }
     return Applicability::yes();
   }
 

@@ -33,6 +33,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <array>
+#include <cmath>
 #include <functional>
 
 #include "harness/capture_tape.h"
@@ -98,6 +99,7 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
   // Steps: the chunked step N times, the reference's update after each (chunk_runner.h).
   bool trainsSteps() const override { return true; }
   std::vector<std::string> caseParams() const override {
+    if (region_ != Region::kAuto) return {"chunk"};
     return {"chunk", "max_memory", "max_memory_fraction"};
   }
   // The estimator replays every allocation of the chunked step (estimator/).
@@ -122,24 +124,31 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
     return {{"region", regionName(region_)}, {"dim", "seq"}, {"case params", "chunk (tokens)"}};
   }
 
-  Applicability applies(const CaseSpec& c) const override {
-    if (auto refused = transformerCaseRefusal(c)) return *refused;
-    if (region_ == Region::kAuto) {
-      const bool bytes = c.params.contains("max_memory");
-      const bool fraction = c.params.contains("max_memory_fraction");
-      if (bytes == fraction) {
-        return Applicability::unsupported(
-            "chunking/auto needs params.max_memory (bytes) or params.max_memory_fraction (of "
-            "the unchunked estimate), one of them");
-      }
-      const auto& v = c.params[bytes ? "max_memory" : "max_memory_fraction"];
-      if (!v.is_number() || v.get<double>() <= 0) {
-        return Applicability::unsupported("the memory limit must be a positive number, got " +
-                                          v.dump());
+  void checkParams(const CaseSpec& c) const override {
+    checkChunkParam(c);
+    if (region_ != Region::kAuto) return;
+    if (c.params.contains("max_memory") && c.params.contains("max_memory_fraction")) {
+      throw harness::InputError(
+          "chunking/auto takes params.max_memory (bytes) or params.max_memory_fraction (of the "
+          "unchunked estimate), not both");
+    }
+    for (const char* key : {"max_memory", "max_memory_fraction"}) {
+      if (!c.params.contains(key)) continue;
+      const auto& v = c.params[key];
+      if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>())) {
+        throw harness::InputError(std::string("params.") + key +
+                                  " must be a positive number, got " + v.dump());
       }
     }
-    if (const std::string bad = badChunkParam(c); !bad.empty()) {
-      return Applicability::unsupported(bad);
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (auto refused = transformerCaseRefusal(c)) return *refused;
+    if (region_ == Region::kAuto && !c.params.contains("max_memory") &&
+        !c.params.contains("max_memory_fraction")) {
+      return Applicability::unsupported(
+          "chunking/auto needs params.max_memory (bytes) or params.max_memory_fraction (of "
+          "the unchunked estimate), one of them");
     }
     return Applicability::yes();
   }

@@ -71,6 +71,8 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
     return {{"region", "attention"}, {"dim", "keys"}, {"case params", "chunk (keys a block)"}};
   }
 
+  void checkParams(const CaseSpec& c) const override { checkChunkParam(c); }
+
   Applicability applies(const CaseSpec& c) const override {
     if (auto refused = transformerCaseRefusal(c)) return *refused;
     const auto s = TransformerShape::parse(c.shape, c.workload);
@@ -83,9 +85,6 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
       if (c.dtype != at::kFloat && c.dtype != at::kBFloat16) {
         return Applicability::unsupported("the CUDA kernel takes float32 or bfloat16");
       }
-    }
-    if (const std::string bad = badChunkParam(c); !bad.empty()) {
-      return Applicability::unsupported(bad);
     }
     return Applicability::yes();
   }

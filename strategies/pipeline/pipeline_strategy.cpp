@@ -163,6 +163,57 @@ class PipelineStrategy final : public harness::Strategy {
              "their graph nodes), csv (pipeline/csv: the schedule file)"}};
   }
 
+  // A malformed parameter, or a schedule file that cannot be read, is bad input (exit 2),
+  // not a case the pipeline cannot run.
+  static void input(bool ok, const std::string& what) {
+    if (!ok) throw harness::InputError(what);
+  }
+
+  int virtualStages(const CaseSpec& c) const {
+    if (!c.params.contains("virtual_stages")) return kind_ == "interleaved-1f1b" ? 2 : 1;
+    const auto& j = c.params["virtual_stages"];
+    input(j.is_number_integer() && j.get<int64_t>() >= 1 && j.get<int64_t>() <= 64,
+          "params.virtual_stages must be an integer from 1 to 64, got " + j.dump());
+    return static_cast<int>(j.get<int64_t>());
+  }
+
+  static std::string cutOf(const CaseSpec& c) {
+    if (!c.params.contains("cut")) return "layers";
+    const auto& j = c.params["cut"];
+    input(j.is_string() && (j.get<std::string>() == "layers" || j.get<std::string>() == "balanced"),
+          "params.cut must be layers or balanced, got " + j.dump());
+    return j.get<std::string>();
+  }
+
+  // params.csv's schedule, read and checked on its own: a regular file of at most 16 MiB, in
+  // the schedule CSV's format, that can finish.
+  static Schedule csvSchedule(const std::string& file) {
+    std::error_code ec;
+    input(std::filesystem::is_regular_file(file, ec),
+          "params.csv: cannot read " + file + " (not a regular file)");
+    input(std::filesystem::file_size(file, ec) <= (16u << 20),
+          "params.csv: " + file + " is over 16 MiB");
+    std::ifstream in(file);
+    input(static_cast<bool>(in), "params.csv: cannot read " + file);
+    std::stringstream text;
+    text << in.rdbuf();
+    Schedule schedule;
+    try {
+      schedule = readScheduleCsv(text.str(), file);
+    } catch (const ScheduleError& e) {
+      throw harness::InputError(e.what());
+    }
+    // A schedule whose ranks wait on each other forever: the dry run finds it in
+    // microseconds, the ranks would wait out the whole collective timeout.
+    Costs unit;
+    unit.stages = {StageCost{}};
+    const std::string deadlock = simulate(schedule, unit).deadlock;
+    input(deadlock.empty(), file + ": the schedule cannot finish: " + deadlock +
+                                " (`stratbench solve pipeline --csv " + file +
+                                "` shows the dry run)");
+    return schedule;
+  }
+
   // The plan a case makes, or why it cannot run: made once per case (a CSV read once), then
   // the same for every call.
   Plan plan(const CaseSpec& c) const {
@@ -192,52 +243,16 @@ class PipelineStrategy final : public harness::Strategy {
     TORCH_CHECK(total % p.dp == 0, "the shape's ", total, " micro-batches do not split over ", p.dp,
                 " data-parallel replicas");
     p.microbatches = static_cast<int>(total / p.dp);
-    // A malformed parameter, or a schedule file that cannot be read, is bad input (exit 2),
-    // not a case the pipeline cannot run.
-    const auto input = [](bool ok, const std::string& what) {
-      if (!ok) throw harness::InputError(what);
-    };
-    int v = kind_ == "interleaved-1f1b" ? 2 : 1;
-    if (c.params.contains("virtual_stages")) {
-      const auto& j = c.params["virtual_stages"];
-      input(j.is_number_integer() && j.get<int64_t>() >= 1 && j.get<int64_t>() <= 64,
-            "params.virtual_stages must be an integer from 1 to 64, got " + j.dump());
-      v = static_cast<int>(j.get<int64_t>());
-    }
+    const int v = virtualStages(c);
     if (kind_ == "csv") {
-      input(c.params.contains("csv") && c.params["csv"].is_string(),
-            "pipeline/csv needs params.csv, the schedule file");
       const std::string file = c.params["csv"].get<std::string>();
-      std::error_code ec;
-      input(std::filesystem::is_regular_file(file, ec),
-            "pipeline/csv: cannot read " + file + " (not a regular file)");
-      input(std::filesystem::file_size(file, ec) <= (16u << 20),
-            "pipeline/csv: " + file + " is over 16 MiB");
-      std::ifstream in(file);
-      input(static_cast<bool>(in), "pipeline/csv: cannot read " + file);
-      std::stringstream text;
-      text << in.rdbuf();
-      try {
-        p.schedule = readScheduleCsv(text.str(), file);
-      } catch (const ScheduleError& e) {
-        throw harness::InputError(e.what());
-      }
+      p.schedule = csvSchedule(file);
       input(p.schedule.ranks == p.pp, file + " schedules " + std::to_string(p.schedule.ranks) +
                                           " ranks; the mesh's axis 0 has " + std::to_string(p.pp));
       input(p.schedule.microbatches == p.microbatches,
             file + " has " + std::to_string(p.schedule.microbatches) +
                 " micro-batches; the case runs " + std::to_string(p.microbatches) +
                 " per replica");
-      // A schedule whose ranks wait on each other forever: the dry run finds it in
-      // microseconds, the ranks would wait out the whole collective timeout.
-      {
-        Costs unit;
-        unit.stages = {StageCost{}};
-        const std::string deadlock = simulate(p.schedule, unit).deadlock;
-        input(deadlock.empty(), file + ": the schedule cannot finish: " + deadlock +
-                                    " (`stratbench solve pipeline --csv " + file +
-                                    "` shows the dry run)");
-      }
     } else {
       p.schedule = makeSchedule(kind_, p.pp, p.microbatches, v);
     }
@@ -250,11 +265,7 @@ class PipelineStrategy final : public harness::Strategy {
                   s + 1, " are both on rank ", p.schedule.stageRank[s],
                   ": neighbouring stages on one rank (V-shaped schedules) are not run yet");
     }
-    const std::string cut = !c.params.contains("cut")      ? std::string("layers")
-                            : c.params["cut"].is_string() ? c.params["cut"].get<std::string>()
-                                                          : c.params["cut"].dump();
-    input(cut == "layers" || cut == "balanced", "params.cut must be layers or balanced, got " + cut);
-    if (cut == "layers") {
+    if (cutOf(c) == "layers") {
       p.cut = evenStages(L, p.schedule.stages);
     } else {
       p.cut = balanceStages(model->layerCost, p.schedule.stages);
@@ -270,7 +281,22 @@ class PipelineStrategy final : public harness::Strategy {
     return p;
   }
 
+  // The params, each on its own (what fits the case is plan's): bad input (exit 2) whether
+  // or not the strategy runs the case.
+  void checkParams(const CaseSpec& c) const override {
+    virtualStages(c);
+    cutOf(c);
+    if (c.params.contains("csv")) {
+      input(c.params["csv"].is_string(),
+            "params.csv must be the path of a schedule file, got " + c.params["csv"].dump());
+      csvSchedule(c.params["csv"].get<std::string>());
+    }
+  }
+
   Applicability applies(const CaseSpec& c) const override {
+    if (kind_ == "csv" && !c.params.contains("csv")) {
+      return Applicability::notApplicable("a case without params.csv (the schedule file)");
+    }
     if (!cutsIntoStages(c.workload)) {
       return Applicability::notApplicable(
           "not a chain network without batch norm (mlp_chain, gpt2_stack) or an imported model");

@@ -154,6 +154,49 @@ TEST(Registry, AOneStepStrategyIsUnsupportedOnACaseWithStepsAndSaysWhatTrains) {
       << own.reason;
 }
 
+// Every key a strategy reads (caseParams) is checked by the strategy itself before it says
+// whether it runs a case: a value no key takes (an object of a control-character key holding
+// nested nulls) is bad input naming the key, for every strategy, whatever the case.
+TEST(Registry, EveryStrategyRefusesAMalformedValueOfEveryKeyItReads) {
+  const nlohmann::json malformed = {{"\x01", {{nullptr}}}};
+  int keys = 0;
+  for (const auto* s : StrategyRegistry::global().all()) {
+    for (const auto& key : s->caseParams()) {
+      harness::CaseSpec c = test::linearCase({8, 16}, 32, {2, 2});
+      c.params = {{key, malformed}};
+      ++keys;
+      try {
+        s->checkParams(c);
+        ADD_FAILURE() << s->id() << " accepts params." << key << " = " << malformed.dump();
+      } catch (const harness::InputError& e) {
+        EXPECT_NE(std::string(e.what()).find(key), std::string::npos)
+            << s->id() << ": the message names no key: " << e.what();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << s->id() << ": params." << key << " is not refused as bad input: "
+                      << e.what();
+      }
+    }
+  }
+  EXPECT_GT(keys, 100) << "the registry's strategies read few keys";
+}
+
+// The check runs before applies(): a malformed value is bad input where the strategy could not
+// run the case (an `unsupported` row would hide it under a pattern), and dropped only where the
+// case is of another kind, whose strategies may read the key in their own way.
+TEST(Registry, AMalformedValueIsBadInputWhereTheCaseIsOfTheStrategysKindOnly) {
+  const auto& rotor = test::strategy("checkpointing/rotor");
+  harness::CaseSpec chain = test::linearCase({1, 1}, 1, {2});
+  chain.workload = "mlp_chain";
+  chain.shape = {{"batch", 8}, {"width", 16}, {"depth", 4}};
+  ASSERT_EQ(harness::applicabilityOf(rotor, chain).kind, Applicability::Kind::kUnsupported)
+      << "checkpointing runs on one rank";
+  chain.params = {{"budget", "half"}};
+  EXPECT_THROW(harness::applicabilityOf(rotor, chain), harness::InputError);
+  harness::CaseSpec linear = test::linearCase({8, 16}, 32, {2});
+  linear.params = {{"budget", "half"}};
+  EXPECT_EQ(harness::applicabilityOf(rotor, linear).kind, Applicability::Kind::kNotApplicable);
+}
+
 TEST(Registry, ListDescribesShardingSequencesForEveryOperand) {
   const auto* s = StrategyRegistry::global().find("sharding/linear/S01R=S01R.RR/0");
   ASSERT_NE(s, nullptr);

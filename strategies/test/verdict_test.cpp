@@ -78,6 +78,7 @@ class ChangedStrategy final : public harness::Strategy {
   ChangedStrategy(const harness::Strategy& inner, Change ch)
       : Strategy(inner.id(), inner.displayName(), inner.family()), inner_(inner), ch_(ch) {}
   std::vector<std::string> caseParams() const override { return inner_.caseParams(); }
+  void checkParams(const harness::CaseSpec& c) const override { inner_.checkParams(c); }
   harness::Applicability applies(const harness::CaseSpec& c) const override {
     return inner_.applies(c);
   }

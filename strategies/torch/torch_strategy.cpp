@@ -60,6 +60,7 @@
 #include "reference/moe.h"
 #include "reference/torchscript/import.h"
 #include "reference/training.h"
+#include "strategies/checkpointing/sac/policy.h"
 #include "strategies/sharding/layout/placement.h"
 #include "strategies/torch/rank_process.h"
 #include "reference/tensor_bundle.h"
@@ -455,6 +456,51 @@ class TorchStrategy final : public harness::Strategy {
   bool trainsSteps() const override { return true; }
   bool judgesComm(const CaseSpec&) const override { return false; }
 
+  // Each key's form: what fits the model (a file's contents, the axes' sizes) is found when
+  // the ranks run it.
+  void checkParams(const CaseSpec& c) const override {
+    if (operatorVariant()) return;
+    if (c.params.contains("model")) {
+      std::string why;
+      modelSource(c, why);
+    }
+    if (kind_.name == "file" && c.params.contains("strategy_file") &&
+        !c.params.at("strategy_file").is_string()) {
+      throw harness::InputError(c.where() + ": params.strategy_file " +
+                                c.params.at("strategy_file").dump() +
+                                ": expected the path of a Python file defining "
+                                "parallelize(model, mesh, ctx)");
+    }
+    if (kind_.name == "compose") checkComposeParams(c);
+    if (kind_.name == "ep") checkEpAxes(c);
+    if (fsdp2Kind() && c.params.contains("param_dtype") && !paramDtype(c)) {
+      throw harness::InputError(c.where() + ": params.param_dtype " +
+                                c.params.at("param_dtype").dump() +
+                                ": expected \"bfloat16\" (FSDP2's MixedPrecisionPolicy: units "
+                                "gathered and computed in it, gradients reduced in float32) or "
+                                "the case's dtype");
+    }
+    if (kind_.name == "sac" && c.params.contains("policy")) {
+      // The policy by name: stratbench's checkpointing/sac/<name> decides the same per
+      // operator (builtin_strategies.py's sac_policy); a policy object is stratbench's only
+      // (unsupported here, applies()).
+      const auto& p = c.params.at("policy");
+      static const std::set<std::string> kNames = {"matmuls", "save-all", "recompute-all",
+                                                   "torchtitan", "cheap"};
+      if (p.is_object()) {
+        try {
+          sac::checkPolicySpec(p);  // checkpointing/sac/policy's form
+        } catch (const std::invalid_argument& e) {
+          throw harness::InputError(c.where() + ": params." + e.what());
+        }
+      } else if (!p.is_string() || !kNames.count(p.get<std::string>())) {
+        throw harness::InputError(c.where() + ": params.policy " + p.dump() +
+                                  ": expected matmuls, save-all, recompute-all, torchtitan or "
+                                  "cheap (torch/sac), or an object (checkpointing/sac/policy)");
+      }
+    }
+  }
+
   Applicability applies(const CaseSpec& c) const override {
     if (operatorVariant()) {
       if (c.workload != "linear") return Applicability::notApplicable("the linear workload's");
@@ -486,35 +532,15 @@ class TorchStrategy final : public harness::Strategy {
           "torch/* runs imported models (workload torchscript), whose Python module it builds");
     }
     timeoutSec();  // a malformed SB_TORCH_TIMEOUT_S is the run's bad input, not a row's error
-    if (kind_.name == "file" &&
-        (!c.params.contains("strategy_file") || !c.params.at("strategy_file").is_string())) {
-      throw harness::InputError(c.where() + ": torch/file needs params.strategy_file, the path "
-                                "of a Python file defining parallelize(model, mesh, ctx)");
+    if (kind_.name == "file" && !c.params.contains("strategy_file")) {
+      return Applicability::notApplicable(
+          "a case without params.strategy_file (a Python file defining parallelize(model, "
+          "mesh, ctx))");
     }
-    if (kind_.name == "compose") checkComposeParams(c);
-    if (fsdp2Kind() && c.params.contains("param_dtype") && !paramDtype(c)) {
-      throw harness::InputError(c.where() + ": params.param_dtype " +
-                                c.params.at("param_dtype").dump() +
-                                ": expected \"bfloat16\" (FSDP2's MixedPrecisionPolicy: units "
-                                "gathered and computed in it, gradients reduced in float32) or "
-                                "the case's dtype");
-    }
-    if (kind_.name == "sac" && c.params.contains("policy")) {
-      // The policy by name: stratbench's checkpointing/sac/<name> decides the same per
-      // operator (builtin_strategies.py's sac_policy); a policy object is stratbench's only.
-      const auto& p = c.params.at("policy");
-      static const std::set<std::string> kNames = {"matmuls", "save-all", "recompute-all",
-                                                   "torchtitan", "cheap"};
-      if (p.is_object()) {
-        return Applicability::unsupported(
-            "torch/sac runs a policy by name (matmuls, save-all, recompute-all, torchtitan, "
-            "cheap); a policy object is checkpointing/sac/policy's");
-      }
-      if (!p.is_string() || !kNames.count(p.get<std::string>())) {
-        throw harness::InputError(c.where() + ": params.policy " + p.dump() +
-                                  ": expected matmuls, save-all, recompute-all, torchtitan or "
-                                  "cheap (torch/sac), or an object (checkpointing/sac/policy)");
-      }
+    if (kind_.name == "sac" && c.params.contains("policy") && c.params.at("policy").is_object()) {
+      return Applicability::unsupported(
+          "torch/sac runs a policy by name (matmuls, save-all, recompute-all, torchtitan, "
+          "cheap); a policy object is checkpointing/sac/policy's");
     }
     std::string why;
     if (modelSource(c, why).empty()) return Applicability::unsupported(why);
@@ -544,27 +570,6 @@ class TorchStrategy final : public harness::Strategy {
     timeoutSec();
     const auto s = reference::MoeShape::parse(c.shape);
     std::vector<std::string> axes = epAxes(c);
-    if (c.params.contains("axes")) {
-      // Names expert parallelism knows (sharding/moe/ep's), each once, ep among them; those
-      // torch/ep does not run are unsupported below, anything else is bad input.
-      const auto& a = c.params.at("axes");
-      static const std::vector<std::string> known = {"dp", "dp_shard", "ep", "tp"};
-      const bool ok =
-          a.is_array() && a.size() == c.mesh.size() &&
-          std::all_of(a.begin(), a.end(),
-                      [&](const auto& v) {
-                        return v.is_string() && std::count(known.begin(), known.end(),
-                                                           v.template get<std::string>()) == 1 &&
-                               std::count(a.begin(), a.end(), v) == 1;
-                      }) &&
-          std::count(a.begin(), a.end(), nlohmann::json("ep")) == 1;
-      if (!ok) {
-        throw harness::InputError(c.where() + ": torch/ep params.axes " + a.dump() +
-                                  ": expected " + std::to_string(c.mesh.size()) +
-                                  " distinct axis names from dp, dp_shard, ep, tp, one a mesh "
-                                  "axis, ep among them ([ep] or [dp, ep] run here)");
-      }
-    }
     if (axes != std::vector<std::string>{"ep"} && axes != std::vector<std::string>{"dp", "ep"}) {
       return Applicability::unsupported(
           "torch/ep runs on a mesh [ep] or [dp, ep] (EP x TP and EP x FSDP are "
@@ -596,6 +601,29 @@ class TorchStrategy final : public harness::Strategy {
     return Applicability::yes();
   }
   // torch/ep's mesh axis names, as builtin_strategies.py's ExpertParallel names them.
+  // Names expert parallelism knows (sharding/moe/ep's), each once, ep among them; those
+  // torch/ep does not run are unsupported (appliesEp), anything else is bad input.
+  static void checkEpAxes(const CaseSpec& c) {
+    if (!c.params.contains("axes")) return;
+    const auto& a = c.params.at("axes");
+    static const std::vector<std::string> known = {"dp", "dp_shard", "ep", "tp"};
+    const bool ok =
+        a.is_array() && a.size() == c.mesh.size() &&
+        std::all_of(a.begin(), a.end(),
+                    [&](const auto& v) {
+                      return v.is_string() &&
+                             std::count(known.begin(), known.end(),
+                                        v.template get<std::string>()) == 1 &&
+                             std::count(a.begin(), a.end(), v) == 1;
+                    }) &&
+        std::count(a.begin(), a.end(), nlohmann::json("ep")) == 1;
+    if (!ok) {
+      throw harness::InputError(c.where() + ": torch/ep params.axes " + a.dump() + ": expected " +
+                                std::to_string(c.mesh.size()) +
+                                " distinct axis names from dp, dp_shard, ep, tp, one a mesh "
+                                "axis, ep among them ([ep] or [dp, ep] run here)");
+    }
+  }
   static std::vector<std::string> epAxes(const CaseSpec& c) {
     if (c.params.contains("axes") && c.params.at("axes").is_array()) {
       std::vector<std::string> out;

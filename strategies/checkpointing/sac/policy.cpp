@@ -2,6 +2,7 @@
 
 #include "strategies/checkpointing/sac/policy.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -68,16 +69,9 @@ Policy resolvePolicy(const Graph& g, const nlohmann::json& spec) {
   p.region.assign(n, -1);
   for (size_t v = 0; v < n; ++v) p.region[v] = g.nodes[v].layer;
   std::vector<bool> rule(n, true);
+  checkPolicySpec(spec);
   if (spec.is_string()) {
     p.name = spec.get<std::string>();
-    bool known = false;
-    for (const auto& b : builtinPolicies()) known = known || b == p.name;
-    if (!known) {
-      std::string names;
-      for (const auto& b : builtinPolicies()) names += (names.empty() ? "" : ", ") + b;
-      throw std::invalid_argument("policy: unknown policy \"" + p.name + "\"; expected one of " +
-                                  names + ", or an object {default, ops, nodes}");
-    }
     std::map<int, int> linears;  // per block, its linear products so far
     for (size_t v = 0; v < n; ++v) {
       const auto& node = g.nodes[v];
@@ -86,17 +80,6 @@ Policy resolvePolicy(const Graph& g, const nlohmann::json& spec) {
     }
   } else if (spec.is_object()) {
     p.name = "custom";
-    for (const auto& [key, value] : spec.items()) {
-      if (key != "default" && key != "ops" && key != "nodes") {
-        throw std::invalid_argument("policy: unknown key \"" + key +
-                                    "\"; expected default, ops, nodes");
-      }
-      if (key != "default" && !value.is_object()) {
-        throw std::invalid_argument("policy." + key +
-                                    ": expected an object of \"save\" or \"recompute\", got " +
-                                    value.dump());
-      }
-    }
     const bool byDefault = spec.contains("default") ? decision(spec["default"], "policy.default")
                                                     : true;
     std::set<std::string> opsInGraph;
@@ -153,11 +136,41 @@ Policy resolvePolicy(const Graph& g, const nlohmann::json& spec) {
                                     (n > 0 ? g.nodes[n / 2].name : std::string("?")) + ")");
       }
     }
-  } else {
+  }
+  return makePolicy(g, p.name, rule);
+}
+
+void checkPolicySpec(const nlohmann::json& spec) {
+  if (spec.is_string()) {
+    const auto& builtins = builtinPolicies();
+    if (std::find(builtins.begin(), builtins.end(), spec.get<std::string>()) != builtins.end()) {
+      return;
+    }
+    std::string names;
+    for (const auto& b : builtins) names += (names.empty() ? "" : ", ") + b;
+    throw std::invalid_argument("policy: unknown policy " + spec.dump() + "; expected one of " +
+                                names + ", or an object {default, ops, nodes}");
+  }
+  if (!spec.is_object()) {
     throw std::invalid_argument("policy: expected a policy's name or an object, got " +
                                 spec.dump());
   }
-  return makePolicy(g, p.name, rule);
+  for (const auto& [key, value] : spec.items()) {
+    if (key != "default" && key != "ops" && key != "nodes") {
+      throw std::invalid_argument("policy: unknown key \"" + key +
+                                  "\"; expected default, ops, nodes");
+    }
+    if (key == "default") {
+      decision(value, "policy.default");
+      continue;
+    }
+    if (!value.is_object()) {
+      throw std::invalid_argument("policy." + key +
+                                  ": expected an object of \"save\" or \"recompute\", got " +
+                                  value.dump());
+    }
+    for (const auto& [name, d] : value.items()) decision(d, "policy." + key + "." + name);
+  }
 }
 
 Policy makePolicy(const Graph& g, std::string name, const std::vector<bool>& rule) {

@@ -55,6 +55,9 @@ struct Policy {
 // The built-ins' names, in the order above.
 const std::vector<std::string>& builtinPolicies();
 
+// params.policy's form, before any graph: a built-in's name, or an object {default, ops,
+// nodes} of "save" / "recompute" decisions. Throws std::invalid_argument naming the key.
+void checkPolicySpec(const nlohmann::json& spec);
 // `spec`: a built-in's name or a policy object (above). Throws std::invalid_argument naming the
 // key or value and what was expected.
 Policy resolvePolicy(const reference::Graph& g, const nlohmann::json& spec);

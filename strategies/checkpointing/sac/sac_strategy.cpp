@@ -285,48 +285,75 @@ class SacStrategy final : public harness::Strategy {
   void solveForBudget(const CaseSpec& c, const SolvedPlan& plan, Solved& s) const {
     if (c.meshSize() > 1) return;  // unsupported (applies)
     const auto& g = plan.model->graph();
-    const bool frac = c.params.contains("budget"), abs = c.params.contains("budget_bytes");
-    if (frac == abs) {
+    if (c.params.contains("budget") == c.params.contains("budget_bytes")) {
       throw harness::InputError(c.where() +
                                 ": params: expected one of budget (a fraction of keeping "
                                 "everything's peak, in (0, 1]) and budget_bytes");
     }
     const int64_t keepAll = replayPolicyPeak(*plan.model, plan.plan.choice,
                                              makePolicy(g, "save-all", std::vector<bool>(g.nodes.size(), true)));
-    if (frac) {
-      const auto& b = c.params.at("budget");
-      const double f = b.is_number() ? b.get<double>() : -1;
-      if (!(f > 0 && f <= 1)) {
-        throw harness::InputError(c.where() + ": params.budget: expected a fraction in (0, 1], got " +
-                                  b.dump());
-      }
-      s.budgetFraction = f;
-      s.budgetBytes = static_cast<int64_t>(f * static_cast<double>(keepAll));
+    if (c.params.contains("budget")) {
+      s.budgetFraction = c.params.at("budget").get<double>();
+      s.budgetBytes = static_cast<int64_t>(s.budgetFraction * static_cast<double>(keepAll));
     } else {
-      const auto& b = c.params.at("budget_bytes");
-      if (!b.is_number_integer() || b.get<int64_t>() <= 0) {
-        throw harness::InputError(c.where() +
-                                  ": params.budget_bytes: expected a whole number of bytes above "
-                                  "0, got " + b.dump());
-      }
-      s.budgetBytes = b.get<int64_t>();
+      s.budgetBytes = c.params.at("budget_bytes").get<int64_t>();
       s.budgetFraction = static_cast<double>(s.budgetBytes) / static_cast<double>(keepAll);
     }
     BudgetOptions o;
-    if (c.params.contains("time_limit")) {
-      const auto& t = c.params.at("time_limit");
-      if (!t.is_number() || !(t.get<double>() > 0 && t.get<double>() <= 86400)) {
-        throw harness::InputError(c.where() +
-                                  ": params.time_limit: expected a number of seconds in (0, 86400], got " +
-                                  t.dump());
-      }
-      o.timeLimitSeconds = t.get<double>();
-    }
+    if (c.params.contains("time_limit")) o.timeLimitSeconds = c.params.at("time_limit").get<double>();
     o.ignoreViewBase = fault_ == kFaultViewBase;
     s.budget = solveBudget(*plan.model, plan.plan.choice, s.budgetBytes, o);
     s.policy = s.budget->status == "infeasible"
                    ? makePolicy(g, "budget", std::vector<bool>(g.nodes.size(), false))
                    : s.budget->policy;
+  }
+
+  // Each key on its own: the cost model's, the budget's, the plan's search's, the policy's form
+  // (what names nodes or operators is checked against the graph when the policy resolves).
+  void checkParams(const CaseSpec& c) const override {
+    const auto number = [&](const char* key, bool ok, const char* expected) {
+      if (!ok) {
+        throw harness::InputError(c.where() + ": params." + key + ": expected " + expected +
+                                  ", got " + c.params.at(key).dump());
+      }
+    };
+    if (policy_ == "budget") {
+      if (c.params.contains("time_limit")) {
+        const auto& t = c.params.at("time_limit");
+        number("time_limit", t.is_number() && t.get<double>() > 0 && t.get<double>() <= 86400,
+               "a number of seconds in (0, 86400]");
+      }
+      if (c.params.contains("budget") && c.params.contains("budget_bytes")) {
+        throw harness::InputError(c.where() +
+                                  ": params: expected one of budget (a fraction of keeping "
+                                  "everything's peak, in (0, 1]) and budget_bytes, not both");
+      }
+      if (c.params.contains("budget")) {
+        const auto& b = c.params.at("budget");
+        number("budget", b.is_number() && b.get<double>() > 0 && b.get<double>() <= 1,
+               "a fraction in (0, 1]");
+      }
+      if (c.params.contains("budget_bytes")) {
+        const auto& b = c.params.at("budget_bytes");
+        number("budget_bytes", b.is_number_integer() && b.get<int64_t>() > 0,
+               "a whole number of bytes above 0");
+      }
+      harness::CostProfile profile;
+      autoshard::costOptionsFrom(c.params, &profile, c.dtype);
+      return;
+    }
+    autoshard::checkPlanParams(c);
+    algoOf(c);
+    if (c.params.contains("plan") && !c.params.at("plan").is_string()) {
+      throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file");
+    }
+    if (policy_.empty() && c.params.contains("policy")) {
+      try {
+        checkPolicySpec(c.params.at("policy"));
+      } catch (const std::invalid_argument& e) {
+        throw harness::InputError(c.where() + ": params." + e.what());
+      }
+    }
   }
 
   Applicability applies(const CaseSpec& c) const override {

@@ -46,6 +46,9 @@ struct SolvedPlan {
 // why.
 std::shared_ptr<SolvedPlan> solveCasePlan(const CaseSpec& c, const std::string& algo,
                                           const std::function<void(ShardingModel&)>& prepare = {});
+// Those params each on its own, before any graph (Strategy::checkParams): the cost model's, and
+// the search's ranges. Throws InputError naming the key.
+void checkPlanParams(const CaseSpec& c);
 
 // A plan's predicted communication per rank: per group of mesh axes, and per node and phase
 // (an edge is its consumer's: the executor runs it inside the consuming node; the backward

@@ -77,7 +77,25 @@ double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
   return x;
 }
 
+// sharding/plan's own: params.plan the path of a plan file, and no Megatron axis.
+void checkPlanFileParams(const CaseSpec& c) {
+  if (!c.params.contains("plan") || !c.params.at("plan").is_string()) {
+    throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file");
+  }
+  if (c.params.contains("tp_axis")) {
+    throw harness::InputError(c.where() +
+                              ": params.tp_axis: Megatron's tensor-parallel axis, for "
+                              "sharding/auto/megatron; a plan from a file has its layouts");
+  }
+}
+
 }  // namespace
+
+void checkPlanParams(const CaseSpec& c) {
+  harness::CostProfile profile;
+  costOptionsFrom(c.params, &profile, c.dtype);
+  for (const auto& [key, range] : paramRanges()) numberParam(c, key, 0);
+}
 
 std::shared_ptr<SolvedPlan> solveCasePlan(const CaseSpec& c, const std::string& algo,
                                           const std::function<void(ShardingModel&)>& prepare) {
@@ -88,14 +106,7 @@ std::shared_ptr<SolvedPlan> solveCasePlan(const CaseSpec& c, const std::string& 
   if (prepare) prepare(*s->model);
   if (algo == "file") {
     numberParam(c, "max_memory", 0);  // the executor's promise: checked as a solve's limit is
-    if (!c.params.contains("plan") || !c.params.at("plan").is_string()) {
-      throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file");
-    }
-    if (c.params.contains("tp_axis")) {
-      throw harness::InputError(c.where() +
-                                ": params.tp_axis: Megatron's tensor-parallel axis, for "
-                                "sharding/auto/megatron; a plan from a file has its layouts");
-    }
+    checkPlanFileParams(c);
     const std::string path = c.params.at("plan").get<std::string>();
     std::ifstream in(path);
     if (!in) throw harness::InputError(c.where() + ": params.plan: cannot read " + path);
@@ -261,7 +272,19 @@ class PlanStrategy final : public harness::Strategy {
     return s;
   }
 
+  void checkParams(const CaseSpec& c) const override {
+    checkPlanParams(c);
+    if (c.params.contains("plan") && !c.params.at("plan").is_string()) {
+      throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file, got " +
+                                c.params.at("plan").dump());
+    }
+    if (algo_.empty() && c.params.contains("plan")) checkPlanFileParams(c);
+  }
+
   Applicability applies(const CaseSpec& c) const override {
+    if (algo_.empty() && !c.params.contains("plan")) {
+      return Applicability::notApplicable("a case without params.plan (the plan file)");
+    }
     if (!reference::findGraphWorkload(c.workload)) {
       return Applicability::notApplicable("not a graph workload (gpt2, bert, llama, mlp)");
     }

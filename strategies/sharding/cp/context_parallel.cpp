@@ -190,6 +190,13 @@ class CpStrategy final : public harness::Strategy {
     return l;
   }
 
+  void checkParams(const CaseSpec& c) const override {
+    if (c.params.contains("balance") && !c.params["balance"].is_boolean()) {
+      throw harness::InputError("params.balance must be true or false, got " +
+                                c.params["balance"].dump());
+    }
+  }
+
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload == "torchscript") {
       // An `unsupported` row, not an absent one: a user sharding an imported transformer asks
@@ -208,10 +215,6 @@ class CpStrategy final : public harness::Strategy {
           "context parallelism runs on a 1-D mesh, or 2-D with tensor parallelism on axis 1; "
           "the case has " +
           c.meshString());
-    }
-    if (c.params.contains("balance") && !c.params["balance"].is_boolean()) {
-      throw harness::InputError("params.balance must be true or false, got " +
-                                c.params["balance"].dump());
     }
     const auto s = TransformerShape::parse(c.shape, c.workload);
     const SeqLayout l = layoutOf(c);

@@ -113,13 +113,7 @@ class FsdpStrategy final : public harness::Strategy {
             {"mesh", kind_ == Kind::kHsdp ? "2-D: replicate axis 0, shard axis 1" : "any"}};
   }
 
-  Applicability applies(const CaseSpec& c) const override {
-    if (!reference::hasTrainingReference(c.workload) || !reference::findGraphWorkload(c.workload)) {
-      return Applicability::notApplicable("not a graph workload with a training reference");
-    }
-    const bool imported = c.workload == "torchscript";
-    // A malformed parameter is bad input before any reason the case cannot run: a pattern
-    // that selects this strategy must not hide it behind an `unsupported` row.
+  void checkParams(const CaseSpec& c) const override {
     if (c.params.contains("reshard_after_forward") &&
         !c.params["reshard_after_forward"].is_boolean()) {
       throw harness::InputError("params.reshard_after_forward must be true or false, got " +
@@ -134,6 +128,20 @@ class FsdpStrategy final : public harness::Strategy {
           "params.param_dtype must be bfloat16 or float32 (the case's dtype), got " +
           c.params["param_dtype"].dump());
     }
+    if (c.params.contains("sac")) {
+      try {
+        sac::checkPolicySpec(c.params.at("sac"));
+      } catch (const std::invalid_argument& e) {
+        throw harness::InputError(c.where() + ": params.sac" + sacKeyPath(e.what()));
+      }
+    }
+  }
+
+  Applicability applies(const CaseSpec& c) const override {
+    if (!reference::hasTrainingReference(c.workload) || !reference::findGraphWorkload(c.workload)) {
+      return Applicability::notApplicable("not a graph workload with a training reference");
+    }
+    const bool imported = c.workload == "torchscript";
     if (!c.training.enabled()) {
       return Applicability::unsupported(
           "FSDP and ZeRO shard the optimizer's state: the case needs steps: N (and optimizer)");
@@ -192,6 +200,11 @@ class FsdpStrategy final : public harness::Strategy {
     return std::make_unique<FsdpExecutor>(kind_, fault_, c, sacFault_);
   }
 
+  // A policy's message for params.sac: "policy.ops: ..." -> ".ops: ...".
+  static std::string sacKeyPath(std::string what) {
+    return what.rfind("policy", 0) == 0 ? what.substr(6) : ": " + what;
+  }
+
   // params.sac: a selective checkpointing policy (a built-in's name or {default, ops, nodes},
   // docs/checkpointing.md) inside every block's forward. Malformed: InputError naming the key.
   // Why the case cannot run it (or its planted fault), or "".
@@ -207,9 +220,7 @@ class FsdpStrategy final : public harness::Strategy {
     try {
       p = sac::resolvePolicy(g, c.params.at("sac"));
     } catch (const std::invalid_argument& e) {
-      std::string what = e.what();
-      if (what.rfind("policy", 0) == 0) what = what.substr(6);  // "policy.ops: ..." -> ".ops: ..."
-      throw harness::InputError(c.where() + ": params.sac" + what);
+      throw harness::InputError(c.where() + ": params.sac" + sacKeyPath(e.what()));
     }
     if (std::all_of(p.region.begin(), p.region.end(), [](int r) { return r < 0; })) {
       return "params.sac: this graph has no repeated blocks, and a policy decides inside blocks: "

@@ -556,6 +556,7 @@ class EpStrategy final : public harness::Strategy {
              "axes ([ep], [dp, ep], [dp_shard, ep], [ep, tp], [dp, ep, tp], [dp_shard, ep, tp])"}};
   }
   std::vector<std::string> caseParams() const override { return {"axes"}; }
+  void checkParams(const CaseSpec& c) const override { EpLayout::of(c); }
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload != "moe") return Applicability::notApplicable("not a mixture of experts");
     if (c.mesh.size() > 3) {
@@ -569,7 +570,7 @@ class EpStrategy final : public harness::Strategy {
       return Applicability::unsupported("sharding/moe/ep runs on the CPU here; device " + c.device +
                                         " is not wired yet");
     }
-    const EpLayout l = EpLayout::of(c);  // params.axes checked: exit 2 naming it
+    const EpLayout l = EpLayout::of(c);
     const auto s = MoeShape::parse(c.shape);
     if (s.experts % l.ep) {
       return Applicability::unsupported(std::to_string(s.experts) + " experts do not divide over " +

@@ -48,12 +48,9 @@ RedistGeometry geometryOf(const CaseSpec& c) {
           static_cast<int64_t>(c10::elementSize(c.dtype))};
 }
 
-// The case's layout set: `params.layouts` (any spelling), or every layout nested in mesh order
-// with at most `params.max_partial` (default 1) partial axes.
-std::vector<Layout> caseLayouts(const CaseSpec& c) {
-  const int ndim = static_cast<int>(reference::TensorShape::parse(c.shape).dims.size());
-  const int meshNdim = static_cast<int>(c.mesh.size());
-  std::vector<Layout> out;
+// The layout params' types and ranges, which need no shape: a non-empty list of strings, an
+// integer from 0 to the mesh's axis count.
+void checkLayoutParams(const CaseSpec& c) {
   if (c.params.contains("layouts")) {
     const auto& list = c.params.at("layouts");
     if (!list.is_array() || list.empty()) {
@@ -66,6 +63,29 @@ std::vector<Layout> caseLayouts(const CaseSpec& c) {
         throw harness::InputError(c.where() + ": params key 'layouts' holds " + item.dump() +
                                   ", which is not a layout string");
       }
+    }
+  }
+  if (c.params.contains("max_partial")) {
+    const auto& m = c.params.at("max_partial");
+    if (!m.is_number_integer() || m.get<int64_t>() < 0 ||
+        m.get<int64_t>() > static_cast<int64_t>(c.mesh.size())) {
+      throw harness::InputError(c.where() +
+                                ": params key 'max_partial' must be an integer from "
+                                "0 to the mesh's axis count, got " +
+                                m.dump());
+    }
+  }
+}
+
+// The case's layout set: `params.layouts` (any spelling), or every layout nested in mesh order
+// with at most `params.max_partial` (default 1) partial axes.
+std::vector<Layout> caseLayouts(const CaseSpec& c) {
+  checkLayoutParams(c);
+  const int ndim = static_cast<int>(reference::TensorShape::parse(c.shape).dims.size());
+  const int meshNdim = static_cast<int>(c.mesh.size());
+  std::vector<Layout> out;
+  if (c.params.contains("layouts")) {
+    for (const auto& item : c.params.at("layouts")) {
       try {
         out.push_back(Layout::parse(item.get<std::string>(), ndim, meshNdim));
       } catch (const harness::LayoutError& e) {
@@ -74,17 +94,7 @@ std::vector<Layout> caseLayouts(const CaseSpec& c) {
     }
     return out;
   }
-  int maxPartial = 1;
-  if (c.params.contains("max_partial")) {
-    const auto& m = c.params.at("max_partial");
-    if (!m.is_number_integer() || m.get<int64_t>() < 0 || m.get<int64_t>() > meshNdim) {
-      throw harness::InputError(c.where() +
-                                ": params key 'max_partial' must be an integer from "
-                                "0 to the mesh's axis count, got " +
-                                m.dump());
-    }
-    maxPartial = m.get<int>();
-  }
+  const int maxPartial = c.params.contains("max_partial") ? c.params.at("max_partial").get<int>() : 1;
   return harness::enumerateLayouts(ndim, meshNdim, maxPartial);
 }
 
@@ -182,6 +192,11 @@ class PairStrategy final : public harness::Strategy {
     if (to_.meshOrdered() && meshNdim > 0) j["to_dtensor"] = to_.dtensor(meshNdim);
     j["communication"] = "the planner's cheapest chain for the case's shape and mesh";
     return j;
+  }
+
+  void checkParams(const CaseSpec& c) const override {
+    checkLayoutParams(c);
+    caseObjective(c);
   }
 
   Applicability applies(const CaseSpec& c) const override {
