@@ -5,22 +5,26 @@
 # build folder). A crash, a sanitizer report or a broken property is a failure: its input is
 # kept as BUILD/fuzz/crash-TARGET-*, to be added to the corpus and to a test once fixed.
 #
-#   ci/fuzz.sh BUILD_DIR SECONDS [TARGET...]     # ./test.sh: chain, numbers, suite for 10 s;
-#                                                 # ci/nightly.sh --fuzz 600: all five
+#   ci/fuzz.sh BUILD_DIR SECONDS [TARGET...]     # ./test.sh (fuzz.Short): every target, 5 s
+#                                                 # each; ci/nightly.sh --fuzz 600: every one
 #
 # Targets: chain (the checkpoint chain reader and the solvers on what it accepts), numbers (the
 # command line's numbers), suite (the suite reader), profile (the cost-profile reader), results
 # (the result-file reader of `report`), plan (the sharding-plan reader), graph (the graph
-# workloads' --shape reader, through the strict JSON parser), pt2 (the torch.export reader: a
-# program and weights config). The readers' own files are compiled with instrumentation; what
-# they call in the built libraries (LibTorch, the harness) is not.
+# workloads' --shape reader, through the strict JSON parser), pipeline (the schedule CSV and its
+# dry run), pt2 (the torch.export reader: a program and weights config), noise (`report
+# --noise`'s file), golden (a suite's golden losses), model (the checks of every model file
+# before LibTorch opens it: the zip directory). The readers' own files are compiled with
+# instrumentation; what they call in the built libraries (LibTorch, the harness) is not.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 secs=$2
 shift 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(chain numbers suite profile results plan graph pipeline pt2)
+all="chain numbers suite profile results plan graph pipeline pt2 noise golden model"
+# shellcheck disable=SC2206
+[ ${#targets[@]} -eq 0 ] && targets=($all)
 
 command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 2; }
 out="$build/fuzz"
@@ -81,7 +85,18 @@ build_target() {
          extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
     # The pipeline schedule reader and its dry run (no LibTorch).
     pipeline) srcs+=("$src/strategies/pipeline/schedule.cpp" "$src/strategies/pipeline/simulate.cpp") ;;
-    *) echo "fuzz: unknown target '$t' (chain, numbers, suite, profile, results, plan, graph, pipeline, pt2)"; exit 2 ;;
+    # The noise file of `report --noise` (the comparison's reader, instrumented; the rest of
+    # the report library from the build).
+    noise) srcs+=("$src/reports/compare.cpp")
+           extra=("$build/reports/libstratbench_reports.a" "${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
+    # A suite's golden losses (`golden:`).
+    golden) srcs+=("$src/harness/run/golden.cpp")
+            extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
+    # What every model file passes before LibTorch opens it (the zip directory's reader).
+    model) srcs+=("$src/reference/torchscript/export.cpp" "$src/reference/tensor_bundle.cpp")
+           tflags=(-fno-sanitize=vptr)
+           extra=("${torch[@]}" "${harness[@]}" "${rpath[@]}") ;;
+    *) echo "fuzz: unknown target '$t' ($all)"; exit 2 ;;
   esac
   # Rebuilt only when a source is newer than the binary.
   local newest

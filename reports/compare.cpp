@@ -370,6 +370,10 @@ NoiseModel readNoise(const std::string& path) {
   m.file = path;
   m.floorPct = need(j, "floor_pct", "", true).get<double>();
   m.factor = need(j, "factor", "", true).get<double>();
+  if (!(m.floorPct >= 0 && m.floorPct < 1e6) || !(m.factor > 0 && m.factor < 1e6)) {
+    throw ReportInputError(path + ": floor_pct must be in [0, 1e6) and factor in (0, 1e6), got " +
+                           j["floor_pct"].dump() + " and " + j["factor"].dump());
+  }
   m.gitSha = need(j, "git_sha", "", false).get<std::string>();
   m.host = need(j, "host", "", false).get<std::string>();
   if (!j.contains("runs") || !j["runs"].is_array()) {
@@ -485,7 +489,9 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
       whyNot[r.suite][r.status + ": " + (r.message.empty() ? "(no reason given)" : r.message)]++;
     }
   }
-  for (const auto& [suite, counts] : bySuite) {
+  for (const auto& [suite, byStatus] : bySuite) {
+    // (A lambda captures a structured binding only from C++20: clang 14 refuses it.)
+    const auto& counts = byStatus;
     const auto n = [&](const char* s) { return counts.count(s) ? counts.at(s) : 0; };
     if (n("pass") + n("fail") + n("error") > 0) continue;
     std::string why = "suite " + suite + " ran nothing: " + std::to_string(n("skipped")) +

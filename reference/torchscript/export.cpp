@@ -679,6 +679,8 @@ class Reader {
   ModelFile out_;
 };
 
+}  // namespace
+
 // A model file as it must be before any reader opens it: a regular file (a FIFO, a device or
 // a folder would block or mislead the reader), and, where it is a zip (TorchScript, torch.export
 // archives), no record that inflates out of all proportion. torch.save and torch.jit.save store
@@ -772,8 +774,6 @@ void checkModelFile(const std::string& file) {
                       " bytes in all, more than the 256 GiB a model file may inflate to");
   }
 }
-
-}  // namespace
 
 std::string errorFirstLine(const std::string& s) {
   size_t start = s.find_first_not_of(" \n");

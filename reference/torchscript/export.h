@@ -85,6 +85,11 @@ struct ExportCheck {
 constexpr double kVerifyRtol = 1e-5;
 ExportCheck verifyExport(const std::string& file, const std::string& fault = "");
 
+// A model file as it must be before any reader opens it: a regular file, and, where it is a
+// zip, no record that inflates out of all proportion (a zip bomb). Throws ImportError naming
+// the file. loadModelFile runs it first.
+void checkModelFile(const std::string& file);
+
 // `file` loaded: torch::jit::load for TorchScript, the export reader for a .pt2 (by content).
 // `fault` "export_wrong_weight" (planted, tests) reads the first weight's bytes one element
 // shifted. Throws ImportError naming the file and the record or node.

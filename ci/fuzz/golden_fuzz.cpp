@@ -1,0 +1,33 @@
+// libFuzzer target: the golden-file reader of `run` with a suite's `golden:` (harness/run/
+// golden.h). Any file is golden losses or an InputError naming the file; losses it accepts are
+// finite, and every case it names has at least one step.
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "harness/error.h"
+#include "harness/run/golden.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const std::string path = "/tmp/stratbench-fuzz-" + std::to_string(getpid()) + ".golden.csv";
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return 0;
+  std::fwrite(data, 1, size, f);
+  std::fclose(f);
+  try {
+    const auto g = sb::harness::readGolden(path);
+    for (const auto& [name, steps] : g.cases) {
+      if (steps.empty()) __builtin_trap();
+      for (const auto& s : steps) {
+        if (!std::isfinite(s.loss) || !std::isfinite(s.gradNorm)) __builtin_trap();
+      }
+    }
+  } catch (const sb::harness::InputError& e) {
+    if (std::string(e.what()).find(path) == std::string::npos) __builtin_trap();  // names the file
+  }
+  return 0;
+}
