@@ -177,7 +177,8 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       // The allocator names bytes, not the case: say which shape asked for them.
       if (dynamic_cast<const std::bad_alloc*>(&e) ||
           buildError.find("can't allocate memory") != std::string::npos ||
-          buildError.find("not enough memory") != std::string::npos) {
+          buildError.find("not enough memory") != std::string::npos ||
+          buildError.find("out of memory") != std::string::npos) {
         buildError += " (the case's workload " + c.workload + " at shape " + c.shape.dump() +
                       " in " + dtypeName(c.dtype) +
                       ": more memory than this machine gives; make the shape smaller)";

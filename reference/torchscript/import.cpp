@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <iomanip>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -42,8 +43,8 @@ constexpr const char* kControlFlow =
     ": control flow (from torch.jit.script) is not imported; trace the model with "
     "torch.jit.trace at the shapes to study";
 
-// The one floating dtype of a module's parameters and buffers; float32 where it has none, or
-// several (the module then converts between them itself).
+// The dtype of a module's example inputs: float64 where every floating parameter and buffer is
+// float64, float32 otherwise (none, several: the module converts between them itself).
 at::ScalarType floatingDtypeOf(const torch::jit::Module& m) {
   std::optional<at::ScalarType> dtype;
   bool mixed = false;
@@ -54,7 +55,9 @@ at::ScalarType floatingDtypeOf(const torch::jit::Module& m) {
   };
   for (const auto& p : m.named_parameters(true)) see(p.value);
   for (const auto& b : m.named_buffers(true)) see(b.value);
-  return dtype && !mixed ? *dtype : at::kFloat;
+  // (A half-precision module's example run would need kernels LibTorch's CPU lacks; its case
+  // converts it anyway.)
+  return dtype && !mixed && *dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
 class Walker {
@@ -155,29 +158,39 @@ class Walker {
     std::string out;
     for (const Value* v : n->inputs()) {
       const Entry& e = env.at(v);
-      if (!e.v.isTensor()) continue;
-      const at::Tensor& t = e.v.toTensor();
-      const auto* impl = t.unsafeGetTensorImpl();
-      std::string name = v->debugName(), from = "computed";
-      if (auto it = paramName_.find(impl); it != paramName_.end()) {
-        name = it->second;
-        from = "a parameter of the file";
-      } else if (auto b = bufferName_.find(impl); b != bufferName_.end()) {
-        name = b->second;
-        from = "a buffer of the file";
-      } else if (std::find(out_.dataInputs.begin(), out_.dataInputs.end(), e.name) !=
-                 out_.dataInputs.end()) {
-        name = e.name;
-        from = "an input, at the case's shape";
-      } else if (!e.dynamic) {
-        from = "a constant of the trace";
+      std::vector<at::Tensor> tensors;  // a tensor, or a list's (cat, stack)
+      if (e.v.isTensor()) tensors.push_back(e.v.toTensor());
+      if (e.v.isTensorList()) tensors = e.v.toTensorVector();
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        const std::string name = e.v.isTensor() ? v->debugName()
+                                                : v->debugName() + "[" + std::to_string(k) + "]";
+        out += (out.empty() ? "" : ", ") + describeOperand(tensors[k], name, e);
       }
-      std::ostringstream dims;
-      dims << t.sizes();
-      out += (out.empty() ? "'" : ", '") + name + "' " + dims.str() + " " +
-             std::string(c10::toString(t.scalar_type())) + " (" + from + ")";
     }
     return out.empty() ? "none" : out;
+  }
+
+  // One operand: "'a.weight' [32, 17] Float (a parameter of the file)".
+  std::string describeOperand(const at::Tensor& t, std::string name, const Entry& e) const {
+    const auto* impl = t.unsafeGetTensorImpl();
+    std::string from = "computed";
+    if (auto it = paramName_.find(impl); it != paramName_.end()) {
+      name = it->second;
+      from = "a parameter of the file";
+    } else if (auto b = bufferName_.find(impl); b != bufferName_.end()) {
+      name = b->second;
+      from = "a buffer of the file";
+    } else if (e.v.isTensor() && std::find(out_.dataInputs.begin(), out_.dataInputs.end(),
+                                           e.name) != out_.dataInputs.end()) {
+      name = e.name;
+      from = "an input, at the case's shape";
+    } else if (!e.dynamic) {
+      from = "a constant of the trace";
+    }
+    std::ostringstream dims;
+    dims << t.sizes();
+    return "'" + name + "' " + dims.str() + " " + std::string(c10::toString(t.scalar_type())) +
+           " (" + from + ")";
   }
 
   // Which party the failure points at: tensors of two floating dtypes, a parameter the file
@@ -187,10 +200,13 @@ class Walker {
     bool parameter = false;
     for (const Value* v : n->inputs()) {
       const Entry& e = env.at(v);
-      if (!e.v.isTensor()) continue;
-      const at::Tensor& t = e.v.toTensor();
-      if (at::isFloatingType(t.scalar_type())) floating.insert(t.scalar_type());
-      parameter |= paramName_.count(t.unsafeGetTensorImpl()) > 0;
+      std::vector<at::Tensor> tensors;
+      if (e.v.isTensor()) tensors.push_back(e.v.toTensor());
+      if (e.v.isTensorList()) tensors = e.v.toTensorVector();
+      for (const at::Tensor& t : tensors) {
+        if (at::isFloatingType(t.scalar_type())) floating.insert(t.scalar_type());
+        parameter |= paramName_.count(t.unsafeGetTensorImpl()) > 0;
+      }
     }
     if (floating.size() > 1) {
       return "; the operation mixes floating dtypes: the model converts between them itself "
@@ -207,13 +223,15 @@ class Walker {
   void refuseOverMemory(size_t i, const InputSpec& s, at::ScalarType dtype) const {
     double bytes = static_cast<double>(c10::elementSize(dtype));
     for (int64_t d : s.shape) bytes *= static_cast<double>(d);
-    const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                          static_cast<double>(sysconf(_SC_PAGESIZE));
-    if (memory > 0 && bytes > memory) {
+    const long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || pageSize <= 0) return;  // not known: the allocator decides
+    const double memory = static_cast<double>(pages) * static_cast<double>(pageSize);
+    if (bytes > memory) {
       std::ostringstream os;
-      os << spec_.file << ": inputs[" << i << "] " << s.toJson().dump() << " holds " << bytes
-         << " bytes of " << c10::toString(dtype) << ", more than this machine's memory ("
-         << memory << " bytes); the import runs the model once at the case's shapes";
+      os << std::fixed << std::setprecision(1) << spec_.file << ": inputs[" << i << "] "
+         << s.toJson().dump() << " holds " << bytes / (1 << 30) << " GiB of "
+         << c10::toString(dtype) << ", more than this machine's memory ("
+         << memory / (1 << 30) << " GiB); the import runs the model once at the case's shapes";
       throw ImportError(os.str());
     }
   }

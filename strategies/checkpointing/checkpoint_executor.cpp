@@ -499,8 +499,11 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   void checkParams(const CaseSpec& c) const override {
     if (c.params.contains("budget")) {
       const auto& b = c.params["budget"];
-      if (!b.is_number() || !(b.get<double>() > 0) || !std::isfinite(b.get<double>())) {
-        throw harness::InputError("params.budget must be a positive fraction, got " + b.dump());
+      // (0, 1], as checkpointing/sac/budget reads the same key: a fraction of keeping every
+      // tape (1 keeps them all; more would mean the same).
+      if (!b.is_number() || !(b.get<double>() > 0) || !(b.get<double>() <= 1)) {
+        throw harness::InputError("params.budget must be a positive fraction, at most 1, got " +
+                                  b.dump());
       }
     }
   }

@@ -91,7 +91,9 @@ inline std::optional<harness::Applicability> transformerCaseRefusal(const harnes
   return stepsRefusal(c, reference::TransformerShape::parse(c.shape, c.workload).training);
 }
 
-// params.chunk, where given: a positive integer, or InputError naming it.
+// params.chunk, where given: a positive integer, or InputError naming it. (Chunking checks its
+// params on every case but an imported model's, which it does not chunk and whose params are
+// other families' words: max_memory 0 is sharding/auto's "no limit".)
 inline void checkChunkParam(const harness::CaseSpec& c) {
   if (!c.params.contains("chunk")) return;
   const auto& v = c.params["chunk"];

@@ -59,7 +59,9 @@ class PairStrategy final : public harness::SingleRankStrategy {
             {"case params", "chunk"}};
   }
 
-  void checkParams(const CaseSpec& c) const override { checkChunkParam(c); }
+  void checkParams(const CaseSpec& c) const override {
+    if (c.workload != "torchscript") checkChunkParam(c);
+  }
 
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload == "torchscript") return importedModelRefusal();

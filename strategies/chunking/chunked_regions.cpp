@@ -125,6 +125,7 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
   }
 
   void checkParams(const CaseSpec& c) const override {
+    if (c.workload == "torchscript") return;
     checkChunkParam(c);
     if (region_ != Region::kAuto) return;
     if (c.params.contains("max_memory") && c.params.contains("max_memory_fraction")) {
@@ -132,12 +133,14 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
           "chunking/auto takes params.max_memory (bytes) or params.max_memory_fraction (of the "
           "unchunked estimate), not both");
     }
-    for (const char* key : {"max_memory", "max_memory_fraction"}) {
+    for (const auto& [key, most] : {std::pair<const char*, double>{"max_memory", 0x1p62},
+                                     {"max_memory_fraction", 1e6}}) {
       if (!c.params.contains(key)) continue;
       const auto& v = c.params[key];
-      if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>())) {
-        throw harness::InputError(std::string("params.") + key +
-                                  " must be a positive number, got " + v.dump());
+      if (!v.is_number() || !(v.get<double>() > 0) || !(v.get<double>() <= most)) {
+        throw harness::InputError(std::string("params.") + key + " must be a positive number" +
+                                  (most == 0x1p62 ? " of bytes up to 2^62" : " up to 1e6") +
+                                  ", got " + v.dump());
       }
     }
   }
@@ -437,8 +440,8 @@ class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
       maxMemory_ = static_cast<int64_t>(case_.params["max_memory"].get<double>());
     } else {
       const int64_t unchunked = *estimateActivationPeak(shape_, {"none", shape_.seq}, es);
-      maxMemory_ = static_cast<int64_t>(case_.params["max_memory_fraction"].get<double>() *
-                                        static_cast<double>(unchunked));
+      maxMemory_ = static_cast<int64_t>(std::min(
+          0x1p62, case_.params["max_memory_fraction"].get<double>() * static_cast<double>(unchunked)));
     }
     search_ = searchChunkPlan(shape_, es, maxMemory_);
     if (!search_.plan) {

@@ -62,6 +62,7 @@
 #include "reference/training.h"
 #include "strategies/checkpointing/sac/policy.h"
 #include "strategies/sharding/layout/placement.h"
+#include "strategies/sharding/moe/ep_axes.h"
 #include "strategies/torch/rank_process.h"
 #include "reference/tensor_bundle.h"
 #include "reference/torchscript/export.h"
@@ -472,7 +473,7 @@ class TorchStrategy final : public harness::Strategy {
                                 "parallelize(model, mesh, ctx)");
     }
     if (kind_.name == "compose") checkComposeParams(c);
-    if (kind_.name == "ep") checkEpAxes(c);
+    if (kind_.name == "ep") moe::checkExpertAxes(c, "torch/ep", "[ep] or [dp, ep]");
     if (fsdp2Kind() && c.params.contains("param_dtype") && !paramDtype(c)) {
       throw harness::InputError(c.where() + ": params.param_dtype " +
                                 c.params.at("param_dtype").dump() +
@@ -601,29 +602,6 @@ class TorchStrategy final : public harness::Strategy {
     return Applicability::yes();
   }
   // torch/ep's mesh axis names, as builtin_strategies.py's ExpertParallel names them.
-  // Names expert parallelism knows (sharding/moe/ep's), each once, ep among them; those
-  // torch/ep does not run are unsupported (appliesEp), anything else is bad input.
-  static void checkEpAxes(const CaseSpec& c) {
-    if (!c.params.contains("axes")) return;
-    const auto& a = c.params.at("axes");
-    static const std::vector<std::string> known = {"dp", "dp_shard", "ep", "tp"};
-    const bool ok =
-        a.is_array() && a.size() == c.mesh.size() &&
-        std::all_of(a.begin(), a.end(),
-                    [&](const auto& v) {
-                      return v.is_string() &&
-                             std::count(known.begin(), known.end(),
-                                        v.template get<std::string>()) == 1 &&
-                             std::count(a.begin(), a.end(), v) == 1;
-                    }) &&
-        std::count(a.begin(), a.end(), nlohmann::json("ep")) == 1;
-    if (!ok) {
-      throw harness::InputError(c.where() + ": torch/ep params.axes " + a.dump() + ": expected " +
-                                std::to_string(c.mesh.size()) +
-                                " distinct axis names from dp, dp_shard, ep, tp, one a mesh "
-                                "axis, ep among them ([ep] or [dp, ep] run here)");
-    }
-  }
   static std::vector<std::string> epAxes(const CaseSpec& c) {
     if (c.params.contains("axes") && c.params.at("axes").is_array()) {
       std::vector<std::string> out;

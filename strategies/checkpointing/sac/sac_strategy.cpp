@@ -243,6 +243,9 @@ class SacStrategy final : public harness::Strategy {
   }
 
   std::shared_ptr<Solved> solved(const CaseSpec& c) const {
+    // Never a solve of params that are not checked (applicabilityOf asks applies() whether a
+    // case whose params failed is of this strategy's kind).
+    checkParams(c);
     const std::string key = caseKey(c);
     const std::lock_guard<std::mutex> lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;

@@ -114,6 +114,8 @@ class FsdpStrategy final : public harness::Strategy {
   }
 
   void checkParams(const CaseSpec& c) const override {
+    checkSac(c);
+    if (!shardsParams(kind_)) return;  // ddp, zero1, zero2 read none of the keys below
     if (c.params.contains("reshard_after_forward") &&
         !c.params["reshard_after_forward"].is_boolean()) {
       throw harness::InputError("params.reshard_after_forward must be true or false, got " +
@@ -128,12 +130,14 @@ class FsdpStrategy final : public harness::Strategy {
           "params.param_dtype must be bfloat16 or float32 (the case's dtype), got " +
           c.params["param_dtype"].dump());
     }
-    if (c.params.contains("sac")) {
-      try {
-        sac::checkPolicySpec(c.params.at("sac"));
-      } catch (const std::invalid_argument& e) {
-        throw harness::InputError(c.where() + ": params.sac" + sacKeyPath(e.what()));
-      }
+  }
+
+  static void checkSac(const CaseSpec& c) {
+    if (!c.params.contains("sac")) return;
+    try {
+      sac::checkPolicySpec(c.params.at("sac"));
+    } catch (const std::invalid_argument& e) {
+      throw harness::InputError(c.where() + ": params.sac" + sacKeyPath(e.what()));
     }
   }
 

@@ -60,9 +60,12 @@
 #include "reference/autograd_engine.h"
 #include "reference/moe.h"
 #include "reference/training.h"
+#include "strategies/sharding/moe/ep_axes.h"
 
 namespace sb::strategies::moe {
 namespace {
+
+constexpr const char* kLayouts = "[ep], [dp, ep], [dp_shard, ep], [ep, tp], [dp, ep, tp] or [dp_shard, ep, tp]";
 
 using harness::Applicability;
 using harness::Box;
@@ -556,7 +559,7 @@ class EpStrategy final : public harness::Strategy {
              "axes ([ep], [dp, ep], [dp_shard, ep], [ep, tp], [dp, ep, tp], [dp_shard, ep, tp])"}};
   }
   std::vector<std::string> caseParams() const override { return {"axes"}; }
-  void checkParams(const CaseSpec& c) const override { EpLayout::of(c); }
+  void checkParams(const CaseSpec& c) const override { checkExpertAxes(c, "sharding/moe/ep", kLayouts); }
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload != "moe") return Applicability::notApplicable("not a mixture of experts");
     if (c.mesh.size() > 3) {
@@ -569,6 +572,16 @@ class EpStrategy final : public harness::Strategy {
       // scores; a device's step would copy them over first, which is not written yet.
       return Applicability::unsupported("sharding/moe/ep runs on the CPU here; device " + c.device +
                                         " is not wired yet");
+    }
+    if (c.params.contains("axes")) {
+      static const std::vector<std::vector<std::string>> allowed = {
+          {"ep"},       {"dp", "ep"},       {"dp_shard", "ep"},
+          {"ep", "tp"}, {"dp", "ep", "tp"}, {"dp_shard", "ep", "tp"}};
+      const auto names = c.params.at("axes").get<std::vector<std::string>>();
+      if (!std::count(allowed.begin(), allowed.end(), names)) {
+        return Applicability::unsupported("sharding/moe/ep runs the layouts " + std::string(kLayouts) +
+                                          "; the case has " + c.params.at("axes").dump());
+      }
     }
     const EpLayout l = EpLayout::of(c);
     const auto s = MoeShape::parse(c.shape);
