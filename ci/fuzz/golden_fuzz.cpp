@@ -2,22 +2,17 @@
 // golden.h). Any file is golden losses or an InputError naming the file; losses it accepts are
 // finite, and every case it names has at least one step.
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
+#include "ci/fuzz/input_file.h"
 #include "harness/error.h"
 #include "harness/run/golden.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = "/tmp/stratbench-fuzz-" + std::to_string(getpid()) + ".golden.csv";
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return 0;
-  std::fwrite(data, 1, size, f);
-  std::fclose(f);
+  const std::string path = fuzzInputFile(data, size, ".golden.csv");
+  if (path.empty()) return 0;
   try {
     const auto g = sb::harness::readGolden(path);
     for (const auto& [name, steps] : g.cases) {

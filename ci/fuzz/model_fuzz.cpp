@@ -4,21 +4,16 @@
 // throw an ImportError naming the file; the directory's offsets and sizes come from the
 // input, so AddressSanitizer watches every read of them.
 
-#include <unistd.h>
-
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
+#include "ci/fuzz/input_file.h"
 #include "reference/torchscript/export.h"
 #include "reference/torchscript/import.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = "/tmp/stratbench-fuzz-" + std::to_string(getpid()) + ".pt";
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return 0;
-  std::fwrite(data, 1, size, f);
-  std::fclose(f);
+  const std::string path = fuzzInputFile(data, size, ".pt");
+  if (path.empty()) return 0;
   try {
     sb::reference::torchscript::checkModelFile(path);
   } catch (const sb::reference::torchscript::ImportError& e) {

@@ -2,22 +2,17 @@
 // a noise model or a ReportInputError naming the file; a model it accepts holds bands a
 // calibration can produce (finite, in [0, 1e6) percent) and a positive factor.
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
+#include "ci/fuzz/input_file.h"
 #include "reports/compare.h"
 #include "reports/results_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = "/tmp/stratbench-fuzz-" + std::to_string(getpid()) + ".noise.json";
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return 0;
-  std::fwrite(data, 1, size, f);
-  std::fclose(f);
+  const std::string path = fuzzInputFile(data, size, ".noise.json");
+  if (path.empty()) return 0;
   try {
     const auto m = sb::reports::readNoise(path);
     if (!(m.floorPct >= 0 && m.floorPct < 1e6) || !(m.factor > 0 && m.factor < 1e6)) {

@@ -1,21 +1,16 @@
 // libFuzzer target: the result-file reader of `report` (reports/results_file.h). Any file is
 // rows or a ReportInputError naming it; rows it accepts hold values a run can produce.
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
+#include "ci/fuzz/input_file.h"
 #include "reports/results_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = "/tmp/stratbench-fuzz-" + std::to_string(getpid()) + ".csv";
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return 0;
-  std::fwrite(data, 1, size, f);
-  std::fclose(f);
+  const std::string path = fuzzInputFile(data, size, ".csv");
+  if (path.empty()) return 0;
   try {
     (void)sb::reports::readResults(path);
   } catch (const sb::reports::ReportInputError&) {
