@@ -804,6 +804,19 @@ check "a built-in workload bigger than the machine: its row names the shape" 1 \
   "the case's workload mlp at shape .*\"batch\":100000.*more memory than this machine gives" -- \
   "$sb" run "$tmp/huge.yaml" --out "$tmp/huge.run"
 
+# A folder or a FIFO where a reader takes a file: refused in seconds, never a wait for a writer
+# or an exception from the stream library (an abort).
+mkdir -p "$tmp/adir"
+[ -p "$tmp/afifo" ] || mkfifo "$tmp/afifo"
+for f in adir afifo; do
+  bad "solve checkpoint --chain $f is exit 2" "$f: not a regular file" \
+    "$sb" solve checkpoint --chain "$tmp/$f" --budget none
+  bad "solve shard --profile $f is exit 2" "$f: not a regular file" \
+    "$sb" solve shard --workload mlp --mesh 2 --profile "$tmp/$f"
+  bad "report --noise $f is exit 2" "$f: not a regular file" \
+    "$sb" report "$tmp/keep" --noise "$tmp/$f" --no-plots --out "$tmp/rep-$f"
+done
+
 # Nesting past yaml-cpp's guard: said as such (yaml-cpp's own words are "bad file").
 python3 -c "print('suite: deep\ncases:\n  - name: a\n    workload: mlp\n    shape: ' + '[' * 3000 + ']' * 3000)" \
   > "$tmp/deep.yaml"

@@ -160,7 +160,7 @@ check "a schedule file that cannot be read: exit 2 naming the suite line, case a
   "missing.yaml:[0-9]+: case 'zb-h1-from-csv'.*cannot read .*none.csv" -- \
   "$sb" run "$tmp/missing.yaml" --out "$tmp/missing"
 sed "s|$tmp/zb.csv|/dev/zero|" "$tmp/csv.yaml" >"$tmp/device.yaml"
-check "a device as the schedule file: refused, not read" 2 "/dev/zero \\(not a regular file\\)" -- \
+check "a device as the schedule file: refused, not read" 2 "/dev/zero: not a regular file" -- \
   "$sb" run "$tmp/device.yaml" --out "$tmp/device"
 check "virtual_stages not an integer: exit 2 naming the parameter" 2 \
   "params.virtual_stages must be an integer from 1 to 64, got 2.5" -- \

@@ -1,3 +1,4 @@
+#include "harness/in_file.h"
 #include "cli/solve_checkpoint.h"
 
 #include <unistd.h>
@@ -46,6 +47,10 @@ int solveCheckpoint(const CheckpointArgs& a) {
   const int slots = a.slots;
   const double budget = a.budget == "none" ? 0 : std::stod(a.budget);
   const double maxSolverBytes = a.maxSolverMemory;
+  if (const auto why = harness::notARegularFile(path); !why.empty()) {
+    std::cerr << "stratbench solve: --chain " << path << ": " << why << "\n";
+    return kExitBadInput;
+  }
   std::ifstream in(path);
   if (!in) {
     std::cerr << "stratbench solve: cannot read " << path << "\n";

@@ -1,3 +1,4 @@
+#include "harness/in_file.h"
 #include "cli/solve_pipeline.h"
 
 #include <cmath>
@@ -25,11 +26,8 @@ constexpr const char* kWho = "stratbench solve pipeline: ";
 std::optional<std::string> readFile(const std::string& path, const char* option) {
   // A regular file only: a folder read as an empty schedule ("no ranks"), and opening a FIFO
   // waits for a writer that may never come.
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
-    std::cerr << kWho << option << " " << path
-              << ": not a regular file (a folder, a FIFO or a device); give the file itself\n";
+  if (const auto why = harness::notARegularFile(path); !why.empty()) {
+    std::cerr << kWho << option << " " << path << ": " << why << "\n";
     return std::nullopt;
   }
   std::ifstream in(path, std::ios::binary);

@@ -1,3 +1,4 @@
+#include "harness/in_file.h"
 #include "reports/compare.h"
 
 #include <algorithm>
@@ -339,6 +340,9 @@ std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
 }
 
 NoiseModel readNoise(const std::string& path) {
+  if (const auto why = harness::notARegularFile(path); !why.empty()) {
+    throw ReportInputError(path + ": " + why);
+  }
   std::ifstream in(path);
   if (!in) throw ReportInputError(path + ": no such noise file (write one with `stratbench noise`)");
   nlohmann::json j;

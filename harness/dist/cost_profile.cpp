@@ -1,3 +1,4 @@
+#include "harness/in_file.h"
 #include "harness/dist/cost_profile.h"
 
 #include <algorithm>
@@ -269,6 +270,7 @@ CostProfile CostProfile::fromJson(const nlohmann::json& j, const std::string& fi
 }
 
 CostProfile CostProfile::load(const std::string& path) {
+  if (const auto why = notARegularFile(path); !why.empty()) throw InputError(path + ": " + why);
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot read the cost profile");
   std::stringstream ss;

@@ -1,5 +1,6 @@
 // Golden losses (see golden.h).
 
+#include "harness/in_file.h"
 #include "harness/run/golden.h"
 
 #include <algorithm>
@@ -102,6 +103,7 @@ std::string hostVectorFeatures() {
 int hostThreads() { return at::get_num_threads(); }
 
 GoldenLosses readGolden(const std::string& path) {
+  if (const auto why = notARegularFile(path); !why.empty()) throw InputError(path + ": " + why);
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot read the golden losses file");
   GoldenLosses g;

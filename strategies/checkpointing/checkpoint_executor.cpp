@@ -596,7 +596,9 @@ void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::Wor
   chain_ = profileChain(*net_, ctx.rank());
   nonePeak_ = simulate(chain_, segmentSchedule(chain_.length(), {0})).peak;
   if (case_.params.contains("budget")) budgetFraction_ = case_.params["budget"].get<double>();
-  budgetBytes_ = budgetFraction_ > 0 ? std::floor(budgetFraction_ * nonePeak_) : 0;
+  // A budget is never below a byte: 0 bytes is the solvers' "no budget", and a fraction too
+  // small for a byte is a budget nothing fits (unsupported), not an unlimited one.
+  budgetBytes_ = budgetFraction_ > 0 ? std::max(1.0, std::floor(budgetFraction_ * nonePeak_)) : 0;
   const double solveBudget = strategy_.fault() == Fault::kIgnoreBudget ? 0 : budgetBytes_;
   std::optional<Schedule> s;
   {

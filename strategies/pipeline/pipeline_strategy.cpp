@@ -49,6 +49,7 @@
 #include <set>
 #include <sstream>
 
+#include "harness/in_file.h"
 #include "harness/error.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
@@ -189,8 +190,9 @@ class PipelineStrategy final : public harness::Strategy {
   // the schedule CSV's format, that can finish.
   static Schedule csvSchedule(const std::string& file) {
     std::error_code ec;
-    input(std::filesystem::is_regular_file(file, ec),
-          "params.csv: cannot read " + file + " (not a regular file)");
+    input(std::filesystem::exists(file, ec), "params.csv: cannot read " + file);
+    const std::string why = harness::notARegularFile(file);
+    input(why.empty(), "params.csv: " + file + ": " + why);
     input(std::filesystem::file_size(file, ec) <= (16u << 20),
           "params.csv: " + file + " is over 16 MiB");
     std::ifstream in(file);

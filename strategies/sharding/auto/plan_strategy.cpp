@@ -3,6 +3,7 @@
 // (params.plan); both run it with the same executor (plan_executor.h), and declare its layouts,
 // its communication per node and its tolerances.
 
+#include "harness/in_file.h"
 #include "strategies/sharding/auto/plan_executor.h"
 
 #include <ATen/ATen.h>
@@ -108,6 +109,9 @@ std::shared_ptr<SolvedPlan> solveCasePlan(const CaseSpec& c, const std::string& 
     numberParam(c, "max_memory", 0);  // the executor's promise: checked as a solve's limit is
     checkPlanFileParams(c);
     const std::string path = c.params.at("plan").get<std::string>();
+    if (const auto why = harness::notARegularFile(path); !why.empty()) {
+      throw harness::InputError(c.where() + ": params.plan: " + path + ": " + why);
+    }
     std::ifstream in(path);
     if (!in) throw harness::InputError(c.where() + ": params.plan: cannot read " + path);
     nlohmann::json j;
