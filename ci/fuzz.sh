@@ -123,6 +123,19 @@ for t in "${targets[@]}"; do
   corpus="$src/ci/fuzz/corpus/$t"
   found="$out/corpus-$t"
   mkdir -p "$found"
+  if [ "$t" = model ]; then
+    # Seeds made here, not kept as binaries in the repository: a zip of stored records (as
+    # torch.jit.save writes) and one with a deflated record.
+    mkdir -p "$corpus"
+    python3 - "$found" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1] + "/stored.pt", "w", zipfile.ZIP_STORED) as z:
+    z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    z.writestr("archive/version", b"3\n")
+with zipfile.ZipFile(sys.argv[1] + "/deflated.pt", "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr("archive/data/0", bytes(20000))
+PY
+  fi
   echo "fuzz: $t for ${secs}s ($(ls "$corpus" 2>/dev/null | wc -l) corpus inputs)"
   # Leaks are not what these targets look for: LibTorch's static state reads as leaked.
   if ! ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
