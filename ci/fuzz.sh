@@ -7,6 +7,10 @@
 #
 #   ci/fuzz.sh BUILD_DIR SECONDS [TARGET...]     # ./test.sh (fuzz.Short): every target, 5 s
 #                                                 # each; ci/nightly.sh --fuzz 600: every one
+#   ci/fuzz.sh BUILD_DIR build [TARGET...]       # builds them and runs nothing (fuzz.Build:
+#                                                 # ctest's fixture, so that a cold compile of
+#                                                 # twelve instrumented binaries is not charged
+#                                                 # to the fuzzing run's deadline)
 #
 # Targets: chain (the checkpoint chain reader and the solvers on what it accepts), numbers (the
 # command line's numbers), suite (the suite reader), profile (the cost-profile reader), results
@@ -20,6 +24,12 @@ set -euo pipefail
 build=$(cd "$1" && pwd)
 secs=$2
 shift 2
+build_only=0
+if [ "$secs" = build ]; then
+  build_only=1
+elif ! [[ "$secs" =~ ^[1-9][0-9]*$ ]]; then
+  echo "fuzz: SECONDS must be a whole number of seconds above 0 or 'build' (got '$secs')" >&2; exit 2
+fi
 src=$(cd "$(dirname "$0")/.." && pwd)
 targets=("$@")
 all="chain numbers suite profile results plan graph pipeline pt2 noise golden model"
@@ -119,7 +129,12 @@ build_target() {
 
 status=0
 for t in "${targets[@]}"; do
+  start=$SECONDS
   build_target "$t"
+  if [ "$build_only" = 1 ]; then
+    echo "fuzz: $t built ($((SECONDS - start)) s)"
+    continue
+  fi
   corpus="$src/ci/fuzz/corpus/$t"
   found="$out/corpus-$t"
   mkdir -p "$found"
