@@ -687,14 +687,24 @@ class Reader {
 // their records uncompressed; a deflated record of more than 64 MiB at more than 100 times its
 // stored size, or more than 256 GiB in all, is a zip bomb, refused before LibTorch inflates it.
 void checkModelFile(const std::string& file) {
+  // (harness/in_file.h's whyNotAFile, which this room below the harness cannot include.)
   std::error_code ec;
   const auto st = std::filesystem::status(file, ec);
-  if (ec || !std::filesystem::exists(st)) {
-    throw ImportError(file + ": no such model file");
+  const char* kWhat = "; a model is a file torch.jit.save or torch.export.save wrote";
+  if (ec == std::errc::too_many_symbolic_link_levels) {
+    throw ImportError(file + ": a loop of symbolic links, not a model file");
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    throw ImportError(file + ": cannot be read (" + ec.message() + ")" + kWhat);
+  }
+  if (!std::filesystem::exists(st)) {
+    std::error_code lec;
+    throw ImportError(file + (std::filesystem::is_symlink(std::filesystem::symlink_status(file, lec))
+                                  ? ": a symbolic link to nothing (its target does not exist)"
+                                  : ": no such model file"));
   }
   if (!std::filesystem::is_regular_file(st)) {
-    throw ImportError(file + ": not a regular file (a folder, a FIFO or a device); a model is "
-                             "a file torch.jit.save or torch.export.save wrote");
+    throw ImportError(file + ": not a regular file (a folder, a FIFO or a device)" + kWhat);
   }
   const uint64_t size = std::filesystem::file_size(file, ec);
   std::ifstream in(file, std::ios::binary);

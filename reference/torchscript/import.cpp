@@ -64,9 +64,16 @@ class Walker {
  public:
   Walker(const ImportSpec& spec, const ModelFile& file, ImportedModel& out)
       : spec_(spec), file_(file), module_(file.module), out_(out), map_(out) {
+    // A frozen parameter (requires_grad=False, as a fine-tuning script leaves a backbone) is
+    // module state as a buffer is: a graph input, neither differentiated nor trained.
     for (const auto& p : module_.named_parameters(true)) {
-      if (!paramName_.count(p.value.unsafeGetTensorImpl())) {
-        paramName_[p.value.unsafeGetTensorImpl()] = p.name;
+      const auto* impl = p.value.unsafeGetTensorImpl();
+      if (paramName_.count(impl) || bufferName_.count(impl)) continue;
+      if (p.value.requires_grad()) {
+        paramName_[impl] = p.name;
+      } else {
+        bufferName_[impl] = p.name;
+        frozen_.insert(impl);
       }
     }
     for (const auto& b : module_.named_buffers(true)) {
@@ -105,7 +112,7 @@ class Walker {
     std::vector<Entry> results = walk(*method.graph(), in, "");
     const Entry& r = results.at(0);
     std::string output = r.name;
-    if (output.empty() && !r.names.empty()) output = r.names[0];  // a tuple: its first tensor
+    if (output.empty()) output = r.first;  // a tuple: its first tensor (nested: the first's)
     if (!r.dynamic || output.empty()) {
       throw ImportError(spec_.file +
                         ": the forward returns nothing computed from its inputs or "
@@ -116,6 +123,14 @@ class Walker {
     c10::IValue value = r.v;
     while (value.isTuple() && !value.toTupleRef().elements().empty()) {
       value = value.toTupleRef().elements().at(0);
+    }
+    if (value.isTensor() && value.toTensor().numel() == 0) {
+      std::ostringstream dims;
+      dims << value.toTensor().sizes();
+      throw ImportError(spec_.file + ": forward returns a tensor of shape " + dims.str() +
+                        " at the case's input shapes: no elements, so no output to compare "
+                        "and no gradient to start the backward from (check the inputs' shapes "
+                        "and the model's slicing)");
     }
     if (value.isTensor() && !at::isFloatingType(value.toTensor().scalar_type())) {
       throw ImportError(spec_.file + ": forward returns a tensor of " +
@@ -179,7 +194,7 @@ class Walker {
       from = "a parameter of the file";
     } else if (auto b = bufferName_.find(impl); b != bufferName_.end()) {
       name = b->second;
-      from = "a buffer of the file";
+      from = frozen_.count(impl) ? "a frozen parameter of the file" : "a buffer of the file";
     } else if (e.v.isTensor() && std::find(out_.dataInputs.begin(), out_.dataInputs.end(),
                                            e.name) != out_.dataInputs.end()) {
       name = e.name;
@@ -382,6 +397,10 @@ class Walker {
       Entry& e = env[n->output()];
       e.dynamic = true;
       for (const Value* v : n->inputs()) e.names.push_back(env.at(v).name);
+      if (n->inputs().size() > 0) {
+        const Entry& head = env.at(n->input(0));
+        e.first = head.name.empty() ? head.first : head.name;
+      }
       return;
     }
     if (kind == c10::prim::ListUnpack || kind == c10::prim::TupleUnpack) {
@@ -412,6 +431,7 @@ class Walker {
   ImportedModel& out_;
   GraphMapper map_;
   std::map<const c10::TensorImpl*, std::string> paramName_, bufferName_;
+  std::set<const c10::TensorImpl*> frozen_;  // parameters with requires_grad=False
   bool faulted_ = false;
   at::Generator gen_ = at::make_generator<at::CPUGeneratorImpl>(0);
 };
@@ -512,16 +532,24 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
   if (out->graph.parameters.empty()) {
     // A parameter that reaches no output has no gradient either: named, so that the user
     // sees what the forward leaves out.
-    std::string unreached;
-    int count = 0;
+    std::string unreached, frozen;
+    int count = 0, frozenCount = 0;
     for (const auto& p : module.named_parameters(true)) {
+      if (!p.value.requires_grad()) {
+        if (++frozenCount <= 8) frozen += (frozen.empty() ? "" : ", ") + p.name;
+        continue;
+      }
       if (++count <= 8) unreached += (unreached.empty() ? "" : ", ") + p.name;
     }
     if (count > 8) unreached += ", ... (" + std::to_string(count) + " in all)";
+    if (frozenCount > 8) frozen += ", ... (" + std::to_string(frozenCount) + " in all)";
     throw ImportError(spec.file +
-                      (count == 0 ? std::string(": the model has no parameters")
-                                  : ": no parameter of the model reaches its output (" +
-                                        unreached + ")") +
+                      (count == 0 && frozenCount == 0
+                           ? std::string(": the model has no parameters")
+                       : count == 0 ? ": every parameter of the model is frozen (requires_grad="
+                                      "False: " + frozen + ")"
+                                    : ": no trainable parameter of the model reaches its "
+                                      "output (" + unreached + ")") +
                       ": there is nothing to train, shard or checkpoint, and no gradient to "
                       "verify");
   }

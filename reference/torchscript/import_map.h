@@ -23,6 +23,7 @@ struct Entry {
   bool dynamic = false;
   std::string name;                // a dynamic tensor's graph value
   std::vector<std::string> names;  // a list's or tuple's elements' ("" for a constant one)
+  std::string first;               // a tuple's first tensor, through nested tuples (the output)
   std::string module;              // a submodule's qualified name
 };
 using Env = std::map<const torch::jit::Value*, Entry>;

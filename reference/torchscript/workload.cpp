@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/csrc/jit/serialization/import.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "reference/torchscript/export.h"
@@ -59,6 +60,15 @@ InputSpec InputSpec::fromJson(const nlohmann::json& j, const std::string& where)
   const std::string dt = j.value("dtype", std::string("float32"));
   if (dt == "float32" || dt == "float" || dt == "float64") {
     s.dtype = "float";
+    // Bounds bound drawn ids; a floating input is drawn from the normal distribution (or the
+    // case's exact inputs), so low and high on it would be silently ignored.
+    for (const char* key : {"low", "high"}) {
+      if (j.contains(key)) {
+        throw ImportError(where + "." + key + ": a floating input has no bounds (low and high "
+                          "bound the ids of an int64 input; its values come from the case's "
+                          "inputs mode)");
+      }
+    }
   } else if (dt == "int64" || dt == "long") {
     s.dtype = "int64";
     const auto bound = [&](const char* key) {
@@ -270,7 +280,10 @@ LoadedModule loadModule(const ImportSpec& spec, const ImportedModel& m, at::Scal
     for (const auto& [name, dims] : m.graph.parameters) l.own.at(name).copy_(inputs.at(name));
   }
   for (auto& [name, p] : l.own) {
-    p.set_requires_grad(true);
+    // The graph's parameters are the trainable ones; a frozen one stays so (module state).
+    const auto& trained = m.graph.parameters;
+    p.set_requires_grad(std::any_of(trained.begin(), trained.end(),
+                                    [&](const auto& q) { return q.first == name; }));
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
   }
   return l;
