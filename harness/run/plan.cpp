@@ -3,6 +3,7 @@
 #include "harness/run/plan.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -115,26 +116,44 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
         if (std::find(chosen.begin(), chosen.end(), s) == chosen.end()) chosen.push_back(s);
       }
     }
+    // Each chosen strategy's applicability, once (its params checked first).
+    std::vector<Applicability> applicable;
+    for (const Strategy* s : chosen) applicable.push_back(applicability(*s));
     // A parameter that none of the case's strategies reads would be silently ignored (a
-    // misspelt `budgt: 0.5` ran with no budget and passed): refused, naming the key.
+    // misspelt `budgt: 0.5` ran with no budget and passed): refused, naming the key. Only the
+    // strategies of the case's kind count: a key that only a strategy of another kind reads
+    // (`chunk` under `(pipeline|chunking)/.*` on an mlp_chain, which chunking does not run)
+    // would be ignored as silently, its value never checked.
     {
       std::set<std::string> known;
-      for (const Strategy* s : chosen) {
-        for (const auto& k : s->caseParams()) known.insert(k);
+      std::map<std::string, std::string> elsewhere;  // key -> a not-applicable reader, why
+      for (size_t k = 0; k < chosen.size(); ++k) {
+        const bool ofKind = applicable[k].kind != Applicability::Kind::kNotApplicable;
+        for (const auto& key : chosen[k]->caseParams()) {
+          if (ofKind) {
+            known.insert(key);
+          } else if (!elsewhere.count(key)) {
+            elsewhere[key] = "'" + chosen[k]->id() + "' reads it and cannot run this case: " +
+                             applicable[k].reason;
+          }
+        }
       }
       for (const auto& item : userParams.items()) {
         if (known.count(item.key())) continue;
         std::string list;
         for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        const auto other = elsewhere.find(item.key());
         throw InputError(
             c.where() + ": case '" + c.name + "': params key '" + item.key() +
-            "' is read by none of its strategies (" +
-            (known.empty() ? std::string("they read no parameters") : "they read: " + list) + ")");
+            "' is read by none of its strategies that run it (" +
+            (known.empty() ? std::string("they read no parameters") : "they read: " + list) +
+            ")" + (other == elsewhere.end() ? "" : "; " + other->second));
       }
     }
-    for (const Strategy* s : chosen) {
+    for (size_t k = 0; k < chosen.size(); ++k) {
+      const Strategy* s = chosen[k];
       if (filter && !filter->search(s->id())) continue;
-      Applicability a = applicability(*s);
+      Applicability a = applicable[k];
       // Not applicable: another kind of case, which a pattern over several families selects
       // without meaning it (a named one was refused above).
       if (a.kind == Applicability::Kind::kNotApplicable) continue;

@@ -37,6 +37,7 @@
 #include <functional>
 
 #include "harness/capture_tape.h"
+#include "harness/json_strict.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/verify.h"
 #include "harness/registry.h"
@@ -133,14 +134,16 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
           "chunking/auto takes params.max_memory (bytes) or params.max_memory_fraction (of the "
           "unchunked estimate), not both");
     }
-    for (const auto& [key, most] : {std::pair<const char*, double>{"max_memory", 0x1p62},
-                                     {"max_memory_fraction", 1e6}}) {
-      if (!c.params.contains(key)) continue;
-      const auto& v = c.params[key];
-      if (!v.is_number() || !(v.get<double>() > 0) || !(v.get<double>() <= most)) {
-        throw harness::InputError(std::string("params.") + key + " must be a positive number" +
-                                  (most == 0x1p62 ? " of bytes up to 2^62" : " up to 1e6") +
-                                  ", got " + v.dump());
+    if (c.params.contains("max_memory") &&
+        !harness::jsonWholeNumber(c.params["max_memory"], 1, int64_t{1} << 62)) {
+      throw harness::InputError("params.max_memory must be a whole number of bytes from 1 to "
+                                "2^62, got " + c.params["max_memory"].dump());
+    }
+    if (c.params.contains("max_memory_fraction")) {
+      const auto& v = c.params["max_memory_fraction"];
+      if (!v.is_number() || !(v.get<double>() > 0) || !(v.get<double>() <= 1e6)) {
+        throw harness::InputError("params.max_memory_fraction must be a positive number up to "
+                                  "1e6, got " + v.dump());
       }
     }
   }
@@ -437,7 +440,7 @@ class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
   void plan() {
     const int64_t es = c10::elementSize(case_.dtype);
     if (case_.params.contains("max_memory")) {
-      maxMemory_ = static_cast<int64_t>(case_.params["max_memory"].get<double>());
+      maxMemory_ = *harness::jsonWholeNumber(case_.params["max_memory"], 1, int64_t{1} << 62);
     } else {
       const int64_t unchunked = *estimateActivationPeak(shape_, {"none", shape_.seq}, es);
       maxMemory_ = static_cast<int64_t>(std::min(

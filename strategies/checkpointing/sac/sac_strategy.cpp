@@ -32,6 +32,7 @@
 #include "harness/comm/mesh.h"
 #include "harness/comm/threads_backend.h"
 #include "harness/error.h"
+#include "harness/json_strict.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/graph.h"
@@ -134,10 +135,8 @@ class SacExecutor final : public harness::RankExecutor {
     return inner_.heldBytes() + solved_->budgetBytes;
   }
   static std::optional<int64_t> maxMemory(const CaseSpec& c) {
-    if (!c.params.contains("max_memory") || !c.params.at("max_memory").is_number()) return {};
-    const auto b = c.params.at("max_memory").get<double>();
-    if (!(b > 0)) return {};
-    return static_cast<int64_t>(b);
+    if (!c.params.contains("max_memory")) return {};
+    return harness::jsonWholeNumber(c.params.at("max_memory"), 1, int64_t{1} << 62);
   }
   std::map<std::string, at::Tensor> results() const override { return inner_.results(); }
 
