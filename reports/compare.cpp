@@ -404,7 +404,13 @@ NoiseModel readNoise(const std::string& path) {
     b.runs = r.contains("medians_us") && r["medians_us"].is_array()
                  ? static_cast<int>(r["medians_us"].size())
                  : m.runs;
-    m.byKey[key.key()] = b;
+    // A row given twice would silently take the last band: the noise of one key is one
+    // measurement, so a second is an edited or merged file.
+    if (!m.byKey.emplace(key.key(), b).second) {
+      throw ReportInputError(path + ": " + where + "repeats suite '" + key.suite + "' case '" +
+                             key.caseName + "' strategy '" + key.strategyId + "' backend '" +
+                             key.backend + "' (one row a key, as `stratbench noise` writes)");
+    }
   }
   return m;
 }

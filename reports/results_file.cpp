@@ -4,6 +4,7 @@
 #include <array>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,7 +24,9 @@
 #include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
+#include "harness/in_file.h"
 #include "harness/measure/timing.h"
+#include "harness/parse_number.h"
 #include "harness/run/records.h"
 
 namespace sb::reports {
@@ -107,6 +110,24 @@ class Fields {
     return *v;
   }
 
+  // An integer a run writes within [lo, hi] (a world of 0 ranks, or -1 repetitions, comes
+  // from no run and would divide or index by it downstream).
+  int64_t requiredInt(const char* col, int64_t lo, int64_t hi, const char* expected) const {
+    const int64_t v = requiredInt(col);
+    if (v < lo || v > hi) bad(col, str(col), expected);
+    return v;
+  }
+
+  // A seed: any 64-bit unsigned number (`run --seed` takes up to 2^64 - 1), digits only.
+  uint64_t requiredSeed(const char* col) const {
+    const std::string& s = str(col);
+    uint64_t v = 0;
+    if (!harness::parseWholeNumber(s, 0, UINT64_MAX, &v)) {
+      bad(col, s, "a seed, a whole number from 0 to 2^64 - 1");
+    }
+    return v;
+  }
+
   // A time, a count or a size a run writes: finite and not negative. NaN or a negative value
   // cannot come from `stratbench run`, and read as numbers they would pass the gate's
   // comparisons (a NaN time is never "slower"), so they are refused, naming the column.
@@ -187,7 +208,8 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.device = f.str("device");
   r.torchVersion = f.str("torch_version");
   r.backend = f.str("backend");
-  r.worldSize = static_cast<int>(f.requiredInt("world_size"));
+  r.worldSize = static_cast<int>(
+      f.requiredInt("world_size", 1, 1 << 20, "a number of ranks from 1 (no run writes this)"));
   r.mesh = f.str("mesh");
   r.suite = f.str("suite");
   r.caseName = f.str("case");
@@ -195,7 +217,7 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.shape = f.str("shape");
   r.dtype = f.str("dtype");
   r.inputs = f.str("inputs");
-  r.seed = static_cast<uint64_t>(f.requiredInt("seed"));
+  r.seed = f.requiredSeed("seed");
   r.family = f.str("family");
   r.strategyId = f.str("strategy_id");
   r.strategy = f.str("strategy");
@@ -230,7 +252,8 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.timeStddevUs = f.optTime("time_us_stddev");
   r.timeMinUs = f.optTime("time_us_min");
   r.timeMaxUs = f.optTime("time_us_max");
-  r.repetitions = static_cast<int>(f.requiredInt("repetitions"));
+  r.repetitions = static_cast<int>(f.requiredInt(
+      "repetitions", 0, INT32_MAX, "a count of repetitions, 0 or more (no run writes this)"));
   r.peakMemBytes = f.optCount("peak_mem_bytes");
   r.predictedMemBytes = f.optCount("predicted_mem_bytes");
   r.commBytes = f.optCount("comm_bytes");
@@ -527,8 +550,9 @@ std::vector<ResultRow> readResults(const std::string& given) {
     path = !std::filesystem::exists(whole) && std::filesystem::is_regular_file(partial) ? partial
                                                                                          : whole;
   }
-  if (!std::filesystem::is_regular_file(path)) {
-    throw ReportInputError(path + ": no such results file");
+  if (const std::string why = harness::whyNotAFile(path); !why.empty()) {
+    throw ReportInputError(path + ": " + (why == "no such file" ? "no such results file" : why) +
+                           " (expected a run's folder or its results.csv)");
   }
   const bool partial = std::filesystem::path(path).filename() == "results.partial.csv";
   std::vector<ResultRow> rows;
@@ -558,6 +582,19 @@ std::vector<ResultRow> readResults(const std::string& given) {
       rows.back().partial = partial;
     }
   } catch (const io::error::base& e) {
+    // A blank line (an edit, or files concatenated) is said as one; the parser's own words
+    // would be "Too few columns in line 7".
+    if (const auto* at = dynamic_cast<const io::error::with_file_line*>(&e);
+        at && dynamic_cast<const io::error::too_few_columns*>(&e) && at->file_line > 0) {
+      std::ifstream in(path);
+      std::string text;
+      for (int k = 0; k < at->file_line && std::getline(in, text);) ++k;
+      if (text.find_first_not_of(" \t\r") == std::string::npos) {
+        throw ReportInputError(path + ":" + std::to_string(at->file_line) +
+                               ": a blank line; a results file `run` writes has none (remove "
+                               "it, or give each run's results.csv as it was written)");
+      }
+    }
     // The parser's own messages name the file and line ("Too few columns in line 7 in file
     // ...").
     throw ReportInputError(path + ": " + e.what());
