@@ -24,12 +24,19 @@ bool loadPluginsOrSay(const std::vector<std::string>& paths) {
 }
 
 void addModelOptions(CLI::App* cmd, ModelOptions& m, const std::string& help) {
-  cmd->add_option("--model", m.file, help);
+  CLI::Option* model = cmd->add_option("--model", m.file, help);
+  // A traced model is the graph: a built-in workload's --workload or --shape beside it would be
+  // ignored, and --input or --params without it describe nothing. Refused at parsing (exit 2,
+  // "--model excludes --workload", "--input requires --model").
+  for (const char* name : {"--workload", "--shape"}) {
+    if (CLI::Option* o = cmd->get_option_no_throw(name)) model->excludes(o);
+  }
   cmd->add_option("--input", m.inputs,
                   "With --model, one per forward input: '[2, 16, 64]' (float) or "
                   "'{\"shape\": [2, 16], \"dtype\": \"int64\", \"low\": 0, \"high\": 64}'")
-      ->allow_extra_args(false);  // one per --input: its JSON brackets are not a CLI list
-  cmd->add_option("--params", m.params, "With --model: module (default) or seed");
+      ->allow_extra_args(false)  // one per --input: its JSON brackets are not a CLI list
+      ->needs(model);
+  cmd->add_option("--params", m.params, "With --model: module (default) or seed")->needs(model);
 }
 
 nlohmann::json modelShape(const ModelOptions& m) {

@@ -243,17 +243,7 @@ Command addSolveShard(CLI::App& solve) {
                        "recompute-all, torchtitan, cheap, or JSON {default, ops, nodes}");
   shardCmd->add_option("--dtype", shard->dtype, "float32, float64, bfloat16, float16")
       ->capture_default_str();
-  return {shardCmd, [shard, shardCmd] {
-            // A traced model is the graph: a --workload or --shape beside it would be ignored.
-            if (!shard->model.file.empty() &&
-                (shardCmd->count("--workload") || shardCmd->count("--shape"))) {
-              std::cerr << "stratbench solve shard: --model " << shard->model.file
-                        << " is the graph to plan; drop --workload and --shape (they name a "
-                           "built-in graph instead)\n";
-              return kExitBadInput;
-            }
-            return solveShard(*shard);
-          }};
+  return {shardCmd, [shard] { return solveShard(*shard); }};
 }
 
 }  // namespace sb::cli

@@ -213,7 +213,16 @@ void checkGoldenTarget(const std::string& path, const std::string& suiteFile) {
                      "would replace it (name another file, e.g. " +
                      std::filesystem::path(suiteFile).stem().string() + ".golden.csv)");
   }
-  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return;
+  const auto link = std::filesystem::symlink_status(path, ec);
+  if (!std::filesystem::exists(link)) return;
+  // Written through a link, the file would be another's (another suite's golden losses, whose
+  // cases not in this suite the rewrite drops): the link is refused, naming where it points.
+  if (std::filesystem::is_symlink(link)) {
+    throw InputError(path + ": a symbolic link (-> " +
+                     std::filesystem::read_symlink(path, ec).string() +
+                     "); --write-golden writes only the file the suite's key 'golden' names "
+                     "itself, never through a link (name the target in the suite instead)");
+  }
   std::ifstream in(path);
   std::string first;
   if (!std::filesystem::is_regular_file(path, ec) || !in || !std::getline(in, first) ||

@@ -67,7 +67,8 @@ GoldenVerdict compareGolden(const GoldenLosses& g, const CaseSpec& c,
 std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data);
 
 // Before --write-golden replaces `path`: throws InputError unless it is absent or a golden
-// losses file (its first line the writer's), and never the suite file `suiteFile` itself.
+// losses file (its first line the writer's), not a symbolic link (which would write another
+// file), and never the suite file `suiteFile` itself.
 void checkGoldenTarget(const std::string& path, const std::string& suiteFile);
 
 }  // namespace sb::harness

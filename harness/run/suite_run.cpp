@@ -81,6 +81,26 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       }
     } else {
       golden = readGolden(suite.golden);
+      // A file that does not describe this suite's training (a case added, or its steps
+      // changed, since it was written) is bad input, said before anything runs: the file is
+      // stale, not the strategies that would fail against it.
+      for (const PlannedCase& p : plan) {
+        const CaseSpec& c = p.spec;
+        if (!c.training.enabled()) continue;
+        const auto it = golden->cases.find(c.name);
+        if (it == golden->cases.end()) {
+          throw InputError(suite.golden + ": no golden losses for case '" + c.name +
+                           "', which the suite trains (write them with `stratbench run " +
+                           suite.file + " --write-golden`)");
+        }
+        if (it->second.size() != static_cast<size_t>(c.training.steps)) {
+          throw InputError(suite.golden + ": case '" + c.name + "' has " +
+                           std::to_string(it->second.size()) + " step(s) of golden losses; the "
+                           "suite trains it for " + std::to_string(c.training.steps) +
+                           " (rewrite them with `stratbench run " + suite.file +
+                           " --write-golden`)");
+        }
+      }
     }
   } else if (options.writeGolden) {
     throw InputError(suite.file +
