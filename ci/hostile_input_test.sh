@@ -103,7 +103,7 @@ bad "a lookahead (not RE2) names RE2's reason" "not a valid regular expression" 
 # 4. Settings that would be ignored.
 sed 's/    mesh: 2/    mesh: 2\n    params: {budgt: 0.5}/' "$tmp/ok.yaml" | suite misspelt
 bad "a params key no strategy reads" \
-  "misspelt.yaml:4: case 'lin': params key 'budgt' is read by none of its strategies \(they read no parameters\)" \
+  "misspelt.yaml:4: case 'lin': params key 'budgt' is read by none of its strategies that run it \(they read no parameters\)" \
   "$sb" run "$tmp/misspelt.yaml" --out "$tmp/keep"
 cat > "$tmp/ckpt.yaml" <<'Y'
 cases:
@@ -114,7 +114,7 @@ cases:
     params: {budgt: 0.5}
     strategies: ["checkpointing/rotor"]
 Y
-bad "a misspelt checkpoint budget" "params key 'budgt' is read by none of its strategies \(they read: budget\)" \
+bad "a misspelt checkpoint budget" "params key 'budgt' is read by none of its strategies that run it \(they read: budget\)" \
   "$sb" run "$tmp/ckpt.yaml" --out "$tmp/keep"
 sed 's/    mesh: 2/    mesh: 2\n    backend: gloo/' "$tmp/ok.yaml" | suite backend
 bad "a case-level backend" "key 'backend' is not a case key" \
@@ -575,7 +575,7 @@ print(json.dumps({"ftime": [1e308, 1e308], "btime": [1e308, 1e308, 0], "x": [1, 
 check "solve pipeline --chain with costs of 1e308: exit 2, never a null step time" 2 \
   "sum past what a double holds|must be|finite" -- \
   "$sb" solve pipeline --stages 2 --microbatches 4 --chain "$tmp/chain308.json"
-bad "solve shard --model with --workload is exit 2" "drop --workload and --shape" \
+bad "solve shard --model with --workload is exit 2" "(--model excludes --workload|--workload excludes --model)" \
   "$sb" solve shard --model "$tmp/none.pt" --input '[2, 16]' --workload gpt2 --mesh 2
 # A CSV schedule that deadlocks is refused before any rank waits on it.
 printf '0F0,0B0\n1B0,1F0\n' > "$tmp/deadlock.csv"
@@ -781,7 +781,7 @@ Y
   check "... and its rows pass at float32 and float64" 0 "total +4 +0 +0 +0 +0" -- \
     "$sb" run "$tmp/f64.yaml" --out "$tmp/f64.run"
   bad "a model whose parameters reach no output is exit 2 naming them" \
-    "no parameter of the model reaches its output \(w\)" \
+    "no trainable parameter of the model reaches its output \(w\)" \
     "$sb" graph --model "$tmp/ignores.pt" --input '[2, 4]'
   bad "weights edited to another shape: exit 2 naming the parameter and the file, not only shapes" \
     "'a.weight' \[8, 5\] Float \(a parameter of the file\).*do not fit its code" \
@@ -844,5 +844,174 @@ Y
   bad "a malformed value under '$pattern' where every row would be unsupported: exit 2" \
     "$message" "$sb" run "$tmp/patfamily.yaml" --out "$tmp/keep"
 done
+
+# Third round's leftovers (issue 60).
+# Models: frozen parameters are module state (graph inputs, neither differentiated nor trained);
+# a model of only frozen ones, an output of no elements and bounds on a floating input are exit 2.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 - "$tmp" <<'PY'
+import sys, torch
+d = sys.argv[1]
+class Frozen(torch.nn.Module):
+    def __init__(self, all_frozen=False):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 8)
+        self.b = torch.nn.Linear(8, 4)
+        for p in (self.parameters() if all_frozen else self.a.parameters()):
+            p.requires_grad_(False)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+class Empty(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return self.l(x)[:, :0]
+torch.jit.save(torch.jit.trace(Frozen(), torch.ones(2, 4)), d + "/frozen.pt")
+torch.jit.save(torch.jit.trace(Frozen(True), torch.ones(2, 4)), d + "/allfrozen.pt")
+torch.jit.save(torch.jit.trace(Empty(), torch.ones(2, 4)), d + "/empty.pt")
+class Nested(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        y = self.l(x)
+        return ((y, y * 2), y * 3)
+torch.jit.save(torch.jit.trace(Nested(), torch.ones(2, 4), check_trace=False), d + "/nested.pt")
+PY
+  check "a model returning nested tuples is verified on its first tensor" 0 \
+    "2 parameters, output l\.linear" -- "$sb" graph --model "$tmp/nested.pt" --input '[2, 4]'
+  check "a frozen parameter is a graph input, not a parameter" 0 "^frozen$" -- bash -c \
+    '"$1" graph --model "$2" --input "[2, 4]" --json | python3 -c "
+import json, sys
+g = json.load(sys.stdin)
+params = [p[\"name\"] if isinstance(p, dict) else p[0] for p in g[\"parameters\"]]
+inputs = [p[\"name\"] if isinstance(p, dict) else p[0] for p in g[\"inputs\"]]
+assert \"a.weight\" not in params and \"b.weight\" in params, params
+assert \"a.weight\" in inputs, inputs
+print(\"frozen\")"' _ "$sb" "$tmp/frozen.pt"
+  suite frozen <<Y
+suite: frozen
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: train
+    workload: torchscript
+    shape: {file: $tmp/frozen.pt, inputs: [[4, 4]]}
+    mesh: 2
+    steps: 3
+    optimizer: {kind: sgd, lr: 0.1}
+    strategies: ["sharding/auto/(ilp|replicated)", "sharding/fsdp/ddp"]
+Y
+  check "... and a training case of it passes, the frozen weights compared untrained" 0 \
+    "total +3 +0 +0 +0 +0" -- "$sb" run "$tmp/frozen.yaml" --out "$tmp/frozen.run"
+  bad "a model whose every parameter is frozen is exit 2 naming them" \
+    "every parameter of the model is frozen \(requires_grad=False: a.weight, a.bias, b.weight, b.bias\)" \
+    "$sb" graph --model "$tmp/allfrozen.pt" --input '[2, 4]'
+  bad "an output of no elements is exit 2, not a pass comparing nothing" \
+    "forward returns a tensor of shape \[2, 0\].*no elements" \
+    "$sb" graph --model "$tmp/empty.pt" --input '[2, 4]'
+  bad "low and high on a floating input are exit 2, not ignored" \
+    "inputs\[0\].low: a floating input has no bounds" \
+    "$sb" graph --model "$tmp/frozen.pt" --input '{"shape": [2, 4], "low": 0, "high": 5}'
+  bad "graph --model with --workload is exit 2" "(--model excludes --workload|--workload excludes --model)" \
+    "$sb" graph --model "$tmp/frozen.pt" --input '[2, 4]' --workload llama
+  bad "solve shard --model with --shape is exit 2" "(--model excludes --shape|--shape excludes --model)" \
+    "$sb" solve shard --model "$tmp/frozen.pt" --input '[2, 4]' --mesh 2 --shape '{"layers": 1}'
+  bad "graph --input without --model is exit 2" "--input requires --model" \
+    "$sb" graph --workload mlp --input '[2, 4]'
+  ln -sf "$tmp/loop-b.pt" "$tmp/loop-a.pt"; ln -sf "$tmp/loop-a.pt" "$tmp/loop-b.pt"
+  bad "a loop of symbolic links as --model is said as one" "loop-a.pt: a loop of symbolic links" \
+    "$sb" graph --model "$tmp/loop-a.pt" --input '[2, 4]'
+fi
+
+# Whole numbers compared as integers: 2^62 + 511 is past 2^62 though a double reads it as 2^62;
+# 1.5 bytes is no number of bytes.
+for spec in "sharding/auto/ilp|mlp|{batch: 4, d_model: 8, layers: 1}|2|4611686018427388415|params.max_memory: expected a whole number of bytes from 0 to 2\^62" \
+            "chunking/auto|gpt2_prefill|{batch: 1, seq: 16, d_model: 16, heads: 2, layers: 1}|1|1.5|params.max_memory must be a whole number of bytes"; do
+  IFS='|' read -r strategy workload shape mesh value message <<< "$spec"
+  suite whole <<Y
+suite: whole
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: a
+    workload: $workload
+    shape: $shape
+    mesh: $mesh
+    params: {max_memory: $value}
+    strategies: ["$strategy"]
+Y
+  bad "$strategy max_memory $value is exit 2" "$message" "$sb" run "$tmp/whole.yaml" --out "$tmp/keep"
+done
+# A key only a strategy of another kind reads: chunking does not run an mlp_chain, and the
+# pipelines beside it do not read `chunk`.
+suite otherkind <<'Y'
+suite: otherkind
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: a
+    workload: mlp_chain
+    shape: {batch: 4, width: 8, depth: 2, dropout: 0}
+    mesh: 2
+    params: {chunk: 0}
+    strategies: ["(pipeline|chunking)/.*"]
+Y
+bad "a key only a strategy that cannot run the case reads is exit 2, saying which and why" \
+  "params key 'chunk' is read by none of its strategies that run it .*'chunking/[a-z_/-]+' reads it and cannot run this case" \
+  "$sb" run "$tmp/otherkind.yaml" --out "$tmp/keep"
+
+# Result files a run wrote read back whole, and what no run writes refused naming the column.
+check "a run at seed 2^64 - 1 reads back in report" 0 "report: 1 rows: 1 pass" -- bash -c \
+  '"$1" run "$2" --seed 18446744073709551615 --out "$3/seedmax" >/dev/null &&
+   "$1" report "$3/seedmax" --no-plots' _ "$sb" "$tmp/ok.yaml" "$tmp"
+for edit in "world_size|0|column 'world_size': '0' is not a number of ranks from 1" \
+            "repetitions|-1|column 'repetitions': '-1' is not a count of repetitions" \
+            "seed|-1|column 'seed': '-1' is not a seed"; do
+  IFS='|' read -r column value message <<< "$edit"
+  rm -rf "$tmp/edited" && mkdir -p "$tmp/edited"
+  python3 - "$tmp/keep/results.csv" "$tmp/edited/results.csv" "$column" "$value" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+rows[0][sys.argv[3]] = sys.argv[4]
+w = csv.DictWriter(open(sys.argv[2], "w", newline=""), fieldnames=list(rows[0].keys()))
+w.writeheader()
+w.writerows(rows)
+PY
+  bad "report: $column $value is exit 2 naming the column" "results.csv:2: $message" \
+    "$sb" report "$tmp/edited/results.csv" --no-plots --out "$tmp/rep-edited"
+done
+mkfifo "$tmp/fifo-results.csv"
+bad "report --baseline FIFO is exit 2 saying what it is" \
+  "fifo-results.csv: not a regular file" \
+  "$sb" report "$tmp/keep" --baseline "$tmp/fifo-results.csv" --no-plots --out "$tmp/rep-fifo"
+python3 - "$tmp/noise-dup.json" <<'PY'
+import json, sys
+row = {"suite": "ok", "case": "lin", "strategy_id": "sharding/linear/sharded_tensor/colwise",
+       "backend": "threads", "band_pct": 5, "spread_pct": 2}
+json.dump({"schema_version": 1, "floor_pct": 2, "factor": 3, "git_sha": "x", "host": "h",
+           "runs": ["a", "b"], "rows": [row, dict(row, band_pct=50)]}, open(sys.argv[1], "w"))
+PY
+bad "report --noise with a key given twice is exit 2 naming it" \
+  "rows\[1\] repeats suite 'ok' case 'lin'" \
+  "$sb" report "$tmp/keep" --noise "$tmp/noise-dup.json" --no-plots --out "$tmp/rep-noise"
+rm -rf "$tmp/blank" && mkdir -p "$tmp/blank"
+{ cat "$tmp/keep/results.csv"; echo; echo; } > "$tmp/blank/results.csv"
+bad "report: blank lines in results.csv are exit 2 said as such" \
+  "results.csv:3: a blank line" \
+  "$sb" report "$tmp/blank/results.csv" --no-plots --out "$tmp/rep-blank"
+# Golden losses that no longer describe the suite: exit 2 before anything runs.
+gold gshort gshort.csv plain 0.01 3
+"$sb" run "$tmp/gshort.yaml" --write-golden --out "$tmp/gs1" > /dev/null 2>&1
+cp "$tmp/gshort.csv" "$tmp/gshort.copy"
+gold glink glink.csv plain 0.01 3
+ln -sf "$tmp/gshort.csv" "$tmp/glink.csv"
+bad "golden: --write-golden through a symbolic link (another suite's file) is exit 2" \
+  "glink.csv: a symbolic link \(-> .*gshort.csv\)" \
+  "$sb" run "$tmp/glink.yaml" --write-golden --out "$tmp/keep"
+cmp -s "$tmp/gshort.csv" "$tmp/gshort.copy" && pass "the linked golden file is as it was" ||
+  fail "the linked golden file changed"
+sed -i 's/steps: 3/steps: 4/' "$tmp/gshort.yaml"
+bad "golden: a file one step short of the suite's case is exit 2 naming both counts" \
+  "gshort.csv: case 'plain' has 3 step\(s\) of golden losses; the suite trains it for 4" \
+  "$sb" run "$tmp/gshort.yaml" --out "$tmp/keep"
 
 finish
