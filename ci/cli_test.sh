@@ -40,13 +40,21 @@ check "mesh size not the world size" 2 "but the world size is 3" -- \
 check "missing suite file" 2 "cannot read the suite file" -- "$sb" run "$tmp/none.yaml"
 check "unknown option" 2 "" -- "$sb" run "$src/suites/smoke.yaml" --bogus
 check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --filter 'S01R=S01R.RR/0'
-# 45 Linear and redistribution strategies, 310 operator strategies for the canonical shapes,
-# Megatron's two blocks, the 5 whole-model plans (4 auto-sharding algorithms, 1 from a file),
-# the rest (context parallel, FSDP, the 5 pipeline schedules), and PyTorch's own run in Python
-# ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, cp, 5 pipeline schedules, torchtitan's
-# composition, expert parallelism on a PyTorch MoE layer, a user's file), and expert
-# parallelism (sharding/moe/ep).
-check "list --family" 0 "426 strategies" -- "$sb" list --family sharding
+# Family sharding: 45 Linear and redistribution strategies, 310 operator strategies for the
+# canonical shapes, Megatron's two blocks, the 5 whole-model plans (4 auto-sharding algorithms, 1
+# from a file), and PyTorch's own tensor parallelism run in Python ranks (torch/: tp, sp, a
+# user's file). The families with pages of their own apart: fsdp (ddp, zero1-3, hsdp, with
+# torch/ddp, fsdp2, fsdp2-keep, hsdp), pipeline (5 schedules and the CSV one, with torch's four),
+# cp (three variants and torch/cp), moe (sharding/moe/ep, torch/ep), compose (torch/compose).
+check "list --family sharding" 0 "^400 strategies" -- "$sb" list --family sharding
+check "list --family fsdp" 0 "^9 strategies" -- "$sb" list --family fsdp
+check "list --family pipeline" 0 "^10 strategies" -- "$sb" list --family pipeline
+check "list --family cp" 0 "^4 strategies" -- "$sb" list --family cp
+check "list --family moe" 0 "^2 strategies" -- "$sb" list --family moe
+check "list --family compose" 0 "^1 strategies" -- "$sb" list --family compose
+check "list --family names the families it knows" 2 \
+  "bogus not in \{sharding,chunking,checkpointing,fsdp,pipeline,cp,moe,compose\}" -- \
+  "$sb" list --family bogus
 cmp -s "$tmp/before.csv" "$tmp/res/results.csv" || fail "results.csv changed"
 check "list names each strategy's plantable faults" 0 \
   "^sharding/moe/ep .*\[faults: grads_scaled_by_ep, router_grad_partial" -- "$sb" list --filter '^sharding/moe/ep$'

@@ -106,8 +106,10 @@ Command addList(CLI::App& app) {
   };
   const auto a = std::make_shared<Args>();
   auto* list = app.add_subcommand("list", "List the registered strategies");
-  list->add_option("--family", a->family, "Only this family")
-      ->check(CLI::IsMember({"sharding", "chunking", "checkpointing"}));
+  std::string families;
+  for (const auto& f : sb::harness::familyNames()) families += (families.empty() ? "" : ", ") + f;
+  list->add_option("--family", a->family, "Only this family (" + families + ")")
+      ->check(CLI::IsMember(sb::harness::familyNames()));
   list->add_option("--filter", a->listFilter, "Only ids matching this regular expression");
   list->add_flag("--json", a->json,
                  "Print JSON: id, name, family, origin, parameters, sharding sequences");

@@ -18,8 +18,31 @@ const char* familyName(Family f) {
       return "chunking";
     case Family::kCheckpointing:
       return "checkpointing";
+    case Family::kFsdp:
+      return "fsdp";
+    case Family::kPipeline:
+      return "pipeline";
+    case Family::kContextParallel:
+      return "cp";
+    case Family::kExpertParallel:
+      return "moe";
+    case Family::kComposed:
+      return "compose";
   }
-  TORCH_INTERNAL_ASSERT(false, "unknown family");
+  TORCH_INTERNAL_ASSERT(false, "unknown family ", static_cast<int>(f));
+}
+
+const std::vector<std::string>& familyNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (Family f : {Family::kSharding, Family::kChunking, Family::kCheckpointing, Family::kFsdp,
+                     Family::kPipeline, Family::kContextParallel, Family::kExpertParallel,
+                     Family::kComposed}) {
+      v.push_back(familyName(f));
+    }
+    return v;
+  }();
+  return names;
 }
 
 Applicability applicabilityOf(const Strategy& s, const CaseSpec& c) {
@@ -110,7 +133,22 @@ std::vector<std::string> StrategyRegistry::commitHeld(const std::string& origin)
       if (!seen.insert(s->id()).second) {
         throw std::invalid_argument("strategy id '" + s->id() + "' is registered twice by it");
       }
+      // (a plugin built against a later header may name a family this binary does not know)
+      const int fam = static_cast<int>(s->family());
+      if (fam < 0 || fam >= static_cast<int>(familyNames().size())) {
+        throw std::invalid_argument("strategy '" + s->id() + "' names family " +
+                                    std::to_string(fam) + ", which this stratbench does not " +
+                                    "know (it knows " + std::to_string(familyNames().size()) +
+                                    ", 0 to " + std::to_string(familyNames().size() - 1) + ")");
+      }
       made.push_back(std::move(s));
+    }
+  }
+  for (auto& g : gens) {
+    const int fam = static_cast<int>(g.family);
+    if (fam < 0 || fam >= static_cast<int>(familyNames().size())) {
+      throw std::invalid_argument("generator '" + g.idPattern + "' names family " +
+                                  std::to_string(fam) + ", which this stratbench does not know");
     }
   }
   std::vector<std::string> ids;

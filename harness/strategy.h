@@ -23,8 +23,23 @@
 
 namespace sb::harness {
 
-enum class Family { kSharding, kChunking, kCheckpointing };
-const char* familyName(Family f);  // "sharding", ...
+// What a row's `family` column says and `list --family` picks: tensor sharding on a mesh
+// (operator strategies, Linear, ShardedTensor, Megatron blocks, auto-sharding, redistribution,
+// DTensor TP/SP), then the families with pages of their own. New values go at the end: a
+// plugin built against an earlier header keeps its numbers.
+enum class Family {
+  kSharding,
+  kChunking,
+  kCheckpointing,
+  kFsdp,             // "fsdp": DDP, ZeRO-1/2/3, FSDP, HSDP (docs/fsdp.md)
+  kPipeline,         // "pipeline": pipeline schedules (docs/pipeline.md)
+  kContextParallel,  // "cp": context parallelism (docs/context-parallel.md)
+  kExpertParallel,   // "moe": expert parallelism of mixture-of-experts layers (docs/moe.md)
+  kComposed,         // "compose": several families on one N-D mesh (docs/compose.md)
+};
+const char* familyName(Family f);  // "sharding", "fsdp", ...
+// Every family's name, in the enum's order.
+const std::vector<std::string>& familyNames();
 
 // Whether a strategy can run a case.
 struct Applicability {

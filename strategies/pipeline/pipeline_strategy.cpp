@@ -148,7 +148,7 @@ namespace {
 class PipelineStrategy final : public harness::Strategy {
  public:
   PipelineStrategy(std::string kind, Fault f)
-      : Strategy("pipeline/" + kind, "pipeline " + kind, harness::Family::kSharding),
+      : Strategy("pipeline/" + kind, "pipeline " + kind, harness::Family::kPipeline),
         kind_(std::move(kind)),
         fault_(f) {}
   const std::string& kind() const { return kind_; }

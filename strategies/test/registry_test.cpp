@@ -197,6 +197,43 @@ TEST(Registry, AMalformedValueIsBadInputWhereTheCaseIsOfTheStrategysKindOnly) {
   EXPECT_EQ(harness::applicabilityOf(rotor, linear).kind, Applicability::Kind::kNotApplicable);
 }
 
+// A row's family is the page its strategy is documented on (docs/cli.md, "list"): stratbench's
+// own strategies by their id's folder, PyTorch's (torch/) by what they run. A new strategy filed
+// under the wrong family fails here, not in a report's counts.
+TEST(Registry, EveryStrategysFamilyIsThePageItIsDocumentedOn) {
+  const std::vector<std::pair<std::string, std::string>> byPrefix = {
+      {"sharding/fsdp/", "fsdp"},
+      {"sharding/cp/", "cp"},
+      {"sharding/moe/", "moe"},
+      {"pipeline/", "pipeline"},
+      {"chunking/", "chunking"},
+      {"checkpointing/", "checkpointing"},
+      {"torch/ddp", "fsdp"},
+      {"torch/fsdp2", "fsdp"},
+      {"torch/hsdp", "fsdp"},
+      {"torch/pipeline-", "pipeline"},
+      {"torch/cp", "cp"},
+      {"torch/ep", "moe"},
+      {"torch/compose", "compose"},
+      {"torch/checkpoint", "checkpointing"},
+      {"torch/sac", "checkpointing"},
+      {"torch/tp", "sharding"},
+      {"torch/sp", "sharding"},
+      {"torch/dtensor/", "sharding"},
+      {"sharding/", "sharding"}};
+  std::set<std::string> seen;
+  for (const auto* s : StrategyRegistry::global().all()) {
+    for (const auto& [prefix, family] : byPrefix) {
+      if (s->id().rfind(prefix, 0) != 0) continue;
+      EXPECT_EQ(harness::familyName(s->family()), family) << s->id();
+      seen.insert(family);
+      break;
+    }
+  }
+  // Every family has a built-in strategy (compose: torch/compose).
+  for (const auto& f : harness::familyNames()) EXPECT_TRUE(seen.count(f)) << f;
+}
+
 TEST(Registry, ListDescribesShardingSequencesForEveryOperand) {
   const auto* s = StrategyRegistry::global().find("sharding/linear/S01R=S01R.RR/0");
   ASSERT_NE(s, nullptr);
@@ -283,6 +320,41 @@ TEST(PluginRegistration, ADuplicateIdRefusesThePluginWholeNamingWhereTheFirstCam
   r.hold(maker({"mine/twice"}, &calls));
   EXPECT_THROW(r.commitHeld("/p/libthird.so"), std::invalid_argument);
   EXPECT_EQ(r.find("mine/twice"), nullptr);
+}
+
+// A plugin built against a later header may name a family this binary does not know: refused,
+// naming the strategy and the number, not an assertion when `list` prints it.
+class OfFamily final : public harness::SingleRankStrategy {
+ public:
+  OfFamily(const std::string& id, int family)
+      : SingleRankStrategy(id, id, static_cast<harness::Family>(family)) {}
+  Applicability applies(const harness::CaseSpec&) const override {
+    return Applicability::notApplicable("test strategy");
+  }
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec&) const override {
+    return nullptr;
+  }
+};
+
+TEST(PluginRegistration, AFamilyThisBinaryDoesNotKnowRefusesThePlugin) {
+  StrategyRegistry r;
+  r.holdRegistrations();
+  const int unknown = static_cast<int>(harness::familyNames().size());
+  r.hold([unknown] {
+    std::vector<std::unique_ptr<harness::Strategy>> out;
+    out.push_back(std::make_unique<OfFamily>("mine/ok", 0));
+    out.push_back(std::make_unique<OfFamily>("mine/later", unknown));
+    return out;
+  });
+  try {
+    r.commitHeld("/p/libnew.so");
+    FAIL() << "a family this binary does not know was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'mine/later' names family " + std::to_string(unknown)),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(r.all().empty()) << "part of a refused plugin was added";
 }
 
 TEST(PluginRegistration, DroppedRegistrationsNeverRun) {

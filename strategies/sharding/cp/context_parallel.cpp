@@ -161,7 +161,8 @@ class CpStrategy final : public harness::Strategy {
  public:
   CpStrategy(Variant v, Fault f)
       : Strategy(std::string("sharding/cp/") + variantId(v),
-                 std::string("context parallel ") + variantId(v), harness::Family::kSharding),
+                 std::string("context parallel ") + variantId(v),
+                 harness::Family::kContextParallel),
         variant_(v),
         fault_(f) {}
   Variant variant() const { return variant_; }

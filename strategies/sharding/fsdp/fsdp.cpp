@@ -93,7 +93,7 @@ class FsdpStrategy final : public harness::Strategy {
  public:
   FsdpStrategy(Kind kind, Fault fault, sac::SacFault sacFault = sac::SacFault::kNone)
       : Strategy(std::string("sharding/fsdp/") + kindName(kind),
-                 std::string("fsdp ") + kindName(kind), harness::Family::kSharding),
+                 std::string("fsdp ") + kindName(kind), harness::Family::kFsdp),
         kind_(kind),
         fault_(fault),
         sacFault_(sacFault) {}

@@ -547,7 +547,7 @@ class EpStrategy final : public harness::Strategy {
  public:
   explicit EpStrategy(Fault f)
       : Strategy("sharding/moe/ep", "expert parallel (all-to-all dispatch)",
-                 harness::Family::kSharding),
+                 harness::Family::kExpertParallel),
         fault_(f) {}
 
   std::vector<std::pair<std::string, std::string>> params() const override {
