@@ -98,6 +98,16 @@ else
   echo "SKIP: this build has no gloo backend"
 fi
 
+# The same example against the build tree, not installed (CMAKE_PREFIX_PATH=BUILD: its command,
+# its libraries, the checkout's headers), loaded by the build's own command.
+check "examples/my_strategy configures against the build tree" 0 "" -- \
+  cmake -S "$src/examples/my_strategy" -B "$tmp/example-tree" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$build${CMAKE_PREFIX_PATH:+;$CMAKE_PREFIX_PATH}"
+check "... and builds" 0 "" -- cmake --build "$tmp/example-tree"
+check "the build's command loads it and runs its suite" 0 "total +4 +0 +0 +0" -- \
+  "$build/stratbench" run "$src/examples/my_strategy/suite.yaml" \
+  --plugin "$tmp/example-tree/libmy_strategy.so" --out "$tmp/tree" --repetitions 1
+
 # 4. Plugins refused: exit 2, the file named, nothing written.
 refused() {
   local name=$1 pattern=$2
