@@ -4,9 +4,15 @@ and from the README's list; every relative link in the README and docs/ names a 
 and, where it has one, an anchor that a heading of that file makes (GitHub's rule: lower case,
 punctuation dropped, spaces as hyphens, -1, -2 for repeats); docs/workloads.md lists exactly the
 workloads the code knows, each with exactly the shape keys its parser accepts (read from the
-binary's own errors: the unknown-workload list and each workload's unknown-key list).
+binary's own errors: the unknown-workload list and each workload's unknown-key list); every
+shell block (```sh) says whether a test runs it: the line above it is `<!-- runs in
+ci/docs_test.sh -->` or `<!-- not run by a test: WHY -->`.
 
 Usage: ci/docs_check.py SOURCE [STRATBENCH]   (without STRATBENCH the workload check is skipped)
+       ci/docs_check.py SOURCE --run BUILD WORK   runs every block marked as run, each in WORK
+                                                  (a folder that looks like the checkout, build/
+                                                  being BUILD, /tmp/ inside WORK), and says which
+                                                  failed
 Exit 0 when everything holds, 1 with every problem listed.
 """
 import os
@@ -139,9 +145,74 @@ def check_workloads(src, sb, problems):
                             f"the code's {sorted(keys)}")
 
 
+RUNS = "<!-- runs in ci/docs_test.sh -->"
+NOT_RUN = re.compile(r"^<!-- not run by a test: (\S.*?) -->$")
+
+
+def sh_blocks(src):
+    """(page, line, mark line or None, text) of every ```sh block of the README and docs/."""
+    pages = [os.path.join(src, "README.md")] + sorted(
+        os.path.join(src, "docs", f) for f in os.listdir(os.path.join(src, "docs"))
+        if f.endswith(".md"))
+    for page in pages:
+        lines = open(page, encoding="utf-8").read().split("\n")
+        i = 0
+        while i < len(lines):
+            if lines[i].startswith("```"):
+                start, lang = i, lines[i][3:].strip()
+                i += 1
+                while i < len(lines) and not lines[i].startswith("```"):
+                    i += 1
+                if lang == "sh":
+                    above = start - 1
+                    while above >= 0 and not lines[above].strip():
+                        above -= 1
+                    mark = lines[above].strip() if above >= 0 else None
+                    yield (os.path.relpath(page, src), start + 1, mark,
+                           "\n".join(lines[start + 1:i]))
+            i += 1
+
+
+def check_sh_blocks(src, problems):
+    for page, line, mark, _ in sh_blocks(src):
+        if mark != RUNS and not (mark and NOT_RUN.match(mark)):
+            problems.append(f"{page}:{line}: a shell block that does not say whether a test runs "
+                            f"it (the line above it: '{RUNS}' or '<!-- not run by a test: WHY -->')")
+
+
+def run_blocks(src, build, work):
+    """Runs every block marked as run; returns how many failed."""
+    src, build = os.path.abspath(src), os.path.abspath(build)
+    os.makedirs(os.path.join(work, "tmp"), exist_ok=True)
+    for entry in os.listdir(src):
+        if entry not in ("build", "tmp") and not os.path.exists(os.path.join(work, entry)):
+            os.symlink(os.path.join(src, entry), os.path.join(work, entry))
+    if not os.path.exists(os.path.join(work, "build")):
+        os.symlink(build, os.path.join(work, "build"))
+    failed = ran = 0
+    for page, line, mark, text in sh_blocks(src):
+        if mark != RUNS:
+            continue
+        ran += 1
+        script = text.replace("/tmp/", os.path.join(os.path.abspath(work), "tmp") + "/")
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=900)
+        if r.returncode == 0:
+            print(f"docs: {page}:{line}: ran, exit 0")
+        else:
+            failed += 1
+            print(f"docs: {page}:{line}: exit {r.returncode}; its last output:\n{r.stdout[-3000:]}")
+    print(f"docs: {ran} block(s) run, {failed} failed")
+    return failed
+
+
 def main():
     src = sys.argv[1]
+    if len(sys.argv) == 5 and sys.argv[2] == "--run":
+        return 1 if run_blocks(src, sys.argv[3], sys.argv[4]) else 0
     problems = []
+    check_sh_blocks(src, problems)
     check_links(src, problems)
     check_reachable(src, problems)
     if len(sys.argv) > 2:
