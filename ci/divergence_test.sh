@@ -466,7 +466,8 @@ records = json.load(open(sys.argv[1]))["records"]
 root, snap = sys.argv[2], sys.argv[3]
 ranks = 0
 for r in records:
-    folder = os.path.join(root, r["suite"], r["case"], r["strategy_id"].replace("/", "+"))
+    level = lambda n: n.replace("%", "%25").replace("+", "%2B").replace("/", "+")
+    folder = os.path.join(root, level(r["suite"]), level(r["case"]), level(r["strategy_id"]))
     n = r["world_size"]
     for rank in range(n):
         t = json.load(open(os.path.join(folder, f"rank{rank}.trace.json")))

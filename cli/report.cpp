@@ -4,14 +4,19 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <set>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/numbers.h"
+#include "harness/error.h"
+#include "harness/out_file.h"
 #include "harness/run/run_util.h"
 #include "reports/report.h"
 
@@ -74,6 +79,11 @@ Command addReport(CLI::App& app) {
             } catch (const sb::reports::ReportInputError& e) {
               std::cerr << "stratbench report: " << sb::harness::errorText(e) << "\n";
               return kExitBadInput;
+            } catch (const std::exception& e) {
+              // A file that could not be written or moved in (the previous set stays whole):
+              // said, and the staging folder removed on the way out, not an abort.
+              std::cerr << "stratbench report: " << sb::harness::errorText(e) << "\n";
+              return kExitBadInput;
             }
           }};
 }
@@ -112,10 +122,28 @@ Command addNoise(CLI::App& app) {
                     " run given; the spread needs at least 2 runs of the same build (3 or more "
                     "to be worth trusting)");
               }
+              // The file is refused before any work when it is not one to replace: a device, a
+              // FIFO or a folder at --out (as root, a rename over /dev/zero replaced it).
+              try {
+                sb::harness::checkResultPath(a->out);
+              } catch (const sb::harness::InputError& e) {
+                throw sb::reports::ReportInputError("noise: --out " +
+                                                    sb::harness::errorText(e));
+              }
               std::vector<std::vector<sb::reports::ResultRow>> rows;
               std::set<std::string> suites, shas;
+              std::map<std::string, std::string> runIds;  // run_id -> the run given first with it
               for (const auto& r : a->runs) {
                 rows.push_back(sb::reports::readResults(r));
+                if (!rows.back().empty()) {
+                  const auto [it, fresh] = runIds.emplace(rows.back().front().runId, r);
+                  if (!fresh) {
+                    throw sb::reports::ReportInputError(
+                        "noise: " + r + " is the run " + it->second + " again (run_id " +
+                        it->first + "): the spread of a run against itself is 0; give runs "
+                        "made one after another");
+                  }
+                }
                 for (const auto& row : rows.back()) {
                   suites.insert(row.suite);
                   shas.insert(row.gitSha);
@@ -136,21 +164,36 @@ Command addNoise(CLI::App& app) {
               }
               const std::string json =
                   sb::reports::noiseJson(rows, a->runs, a->floorPct, a->factor);
-              const std::string tmp = a->out + ".tmp";
+              // Read back before it replaces anything: the file must be one `report --noise`
+              // takes, with a row in it.
+              const std::string check =
+                  (std::filesystem::temp_directory_path() /
+                   ("stratbench-noise." + std::to_string(::getpid()) + ".json"))
+                      .string();
               {
-                std::ofstream f(tmp);
+                std::ofstream f(check);
                 f << json;
-                if (!f) throw sb::reports::ReportInputError(a->out + ": cannot write");
+                if (!f) throw sb::reports::ReportInputError(check + ": cannot write");
               }
               std::error_code ec;
-              std::filesystem::rename(tmp, a->out, ec);
-              if (ec) throw sb::reports::ReportInputError(a->out + ": " + ec.message());
-              const auto model = sb::reports::readNoise(a->out);
+              sb::reports::NoiseModel model;
+              try {
+                model = sb::reports::readNoise(check);
+              } catch (...) {
+                std::filesystem::remove(check, ec);
+                throw;
+              }
+              std::filesystem::remove(check, ec);
               if (model.byKey.empty()) {
-                std::filesystem::remove(a->out, ec);
                 throw sb::reports::ReportInputError(
                     "noise: no row passed with a time in two of the runs; nothing to calibrate "
                     "(" + a->out + " not written)");
+              }
+              try {
+                sb::harness::replaceResultFile(a->out, json);
+              } catch (const sb::harness::InputError& e) {
+                throw sb::reports::ReportInputError("noise: --out " +
+                                                    sb::harness::errorText(e));
               }
               double widest = 0;
               for (const auto& [k, b] : model.byKey) widest = std::max(widest, b.bandPct);

@@ -108,6 +108,15 @@ std::string checkDestinations(const std::string& stage, const std::string& dir,
              "ones it no longer writes; remove the link or give --out another folder";
     }
   }
+  // A name the set moves in that is a folder now (gate.json made a folder): refused here, before
+  // the first move, not after half the set has replaced the previous one.
+  for (const auto& f : files) {
+    const std::string to = dir + "/" + f;
+    if (::lstat(to.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      return to + " is a folder; the report's file of that name cannot replace it: remove it "
+                  "or give --out another folder";
+    }
+  }
   for (const auto& d : folders) fs::create_directories(d, ec);
   for (const std::string& d : folders) {
     if (::stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {

@@ -312,7 +312,10 @@ std::string csvRow(const Record& r) {
 
 void writeFileAtomic(const std::string& path, const std::string& content) {
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // A new file of ours: whatever an earlier run of this pid left is removed, and a link planted
+  // at the name is not followed (O_EXCL: the name must be free when it is created).
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   TORCH_CHECK(fd >= 0, "cannot write ", tmp, ": ", std::strerror(errno));
   size_t done = 0;
   while (done < content.size()) {
@@ -327,9 +330,16 @@ void writeFileAtomic(const std::string& path, const std::string& content) {
   }
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);
-  TORCH_CHECK(synced, "cannot flush ", tmp, " to disk: ", std::strerror(errno));
-  TORCH_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot replace ", path, ": ",
-              std::strerror(errno));
+  if (!synced) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    TORCH_CHECK(false, "cannot flush ", tmp, " to disk: ", std::strerror(err));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    TORCH_CHECK(false, "cannot replace ", path, ": ", std::strerror(err));
+  }
 }
 
 ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
@@ -339,13 +349,40 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
   TORCH_CHECK(!ec && std::filesystem::is_directory(dir_), "cannot create output directory '", dir_,
               "': ", ec.message());
   TORCH_CHECK(::access(dir_.c_str(), W_OK) == 0, "output directory '", dir_, "' is not writable");
+  // The names the results are renamed onto: one that is a folder is refused now, not after the
+  // whole suite has run (then only the partial files would hold its rows).
+  for (const char* name : {"results.csv", "results.json", "results.partial.csv",
+                           "results.partial.json"}) {
+    struct stat st = {};
+    const std::string path = dir_ + "/" + name;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      throw OutputBusy(path + " is a folder; the results cannot be written there: remove it or "
+                       "give this run another --out");
+    }
+  }
   const std::string lockPath = dir_ + "/.stratbench.lock";
   // The lock file goes when its holder is done (the destructor unlinks it while still holding
   // it), so a lock taken on a file that was unlinked meanwhile is no lock: taken again on the
   // file the path now names.
   for (int attempt = 0;; ++attempt) {
-    lockFd_ = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // The lock is a file of ours: a symbolic link at its name is not followed (ELOOP), and a
+    // file that is not a plain file of one link is not taken, since taking it empties it.
+    lockFd_ = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (lockFd_ < 0 && errno == ELOOP) {
+      throw OutputBusy(lockPath + " is a symbolic link, not stratbench's lock file: remove it (a "
+                       "run empties its lock file, and would empty what the link names)");
+    }
     TORCH_CHECK(lockFd_ >= 0, "cannot open ", lockPath, ": ", std::strerror(errno));
+    struct stat own = {};
+    if (::fstat(lockFd_, &own) != 0 || !S_ISREG(own.st_mode) || own.st_nlink != 1) {
+      ::close(lockFd_);
+      lockFd_ = -1;
+      throw OutputBusy(lockPath + " is not a plain file of stratbench's (" +
+                       (S_ISREG(own.st_mode) ? "a file with " + std::to_string(own.st_nlink) +
+                                                   " hard links"
+                                             : std::string("not a regular file")) +
+                       "): remove it");
+    }
     if (::flock(lockFd_, LOCK_EX | LOCK_NB) != 0) break;  // held: refused below
     struct stat held = {}, named = {};
     if (::fstat(lockFd_, &held) == 0 && ::stat(lockPath.c_str(), &named) == 0 &&

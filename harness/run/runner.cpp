@@ -29,6 +29,7 @@
 #include "harness/run/local_run.h"
 #include "harness/run/plan.h"
 #include "harness/run/predict.h"
+#include "harness/run/records.h"
 #include "harness/run/row_checks.h"
 #include "harness/run/run_util.h"
 
@@ -72,9 +73,20 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
     records[ctx.rank()] = endStepTrace();
   });
   // One folder level per name, whatever it holds ('/' in a swept case's name or an id), and
-  // never one that leaves the level: a name of dots only ("..") has them spelled %2E.
-  const auto level = [](std::string s) {
-    std::replace(s.begin(), s.end(), '/', '+');
+  // never one that leaves the level: a name of dots only ("..") has them spelled %2E. Two names
+  // never share a folder ('%' and '+' are spelled %25 and %2B before '/' becomes '+': cases
+  // "a/b" and "a+b" overwrote each other's traces).
+  const auto level = [](const std::string& name) {
+    std::string s;
+    for (char ch : name) {
+      if (ch == '%') {
+        s += "%25";
+      } else if (ch == '+') {
+        s += "%2B";
+      } else {
+        s += ch == '/' ? '+' : ch;
+      }
+    }
     if (s.find_first_not_of('.') == std::string::npos) {
       std::string spelled;
       for (size_t i = 0; i < s.size(); ++i) spelled += "%2E";
@@ -93,10 +105,10 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
   for (int r : world.localRanks()) mine.push_back(records[r]);
   try {
     std::filesystem::create_directories(folder);
+    // Written beside and renamed over the name: a symbolic link planted at it is replaced,
+    // never written through (it overwrote the file the link named).
     const auto write = [&](const std::string& path, const std::string& text) {
-      std::ofstream out(path);
-      out << text;
-      if (!out) throw std::runtime_error("cannot write " + path);
+      writeFileAtomic(path, text);
     };
     for (const auto& r : mine) {
       const std::string base = folder + "/rank" + std::to_string(r.rank);
