@@ -93,6 +93,11 @@ def main():
     ap.add_argument("--step", type=memory_trace.step_number(1), default=1,
                     help="the measured step, from 1 (default 1)")
     a = ap.parse_args()
+    for path, new_ok in ((a.trace, False), (a.out, True)):
+        why = memory_trace.not_a_file(path, new_ok)
+        if why:
+            print(f"memory_snapshot.py: {path}: {why}", file=sys.stderr)
+            return 2
     try:
         with open(a.trace, encoding="utf-8", errors="replace") as f:
             lines = f.readlines()

@@ -30,8 +30,10 @@ Exit codes: 0 done, 2 bad arguments or an unreadable file, 3 a step whose recons
 disagrees with the tracker's (or, with --model, with the model's replay).
 """
 import argparse
+import os
 import re
 import signal
+import stat
 import sys
 
 ALLOC = re.compile(r"^mem \+(\d+) -> (-?\d+) @(\S+)(?: in (.*))?$")
@@ -234,6 +236,21 @@ def step_number(least, note=""):
         return n
     return parse
 
+def not_a_file(path, new_ok=False):
+    """Why `path` cannot be read (or, new_ok, replaced) as a file: a FIFO blocked the reader
+    forever and /dev/zero was read until memory ran out. None where it is a regular file (or,
+    new_ok, where nothing is there yet)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None if new_ok else "no such file"
+    except OSError as e:
+        return e.strerror
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a folder, a FIFO or a device); give the file itself"
+    return None
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends it quietly
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -253,6 +270,11 @@ def main():
     a = ap.parse_args()
     if a.depth < 1:
         ap.error("--depth must be at least 1")
+    for path in ([a.trace] if a.trace != "-" else []) + ([a.results] if a.results else []):
+        why = not_a_file(path)
+        if why:
+            print(f"memory_trace.py: {path}: {why}", file=sys.stderr)
+            return 2
     try:
         f = sys.stdin if a.trace == "-" else open(a.trace, encoding="utf-8", errors="replace")
         lines = f.readlines()

@@ -15,6 +15,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "harness/comm/mesh.h"
+#include "harness/in_file.h"
 #include "harness/parse_number.h"
 
 namespace sb::harness {
@@ -222,21 +223,32 @@ void checkName(const std::string& file, const YAML::Node& n, const std::string& 
                " must not hold control characters (a newline, a tab, ...): "
                "names are printed, written in result files and matched by reports");
     }
-    // Unicode's controls in UTF-8: C1 (U+0080-009F: C2 80-9F) and the bidirectional ones
-    // (U+061C: D8 9C; U+200E/F: E2 80 8E-8F; U+202A-202E: E2 80 AA-AE; U+2066-2069: E2 81
-    // A6-A9), which make a terminal or a report show a name as another ("a<RLO>gpj.exe").
-    const auto at = [&](size_t k) {
-      return k < name.size() ? static_cast<unsigned char>(name[k]) : 0u;
-    };
-    const bool c1 = u == 0xC2 && at(i + 1) >= 0x80 && at(i + 1) <= 0x9F;
-    const bool alm = u == 0xD8 && at(i + 1) == 0x9C;
-    const bool bidi = u == 0xE2 && ((at(i + 1) == 0x80 && ((at(i + 2) >= 0x8E && at(i + 2) <= 0x8F) ||
-                                                            (at(i + 2) >= 0xAA && at(i + 2) <= 0xAE))) ||
-                                    (at(i + 1) == 0x81 && at(i + 2) >= 0xA6 && at(i + 2) <= 0xA9));
-    if (c1 || alm || bidi) {
-      fail(file, n,
-           what + " must not hold Unicode control or text-direction characters (byte " +
-               std::to_string(i) + "): a name must read as what it is wherever it is shown");
+    // Unicode's controls and invisible format characters, by code point (the text is valid
+    // UTF-8): C1 (U+0080-009F), the soft hyphen (U+00AD), the Arabic letter mark (U+061C), the
+    // Mongolian vowel separator (U+180E), zero-width spaces and joiners and the direction marks
+    // (U+200B-200F), line and paragraph separators and the embeddings and overrides
+    // (U+2028-202E), word joiners and invisible operators (U+2060-2064), isolates (U+2066-2069),
+    // the byte-order mark (U+FEFF) and interlinear annotations (U+FFF9-FFFB). Each makes a
+    // terminal or a report show a name as another ("a<RLO>gpj.exe", "smoke" and "smo<ZWSP>ke").
+    if (u >= 0xC0) {
+      const size_t len = u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
+      uint32_t cp = u & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+      for (size_t k = 1; k < len && i + k < name.size(); ++k) {
+        cp = (cp << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3F);
+      }
+      const bool invisible = (cp >= 0x80 && cp <= 0x9F) || cp == 0xAD || cp == 0x61C ||
+                             cp == 0x180E || (cp >= 0x200B && cp <= 0x200F) ||
+                             (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x2064) ||
+                             (cp >= 0x2066 && cp <= 0x2069) || cp == 0xFEFF ||
+                             (cp >= 0xFFF9 && cp <= 0xFFFB);
+      if (invisible) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
+        fail(file, n,
+             what + " must not hold Unicode control, invisible or text-direction characters (" +
+                 hex + " at byte " + std::to_string(i) +
+                 "): a name must read as what it is wherever it is shown");
+      }
     }
   }
 }
@@ -540,11 +552,22 @@ Suite parseSuite(const std::string& text, const std::string& file) {
 }
 
 Suite loadSuite(const std::string& path) {
-  std::ifstream in(path);
+  // A FIFO blocked forever and /dev/zero was read until memory ran out: a suite is a regular
+  // file, or the stream the caller hands over (/dev/stdin, a shell's /dev/fd/N: a heredoc, a
+  // process substitution), and is read no further than the limit (parseSuite refuses what
+  // reaches it).
+  const bool stream = path == "/dev/stdin" || path.rfind("/dev/fd/", 0) == 0 ||
+                      path.rfind("/proc/self/fd/", 0) == 0;
+  if (const std::string why = whyNotAFile(path);
+      !stream && !why.empty() && why != "no such file") {
+    throw InputError(path + ": " + why + "; a suite is a YAML file");
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot read the suite file (does it exist?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseSuite(ss.str(), path);
+  std::string text(kMaxSuiteBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return parseSuite(text, path);
 }
 
 int64_t CaseSpec::meshSize() const {

@@ -3,6 +3,7 @@
 #include "reference/torchscript/export.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/jit/api/compilation_unit.h>
@@ -20,6 +21,8 @@
 #include <type_traits>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <vector>
@@ -745,7 +748,13 @@ void checkModelFile(const std::string& file) {
       cdOffset = u64(&rec[48]);
     }
   }
-  if (cdSize > (64u << 20) || cdOffset > size) return;  // implausible: the reader refuses it
+  if (cdOffset > size) return;  // implausible: the reader refuses it
+  // Unchecked, a directory this large would hide a bomb behind it (miniz reads it all the same).
+  if (cdSize > (64u << 20)) {
+    throw ImportError(file + ": its zip directory is " + std::to_string(cdSize) +
+                      " bytes, over the 64 MiB of a model torch.jit.save or torch.export.save "
+                      "writes (about 600,000 records); refused before it is read");
+  }
   const auto cd = readAt(cdOffset, cdSize);
   uint64_t total = 0;
   for (size_t at = 0, n = 0; n < entries && at + 46 <= cd.size(); ++n) {
@@ -809,6 +818,46 @@ bool isExportArchive(const std::string& file) {
   return file.size() > 4 && file.substr(file.size() - 4) == ".pt2";
 }
 
+namespace {
+
+// The CPU allocations made while LibTorch loads a file, by address: the loader reads each
+// storage's record into one allocation of the record's size (PyTorchStreamReader::getRecord),
+// whatever size the pickle then gives the storage. Installed around torch::jit::load only; what
+// it hands out is the wrapped allocator's own, freed by its own deleter.
+class RecordingAllocator final : public c10::Allocator {
+ public:
+  explicit RecordingAllocator(c10::Allocator* base) : base_(base) {}
+#if SB_TORCH_VERSION_NUM >= 203
+  c10::DataPtr allocate(size_t n) override {
+#else
+  c10::DataPtr allocate(size_t n) const override {
+#endif
+    c10::DataPtr p = base_->allocate(n);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (p.get() != nullptr) sizes_[p.get()] = n;
+    return p;
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+#if SB_TORCH_VERSION_NUM >= 203
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
+  // The size of the allocation starting at `p`, or 0 where none made during the load does.
+  size_t sizeAt(const void* p) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = sizes_.find(p);
+    return it == sizes_.end() ? 0 : it->second;
+  }
+
+ private:
+  c10::Allocator* base_;
+  mutable std::mutex mutex_;
+  mutable std::map<const void*, size_t> sizes_;
+};
+
+}  // namespace
+
 ModelFile loadModelFile(const std::string& file, const std::string& fault) {
   checkModelFile(file);
   if (isExportArchive(file) ||
@@ -821,12 +870,33 @@ ModelFile loadModelFile(const std::string& file, const std::string& fault) {
     }
   }
   ModelFile m;
+  c10::Allocator* const previous = c10::GetCPUAllocator();
+  RecordingAllocator recording(previous);
+  c10::SetCPUAllocator(&recording, /*priority=*/255);
   try {
     m.module = torch::jit::load(file);
   } catch (const std::exception& e) {
+    c10::SetCPUAllocator(previous, /*priority=*/255);
     throw ImportError(file + ": not a TorchScript file torch::jit::load can read (" +
                       errorFirstLine(e.what()) + ")");
   }
+  c10::SetCPUAllocator(previous, /*priority=*/255);
+  // A storage larger than the record it was read from: the pickle says one size, the file holds
+  // fewer bytes (a truncated or edited record). LibTorch 1.13 builds the storage at the pickle's
+  // size over the record's allocation, so every read of it runs past the heap block.
+  const auto checkRecord = [&](const std::string& kind, const std::string& name,
+                               const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage() || t.storage().data() == nullptr) return;
+    const size_t held = recording.sizeAt(t.storage().data());
+    if (held != 0 && t.storage().nbytes() > held) {
+      throw ImportError(file + ": " + kind + " '" + name + "' has a storage of " +
+                        std::to_string(t.storage().nbytes()) + " bytes, but its record in the "
+                        "file holds " + std::to_string(held) +
+                        ": a truncated or edited file, refused before it is read");
+    }
+  };
+  for (const auto& p : m.module.named_parameters(true)) checkRecord("parameter", p.name, p.value);
+  for (const auto& b : m.module.named_buffers(true)) checkRecord("buffer", b.name, b.value);
   // LibTorch 1.13's loader takes a tensor's sizes, strides and offset from the file without
   // checking them against its storage: a crafted file makes a view past the storage, and the
   // first copy of it reads or writes another object's memory. Every parameter and buffer is
