@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/numbers.h"
+#include "harness/dist/dist_env.h"
 #include "harness/dist/launcher.h"
 
 namespace sb::cli {
@@ -111,6 +112,11 @@ int launchMain(int argc, char** argv) {
     }
     o.nnodes = static_cast<int>(list.size());
     o.masterAddr = list.front();
+  }
+  if (const std::string why = sb::harness::hostProblem(o.masterAddr); !why.empty()) {
+    std::cerr << "stratbench launch: " << (hosts.empty() ? "--master-addr" : "--hosts' first host")
+              << " '" << o.masterAddr << "': " << why << "\n";
+    return kExitBadInput;
   }
   {
     // Every rank is a process that loads LibTorch and runs its own threads: beyond a few per

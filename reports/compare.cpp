@@ -518,6 +518,30 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
         .push_back(why + (options.allowEmptySuite ? " (--allow-empty-suite)" : ""));
   }
 
+  // A confirming run is a later run of the rows judged: the baseline itself "confirmed" a
+  // regression away (its times are the baseline's), and another suite's rows confirm nothing.
+  if (!options.confirm.empty()) {
+    std::set<std::string> baseRuns, currentRuns, currentSuites;
+    for (const auto& b : baseline) baseRuns.insert(b.runId);
+    for (const auto& c : current) {
+      currentRuns.insert(c.runId);
+      currentSuites.insert(c.suite);
+    }
+    for (const auto& r : options.confirm) {
+      if (baseRuns.count(r.runId)) {
+        throw ReportInputError("--confirm: run " + r.runId + " is a baseline run; a rerun that "
+                               "confirms a regression is a run made after the one judged");
+      }
+      if (currentRuns.count(r.runId)) {
+        throw ReportInputError("--confirm: run " + r.runId + " is the run being judged; give a "
+                               "rerun made after it");
+      }
+      if (!currentSuites.count(r.suite)) {
+        throw ReportInputError("--confirm: its rows are of suite '" + r.suite +
+                               "', which the results judged do not hold");
+      }
+    }
+  }
   std::map<std::string, const ResultRow*> byKey, rerunOf;
   for (const auto& b : baseline) byKey.emplace(b.key(), &b);
   for (const auto& r : options.confirm) rerunOf.emplace(r.key(), &r);

@@ -1,5 +1,6 @@
 #include "harness/dist/dist_env.h"
 
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -147,7 +148,14 @@ DistEnv detectDistEnv(const Getenv& getenv) {
                        " per host, but MASTER_ADDR is not set: export it (mpirun -x "
                        "MASTER_ADDR=<host of rank 0>)");
   }
-  if (isSet(getenv, "MASTER_ADDR")) e.masterAddr = getenv("MASTER_ADDR");
+  if (isSet(getenv, "MASTER_ADDR")) {
+    e.masterAddr = getenv("MASTER_ADDR");
+    if (const std::string why = hostProblem(e.masterAddr); !why.empty()) {
+      throw DistEnvError("MASTER_ADDR='" + e.masterAddr + "': " + why);
+    }
+  } else if (const std::string why = hostProblem(e.masterAddr); !why.empty()) {
+    throw DistEnvError("the first host of SLURM_STEP_NODELIST, '" + e.masterAddr + "': " + why);
+  }
   if (isSet(getenv, "MASTER_PORT")) {
     e.masterPort = parseInt(getenv, "MASTER_PORT", 1);
     if (e.masterPort > 65535)
@@ -155,6 +163,19 @@ DistEnv detectDistEnv(const Getenv& getenv) {
                          ": expected a port number below 65536");
   }
   return e;
+}
+
+std::string hostProblem(const std::string& host) {
+  if (host.empty()) return "no host named";
+  if (host.size() > 253) return "longer than the 253 characters of a host name";
+  if (host.front() == '-' || host.front() == '.') return "a host name starts with a letter or digit";
+  for (unsigned char c : host) {
+    if (!(std::isalnum(c) || c == '.' || c == '-' || c == '_' || c == ':' || c == '%')) {
+      return std::string("'") + static_cast<char>(c) +
+             "' is in no host name or address (letters, digits, '.', '-', '_'; ':' in IPv6)";
+    }
+  }
+  return "";
 }
 
 DistEnv detectDistEnv() {

@@ -51,4 +51,9 @@ DistEnv detectDistEnv();
 // The first host of a Slurm host list: "node[03-05,9],gpu1" -> "node03".
 std::string firstSlurmHost(const std::string& nodelist);
 
+// "" where `host` can name a host (a name of letters, digits, '.', '-' and '_', or an IPv4 or
+// IPv6 address), else what is wrong with it: an address the store would wait on for the whole
+// timeout ("bad host!", "") is bad input said up front.
+std::string hostProblem(const std::string& host);
+
 }  // namespace sb::harness

@@ -1,9 +1,11 @@
 #include "harness/measure/memory.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-
+#include <iostream>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -80,7 +82,18 @@ class TrackingCpuAllocator final : public c10::Allocator {
 int traceBucket() {
   static const int bucket = [] {
     const char* v = std::getenv("SB_MEMORY_TRACE");
-    return v == nullptr || *v == '\0' ? -1 : std::atoi(v);
+    if (v == nullptr || *v == '\0') return -1;
+    // A rank number, written as one ("abc", "1e3" and "0x1" traced some rank before, and "-1" or
+    // "99999" nothing, without a word).
+    char* end = nullptr;
+    errno = 0;
+    const long rank = std::strtol(v, &end, 10);
+    if (*end != '\0' || errno != 0 || rank < 0 || rank > (1 << 20) || !std::isdigit(*v)) {
+      std::cerr << "stratbench: SB_MEMORY_TRACE='" << v
+                << "' is not a rank number (0, 1, ...): nothing is traced\n";
+      return -1;
+    }
+    return static_cast<int>(rank);
   }();
   return bucket;
 }

@@ -119,6 +119,10 @@ GoldenLosses readGolden(const std::string& path) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     if (line[0] == '#') {
+      if (line.rfind("# suite:", 0) == 0) {
+        g.suite = line.substr(8);
+        g.suite.erase(0, g.suite.find_first_not_of(' '));
+      }
       if (line.rfind("# cpu:", 0) == 0) {
         g.cpu = line.substr(6);
         g.cpu.erase(0, g.cpu.find_first_not_of(' '));
@@ -176,6 +180,7 @@ std::string goldenText(const GoldenLosses& g) {
   os << kGoldenFirstLine << " the reference's loss and gradient norm per optimizer step, written by\n"
         "# `stratbench run SUITE --write-golden`. Compared bitwise on hosts with these vector\n"
         "# features and threads, within the steps' tolerance elsewhere (harness/run/golden.h).\n";
+  if (!g.suite.empty()) os << "# suite: " << g.suite << "\n";
   os << "# cpu: " << g.cpu << "\n";
   os << "# threads: " << g.threads << "\n";
   os << "case,step,loss,grad_norm\n";

@@ -13,6 +13,7 @@
 // record says which comparison was made.
 //
 // The file (CSV, '#' lines are comments):
+//   # suite: fsdp                    the suite it belongs to (files before it lack the line)
 //   # cpu: avx avx2 avx512f ...      the vector features of the host that wrote it
 //   # threads: 2                     its intra-op threads
 //   case,step,loss,grad_norm         losses in C's hexadecimal floats (%a): exact, and portable
@@ -31,7 +32,8 @@ namespace sb::harness {
 
 struct GoldenLosses {
   std::string file;
-  std::string cpu;  // the writer's vector features
+  std::string suite;  // the suite whose losses these are ("" in a file older than the line)
+  std::string cpu;    // the writer's vector features
   int threads = 0;  // the writer's intra-op threads (0: not said)
   struct Step {
     double loss = 0, gradNorm = 0;

@@ -49,6 +49,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     if (options.writeGolden) {
       golden.emplace();
       golden->file = suite.golden;
+      golden->suite = suite.name;
       golden->cpu = hostCpu;
       golden->threads = threads;
       if (writes) checkResultPath(suite.golden);
@@ -62,6 +63,12 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
         old = readGolden(suite.golden);
       } catch (const std::exception&) {
         // No file yet, or one being replaced because it is broken: nothing to keep.
+      }
+      // Another suite's losses are not this run's to replace (two suites naming one file: the
+      // other's cases were dropped by the rewrite).
+      if (old && !old->suite.empty() && old->suite != suite.name) {
+        throw InputError(suite.golden + " holds the golden losses of suite '" + old->suite +
+                         "', not of '" + suite.name + "': give this suite a file of its own");
       }
       for (auto& [name, steps] : old ? old->cases : decltype(old->cases){}) {
         const auto inSuite = [&](const CaseSpec& c) { return c.name == name; };
@@ -81,6 +88,10 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
       }
     } else {
       golden = readGolden(suite.golden);
+      if (!golden->suite.empty() && golden->suite != suite.name) {
+        throw InputError(suite.golden + " holds the golden losses of suite '" + golden->suite +
+                         "', not of '" + suite.name + "'");
+      }
       // A file that does not describe this suite's training (a case added, or its steps
       // changed, since it was written) is bad input, said before anything runs: the file is
       // stale, not the strategies that would fail against it.

@@ -137,8 +137,12 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
     }
   }
   ImportSpec s;
-  if (!shape.contains("file") || !shape.at("file").is_string()) {
-    throw ImportError("torchscript: shape key 'file' must name a TorchScript file (.pt)");
+  if (!shape.contains("file") || !shape.at("file").is_string() ||
+      shape.at("file").get<std::string>().empty()) {
+    throw ImportError("torchscript: shape key 'file' must name a TorchScript file (.pt)" +
+                      std::string(shape.contains("file") && shape.at("file").is_string()
+                                      ? ", not be empty"
+                                      : ""));
   }
   s.file = shape.at("file").get<std::string>();
   if (!shape.contains("inputs") || !shape.at("inputs").is_array() || shape.at("inputs").empty()) {

@@ -324,17 +324,46 @@ TEST(GateNoise, ASlowdownInsideTheRowsBandIsUnchangedPastItARegression) {
   EXPECT_NE(soft.cmp.promotionBlockers()[0].find("time regression"), std::string::npos);
 }
 
+// A rerun: the same rows, a run made after the one judged (its own run id).
+harness::Record rerunOf(harness::Record r) {
+  r.provenance.runId = "20261121T010000Z-0002";
+  return r;
+}
+
+TEST(GateNoise, AConfirmingRunIsALaterRunOfTheSuiteJudgedNeverTheBaselineOrTheRunItself) {
+  const auto base = passRow("c", "s", kSamples);
+  auto slower = passRow("c", "s", scaled(kSamples, 1.25));
+  slower.provenance.runId = "20261121T005000Z-0003";
+  GateOptions o = withNoise(15);
+  const auto refused = [&](const harness::Record& confirm, const std::string& dir,
+                           const std::string& want) {
+    o.confirm = readResults(writeRun(tempDir(dir), {confirm}));
+    try {
+      Gate g({slower}, {base}, o);
+      ADD_FAILURE() << dir << ": accepted";
+    } catch (const ReportInputError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  // The baseline given again: its times "did not reproduce" the regression, and it passed.
+  refused(base, "confirm-base", "is a baseline run");
+  refused(slower, "confirm-self", "is the run being judged");
+  auto other = rerunOf(passRow("c", "s", kSamples));
+  other.suite = "other";
+  refused(other, "confirm-other", "of suite 'other'");
+}
+
 TEST(GateNoise, ASlowdownARerunDoesNotReproduceIsAStallNotARegression) {
   const auto base = passRow("c", "s", kSamples);
   const auto slower = passRow("c", "s", scaled(kSamples, 1.25));
   GateOptions o = withNoise(15);
-  o.confirm = readResults(writeRun(tempDir("rerun-ok"), {passRow("c", "s", kSamples)}));
+  o.confirm = readResults(writeRun(tempDir("rerun-ok"), {rerunOf(passRow("c", "s", kSamples))}));
   Gate stall({slower}, {base}, o);
   EXPECT_EQ(stall.row("s").timeClass, "unchanged");
   EXPECT_EQ(stall.row("s").time, "not reproduced");
   EXPECT_FALSE(stall.cmp.gateFailed()) << stall.failures();
   EXPECT_TRUE(stall.cmp.promotionBlockers().empty());
-  o.confirm = readResults(writeRun(tempDir("rerun-slow"), {slower}));
+  o.confirm = readResults(writeRun(tempDir("rerun-slow"), {rerunOf(slower)}));
   Gate real({slower}, {base}, o);
   EXPECT_EQ(real.row("s").timeClass, "regression");
   EXPECT_NEAR(*real.row("s").confirmChangePct, 25, 1e-9);
@@ -364,7 +393,7 @@ TEST(GateNoise, ARerunThatMeasuredNothingLeavesTheRegressionStanding) {
   errored.status = harness::Status::kError;
   errored.message = "step failed";
   GateOptions o = withNoise(15);
-  o.confirm = readResults(writeRun(tempDir("rerun-err"), {errored}));
+  o.confirm = readResults(writeRun(tempDir("rerun-err"), {rerunOf(errored)}));
   Gate g({passRow("c", "s", scaled(kSamples, 1.25))}, {passRow("c", "s", kSamples)}, o);
   EXPECT_EQ(g.row("s").timeClass, "regression");
   EXPECT_TRUE(g.cmp.gateFailed());
