@@ -519,8 +519,14 @@ check "report.md escapes a case name's HTML and link" 0 "^escaped$" -- bash -c \
 # A right-to-left override makes a name read as another: refused like a control character.
 printf 'suite: rtl\ncases:\n  - name: "abc\\u202Egpj.exe"\n    workload: linear\n    shape: {input: [8, 16], out_features: 8}\n    mesh: 2\n    strategies: ["sharding/linear/sharded_tensor/colwise"]\n' > "$tmp/rtl.yaml"
 bad "a case name with a right-to-left override is exit 2 naming key 'name'" \
-  "key 'name' must not hold Unicode control or text-direction characters" \
+  "key 'name' must not hold Unicode control, invisible or text-direction characters \(U\+202E" \
   "$sb" run "$tmp/rtl.yaml" --out "$tmp/rtl"
+# So does an invisible one: "smo<ZWSP>ke" shows as "smoke" (zero-width space, BOM, soft hyphen).
+for cp in 200B FEFF 00AD 2060 2028; do
+  printf 'suite: zw\ncases:\n  - name: "smo\\u%ske"\n    workload: linear\n    shape: {input: [8, 16], out_features: 8}\n    mesh: 2\n    strategies: ["sharding/linear/sharded_tensor/colwise"]\n' "$cp" > "$tmp/zw.yaml"
+  bad "a case name holding U+$cp is exit 2 naming it" "\(U\+$cp at byte 3\)" \
+    "$sb" run "$tmp/zw.yaml" --out "$tmp/zw"
+done
 # A case named '=1+1 reads back as itself (the formula guard's apostrophe is the writer's only).
 sed "s/name: lin/name: \"'=1+1\"/" "$tmp/ok.yaml" > "$tmp/apos.yaml"
 check "a case named \"'=1+1\" reads back as itself" 0 "^kept$" -- bash -c \
@@ -1013,5 +1019,139 @@ sed -i 's/steps: 3/steps: 4/' "$tmp/gshort.yaml"
 bad "golden: a file one step short of the suite's case is exit 2 naming both counts" \
   "gshort.csv: case 'plain' has 3 step\(s\) of golden losses; the suite trains it for 4" \
   "$sb" run "$tmp/gshort.yaml" --out "$tmp/keep"
+
+# The fourth sweep (issue 60): damage, crashes and hangs on the surfaces of the third round.
+# noise --out: a FIFO (or a device) is refused before any work, and left as it was; the same run
+# given twice is refused (its spread against itself is 0).
+"$sb" run "$tmp/ok.yaml" --out "$tmp/keep2" > /dev/null 2>&1
+mkfifo "$tmp/noise.fifo"
+bad "noise --out a FIFO is exit 2 and the FIFO stays" "noise: --out .*noise.fifo" \
+  "$sb" noise "$tmp/keep" "$tmp/keep2" --out "$tmp/noise.fifo"
+[ -p "$tmp/noise.fifo" ] && pass "the FIFO is still a FIFO" || fail "noise replaced the FIFO"
+bad "noise given one run twice is exit 2" "is the run .*keep again \(run_id" \
+  "$sb" noise "$tmp/keep" "$tmp/keep" --out "$tmp/noise-twice.json"
+# A lock file that is a symbolic link is refused, and what it names keeps its bytes.
+mkdir -p "$tmp/lockrun" && echo "my thesis" > "$tmp/victim.txt"
+ln -s "$tmp/victim.txt" "$tmp/lockrun/.stratbench.lock"
+bad "run: a .stratbench.lock that is a symbolic link is exit 2" \
+  "lockrun/.stratbench.lock is a symbolic link" "$sb" run "$tmp/ok.yaml" --out "$tmp/lockrun"
+[ "$(cat "$tmp/victim.txt")" = "my thesis" ] && pass "the linked file keeps its bytes" ||
+  fail "the lock emptied the file its link names"
+# A results name that is a folder: exit 2 before the suite runs, not after.
+mkdir -p "$tmp/rdir/results.json"
+bad "run: results.json a folder is exit 2 before any row" "rdir/results.json is a folder" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/rdir"
+[ ! -e "$tmp/rdir/results.partial.csv" ] && pass "run: no row ran into a folder it cannot finish" ||
+  fail "run: rows ran before the folder was refused"
+# A suite that is a FIFO or a device: exit 2 in seconds, not a wait or a read without end.
+mkfifo "$tmp/suite.fifo"
+bad "run: a suite that is a FIFO is exit 2" "suite.fifo: not a regular file" \
+  "$sb" run "$tmp/suite.fifo" --out "$tmp/keep"
+bad "run: /dev/zero as the suite is exit 2" "/dev/zero: not a regular file" \
+  "$sb" run /dev/zero --out "$tmp/keep"
+# report: a name of the set that is a folder now is refused before the first move; the previous
+# set stays whole and no staging folder is left.
+cp -r "$tmp/keep" "$tmp/rset"
+"$sb" report "$tmp/rset" --no-plots > /dev/null 2>&1
+md_before=$(md5sum < "$tmp/rset/report.md")
+rm "$tmp/rset/gate.json" && mkdir "$tmp/rset/gate.json"
+bad "report: gate.json a folder is exit 2 naming it" "rset/gate.json is a folder" \
+  "$sb" report "$tmp/rset" --no-plots
+[ "$(md5sum < "$tmp/rset/report.md")" = "$md_before" ] && [ -s "$tmp/rset/summary.csv" ] &&
+  ! ls -d "$tmp/rset"/.report.new.* > /dev/null 2>&1 &&
+  pass "report: the previous set is whole and no staging folder is left" ||
+  fail "report: a half-moved set or a staging folder left"
+# run --trace: a link planted at a trace file's name is replaced, not written through; cases whose
+# names differ only by '/' and '+' keep their own folders.
+"$sb" run "$tmp/ok.yaml" --out "$tmp/tr1" --trace "$tmp/traces" > /dev/null 2>&1
+tfile=$(find "$tmp/traces" -name rank0.trace.json | head -1)
+if [ -n "$tfile" ]; then
+  echo "my notes" > "$tmp/victim2.txt" && ln -sf "$tmp/victim2.txt" "$tfile"
+  check "run --trace over a planted link" 0 "" -- \
+    "$sb" run "$tmp/ok.yaml" --out "$tmp/tr2" --trace "$tmp/traces"
+  [ "$(cat "$tmp/victim2.txt")" = "my notes" ] && [ -f "$tfile" ] && [ ! -L "$tfile" ] &&
+    pass "--trace replaced the link, not the file it named" ||
+    fail "--trace wrote through a planted link"
+else
+  fail "run --trace wrote no rank0.trace.json"
+fi
+suite tcoll <<'Y'
+suite: tcoll
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: a/b
+    workload: linear
+    shape: {input: [8, 16], out_features: 8}
+    mesh: 2
+    strategies: ["sharding/linear/sharded_tensor/colwise"]
+  - name: a+b
+    workload: linear
+    shape: {input: [8, 16], out_features: 8}
+    mesh: 2
+    strategies: ["sharding/linear/sharded_tensor/colwise"]
+Y
+check "run --trace: cases a/b and a+b" 0 "" -- \
+  "$sb" run "$tmp/tcoll.yaml" --out "$tmp/tr3" --trace "$tmp/tcoll-traces"
+[ "$(find "$tmp/tcoll-traces" -name rank0.trace.json | wc -l)" = 2 ] &&
+  pass "--trace: two cases, two folders" || fail "--trace: two cases shared a folder"
+# Two suites naming one golden file: the second's --write-golden is refused (it dropped the
+# first's cases), and so is reading the first's losses as the second's.
+gold gshare1 gshared.csv plain 0.01
+gold gshare2 gshared.csv other 0.01
+"$sb" run "$tmp/gshare1.yaml" --write-golden --out "$tmp/gsh1" > /dev/null 2>&1
+cp "$tmp/gshared.csv" "$tmp/gshared.copy"
+bad "golden: another suite's file is not replaced" \
+  "gshared.csv holds the golden losses of suite 'gshare1', not of 'gshare2'" \
+  "$sb" run "$tmp/gshare2.yaml" --write-golden --out "$tmp/keep"
+cmp -s "$tmp/gshared.csv" "$tmp/gshared.copy" && pass "the first suite's golden file is whole" ||
+  fail "the first suite's golden file changed"
+bad "golden: another suite's file is not read as this one's" \
+  "holds the golden losses of suite 'gshare1'" "$sb" run "$tmp/gshare2.yaml" --out "$tmp/keep"
+# report --confirm: the baseline given as the rerun is refused (it passed a real regression).
+bad "report --confirm with the baseline itself is exit 2" "is a baseline run" \
+  "$sb" report "$tmp/keep2" --baseline "$tmp/keep" --confirm "$tmp/keep" --no-plots \
+  --out "$tmp/rep-confirm"
+# A master address no host can have: exit 2 naming it, not a wait of the whole timeout.
+bad "launch --master-addr 'bad host!' is exit 2" "--master-addr 'bad host!': ' ' is in no host" \
+  "$sb" launch -n 2 --master-addr 'bad host!' -- run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+bad "MASTER_ADDR='x y' with a world of 2 is exit 2 naming it" "MASTER_ADDR='x y': ' ' is in no host" \
+  env RANK=0 WORLD_SIZE=2 MASTER_ADDR='x y' MASTER_PORT=29555 \
+  "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+# memory_trace.py / memory_snapshot.py on a device or a FIFO: exit 2 at once.
+bad "memory_trace.py /dev/zero is exit 2" "not a regular file" \
+  python3 "$src/reports/memory_trace.py" /dev/zero
+bad "memory_snapshot.py into a FIFO is exit 2" "noise.fifo: not a regular file" \
+  python3 "$src/reports/memory_snapshot.py" "$tmp/victim.txt" "$tmp/noise.fifo"
+# Model files: a record shorter than the storage the pickle gives it (a truncated or edited
+# file: LibTorch read past the heap block, a SIGSEGV), and a zip directory past 64 MiB, which
+# hid a bomb from the inflation check.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 - "$tmp" <<'PY'
+import sys, zipfile, torch, struct
+d = sys.argv[1]
+torch.jit.save(torch.jit.trace(torch.nn.Linear(256, 256), torch.ones(2, 256)), d + "/big.pt")
+with zipfile.ZipFile(d + "/big.pt") as src, zipfile.ZipFile(d + "/short.pt", "w") as dst:
+    for info in src.infolist():
+        data = src.read(info)
+        if info.filename.endswith("/data/0"):
+            data = data[:8]
+        dst.writestr(info, data)
+# A zip whose end record claims a 100 MiB directory.
+with open(d + "/big.pt", "rb") as f:
+    b = bytearray(f.read())
+at = b.rfind(b"PK\x05\x06")
+b[at + 12:at + 16] = struct.pack("<I", 100 << 20)
+b[at + 16:at + 20] = struct.pack("<I", 0)
+open(d + "/bigdir.pt", "wb").write(bytes(b))
+PY
+  bad "a model whose record is shorter than its storage is exit 2 naming it" \
+    "has a storage of [0-9]+ bytes, but its record in the file holds 8" \
+    "$sb" graph --model "$tmp/short.pt" --input '[2, 256]'
+  bad "a model whose zip directory is past 64 MiB is exit 2" \
+    "its zip directory is 104857600 bytes, over the 64 MiB" \
+    "$sb" graph --model "$tmp/bigdir.pt" --input '[2, 256]'
+else
+  echo "SKIP: no PyTorch in /usr/bin/python3 to make the model files"
+fi
 
 finish
