@@ -121,7 +121,12 @@ leftovers "hang of rank 0"
 "$sb" launch -n 4 --timeout 10 -- run "$src/suites/smoke.yaml" --backend gloo \
   --out "$tmp/killed" --repetitions 10 --timeout 10 >"$tmp/killed.log" 2>&1 &
 launcher=$!
-sleep 4
+# Mid-run: once the first row is on disk (a fixed sleep killed a rank before all four had
+# reached the store on a loaded machine, which is another failure than the one checked here).
+for _ in $(seq 600); do
+  [ "$(wc -l < "$tmp/killed/results.partial.csv" 2>/dev/null || echo 0)" -ge 2 ] && break
+  sleep 0.1
+done
 victim=$(pgrep -P "$launcher" | sed -n 3p)
 start=$SECONDS
 kill -9 "$victim"
