@@ -171,8 +171,10 @@ std::string hostProblem(const std::string& host) {
   if (host.front() == '-' || host.front() == '.') return "a host name starts with a letter or digit";
   for (unsigned char c : host) {
     if (!(std::isalnum(c) || c == '.' || c == '-' || c == '_' || c == ':' || c == '%')) {
-      return std::string("'") + static_cast<char>(c) +
-             "' is in no host name or address (letters, digits, '.', '-', '_'; ':' in IPv6)";
+      std::string why(1, '\'');
+      why.push_back(static_cast<char>(c));
+      why += "' is in no host name or address (letters, digits, '.', '-', '_'; ':' in IPv6)";
+      return why;
     }
   }
   return "";
