@@ -58,10 +58,15 @@ def links(path):
             yield no, target
 
 
-def check_links(src, problems):
-    pages = [os.path.join(src, "README.md")] + sorted(
+def manual_pages(src):
+    """The README and every page of docs/."""
+    return [os.path.join(src, "README.md")] + sorted(
         os.path.join(src, "docs", f) for f in os.listdir(os.path.join(src, "docs"))
         if f.endswith(".md"))
+
+
+def check_links(src, problems):
+    pages = manual_pages(src)
     cache = {}
     for page in pages:
         for no, target in links(page):
@@ -151,9 +156,7 @@ NOT_RUN = re.compile(r"^<!-- not run by a test: (\S.*?) -->$")
 
 def sh_blocks(src):
     """(page, line, mark line or None, text) of every ```sh block of the README and docs/."""
-    pages = [os.path.join(src, "README.md")] + sorted(
-        os.path.join(src, "docs", f) for f in os.listdir(os.path.join(src, "docs"))
-        if f.endswith(".md"))
+    pages = manual_pages(src)
     for page in pages:
         lines = open(page, encoding="utf-8").read().split("\n")
         i = 0
