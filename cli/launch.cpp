@@ -113,7 +113,10 @@ int launchMain(int argc, char** argv) {
     o.nnodes = static_cast<int>(list.size());
     o.masterAddr = list.front();
   }
-  if (const std::string why = sb::harness::hostProblem(o.masterAddr); !why.empty()) {
+  std::string why = sb::harness::hostProblem(o.masterAddr);
+  // A name no resolver knows: every rank would retry it until the timeout.
+  if (why.empty()) why = sb::harness::resolveProblem(o.masterAddr);
+  if (!why.empty()) {
     std::cerr << "stratbench launch: " << (hosts.empty() ? "--master-addr" : "--hosts' first host")
               << " '" << o.masterAddr << "': " << why << "\n";
     return kExitBadInput;

@@ -1,5 +1,9 @@
 #include "harness/dist/dist_env.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
@@ -20,9 +24,14 @@ int64_t parseInt64(const Getenv& getenv, const char* name, int64_t minimum, int6
   } catch (const std::exception&) {
     used = 0;
   }
-  if (text.empty() || used != text.size() || value < minimum || value > maximum) {
+  if (text.empty() || used != text.size() || value < minimum) {
     throw DistEnvError(std::string(name) + "='" + text +
                        "': expected an integer >= " + std::to_string(minimum));
+  }
+  if (value > maximum) {
+    throw DistEnvError(std::string(name) + "='" + text + "': expected at most " +
+                       std::to_string(maximum) +
+                       (maximum == kMaxWorldSize ? " (the most ranks a mesh may have)" : ""));
   }
   return value;
 }
@@ -36,11 +45,25 @@ bool isSet(const Getenv& getenv, const char* name) {
   return v && *v;
 }
 
+// Set to the empty string: a launcher script's `export MASTER_PORT=$PORT` with PORT unset. Taken
+// as unset it would quietly fall back to a default the other ranks may not share.
+void refuseEmpty(const Getenv& getenv, const char* name, const char* expected) {
+  const char* v = getenv(name);
+  if (v && !*v) {
+    throw DistEnvError(std::string(name) + " is set but empty: expected " + expected +
+                       " (unset it to use the default)");
+  }
+}
+
 // Reads the rank, world size and local rank/size variables of one launcher.
 void readRanks(const Getenv& getenv, DistEnv& e, const char* rank, const char* size,
                const char* localRank, const char* localSize) {
+  // A local variable set but empty would fall back to the global rank in silence.
+  for (const char* local : {localRank, localSize}) {
+    if (local) refuseEmpty(getenv, local, "an integer (unset it to use the global one)");
+  }
   e.rank = parseInt(getenv, rank, 0);
-  e.worldSize = parseInt(getenv, size, 1);
+  e.worldSize = static_cast<int>(parseInt64(getenv, size, 1, kMaxWorldSize));
   e.localRank = localRank && isSet(getenv, localRank) ? parseInt(getenv, localRank, 0) : e.rank;
   e.localWorldSize =
       localSize && isSet(getenv, localSize) ? parseInt(getenv, localSize, 1) : e.worldSize;
@@ -74,14 +97,56 @@ std::string firstSlurmHost(const std::string& nodelist) {
     if (nodelist[end] == ',' && depth == 0) break;
   }
   const std::string first = nodelist.substr(0, end);
-  const size_t open = first.find('[');
-  if (open == std::string::npos) return first;
-  // "node[03-05,9]": the prefix and the first number of the range, zero padding kept.
-  const size_t stop = first.find_first_of(",-]", open + 1);
-  if (stop == std::string::npos || stop == open + 1) {
-    throw DistEnvError("SLURM node list '" + nodelist + "': cannot read its first host");
+  const auto unreadable = [&](const std::string& why) {
+    return DistEnvError("SLURM node list '" + nodelist + "': cannot read its first host (" + why +
+                        ")");
+  };
+  // "node[03-05,9]-ib" or "rack[1-2]-n[01-04]": in every bracket the first number of its first
+  // entry, zero padding kept, the text around the brackets kept. An entry is a number or a
+  // range LOW-HIGH that does not run backwards (Slurm's own syntax): "node[5-1]" or "node[a]"
+  // is no list Slurm writes.
+  std::string host;
+  size_t at = 0;
+  const auto digitsEnd = [&](size_t from) {
+    while (from < first.size() && std::isdigit(static_cast<unsigned char>(first[from]))) ++from;
+    return from;
+  };
+  while (at < first.size()) {
+    const size_t open = first.find('[', at);
+    if (open == std::string::npos) {
+      host += first.substr(at);
+      break;
+    }
+    host += first.substr(at, open - at);
+    const size_t lowEnd = digitsEnd(open + 1);
+    if (lowEnd == open + 1) throw unreadable("expected a number after '['");
+    const std::string low = first.substr(open + 1, lowEnd - open - 1);
+    size_t next = lowEnd;
+    if (next < first.size() && first[next] == '-') {
+      const size_t highEnd = digitsEnd(next + 1);
+      if (highEnd == next + 1) throw unreadable("expected a number after '-'");
+      const std::string high = first.substr(next + 1, highEnd - next - 1);
+      // Compared as numbers of any length: leading zeros dropped, then by length, then digits.
+      const auto trimmed = [](const std::string& d) {
+        const size_t nz = d.find_first_not_of('0');
+        return nz == std::string::npos ? std::string("0") : d.substr(nz);
+      };
+      const std::string a = trimmed(low), b = trimmed(high);
+      if (a.size() > b.size() || (a.size() == b.size() && a > b)) {
+        throw unreadable("the range " + low + "-" + high + " runs backwards");
+      }
+      next = highEnd;
+    }
+    if (next >= first.size() || (first[next] != ',' && first[next] != ']')) {
+      throw unreadable("expected ',' or ']' after " + low);
+    }
+    const size_t close = first.find(']', next);
+    if (close == std::string::npos) throw unreadable("a '[' without its ']'");
+    host += low;
+    at = close + 1;
   }
-  return first.substr(0, open) + first.substr(open + 1, stop - open - 1);
+  if (host.empty()) throw unreadable("no host");
+  return host;
 }
 
 DistEnv detectDistEnv(const Getenv& getenv) {
@@ -101,6 +166,7 @@ DistEnv detectDistEnv(const Getenv& getenv) {
     } else {
       e.launcher = "env";
     }
+    refuseEmpty(getenv, "MASTER_ADDR", "the host of rank 0");
     if (e.worldSize > 1 && !isSet(getenv, "MASTER_ADDR")) {
       throw DistEnvError("RANK/WORLD_SIZE are set (world of " + std::to_string(e.worldSize) +
                          ") but MASTER_ADDR is not: the ranks cannot find each other");
@@ -118,9 +184,27 @@ DistEnv detectDistEnv(const Getenv& getenv) {
     e.runKey = std::string("slurm/") + (job && *job ? job : "?") + "." +
                (stepId && *stepId ? stepId : "0");
     readRanks(getenv, e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr);
-    // SLURM_NTASKS_PER_NODE is "4" or "4(x2)"; only its leading number matters here.
+    // SLURM_NTASKS_PER_NODE is "4" or "4(x2)" or "4(x2),2": the first node's count is the
+    // leading number, which must be a count of ranks this world can hold.
     if (const char* per = getenv("SLURM_NTASKS_PER_NODE"); per && *per) {
-      e.localWorldSize = std::atoi(per) > 0 ? std::atoi(per) : e.worldSize;
+      const std::string text = per;
+      size_t digits = 0;
+      while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) {
+        ++digits;
+      }
+      const std::string lead = text.substr(0, std::min<size_t>(digits, 9));
+      const int n = lead.empty() ? 0 : std::stoi(lead);
+      if (digits == 0 || digits > 9 || n < 1 || n > e.worldSize ||
+          (digits < text.size() && text[digits] != '(' && text[digits] != ',')) {
+        throw DistEnvError("SLURM_NTASKS_PER_NODE='" + text +
+                           "': expected a count of ranks from 1 to SLURM_NTASKS=" +
+                           std::to_string(e.worldSize) + " (as '4' or '4(x2)')");
+      }
+      e.localWorldSize = n;
+      if (e.localRank >= e.localWorldSize) {
+        throw DistEnvError("SLURM_LOCALID=" + std::to_string(e.localRank) +
+                           " is not below SLURM_NTASKS_PER_NODE=" + text);
+      }
     }
     if (!isSet(getenv, "MASTER_ADDR")) {
       const char* list = isSet(getenv, "SLURM_STEP_NODELIST") ? getenv("SLURM_STEP_NODELIST")
@@ -148,6 +232,8 @@ DistEnv detectDistEnv(const Getenv& getenv) {
                        " per host, but MASTER_ADDR is not set: export it (mpirun -x "
                        "MASTER_ADDR=<host of rank 0>)");
   }
+  refuseEmpty(getenv, "MASTER_ADDR", "the host of rank 0");
+  refuseEmpty(getenv, "MASTER_PORT", "a port number 1-65535");
   if (isSet(getenv, "MASTER_ADDR")) {
     e.masterAddr = getenv("MASTER_ADDR");
     if (const std::string why = hostProblem(e.masterAddr); !why.empty()) {
@@ -178,6 +264,42 @@ std::string hostProblem(const std::string& host) {
     }
   }
   return "";
+}
+
+std::string resolveProblem(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found) ::freeaddrinfo(found);
+  if (rc == 0) return "";
+  // A resolver that cannot answer now (EAI_AGAIN) may answer later: c10d retries, so do not
+  // refuse what is only a slow name server.
+  if (rc == EAI_AGAIN) return "";
+  return std::string("does not resolve to an address (") + ::gai_strerror(rc) + ")";
+}
+
+std::pair<int64_t, std::string> launchedWorld(const Getenv& getenv) {
+  const auto count = [&](const char* name) -> int64_t {
+    const char* v = getenv(name);
+    if (!v || !*v) return 0;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    return n > 0 ? n : 0;
+  };
+  const bool torchrunLike = isSet(getenv, "RANK") || isSet(getenv, "WORLD_SIZE");
+  for (const char* name :
+       {"WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (std::string(name) == "WORLD_SIZE" && !torchrunLike) continue;
+    if (std::string(name) == "SLURM_STEP_NUM_TASKS" && !isSet(getenv, "SLURM_PROCID")) continue;
+    if (const int64_t n = count(name); n > 1) return {n, name};
+  }
+  return {1, ""};
+}
+
+std::pair<int64_t, std::string> launchedWorld() {
+  return launchedWorld([](const char* name) { return std::getenv(name); });
 }
 
 DistEnv detectDistEnv() {

@@ -1,8 +1,10 @@
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace sb::harness {
 
@@ -37,6 +39,10 @@ struct DistEnv {
   std::string runKey;
 };
 
+// The most ranks a world may have: DeviceMesh::kMaxRanks, the largest mesh a case can name (a
+// larger WORLD_SIZE would wait out the whole timeout for ranks no case could use).
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 16;
+
 // A malformed or inconsistent variable; the message names it and its value.
 class DistEnvError : public std::runtime_error {
  public:
@@ -48,12 +54,25 @@ DistEnv detectDistEnv(const std::function<const char*(const char*)>& getenv);
 // The process environment.
 DistEnv detectDistEnv();
 
-// The first host of a Slurm host list: "node[03-05,9],gpu1" -> "node03".
+// How many processes the launcher variables say were started together, and the variable that
+// says so ({1, ""} where none does), read without judging anything else: for a run that is one
+// process by design (`--backend threads`), which must not run once per launched process. srun's
+// count is SLURM_STEP_NUM_TASKS, which srun sets and an sbatch script's own shell has not.
+std::pair<int64_t, std::string> launchedWorld(
+    const std::function<const char*(const char*)>& getenv);
+std::pair<int64_t, std::string> launchedWorld();
+
+// The first host of a Slurm host list: "node[03-05,9],gpu1" -> "node03". Throws DistEnvError
+// on a list Slurm does not write ("node[]", "node[5-1]", "node[a]").
 std::string firstSlurmHost(const std::string& nodelist);
 
 // "" where `host` can name a host (a name of letters, digits, '.', '-' and '_', or an IPv4 or
 // IPv6 address), else what is wrong with it: an address the store would wait on for the whole
 // timeout ("bad host!", "") is bad input said up front.
 std::string hostProblem(const std::string& host);
+
+// "" where `host` resolves to an address (getaddrinfo), else the resolver's reason: a name no
+// resolver knows ("nonexistent.invalid") would otherwise be retried for the whole timeout.
+std::string resolveProblem(const std::string& host);
 
 }  // namespace sb::harness

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -194,6 +195,15 @@ int runDistributed(const Suite& suite, const std::vector<PlannedCase>& plan,
     env = detectDistEnv();
   } catch (const DistEnvError& e) {
     throw InputError(e.what());
+  }
+  // A master no resolver knows would be retried until the store's timeout: said up front.
+  if (env.worldSize > 1) {
+    if (const std::string why = resolveProblem(env.masterAddr); !why.empty()) {
+      const char* given = std::getenv("MASTER_ADDR");
+      throw InputError("the master host '" + env.masterAddr + "' (" +
+                       (given && *given ? "MASTER_ADDR" : "the first host of the Slurm node list") +
+                       ") " + why);
+    }
   }
   // A peer that vanishes mid-send must be an error on this rank, not a SIGPIPE.
   std::signal(SIGPIPE, SIG_IGN);

@@ -14,6 +14,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "harness/dist/dist_env.h"
+#include "harness/error.h"
 #include "harness/measure/device.h"
 #include "harness/out_file.h"
 #include "harness/run/distributed_row.h"
@@ -273,6 +275,18 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
 int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
                RunObserver& observer) {
   if (options.backend == "threads") {
+    // Launcher variables saying this process is one of several started together (torchrun,
+    // srun, mpirun without `stratbench launch`, which refuses this itself): each process would
+    // run every rank of every mesh on its own threads, the whole suite once per process into
+    // one folder.
+    if (const auto [world, variable] = launchedWorld(); world > 1) {
+      throw InputError(variable + "=" + std::to_string(world) + " says this process is one of " +
+                       std::to_string(world) +
+                       " started together, but --backend threads runs every rank of a mesh as a "
+                       "thread of one process: each process would run the whole suite. Use "
+                       "--backend gloo (or nccl) under the launcher, or run one process without "
+                       "it");
+    }
     const Provenance prov = Provenance::collect();
     return runLoop(suite, plan, options, prov, observer, true,
                    [&](const CaseSpec& c, const reference::WorkloadData* data,

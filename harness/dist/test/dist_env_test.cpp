@@ -153,6 +153,103 @@ TEST(DistEnv, FirstSlurmHost) {
   EXPECT_EQ(firstSlurmHost("a,b"), "a");
   EXPECT_EQ(firstSlurmHost("rack1-n[10,12]"), "rack1-n10");
   EXPECT_THROW(firstSlurmHost("node[]"), DistEnvError);
+  // Ranges compare as numbers, zero padding kept in the name.
+  EXPECT_EQ(firstSlurmHost("n[9-10]"), "n9");
+  EXPECT_EQ(firstSlurmHost("n[007-7]"), "n007");
+  // Text after the brackets, and several bracket groups, as Slurm writes them.
+  EXPECT_EQ(firstSlurmHost("node[1-2]-ib"), "node1-ib");
+  EXPECT_EQ(firstSlurmHost("rack[1-2]-n[01-04],x"), "rack1-n01");
+  // Lists Slurm never writes: refused, not read as their first number.
+  for (const char* bad : {"node[5-1]", "node[10-9]", "node[a]", "node[5-]", "node[5x]", "node[5"}) {
+    try {
+      firstSlurmHost(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const DistEnvError& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NE(
+      errorOf({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "node[5-1]"}})
+          .find("runs backwards"),
+      std::string::npos);
+}
+
+TEST(DistEnv, EmptyAndUnboundedVariablesAreRefused) {
+  // `export MASTER_PORT=$PORT` with PORT unset: not the default port in silence.
+  EXPECT_NE(errorOf({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", ""}})
+                .find("MASTER_PORT is set but empty"),
+            std::string::npos);
+  EXPECT_NE(errorOf({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}})
+                .find("MASTER_ADDR is set but empty"),
+            std::string::npos);
+  EXPECT_NE(errorOf({{"SLURM_PROCID", "0"},
+                     {"SLURM_NTASKS", "2"},
+                     {"SLURM_JOB_ID", "7"},
+                     {"SLURM_JOB_NODELIST", "h"},
+                     {"MASTER_PORT", ""}})
+                .find("MASTER_PORT is set but empty"),
+            std::string::npos);
+  // A world no mesh can use would wait out the timeout for its ranks.
+  EXPECT_NE(errorOf({{"RANK", "0"}, {"WORLD_SIZE", "1000000"}, {"MASTER_ADDR", "h"}})
+                .find("WORLD_SIZE='1000000'"),
+            std::string::npos);
+  EXPECT_EQ(detect({{"RANK", "0"}, {"WORLD_SIZE", "65536"}, {"MASTER_ADDR", "h"}}).worldSize,
+            65536);
+  EXPECT_NE(errorOf({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"LOCAL_RANK", ""}})
+                .find("LOCAL_RANK is set but empty"),
+            std::string::npos);
+  // srun's per-node count: a count of ranks this world holds, the local id below it.
+  const std::map<std::string, std::string> srun = {{"SLURM_PROCID", "1"},
+                                                   {"SLURM_NTASKS", "4"},
+                                                   {"SLURM_LOCALID", "1"},
+                                                   {"SLURM_JOB_NODELIST", "h"}};
+  for (const char* bad : {"abc", "0", "9", "2x", "99999999999"}) {
+    auto env = srun;
+    env["SLURM_NTASKS_PER_NODE"] = bad;
+    EXPECT_NE(errorOf(env).find("SLURM_NTASKS_PER_NODE='" + std::string(bad) + "'"),
+              std::string::npos)
+        << bad << ": " << errorOf(env);
+  }
+  auto one = srun;
+  one["SLURM_NTASKS_PER_NODE"] = "1(x4)";
+  EXPECT_NE(errorOf(one).find("SLURM_LOCALID=1 is not below SLURM_NTASKS_PER_NODE=1(x4)"),
+            std::string::npos);
+  auto two = srun;
+  two["SLURM_NTASKS_PER_NODE"] = "2(x2)";
+  EXPECT_EQ(detect(two).localWorldSize, 2);
+  // Nothing launched: an empty variable of a launcher's is not read.
+  EXPECT_EQ(detect({{"MASTER_PORT", ""}}).worldSize, 1);
+}
+
+TEST(DistEnv, LaunchedWorld) {
+  const auto world = [](const std::map<std::string, std::string>& env) {
+    return launchedWorld([&](const char* name) -> const char* {
+      auto it = env.find(name);
+      return it == env.end() ? nullptr : it->second.c_str();
+    });
+  };
+  EXPECT_EQ(world({}).first, 1);
+  EXPECT_EQ(world({{"RANK", "1"}, {"WORLD_SIZE", "2"}}),
+            std::make_pair(int64_t{2}, std::string("WORLD_SIZE")));
+  // Read without judging the rest (no MASTER_ADDR, a malformed rank).
+  EXPECT_EQ(world({{"RANK", "x"}, {"WORLD_SIZE", "4"}}).first, 4);
+  EXPECT_EQ(
+      world({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_NUM_TASKS", "8"}}).second,
+      "SLURM_STEP_NUM_TASKS");
+  // An sbatch script's own shell: SLURM_PROCID=0 and SLURM_NTASKS, no step of srun's.
+  EXPECT_EQ(world({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}}).first, 1);
+  EXPECT_EQ(world({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"}}).first, 3);
+  EXPECT_EQ(world({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).first, 1);
+}
+
+TEST(DistEnv, ResolveProblem) {
+  EXPECT_EQ(resolveProblem("127.0.0.1"), "");
+  EXPECT_EQ(resolveProblem("localhost"), "");
+  // RFC 6761: no name under .invalid resolves. A resolver that does not answer at all
+  // (EAI_AGAIN) is not refused, so there is nothing to check on such a host.
+  const std::string why = resolveProblem("nonexistent.invalid");
+  if (why.empty()) GTEST_SKIP() << "this host's resolver gave no answer for nonexistent.invalid";
+  EXPECT_NE(why.find("does not resolve"), std::string::npos) << why;
 }
 
 }  // namespace
