@@ -245,7 +245,21 @@ void judgeTime(RowComparison& rc, const GateOptions& o, const ResultRow* rerun) 
 void judgeMemory(RowComparison& rc, const GateOptions& o) {
   const ResultRow& cur = *rc.current;
   const ResultRow& base = *rc.baseline;
-  if (!cur.peakMemBytes || !base.peakMemBytes || *base.peakMemBytes <= 0) return;
+  if (!cur.peakMemBytes || !base.peakMemBytes || *base.peakMemBytes < 0) return;
+  if (*base.peakMemBytes == 0) {
+    // Growth from nothing has no percentage, and is past any threshold: a strategy that
+    // allocated nothing now allocates. Only where both rows ran their step (an erroring row's
+    // peak is whatever it reached before the error).
+    if (cur.status != "pass" || base.status != "pass") return;
+    if (*cur.peakMemBytes > 0) {
+      rc.mem = "regressed";
+      rc.gateFailures.push_back("memory: peak 0 -> " + std::to_string(*cur.peakMemBytes) +
+                                " bytes (the baseline allocated nothing)");
+    } else {
+      rc.mem = "unchanged";
+    }
+    return;
+  }
   const double change =
       (static_cast<double>(*cur.peakMemBytes) - static_cast<double>(*base.peakMemBytes)) /
       static_cast<double>(*base.peakMemBytes) * 100.0;

@@ -43,7 +43,8 @@ std::vector<Change> changesOf(const Comparison& cmp) {
   for (const auto& rc : cmp.rows) {
     if (rc.mem == "regressed") {
       add("regressed (memory)", "regressed", rc,
-          fmt("%+.1f%%", rc.memChangePct.value_or(0)) + " peak");
+          (rc.memChangePct ? fmt("%+.1f%%", *rc.memChangePct) + " peak"
+                           : std::string("peak from 0 bytes")));
     }
     if (rc.timeClass == "regression") {
       add("regressed (time)", "regressed", rc,
@@ -67,7 +68,8 @@ std::vector<Change> changesOf(const Comparison& cmp) {
     if (rc.numerics == "fixed") add("fixed", "fixed", rc, "was " + rc.baseline->status);
     if (rc.mem == "improved") {
       add("improved (memory)", "improved", rc,
-          fmt("%+.1f%%", rc.memChangePct.value_or(0)) + " peak");
+          (rc.memChangePct ? fmt("%+.1f%%", *rc.memChangePct) + " peak"
+                           : std::string("peak from 0 bytes")));
     }
     if (rc.timeClass == "improvement") {
       add(rc.largeImprovement ? "improved (time), unexplained" : "improved (time)",

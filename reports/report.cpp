@@ -40,9 +40,18 @@ std::vector<HistoryRun> readHistory(const std::string& dir) {
     std::error_code entryEc;
     // A run that was interrupted left results.partial.csv: a run of the history too (read
     // and said partial), so that the newest night is never an older complete one by default.
+    // A folder holding neither file is no run; one holding either as something other than a
+    // file (a FIFO, a device, a dangling link) is a run left out with a word below, not in
+    // silence.
+    const auto present = [&](const char* name) {
+      // Anything there, or a folder that cannot be looked into (EACCES): said below, not
+      // skipped.
+      const auto type = fs::symlink_status(it->path() / name, entryEc).type();
+      return type != fs::file_type::not_found ||
+             (entryEc && entryEc != std::errc::no_such_file_or_directory);
+    };
     if (!it->is_directory(entryEc) ||
-        (!fs::is_regular_file(it->path() / "results.csv", entryEc) &&
-         !fs::is_regular_file(it->path() / "results.partial.csv", entryEc))) {
+        (!present("results.csv") && !present("results.partial.csv"))) {
       continue;
     }
     HistoryRun run;

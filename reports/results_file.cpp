@@ -144,6 +144,13 @@ class Fields {
       bad(col, s, "a finite, non-negative time (no run writes this)");
     return v;
   }
+  // An error, a tolerance or their ratio: 0 or more, or NaN / infinity (a diverged row's);
+  // a negative one comes from no run and would pass every "within tolerance" comparison.
+  std::optional<double> optMagnitude(const char* col) const {
+    const auto v = optDouble(col);
+    if (v && *v < 0) bad(col, str(col), "0 or more (no run writes a negative one)");
+    return v;
+  }
   std::optional<int64_t> optCount(const char* col) const {
     const auto v = optInt(col);
     if (v && *v < 0) bad(col, str(col), "a count of 0 or more (no run writes this)");
@@ -231,18 +238,25 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   if (r.suite.empty() || r.caseName.empty() || r.strategyId.empty()) {
     throw ReportInputError(f.where() + ": suite, case and strategy_id must not be empty");
   }
-  r.maxAbsErr = f.optDouble("max_abs_err");
-  r.maxRelErr = f.optDouble("max_rel_err");
+  // The names `run` writes (harness::dtypeName), or nothing on a row that never built its case.
+  if (static const std::array<const char*, 4> kDtypes = {"float32", "float64", "float16",
+                                                         "bfloat16"};
+      !r.dtype.empty() && std::find(kDtypes.begin(), kDtypes.end(), r.dtype) == kDtypes.end()) {
+    f.bad("dtype", r.dtype, "one of float32, float64, float16, bfloat16");
+  }
+  r.maxAbsErr = f.optMagnitude("max_abs_err");
+  r.maxRelErr = f.optMagnitude("max_rel_err");
   r.mismatches = f.optCount("mismatches");
-  r.atol = f.optDouble("atol");
-  r.rtol = f.optDouble("rtol");
-  r.errRatio = f.optDouble("err_ratio");
+  r.atol = f.optMagnitude("atol");
+  r.rtol = f.optMagnitude("rtol");
+  r.errRatio = f.optMagnitude("err_ratio");
   r.worstTensor = f.str("worst_tensor");
   for (const auto& item : splitList(f.str("tensor_err_ratio"))) {
     const size_t eq = item.rfind('=');
     if (eq == std::string::npos || eq == 0) f.bad("tensor_err_ratio", item, "tensor=number");
-    r.tensorErrRatio.emplace_back(item.substr(0, eq),
-                                  f.toDouble(item.substr(eq + 1), "tensor_err_ratio"));
+    const double ratio = f.toDouble(item.substr(eq + 1), "tensor_err_ratio");
+    if (ratio < 0) f.bad("tensor_err_ratio", item, "a ratio of 0 or more (no run writes this)");
+    r.tensorErrRatio.emplace_back(item.substr(0, eq), ratio);
   }
   for (const auto& item : splitList(f.str("time_us_samples"))) {
     r.timeSamplesUs.push_back(f.time(item, "time_us_samples"));
@@ -252,6 +266,17 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.timeStddevUs = f.optTime("time_us_stddev");
   r.timeMinUs = f.optTime("time_us_min");
   r.timeMaxUs = f.optTime("time_us_max");
+  // The least, the median and the largest of one set of samples come in that order.
+  for (const auto& [low, lowCol, high, highCol] :
+       {std::tuple{r.timeMinUs, "time_us_min", r.timeMedianUs, "time_us_median"},
+        std::tuple{r.timeMedianUs, "time_us_median", r.timeMaxUs, "time_us_max"},
+        std::tuple{r.timeMinUs, "time_us_min", r.timeMaxUs, "time_us_max"}}) {
+    if (low && high && *low > *high) {
+      throw ReportInputError(f.where() + ": column '" + lowCol + "' (" + f.str(lowCol) +
+                             ") is above '" + highCol + "' (" + f.str(highCol) +
+                             "): no run writes this");
+    }
+  }
   r.repetitions = static_cast<int>(f.requiredInt(
       "repetitions", 0, INT32_MAX, "a count of repetitions, 0 or more (no run writes this)"));
   r.peakMemBytes = f.optCount("peak_mem_bytes");
@@ -384,7 +409,14 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
       (p.parent_path() /
        (p.filename() == "results.partial.csv" ? "results.partial.json" : "results.json"))
           .string();
-  if (!std::filesystem::is_regular_file(path)) return;
+  // Missing: a CSV copied alone. Anything else that is not a file (a FIFO, a device, a folder)
+  // is said, not skipped: its checks would be lost without a word.
+  if (const std::string why = harness::whyNotAFile(path); why == "no such file") {
+    return;
+  } else if (!why.empty()) {
+    throw ReportInputError(path + ": " + why + " (expected the results.json `run` writes beside " +
+                           p.filename().string() + ")");
+  }
   std::ifstream in(path);
   nlohmann::json j;
   try {
@@ -479,15 +511,34 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   };
   // Per field, the last record of a key that has it (as `run` writes one record per key).
   std::map<std::string, const nlohmann::json*> divergences, comms, pipelines, records;
+  // The records of each run id, by key, counted: checked one to one against the CSV's rows.
+  std::map<std::string, std::map<std::string, int>> keysOfRun;
+  size_t index = 0;
   for (const auto& r : j.at("records")) {
-    if (!r.is_object() || !r.contains("details") || !r.at("details").is_object()) continue;
+    const std::string at = path + ": records[" + std::to_string(index++) + "]";
+    if (!r.is_object()) bad(at, "a record (an object)", r);
+    if (!r.contains("details") || !r.at("details").is_object()) {
+      bad(at + ".details", "an object", r.contains("details") ? r.at("details") : nlohmann::json());
+    }
     const auto text = [&](const char* k) {
       return r.contains(k) && r.at(k).is_string() ? r.at(k).get<std::string>() : "";
     };
     const std::string key = text("suite") + "\x1f" + text("case") + "\x1f" + text("strategy_id") +
                             "\x1f" + text("backend");
     records[key] = &r;
+    ++keysOfRun[text("run_id")][key];
     const nlohmann::json& d = r.at("details");
+    // The per-rank values the row's columns summarise (checkAgreement): numbers, or absent.
+    for (const char* k : {"peak_mem_bytes_per_rank", "predicted_peak_mem_bytes_per_rank"}) {
+      if (!d.contains(k)) continue;
+      const auto& v = d.at(k);
+      if (!v.is_array() || v.size() > 65536) bad(at + ".details." + k, "a list of byte counts", v);
+      for (const auto& x : v) {
+        if (!x.is_number() || x.get<double>() < 0) {
+          bad(at + ".details." + k + "[]", "a number of bytes, 0 or more", x);
+        }
+      }
+    }
     if (d.contains("first_divergence")) divergences[key] = &d.at("first_divergence");
     if (d.contains("comm_by_node") && d.at("comm_by_node").is_array()) {
       comms[key] = &d.at("comm_by_node");
@@ -495,6 +546,55 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     if (d.contains("executor") && d.at("executor").is_object() &&
         d.at("executor").contains("pipeline") && d.at("executor").at("pipeline").is_object()) {
       pipelines[key] = &d.at("executor").at("pipeline");
+    }
+  }
+  // The committed pair (results.csv, results.json) holds the same records: every row of the
+  // JSON's run has exactly one record, and every record of that run a row. (A partial pair is
+  // written CSV first, so an interrupted run may hold a row whose record never came: there a
+  // row may lack its record, but no record is given twice or lacks its row.)
+  const bool committed = p.filename() == "results.csv";
+  const std::string jsonRun = j.contains("run") && j.at("run").is_object() &&
+                                      j.at("run").contains("run_id") &&
+                                      j.at("run").at("run_id").is_string()
+                                  ? j.at("run").at("run_id").get<std::string>()
+                                  : "";
+  // Only where the CSV holds rows of that run: a CSV beside another run's JSON (copied,
+  // promoted, or left by a commit whose CSV rename failed after the JSON's) has nothing to
+  // agree with here. Rows of other runs in the CSV (a merged baseline) are not this JSON's.
+  std::set<std::string> otherRunKeys;
+  bool holdsJsonRun = false;
+  for (const auto& row : rows) {
+    if (row.runId == jsonRun) {
+      holdsJsonRun = true;
+    } else {
+      otherRunKeys.insert(row.key());
+    }
+  }
+  if (!jsonRun.empty() && holdsJsonRun) {
+    std::map<std::string, const ResultRow*> rowOf;
+    for (const auto& row : rows) {
+      if (row.runId != jsonRun) continue;
+      rowOf[row.key()] = &row;
+      const auto& keys = keysOfRun[jsonRun];
+      const auto it = keys.find(row.key());
+      const int n = it == keys.end() ? 0 : it->second;
+      // A partial pair is written CSV first: its last rows may not have their records yet.
+      if (n > 1 || (n == 0 && committed)) {
+        throw ReportInputError(
+            row.where() + ": case '" + row.caseName + "', " + row.strategyId + " has " +
+            std::to_string(n) + " records of run " + jsonRun + " in " + path +
+            " (expected 1: the two files `run` writes together disagree; one was edited, "
+            "damaged or copied from elsewhere)");
+      }
+    }
+    for (const auto& [key, n] : keysOfRun[jsonRun]) {
+      if (rowOf.count(key) || otherRunKeys.count(key)) continue;
+      std::string shown = key;
+      std::replace(shown.begin(), shown.end(), '\x1f', '/');
+      throw ReportInputError(path + ": a record of run " + jsonRun + " (" + shown +
+                             ") has no row in " + csv +
+                             " (the two files `run` writes together disagree; one was edited, "
+                             "damaged or copied from elsewhere)");
     }
   }
   for (auto& row : rows) {
@@ -547,8 +647,12 @@ std::vector<ResultRow> readResults(const std::string& given) {
     // A run that was interrupted (or still goes on) left only its partial results: read, and
     // said to be partial by every row, never ignored.
     const std::string whole = path + "/results.csv", partial = path + "/results.partial.csv";
-    path = !std::filesystem::exists(whole) && std::filesystem::is_regular_file(partial) ? partial
-                                                                                         : whole;
+    // (Whatever the partial file is: a FIFO or a dangling link is then named, not results.csv.)
+    std::error_code ec;
+    const auto present = [&](const std::string& f) {
+      return std::filesystem::symlink_status(f, ec).type() != std::filesystem::file_type::not_found;
+    };
+    path = !present(whole) && present(partial) ? partial : whole;
   }
   if (const std::string why = harness::whyNotAFile(path); !why.empty()) {
     throw ReportInputError(path + ": " + (why == "no such file" ? "no such results file" : why) +

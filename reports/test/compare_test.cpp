@@ -264,6 +264,21 @@ TEST(Gate, MemoryPastItsThresholdFailsAndWithinItPasses) {
   EXPECT_EQ(ok.row("s").mem, "unchanged");
 }
 
+// A baseline that allocated nothing: growth from 0 has no percentage and was never flagged.
+TEST(Gate, MemoryGrownFromAZeroBaselineFails) {
+  auto base = passRow("c", "s");
+  base.peakMemBytes = 0;
+  auto grown = base;
+  grown.peakMemBytes = 4096;
+  Gate g({grown}, {base});
+  EXPECT_TRUE(g.cmp.gateFailed());
+  EXPECT_EQ(g.row("s").mem, "regressed");
+  EXPECT_NE(g.failures().find("peak 0 -> 4096 bytes"), std::string::npos) << g.failures();
+  Gate same({base}, {base});
+  EXPECT_FALSE(same.cmp.gateFailed());
+  EXPECT_EQ(same.row("s").mem, "unchanged");
+}
+
 TEST(Gate, NewAndGoneRowsAreReportedNeverSilentlyIgnored) {
   const auto kept = passRow("c", "kept");
   Gate g({kept, passRow("c", "added")}, {kept, passRow("c", "removed")});

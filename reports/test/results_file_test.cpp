@@ -218,9 +218,14 @@ TEST(ResultsFile, AColumnThatDisagreesWithItsRecordOrWhatItSummarisesIsBadInput)
                    {"results.csv:2:", "'peak_mem_bytes' is 12000", "results.json says 10000"});
 
   harness::Record median = row();
-  median.timing->medianUs = 150;
+  median.timing->medianUs = 101.5;  // between the least and the largest, not the samples' median
   expectInputError([&] { readResults(writeRun(tempDir("median"), {median})); },
-                   {"results.csv:2:", "'time_us_median' is 150", "samples .* give 100"});
+                   {"results.csv:2:", "'time_us_median' is 101.5", "samples .* give 100"});
+  // A median above the largest sample comes from no run, JSON beside it or not.
+  harness::Record above = row();
+  above.timing->medianUs = 150;
+  expectInputError([&] { readResults(writeRun(tempDir("above"), {above})); },
+                   {"results.csv:2:", "'time_us_median' \\(150\\) is above 'time_us_max'"});
 
   // A CSV copied alone has nothing to disagree with.
   const std::string alone = tempDir("alone");
