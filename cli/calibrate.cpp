@@ -91,7 +91,9 @@ Command addCalibrate(CLI::App& app) {
       ->check(CLI::IsMember(sb::harness::availableBackends()))
       ->capture_default_str();
   calib->add_option("--mesh", a->calibMesh, "Mesh shape, e.g. 2x2 or 4")->capture_default_str();
-  calib->add_option("--out", a->calibOut, "Profile file (JSON)")->capture_default_str();
+  calib->add_option("--out", a->calibOut, "Profile file (JSON)")
+      ->check(sb::cli::pathName())
+      ->capture_default_str();
   // At least two sizes (1024 and 4096 bytes): a bandwidth is fitted from the sizes' times, and
   // one size alone fits a latency with an infinite bandwidth.
   calib->add_option("--max-bytes", a->calibMax, "Largest size per collective (at least 4096)")

@@ -1,6 +1,7 @@
 // Helpers shared by the subcommands of stratbench-core (cli/common.h).
 
 #include "cli/common.h"
+#include "cli/numbers.h"
 
 #include <unistd.h>
 
@@ -24,7 +25,7 @@ bool loadPluginsOrSay(const std::vector<std::string>& paths) {
 }
 
 void addModelOptions(CLI::App* cmd, ModelOptions& m, const std::string& help) {
-  CLI::Option* model = cmd->add_option("--model", m.file, help);
+  CLI::Option* model = cmd->add_option("--model", m.file, help)->check(sb::cli::pathName());
   // A traced model is the graph: a built-in workload's --workload or --shape beside it would be
   // ignored, and --input or --params without it describe nothing. Refused at parsing (exit 2,
   // "--model excludes --workload", "--input requires --model").

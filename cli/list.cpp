@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/numbers.h"
 #include "harness/id_pattern.h"
 #include "harness/registry.h"
 #include "harness/run/run_util.h"
@@ -113,7 +114,7 @@ Command addList(CLI::App& app) {
   list->add_option("--filter", a->listFilter, "Only ids matching this regular expression");
   list->add_flag("--json", a->json,
                  "Print JSON: id, name, family, origin, parameters, sharding sequences");
-  list->add_option("--plugin", a->pluginPaths, kPluginHelp);
+  list->add_option("--plugin", a->pluginPaths, kPluginHelp)->check(sb::cli::pathName());
   return {list, [a] {
             if (!loadPluginsOrSay(a->pluginPaths)) return kExitBadInput;
             return listStrategies(a->family, a->listFilter, a->json);

@@ -33,6 +33,17 @@ inline std::string shortNumber(double v) {
 
 }  // namespace detail
 
+// A path the user names (a file or folder to read or write): an empty one is refused, not taken
+// as the default (`--out "$DIR"` with DIR unset wrote where the default goes).
+inline CLI::Validator pathName() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "expected a path, got an empty string (an unset variable?)"
+                            : std::string();
+      },
+      "PATH");
+}
+
 // A whole number in [lo, hi], digits only (no sign, exponent or fraction); `what` names it in
 // the message ("repetitions", "ranks").
 inline CLI::Validator wholeNumber(uint64_t lo, uint64_t hi, const std::string& what) {

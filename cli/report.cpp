@@ -34,12 +34,18 @@ Command addReport(CLI::App& app) {
   auto* report = app.add_subcommand(
       "report",
       "Merge result files, compare with a baseline, gate, write report.md/html and plots");
-  report->add_option("results", ropts.results, "results.csv files or run directories");
-  report->add_option("--baseline", ropts.baselines, "Baseline results.csv files or directories");
-  report->add_option("--out", ropts.outDir,
-                     "Report directory (default: that of the first results file)");
-  report->add_option("--history", ropts.historyDir,
-                     "Directory of runs (folders with results.csv) for the trend plots");
+  report->add_option("results", ropts.results, "results.csv files or run directories")
+      ->check(sb::cli::pathName());
+  report->add_option("--baseline", ropts.baselines, "Baseline results.csv files or directories")
+      ->check(sb::cli::pathName());
+  report
+      ->add_option("--out", ropts.outDir,
+                   "Report directory (default: that of the first results file)")
+      ->check(sb::cli::pathName());
+  report
+      ->add_option("--history", ropts.historyDir,
+                   "Directory of runs (folders with results.csv) for the trend plots")
+      ->check(sb::cli::pathName());
   report->add_flag("--gate", ropts.gate, "Exit 1 when the gate fails");
   report->add_flag("--gate-perf", ropts.gateOptions.hardPerf,
                    "Time regressions fail the gate too (soft by default)");
@@ -57,12 +63,16 @@ Command addReport(CLI::App& app) {
                    "Minimum change of peak memory, in %")
       ->capture_default_str()
       ->check(sb::cli::realNumber(0, 1000, false, "percent"));
-  report->add_option("--noise", a->noisePath,
-                     "Noise file (`stratbench noise`): each row's time judged against its own "
-                     "band, not the fixed --perf-threshold");
-  report->add_option("--confirm", a->confirm,
-                     "A rerun of some rows (results): a time regression counts only where its "
-                     "rerun reproduces it");
+  report
+      ->add_option("--noise", a->noisePath,
+                   "Noise file (`stratbench noise`): each row's time judged against its own "
+                   "band, not the fixed --perf-threshold")
+      ->check(sb::cli::pathName());
+  report
+      ->add_option("--confirm", a->confirm,
+                   "A rerun of some rows (results): a time regression counts only where its "
+                   "rerun reproduces it")
+      ->check(sb::cli::pathName());
   report->add_flag("--allow-empty-suite", ropts.gateOptions.allowEmptySuite,
                    "A suite whose every row was skipped or unsupported only warns");
   report->add_flag("--no-plots", a->noPlots, "Skip the matplotlib plots");
@@ -101,8 +111,11 @@ Command addNoise(CLI::App& app) {
       "The machine's noise: each row's spread of median time over runs of one build, as the "
       "band `report --noise` judges time against");
   noise->add_option("runs", a->runs, "Run directories (or results.csv files) of one build, >= 2")
+      ->check(sb::cli::pathName())
       ->required();
-  noise->add_option("--out", a->out, "The noise file to write (JSON)")->required();
+  noise->add_option("--out", a->out, "The noise file to write (JSON)")
+      ->check(sb::cli::pathName())
+      ->required();
   noise
       ->add_option("--floor", a->floorPct,
                    "Smallest band, in %: no row is judged finer than this")

@@ -102,7 +102,9 @@ namespace sb::cli {
 Command addRun(CLI::App& app) {
   const auto a = std::make_shared<RunArgs>();
   auto* run = app.add_subcommand("run", "Run a suite: verify, time and profile every strategy");
-  run->add_option("suite", a->suitePath, "Suite file, e.g. suites/smoke.yaml")->required();
+  run->add_option("suite", a->suitePath, "Suite file, e.g. suites/smoke.yaml")
+      ->check(sb::cli::pathName())
+      ->required();
   run->add_option("--filter", a->opts.filter, "Only strategy ids matching this regular expression");
   run->add_option("--case", a->opts.caseFilter,
                   "Only the cases whose names match this regular expression");
@@ -120,6 +122,7 @@ Command addRun(CLI::App& app) {
       "--plant-rank-fault", a->rankFault,
       "Test only: KIND@RANK[@ROW] (throw, crash, hang) in that rank's ROW-th row (default 1)");
   run->add_option("--out", a->opts.outDir, "Output directory for results.csv and results.json")
+      ->check(sb::cli::pathName())
       ->capture_default_str();
   run->add_option("--repetitions", a->repetitions, "Timing repetitions (overrides the suite)")
       ->check(sb::cli::wholeNumber(1, 100000, "repetitions"));
@@ -136,20 +139,22 @@ Command addRun(CLI::App& app) {
   run->add_option("--plant-slowdown", a->plantSlowdowns,
                   "Test only: make strategy ID's timed steps PERCENT slower, as ID=PERCENT "
                   "(repeatable; the step spins that long after itself)");
-  run->add_option("--plugin", a->pluginPaths, kPluginHelp);
+  run->add_option("--plugin", a->pluginPaths, kPluginHelp)->check(sb::cli::pathName());
   run->add_flag("--write-golden", a->opts.writeGolden,
                 "Write the training cases' per-step reference losses to the suite's golden file "
                 "(its key 'golden') instead of comparing with it");
   run->add_option("--trace", a->opts.traceDir,
                   "Trace one more step of every row into DIR: per rank a Chrome trace-event file "
-                  "(Perfetto) and a memory trace (reports/memory_snapshot.py)");
+                  "(Perfetto) and a memory trace (reports/memory_snapshot.py)")
+      ->check(sb::cli::pathName());
   run->add_flag("--capture", a->opts.capture,
                 "Locate the first diverging node on every row that can (not only on failing "
                 "ones): details.first_divergence");
 
   run->add_option("--cost-profile", a->profilePaths,
                   "Calibration profile(s) from `stratbench calibrate`: predicted times of the "
-                  "cases on their backend and mesh come from it (repeatable)");
+                  "cases on their backend and mesh come from it (repeatable)")
+      ->check(sb::cli::pathName());
   return {run, [a, run] {
             if (!loadPluginsOrSay(a->pluginPaths)) return kExitBadInput;
             return runSuite(*a, *run);

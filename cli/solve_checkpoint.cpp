@@ -18,7 +18,9 @@ namespace sb::cli {
 constexpr int kExitBadInput = 2;
 
 void addCheckpointOptions(CLI::App* app, CheckpointArgs& a) {
-  app->add_option("--chain", a.chain, "Chain file: ftime, btime, x, xbar, ftmp, btmp")->required();
+  app->add_option("--chain", a.chain, "Chain file: ftime, btime, x, xbar, ftmp, btmp")
+      ->check(sb::cli::pathName())
+      ->required();
   // 0 is not "no budget": a schedule printed for it would peak over it. Say `none` for that.
   app->add_option("--budget", a.budget,
                   "Memory budget, counting the input x[0], in the chain's unit (> 0), or none")

@@ -465,7 +465,8 @@ Command addSolveParallel(CLI::App& solve) {
   cmd->add_flag("--no-cp", a->noCp, "Leave context parallelism out (a traced model: always)");
   cmd->add_flag("--no-pp", a->noPp, "Leave pipelining out");
   cmd->add_option("--profile", a->profile,
-                  "Cost profile from `stratbench calibrate` (matmul, copy, collectives)");
+                  "Cost profile from `stratbench calibrate` (matmul, copy, collectives)")
+      ->check(sb::cli::pathName());
   cmd->add_option("--gflops", a->gflops, "Matmul GFLOP/s (default 20, or the profile's)")
       ->check(realNumber(1e-6, 1e9, true, "GFLOP/s"));
   cmd->add_option("--copy-bandwidth", a->copyGBps, "Element-wise GB/s (default 10)")
@@ -490,14 +491,15 @@ Command addSolveParallel(CLI::App& solve) {
   cmd->add_option("--verify", a->verify,
                   "Run the top K (without cp) as torch/compose rows (needs --model, a PyTorch 2.x)")
       ->check(wholeNumber(0, 64, "configurations"));
-  cmd->add_option("--verify-out", a->verifyDir, "With --verify: the suite and results go here");
+  cmd->add_option("--verify-out", a->verifyDir, "With --verify: the suite and results go here")
+      ->check(sb::cli::pathName());
   cmd->add_option("--steps", a->steps, "With --verify: optimizer steps a row")
       ->capture_default_str()
       ->check(wholeNumber(1, 100, "steps"));
   cmd->add_option("--repetitions", a->repetitions, "With --verify: timed repetitions a row")
       ->capture_default_str()
       ->check(wholeNumber(1, 100, "repetitions"));
-  cmd->add_option("--out", a->out, "Write the search (JSON) here");
+  cmd->add_option("--out", a->out, "Write the search (JSON) here")->check(sb::cli::pathName());
   return {cmd, [a] { return solveParallel(*a); }};
 }
 

@@ -55,7 +55,8 @@ void addPipelineOptions(CLI::App* app, PipelineArgs& a) {
       ->check(CLI::IsMember(pp::scheduleKinds()));
   app->add_option("--csv", a.csv,
                   "A schedule to run instead: torch.distributed.pipelining's CSV (a row of "
-                  "actions per rank: 1F0, 0B3, 2I1, 2W1)");
+                  "actions per rank: 1F0, 0B3, 2I1, 2W1)")
+      ->check(sb::cli::pathName());
   app->add_option("--stages", a.stages, "Pipeline ranks (stages, times --virtual-stages)")
       ->check(wholeNumber(1, 4096, "stages"));
   app->add_option("--microbatches", a.microbatches, "Micro-batches per step")
@@ -67,18 +68,23 @@ void addPipelineOptions(CLI::App* app, PipelineArgs& a) {
   app->add_option("--profile", a.profile,
                   "Per-stage costs, JSON: {\"stages\": [{\"forward_us\", \"backward_us\", "
                   "\"backward_input_us\", \"backward_weight_us\", \"activation_bytes\", "
-                  "\"weight_grad_bytes\"}], \"p2p_us\"} (default: F 1, B 2, one unit each)");
+                  "\"weight_grad_bytes\"}], \"p2p_us\"} (default: F 1, B 2, one unit each)")
+      ->check(sb::cli::pathName());
   app->add_option("--chain", a.chain,
                   "Per-layer costs instead of --profile: a chain in rotor's notation (as `solve "
-                  "checkpoint` reads: ftime, btime, xbar, ...), cut into the stages");
+                  "checkpoint` reads: ftime, btime, xbar, ...), cut into the stages")
+      ->check(sb::cli::pathName());
   app->add_option("--cut", a.cut,
                   "With --chain: balanced (the cut that minimises the slowest stage's forward "
                   "and backward) or layers (by layer count)")
       ->capture_default_str()
       ->check(CLI::IsMember({"balanced", "layers"}));
-  app->add_option("--out", a.out, "Write the run (JSON) here (default: stdout)");
-  app->add_option("--trace", a.trace, "Write a Chrome trace of the run here (Perfetto opens it)");
-  app->add_option("--write-csv", a.writeCsv, "Write the schedule here, in the CSV format");
+  app->add_option("--out", a.out, "Write the run (JSON) here (default: stdout)")
+      ->check(sb::cli::pathName());
+  app->add_option("--trace", a.trace, "Write a Chrome trace of the run here (Perfetto opens it)")
+      ->check(sb::cli::pathName());
+  app->add_option("--write-csv", a.writeCsv, "Write the schedule here, in the CSV format")
+      ->check(sb::cli::pathName());
 }
 
 int solvePipeline(const PipelineArgs& a) {

@@ -168,7 +168,8 @@ Command addSolveRedistribute(CLI::App& solve) {
   redistCmd->add_option("--from", a->redistFrom,
                         "Layout: [S01, R, R], S01RR or [Shard(0), Shard(0)]");
   redistCmd->add_option("--to", a->redistTo, "Layout, in any of those spellings");
-  redistCmd->add_option("--profile", a->redistProfile, "Cost profile from `stratbench calibrate`");
+  redistCmd->add_option("--profile", a->redistProfile, "Cost profile from `stratbench calibrate`")
+      ->check(sb::cli::pathName());
   redistCmd->add_option("--objective", a->redistObjective, "time or bytes")
       ->capture_default_str()
       ->check(CLI::IsMember({"time", "bytes"}));

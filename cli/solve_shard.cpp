@@ -216,7 +216,8 @@ Command addSolveShard(CLI::App& solve) {
                            "A TorchScript file (torch.jit.trace(...).save) to plan instead");
   shardCmd->add_option("--mesh", shard->mesh, "Mesh extents, e.g. 2x4 (axis 0 across nodes)")
       ->required();
-  shardCmd->add_option("--profile", shard->profile, "Cost profile from `stratbench calibrate`");
+  shardCmd->add_option("--profile", shard->profile, "Cost profile from `stratbench calibrate`")
+      ->check(sb::cli::pathName());
   shardCmd->add_option("--intra-node-bandwidth", shard->intra, "GB/s of mesh axes in a node")
       ->check(sb::cli::realNumber(sb::strategies::autoshard::kMinBandwidthGBps,
                                   sb::strategies::autoshard::kMaxBandwidthGBps, false, "GB/s"));
@@ -237,7 +238,8 @@ Command addSolveShard(CLI::App& solve) {
       ->check(sb::cli::realNumber(0, 86400, true, "seconds"));
   shardCmd->add_option("--mip-rel-gap", shard->gapPct, "Relative gap to stop at, in %")
       ->check(sb::cli::realNumber(0, 100, false, "percent"));
-  shardCmd->add_option("--out", shard->out, "Write the plan here (default: stdout)");
+  shardCmd->add_option("--out", shard->out, "Write the plan here (default: stdout)")
+      ->check(sb::cli::pathName());
   shardCmd->add_option("--sac-policy", shard->sacPolicy,
                        "Price a selective checkpointing policy into the search: save-all, "
                        "recompute-all, torchtitan, cheap, or JSON {default, ops, nodes}");

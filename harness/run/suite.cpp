@@ -157,6 +157,22 @@ void checkText(const std::string& file, const YAML::Node& n, const std::string& 
   }
 }
 
+// An explicit tag (!!binary, !!float, !custom) asks for a conversion this reader does not make:
+// its value would be read as the plain text after it, the tag dropped in silence. Untagged
+// nodes have "?" (plain) or "!" (quoted).
+void checkTag(const std::string& file, const YAML::Node& n) {
+  const std::string& tag = n.Tag();
+  if (tag.empty() || tag == "?" || tag == "!") return;
+  std::string shown = tag;
+  if (const std::string core = "tag:yaml.org,2002:"; shown.rfind(core, 0) == 0) {
+    shown = "!!" + shown.substr(core.size());
+  }
+  fail(file, n,
+       "the YAML tag '" + shown +
+           "' is not read (the value would be taken as plain text, the tag dropped): write the "
+           "value without it");
+}
+
 // Walks the whole document once before anything reads it: every mapping key given once, every
 // key a plain value, all text UTF-8, and the document bounded in depth and in nodes, counting
 // every alias each time it is used (an alias "bomb" of nested anchors is refused here instead
@@ -170,6 +186,7 @@ void checkTree(const std::string& file, const YAML::Node& n, int depth, int64_t*
   if (depth > kMaxDepth) {
     fail(file, n, "values are nested deeper than " + std::to_string(kMaxDepth) + " levels");
   }
+  checkTag(file, n);
   switch (n.Type()) {
     case YAML::NodeType::Scalar:
       checkText(file, n, n.Scalar());
@@ -181,6 +198,7 @@ void checkTree(const std::string& file, const YAML::Node& n, int depth, int64_t*
       std::set<std::string> seen;
       for (const auto& kv : n) {
         if (!kv.first.IsScalar()) fail(file, kv.first, "a mapping key must be a plain value");
+        checkTag(file, kv.first);
         const std::string key = kv.first.Scalar();
         checkText(file, kv.first, key);
         if (!seen.insert(key).second) {
@@ -500,12 +518,30 @@ Suite parseSuite(const std::string& text, const std::string& file) {
     // NAME/key=value/..., the values in its params.
     std::vector<CaseSpec> expanded = {c};
     YAML::Node sweep;  // the case's own, else the defaults'
+    // The params a sweep's key would silently replace: the case's own, and with a sweep of the
+    // defaults' the defaults' too (a case's sweep over a default param is how a default is
+    // varied: that one is meant).
+    std::vector<std::pair<YAML::Node, std::string>> overridden;
     if (node["sweep"]) {
       sweep.reset(node["sweep"]);
+      if (node["params"]) overridden.emplace_back(node["params"], "the case's params");
     } else if (root["defaults"] && root["defaults"]["sweep"]) {
       sweep.reset(root["defaults"]["sweep"]);
+      if (node["params"]) overridden.emplace_back(node["params"], "the case's params");
+      if (root["defaults"]["params"]) {
+        overridden.emplace_back(root["defaults"]["params"], "the defaults' params");
+      }
     }
     if (sweep.IsDefined() && !sweep.IsNull()) {
+      for (const auto& kv : sweep) {
+        for (const auto& [params, which] : overridden) {
+          if (params.IsMap() && params[kv.first.Scalar()]) {
+            fail(file, kv.first,
+                 "case '" + c.name + "': key 'sweep': '" + kv.first.Scalar() + "' is also in " +
+                     which + ": every swept case would replace its value (give it in one)");
+          }
+        }
+      }
       size_t product = 1;
       for (const auto& kv : sweep) {
         product *= std::max<size_t>(kv.second.size(), 1);

@@ -89,7 +89,14 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
         keptGolden[name] = steps;
       }
     } else {
-      golden = readGolden(suite.golden);
+      try {
+        golden = readGolden(suite.golden);
+      } catch (const InputError& e) {
+        // Whose golden file it is: the suite and the key that named it (several suites may
+        // name files in one folder).
+        throw InputError("suite '" + suite.name + "' (" + suite.file +
+                         ", key 'golden'): " + e.what());
+      }
       if (!golden->suite.empty() && golden->suite != suite.name) {
         throw InputError(suite.golden + " holds the golden losses of suite '" + golden->suite +
                          "', not of '" + suite.name + "'");

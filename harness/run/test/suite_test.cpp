@@ -249,6 +249,35 @@ TEST(SuiteHostile, ASweepValueCannotPutAControlCharacterIntoACaseName) {
       << e;
 }
 
+// A sweep over a key the same case's params give: every swept case replaced the params' value
+// in silence. A case's sweep over a default param varies the default, as meant.
+TEST(SuiteHostile, ASweepOverAKeyItsParamsAlsoGiveIsRefused) {
+  const std::string e =
+      errorOf(oneCase("    params: {budget: 0.9}\n    sweep: {budget: [0.5, 0.6]}\n"));
+  EXPECT_NE(e.find("case 'a': key 'sweep': 'budget' is also in the case's params"),
+            std::string::npos)
+      << e;
+  const std::string d =
+      errorOf("defaults:\n  params: {budget: 0.9}\n  sweep: {budget: [0.5]}\n" + oneCase(""));
+  EXPECT_NE(d.find("'budget' is also in the defaults' params"), std::string::npos) << d;
+  EXPECT_EQ(errorOf("defaults:\n  params: {budget: 0.9}\n" +
+                    oneCase("    sweep: {budget: [0.5, 0.6]}\n")),
+            "");
+  EXPECT_EQ(errorOf(oneCase("    params: {chunk: 4}\n    sweep: {budget: [0.5, 0.6]}\n")), "");
+}
+
+// A tag asks for a conversion the reader does not make: refused, not dropped in silence.
+TEST(SuiteHostile, YamlTagsAreRefusedNamingThem) {
+  const std::string e = errorOf(oneCase("    seed: !!binary AAAA\n"));
+  EXPECT_NE(e.find("the YAML tag '!!binary' is not read"), std::string::npos) << e;
+  EXPECT_NE(errorOf(oneCase("    params: !custom {chunk: 4}\n")).find("the YAML tag '!custom'"),
+            std::string::npos);
+  EXPECT_NE(errorOf(oneCase("    !!str seed: 3\n")).find("the YAML tag '!!str'"),
+            std::string::npos);
+  // Quoted and plain values carry no tag of their own.
+  EXPECT_EQ(errorOf(oneCase("    params: {note: 'text', other: \"more\"}\n")), "");
+}
+
 TEST(SuiteHostile, NanAndInfinityInParamsStayTextThatNoNumberReaderAccepts) {
   const auto s = parseSuite(oneCase("    params: {budget: nan, chunk: inf, x: 1.5}\n"), "ok.yaml");
   EXPECT_TRUE(s.cases[0].params["budget"].is_string());
