@@ -264,6 +264,14 @@ mkdir -p "$tmp/hist" && cp -r "$tmp/budget" "$tmp/hist/run1"
 ln -s "$tmp/hist/x" "$tmp/hist/y" && ln -s "$tmp/hist/y" "$tmp/hist/x"
 check "a symlink loop under report --history is no crash" 0 "" -- \
   timeout 60 "$sb" report "$tmp/budget" --history "$tmp/hist" --out "$tmp/rep-loop" --no-plots
+mkdir -p "$tmp/hist/run2" && mkfifo "$tmp/hist/run2/results.csv"
+check "a run under --history whose results.csv is a FIFO is left out, said" 0 \
+  "leaving out .*run2.*not a regular file" -- \
+  timeout 60 "$sb" report "$tmp/budget" --history "$tmp/hist" --out "$tmp/rep-loop" --no-plots
+bad "report --out '' is exit 2, not the default folder" "--out: expected a path, got an empty string" \
+  "$sb" report "$tmp/keep" --out '' --no-plots
+bad "run --out '' is exit 2" "--out: expected a path, got an empty string" \
+  "$sb" run "$tmp/ok.yaml" --out ''
 bad "solve shard --intra-node-bandwidth 1e-300" "--intra-node-bandwidth: expected a number of GB/s in \[1e-06, 1e\+06\]" \
   "$sb" solve shard --workload mlp --mesh 2x2 --intra-node-bandwidth 1e-300
 bad "solve shard --mesh 65536x65536" "--mesh '65536x65536'.*more than 4096 ranks" \
@@ -498,6 +506,62 @@ PY
 check "report on a results.json of schema_version 99: exit 2 naming it" 2 \
   "results.json: schema_version 99: expected [0-9]+" -- \
   "$sb" report "$tmp/schema" --out "$tmp/schema/rep" --no-plots
+# results.json disagreeing with results.csv on which records there are, or wrong-typed where
+# the report reads it: exit 2 naming it (rows without a record, or with a wrong-typed one,
+# were skipped: exit 0). A results.json that is a FIFO is said, not skipped.
+for edit in emptied renamed duplicated details_null per_rank_strings; do
+  rm -rf "$tmp/agree" && cp -r "$tmp/keep" "$tmp/agree"
+  python3 - "$tmp/agree/results.json" "$edit" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = d["records"]
+edit = sys.argv[2]
+if edit == "emptied": d["records"] = []
+if edit == "renamed": r[0]["case"] = "other"
+if edit == "duplicated": r.append(r[0])
+if edit == "details_null": r[0]["details"] = None
+if edit == "per_rank_strings": r[0]["details"]["peak_mem_bytes_per_rank"] = ["1", "2"]
+json.dump(d, open(sys.argv[1], "w"))
+PY
+  case $edit in
+    emptied) want="has 0 records of run" ;;
+    renamed) want="has 0 records of run|has no row in" ;;
+    duplicated) want="has 2 records of run" ;;
+    details_null) want="records\[0\]\.details: expected an object, got null" ;;
+    per_rank_strings) want="peak_mem_bytes_per_rank\[\]: expected a number of bytes" ;;
+  esac
+  check "report on a results.json $edit: exit 2 naming it" 2 "$want" -- \
+    "$sb" report "$tmp/agree" --out "$tmp/agree/rep" --no-plots
+done
+# Hand-edited results.csv fields no run writes: refused naming the column, never gated on.
+for edit in err_ratio atol min_over_max dtype; do
+  rm -rf "$tmp/edited" && cp -r "$tmp/keep" "$tmp/edited" && rm "$tmp/edited/results.json"
+  python3 - "$tmp/edited/results.csv" "$edit" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="")))
+r, edit = rows[0], sys.argv[2]
+if edit == "err_ratio": r["err_ratio"] = "-1"
+if edit == "atol": r["atol"] = "-1e-05"
+if edit == "min_over_max": r["time_us_min"] = "1e9"
+if edit == "dtype": r["dtype"] = "float128"
+w = csv.DictWriter(open(sys.argv[1], "w", newline=""), fieldnames=list(rows[0].keys()),
+                   lineterminator="\n")
+w.writeheader()
+w.writerows(rows)
+PY
+  case $edit in
+    err_ratio) want="column 'err_ratio': '-1' is not 0 or more" ;;
+    atol) want="column 'atol': '-1e-05' is not 0 or more" ;;
+    min_over_max) want="column 'time_us_min' \(1e9\) is above" ;;
+    dtype) want="column 'dtype': 'float128' is not one of" ;;
+  esac
+  check "report on a results.csv with $edit edited: exit 2 naming the column" 2 "$want" -- \
+    "$sb" report "$tmp/edited" --out "$tmp/edited/rep" --no-plots
+done
+rm -rf "$tmp/agree" && cp -r "$tmp/keep" "$tmp/agree" && rm "$tmp/agree/results.json" &&
+  mkfifo "$tmp/agree/results.json"
+check "report beside a results.json that is a FIFO: exit 2 at once" 2 "results.json: .*not a regular" -- \
+  timeout 20 "$sb" report "$tmp/agree" --out "$tmp/agree/rep" --no-plots
 # A case named like mathtext ("$x_{1$") is drawn as text: every plot of the report is there.
 sed "s/name: lin/name: '\$x_{1\$'/" "$tmp/ok.yaml" > "$tmp/math.yaml"
 check "a case named '\$x_{1\$': its plots drawn" 0 "^drawn$" -- bash -c \
@@ -796,6 +860,74 @@ Y
     "inputs\[0\] \[16000000,16000000\] holds .* more than this machine's memory" \
     "$sb" graph --model "$tmp/f64.pt" --input '[16000000, 16000000]'
 fi
+
+# Forwards that change what the reference runs on (issue 60, the wrong party blamed): an input
+# or a parameter written in place, a buffer written and then read, memory from torch.empty.
+# Each failed every strategy's row; now exit 2 naming the node. A buffer written and never
+# read (batch norm's counter) imports as before.
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 - "$tmp" <<'PY' 2>/dev/null
+import sys, torch
+d = sys.argv[1]
+class Base(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+        self.register_buffer("b", torch.zeros(4))
+class InputInPlace(Base):
+    def forward(self, x):
+        x.add_(1)
+        return self.l(x)
+class ParamInPlace(Base):
+    def forward(self, x):
+        with torch.no_grad():
+            self.l.weight.mul_(0.5)
+        return self.l(x)
+class BufferReadAfterWrite(Base):
+    def forward(self, x):
+        self.b.add_(1)
+        return self.l(x) + self.b
+class BufferCounter(Base):
+    def forward(self, x):
+        self.b.add_(1)
+        return self.l(x)
+class Empty(Base):
+    def forward(self, x):
+        return self.l(x) + torch.empty(2, 4)
+class EmptyFilled(Base):
+    def forward(self, x):
+        return self.l(x) + torch.empty(2, 4).fill_(0.5)
+for m in [InputInPlace, ParamInPlace, BufferReadAfterWrite, BufferCounter, Empty, EmptyFilled]:
+    torch.jit.save(torch.jit.trace(m(), torch.ones(2, 4), check_trace=False),
+                   d + "/mut_" + m.__name__ + ".pt")
+class Two(Base):
+    def forward(self, x, y):
+        return self.l(x) + self.l(y)
+torch.jit.save(torch.jit.trace(Two(), (torch.ones(2, 4), torch.ones(2, 4))), d + "/two.pt")
+PY
+  # Two inputs of 60% of this machine's memory each: refused together, each alone fits.
+  # (Rows of 4096 x 4 float32s, 64 KiB each: every dimension stays under the 2^24 a shape takes.)
+  rows=$(awk '/^MemTotal:/ {printf "%d", $2 * 1024 * 0.6 / 65536}' /proc/meminfo)
+  bad "inputs that pass the machine's memory only together are exit 2 saying so" \
+    "the 2 inputs hold .* GiB together, more than this machine's memory" \
+    "$sb" graph --model "$tmp/two.pt" --input "[$rows, 4096, 4]" --input "[$rows, 4096, 4]"
+  bad "a forward writing its input in place is exit 2 naming the node" \
+    "node aten::add_ .* writes in place into the input 'x'" \
+    "$sb" graph --model "$tmp/mut_InputInPlace.pt" --input '[2, 4]'
+  bad "a forward writing a parameter in place is exit 2 naming it" \
+    "node aten::mul_ .* writes in place into the parameter 'l.weight'" \
+    "$sb" graph --model "$tmp/mut_ParamInPlace.pt" --input '[2, 4]'
+  bad "a forward reading a buffer it wrote in place is exit 2 naming both nodes" \
+    "reads the buffer 'b', which this forward wrote in place before \(.*aten::add_" \
+    "$sb" graph --model "$tmp/mut_BufferReadAfterWrite.pt" --input '[2, 4]'
+  check "a buffer written and never read (a counter) imports" 0 "" -- \
+    "$sb" graph --model "$tmp/mut_BufferCounter.pt" --input '[2, 4]'
+  bad "a forward reading torch.empty's memory is exit 2 naming the node" \
+    "reads memory that .*aten::empty.* left uninitialised" \
+    "$sb" graph --model "$tmp/mut_Empty.pt" --input '[2, 4]'
+  check "torch.empty filled before it is read imports" 0 "" -- \
+    "$sb" graph --model "$tmp/mut_EmptyFilled.pt" --input '[2, 4]'
+fi
 suite huge <<'Y'
 suite: huge
 defaults: {repetitions: 1, min_time_s: 0.0001}
@@ -1019,6 +1151,10 @@ sed -i 's/steps: 3/steps: 4/' "$tmp/gshort.yaml"
 bad "golden: a file one step short of the suite's case is exit 2 naming both counts" \
   "gshort.csv: case 'plain' has 3 step\(s\) of golden losses; the suite trains it for 4" \
   "$sb" run "$tmp/gshort.yaml" --out "$tmp/keep"
+head -c 40 "$tmp/gshort.copy" > "$tmp/gshort.csv"
+bad "golden: an unreadable golden file is exit 2 naming the suite that names it" \
+  "suite 'gshort' \(.*gshort.yaml, key 'golden'\): .*gshort.csv" \
+  "$sb" run "$tmp/gshort.yaml" --out "$tmp/keep"
 
 # The fourth sweep (issue 60): damage, crashes and hangs on the surfaces of the third round.
 # noise --out: a FIFO (or a device) is refused before any work, and left as it was; the same run
@@ -1117,6 +1253,37 @@ bad "launch --master-addr 'bad host!' is exit 2" "--master-addr 'bad host!': ' '
 bad "MASTER_ADDR='x y' with a world of 2 is exit 2 naming it" "MASTER_ADDR='x y': ' ' is in no host" \
   env RANK=0 WORLD_SIZE=2 MASTER_ADDR='x y' MASTER_PORT=29555 \
   "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+# Launcher variables that would wait out the timeout or be read as something else.
+# (Where this host's resolver answers at all: one that does not, EAI_AGAIN, is left to the
+# store's retries, so there is nothing to check.)
+if getent hosts nonexistent.invalid > /dev/null; [ $? = 2 ]; then
+  bad "a master host no resolver knows is exit 2, not a wait" "nonexistent.invalid.*does not resolve" \
+    env RANK=1 WORLD_SIZE=2 MASTER_ADDR=nonexistent.invalid MASTER_PORT=29556 \
+    "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep" --timeout 30
+  bad "launch --master-addr no resolver knows is exit 2" "nonexistent.invalid.*does not resolve" \
+    "$sb" launch -n 2 --master-addr nonexistent.invalid -- run "$tmp/ok.yaml" --backend gloo \
+    --out "$tmp/keep"
+else
+  pass "a master host no resolver knows: this host's resolver gives no answer (skipped)"
+fi
+bad "WORLD_SIZE past the largest mesh is exit 2" "WORLD_SIZE='1000000': expected at most 65536" \
+  env RANK=1 WORLD_SIZE=1000000 MASTER_ADDR=127.0.0.1 MASTER_PORT=29557 \
+  "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+bad "an empty MASTER_PORT is exit 2, not port 29500" "MASTER_PORT is set but empty" \
+  env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT= \
+  "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+bad "a Slurm node range that runs backwards is exit 2" "node\[5-1\].*runs backwards" \
+  env SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_JOB_ID=7 SLURM_STEP_NODELIST='node[5-1]' \
+  "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+bad "--backend threads under a launcher's variables is exit 2" \
+  "WORLD_SIZE=2 says this process is one of 2 started together, but --backend threads" \
+  env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+  "$sb" run "$tmp/ok.yaml" --backend threads --out "$tmp/keep"
+bad "--backend threads (the default) under srun's variables is exit 2" \
+  "SLURM_STEP_NUM_TASKS=4 says this process is one of 4" \
+  env SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_STEP_NUM_TASKS=4 "$sb" run "$tmp/ok.yaml" --out "$tmp/keep"
+check "--backend threads in an sbatch script's own shell (no srun step) runs" 0 "" -- \
+  env SLURM_PROCID=0 SLURM_NTASKS=4 "$sb" run "$tmp/ok.yaml" --out "$tmp/sbatch-shell"
 # memory_trace.py / memory_snapshot.py on a device or a FIFO: exit 2 at once.
 bad "memory_trace.py /dev/zero is exit 2" "not a regular file" \
   python3 "$src/reports/memory_trace.py" /dev/zero

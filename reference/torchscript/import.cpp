@@ -79,6 +79,16 @@ class Walker {
     for (const auto& b : module_.named_buffers(true)) {
       bufferName_[b.value.unsafeGetTensorImpl()] = b.name;
     }
+    // The memory of the module's state, by storage: a view of a parameter shares its storage,
+    // so a write through one is a write into the parameter.
+    for (const auto& p : module_.named_parameters(true)) {
+      noteState(p.value, frozen_.count(p.value.unsafeGetTensorImpl())
+                             ? State{State::kBuffer, "the frozen parameter '" + p.name + "'"}
+                             : State{State::kParameter, "the parameter '" + p.name + "'"});
+    }
+    for (const auto& b : module_.named_buffers(true)) {
+      noteState(b.value, {State::kBuffer, "the buffer '" + b.name + "'"});
+    }
   }
 
   void run() {
@@ -95,9 +105,23 @@ class Walker {
     // Floating example inputs in the dtype the module was saved in (a model saved in float64
     // runs on float64 inputs), as a case then runs it converted to its own dtype.
     const at::ScalarType savedDtype = floatingDtypeOf(module_);
+    // Each input alone, then all of them together: two inputs of 60% of the memory each fail
+    // the allocator as surely as one of 120%.
+    double total = 0;
     for (size_t i = 0; i < spec_.inputs.size(); ++i) {
       const InputSpec& s = spec_.inputs[i];
-      refuseOverMemory(i, s, s.dtype == "int64" ? at::kLong : savedDtype);
+      total += refuseOverMemory(i, s, s.dtype == "int64" ? at::kLong : savedDtype);
+    }
+    if (const double memory = physicalMemory(); memory > 0 && total > memory) {
+      std::ostringstream os;
+      os << std::fixed << std::setprecision(1) << spec_.file << ": the " << spec_.inputs.size()
+         << " inputs hold " << total / (1 << 30) << " GiB together, more than this machine's "
+         << "memory (" << memory / (1 << 30) << " GiB); the import runs the model once at the "
+         << "case's shapes";
+      throw ImportError(os.str());
+    }
+    for (size_t i = 0; i < spec_.inputs.size(); ++i) {
+      const InputSpec& s = spec_.inputs[i];
       Entry e;
       // Example values: only their shapes matter (numbers read from computed tensors are
       // refused), drawn from a generator of our own so that the process's stays as it was.
@@ -105,6 +129,7 @@ class Walker {
                                : at::randn(s.shape, gen_, savedDtype);
       e.dynamic = true;
       e.name = args[i + 1].name();
+      noteState(e.v.toTensor(), {State::kInput, "the input '" + e.name + "'"});
       out_.dataInputs.push_back(e.name);
       out_.graph.inputs.emplace_back(e.name, s.shape);
       in.push_back(e);
@@ -235,12 +260,18 @@ class Walker {
 
   // An input of more bytes than the machine has is refused naming it, before the allocator
   // fails with a message that names nothing of the case.
-  void refuseOverMemory(size_t i, const InputSpec& s, at::ScalarType dtype) const {
+  static double physicalMemory() {
+    const long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || pageSize <= 0) return 0;  // not known: the allocator decides
+    return static_cast<double>(pages) * static_cast<double>(pageSize);
+  }
+
+  // The input's bytes; refused naming it where they alone pass the machine's memory.
+  double refuseOverMemory(size_t i, const InputSpec& s, at::ScalarType dtype) const {
     double bytes = static_cast<double>(c10::elementSize(dtype));
     for (int64_t d : s.shape) bytes *= static_cast<double>(d);
-    const long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || pageSize <= 0) return;  // not known: the allocator decides
-    const double memory = static_cast<double>(pages) * static_cast<double>(pageSize);
+    const double memory = physicalMemory();
+    if (memory <= 0) return bytes;
     if (bytes > memory) {
       std::ostringstream os;
       os << std::fixed << std::setprecision(1) << spec_.file << ": inputs[" << i << "] "
@@ -248,6 +279,137 @@ class Walker {
          << c10::toString(dtype) << ", more than this machine's memory ("
          << memory / (1 << 30) << " GiB); the import runs the model once at the case's shapes";
       throw ImportError(os.str());
+    }
+    return bytes;
+  }
+
+  // Where a tensor's memory belongs to the model's state or the case's inputs.
+  struct State {
+    enum Kind { kInput, kParameter, kBuffer } kind;
+    std::string what;  // "the parameter 'fc.weight'"
+  };
+
+  static const c10::StorageImpl* storageOf(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return nullptr;
+    return t.storage().unsafeGetStorageImpl();
+  }
+
+  void noteState(const at::Tensor& t, State s) {
+    if (const auto* st = storageOf(t)) state_.emplace(st, std::move(s));
+  }
+
+  // Before a node runs: what it writes in place and what it reads, against the memory of the
+  // case's inputs, the model's parameters and buffers, and memory left uninitialised.
+  //   - A write into an input or a parameter is refused: the reference runs the module on the
+  //     stored input and parameters, so each run of it would start from other values than the
+  //     graph's (and than the strategies').
+  //   - A write into a buffer is module state for the next forward (batch norm's
+  //     num_batches_tracked counter); one that this forward then reads is refused, as above.
+  //   - Memory from torch.empty is refused where a node reads it before filling it.
+  // Views, shape queries and operators that take a tensor only as a template of shape and
+  // dtype (zeros_like, new_full, the functional fill/zero/copy of a decomposed export) read no
+  // values. Every read of the node is judged before its writes are noted (b.add_(b) reads b
+  // before it writes it).
+  void checkMemoryUse(const Node* n, const std::map<const Value*, Entry>& env,
+                      const std::string& path) {
+    const c10::FunctionSchema* schema = n->maybeSchema();
+    const std::string k = n->kind().toQualString();
+    static const std::set<std::string> kReadsNoValues = {"aten::size",
+                                                         "aten::dim",
+                                                         "aten::numel",
+                                                         "prim::dtype",
+                                                         "prim::device",
+                                                         "prim::layout",
+                                                         "prim::ListConstruct",
+                                                         "prim::TupleConstruct",
+                                                         "prim::ListUnpack",
+                                                         "prim::TupleUnpack",
+                                                         "aten::zeros_like",
+                                                         "aten::ones_like",
+                                                         "aten::full_like",
+                                                         "aten::empty_like",
+                                                         "aten::new_zeros",
+                                                         "aten::new_ones",
+                                                         "aten::new_full",
+                                                         "aten::new_empty",
+                                                         "aten::new_empty_strided"};
+    // Operators whose first argument gives only the shape (and dtype) of what they return.
+    static const std::set<std::string> kFirstIsTemplate = {"aten::fill", "aten::zero",
+                                                           "aten::copy"};
+    bool view = false;
+    if (schema && !schema->returns().empty()) {
+      const auto* ret = schema->returns()[0].alias_info();
+      view = ret && !ret->isWrite();
+    }
+    const auto argName = [&](size_t i) {
+      return schema && i < schema->arguments().size() ? schema->arguments()[i].name()
+                                                      : std::string();
+    };
+    const auto written = [&](size_t i) {
+      if (!schema || i >= schema->arguments().size()) return false;
+      const auto* a = schema->arguments()[i].alias_info();
+      return a && a->isWrite();
+    };
+    const bool fills = k == "aten::fill_" || k == "aten::zero_" || k == "aten::copy_";
+    const auto tensorsOf = [&](size_t i) {
+      std::vector<at::Tensor> out;
+      const Entry& e = env.at(n->input(i));
+      if (e.v.isTensor()) out.push_back(e.v.toTensor());
+      if (e.v.isTensorList()) out = e.v.toTensorVector();
+      return out;
+    };
+    // Reads.
+    const bool readsNone = view || kReadsNoValues.count(k) > 0;
+    for (size_t i = 0; i < n->inputs().size() && !readsNone; ++i) {
+      if (i == 0 && kFirstIsTemplate.count(k)) continue;
+      if (k == "aten::type_as" && i == 1) continue;
+      // Written whole without being read: the first argument of fill_/zero_/copy_, an out=.
+      if (written(i) && ((fills && i == 0) || argName(i) == "out")) continue;
+      for (const at::Tensor& t : tensorsOf(i)) {
+        const c10::StorageImpl* st = storageOf(t);
+        if (!st) continue;
+        if (auto it = uninitialised_.find(st); it != uninitialised_.end()) {
+          throw ImportError(where(n, path) + " reads memory that " + it->second.second +
+                            " left uninitialised (torch.empty): its values are whatever the "
+                            "allocator held, other on every run; fill it first (torch.zeros, "
+                            ".fill_, .copy_)");
+        }
+        // (A node that updates the buffer again, add_ on it, only moves its state further.)
+        if (auto it = writtenState_.find(st); it != writtenState_.end() && !written(i)) {
+          throw ImportError(where(n, path) + " reads " + it->second.first +
+                            ", which this forward wrote in place before (" + it->second.second +
+                            "): the reference runs the module's forward again for every "
+                            "micro-batch and step, each time from the state the last one left, "
+                            "while the graph holds one forward's; keep the update out of the "
+                            "forward, or do not read it there");
+        }
+      }
+    }
+    // Writes.
+    for (size_t i = 0; i < n->inputs().size(); ++i) {
+      if (!written(i)) continue;
+      for (const at::Tensor& t : tensorsOf(i)) {
+        const c10::StorageImpl* st = storageOf(t);
+        if (!st) continue;
+        if (auto it = state_.find(st); it != state_.end()) {
+          if (it->second.kind != State::kBuffer) {
+            const bool input = it->second.kind == State::kInput;
+            throw ImportError(
+                where(n, path) + " writes in place into " + it->second.what +
+                ": the forward changes " + (input ? "its input" : "a parameter") +
+                ", so the reference, which runs the module on the stored tensors, would start "
+                "each run from other values than the graph; " +
+                (k == "aten::embedding_renorm_"
+                     ? "nn.Embedding(max_norm=...) renormalises its weight in place: trace it "
+                       "without max_norm"
+                     : "write the model out of place (x = x + 1, not x.add_(1))"));
+          }
+          writtenState_.emplace(st, std::make_pair(it->second.what, where(n, path)));
+        }
+        // Filled whole: no longer uninitialised. (A write through a view of part of it counts
+        // as filling it all: a read of the rest is not caught.)
+        if ((fills && i == 0) || argName(i) == "out") uninitialised_.erase(st);
+      }
     }
   }
 
@@ -360,6 +522,7 @@ class Walker {
                         ": a number read from a tensor computed by the model: the graph would "
                         "depend on the data");
     }
+    checkMemoryUse(n, env, path);
     torch::jit::Stack stack;
     for (const Value* v : n->inputs()) stack.push_back(env.at(v).v);
     try {
@@ -386,6 +549,19 @@ class Walker {
                         operandsText(n, env) + failureHint(n, env));
     }
     for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]].v = stack.at(i);
+    // Memory left as the allocator had it: its values are whatever was there before, another
+    // on every run, so a graph that folds them in and the module's own forward never agree.
+    // (Kept alive by the map, so that no later tensor reuses the address; one of no bytes
+    // holds nothing to read.)
+    if (k == "aten::empty" || k == "aten::empty_like" || k == "aten::empty_strided" ||
+        k == "aten::empty_permuted" || k == "aten::new_empty" || k == "aten::new_empty_strided") {
+      if (stack.at(0).isTensor()) {
+        const at::Tensor& t = stack.at(0).toTensor();
+        if (const auto* st = storageOf(t); st && t.storage().nbytes() > 0) {
+          uninitialised_.emplace(st, std::make_pair(t.storage(), where(n, path)));
+        }
+      }
+    }
     if (kind == c10::aten::size && spec_.fault == "shape_constant_off_by_one" && !faulted_ &&
         stack.at(0).isInt()) {
       env[n->output()].v = stack.at(0).toInt() + 1;  // planted: a folded shape off by one
@@ -432,6 +608,12 @@ class Walker {
   GraphMapper map_;
   std::map<const c10::TensorImpl*, std::string> paramName_, bufferName_;
   std::set<const c10::TensorImpl*> frozen_;  // parameters with requires_grad=False
+  std::map<const c10::StorageImpl*, State> state_;  // inputs', parameters' and buffers' memory
+  // Buffers written in place so far: what, and by which node.
+  std::map<const c10::StorageImpl*, std::pair<std::string, std::string>> writtenState_;
+  // torch.empty's memory not yet filled: the storage (held, so that its address is not reused
+  // by a later tensor while it is listed) and the node that made it.
+  std::map<const c10::StorageImpl*, std::pair<c10::Storage, std::string>> uninitialised_;
   bool faulted_ = false;
   at::Generator gen_ = at::make_generator<at::CPUGeneratorImpl>(0);
 };
