@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include "harness/box.h"
 #include "harness/registry.h"
+#include "harness/run/row_checks.h"
 #include "strategies/sharding/linear/linear_strategies.h"
 #include "strategies/test/test_util.h"
 
@@ -165,6 +167,86 @@ std::string planError(const harness::Suite& s, const harness::RunOptions& o = {}
     return e.what();
   }
   return "";
+}
+
+// FSDP's declared layouts against the layout its name claims (FSDP2's Shard(0), ZeRO's sharded
+// state, HSDP's (Replicate(), Shard(0))), derived apart from the executor (issue 59): every
+// kind agrees on uneven shapes, and a layout that is wrong in the declaration (as it would be
+// in an executor that shares it: HSDP sharded over the replica axis) is named by the check.
+reference::WorkloadData fsdpLikeData() {
+  reference::WorkloadData d;
+  // Rows that 4 ranks cut unevenly (5: 2, 2, 1, 0) or leave empty (2), a vector, a scalar.
+  for (const auto& [name, shape] :
+       std::vector<std::pair<std::string, std::vector<int64_t>>>{{"param/w", {5, 3}},
+                                                                 {"param/b", {2}},
+                                                                 {"state/w/exp_avg", {5, 3}},
+                                                                 {"state/step", {}},
+                                                                 {"loss", {}}}) {
+    d.expected[name] = at::zeros(shape);
+    d.checked.push_back(name);
+  }
+  return d;
+}
+
+TEST(SpecCheck, FsdpsDeclaredLayoutsAreTheOnesItsNamesClaim) {
+  const auto data = fsdpLikeData();
+  for (const std::string kind : {"ddp", "zero1", "zero2", "zero3", "hsdp"}) {
+    const auto& s = test::strategy("sharding/fsdp/" + kind);
+    harness::CaseSpec c = test::linearCase(
+        {4, 4}, 4, kind == "hsdp" ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{4});
+    const auto check = harness::specCheck(c, data, s, 4);
+    EXPECT_TRUE(check.problems.empty()) << kind << ": " << check.problems.front();
+    // param/w, param/b and state/w/exp_avg on every rank; state/step and the loss state none.
+    EXPECT_EQ(check.checked, 3 * 4) << kind;
+  }
+}
+
+// HSDP declared as if sharded over mesh axis 0 and replicated over axis 1 (ranks 1 and 2 of the
+// 2 x 2 mesh hold the other shard): the strategy otherwise as it is.
+class HsdpAxesSwapped final : public harness::Strategy {
+ public:
+  explicit HsdpAxesSwapped(const harness::Strategy& inner)
+      : Strategy(inner.id(), inner.displayName(), inner.family()), inner_(inner) {}
+  harness::Applicability applies(const harness::CaseSpec& c) const override {
+    return inner_.applies(c);
+  }
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
+    return inner_.makeExecutor(c);
+  }
+  harness::Box resultBox(const std::string& t, const harness::CaseSpec& c, int r) const override {
+    return inner_.resultBox(t, c, r);
+  }
+  harness::Box resultBoxOf(const std::string& t, const harness::CaseSpec& c, int r,
+                           at::IntArrayRef shape) const override {
+    if (t.rfind("param/", 0) != 0 && (t.rfind("state/", 0) != 0 || t == "state/step")) {
+      return inner_.resultBoxOf(t, c, r, shape);
+    }
+    return harness::chunkBox(shape, 0, c.mesh.at(0), r / static_cast<int>(c.mesh.at(1)));
+  }
+  std::optional<SpecifiedBox> specifiedBox(const std::string& t, const harness::CaseSpec& c, int r,
+                                           at::IntArrayRef shape) const override {
+    return inner_.specifiedBox(t, c, r, shape);
+  }
+  harness::CommStats predictComm(const harness::CaseSpec& c, int r) const override {
+    return inner_.predictComm(c, r);
+  }
+
+ private:
+  const harness::Strategy& inner_;
+};
+
+TEST(SpecCheck, AnHsdpLayoutShardedOverTheReplicaAxisIsNamed) {
+  const HsdpAxesSwapped swapped(test::strategy("sharding/fsdp/hsdp"));
+  const auto check =
+      harness::specCheck(test::linearCase({4, 4}, 4, {2, 2}), fsdpLikeData(), swapped, 4);
+  ASSERT_EQ(check.problems.size(), 3u);  // param/w, param/b, state/w/exp_avg
+  EXPECT_NE(check.problems[0].find("layout: param/w on rank 1 is declared [0:3, 0:3] but the "
+                                   "strategy's specification hsdp: the parameter as "
+                                   "(Replicate(), Shard(0))"),
+            std::string::npos)
+      << check.problems[0];
+  EXPECT_NE(check.problems[0].find("puts [3:5, 0:3] there (and on 1 more rank)"), std::string::npos)
+      << check.problems[0];
 }
 
 TEST(PlanSuite, AnUnknownStrategyIdIsRejectedWithItsCase) {

@@ -77,6 +77,7 @@
 #include "strategies/sharding/auto/plan_trace.h"
 #include "strategies/sharding/fsdp/fsdp_executor.h"
 #include "strategies/sharding/fsdp/fsdp_plan.h"
+#include "strategies/sharding/layout/spec_boxes.h"
 
 namespace sb::strategies::fsdp {
 namespace {
@@ -261,6 +262,47 @@ class FsdpStrategy final : public harness::Strategy {
       return harness::chunkBox(fullShape, 0, l.shardParts, l.shardIndex);
     }
     return Box::whole(fullShape);
+  }
+
+  // The layout the strategy's name claims, derived from the name and the case's mesh alone
+  // through spec_boxes.h (nothing of Layout::of, which the executor and resultBoxOf share), so
+  // that a layout wrong in both is a row failure (Strategy::specifiedBox). Sharding is FSDP2's
+  // `fully_shard`: each parameter on its own, Shard(0) on the data-parallel mesh, which is
+  // ShardedTensor's ChunkShardingSpec(dim=0, placements=[0, ..., W-1]); ZeRO stages 1 and 2
+  // shard only the optimizer state so, stage 3 the parameters too, DDP nothing; HSDP is
+  // (Replicate(), Shard(0)) on the 2-D mesh [replicate, shard], ColossalAI's [S1, R, ...].
+  std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
+                                           at::IntArrayRef fullShape) const override {
+    const bool param = tensor.rfind("param/", 0) == 0;
+    const bool state = tensor.rfind("state/", 0) == 0 && tensor != "state/step";
+    if (!(param || state) || fullShape.empty()) return std::nullopt;
+    const std::string prefix = "sharding/fsdp/";
+    const std::string named = id().rfind(prefix, 0) == 0 ? id().substr(prefix.size()) : id();
+    const bool shardsParameters = named == "zero3" || named == "hsdp";
+    const bool shardsOptimizerState = shardsParameters || named == "zero1" || named == "zero2";
+    TORCH_CHECK(shardsOptimizerState || named == "ddp", "`", id(),
+                "` names none of ddp, zero1, zero2, zero3, hsdp");
+    const std::string what = param ? "parameter" : "optimizer state";
+    if (!(param ? shardsParameters : shardsOptimizerState)) {
+      return SpecifiedBox{harness::Box{std::vector<int64_t>(fullShape.size(), 0), fullShape.vec()},
+                          named + ": the " + what + " whole on every rank"};
+    }
+    if (named == "hsdp") {
+      std::string sequence = "[S1";
+      for (size_t d = 1; d < fullShape.size(); ++d) sequence += ", R";
+      sequence += "]";
+      return SpecifiedBox{harness::colossalSequenceBox(sequence, fullShape, c.mesh, rank),
+                          "hsdp: the " + what +
+                              " as (Replicate(), Shard(0)) on the mesh [replicate, shard] "
+                              "(ColossalAI " +
+                              sequence + ")"};
+    }
+    std::vector<int> placements(static_cast<size_t>(c.meshSize()));
+    for (size_t r = 0; r < placements.size(); ++r) placements[r] = static_cast<int>(r);
+    return SpecifiedBox{harness::chunkSpecBox(0, placements, fullShape, rank),
+                        named + ": the " + what +
+                            " as FSDP2's Shard(0), ChunkShardingSpec(dim=0, placements=[0, ..., " +
+                            std::to_string(placements.size() - 1) + "])"};
   }
 
   CommStats predictComm(const CaseSpec& c, int rank) const override {
