@@ -1,6 +1,9 @@
 // Deliberately wrong executors must be reported as `fail` (or `error`), never `pass`; and
 // bad requests must be rejected before anything runs.
 
+#include <functional>
+#include <optional>
+
 #include <gtest/gtest.h>
 
 #include "harness/box.h"
@@ -201,12 +204,17 @@ TEST(SpecCheck, FsdpsDeclaredLayoutsAreTheOnesItsNamesClaim) {
   }
 }
 
-// HSDP declared as if sharded over mesh axis 0 and replicated over axis 1 (ranks 1 and 2 of the
-// 2 x 2 mesh hold the other shard): the strategy otherwise as it is.
-class HsdpAxesSwapped final : public harness::Strategy {
+// A strategy as it is but for the layout it declares for some tensors (`declare` returns
+// nullopt for the others): a layout wrong in the declaration, as it would be in an executor that
+// shares it.
+class DeclaredLayout final : public harness::Strategy {
  public:
-  explicit HsdpAxesSwapped(const harness::Strategy& inner)
-      : Strategy(inner.id(), inner.displayName(), inner.family()), inner_(inner) {}
+  using Declare = std::function<std::optional<harness::Box>(
+      const std::string&, const harness::CaseSpec&, int, at::IntArrayRef)>;
+  DeclaredLayout(const harness::Strategy& inner, Declare declare)
+      : Strategy(inner.id(), inner.displayName(), inner.family()),
+        inner_(inner),
+        declare_(std::move(declare)) {}
   harness::Applicability applies(const harness::CaseSpec& c) const override {
     return inner_.applies(c);
   }
@@ -218,10 +226,8 @@ class HsdpAxesSwapped final : public harness::Strategy {
   }
   harness::Box resultBoxOf(const std::string& t, const harness::CaseSpec& c, int r,
                            at::IntArrayRef shape) const override {
-    if (t.rfind("param/", 0) != 0 && (t.rfind("state/", 0) != 0 || t == "state/step")) {
-      return inner_.resultBoxOf(t, c, r, shape);
-    }
-    return harness::chunkBox(shape, 0, c.mesh.at(0), r / static_cast<int>(c.mesh.at(1)));
+    if (auto b = declare_(t, c, r, shape)) return *b;
+    return inner_.resultBoxOf(t, c, r, shape);
   }
   std::optional<SpecifiedBox> specifiedBox(const std::string& t, const harness::CaseSpec& c, int r,
                                            at::IntArrayRef shape) const override {
@@ -233,10 +239,21 @@ class HsdpAxesSwapped final : public harness::Strategy {
 
  private:
   const harness::Strategy& inner_;
+  Declare declare_;
 };
 
 TEST(SpecCheck, AnHsdpLayoutShardedOverTheReplicaAxisIsNamed) {
-  const HsdpAxesSwapped swapped(test::strategy("sharding/fsdp/hsdp"));
+  // Sharded over mesh axis 0 and replicated over axis 1: ranks 1 and 2 of the 2 x 2 mesh hold
+  // the other shard.
+  const DeclaredLayout swapped(
+      test::strategy("sharding/fsdp/hsdp"),
+      [](const std::string& t, const harness::CaseSpec& c, int r,
+         at::IntArrayRef shape) -> std::optional<harness::Box> {
+        if (t.rfind("param/", 0) != 0 && (t.rfind("state/", 0) != 0 || t == "state/step")) {
+          return std::nullopt;
+        }
+        return harness::chunkBox(shape, 0, c.mesh.at(0), r / static_cast<int>(c.mesh.at(1)));
+      });
   const auto check =
       harness::specCheck(test::linearCase({4, 4}, 4, {2, 2}), fsdpLikeData(), swapped, 4);
   ASSERT_EQ(check.problems.size(), 3u);  // param/w, param/b, state/w/exp_avg
@@ -247,6 +264,53 @@ TEST(SpecCheck, AnHsdpLayoutShardedOverTheReplicaAxisIsNamed) {
       << check.problems[0];
   EXPECT_NE(check.problems[0].find("puts [3:5, 0:3] there (and on 1 more rank)"), std::string::npos)
       << check.problems[0];
+}
+
+// Megatron's block: every parameter's, gradient's and optimizer state's declared piece is
+// Megatron-LM's (column- and row-parallel linears, whole layer norms) on 1-D and [dp, tp]
+// meshes; an output projection declared column-parallel (an executor that splits it so would
+// agree with itself) is named.
+TEST(SpecCheck, MegatronsDeclaredLayoutsAreMegatronLmsAndAWrongOneIsNamed) {
+  for (const std::string id : {"sharding/megatron/tp", "sharding/megatron/tp_sp"}) {
+    for (const auto& mesh : std::vector<std::vector<int64_t>>{{4}, {2, 2}}) {
+      const auto& s = test::strategy(id);
+      harness::CaseSpec c = test::linearCase({4, 4}, 4, mesh);
+      c.workload = "block";
+      c.shape = {{"batch", 2}, {"seq", 8}, {"d_model", 16}, {"heads", 4}};
+      reference::WorkloadData data;
+      for (const auto& [name, dims] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+               {"grad/attn.qkv.weight", {48, 16}},
+               {"grad/attn.qkv.bias", {48}},
+               {"grad/attn.proj.weight", {16, 16}},
+               {"grad/attn.proj.bias", {16}},
+               {"param/mlp.fc.weight", {64, 16}},
+               {"state/mlp.proj.weight/exp_avg", {16, 64}},
+               {"grad/ln_2.weight", {16}}}) {
+        data.expected[name] = at::zeros(dims);
+        data.checked.push_back(name);
+      }
+      const auto check = harness::specCheck(c, data, s, 4);
+      EXPECT_TRUE(check.problems.empty()) << id << ": " << check.problems.front();
+      EXPECT_EQ(check.checked, 7 * 4) << id;
+      const DeclaredLayout column(s,
+                                  [](const std::string& t, const harness::CaseSpec& c, int r,
+                                     at::IntArrayRef shape) -> std::optional<harness::Box> {
+                                    if (t != "grad/attn.proj.weight") return std::nullopt;
+                                    return harness::chunkBox(shape, 0, c.mesh.back(),
+                                                             r % c.mesh.back());
+                                  });
+      const auto wrong = harness::specCheck(c, data, column, 4);
+      ASSERT_EQ(wrong.problems.size(), 1u) << id;
+      EXPECT_NE(wrong.problems[0].find("layout: grad/attn.proj.weight on rank 0 is declared "
+                                       "[0:" +
+                                       std::to_string(16 / mesh.back()) + ", 0:16]"),
+                std::string::npos)
+          << wrong.problems[0];
+      EXPECT_NE(wrong.problems[0].find("Megatron-LM attn.proj.weight (RowParallelLinear"),
+                std::string::npos)
+          << wrong.problems[0];
+    }
+  }
 }
 
 TEST(PlanSuite, AnUnknownStrategyIdIsRejectedWithItsCase) {

@@ -45,6 +45,7 @@
 #include "reference/ops.h"
 #include "reference/training.h"
 #include "strategies/sharding/composite/megatron_memory.h"
+#include "strategies/sharding/layout/spec_boxes.h"
 #include "strategies/sharding/sharding_util.h"
 
 namespace sb::strategies {
@@ -359,6 +360,48 @@ class MegatronStrategy final : public harness::Strategy {
     // A step's loss and gradient norm, and AdamW's step count: every rank holds them whole.
     if (harness::isWholeTrainingResult(tensor)) return Box::whole(fullShape);
     return resultBox(tensor, c, rank);
+  }
+  // Megatron-LM's plan for a GPT block, as its layers state it, derived from the parameter's
+  // name and the case's mesh through spec_boxes.h (nothing of paramBox, tpDim or geometryOf,
+  // which the executor shares): ColumnParallelLinear (attn.qkv, mlp.fc) splits its weight's
+  // output rows and its bias, RowParallelLinear (attn.proj, mlp.proj) its weight's input
+  // columns and keeps its bias whole, layer norms are whole; the tensor-parallel group is the
+  // mesh's last axis (a 2-D mesh is [dp, tp]), every piece replicated over data parallelism.
+  // Gradients and optimizer state have their parameter's layout.
+  std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
+                                           at::IntArrayRef fullShape) const override {
+    const size_t slash = tensor.find('/');
+    const std::string kind = tensor.substr(0, slash);
+    if (slash == std::string::npos || !(kind == "grad" || kind == "param" || kind == "state") ||
+        tensor == "state/step" || fullShape.empty()) {
+      return std::nullopt;
+    }
+    std::string name = tensor.substr(slash + 1);
+    if (kind == "state") name = name.substr(0, name.rfind('/'));
+    const auto endsWith = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    const bool column = name.rfind("attn.qkv.", 0) == 0 || name.rfind("mlp.fc.", 0) == 0;
+    const bool row = name.rfind("attn.proj.", 0) == 0 || name.rfind("mlp.proj.", 0) == 0;
+    const std::string tpAxis = std::to_string(c.mesh.size() - 1);
+    std::vector<std::string> dims(fullShape.size(), "R");
+    std::string layer = "LayerNorm: whole";
+    if (column) {
+      dims[0] = "S" + tpAxis;
+      layer = "ColumnParallelLinear: its output features over tp";
+    } else if (row && endsWith(".weight")) {
+      if (dims.size() > 1) dims[1] = "S" + tpAxis;
+      layer = "RowParallelLinear: its input features over tp";
+    } else if (row) {
+      layer = "RowParallelLinear: its bias whole";
+    }
+    std::string sequence = "[";
+    for (size_t d = 0; d < dims.size(); ++d) sequence += (d ? ", " : "") + dims[d];
+    sequence += "]";
+    return SpecifiedBox{harness::colossalSequenceBox(sequence, fullShape, c.mesh, rank),
+                        "Megatron-LM " + name + " (" + layer + "; tp mesh axis " + tpAxis +
+                            ": ColossalAI " + sequence + ")"};
   }
   bool trainsSteps() const override { return true; }
 
