@@ -61,6 +61,18 @@ std::string checkResultPath(const std::string& path) {
                        kindOf(st.st_mode) +
                        "; only a regular file or a new path is replaced by a result file");
     }
+    // A run's own results (`stratbench run` writes them, and nothing else may replace them):
+    // `noise --out RUN/results.csv` destroyed one of the runs it had just read.
+    const std::string name = target.substr(target.rfind('/') + 1);
+    for (const char* kept :
+         {"results.csv", "results.json", "results.partial.csv", "results.partial.json"}) {
+      if (name == kept) {
+        throw InputError(path + (target == path ? "" : " (-> " + target + ")") +
+                         " holds a run's results (" + kept +
+                         ", which `stratbench run` writes): replacing it would lose that run; "
+                         "give another path");
+      }
+    }
   } else if (errno != ENOENT) {
     throw InputError(path + ": " + std::strerror(errno));
   } else {

@@ -9,8 +9,9 @@
 
 namespace sb::harness {
 
-// Checks, before any work, that `path` may receive a result file (the rules below); returns the
-// path written (the end of a symbolic link at `path`). Throws InputError naming the path.
+// Checks, before any work, that `path` may receive a result file (the rules below, and never an
+// existing run's results.csv / results.json, partial or not); returns the path written (the end
+// of a symbolic link at `path`). Throws InputError naming the path.
 std::string checkResultPath(const std::string& path);
 
 // Writes `content` to `path`: into a temporary file beside it (PATH.tmp.PID), flushed to disk,
