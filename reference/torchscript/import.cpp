@@ -169,6 +169,11 @@ class Walker {
   }
 
  private:
+  // "node aten::mul_ (in 'block', code/__torch__.py:13)": where(), without the file.
+  std::string nodeText(const Node* n, const std::string& path) const {
+    return where(n, path).substr(spec_.file.size() + 2);
+  }
+
   std::string where(const Node* n, const std::string& path) const {
     const std::string line = sourceLine(n);
     std::string loc = line.empty() ? "" : ", " + line;
@@ -391,6 +396,7 @@ class Walker {
       for (const at::Tensor& t : tensorsOf(i)) {
         const c10::StorageImpl* st = storageOf(t);
         if (!st) continue;
+        lastWrite_[st] = {clock_, nodeText(n, path)};
         if (auto it = state_.find(st); it != state_.end()) {
           if (it->second.kind != State::kBuffer) {
             const bool input = it->second.kind == State::kInput;
@@ -404,7 +410,7 @@ class Walker {
                        "without max_norm"
                      : "write the model out of place (x = x + 1, not x.add_(1))"));
           }
-          writtenState_.emplace(st, std::make_pair(it->second.what, where(n, path)));
+          writtenState_.emplace(st, std::make_pair(it->second.what, nodeText(n, path)));
         }
         // Filled whole: no longer uninitialised. (A write through a view of part of it counts
         // as filling it all: a read of the rest is not caught.)
@@ -420,10 +426,18 @@ class Walker {
   std::vector<Entry> walk(torch::jit::Graph& graph, const std::vector<Entry>& args,
                           const std::string& path) {
     std::map<const Value*, Entry> env;
-    for (size_t i = 0; i < graph.inputs().size(); ++i) env[graph.inputs()[i]] = args.at(i);
+    for (size_t i = 0; i < graph.inputs().size(); ++i) {
+      env[graph.inputs()[i]] = args.at(i);
+      born_[graph.inputs()[i]] = clock_;
+    }
     for (Node* n : graph.nodes()) step(n, env, pathOf(n, path));
     std::vector<Entry> out;
-    for (const Value* v : graph.outputs()) out.push_back(env.at(v));
+    for (const Value* v : graph.outputs()) {
+      refuseIfStale(v, env.at(v),
+                    path.empty() ? spec_.file + ": the forward's result"
+                                 : spec_.file + ": what '" + path + "' returns");
+      out.push_back(env.at(v));
+    }
     return out;
   }
 
@@ -447,6 +461,28 @@ class Walker {
     return e;
   }
 
+  // A value read after its memory was written in place by a later node (through a view of it,
+  // or it a view of what was written): the graph holds values, not memory, so it would read
+  // the value as it was before the write, where the module reads it after. Refused, naming it.
+  void refuseIfStale(const Value* v, const Entry& e, const std::string& who) const {
+    // (A constant of the trace is folded as its memory holds it, written or not.)
+    if (!e.dynamic) return;
+    std::vector<at::Tensor> tensors;
+    if (e.v.isTensor()) tensors.push_back(e.v.toTensor());
+    if (e.v.isTensorList()) tensors = e.v.toTensorVector();
+    const auto born = born_.find(v);
+    const uint64_t bornAt = born == born_.end() ? 0 : born->second;
+    for (const at::Tensor& t : tensors) {
+      const auto w = lastWrite_.find(storageOf(t));
+      if (w == lastWrite_.end() || w->second.first <= bornAt) continue;
+      throw ImportError(who + " reads '" + v->debugName() + "', whose memory " + w->second.second +
+                        " wrote in place after it was computed (through a view of it, or of what "
+                        "it is a view of): the graph holds values, so it would read it as it was "
+                        "before that write, and the module after; write the model out of place "
+                        "(y = y * 2, or torch.cat, not an in-place op on a view)");
+    }
+  }
+
   void step(Node* n, std::map<const Value*, Entry>& env, const std::string& path) {
     const auto kind = n->kind();
     if (kind == c10::prim::Constant) {
@@ -455,8 +491,20 @@ class Walker {
     }
     if (kind == c10::prim::GetAttr) {
       env[n->output()] = getAttr(n, env.at(n->input(0)));
+      born_[n->output()] = clock_;
       return;
     }
+    ++clock_;
+    // What the node reads, against in-place writes since each value was computed (shape
+    // queries read no values).
+    {
+      const std::string k = kind.toQualString();
+      if (!(k == "aten::size" || k == "aten::dim" || k == "aten::numel" || k == "prim::dtype" ||
+            k == "prim::device" || k == "prim::layout")) {
+        for (const Value* v : n->inputs()) refuseIfStale(v, env.at(v), where(n, path));
+      }
+    }
+    for (const Value* v : n->outputs()) born_[v] = clock_;
     // A decomposed export's buffer update (export.h): module state for the next forward, not
     // part of this one's graph.
     if (kind == c10::prim::SetAttr) return;
@@ -467,7 +515,10 @@ class Walker {
       std::vector<Entry> args;
       for (const Value* v : n->inputs()) args.push_back(env.at(v));
       const auto results = walk(*method.graph(), args, self.module);
-      for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]] = results.at(i);
+      for (size_t i = 0; i < n->outputs().size(); ++i) {
+        env[n->outputs()[i]] = results.at(i);
+        born_[n->outputs()[i]] = clock_;  // as the call returns, after its nodes' writes
+      }
       return;
     }
     if (kind == c10::prim::If || kind == c10::prim::Loop || kind == c10::prim::CallFunction ||
@@ -558,7 +609,7 @@ class Walker {
       if (stack.at(0).isTensor()) {
         const at::Tensor& t = stack.at(0).toTensor();
         if (const auto* st = storageOf(t); st && t.storage().nbytes() > 0) {
-          uninitialised_.emplace(st, std::make_pair(t.storage(), where(n, path)));
+          uninitialised_.emplace(st, std::make_pair(t.storage(), nodeText(n, path)));
         }
       }
     }
@@ -614,6 +665,11 @@ class Walker {
   // torch.empty's memory not yet filled: the storage (held, so that its address is not reused
   // by a later tensor while it is listed) and the node that made it.
   std::map<const c10::StorageImpl*, std::pair<c10::Storage, std::string>> uninitialised_;
+  // Nodes run so far, when each value was computed, and the last in-place write into each
+  // storage (when, and by which node): a value read after a later write is stale.
+  uint64_t clock_ = 0;
+  std::map<const Value*, uint64_t> born_;
+  std::map<const c10::StorageImpl*, std::pair<uint64_t, std::string>> lastWrite_;
   bool faulted_ = false;
   at::Generator gen_ = at::make_generator<at::CPUGeneratorImpl>(0);
 };

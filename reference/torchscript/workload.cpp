@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "reference/torchscript/export.h"
 #include "reference/torchscript/import.h"
@@ -283,14 +284,40 @@ LoadedModule loadModule(const ImportSpec& spec, const ImportedModel& m, at::Scal
     at::NoGradGuard noGrad;
     for (const auto& [name, dims] : m.graph.parameters) l.own.at(name).copy_(inputs.at(name));
   }
+  // The graph's parameters are the trainable ones; a frozen one stays so (module state). A
+  // parameter tied to another (b.weight = a.weight: one tensor under two names, of which the
+  // graph keeps the first) is trained under either name: deciding by each name would freeze
+  // the tensor under the second.
+  std::set<const c10::TensorImpl*> trained;
+  for (const auto& [name, dims] : m.graph.parameters) {
+    if (auto it = l.own.find(name); it != l.own.end()) {
+      trained.insert(it->second.unsafeGetTensorImpl());
+    }
+  }
   for (auto& [name, p] : l.own) {
-    // The graph's parameters are the trainable ones; a frozen one stays so (module state).
-    const auto& trained = m.graph.parameters;
-    p.set_requires_grad(std::any_of(trained.begin(), trained.end(),
-                                    [&](const auto& q) { return q.first == name; }));
+    p.set_requires_grad(trained.count(p.unsafeGetTensorImpl()) > 0);
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
   }
   return l;
+}
+
+// A trainable parameter that PyTorch's own backward leaves without a gradient (it reaches the
+// output only through detach(), an integer operation or a no-grad region) has nothing to
+// compare: said as the model's property on every row, not as every strategy missing it.
+void refuseUngraded(const ImportSpec& spec, const ImportedModel& m, const LoadedModule& l) {
+  std::string names;
+  int count = 0;
+  for (const auto& [name, dims] : m.graph.parameters) {
+    if (l.own.at(name).grad().defined()) continue;
+    if (++count <= 8) names += (names.empty() ? "" : ", ") + name;
+  }
+  if (count == 0) return;
+  if (count > 8) names += ", ... (" + std::to_string(count) + " in all)";
+  throw std::runtime_error(
+      spec.file + ": PyTorch's backward gives no gradient to " + names +
+      ", which the forward reads: it reaches the output only through detach(), an integer "
+      "operation or a no-grad region, so there is no gradient to verify; freeze it "
+      "(requires_grad=False) or let the output depend on it differentiably");
 }
 
 // TorchScript's graph executor runs a module as traced the first time and, from PyTorch 2.x's
@@ -394,6 +421,7 @@ class TorchscriptWorkload final : public Workload {
     LoadedModule l = loadModule(spec, *m, dtype, d.inputs);
     const NoExecutorOptimization noOptimization;
     const auto outs = forwardBackward(l.module, spec, *m, d, nullptr);
+    refuseUngraded(spec, *m, l);
     d.expected["output"] = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
     d.checked.push_back("output");
     for (const auto& [name, dims] : m->graph.parameters) {
@@ -426,6 +454,7 @@ WorkloadData buildTraining(const nlohmann::json& shape, at::ScalarType dtype, ui
     for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
     double loss = 0;
     forwardBackward(l.module, spec, *m, d, &loss);
+    if (k == 0) refuseUngraded(spec, *m, l);
     loop.update(loss);
   }
   loop.write(d.expected, &d.checked);
