@@ -44,15 +44,20 @@ int launchMain(int argc, char** argv) {
   app.add_option("-n,--nproc-per-node", o.procsPerNode, "Ranks to start on this host")
       ->required()
       ->check(sb::cli::wholeNumber(1, 1024, "ranks"));
-  app.add_option("--nnodes", o.nnodes, "Hosts taking part, each running its own launch")
-      ->check(sb::cli::wholeNumber(1, 4096, "hosts"));
+  auto* nnodes =
+      app.add_option("--nnodes", o.nnodes, "Hosts taking part, each running its own launch")
+          ->check(sb::cli::wholeNumber(1, 4096, "hosts"));
   app.add_option("--node-rank", o.nodeRank, "This host's place among them (0 serves the store)")
       ->check(sb::cli::wholeNumber(0, 4095, "hosts"));
-  app.add_option("--master-addr", o.masterAddr, "Address of node 0")->capture_default_str();
+  auto* masterAddr =
+      app.add_option("--master-addr", o.masterAddr, "Address of node 0")->capture_default_str();
   app.add_option("--master-port", o.masterPort, "Port of node 0's store (0: any free port)")
       ->check(sb::cli::wholeNumber(0, 65535, "port"));
+  // Given beside them, one would silently override the other.
   app.add_option("--hosts", hosts,
-                 "Comma-separated hosts, node 0 first: sets --nnodes and --master-addr");
+                 "Comma-separated hosts, node 0 first: sets --nnodes and --master-addr")
+      ->excludes(nnodes)
+      ->excludes(masterAddr);
   // At least a second: below it the store's own connect and serve calls time out before any
   // rank can reach it ("cannot serve the store on port 0" said nothing of the timeout).
   app.add_option("--timeout", timeoutSec,

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -52,6 +53,16 @@ int runSuite(RunArgs& a, const CLI::App& run) {
       std::cerr << "stratbench: --plant-fault '" << pf << "': expected STRATEGY_ID=FAULT\n";
       return kExitBadInput;
     }
+    // One fault a strategy: a second for the same id would be dropped (or refused with a
+    // reason that is not the one).
+    for (const auto& [id, fault] : opts.plantedFaults) {
+      if (id == pf.substr(0, eq)) {
+        std::cerr << "stratbench: --plant-fault '" << pf << "': strategy '" << id
+                  << "' has a planted fault already ('" << fault
+                  << "'): plant one fault per strategy a run\n";
+        return kExitBadInput;
+      }
+    }
     opts.plantedFaults.emplace_back(pf.substr(0, eq), pf.substr(eq + 1));
   }
   for (const auto& ps : a.plantSlowdowns) {
@@ -64,7 +75,34 @@ int runSuite(RunArgs& a, const CLI::App& run) {
                 << "': expected STRATEGY_ID=PERCENT with PERCENT in (0, 1000]\n";
       return kExitBadInput;
     }
+    for (const auto& [id, given] : opts.plantedSlowdowns) {
+      if (id == ps.substr(0, eq)) {
+        std::cerr << "stratbench: --plant-slowdown '" << ps << "': strategy '" << id
+                  << "' has a planted slowdown already (" << given * 100
+                  << "%): give one per strategy\n";
+        return kExitBadInput;
+      }
+    }
     opts.plantedSlowdowns.emplace_back(ps.substr(0, eq), pct / 100);
+  }
+  // --trace DIR: a folder, or a path where one can be made, before any row runs (a regular file
+  // there made every row's trace fail on its own, the run going on without one).
+  if (!opts.traceDir.empty()) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(opts.traceDir, ec);
+    if (std::filesystem::exists(st) && !std::filesystem::is_directory(st)) {
+      std::cerr << "stratbench: --trace '" << opts.traceDir
+                << "': not a folder (expected a folder for the traces, or a new path)\n";
+      return kExitBadInput;
+    }
+    if (!std::filesystem::exists(st)) {
+      const auto parent = std::filesystem::path(opts.traceDir).parent_path();
+      if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
+        std::cerr << "stratbench: --trace '" << opts.traceDir << "': its folder " << parent.string()
+                  << " is not a folder that exists\n";
+        return kExitBadInput;
+      }
+    }
   }
 
   if (run.count("--repetitions")) opts.repetitions = a.repetitions;

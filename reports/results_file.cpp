@@ -28,6 +28,7 @@
 #include "harness/measure/timing.h"
 #include "harness/parse_number.h"
 #include "harness/run/records.h"
+#include "harness/strategy.h"
 
 namespace sb::reports {
 namespace {
@@ -235,9 +236,21 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
     throw ReportInputError(f.where() + ": column 'status': '" + r.status +
                            "' is not one of pass, fail, error, unsupported, skipped");
   }
-  if (r.suite.empty() || r.caseName.empty() || r.strategyId.empty()) {
-    throw ReportInputError(f.where() + ": suite, case and strategy_id must not be empty");
+  if (r.suite.empty() || r.caseName.empty() || r.strategyId.empty() || r.runId.empty()) {
+    throw ReportInputError(f.where() + ": suite, case, strategy_id and run_id must not be empty");
   }
+  // Values `run` writes from closed sets (a backend, a family, the case's inputs): anything
+  // else comes from an edit, and would be compared as a key no run has.
+  const auto oneOf = [&](const char* col, const std::string& value,
+                         const std::vector<std::string>& allowed) {
+    if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    f.bad(col, value, ("one of " + list).c_str());
+  };
+  oneOf("backend", r.backend, {"threads", "gloo", "nccl"});
+  if (!r.family.empty()) oneOf("family", r.family, harness::familyNames());
+  if (!r.inputs.empty()) oneOf("inputs", r.inputs, {"random", "exact"});
   // The names `run` writes (harness::dtypeName), or nothing on a row that never built its case.
   if (static const std::array<const char*, 4> kDtypes = {"float32", "float64", "float16",
                                                          "bfloat16"};
@@ -659,6 +672,12 @@ std::vector<ResultRow> readResults(const std::string& given) {
                            " (expected a run's folder or its results.csv)");
   }
   const bool partial = std::filesystem::path(path).filename() == "results.partial.csv";
+  // The JSON half of a run given for the CSV half: said as such, not as a CSV without a header.
+  if (const auto ext = std::filesystem::path(path).extension(); ext == ".json") {
+    throw ReportInputError(path +
+                           ": a JSON file; give the run's folder or its results.csv (the "
+                           "results.json beside it is read with it)");
+  }
   std::vector<ResultRow> rows;
   try {
     Reader reader(path);

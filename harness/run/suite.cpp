@@ -32,10 +32,22 @@ std::string scalar(const std::string& file, const YAML::Node& n, const std::stri
   return n.Scalar();
 }
 
+// A quoted value is text: `steps: '2'` is not the number 2 (YAML's own reading), and taking it
+// as one would accept what the suite's reader of numbers documents it refuses.
+void refuseQuoted(const std::string& file, const YAML::Node& n, const std::string& key,
+                  const std::string& expected) {
+  if (n.Tag() == "!") {
+    fail(file, n,
+         "key '" + key + "' must be " + expected + ", not the quoted text '" + n.Scalar() +
+             "' (write the number without quotes)");
+  }
+}
+
 template <class T>
 T number(const std::string& file, const YAML::Node& n, const std::string& key,
          const std::string& expected) {
   if (!n.IsScalar()) fail(file, n, "key '" + key + "' must be " + expected);
+  refuseQuoted(file, n, key, expected);
   try {
     return n.as<T>();
   } catch (const YAML::Exception&) {
@@ -50,6 +62,7 @@ uint64_t wholeNumber(const std::string& file, const YAML::Node& n, const std::st
   const std::string expected =
       "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
   if (!n.IsScalar()) fail(file, n, "key '" + key + "' must be " + expected);
+  refuseQuoted(file, n, key, expected);
   uint64_t v = 0;
   if (!parseWholeNumber(n.Scalar(), lo, hi, &v)) {
     fail(file, n, "key '" + key + "' must be " + expected + ", got '" + n.Scalar() + "'");
@@ -84,6 +97,9 @@ nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
     }
     case YAML::NodeType::Scalar: {
       const std::string& s = n.Scalar();
+      // Quoted: text, whatever it spells ('0.5' is no number, 'true' no boolean), so that a
+      // reader of a number or a flag refuses it instead of taking it.
+      if (n.Tag() == "!") return s;
       if (s == "true" || s == "false") return s == "true";
       try {
         size_t used = 0;

@@ -45,6 +45,19 @@ void Chain::validate(const std::string& where) const {
     throw ChainError(where + ": key 'loss_bytes': expected a non-negative number, found " +
                      std::to_string(lossBytes));
   }
+  // A schedule's time adds every stage's times, a forward up to L + 1 times over: each finite
+  // value can still sum past a double (1e308 twice), and the solvers then compared infinities
+  // and blamed the budget.
+  double total = 0;
+  for (double t : ftime) total += t;
+  for (double t : btime) total += t;
+  if (!std::isfinite(total * (L + 1))) {
+    throw ChainError(where +
+                     ": keys 'ftime' and 'btime': the times sum past what a double holds "
+                     "over a schedule (up to " +
+                     std::to_string(L + 1) +
+                     " forwards of each stage); give them in a smaller unit");
+  }
   for (int i = 1; i <= L; ++i) {
     if (xbar[i] < x[i]) {
       throw ChainError(where + ": key 'xbar'[" + std::to_string(i) + "] = " +

@@ -266,6 +266,22 @@ TEST(SuiteHostile, ASweepOverAKeyItsParamsAlsoGiveIsRefused) {
   EXPECT_EQ(errorOf(oneCase("    params: {chunk: 4}\n    sweep: {budget: [0.5, 0.6]}\n")), "");
 }
 
+// A quoted value is text: `steps: '2'` or `params: {budget: '0.5'}` was read as the number.
+TEST(SuiteHostile, QuotedNumbersAreTextNotNumbers) {
+  const std::string e = errorOf(oneCase("    seed: '7'\n"));
+  EXPECT_NE(e.find("key 'seed' must be a whole number from 0 to 18446744073709551615, not the "
+                   "quoted text '7'"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(errorOf(oneCase("    repetitions: \"3\"\n")).find("not the quoted text '3'"),
+            std::string::npos);
+  const Suite s =
+      parseSuite(oneCase("    params: {budget: '0.5', n: 0.5, on: 'true'}\n"), "ok.yaml");
+  EXPECT_TRUE(s.cases.at(0).params.at("budget").is_string());
+  EXPECT_TRUE(s.cases.at(0).params.at("n").is_number());
+  EXPECT_TRUE(s.cases.at(0).params.at("on").is_string());
+}
+
 // A tag asks for a conversion the reader does not make: refused, not dropped in silence.
 TEST(SuiteHostile, YamlTagsAreRefusedNamingThem) {
   const std::string e = errorOf(oneCase("    seed: !!binary AAAA\n"));
