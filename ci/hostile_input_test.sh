@@ -1321,4 +1321,113 @@ else
   echo "SKIP: no PyTorch in /usr/bin/python3 to make the model files"
 fi
 
+# The fifth sweep (issue 60): what a run's results, a traced model's memory and the command line
+# let through.
+"$sb" run "$tmp/ok.yaml" --out "$tmp/run5" > /dev/null 2>&1
+cp "$tmp/run5/results.csv" "$tmp/run5.csv.copy"
+check "noise --out a run's results.csv is exit 2, the run kept" 2 "holds a run's results" -- \
+  "$sb" noise "$tmp/keep" "$tmp/run5" --out "$tmp/run5/results.csv"
+cmp -s "$tmp/run5/results.csv" "$tmp/run5.csv.copy" && pass "... and the run's results.csv is whole" ||
+  fail "noise replaced a run's results.csv"
+bad "solve shard --out a run's results.json is exit 2" "holds a run's results" \
+  "$sb" solve shard --workload mlp --mesh 2 --out "$tmp/run5/results.json"
+bad "report given a results.json is exit 2 saying to give the folder" \
+  "a JSON file; give the run's folder or its results.csv" \
+  "$sb" report "$tmp/keep/results.json" --no-plots --out "$tmp/rep-json"
+bad "--plant-fault twice for one strategy is exit 2 saying so" "has a planted fault already" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" \
+  --plant-fault 'sharding/linear/sharded_tensor/colwise=consistent_wrong_layout' \
+  --plant-fault 'sharding/linear/sharded_tensor/colwise=consistent_wrong_layout'
+bad "--plant-slowdown twice for one strategy is exit 2" "has a planted slowdown already" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" \
+  --plant-slowdown 'sharding/linear/sharded_tensor/colwise=50' \
+  --plant-slowdown 'sharding/linear/sharded_tensor/colwise=10'
+: > "$tmp/afile"
+bad "run --trace naming a regular file is exit 2 before any row" "--trace '.*afile': not a folder" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --trace "$tmp/afile"
+bad "launch --hosts beside --nnodes is exit 2" "--hosts excludes --nnodes|--nnodes excludes --hosts" \
+  "$sb" launch -n 2 --hosts 127.0.0.1 --nnodes 2 -- run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+python3 -c '
+import json
+print(json.dumps({"ftime": [1e308, 1e308], "btime": [1e308, 1, 1], "x": [1, 1, 1],
+                  "xbar": [1, 1, 1], "ftmp": [0, 0], "btmp": [0, 0, 0]}))' > "$tmp/chain-huge.json"
+bad "solve checkpoint with times that sum past a double is exit 2 saying so" \
+  "the times sum past what a double holds" \
+  "$sb" solve checkpoint --chain "$tmp/chain-huge.json" --budget 10
+sed 's/repetitions: 1/repetitions: "1"/' "$tmp/ok.yaml" > "$tmp/quoted.yaml"
+bad "a quoted number in a suite is exit 2, not the number" "not the quoted text '1'" \
+  "$sb" run "$tmp/quoted.yaml" --out "$tmp/keep"
+rm -rf "$tmp/edited" && cp -r "$tmp/keep" "$tmp/edited" && rm "$tmp/edited/results.json"
+python3 - "$tmp/edited/results.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="")))
+rows[0]["backend"] = "foo"
+w = csv.DictWriter(open(sys.argv[1], "w", newline=""), fieldnames=list(rows[0].keys()),
+                   lineterminator="\n")
+w.writeheader()
+w.writerows(rows)
+PY
+bad "report on a results.csv with backend 'foo' is exit 2 naming the column" \
+  "column 'backend': 'foo' is not one of threads, gloo, nccl" \
+  "$sb" report "$tmp/edited" --out "$tmp/edited/rep" --no-plots
+# Traced models whose memory the graph cannot follow (an in-place op on a view of an
+# intermediate, a setitem into one), tied parameters, a parameter reached only through detach().
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 - "$tmp" <<'PY' 2>/dev/null
+import sys, torch
+d = sys.argv[1]
+class ViewInplace(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.l = torch.nn.Linear(8, 4)
+    def forward(s, x):
+        y = s.l(x)
+        v = y[:, :2]
+        v.mul_(2)
+        return y
+class SetItem(ViewInplace):
+    def forward(s, x):
+        y = s.l(x) * 1
+        y[:, 0] = x[:, 0]
+        return y
+class Tied(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.a = torch.nn.Linear(8, 8)
+        s.b = torch.nn.Linear(8, 8)
+        s.b.weight = s.a.weight
+    def forward(s, x):
+        return s.b(s.a(x))
+class Detached(ViewInplace):
+    def forward(s, x):
+        return s.l(x).detach() * 1.0 + s.l.bias
+for m in [ViewInplace, SetItem, Tied, Detached]:
+    torch.jit.save(torch.jit.trace(m(), torch.ones(4, 8), check_trace=False),
+                   d + "/m5_" + m.__name__ + ".pt")
+PY
+  bad "an in-place op on a view of an intermediate is exit 2 naming the node" \
+    "the forward's result reads '.*', whose memory node aten::mul_ .* wrote in place after it" \
+    "$sb" graph --model "$tmp/m5_ViewInplace.pt" --input '[4, 8]'
+  bad "a setitem into an intermediate is exit 2 naming the node" \
+    "reads '.*', whose memory node aten::copy_ .* wrote in place" \
+    "$sb" graph --model "$tmp/m5_SetItem.pt" --input '[4, 8]'
+  for m in Tied Detached; do
+    cat > "$tmp/m5_$m.yaml" <<Y
+suite: m5
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: $m
+    workload: torchscript
+    shape: {file: $tmp/m5_$m.pt, inputs: [[4, 8]]}
+    mesh: 2
+    strategies: ["sharding/auto/(replicated|data-parallel)"]
+Y
+  done
+  check "tied parameters: the reference trains the tensor under both names, the plans pass" 0 \
+    "total +2 +0 +0 +0 +0" -- "$sb" run "$tmp/m5_Tied.yaml" --out "$tmp/m5-tied"
+  check "a parameter reached only through detach(): every row says the model's backward gives it no gradient" \
+    1 "PyTorch's backward gives no gradient to l.weight" -- \
+    "$sb" run "$tmp/m5_Detached.yaml" --out "$tmp/m5-detached"
+fi
+
 finish
