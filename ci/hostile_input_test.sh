@@ -1430,4 +1430,58 @@ Y
     "$sb" run "$tmp/m5_Detached.yaml" --out "$tmp/m5-detached"
 fi
 
+# The sixth sweep (issue 60): terminal escapes and text-direction overrides from a results.csv
+# edited apart from its run, a pipeline timeline the plot cannot draw, a world of one whose
+# master no resolver knows.
+for edit in esc_message osc8_git_sha rlo_case; do
+  rm -rf "$tmp/ctl" && cp -r "$tmp/keep" "$tmp/ctl" && rm "$tmp/ctl/results.json"
+  python3 - "$tmp/ctl/results.csv" "$edit" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="")))
+r, edit = rows[0], sys.argv[2]
+if edit == "esc_message": r["message"] = "line1 \x1b[31mRED \x1b[2J"
+if edit == "osc8_git_sha": r["git_sha"] = "\x1b]8;;http://evil\x07link\x1b]8;;\x07"
+if edit == "rlo_case": r["case"] = "a\u202eb"
+w = csv.DictWriter(open(sys.argv[1], "w", newline=""), fieldnames=list(rows[0].keys()),
+                   lineterminator="\n")
+w.writeheader()
+w.writerows(rows)
+PY
+  check "report on a results.csv with $edit: exit 2 naming the column, nothing written" 2 \
+    "column '(message|git_sha|case)' holds (the control character 0x1b|a text-direction)" -- \
+    "$sb" report "$tmp/ctl" --out "$tmp/ctl/rep" --no-plots
+done
+cat > "$tmp/pp.yaml" <<'Y'
+suite: pp
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: two
+    workload: mlp_chain
+    shape: {batch: 8, width: 8, depth: 4, dropout: 0, microbatches: 2}
+    mesh: 2
+    strategies: ["pipeline/gpipe"]
+Y
+if "$sb" run "$tmp/pp.yaml" --out "$tmp/pp" > /dev/null 2>&1; then
+  python3 - "$tmp/pp/results.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["records"]:
+    run = r["details"]["executor"]["pipeline"]["measured"]["run"]
+    run["per_rank"][0]["actions"][0]["action"] = "0S0"
+json.dump(d, open(sys.argv[1], "w"))
+PY
+  check "report on a pipeline action no schedule has: the plot skipped naming it, no traceback" 0 \
+    "^clean$" -- bash -c '"$1" report "$2" --out "$2/rep" > "$2/rep.log" 2>&1 &&
+      grep -q "pipeline action .0S0. is not STAGE" "$2/rep.log" &&
+      ! grep -q Traceback "$2/rep.log" && echo clean' _ "$sb" "$tmp/pp"
+else
+  fail "the pipeline suite for the timeline check did not run"
+fi
+if getent hosts nonexistent.invalid > /dev/null; [ $? = 2 ]; then
+  bad "a world of one on gloo whose master no resolver knows is exit 2, not a wait" \
+    "nonexistent.invalid.*does not resolve" \
+    env RANK=0 WORLD_SIZE=1 MASTER_ADDR=nonexistent.invalid \
+    "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
+fi
+
 finish

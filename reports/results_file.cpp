@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -199,6 +200,34 @@ std::vector<std::string> splitList(const std::string& s) {
   return out;
 }
 
+// What no run writes into a text field and a report would pass on to a terminal or a page:
+// C0 controls (ESC starts terminal sequences, BEL ends OSC-8 links), DEL, C1 controls (U+0080 to
+// U+009F) and the text-direction overrides and isolates (U+202A-202E, U+2066-2069, U+200E-200F,
+// U+061C). Names hold no line breaks either. "" where `s` holds none, else what it holds.
+std::string hiddenCharacter(const std::string& s, bool name) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if ((c < 0x20 && c != '\t' && (name || (c != '\n' && c != '\r'))) || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", c);
+      return std::string("the control character ") + hex;
+    }
+    const auto next = [&](size_t k) {
+      return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
+    };
+    if (c == 0xC2 && next(1) >= 0x80 && next(1) <= 0x9F) return "a C1 control character";
+    if (c == 0xD8 && next(1) == 0x9C) return "the text-direction mark U+061C";
+    if (c == 0xE2 && next(1) == 0x80 &&
+        ((next(2) >= 0xAA && next(2) <= 0xAE) || next(2) == 0x8E || next(2) == 0x8F)) {
+      return "a text-direction character (U+200E/F, U+202A-202E)";
+    }
+    if (c == 0xE2 && next(1) == 0x81 && next(2) >= 0xA6 && next(2) <= 0xA9) {
+      return "a text-direction isolate (U+2066-2069)";
+    }
+  }
+  return "";
+}
+
 ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   ResultRow r;
   r.file = file;
@@ -235,6 +264,23 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   if (std::find(kStatuses.begin(), kStatuses.end(), r.status) == kStatuses.end()) {
     throw ReportInputError(f.where() + ": column 'status': '" + r.status +
                            "' is not one of pass, fail, error, unsupported, skipped");
+  }
+  // Text that reaches report.md, report.html, the CSVs and the console: nothing a terminal or
+  // a page would act on (the suite reader refuses these in names; a CSV edited apart from it
+  // carried them through, an OSC-8 link and a screen clear among them).
+  for (const char* col : {"suite",         "case",         "strategy_id",
+                          "strategy",      "workload",     "backend",
+                          "mesh",          "family",       "dtype",
+                          "inputs",        "run_id",       "git_sha",
+                          "host",          "device",       "torch_version",
+                          "timestamp_utc", "worst_tensor", "message",
+                          "shape",         "params",       "tensor_err_ratio",
+                          "mispredicted",  "status"}) {
+    const bool name = std::string(col) != "message";
+    if (const std::string why = hiddenCharacter(f.str(col), name); !why.empty()) {
+      throw ReportInputError(f.where() + ": column '" + col + "' holds " + why +
+                             ", which no run writes there (a terminal or a page would act on it)");
+    }
   }
   if (r.suite.empty() || r.caseName.empty() || r.strategyId.empty() || r.runId.empty()) {
     throw ReportInputError(f.where() + ": suite, case, strategy_id and run_id must not be empty");

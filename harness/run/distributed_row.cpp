@@ -196,8 +196,9 @@ int runDistributed(const Suite& suite, const std::vector<PlannedCase>& plan,
   } catch (const DistEnvError& e) {
     throw InputError(e.what());
   }
-  // A master no resolver knows would be retried until the store's timeout: said up front.
-  if (env.worldSize > 1) {
+  // A master no resolver knows would be retried until the store's timeout: said up front (a
+  // world of one serves its store there too).
+  {
     if (const std::string why = resolveProblem(env.masterAddr); !why.empty()) {
       const char* given = std::getenv("MASTER_ADDR");
       throw InputError("the master host '" + env.masterAddr + "' (" +

@@ -12,13 +12,39 @@ COLOURS = {"F": "#1f77b4", "B": "#2e7d32", "I": "#f9a825", "W": "#6a1b9a"}
 
 
 def action_type(name):
-    """'12F3' -> 'F'."""
-    return next(c for c in name if c.isalpha())
+    """'12F3' -> 'F'. ValueError, naming it, for anything that is not STAGE LETTER MICROBATCH
+    with a letter of COLOURS (a hand-edited results.json: the report draws, not tracebacks)."""
+    letters = [c for c in name if c.isalpha()] if isinstance(name, str) else []
+    if (len(letters) != 1 or letters[0] not in COLOURS or not name[0].isdigit()
+            or not name[-1].isdigit()):
+        raise ValueError("pipeline action %r is not STAGE, one of %s, MICROBATCH ('12F3')"
+                         % (name, "".join(COLOURS)))
+    return letters[0]
+
+
+def check_run(d):
+    """The keys draw() reads, with their types: ValueError naming the first that is wrong."""
+    def need(obj, key, kinds, where):
+        if not isinstance(obj, dict) or key not in obj or not isinstance(obj[key], kinds) \
+                or isinstance(obj[key], bool):
+            raise ValueError("pipeline run: %s%s missing or of the wrong type" % (where, key))
+    number = (int, float)
+    for key, kinds in (("schedule", str), ("stages", int), ("microbatches", int),
+                       ("step_time_us", number), ("bubble_fraction", number), ("per_rank", list)):
+        need(d, key, kinds, "")
+    for r in d["per_rank"]:
+        for key, kinds in (("rank", int), ("bubble_fraction", number), ("actions", list)):
+            need(r, key, kinds, "per_rank[].")
+        for a in r["actions"]:
+            for key, kinds in (("action", str), ("start_us", number), ("end_us", number)):
+                need(a, key, kinds, "per_rank[].actions[].")
+            action_type(a["action"])
 
 
 def draw(ax, d, title=""):
     """One run (`solve pipeline`'s JSON, or a pipeline row's measured or predicted run) on `ax`:
     a row per rank, each action a bar coloured by its type, idle time as the gaps."""
+    check_run(d)
     ranks = d["per_rank"]
     for r in ranks:
         for a in r["actions"]:

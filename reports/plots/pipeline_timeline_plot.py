@@ -11,6 +11,7 @@ import pipeline_plot
 
 
 def plot(report_dir, out_dir):
+    skipped = []
     for path in sorted(glob.glob(os.path.join(report_dir, "pipeline", "*.json"))):
         if path.endswith(".trace.json"):
             continue
@@ -21,6 +22,12 @@ def plot(report_dir, out_dir):
                  if isinstance(runs.get(k), dict) and "step_time_us" in runs[k]]
         if not sides:
             continue
+        try:
+            for _, run in sides:
+                pipeline_plot.check_run(run)
+        except ValueError as e:  # this case's timeline is not drawn; the others are
+            skipped.append("%s: %s" % (name, e))
+            continue
         ranks = max(len(r["per_rank"]) for _, r in sides)
         fig, axes = plt.subplots(len(sides), 1, sharex=True, squeeze=False,
                                  figsize=(11, len(sides) * (0.45 * ranks + 1.0) + 0.6))
@@ -30,6 +37,8 @@ def plot(report_dir, out_dir):
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "pipeline_" + name + ".png"), dpi=100)
         plt.close(fig)
+    if skipped:
+        raise ValueError("timelines not drawn: " + "; ".join(skipped))
 
 
 if __name__ == "__main__":
