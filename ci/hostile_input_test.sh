@@ -38,6 +38,18 @@ bad() {  # NAME PATTERN ARGS...: exit 2, the message matches, within 60 s, old r
 suite() {  # NAME: writes $tmp/NAME.yaml from stdin
   cat > "$tmp/$1.yaml"
 }
+edit_first_row() {  # CSV PYTHON: runs PYTHON on the first row `r` (a dict) and writes it back
+  python3 - "$1" "$2" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="")))
+r = rows[0]
+exec(sys.argv[2])
+w = csv.DictWriter(open(sys.argv[1], "w", newline=""), fieldnames=list(rows[0].keys()),
+                   lineterminator="\n")
+w.writeheader()
+w.writerows(rows)
+PY
+}
 
 # 1. Numbers on the command line.
 bad "--min-time nan" "--min-time: expected a number of seconds in \(0, 3600\], got 'nan'" \
@@ -536,19 +548,12 @@ done
 # Hand-edited results.csv fields no run writes: refused naming the column, never gated on.
 for edit in err_ratio atol min_over_max dtype; do
   rm -rf "$tmp/edited" && cp -r "$tmp/keep" "$tmp/edited" && rm "$tmp/edited/results.json"
-  python3 - "$tmp/edited/results.csv" "$edit" <<'PY'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1], newline="")))
-r, edit = rows[0], sys.argv[2]
-if edit == "err_ratio": r["err_ratio"] = "-1"
-if edit == "atol": r["atol"] = "-1e-05"
-if edit == "min_over_max": r["time_us_min"] = "1e9"
-if edit == "dtype": r["dtype"] = "float128"
-w = csv.DictWriter(open(sys.argv[1], "w", newline=""), fieldnames=list(rows[0].keys()),
-                   lineterminator="\n")
-w.writeheader()
-w.writerows(rows)
-PY
+  case $edit in
+    err_ratio) edit_first_row "$tmp/edited/results.csv" 'r["err_ratio"] = "-1"' ;;
+    atol) edit_first_row "$tmp/edited/results.csv" 'r["atol"] = "-1e-05"' ;;
+    min_over_max) edit_first_row "$tmp/edited/results.csv" 'r["time_us_min"] = "1e9"' ;;
+    dtype) edit_first_row "$tmp/edited/results.csv" 'r["dtype"] = "float128"' ;;
+  esac
   case $edit in
     err_ratio) want="column 'err_ratio': '-1' is not 0 or more" ;;
     atol) want="column 'atol': '-1e-05' is not 0 or more" ;;
@@ -1358,15 +1363,7 @@ sed 's/repetitions: 1/repetitions: "1"/' "$tmp/ok.yaml" > "$tmp/quoted.yaml"
 bad "a quoted number in a suite is exit 2, not the number" "not the quoted text '1'" \
   "$sb" run "$tmp/quoted.yaml" --out "$tmp/keep"
 rm -rf "$tmp/edited" && cp -r "$tmp/keep" "$tmp/edited" && rm "$tmp/edited/results.json"
-python3 - "$tmp/edited/results.csv" <<'PY'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1], newline="")))
-rows[0]["backend"] = "foo"
-w = csv.DictWriter(open(sys.argv[1], "w", newline=""), fieldnames=list(rows[0].keys()),
-                   lineterminator="\n")
-w.writeheader()
-w.writerows(rows)
-PY
+edit_first_row "$tmp/edited/results.csv" 'r["backend"] = "foo"'
 bad "report on a results.csv with backend 'foo' is exit 2 naming the column" \
   "column 'backend': 'foo' is not one of threads, gloo, nccl" \
   "$sb" report "$tmp/edited" --out "$tmp/edited/rep" --no-plots
@@ -1435,18 +1432,12 @@ fi
 # master no resolver knows.
 for edit in esc_message osc8_git_sha rlo_case; do
   rm -rf "$tmp/ctl" && cp -r "$tmp/keep" "$tmp/ctl" && rm "$tmp/ctl/results.json"
-  python3 - "$tmp/ctl/results.csv" "$edit" <<'PY'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1], newline="")))
-r, edit = rows[0], sys.argv[2]
-if edit == "esc_message": r["message"] = "line1 \x1b[31mRED \x1b[2J"
-if edit == "osc8_git_sha": r["git_sha"] = "\x1b]8;;http://evil\x07link\x1b]8;;\x07"
-if edit == "rlo_case": r["case"] = "a\u202eb"
-w = csv.DictWriter(open(sys.argv[1], "w", newline=""), fieldnames=list(rows[0].keys()),
-                   lineterminator="\n")
-w.writeheader()
-w.writerows(rows)
-PY
+  case $edit in
+    esc_message) edit_first_row "$tmp/ctl/results.csv" 'r["message"] = "line1 \x1b[31mRED \x1b[2J"' ;;
+    osc8_git_sha)
+      edit_first_row "$tmp/ctl/results.csv" 'r["git_sha"] = "\x1b]8;;http://evil\x07link\x1b]8;;\x07"' ;;
+    rlo_case) edit_first_row "$tmp/ctl/results.csv" 'r["case"] = "a\u202eb"' ;;
+  esac
   check "report on a results.csv with $edit: exit 2 naming the column, nothing written" 2 \
     "column '(message|git_sha|case)' holds (the control character 0x1b|a text-direction)" -- \
     "$sb" report "$tmp/ctl" --out "$tmp/ctl/rep" --no-plots

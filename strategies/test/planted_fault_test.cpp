@@ -207,38 +207,19 @@ TEST(SpecCheck, FsdpsDeclaredLayoutsAreTheOnesItsNamesClaim) {
 // A strategy as it is but for the layout it declares for some tensors (`declare` returns
 // nullopt for the others): a layout wrong in the declaration, as it would be in an executor that
 // shares it.
-class DeclaredLayout final : public harness::Strategy {
+class DeclaredLayout final : public test::Delegating {
  public:
   using Declare = std::function<std::optional<harness::Box>(
       const std::string&, const harness::CaseSpec&, int, at::IntArrayRef)>;
   DeclaredLayout(const harness::Strategy& inner, Declare declare)
-      : Strategy(inner.id(), inner.displayName(), inner.family()),
-        inner_(inner),
-        declare_(std::move(declare)) {}
-  harness::Applicability applies(const harness::CaseSpec& c) const override {
-    return inner_.applies(c);
-  }
-  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
-    return inner_.makeExecutor(c);
-  }
-  harness::Box resultBox(const std::string& t, const harness::CaseSpec& c, int r) const override {
-    return inner_.resultBox(t, c, r);
-  }
+      : Delegating(inner, inner.id(), inner.displayName()), declare_(std::move(declare)) {}
   harness::Box resultBoxOf(const std::string& t, const harness::CaseSpec& c, int r,
                            at::IntArrayRef shape) const override {
     if (auto b = declare_(t, c, r, shape)) return *b;
     return inner_.resultBoxOf(t, c, r, shape);
   }
-  std::optional<SpecifiedBox> specifiedBox(const std::string& t, const harness::CaseSpec& c, int r,
-                                           at::IntArrayRef shape) const override {
-    return inner_.specifiedBox(t, c, r, shape);
-  }
-  harness::CommStats predictComm(const harness::CaseSpec& c, int r) const override {
-    return inner_.predictComm(c, r);
-  }
 
  private:
-  const harness::Strategy& inner_;
   Declare declare_;
 };
 

@@ -1,6 +1,9 @@
 #pragma once
 
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -61,5 +64,41 @@ inline std::string param(const harness::Record& r, const std::string& key) {
   }
   return "";
 }
+
+// `inner` in the hooks a test leaves alone (its per-node communication stays unpredicted, as
+// a strategy's is by default): a test that plants one wrong answer (a declared layout, a
+// specification, a node's communication) overrides that hook and no other.
+class Delegating : public harness::Strategy {
+ public:
+  Delegating(const harness::Strategy& inner, std::string id, std::string displayName)
+      : Strategy(std::move(id), std::move(displayName), inner.family()), inner_(inner) {}
+  harness::Applicability applies(const harness::CaseSpec& c) const override {
+    return inner_.applies(c);
+  }
+  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
+    return inner_.makeExecutor(c);
+  }
+  harness::Box resultBox(const std::string& t, const harness::CaseSpec& c, int r) const override {
+    return inner_.resultBox(t, c, r);
+  }
+  harness::Box resultBoxOf(const std::string& t, const harness::CaseSpec& c, int r,
+                           at::IntArrayRef shape) const override {
+    return inner_.resultBoxOf(t, c, r, shape);
+  }
+  std::optional<SpecifiedBox> specifiedBox(const std::string& t, const harness::CaseSpec& c, int r,
+                                           at::IntArrayRef shape) const override {
+    return inner_.specifiedBox(t, c, r, shape);
+  }
+  harness::Tolerance tolerance(const std::string& t, const harness::CaseSpec& c,
+                               const at::Tensor& e) const override {
+    return inner_.tolerance(t, c, e);
+  }
+  harness::CommStats predictComm(const harness::CaseSpec& c, int r) const override {
+    return inner_.predictComm(c, r);
+  }
+
+ protected:
+  const harness::Strategy& inner_;
+};
 
 }  // namespace sb::strategies::test

@@ -337,30 +337,9 @@ TEST(AutoShard, MegatronPlanCommunicatesAtTheNodesMegatronDoes) {
 // A prediction that puts a node's collectives at another node fails the row, even where every
 // rank's totals agree, naming the first node where they part.
 TEST(AutoShard, CollectivesCountedAtAnotherNodeThanPredictedFailTheRow) {
-  class Moved final : public harness::Strategy {
+  class Moved final : public strategies::test::Delegating {
    public:
-    explicit Moved(const harness::Strategy& inner)
-        : Strategy("test/moved", "moved", harness::Family::kSharding), inner_(inner) {}
-    harness::Applicability applies(const harness::CaseSpec& c) const override {
-      return inner_.applies(c);
-    }
-    std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
-      return inner_.makeExecutor(c);
-    }
-    harness::Box resultBox(const std::string& t, const harness::CaseSpec& c, int r) const override {
-      return inner_.resultBox(t, c, r);
-    }
-    harness::Box resultBoxOf(const std::string& t, const harness::CaseSpec& c, int r,
-                             at::IntArrayRef shape) const override {
-      return inner_.resultBoxOf(t, c, r, shape);
-    }
-    harness::Tolerance tolerance(const std::string& t, const harness::CaseSpec& c,
-                                 const at::Tensor& e) const override {
-      return inner_.tolerance(t, c, e);
-    }
-    harness::CommStats predictComm(const harness::CaseSpec& c, int r) const override {
-      return inner_.predictComm(c, r);
-    }
+    explicit Moved(const harness::Strategy& inner) : Delegating(inner, "test/moved", "moved") {}
     // The same collectives, the first forward node's said to be the next node's.
     std::optional<std::vector<harness::NodeComm>> predictCommByNode(const harness::CaseSpec& c,
                                                                     int r) const override {
@@ -373,9 +352,6 @@ TEST(AutoShard, CollectivesCountedAtAnotherNodeThanPredictedFailTheRow) {
       }
       return nodes;
     }
-
-   private:
-    const harness::Strategy& inner_;
   };
   auto c = strategies::test::linearCase({}, 0, {4});
   c.workload = "gpt2";

@@ -157,28 +157,10 @@ TEST(SpecCheck, EveryShardedTensorReshardDeclaresItsSpecsLayout) {
 
 // A strategy whose specification cannot be read fails the row (a check that silently did not
 // run would pass it); one that states none is not checked, and says nothing of it.
-class SpecifiedAs final : public harness::Strategy {
+class SpecifiedAs final : public test::Delegating {
  public:
   SpecifiedAs(const harness::Strategy& inner, bool throws)
-      : Strategy("test/specified", "specified", harness::Family::kSharding),
-        inner_(inner),
-        throws_(throws) {}
-  harness::Applicability applies(const harness::CaseSpec& c) const override {
-    return inner_.applies(c);
-  }
-  std::unique_ptr<harness::RankExecutor> makeExecutor(const harness::CaseSpec& c) const override {
-    return inner_.makeExecutor(c);
-  }
-  harness::Box resultBox(const std::string& t, const harness::CaseSpec& c, int r) const override {
-    return inner_.resultBox(t, c, r);
-  }
-  harness::CommStats predictComm(const harness::CaseSpec& c, int r) const override {
-    return inner_.predictComm(c, r);
-  }
-  harness::Tolerance tolerance(const std::string& t, const harness::CaseSpec& c,
-                               const at::Tensor& e) const override {
-    return inner_.tolerance(t, c, e);
-  }
+      : Delegating(inner, "test/specified", "specified"), throws_(throws) {}
   std::optional<SpecifiedBox> specifiedBox(const std::string&, const harness::CaseSpec&, int,
                                            at::IntArrayRef) const override {
     if (throws_) throw std::invalid_argument("`S0Q` is not a ColossalAI sharding sequence");
@@ -186,7 +168,6 @@ class SpecifiedAs final : public harness::Strategy {
   }
 
  private:
-  const harness::Strategy& inner_;
   bool throws_;
 };
 
