@@ -1,3 +1,9 @@
+// Reading a run's results: results.csv parsed row by row (every column checked as `run` writes
+// it), then the results.json beside it attached and checked against the rows. Whole, for now:
+// the two readers share the row type and the error wording, and the fuzz target `results`
+// compiles this file as one reader. The seam where it could be cut: checkAgreement and
+// attachDetails (the JSON half) into a file of their own, the fuzz target taking both.
+
 #include "reports/results_file.h"
 
 #include <algorithm>

@@ -1,5 +1,11 @@
 // The walk that turns a TorchScript module into a graph (import.h): every node executed once on
 // example inputs, its operator mapped to graph nodes or kept as "aten".
+//
+// Whole, for now: one Walker holds the walk's state (each value's entry, when it was computed,
+// the memory of inputs, parameters and buffers, what was written in place) and every check
+// reads it at the node it runs. The seam where it could be cut: the memory-use checks
+// (State, checkMemoryUse, refuseIfStale and their maps) as a class of their own that the walk
+// calls before each node, and the loading and validation of the file before the walk.
 
 #include "reference/torchscript/import.h"
 

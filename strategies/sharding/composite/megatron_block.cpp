@@ -27,6 +27,10 @@
 // prediction and the result boxes are the same layout read three ways, and are checked
 // against one another by the suite; the allocation tables, data recorded against forward(),
 // live apart in megatron_memory.cpp.
+//
+// Whole: the executor, the strategy's layout (paramBox, specifiedBox), its communication model
+// and its planted faults are one plan of one block, each read against the others; the memory
+// replay is already apart (megatron_memory.h). A cut would split the plan, not a seam.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>

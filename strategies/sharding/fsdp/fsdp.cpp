@@ -55,6 +55,11 @@
 // "rank_skips_update" (every kind) lets the last rank's optimizer pass over the parameter with
 // the most rows (its gradient dropped before the update): that rank's copy or shard of it stays
 // where it started, and its norm leaves the others'.
+//
+// Whole, for now: the strategy (layouts, specification, tolerances, faults) and the executor's
+// step share the kinds' and faults' switches; the plan (fsdp_plan.h) and the memory model
+// (fsdp_memory.cpp) are already apart. The seam where it could be cut: FsdpStrategy (its
+// boxes, specifiedBox and tolerance) from FsdpExecutor's step, through fsdp_executor.h.
 
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
