@@ -1475,4 +1475,35 @@ if getent hosts nonexistent.invalid > /dev/null; [ $? = 2 ]; then
     "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
 fi
 
+# A float16 case on the CPU: where this LibTorch has no float16 matrix product there (1.13),
+# exit 2 naming the case, its line and the dtype before anything runs (every row errored
+# "reference failed" before); where it has one (2.x), the rows run and none blames the reference.
+sed 's/^defaults: {/defaults: {dtype: float16, /' "$tmp/ok.yaml" > "$tmp/half.yaml"
+"$sb" run "$tmp/half.yaml" --out "$tmp/half" > "$tmp/half.log" 2>&1
+rc=$?
+if [ "$rc" = 2 ]; then
+  grep -qE "half.yaml:[0-9]+: case 'lin': dtype float16: this LibTorch \(.*\) has no float16 matrix product on the CPU" \
+    "$tmp/half.log" && [ ! -e "$tmp/half/results.csv" ] &&
+    pass "float16 on a CPU without float16 matrix products: exit 2 naming case, line and dtype" ||
+    { cp "$tmp/half.log" "$tmp/out"; fail "float16 on the CPU: exit 2 without the case and dtype"; }
+elif [ "$rc" -le 1 ] && [ -s "$tmp/half/results.csv" ] && ! grep -q "reference failed" "$tmp/half/results.csv"; then
+  pass "float16 on a CPU with float16 matrix products: the rows run (exit $rc)"
+else
+  cp "$tmp/half.log" "$tmp/out"; fail "float16 on the CPU: exit $rc"
+fi
+
+# A master port where another program accepts and never answers: the rank that connects ends
+# within --timeout naming the store (it waited forever in TCPStore's first read).
+python3 -c '
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True); time.sleep(90)' > "$tmp/silent.port" &
+silent=$!
+for _ in $(seq 100); do [ -s "$tmp/silent.port" ] && break; sleep 0.1; done
+check "a master port that accepts and never answers: the rank ends within --timeout, naming it" 1 \
+  "cannot reach the store at 127.0.0.1:[0-9]+: no store answered within 5 s" -- \
+  timeout 60 env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$(cat "$tmp/silent.port")" \
+  "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/silent" --timeout 5
+kill "$silent" 2>/dev/null
+
 finish

@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "harness/comm/c10d_internal.h"
@@ -26,16 +29,60 @@ ControlStore::ControlStore(const std::string& host, int port, bool serve,
   o.isServer = serve;
   o.waitWorkers = false;
   o.timeout = timeout;
-  try {
-    impl_->store = c10::make_intrusive<c10d::TCPStore>(host, o);
-  } catch (const std::exception& e) {
-    const std::string what = serve ? "serve the store on port " + std::to_string(port)
-                                   : "reach the store at " + host + ":" + std::to_string(port);
-    throw std::runtime_error("cannot " + what + ": " +
-                             (dynamic_cast<const c10::Error*>(&e)
-                                  ? static_cast<const c10::Error&>(e).what_without_backtrace()
-                                  : e.what()));
+  const std::string what = serve ? "serve the store on port " + std::to_string(port)
+                                 : "reach the store at " + host + ":" + std::to_string(port);
+  const auto text = [](const std::exception& e) -> std::string {
+    const auto* c = dynamic_cast<const c10::Error*>(&e);
+    return c ? c->what_without_backtrace() : e.what();
+  };
+  if (serve) {
+    try {
+      impl_->store = c10::make_intrusive<c10d::TCPStore>(host, o);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("cannot " + what + ": " + text(e));
+    }
+    return;
   }
+  // A client connects and asks once, under the deadline: a program that accepts the connection
+  // and never answers (another service on the port, a stopped master) blocks TCPStore's own
+  // handshake and requests in a read without a timeout. The attempt runs on a thread of its
+  // own, which is left behind blocked where the deadline passes (the run ends on the error).
+  struct Attempt {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    c10::intrusive_ptr<c10d::TCPStore> store;
+    std::string error;
+  };
+  const auto attempt = std::make_shared<Attempt>();
+  std::thread([attempt, host, o] {
+    c10::intrusive_ptr<c10d::TCPStore> store;
+    std::string error;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(host, o);
+      (void)store->check({"sb/reachable"});
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const std::lock_guard<std::mutex> lock(attempt->m);
+    attempt->store = std::move(store);
+    attempt->error = std::move(error);
+    attempt->done = true;
+    attempt->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(attempt->m);
+  // TCPStore retries its connect until `timeout`; a second of slack lets it say so first.
+  if (!attempt->cv.wait_for(lock, timeout + std::chrono::seconds(1), [&] { return attempt->done; })) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", static_cast<double>(timeout.count()) / 1000.0);
+    throw std::runtime_error("cannot " + what + ": no store answered within " + secs +
+                             " s (--timeout): is another program listening on that port, or "
+                             "is rank 0 stopped?");
+  }
+  if (!attempt->error.empty()) throw std::runtime_error("cannot " + what + ": " + attempt->error);
+  impl_->store = std::move(attempt->store);
 }
 
 ControlStore::~ControlStore() = default;

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/version.h>
 
 #include "harness/dist/dist_env.h"
 #include "harness/error.h"
@@ -29,6 +30,25 @@ namespace sb::harness {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Why this LibTorch cannot compute in `dtype` on the CPU, or "" where it can: a matrix product
+// in it, once per dtype (LibTorch 1.13 has no float16 addmm on the CPU; 2.x has). A case asking
+// for it is bad input said before anything runs, not a reference that fails on every row.
+std::string cpuDtypeMissing(at::ScalarType dtype) {
+  static std::map<at::ScalarType, std::string> known;
+  if (const auto it = known.find(dtype); it != known.end()) return it->second;
+  std::string why;
+  try {
+    const at::Tensor a = at::ones({2, 2}, at::TensorOptions().dtype(dtype));
+    (void)at::addmm(a, a, a);
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();
+    if (const auto nl = why.find('\n'); nl != std::string::npos) why.resize(nl);
+    why = "this LibTorch (" + std::string(TORCH_VERSION) + ") has no " + dtypeName(dtype) +
+          " matrix product on the CPU (" + why + ")";
+  }
+  return known.emplace(dtype, why).first->second;
+}
 
 }  // namespace
 
@@ -125,6 +145,14 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   } else if (options.writeGolden) {
     throw InputError(suite.file +
                      ": --write-golden needs the suite's key 'golden' naming the file");
+  }
+  for (const PlannedCase& p : plan) {
+    const CaseSpec& c = p.spec;
+    if (c.device == "cuda") continue;
+    if (const std::string why = cpuDtypeMissing(c.dtype); !why.empty()) {
+      throw InputError(c.where() + ": case '" + c.name + "': dtype " + dtypeName(c.dtype) +
+                       ": " + why + "; use float32, float64 or bfloat16 on the CPU, or device: cuda");
+    }
   }
   std::optional<ResultWriter> writer;
   if (writes) writer.emplace(options.outDir, runInfo);
