@@ -546,19 +546,21 @@ PY
     "$sb" report "$tmp/agree" --out "$tmp/agree/rep" --no-plots
 done
 # Hand-edited results.csv fields no run writes: refused naming the column, never gated on.
-for edit in err_ratio atol min_over_max dtype; do
+for edit in err_ratio atol min_over_max dtype timestamp; do
   rm -rf "$tmp/edited" && cp -r "$tmp/keep" "$tmp/edited" && rm "$tmp/edited/results.json"
   case $edit in
     err_ratio) edit_first_row "$tmp/edited/results.csv" 'r["err_ratio"] = "-1"' ;;
     atol) edit_first_row "$tmp/edited/results.csv" 'r["atol"] = "-1e-05"' ;;
     min_over_max) edit_first_row "$tmp/edited/results.csv" 'r["time_us_min"] = "1e9"' ;;
     dtype) edit_first_row "$tmp/edited/results.csv" 'r["dtype"] = "float128"' ;;
+    timestamp) edit_first_row "$tmp/edited/results.csv" 'r["timestamp_utc"] = "yesterday"' ;;
   esac
   case $edit in
     err_ratio) want="column 'err_ratio': '-1' is not 0 or more" ;;
     atol) want="column 'atol': '-1e-05' is not 0 or more" ;;
     min_over_max) want="column 'time_us_min' \(1e9\) is above" ;;
     dtype) want="column 'dtype': 'float128' is not one of" ;;
+    timestamp) want="column 'timestamp_utc': 'yesterday' is not a UTC time as run writes it" ;;
   esac
   check "report on a results.csv with $edit edited: exit 2 naming the column" 2 "$want" -- \
     "$sb" report "$tmp/edited" --out "$tmp/edited/rep" --no-plots

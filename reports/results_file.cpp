@@ -31,6 +31,7 @@
 #include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
+#include "harness/hidden_text.h"
 #include "harness/in_file.h"
 #include "harness/measure/timing.h"
 #include "harness/parse_number.h"
@@ -43,6 +44,19 @@ namespace {
 // Every column `run` writes: the parser needs the count at compile time.
 constexpr const auto& kColumns = harness::kCsvColumns;
 constexpr size_t kN = kColumns.size();
+
+// "2026-11-29T13:05:09Z", as `run` writes the time a run started (UTC, to the second): runs
+// are ordered by it, and a text that is no such time would order them as text.
+bool validTimestamp(const std::string& t) {
+  if (t.size() != 20) return false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char want = i == 4 || i == 7 ? '-' : i == 10 ? 'T' : i == 13 || i == 16 ? ':' : i == 19 ? 'Z' : '0';
+    if (want == '0' ? !(t[i] >= '0' && t[i] <= '9') : t[i] != want) return false;
+  }
+  const auto num = [&](size_t at) { return (t[at] - '0') * 10 + (t[at + 1] - '0'); };
+  return num(5) >= 1 && num(5) <= 12 && num(8) >= 1 && num(8) <= 31 && num(11) <= 23 &&
+         num(14) <= 59 && num(17) <= 60;
+}
 
 // The names of the predictions a row contradicts, joined by '+' as `run` judges them: memory,
 // then time, then the executor's own claims (a pipeline's bubble, checkpointing's held_memory,
@@ -206,33 +220,6 @@ std::vector<std::string> splitList(const std::string& s) {
   return out;
 }
 
-// What no run writes into a text field and a report would pass on to a terminal or a page:
-// C0 controls (ESC starts terminal sequences, BEL ends OSC-8 links), DEL, C1 controls (U+0080 to
-// U+009F) and the text-direction overrides and isolates (U+202A-202E, U+2066-2069, U+200E-200F,
-// U+061C). Names hold no line breaks either. "" where `s` holds none, else what it holds.
-std::string hiddenCharacter(const std::string& s, bool name) {
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if ((c < 0x20 && c != '\t' && (name || (c != '\n' && c != '\r'))) || c == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "0x%02x", c);
-      return std::string("the control character ") + hex;
-    }
-    const auto next = [&](size_t k) {
-      return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
-    };
-    if (c == 0xC2 && next(1) >= 0x80 && next(1) <= 0x9F) return "a C1 control character";
-    if (c == 0xD8 && next(1) == 0x9C) return "the text-direction mark U+061C";
-    if (c == 0xE2 && next(1) == 0x80 &&
-        ((next(2) >= 0xAA && next(2) <= 0xAE) || next(2) == 0x8E || next(2) == 0x8F)) {
-      return "a text-direction character (U+200E/F, U+202A-202E)";
-    }
-    if (c == 0xE2 && next(1) == 0x81 && next(2) >= 0xA6 && next(2) <= 0xA9) {
-      return "a text-direction isolate (U+2066-2069)";
-    }
-  }
-  return "";
-}
 
 ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   ResultRow r;
@@ -282,11 +269,18 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
                           "timestamp_utc", "worst_tensor", "message",
                           "shape",         "params",       "tensor_err_ratio",
                           "mispredicted",  "status"}) {
-    const bool name = std::string(col) != "message";
-    if (const std::string why = hiddenCharacter(f.str(col), name); !why.empty()) {
-      throw ReportInputError(f.where() + ": column '" + col + "' holds " + why +
+    const std::string c = col;
+    const harness::TextKind kind = c == "message" ? harness::TextKind::kText
+                                   : c == "suite" || c == "case" || c == "strategy_id"
+                                       ? harness::TextKind::kName
+                                       : harness::TextKind::kLine;
+    if (const auto hidden = harness::hiddenCharacter(f.str(col), kind)) {
+      throw ReportInputError(f.where() + ": column '" + col + "' holds " + hidden.text() +
                              ", which no run writes there (a terminal or a page would act on it)");
     }
+  }
+  if (!validTimestamp(r.timestampUtc)) {
+    f.bad("timestamp_utc", r.timestampUtc, "a UTC time as run writes it, e.g. 2026-11-29T13:05:09Z");
   }
   if (r.suite.empty() || r.caseName.empty() || r.strategyId.empty() || r.runId.empty()) {
     throw ReportInputError(f.where() + ": suite, case, strategy_id and run_id must not be empty");

@@ -16,6 +16,7 @@
 
 #include "harness/comm/mesh.h"
 #include "harness/in_file.h"
+#include "harness/hidden_text.h"
 #include "harness/parse_number.h"
 
 namespace sb::harness {
@@ -242,48 +243,24 @@ std::string keyList(const std::set<std::string>& keys) {
   return s;
 }
 
-// A case name as result files and reports can hold it: 1 to kMaxNameBytes bytes, no control
-// characters (the text is UTF-8 already, checkTree).
+// A case name as result files and reports can hold it: 1 to kMaxNameBytes bytes, nothing
+// hiddenCharacter refuses in a name (the text is UTF-8 already, checkTree).
 void checkName(const std::string& file, const YAML::Node& n, const std::string& name,
                const std::string& what) {
   if (name.empty() || name.size() > kMaxNameBytes) {
     fail(file, n, what + " must be 1 to " + std::to_string(kMaxNameBytes) + " bytes long");
   }
-  for (size_t i = 0; i < name.size(); ++i) {
-    const auto u = static_cast<unsigned char>(name[i]);
-    if (u < 0x20 || u == 0x7f) {
-      fail(file, n,
-           what +
-               " must not hold control characters (a newline, a tab, ...): "
-               "names are printed, written in result files and matched by reports");
-    }
-    // Unicode's controls and invisible format characters, by code point (the text is valid
-    // UTF-8): C1 (U+0080-009F), the soft hyphen (U+00AD), the Arabic letter mark (U+061C), the
-    // Mongolian vowel separator (U+180E), zero-width spaces and joiners and the direction marks
-    // (U+200B-200F), line and paragraph separators and the embeddings and overrides
-    // (U+2028-202E), word joiners and invisible operators (U+2060-2064), isolates (U+2066-2069),
-    // the byte-order mark (U+FEFF) and interlinear annotations (U+FFF9-FFFB). Each makes a
-    // terminal or a report show a name as another ("a<RLO>gpj.exe", "smoke" and "smo<ZWSP>ke").
-    if (u >= 0xC0) {
-      const size_t len = u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
-      uint32_t cp = u & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-      for (size_t k = 1; k < len && i + k < name.size(); ++k) {
-        cp = (cp << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3F);
-      }
-      const bool invisible = (cp >= 0x80 && cp <= 0x9F) || cp == 0xAD || cp == 0x61C ||
-                             cp == 0x180E || (cp >= 0x200B && cp <= 0x200F) ||
-                             (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x2064) ||
-                             (cp >= 0x2066 && cp <= 0x2069) || cp == 0xFEFF ||
-                             (cp >= 0xFFF9 && cp <= 0xFFFB);
-      if (invisible) {
-        char hex[16];
-        std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
-        fail(file, n,
-             what + " must not hold Unicode control, invisible or text-direction characters (" +
-                 hex + " at byte " + std::to_string(i) +
-                 "): a name must read as what it is wherever it is shown");
-      }
-    }
+  const HiddenCharacter hidden = hiddenCharacter(name, TextKind::kName);
+  if (hidden && hidden.code.rfind("0x", 0) == 0) {
+    fail(file, n,
+         what + " must not hold control characters (a newline, a tab, ...; " + hidden.text() +
+             "): names are printed, written in result files and matched by reports");
+  }
+  if (hidden) {
+    fail(file, n,
+         what + " must not hold Unicode control, invisible or text-direction characters (" +
+             hidden.code + " at byte " + std::to_string(hidden.byte) +
+             "): a name must read as what it is wherever it is shown");
   }
 }
 

@@ -1,0 +1,77 @@
+#pragma once
+
+// What a name or a text must not hold, because a terminal or a page would act on it or show it
+// as something else: one check shared by the suite reader (suite, case names) and the results
+// reader (every column of a results.csv). Header-only and LibTorch-free, as parse_number.h.
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace sb::harness {
+
+enum class TextKind {
+  // A name (a suite, a case, a strategy id): no control character at all (a tab, a newline),
+  // and none of Unicode's controls, invisible or text-direction characters: C1 (U+0080-009F),
+  // the soft hyphen (U+00AD), the Arabic letter mark (U+061C), the Mongolian vowel separator
+  // (U+180E), zero-width spaces and joiners and the direction marks (U+200B-200F), line and
+  // paragraph separators, embeddings and overrides (U+2028-202E), word joiners and invisible
+  // operators (U+2060-2064), isolates (U+2066-2069), the byte-order mark (U+FEFF) and
+  // interlinear annotations (U+FFF9-FFFB). Each makes a name show as another ("a<RLO>gpj.exe",
+  // "smoke" and "smo<ZWSP>ke").
+  kName,
+  // One line of text (a shape, a host, parameters): no C0 control but the tab (ESC starts a
+  // terminal sequence, BEL ends an OSC-8 link), no DEL, no C1 control and no text-direction
+  // mark, override or isolate (U+061C, U+200E/F, U+202A-202E, U+2066-2069).
+  kLine,
+  // Text of several lines (a message): as kLine, with line breaks.
+  kText,
+};
+
+// The first such character of `s`: what it is ("the control character", "a text-direction
+// character", ...), its code ("0x1b", "U+202E") and its byte. `s` is taken as UTF-8; a malformed
+// sequence is left to the readers' own UTF-8 checks.
+struct HiddenCharacter {
+  std::string what;  // empty where `s` holds none
+  std::string code;
+  size_t byte = 0;
+  explicit operator bool() const { return !what.empty(); }
+  // "a text-direction character U+202E at byte 5"
+  std::string text() const { return what + " " + code + " at byte " + std::to_string(byte); }
+};
+
+inline HiddenCharacter hiddenCharacter(const std::string& s, TextKind kind) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto u = static_cast<unsigned char>(s[i]);
+    const bool lineBreak = u == '\n' || u == '\r';
+    const bool allowed = kind != TextKind::kName && (u == '\t' || (kind == TextKind::kText && lineBreak));
+    if ((u < 0x20 && !allowed) || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", u);
+      return {"the control character", hex, i};
+    }
+    if (u < 0xC0) continue;
+    const size_t len = u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
+    uint32_t cp = u & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+    for (size_t k = 1; k < len && i + k < s.size(); ++k) {
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    }
+    const bool direction = cp == 0x61C || cp == 0x200E || cp == 0x200F ||
+                           (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+    const bool invisible = (cp >= 0x200B && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202E) ||
+                           cp == 0xAD || cp == 0x180E || (cp >= 0x2060 && cp <= 0x2064) ||
+                           cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFB);
+    const bool c1 = cp >= 0x80 && cp <= 0x9F;
+    if (c1 || direction || (kind == TextKind::kName && invisible)) {
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
+      return {c1          ? "a C1 control character"
+              : direction ? "a text-direction character"
+                          : "a Unicode control or invisible character",
+              hex, i};
+    }
+  }
+  return {};
+}
+
+}  // namespace sb::harness
