@@ -521,7 +521,7 @@ check "report on a results.json of schema_version 99: exit 2 naming it" 2 \
 # results.json disagreeing with results.csv on which records there are, or wrong-typed where
 # the report reads it: exit 2 naming it (rows without a record, or with a wrong-typed one,
 # were skipped: exit 0). A results.json that is a FIFO is said, not skipped.
-for edit in emptied renamed duplicated details_null per_rank_strings; do
+for edit in emptied renamed duplicated details_null per_rank_strings esc_detail rlo_key deep; do
   rm -rf "$tmp/agree" && cp -r "$tmp/keep" "$tmp/agree"
   python3 - "$tmp/agree/results.json" "$edit" <<'PY'
 import json, sys
@@ -533,6 +533,13 @@ if edit == "renamed": r[0]["case"] = "other"
 if edit == "duplicated": r.append(r[0])
 if edit == "details_null": r[0]["details"] = None
 if edit == "per_rank_strings": r[0]["details"]["peak_mem_bytes_per_rank"] = ["1", "2"]
+if edit == "esc_detail": r[0]["details"]["note"] = ["fine", "\x1b]8;;http://evil\x07link"]
+if edit == "rlo_key": r[0]["details"]["a\u202eb"] = 1
+if edit == "deep":
+    x = 0
+    for _ in range(100):
+        x = [x]
+    r[0]["details"]["deep"] = x
 json.dump(d, open(sys.argv[1], "w"))
 PY
   case $edit in
@@ -541,6 +548,9 @@ PY
     duplicated) want="has 2 records of run" ;;
     details_null) want="records\[0\]\.details: expected an object, got null" ;;
     per_rank_strings) want="peak_mem_bytes_per_rank\[\]: expected a number of bytes" ;;
+    esc_detail) want="records\[0\]\.details\.note\[\]: the string holds the control character 0x1b" ;;
+    rlo_key) want="records\[0\]\.details: a key holds a text-direction character U\+202E" ;;
+    deep) want="records\[0\]\.details\.deep(\[\])+: expected at most 64 levels of nesting" ;;
   esac
   check "report on a results.json $edit: exit 2 naming it" 2 "$want" -- \
     "$sb" report "$tmp/agree" --out "$tmp/agree/rep" --no-plots

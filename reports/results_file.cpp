@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <iomanip>
 #include <iterator>
@@ -568,14 +569,45 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
       }
     }
   };
+  // Every string of a record, its keys included, at any depth: nothing a terminal or a page
+  // would act on (the report prints a divergence's node, a pipeline's actions, an executor's
+  // words), and no deeper nesting than any run writes.
+  std::string at;
+  const std::function<void(const nlohmann::json&, int)> plain = [&](const nlohmann::json& v,
+                                                                     int depth) {
+    if (depth > 64) bad(at, "at most 64 levels of nesting (no run writes deeper)", v);
+    const auto check = [&](const std::string& s, const char* what) {
+      if (const auto hidden = harness::hiddenCharacter(s, harness::TextKind::kText)) {
+        throw ReportInputError(at + ": " + what + " holds " + hidden.text() +
+                               ", which no run writes there (a terminal or a page would act on it)");
+      }
+    };
+    if (v.is_string()) {
+      check(v.get_ref<const std::string&>(), "the string");
+    } else if (v.is_object()) {
+      for (const auto& [k, x] : v.items()) {
+        check(k, "a key");
+        const size_t was = at.size();
+        at += "." + k;
+        plain(x, depth + 1);
+        at.resize(was);
+      }
+    } else if (v.is_array()) {
+      const size_t was = at.size();
+      at += "[]";
+      for (const auto& x : v) plain(x, depth + 1);
+      at.resize(was);
+    }
+  };
   // Per field, the last record of a key that has it (as `run` writes one record per key).
   std::map<std::string, const nlohmann::json*> divergences, comms, pipelines, records;
   // The records of each run id, by key, counted: checked one to one against the CSV's rows.
   std::map<std::string, std::map<std::string, int>> keysOfRun;
   size_t index = 0;
   for (const auto& r : j.at("records")) {
-    const std::string at = path + ": records[" + std::to_string(index++) + "]";
+    at = path + ": records[" + std::to_string(index++) + "]";
     if (!r.is_object()) bad(at, "a record (an object)", r);
+    plain(r, 0);
     if (!r.contains("details") || !r.at("details").is_object()) {
       bad(at + ".details", "an object", r.contains("details") ? r.at("details") : nlohmann::json());
     }
