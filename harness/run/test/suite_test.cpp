@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include "harness/hidden_text.h"
 #include "harness/run/suite.h"
 #include "reference/training.h"
 #include "reference/workload.h"
@@ -238,6 +239,30 @@ TEST(SuiteHostile, TextMustBeUtf8AndNamesFreeOfControlCharacters) {
   EXPECT_NE(bad.find("not UTF-8 text: byte 0xff at offset 3"), std::string::npos) << bad;
   EXPECT_NE(errorOf(oneCase("", "\"two\\nlines\"")).find("control characters"), std::string::npos);
   EXPECT_NO_THROW(parseSuite(oneCase("", "caf\xc3\xa9"), "ok.yaml"));
+}
+
+// The one check of hidden characters the suite and results readers share: a name refuses
+// what reads as something else (a zero-width space, a tab), a line of text what a terminal
+// acts on (ESC, a direction override) but not an invisible space, a message line breaks too.
+TEST(SuiteHostile, HiddenCharactersAreJudgedPerKindOfText) {
+  using sb::harness::hiddenCharacter;
+  using sb::harness::TextKind;
+  const std::string zwsp = "smo\xe2\x80\x8bke", rlo = "a\xe2\x80\xaegpj", esc = "x\x1b[2J";
+  const std::string nel = "x\xc2\x85";  // U+0085, a C1 control
+  EXPECT_EQ(hiddenCharacter(zwsp, TextKind::kName).text(),
+            "a Unicode control or invisible character U+200B at byte 3");
+  EXPECT_FALSE(hiddenCharacter(zwsp, TextKind::kLine));
+  for (const TextKind k : {TextKind::kName, TextKind::kLine, TextKind::kText}) {
+    EXPECT_EQ(hiddenCharacter(rlo, k).text(), "a text-direction character U+202E at byte 1");
+    EXPECT_EQ(hiddenCharacter(esc, k).text(), "the control character 0x1b at byte 1");
+    EXPECT_EQ(hiddenCharacter(nel, k).text(), "a C1 control character U+0085 at byte 1");
+    EXPECT_FALSE(hiddenCharacter("caf\xc3\xa9 \xe6\x97\xa5", k));  // é and a CJK character
+  }
+  EXPECT_TRUE(hiddenCharacter("a\tb", TextKind::kName));
+  EXPECT_FALSE(hiddenCharacter("a\tb", TextKind::kLine));
+  EXPECT_TRUE(hiddenCharacter("a\nb", TextKind::kLine));
+  EXPECT_FALSE(hiddenCharacter("a\nb\r\n", TextKind::kText));
+  EXPECT_EQ(hiddenCharacter("ok\x7f", TextKind::kText).text(), "the control character 0x7f at byte 2");
 }
 
 // Found by ci/fuzz/suite_fuzz.cpp: a sweep's values become part of the case names, so a value
