@@ -339,6 +339,14 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   }
   r.repetitions = static_cast<int>(f.requiredInt(
       "repetitions", 0, INT32_MAX, "a count of repetitions, 0 or more (no run writes this)"));
+  // A timed row has one sample per repetition (Google Benchmark's repetitions); a row that was
+  // not timed has none.
+  if (!r.timeSamplesUs.empty() && r.timeSamplesUs.size() != static_cast<size_t>(r.repetitions)) {
+    throw ReportInputError(f.where() + ": column 'time_us_samples' holds " +
+                           std::to_string(r.timeSamplesUs.size()) + " sample(s) but 'repetitions' is " +
+                           std::to_string(r.repetitions) +
+                           ": a run writes one sample per repetition, or none (no run writes this)");
+  }
   r.peakMemBytes = f.optCount("peak_mem_bytes");
   r.predictedMemBytes = f.optCount("predicted_mem_bytes");
   r.commBytes = f.optCount("comm_bytes");
