@@ -44,7 +44,8 @@ inline HiddenCharacter hiddenCharacter(const std::string& s, TextKind kind) {
   for (size_t i = 0; i < s.size(); ++i) {
     const auto u = static_cast<unsigned char>(s[i]);
     const bool lineBreak = u == '\n' || u == '\r';
-    const bool allowed = kind != TextKind::kName && (u == '\t' || (kind == TextKind::kText && lineBreak));
+    const bool allowed =
+        kind != TextKind::kName && (u == '\t' || (kind == TextKind::kText && lineBreak));
     if ((u < 0x20 && !allowed) || u == 0x7f) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02x", u);

@@ -51,7 +51,11 @@ constexpr size_t kN = kColumns.size();
 bool validTimestamp(const std::string& t) {
   if (t.size() != 20) return false;
   for (size_t i = 0; i < t.size(); ++i) {
-    const char want = i == 4 || i == 7 ? '-' : i == 10 ? 'T' : i == 13 || i == 16 ? ':' : i == 19 ? 'Z' : '0';
+    const char want = i == 4 || i == 7     ? '-'
+                      : i == 10            ? 'T'
+                      : i == 13 || i == 16 ? ':'
+                      : i == 19            ? 'Z'
+                                           : '0';
     if (want == '0' ? !(t[i] >= '0' && t[i] <= '9') : t[i] != want) return false;
   }
   const auto num = [&](size_t at) { return (t[at] - '0') * 10 + (t[at + 1] - '0'); };
@@ -281,7 +285,8 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
     }
   }
   if (!validTimestamp(r.timestampUtc)) {
-    f.bad("timestamp_utc", r.timestampUtc, "a UTC time as run writes it, e.g. 2026-11-29T13:05:09Z");
+    f.bad("timestamp_utc", r.timestampUtc,
+          "a UTC time as run writes it, e.g. 2026-11-29T13:05:09Z");
   }
   if (r.suite.empty() || r.caseName.empty() || r.strategyId.empty() || r.runId.empty()) {
     throw ReportInputError(f.where() + ": suite, case, strategy_id and run_id must not be empty");
@@ -342,10 +347,10 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   // A timed row has one sample per repetition (Google Benchmark's repetitions); a row that was
   // not timed has none.
   if (!r.timeSamplesUs.empty() && r.timeSamplesUs.size() != static_cast<size_t>(r.repetitions)) {
-    throw ReportInputError(f.where() + ": column 'time_us_samples' holds " +
-                           std::to_string(r.timeSamplesUs.size()) + " sample(s) but 'repetitions' is " +
-                           std::to_string(r.repetitions) +
-                           ": a run writes one sample per repetition, or none (no run writes this)");
+    throw ReportInputError(
+        f.where() + ": column 'time_us_samples' holds " + std::to_string(r.timeSamplesUs.size()) +
+        " sample(s) but 'repetitions' is " + std::to_string(r.repetitions) +
+        ": a run writes one sample per repetition, or none (no run writes this)");
   }
   r.peakMemBytes = f.optCount("peak_mem_bytes");
   r.predictedMemBytes = f.optCount("predicted_mem_bytes");
@@ -582,12 +587,13 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   // words), and no deeper nesting than any run writes.
   std::string at;
   const std::function<void(const nlohmann::json&, int)> plain = [&](const nlohmann::json& v,
-                                                                     int depth) {
+                                                                    int depth) {
     if (depth > 64) bad(at, "at most 64 levels of nesting (no run writes deeper)", v);
     const auto check = [&](const std::string& s, const char* what) {
       if (const auto hidden = harness::hiddenCharacter(s, harness::TextKind::kText)) {
-        throw ReportInputError(at + ": " + what + " holds " + hidden.text() +
-                               ", which no run writes there (a terminal or a page would act on it)");
+        throw ReportInputError(
+            at + ": " + what + " holds " + hidden.text() +
+            ", which no run writes there (a terminal or a page would act on it)");
       }
     };
     if (v.is_string()) {

@@ -74,7 +74,8 @@ ControlStore::ControlStore(const std::string& host, int port, bool serve,
   }).detach();
   std::unique_lock<std::mutex> lock(attempt->m);
   // TCPStore retries its connect until `timeout`; a second of slack lets it say so first.
-  if (!attempt->cv.wait_for(lock, timeout + std::chrono::seconds(1), [&] { return attempt->done; })) {
+  if (!attempt->cv.wait_for(lock, timeout + std::chrono::seconds(1),
+                            [&] { return attempt->done; })) {
     char secs[32];
     std::snprintf(secs, sizeof secs, "%g", static_cast<double>(timeout.count()) / 1000.0);
     throw std::runtime_error("cannot " + what + ": no store answered within " + secs +

@@ -15,8 +15,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include "harness/comm/mesh.h"
-#include "harness/in_file.h"
 #include "harness/hidden_text.h"
+#include "harness/in_file.h"
 #include "harness/parse_number.h"
 
 namespace sb::harness {

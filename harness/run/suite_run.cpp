@@ -150,8 +150,8 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     const CaseSpec& c = p.spec;
     if (c.device == "cuda") continue;
     if (const std::string why = cpuDtypeMissing(c.dtype); !why.empty()) {
-      throw InputError(c.where() + ": case '" + c.name + "': dtype " + dtypeName(c.dtype) +
-                       ": " + why + "; use float32, float64 or bfloat16 on the CPU, or device: cuda");
+      throw InputError(c.where() + ": case '" + c.name + "': dtype " + dtypeName(c.dtype) + ": " +
+                       why + "; use float32, float64 or bfloat16 on the CPU, or device: cuda");
     }
   }
   std::optional<ResultWriter> writer;

@@ -262,7 +262,8 @@ TEST(SuiteHostile, HiddenCharactersAreJudgedPerKindOfText) {
   EXPECT_FALSE(hiddenCharacter("a\tb", TextKind::kLine));
   EXPECT_TRUE(hiddenCharacter("a\nb", TextKind::kLine));
   EXPECT_FALSE(hiddenCharacter("a\nb\r\n", TextKind::kText));
-  EXPECT_EQ(hiddenCharacter("ok\x7f", TextKind::kText).text(), "the control character 0x7f at byte 2");
+  EXPECT_EQ(hiddenCharacter("ok\x7f", TextKind::kText).text(),
+            "the control character 0x7f at byte 2");
 }
 
 // Found by ci/fuzz/suite_fuzz.cpp: a sweep's values become part of the case names, so a value
