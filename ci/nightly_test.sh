@@ -65,13 +65,15 @@ print(r["strategy_id"], r["band_pct"])
 PY
 )
 echo "     the steadiest row: $steady, band $band%"
-# A 20% slowdown is found where the row's band is under 20% (on this machine when it is quiet,
-# 8-18%: docs/measurements.md). While another tenant loads the machine the bands widen past
-# it, and no method that measures time could tell 20% from the noise; then the slowdown
-# planted is twice the band, and the test says so (the gate's logic is the same either way).
-slow=$(python3 -c "import math; b = max(10.0, float('$band')); print(20 if b < 17 else math.ceil(2 * b))")
+# The slowdown planted is 20%, or three times the row's band where that is more (on this
+# machine when it is quiet, bands of 8-18%: docs/measurements.md; under another tenant's load
+# they widen, and no method that measures time could tell 20% from that noise). Three times:
+# a night's median moves against the baseline's by more than the band five calibration runs
+# measured often enough that 20% over a 16.8% band went unseen in a clean clone's run on a
+# 2-core AMD host (the gate's logic is the same either way; the test says what it planted).
+slow=$(python3 -c "import math; print(max(20, math.ceil(3 * float('$band'))))")
 [ "$slow" -eq 20 ] && pass "a row is steady enough here to see a 20% slowdown (band $band%)" ||
-  echo "     NOTE: the machine is noisy now (narrowest band $band%): planting $slow%, not 20%"
+  echo "     NOTE: the narrowest band is $band%: planting $slow% (3x the band), not 20%"
 # The checks of what the gate does with a slower night (--gate-perf fails it, --promote-anyway
 # promotes it on the record) plant a slowdown no noise hides: at least 4x the band, 100% or
 # more. With twice the band they failed on a 2-core AMD host (CI's, then here) when a night
