@@ -55,16 +55,14 @@ ControlStore::ControlStore(const std::string& host, int port, bool serve,
     std::string error;
   };
   const auto attempt = std::make_shared<Attempt>();
-  std::thread([attempt, host, o] {
+  std::thread([attempt, host, o, text] {
     c10::intrusive_ptr<c10d::TCPStore> store;
     std::string error;
     try {
       store = c10::make_intrusive<c10d::TCPStore>(host, o);
       (void)store->check({"sb/reachable"});
-    } catch (const c10::Error& e) {
-      error = e.what_without_backtrace();
     } catch (const std::exception& e) {
-      error = e.what();
+      error = text(e);
     }
     const std::lock_guard<std::mutex> lock(attempt->m);
     attempt->store = std::move(store);
