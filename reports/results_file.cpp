@@ -225,7 +225,6 @@ std::vector<std::string> splitList(const std::string& s) {
   return out;
 }
 
-
 ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   ResultRow r;
   r.file = file;
@@ -382,7 +381,8 @@ void checkAgreement(const ResultRow& row, const nlohmann::json& rec, const std::
   const auto disagree = [&](const std::string& column, const std::string& csvValue,
                             const std::string& other) {
     throw ReportInputError(row.where() + ": column '" + column + "' is " + csvValue + ", but " +
-                           other + ": the results disagree (a file edited or damaged, or a "
+                           other +
+                           ": the results disagree (a file edited or damaged, or a "
                            "column written from another field)");
   };
   const auto show = [](const auto& v) -> std::string {
@@ -446,8 +446,8 @@ void checkAgreement(const ResultRow& row, const nlohmann::json& rec, const std::
     }
     return m;
   };
-  if (const auto m = largest("peak_mem_bytes_per_rank"); m && row.peakMemBytes &&
-                                                         !same(*m, *row.peakMemBytes)) {
+  if (const auto m = largest("peak_mem_bytes_per_rank");
+      m && row.peakMemBytes && !same(*m, *row.peakMemBytes)) {
     disagree("peak_mem_bytes", show(row.peakMemBytes),
              "the largest of details.peak_mem_bytes_per_rank is " + show(m));
   }
@@ -503,11 +503,11 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
   // The schema it was written in: the CSV beside it says the same (checked row by row there).
   if (!j.contains("schema_version") || !j.at("schema_version").is_number_integer() ||
       j.at("schema_version").get<int64_t>() != harness::kSchemaVersion) {
-    throw ReportInputError(path + ": schema_version " +
-                           (j.contains("schema_version") ? j.at("schema_version").dump()
-                                                         : std::string("missing")) +
-                           ": expected " + std::to_string(harness::kSchemaVersion) +
-                           ", the schema this stratbench reads");
+    throw ReportInputError(
+        path + ": schema_version " +
+        (j.contains("schema_version") ? j.at("schema_version").dump() : std::string("missing")) +
+        ": expected " + std::to_string(harness::kSchemaVersion) +
+        ", the schema this stratbench reads");
   }
   // The JSON the report reads past the CSV, type-checked here so that a hand-edited or hostile
   // results.json is bad input naming the key, never an abort in a table or a trace.
@@ -532,7 +532,8 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     }
     if (d.contains("ranks")) {
       const auto& ranks = d.at("ranks");
-      if (!ranks.is_array() || ranks.size() > 65536) bad(where + ".ranks", "a list of ranks", ranks);
+      if (!ranks.is_array() || ranks.size() > 65536)
+        bad(where + ".ranks", "a list of ranks", ranks);
       for (const auto& x : ranks) {
         if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > 65535) {
           bad(where + ".ranks", "ranks from 0 to 65535", x);
@@ -559,9 +560,9 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
     if (ranks.size() > 65536) bad(where + ".per_rank", "at most 65536 ranks", ranks.size());
     for (const auto& rank : ranks) {
       if (!rank.is_object()) bad(where + ".per_rank[]", "an object", rank);
-      if (rank.contains("rank") && (!rank.at("rank").is_number_integer() ||
-                                    rank.at("rank").get<int64_t>() < 0 ||
-                                    rank.at("rank").get<int64_t>() > 65535)) {
+      if (rank.contains("rank") &&
+          (!rank.at("rank").is_number_integer() || rank.at("rank").get<int64_t>() < 0 ||
+           rank.at("rank").get<int64_t>() > 65535)) {
         bad(where + ".per_rank[].rank", "a rank from 0 to 65535", rank.at("rank"));
       }
       if (!rank.contains("actions")) continue;

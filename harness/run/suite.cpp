@@ -587,8 +587,7 @@ Suite loadSuite(const std::string& path) {
   // reaches it).
   const bool stream = path == "/dev/stdin" || path.rfind("/dev/fd/", 0) == 0 ||
                       path.rfind("/proc/self/fd/", 0) == 0;
-  if (const std::string why = whyNotAFile(path);
-      !stream && !why.empty() && why != "no such file") {
+  if (const std::string why = whyNotAFile(path); !stream && !why.empty() && why != "no such file") {
     throw InputError(path + ": " + why + "; a suite is a YAML file");
   }
   std::ifstream in(path, std::ios::binary);

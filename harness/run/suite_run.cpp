@@ -134,11 +134,12 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
                            suite.file + " --write-golden`)");
         }
         if (it->second.size() != static_cast<size_t>(c.training.steps)) {
-          throw InputError(suite.golden + ": case '" + c.name + "' has " +
-                           std::to_string(it->second.size()) + " step(s) of golden losses; the "
-                           "suite trains it for " + std::to_string(c.training.steps) +
-                           " (rewrite them with `stratbench run " + suite.file +
-                           " --write-golden`)");
+          throw InputError(
+              suite.golden + ": case '" + c.name + "' has " + std::to_string(it->second.size()) +
+              " step(s) of golden losses; the "
+              "suite trains it for " +
+              std::to_string(c.training.steps) + " (rewrite them with `stratbench run " +
+              suite.file + " --write-golden`)");
         }
       }
     }
@@ -195,10 +196,11 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
           ~ReferenceThreads() {
             if (at::get_num_threads() != was) at::set_num_threads(was);
           }
-        } referenceThreads(options.backend == "threads" && !onDevice
-                               ? std::max(1, at::get_num_threads() /
-                                                 static_cast<int>(std::max<int64_t>(1, c.meshSize())))
-                               : at::get_num_threads());
+        } referenceThreads(
+            options.backend == "threads" && !onDevice
+                ? std::max(1, at::get_num_threads() /
+                                  static_cast<int>(std::max<int64_t>(1, c.meshSize())))
+                : at::get_num_threads());
         const auto build = [&c](at::ScalarType dtype) {
           return c.training.enabled()
                      ? reference::buildTraining(c.workload, c.shape, dtype, c.seed, c.inputs,
@@ -302,8 +304,8 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
                std::ostream& out) {
   // The live progress line only where someone watches: stderr a terminal (not a log, not CI).
   const char* term = std::getenv("TERM");
-  ConsoleObserver console(out, ::isatty(STDERR_FILENO) == 1 &&
-                                   !(term && std::string(term) == "dumb"));
+  ConsoleObserver console(out,
+                          ::isatty(STDERR_FILENO) == 1 && !(term && std::string(term) == "dumb"));
   return runPlanned(suite, plan, options, console);
 }
 
