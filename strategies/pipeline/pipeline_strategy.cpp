@@ -42,14 +42,10 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
-#include <sstream>
 
-#include "harness/in_file.h"
 #include "harness/error.h"
 #include "harness/registry.h"
 #include "reference/autograd_engine.h"
@@ -186,34 +182,13 @@ class PipelineStrategy final : public harness::Strategy {
     return j.get<std::string>();
   }
 
-  // params.csv's schedule, read and checked on its own: a regular file of at most 16 MiB, in
-  // the schedule CSV's format, that can finish.
+  // params.csv's schedule, read and checked on its own (readScheduleFile): bad input.
   static Schedule csvSchedule(const std::string& file) {
-    std::error_code ec;
-    input(std::filesystem::exists(file, ec), "params.csv: cannot read " + file);
-    const std::string why = harness::notARegularFile(file);
-    input(why.empty(), "params.csv: " + file + ": " + why);
-    input(std::filesystem::file_size(file, ec) <= (16u << 20),
-          "params.csv: " + file + " is over 16 MiB");
-    std::ifstream in(file);
-    input(static_cast<bool>(in), "params.csv: cannot read " + file);
-    std::stringstream text;
-    text << in.rdbuf();
-    Schedule schedule;
     try {
-      schedule = readScheduleCsv(text.str(), file);
+      return readScheduleFile(file);
     } catch (const ScheduleError& e) {
-      throw harness::InputError(e.what());
+      throw harness::InputError(std::string("params.csv: ") + e.what());
     }
-    // A schedule whose ranks wait on each other forever: the dry run finds it in
-    // microseconds, the ranks would wait out the whole collective timeout.
-    Costs unit;
-    unit.stages = {StageCost{}};
-    const std::string deadlock = simulate(schedule, unit).deadlock;
-    input(deadlock.empty(), file + ": the schedule cannot finish: " + deadlock +
-                                " (`stratbench solve pipeline --csv " + file +
-                                "` shows the dry run)");
-    return schedule;
   }
 
   // The plan a case makes, or why it cannot run: made once per case (a CSV read once), then

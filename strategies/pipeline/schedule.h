@@ -158,6 +158,12 @@ struct Simulation {
 };
 Simulation simulate(const Schedule& s, const Costs& c);
 
+// A schedule CSV file a user names, read and checked on its own: a regular file of at most
+// 16 MiB, in readScheduleCsv's format, whose dry run finishes (a schedule whose ranks would
+// wait on each other forever is found in microseconds here, not after a collective timeout).
+// Throws ScheduleError naming the file and what is wrong.
+Schedule readScheduleFile(const std::string& file);
+
 // The run as JSON (schedule, sizes, step time, bubble, per rank busy, idle, peak and the
 // timed actions), as a value and as text, and as a Chrome trace (one thread per rank; Perfetto
 // and chrome://tracing open it).

@@ -5,14 +5,18 @@
 #include <array>
 #include <cmath>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/in_file.h"
 #include "strategies/pipeline/schedule.h"
 
 namespace sb::strategies::pipeline {
@@ -396,6 +400,29 @@ std::string chromeTrace(const Schedule& s, const Simulation& sim) {
                          {"otherData", {{"schedule", s.name}}}})
              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
          "\n";
+}
+
+Schedule readScheduleFile(const std::string& file) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) throw ScheduleError("cannot read " + file);
+  const std::string why = harness::notARegularFile(file);
+  if (!why.empty()) throw ScheduleError(file + ": " + why);
+  if (std::filesystem::file_size(file, ec) > (16u << 20)) {
+    throw ScheduleError(file + " is over 16 MiB");
+  }
+  std::ifstream in(file);
+  if (!in) throw ScheduleError("cannot read " + file);
+  std::stringstream text;
+  text << in.rdbuf();
+  Schedule schedule = readScheduleCsv(text.str(), file);
+  Costs unit;
+  unit.stages = {StageCost{}};
+  const std::string deadlock = simulate(schedule, unit).deadlock;
+  if (!deadlock.empty()) {
+    throw ScheduleError(file + ": the schedule cannot finish: " + deadlock +
+                        " (`stratbench solve pipeline --csv " + file + "` shows the dry run)");
+  }
+  return schedule;
 }
 
 }  // namespace sb::strategies::pipeline
