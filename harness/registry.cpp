@@ -45,6 +45,10 @@ const std::vector<std::string>& familyNames() {
   return names;
 }
 
+bool drawsRandomNumbers(const CaseSpec& c) {
+  return c.shape.is_object() && c.shape.contains("random") && c.shape.at("random") == true;
+}
+
 Applicability applicabilityOf(const Strategy& s, const CaseSpec& c) {
   // A value malformed for this strategy is bad input wherever the case is of its kind, even
   // where it cannot run it (an `unsupported` row would hide the mistake under a pattern); a
@@ -60,6 +64,19 @@ Applicability applicabilityOf(const Strategy& s, const CaseSpec& c) {
     }
     if (a && a->kind == Applicability::Kind::kNotApplicable) return *a;
     throw;
+  }
+  if (drawsRandomNumbers(c) && !s.repeatsDraws(c)) {
+    // Not applicable stays so (another workload's strategy); anything else is this.
+    try {
+      const Applicability a = s.applies(c);
+      if (a.kind == Applicability::Kind::kNotApplicable) return a;
+    } catch (const std::exception&) {
+    }
+    return Applicability::unsupported(
+        "the model draws random numbers (shape key random: true: dropout in training), which "
+        "only an executor running the module itself on the whole batch draws as the reference "
+        "does (torch/checkpoint, torch/sac on one rank); any other split or graph of the step "
+        "draws other numbers");
   }
   if (c.training.enabled() && !s.trainsSteps()) {
     // A strategy that cannot run the case at all says why itself (its reason names the model

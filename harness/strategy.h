@@ -262,6 +262,12 @@ class Strategy {
   virtual std::optional<at::ScalarType> arithmeticDtype(const CaseSpec& c) const {
     return std::nullopt;
   }
+  // Whether this strategy draws the random numbers of a case whose model draws them (shape key
+  // `random: true`, drawsRandomNumbers below: dropout in training) as the reference does: the
+  // same draws in the same order from the same generator state, which only the module itself
+  // run on the whole batch does (strategies/torch/'s one-rank executors). No by default: every
+  // other strategy is `unsupported` on such a case, saying why (applicabilityOf).
+  virtual bool repeatsDraws(const CaseSpec& c) const { return false; }
   // Tolerance for `tensor`, whose full reference value is `expected`; defaults to the dtype's
   // (bitwise in exact-inputs mode). An override must say why in Tolerance::reason. The runner
   // raises it to the reference's own rounding where that was measured (docs/results.md).
@@ -302,6 +308,9 @@ class Strategy {
 // caller asks (the plan, the runners), so that a one-step strategy is never run on a training
 // case and checked against tensors it does not produce.
 Applicability applicabilityOf(const Strategy& s, const CaseSpec& c);
+// Whether the case's model draws random numbers (its shape's `random: true`, which the
+// torchscript workload takes for a model with dropout in training).
+bool drawsRandomNumbers(const CaseSpec& c);
 
 // A strategy that runs on one rank and hands back every tensor whole (checkpointing,
 // chunking): its results are boxed by their full shape and it communicates nothing.

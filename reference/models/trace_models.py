@@ -65,8 +65,11 @@ except ImportError as e:
 # ---- GPT-2 style decoder; attribute names follow HF GPT-2 so that the importer's
 # ---- name-based pattern matching is exercised on the names it will meet in practice.
 class GPT2Attention(nn.Module):
-    def __init__(self, d, heads, max_seq):
+    def __init__(self, d, heads, max_seq, dropout=0.0):
         super().__init__()
+        # With dropout (HF GPT-2's attn_pdrop and resid_pdrop): the attention's probabilities
+        # and the projection's output dropped in training.
+        self.dropout = dropout
         # Head sizes from the config, not from x.shape: shape-derived scalars would trace as
         # aten::size chains and the 1/sqrt(dh) scale as a traced tensor.
         self.d, self.heads, self.dh = d, heads, d // heads
@@ -81,17 +84,22 @@ class GPT2Attention(nn.Module):
         q, k, v = (t.view(B, S, self.heads, self.dh).transpose(1, 2) for t in (q, k, v))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.dh)
         scores = scores.masked_fill(~self.bias[:S, :S], float("-inf"))
-        y = scores.softmax(dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, S, d))
+        probs = scores.softmax(dim=-1)
+        if self.dropout:
+            probs = nn.functional.dropout(probs, self.dropout, self.training)
+        y = self.c_proj((probs @ v).transpose(1, 2).contiguous().view(B, S, d))
+        return nn.functional.dropout(y, self.dropout, self.training) if self.dropout else y
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, d, heads, max_seq):
+    def __init__(self, d, heads, max_seq, dropout=0.0):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(d), GPT2Attention(d, heads, max_seq)
+        self.ln_1, self.attn = nn.LayerNorm(d), GPT2Attention(d, heads, max_seq, dropout)
         self.ln_2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(OrderedDict(
-            c_fc=nn.Linear(d, 4 * d), act=nn.GELU(), c_proj=nn.Linear(4 * d, d)))
+        layers = OrderedDict(c_fc=nn.Linear(d, 4 * d), act=nn.GELU(), c_proj=nn.Linear(4 * d, d))
+        if dropout:
+            layers["dropout"] = nn.Dropout(dropout)
+        self.mlp = nn.Sequential(layers)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -99,10 +107,10 @@ class GPT2Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, vocab, max_seq, d, heads, layers):
+    def __init__(self, vocab, max_seq, d, heads, layers, dropout=0.0):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(max_seq, d)
-        self.h = nn.ModuleList(GPT2Block(d, heads, max_seq) for _ in range(layers))
+        self.h = nn.ModuleList(GPT2Block(d, heads, max_seq, dropout) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2: one parameter, two uses
@@ -442,6 +450,12 @@ MODELS = {
         "4 heads, hidden 64, mlp 128"),
     "gpt2": (lambda: GPT2(vocab=64, max_seq=16, d=32, heads=4, layers=2), [ids(2, 16, 64)],
              "GPT-2 style decoder: vocab 64, seq 16, d 32, 4 heads, 2 layers, tied lm_head"),
+    # The same with HF GPT-2's dropout (0.1 on the attention's probabilities, after each
+    # projection and the MLP), traced in training: a model that draws random numbers (shape key
+    # random: true), run by the executors that repeat its draws (torch/checkpoint, torch/sac).
+    "gpt2_dropout": (lambda: GPT2(vocab=64, max_seq=16, d=32, heads=4, layers=2, dropout=0.1),
+                     [ids(4, 16, 64)], "GPT-2 style decoder with dropout 0.1 (attention "
+                     "probabilities, projections, MLP), traced in training"),
     "gpt2_12": (lambda: GPT2(vocab=64, max_seq=16, d=64, heads=4, layers=12), [ids(2, 16, 64)],
                 "GPT-2 style decoder, 12 layers (import-speed benchmark): vocab 64, seq 16, "
                 "d 64, 4 heads, tied lm_head"),
@@ -457,6 +471,8 @@ MODELS = {
                    "Linear(16,32) -> cumsum(-1) -> tanh -> Linear(32,16); cumsum has no "
                    "sharding strategy, so it must run replicated"),
 }
+# The models that draw random numbers in training (dropout), on purpose.
+RANDOM = {"gpt2_dropout"}
 # The zoo (--zoo): models no suite check was written against, traced for ci/zoo_test.sh's table
 # of model x family. Small shapes, so that every family runs on each in CI; the CNNs' images
 # are 64x64 in batches of 4 so that their last batch norms normalise over 16 values per
@@ -674,11 +690,12 @@ def write_model(name, args, malformed):
             if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
                 p.add_(torch.randn_like(p) * 0.02)
     # Train mode so batch norm traces with batch statistics; dropout probabilities are 0.0
-    # (assert it) so that a train-mode trace is still deterministic.
+    # (assert it) so that a train-mode trace is still deterministic, except in the models that
+    # draw random numbers on purpose (RANDOM: run with shape key random: true).
     model.train()
     for m in model.modules():
         p = m.p if isinstance(m, nn.modules.dropout._DropoutNd) else getattr(m, "dropout", 0.0)
-        assert not isinstance(p, float) or p == 0.0, \
+        assert not isinstance(p, float) or p == 0.0 or name in RANDOM, \
             f"{name}: {type(m).__name__} has dropout {p}, expected 0.0"
     inputs = make_inputs(specs, torch.Generator().manual_seed(args.seed))
     # check_trace=False: the check re-runs the model several times, which is slow and adds
@@ -690,7 +707,10 @@ def write_model(name, args, malformed):
     nparams = sum(p.numel() for p in model.parameters())  # parameters() dedups tied weights
     loaded = torch.jit.load(path)
     with torch.no_grad():
-        diff = (loaded(*inputs) - model(*inputs)).abs().max().item()
+        torch.manual_seed(1)  # the same draws for both, where the model draws
+        ours = loaded(*inputs)
+        torch.manual_seed(1)
+        diff = (ours - model(*inputs)).abs().max().item()
     graph = loaded.graph.copy()
     torch._C._jit_pass_inline(graph)
     kinds = node_kinds(graph, set())

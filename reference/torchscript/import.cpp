@@ -534,8 +534,12 @@ class Walker {
     bool dynamic = false;
     for (const Value* v : n->inputs()) dynamic |= env.at(v).dynamic;
     // Dropout that drops nothing is the identity; any other draw from torch's generator is not
-    // something a graph can repeat the way the module's own run draws it.
+    // something a graph can repeat the way the module's own run draws it. With the shape's
+    // `random: true` it is recorded (the model's draws) and the graph keeps the operator: only
+    // the reference and the executors that run the module itself draw as it does (harness
+    // drawsRandomNumbers; every other executor is refused before it runs the graph).
     const std::string k = kind.toQualString();
+    bool drawn = false;
     if (k == "aten::dropout" || k == "aten::dropout_" || k == "aten::feature_dropout") {
       const double p = env.at(n->input(1)).v.toDouble();
       const bool train = env.at(n->input(2)).v.toBool();
@@ -543,9 +547,14 @@ class Walker {
         env[n->output()] = env.at(n->input(0));
         return;
       }
-      throw ImportError(where(n, path) + ": dropout with p = " + std::to_string(p) +
-                        " in training draws its mask from torch's generator, which a graph "
-                        "cannot repeat; trace the model with dropout 0 or in eval mode");
+      if (!spec_.random) {
+        throw ImportError(where(n, path) + ": dropout with p = " + std::to_string(p) +
+                          " in training draws its mask from torch's generator, which a graph "
+                          "cannot repeat; trace the model with dropout 0 or in eval mode (or "
+                          "say shape key random: true, for the executors that run the module "
+                          "itself: torch/checkpoint, torch/sac)");
+      }
+      drawn = true;
     }
     // PyTorch 2.x's fused attention (nn.MultiheadAttention, torchvision's ViT) and the
     // recurrent layers (aten::lstm, gru, rnn_tanh: marked random in 2.x) are random only
@@ -564,13 +573,17 @@ class Walker {
       }
       drawsNothing = dropout && (*dropout == 0 || (train && !*train));
     }
-    if (k == "aten::scaled_dot_product_attention" && !drawsNothing) {
+    if (spec_.random && !drawsNothing && (drawn || n->isNondeterministic())) {
+      drawn = true;
+      out_.draws.push_back(where(n, path));
+    }
+    if (k == "aten::scaled_dot_product_attention" && !drawsNothing && !drawn) {
       throw ImportError(where(n, path) +
                         ": scaled_dot_product_attention with dropout draws its mask from torch's "
                         "generator, which a graph cannot repeat; trace the model with dropout 0 "
                         "or in eval mode");
     }
-    if (n->isNondeterministic() && !drawsNothing) {
+    if (n->isNondeterministic() && !drawsNothing && !drawn) {
       throw ImportError(where(n, path) + ": a random operator; its draws cannot be repeated");
     }
     if (dynamic && (k == "aten::item" || k == "aten::Int" || k == "aten::Float" ||
@@ -682,7 +695,7 @@ class Walker {
 
 std::string cacheKey(const ImportSpec& s) {
   struct stat st {};
-  std::string key = s.file + "|" + s.fault + "|";
+  std::string key = s.file + "|" + s.fault + "|" + (s.random ? "random|" : "|");
   if (::stat(s.file.c_str(), &st) == 0) {
     key += std::to_string(st.st_mtime) + "." + std::to_string(st.st_size);
   }
@@ -772,6 +785,11 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
   {
     at::NoGradGuard noGrad;
     Walker(spec, file, *out).run();
+  }
+  if (spec.random && out->draws.empty()) {
+    throw ImportError(spec.file +
+                      ": shape key random: true, but the model draws nothing (no dropout or "
+                      "random operator in training): leave the key out");
   }
   if (out->graph.parameters.empty()) {
     // A parameter that reaches no output has no gradient either: named, so that the user

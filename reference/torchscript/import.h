@@ -90,6 +90,11 @@ struct ImportSpec {
   // "cut_where_two_cross" linearises for checkpointing with cuts where two activations cross
   // (linearize.h).
   std::string fault;
+  // "random": true: the model draws random numbers in training (dropout), recorded in
+  // ImportedModel::draws instead of refused. The reference draws them from the CPU generator
+  // seeded per step (drawSeed); only executors that run the module itself on the whole batch
+  // draw the same (harness::drawsRandomNumbers).
+  bool random = false;
   static ImportSpec fromJson(const nlohmann::json& shape);
   // The shape keys fromJson reads back to this spec (the file, every input, params, microbatches
   // and import_fault where they are not the defaults).
@@ -127,7 +132,14 @@ struct ImportedModel {
   bool exported = false;
   std::string exportedBy, exportCheck;
   double checkSeconds = 0;  // the check's runs (once per file and process: 0 when cached)
+  // Where the model draws random numbers (node and module), with ImportSpec::random.
+  std::vector<std::string> draws;
 };
+
+// The seed the CPU generator is set to before step `step`'s forward of a case seeded `seed`
+// whose model draws random numbers: the reference's and the executors' (strategies/torch/
+// hands it to its ranks), so that both draw the same masks.
+uint64_t drawSeed(uint64_t seed, int step);
 
 // Imports `spec` (cached by file, its modification time and the specs). Throws ImportError.
 std::shared_ptr<const ImportedModel> importModel(const ImportSpec& spec);

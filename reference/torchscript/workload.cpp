@@ -117,6 +117,7 @@ nlohmann::json ImportSpec::toJson() const {
   if (seededParams) j["params"] = "seed";
   if (microbatches > 1) j["microbatches"] = microbatches;
   if (!fault.empty()) j["import_fault"] = fault;
+  if (random) j["random"] = true;
   return j;
 }
 
@@ -132,9 +133,9 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
   }
   for (auto it = shape.begin(); it != shape.end(); ++it) {
     if (it.key() != "file" && it.key() != "inputs" && it.key() != "params" &&
-        it.key() != "microbatches" && it.key() != "import_fault") {
+        it.key() != "microbatches" && it.key() != "import_fault" && it.key() != "random") {
       throw ImportError("torchscript: unknown shape key '" + it.key() +
-                        "' (expected file, inputs, params, microbatches)");
+                        "' (expected file, inputs, params, microbatches, random)");
     }
   }
   ImportSpec s;
@@ -183,6 +184,14 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
                           std::to_string(s.inputs[i].shape[0]));
       }
     }
+  }
+  if (shape.contains("random")) {
+    if (!shape.at("random").is_boolean()) {
+      throw ImportError("torchscript: shape key 'random' must be true or false (whether the "
+                        "model draws random numbers: dropout in training), got " +
+                        shape.at("random").dump());
+    }
+    s.random = shape.at("random").get<bool>();
   }
   if (shape.contains("import_fault")) {
     if (!shape.at("import_fault").is_string()) {
@@ -387,6 +396,13 @@ std::vector<at::Tensor> forwardBackward(torch::jit::Module& module, const Import
   return outs;
 }
 
+// Before step `step`'s forward of a model that draws random numbers: torch's generators set to
+// the step's seed, as an executor running the module sets its own (strategies/torch/), so that
+// both draw the same masks.
+void seedDraws(const ImportSpec& spec, uint64_t seed, int step) {
+  if (spec.random) at::manual_seed(drawSeed(seed, step));
+}
+
 class TorchscriptWorkload final : public Workload {
  public:
   std::string name() const override { return "torchscript"; }
@@ -410,6 +426,7 @@ class TorchscriptWorkload final : public Workload {
     }
     if (s.seededParams) out += ";params=seed";
     if (s.microbatches > 1) out += ";microbatches=" + std::to_string(s.microbatches);
+    if (s.random) out += ";random";
     return out;
   }
 
@@ -420,6 +437,7 @@ class TorchscriptWorkload final : public Workload {
     WorkloadData d = startingData(spec, *m, dtype, seed, mode);
     LoadedModule l = loadModule(spec, *m, dtype, d.inputs);
     const NoExecutorOptimization noOptimization;
+    seedDraws(spec, seed, 0);
     const auto outs = forwardBackward(l.module, spec, *m, d, nullptr);
     refuseUngraded(spec, *m, l);
     d.expected["output"] = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
@@ -434,6 +452,12 @@ class TorchscriptWorkload final : public Workload {
 };
 
 }  // namespace
+
+uint64_t drawSeed(uint64_t seed, int step) {
+  // A seed per step, apart from the case's input streams' (a fixed odd multiplier mixes the
+  // step in); below 2^53 so that it crosses JSON to Python exactly.
+  return (seed * 1000003ull + 7919ull * static_cast<uint64_t>(step + 1)) & ((1ull << 53) - 1);
+}
 
 WorkloadData buildTraining(const nlohmann::json& shape, at::ScalarType dtype, uint64_t seed,
                            InputMode mode, const TrainingSpec& training) {
@@ -453,6 +477,7 @@ WorkloadData buildTraining(const nlohmann::json& shape, at::ScalarType dtype, ui
   for (int k = 0; k < training.steps; ++k) {
     for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
     double loss = 0;
+    seedDraws(spec, seed, k);
     forwardBackward(l.module, spec, *m, d, &loss);
     if (k == 0) refuseUngraded(spec, *m, l);
     loop.update(loss);
