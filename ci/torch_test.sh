@@ -20,7 +20,7 @@ py=$(sed -n 's/^SB_TORCH_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
 models="$build/torch-models"
 # The suite's models, traced by this leg's tracing Python (what the fixture trace_models does).
 trace=$(sed -n 's/^SB_TRACE_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
-"$trace" reference/models/trace_models.py --out "$models" --only meta_llama gpt2 encoder_pre >/dev/null ||
+"$trace" reference/models/trace_models.py --out "$models" --only meta_llama gpt2 gpt2_dropout encoder_pre >/dev/null ||
   { echo "FAIL tracing the suite's models with $trace"; exit 1; }
 suite="$tmp/torch.yaml"
 sed "s#build-torch2/models/#$models/#g" suites/torch.yaml > "$suite"
@@ -50,8 +50,8 @@ if ! "$py" -c "from torch.distributed.fsdp import fully_shard" 2>/dev/null; then
   exit $?
 fi
 
-check "torch suite: every row passes (context_parallel unsupported on the CPU)" 0 \
-  "total +[0-9]+ +0 +0 +1 +0$" -- \
+check "torch suite: every row passes (context_parallel unsupported on the CPU; stratbench's checkpointing on the dropout model)" 0 \
+  "total +[0-9]+ +0 +0 +2 +0$" -- \
   "$sb" run "$suite" --out "$tmp/suite" --repetitions 3
 check "every row verified, measured and counted; twins side by side" 0 "ok" -- \
   python3 - "$tmp/suite/results.json" "$src" <<'PY'
@@ -63,6 +63,23 @@ cp = [r for r in torch_rows if r["strategy_id"] == "torch/cp"]
 assert cp and all(r["status"] == "unsupported" and "context_parallel does not run here" in
                   r["message"] for r in cp), cp
 torch_rows = [r for r in torch_rows if r["strategy_id"] != "torch/cp"]
+# A model that draws random numbers: stratbench's own checkpointing cannot repeat its draws and
+# says so; PyTorch's checkpointing, restoring the generator, repeats the forward's masks.
+drop = [r for r in records if r["case"] == "gpt2-dropout-checkpointed"]
+assert {r["strategy_id"]: r["status"] for r in drop} == {
+    "torch/checkpoint": "pass", "torch/sac": "pass", "checkpointing/full": "unsupported"}, drop
+assert all("draws random numbers" in r["message"] for r in drop if r["status"] != "pass"), drop
+for r in drop:
+    if r["status"] == "pass":
+        # The reference's own rounding, measured in float64 from the same seeds: rounding only
+        # (a shadow drawing other masks would be off by the masks, and loosen every tolerance).
+        rr = r["details"].get("reference_rounding")
+        norm = [t for t in r["details"]["tensors"] if t["tensor"] == "grad_norm"][0]
+        assert rr["grad_norm"] < 1e-5 * abs(norm["worst_expected"]), (rr, norm)
+# A schedule from a file: PyTorch's runtime and stratbench's pipeline/csv on the same CSV.
+csv_rows = {r["strategy_id"]: r for r in records if r["case"] == "meta-llama-pipeline-csv"}
+assert set(csv_rows) == {"torch/pipeline-csv", "pipeline/csv"}, list(csv_rows)
+assert all(r["status"] == "pass" for r in csv_rows.values()), csv_rows
 assert len(torch_rows) >= 17 + 60 + 16, len(torch_rows)
 linear = [r for r in torch_rows if r["workload"] == "linear"]
 assert len({r["strategy_id"] for r in linear if r["case"] == "linear-mesh2"}) == 60, len(linear)
@@ -122,6 +139,28 @@ check "planted: a pipeline schedule left dividing a summed loss's gradients by t
   "torch/pipeline-1f1b: loss@rank0.*grad_norm@rank0" -- \
   "$sb" run "$suite" --filter '^torch/pipeline-1f1b$' --out "$tmp/f5" --repetitions 1 \
   --plant-fault torch/pipeline-1f1b=grads_scaled_by_microbatches
+
+check "planted: a CSV schedule left dividing a summed loss's gradients by the micro-batches" 1 \
+  "torch/pipeline-csv: loss@rank0.*grad_norm@rank0" -- \
+  "$sb" run "$suite" --filter '^torch/pipeline-csv$' --out "$tmp/f7" --repetitions 1 \
+  --plant-fault torch/pipeline-csv=grads_scaled_by_microbatches
+check "planted: checkpointing a dropout model without restoring the generator: other masks" 1 \
+  "torch/checkpoint: loss@rank0.*grad_norm@rank0.*param/" -- \
+  "$sb" run "$suite" --case '^gpt2-dropout-checkpointed$' --filter '^torch/(checkpoint|sac)$' \
+  --out "$tmp/f8" --repetitions 1 --plant-fault torch/checkpoint=recompute_without_rng_state \
+  --plant-fault torch/sac=recompute_without_rng_state
+check "planted: both checkpointing rows fail on the masks" 0 "ok" -- python3 - "$tmp/f8/results.csv" <<'PY'
+import csv, sys
+rows = {r["strategy_id"]: r for r in csv.DictReader(open(sys.argv[1]))}
+assert {k: r["status"] for k, r in rows.items()} == {"torch/checkpoint": "fail",
+                                                      "torch/sac": "fail"}, rows
+print("ok")
+PY
+check "a CSV schedule for 3 ranks on a mesh of 2: exit 2 naming the file" 2 \
+  "params.csv: .*zb3.csv schedules 3 ranks; the mesh has 2" -- bash -c "
+  '$sb' solve pipeline --stages 3 --microbatches 4 --schedule 1f1b --write-csv '$tmp/zb3.csv' \
+    >/dev/null && sed 's#suites/schedules/zb-h1-2x4.csv#$tmp/zb3.csv#' '$suite' > '$tmp/zb3.yaml' &&
+  '$sb' run '$tmp/zb3.yaml' --filter '^torch/pipeline-csv$' --out '$tmp/zb3' --repetitions 1"
 
 check "planted: DTensor's linear with its pending sums handed back as whole" 1 \
   "torch/dtensor/linear/RRS0xRS0xR: replicas: output" -- \

@@ -23,9 +23,12 @@ planted-fault tests run to prove a wrong strategy fails its row.
                  matmul's output and recomputes everything else
   cp             context_parallel where this PyTorch runs it on the mesh's device; on the CPU
                  (2.13) `unsupported` with PyTorch's reason
-  pipeline-gpipe, pipeline-1f1b, pipeline-interleaved-1f1b
-                 torch.distributed.pipelining's schedules on a LLaMA as Meta writes it, cut at
+  pipeline-gpipe, pipeline-1f1b, pipeline-interleaved-1f1b, pipeline-interleaved-zb,
+  pipeline-zbv   torch.distributed.pipelining's schedules on a LLaMA as Meta writes it, cut at
                  block boundaries, over the case's micro-batches
+  pipeline-csv   a schedule from a file (params.csv, the package's compute-only CSV: row r rank
+                 r's actions) loaded by _PipelineScheduleRuntime._load_csv, which adds the sends
+                 and receives; the model cut into as many stages as the file names
   compose        torchtitan's composition on an N-D mesh (docs/compose.md): pipeline stages,
                  each tensor (and sequence) parallel, its blocks checkpointed, FSDP2 / HSDP over
                  the data-parallel axes, the schedule over the micro-batches, clipping by the
@@ -45,6 +48,11 @@ Planted faults (ctx.fault):
   loss_not_mean_scaled compose: the loss not scaled for FSDP's mean over the data-parallel ranks
   output_not_tp        compose without SP: the output projection left out of the tp plan (every
                        number right; the layout check fails it)
+  recompute_without_rng_state
+                       checkpoint, sac: torch.utils.checkpoint with preserve_rng_state=False on a
+                       model with dropout, so the recomputation draws other masks than the
+                       forward did (a policy recomputing a random operator without its RNG
+                       state)
   norm_grad_partial    sp, compose: the norms left out of the plan, so each rank's norm weights see only
                        its part of the sequence: their gradients are partial sums, stepped as if
                        whole (torchtitan#1805's kind of bug)
@@ -252,6 +260,7 @@ def apply_tp(model, blocks, mesh, sp, fault=None):
 class Checkpoint(Strategy):
     mesh_dim_names = ("dp",)
     gradient_mean = False
+    faults = ("recompute_without_rng_state",)
 
     def __init__(self, selective):
         self.selective = selective
@@ -265,7 +274,11 @@ class Checkpoint(Strategy):
         # torch/sac: params.policy names the policy (the harness checked it): stratbench's
         # checkpointing/sac/<name> decides the same per operator, for a side-by-side row.
         policy = ctx.params.get("policy", "matmuls") if self.selective else None
-        checkpoint_blocks(layer_list(model)[1], policy)
+        # recompute_without_rng_state: preserve_rng_state=False, so a recomputed random operator
+        # (dropout's bernoulli_) draws again from where the generator has moved on: other masks
+        # in the backward than in the forward.
+        checkpoint_blocks(layer_list(model)[1], policy,
+                          preserve_rng_state=ctx.fault != "recompute_without_rng_state")
         return model
 
 
@@ -275,7 +288,7 @@ def block_keys(container):
         list(range(len(container)))
 
 
-def checkpoint_blocks(container, selective):
+def checkpoint_blocks(container, selective, preserve_rng_state=True):
     """Every block of `container` (a ModuleList, a ModuleDict, a module's numbered children) in
     checkpoint_wrapper (non-reentrant), in place; `selective` (True, or a policy's name: see
     sac_policy) through create_selective_checkpoint_contexts with that policy, a fresh one per
@@ -283,7 +296,7 @@ def checkpoint_blocks(container, selective):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import \
         checkpoint_wrapper
     for key in block_keys(container):
-        kw = {}
+        kw = {} if preserve_rng_state else {"preserve_rng_state": False}
         if selective:
             from torch.utils.checkpoint import create_selective_checkpoint_contexts
             name = "matmuls" if selective is True else selective
@@ -376,11 +389,21 @@ def stage_cut(model, pp, stages_per_rank, rank, v_shape=False):
     makes them, stage k on rank k % pp (looped, as the interleaved schedules place them), or with
     `v_shape` two stages a rank in a V (rank r holds stages r and 2 pp - 1 - r, as the ZBV and
     DualPipeV schedules place them). Returns every stage's pieces and the stages of `rank`."""
+    bounds = cut_units(model, pp * stages_per_rank)
+    if v_shape:
+        if stages_per_rank != 2:
+            raise Unsupported(f"a V-shaped schedule places two stages a rank, not {stages_per_rank}")
+        return bounds, [rank, 2 * pp - 1 - rank]
+    return bounds, [k for k in range(len(bounds)) if k % pp == rank]
+
+
+def cut_units(model, n_stages):
+    """A LLaMA as Meta writes it as `n_stages` contiguous runs of its pieces (embedding, each
+    block, norm and output), as even as torch.chunk makes them: each stage's pieces."""
     if not (hasattr(model, "tok_embeddings") and hasattr(model, "layers")
             and hasattr(model, "norm") and hasattr(model, "output")):
         raise Unsupported("the stage cuts are written for a LLaMA as Meta writes it "
                           "(tok_embeddings, layers, norm, output)")
-    n_stages = pp * stages_per_rank
     units = ["emb"] + list(range(len(model.layers))) + ["head"]
     if len(units) < n_stages:
         raise Unsupported(f"{len(units)} pieces (embedding, {len(model.layers)} blocks, head) "
@@ -390,11 +413,19 @@ def stage_cut(model, pp, stages_per_rank, rank, v_shape=False):
         size = len(units) // n_stages + (1 if k < len(units) % n_stages else 0)
         bounds.append(units[start:start + size])
         start += size
-    if v_shape:
-        if stages_per_rank != 2:
-            raise Unsupported(f"a V-shaped schedule places two stages a rank, not {stages_per_rank}")
-        return bounds, [rank, 2 * pp - 1 - rank]
-    return bounds, [k for k in range(n_stages) if k % pp == rank]
+    return bounds
+
+
+def csv_stages(path):
+    """The stages each rank runs in a schedule CSV (torch.distributed.pipelining's compute-only
+    format, row r rank r's actions, as _load_csv reads it): a list of sorted stage lists, and
+    the number of stages. The harness has read and dry-run the file (exit 2 when malformed)."""
+    import csv
+    from torch.distributed.pipelining.schedules import _Action
+    with open(path, newline="") as f:
+        rows = [[_Action.from_str(cell) for cell in row] for row in csv.reader(f)]
+    per_rank = [sorted({a.stage_index for a in row if a is not None}) for row in rows]
+    return per_rank, 1 + max(k for ks in per_rank for k in ks)
 
 
 def make_schedule(name, stages, microbatches, loss_fn, scale_grads):
@@ -476,8 +507,13 @@ class Pipeline(Strategy):
     def parallelize(self, model, mesh, ctx):
         pp = mesh.size(0)
         rank = mesh.get_local_rank(0)
-        bounds, mine = stage_cut(model, pp, self.stages_per_rank, rank,
-                                 v_shape=self.schedule in V_SCHEDULES)
+        if self.schedule == "csv":
+            # The file says which stages each rank runs; the model is cut into that many.
+            per_rank, n_stages = csv_stages(ctx.params["csv"])
+            bounds, mine = cut_units(model, n_stages), per_rank[rank]
+        else:
+            bounds, mine = stage_cut(model, pp, self.stages_per_rank, rank,
+                                     v_shape=self.schedule in V_SCHEDULES)
         n_stages = len(bounds)
         stages = pipeline_stages([_Stage(model, bounds[k]) for k in mine], mine, n_stages,
                                  mesh.get_group(0))
@@ -490,7 +526,15 @@ class Pipeline(Strategy):
         # its part of the batch's sum: nothing to divide. grads_scaled_by_microbatches leaves
         # the default on, as a user whose loss is a sum and who never read the flag does.
         scale_grads = ctx.fault == "grads_scaled_by_microbatches"
-        self.run = make_schedule(self.schedule, stages, M, loss_fn, scale_grads)
+        if self.schedule == "csv":
+            # The runtime PyTorch's own tests load CSV schedules into: the compute-only actions
+            # lowered with the sends and receives they imply.
+            from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+            self.run = _PipelineScheduleRuntime(stages, n_microbatches=M, loss_fn=loss_fn,
+                                                scale_grads=scale_grads)
+            self.run._load_csv(ctx.params["csv"], format="compute_only")
+        else:
+            self.run = make_schedule(self.schedule, stages, M, loss_fn, scale_grads)
         self.first = 0 in mine
         self.last = (n_stages - 1) in mine
         # What this rank holds, under the model's own names (its stages share these modules).
@@ -827,6 +871,7 @@ STRATEGIES = {
     "pipeline-interleaved-1f1b": Pipeline("interleaved-1f1b", stages_per_rank=2),
     "pipeline-interleaved-zb": Pipeline("interleaved-zb", stages_per_rank=2),
     "pipeline-zbv": Pipeline("zbv", stages_per_rank=2),
+    "pipeline-csv": Pipeline("csv"),
     "dtensor-linear": DTensorOperator(),
     "cp": ContextParallel(),
     "compose": Compose(),

@@ -406,6 +406,10 @@ class Rank:
             if opt:
                 for group in opt.param_groups:
                     group["lr"] = self.case["lrs"][k]
+            if self.case.get("draw_seeds"):
+                # A model that draws random numbers (dropout): the generator at the step's seed,
+                # as the reference sets LibTorch's before its forward (drawSeed).
+                torch.manual_seed(self.case["draw_seeds"][k])
             if self.own_step:
                 # The strategy runs the forward and backward (a pipeline's schedule).
                 out = None

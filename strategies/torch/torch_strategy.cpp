@@ -63,6 +63,7 @@
 #include "strategies/checkpointing/sac/policy.h"
 #include "strategies/sharding/layout/placement.h"
 #include "strategies/sharding/moe/ep_axes.h"
+#include "strategies/pipeline/schedule.h"
 #include "strategies/torch/rank_process.h"
 #include "reference/tensor_bundle.h"
 #include "reference/torchscript/export.h"
@@ -102,9 +103,9 @@ const std::vector<Kind>& kinds() {
       {"tp", Family::kSharding, "", {}, "parallelize_module, torchtitan's Megatron plan"},
       {"sp", Family::kSharding, "", {"norm_grad_partial"},
        "parallelize_module with sequence parallelism"},
-      {"checkpoint", Family::kCheckpointing, "checkpointing/full", {},
+      {"checkpoint", Family::kCheckpointing, "checkpointing/full", {"recompute_without_rng_state"},
        "torch.utils.checkpoint around every block"},
-      {"sac", Family::kCheckpointing, "", {},
+      {"sac", Family::kCheckpointing, "", {"recompute_without_rng_state"},
        "selective activation checkpointing: matmuls saved, the rest recomputed"},
       {"pipeline-gpipe", Family::kPipeline, "pipeline/gpipe", {"grads_scaled_by_microbatches"},
        "torch.distributed.pipelining's ScheduleGPipe, one stage a rank"},
@@ -117,6 +118,9 @@ const std::vector<Kind>& kinds() {
        "looped stages a rank"},
       {"pipeline-zbv", Family::kPipeline, "", {"grads_scaled_by_microbatches"},
        "ScheduleZBVZeroBubble, two stages a rank in a V (rank r: stages r and 2 pp - 1 - r)"},
+      {"pipeline-csv", Family::kPipeline, "pipeline/csv", {"grads_scaled_by_microbatches"},
+       "a schedule from params.csv (torch.distributed.pipelining's compute-only CSV) run by "
+       "_PipelineScheduleRuntime, which adds the sends and receives"},
       {"cp", Family::kContextParallel, "sharding/cp/ring/allgather", {},
        "context_parallel, where this PyTorch runs it"},
       {"compose", Family::kComposed, "",
@@ -227,6 +231,16 @@ std::string modelSource(const CaseSpec& c, std::string& why) {
     return "";
   }
   return j["python"]["source"].get<std::string>() + ":" + j["python"]["model"].get<std::string>();
+}
+
+// The case's params as the ranks read them: a schedule file's path made absolute (the ranks
+// may start in another folder).
+nlohmann::json runnerParams(const CaseSpec& c) {
+  nlohmann::json p = c.params;
+  if (p.contains("csv") && p["csv"].is_string()) {
+    p["csv"] = std::filesystem::absolute(p["csv"].get<std::string>()).string();
+  }
+  return p;
 }
 
 int64_t freePort() {
@@ -451,11 +465,18 @@ class TorchStrategy final : public harness::Strategy {
     if (kind_.name == "compose") return {"model", "axes", "sp", "schedule", "virtual_stages", "ac"};
     if (kind_.name == "ep") return {"model", "axes"};
     if (kind_.name == "sac") return {"model", "policy"};
+    if (kind_.name == "pipeline-csv") return {"model", "csv"};
     if (fsdp2Kind()) return {"model", "param_dtype"};
     return {"model"};
   }
   bool trainsSteps() const override { return true; }
   bool judgesComm(const CaseSpec&) const override { return false; }
+  // One rank running the module itself on the whole batch, the generator set to the
+  // reference's seed before each step (drawSeed): the reference's draws, in its order.
+  bool repeatsDraws(const CaseSpec& c) const override {
+    return (kind_.name == "checkpoint" || kind_.name == "sac" || kind_.name == "file") &&
+           c.meshSize() == 1 && !operatorVariant();
+  }
 
   // Each key's form: what fits the model (a file's contents, the axes' sizes) is found when
   // the ranks run it.
@@ -473,6 +494,7 @@ class TorchStrategy final : public harness::Strategy {
                                 "parallelize(model, mesh, ctx)");
     }
     if (kind_.name == "compose") checkComposeParams(c);
+    if (kind_.name == "pipeline-csv" && c.params.contains("csv")) csvSchedule(c);
     if (kind_.name == "ep") moe::checkExpertAxes(c, "torch/ep", "[ep] or [dp, ep]");
     if (fsdp2Kind() && c.params.contains("param_dtype") && !paramDtype(c)) {
       throw harness::InputError(c.where() + ": params.param_dtype " +
@@ -537,6 +559,26 @@ class TorchStrategy final : public harness::Strategy {
       return Applicability::notApplicable(
           "a case without params.strategy_file (a Python file defining parallelize(model, "
           "mesh, ctx))");
+    }
+    if (kind_.name == "pipeline-csv") {
+      if (!c.params.contains("csv")) {
+        return Applicability::notApplicable("a case without params.csv (the schedule file)");
+      }
+      // The file's ranks and micro-batches are the case's, or the case is bad input (as for
+      // stratbench's pipeline/csv).
+      const pipeline::Schedule s = csvSchedule(c);
+      const int64_t mb = reference::torchscript::ImportSpec::fromJson(c.shape).microbatches;
+      const std::string file = c.params.at("csv").get<std::string>();
+      if (c.mesh.size() == 1 && s.ranks != c.mesh[0]) {
+        throw harness::InputError(c.where() + ": params.csv: " + file + " schedules " +
+                                  std::to_string(s.ranks) + " ranks; the mesh has " +
+                                  std::to_string(c.mesh[0]));
+      }
+      if (s.microbatches != mb) {
+        throw harness::InputError(c.where() + ": params.csv: " + file + " has " +
+                                  std::to_string(s.microbatches) +
+                                  " micro-batches; the case runs " + std::to_string(mb));
+      }
     }
     if (kind_.name == "sac" && c.params.contains("policy") && c.params.at("policy").is_object()) {
       return Applicability::unsupported(
@@ -716,6 +758,20 @@ class TorchStrategy final : public harness::Strategy {
     layouts_[{key(c), rank}] = layouts;
   }
   bool pipeline() const { return kind_.name.rfind("pipeline-", 0) == 0; }
+  // torch/pipeline-csv's params.csv, read, parsed and dry-run (a string: checkParams): exit 2
+  // naming the file and what is wrong.
+  static pipeline::Schedule csvSchedule(const CaseSpec& c) {
+    const auto& v = c.params.at("csv");
+    if (!v.is_string()) {
+      throw harness::InputError(c.where() + ": params.csv " + v.dump() +
+                                ": expected the path of a schedule CSV file");
+    }
+    try {
+      return pipeline::readScheduleFile(v.get<std::string>());
+    } catch (const pipeline::ScheduleError& e) {
+      throw harness::InputError(c.where() + ": params.csv: " + e.what());
+    }
+  }
   bool fsdp2Kind() const {
     return kind_.name == "fsdp2" || kind_.name == "fsdp2-keep" || kind_.name == "hsdp";
   }
@@ -999,11 +1055,11 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
   for (int k = 0; k < case_.training.steps; ++k) {
     lrs.push_back(case_.training.optimizer.lrAt(k, case_.training.steps));
   }
-  const nlohmann::json caseJson = {
+  nlohmann::json caseJson = {
       {"dtype", harness::dtypeName(case_.dtype)},
       {"seed", case_.seed},
       {"mesh", case_.mesh},
-      {"params", case_.params},
+      {"params", runnerParams(case_)},
       {"fault", fault_},
       {"strategy", kind_.name},
       {"strategy_file", case_.params.value("strategy_file", "")},
@@ -1017,6 +1073,13 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
       {"optimizer", case_.training.optimizer.toJson()},
       {"model_source", source},
       {"microbatches", microbatches}};
+  if (harness::drawsRandomNumbers(case_)) {
+    nlohmann::json seeds = nlohmann::json::array();
+    for (int k = 0; k < std::max(1, case_.training.steps); ++k) {
+      seeds.push_back(reference::torchscript::drawSeed(case_.seed, k));
+    }
+    caseJson["draw_seeds"] = seeds;
+  }
   for (const auto& name : data.checked) shapes_[name] = data.expected.at(name).sizes().vec();
 
   runner_ = RunnerPool::instance().take(
