@@ -48,7 +48,7 @@ check "list --json shows sharding sequences" 0 '"S01",' -- "$sb" list --json --f
 # cp (three variants and torch/cp), moe (sharding/moe/ep, torch/ep), compose (torch/compose).
 check "list --family sharding" 0 "^400 strategies" -- "$sb" list --family sharding
 check "list --family fsdp" 0 "^9 strategies" -- "$sb" list --family fsdp
-check "list --family pipeline" 0 "^10 strategies" -- "$sb" list --family pipeline
+check "list --family pipeline" 0 "^11 strategies" -- "$sb" list --family pipeline
 check "list --family cp" 0 "^4 strategies" -- "$sb" list --family cp
 check "list --family moe" 0 "^2 strategies" -- "$sb" list --family moe
 check "list --family compose" 0 "^1 strategies" -- "$sb" list --family compose

@@ -43,6 +43,19 @@ check "a Python that does not exist: unsupported, 'cannot be started'" 0 "cannot
   bash -c "SB_TORCH_PYTHON=/nonexistent/python '$sb' run '$suite' --filter '^torch/ddp$' \
     --out '$tmp/none' --repetitions 1 >/dev/null && grep -h 'cannot be started' '$tmp/none/results.csv'"
 
+# A model that draws random numbers, said or not (every leg: the import is LibTorch's).
+sed 's#, random: true##' "$suite" > "$tmp/unsaid.yaml"
+check "a dropout model without random: true: exit 2 naming the node and the key" 2 \
+  "dropout with p = 0.1.* in training .*say shape key random: true" -- \
+  "$sb" run "$tmp/unsaid.yaml" --case '^gpt2-dropout-checkpointed$' --out "$tmp/unsaid"
+sed 's#gpt2_dropout.pt, random: true#gpt2.pt, random: true#' "$suite" > "$tmp/nodraw.yaml"
+check "random: true on a model that draws nothing: exit 2" 2 \
+  "gpt2.pt: shape key random: true, but the model draws nothing" -- \
+  "$sb" run "$tmp/nodraw.yaml" --case '^gpt2-dropout-checkpointed$' --out "$tmp/nodraw"
+sed 's#random: true#random: 1#' "$suite" > "$tmp/badrandom.yaml"
+check "random: 1: exit 2 naming the key" 2 "shape key 'random' must be true or false" -- \
+  "$sb" run "$tmp/badrandom.yaml" --case '^gpt2-dropout-checkpointed$' --out "$tmp/badrandom"
+
 if ! "$py" -c "from torch.distributed.fsdp import fully_shard" 2>/dev/null; then
   echo "note: $py has no PyTorch 2.x (this leg's LibTorch is $(sed -n 's/^Torch_DIR:PATH=//p' \
     "$build/CMakeCache.txt")): the suite itself runs on the torch2 leg"
