@@ -187,9 +187,10 @@ ImportSpec ImportSpec::fromJson(const nlohmann::json& shape) {
   }
   if (shape.contains("random")) {
     if (!shape.at("random").is_boolean()) {
-      throw ImportError("torchscript: shape key 'random' must be true or false (whether the "
-                        "model draws random numbers: dropout in training), got " +
-                        shape.at("random").dump());
+      throw ImportError(
+          "torchscript: shape key 'random' must be true or false (whether the "
+          "model draws random numbers: dropout in training), got " +
+          shape.at("random").dump());
     }
     s.random = shape.at("random").get<bool>();
   }

@@ -60,14 +60,16 @@ TEST(Registry, EveryBuiltInStrategyIsRegisteredOnceWithAUniqueId) {
   // (ring/p2p, ring/allgather, ulysses); the five pipeline schedules (gpipe, 1f1b,
   // interleaved-1f1b, zb-h1, and one read from a CSV); PyTorch's own strategies run in Python
   // ranks (torch/: ddp, fsdp2, fsdp2-keep, hsdp, tp, sp, checkpoint, sac, five pipeline
-  // schedules and one read from a CSV, context_parallel, torchtitan's composition, expert parallelism on a PyTorch MoE
-  // layer, and a user's file); expert parallelism (sharding/moe/ep); selective checkpointing's
-  // four built-in policies, the policy from params and the budget solver's (checkpointing/sac/).
+  // schedules and one read from a CSV, context_parallel, torchtitan's composition, expert
+  // parallelism on a PyTorch MoE layer, and a user's file); expert parallelism (sharding/moe/ep);
+  // selective checkpointing's four built-in policies, the policy from params and the budget
+  // solver's (checkpointing/sac/).
   EXPECT_EQ(all.size(), 104u);
-  for (const char* id : {"pipeline/gpipe", "pipeline/1f1b", "pipeline/interleaved-1f1b",
-                         "pipeline/zb-h1", "pipeline/csv", "torch/fsdp2", "torch/compose", "torch/pipeline-zbv", "torch/pipeline-csv",
-                         "torch/file", "torch/ep", "sharding/moe/ep", "checkpointing/sac/torchtitan",
-                         "checkpointing/sac/policy"}) {
+  for (const char* id :
+       {"pipeline/gpipe", "pipeline/1f1b", "pipeline/interleaved-1f1b", "pipeline/zb-h1",
+        "pipeline/csv", "torch/fsdp2", "torch/compose", "torch/pipeline-zbv", "torch/pipeline-csv",
+        "torch/file", "torch/ep", "sharding/moe/ep", "checkpointing/sac/torchtitan",
+        "checkpointing/sac/policy"}) {
     EXPECT_NE(StrategyRegistry::global().find(id), nullptr) << id;
   }
   ASSERT_EQ(StrategyRegistry::global().generators().size(), 3u);

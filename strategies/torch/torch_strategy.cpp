@@ -58,15 +58,15 @@
 #include "harness/measure/verify.h"
 #include "harness/registry.h"
 #include "reference/moe.h"
+#include "reference/tensor_bundle.h"
+#include "reference/torchscript/export.h"
 #include "reference/torchscript/import.h"
 #include "reference/training.h"
 #include "strategies/checkpointing/sac/policy.h"
+#include "strategies/pipeline/schedule.h"
 #include "strategies/sharding/layout/placement.h"
 #include "strategies/sharding/moe/ep_axes.h"
-#include "strategies/pipeline/schedule.h"
 #include "strategies/torch/rank_process.h"
-#include "reference/tensor_bundle.h"
-#include "reference/torchscript/export.h"
 
 namespace sb::strategies::torchside {
 namespace {
@@ -103,8 +103,8 @@ const std::vector<Kind>& kinds() {
       {"tp", Family::kSharding, "", {}, "parallelize_module, torchtitan's Megatron plan"},
       {"sp", Family::kSharding, "", {"norm_grad_partial"},
        "parallelize_module with sequence parallelism"},
-      {"checkpoint", Family::kCheckpointing, "checkpointing/full", {"recompute_without_rng_state"},
-       "torch.utils.checkpoint around every block"},
+      {"checkpoint", Family::kCheckpointing, "checkpointing/full",
+       {"recompute_without_rng_state"}, "torch.utils.checkpoint around every block"},
       {"sac", Family::kCheckpointing, "", {"recompute_without_rng_state"},
        "selective activation checkpointing: matmuls saved, the rest recomputed"},
       {"pipeline-gpipe", Family::kPipeline, "pipeline/gpipe", {"grads_scaled_by_microbatches"},
