@@ -208,7 +208,7 @@ std::string modelSource(const CaseSpec& c, std::string& why) {
   if (c.params.contains("model")) {
     const auto& m = c.params.at("model");
     if (!m.is_string() || m.get<std::string>().find(':') == std::string::npos) {
-      throw harness::InputError(c.where() + ": params.model: expected \"file.py:name\", got " +
+      throw harness::InputError("params.model: expected \"file.py:name\", got " +
                                 m.dump());
     }
     return m.get<std::string>();
@@ -488,7 +488,7 @@ class TorchStrategy final : public harness::Strategy {
     }
     if (kind_.name == "file" && c.params.contains("strategy_file") &&
         !c.params.at("strategy_file").is_string()) {
-      throw harness::InputError(c.where() + ": params.strategy_file " +
+      throw harness::InputError("params.strategy_file " +
                                 c.params.at("strategy_file").dump() +
                                 ": expected the path of a Python file defining "
                                 "parallelize(model, mesh, ctx)");
@@ -497,7 +497,7 @@ class TorchStrategy final : public harness::Strategy {
     if (kind_.name == "pipeline-csv" && c.params.contains("csv")) csvSchedule(c);
     if (kind_.name == "ep") moe::checkExpertAxes(c, "torch/ep", "[ep] or [dp, ep]");
     if (fsdp2Kind() && c.params.contains("param_dtype") && !paramDtype(c)) {
-      throw harness::InputError(c.where() + ": params.param_dtype " +
+      throw harness::InputError("params.param_dtype " +
                                 c.params.at("param_dtype").dump() +
                                 ": expected \"bfloat16\" (FSDP2's MixedPrecisionPolicy: units "
                                 "gathered and computed in it, gradients reduced in float32) or "
@@ -514,10 +514,10 @@ class TorchStrategy final : public harness::Strategy {
         try {
           sac::checkPolicySpec(p);  // checkpointing/sac/policy's form
         } catch (const std::invalid_argument& e) {
-          throw harness::InputError(c.where() + ": params." + e.what());
+          throw harness::InputError(std::string("params.") + e.what());
         }
       } else if (!p.is_string() || !kNames.count(p.get<std::string>())) {
-        throw harness::InputError(c.where() + ": params.policy " + p.dump() +
+        throw harness::InputError("params.policy " + p.dump() +
                                   ": expected matmuls, save-all, recompute-all, torchtitan or "
                                   "cheap (torch/sac), or an object (checkpointing/sac/policy)");
       }
@@ -570,12 +570,12 @@ class TorchStrategy final : public harness::Strategy {
       const int64_t mb = reference::torchscript::ImportSpec::fromJson(c.shape).microbatches;
       const std::string file = c.params.at("csv").get<std::string>();
       if (c.mesh.size() == 1 && s.ranks != c.mesh[0]) {
-        throw harness::InputError(c.where() + ": params.csv: " + file + " schedules " +
+        throw harness::InputError("params.csv: " + file + " schedules " +
                                   std::to_string(s.ranks) + " ranks; the mesh has " +
                                   std::to_string(c.mesh[0]));
       }
       if (s.microbatches != mb) {
-        throw harness::InputError(c.where() + ": params.csv: " + file + " has " +
+        throw harness::InputError("params.csv: " + file + " has " +
                                   std::to_string(s.microbatches) +
                                   " micro-batches; the case runs " + std::to_string(mb));
       }
@@ -763,13 +763,13 @@ class TorchStrategy final : public harness::Strategy {
   static pipeline::Schedule csvSchedule(const CaseSpec& c) {
     const auto& v = c.params.at("csv");
     if (!v.is_string()) {
-      throw harness::InputError(c.where() + ": params.csv " + v.dump() +
+      throw harness::InputError("params.csv " + v.dump() +
                                 ": expected the path of a schedule CSV file");
     }
     try {
       return pipeline::readScheduleFile(v.get<std::string>());
     } catch (const pipeline::ScheduleError& e) {
-      throw harness::InputError(c.where() + ": params.csv: " + e.what());
+      throw harness::InputError(std::string("params.csv: ") + e.what());
     }
   }
   bool fsdp2Kind() const {
@@ -788,7 +788,7 @@ class TorchStrategy final : public harness::Strategy {
   // torch/compose's params, each with the value it must have: exit 2 naming the key.
   static void checkComposeParams(const CaseSpec& c) {
     const auto bad = [&](const std::string& key, const std::string& expected) {
-      throw harness::InputError(c.where() + ": torch/compose params." + key + " " +
+      throw harness::InputError("torch/compose params." + key + " " +
                                 c.params.at(key).dump() + ": expected " + expected);
     };
     if (c.params.contains("axes")) {
