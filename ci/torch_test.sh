@@ -169,6 +169,14 @@ assert {k: r["status"] for k, r in rows.items()} == {"torch/checkpoint": "fail",
                                                       "torch/sac": "fail"}, rows
 print("ok")
 PY
+# A V-shaped file (rank 0 holds stages 0 and 3, rank 1 stages 1 and 2): PyTorch's runtime runs
+# it; stratbench's pipeline/csv does not run neighbouring stages on one rank, and says so.
+printf '%s\n' 0F0,0F1,0F2,0F3,3F0,3F1,3F2,3F3,3B0,3B1,3B2,3B3,0B0,0B1,0B2,0B3 \
+  1F0,1F1,1F2,1F3,2F0,2F1,2F2,2F3,2B0,2B1,2B2,2B3,1B0,1B1,1B2,1B3 > "$tmp/v.csv"
+sed "s#suites/schedules/zb-h1-2x4.csv#$tmp/v.csv#" "$suite" > "$tmp/v.yaml"
+check "a V-shaped CSV schedule: PyTorch's runtime passes, stratbench's pipeline/csv unsupported" 0 \
+  "meta-llama-pipeline-csv +1 +0 +0 +1 +0" -- \
+  "$sb" run "$tmp/v.yaml" --case '^meta-llama-pipeline-csv$' --out "$tmp/v" --repetitions 1
 check "a CSV schedule for 3 ranks on a mesh of 2: exit 2 naming the file" 2 \
   "params.csv: .*zb3.csv schedules 3 ranks; the mesh has 2" -- bash -c "
   '$sb' solve pipeline --stages 3 --microbatches 4 --schedule 1f1b --write-csv '$tmp/zb3.csv' \
