@@ -75,8 +75,8 @@ Applicability applicabilityOf(const Strategy& s, const CaseSpec& c) {
     return Applicability::unsupported(
         "the model draws random numbers (shape key random: true: dropout in training), which "
         "only an executor running the module itself on the whole batch draws as the reference "
-        "does (torch/checkpoint, torch/sac on one rank); any other split or graph of the step "
-        "draws other numbers");
+        "does (torch/checkpoint, torch/sac, torch/file on one rank); any other split or graph of "
+        "the step draws other numbers");
   }
   if (c.training.enabled() && !s.trainsSteps()) {
     // A strategy that cannot run the case at all says why itself (its reason names the model
