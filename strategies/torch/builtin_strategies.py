@@ -416,18 +416,6 @@ def cut_units(model, n_stages):
     return bounds
 
 
-def csv_stages(path):
-    """The stages each rank runs in a schedule CSV (torch.distributed.pipelining's compute-only
-    format, row r rank r's actions, as _load_csv reads it): a list of sorted stage lists, and
-    the number of stages. The harness has read and dry-run the file (exit 2 when malformed)."""
-    import csv
-    from torch.distributed.pipelining.schedules import _Action
-    with open(path, newline="") as f:
-        rows = [[_Action.from_str(cell) for cell in row] for row in csv.reader(f)]
-    per_rank = [sorted({a.stage_index for a in row if a is not None}) for row in rows]
-    return per_rank, 1 + max(k for ks in per_rank for k in ks)
-
-
 def make_schedule(name, stages, microbatches, loss_fn, scale_grads):
     """torch.distributed.pipelining's schedule `name` over this rank's `stages`: gpipe, 1f1b (one
     stage a rank), interleaved-1f1b, interleaved-zb (ScheduleInterleavedZeroBubble: the
@@ -508,9 +496,11 @@ class Pipeline(Strategy):
         pp = mesh.size(0)
         rank = mesh.get_local_rank(0)
         if self.schedule == "csv":
-            # The file says which stages each rank runs; the model is cut into that many.
-            per_rank, n_stages = csv_stages(ctx.params["csv"])
-            bounds, mine = cut_units(model, n_stages), per_rank[rank]
+            # The file says which rank runs each stage (csv_stage_rank: as the harness read it);
+            # the model is cut into that many stages.
+            owner = ctx.case["csv_stage_rank"]
+            bounds = cut_units(model, len(owner))
+            mine = [k for k, r in enumerate(owner) if r == rank]
         else:
             bounds, mine = stage_cut(model, pp, self.stages_per_rank, rank,
                                      v_shape=self.schedule in V_SCHEDULES)

@@ -1073,6 +1073,11 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
       {"optimizer", case_.training.optimizer.toJson()},
       {"model_source", source},
       {"microbatches", microbatches}};
+  if (kind_.name == "pipeline-csv") {
+    // Which rank runs each stage, as stratbench read the file (the ranks build their stages
+    // before PyTorch's runtime reads the same file).
+    caseJson["csv_stage_rank"] = TorchStrategy::csvSchedule(case_).stageRank;
+  }
   if (harness::drawsRandomNumbers(case_)) {
     nlohmann::json seeds = nlohmann::json::array();
     for (int k = 0; k < std::max(1, case_.training.steps); ++k) {
