@@ -12,12 +12,12 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/csrc/jit/serialization/import.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -37,7 +37,6 @@ namespace {
 
 using torch::jit::Node;
 using torch::jit::Value;
-
 
 // "file.py:42" of a node's source, or "" where the file does not record one.
 std::string sourceLine(const Node* n) {
@@ -213,8 +212,8 @@ class Walker {
       if (e.v.isTensor()) tensors.push_back(e.v.toTensor());
       if (e.v.isTensorList()) tensors = e.v.toTensorVector();
       for (size_t k = 0; k < tensors.size(); ++k) {
-        const std::string name = e.v.isTensor() ? v->debugName()
-                                                : v->debugName() + "[" + std::to_string(k) + "]";
+        const std::string name =
+            e.v.isTensor() ? v->debugName() : v->debugName() + "[" + std::to_string(k) + "]";
         out += (out.empty() ? "" : ", ") + describeOperand(tensors[k], name, e);
       }
     }
@@ -287,8 +286,8 @@ class Walker {
       std::ostringstream os;
       os << std::fixed << std::setprecision(1) << spec_.file << ": inputs[" << i << "] "
          << s.toJson().dump() << " holds " << bytes / (1 << 30) << " GiB of "
-         << c10::toString(dtype) << ", more than this machine's memory ("
-         << memory / (1 << 30) << " GiB); the import runs the model once at the case's shapes";
+         << c10::toString(dtype) << ", more than this machine's memory (" << memory / (1 << 30)
+         << " GiB); the import runs the model once at the case's shapes";
       throw ImportError(os.str());
     }
     return bytes;
@@ -615,8 +614,8 @@ class Walker {
       }
     } catch (const std::exception& e) {
       throw ImportError(where(n, path) + " fails on the inputs given (" + inputsText() +
-                        "): " + errorFirstLine(e.what()) + "; its tensors: " +
-                        operandsText(n, env) + failureHint(n, env));
+                        "): " + errorFirstLine(e.what()) +
+                        "; its tensors: " + operandsText(n, env) + failureHint(n, env));
     }
     for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]].v = stack.at(i);
     // Memory left as the allocator had it: its values are whatever was there before, another
@@ -677,7 +676,7 @@ class Walker {
   ImportedModel& out_;
   GraphMapper map_;
   std::map<const c10::TensorImpl*, std::string> paramName_, bufferName_;
-  std::set<const c10::TensorImpl*> frozen_;  // parameters with requires_grad=False
+  std::set<const c10::TensorImpl*> frozen_;         // parameters with requires_grad=False
   std::map<const c10::StorageImpl*, State> state_;  // inputs', parameters' and buffers' memory
   // Buffers written in place so far: what, and by which node.
   std::map<const c10::StorageImpl*, std::pair<std::string, std::string>> writtenState_;
@@ -694,7 +693,7 @@ class Walker {
 };
 
 std::string cacheKey(const ImportSpec& s) {
-  struct stat st {};
+  struct stat st{};
   std::string key = s.file + "|" + s.fault + "|" + (s.random ? "random|" : "|");
   if (::stat(s.file.c_str(), &st) == 0) {
     key += std::to_string(st.st_mtime) + "." + std::to_string(st.st_size);
@@ -806,12 +805,13 @@ std::shared_ptr<const ImportedModel> importModelUncached(const ImportSpec& spec)
     if (count > 8) unreached += ", ... (" + std::to_string(count) + " in all)";
     if (frozenCount > 8) frozen += ", ... (" + std::to_string(frozenCount) + " in all)";
     throw ImportError(spec.file +
-                      (count == 0 && frozenCount == 0
-                           ? std::string(": the model has no parameters")
+                      (count == 0 && frozenCount == 0 ? std::string(": the model has no parameters")
                        : count == 0 ? ": every parameter of the model is frozen (requires_grad="
-                                      "False: " + frozen + ")"
+                                      "False: " +
+                                          frozen + ")"
                                     : ": no trainable parameter of the model reaches its "
-                                      "output (" + unreached + ")") +
+                                      "output (" +
+                                          unreached + ")") +
                       ": there is nothing to train, shard or checkpoint, and no gradient to "
                       "verify");
   }

@@ -65,7 +65,8 @@ InputSpec InputSpec::fromJson(const nlohmann::json& j, const std::string& where)
     // case's exact inputs), so low and high on it would be silently ignored.
     for (const char* key : {"low", "high"}) {
       if (j.contains(key)) {
-        throw ImportError(where + "." + key + ": a floating input has no bounds (low and high "
+        throw ImportError(where + "." + key +
+                          ": a floating input has no bounds (low and high "
                           "bound the ids of an int64 input; its values come from the case's "
                           "inputs mode)");
       }

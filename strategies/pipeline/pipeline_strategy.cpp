@@ -228,8 +228,7 @@ class PipelineStrategy final : public harness::Strategy {
                                           " ranks; the mesh's axis 0 has " + std::to_string(p.pp));
       input(p.schedule.microbatches == p.microbatches,
             file + " has " + std::to_string(p.schedule.microbatches) +
-                " micro-batches; the case runs " + std::to_string(p.microbatches) +
-                " per replica");
+                " micro-batches; the case runs " + std::to_string(p.microbatches) + " per replica");
     } else {
       p.schedule = makeSchedule(kind_, p.pp, p.microbatches, v);
     }

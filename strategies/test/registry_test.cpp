@@ -152,8 +152,7 @@ TEST(Registry, AOneStepStrategyIsUnsupportedOnACaseWithStepsAndSaysWhatTrains) {
   c.mesh = {3};
   const Applicability own = harness::applicabilityOf(oneStep, c);
   EXPECT_EQ(own.kind, Applicability::Kind::kUnsupported);
-  EXPECT_NE(own.reason.find("does not split evenly over 3 ranks"), std::string::npos)
-      << own.reason;
+  EXPECT_NE(own.reason.find("does not split evenly over 3 ranks"), std::string::npos) << own.reason;
 }
 
 // Every key a strategy reads (caseParams) is checked by the strategy itself before it says
@@ -174,8 +173,8 @@ TEST(Registry, EveryStrategyRefusesAMalformedValueOfEveryKeyItReads) {
         EXPECT_NE(std::string(e.what()).find(key), std::string::npos)
             << s->id() << ": the message names no key: " << e.what();
       } catch (const std::exception& e) {
-        ADD_FAILURE() << s->id() << ": params." << key << " is not refused as bad input: "
-                      << e.what();
+        ADD_FAILURE() << s->id() << ": params." << key
+                      << " is not refused as bad input: " << e.what();
       }
     }
   }

@@ -7,8 +7,8 @@
 // keeps everything but the step: the case, the reference (LibTorch's, from the TorchScript file
 // the user's model was traced to), the verdicts and the record. What crosses over:
 //   prepare   the reference's initial parameters, buffers, data inputs and target, in a tensor
-//             bundle (reference/tensor_bundle.h: safetensors' format) the Python side loads into the
-//             module the file was traced from (the "python" entry trace_models.py writes beside
+//             bundle (reference/tensor_bundle.h: safetensors' format) the Python side loads into
+//             the module the file was traced from (the "python" entry trace_models.py writes beside
 //             it, or the case's `params: {model: "file.py:name"}`), then hands to the strategy's
 //             parallelize() as the user's code would be handed it;
 //   step      the case's optimizer steps (or one forward and backward) from those parameters;
@@ -37,6 +37,14 @@
 // shown beside the counts and not judged (judgesComm).
 //
 // Missing or old Python or PyTorch: every row `unsupported`, saying what the probe found.
+//
+// Whole, for now: the kinds table, the probe, the runner pool, TorchStrategy and its rank
+// executor share this file's unnamed namespace (Kind, Probe, RunnerPool, the layouts each
+// rank reported), and it is the family's one translation unit of LibTorch's headers (a
+// minute of the 2-core build a unit). The seams where it could be cut: the runner pool
+// (freePort, PooledRunner, RunnerPool) into rank_process.cpp, which has no LibTorch; the
+// layout specifications (specifiedBox, composeSpecifiedBox) into a file of their own once
+// TorchStrategy's declaration moves into a header.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -78,8 +86,8 @@ using harness::CommStats;
 using harness::Family;
 using harness::Layout;
 using harness::Placement;
-using reference::TensorBundle;
 using reference::readBundle;
+using reference::TensorBundle;
 using reference::writeBundle;
 
 struct Kind {
@@ -91,6 +99,7 @@ struct Kind {
 };
 
 const std::vector<Kind>& kinds() {
+  // clang-format off
   static const std::vector<Kind> table = {
       {"ddp", Family::kFsdp, "sharding/fsdp/ddp", {"grad_divided_twice"},
        "DistributedDataParallel over a 1-D mesh"},
@@ -134,6 +143,7 @@ const std::vector<Kind>& kinds() {
       {"file", Family::kSharding, "", {},
        "a user's own parallelize(model, mesh, ctx), from params.strategy_file"},
   };
+  // clang-format on
   return table;
 }
 
@@ -175,14 +185,14 @@ const Probe& probe() {
   static std::once_flag once;
   std::call_once(once, [] {
     const std::string py = pythonPath();
-    const CommandOutput out = runCommand(
-        {py, "-c",
-         "import torch\n"
-         "from torch.distributed.fsdp import fully_shard\n"
-         "from torch.distributed.tensor import DTensor\n"
-         "from torch.distributed.tensor.parallel import parallelize_module\n"
-         "print(torch.__version__)"},
-        120);
+    const CommandOutput out =
+        runCommand({py, "-c",
+                    "import torch\n"
+                    "from torch.distributed.fsdp import fully_shard\n"
+                    "from torch.distributed.tensor import DTensor\n"
+                    "from torch.distributed.tensor.parallel import parallelize_module\n"
+                    "print(torch.__version__)"},
+                   120);
     std::string text = out.output;
     while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
     if (out.status == 0) {
@@ -191,11 +201,13 @@ const Probe& probe() {
       return;
     }
     const size_t nl = text.rfind('\n');
-    p.why = "the torch/* executors need PyTorch 2.x with fully_shard and DTensor in the Python "
-            "SB_TORCH_PYTHON names (" + py + "), which " +
-            (out.status < 0 && text.find("cannot start") != std::string::npos
-                 ? "cannot be started"
-                 : "says: " + (nl == std::string::npos ? text : text.substr(nl + 1)));
+    p.why =
+        "the torch/* executors need PyTorch 2.x with fully_shard and DTensor in the Python "
+        "SB_TORCH_PYTHON names (" +
+        py + "), which " +
+        (out.status < 0 && text.find("cannot start") != std::string::npos
+             ? "cannot be started"
+             : "says: " + (nl == std::string::npos ? text : text.substr(nl + 1)));
   });
   return p;
 }
@@ -208,15 +220,15 @@ std::string modelSource(const CaseSpec& c, std::string& why) {
   if (c.params.contains("model")) {
     const auto& m = c.params.at("model");
     if (!m.is_string() || m.get<std::string>().find(':') == std::string::npos) {
-      throw harness::InputError("params.model: expected \"file.py:name\", got " +
-                                m.dump());
+      throw harness::InputError("params.model: expected \"file.py:name\", got " + m.dump());
     }
     return m.get<std::string>();
   }
   if (c.workload == "moe") return std::string(SB_SOURCE_DIR) + "/strategies/torch/moe_layer.py:MoE";
   const std::string file = c.shape.value("file", "");
   // A torch.export archive is its own source: the ranks load and unflatten the program.
-  if (reference::torchscript::isExportArchive(file)) return std::filesystem::absolute(file).string();
+  if (reference::torchscript::isExportArchive(file))
+    return std::filesystem::absolute(file).string();
   const std::string sidecar = file.substr(0, file.rfind('.')) + ".json";
   std::ifstream in(sidecar);
   nlohmann::json j;
@@ -320,9 +332,9 @@ class RunnerPool {
     fresh.generation = std::max<int64_t>(gen.item<int64_t>(), 0) + 1;
     fresh.world = world;
     fresh.python = pythonPath();
-    fresh.proc = std::make_unique<RankProcess>(
-        std::vector<std::string>{fresh.python, "-u", runnerPath()}, env,
-        fresh.dir + "/rank" + std::to_string(rank) + ".log");
+    fresh.proc =
+        std::make_unique<RankProcess>(std::vector<std::string>{fresh.python, "-u", runnerPath()},
+                                      env, fresh.dir + "/rank" + std::to_string(rank) + ".log");
     return fresh;
   }
   // A rank of `group` failed (its runner answered an error, or none): its peers, blocked in a
@@ -404,8 +416,8 @@ class TorchRankExecutor final : public harness::RankExecutor, public harness::Ou
       throw;
     }
     if (reply.contains("error")) {
-      const std::string what = "PyTorch rank " + std::to_string(rank_) + ": " +
-                               reply["error"].get<std::string>();
+      const std::string what =
+          "PyTorch rank " + std::to_string(rank_) + ": " + reply["error"].get<std::string>();
       pool.fail(group, rank_, what);
       throw std::runtime_error(what + " (its log: " + runner_.proc->logPath() +
                                ", kept with SB_TORCH_KEEP=1)");
@@ -488,8 +500,7 @@ class TorchStrategy final : public harness::Strategy {
     }
     if (kind_.name == "file" && c.params.contains("strategy_file") &&
         !c.params.at("strategy_file").is_string()) {
-      throw harness::InputError("params.strategy_file " +
-                                c.params.at("strategy_file").dump() +
+      throw harness::InputError("params.strategy_file " + c.params.at("strategy_file").dump() +
                                 ": expected the path of a Python file defining "
                                 "parallelize(model, mesh, ctx)");
     }
@@ -497,8 +508,7 @@ class TorchStrategy final : public harness::Strategy {
     if (kind_.name == "pipeline-csv" && c.params.contains("csv")) csvSchedule(c);
     if (kind_.name == "ep") moe::checkExpertAxes(c, "torch/ep", "[ep] or [dp, ep]");
     if (fsdp2Kind() && c.params.contains("param_dtype") && !paramDtype(c)) {
-      throw harness::InputError("params.param_dtype " +
-                                c.params.at("param_dtype").dump() +
+      throw harness::InputError("params.param_dtype " + c.params.at("param_dtype").dump() +
                                 ": expected \"bfloat16\" (FSDP2's MixedPrecisionPolicy: units "
                                 "gathered and computed in it, gradients reduced in float32) or "
                                 "the case's dtype");
@@ -536,8 +546,7 @@ class TorchStrategy final : public harness::Strategy {
         return Applicability::notApplicable("generated for a linear case with another bias");
       }
       for (const auto& [name, layout] : operands_) {
-        if (layout.ndim() != ndim.at(name) ||
-            layout.maxAxis() >= static_cast<int>(c.mesh.size())) {
+        if (layout.ndim() != ndim.at(name) || layout.maxAxis() >= static_cast<int>(c.mesh.size())) {
           return Applicability::notApplicable("generated for another shape or mesh");
         }
       }
@@ -570,13 +579,11 @@ class TorchStrategy final : public harness::Strategy {
       const int64_t mb = reference::torchscript::ImportSpec::fromJson(c.shape).microbatches;
       const std::string file = c.params.at("csv").get<std::string>();
       if (c.mesh.size() == 1 && s.ranks != c.mesh[0]) {
-        throw harness::InputError("params.csv: " + file + " schedules " +
-                                  std::to_string(s.ranks) + " ranks; the mesh has " +
-                                  std::to_string(c.mesh[0]));
+        throw harness::InputError("params.csv: " + file + " schedules " + std::to_string(s.ranks) +
+                                  " ranks; the mesh has " + std::to_string(c.mesh[0]));
       }
       if (s.microbatches != mb) {
-        throw harness::InputError("params.csv: " + file + " has " +
-                                  std::to_string(s.microbatches) +
+        throw harness::InputError("params.csv: " + file + " has " + std::to_string(s.microbatches) +
                                   " micro-batches; the case runs " + std::to_string(mb));
       }
     }
@@ -647,7 +654,8 @@ class TorchStrategy final : public harness::Strategy {
   static std::vector<std::string> epAxes(const CaseSpec& c) {
     if (c.params.contains("axes") && c.params.at("axes").is_array()) {
       std::vector<std::string> out;
-      for (const auto& v : c.params.at("axes")) out.push_back(v.is_string() ? v.get<std::string>() : "");
+      for (const auto& v : c.params.at("axes"))
+        out.push_back(v.is_string() ? v.get<std::string>() : "");
       return out;
     }
     if (c.mesh.size() == 1) return {"ep"};
@@ -731,9 +739,8 @@ class TorchStrategy final : public harness::Strategy {
         computed, steps, expected.numel() ? expected.abs().max().item<double>() : 0.0);
     t.reason = "the step's sums split over " + std::to_string(c.meshSize()) +
                " ranks and added in PyTorch's order" +
-               (c.training.steps > 0
-                    ? ", compounded over " + std::to_string(steps) + " steps"
-                    : std::string()) +
+               (c.training.steps > 0 ? ", compounded over " + std::to_string(steps) + " steps"
+                                     : std::string()) +
                ": 10 x steps x the dtype's tolerance, as stratbench's FSDP rows" +
                (computed != c.dtype ? std::string(" (bfloat16's: the units compute in it, "
                                                   "against a float32 reference)")
@@ -788,12 +795,11 @@ class TorchStrategy final : public harness::Strategy {
   // torch/compose's params, each with the value it must have: exit 2 naming the key.
   static void checkComposeParams(const CaseSpec& c) {
     const auto bad = [&](const std::string& key, const std::string& expected) {
-      throw harness::InputError("torch/compose params." + key + " " +
-                                c.params.at(key).dump() + ": expected " + expected);
+      throw harness::InputError("torch/compose params." + key + " " + c.params.at(key).dump() +
+                                ": expected " + expected);
     };
     if (c.params.contains("axes")) {
-      static const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp",
-                                                     "tp"};
+      static const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
       const auto& a = c.params.at("axes");
       const std::string want = "a list of " + std::to_string(c.mesh.size()) +
                                " distinct axis names (one a mesh axis) from pp, dp_replicate, "
@@ -801,8 +807,8 @@ class TorchStrategy final : public harness::Strategy {
       if (!a.is_array() || a.size() != c.mesh.size()) bad("axes", want);
       std::vector<std::string> seen;
       for (const auto& n : a) {
-        if (!n.is_string() || std::find(names.begin(), names.end(), n.get<std::string>()) ==
-                                  names.end() ||
+        if (!n.is_string() ||
+            std::find(names.begin(), names.end(), n.get<std::string>()) == names.end() ||
             std::find(seen.begin(), seen.end(), n.get<std::string>()) != seen.end()) {
           bad("axes", want);
         }
@@ -848,7 +854,9 @@ class TorchStrategy final : public harness::Strategy {
   static std::vector<std::string> composeAxes(const CaseSpec& c) {
     if (c.params.contains("axes")) return c.params.at("axes").get<std::vector<std::string>>();
     static const std::vector<std::vector<std::string>> byRank = {
-        {"dp_shard"}, {"dp_shard", "tp"}, {"pp", "dp_shard", "tp"},
+        {"dp_shard"},
+        {"dp_shard", "tp"},
+        {"pp", "dp_shard", "tp"},
         {"pp", "dp_replicate", "dp_shard", "tp"}};
     if (c.mesh.empty() || c.mesh.size() > byRank.size()) return {};
     return byRank[c.mesh.size() - 1];
@@ -976,8 +984,7 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
   } else if (k == "fsdp2" || k == "fsdp2-keep" || k == "hsdp") {
     spec.back() = Placement::shard(0);
     text = "FSDP2: every parameter sharded on dim 0 over the " +
-           std::string(k == "hsdp" ? "shard axis, replicated over the replicate axis"
-                                   : "mesh");
+           std::string(k == "hsdp" ? "shard axis, replicated over the replicate axis" : "mesh");
   } else if (k == "compose") {
     return composeSpecifiedBox(tensor, c, rank, fullShape);
   } else if (k == "ep") {
@@ -1035,11 +1042,15 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
   if (case_.workload == "moe") {
     // The layer's shape with every default filled in: the Python side assumes none.
     const auto s = reference::MoeShape::parse(case_.shape);
-    layerShape = {{"batch", s.batch},       {"seq", s.seq},
-                  {"d_model", s.dModel},    {"ffn", s.ffn},
-                  {"experts", s.experts},   {"top_k", s.topK},
+    layerShape = {{"batch", s.batch},
+                  {"seq", s.seq},
+                  {"d_model", s.dModel},
+                  {"ffn", s.ffn},
+                  {"experts", s.experts},
+                  {"top_k", s.topK},
                   {"score", s.sigmoid ? "sigmoid" : "softmax"},
-                  {"norm_topk", s.normTopk}, {"aux_coef", s.auxCoef}};
+                  {"norm_topk", s.normTopk},
+                  {"aux_coef", s.auxCoef}};
     parameters = {"router", "w1", "w3", "w2"};
     dataInputs = {"input"};
     source = modelSource(case_, why);
@@ -1094,8 +1105,7 @@ void TorchRankExecutor::prepare(harness::RankContext& ctx, const reference::Work
             {"MASTER_ADDR", envOr("MASTER_ADDR", "127.0.0.1")},
             // As torchrun does: one thread a rank unless the user says otherwise.
             {"OMP_NUM_THREADS", envOr("OMP_NUM_THREADS", "1")}});
-  const nlohmann::json reply =
-      call({{"cmd", "prepare"}, {"case", caseJson}, {"bundle", bundle}});
+  const nlohmann::json reply = call({{"cmd", "prepare"}, {"case", caseJson}, {"bundle", bundle}});
   if (reply.contains("unsupported")) {
     throw harness::UnsupportedCase(reply["unsupported"].get<std::string>());
   }
@@ -1171,8 +1181,8 @@ std::vector<std::unique_ptr<harness::Strategy>> registerTorch() {
 std::vector<std::unique_ptr<harness::Strategy>> generateDTensorLinear(const CaseSpec& c) {
   std::vector<std::unique_ptr<harness::Strategy>> out;
   if (c.workload != "linear") return out;
-  static const Kind kind{"dtensor-linear", Family::kSharding, "", {"partial_reported_whole"},
-                         "DTensor's F.linear"};
+  static const Kind kind{
+      "dtensor-linear", Family::kSharding, "", {"partial_reported_whole"}, "DTensor's F.linear"};
   const auto s = reference::LinearShape::parse(c.shape);
   const int axes = static_cast<int>(c.mesh.size());
   const auto inputs = harness::enumerateLayouts(static_cast<int>(s.input.size()), axes, 1);
