@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
 
@@ -25,14 +26,71 @@ std::string Box::toString() const {
     os << offset[d] << ":" << offset[d] + length[d];
   }
   os << "]";
+  if (!view.empty()) {
+    os << " of [";
+    for (size_t d = 0; d < view.size(); ++d) os << (d ? ", " : "") << view[d];
+    os << "]";
+  }
   return os.str();
 }
 
+namespace {
+
+// Per dimension of `full`, how many of the view's dimensions are its factors, in order.
+std::vector<size_t> viewGroups(at::IntArrayRef full, const std::vector<int64_t>& view) {
+  const auto fail = [&]() {
+    std::ostringstream os;
+    os << "view [";
+    for (size_t d = 0; d < view.size(); ++d) os << (d ? ", " : "") << view[d];
+    os << "] does not split the dimensions of a tensor of shape " << full
+       << " into factors";
+    throw std::invalid_argument(os.str());
+  };
+  std::vector<size_t> groups;
+  size_t j = 0;
+  for (int64_t n : full) {
+    // At least one factor, then more while the product falls short of the dimension.
+    if (j == view.size()) fail();
+    int64_t product = view[j++];
+    size_t count = 1;
+    while (product < n && product > 0 && j < view.size()) {
+      product *= view[j++];
+      ++count;
+    }
+    if (product != n) fail();
+    groups.push_back(count);
+  }
+  if (j != view.size()) fail();
+  return groups;
+}
+
+}  // namespace
+
+std::vector<int64_t> Box::heldShape(at::IntArrayRef full) const {
+  if (view.empty()) return length;
+  if (length.size() != view.size()) {
+    throw std::invalid_argument("box " + toString() + " has not one length per view dimension");
+  }
+  std::vector<int64_t> held;
+  size_t j = 0;
+  for (size_t count : viewGroups(full, view)) {
+    int64_t n = 1;
+    for (size_t k = 0; k < count; ++k) n *= length[j++];
+    held.push_back(n);
+  }
+  return held;
+}
+
 at::Tensor sliceBox(const at::Tensor& full, const Box& box) {
-  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(box.offset.size()) == full.dim(), "box ",
-                        box.toString(), " does not fit a tensor of shape ", full.sizes());
   at::Tensor t = full;
-  for (int64_t d = 0; d < full.dim(); ++d) t = t.narrow(d, box.offset[d], box.length[d]);
+  if (!box.view.empty()) {
+    viewGroups(full.sizes(), box.view);  // throws unless the view splits full's dimensions
+    t = full.reshape(box.view);  // a view where full is contiguous
+  }
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(box.offset.size()) == t.dim() &&
+                            box.length.size() == box.offset.size(),
+                        "box ", box.toString(), " does not fit a tensor of shape ", full.sizes());
+  for (int64_t d = 0; d < t.dim(); ++d) t = t.narrow(d, box.offset[d], box.length[d]);
   return t;
 }
 

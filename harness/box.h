@@ -10,17 +10,30 @@ namespace sb::harness {
 
 // The part of a full tensor that one rank holds: an offset and a length per dimension.
 // Replicas are ranks with equal boxes.
+//
+// A piece that is one box only of a view of the tensor names the view: `view` splits some of the
+// tensor's dimensions into factors (GPT-2's fused qkv weight [3D, D] as [3, D, D]), and offset
+// and length are in the view's dimensions. DTensor's _StridedShard(0, split_factor=3) on a 1-D
+// mesh, a rank's rows of q, k and v, is Shard(1) of that view. Empty: the tensor's own shape.
 struct Box {
   std::vector<int64_t> offset;
   std::vector<int64_t> length;
+  std::vector<int64_t> view = {};
 
   static Box whole(at::IntArrayRef shape);
   int64_t numel() const;
-  bool operator==(const Box& o) const { return offset == o.offset && length == o.length; }
-  std::string toString() const;  // "[0:2, 0:4, 0:4, 0:16]"
+  bool operator==(const Box& o) const {
+    return offset == o.offset && length == o.length && view == o.view;
+  }
+  std::string toString() const;  // "[0:2, 0:4, 0:4, 0:16]", "[0:3, 0:4, 0:8] of [3, 8, 8]"
+  // The shape a rank holds its piece in, of a tensor of shape `full`: the lengths, the view's
+  // factors of each of the tensor's dimensions merged back (DTensor's local tensor of a
+  // _StridedShard: [3 x 4, 8] for the box [0:3, 0:4, 0:8] of [3, 8, 8]). Throws
+  // std::invalid_argument unless the view splits `full`'s dimensions into factors.
+  std::vector<int64_t> heldShape(at::IntArrayRef full) const;
 };
 
-// `full[box]`, a view.
+// `full[box]` (of the box's view of `full` where it has one), a view of a contiguous `full`.
 at::Tensor sliceBox(const at::Tensor& full, const Box& box);
 
 // torch.chunk / ShardedTensor's ChunkShardingSpec sizes: every chunk holds ceil(n / parts)

@@ -81,5 +81,47 @@ TEST(SliceBox, ReturnsTheViewOfTheBox) {
   EXPECT_TRUE(at::equal(sliceBox(full, b), full.narrow(0, 1, 2).narrow(1, 2, 3)));
 }
 
+// DTensor's _StridedShard(0, split_factor=3) of GPT-2's fused qkv weight [3D, D] over 2 ranks:
+// rank 1 holds rows D/2..D of q, of k and of v, one box of the view [3, D, D]; its local
+// tensor is those rows stacked, [3 x D/2, D]. Written out here from the q, k, v blocks.
+TEST(SliceBox, AViewBoxHoldsRowsOfEveryFactor) {
+  const int64_t D = 4;
+  const at::Tensor full = at::arange(3 * D * D).reshape({3 * D, D});
+  const Box b{{0, 2, 0}, {3, 2, D}, {3, D, D}};
+  const at::Tensor q = full.narrow(0, 2, 2), k = full.narrow(0, D + 2, 2),
+                   v = full.narrow(0, 2 * D + 2, 2);
+  EXPECT_TRUE(at::equal(sliceBox(full, b).reshape({6, D}), at::cat({q, k, v})));
+  EXPECT_EQ(b.heldShape(full.sizes()), (std::vector<int64_t>{6, D}));
+  EXPECT_EQ(b.toString(), "[0:3, 2:4, 0:4] of [3, 4, 4]");
+  // Covering through the view marks the full tensor's elements (a view, not a copy).
+  at::Tensor covered = at::zeros({3 * D, D}, at::kBool);
+  sliceBox(covered, b).fill_(true);
+  EXPECT_EQ(covered.sum().item<int64_t>(), 6 * D);
+  EXPECT_TRUE(covered.narrow(0, D + 2, 2).all().item<bool>());
+  EXPECT_FALSE(covered.narrow(0, D, 2).any().item<bool>());
+  // Another view is another box: replicas are not matched across them.
+  EXPECT_FALSE(b == (Box{{0, 2, 0}, {3, 2, D}}));
+}
+
+TEST(SliceBox, AViewThatDoesNotFactorTheShapeIsRefusedNamingBoth) {
+  const at::Tensor full = at::zeros({12, 4});
+  for (const std::vector<int64_t>& view :
+       {std::vector<int64_t>{4, 12}, {5, 3, 4}, {3, 4, 2}, {12, 4, 1, 2}}) {
+    const Box b{std::vector<int64_t>(view.size(), 0), view, view};
+    try {
+      sliceBox(full, b);
+      ADD_FAILURE() << "view " << b.toString() << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("does not split the dimensions of a tensor of shape "
+                                           "[12, 4]"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // A size-one factor is a factor.
+  const Box ones{{0, 0, 0, 0}, {3, 4, 1, 4}, {3, 4, 1, 4}};
+  EXPECT_EQ(ones.heldShape(full.sizes()), (std::vector<int64_t>{12, 4}));
+}
+
 }  // namespace
 }  // namespace sb::harness
