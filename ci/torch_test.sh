@@ -93,6 +93,19 @@ for r in drop:
 csv_rows = {r["strategy_id"]: r for r in records if r["case"] == "meta-llama-pipeline-csv"}
 assert set(csv_rows) == {"torch/pipeline-csv", "pipeline/csv"}, list(csv_rows)
 assert all(r["status"] == "pass" for r in csv_rows.values()), csv_rows
+# GPT-2's fused qkv under TP and SP: each rank's rows of q, k and v (a strided shard) checked
+# against the plan's per-part layout, as one box of the view [3, D, D].
+gpt2_tp = [r for r in records if r["case"] in ("gpt2-tp2-sgd", "gpt2-tp2-one-step")]
+assert {(r["case"], r["strategy_id"], r["status"]) for r in gpt2_tp} == {
+    (c, s, "pass") for c in ("gpt2-tp2-sgd", "gpt2-tp2-one-step")
+    for s in ("torch/tp", "torch/sp")}, [(r["case"], r["strategy_id"], r["status"]) for r in gpt2_tp]
+for r in gpt2_tp:
+    if r["case"] == "gpt2-tp2-sgd":
+        assert any("_StridedShard" in s for s in r["details"]["spec_check"]["specs"]), r["details"]["spec_check"]
+        assert not r["details"]["spec_check"]["problems"], r["details"]["spec_check"]
+        assert "param/h.0.attn.c_attn.weight" in r["tensor_err_ratio"], r
+    else:
+        assert "grad/h.0.attn.c_attn.weight" in r["tensor_err_ratio"], r
 assert len(torch_rows) >= 17 + 60 + 16, len(torch_rows)
 linear = [r for r in torch_rows if r["workload"] == "linear"]
 assert len({r["strategy_id"] for r in linear if r["case"] == "linear-mesh2"}) == 60, len(linear)
@@ -119,7 +132,7 @@ for r in torch_rows:
     if r["strategy_id"].startswith("torch/pipeline"):
         # Every stage's parameters on their rank, every other rank holding none of them.
         assert any(t.startswith("param/layers.1") for t in r["tensor_err_ratio"]), r
-    if r["case"] != "meta-llama-one-step":
+    if not r["case"].endswith("one-step"):
         assert any("state/" in t for t in r["tensor_err_ratio"]), list(r["tensor_err_ratio"])[:3]
         assert "grad_norm" in r["tensor_err_ratio"], r
     else:
@@ -147,6 +160,21 @@ check "planted: SP with the norms out of the plan: their gradients partial, the 
   "torch/sp: replicas: param/layers.0.attention_norm.weight" -- \
   "$sb" run "$suite" --filter '^torch/sp$' --out "$tmp/f3" --repetitions 1 \
   --plant-fault torch/sp=norm_grad_partial
+
+check "planted: plain ColwiseParallel on GPT-2's fused qkv (a run of [q; k] a rank): fails, named" 1 \
+  "gpt2-tp2-sgd torch/tp: layout: param/h.0.attn.c_attn.weight on rank 0 is declared \\[0:48, 0:32\\]" -- \
+  "$sb" run "$suite" --case '^gpt2-tp2' --out "$tmp/f9" --repetitions 1 \
+  --plant-fault torch/tp=fused_qkv_colwise --plant-fault torch/sp=fused_qkv_colwise
+check "planted: every fused-qkv row fails on its numbers too (the one-step output, the loss)" 0 "ok" -- \
+  python3 - "$tmp/f9/results.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["records"]
+assert len(rows) == 4 and all(r["status"] == "fail" for r in rows), [(r["case"], r["status"]) for r in rows]
+for r in rows:
+    bad = {t for t, e in r["tensor_err_ratio"].items() if e is None or e > 1}
+    assert ("output" if r["case"].endswith("one-step") else "loss") in bad, (r["case"], sorted(bad)[:5])
+print("ok")
+PY
 
 check "planted: a pipeline schedule left dividing a summed loss's gradients by the micro-batches" 1 \
   "torch/pipeline-1f1b: loss@rank0.*grad_norm@rank0" -- \

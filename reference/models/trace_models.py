@@ -79,7 +79,7 @@ class GPT2Attention(nn.Module):
         self.register_buffer("bias", torch.tril(torch.ones(max_seq, max_seq, dtype=torch.bool)))
 
     def forward(self, x):
-        B, S, d = x.shape
+        B, S, _ = x.shape
         q, k, v = self.c_attn(x).split(self.d, dim=-1)
         q, k, v = (t.view(B, S, self.heads, self.dh).transpose(1, 2) for t in (q, k, v))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.dh)
@@ -87,7 +87,9 @@ class GPT2Attention(nn.Module):
         probs = scores.softmax(dim=-1)
         if self.dropout:
             probs = nn.functional.dropout(probs, self.dropout, self.training)
-        y = self.c_proj((probs @ v).transpose(1, 2).contiguous().view(B, S, d))
+        # Width from the config too: a tensor-parallel rank's attention is its share of the
+        # heads (builtin_strategies.py divides heads and d), its input still the full width.
+        y = self.c_proj((probs @ v).transpose(1, 2).contiguous().view(B, S, self.d))
         return nn.functional.dropout(y, self.dropout, self.training) if self.dropout else y
 
 

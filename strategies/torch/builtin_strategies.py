@@ -15,7 +15,9 @@ planted-fault tests run to prove a wrong strategy fails its row.
                  MixedPrecisionPolicy, computed in bfloat16, gradients reduced in float32)
   tp             parallelize_module with torchtitan's Megatron plan for a LLaMA written as Meta
                  writes it (wq/wk/wv/w1/w3 column-wise, wo/w2 row-wise, the embedding row-wise,
-                 the output column-wise gathered): every rank the whole batch
+                 the output column-wise gathered): every rank the whole batch; on a GPT-2 with
+                 HF's names the same plan with the fused qkv projection column-wise per part
+                 (_StridedShard) and the tied embedding whole
   sp             the same with sequence parallelism (norms SequenceParallel, the residual stream
                  sharded on the sequence)
   checkpoint     torch.utils.checkpoint (non-reentrant) around every block, on one rank
@@ -53,6 +55,9 @@ Planted faults (ctx.fault):
                        model with dropout, so the recomputation draws other masks than the
                        forward did (a policy recomputing a random operator without its RNG
                        state)
+  fused_qkv_colwise    tp, sp on GPT-2: plain ColwiseParallel on the fused qkv projection, so a
+                       rank's rows are a run of [q; k; v] (q and half of k on rank 0 of 2), which
+                       its attention splits as its heads of q, k and v: it runs, silently wrong
   norm_grad_partial    sp, compose: the norms left out of the plan, so each rank's norm weights see only
                        its part of the sequence: their gradients are partial sums, stepped as if
                        whole (torchtitan#1805's kind of bug)
@@ -182,13 +187,30 @@ def _meta_llama_layers(model):
     return blocks
 
 
+def _gpt2_blocks(model):
+    """The blocks of a GPT-2 with HF GPT-2's names (wte, wpe, h[i].{ln_1, attn.c_attn,
+    attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}, ln_f, lm_head), or None."""
+    need = ("ln_1", "attn", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+    blocks = getattr(model, "h", None)
+    if not hasattr(model, "wte") or not isinstance(blocks, nn.ModuleList) or not len(blocks):
+        return None
+    for block in blocks:
+        names = dict(block.named_modules())
+        if any(n not in names for n in need):
+            return None
+        if not all(hasattr(block.attn, a) for a in ("d", "heads")):
+            raise Unsupported("GPT-2's attention must keep its width and heads as attributes "
+                              "(attn.d, attn.heads), which the tp plan divides by the ranks")
+    return blocks
+
+
 class TensorParallel(Strategy):
     mesh_dim_names = ("tp",)
     gradient_mean = False
 
     def __init__(self, sequence_parallel):
         self.sp = sequence_parallel
-        self.faults = ("norm_grad_partial",) if sequence_parallel else ()
+        self.faults = (("norm_grad_partial",) if sequence_parallel else ()) + ("fused_qkv_colwise",)
 
     def applies(self, ctx):
         if len(ctx.case["mesh"]) != 1:
@@ -196,9 +218,94 @@ class TensorParallel(Strategy):
         return super().applies(ctx)
 
     def parallelize(self, model, mesh, ctx):
+        gpt2 = _gpt2_blocks(model)
+        if gpt2 is not None:
+            apply_gpt2_tp(model, gpt2, mesh, self.sp, ctx.fault)
+            return model
+        if ctx.fault == "fused_qkv_colwise":
+            raise Unsupported("the planted fault fused_qkv_colwise misplans GPT-2's fused qkv "
+                              "projection; this model has none")
         blocks = _meta_llama_layers(model)
         apply_tp(model, blocks, mesh, self.sp, ctx.fault)
         return model
+
+
+def fused_colwise(parts):
+    """ColwiseParallel for a projection that computes `parts` outputs in one (GPT-2's c_attn:
+    q, k and v): each rank holds its rows of every part, DTensor's _StridedShard(0,
+    split_factor=parts), so that its output is its heads of q, of k and of v. DTensor's linear
+    propagates the strided shard to the output's last dimension, whose local tensor is
+    [q_r, k_r, v_r], and the output is handed on as it is: ColwiseParallel's own output step
+    would redistribute it to Shard(-1), one run of [q; k; v] a rank again (with collectives),
+    which the attention's split would take for its q, k and v."""
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    class FusedColwise(ColwiseParallel):
+        def _partition_linear_fn(self, name, module, device_mesh):
+            for n, p in list(module.named_parameters(recurse=False)):
+                placed = distribute_tensor(p, device_mesh, [_StridedShard(0, split_factor=parts)])
+                module.register_parameter(n, nn.Parameter(placed))
+
+        @staticmethod
+        def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+            return outputs.to_local() if use_local_output else outputs
+
+    return FusedColwise()
+
+
+def apply_gpt2_tp(model, blocks, mesh, sp, fault=None):
+    """Megatron's plan on a GPT-2 with HF's names: the fused qkv projection column-wise per part
+    (fused_colwise), attn.c_proj row-wise, mlp.c_fc column-wise, mlp.c_proj row-wise; each
+    rank's attention its heads. The embedding is tied to the output (one parameter, two uses),
+    so both stay whole on every rank, as do the position embedding and the norms. With `sp` the
+    residual stream between the blocks is sharded on the sequence: the first block takes its
+    rows of it, the norms run SequenceParallel, the attention and MLP gather it, their row-wise
+    projections reduce-scatter, and the output gathers it again."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+    tp = mesh.size(0)
+    for block in blocks:
+        a = block.attn
+        if a.heads % tp:
+            raise Unsupported(f"{a.heads} heads do not divide over {tp} tensor-parallel ranks")
+    if sp:
+        parallelize_module(model, mesh, {
+            "h.0": PrepareModuleInput(input_layouts=(Replicate(),),
+                                      desired_input_layouts=(Shard(1),), use_local_output=True),
+            "ln_f": SequenceParallel(),
+            "lm_head": PrepareModuleInput(input_layouts=(Shard(1),),
+                                          desired_input_layouts=(Replicate(),),
+                                          use_local_output=True)})
+    for block in blocks:
+        # Planted: ColwiseParallel on the fused projection, a rank's rows of [q; k; v] in one
+        # run (rank 0 of 2: q and k's first half), which the attention splits as its q, k, v.
+        qkv = ColwiseParallel() if fault == "fused_qkv_colwise" else fused_colwise(3)
+        if sp:
+            plan = {"ln_1": SequenceParallel(),
+                    # The attention reads its input's shape (B, S): gathered, and handed on
+                    # as a DTensor, so that c_attn's pending input gradient goes back as one
+                    # reduce-scatter, not an all-reduce and a chunk.
+                    "attn": PrepareModuleInput(input_layouts=(Shard(1),),
+                                               desired_input_layouts=(Replicate(),),
+                                               use_local_output=False),
+                    "attn.c_attn": qkv,
+                    "attn.c_proj": RowwiseParallel(output_layouts=Shard(1)),
+                    "ln_2": SequenceParallel(),
+                    "mlp.c_fc": ColwiseParallel(input_layouts=Shard(1)),
+                    "mlp.c_proj": RowwiseParallel(output_layouts=Shard(1))}
+            if fault == "norm_grad_partial":
+                del plan["ln_1"], plan["ln_2"]
+        else:
+            plan = {"attn.c_attn": qkv, "attn.c_proj": RowwiseParallel(),
+                    "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()}
+        parallelize_module(block, mesh, plan)
+        # Each rank's attention runs its share of the heads, its width with them.
+        block.attn.heads //= tp
+        block.attn.d //= tp
 
 
 def apply_tp(model, blocks, mesh, sp, fault=None):
@@ -238,9 +345,12 @@ def apply_tp(model, blocks, mesh, sp, fault=None):
         if sp:
             plan.update({
                 "attention_norm": SequenceParallel(),
+                # As torchtitan: the gathered input handed on as a DTensor, so that the
+                # three projections' pending input gradients are summed and go back as one
+                # reduce-scatter (a local tensor here made them three all-reduces).
                 "attention": PrepareModuleInput(input_layouts=(Shard(1),),
                                                 desired_input_layouts=(Replicate(),),
-                                                use_local_output=True),
+                                                use_local_output=False),
                 "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
                 "ffn_norm": SequenceParallel(),
                 "w1": ColwiseParallel(input_layouts=Shard(1)),
@@ -249,7 +359,12 @@ def apply_tp(model, blocks, mesh, sp, fault=None):
             if fault == "norm_grad_partial":
                 del plan["attention_norm"], plan["ffn_norm"]
         else:
-            plan.update({"attention.wo": RowwiseParallel(), "w1": ColwiseParallel(),
+            # The attention's input as a Replicate DTensor: the three projections' pending
+            # input gradients summed and all-reduced once, not once each.
+            plan.update({"attention": PrepareModuleInput(input_layouts=(Replicate(),),
+                                                         desired_input_layouts=(Replicate(),),
+                                                         use_local_output=False),
+                         "attention.wo": RowwiseParallel(), "w1": ColwiseParallel(),
                          "w3": ColwiseParallel(), "w2": RowwiseParallel()})
         parallelize_module(block, mesh, plan)
         # Each rank's attention runs its share of the heads (Meta's n_local_heads).

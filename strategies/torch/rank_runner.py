@@ -20,7 +20,9 @@ Commands and replies:
                           functional collectives' operators) and the tensor allocations
                           profiled. -> {ok, seconds[, comm, peak_bytes, start_bytes]}
   results {path}          writes this rank's local tensors, named as the reference names them,
-                          and their placements on the whole mesh. -> {ok}
+                          and their placements on the whole mesh (a strided shard's as
+                          {view, placements}: those of a view splitting the sharded
+                          dimension, split_view). -> {ok}
   exit
 Any failure replies {error: text, traceback}; the harness records the row as an error.
 
@@ -553,6 +555,9 @@ class Rank:
         from torch.distributed.tensor import DTensor
         if not isinstance(t, DTensor) or not any(strided(p) for p in t.placements):
             return self.full_placements(t)
+        view = self.split_view(t)
+        if view is not None:
+            return view
         sub = t.device_mesh.mesh_dim_names
         if not sub or any(n not in self.names for n in sub):
             raise ValueError(f"a DTensor on mesh {t.device_mesh} whose axes are not named after "
@@ -583,6 +588,40 @@ class Rank:
             raise ValueError(f"placements {t.placements}: pending sums beside a strided shard")
         return "[" + ", ".join("S" + "".join(str(a) for a in axes) if axes else "R"
                                for axes in dims) + "]"
+
+    def split_view(self, t):
+        """A strided shard whose split factor no other axis makes (a fused projection's rows of
+        each of its parts: GPT-2's qkv under _StridedShard(0, split_factor=3), a rank's rows of
+        q, of k and of v) as one shard of a view that splits the dimension into the factor and
+        the rest: {view, placements} (Shard(1) of [3, D, D]), the local tensor as DTensor holds
+        it. None where the tensor is not such a one."""
+        entries = [(i, p) for i, p in enumerate(t.placements)
+                   if strided(p) and getattr(p, "split_factor", 1) > 1]
+        if len(entries) != 1:
+            return None
+        i, p = entries[0]
+        d = p.dim % t.ndim
+        if any(sharded(q) and q.dim % t.ndim == d for j, q in enumerate(t.placements) if j != i):
+            return None
+        n, sf = t.shape[d], p.split_factor
+        if n % sf:
+            raise ValueError(f"placement {p!r}: dimension {d} of {tuple(t.shape)} is not "
+                             f"{sf} equal parts")
+        sub = t.device_mesh.mesh_dim_names
+        if t.device_mesh.ndim != len(self.names) or sub not in (None, self.names):
+            raise ValueError(f"a strided shard on mesh {t.device_mesh} whose axes are not the "
+                             f"case's mesh axes {list(self.names)}")
+        out = []
+        for j, q in enumerate(t.placements):
+            if j == i:
+                out.append(f"Shard({d + 1})")
+            elif q.is_shard():
+                e = q.dim % t.ndim
+                out.append(f"Shard({e + 1 if e > d else e})")
+            else:
+                out.append(placement_text(q))
+        shape = list(t.shape)
+        return {"view": shape[:d] + [sf, n // sf] + shape[d + 1:], "placements": out}
 
     def results(self, msg):
         tensors, placements = {}, {}

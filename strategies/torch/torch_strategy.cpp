@@ -90,6 +90,13 @@ using reference::readBundle;
 using reference::TensorBundle;
 using reference::writeBundle;
 
+// A tensor's layout as a rank reported it: its placements, on a view of the tensor where
+// they are a strided shard's (Box::view).
+struct Reported {
+  Layout layout;
+  std::vector<int64_t> view;
+};
+
 struct Kind {
   std::string name;
   Family family;
@@ -109,8 +116,9 @@ const std::vector<Kind>& kinds() {
        "fully_shard with reshard_after_forward=False"},
       {"hsdp", Family::kFsdp, "sharding/fsdp/hsdp", {"grad_divided_twice"},
        "fully_shard on a 2-D (replicate, shard) mesh"},
-      {"tp", Family::kSharding, "", {}, "parallelize_module, torchtitan's Megatron plan"},
-      {"sp", Family::kSharding, "", {"norm_grad_partial"},
+      {"tp", Family::kSharding, "", {"fused_qkv_colwise"},
+       "parallelize_module, torchtitan's Megatron plan"},
+      {"sp", Family::kSharding, "", {"norm_grad_partial", "fused_qkv_colwise"},
        "parallelize_module with sequence parallelism"},
       {"checkpoint", Family::kCheckpointing, "checkpointing/full",
        {"recompute_without_rng_state"}, "torch.utils.checkpoint around every block"},
@@ -677,7 +685,7 @@ class TorchStrategy final : public harness::Strategy {
   // placements are the same on every rank of an SPMD strategy.
   Box resultBoxOf(const std::string& tensor, const CaseSpec& c, int rank,
                   at::IntArrayRef fullShape) const override {
-    Layout layout;
+    Reported layout;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const auto mine = layouts_.find({key(c), rank});
@@ -698,7 +706,12 @@ class TorchStrategy final : public harness::Strategy {
         if (!found) return Box::whole(fullShape);  // reported by no rank: a missing result
       }
     }
-    return layout.box(fullShape.vec(), c.mesh, harness::DeviceMesh(c.mesh).coords(rank));
+    const auto coords = harness::DeviceMesh(c.mesh).coords(rank);
+    if (layout.view.empty()) return layout.layout.box(fullShape.vec(), c.mesh, coords);
+    Box b = layout.layout.box(layout.view, c.mesh, coords);
+    b.view = layout.view;
+    b.heldShape(fullShape);  // throws unless the view factors the tensor's shape
+    return b;
   }
   std::optional<SpecifiedBox> specifiedBox(const std::string& tensor, const CaseSpec& c, int rank,
                                            at::IntArrayRef fullShape) const override;
@@ -760,7 +773,7 @@ class TorchStrategy final : public harness::Strategy {
 
   // What `rank` reported of its tensors' layouts.
   void noteLayouts(const CaseSpec& c, int rank,
-                   const std::map<std::string, Layout>& layouts) const {
+                   const std::map<std::string, Reported>& layouts) const {
     std::lock_guard<std::mutex> lock(mu_);
     layouts_[{key(c), rank}] = layouts;
   }
@@ -885,7 +898,7 @@ class TorchStrategy final : public harness::Strategy {
   mutable std::mutex mu_;
   // (case, rank) -> tensor -> layout (DTensor's placements, or nested out of mesh order where
   // FSDP2 shards a tensor-parallel piece).
-  mutable std::map<std::pair<std::string, int>, std::map<std::string, Layout>> layouts_;
+  mutable std::map<std::pair<std::string, int>, std::map<std::string, Reported>> layouts_;
 };
 
 // torch/compose's plan, per parameter (and its optimizer state): on its pipeline stage's ranks
@@ -1007,14 +1020,33 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
         R"(.*(attention\.w[qkv]|\.w1|\.w3)\.weight(/.*)?$|.*/output\.weight(/.*)?$)");
     static const std::regex rowwise(R"(.*(attention\.wo|\.w2)\.weight(/.*)?$)");
     static const std::regex embedding(R"(.*/tok_embeddings\.weight(/.*)?$)");
-    if (std::regex_match(tensor, colwise) || std::regex_match(tensor, embedding)) {
+    // GPT-2 (builtin_strategies.py's gpt2 plan): the MLP's c_fc column-wise (weight and bias),
+    // the projections c_proj row-wise, the fused qkv c_attn column-wise per part (a rank's rows
+    // of q, of k and of v: Shard(1) of the view [3, D, ...]), the tied embedding replicated.
+    static const std::regex fused(R"(.*/h\.\d+\.attn\.c_attn\.(weight|bias)(/.*)?$)");
+    static const std::regex gptColwise(R"(.*/h\.\d+\.mlp\.c_fc\.(weight|bias)(/.*)?$)");
+    static const std::regex gptRowwise(R"(.*/h\.\d+\.(attn|mlp)\.c_proj\.weight(/.*)?$)");
+    if (std::regex_match(tensor, fused) && nd >= 1 && fullShape[0] % 3 == 0) {
+      std::vector<int64_t> view = fullShape.vec();
+      view[0] /= 3;
+      view.insert(view.begin(), 3);
+      spec[0] = Placement::shard(1);
+      Box b = Layout::fromPlacements(spec, nd + 1)
+                  .box(view, c.mesh, harness::DeviceMesh(c.mesh).coords(rank));
+      b.view = view;
+      return SpecifiedBox{b, "GPT-2's TP plan: the fused qkv projection column-wise per part, a "
+                             "rank's rows of q, of k and of v (_StridedShard(0, split_factor=3))"};
+    }
+    if (std::regex_match(tensor, colwise) || std::regex_match(tensor, embedding) ||
+        std::regex_match(tensor, gptColwise)) {
       spec[0] = Placement::shard(0);
       text = "torchtitan's TP plan: column-wise (or the embedding's rows): Shard(0)";
-    } else if (std::regex_match(tensor, rowwise)) {
+    } else if (std::regex_match(tensor, rowwise) || std::regex_match(tensor, gptRowwise)) {
       spec[0] = Placement::shard(1);
       text = "torchtitan's TP plan: row-wise: Shard(1)";
     } else {
-      text = "torchtitan's TP plan: norms replicated";
+      text = "torchtitan's TP plan: norms (and GPT-2's tied embedding, row-wise biases) "
+             "replicated";
     }
   } else {
     return std::nullopt;
@@ -1145,10 +1177,15 @@ void TorchRankExecutor::settle(harness::RankContext&) {
   results_ = std::move(b.tensors);
   // Per tensor its placement on every mesh axis, or a ColossalAI sequence ("[S20, R]") where a
   // dimension's shards nest out of mesh order.
-  std::map<std::string, Layout> layouts;
+  // A strided shard (a fused projection's rows of each part) as {view, placements}: the
+  // placements of a view that splits the sharded dimension (rank_runner.py's split_view).
+  std::map<std::string, Reported> layouts;
   const auto j = nlohmann::json::parse(b.metadata.at("placements"));
-  for (const auto& [name, list] : j.items()) {
+  for (const auto& [name, entry] : j.items()) {
     std::string text;
+    Reported& r = layouts[name];
+    const nlohmann::json& list = entry.is_object() ? entry.at("placements") : entry;
+    if (entry.is_object()) r.view = entry.at("view").get<std::vector<int64_t>>();
     if (list.is_string()) {
       text = list.get<std::string>();
     } else {
@@ -1156,8 +1193,9 @@ void TorchRankExecutor::settle(harness::RankContext&) {
       for (size_t i = 0; i < list.size(); ++i) text += (i ? ", " : "") + list[i].get<std::string>();
       text += "]";
     }
-    const int nd = static_cast<int>(results_.at(name).dim());
-    layouts[name] = Layout::parse(text, nd, static_cast<int>(case_.mesh.size()));
+    const int nd = r.view.empty() ? static_cast<int>(results_.at(name).dim())
+                                  : static_cast<int>(r.view.size());
+    r.layout = Layout::parse(text, nd, static_cast<int>(case_.mesh.size()));
   }
   strategy_.noteLayouts(case_, rank_, layouts);
   // What this rank does not hold is handed back empty, in the empty box resultBoxOf gives it.
