@@ -42,8 +42,7 @@ std::vector<size_t> viewGroups(at::IntArrayRef full, const std::vector<int64_t>&
     std::ostringstream os;
     os << "view [";
     for (size_t d = 0; d < view.size(); ++d) os << (d ? ", " : "") << view[d];
-    os << "] does not split the dimensions of a tensor of shape " << full
-       << " into factors";
+    os << "] does not split the dimensions of a tensor of shape " << full << " into factors";
     throw std::invalid_argument(os.str());
   };
   std::vector<size_t> groups;
@@ -85,11 +84,11 @@ at::Tensor sliceBox(const at::Tensor& full, const Box& box) {
   at::Tensor t = full;
   if (!box.view.empty()) {
     viewGroups(full.sizes(), box.view);  // throws unless the view splits full's dimensions
-    t = full.reshape(box.view);  // a view where full is contiguous
+    t = full.reshape(box.view);          // a view where full is contiguous
   }
-  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(box.offset.size()) == t.dim() &&
-                            box.length.size() == box.offset.size(),
-                        "box ", box.toString(), " does not fit a tensor of shape ", full.sizes());
+  TORCH_INTERNAL_ASSERT(
+      static_cast<int64_t>(box.offset.size()) == t.dim() && box.length.size() == box.offset.size(),
+      "box ", box.toString(), " does not fit a tensor of shape ", full.sizes());
   for (int64_t d = 0; d < t.dim(); ++d) t = t.narrow(d, box.offset[d], box.length[d]);
   return t;
 }

@@ -34,8 +34,7 @@ std::map<std::string, double> roundingAgainst(const reference::WorkloadData& com
     const at::Tensor& r = computed.expected.at(name);
     auto it = shadow.expected.find(name);
     if (!r.defined() || !at::isFloatingType(r.scalar_type()) || r.numel() == 0) continue;
-    if (it == shadow.expected.end() || !it->second.defined() ||
-        it->second.sizes() != r.sizes()) {
+    if (it == shadow.expected.end() || !it->second.defined() || it->second.sizes() != r.sizes()) {
       continue;
     }
     const at::Tensor a = asDouble(r), x = asDouble(it->second);

@@ -1034,8 +1034,9 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
       Box b = Layout::fromPlacements(spec, nd + 1)
                   .box(view, c.mesh, harness::DeviceMesh(c.mesh).coords(rank));
       b.view = view;
-      return SpecifiedBox{b, "GPT-2's TP plan: the fused qkv projection column-wise per part, a "
-                             "rank's rows of q, of k and of v (_StridedShard(0, split_factor=3))"};
+      return SpecifiedBox{b,
+                          "GPT-2's TP plan: the fused qkv projection column-wise per part, a "
+                          "rank's rows of q, of k and of v (_StridedShard(0, split_factor=3))"};
     }
     if (std::regex_match(tensor, colwise) || std::regex_match(tensor, embedding) ||
         std::regex_match(tensor, gptColwise)) {
@@ -1045,8 +1046,9 @@ std::optional<harness::Strategy::SpecifiedBox> TorchStrategy::specifiedBox(
       spec[0] = Placement::shard(1);
       text = "torchtitan's TP plan: row-wise: Shard(1)";
     } else {
-      text = "torchtitan's TP plan: norms (and GPT-2's tied embedding, row-wise biases) "
-             "replicated";
+      text =
+          "torchtitan's TP plan: norms (and GPT-2's tied embedding, row-wise biases) "
+          "replicated";
     }
   } else {
     return std::nullopt;
