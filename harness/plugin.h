@@ -26,7 +26,7 @@
 // and stratbench share (Strategy, RankExecutor, CaseSpec, RankContext, Communicator, ...).
 // It changes whenever one of them changes in a way that breaks a compiled plugin, and a plugin
 // must have been compiled against exactly this version.
-#define SB_PLUGIN_API_VERSION 8
+#define SB_PLUGIN_API_VERSION 9
 
 extern "C" {
 // What `stratbench_plugin()` returns. Its first field stays the API version in every version,
