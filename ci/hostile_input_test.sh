@@ -1292,7 +1292,7 @@ bad "an empty MASTER_PORT is exit 2, not port 29500" "MASTER_PORT is set but emp
   env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT= \
   "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
 bad "a Slurm node range that runs backwards is exit 2" "node\[5-1\].*runs backwards" \
-  env SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_JOB_ID=7 SLURM_STEP_NODELIST='node[5-1]' \
+  env SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_STEP_ID=0 SLURM_JOB_ID=7 SLURM_STEP_NODELIST='node[5-1]' \
   "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
 bad "--backend threads under a launcher's variables is exit 2" \
   "WORLD_SIZE=2 says this process is one of 2 started together, but --backend threads" \
@@ -1303,6 +1303,12 @@ bad "--backend threads (the default) under srun's variables is exit 2" \
   env SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_STEP_NUM_TASKS=4 "$sb" run "$tmp/ok.yaml" --out "$tmp/keep"
 check "--backend threads in an sbatch script's own shell (no srun step) runs" 0 "" -- \
   env SLURM_PROCID=0 SLURM_NTASKS=4 "$sb" run "$tmp/ok.yaml" --out "$tmp/sbatch-shell"
+# --backend gloo there waited as rank 0 of SLURM_NTASKS for ranks nobody starts (the store's
+# whole timeout): exit 2 at once, saying to start the ranks with srun.
+bad "--backend gloo in an sbatch script's own shell is exit 2, not rank 0 waiting for 4" \
+  "SLURM_PROCID=0 and SLURM_NTASKS=4 are set but SLURM_STEP_ID and SLURM_STEP_NUM_TASKS are not" \
+  env SLURM_PROCID=0 SLURM_NTASKS=4 SLURM_JOB_ID=7 SLURM_JOB_NODELIST=localhost \
+  "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/keep"
 # memory_trace.py / memory_snapshot.py on a device or a FIFO: exit 2 at once.
 bad "memory_trace.py /dev/zero is exit 2" "not a regular file" \
   python3 "$src/reports/memory_trace.py" /dev/zero

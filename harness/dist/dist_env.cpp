@@ -171,22 +171,41 @@ DistEnv detectDistEnv(const Getenv& getenv) {
       throw DistEnvError("RANK/WORLD_SIZE are set (world of " + std::to_string(e.worldSize) +
                          ") but MASTER_ADDR is not: the ranks cannot find each other");
     }
-  } else if (isSet(getenv, "SLURM_PROCID") && !isSet(getenv, "SLURM_NTASKS")) {
+  } else if (isSet(getenv, "SLURM_PROCID") && !isSet(getenv, "SLURM_NTASKS") &&
+             !isSet(getenv, "SLURM_STEP_NUM_TASKS")) {
     // A rank of srun's without the world it belongs to: a mistake, never a world of one that
     // silently runs every row alone. (SLURM_NTASKS alone is salloc's shell: a world of one.)
     throw DistEnvError("SLURM_PROCID=" + std::string(getenv("SLURM_PROCID")) +
                        " is set but SLURM_NTASKS is not: srun sets both (unset SLURM_PROCID, or "
                        "start the ranks with srun)");
-  } else if (isSet(getenv, "SLURM_PROCID") && isSet(getenv, "SLURM_NTASKS")) {
+  } else if (isSet(getenv, "SLURM_PROCID")) {
+    // srun sets the step's variables in every task it starts (SLURM_STEP_ID, SLURM_STEP_NUM_TASKS,
+    // SLURM_STEP_NODELIST); an sbatch script's own shell has SLURM_PROCID=0 and the allocation's
+    // SLURM_NTASKS without them. It is one process: as rank 0 of SLURM_NTASKS it would wait for
+    // ranks nobody starts until the store's timeout.
+    if (!isSet(getenv, "SLURM_STEP_ID") && !isSet(getenv, "SLURM_STEP_NUM_TASKS")) {
+      throw DistEnvError(
+          "SLURM_PROCID=" + std::string(getenv("SLURM_PROCID")) + " and SLURM_NTASKS=" +
+          getenv("SLURM_NTASKS") +
+          " are set but SLURM_STEP_ID and SLURM_STEP_NUM_TASKS are not: this is a batch "
+          "script's own shell, not a task srun started, and no other rank would come. Start "
+          "the ranks with srun (srun stratbench run ... --backend gloo), or run one process "
+          "with --backend threads");
+    }
     e.launcher = "srun";
     const char* job = getenv("SLURM_JOB_ID");
     const char* stepId = getenv("SLURM_STEP_ID");
     e.runKey = std::string("slurm/") + (job && *job ? job : "?") + "." +
                (stepId && *stepId ? stepId : "0");
-    readRanks(getenv, e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr);
+    // The step's counts where srun gave them: under `srun --preserve-env` SLURM_NTASKS and
+    // SLURM_NTASKS_PER_NODE stay the allocation's, which a smaller step does not fill.
+    const char* world = isSet(getenv, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    const char* perNode = isSet(getenv, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE"
+                                                                     : "SLURM_NTASKS_PER_NODE";
+    readRanks(getenv, e, "SLURM_PROCID", world, "SLURM_LOCALID", nullptr);
     // SLURM_NTASKS_PER_NODE is "4" or "4(x2)" or "4(x2),2": the first node's count is the
     // leading number, which must be a count of ranks this world can hold.
-    if (const char* per = getenv("SLURM_NTASKS_PER_NODE"); per && *per) {
+    if (const char* per = getenv(perNode); per && *per) {
       const std::string text = per;
       size_t digits = 0;
       while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) {
@@ -196,14 +215,14 @@ DistEnv detectDistEnv(const Getenv& getenv) {
       const int n = lead.empty() ? 0 : std::stoi(lead);
       if (digits == 0 || digits > 9 || n < 1 || n > e.worldSize ||
           (digits < text.size() && text[digits] != '(' && text[digits] != ',')) {
-        throw DistEnvError("SLURM_NTASKS_PER_NODE='" + text +
-                           "': expected a count of ranks from 1 to SLURM_NTASKS=" +
+        throw DistEnvError(std::string(perNode) + "='" + text +
+                           "': expected a count of ranks from 1 to " + world + "=" +
                            std::to_string(e.worldSize) + " (as '4' or '4(x2)')");
       }
       e.localWorldSize = n;
       if (e.localRank >= e.localWorldSize) {
-        throw DistEnvError("SLURM_LOCALID=" + std::to_string(e.localRank) +
-                           " is not below SLURM_NTASKS_PER_NODE=" + text);
+        throw DistEnvError("SLURM_LOCALID=" + std::to_string(e.localRank) + " is not below " +
+                           perNode + "=" + text);
       }
     }
     if (!isSet(getenv, "MASTER_ADDR")) {

@@ -15,7 +15,10 @@ namespace sb::harness {
 //     MASTER_ADDR, MASTER_PORT (torchrun also sets TORCHELASTIC_RUN_ID; with
 //     TORCHELASTIC_USE_AGENT_STORE=True its agent serves the store, as `launch` does with
 //     STRATBENCH_AGENT_STORE=1).
-//   - Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE; the
+//   - Slurm's srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID,
+//     SLURM_STEP_TASKS_PER_NODE (else SLURM_NTASKS_PER_NODE), in a task srun started (one with
+//     SLURM_STEP_ID or SLURM_STEP_NUM_TASKS: an sbatch script's own shell, SLURM_PROCID=0
+//     without them, is refused rather than waiting as rank 0 for ranks nobody starts); the
 //     master is the first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) unless
 //     MASTER_ADDR is set; the port, unless MASTER_PORT is set, is 15000 + SLURM_JOB_ID % 20000
 //     so that jobs sharing a node do not collide.

@@ -72,6 +72,7 @@ TEST(DistEnv, TorchrunWithAndWithoutItsAgentStore) {
 TEST(DistEnv, Srun) {
   const DistEnv e = detect({{"SLURM_PROCID", "6"},
                             {"SLURM_NTASKS", "8"},
+                            {"SLURM_STEP_ID", "0"},
                             {"SLURM_LOCALID", "2"},
                             {"SLURM_NTASKS_PER_NODE", "4(x2)"},
                             {"SLURM_JOB_ID", "123456789"},
@@ -87,17 +88,62 @@ TEST(DistEnv, Srun) {
   // The step's node list wins over the job's, MASTER_ADDR/PORT over both.
   EXPECT_EQ(detect({{"SLURM_PROCID", "0"},
                     {"SLURM_NTASKS", "2"},
+                    {"SLURM_STEP_ID", "3"},
                     {"SLURM_STEP_NODELIST", "a1,b2"},
                     {"SLURM_JOB_NODELIST", "z[1-9]"}})
                 .masterAddr,
             "a1");
   const DistEnv m = detect({{"SLURM_PROCID", "0"},
                             {"SLURM_NTASKS", "2"},
+                            {"SLURM_STEP_ID", "3"},
                             {"SLURM_JOB_NODELIST", "z[1-9]"},
                             {"MASTER_ADDR", "head"},
                             {"MASTER_PORT", "4000"}});
   EXPECT_EQ(m.masterAddr, "head");
   EXPECT_EQ(m.masterPort, 4000);
+}
+
+// The variables of a task srun starts (SLURM_STEP_* among them) against an sbatch script's own
+// shell, which has SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step: as rank 0 of 4
+// it waited for ranks nobody starts, until the store's timeout.
+TEST(DistEnv, AnSbatchScriptsOwnShellIsNotRankZeroOfASrunStep) {
+  const std::string why =
+      errorOf({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_ID", "77"},
+               {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_NTASKS_PER_NODE", "2(x2)"}});
+  EXPECT_NE(why.find("SLURM_PROCID=0 and SLURM_NTASKS=4 are set but SLURM_STEP_ID and "
+                     "SLURM_STEP_NUM_TASKS are not"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("srun"), std::string::npos) << why;
+  // Either step variable marks a task of srun's.
+  EXPECT_EQ(detect({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NUM_TASKS", "4"}})
+                .worldSize,
+            4);
+  EXPECT_EQ(detect({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_ID", "2"}}).runKey,
+            "slurm/?.2");
+  // srun --preserve-env -n 2 in an allocation of 8 tasks, 4 a node: SLURM_NTASKS and
+  // SLURM_NTASKS_PER_NODE stay the allocation's; the step is 2 ranks on one node.
+  const DistEnv step = detect({{"SLURM_PROCID", "1"},
+                               {"SLURM_NTASKS", "8"},
+                               {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                               {"SLURM_STEP_ID", "0"},
+                               {"SLURM_STEP_NUM_TASKS", "2"},
+                               {"SLURM_STEP_TASKS_PER_NODE", "2"},
+                               {"SLURM_LOCALID", "1"}});
+  EXPECT_EQ(step.worldSize, 2);
+  EXPECT_EQ(step.localWorldSize, 2);
+  EXPECT_EQ(step.rank, 1);
+  // And what is wrong with the step's counts names the step's variable.
+  EXPECT_NE(errorOf({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_NUM_TASKS", "2"}})
+                .find("SLURM_PROCID=2 is not below SLURM_STEP_NUM_TASKS=2"),
+            std::string::npos);
+  EXPECT_NE(errorOf({{"SLURM_PROCID", "0"},
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_STEP_NUM_TASKS", "2"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "4"}})
+                .find("SLURM_STEP_TASKS_PER_NODE='4': expected a count of ranks from 1 to "
+                      "SLURM_STEP_NUM_TASKS=2"),
+            std::string::npos);
 }
 
 TEST(DistEnv, OpenMpiAndHydra) {
@@ -143,7 +189,8 @@ TEST(DistEnv, MalformedVariablesAreNamed) {
   EXPECT_NE(errorOf({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}})
                 .find("MASTER_PORT=70000"),
             std::string::npos);
-  EXPECT_NE(errorOf({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "-1"}}).find("SLURM_NTASKS='-1'"),
+  EXPECT_NE(errorOf({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "-1"}, {"SLURM_STEP_ID", "0"}})
+                .find("SLURM_NTASKS='-1'"),
             std::string::npos);
 }
 
@@ -169,7 +216,10 @@ TEST(DistEnv, FirstSlurmHost) {
     }
   }
   EXPECT_NE(
-      errorOf({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "node[5-1]"}})
+      errorOf({{"SLURM_PROCID", "0"},
+               {"SLURM_NTASKS", "2"},
+               {"SLURM_STEP_ID", "0"},
+               {"SLURM_STEP_NODELIST", "node[5-1]"}})
           .find("runs backwards"),
       std::string::npos);
 }
@@ -184,6 +234,7 @@ TEST(DistEnv, EmptyAndUnboundedVariablesAreRefused) {
             std::string::npos);
   EXPECT_NE(errorOf({{"SLURM_PROCID", "0"},
                      {"SLURM_NTASKS", "2"},
+                     {"SLURM_STEP_ID", "0"},
                      {"SLURM_JOB_ID", "7"},
                      {"SLURM_JOB_NODELIST", "h"},
                      {"MASTER_PORT", ""}})
@@ -201,6 +252,7 @@ TEST(DistEnv, EmptyAndUnboundedVariablesAreRefused) {
   // srun's per-node count: a count of ranks this world holds, the local id below it.
   const std::map<std::string, std::string> srun = {{"SLURM_PROCID", "1"},
                                                    {"SLURM_NTASKS", "4"},
+                                                   {"SLURM_STEP_ID", "0"},
                                                    {"SLURM_LOCALID", "1"},
                                                    {"SLURM_JOB_NODELIST", "h"}};
   for (const char* bad : {"abc", "0", "9", "2x", "99999999999"}) {
