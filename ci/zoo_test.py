@@ -70,10 +70,16 @@ KNOWN = {
     ("mnasnet", r"sharding/auto/ilp", ""):
         "rounding in the plan only (a ReLU's flip, a batch-norm gradient near zero), carried "
         "over steps; float64 passes",
-    # A stage's input is a leaf: AccumulateGrad lays its gradient out as the leaf (channels-last
-    # from the permuted LayerNorm), the module's flows on as computed; the bias gradients sum
-    # in another order (1 ulp), and checkpointing is judged bitwise.
-    ("convnext", r"checkpointing/[a-z]+", ""): "a stage input's gradient laid out as the leaf (1 ulp)",
+    # Checkpointing is judged bitwise against the module, and the chain (the imported graph's
+    # operators, stage by stage) is not the module's arithmetic here: checkpointing/none, which
+    # recomputes nothing, differs by 1 ulp on the parameter gradients of features.0-3 (the
+    # classifier's are equal), as the replicated plan does within its tolerance, while every
+    # stage output and input gradient matches the chain's own plain run bitwise. Not the layout
+    # of a stage input's gradient (an earlier guess: taking it as computed rather than through
+    # its leaf, tried 2026-12-03, left every number as it was); which operator's rounding
+    # differs is not found yet.
+    ("convnext", r"checkpointing/[a-z]+", ""):
+        "the imported graph's arithmetic is not the module's here (1 ulp; the plans' too)",
 }
 
 
