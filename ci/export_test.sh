@@ -48,7 +48,7 @@ check "unsupported rows say why; collectives and the exact families' peaks as pr
   python3 - "$tmp/suite/results.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-why = {"checkpointing/": "one floating input", "chunking/": "not searched for yet",
+why = {"checkpointing/": "first input, floating", "chunking/": "not searched for yet",
        "sharding/fsdp/": "batch norm (bn1.batch_norm)"}
 families = set()
 for r in rows:

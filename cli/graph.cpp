@@ -102,7 +102,7 @@ int graphMain(const GraphArgs& a) {
                   << "(reference/chain_nets.h)\n";
         return kExitBadInput;
       }
-      stages = ts::linearizeModel(*imported);
+      stages = ts::linearizeModel(*imported, false, ts::ChainInput::kFloatingOrIds);
     }
     if (a.json) {
       nlohmann::json j = g.toJson();

@@ -134,6 +134,15 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
     if (carried.empty() || isView(g.nodes[act[p]])) continue;
     cuts.push_back({p, carried});
   }
+  // Nor a stage of views alone (GPT-2's logits, the head's [B*T, V] product viewed as [B, T, V]:
+  // no cut is made after a view, so only the last stage can be one): its output would be its
+  // input's storage, which the chain model counts twice. It joins the stage before.
+  while (!cuts.empty()) {
+    bool viewsOnly = true;
+    for (int p = cuts.back().after + 1; p < m; ++p) viewsOnly = viewsOnly && isView(g.nodes[act[p]]);
+    if (!viewsOnly) break;
+    cuts.pop_back();
+  }
 
   // The stages: positions between cuts, plus the parameter-derived nodes they read (a tied
   // weight's transpose), computed in every stage that reads them.
@@ -187,16 +196,23 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
 
 std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoCross,
                                        ChainInput in) {
-  if (m.dataInputs.size() != 1 ||
+  // The chain runs from the first data input; any other is ids or a mask (no gradient), which
+  // every stage reads as it reads a buffer. A second floating input would be an activation the
+  // chain does not carry.
+  bool others = true;
+  for (size_t i = 1; i < m.dataInputs.size(); ++i) others = others && m.inputSpecs.at(i).dtype != "float";
+  if (m.dataInputs.empty() || !others ||
       (in == ChainInput::kFloating && m.inputSpecs.at(0).dtype != "float")) {
     std::string names;
     for (size_t i = 0; i < m.dataInputs.size(); ++i) {
       names += (i ? ", " : "") + m.dataInputs[i] + " (" + m.inputSpecs[i].dtype + ")";
     }
     throw ImportError(std::string(in == ChainInput::kFloating
-                                      ? "linearize: a chain runs from one floating input, which "
-                                        "it differentiates; the forward takes "
-                                      : "linearize: a chain runs from one input; the forward "
+                                      ? "linearize: a chain runs from its first input, floating, "
+                                        "which it differentiates, beside inputs of ids or masks "
+                                        "every stage reads; the forward takes "
+                                      : "linearize: a chain runs from its first input, beside "
+                                        "inputs of ids or masks every stage reads; the forward "
                                         "takes ") +
                       names);
   }
@@ -205,6 +221,18 @@ std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoC
     if (name != m.dataInputs[0]) constants.push_back(name);
   }
   return linearize(m.graph, m.dataInputs[0], constants, cutWhereTwoCross);
+}
+
+void refuseSecondInputOverMicrobatches(const ImportSpec& spec, const ImportedModel& m) {
+  // The stages read a second input whole (a constant of the chain); micro-batches would need
+  // each its rows of it, which nothing hands a stage.
+  if (spec.microbatches > 1 && m.dataInputs.size() > 1) {
+    throw ImportError("linearize: " + spec.file + ": the chain's stages read " + m.dataInputs[1] +
+                      " whole, beside the input they run on, and a micro-batch would need its "
+                      "rows of it; with shape key microbatches " +
+                      std::to_string(spec.microbatches) +
+                      " the chain takes a model of one input only");
+  }
 }
 
 namespace {
@@ -236,6 +264,7 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
   const Graph& g = m.graph;
   const std::vector<ChainStage> stages = linearizeModel(m, spec.fault == "cut_where_two_cross", in);
   const std::string input = m.dataInputs.at(0);
+  refuseSecondInputOverMicrobatches(spec, m);
   std::vector<std::string> constants;
   for (const auto& [name, dims] : g.inputs) {
     if (name != input) constants.push_back(name);

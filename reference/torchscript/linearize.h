@@ -50,21 +50,29 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
                                   bool cutWhereTwoCross = false);
 
 struct ImportedModel;
+struct ImportSpec;
 
 // Whether the chain's input may be ids: a checkpointed chain differentiates its input, a
 // pipeline's first stage reads ids as an embedding does (no gradient to send back).
 enum class ChainInput { kFloating, kFloatingOrIds };
 
-// linearize() on an imported model from its one data input. Throws ImportError, naming the
-// inputs, where the model has more than one data input or, under kFloating, its input is ids.
+// linearize() on an imported model from its first data input; further data inputs of ids or
+// masks (a key-padding mask's token ids) are constants every stage reads, as a buffer. Throws
+// ImportError, naming the inputs, where a further input is floating (an activation the chain
+// would not carry) or, under kFloating, the first is ids.
 std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoCross = false,
                                        ChainInput in = ChainInput::kFloating);
+
+// Throws ImportError where `spec` cuts the batch into micro-batches (shape key microbatches)
+// and `m` takes a second input: the stages read it whole, a micro-batch would need its rows.
+void refuseSecondInputOverMicrobatches(const ImportSpec& spec, const ImportedModel& m);
 
 // The imported model of a torchscript case's shape as a chain network, holding `data`'s
 // tensors (the torchscript workload's inputs, parameters and grad_output, so that a step of the
 // chain computes the module's output and gradients). With the shape's `microbatches` M the
 // stages are the graph imported on one micro-batch's rows (its shape constants folded at that
-// size): they run on input().chunk(M) one at a time. Throws as linearizeModel.
+// size): they run on input().chunk(M) one at a time. Throws as linearizeModel, and where M > 1
+// and the model takes a second input (a stage reads it whole; a micro-batch would need its rows).
 std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const WorkloadData& data,
                                            ChainInput in = ChainInput::kFloating);
 

@@ -165,23 +165,34 @@ class RngSnapshot {
 std::string stageInput(int i) { return "x[" + std::to_string(i) + "]"; }
 std::string stageOutput(int i) { return stageInput(i + 1); }
 
+// A stage's input as its taped forward reads it: a leaf that takes its gradient where it is
+// floating; ids (an imported transformer's tokens, read by its embedding) take none.
+at::Tensor tapeInput(const at::Tensor& x) {
+  at::Tensor t = x.detach();
+  return t.is_floating_point() || t.is_complex() ? t.requires_grad_(true) : t;
+}
+
 // The plain chain's trace (harness/trace_value.h) on `net`, from the step's start (generator
 // seeded, buffers reset): every stage's output (what a recomputation must give again too), and
 // the gradient of every stage's input, as the backward of that stage makes it.
 std::vector<harness::TraceValue> stageTrace(const ChainNet& net, uint64_t seed) {
   net.resetBuffers();
   at::manual_seed(reference::ChainWorkload::dropoutSeed(seed));
-  std::vector<at::Tensor> xs = {net.input().detach().requires_grad_(true)};
+  std::vector<at::Tensor> xs = {tapeInput(net.input())};
   std::vector<harness::TraceValue> out;
   for (int i = 0; i < net.numStages(); ++i) {
     xs.push_back(net.stage(i, xs.back(), true));
     out.push_back({net.stageName(i), "forward", stageOutput(i), xs.back().detach(), {}});
   }
   const at::Tensor loss = (xs.back() * net.target()).sum();
-  const auto grads = torch::autograd::grad({loss}, xs, {}, false, false, true);
-  for (int i = net.numStages(); i-- > 0;) {
-    if (!grads[i].defined()) continue;
-    out.push_back({net.stageName(i), "backward", "grad " + stageInput(i), grads[i], {}});
+  // x[0] of ids takes no gradient: the others are the stages' outputs.
+  const size_t from = xs[0].requires_grad() ? 0 : 1;
+  const auto grads = torch::autograd::grad(
+      {loss}, std::vector<at::Tensor>(xs.begin() + static_cast<std::ptrdiff_t>(from), xs.end()), {},
+      false, false, true);
+  for (int i = net.numStages(); i-- > static_cast<int>(from);) {
+    if (!grads[i - from].defined()) continue;
+    out.push_back({net.stageName(i), "backward", "grad " + stageInput(i), grads[i - from], {}});
   }
   net.resetBuffers();
   return out;
@@ -324,7 +335,7 @@ class ScheduleRunner {
       }
       case Op::Kind::kForwardEnable: {
         at::AutoGradMode grad(true);
-        tapeIn_[i + 1] = inputOf(i).detach().requires_grad_(true);
+        tapeIn_[i + 1] = tapeInput(inputOf(i));
         tapeOut_[i + 1] = runStage(i, tapeIn_[i + 1]);
         keep(phase, i, stageOutput(i), tapeOut_[i + 1]);
         break;
@@ -332,8 +343,8 @@ class ScheduleRunner {
       case Op::Kind::kBackward: {
         at::AutoGradMode grad(true);
         reference::backward({tapeOut_[i + 1]}, {d_[i + 1]});
-        d_[i] = tapeIn_[i + 1].grad();
-        keep("backward", i, "grad " + stageInput(i), d_[i]);
+        d_[i] = tapeIn_[i + 1].grad();  // none for x[0] of ids
+        if (d_[i].defined()) keep("backward", i, "grad " + stageInput(i), d_[i]);
         d_[i + 1] = at::Tensor();
         tapeIn_[i + 1] = at::Tensor();
         tapeOut_[i + 1] = at::Tensor();
@@ -367,16 +378,24 @@ class ScheduleRunner {
 
 // The checkpointed chain as one autograd node: forward runs the schedule up to the loss,
 // backward runs the rest of it.
+// `anchor`: an empty leaf (no bytes) that takes a gradient, so that autograd records the node
+// and runs its backward where x0 is ids and takes none (a node with no input that takes a
+// gradient is not recorded).
 struct CheckpointedChain : public torch::autograd::Function<CheckpointedChain> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x0,
-                            int64_t runner) {
+                            const at::Tensor& anchor, int64_t runner) {
     ctx->saved_data["runner"] = runner;
     return reinterpret_cast<ScheduleRunner*>(runner)->forwardPhase(x0);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* runner = reinterpret_cast<ScheduleRunner*>(ctx->saved_data["runner"].toInt());
-    return {runner->backwardPhase(grads[0]), at::Tensor()};
+    return {runner->backwardPhase(grads[0]), at::Tensor(), at::Tensor()};
+  }
+  // The chain's step from its input as the caller holds it.
+  static at::Tensor run(const at::Tensor& x0, ScheduleRunner& runner) {
+    const at::Tensor anchor = at::empty({0}, x0.options().dtype(at::kFloat)).requires_grad_(true);
+    return apply(x0, anchor, reinterpret_cast<int64_t>(&runner));
   }
 };
 
@@ -511,14 +530,17 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
   Applicability applies(const CaseSpec& c) const override {
     if (c.workload == "torchscript") {
       // An imported model, linearised (reference/torchscript/linearize.h): its chain runs from
-      // one floating input, which it differentiates.
+      // its first input (floating, which it differentiates, or ids, which its first stage
+      // embeds); further inputs of ids or masks are read by every stage as constants.
       const auto spec = reference::torchscript::ImportSpec::fromJson(c.shape);
-      if (spec.inputs.size() != 1 || spec.inputs[0].dtype != "float") {
-        return Applicability::unsupported(
-            "a checkpointed chain runs from one floating input, which it differentiates; this "
-            "model's forward takes " +
-            std::to_string(spec.inputs.size()) + " input(s), the first " +
-            (spec.inputs[0].dtype == "float" ? "floating" : "of ids (int64)"));
+      for (size_t i = 1; i < spec.inputs.size(); ++i) {
+        if (spec.inputs[i].dtype == "float") {
+          return Applicability::unsupported(
+              "a checkpointed chain runs from the model's first input, beside inputs of ids or "
+              "masks every stage reads; input " +
+              std::to_string(i + 1) + " of " + std::to_string(spec.inputs.size()) +
+              " is floating, an activation the chain would not carry");
+        }
       }
     } else if (!reference::findChainWorkload(c.workload)) {
       return Applicability::notApplicable("workload '" + c.workload + "' is not a chain network");
@@ -549,7 +571,8 @@ class CheckpointStrategy final : public harness::SingleRankStrategy {
       const CaseSpec& c, const reference::WorkloadData& data) const override {
     const auto net =
         c.workload == "torchscript"
-            ? reference::torchscript::importedChainNet(c.shape, data)
+            ? reference::torchscript::importedChainNet(
+                  c.shape, data, reference::torchscript::ChainInput::kFloatingOrIds)
             : reference::findChainWorkload(c.workload)->makeNet(c.shape, c.dtype, c.seed);
     return stageTrace(*net, c.seed);
   }
@@ -588,7 +611,8 @@ void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::Wor
   if (case_.workload == "torchscript") {
     reference::WorkloadData own;
     for (const auto& [name, t] : data.inputs) own.inputs[name] = t.clone();
-    net_ = reference::torchscript::importedChainNet(case_.shape, own);
+    net_ = reference::torchscript::importedChainNet(case_.shape, own,
+                                                    reference::torchscript::ChainInput::kFloatingOrIds);
   } else {
     net_ = reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype,
                                                                  case_.seed);
@@ -655,10 +679,10 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
   }
   startLive_ = static_cast<double>(harness::MemoryTracker::instance().current(ctx.rank()));
   heldOff_ = HeldOff();
-  const at::Tensor x0 = net_->input().detach().requires_grad_(true);
+  const at::Tensor x0 = tapeInput(net_->input());
   if (captureOn_) runner_->captureInto(&captured_);
   runner_->measureFrom(static_cast<int64_t>(startLive_));
-  const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
+  const at::Tensor y = CheckpointedChain::run(x0, *runner_);
   // The loss in its own statement: a temporary y * target would live until the end of the
   // full expression, through the whole backward.
   const at::Tensor loss = (y * net_->target()).sum();
@@ -667,7 +691,7 @@ void CheckpointExecutor::step(harness::RankContext& ctx) {
   judgeHeld(0);
   results_.clear();
   results_["output"] = y.detach();
-  results_["grad_input"] = x0.grad();
+  if (x0.grad().defined()) results_["grad_input"] = x0.grad();
   for (const auto& [name, p] : net_->parameters()) results_["grad/" + name] = p.grad();
   for (const auto& [name, b] : net_->buffers()) results_["buffer/" + name] = b;
   results_["rng/cpu"] = at::detail::getDefaultCPUGenerator().get_state();
@@ -692,11 +716,11 @@ void CheckpointExecutor::trainSteps(harness::RankContext& ctx) {
     net_->zeroGrad();
     double loss = 0;
     {
-      const at::Tensor x0 = net_->input().detach().requires_grad_(true);
+      const at::Tensor x0 = tapeInput(net_->input());
       if (captureOn_ && k == 0) runner_->captureInto(&captured_);
       // Each step's operations over what was live when it began (the optimizer's state too).
       runner_->measureFrom(harness::MemoryTracker::instance().current(ctx.rank()));
-      const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(runner_.get()));
+      const at::Tensor y = CheckpointedChain::run(x0, *runner_);
       const at::Tensor l = (y * net_->target()).sum();
       reference::backward({l});
       runner_->captureInto(nullptr);
@@ -870,8 +894,8 @@ ExecutedSchedule executeSchedule(const ChainNet& net, const std::vector<Op>& ops
   mem.resetPeak(rank);
   {
     // As CheckpointExecutor::step: the loss in a statement of its own.
-    const at::Tensor x0 = net.input().detach().requires_grad_(true);
-    const at::Tensor y = CheckpointedChain::apply(x0, reinterpret_cast<int64_t>(&runner));
+    const at::Tensor x0 = tapeInput(net.input());
+    const at::Tensor y = CheckpointedChain::run(x0, runner);
     const at::Tensor loss = (y * net.target()).sum();
     reference::backward({loss});
   }

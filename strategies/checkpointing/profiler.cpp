@@ -33,8 +33,11 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
 
   const int L = net.numStages();
   Chain c;
-  c.x.push_back(bytes(net.input()));
-  c.xbar.push_back(bytes(net.input()));
+  // x[0] of ids (an imported transformer's tokens) is held by the caller and takes no gradient:
+  // the chain neither holds it nor writes a d[0] of it.
+  const bool differentiable = net.input().is_floating_point() || net.input().is_complex();
+  c.x.push_back(differentiable ? bytes(net.input()) : 0.0);
+  c.xbar.push_back(c.x.back());
   at::Tensor x = net.input().detach();
   for (int i = 0; i < L; ++i) {
     std::vector<double> ft, bt;
@@ -43,7 +46,8 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
       // Fe_i: what a taped forward leaves alive (output and saved tensors) and its transient.
       const int64_t before = mem.current(rank);
       mem.resetPeak(rank);
-      const at::Tensor in = x.detach().requires_grad_(true);
+      const at::Tensor in =
+          x.is_floating_point() || x.is_complex() ? x.detach().requires_grad_(true) : x.detach();
       harness::StepTimer timer;  // CUDA events on a GPU: the work, not its launch
       timer.start();
       at::Tensor out = net.stage(i, in, false);
@@ -68,7 +72,8 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
       timer.start();
       reference::backward({out}, {d});
       bt.push_back(timer.stopSeconds() * 1e6);
-      btmp = std::max(btmp, static_cast<double>(mem.peak(rank) - b3) - bytes(in));
+      btmp = std::max(btmp, static_cast<double>(mem.peak(rank) - b3) -
+                                (in.requires_grad() ? bytes(in) : 0.0));
       out = at::Tensor();
     }
     {

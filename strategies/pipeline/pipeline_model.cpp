@@ -43,12 +43,13 @@ ChainModel builtInModel(const CaseSpec& c) {
   return m;
 }
 
-// An imported model: its graph on one micro-batch's rows, linearised from its one input.
+// An imported model: its graph on one micro-batch's rows, linearised from its first input.
 ChainModel importedModel(const CaseSpec& c) {
   const ts::ImportSpec spec = ts::ImportSpec::fromJson(c.shape);
   const auto model = ts::importModel(spec.microbatch());
   const reference::Graph& g = model->graph;
   const auto stages = ts::linearizeModel(*model, false, ts::ChainInput::kFloatingOrIds);
+  ts::refuseSecondInputOverMicrobatches(spec, *model);
   ChainModel m;
   m.imported = true;
   m.layers = static_cast<int>(stages.size());
