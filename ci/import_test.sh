@@ -120,6 +120,19 @@ if part in ("training", "all"):
         assert peak[(case, "ddp")] > peak[(case, "zero1")] >= peak[(case, "zero2")] > peak[(case, "zero3")], case
 print("ok", len(rows), "rows")
 PY
+if [ "$part" = checkpoint ] || [ "$part" = all ]; then
+# The chain from ids, wrong: a recomputation reading the slot of the stage before (stale_input)
+# fails on the gradients; a schedule solved without the budget peaks over its promise.
+check "planted: GPT-2's chain from ids, a recomputation reading a stale input, fails" 1 \
+  "fail: gpt2-checkpoint-chunk checkpointing/full: grad/" -- \
+  "$sb" run "$suite" --case '^gpt2-checkpoint' --out "$tmp/ids-fault" --repetitions 1 \
+  --min-time 0.0001 --filter '^checkpointing/(full|rotor)$' \
+  --plant-fault 'checkpointing/full=stale_input' --plant-fault 'checkpointing/rotor=ignore_budget'
+cp "$tmp/out" "$tmp/ids-fault.log"
+check "planted: GPT-2's chain from ids, solved without its budget, peaks over its promise" 0 "" -- \
+  grep -q "fail: gpt2-checkpoint-chunk checkpointing/rotor: rank 0 peaked at .* over the" \
+  "$tmp/ids-fault.log"
+fi
 if [ "$part" = training ] || [ "$part" = all ]; then
 # A rank's optimizer passing over one parameter of an imported model: the row fails.
 check "planted: the last rank skips one parameter's update on imported GPT-2 and LLaMA (zero3)" 1 \
