@@ -14,8 +14,9 @@
 //
 // Each stage runs its nodes with reference::opForward on whole tensors, freeing every value
 // after its last use inside the stage, as an eager forward frees its temporaries. The chain's
-// input x[0] is the model's one floating input; its loss is sum(y * target) with target the
-// torchscript workload's grad_output, so that the chain's gradients are the module's.
+// input x[0] is the model's first input (floats, or ids its first stage embeds); further inputs
+// of ids or masks are read by every stage as constants. Its loss is sum(y * target) with target
+// the torchscript workload's grad_output, so that the chain's gradients are the module's.
 //
 // Planted fault (import_fault: cut_where_two_cross): cuts are also made where exactly two
 // activations cross; the one the chain does not carry reaches its stage beside the chain,
