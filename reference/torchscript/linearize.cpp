@@ -26,6 +26,22 @@ bool isView(const GraphNode& n) {
   return op == "aten" && n.shape.attrs.value("view", false);
 }
 
+// A `contiguous` node the importer put before a convolution only (for the sharding strategies'
+// im2col kernel, which needs one) is not the module's: the module's conv2d reads a
+// channels-last input (ConvNeXt's downsampling after LayerNorm2d) as it is, and takes oneDNN's
+// channels-last path, which rounds otherwise. The chain runs the module's arithmetic: such a
+// node hands its input on as it is, a view for the cuts.
+bool handsOnItsInput(const Graph& g, const GraphNode& n) {
+  if (n.shape.op != "contiguous") return false;
+  bool read = false;
+  for (const GraphNode& r : g.nodes) {
+    if (std::find(r.args.begin(), r.args.end(), n.name) == r.args.end()) continue;
+    if (r.shape.op != "conv2d" || r.args.at(0) != n.name) return false;
+    read = true;
+  }
+  return read;
+}
+
 // The module a node belongs to: its name up to the last dot ("layer1.0.conv1" of
 // "layer1.0.conv1._convolution"); "" for a node of the top-level forward.
 std::string modulePath(const std::string& node) {
@@ -131,7 +147,7 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
     for (const auto& v : crossing) {
       if (producedAt.at(v) == p) carried = v;
     }
-    if (carried.empty() || isView(g.nodes[act[p]])) continue;
+    if (carried.empty() || isView(g.nodes[act[p]]) || handsOnItsInput(g, g.nodes[act[p]])) continue;
     cuts.push_back({p, carried});
   }
   // Nor a stage of views alone (GPT-2's logits, the head's [B*T, V] product viewed as [B, T, V]:
@@ -139,7 +155,9 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
   // input's storage, which the chain model counts twice. It joins the stage before.
   while (!cuts.empty()) {
     bool viewsOnly = true;
-    for (int p = cuts.back().after + 1; p < m; ++p) viewsOnly = viewsOnly && isView(g.nodes[act[p]]);
+    for (int p = cuts.back().after + 1; p < m; ++p) {
+      viewsOnly = viewsOnly && (isView(g.nodes[act[p]]) || handsOnItsInput(g, g.nodes[act[p]]));
+    }
     if (!viewsOnly) break;
     cuts.pop_back();
   }
@@ -251,6 +269,7 @@ struct StageProgram {
   ChainStage stage;
   std::vector<std::vector<std::string>> freeAfter;  // per node of stage.nodes
   std::vector<std::string> sideOutputs;
+  std::set<size_t> asIs;  // nodes (of stage.nodes) that hand their input on as it is
 };
 
 }  // namespace
@@ -331,6 +350,11 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
     for (const auto& [v, i] : lastRead) {
       if (!keep.count(v)) prog.freeAfter[i].push_back(v);
     }
+    // What the module does not copy runs as it is (handsOnItsInput); the stage's memory is
+    // measured as it runs.
+    for (size_t i = 0; i < prog.stage.nodes.size(); ++i) {
+      if (handsOnItsInput(g, g.nodes[prog.stage.nodes[i]])) prog.asIs.insert(i);
+    }
     auto program = std::make_shared<const StageProgram>(std::move(prog));
     net->addStage(program->stage.name, [state, program](const at::Tensor& x, bool) {
       const Graph& graph = state->model->graph;
@@ -339,13 +363,12 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
       for (const auto& v : program->stage.sideInputs) local[v] = state->side.at(v);
       for (size_t i = 0; i < program->stage.nodes.size(); ++i) {
         const GraphNode& n = graph.nodes[program->stage.nodes[i]];
-        auto ys = runNode(
-            n,
-            [&](const std::string& a) {
-              const auto it = local.find(a);
-              return it != local.end() ? it->second : state->fixed.at(a);
-            },
-            0);
+        const auto arg = [&](const std::string& a) {
+          const auto it = local.find(a);
+          return it != local.end() ? it->second : state->fixed.at(a);
+        };
+        auto ys = program->asIs.count(i) ? std::vector<at::Tensor>{arg(n.args.at(0))}
+                                         : runNode(n, arg, 0);
         const auto names = n.outputs();
         for (size_t j = 0; j < ys.size(); ++j) local[names[j]] = std::move(ys[j]);
         for (const auto& v : program->freeAfter[i]) local.erase(v);

@@ -5,8 +5,10 @@
 // node where one activation alone crosses to the nodes after it. Parameters, buffers and values
 // computed from constants alone (a rotary table sliced from a buffer) are not activations: every
 // stage reads them. A cut is also not made after a view (view, reshape, transpose, permute,
-// split, an aten view such as slice), so that a stage's output is never its input's storage:
-// the chain model counts x[i] and x[i+1] as separate bytes.
+// split, an aten view such as slice, and a `contiguous` the importer put before a convolution
+// only, which the chain runs as the module does, reading the input as it is), nor before a last
+// stage of views alone, so that a stage's output is never its input's storage: the chain model
+// counts x[i] and x[i+1] as separate bytes.
 //
 // A residual block is one stage (its input crosses beside the branch until the add); a dense
 // block of torchvision's DenseNet is one stage (every earlier feature map crosses to the
