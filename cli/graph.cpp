@@ -74,9 +74,8 @@ void printCoverage(const ts::ImportedModel& m) {
               << "\n";
   }
   std::cout << "imported in " << m.importSeconds << " s ("
-            << (m.exported ? "the archive read in " : "torch::jit::load ") << m.loadSeconds
-            << " s" << (m.exported ? ", checked in " + std::to_string(m.checkSeconds) + " s" : "")
-            << ")\n";
+            << (m.exported ? "the archive read in " : "torch::jit::load ") << m.loadSeconds << " s"
+            << (m.exported ? ", checked in " + std::to_string(m.checkSeconds) + " s" : "") << ")\n";
 }
 
 // `graph`: a graph workload's nodes (shapes, arguments, layers), as text or JSON.

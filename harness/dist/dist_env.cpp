@@ -79,8 +79,9 @@ void readRanks(const Getenv& getenv, DistEnv& e, const char* rank, const char* s
                        std::to_string(e.localWorldSize));
   }
   if (e.localWorldSize > e.worldSize) {
-    throw DistEnvError(ls + "=" + std::to_string(e.localWorldSize) + " is more than " + size +
-                       "=" + std::to_string(e.worldSize) + ": a host cannot hold more ranks than the "
+    throw DistEnvError(ls + "=" + std::to_string(e.localWorldSize) + " is more than " + size + "=" +
+                       std::to_string(e.worldSize) +
+                       ": a host cannot hold more ranks than the "
                        "world");
   }
 }
@@ -185,8 +186,8 @@ DistEnv detectDistEnv(const Getenv& getenv) {
     // ranks nobody starts until the store's timeout.
     if (!isSet(getenv, "SLURM_STEP_ID") && !isSet(getenv, "SLURM_STEP_NUM_TASKS")) {
       throw DistEnvError(
-          "SLURM_PROCID=" + std::string(getenv("SLURM_PROCID")) + " and SLURM_NTASKS=" +
-          getenv("SLURM_NTASKS") +
+          "SLURM_PROCID=" + std::string(getenv("SLURM_PROCID")) +
+          " and SLURM_NTASKS=" + getenv("SLURM_NTASKS") +
           " are set but SLURM_STEP_ID and SLURM_STEP_NUM_TASKS are not: this is a batch "
           "script's own shell, not a task srun started, and no other rank would come. Start "
           "the ranks with srun (srun stratbench run ... --backend gloo), or run one process "
@@ -199,7 +200,8 @@ DistEnv detectDistEnv(const Getenv& getenv) {
                (stepId && *stepId ? stepId : "0");
     // The step's counts where srun gave them: under `srun --preserve-env` SLURM_NTASKS and
     // SLURM_NTASKS_PER_NODE stay the allocation's, which a smaller step does not fill.
-    const char* world = isSet(getenv, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    const char* world =
+        isSet(getenv, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
     const char* perNode = isSet(getenv, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE"
                                                                      : "SLURM_NTASKS_PER_NODE";
     readRanks(getenv, e, "SLURM_PROCID", world, "SLURM_LOCALID", nullptr);
@@ -273,7 +275,8 @@ DistEnv detectDistEnv(const Getenv& getenv) {
 std::string hostProblem(const std::string& host) {
   if (host.empty()) return "no host named";
   if (host.size() > 253) return "longer than the 253 characters of a host name";
-  if (host.front() == '-' || host.front() == '.') return "a host name starts with a letter or digit";
+  if (host.front() == '-' || host.front() == '.')
+    return "a host name starts with a letter or digit";
   for (unsigned char c : host) {
     if (!(std::isalnum(c) || c == '.' || c == '-' || c == '_' || c == ':' || c == '%')) {
       std::string why(1, '\'');

@@ -218,7 +218,8 @@ std::vector<ChainStage> linearizeModel(const ImportedModel& m, bool cutWhereTwoC
   // every stage reads as it reads a buffer. A second floating input would be an activation the
   // chain does not carry.
   bool others = true;
-  for (size_t i = 1; i < m.dataInputs.size(); ++i) others = others && m.inputSpecs.at(i).dtype != "float";
+  for (size_t i = 1; i < m.dataInputs.size(); ++i)
+    others = others && m.inputSpecs.at(i).dtype != "float";
   if (m.dataInputs.empty() || !others ||
       (in == ChainInput::kFloating && m.inputSpecs.at(0).dtype != "float")) {
     std::string names;
@@ -313,8 +314,7 @@ std::unique_ptr<ChainNet> importedChainNet(const nlohmann::json& shape, const Wo
     for (int k = 0; k < static_cast<int>(g.nodes.size()); ++k) {
       if (c.kind[k] != Kind::kConstant) continue;
       const GraphNode& n = g.nodes[k];
-      const auto ys = runNode(
-          n, [&](const std::string& a) { return state->fixed.at(a); }, 0);
+      const auto ys = runNode(n, [&](const std::string& a) { return state->fixed.at(a); }, 0);
       const auto names = n.outputs();
       for (size_t i = 0; i < ys.size(); ++i) state->fixed[names[i]] = ys[i];
     }

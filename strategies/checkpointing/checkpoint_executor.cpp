@@ -611,11 +611,11 @@ void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::Wor
   if (case_.workload == "torchscript") {
     reference::WorkloadData own;
     for (const auto& [name, t] : data.inputs) own.inputs[name] = t.clone();
-    net_ = reference::torchscript::importedChainNet(case_.shape, own,
-                                                    reference::torchscript::ChainInput::kFloatingOrIds);
+    net_ = reference::torchscript::importedChainNet(
+        case_.shape, own, reference::torchscript::ChainInput::kFloatingOrIds);
   } else {
-    net_ = reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype,
-                                                                 case_.seed);
+    net_ =
+        reference::findChainWorkload(case_.workload)->makeNet(case_.shape, case_.dtype, case_.seed);
   }
   chain_ = profileChain(*net_, ctx.rank());
   nonePeak_ = simulate(chain_, segmentSchedule(chain_.length(), {0})).peak;
@@ -638,11 +638,10 @@ void CheckpointExecutor::prepare(harness::RankContext& ctx, const reference::Wor
       checkOptimum(solveBudget);
       const auto& r = optimum_.value("reference_time_us", nlohmann::json());
       if (r.is_number()) {
-        throw std::runtime_error(
-            "rotor found no schedule within the budget of " +
-            std::to_string(static_cast<int64_t>(budgetBytes_)) +
-            " bytes where its reference program finds one of " + std::to_string(r.get<double>()) +
-            " us");
+        throw std::runtime_error("rotor found no schedule within the budget of " +
+                                 std::to_string(static_cast<int64_t>(budgetBytes_)) +
+                                 " bytes where its reference program finds one of " +
+                                 std::to_string(r.get<double>()) + " us");
       }
     }
     const auto full = solve("full", chain_, {0, kSlots});
@@ -768,7 +767,8 @@ void CheckpointExecutor::checkOptimum(double budget) {
     optimum_ = {{"checked", false},
                 {"why", "the reference program is checked on chains of at most " +
                             std::to_string(kMaxStages) + " stages; this one has " +
-                            std::to_string(chain_.length()) + " (its table grows as the square "
+                            std::to_string(chain_.length()) +
+                            " (its table grows as the square "
                             "of the length, its filling as the cube)"}};
     return;
   }
@@ -778,7 +778,8 @@ void CheckpointExecutor::checkOptimum(double budget) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   optimum_ = {{"checked", true},
               {"against", "rotor's reference program (solveRotorReference)"},
-              {"time_us", schedule_.ops.empty() ? nlohmann::json() : nlohmann::json(schedule_.predictedTime)},
+              {"time_us",
+               schedule_.ops.empty() ? nlohmann::json() : nlohmann::json(schedule_.predictedTime)},
               {"reference_time_us", ref ? nlohmann::json(ref->predictedTime) : nlohmann::json()},
               {"reference_recomputed_forwards", ref ? ref->recomputedForwards : -1},
               {"reference_seconds", secs}};
@@ -819,9 +820,10 @@ nlohmann::json CheckpointExecutor::details() const {
       const auto& r = optimum_["reference_time_us"];
       j["predictions"].push_back(
           {{"what", "solver_optimum"},
-           {"about", r.is_number() ? "rotor's schedule time, against the reference program's optimum"
-                                   : "rotor's schedule time, where the reference program finds "
-                                     "no schedule within the budget"},
+           {"about", r.is_number()
+                         ? "rotor's schedule time, against the reference program's optimum"
+                         : "rotor's schedule time, where the reference program finds "
+                           "no schedule within the budget"},
            {"unit", "us"},
            {"measured", r.is_number() ? r.get<double>() : 0.0},
            {"predicted", schedule_.predictedTime},
@@ -854,11 +856,11 @@ nlohmann::json CheckpointExecutor::details() const {
     h["first_over"] = describe(w);
     j["predictions"].push_back(
         {{"what", "held_memory"},
-         {"about", "memory held after " + schedule_.ops[w.op].name() + " (operation " +
-                       std::to_string(w.op) + (w.step > 0 ? " of training step " +
-                                                                std::to_string(w.step + 1)
-                                                          : std::string()) +
-                       "), over what the schedule holds"},
+         {"about",
+          "memory held after " + schedule_.ops[w.op].name() + " (operation " +
+              std::to_string(w.op) +
+              (w.step > 0 ? " of training step " + std::to_string(w.step + 1) : std::string()) +
+              "), over what the schedule holds"},
          {"unit", "bytes"},
          {"measured", w.measured},
          {"predicted", w.predicted},

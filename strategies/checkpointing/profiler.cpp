@@ -72,8 +72,8 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
       timer.start();
       reference::backward({out}, {d});
       bt.push_back(timer.stopSeconds() * 1e6);
-      btmp = std::max(btmp, static_cast<double>(mem.peak(rank) - b3) -
-                                (in.requires_grad() ? bytes(in) : 0.0));
+      btmp = std::max(
+          btmp, static_cast<double>(mem.peak(rank) - b3) - (in.requires_grad() ? bytes(in) : 0.0));
       out = at::Tensor();
     }
     {

@@ -107,9 +107,11 @@ TEST(DistEnv, Srun) {
 // shell, which has SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step: as rank 0 of 4
 // it waited for ranks nobody starts, until the store's timeout.
 TEST(DistEnv, AnSbatchScriptsOwnShellIsNotRankZeroOfASrunStep) {
-  const std::string why =
-      errorOf({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_ID", "77"},
-               {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_NTASKS_PER_NODE", "2(x2)"}});
+  const std::string why = errorOf({{"SLURM_PROCID", "0"},
+                                   {"SLURM_NTASKS", "4"},
+                                   {"SLURM_JOB_ID", "77"},
+                                   {"SLURM_JOB_NODELIST", "n[1-2]"},
+                                   {"SLURM_NTASKS_PER_NODE", "2(x2)"}});
   EXPECT_NE(why.find("SLURM_PROCID=0 and SLURM_NTASKS=4 are set but SLURM_STEP_ID and "
                      "SLURM_STEP_NUM_TASKS are not"),
             std::string::npos)
@@ -215,13 +217,12 @@ TEST(DistEnv, FirstSlurmHost) {
       EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
     }
   }
-  EXPECT_NE(
-      errorOf({{"SLURM_PROCID", "0"},
-               {"SLURM_NTASKS", "2"},
-               {"SLURM_STEP_ID", "0"},
-               {"SLURM_STEP_NODELIST", "node[5-1]"}})
-          .find("runs backwards"),
-      std::string::npos);
+  EXPECT_NE(errorOf({{"SLURM_PROCID", "0"},
+                     {"SLURM_NTASKS", "2"},
+                     {"SLURM_STEP_ID", "0"},
+                     {"SLURM_STEP_NODELIST", "node[5-1]"}})
+                .find("runs backwards"),
+            std::string::npos);
 }
 
 TEST(DistEnv, EmptyAndUnboundedVariablesAreRefused) {
@@ -307,7 +308,10 @@ TEST(DistEnv, ResolveProblem) {
 }  // namespace
 TEST(DistEnv, InconsistentLauncherVariablesAreRefusedNamingThem) {
   try {
-    detect({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"},
+    detect({{"RANK", "1"},
+            {"WORLD_SIZE", "4"},
+            {"LOCAL_RANK", "2"},
+            {"LOCAL_WORLD_SIZE", "2"},
             {"MASTER_ADDR", "h"}});
     ADD_FAILURE() << "LOCAL_RANK >= LOCAL_WORLD_SIZE accepted";
   } catch (const DistEnvError& e) {
