@@ -42,6 +42,12 @@ bool handsOnItsInput(const Graph& g, const GraphNode& n) {
   return read;
 }
 
+// What the chain hands on as its input's storage: a view, or such a `contiguous`. No cut is
+// made after one, so that a stage's output is never its input's storage.
+bool aliasesItsInput(const Graph& g, const GraphNode& n) {
+  return isView(n) || handsOnItsInput(g, n);
+}
+
 // The module a node belongs to: its name up to the last dot ("layer1.0.conv1" of
 // "layer1.0.conv1._convolution"); "" for a node of the top-level forward.
 std::string modulePath(const std::string& node) {
@@ -147,7 +153,7 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
     for (const auto& v : crossing) {
       if (producedAt.at(v) == p) carried = v;
     }
-    if (carried.empty() || isView(g.nodes[act[p]]) || handsOnItsInput(g, g.nodes[act[p]])) continue;
+    if (carried.empty() || aliasesItsInput(g, g.nodes[act[p]])) continue;
     cuts.push_back({p, carried});
   }
   // Nor a stage of views alone (GPT-2's logits, the head's [B*T, V] product viewed as [B, T, V]:
@@ -155,9 +161,8 @@ std::vector<ChainStage> linearize(const Graph& g, const std::string& input,
   // input's storage, which the chain model counts twice. It joins the stage before.
   while (!cuts.empty()) {
     bool viewsOnly = true;
-    for (int p = cuts.back().after + 1; p < m; ++p) {
-      viewsOnly = viewsOnly && (isView(g.nodes[act[p]]) || handsOnItsInput(g, g.nodes[act[p]]));
-    }
+    for (int p = cuts.back().after + 1; p < m; ++p)
+      viewsOnly = viewsOnly && aliasesItsInput(g, g.nodes[act[p]]);
     if (!viewsOnly) break;
     cuts.pop_back();
   }

@@ -2,6 +2,13 @@
 // activations and recomputes the others, and check that training computes exactly what it
 // computes without checkpointing.
 //
+// Why one file (about 900 lines): one unnamed namespace holds what the schedule runner and the
+// executor share (Fault, RngSnapshot, the runner, the chain as one autograd node), and it is
+// the family's one unit of autograd's custom functions (custom_function.h, heavy on 2 cores).
+// Where it would be cut: RngSnapshot, ScheduleRunner, CheckpointedChain and executeSchedule into
+// schedule_runner.{h,cpp} (about 330 lines), once Fault has a header of its own; the executor,
+// the strategy and registration stay here.
+//
 // prepare() builds the network (the reference's parameters, from the seed; for an imported
 // model, workload torchscript, its graph linearised by reference/torchscript/linearize.h over
 // the module's parameters, with the module's grad_output as target), profiles its
@@ -164,13 +171,6 @@ class RngSnapshot {
 // The chain's values as a trace names them: x[i], stage i's input; x[i + 1], its output.
 std::string stageInput(int i) { return "x[" + std::to_string(i) + "]"; }
 std::string stageOutput(int i) { return stageInput(i + 1); }
-
-// A stage's input as its taped forward reads it: a leaf that takes its gradient where it is
-// floating; ids (an imported transformer's tokens, read by its embedding) take none.
-at::Tensor tapeInput(const at::Tensor& x) {
-  at::Tensor t = x.detach();
-  return t.is_floating_point() || t.is_complex() ? t.requires_grad_(true) : t;
-}
 
 // The plain chain's trace (harness/trace_value.h) on `net`, from the step's start (generator
 // seeded, buffers reset): every stage's output (what a recomputation must give again too), and

@@ -24,6 +24,11 @@ double bytes(const at::Tensor& t) { return static_cast<double>(t.nbytes()); }
 
 }  // namespace
 
+at::Tensor tapeInput(const at::Tensor& x) {
+  at::Tensor t = x.detach();
+  return t.is_floating_point() || t.is_complex() ? t.requires_grad_(true) : t;
+}
+
 Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
   auto& mem = harness::MemoryTracker::instance();
   TORCH_INTERNAL_ASSERT(mem.installed(), "profileChain needs the tracking allocator");
@@ -35,8 +40,7 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
   Chain c;
   // x[0] of ids (an imported transformer's tokens) is held by the caller and takes no gradient:
   // the chain neither holds it nor writes a d[0] of it.
-  const bool differentiable = net.input().is_floating_point() || net.input().is_complex();
-  c.x.push_back(differentiable ? bytes(net.input()) : 0.0);
+  c.x.push_back(tapeInput(net.input()).requires_grad() ? bytes(net.input()) : 0.0);
   c.xbar.push_back(c.x.back());
   at::Tensor x = net.input().detach();
   for (int i = 0; i < L; ++i) {
@@ -46,8 +50,7 @@ Chain profileChain(const reference::ChainNet& net, int rank, int repetitions) {
       // Fe_i: what a taped forward leaves alive (output and saved tensors) and its transient.
       const int64_t before = mem.current(rank);
       mem.resetPeak(rank);
-      const at::Tensor in =
-          x.is_floating_point() || x.is_complex() ? x.detach().requires_grad_(true) : x.detach();
+      const at::Tensor in = tapeInput(x);
       harness::StepTimer timer;  // CUDA events on a GPU: the work, not its launch
       timer.start();
       at::Tensor out = net.stage(i, in, false);

@@ -5,6 +5,11 @@
 
 namespace sb::strategies::checkpointing {
 
+// A stage's input as a taped forward (Fe_i) reads it: a leaf that takes its gradient where it is
+// floating; ids (an imported transformer's tokens, which its first stage embeds) take none. The
+// profiler and the executor's schedule runner read every stage's input through it.
+at::Tensor tapeInput(const at::Tensor& x);
+
 // Measures a network's chain on this thread's memory rank: sizes exactly, in bytes, from the
 // tracking allocator's live-byte counts around each operation (x from the tensors, xbar as
 // what a taped forward leaves alive, ftmp and btmp as the peaks above what the operation
