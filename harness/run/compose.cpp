@@ -3,6 +3,7 @@
 #include "harness/run/compose.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <optional>
 
@@ -150,7 +151,8 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   nlohmann::json commRanks = nlohmann::json::array(), nodeRanks = nlohmann::json::array();
   std::optional<int64_t> memPredMax;
   std::vector<int64_t> peaks, starts, memLimits, memPredicted;
-  std::string memProblem;
+  std::string memProblem, leakProblem;
+  nlohmann::json liveAfterSteps = nlohmann::json::array();
   for (const auto& o : ranks) {
     const CommStats predicted = strategy.predictComm(c, o.rank);
     commMax = std::max(commMax, o.counted.totalBytes());
@@ -192,7 +194,36 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
                    " bytes it promised to stay within (its budget, limit or modelled peak)";
     }
     if (o.memoryLimit) memLimits.push_back(*o.memoryLimit);
+    // The measured step runs after the warm-up step and every timed step after a step, the
+    // runner holding nothing of the step's between them, then the same results: what is live
+    // after a step is the same each time unless the step leaks.
+    const auto leaked = [&](int64_t before, int64_t after, const std::string& when) {
+      if (after == before || !leakProblem.empty()) return;
+      const int64_t grew = after - before;
+      leakProblem = "rank " + std::to_string(o.rank) + " held " + std::to_string(std::abs(grew)) +
+                    " bytes " + (grew > 0 ? "more" : "less") + " after " + when + " (" +
+                    std::to_string(before) + " -> " + std::to_string(after) +
+                    " bytes): a step " +
+                    (grew > 0 ? "leaves what it allocated live (a leak)"
+                              : "frees what an earlier step left");
+    };
+    nlohmann::json live = {{"rank", o.rank}};
+    if (o.endBytes >= 0) {
+      live["after_warm_up"] = o.startBytes;
+      live["after_measured"] = o.endBytes;
+      leaked(o.startBytes, o.endBytes, "the measured step than after the warm-up step");
+    }
+    if (o.timedSteps >= 2) {
+      live["timed_steps"] = o.timedSteps;
+      live["after_first_timed"] = o.afterFirstTimedBytes;
+      live["after_last_timed"] = o.afterLastTimedBytes;
+      leaked(o.afterFirstTimedBytes, o.afterLastTimedBytes,
+             "the last of " + std::to_string(o.timedSteps) +
+                 " timed steps than after the first");
+    }
+    if (live.size() > 1) liveAfterSteps.push_back(live);
   }
+  if (!liveAfterSteps.empty()) rec.details["live_after_steps"] = liveAfterSteps;
   if (!memLimits.empty()) rec.details["memory_limit_bytes_per_rank"] = memLimits;
   rec.commBytes = commMax;
   rec.predictedCommBytes = predMax;
@@ -230,6 +261,9 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
   } else if (!memProblem.empty()) {
     rec.status = Status::kFail;
     rec.message = memProblem;
+  } else if (!leakProblem.empty()) {
+    rec.status = Status::kFail;
+    rec.message = leakProblem;
   } else {
     rec.status = Status::kPass;
   }

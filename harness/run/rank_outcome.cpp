@@ -96,6 +96,10 @@ nlohmann::json outcomeToJson(const RankOutcome& o) {
   j["error_at_ms"] = o.errorAtMs;
   j["peak"] = o.peak;
   j["start_bytes"] = o.startBytes;
+  j["end_bytes"] = o.endBytes;
+  j["timed_steps"] = o.timedSteps;
+  j["after_first_timed_bytes"] = o.afterFirstTimedBytes;
+  j["after_last_timed_bytes"] = o.afterLastTimedBytes;
   j["counted"] = commToJson(o.counted);
   j["counted_by_node"] = nodeCommToJson(o.counted.byNode);
   j["wire"] = commToJson(o.wire);
@@ -119,6 +123,10 @@ RankOutcome outcomeFromJson(const nlohmann::json& j) {
   o.errorAtMs = j.at("error_at_ms").get<int64_t>();
   o.peak = j.at("peak").get<int64_t>();
   o.startBytes = j.value("start_bytes", int64_t{0});
+  o.endBytes = j.value("end_bytes", int64_t{-1});
+  o.timedSteps = j.value("timed_steps", int64_t{0});
+  o.afterFirstTimedBytes = j.value("after_first_timed_bytes", int64_t{0});
+  o.afterLastTimedBytes = j.value("after_last_timed_bytes", int64_t{0});
   o.counted = commFromJson(j.at("counted"));
   o.counted.byNode = nodeCommFromJson(j.at("counted_by_node"));
   o.wire = commFromJson(j.at("wire"));

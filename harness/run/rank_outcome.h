@@ -27,6 +27,12 @@ struct RankOutcome {
   int64_t errorAtMs = 0;    // wall clock of the error, to tell the first failure from its echoes
   int64_t peak = 0;
   int64_t startBytes = 0;  // live when the measured step started (its peak's baseline)
+  // The runner's leak check (a step that leaves more live behind each time it runs): the live
+  // bytes once the measured step returned (-1: not measured here, the step ran in another
+  // process), to compare with startBytes, what the warm-up step left; and right after the
+  // first and the last timed step, with how many steps were timed.
+  int64_t endBytes = -1;
+  int64_t timedSteps = 0, afterFirstTimedBytes = 0, afterLastTimedBytes = 0;
   CommStats counted, wire;
   std::optional<int64_t> predictedPeak;
   std::optional<int64_t> memoryLimit;            // RankExecutor::memoryLimitBytes

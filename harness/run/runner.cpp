@@ -140,7 +140,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
   std::vector<std::unique_ptr<RankExecutor>> execs(n);
   std::vector<double> stepSeconds(n, 0.0);
   std::vector<std::map<std::string, at::Tensor>> results(n);
-  std::vector<int64_t> peak(n, 0), start(n, 0);
+  std::vector<int64_t> peak(n, 0), start(n, 0), end(n, -1);
   try {
     MemoryTracker::instance().install();
     std::mutex mu;
@@ -187,6 +187,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
         execs[r]->step(ctx);
       }
       peak[r] = MemoryTracker::instance().peak(r);
+      end[r] = MemoryTracker::instance().current(r);
       MemoryTracker::instance().traceNote(r, "end of the measured step");
     });
     if (cuda) {
@@ -216,6 +217,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
         out.ranks[slot[r]].wire = m.comm;
         peak[r] = m.peakBytes;
         start[r] = m.startBytes;
+        end[r] = -1;
       }
     }
     // Untimed and uncounted: results laid out as the strategy declares them (pending sums
@@ -233,6 +235,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
       o.digests = resultDigests(c, data, strategy, r, results[r]);
       o.peak = peak[r];
       o.startBytes = start[r];
+      o.endBytes = end[r];
       o.predictedPeak = execs[r]->predictedPeakBytes();
       if (!o.predictedPeak) o.predictedPeak = strategy.predictPeakMemory(c, r);
       o.memoryLimit = execs[r]->memoryLimitBytes();
@@ -250,14 +253,24 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     liveStatus().phase = "timing";
     liveStatus().stepsTimed = 0;
     const double slowdown = plantedSlowdown(options, strategy.id());
+    std::vector<LiveAfterSteps> liveAfter(n);
     out.timing = timeWithBenchmark(
         c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
         options.warmupSec, [&] {
           liveStatus().stepsTimed.fetch_add(1, std::memory_order_relaxed);
-          const double secs = timedStep(world, execs, stepSeconds);
+          const double secs = timedStep(world, execs, stepSeconds, &liveAfter);
           return slowdown > 0 ? spinFor(secs, slowdown) : secs;
         });
     liveStatus().phase = "verifying the timed steps";
+    for (int r : local) {
+      // Each timed step runs after another step, with the runner holding the same results: a
+      // step that leaves more live behind than the one before it leaks (a step run in another
+      // process is measured there, and not here).
+      if (execs[r]->outOfProcess()) continue;
+      out.ranks[slot[r]].timedSteps = liveAfter[r].steps;
+      out.ranks[slot[r]].afterFirstTimedBytes = liveAfter[r].first;
+      out.ranks[slot[r]].afterLastTimedBytes = liveAfter[r].last;
+    }
 
     // As nccl-tests does, the timed runs are verified too: the last timed step must still
     // give the reference results (catches state that leaks from step to step).
@@ -306,12 +319,13 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
 }
 
 double timedStep(World& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
-                 std::vector<double>& scratch) {
+                 std::vector<double>& scratch, std::vector<LiveAfterSteps>* after) {
   world.run([&](RankContext& ctx) {
     StepTimer timer;
     timer.start();
     execs[ctx.rank()]->step(ctx);
     scratch[ctx.rank()] = timer.stopSeconds();
+    if (after) (*after)[ctx.rank()].note(MemoryTracker::instance().current(ctx.rank()));
   });
   double slowest = 0;
   for (int r : world.localRanks()) slowest = std::max(slowest, scratch[r]);

@@ -55,9 +55,17 @@ class World;
 
 // Runs one step on every local rank and returns the slowest rank's seconds over every process
 // of the mesh: the function the runner hands to Google Benchmark. `scratch` holds per-rank
-// times (sized to the mesh).
+// times (sized to the mesh). `after`, where given (sized to the mesh): each local rank's live
+// bytes once its step returned, noted (the runner's leak check).
+struct LiveAfterSteps {
+  int64_t steps = 0, first = 0, last = 0;
+  void note(int64_t bytes) {
+    if (steps++ == 0) first = bytes;
+    last = bytes;
+  }
+};
 double timedStep(World& world, std::vector<std::unique_ptr<RankExecutor>>& execs,
-                 std::vector<double>& scratch);
+                 std::vector<double>& scratch, std::vector<LiveAfterSteps>* after = nullptr);
 
 // A record with every field the case and strategy determine, and status unsupported.
 Record baseRecord(const CaseSpec& c, const Strategy& s, const Provenance& p,

@@ -27,6 +27,8 @@ struct Change {
   double memoryScale = 1.0;
   // Every rank declares (and returns) the tensors without their last index on dimension 0.
   bool dropLastRow = false;
+  // Each step keeps this many bytes more, allocated on the rank, until the executor goes.
+  int64_t leakBytesPerStep = 0;
 };
 
 at::Tensor dropLast(const at::Tensor& t) { return t.dim() > 0 ? t.narrow(0, 0, t.size(0) - 1) : t; }
@@ -41,6 +43,7 @@ class ChangedExecutor final : public harness::RankExecutor {
   void step(harness::RankContext& ctx) override {
     const auto start = std::chrono::steady_clock::now();
     inner_->step(ctx);
+    if (ch_.leakBytesPerStep > 0) leaked_.push_back(at::empty({ch_.leakBytesPerStep}, at::kByte));
     if (ch_.paceUs) {
       const auto until = start + std::chrono::microseconds(static_cast<int64_t>(*ch_.paceUs));
       while (std::chrono::steady_clock::now() < until) {
@@ -71,6 +74,7 @@ class ChangedExecutor final : public harness::RankExecutor {
  private:
   std::unique_ptr<harness::RankExecutor> inner_;
   Change ch_;
+  std::vector<at::Tensor> leaked_;
 };
 
 class ChangedStrategy final : public harness::Strategy {
@@ -240,6 +244,41 @@ TEST(MemoryVerdict, PlantedAHalfPercentErrorInAnExactModelIsFlaggedMispredicted)
     const auto rec = runChanged(e.c, e.id, off);
     EXPECT_EQ(rec.status, Status::kPass) << "the numbers are right";
     EXPECT_EQ(rec.mispredicted, "memory") << rec.message;
+  }
+}
+
+// --- Leaks: what a step leaves live is the same every step. -------------------------------------
+
+// A step that keeps 64 bytes more each time it runs, on exact models and on one without a memory
+// model: the row fails naming the rank and the growth, whatever its peak and prediction say.
+TEST(LeakVerdict, AStepThatKeepsBytesEveryTimeItRunsFailsTheRow) {
+  std::vector<ExactCase> cases = exactModels();
+  cases.push_back({"no memory model", test::linearCase({8, 16}, 8, {2}), "sharding/linear/RR=RR.RR"});
+  for (const auto& e : cases) {
+    SCOPED_TRACE(e.what);
+    harness::StrategyRegistry::global().expandFor(e.c);
+    const auto honest = runChanged(e.c, e.id, {});
+    ASSERT_EQ(honest.status, Status::kPass) << honest.message;
+    ASSERT_TRUE(honest.details.contains("live_after_steps")) << honest.details.dump();
+    for (const auto& r : honest.details["live_after_steps"]) {
+      EXPECT_EQ(r["after_warm_up"], r["after_measured"]);
+    }
+
+    Change leak;
+    leak.leakBytesPerStep = 64;
+    const auto rec = runChanged(e.c, e.id, leak);
+    EXPECT_EQ(rec.status, Status::kFail) << rec.message;
+    EXPECT_NE(rec.message.find("rank 0 held 64 bytes more after the measured step than after "
+                               "the warm-up step"),
+              std::string::npos)
+        << rec.message;
+    for (const auto& r : rec.details["live_after_steps"]) {
+      EXPECT_EQ(r["after_measured"].get<int64_t>() - r["after_warm_up"].get<int64_t>(), 64);
+      if (r.contains("timed_steps")) {
+        EXPECT_EQ(r["after_last_timed"].get<int64_t>() - r["after_first_timed"].get<int64_t>(),
+                  64 * (r["timed_steps"].get<int64_t>() - 1));
+      }
+    }
   }
 }
 
