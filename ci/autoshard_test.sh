@@ -190,6 +190,19 @@ check "planted: a replay freeing values early: numerics pass" 0 "total +2 +0 +0 
 check "planted: a replay freeing values early: the gate flags both rows' memory" 1 \
   "gate: FAILED \(2 finding" -- "$sb" report "$tmp/earlyfault" --gate
 
+# The rows judged at every forward point against the replay (memory_rows), where the plan
+# survives them: the rows without the parameters on a case without a limit, and rows that free
+# each activation one node before its last reader. Numerics pass; the gate flags the rows.
+check "planted: rows wrong where the plan survives: numerics pass" 0 "total +2 +0 +0 +0" -- \
+  "$sb" run "$tmp/sample.yaml" --out "$tmp/rowsearly" --repetitions 1 \
+  --filter '^sharding/auto/(ilp|megatron)$' \
+  --plant-fault 'sharding/auto/ilp=rows_free_early' \
+  --plant-fault 'sharding/auto/megatron=rows_without_parameters'
+check "planted: rows wrong where the plan survives: the gate flags both rows' memory_rows" 1 \
+  "gate: FAILED \(2 finding" -- "$sb" report "$tmp/rowsearly" --gate
+grep -q "memory_rows (the integer program's memory rows once each forward node ran" \
+  "$tmp/rowsearly/results.json" || fail "the planted rows' finding does not say memory_rows"
+
 # The program without the edges of a parameter read twice (GPT-2's tied embedding and head): a
 # plan whose objective is under its step priced node by node; numerics right, the gate flags it.
 check "planted: a program without the parameters' edges: numerics pass" 0 "total +1 +0 +0 +0" -- \

@@ -56,7 +56,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     }
     return it->second;
   };
-  enum Site { kOut = 0, kOperand = 1000, kStored = 2000, kReduceCopy = 3000, kStats = 4000 };
+  enum Site { kOut = 0, kOperand = 1000, kStored = 2000, kReduceCopy = 3000, kStats = 4000, kIds = 5000 };
   const auto add = [](std::vector<double>& acc, const std::vector<double>& x) {
     if (acc.empty()) acc.assign(x.size(), 0.0);
     for (size_t k = 0; k < x.size(); ++k) acc[k] += x[k];
@@ -148,7 +148,16 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       };
       if (owned) paramGrads.emplace_back(v, lastReader.at(a), stored());
       if (owned) add(base[v], stored());
-      if (g.isInput(a)) add(base[v], operand(i));
+      // Data: token ids (an embedding's input) are int64 whatever the case's type, as the
+      // executor holds them; other inputs in the case's type.
+      if (g.isInput(a) && op == "embedding" && i == 0) {
+        add(base[v], perCand(v, kIds, [&](const Candidate& c) {
+              return boxBytes(n.shape.operandShape(c.op.spec.operands[i]), c.op.operands[i]) /
+                     static_cast<double>(es) * 8.0;
+            }));
+      } else if (g.isInput(a)) {
+        add(base[v], operand(i));
+      }
       // A gradient partial over some mesh axes is all-reduced through a copy and the backend's
       // scratch (the threads backend's: the block again) during the node's backward.
       if (g.isParameter(a) || isActivation(a)) {
@@ -226,6 +235,15 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
             return static_cast<double>(in.numel() / std::max<int64_t>(1, in.length.back()) * es);
           }));
     }
+    if (op == "embedding" && records) {
+      // The vocabulary split (Megatron's VocabParallelEmbedding) keeps its ids shifted to the
+      // rank's rows (int64) and the mask of the foreign ones (bool) for its backward.
+      add(saved[v], perCand(v, kStats + 4, [&](const Candidate& c) {
+            if (c.op.spec.variant != "vocab") return 0.0;
+            return boxBytes(n.shape.operandShape(c.op.spec.operands[0]), c.op.operands[0]) /
+                   static_cast<double>(es) * 9.0;
+          }));
+    }
     if (op == "softmax" && records) saveValue(v, v, out[v]);
     if (op == "softmax" && (n.shape.scale() != 1.0 || n.shape.causal())) {
       // attentionSoftmax's scaled and masked copies: one alive beside the output it makes, and
@@ -279,6 +297,60 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     }
     if (any) copies.push_back(std::move(c));
   }
+  // A view that reads its operand through an edge's redistribution views the edge's copy, not
+  // the producer's storage: the copy lives while the view's readers (and their views) still
+  // need it, and the producer's own storage only until its last other reader (the liveness
+  // above counted it as long as any reader through the view). Forward rows t in
+  // [view, through): + the copy; from max(view, other) on: - the producer's output. Each only
+  // where the two layouts differ.
+  std::vector<int> through(N, -1);  // per node: its last reader, or that of a view of it
+  for (int v = N - 1; v >= 0; --v) {
+    for (int w = v + 1; w < N; ++w) {
+      for (const auto& a : g.nodes[w].args) {
+        if (g.producer(a).first != v) continue;
+        through[v] = std::max(through[v], !allocates[w] && root[w] == root[v] && root[v] >= 0
+                                              ? std::max(w, through[w])
+                                              : w);
+      }
+    }
+  }
+  struct ViewCopy {
+    int view = 0, from = 0, through = 0, other = 0;
+    std::vector<std::vector<double>> copy, producer;
+  };
+  std::vector<ViewCopy> viewCopies;
+  for (int v = 0; v < N; ++v) {
+    const GraphNode& n = g.nodes[v];
+    if (allocates[v] || root[v] < 0) continue;
+    const auto [p, j] = g.producer(n.args[0]);
+    if (p < 0 || !allocates[p] || through[v] <= v) continue;
+    ViewCopy c;
+    c.view = v;
+    c.from = p;
+    c.through = through[v];
+    for (int w = p + 1; w < N; ++w) {
+      if (w == v) continue;
+      for (const auto& a : g.nodes[w].args) {
+        if (g.producer(a).first == p) c.other = std::max(c.other, through[w] > w && !allocates[w] ? through[w] : w);
+      }
+    }
+    const auto& from = m.candidates(p);
+    const auto& to = m.candidates(v);
+    c.copy.assign(from.size(), std::vector<double>(to.size(), 0.0));
+    c.producer = c.copy;
+    bool any = false;
+    for (size_t l = 0; l < to.size(); ++l) {
+      const Layout& want = to[l].op.operands[0];
+      const double b = boxBytes(n.shape.operandShape(to[l].op.spec.operands[0]), want);
+      for (size_t k = 0; k < from.size(); ++k) {
+        if (from[k].outputs[static_cast<size_t>(j)] == want) continue;
+        c.copy[k][l] = b;
+        c.producer[k][l] = -out[p][k];
+        any = true;
+      }
+    }
+    if (any) viewCopies.push_back(std::move(c));
+  }
   // Selective checkpointing priced (model.h's RecomputePricing): a node not kept drops what it
   // saves of its own and its copies, and a saver drops a value whose storage a node of its block
   // not kept made; each comes back when its block's backward recomputes it (from the block's
@@ -318,7 +390,8 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     r.layer = g.nodes[t].layer;
     for (int u = 0; u <= t; ++u) {
       if (!saved[u].empty() && !dropsOwn(u)) r.terms.emplace_back(u, &saved[u]);
-      if (allocates[u] && (lastUse[u] > t || u == outputNode || u == t)) {
+      const int last = m.rowsFreeEarly() ? lastUse[u] - 1 : lastUse[u];  // the planted fault
+      if (allocates[u] && (last > t || u == outputNode || u == t)) {
         r.terms.emplace_back(u, &out[u]);
       }
     }
@@ -328,7 +401,16 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
         r.terms.emplace_back(sv.saver, &sv.bytes);
       }
     }
-    if (!transient[t].empty()) r.terms.emplace_back(t, &transient[t]);
+    for (const auto& c : viewCopies) {
+      if (t < c.view || t >= c.through) continue;
+      r.pairs.push_back({c.from, c.view, &c.copy});
+      if (t >= c.other && c.from != outputNode) r.pairs.push_back({c.from, c.view, &c.producer});
+    }
+    if (!transient[t].empty()) {
+      r.terms.emplace_back(t, &transient[t]);
+      r.transient = &transient[t];
+      r.transientOf = t;
+    }
     addCopies(r, t, false);
     sink(r);
   }
@@ -389,16 +471,16 @@ int64_t ShardingModel::peakBytes(const std::vector<int>& choice) const {
   return static_cast<int64_t>(peak);
 }
 
-std::vector<std::pair<std::string, int64_t>> ShardingModel::livenessRows(
-    const std::vector<int>& choice) const {
-  std::vector<std::pair<std::string, int64_t>> rows;
+std::vector<LivenessPoint> ShardingModel::livenessRows(const std::vector<int>& choice) const {
+  std::vector<LivenessPoint> rows;
   forEachLivenessRow(
       *this, firstReader_, [](int) { return true; },
       [&](const NodeRow& r) {
         double live = 0;
         for (const auto& [v, b] : r.terms) live += (*b)[choice[v]];
         for (const auto& p : r.pairs) live += (*p.bytes)[choice[p.u]][choice[p.v]];
-        rows.emplace_back(r.what, static_cast<int64_t>(live));
+        const double during = r.transient ? (*r.transient)[choice[r.transientOf]] : 0.0;
+        rows.push_back({r.what, static_cast<int64_t>(live), static_cast<int64_t>(during)});
       });
   return rows;
 }

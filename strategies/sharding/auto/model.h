@@ -148,6 +148,14 @@ struct SolverInfo {
   double replaySeconds = 0;  // the replays of the plans' steps (plan_memory.h)
 };
 
+// One program point of the liveness rows: its live bytes, of which `during` are the node's own
+// transient (live while it runs: a forward row is the node's peak, the bytes once it ran
+// live_bytes - during).
+struct LivenessPoint {
+  std::string at;
+  int64_t liveBytes = 0, during = 0;
+};
+
 class ShardingModel {
  public:
   ShardingModel(reference::Graph graph, std::vector<int64_t> mesh, CostOptions options);
@@ -191,8 +199,8 @@ class ShardingModel {
   double stepUs(const std::vector<int>& choice) const;
   int64_t peakBytes(const std::vector<int>& choice) const;
   // Every program point's live bytes for a plan, in execution order ("forward, after N",
-  // "backward of N"): where the peak is, and what a measured trace is compared with.
-  std::vector<std::pair<std::string, int64_t>> livenessRows(const std::vector<int>& choice) const;
+  // "backward of N"): where the peak is, and what the replay is compared with.
+  std::vector<LivenessPoint> livenessRows(const std::vector<int>& choice) const;
   double stepOverheadUs() const;
 
   // The integer program over node classes (repeated blocks share one choice per role;
@@ -211,6 +219,10 @@ class ShardingModel {
   // parameters and their gradients, so that the program takes plans that do not fit.
   void plantRowsWithoutParameters() { rowsWithoutParameters_ = true; }
   bool rowsWithoutParameters() const { return rowsWithoutParameters_; }
+  // Test only (the planted fault rows_free_early): the forward rows free each activation one
+  // node before its last reader.
+  void plantRowsFreeEarly() { rowsFreeEarly_ = true; }
+  bool rowsFreeEarly() const { return rowsFreeEarly_; }
   // Test only (the planted fault program_without_parameter_edges): the program prices no edge
   // from a parameter's first reader to its other readers, so that it takes plans whose
   // objective is under their step priced node by node (stepUs).
@@ -224,6 +236,7 @@ class ShardingModel {
  private:
   std::shared_ptr<const RecomputePricing> recompute_;
   bool rowsWithoutParameters_ = false;
+  bool rowsFreeEarly_ = false;
   bool programWithoutParameterEdges_ = false;
   int64_t bytes(const std::vector<int64_t>& shape, const harness::Layout& l) const;
   void addStoredVariants(int node, std::vector<Candidate>& cands) const;

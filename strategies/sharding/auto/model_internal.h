@@ -31,6 +31,10 @@ struct NodeRow {
   int layer = -1;
   std::vector<std::pair<int, const std::vector<double>*>> terms;
   std::vector<NodePair> pairs;
+  // Of the terms, the node's own transient (a gathered parameter's copy, a scaled softmax's
+  // input): live while it runs, gone once it ran.
+  const std::vector<double>* transient = nullptr;
+  int transientOf = -1;
 };
 
 // The liveness rows (model.h), each a sum of per-node, per-candidate bytes, handed to `sink`

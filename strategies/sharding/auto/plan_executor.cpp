@@ -125,10 +125,12 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   for (const auto& e : solved_->edges) edgeOf_[{e.node, e.operand}] = &e;
   auto& mem = harness::MemoryTracker::instance();
   std::vector<PlanMemoryEvent> log;
+  liveAfterForward_.clear();
   try {
     stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
                                mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_, nullptr,
-                               recompute_ ? &recompute_->replayPolicy() : nullptr);
+                               recompute_ ? &recompute_->replayPolicy() : nullptr,
+                               &liveAfterForward_);
     replayed_ = true;
   } catch (const PlanMemoryUnknown& e) {
     notReplayed_ = e.what();

@@ -4,6 +4,7 @@
 // solved plan it runs; PlanStrategy (plan_strategy.cpp) solves or reads the plan for a case and
 // makes one executor per rank. Internal to strategies/sharding/auto/.
 
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -142,10 +143,50 @@ class PlanExecutor final : public harness::RankExecutor {
   nlohmann::json details() const override {
     nlohmann::json j = solved_->json;
     nlohmann::json rows = nlohmann::json::array();
-    for (const auto& [what, bytes] : solved_->model->livenessRows(solved_->plan.choice)) {
-      rows.push_back({{"at", what}, {"live_bytes", bytes}});
+    const auto liveness = solved_->model->livenessRows(solved_->plan.choice);
+    // The forward's rows, one a node in execution order, beside the replay's live bytes once
+    // that node ran: between two nodes no kernel's scratch is live, so where they differ the
+    // rows miscount a tensor (memory_rows_against_replay).
+    size_t forward = 0;
+    nlohmann::json worst;
+    int64_t pointsEqual = 0;
+    for (const auto& point : liveness) {
+      const std::string& what = point.at;
+      rows.push_back({{"at", what}, {"live_bytes", point.liveBytes}});
+      if (what.rfind("forward, after ", 0) != 0 || forward >= liveAfterForward_.size()) continue;
+      // The row is the node's peak; once it ran, its transient is gone.
+      const int64_t bytes = point.liveBytes - point.during;
+      const int64_t replayed = liveAfterForward_[forward++];
+      if (point.during) rows.back()["once_ran_bytes"] = bytes;
+      rows.back()["replayed_bytes"] = replayed;
+      if (bytes == replayed) ++pointsEqual;
+      if (worst.is_null() ||
+          std::abs(bytes - replayed) > std::abs(worst["rows"].get<int64_t>() -
+                                                worst["replayed"].get<int64_t>())) {
+        worst = {{"at", what}, {"rows", bytes}, {"replayed", replayed}};
+      }
     }
     j["memory_rows"] = rows;
+    if (forward > 0) {
+      j["memory_rows_against_replay"] = {
+          {"forward_points", forward}, {"equal", pointsEqual}, {"worst", worst}};
+      // Judged to the byte where the rows know every operator's saved tensors (the built-in
+      // graphs' operators) and no selective checkpointing drops them; an imported graph's aten
+      // kernels are counted as saving every operand they read, an estimate, and the rows of a
+      // priced recomputation policy miss some of what its forward keeps (docs/autoshard.md).
+      if (unverifiedOperators(solved_->model->graph()).empty() && !recompute_ &&
+          !solved_->model->recomputePricing()) {
+        j["predictions"].push_back(
+            {{"what", "memory_rows"},
+             {"about", "the integer program's memory rows once each forward node ran, against "
+                       "the replay of the plan; worst at " +
+                           worst["at"].get<std::string>().substr(15)},
+             {"unit", "bytes"},
+             {"measured", worst["replayed"]},
+             {"predicted", worst["rows"]},
+             {"tolerance", 0}});
+      }
+    }
     // The integer program's objective is the plan's step as its classes, edges and costs price
     // it; stepUs prices the same plan node by node, another walk of the model: they agree to
     // rounding, so a cost the program leaves out or counts twice shows here even where the plan
@@ -235,6 +276,7 @@ class PlanExecutor final : public harness::RankExecutor {
   // pieces, the data slices, the seed), or why there is none.
   bool replayed_ = false;
   int64_t heldBytes_ = 0, stepPeak_ = 0;
+  std::vector<int64_t> liveAfterForward_;  // the replay's, per node (replayPlanStep)
   std::string notReplayed_;
   // Capture: on for the next step (its first optimizer step in training), the pieces it kept.
   bool captureOn_ = false;

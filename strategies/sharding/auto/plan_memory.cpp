@@ -153,6 +153,7 @@ class Replay {
   // What the executor holds across the step: parameters' pieces, data slices, the seed.
   int64_t heldBytes() const { return held_; }
   bool freeEarly = false;  // the planted fault: values freed at their last reader's forward
+  std::vector<int64_t>* liveAfterForward = nullptr;  // per node, held + live once it ran
   void stopLogging() { log_ = nullptr; }
 
   void alloc(int64_t b, const std::string& what) {
@@ -930,6 +931,7 @@ int64_t Replay::run() {
   seed_ = held(localSizes(g_.valueShape(g_.output), outLayout));
   for (size_t v = 0; v < g_.nodes.size(); ++v) {
     forwardNode(static_cast<int>(v));
+    if (liveAfterForward) liveAfterForward->push_back(held_ + current_);
     if (log_) log_->push_back({0, "after " + g_.nodes[v].name + " @" + std::to_string(current_)});
   }
   if (!gradOf_.count(g_.output)) {
@@ -998,9 +1000,11 @@ bool savesOperand(const ResolvedOp& r, size_t i, const std::vector<bool>& grads)
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
                        at::ScalarType dtype, std::vector<PlanMemoryEvent>* log, bool freeEarly,
-                       int64_t* heldBytes, const RecomputePolicy* recompute) {
+                       int64_t* heldBytes, const RecomputePolicy* recompute,
+                       std::vector<int64_t>* liveAfterForward) {
   Replay r(model, choice, edges, ctx, dtype, log);
   r.freeEarly = freeEarly;
+  r.liveAfterForward = liveAfterForward;
   r.recompute = recompute;
   const int64_t peak = r.run();
   if (heldBytes) *heldBytes = r.heldBytes();

@@ -103,10 +103,13 @@ std::vector<int64_t> replayPlanPeaks(const ShardingModel& model, const std::vect
 // slices and gradient seed), on this rank. Throws PlanMemoryUnknown (above).
 // `freeEarly`: the planted fault liveness_frees_early, a replay that frees every value at its
 // last reader's forward, as if nothing that reader saved held it to its backward.
+// `liveAfterForward`: per node in execution order, the bytes live once its forward ran, what the
+// executor holds included (what the liveness rows' forward points are compared with).
 int64_t replayPlanStep(const ShardingModel& model, const std::vector<int>& choice,
                        const std::vector<PlanEdge>& edges, harness::RankContext& ctx,
                        at::ScalarType dtype, std::vector<PlanMemoryEvent>* log,
                        bool freeEarly = false, int64_t* heldBytes = nullptr,
-                       const RecomputePolicy* recompute = nullptr);
+                       const RecomputePolicy* recompute = nullptr,
+                       std::vector<int64_t>* liveAfterForward = nullptr);
 
 }  // namespace sb::strategies::autoshard

@@ -37,6 +37,10 @@ constexpr const char* kFault = "skip_edge_redistribution";
 // off, which the tolerance-0 judgement flags).
 constexpr const char* kFaultRows = "rows_without_parameters";
 constexpr const char* kFaultReplay = "liveness_frees_early";
+// The rows free each activation at the forward of the node before its last reader: the plan
+// may still fit and run right; its rows are off where the activation still lives, which the
+// forward points' judgement against the replay flags (memory_rows).
+constexpr const char* kFaultRowsEarly = "rows_free_early";
 // The cost model's: the integer program without the edges of parameters read by more than one
 // node (a plan's objective under its step priced node by node, which the row's check of the
 // two flags).
@@ -280,6 +284,7 @@ class PlanStrategy final : public harness::Strategy {
     auto s = solveCasePlan(c, algo_.empty() ? "file" : algo_, [&](ShardingModel& m) {
       if (fault_ == kFaultRows) m.plantRowsWithoutParameters();
       if (fault_ == kFaultProgram) m.plantProgramWithoutParameterEdges();
+      if (fault_ == kFaultRowsEarly) m.plantRowsFreeEarly();
     });
     cache_[key] = s;
     return s;
@@ -381,10 +386,11 @@ class PlanStrategy final : public harness::Strategy {
   }
 
   std::vector<std::string> plantableFaults() const override {
-    return {kFault, kFaultRows, kFaultReplay, kFaultProgram};
+    return {kFault, kFaultRows, kFaultReplay, kFaultProgram, kFaultRowsEarly};
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    if (name != kFault && name != kFaultRows && name != kFaultReplay && name != kFaultProgram) {
+    if (name != kFault && name != kFaultRows && name != kFaultReplay && name != kFaultProgram &&
+        name != kFaultRowsEarly) {
       return nullptr;
     }
     return std::make_unique<PlanStrategy>(algo_, name);
