@@ -367,6 +367,23 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     return rp && storage >= 0 && rp->region[saver] >= 0 &&
            rp->region[storage] == rp->region[saver] && !rp->save[storage];
   };
+  // A value that a recomputed node reads from the forward (its storage made by a node that is
+  // kept, or outside the block) is held for the block's recomputation, from its forward to the
+  // backward of the block's last node (the earliest such block in the backward's order).
+  std::vector<int> heldForRecompute(N, -1);  // per storage: that block's last node
+  if (rp) {
+    for (int w = 0; w < N; ++w) {
+      if (rp->region[w] < 0 || !rp->recomputed[w]) continue;
+      for (const auto& a : g.nodes[w].args) {
+        const int p = g.producer(a).first;
+        if (p < 0 || root[p] < 0) continue;
+        const int st = root[p];
+        if (rp->region[st] == rp->region[w] && rp->recomputed[st]) continue;  // rerun too
+        const int end = regionEnd.at(rp->region[w]);
+        if (heldForRecompute[st] < 0 || end < heldForRecompute[st]) heldForRecompute[st] = end;
+      }
+    }
+  }
   // In the backward row of node t: a dropped tensor of `saver`'s is back once its block's
   // backward begins.
   const auto backAt = [&](int saver, int t) { return t <= regionEnd[rp->region[saver]]; };
@@ -395,10 +412,18 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
         r.terms.emplace_back(u, &out[u]);
       }
     }
+    std::vector<bool> savedHeld(N, false);
     for (const auto& [storage, sv] : savedValues) {
       const bool outputCounted = lastUse[storage] > t || storage == outputNode || storage == t;
       if (sv.saver <= t && !outputCounted && !dropsValue(storage, sv.saver)) {
         r.terms.emplace_back(sv.saver, &sv.bytes);
+        savedHeld[storage] = true;
+      }
+    }
+    for (int u = 0; u <= t; ++u) {
+      const bool outputCounted = lastUse[u] > t || u == outputNode || u == t;
+      if (heldForRecompute[u] >= 0 && allocates[u] && !outputCounted && !savedHeld[u]) {
+        r.terms.emplace_back(u, &out[u]);
       }
     }
     for (const auto& c : viewCopies) {
@@ -422,6 +447,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     r.what = "backward of " + g.nodes[t].name;
     r.layer = g.nodes[t].layer;
     r.terms.emplace_back(outputNode, &out[outputNode]);
+    std::vector<bool> savedHeld(N, false);
     for (const auto& [storage, sv] : savedValues) {
       // At the block's first backward node the recomputation's outputs (below) hold them.
       const bool recomputing =
@@ -430,6 +456,12 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
           !dropsValue(storage, sv.saver) || (backAt(sv.saver, t) && !recomputing);
       if (sv.saver <= t && held) {
         r.terms.emplace_back(sv.saver, &sv.bytes);
+        savedHeld[storage] = true;
+      }
+    }
+    for (int u = 0; u <= t; ++u) {
+      if (heldForRecompute[u] >= 0 && t >= heldForRecompute[u] && allocates[u] && !savedHeld[u]) {
+        r.terms.emplace_back(u, &out[u]);
       }
     }
     for (int u = 0; u <= t; ++u) {
