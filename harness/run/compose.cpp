@@ -200,12 +200,11 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
     const auto leaked = [&](int64_t before, int64_t after, const std::string& when) {
       if (after == before || !leakProblem.empty()) return;
       const int64_t grew = after - before;
-      leakProblem = "rank " + std::to_string(o.rank) + " held " + std::to_string(std::abs(grew)) +
-                    " bytes " + (grew > 0 ? "more" : "less") + " after " + when + " (" +
-                    std::to_string(before) + " -> " + std::to_string(after) +
-                    " bytes): a step " +
-                    (grew > 0 ? "leaves what it allocated live (a leak)"
-                              : "frees what an earlier step left");
+      leakProblem =
+          "rank " + std::to_string(o.rank) + " held " + std::to_string(std::abs(grew)) + " bytes " +
+          (grew > 0 ? "more" : "less") + " after " + when + " (" + std::to_string(before) + " -> " +
+          std::to_string(after) + " bytes): a step " +
+          (grew > 0 ? "leaves what it allocated live (a leak)" : "frees what an earlier step left");
     };
     nlohmann::json live = {{"rank", o.rank}};
     if (o.endBytes >= 0) {
@@ -218,8 +217,7 @@ Record compose(Record rec, const CaseSpec& c, const reference::WorkloadData& dat
       live["after_first_timed"] = o.afterFirstTimedBytes;
       live["after_last_timed"] = o.afterLastTimedBytes;
       leaked(o.afterFirstTimedBytes, o.afterLastTimedBytes,
-             "the last of " + std::to_string(o.timedSteps) +
-                 " timed steps than after the first");
+             "the last of " + std::to_string(o.timedSteps) + " timed steps than after the first");
     }
     if (live.size() > 1) liveAfterSteps.push_back(live);
   }

@@ -47,8 +47,8 @@ double plantedSlowdown(const RunOptions& options, const std::string& id) {
 // Spins (busy, as the step's own compute would) until `secs` x (1 + fraction) have passed
 // since the step began, and returns that time: the step made slower by `fraction`, for real.
 double spinFor(double secs, double fraction) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration<double>(secs * fraction);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(secs * fraction);
   while (std::chrono::steady_clock::now() < until) {
   }
   return secs * (1 + fraction);
@@ -254,13 +254,13 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     liveStatus().stepsTimed = 0;
     const double slowdown = plantedSlowdown(options, strategy.id());
     std::vector<LiveAfterSteps> liveAfter(n);
-    out.timing = timeWithBenchmark(
-        c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
-        options.warmupSec, [&] {
-          liveStatus().stepsTimed.fetch_add(1, std::memory_order_relaxed);
-          const double secs = timedStep(world, execs, stepSeconds, &liveAfter);
-          return slowdown > 0 ? spinFor(secs, slowdown) : secs;
-        });
+    out.timing =
+        timeWithBenchmark(c.suite + "/" + c.name + "/" + strategy.id(), c.repetitions, c.minTimeSec,
+                          options.warmupSec, [&] {
+                            liveStatus().stepsTimed.fetch_add(1, std::memory_order_relaxed);
+                            const double secs = timedStep(world, execs, stepSeconds, &liveAfter);
+                            return slowdown > 0 ? spinFor(secs, slowdown) : secs;
+                          });
     liveStatus().phase = "verifying the timed steps";
     for (int r : local) {
       // Each timed step runs after another step, with the runner holding the same results: a

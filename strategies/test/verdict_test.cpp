@@ -253,7 +253,8 @@ TEST(MemoryVerdict, PlantedAHalfPercentErrorInAnExactModelIsFlaggedMispredicted)
 // model: the row fails naming the rank and the growth, whatever its peak and prediction say.
 TEST(LeakVerdict, AStepThatKeepsBytesEveryTimeItRunsFailsTheRow) {
   std::vector<ExactCase> cases = exactModels();
-  cases.push_back({"no memory model", test::linearCase({8, 16}, 8, {2}), "sharding/linear/RR=RR.RR"});
+  cases.push_back(
+      {"no memory model", test::linearCase({8, 16}, 8, {2}), "sharding/linear/RR=RR.RR"});
   for (const auto& e : cases) {
     SCOPED_TRACE(e.what);
     harness::StrategyRegistry::global().expandFor(e.c);

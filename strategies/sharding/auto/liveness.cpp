@@ -56,7 +56,14 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     }
     return it->second;
   };
-  enum Site { kOut = 0, kOperand = 1000, kStored = 2000, kReduceCopy = 3000, kStats = 4000, kIds = 5000 };
+  enum Site {
+    kOut = 0,
+    kOperand = 1000,
+    kStored = 2000,
+    kReduceCopy = 3000,
+    kStats = 4000,
+    kIds = 5000
+  };
   const auto add = [](std::vector<double>& acc, const std::vector<double>& x) {
     if (acc.empty()) acc.assign(x.size(), 0.0);
     for (size_t k = 0; k < x.size(); ++k) acc[k] += x[k];
@@ -331,7 +338,8 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     for (int w = p + 1; w < N; ++w) {
       if (w == v) continue;
       for (const auto& a : g.nodes[w].args) {
-        if (g.producer(a).first == p) c.other = std::max(c.other, through[w] > w && !allocates[w] ? through[w] : w);
+        if (g.producer(a).first == p)
+          c.other = std::max(c.other, through[w] > w && !allocates[w] ? through[w] : w);
       }
     }
     const auto& from = m.candidates(p);
@@ -452,8 +460,7 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
       // At the block's first backward node the recomputation's outputs (below) hold them.
       const bool recomputing =
           rp && rp->region[sv.saver] >= 0 && regionEnd.at(rp->region[sv.saver]) == t;
-      const bool held =
-          !dropsValue(storage, sv.saver) || (backAt(sv.saver, t) && !recomputing);
+      const bool held = !dropsValue(storage, sv.saver) || (backAt(sv.saver, t) && !recomputing);
       if (sv.saver <= t && held) {
         r.terms.emplace_back(sv.saver, &sv.bytes);
         savedHeld[storage] = true;

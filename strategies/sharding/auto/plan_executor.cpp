@@ -56,7 +56,8 @@ Box planResultBox(const SolvedPlan& s, const std::string& tensor, const CaseSpec
   const auto& g = s.model->graph();
   const auto coords = harness::DeviceMesh(c.mesh).coords(rank);
   if (tensor == "output") {
-    return s.model->valueLayout(g.output, s.plan.choice)->box(g.valueShape(g.output), c.mesh, coords);
+    return s.model->valueLayout(g.output, s.plan.choice)
+        ->box(g.valueShape(g.output), c.mesh, coords);
   }
   // grad/<parameter>, param/<parameter>, state/<parameter>/<key>: the parameter's piece.
   std::string name = tensor.substr(tensor.find('/') + 1);
@@ -127,10 +128,10 @@ void PlanExecutor::prepare(RankContext& ctx, const reference::WorkloadData& data
   std::vector<PlanMemoryEvent> log;
   liveAfterForward_.clear();
   try {
-    stepPeak_ = replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
-                               mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_, nullptr,
-                               recompute_ ? &recompute_->replayPolicy() : nullptr,
-                               &liveAfterForward_);
+    stepPeak_ =
+        replayPlanStep(m, solved_->plan.choice, solved_->edges, ctx, case_.dtype,
+                       mem.tracing(ctx.rank()) ? &log : nullptr, replayFault_, nullptr,
+                       recompute_ ? &recompute_->replayPolicy() : nullptr, &liveAfterForward_);
     replayed_ = true;
   } catch (const PlanMemoryUnknown& e) {
     notReplayed_ = e.what();
@@ -294,8 +295,8 @@ std::vector<at::Tensor> PlanExecutor::nodeForward(RankContext& ctx, size_t v,
       if (!faultDone) {
         // The planted fault: no redistribution; the piece cut or padded to the expected shape.
         faultDone = true;
-        const auto want = cand.op.operands[i].box(edge.geometry.shape, case_.mesh,
-                                                  ctx.mesh().coords(ctx.rank()));
+        const auto want =
+            cand.op.operands[i].box(edge.geometry.shape, case_.mesh, ctx.mesh().coords(ctx.rank()));
         for (int64_t d = 0; d < t.dim(); ++d) {
           if (t.size(d) > want.length[d]) t = t.narrow(d, 0, want.length[d]);
         }
@@ -307,8 +308,8 @@ std::vector<at::Tensor> PlanExecutor::nodeForward(RankContext& ctx, size_t v,
         t = at::constant_pad_nd(t, pad, 0);
         if (cap) cap->operand(v, i, t);
       } else {
-        runners_.push_back(std::make_unique<harness::RedistRunner>(edge.geometry, edge.forward,
-                                                                   ctx, case_.dtype));
+        runners_.push_back(
+            std::make_unique<harness::RedistRunner>(edge.geometry, edge.forward, ctx, case_.dtype));
         const harness::RedistRunner* fwd = runners_.back().get();
         runners_.push_back(std::make_unique<harness::RedistRunner>(edge.geometry, edge.backward,
                                                                    ctx, case_.dtype));

@@ -57,7 +57,8 @@ void checkPlanParams(const CaseSpec& c);
 // checkpointing): those nodes' forward collectives and redistributions again, in their
 // backward.
 std::vector<std::pair<std::vector<int>, harness::CommStats>> planCommByGroup(
-    const SolvedPlan& s, const CaseSpec& c, int rank, const std::vector<bool>* recomputed = nullptr);
+    const SolvedPlan& s, const CaseSpec& c, int rank,
+    const std::vector<bool>* recomputed = nullptr);
 std::vector<harness::NodeComm> planCommByNode(const SolvedPlan& s, const CaseSpec& c, int rank,
                                               const std::vector<bool>* recomputed = nullptr);
 
@@ -161,8 +162,8 @@ class PlanExecutor final : public harness::RankExecutor {
       rows.back()["replayed_bytes"] = replayed;
       if (bytes == replayed) ++pointsEqual;
       if (worst.is_null() ||
-          std::abs(bytes - replayed) > std::abs(worst["rows"].get<int64_t>() -
-                                                worst["replayed"].get<int64_t>())) {
+          std::abs(bytes - replayed) >
+              std::abs(worst["rows"].get<int64_t>() - worst["replayed"].get<int64_t>())) {
         worst = {{"at", what}, {"rows", bytes}, {"replayed", replayed}};
       }
     }
@@ -178,9 +179,10 @@ class PlanExecutor final : public harness::RankExecutor {
           !solved_->model->recomputePricing()) {
         j["predictions"].push_back(
             {{"what", "memory_rows"},
-             {"about", "the integer program's memory rows once each forward node ran, against "
-                       "the replay of the plan; worst at " +
-                           worst["at"].get<std::string>().substr(15)},
+             {"about",
+              "the integer program's memory rows once each forward node ran, against "
+              "the replay of the plan; worst at " +
+                  worst["at"].get<std::string>().substr(15)},
              {"unit", "bytes"},
              {"measured", worst["replayed"]},
              {"predicted", worst["rows"]},
@@ -196,7 +198,8 @@ class PlanExecutor final : public harness::RankExecutor {
         (plan.solver.status == "optimal" || plan.solver.status == "feasible")) {
       j["predictions"].push_back(
           {{"what", "program_objective"},
-           {"about", "the integer program's objective, against the plan's step priced node by node"},
+           {"about",
+            "the integer program's objective, against the plan's step priced node by node"},
            {"unit", "us"},
            {"measured", plan.predictedStepUs},
            {"predicted", plan.solver.objectiveUs},

@@ -122,7 +122,7 @@ struct Unit {
   std::vector<Ref> unpacked;
   // kOp: the rule's backward events and each operand's gradient; the native operators'.
   std::vector<int64_t> backwardEvents;
-  std::vector<Dims> gradSizes;  // per operand (kEdge: the gradient's, redistributed back)
+  std::vector<Dims> gradSizes;    // per operand (kEdge: the gradient's, redistributed back)
   std::vector<Dims> gradStrides;  // kOp: per operand, where not contiguous
   std::vector<bool> hasGrad;
   bool native = false;      // kOp add: the incoming gradient passed on
@@ -130,7 +130,7 @@ struct Unit {
   size_t incomingReleasedAt = SIZE_MAX;  // kOp: the backward event before which they go
   std::string op;
   bool recomputes = false;  // kOp: reads a tensor the forward dropped (selective checkpointing)
-  Dims inSizes;                                   // kOp views: the operand's local sizes
+  Dims inSizes;             // kOp views: the operand's local sizes
   std::vector<int64_t> inversePerm;               // kOp permute
   std::unique_ptr<harness::RedistRunner> runner;  // kEdge: the gradient's way back
   std::vector<int> axes;                          // kAllReduce
@@ -835,8 +835,8 @@ void Replay::runUnit(Unit& u) {
         // gradient is summed after that, by the engine (validate_outputs), so with such tensors
         // it is allocated after them.
         int64_t late = 0;
-        if (early == 0 && !u.unpacked.empty() && op == "addmm" && u.hasGrad.size() > 2 && u.hasGrad[2] &&
-            u.gradSizes[2].size() == 1 && u.incomingReleasedAt == SIZE_MAX &&
+        if (early == 0 && !u.unpacked.empty() && op == "addmm" && u.hasGrad.size() > 2 &&
+            u.hasGrad[2] && u.gradSizes[2].size() == 1 && u.incomingReleasedAt == SIZE_MAX &&
             !u.backwardEvents.empty()) {
           late = numelOf(u.gradSizes[2]) * es_;
           if (u.backwardEvents[0] < late) late = 0;
@@ -961,8 +961,7 @@ void recomputeClosure(const reference::Graph& g, const std::vector<bool>& save,
     if (!needed[v]) continue;
     for (const auto& a : g.nodes[v].args) {
       const int q = g.producer(a).first;
-      if (q >= 0 && region[static_cast<size_t>(q)] == region[v] &&
-          !save[static_cast<size_t>(q)]) {
+      if (q >= 0 && region[static_cast<size_t>(q)] == region[v] && !save[static_cast<size_t>(q)]) {
         needed[static_cast<size_t>(q)] = true;
       }
     }

@@ -76,8 +76,8 @@ double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
   double x = std::nan("");
   if (whole) {
     // Compared as an integer: 2^62 + 511 through a double would read as 2^62 and pass.
-    if (auto n = harness::jsonWholeNumber(v, static_cast<int64_t>(r.lo),
-                                          static_cast<int64_t>(r.hi))) {
+    if (auto n =
+            harness::jsonWholeNumber(v, static_cast<int64_t>(r.lo), static_cast<int64_t>(r.hi))) {
       x = static_cast<double>(*n);
     }
   } else if (v.is_number()) {
@@ -293,7 +293,8 @@ class PlanStrategy final : public harness::Strategy {
   void checkParams(const CaseSpec& c) const override {
     checkPlanParams(c);
     if (c.params.contains("plan") && !c.params.at("plan").is_string()) {
-      throw harness::InputError(c.where() + ": params.plan: expected the path of a plan file, got " +
+      throw harness::InputError(c.where() +
+                                ": params.plan: expected the path of a plan file, got " +
                                 c.params.at("plan").dump());
     }
     if (algo_.empty() && c.params.contains("plan")) checkPlanFileParams(c);
