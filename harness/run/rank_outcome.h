@@ -28,9 +28,10 @@ struct RankOutcome {
   int64_t peak = 0;
   int64_t startBytes = 0;  // live when the measured step started (its peak's baseline)
   // The runner's leak check (a step that leaves more live behind each time it runs): the live
-  // bytes once the measured step returned (-1: not measured here, the step ran in another
-  // process), to compare with startBytes, what the warm-up step left; and right after the
-  // first and the last timed step, with how many steps were timed.
+  // bytes once the measured step returned on every rank (-1: not read: the step ran in another
+  // process, or the device's allocation hook saw none of it), to compare with startBytes, what
+  // the warm-up step left; and right after the first and the last timed step, with how many
+  // steps were timed (0: not read).
   int64_t endBytes = -1;
   int64_t timedSteps = 0, afterFirstTimedBytes = 0, afterLastTimedBytes = 0;
   CommStats counted, wire;

@@ -170,6 +170,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     const bool cuda = reference::caseDevice().is_cuda();
     DeviceMemoryStats before;
     const int64_t hookBefore = cudaAllocationsSeen();
+    bool hookBlind = false;
     if (cuda) {
       resetDevicePeak();
       before = deviceMemoryStats();
@@ -187,9 +188,12 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
         execs[r]->step(ctx);
       }
       peak[r] = MemoryTracker::instance().peak(r);
-      end[r] = MemoryTracker::instance().current(r);
       MemoryTracker::instance().traceNote(r, "end of the measured step");
     });
+    // What the step left live, read once every rank of the mesh is past its step (a peer may
+    // still hold a tensor of this rank's, as a collective's part, until it is).
+    world.maxOverProcesses(0.0);
+    for (int r : local) end[r] = MemoryTracker::instance().current(r);
     if (cuda) {
       // The rank peaks above are the allocation hook's: tensor bytes per rank, as on the CPU.
       // The allocator's own peak is the device's (every rank of this process on it), in its
@@ -202,9 +206,12 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
           {"allocations_seen_by_hook", hookSaw}};
       if (hookSaw == 0 && after.allocatedPeak > before.allocatedCurrent) {
         // The hook saw nothing while the allocator allocated: the per-rank peaks are unknown
-        // (the allocator's own peak over the start is beside them).
+        // (the allocator's own peak over the start is beside them), and so is what a step
+        // leaves live (no leak check).
         out.deviceMemory["note"] =
             "the allocation hook saw no allocation of this step: per-rank peaks are not known";
+        hookBlind = true;
+        for (int r : local) end[r] = -1;
       }
     }
     for (int r : local) {
@@ -217,7 +224,7 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
         out.ranks[slot[r]].wire = m.comm;
         peak[r] = m.peakBytes;
         start[r] = m.startBytes;
-        end[r] = -1;
+        end[r] = -1;  // not read there: no leak check
       }
     }
     // Untimed and uncounted: results laid out as the strategy declares them (pending sums
@@ -264,9 +271,10 @@ LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData
     liveStatus().phase = "verifying the timed steps";
     for (int r : local) {
       // Each timed step runs after another step, with the runner holding the same results: a
-      // step that leaves more live behind than the one before it leaks (a step run in another
-      // process is measured there, and not here).
-      if (execs[r]->outOfProcess()) continue;
+      // step that leaves more live behind than the one before it leaks. Not checked: a step run
+      // in another process (a PyTorch rank; its runner reports no such reading), a device
+      // step the allocation hook did not see.
+      if (execs[r]->outOfProcess() || hookBlind) continue;
       out.ranks[slot[r]].timedSteps = liveAfter[r].steps;
       out.ranks[slot[r]].afterFirstTimedBytes = liveAfter[r].first;
       out.ranks[slot[r]].afterLastTimedBytes = liveAfter[r].last;
@@ -325,11 +333,16 @@ double timedStep(World& world, std::vector<std::unique_ptr<RankExecutor>>& execs
     timer.start();
     execs[ctx.rank()]->step(ctx);
     scratch[ctx.rank()] = timer.stopSeconds();
-    if (after) (*after)[ctx.rank()].note(MemoryTracker::instance().current(ctx.rank()));
   });
   double slowest = 0;
   for (int r : world.localRanks()) slowest = std::max(slowest, scratch[r]);
-  return world.maxOverProcesses(slowest);
+  slowest = world.maxOverProcesses(slowest);
+  // Once every rank of the mesh is past its step (a peer may hold a tensor of this rank's
+  // until it is).
+  if (after) {
+    for (int r : world.localRanks()) (*after)[r].note(MemoryTracker::instance().current(r));
+  }
+  return slowest;
 }
 
 Record runStrategy(const CaseSpec& c, const reference::WorkloadData& data, const Strategy& strategy,

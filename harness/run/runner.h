@@ -56,7 +56,7 @@ class World;
 // Runs one step on every local rank and returns the slowest rank's seconds over every process
 // of the mesh: the function the runner hands to Google Benchmark. `scratch` holds per-rank
 // times (sized to the mesh). `after`, where given (sized to the mesh): each local rank's live
-// bytes once its step returned, noted (the runner's leak check).
+// bytes once every rank of the mesh is past the step, noted (the runner's leak check).
 struct LiveAfterSteps {
   int64_t steps = 0, first = 0, last = 0;
   void note(int64_t bytes) {

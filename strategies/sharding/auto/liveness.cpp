@@ -310,16 +310,23 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   // above counted it as long as any reader through the view). Forward rows t in
   // [view, through): + the copy; from max(view, other) on: - the producer's output. Each only
   // where the two layouts differ.
-  std::vector<int> through(N, -1);  // per node: its last reader, or that of a view of it
-  for (int v = N - 1; v >= 0; --v) {
-    for (int w = v + 1; w < N; ++w) {
-      for (const auto& a : g.nodes[w].args) {
-        if (g.producer(a).first != v) continue;
-        through[v] = std::max(through[v], !allocates[w] && root[w] == root[v] && root[v] >= 0
-                                              ? std::max(w, through[w])
-                                              : w);
-      }
+  // Per node, the nodes reading one of its outputs (each once), in order.
+  std::vector<std::vector<int>> readers(N);
+  for (int w = 0; w < N; ++w) {
+    for (const auto& a : g.nodes[w].args) {
+      const int p = g.producer(a).first;
+      if (p >= 0 && (readers[p].empty() || readers[p].back() != w)) readers[p].push_back(w);
     }
+  }
+  // Per node: its last reader, or that of a view of it (a reader is later than its producer,
+  // so one pass from the end sees every reader's final value).
+  const auto isViewOf = [&](int w, int v) {
+    return !allocates[w] && root[v] >= 0 && root[w] == root[v];
+  };
+  std::vector<int> through(N, -1);
+  for (int v = N - 1; v >= 0; --v) {
+    for (int w : readers[v])
+      through[v] = std::max(through[v], isViewOf(w, v) ? std::max(w, through[w]) : w);
   }
   struct ViewCopy {
     int view = 0, from = 0, through = 0, other = 0;
@@ -331,16 +338,16 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
     if (allocates[v] || root[v] < 0) continue;
     const auto [p, j] = g.producer(n.args[0]);
     if (p < 0 || !allocates[p] || through[v] <= v) continue;
+    // Where a node saves the producer's storage (its own output, an operand, the view or a view
+    // of it), the saved-value terms above hold it to a backward: left to them, as before (an
+    // estimate, never under).
+    if (savedValues.count(p)) continue;
     ViewCopy c;
     c.view = v;
     c.from = p;
     c.through = through[v];
-    for (int w = p + 1; w < N; ++w) {
-      if (w == v) continue;
-      for (const auto& a : g.nodes[w].args) {
-        if (g.producer(a).first == p)
-          c.other = std::max(c.other, through[w] > w && !allocates[w] ? through[w] : w);
-      }
+    for (int w : readers[p]) {
+      if (w != v) c.other = std::max(c.other, isViewOf(w, p) ? std::max(w, through[w]) : w);
     }
     const auto& from = m.candidates(p);
     const auto& to = m.candidates(v);
@@ -377,7 +384,8 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   };
   // A value that a recomputed node reads from the forward (its storage made by a node that is
   // kept, or outside the block) is held for the block's recomputation, from its forward to the
-  // backward of the block's last node (the earliest such block in the backward's order).
+  // backward of the block's last node (of the blocks reading it, the one whose backward comes
+  // last: the earliest in the forward).
   std::vector<int> heldForRecompute(N, -1);  // per storage: that block's last node
   if (rp) {
     for (int w = 0; w < N; ++w) {

@@ -175,7 +175,7 @@ class PlanExecutor final : public harness::RankExecutor {
       // graphs' operators) and no selective checkpointing drops them; an imported graph's aten
       // kernels are counted as saving every operand they read, an estimate, and the rows of a
       // priced recomputation policy miss some of what its forward keeps (docs/autoshard.md).
-      if (unverifiedOperators(solved_->model->graph()).empty() && !recompute_ &&
+      if (replayed_ && unverifiedOperators(solved_->model->graph()).empty() && !recompute_ &&
           !solved_->model->recomputePricing()) {
         j["predictions"].push_back(
             {{"what", "memory_rows"},
