@@ -86,11 +86,14 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   }
   std::vector<int> lastUse(N, -1);
   std::map<std::string, int> lastReader;
+  // Per node, the nodes reading one of its outputs (each once), in order.
+  std::vector<std::vector<int>> readers(N);
   for (int v = 0; v < N; ++v) {
     for (const auto& a : g.nodes[v].args) {
       lastReader[a] = v;
       const auto [p, j] = g.producer(a);
       if (p >= 0 && root[p] >= 0) lastUse[root[p]] = std::max(lastUse[root[p]], v);
+      if (p >= 0 && (readers[p].empty() || readers[p].back() != v)) readers[p].push_back(v);
     }
   }
   const int outputNode = g.producer(g.output).first;
@@ -310,14 +313,6 @@ void forEachLivenessRow(const ShardingModel& m, const std::map<std::string, int>
   // above counted it as long as any reader through the view). Forward rows t in
   // [view, through): + the copy; from max(view, other) on: - the producer's output. Each only
   // where the two layouts differ.
-  // Per node, the nodes reading one of its outputs (each once), in order.
-  std::vector<std::vector<int>> readers(N);
-  for (int w = 0; w < N; ++w) {
-    for (const auto& a : g.nodes[w].args) {
-      const int p = g.producer(a).first;
-      if (p >= 0 && (readers[p].empty() || readers[p].back() != w)) readers[p].push_back(w);
-    }
-  }
   // Per node: its last reader, or that of a view of it (a reader is later than its producer,
   // so one pass from the end sees every reader's final value).
   const auto isViewOf = [&](int w, int v) {

@@ -149,8 +149,11 @@ class PlanExecutor final : public harness::RankExecutor {
     // that node ran: between two nodes no kernel's scratch is live, so where they differ the
     // rows miscount a tensor (memory_rows_against_replay).
     size_t forward = 0;
-    nlohmann::json worst;
     int64_t pointsEqual = 0;
+    struct {
+      std::string at;
+      int64_t rows = 0, replayed = 0;
+    } worst;
     for (const auto& point : liveness) {
       const std::string& what = point.at;
       rows.push_back({{"at", what}, {"live_bytes", point.liveBytes}});
@@ -161,16 +164,18 @@ class PlanExecutor final : public harness::RankExecutor {
       if (point.during) rows.back()["once_ran_bytes"] = bytes;
       rows.back()["replayed_bytes"] = replayed;
       if (bytes == replayed) ++pointsEqual;
-      if (worst.is_null() ||
-          std::abs(bytes - replayed) >
-              std::abs(worst["rows"].get<int64_t>() - worst["replayed"].get<int64_t>())) {
-        worst = {{"at", what}, {"rows", bytes}, {"replayed", replayed}};
+      if (worst.at.empty() || std::abs(bytes - replayed) > std::abs(worst.rows - worst.replayed)) {
+        worst = {what.substr(15), bytes, replayed};  // the node's name
       }
     }
     j["memory_rows"] = rows;
     if (forward > 0) {
-      j["memory_rows_against_replay"] = {
-          {"forward_points", forward}, {"equal", pointsEqual}, {"worst", worst}};
+      j["memory_rows_against_replay"] = {{"forward_points", forward},
+                                         {"equal", pointsEqual},
+                                         {"worst",
+                                          {{"at", "forward, after " + worst.at},
+                                           {"rows", worst.rows},
+                                           {"replayed", worst.replayed}}}};
       // Judged to the byte where the rows know every operator's saved tensors (the built-in
       // graphs' operators) and no selective checkpointing drops them; an imported graph's aten
       // kernels are counted as saving every operand they read, an estimate, and the rows of a
@@ -182,10 +187,10 @@ class PlanExecutor final : public harness::RankExecutor {
              {"about",
               "the integer program's memory rows once each forward node ran, against "
               "the replay of the plan; worst at " +
-                  worst["at"].get<std::string>().substr(15)},
+                  worst.at},
              {"unit", "bytes"},
-             {"measured", worst["replayed"]},
-             {"predicted", worst["rows"]},
+             {"measured", worst.replayed},
+             {"predicted", worst.rows},
              {"tolerance", 0}});
       }
     }
