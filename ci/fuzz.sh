@@ -78,7 +78,7 @@ build_target() {
     # The plan reader, the model it reads plans of and the operator strategies it resolves
     # (instrumented; the last registers its executors, unused here); the integer program
     # (gcc's build, not instrumented) only because the model's translation unit refers to it.
-    plan) srcs+=("$src/strategies/sharding/auto/"{cost_model,liveness,plan_json,plan_memory,plan_memory_solve,program}.cpp
+    plan) srcs+=("$src/strategies/sharding/auto/"{cost_model,liveness,plan_json,plan_memory,plan_memory_backward,plan_memory_solve,program}.cpp
                  "$src/strategies/sharding/ops/"*.cpp)
           extra=("${torch[@]}" "${harness[@]}" -L"$build/strategies" -lstratbench_layout
                  "$build/strategies/libstratbench_autoshard_ilp.a"
