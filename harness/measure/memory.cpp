@@ -15,6 +15,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "reference/cpu_allocator.h"
+
 namespace sb::harness {
 namespace {
 
@@ -50,14 +52,12 @@ void deleteTracked(void* ptr) {
   gBase->raw_deleter()(ptr);
 }
 
-class TrackingCpuAllocator final : public c10::Allocator {
+class TrackingCpuAllocator final : public reference::WrappingCpuAllocator {
  public:
-  // LibTorch 2.3 made allocate() non-const and added copy_data().
-#if SB_TORCH_VERSION_NUM >= 203
-  c10::DataPtr allocate(size_t n) override {
-#else
-  c10::DataPtr allocate(size_t n) const override {
-#endif
+  c10::DeleterFnPtr raw_deleter() const override { return &deleteTracked; }
+
+ protected:
+  c10::DataPtr allocateBytes(size_t n) const override {
     void* data = gBase->raw_allocate(n);
     const int bucket = MemoryTracker::threadBucket();
     if (data != nullptr) {
@@ -67,13 +67,6 @@ class TrackingCpuAllocator final : public c10::Allocator {
     MemoryTracker::instance().allocated(bucket, static_cast<int64_t>(n), data);
     return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
   }
-
-  c10::DeleterFnPtr raw_deleter() const override { return &deleteTracked; }
-#if SB_TORCH_VERSION_NUM >= 203
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#endif
 };
 
 // SB_MEMORY_TRACE=<rank>: every allocation and free of that rank's bucket on stderr, with the

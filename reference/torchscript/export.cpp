@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "reference/cpu_allocator.h"
 #include "reference/tensor_bundle.h"
 #include "reference/torchscript/import.h"
 
@@ -824,25 +825,10 @@ namespace {
 // storage's record into one allocation of the record's size (PyTorchStreamReader::getRecord),
 // whatever size the pickle then gives the storage. Installed around torch::jit::load only; what
 // it hands out is the wrapped allocator's own, freed by its own deleter.
-class RecordingAllocator final : public c10::Allocator {
+class RecordingAllocator final : public sb::reference::WrappingCpuAllocator {
  public:
   explicit RecordingAllocator(c10::Allocator* base) : base_(base) {}
-#if SB_TORCH_VERSION_NUM >= 203
-  c10::DataPtr allocate(size_t n) override {
-#else
-  c10::DataPtr allocate(size_t n) const override {
-#endif
-    c10::DataPtr p = base_->allocate(n);
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (p.get() != nullptr) sizes_[p.get()] = n;
-    return p;
-  }
   c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
-#if SB_TORCH_VERSION_NUM >= 203
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#endif
   // The size of the allocation starting at `p`, or 0 where none made during the load does.
   size_t sizeAt(const void* p) const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -851,6 +837,13 @@ class RecordingAllocator final : public c10::Allocator {
   }
 
  private:
+  c10::DataPtr allocateBytes(size_t n) const override {
+    c10::DataPtr p = base_->allocate(n);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (p.get() != nullptr) sizes_[p.get()] = n;
+    return p;
+  }
+
   c10::Allocator* base_;
   mutable std::mutex mutex_;
   mutable std::map<const void*, size_t> sizes_;
