@@ -180,37 +180,42 @@ check "planted: rows without the parameters: the ILP's plan peaks over the limit
   "over the 120000 bytes it promised" -- \
   "$sb" run "$tmp/limited.yaml" --out "$tmp/rowsfault" --repetitions 1 --filter '^sharding/auto/ilp$' \
   --plant-fault 'sharding/auto/ilp=rows_without_parameters'
-# A replay that frees each value at its last reader's forward (not after what it saved): the
-# rows pass their numerics, and the prediction, off, fails the gate.
-check "planted: a replay freeing values early: numerics pass" 0 "total +2 +0 +0 +0" -- \
-  "$sb" run "$tmp/sample.yaml" --out "$tmp/earlyfault" --repetitions 1 \
+# A planted fault only a prediction can see: the run passes its numerics (`total` is the run's
+# tally line), and the gate flags what the fault did (`finding`). The sample suite, one
+# repetition; the rest of the arguments pick rows and plant faults.
+numerics_pass_gate_flags() {
+  local what=$1 out=$2 total=$3 finding=$4
+  shift 4
+  check "planted: $what: numerics pass" 0 "$total" -- \
+    "$sb" run "$tmp/sample.yaml" --out "$out" --repetitions 1 "$@"
+  check "planted: $what: the gate flags it" 1 "$finding" -- "$sb" report "$out" --gate
+}
+
+# A replay that frees each value at its last reader's forward (not after what it saved): both
+# rows' predictions are off.
+numerics_pass_gate_flags "a replay freeing values early" "$tmp/earlyfault" \
+  "total +2 +0 +0 +0" "gate: FAILED \(2 finding" \
   --filter '^sharding/auto/(ilp|megatron)$' \
   --plant-fault 'sharding/auto/ilp=liveness_frees_early' \
   --plant-fault 'sharding/auto/megatron=liveness_frees_early'
-check "planted: a replay freeing values early: the gate flags both rows' memory" 1 \
-  "gate: FAILED \(2 finding" -- "$sb" report "$tmp/earlyfault" --gate
 
 # The rows judged at every forward point against the replay (memory_rows), where the plan
 # survives them: the rows without the parameters on a case without a limit, and rows that free
-# each activation one node before its last reader. Numerics pass; the gate flags the rows.
-check "planted: rows wrong where the plan survives: numerics pass" 0 "total +2 +0 +0 +0" -- \
-  "$sb" run "$tmp/sample.yaml" --out "$tmp/rowsearly" --repetitions 1 \
+# each activation one node before its last reader.
+numerics_pass_gate_flags "rows wrong where the plan survives" "$tmp/rowsearly" \
+  "total +2 +0 +0 +0" "gate: FAILED \(2 finding" \
   --filter '^sharding/auto/(ilp|megatron)$' \
   --plant-fault 'sharding/auto/ilp=rows_free_early' \
   --plant-fault 'sharding/auto/megatron=rows_without_parameters'
-check "planted: rows wrong where the plan survives: the gate flags both rows' memory_rows" 1 \
-  "gate: FAILED \(2 finding" -- "$sb" report "$tmp/rowsearly" --gate
 grep -q "memory_rows (the integer program's memory rows once each forward node ran" \
   "$tmp/rowsearly/results.json" || fail "the planted rows' finding does not say memory_rows"
 
 # The program without the edges of a parameter read twice (GPT-2's tied embedding and head): a
-# plan whose objective is under its step priced node by node; numerics right, the gate flags it.
-check "planted: a program without the parameters' edges: numerics pass" 0 "total +1 +0 +0 +0" -- \
-  "$sb" run "$tmp/sample.yaml" --out "$tmp/programfault" --repetitions 1 \
+# plan whose objective is under its step priced node by node.
+numerics_pass_gate_flags "a program without the parameters' edges" "$tmp/programfault" \
+  "total +1 +0 +0 +0" "integer program's objective, against the plan's step" \
   --filter '^sharding/auto/ilp$' \
   --plant-fault 'sharding/auto/ilp=program_without_parameter_edges'
-check "planted: a program without the parameters' edges: the gate flags its objective" 1 \
-  "integer program's objective, against the plan's step" -- "$sb" report "$tmp/programfault" --gate
 check "the right program's objective is its step priced node by node" 0 "total +1 +0 +0 +0" -- \
   "$sb" run "$tmp/sample.yaml" --out "$tmp/programright" --repetitions 1 \
   --filter '^sharding/auto/ilp$'
