@@ -17,14 +17,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <sstream>
-#include <type_traits>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,20 +43,34 @@ using torch::jit::Value;
 // torch/_export/serde/schema.py's ScalarType numbering, not c10's.
 std::optional<at::ScalarType> scalarType(int64_t code) {
   switch (code) {
-    case 1: return at::kByte;
-    case 2: return at::kChar;
-    case 3: return at::kShort;
-    case 4: return at::kInt;
-    case 5: return at::kLong;
-    case 6: return at::kHalf;
-    case 7: return at::kFloat;
-    case 8: return at::kDouble;
-    case 9: return at::ScalarType::ComplexHalf;
-    case 10: return at::ScalarType::ComplexFloat;
-    case 11: return at::ScalarType::ComplexDouble;
-    case 12: return at::kBool;
-    case 13: return at::kBFloat16;
-    default: return std::nullopt;
+    case 1:
+      return at::kByte;
+    case 2:
+      return at::kChar;
+    case 3:
+      return at::kShort;
+    case 4:
+      return at::kInt;
+    case 5:
+      return at::kLong;
+    case 6:
+      return at::kHalf;
+    case 7:
+      return at::kFloat;
+    case 8:
+      return at::kDouble;
+    case 9:
+      return at::ScalarType::ComplexHalf;
+    case 10:
+      return at::ScalarType::ComplexFloat;
+    case 11:
+      return at::ScalarType::ComplexDouble;
+    case 12:
+      return at::kBool;
+    case 13:
+      return at::kBFloat16;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -67,11 +81,16 @@ std::optional<c10::Layout> layoutOf(int64_t code) {
 }
 std::optional<c10::MemoryFormat> memoryFormat(int64_t code) {
   switch (code) {
-    case 1: return c10::MemoryFormat::Contiguous;
-    case 2: return c10::MemoryFormat::ChannelsLast;
-    case 3: return c10::MemoryFormat::ChannelsLast3d;
-    case 4: return c10::MemoryFormat::Preserve;
-    default: return std::nullopt;
+    case 1:
+      return c10::MemoryFormat::Contiguous;
+    case 2:
+      return c10::MemoryFormat::ChannelsLast;
+    case 3:
+      return c10::MemoryFormat::ChannelsLast3d;
+    case 4:
+      return c10::MemoryFormat::Preserve;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -156,9 +175,10 @@ class Reader {
     }
     for (const auto& r : records) {
       if (r == "serialized_exported_program.json") {
-        throw ImportError(file_ + ": record serialized_exported_program.json: the 2.7-era "
-                                  "layout, not read here; save it again with PyTorch 2.8 or "
-                                  "later (torch.export.save)");
+        throw ImportError(file_ +
+                          ": record serialized_exported_program.json: the 2.7-era "
+                          "layout, not read here; save it again with PyTorch 2.8 or "
+                          "later (torch.export.save)");
       }
       if (r.rfind("models/", 0) == 0 && r.size() > 12 && r.substr(r.size() - 5) == ".json") {
         models_.push_back(r);
@@ -210,8 +230,7 @@ class Reader {
     }
     const json& gm = at(program, "graph_module", where);
     try {
-      build(at(gm, "graph", where + " graph_module"),
-            at(gm, "signature", where + " graph_module"));
+      build(at(gm, "graph", where + " graph_module"), at(gm, "signature", where + " graph_module"));
     } catch (const json::exception& e) {
       throw ImportError(where + ": malformed (" + e.what() + ")");
     }
@@ -289,8 +308,8 @@ class Reader {
                           c10::toString(*dtype) + ", sizes " + c10::str(sizes) + ") needs " +
                           std::to_string(need));
       }
-      at::Tensor storage = at::empty({static_cast<int64_t>(bytes.size()) / item},
-                                     at::TensorOptions().dtype(*dtype));
+      at::Tensor storage =
+          at::empty({static_cast<int64_t>(bytes.size()) / item}, at::TensorOptions().dtype(*dtype));
       std::memcpy(storage.data_ptr(), bytes.data(), storage.numel() * item);
       if (fault_ == "export_wrong_weight" && first && storage.numel() > 1 && !empty) {
         // Planted: the first weight read one element late.
@@ -310,9 +329,9 @@ class Reader {
     const size_t dot = path.rfind('.');
     torch::jit::Module parent = submodule(dot == std::string::npos ? "" : path.substr(0, dot));
     const std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
-    torch::jit::Module m(c10::QualifiedName("__torch__.stratbench.export.Module_" +
-                                            std::to_string(modules_.size())),
-                         cu_, true);
+    torch::jit::Module m(
+        c10::QualifiedName("__torch__.stratbench.export.Module_" + std::to_string(modules_.size())),
+        cu_, true);
     m.register_attribute("training", c10::BoolType::get(), true);
     parent.register_module(leaf, m);
     modules_.emplace(path, m);
@@ -472,12 +491,13 @@ class Reader {
       return;
     }
     if (target.rfind("torch.ops.higher_order.", 0) == 0) {
-      throw ImportError(where + ": a higher-order operator (control flow or a wrapped "
-                                "subgraph), which is not imported; export without it");
+      throw ImportError(where +
+                        ": a higher-order operator (control flow or a wrapped "
+                        "subgraph), which is not imported; export without it");
     }
     std::string qual, overload;
-    static const std::set<std::string> kIntOps = {"add", "sub", "mul", "floordiv", "mod",
-                                                  "neg", "ge", "gt", "le", "lt", "eq", "ne"};
+    static const std::set<std::string> kIntOps = {"add", "sub", "mul", "floordiv", "mod", "neg",
+                                                  "ge",  "gt",  "le",  "lt",       "eq",  "ne"};
     if (target.rfind("_operator.", 0) == 0 && kIntOps.count(target.substr(10))) {
       qual = "aten::" + target.substr(10);  // int arithmetic on symbolic sizes
     } else if (target.rfind("torch.ops.", 0) == 0) {
@@ -511,8 +531,8 @@ class Reader {
     try {
       result = graph_->insert(symbol, args, kwargs);
     } catch (const std::exception& e) {
-      throw ImportError(where + ": matches none of " + qual +
-                        "'s schemas in this LibTorch (" + errorFirstLine(e.what()) + ")");
+      throw ImportError(where + ": matches none of " + qual + "'s schemas in this LibTorch (" +
+                        errorFirstLine(e.what()) + ")");
     }
     // Multiple returns come packed in a tuple: the operator's own outputs are its inputs.
     std::vector<Value*> outs;
@@ -567,8 +587,8 @@ class Reader {
   void build(const json& graph, const json& signature) {
     const std::string where = file_ + ": models/" + name_ + ".json";
     cu_ = std::make_shared<torch::jit::CompilationUnit>();
-    root_ = torch::jit::Module(c10::QualifiedName("__torch__.stratbench.export.Program"), cu_,
-                               true);
+    root_ =
+        torch::jit::Module(c10::QualifiedName("__torch__.stratbench.export.Program"), cu_, true);
     root_.register_attribute("training", c10::BoolType::get(), true);
     graph_ = std::make_shared<torch::jit::Graph>();
     self_ = graph_->addInput("self");
@@ -594,8 +614,8 @@ class Reader {
       } else if (key == "buffer") {
         state.push_back({at(at(*j, "arg", w), "name", w), at(*j, "buffer_name", w), false});
       } else if (key == "tensor_constant") {
-        state.push_back({at(at(*j, "arg", w), "name", w), at(*j, "tensor_constant_name", w),
-                         false});
+        state.push_back(
+            {at(at(*j, "arg", w), "name", w), at(*j, "tensor_constant_name", w), false});
       } else if (key == "user_input") {
         auto [k, arg] = unionOf(at(*j, "arg", w), w);
         if (k != "as_tensor") {
@@ -604,8 +624,9 @@ class Reader {
         }
         user.push_back(at(*arg, "name", w));
       } else {
-        throw ImportError(w + ": not read here (custom objects, effect tokens and constant "
-                              "inputs are not imported)");
+        throw ImportError(w +
+                          ": not read here (custom objects, effect tokens and constant "
+                          "inputs are not imported)");
       }
     }
     for (const State& s : state) {
@@ -617,9 +638,9 @@ class Reader {
       const auto [path, leaf] = split(s.qualified);
       torch::jit::Module m = submodule(path);
       if (s.parameter) {
-        m.register_parameter(leaf, it->second.set_requires_grad(
-                                       at::isFloatingType(it->second.scalar_type())),
-                             false);
+        m.register_parameter(
+            leaf, it->second.set_requires_grad(at::isFloatingType(it->second.scalar_type())),
+            false);
       } else {
         m.register_buffer(leaf, it->second);
       }
@@ -655,16 +676,16 @@ class Reader {
         Value* owner = path.empty() ? self_ : attribute(path);
         graph_->insertNode(graph_->createSetAttr(owner, leaf, value));
       } else {
-        throw ImportError(w + ": not read here (user-input and parameter mutations, gradients "
-                              "and effect tokens are not imported)");
+        throw ImportError(w +
+                          ": not read here (user-input and parameter mutations, gradients "
+                          "and effect tokens are not imported)");
       }
     }
     if (results.empty()) throw ImportError(where + ": the program returns no user output");
     graph_->registerOutput(results.size() == 1
                                ? results[0]
                                : graph_->insertNode(graph_->createTuple(results))->output());
-    auto* fn = cu_->create_function(
-        c10::QualifiedName(*root_.type()->name(), "forward"), graph_);
+    auto* fn = cu_->create_function(c10::QualifiedName(*root_.type()->name(), "forward"), graph_);
     root_.type()->addMethod(fn);
     out_.module = root_;
   }
@@ -703,9 +724,10 @@ void checkModelFile(const std::string& file) {
   }
   if (!std::filesystem::exists(st)) {
     std::error_code lec;
-    throw ImportError(file + (std::filesystem::is_symlink(std::filesystem::symlink_status(file, lec))
-                                  ? ": a symbolic link to nothing (its target does not exist)"
-                                  : ": no such model file"));
+    throw ImportError(file +
+                      (std::filesystem::is_symlink(std::filesystem::symlink_status(file, lec))
+                           ? ": a symbolic link to nothing (its target does not exist)"
+                           : ": no such model file"));
   }
   if (!std::filesystem::is_regular_file(st)) {
     throw ImportError(file + ": not a regular file (a folder, a FIFO or a device)" + kWhat);
@@ -853,13 +875,14 @@ class RecordingAllocator final : public sb::reference::WrappingCpuAllocator {
 
 ModelFile loadModelFile(const std::string& file, const std::string& fault) {
   checkModelFile(file);
-  if (isExportArchive(file) ||
-      (file.size() > 4 && file.substr(file.size() - 4) == ".pt2")) {
+  if (isExportArchive(file) || (file.size() > 4 && file.substr(file.size() - 4) == ".pt2")) {
     try {
       return Reader(file, fault).read();
     } catch (const nlohmann::json::exception& e) {
-      throw ImportError(file + ": a record's JSON is not what torch/_export/serde/schema.py "
-                               "writes (" + std::string(e.what()) + ")");
+      throw ImportError(file +
+                        ": a record's JSON is not what torch/_export/serde/schema.py "
+                        "writes (" +
+                        std::string(e.what()) + ")");
     }
   }
   ModelFile m;
@@ -883,8 +906,10 @@ ModelFile loadModelFile(const std::string& file, const std::string& fault) {
     const size_t held = recording.sizeAt(t.storage().data());
     if (held != 0 && t.storage().nbytes() > held) {
       throw ImportError(file + ": " + kind + " '" + name + "' has a storage of " +
-                        std::to_string(t.storage().nbytes()) + " bytes, but its record in the "
-                        "file holds " + std::to_string(held) +
+                        std::to_string(t.storage().nbytes()) +
+                        " bytes, but its record in the "
+                        "file holds " +
+                        std::to_string(held) +
                         ": a truncated or edited file, refused before it is read");
     }
   };
@@ -946,8 +971,7 @@ ExportCheck verifyExport(const std::string& file, const std::string& fault) {
     if (!got.defined() || got.sizes() != ref.sizes()) {
       throw ImportError(file + ": " + name + " has shape " +
                         (got.defined() ? c10::str(got.sizes()) : std::string("(none)")) +
-                        " here, " + c10::str(ref.sizes()) + " in PyTorch's numbers (" + path +
-                        ")");
+                        " here, " + c10::str(ref.sizes()) + " in PyTorch's numbers (" + path + ")");
     }
     const at::Tensor g = got.detach().to(at::kDouble), r = ref.to(at::kDouble);
     const double scale = std::max(r.abs().max().item<double>(), 1e-30);
