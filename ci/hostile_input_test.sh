@@ -556,7 +556,7 @@ PY
     "$sb" report "$tmp/agree" --out "$tmp/agree/rep" --no-plots
 done
 # Hand-edited results.csv fields no run writes: refused naming the column, never gated on.
-for edit in err_ratio atol min_over_max dtype timestamp repetitions; do
+for edit in err_ratio atol min_over_max dtype timestamp repetitions mispredicted; do
   rm -rf "$tmp/edited" && cp -r "$tmp/keep" "$tmp/edited" && rm "$tmp/edited/results.json"
   case $edit in
     err_ratio) edit_first_row "$tmp/edited/results.csv" 'r["err_ratio"] = "-1"' ;;
@@ -565,6 +565,9 @@ for edit in err_ratio atol min_over_max dtype timestamp repetitions; do
     dtype) edit_first_row "$tmp/edited/results.csv" 'r["dtype"] = "float128"' ;;
     timestamp) edit_first_row "$tmp/edited/results.csv" 'r["timestamp_utc"] = "yesterday"' ;;
     repetitions) edit_first_row "$tmp/edited/results.csv" 'r["repetitions"] = "50"' ;;
+    # A hand's "none missed" written as a word: read as a prediction named "false" it would
+    # fail the gate saying that prediction missed.
+    mispredicted) edit_first_row "$tmp/edited/results.csv" 'r["mispredicted"] = "false"' ;;
   esac
   case $edit in
     err_ratio) want="column 'err_ratio': '-1' is not 0 or more" ;;
@@ -573,6 +576,7 @@ for edit in err_ratio atol min_over_max dtype timestamp repetitions; do
     dtype) want="column 'dtype': 'float128' is not one of" ;;
     timestamp) want="column 'timestamp_utc': 'yesterday' is not a UTC time as run writes it" ;;
     repetitions) want="column 'time_us_samples' holds 1 sample\(s\) but 'repetitions' is 50" ;;
+    mispredicted) want="column 'mispredicted': 'false' is not empty \(none missed\)" ;;
   esac
   check "report on a results.csv with $edit edited: exit 2 naming the column" 2 "$want" -- \
     "$sb" report "$tmp/edited" --out "$tmp/edited/rep" --no-plots

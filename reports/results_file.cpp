@@ -36,6 +36,7 @@
 #include "harness/in_file.h"
 #include "harness/measure/timing.h"
 #include "harness/parse_number.h"
+#include "harness/run/predict.h"
 #include "harness/run/records.h"
 #include "harness/strategy.h"
 
@@ -73,10 +74,7 @@ bool validMispredicted(const std::string& m) {
   while (at <= m.size()) {
     const size_t plus = std::min(m.find('+', at), m.size());
     const std::string part = m.substr(at, plus - at);
-    if (part.empty() || !(part[0] >= 'a' && part[0] <= 'z')) return false;
-    for (char ch : part) {
-      if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_')) return false;
-    }
+    if (!harness::validPredictionName(part)) return false;
     if (!seen.insert(part).second) return false;
     // memory only first; time only first or after memory.
     if (part == "memory" && index != 0) return false;
@@ -360,8 +358,8 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.mispredicted = f.str("mispredicted");
   if (!validMispredicted(r.mispredicted)) {
     f.bad("mispredicted", r.mispredicted,
-          "empty, or the names of the predictions joined by '+', memory and time first "
-          "(memory+time+bubble)");
+          "empty (none missed), or the names of the predictions that missed joined by '+', "
+          "memory and time first (memory+time+bubble)");
   }
   for (const auto& item : splitList(f.str("params"))) {
     const size_t eq = item.find('=');

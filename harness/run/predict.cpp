@@ -2,6 +2,7 @@
 
 #include "harness/run/predict.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <limits>
@@ -56,6 +57,17 @@ void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n
                                                    profile.host + " at " + profile.timestampUtc}};
 }
 
+bool validPredictionName(const std::string& name) {
+  if (name.empty() || name.size() > 64 || !(name[0] >= 'a' && name[0] <= 'z')) return false;
+  for (char ch : name) {
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_')) return false;
+  }
+  for (const char* word : {"false", "true", "no", "yes", "none", "null"}) {
+    if (name == word) return false;
+  }
+  return true;
+}
+
 std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& tol) {
   nlohmann::json j = nlohmann::json::object();
   std::vector<std::string> flagged, why;
@@ -76,9 +88,9 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
       // Bytes as integers; the error with the digits that show it past the claim.
       std::ostringstream s;
       s << what << (about.empty() ? "" : " (" + about + ")") << " measured " << std::fixed
-        << std::setprecision(unit[0] == 'b' ? 0 : 1) << measured << " " << unit << ", predicted " << predicted << " " << unit << " ("
-        << std::defaultfloat << std::setprecision(6) << 100 * err << "% off; the strategy claims "
-        << 100 * *tolerance << "%)";
+        << std::setprecision(unit[0] == 'b' ? 0 : 1) << measured << " " << unit << ", predicted "
+        << predicted << " " << unit << " (" << std::defaultfloat << std::setprecision(6)
+        << 100 * err << "% off; the strategy claims " << 100 * *tolerance << "%)";
       why.push_back(s.str());
     }
   };
@@ -119,6 +131,19 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
   if (rec.details.contains("executor") && rec.details["executor"].contains("predictions")) {
     for (const auto& p : rec.details["executor"]["predictions"]) {
       const std::string what = p.at("what"), unit = p.at("unit");
+      // A name the results file cannot carry (or one already judged: the runner's memory and
+      // time, an executor's twice) is the executor's mistake, flagged as such: the column stays
+      // one every reader takes, and the row is off (a claim nobody can read is not kept).
+      if (!validPredictionName(what) || what == "memory" || what == "time" || j.contains(what)) {
+        const std::string bad = "malformed_prediction";
+        if (std::find(flagged.begin(), flagged.end(), bad) == flagged.end()) {
+          flagged.push_back(bad);
+          why.push_back("the executor's prediction named '" + what.substr(0, 64) +
+                        "' is not one the results can carry (a lower-case name, a-z 0-9 _, "
+                        "not a yes/no word, each once, not the runner's memory or time)");
+        }
+        continue;
+      }
       const double measured = p.at("measured"), predicted = p.at("predicted");
       const double floor = p.value("floor", 0.0);
       // The claim as a relative tolerance against this measurement, the floor folded in (a

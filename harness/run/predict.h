@@ -29,4 +29,9 @@ void predictTime(Record& rec, const CaseSpec& c, const Strategy& strategy, int n
 // sentence for the message ("" when nothing is mispredicted).
 std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& tol);
 
+// A prediction's name as the mispredicted column writes it: lower-case letters, digits and '_',
+// starting with a letter, and no yes/no word (`mispredicted: false` is a hand's "none", which
+// is the empty column). An executor's own prediction with another name is flagged, not written.
+bool validPredictionName(const std::string& name);
+
 }  // namespace sb::harness

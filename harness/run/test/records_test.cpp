@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/run/predict.h"
 #include "harness/run/records.h"
 #include "harness/test/temp_dir.h"
 
@@ -268,6 +269,36 @@ TEST(SignalHold, AProcessWideSignalWaitsForTheEndOfTheHoldAndThenArrives) {
   }
   EXPECT_EQ(gHup, 1) << "not delivered after the hold";
   sigaction(SIGHUP, &old, nullptr);
+}
+
+// An executor's own claims are judged under their names, which the mispredicted column carries;
+// a name no reader takes back (a yes/no word, upper case, the runner's own memory, a claim
+// twice) flags the row as the executor's mistake instead of writing an unreadable column.
+TEST(Predictions, AnExecutorsClaimUnderANameTheResultsCannotCarryIsFlaggedNotWritten) {
+  const auto judged = [](std::vector<std::string> names) {
+    Record rec;
+    nlohmann::json claims = nlohmann::json::array();
+    for (const auto& n : names) {
+      claims.push_back({{"what", n},
+                        {"unit", "bytes"},
+                        {"measured", 100.0},
+                        {"predicted", 100.0},
+                        {"tolerance", 0.0}});
+    }
+    rec.details["executor"]["predictions"] = claims;
+    const std::string text = judgePredictions(rec, {std::nullopt, std::nullopt});
+    return std::make_pair(rec.mispredicted, text);
+  };
+  EXPECT_EQ(judged({"bubble", "held_memory"}).first, "");
+  for (const char* bad : {"false", "none", "Bubble", "peak-bytes", "memory", "", "9lives"}) {
+    const auto [flags, text] = judged({bad});
+    EXPECT_EQ(flags, "malformed_prediction") << "'" << bad << "'";
+    EXPECT_NE(text.find(std::string("named '") + bad + "'"), std::string::npos) << text;
+  }
+  EXPECT_EQ(judged({"bubble", "bubble"}).first, "malformed_prediction");
+  for (const char* good : {"bubble", "held_memory", "memory_rows", "objective2"}) {
+    EXPECT_TRUE(validPredictionName(good)) << good;
+  }
 }
 
 }  // namespace sb::harness
