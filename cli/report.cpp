@@ -116,9 +116,7 @@ Command addNoise(CLI::App& app) {
   noise->add_option("--out", a->out, "The noise file to write (JSON)")
       ->check(sb::cli::pathName())
       ->required();
-  noise
-      ->add_option("--floor", a->floorPct,
-                   "Smallest band, in %: no row is judged finer than this")
+  noise->add_option("--floor", a->floorPct, "Smallest band, in %: no row is judged finer than this")
       ->capture_default_str()
       ->check(sb::cli::realNumber(0, 1000, true, "percent"));
   noise
@@ -127,97 +125,97 @@ Command addNoise(CLI::App& app) {
                    "pooled with the median spread of the rows of its decade of time")
       ->capture_default_str()
       ->check(sb::cli::realNumber(1, 100, true, "factor"));
-  return {noise, [a] {
-            try {
-              if (a->runs.size() < 2) {
+  return {
+      noise, [a] {
+        try {
+          if (a->runs.size() < 2) {
+            throw sb::reports::ReportInputError(
+                "noise: " + std::to_string(a->runs.size()) +
+                " run given; the spread needs at least 2 runs of the same build (3 or more "
+                "to be worth trusting)");
+          }
+          // The file is refused before any work when it is not one to replace: a device, a
+          // FIFO or a folder at --out (as root, a rename over /dev/zero replaced it).
+          sb::harness::InputFiles runs;  // a run given as a CSV file of another name
+          for (const auto& r : a->runs) runs.emplace_back("a run", r);
+          try {
+            sb::harness::checkResultPath(a->out, runs);
+          } catch (const sb::harness::InputError& e) {
+            throw sb::reports::ReportInputError("noise: --out " + sb::harness::errorText(e));
+          }
+          std::vector<std::vector<sb::reports::ResultRow>> rows;
+          std::set<std::string> suites, shas;
+          std::map<std::string, std::string> runIds;  // run_id -> the run given first with it
+          for (const auto& r : a->runs) {
+            rows.push_back(sb::reports::readResults(r));
+            if (!rows.back().empty()) {
+              const auto [it, fresh] = runIds.emplace(rows.back().front().runId, r);
+              if (!fresh) {
                 throw sb::reports::ReportInputError(
-                    "noise: " + std::to_string(a->runs.size()) +
-                    " run given; the spread needs at least 2 runs of the same build (3 or more "
-                    "to be worth trusting)");
+                    "noise: " + r + " is the run " + it->second + " again (run_id " + it->first +
+                    "): the spread of a run against itself is 0; give runs "
+                    "made one after another");
               }
-              // The file is refused before any work when it is not one to replace: a device, a
-              // FIFO or a folder at --out (as root, a rename over /dev/zero replaced it).
-              try {
-                sb::harness::checkResultPath(a->out);
-              } catch (const sb::harness::InputError& e) {
-                throw sb::reports::ReportInputError("noise: --out " +
-                                                    sb::harness::errorText(e));
-              }
-              std::vector<std::vector<sb::reports::ResultRow>> rows;
-              std::set<std::string> suites, shas;
-              std::map<std::string, std::string> runIds;  // run_id -> the run given first with it
-              for (const auto& r : a->runs) {
-                rows.push_back(sb::reports::readResults(r));
-                if (!rows.back().empty()) {
-                  const auto [it, fresh] = runIds.emplace(rows.back().front().runId, r);
-                  if (!fresh) {
-                    throw sb::reports::ReportInputError(
-                        "noise: " + r + " is the run " + it->second + " again (run_id " +
-                        it->first + "): the spread of a run against itself is 0; give runs "
-                        "made one after another");
-                  }
-                }
-                for (const auto& row : rows.back()) {
-                  suites.insert(row.suite);
-                  shas.insert(row.gitSha);
-                  if (row.partial) {
-                    throw sb::reports::ReportInputError(
-                        r + ": partial results (an interrupted run) cannot calibrate");
-                  }
-                }
-              }
-              if (suites.size() != 1) {
-                throw sb::reports::ReportInputError(
-                    "noise: the runs hold " + std::to_string(suites.size()) +
-                    " suites; calibrate on runs of one suite");
-              }
-              if (shas.size() != 1) {
-                std::cerr << "stratbench noise: warning: the runs come from " << shas.size()
-                          << " builds (git_sha); the spread then includes what changed\n";
-              }
-              const std::string json =
-                  sb::reports::noiseJson(rows, a->runs, a->floorPct, a->factor);
-              // Read back before it replaces anything: the file must be one `report --noise`
-              // takes, with a row in it.
-              const std::string check =
-                  (std::filesystem::temp_directory_path() /
-                   ("stratbench-noise." + std::to_string(::getpid()) + ".json"))
-                      .string();
-              {
-                std::ofstream f(check);
-                f << json;
-                if (!f) throw sb::reports::ReportInputError(check + ": cannot write");
-              }
-              std::error_code ec;
-              sb::reports::NoiseModel model;
-              try {
-                model = sb::reports::readNoise(check);
-              } catch (...) {
-                std::filesystem::remove(check, ec);
-                throw;
-              }
-              std::filesystem::remove(check, ec);
-              if (model.byKey.empty()) {
-                throw sb::reports::ReportInputError(
-                    "noise: no row passed with a time in two of the runs; nothing to calibrate "
-                    "(" + a->out + " not written)");
-              }
-              try {
-                sb::harness::replaceResultFile(a->out, json);
-              } catch (const sb::harness::InputError& e) {
-                throw sb::reports::ReportInputError("noise: --out " +
-                                                    sb::harness::errorText(e));
-              }
-              double widest = 0;
-              for (const auto& [k, b] : model.byKey) widest = std::max(widest, b.bandPct);
-              std::cout << "noise: " << model.byKey.size() << " rows over " << a->runs.size()
-                        << " runs; widest band " << widest << "%; " << a->out << "\n";
-              return 0;
-            } catch (const sb::reports::ReportInputError& e) {
-              std::cerr << "stratbench noise: " << sb::harness::errorText(e) << "\n";
-              return kExitBadInput;
             }
-          }};
+            for (const auto& row : rows.back()) {
+              suites.insert(row.suite);
+              shas.insert(row.gitSha);
+              if (row.partial) {
+                throw sb::reports::ReportInputError(
+                    r + ": partial results (an interrupted run) cannot calibrate");
+              }
+            }
+          }
+          if (suites.size() != 1) {
+            throw sb::reports::ReportInputError("noise: the runs hold " +
+                                                std::to_string(suites.size()) +
+                                                " suites; calibrate on runs of one suite");
+          }
+          if (shas.size() != 1) {
+            std::cerr << "stratbench noise: warning: the runs come from " << shas.size()
+                      << " builds (git_sha); the spread then includes what changed\n";
+          }
+          const std::string json = sb::reports::noiseJson(rows, a->runs, a->floorPct, a->factor);
+          // Read back before it replaces anything: the file must be one `report --noise`
+          // takes, with a row in it.
+          const std::string check = (std::filesystem::temp_directory_path() /
+                                     ("stratbench-noise." + std::to_string(::getpid()) + ".json"))
+                                        .string();
+          {
+            std::ofstream f(check);
+            f << json;
+            if (!f) throw sb::reports::ReportInputError(check + ": cannot write");
+          }
+          std::error_code ec;
+          sb::reports::NoiseModel model;
+          try {
+            model = sb::reports::readNoise(check);
+          } catch (...) {
+            std::filesystem::remove(check, ec);
+            throw;
+          }
+          std::filesystem::remove(check, ec);
+          if (model.byKey.empty()) {
+            throw sb::reports::ReportInputError(
+                "noise: no row passed with a time in two of the runs; nothing to calibrate "
+                "(" +
+                a->out + " not written)");
+          }
+          try {
+            sb::harness::replaceResultFile(a->out, json, runs);
+          } catch (const sb::harness::InputError& e) {
+            throw sb::reports::ReportInputError("noise: --out " + sb::harness::errorText(e));
+          }
+          double widest = 0;
+          for (const auto& [k, b] : model.byKey) widest = std::max(widest, b.bandPct);
+          std::cout << "noise: " << model.byKey.size() << " rows over " << a->runs.size()
+                    << " runs; widest band " << widest << "%; " << a->out << "\n";
+          return 0;
+        } catch (const sb::reports::ReportInputError& e) {
+          std::cerr << "stratbench noise: " << sb::harness::errorText(e) << "\n";
+          return kExitBadInput;
+        }
+      }};
 }
 
 }  // namespace sb::cli

@@ -48,8 +48,8 @@ struct ParallelArgs {
   sb::cli::ModelOptions model;
   int ranks = 0, top = 10, verify = 0, steps = 1, repetitions = 3, virtualStages = 2;
   int ranksPerNode = 8;
-  double maxMemory = 0, gflops = 0, copyGBps = 0, kernelUs = -1, intra = 0, inter = 0,
-         latency = -1, hostCores = 0;
+  double maxMemory = 0, gflops = 0, copyGBps = 0, kernelUs = -1, intra = 0, inter = 0, latency = -1,
+         hostCores = 0;
   std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved-1f1b"};
   std::vector<std::string> ac{"none", "selective", "full"};
   std::vector<int> microbatches;
@@ -109,8 +109,8 @@ cs::Prices pricesFrom(const ParallelArgs& a) {
 }
 
 void printTable(const cs::SearchResult& r, std::ostream& out) {
-  out << std::left << std::setw(4) << "#" << std::right << std::setw(13) << "step"
-      << std::setw(8) << "bubble" << std::setw(11) << "peak/rank" << "  configuration\n";
+  out << std::left << std::setw(4) << "#" << std::right << std::setw(13) << "step" << std::setw(8)
+      << "bubble" << std::setw(11) << "peak/rank" << "  configuration\n";
   int i = 0;
   for (const auto& p : r.ranked) {
     std::ostringstream bubble;
@@ -144,8 +144,8 @@ std::string verifySuite(const ParallelArgs& a, const nlohmann::json& shape,
     << "`: the search's top configurations, each run by torch/compose.\n"
     << "suite: solve-parallel\n"
     << "description: the degree search's top " << chosen.size() << " as torch/compose rows\n"
-    << "defaults: {dtype: " << a.dtype << ", inputs: random, seed: 1234, repetitions: "
-    << a.repetitions << ", min_time_s: 0.002}\n"
+    << "defaults: {dtype: " << a.dtype
+    << ", inputs: random, seed: 1234, repetitions: " << a.repetitions << ", min_time_s: 0.002}\n"
     << "cases:\n";
   int i = 0;
   for (const cs::Prediction* p : chosen) {
@@ -162,11 +162,11 @@ std::string verifySuite(const ParallelArgs& a, const nlohmann::json& shape,
     std::string mesh;
     for (int d : c.mesh()) mesh += (mesh.empty() ? "" : "x") + std::to_string(d);
     if (mesh.empty()) mesh = "1";
-    nlohmann::json opt = a.optimizer == "adamw"
-                             ? nlohmann::json{{"kind", "adamw"}, {"lr", 0.001}, {"weight_decay", 0.01}}
-                         : a.optimizer == "sgd"
-                             ? nlohmann::json{{"kind", "sgd"}, {"lr", 0.01}, {"momentum", 0.9}}
-                             : nlohmann::json{{"kind", "sgd"}, {"lr", 0.01}};
+    nlohmann::json opt =
+        a.optimizer == "adamw"
+            ? nlohmann::json{{"kind", "adamw"}, {"lr", 0.001}, {"weight_decay", 0.01}}
+        : a.optimizer == "sgd" ? nlohmann::json{{"kind", "sgd"}, {"lr", 0.01}, {"momentum", 0.9}}
+                               : nlohmann::json{{"kind", "sgd"}, {"lr", 0.01}};
     y << "  # predicted: step " << p->stepUs << " us, peak " << static_cast<int64_t>(p->peakBytes)
       << " bytes a rank\n"
       << "  - name: " << caseName(++i, c) << "\n"
@@ -267,8 +267,8 @@ int verify(const ParallelArgs& a, const nlohmann::json& shape, const cs::SearchR
   std::cout << "\nverified (" << a.steps << " step" << (a.steps > 1 ? "s" : "")
             << " a row; time the median of " << a.repetitions << "):\n"
             << std::left << std::setw(4) << "#" << std::setw(52) << "configuration" << std::setw(7)
-            << "status" << std::right << std::setw(13) << "predicted" << std::setw(13)
-            << "measured" << std::setw(12) << "peak pred" << std::setw(12) << "peak meas" << "\n";
+            << "status" << std::right << std::setw(13) << "predicted" << std::setw(13) << "measured"
+            << std::setw(12) << "peak pred" << std::setw(12) << "peak meas" << "\n";
   for (size_t i = 0; i < chosen.size(); ++i) {
     const cs::Prediction& p = *chosen[i];
     const std::string name = caseName(static_cast<int>(i) + 1, p.config);
@@ -289,15 +289,15 @@ int verify(const ParallelArgs& a, const nlohmann::json& shape, const cs::SearchR
               << std::setw(13) << (std::isfinite(t) ? ms(t) : "-") << std::setw(12)
               << human(p.peakBytes) << std::setw(12) << (std::isfinite(peak) ? human(peak) : "-")
               << "\n";
-    verified.push_back({{"case", name},
-                        {"config", p.config.toJson()},
-                        {"status", status},
-                        {"predicted_step_us", p.stepUs},
-                        {"measured_step_us", std::isfinite(t) ? nlohmann::json(t) : nlohmann::json()},
-                        {"predicted_peak_bytes", p.peakBytes},
-                        {"measured_peak_bytes",
-                         std::isfinite(peak) ? nlohmann::json(peak) : nlohmann::json()},
-                        {"message", row ? row->message : ""}});
+    verified.push_back(
+        {{"case", name},
+         {"config", p.config.toJson()},
+         {"status", status},
+         {"predicted_step_us", p.stepUs},
+         {"measured_step_us", std::isfinite(t) ? nlohmann::json(t) : nlohmann::json()},
+         {"predicted_peak_bytes", p.peakBytes},
+         {"measured_peak_bytes", std::isfinite(peak) ? nlohmann::json(peak) : nlohmann::json()},
+         {"message", row ? row->message : ""}});
   }
   const double rho = spearman(predicted, measured);
   std::cout << "rank correlation of predicted and measured step times (Spearman): " << rho
@@ -314,6 +314,7 @@ int verify(const ParallelArgs& a, const nlohmann::json& shape, const cs::SearchR
 
 int solveParallel(const ParallelArgs& a) {
   namespace h = sb::harness;
+  const h::InputFiles inputs = {{"--model", a.model.file}, {"--profile", a.profile}};
   nlohmann::json shape;
   std::string workload = a.workload;
   try {
@@ -349,7 +350,7 @@ int solveParallel(const ParallelArgs& a) {
     return kExitBadInput;
   }
   try {
-    if (!a.out.empty()) h::checkResultPath(a.out);
+    if (!a.out.empty()) h::checkResultPath(a.out, inputs);
     cs::SearchOptions o;
     o.ranks = a.ranks;
     o.memoryLimit = a.maxMemory;
@@ -363,18 +364,15 @@ int solveParallel(const ParallelArgs& a) {
     o.top = std::max(a.top, a.verify);
     o.prices = pricesFrom(a);
     const auto start = std::chrono::steady_clock::now();
-    const cs::ModelCosts m = cs::modelCosts(sb::reference::buildGraph(workload, shape), elementBytes);
+    const cs::ModelCosts m =
+        cs::modelCosts(sb::reference::buildGraph(workload, shape), elementBytes);
     const double graphSeconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const cs::SearchResult r = cs::search(m, o);
-    nlohmann::json report = {{"workload", workload},
-                             {"shape", shape},
-                             {"ranks", a.ranks},
-                             {"memory_limit", a.maxMemory},
-                             {"optimizer", a.optimizer},
-                             {"model", m.toJson()},
-                             {"graph_seconds", graphSeconds},
-                             {"search", r.toJson()}};
+    nlohmann::json report = {
+        {"workload", workload},          {"shape", shape},           {"ranks", a.ranks},
+        {"memory_limit", a.maxMemory},   {"optimizer", a.optimizer}, {"model", m.toJson()},
+        {"graph_seconds", graphSeconds}, {"search", r.toJson()}};
     std::cout << (a.model.file.empty() ? workload : a.model.file) << " on " << a.ranks
               << " ranks: " << r.degreeAssignments << " degree assignments, " << r.configurations
               << " configurations, " << r.fitting << " fit";
@@ -398,7 +396,7 @@ int solveParallel(const ParallelArgs& a) {
       printTable(r, std::cout);
       if (a.verify > 0) rc = verify(a, shape, r, report);
     }
-    if (!a.out.empty()) h::replaceResultFile(a.out, report.dump(2) + "\n");
+    if (!a.out.empty()) h::replaceResultFile(a.out, report.dump(2) + "\n", inputs);
     return rc;
   } catch (const h::InputError& e) {
     std::cerr << kWho << sb::harness::errorText(e) << "\n";

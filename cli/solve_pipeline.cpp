@@ -1,5 +1,5 @@
-#include "harness/in_file.h"
 #include "cli/solve_pipeline.h"
+#include "harness/in_file.h"
 
 #include <cmath>
 #include <filesystem>
@@ -90,9 +90,11 @@ void addPipelineOptions(CLI::App* app, PipelineArgs& a) {
 int solvePipeline(const PipelineArgs& a) {
   namespace pp = sb::strategies::pipeline;
   pp::Schedule schedule;
+  const harness::InputFiles inputs = {
+      {"--csv", a.csv}, {"--profile", a.profile}, {"--chain", a.chain}};
   try {
     for (const auto* path : {&a.out, &a.trace, &a.writeCsv}) {
-      if (!path->empty()) harness::checkResultPath(*path);  // refused before any work
+      if (!path->empty()) harness::checkResultPath(*path, inputs);  // refused before any work
     }
     // Two outputs into one file: the second would overwrite the first.
     const std::vector<std::pair<const char*, const std::string*>> outs = {
@@ -100,11 +102,10 @@ int solvePipeline(const PipelineArgs& a) {
     for (size_t i = 0; i < outs.size(); ++i) {
       for (size_t j = i + 1; j < outs.size(); ++j) {
         std::error_code ec;
-        const bool same =
-            !outs[i].second->empty() && !outs[j].second->empty() &&
-            (*outs[i].second == *outs[j].second ||
-             std::filesystem::weakly_canonical(*outs[i].second, ec) ==
-                 std::filesystem::weakly_canonical(*outs[j].second, ec));
+        const bool same = !outs[i].second->empty() && !outs[j].second->empty() &&
+                          (*outs[i].second == *outs[j].second ||
+                           std::filesystem::weakly_canonical(*outs[i].second, ec) ==
+                               std::filesystem::weakly_canonical(*outs[j].second, ec));
         if (same) {
           std::cerr << kWho << outs[i].first << " and " << outs[j].first << " name the same file '"
                     << *outs[i].second << "': give each its own\n";
@@ -181,17 +182,19 @@ int solvePipeline(const PipelineArgs& a) {
     const pp::Simulation sim = pp::simulate(schedule, costs);
     // Costs near the double's limit sum past it: a step time of infinity is no answer.
     if (sim.deadlock.empty() && !std::isfinite(sim.stepUs)) {
-      std::cerr << kWho << "the costs sum past what a double holds (step time "
-                << sim.stepUs << " us): give the stages' times in microseconds, below 1e15\n";
+      std::cerr << kWho << "the costs sum past what a double holds (step time " << sim.stepUs
+                << " us): give the stages' times in microseconds, below 1e15\n";
       return kExitBadInput;
     }
-    if (!a.writeCsv.empty()) harness::replaceResultFile(a.writeCsv, pp::scheduleCsv(schedule));
-    if (!a.trace.empty()) harness::replaceResultFile(a.trace, pp::chromeTrace(schedule, sim));
+    if (!a.writeCsv.empty())
+      harness::replaceResultFile(a.writeCsv, pp::scheduleCsv(schedule), inputs);
+    if (!a.trace.empty())
+      harness::replaceResultFile(a.trace, pp::chromeTrace(schedule, sim), inputs);
     const std::string json = pp::simulationJson(schedule, sim);
     if (a.out.empty()) {
       std::cout << json;
     } else {
-      harness::replaceResultFile(a.out, json);
+      harness::replaceResultFile(a.out, json, inputs);
     }
     if (!sim.deadlock.empty()) {
       std::cerr << kWho << schedule.name << " cannot finish: " << sim.deadlock << "\n";

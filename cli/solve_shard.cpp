@@ -39,10 +39,11 @@ using sb::cli::kExitBadInput;
 constexpr int64_t kMaxPlanRanks = 4096;
 
 // `solve shard`: a sharding plan of a whole model as JSON (stdout or --out); exit 1 when no
-// plan fits the memory limit (saying what the plan of least memory needs by the replay), 2 for malformed input.
+// plan fits the memory limit (saying what the plan of least memory needs by the replay), 2 for
+// malformed input.
 struct ShardArgs {
   std::string workload = "gpt2", shape = "{}", mesh, profile, algo = "ilp", out, dtype = "float32";
-  std::string sacPolicy;  // a selective checkpointing policy priced into the search
+  std::string sacPolicy;        // a selective checkpointing policy priced into the search
   sb::cli::ModelOptions model;  // a traced model instead of a graph workload
   double intra = 0, inter = 0, maxMemory = 0, timeLimit = 60, gapPct = 0;
   int tpAxis = -1;
@@ -51,6 +52,7 @@ int solveShard(const ShardArgs& a) {
   namespace h = sb::harness;
   namespace as = sb::strategies::autoshard;
   const std::string who = "stratbench solve shard: ";
+  const h::InputFiles inputs = {{"--model", a.model.file}, {"--profile", a.profile}};
   nlohmann::json shape;
   std::vector<int64_t> mesh;
   at::ScalarType dtype = at::kFloat;
@@ -106,7 +108,7 @@ int solveShard(const ShardArgs& a) {
   }
   if (!a.out.empty()) {
     try {
-      h::checkResultPath(a.out);  // refused before the solve, not after it
+      h::checkResultPath(a.out, inputs);  // refused before the solve, not after it
     } catch (const h::InputError& e) {
       std::cerr << who << "--out: " << sb::harness::errorText(e) << "\n";
       return kExitBadInput;
@@ -143,8 +145,7 @@ int solveShard(const ShardArgs& a) {
       }
       try {
         const auto policy = sb::strategies::sac::resolvePolicy(model.graph(), spec);
-        if (std::all_of(policy.region.begin(), policy.region.end(),
-                        [](int r) { return r < 0; })) {
+        if (std::all_of(policy.region.begin(), policy.region.end(), [](int r) { return r < 0; })) {
           std::cerr << who << "--sac-policy: this graph has no repeated blocks, and a policy "
                     << "decides inside blocks: nothing to price\n";
           return kExitBadInput;
@@ -172,7 +173,7 @@ int solveShard(const ShardArgs& a) {
     if (a.out.empty()) {
       std::cout << text;
     } else {
-      h::replaceResultFile(a.out, text);
+      h::replaceResultFile(a.out, text, inputs);
       std::cerr << "stratbench solve shard: " << a.algo << " plan of "
                 << (a.model.file.empty() ? a.workload : a.model.file) << " on " << a.mesh << " ("
                 << plan.solver.status << ", " << plan.solver.seconds << " s in CBC, "

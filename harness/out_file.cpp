@@ -85,8 +85,24 @@ std::string checkResultPath(const std::string& path) {
   return target;
 }
 
-void replaceResultFile(const std::string& path, const std::string& content) {
+std::string checkResultPath(const std::string& path, const InputFiles& inputs) {
   const std::string target = checkResultPath(path);
+  struct stat out = {};
+  if (::stat(target.c_str(), &out) != 0) return target;  // a new file is no input
+  for (const auto& [option, input] : inputs) {
+    struct stat in = {};
+    if (input.empty() || ::stat(input.c_str(), &in) != 0) continue;
+    if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+      throw InputError(path + " is the file " + option + " names (" + input +
+                       "): the result would replace what the command reads; give another path");
+    }
+  }
+  return target;
+}
+
+void replaceResultFile(const std::string& path, const std::string& content,
+                       const InputFiles& inputs) {
+  const std::string target = checkResultPath(path, inputs);
   const std::string tmp = target + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {

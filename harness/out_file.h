@@ -6,6 +6,8 @@
 // /dev/null for a JSON file when run as root, and writing through a FIFO blocks.
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace sb::harness {
 
@@ -14,11 +16,20 @@ namespace sb::harness {
 // of a symbolic link at `path`). Throws InputError naming the path.
 std::string checkResultPath(const std::string& path);
 
+// A file the command reads, by the option that names it ({"--model", "m.pt"}): a result file
+// never replaces one (`solve shard --model m.pt --out m.pt` lost the model to its plan).
+using InputFiles = std::vector<std::pair<std::string, std::string>>;
+
+// checkResultPath, and `path` is none of `inputs` (the same file, through links and other
+// spellings: by device and inode). Throws InputError naming both options.
+std::string checkResultPath(const std::string& path, const InputFiles& inputs);
+
 // Writes `content` to `path`: into a temporary file beside it (PATH.tmp.PID), flushed to disk,
 // then renamed over it. A symbolic link at `path` is followed, and its target (a regular file,
 // or nothing in an existing folder) replaced. Throws InputError naming the path and what is
 // there when it is not a regular file, and on any failure to write; the temporary file is gone
 // on every way out.
-void replaceResultFile(const std::string& path, const std::string& content);
+void replaceResultFile(const std::string& path, const std::string& content,
+                       const InputFiles& inputs = {});
 
 }  // namespace sb::harness

@@ -98,13 +98,28 @@ def main():
         if why:
             print(f"memory_snapshot.py: {path}: {why}", file=sys.stderr)
             return 2
+    # The snapshot replaces no file it reads and no run's results (the rule `stratbench`'s own
+    # result files follow: harness/out_file.h).
+    if os.path.exists(a.out) and os.path.samefile(a.out, a.trace):
+        print(f"memory_snapshot.py: {a.out} is the trace it reads: give the snapshot another path",
+              file=sys.stderr)
+        return 2
+    if os.path.basename(os.path.realpath(a.out)) in (
+            "results.csv", "results.json", "results.partial.csv", "results.partial.json"):
+        print(f"memory_snapshot.py: {a.out} holds a run's results: replacing it would lose that "
+              "run; give another path", file=sys.stderr)
+        return 2
     try:
         with open(a.trace, encoding="utf-8", errors="replace") as f:
             lines = f.readlines()
     except OSError as e:
         print(f"memory_snapshot.py: {a.trace}: {e.strerror}", file=sys.stderr)
         return 2
-    steps, gap = memory_trace.parse(lines)
+    try:
+        steps, gap = memory_trace.parse(lines)
+    except memory_trace.TraceError as e:
+        print(f"memory_snapshot.py: {a.trace}:{e}", file=sys.stderr)
+        return 2
     if gap:
         n, said, summed = gap
         print(f"memory_snapshot.py: {a.trace}:{n}: the trace says {said} B live, its lines add "

@@ -94,8 +94,9 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
     }
     return s;
   };
-  const std::string folder =
-      dir + "/" + level(c.suite) + "/" + level(c.name) + "/" + level(strategy.id());
+  const std::vector<std::string> levels = {level(c.suite), level(c.name), level(strategy.id())};
+  std::string folder = dir;
+  for (const auto& l : levels) folder += "/" + l;
   const nlohmann::json about = {{"suite", c.suite},
                                 {"case", c.name},
                                 {"strategy_id", strategy.id()},
@@ -104,7 +105,25 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
   std::vector<StepTraceRecord> mine;
   for (int r : world.localRanks()) mine.push_back(records[r]);
   try {
-    std::filesystem::create_directories(folder);
+    // Each level under --trace made here and a folder of its own: a symbolic link planted at
+    // one (DIR/<suite> -> elsewhere) would carry the traces out of the folder named, so it is
+    // refused, never followed.
+    std::filesystem::create_directories(dir);  // --trace itself (its folder must exist)
+    std::string at = dir;
+    for (const auto& l : levels) {
+      at += "/" + l;
+      std::error_code ec;
+      const auto st = std::filesystem::symlink_status(at, ec);
+      if (st.type() == std::filesystem::file_type::not_found) {
+        std::filesystem::create_directory(at);
+      } else if (st.type() == std::filesystem::file_type::symlink) {
+        throw std::runtime_error(at +
+                                 " is a symbolic link: the traces are written only into "
+                                 "folders under --trace, never through one (remove it)");
+      } else if (st.type() != std::filesystem::file_type::directory) {
+        throw std::runtime_error(at + " is there and is not a folder");
+      }
+    }
     // Written beside and renamed over the name: a symbolic link planted at it is replaced,
     // never written through (it overwrote the file the link named).
     const auto write = [&](const std::string& path, const std::string& text) {
