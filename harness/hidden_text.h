@@ -13,12 +13,14 @@ namespace sb::harness {
 enum class TextKind {
   // A name (a suite, a case, a strategy id): no control character at all (a tab, a newline),
   // and none of Unicode's controls, invisible or text-direction characters: C1 (U+0080-009F),
-  // the soft hyphen (U+00AD), the Arabic letter mark (U+061C), the Mongolian vowel separator
-  // (U+180E), zero-width spaces and joiners and the direction marks (U+200B-200F), line and
-  // paragraph separators, embeddings and overrides (U+2028-202E), word joiners and invisible
-  // operators (U+2060-2064), isolates (U+2066-2069), the byte-order mark (U+FEFF) and
-  // interlinear annotations (U+FFF9-FFFB). Each makes a name show as another ("a<RLO>gpj.exe",
-  // "smoke" and "smo<ZWSP>ke").
+  // every default-ignorable code point of Unicode (the soft hyphen, the combining grapheme
+  // joiner, the Arabic letter mark, Hangul fillers, Khmer inherent vowels, Mongolian variation
+  // selectors, zero-width spaces and joiners, direction marks, embeddings, overrides and
+  // isolates, word joiners and invisible operators, variation selectors, the byte-order mark,
+  // musical formatting, tags U+E0000-E0FFF), line and paragraph separators, the braille blank
+  // (U+2800), interlinear annotations (U+FFF9-FFFB) and the noncharacters (U+FDD0-FDEF and
+  // U+xFFFE/xFFFF). Each makes a name show as another ("a<RLO>gpj.exe", "smoke" and
+  // "smo<ZWSP>ke", "li<TAG>n").
   kName,
   // One line of text (a shape, a host, parameters): no C0 control but the tab (ESC starts a
   // terminal sequence, BEL ends an OSC-8 link), no DEL, no C1 control and no text-direction
@@ -59,9 +61,17 @@ inline HiddenCharacter hiddenCharacter(const std::string& s, TextKind kind) {
     }
     const bool direction = cp == 0x61C || cp == 0x200E || cp == 0x200F ||
                            (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
-    const bool invisible = (cp >= 0x200B && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202E) ||
-                           cp == 0xAD || cp == 0x180E || (cp >= 0x2060 && cp <= 0x2064) ||
-                           cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFB);
+    // Unicode's default-ignorable code points (DerivedCoreProperties.txt: shown as nothing),
+    // the characters drawn blank that are no space (Hangul fillers, the braille blank), the
+    // interlinear annotations and the noncharacters.
+    const bool invisible =
+        cp == 0xAD || cp == 0x34F || cp == 0x61C || cp == 0x115F || cp == 0x1160 || cp == 0x17B4 ||
+        cp == 0x17B5 || (cp >= 0x180B && cp <= 0x180F) || (cp >= 0x200B && cp <= 0x200F) ||
+        (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x206F) || cp == 0x2800 ||
+        cp == 0x3164 || (cp >= 0xFDD0 && cp <= 0xFDEF) || (cp >= 0xFE00 && cp <= 0xFE0F) ||
+        cp == 0xFEFF || cp == 0xFFA0 || (cp >= 0xFFF0 && cp <= 0xFFFB) || (cp & 0xFFFE) == 0xFFFE ||
+        (cp >= 0x1BCA0 && cp <= 0x1BCA3) || (cp >= 0x1D173 && cp <= 0x1D17A) ||
+        (cp >= 0xE0000 && cp <= 0xE0FFF);
     const bool c1 = cp >= 0x80 && cp <= 0x9F;
     if (c1 || direction || (kind == TextKind::kName && invisible)) {
       char hex[16];

@@ -1,12 +1,14 @@
 // Golden losses (see golden.h).
 
-#include "harness/in_file.h"
 #include "harness/run/golden.h"
+#include "harness/in_file.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -105,7 +107,11 @@ int hostThreads() { return at::get_num_threads(); }
 GoldenLosses readGolden(const std::string& path) {
   if (const auto why = notARegularFile(path); !why.empty()) throw InputError(path + ": " + why);
   std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot read the golden losses file");
+  if (!in) {
+    const int err = errno;
+    throw InputError(path + ": cannot read the golden losses file (" + std::strerror(err) + ")" +
+                     (err == ENOENT ? ": `stratbench run SUITE --write-golden` writes it" : ""));
+  }
   GoldenLosses g;
   g.file = path;
   std::string line;
@@ -177,7 +183,8 @@ GoldenLosses readGolden(const std::string& path) {
 
 std::string goldenText(const GoldenLosses& g) {
   std::ostringstream os;
-  os << kGoldenFirstLine << " the reference's loss and gradient norm per optimizer step, written by\n"
+  os << kGoldenFirstLine
+     << " the reference's loss and gradient norm per optimizer step, written by\n"
         "# `stratbench run SUITE --write-golden`. Compared bitwise on hosts with these vector\n"
         "# features and threads, within the steps' tolerance elsewhere (harness/run/golden.h).\n";
   if (!g.suite.empty()) os << "# suite: " << g.suite << "\n";
@@ -200,11 +207,11 @@ std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data)
   for (int64_t k = 0; k < loss.numel(); ++k) {
     const double l = loss[k].item<double>(), n = norm[k].item<double>();
     if (!std::isfinite(l) || !std::isfinite(n)) {
-      throw std::runtime_error("the reference's " + std::string(std::isfinite(l) ? "gradient norm" : "loss") +
-                               " at step " + std::to_string(k + 1) + " is " +
-                               decimal(std::isfinite(l) ? n : l) +
-                               ": not a golden loss (the reference diverged; nothing written "
-                               "for this case)");
+      throw std::runtime_error(
+          "the reference's " + std::string(std::isfinite(l) ? "gradient norm" : "loss") +
+          " at step " + std::to_string(k + 1) + " is " + decimal(std::isfinite(l) ? n : l) +
+          ": not a golden loss (the reference diverged; nothing written "
+          "for this case)");
     }
     out.push_back({l, n});
   }
@@ -214,7 +221,8 @@ std::vector<GoldenLosses::Step> goldenSteps(const reference::WorkloadData& data)
 void checkGoldenTarget(const std::string& path, const std::string& suiteFile) {
   std::error_code ec;
   if (std::filesystem::equivalent(path, suiteFile, ec)) {
-    throw InputError(path + ": key 'golden' names the suite file itself; --write-golden "
+    throw InputError(path +
+                     ": key 'golden' names the suite file itself; --write-golden "
                      "would replace it (name another file, e.g. " +
                      std::filesystem::path(suiteFile).stem().string() + ".golden.csv)");
   }
@@ -232,11 +240,13 @@ void checkGoldenTarget(const std::string& path, const std::string& suiteFile) {
   std::string first;
   if (!std::filesystem::is_regular_file(path, ec) || !in || !std::getline(in, first) ||
       first.rfind(kGoldenFirstLine, 0) != 0) {
-    throw InputError(path + ": --write-golden replaces only a golden losses file it wrote "
-                     "(its first line '" + std::string(kGoldenFirstLine) + " ...'); this one " +
-                     (first.empty() ? std::string("is not one")
-                                    : "begins '" + first.substr(0, 60) + "'") +
-                     ": remove it or name another file in the suite's key 'golden'");
+    throw InputError(
+        path +
+        ": --write-golden replaces only a golden losses file it wrote "
+        "(its first line '" +
+        std::string(kGoldenFirstLine) + " ...'); this one " +
+        (first.empty() ? std::string("is not one") : "begins '" + first.substr(0, 60) + "'") +
+        ": remove it or name another file in the suite's key 'golden'");
   }
 }
 

@@ -250,6 +250,9 @@ void checkName(const std::string& file, const YAML::Node& n, const std::string& 
   if (name.empty() || name.size() > kMaxNameBytes) {
     fail(file, n, what + " must be 1 to " + std::to_string(kMaxNameBytes) + " bytes long");
   }
+  if (name.find_first_not_of(' ') == std::string::npos) {
+    fail(file, n, what + " must not be blank (spaces only): a name must read as what it is");
+  }
   const HiddenCharacter hidden = hiddenCharacter(name, TextKind::kName);
   if (hidden && hidden.code.rfind("0x", 0) == 0) {
     fail(file, n,
@@ -447,6 +450,9 @@ Suite parseSuite(const std::string& text, const std::string& file) {
   if (root["description"]) suite.description = scalar(file, root["description"], "description");
   if (root["golden"]) {
     const std::string g = scalar(file, root["golden"], "golden");
+    // A file name held to a name's rules: a NUL cut it short where it was opened (another file
+    // written), and control characters reached the terminal and the file system.
+    checkName(file, root["golden"], g, "key 'golden'");
     if (g.empty() || g.find('/') != std::string::npos) {
       fail(file, root["golden"],
            "key 'golden' must name a file beside the suite (no folders), got '" + g + "'");

@@ -264,6 +264,33 @@ TEST(SuiteHostile, HiddenCharactersAreJudgedPerKindOfText) {
   EXPECT_FALSE(hiddenCharacter("a\nb\r\n", TextKind::kText));
   EXPECT_EQ(hiddenCharacter("ok\x7f", TextKind::kText).text(),
             "the control character 0x7f at byte 2");
+  // Unicode's default-ignorables and blanks a sweep of names found accepted: a tag, variation
+  // selectors, the combining grapheme joiner, Hangul fillers, a Khmer inherent vowel, musical
+  // formatting, a deprecated format character, the braille blank, a noncharacter.
+  const auto utf8 = [](uint32_t cp) {
+    std::string s;
+    if (cp < 0x800) {
+      s += static_cast<char>(0xC0 | (cp >> 6));
+    } else if (cp < 0x10000) {
+      s += static_cast<char>(0xE0 | (cp >> 12));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    } else {
+      s += static_cast<char>(0xF0 | (cp >> 18));
+      s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    }
+    return s + static_cast<char>(0x80 | (cp & 0x3F));
+  };
+  for (const uint32_t cp : {0xE0001u, 0xE007Fu, 0xE0100u, 0xFE00u, 0x34Fu, 0x115Fu, 0x3164u,
+                            0x17B4u, 0x1D173u, 0x206Au, 0x2800u, 0xFFFFu, 0x180Bu}) {
+    const auto h = hiddenCharacter("li" + utf8(cp) + "n", TextKind::kName);
+    EXPECT_TRUE(h) << std::hex << cp;
+    EXPECT_EQ(h.byte, 2u) << std::hex << cp;
+  }
+  // Letters, a combining accent and symbols that show as themselves stay names.
+  for (const uint32_t cp : {0x3A9u, 0xDFu, 0x301u, 0x1F680u, 0x4E2Du, 0x1100u, 0xFF21u}) {
+    EXPECT_FALSE(hiddenCharacter("a" + utf8(cp), TextKind::kName)) << std::hex << cp;
+  }
 }
 
 // Found by ci/fuzz/suite_fuzz.cpp: a sweep's values become part of the case names, so a value
