@@ -99,4 +99,14 @@ for c in "truncated not a zip archive" "schema9 models/model.json: schema_versio
   check "malformed archive $name: exit 2 naming it" 2 "$name.pt2: ${c#* }" -- \
     "$sb" graph --model "$bad/$name.pt2" --input '[4, 8, 32]'
 done
+# PyTorch's numbers beside an archive that are not a file: a FIFO blocked the reader forever and
+# /dev/zero was read until memory ran out. Exit 2 at once, naming it.
+mkdir -p "$tmp/side"
+cp "$exports/moe.pt2" "$tmp/side/fifo.pt2" && mkfifo "$tmp/side/fifo.pt2.expected.safetensors"
+cp "$exports/moe.pt2" "$tmp/side/zero.pt2" && ln -s /dev/zero "$tmp/side/zero.pt2.expected.safetensors"
+for k in fifo zero; do
+  check "PyTorch's numbers beside the archive ($k): exit 2 at once, naming the file" 2 \
+    "$k.pt2.expected.safetensors: not a regular file" -- \
+    timeout 60 "$sb" graph --model "$tmp/side/$k.pt2" --input '[4, 8, 32]'
+done
 finish

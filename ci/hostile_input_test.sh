@@ -1480,6 +1480,7 @@ if "$sb" run "$tmp/pp.yaml" --out "$tmp/pp" > /dev/null 2>&1; then
   # A measured timeline of 100,000 actions a rank (the reader takes a million): drawn, as a
   # collection of bars per rank and type, within the deadline (one bar an action took minutes).
   cp -r "$tmp/pp" "$tmp/ppbig"
+  cp -r "$tmp/pp" "$tmp/ppsrc"  # for round 8's timelines, below
   python3 - "$tmp/ppbig/results.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -1549,5 +1550,108 @@ check "a master port that accepts and never answers: the rank ends within --time
   timeout 60 env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$(cat "$tmp/silent.port")" \
   "$sb" run "$tmp/ok.yaml" --backend gloo --out "$tmp/silent" --timeout 5
 kill "$silent" 2>/dev/null
+
+
+# Round 8 (the sweep of 2026-12-03). Damage: a result file never replaces what the command reads
+# (`solve pipeline --csv S --out S` replaced the schedule by its run; a link to it the same).
+"$sb" solve pipeline --stages 2 --microbatches 4 --write-csv "$tmp/own.csv" > /dev/null 2>&1
+cp "$tmp/own.csv" "$tmp/own.keep" && ln -sf own.csv "$tmp/own-link.csv"
+for out in --out --trace --write-csv; do
+  check "solve pipeline --csv S $out S: exit 2, the schedule kept" 2 \
+    "own.csv is the file --csv names" -- "$sb" solve pipeline --csv "$tmp/own-link.csv" $out "$tmp/own.csv"
+  cmp -s "$tmp/own.csv" "$tmp/own.keep" || fail "solve pipeline $out replaced its own --csv"
+done
+cp "$src/ci/fuzz/corpus/chain/small.json" "$tmp/own-chain.json"
+check "solve pipeline --chain C --trace C: exit 2, the chain kept" 2 "is the file --chain names" -- \
+  "$sb" solve pipeline --stages 2 --microbatches 4 --chain "$tmp/own-chain.json" --trace "$tmp/own-chain.json"
+cmp -s "$tmp/own-chain.json" "$src/ci/fuzz/corpus/chain/small.json" || fail "--trace replaced --chain"
+# memory_snapshot.py into its own trace or a run's results: exit 2, both kept.
+cp "$tmp/keep/results.csv" "$tmp/keep.results.sum"
+printf 'mem reset at 0\nmem +8 -> 8 @0x1\nmem end of the measured step at 8, peak 8\n' > "$tmp/tiny.trace"
+cp "$tmp/tiny.trace" "$tmp/tiny.keep"
+bad "memory_snapshot.py into the trace it reads is exit 2" "is the trace it reads" \
+  python3 "$src/reports/memory_snapshot.py" "$tmp/tiny.trace" "$tmp/tiny.trace"
+cmp -s "$tmp/tiny.trace" "$tmp/tiny.keep" || fail "memory_snapshot.py replaced its own trace"
+bad "memory_snapshot.py into a run's results.csv is exit 2" "holds a run's results" \
+  python3 "$src/reports/memory_snapshot.py" "$tmp/tiny.trace" "$tmp/keep/results.csv"
+# The trace scripts on numbers no tracker writes and result files that are not a run's: exit 2
+# naming the file and line or column (tracebacks before).
+{ printf 'mem reset at 0\nmem +'; printf '9%.0s' $(seq 5000); printf ' -> 5 @0x1\n'; } > "$tmp/bigint.trace"
+for script in memory_trace.py memory_snapshot.py; do
+  out=()
+  [ "$script" = memory_snapshot.py ] && out=("$tmp/snap.pickle")
+  bad "$script on a 5,000-digit byte count is exit 2 naming the line" \
+    "bigint.trace:2: not an allocation or free line as the tracker writes it" \
+    python3 "$src/reports/$script" "$tmp/bigint.trace" "${out[@]}"
+done
+printf 'case,x\n\xff,1\n' > "$tmp/latin.csv"
+printf 'peak_mem_bytes,x\n5,1\n' > "$tmp/nocase.csv"
+bad "memory_trace.py --results that is not UTF-8 is exit 2" "latin.csv: not the results.csv a run writes" \
+  python3 "$src/reports/memory_trace.py" "$tmp/tiny.trace" --results "$tmp/latin.csv"
+bad "memory_trace.py --results without a case column is exit 2" "nocase.csv: no column 'case'" \
+  python3 "$src/reports/memory_trace.py" "$tmp/tiny.trace" --results "$tmp/nocase.csv"
+# `run --trace DIR` where DIR/<suite> is a link to another folder: nothing written through it.
+mkdir -p "$tmp/tr/traces" "$tmp/tr/elsewhere" && ln -s "$tmp/tr/elsewhere" "$tmp/tr/traces/ok"
+check "run --trace DIR with DIR/<suite> a link: the run goes on, saying the link is refused" 0 \
+  "traces/ok is a symbolic link: the traces are written only into folders under --trace" -- \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/tr/out" --trace "$tmp/tr/traces"
+[ -z "$(ls -A "$tmp/tr/elsewhere")" ] && pass "nothing written through the link" ||
+  fail "run --trace wrote through a link: $(ls "$tmp/tr/elsewhere")"
+
+# Names: Unicode's default-ignorables (a tag, a variation selector, a Hangul filler, the braille
+# blank) and a blank name read as another name; refused as the zero-width space is.
+for c in "li\U000E0001n|U+E0001" "li\uFE00n|U+FE00" "\u3164|U+3164" "a\u2800b|U+2800"; do
+  name=${c%|*}
+  printf 'suite: hidden\ndefaults: {repetitions: 1, min_time_s: 0.0001}\ncases:\n  - name: "%s"\n    workload: linear\n    shape: {input: [8, 16], out_features: 8}\n    mesh: 2\n    strategies: ["sharding/linear/sharded_tensor/colwise"]\n' \
+    "$name" > "$tmp/hidden.yaml"
+  code=${c#*|}
+  bad "a case name holding $code is exit 2 naming it" "invisible or text-direction characters \(U\+${code#U+} at byte" \
+    "$sb" run "$tmp/hidden.yaml" --out "$tmp/keep"
+done
+sed "s/name: lin/name: ' '/" "$tmp/ok.yaml" > "$tmp/blank.yaml"
+bad "a blank case name is exit 2" "key 'name' must not be blank" "$sb" run "$tmp/blank.yaml" --out "$tmp/keep"
+# golden: a NUL cut the name short (another file written), escapes reached the terminal and the
+# file system; a missing file said not why.
+gold gnul '"x\0y.csv"' plain 0.01
+gold gesc '"\e]0;t\a.csv"' plain 0.01
+bad "golden: a NUL in the name is exit 2, nothing written" "key 'golden' must not hold control characters" \
+  "$sb" run "$tmp/gnul.yaml" --write-golden --out "$tmp/gn"
+[ ! -e "$tmp/x" ] || fail "golden: the name cut at its NUL was written"
+bad "golden: an escape in the name is exit 2" "key 'golden' must not hold control characters" \
+  "$sb" run "$tmp/gesc.yaml" --write-golden --out "$tmp/gn"
+gold gmiss gmiss.csv plain 0.01
+check "golden: a file not written yet says so and what writes it" 2 \
+  "gmiss.csv: cannot read the golden losses file \(No such file or directory\): .stratbench run SUITE --write-golden. writes it" -- \
+  "$sb" run "$tmp/gmiss.yaml" --out "$tmp/gn"
+# Pipeline timelines no run writes (an action ending before it starts, a rank twice, micro-batch
+# 9 of 2, 0 micro-batches) are named and not drawn; 5,000 ranks are drawn (the first 64) at once.
+if [ -d "$tmp/ppsrc" ]; then
+  for k in rev rankdup micro mb0 many; do
+    rm -rf "$tmp/pp-$k" && cp -r "$tmp/ppsrc" "$tmp/pp-$k"
+    python3 - "$tmp/pp-$k/results.json" "$k" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); k = sys.argv[2]
+run = d["records"][0]["details"]["executor"]["pipeline"]["measured"]["run"]
+a0 = run["per_rank"][0]["actions"][0]
+if k == "rev": a0["start_us"], a0["end_us"] = 100.0, 1.0
+if k == "rankdup": run["per_rank"][1]["rank"] = 0
+if k == "micro": a0["action"] = a0["action"][:-1] + "9"
+if k == "mb0": run["microbatches"] = 0
+if k == "many": run["per_rank"] = [dict(run["per_rank"][0], rank=i) for i in range(5000)]; run["ranks"] = 5000
+json.dump(d, open(sys.argv[1], "w"))
+PY
+  done
+  for c in "rev|from 100.0 to 1.0 us: no run writes that" "rankdup|rank 0 \(ranks 0 to 1, each once\)" \
+           "micro|micro-batches 0 to 1\)" "mb0|2 stages, 0 micro-batches"; do
+    k=${c%%|*}
+    check "report on a pipeline timeline no run writes ($k): named, not drawn" 0 "^named$" -- \
+      bash -c 'timeout 60 "$1" report "$2" --out "$2/rep" > "$2/rep.log" 2>&1 &&
+        grep -qE "pipeline run: .*$3" "$2/rep.log" && ! ls "$2"/rep/plots/pipeline_*.png 2>/dev/null &&
+        echo named' _ "$sb" "$tmp/pp-$k" "${c#*|}"
+  done
+  check "report on a timeline of 5,000 ranks: drawn (the first 64) within 60 s" 0 "^drawn$" -- \
+    bash -c 'timeout 60 "$1" report "$2" --out "$2/rep" > "$2/rep.log" 2>&1 &&
+      ls "$2"/rep/plots/pipeline_*.png > /dev/null && echo drawn' _ "$sb" "$tmp/pp-many"
+fi
 
 finish

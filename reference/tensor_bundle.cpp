@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -40,7 +41,8 @@ void writeBundle(const std::string& path, const TensorBundle& b) {
     }
     const at::Tensor d = t.detach().to(at::kCPU).contiguous();
     const int64_t n = d.numel() * static_cast<int64_t>(d.element_size());
-    header[name] = {{"dtype", code}, {"shape", d.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    header[name] = {
+        {"dtype", code}, {"shape", d.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
     dense.push_back(d);
     offset += n;
   }
@@ -61,6 +63,14 @@ void writeBundle(const std::string& path, const TensorBundle& b) {
 }
 
 TensorBundle readBundle(const std::string& path) {
+  // A regular file only: a FIFO blocks the reader and /dev/zero is read until memory runs out.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    throw std::runtime_error(path +
+                             ": not a regular file (a folder, a FIFO or a device); a "
+                             "tensor bundle is a file trace_models.py or stratbench wrote");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read " + path);
   const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -36,12 +36,22 @@ import signal
 import stat
 import sys
 
-ALLOC = re.compile(r"^mem \+(\d+) -> (-?\d+) @(\S+)(?: in (.*))?$")
-FREE = re.compile(r"^mem -(\d+) -> (-?\d+) @(\S+)$")
-RESET = re.compile(r"^mem reset at (-?\d+)$")
-END = re.compile(r"^mem end of the measured step at (-?\d+), peak (-?\d+)$")
-NOTE = re.compile(r"^mem (.*) at (-?\d+), peak (-?\d+)$")
-MODEL = re.compile(r"^model ([+-]\d+) (.*)$")
+# The tracker's numbers are 64-bit: at most 19 digits (a longer one is no line it wrote).
+N = r"\d{1,19}"
+ALLOC = re.compile(rf"^mem \+({N}) -> (-?{N}) @(\S+)(?: in (.*))?$")
+FREE = re.compile(rf"^mem -({N}) -> (-?{N}) @(\S+)$")
+RESET = re.compile(rf"^mem reset at (-?{N})$")
+END = re.compile(rf"^mem end of the measured step at (-?{N}), peak (-?{N})$")
+NOTE = re.compile(rf"^mem (.*) at (-?{N}), peak (-?{N})$")
+MODEL = re.compile(rf"^model ([+-]{N}) (.*)$")
+
+
+class TraceError(ValueError):
+    """A line that starts as the tracker's allocation or free lines do but is not one."""
+
+    def __init__(self, line, why):
+        super().__init__(f"{line}: {why}")
+        self.line = line
 
 
 GENERIC = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
@@ -99,6 +109,10 @@ def parse(lines):
                 step.events.append((-int(m[1]), ""))
             events.append((n, "-", m[3], int(m[1]), "", None, int(m[2])))
             continue
+        if line.startswith(("mem +", "mem -")):
+            raise TraceError(n, "not an allocation or free line as the tracker writes it "
+                                "('mem +BYTES -> LIVE @PTR [in OPS]', numbers of at most 19 "
+                                "digits)")
         m = RESET.match(line)
         if m:
             step = Step(len(steps), n, int(m[1]))
@@ -281,7 +295,11 @@ def main():
     except OSError as e:
         print(f"memory_trace.py: {a.trace}: {e.strerror}", file=sys.stderr)
         return 2
-    steps, gap = parse(lines)
+    try:
+        steps, gap = parse(lines)
+    except TraceError as e:
+        print(f"memory_trace.py: {a.trace}:{e}", file=sys.stderr)
+        return 2
     if gap:
         n, said, summed = gap
         print(f"memory_trace.py: {a.trace}:{n}: the trace says {said} B live, its lines add up to "
@@ -294,10 +312,21 @@ def main():
     if a.results:
         import csv
         try:
-            rows = [r for r in csv.DictReader(open(a.results, encoding="utf-8"))
-                    if r.get("peak_mem_bytes")]
+            with open(a.results, encoding="utf-8", newline="") as f:
+                reader = csv.DictReader(f)
+                missing = [c for c in ("case", "strategy_id", "peak_mem_bytes")
+                           if c not in (reader.fieldnames or [])]
+                if missing:
+                    print(f"memory_trace.py: {a.results}: no column '{missing[0]}': not the "
+                          "results.csv a run writes", file=sys.stderr)
+                    return 2
+                rows = [r for r in reader if r.get("peak_mem_bytes")]
         except OSError as e:
             print(f"memory_trace.py: {a.results}: {e.strerror}", file=sys.stderr)
+            return 2
+        except (UnicodeDecodeError, csv.Error) as e:
+            print(f"memory_trace.py: {a.results}: not the results.csv a run writes ({e})",
+                  file=sys.stderr)
             return 2
         if len(rows) != len(steps):
             print(f"memory_trace.py: {a.results} has {len(rows)} rows with a measured peak and "

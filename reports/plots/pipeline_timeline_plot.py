@@ -28,7 +28,7 @@ def plot(report_dir, out_dir):
         except ValueError as e:  # this case's timeline is not drawn; the others are
             skipped.append("%s: %s" % (name, e))
             continue
-        ranks = max(len(r["per_rank"]) for _, r in sides)
+        ranks = min(max(len(r["per_rank"]) for _, r in sides), pipeline_plot.MAX_RANKS_DRAWN)
         fig, axes = plt.subplots(len(sides), 1, sharex=True, squeeze=False,
                                  figsize=(11, len(sides) * (0.45 * ranks + 1.0) + 0.6))
         for ax, (title, run) in zip(axes[:, 0], sides):
