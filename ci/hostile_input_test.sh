@@ -1654,4 +1654,37 @@ PY
       ls "$2"/rep/plots/pipeline_*.png > /dev/null && echo drawn' _ "$sb" "$tmp/pp-many"
 fi
 
+# Silent acceptance: two cost profiles of one backend and mesh (one was used without a word); a
+# profile replaced by the plan it priced.
+prof="$src/ci/fuzz/corpus/profile/mesh2.json"
+cp "$prof" "$tmp/prof-a.json" && cp "$prof" "$tmp/prof-b.json"
+bad "two --cost-profile of one backend and mesh are exit 2 naming both" \
+  "--cost-profile .*prof-a.json and .*prof-b.json are both measured on backend" \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/keep" --cost-profile "$tmp/prof-a.json" --cost-profile "$tmp/prof-b.json"
+check "solve shard --profile P --out P: exit 2, the profile kept" 2 "is the file --profile names" -- \
+  "$sb" solve shard --workload mlp --mesh 2 --profile "$tmp/prof-a.json" --out "$tmp/prof-a.json"
+cmp -s "$tmp/prof-a.json" "$prof" || fail "solve shard --out replaced its --profile"
+# Options that say nothing (an unset variable): refused, not read as "everything".
+for c in "run|--filter" "run|--case" "list|--filter" "solve shard|--sac-policy"; do
+  cmd=${c%|*} opt=${c#*|}
+  args=()
+  case $cmd in
+    run) args=("$tmp/ok.yaml" --out "$tmp/keep") ;;
+    "solve shard") args=(--workload mlp --mesh 2) ;;
+  esac
+  # shellcheck disable=SC2086
+  bad "$cmd $opt '' is exit 2" "$opt: expected .*got an empty string" "$sb" $cmd "${args[@]}" "$opt" ""
+done
+bad "launch --hosts '' is exit 2" "--hosts: expected hosts, node 0 first, got an empty string" \
+  "$sb" launch -n 2 --hosts "" -- run "$tmp/ok.yaml" --out "$tmp/keep"
+bad "solve parallel --verify-out without --verify is exit 2" "--verify-out .* without --verify K" \
+  "$sb" solve parallel --workload llama --ranks 2 --verify-out "$tmp/vo"
+[ ! -e "$tmp/vo" ] || fail "solve parallel made --verify-out without --verify"
+# noise over runs of two backends: said so (it said no row passed in two runs).
+rm -rf "$tmp/keep-gloo" && mkdir -p "$tmp/keep-gloo" && cp "$tmp/keep2/results.csv" "$tmp/keep-gloo/"
+edit_first_row "$tmp/keep-gloo/results.csv" 'r["backend"] = "gloo"; r["run_id"] = "gloo-run"'
+bad "noise over a threads run and a gloo run is exit 2 saying the backends differ" \
+  "keep2? ran on threads, .*keep-gloo on gloo: the spread is measured on one backend" \
+  "$sb" noise "$tmp/keep2" "$tmp/keep-gloo" --out "$tmp/noise-backends.json"
+
 finish

@@ -36,9 +36,10 @@ int launchMain(int argc, char** argv) {
   }
   CLI::App app{"stratbench launch: start N ranks of a multi-process run on this host"};
   app.name("stratbench launch");
-  app.footer(std::string("The ranks' command follows \"--\" and is required: stratbench launch -n 4 "
-                         "-- run SUITE --backend gloo --out DIR.\n") +
-             sb::cli::kExitCodesText + " A rank lost, killed or hung: exit 1.\n");
+  app.footer(
+      std::string("The ranks' command follows \"--\" and is required: stratbench launch -n 4 "
+                  "-- run SUITE --backend gloo --out DIR.\n") +
+      sb::cli::kExitCodesText + " A rank lost, killed or hung: exit 1.\n");
   std::string hosts;
   double timeoutSec = 300, graceSec = 10;
   app.add_option("-n,--nproc-per-node", o.procsPerNode, "Ranks to start on this host")
@@ -56,6 +57,7 @@ int launchMain(int argc, char** argv) {
   // Given beside them, one would silently override the other.
   app.add_option("--hosts", hosts,
                  "Comma-separated hosts, node 0 first: sets --nnodes and --master-addr")
+      ->check(sb::cli::nonEmpty("hosts, node 0 first"))
       ->excludes(nnodes)
       ->excludes(masterAddr);
   // At least a second: below it the store's own connect and serve calls time out before any

@@ -111,7 +111,8 @@ Command addList(CLI::App& app) {
   for (const auto& f : sb::harness::familyNames()) families += (families.empty() ? "" : ", ") + f;
   list->add_option("--family", a->family, "Only this family (" + families + ")")
       ->check(CLI::IsMember(sb::harness::familyNames()));
-  list->add_option("--filter", a->listFilter, "Only ids matching this regular expression");
+  list->add_option("--filter", a->listFilter, "Only ids matching this regular expression")
+      ->check(sb::cli::nonEmpty("a regular expression (leave --filter out to list every id)"));
   list->add_flag("--json", a->json,
                  "Print JSON: id, name, family, origin, parameters, sharding sequences");
   list->add_option("--plugin", a->pluginPaths, kPluginHelp)->check(sb::cli::pathName());

@@ -44,6 +44,17 @@ inline CLI::Validator pathName() {
       "PATH");
 }
 
+// A value that must say something (a pattern, a policy, a host list): an empty one is refused,
+// not taken as "everything" or "the default" (`--filter "$F"` with F unset ran every strategy).
+inline CLI::Validator nonEmpty(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& text) -> std::string {
+        return text.empty() ? "expected " + what + ", got an empty string (an unset variable?)"
+                            : std::string();
+      },
+      "TEXT");
+}
+
 // A whole number in [lo, hi], digits only (no sign, exponent or fraction); `what` names it in
 // the message ("repetitions", "ranks").
 inline CLI::Validator wholeNumber(uint64_t lo, uint64_t hi, const std::string& what) {

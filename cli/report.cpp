@@ -145,7 +145,8 @@ Command addNoise(CLI::App& app) {
           }
           std::vector<std::vector<sb::reports::ResultRow>> rows;
           std::set<std::string> suites, shas;
-          std::map<std::string, std::string> runIds;  // run_id -> the run given first with it
+          std::map<std::string, std::string> backends;  // backend -> the first run on it
+          std::map<std::string, std::string> runIds;    // run_id -> the run given first with it
           for (const auto& r : a->runs) {
             rows.push_back(sb::reports::readResults(r));
             if (!rows.back().empty()) {
@@ -155,6 +156,19 @@ Command addNoise(CLI::App& app) {
                     "noise: " + r + " is the run " + it->second + " again (run_id " + it->first +
                     "): the spread of a run against itself is 0; give runs "
                     "made one after another");
+              }
+            }
+            // One backend: a row's spread is its times on one; across two nothing pairs up
+            // ("no row passed with a time in two of the runs", though every row passed).
+            if (!rows.back().empty()) {
+              const std::string& backend = rows.back().front().backend;
+              backends.emplace(backend, r);
+              if (backends.size() > 1) {
+                const auto& other =
+                    backends.begin()->first == backend ? *backends.rbegin() : *backends.begin();
+                throw sb::reports::ReportInputError(
+                    "noise: " + other.second + " ran on " + other.first + ", " + r + " on " +
+                    backend + ": the spread is measured on one backend; give runs of one");
               }
             }
             for (const auto& row : rows.back()) {

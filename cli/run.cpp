@@ -112,8 +112,21 @@ int runSuite(RunArgs& a, const CLI::App& run) {
   opts.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeoutSec * 1000));
   try {
     if (!a.rankFault.empty()) opts.rankFault = sb::harness::parseRankFault(a.rankFault);
-    for (const auto& p : a.profilePaths)
-      opts.costProfiles.push_back(sb::harness::CostProfile::load(p));
+    for (size_t i = 0; i < a.profilePaths.size(); ++i) {
+      opts.costProfiles.push_back(sb::harness::CostProfile::load(a.profilePaths[i]));
+      // One profile per backend and mesh: of two, one would be used without a word (the times
+      // predicted from whichever came first).
+      const auto& p = opts.costProfiles.back();
+      for (size_t j = 0; j < i; ++j) {
+        const auto& q = opts.costProfiles[j];
+        if (q.backend == p.backend && q.mesh == p.mesh) {
+          throw sb::harness::InputError("--cost-profile " + a.profilePaths[j] + " and " +
+                                        a.profilePaths[i] + " are both measured on backend " +
+                                        p.backend + ", mesh " + p.mesh +
+                                        ": give one profile per backend and mesh");
+        }
+      }
+    }
     const auto suite = sb::harness::loadSuite(a.suitePath);
     const auto plan = sb::harness::planSuite(suite, opts);
     return sb::harness::runPlanned(suite, plan, opts, std::cout);
@@ -143,9 +156,11 @@ Command addRun(CLI::App& app) {
   run->add_option("suite", a->suitePath, "Suite file, e.g. suites/smoke.yaml")
       ->check(sb::cli::pathName())
       ->required();
-  run->add_option("--filter", a->opts.filter, "Only strategy ids matching this regular expression");
+  run->add_option("--filter", a->opts.filter, "Only strategy ids matching this regular expression")
+      ->check(sb::cli::nonEmpty("a regular expression (leave --filter out to run every strategy)"));
   run->add_option("--case", a->opts.caseFilter,
-                  "Only the cases whose names match this regular expression");
+                  "Only the cases whose names match this regular expression")
+      ->check(sb::cli::nonEmpty("a regular expression (leave --case out to run every case)"));
   run->add_option("--backend", a->opts.backend,
                   "Communication backend: threads (one process), or gloo or nccl (a CUDA "
                   "LibTorch; one GPU per rank) under `stratbench launch`, torchrun, srun or "

@@ -338,6 +338,12 @@ int solveParallel(const ParallelArgs& a) {
                  "it)\n";
     return kExitBadInput;
   }
+  if (a.verify == 0 && !a.verifyDir.empty()) {
+    std::cerr << kWho << "--verify-out " << a.verifyDir
+              << " without --verify K: nothing would be verified or written there (give "
+                 "--verify K, or drop --verify-out)\n";
+    return kExitBadInput;
+  }
   if (a.verify > 0 && a.verifyDir.empty()) {
     std::cerr << kWho << "--verify needs --verify-out DIR (the suite and its results)\n";
     return kExitBadInput;

@@ -241,9 +241,11 @@ Command addSolveShard(CLI::App& solve) {
       ->check(sb::cli::realNumber(0, 100, false, "percent"));
   shardCmd->add_option("--out", shard->out, "Write the plan here (default: stdout)")
       ->check(sb::cli::pathName());
-  shardCmd->add_option("--sac-policy", shard->sacPolicy,
-                       "Price a selective checkpointing policy into the search: save-all, "
-                       "recompute-all, torchtitan, cheap, or JSON {default, ops, nodes}");
+  shardCmd
+      ->add_option("--sac-policy", shard->sacPolicy,
+                   "Price a selective checkpointing policy into the search: save-all, "
+                   "recompute-all, torchtitan, cheap, or JSON {default, ops, nodes}")
+      ->check(sb::cli::nonEmpty("a policy (leave --sac-policy out to save every activation)"));
   shardCmd->add_option("--dtype", shard->dtype, "float32, float64, bfloat16, float16")
       ->capture_default_str();
   return {shardCmd, [shard] { return solveShard(*shard); }};
