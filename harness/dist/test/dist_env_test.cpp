@@ -183,6 +183,13 @@ TEST(DistEnv, MalformedVariablesAreNamed) {
   EXPECT_NE(
       errorOf({{"RANK", "two"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}}).find("RANK='two'"),
       std::string::npos);
+  // Digits only: stoll read " 1" and "+1" as 1 where "two" is refused.
+  for (const char* odd : {" 1", "+1", "1 ", "0x1"}) {
+    EXPECT_NE(errorOf({{"RANK", odd}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}})
+                  .find(std::string("RANK='") + odd + "': expected an integer >= 0 (digits only)"),
+              std::string::npos)
+        << odd;
+  }
   EXPECT_NE(errorOf({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}})
                 .find("RANK=4 is not below WORLD_SIZE=4"),
             std::string::npos);
