@@ -968,6 +968,38 @@ ExportCheck verifyExport(const std::string& file, const std::string& fault) {
     if (it == expected.tensors.end()) throw ImportError(path + ": no tensor '" + name + "'");
     return it->second;
   };
+  // The numbers judge the import only where they are numbers a run of PyTorch wrote: a NaN in
+  // them, or a learning rate that is none, was reported as this reader running the program
+  // otherwise than PyTorch.
+  for (const auto& [name, t] : expected.tensors) {
+    if (!t.is_floating_point()) continue;
+    const at::Tensor bad = t.isfinite().logical_not().flatten().nonzero();
+    if (bad.numel() > 0) {
+      throw ImportError(path + ": tensor '" + name + "' of PyTorch's numbers holds a non-finite " +
+                        "value (element " + std::to_string(bad[0].item<int64_t>()) +
+                        "): they cannot judge the import; write them again "
+                        "(trace_models.py --export)");
+    }
+  }
+  double lr = 0;
+  if (expected.tensors.count("losses")) {
+    const auto it = expected.metadata.find("lr");
+    const std::string text = it == expected.metadata.end() ? "" : it->second;
+    size_t used = 0;
+    try {
+      lr = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (it == expected.metadata.end() || text.empty() || used != text.size() ||
+        !std::isfinite(lr) || lr < 0) {
+      throw ImportError(path + ": " +
+                        (it == expected.metadata.end()
+                             ? std::string("its metadata has no 'lr'")
+                             : "its metadata's lr '" + text.substr(0, 64) + "' is not a number >= 0") +
+                        ", the SGD learning rate its 'losses' were made with");
+    }
+  }
   c.checked = true;
   const auto compare = [&](const std::string& name, const at::Tensor& got) {
     const at::Tensor& ref = want(name);
@@ -1037,7 +1069,6 @@ ExportCheck verifyExport(const std::string& file, const std::string& fault) {
       }
     }
     // Optimizer steps: plain SGD, as torch.optim.SGD(lr) updates (p.add_(grad, alpha=-lr)).
-    const double lr = std::stod(expected.metadata.count("lr") ? expected.metadata.at("lr") : "0");
     const at::Tensor& losses = want("losses");
     ModelFile s = loadModelFile(file, fault);
     s.module.train();
