@@ -1687,4 +1687,14 @@ bad "noise over a threads run and a gloo run is exit 2 saying the backends diffe
   "keep2? ran on threads, .*keep-gloo on gloo: the spread is measured on one backend" \
   "$sb" noise "$tmp/keep2" "$tmp/keep-gloo" --out "$tmp/noise-backends.json"
 
+# Unbounded: a message quoting what it refuses (a --shape nested 60,000 deep printed 120 KB, a
+# redistribute --shape 240 KB) keeps its head and tail, at most a few KiB.
+deep=$(python3 -c "print('[' * 60000 + ']' * 60000)")
+for c in "graph --workload gpt2 --shape" "solve redistribute --mesh 2 --from R --to S0 --shape"; do
+  # shellcheck disable=SC2086
+  check "$c nested 60,000 deep: exit 2, the message under 8 KiB" 0 "^short$" -- bash -c \
+    '"$1" $2 "$3" > "$4/deep.out" 2>&1; [ $? = 2 ] && [ "$(wc -c < "$4/deep.out")" -lt 8192 ] &&
+     echo short' _ "$sb" "$c" "$deep" "$tmp"
+done
+
 finish

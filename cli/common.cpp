@@ -52,7 +52,7 @@ nlohmann::json modelShape(const ModelOptions& m) {
     try {
       shape["inputs"].push_back(harness::parseJsonNoDuplicates(text));
     } catch (const nlohmann::json::exception& e) {
-      throw std::invalid_argument("--input '" + text +
+      throw std::invalid_argument("--input '" + sb::harness::shownValue(text) +
                                   "' is not valid JSON: " + sb::harness::errorText(e));
     }
   }

@@ -58,7 +58,7 @@ int solveRedistribute(const std::string& shapeText, const std::string& meshText,
       throw std::invalid_argument("the tensor would hold more than 2^62 bytes");
     }
   } catch (const std::exception& e) {
-    std::cerr << "stratbench solve redistribute: --shape '" << shapeText
+    std::cerr << "stratbench solve redistribute: --shape '" << sb::harness::shownValue(shapeText)
               << "': " << sb::harness::errorText(e) << "\n";
     return kExitBadInput;
   }

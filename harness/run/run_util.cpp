@@ -9,8 +9,17 @@
 namespace sb::harness {
 
 std::string errorText(const std::exception& e) {
-  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
-  return e.what();
+  const auto* ce = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = ce ? ce->what_without_backtrace() : e.what();
+  constexpr size_t kHead = 3072, kTail = 1024;
+  if (text.size() <= kHead + kTail) return text;
+  return text.substr(0, kHead) + " ... (" + std::to_string(text.size() - kHead - kTail) +
+         " bytes left out) ... " + text.substr(text.size() - kTail);
+}
+
+std::string shownValue(const std::string& value, size_t most) {
+  if (value.size() <= most) return value;
+  return value.substr(0, most) + "... (" + std::to_string(value.size()) + " bytes)";
 }
 int64_t nowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(

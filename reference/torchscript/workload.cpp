@@ -87,7 +87,9 @@ InputSpec InputSpec::fromJson(const nlohmann::json& j, const std::string& where)
                         std::to_string(s.low) + ", high " + std::to_string(s.high));
     }
   } else {
-    throw ImportError(where + ".dtype: '" + dt + "' (expected float32 or int64)");
+    throw ImportError(
+        where + ".dtype: '" + dt +
+        "' (expected float32, float64 or int64: a floating input is drawn at the case's dtype)");
   }
   return s;
 }
