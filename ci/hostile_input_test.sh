@@ -556,7 +556,7 @@ PY
     "$sb" report "$tmp/agree" --out "$tmp/agree/rep" --no-plots
 done
 # Hand-edited results.csv fields no run writes: refused naming the column, never gated on.
-for edit in err_ratio atol min_over_max dtype timestamp repetitions mispredicted; do
+for edit in err_ratio atol min_over_max dtype timestamp repetitions mispredicted mesh; do
   rm -rf "$tmp/edited" && cp -r "$tmp/keep" "$tmp/edited" && rm "$tmp/edited/results.json"
   case $edit in
     err_ratio) edit_first_row "$tmp/edited/results.csv" 'r["err_ratio"] = "-1"' ;;
@@ -568,6 +568,7 @@ for edit in err_ratio atol min_over_max dtype timestamp repetitions mispredicted
     # A hand's "none missed" written as a word: read as a prediction named "false" it would
     # fail the gate saying that prediction missed.
     mispredicted) edit_first_row "$tmp/edited/results.csv" 'r["mispredicted"] = "false"' ;;
+    mesh) edit_first_row "$tmp/edited/results.csv" 'r["mesh"] = "99999x99999"' ;;
   esac
   case $edit in
     err_ratio) want="column 'err_ratio': '-1' is not 0 or more" ;;
@@ -577,6 +578,7 @@ for edit in err_ratio atol min_over_max dtype timestamp repetitions mispredicted
     timestamp) want="column 'timestamp_utc': 'yesterday' is not a UTC time as run writes it" ;;
     repetitions) want="column 'time_us_samples' holds 1 sample\(s\) but 'repetitions' is 50" ;;
     mispredicted) want="column 'mispredicted': 'false' is not empty \(none missed\)" ;;
+    mesh) want="column 'mesh': '99999x99999' is not a mesh as run writes it" ;;
   esac
   check "report on a results.csv with $edit edited: exit 2 naming the column" 2 "$want" -- \
     "$sb" report "$tmp/edited" --out "$tmp/edited/rep" --no-plots
@@ -1695,6 +1697,14 @@ for c in "graph --workload gpt2 --shape" "solve redistribute --mesh 2 --from R -
   check "$c nested 60,000 deep: exit 2, the message under 8 KiB" 0 "^short$" -- bash -c \
     '"$1" $2 "$3" > "$4/deep.out" 2>&1; [ $? = 2 ] && [ "$(wc -c < "$4/deep.out")" -lt 8192 ] &&
      echo short' _ "$sb" "$c" "$deep" "$tmp"
+done
+
+# launch starts the ranks of run or calibrate: another launch under it (a world of worlds) or a
+# report (one per rank into one folder) is exit 2 before any process starts.
+for inner in "launch -n 2 -- run $tmp/ok.yaml" "report $tmp/keep"; do
+  # shellcheck disable=SC2086
+  bad "launch -- ${inner%% *} is exit 2" "\`${inner%% *}\` is not a command whose processes form a world" \
+    "$sb" launch -n 2 -- $inner
 done
 
 finish

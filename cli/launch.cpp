@@ -21,6 +21,7 @@
 #include "cli/numbers.h"
 #include "harness/dist/dist_env.h"
 #include "harness/dist/launcher.h"
+#include "harness/run/run_util.h"
 
 namespace sb::cli {
 
@@ -84,6 +85,15 @@ int launchMain(int argc, char** argv) {
     return kExitBadInput;
   }
   for (int i = split + 1; i < argc; ++i) o.command.push_back(argv[i]);
+  // The ranks of a world: `run` and `calibrate` are the commands that are one (every other one
+  // would run once per rank: `launch -- launch` a world of worlds, `launch -- report` N reports
+  // into one folder).
+  if (o.command.front() != "run" && o.command.front() != "calibrate") {
+    std::cerr << "stratbench launch: `" << sb::harness::shownValue(o.command.front(), 64)
+              << "` is not a command whose processes form a world: launch starts the ranks of "
+                 "`run` or `calibrate` (-- run SUITE ... or -- calibrate ...)\n";
+    return kExitBadInput;
+  }
   if (o.command.front() == "run") {
     // `threads` is one process's backend: under launch every rank would run the whole suite on
     // its own threads into the same folder (a race on the results). No backend given: gloo.

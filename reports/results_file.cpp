@@ -32,6 +32,7 @@
 #include <libfccp/csv.h>
 #pragma GCC diagnostic pop
 
+#include "harness/comm/mesh.h"
 #include "harness/hidden_text.h"
 #include "harness/in_file.h"
 #include "harness/measure/timing.h"
@@ -243,6 +244,11 @@ ResultRow parseRow(const Fields& f, const std::string& file, int line) {
   r.worldSize = static_cast<int>(
       f.requiredInt("world_size", 1, 1 << 20, "a number of ranks from 1 (no run writes this)"));
   r.mesh = f.str("mesh");
+  try {  // a mesh as a case names it ("2x2"), of at most the ranks a mesh may have
+    harness::DeviceMesh::parseShape(r.mesh);
+  } catch (const std::exception&) {
+    f.bad("mesh", r.mesh, "a mesh as run writes it (4, 2x2: sizes from 1, at most 65,536 ranks)");
+  }
   r.suite = f.str("suite");
   r.caseName = f.str("case");
   r.workload = f.str("workload");
