@@ -137,7 +137,7 @@ Command addNoise(CLI::App& app) {
           // The file is refused before any work when it is not one to replace: a device, a
           // FIFO or a folder at --out (as root, a rename over /dev/zero replaced it).
           sb::harness::InputFiles runs;  // a run given as a CSV file of another name
-          for (const auto& r : a->runs) runs.emplace_back("a run", r);
+          for (const auto& r : a->runs) runs.emplace_back("the run list", r);
           try {
             sb::harness::checkResultPath(a->out, runs);
           } catch (const sb::harness::InputError& e) {

@@ -4,8 +4,10 @@
 // as something else: one check shared by the suite reader (suite, case names) and the results
 // reader (every column of a results.csv). Header-only and LibTorch-free, as parse_number.h.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace sb::harness {
@@ -19,7 +21,9 @@ enum class TextKind {
   // isolates, word joiners and invisible operators, variation selectors, the byte-order mark,
   // musical formatting, tags U+E0000-E0FFF), line and paragraph separators, the braille blank
   // (U+2800), interlinear annotations (U+FFF9-FFFB) and the noncharacters (U+FDD0-FDEF and
-  // U+xFFFE/xFFFF). Each makes a name show as another ("a<RLO>gpj.exe", "smoke" and
+  // U+xFFFE/xFFFF); the emoji and text presentation selectors U+FE0E/FE0F only after a
+  // non-ASCII character (keyboards add U+FE0F to emoji). Each makes a name show as another
+  // ("a<RLO>gpj.exe", "smoke" and
   // "smo<ZWSP>ke", "li<TAG>n").
   kName,
   // One line of text (a shape, a host, parameters): no C0 control but the tab (ESC starts a
@@ -72,8 +76,12 @@ inline HiddenCharacter hiddenCharacter(const std::string& s, TextKind kind) {
         cp == 0xFEFF || cp == 0xFFA0 || (cp >= 0xFFF0 && cp <= 0xFFFB) || (cp & 0xFFFE) == 0xFFFE ||
         (cp >= 0x1BCA0 && cp <= 0x1BCA3) || (cp >= 0x1D173 && cp <= 0x1D17A) ||
         (cp >= 0xE0000 && cp <= 0xE0FFF);
+    // The emoji and text presentation selectors after a character that has those forms (never
+    // after ASCII, where "li<VS16>n" reads as "lin"): keyboards put U+FE0F after most emoji.
+    const bool presentation =
+        (cp == 0xFE0E || cp == 0xFE0F) && i > 0 && static_cast<unsigned char>(s[i - 1]) >= 0x80;
     const bool c1 = cp >= 0x80 && cp <= 0x9F;
-    if (c1 || direction || (kind == TextKind::kName && invisible)) {
+    if (c1 || direction || (kind == TextKind::kName && invisible && !presentation)) {
       char hex[16];
       std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
       return {c1          ? "a C1 control character"
@@ -83,6 +91,26 @@ inline HiddenCharacter hiddenCharacter(const std::string& s, TextKind kind) {
     }
   }
   return {};
+}
+
+// `s` with every character hiddenCharacter finds for `kind` written as an escape ("\\u202e",
+// "\\u001b"): a message that quotes what it refuses shows it, and the terminal acts on none.
+inline std::string escapeHidden(const std::string& s, TextKind kind) {
+  std::string out;
+  size_t at = 0;
+  while (at < s.size()) {
+    const HiddenCharacter h = hiddenCharacter(s.substr(at), kind);
+    if (!h) break;
+    const size_t i = at + h.byte;
+    const auto u = static_cast<unsigned char>(s[i]);
+    const size_t len = u < 0x80 ? 1 : u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
+    const unsigned cp = static_cast<unsigned>(std::strtoul(h.code.c_str() + 2, nullptr, 16));
+    char esc[16];
+    std::snprintf(esc, sizeof esc, cp > 0xFFFF ? "\\U%08x" : "\\u%04x", cp);
+    out += s.substr(at, i - at) + esc;
+    at = i + len;
+  }
+  return out + s.substr(std::min(at, s.size()));
 }
 
 }  // namespace sb::harness

@@ -4,6 +4,11 @@
 
 #include <c10/core/Allocator.h>
 
+#ifndef SB_TORCH_VERSION_NUM
+#error \
+    "SB_TORCH_VERSION_NUM (LibTorch's version, as 113 or 213) is set by CMakeLists.txt's sb_torch"
+#endif
+
 namespace sb::reference {
 
 // A CPU allocator that hands out memory its subclass obtains (from the allocator it wraps),

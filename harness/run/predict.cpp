@@ -134,7 +134,8 @@ std::string judgePredictions(Record& rec, const Strategy::PredictionTolerance& t
       // A name the results file cannot carry (or one already judged: the runner's memory and
       // time, an executor's twice) is the executor's mistake, flagged as such: the column stays
       // one every reader takes, and the row is off (a claim nobody can read is not kept).
-      if (!validPredictionName(what) || what == "memory" || what == "time" || j.contains(what)) {
+      if (!validPredictionName(what) || what == "memory" || what == "time" ||
+          what == "malformed_prediction" || j.contains(what)) {
         const std::string bad = "malformed_prediction";
         if (std::find(flagged.begin(), flagged.end(), bad) == flagged.end()) {
           flagged.push_back(bad);

@@ -114,6 +114,9 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
       at += "/" + l;
       std::error_code ec;
       const auto st = std::filesystem::symlink_status(at, ec);
+      if (ec && st.type() != std::filesystem::file_type::not_found) {
+        throw std::runtime_error(at + ": " + ec.message());
+      }
       if (st.type() == std::filesystem::file_type::not_found) {
         std::filesystem::create_directory(at);
       } else if (st.type() == std::filesystem::file_type::symlink) {

@@ -5,6 +5,7 @@
 """
 import json
 import math
+import re
 import sys
 
 from common import plt
@@ -13,17 +14,17 @@ COLOURS = {"F": "#1f77b4", "B": "#2e7d32", "I": "#f9a825", "W": "#6a1b9a"}
 # A row per rank while a figure can hold them: 5,000 ranks made a 450,000-pixel-tall figure
 # (minutes, then matplotlib refused it). The rest are said in the title.
 MAX_RANKS_DRAWN = 64
+ACTION = re.compile(r"([0-9]{1,9})([%s])([0-9]{1,9})" % "".join(COLOURS))
 
 
 def action_type(name):
     """'12F3' -> 'F'. ValueError, naming it, for anything that is not STAGE LETTER MICROBATCH
     with a letter of COLOURS (a hand-edited results.json: the report draws, not tracebacks)."""
-    letters = [c for c in name if c.isalpha()] if isinstance(name, str) else []
-    if (len(letters) != 1 or letters[0] not in COLOURS or not name[0].isdigit()
-            or not name[-1].isdigit()):
+    m = ACTION.fullmatch(name) if isinstance(name, str) else None
+    if not m:
         raise ValueError("pipeline action %r is not STAGE, one of %s, MICROBATCH ('12F3')"
                          % (name, "".join(COLOURS)))
-    return letters[0]
+    return m[2]
 
 
 def check_run(d):
@@ -38,20 +39,26 @@ def check_run(d):
         need(d, key, kinds, "")
     # What a run writes, not only its types: a timeline no run writes (an action ending before it
     # starts, a rank twice, micro-batch 99999999 of 4) was drawn as if it were one.
-    def fraction(x):
-        return math.isfinite(x) and 0 <= x <= 1
+    def fraction(x):  # 1 - busy / step: a rank busy the whole step may round to -1e-16
+        return finite(x) and -1e-9 <= x <= 1 + 1e-9
+
+    def finite(x):  # an integer of 400 digits is no float (isfinite raises OverflowError)
+        try:
+            return math.isfinite(x)
+        except OverflowError:
+            return False
 
     def wrong(what):
         raise ValueError("pipeline run: " + what + ": no run writes that")
     if d["stages"] < 1 or d["microbatches"] < 1:
         wrong(f"{d['stages']} stages, {d['microbatches']} micro-batches")
-    if not (math.isfinite(d["step_time_us"]) and d["step_time_us"] >= 0):
+    if not (finite(d["step_time_us"]) and d["step_time_us"] >= 0):
         wrong(f"step_time_us {d['step_time_us']}")
     if not fraction(d["bubble_fraction"]):
         wrong(f"bubble_fraction {d['bubble_fraction']}")
     ranks = d.get("ranks", len(d["per_rank"]))
     if not d["per_rank"] or isinstance(ranks, bool) or not isinstance(ranks, int) \
-            or len(d["per_rank"]) > ranks:
+            or len(d["per_rank"]) != ranks:
         wrong(f"{len(d['per_rank'])} per_rank entries for {ranks} ranks")
     seen = set()
     for r in d["per_rank"]:
@@ -66,11 +73,11 @@ def check_run(d):
             for key, kinds in (("action", str), ("start_us", number), ("end_us", number)):
                 need(a, key, kinds, "per_rank[].actions[].")
             t = action_type(a["action"])
-            stage, micro = a["action"].split(t)
+            stage, _, micro = ACTION.fullmatch(a["action"]).groups()
             if int(stage) >= d["stages"] or int(micro) >= d["microbatches"]:
                 wrong(f"rank {r['rank']}'s action {a['action']} (stages 0 to {d['stages'] - 1}, "
                       f"micro-batches 0 to {d['microbatches'] - 1})")
-            if not (math.isfinite(a["start_us"]) and math.isfinite(a["end_us"])
+            if not (finite(a["start_us"]) and finite(a["end_us"])
                     and 0 <= a["start_us"] <= a["end_us"]):
                 wrong(f"rank {r['rank']}'s action {a['action']} from {a['start_us']} to "
                       f"{a['end_us']} us")

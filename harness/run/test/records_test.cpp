@@ -16,6 +16,7 @@
 
 #include "harness/run/predict.h"
 #include "harness/run/records.h"
+#include "harness/run/run_util.h"
 #include "harness/test/temp_dir.h"
 
 namespace sb::harness {
@@ -296,8 +297,24 @@ TEST(Predictions, AnExecutorsClaimUnderANameTheResultsCannotCarryIsFlaggedNotWri
     EXPECT_NE(text.find(std::string("named '") + bad + "'"), std::string::npos) << text;
   }
   EXPECT_EQ(judged({"bubble", "bubble"}).first, "malformed_prediction");
+  // The flag's own name is no claim's: flagged once, the column one report reads back.
+  EXPECT_EQ(judged({"Bad", "malformed_prediction"}).first, "malformed_prediction");
   for (const char* good : {"bubble", "held_memory", "memory_rows", "objective2"}) {
     EXPECT_TRUE(validPredictionName(good)) << good;
+  }
+}
+
+// A long message is cut between characters: one of broken UTF-8 is one no JSON writer takes,
+// and the row's record would be lost.
+TEST(ErrorText, ALongMessageIsCutBetweenCharactersAndStaysJson) {
+  for (size_t shift = 0; shift < 3; ++shift) {
+    std::string text(shift, 'x');
+    for (int i = 0; i < 3000; ++i) text += "\xc3\xa9";  // é, two bytes
+    const std::string cut = errorText(std::runtime_error(text));
+    EXPECT_LT(cut.size(), 4200u);
+    EXPECT_NE(cut.find("bytes left out"), std::string::npos);
+    EXPECT_NO_THROW(nlohmann::json(cut).dump()) << "shift " << shift;
+    EXPECT_NO_THROW(nlohmann::json(shownValue(text, 3 + shift)).dump()) << "shift " << shift;
   }
 }
 

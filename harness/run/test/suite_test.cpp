@@ -282,7 +282,7 @@ TEST(SuiteHostile, HiddenCharactersAreJudgedPerKindOfText) {
     return s + static_cast<char>(0x80 | (cp & 0x3F));
   };
   for (const uint32_t cp : {0xE0001u, 0xE007Fu, 0xE0100u, 0xFE00u, 0x34Fu, 0x115Fu, 0x3164u,
-                            0x17B4u, 0x1D173u, 0x206Au, 0x2800u, 0xFFFFu, 0x180Bu}) {
+                            0x17B4u, 0x1D173u, 0x206Au, 0x2800u, 0xFFFFu, 0x180Bu, 0xFE0Fu}) {
     const auto h = hiddenCharacter("li" + utf8(cp) + "n", TextKind::kName);
     EXPECT_TRUE(h) << std::hex << cp;
     EXPECT_EQ(h.byte, 2u) << std::hex << cp;
@@ -291,6 +291,8 @@ TEST(SuiteHostile, HiddenCharactersAreJudgedPerKindOfText) {
   for (const uint32_t cp : {0x3A9u, 0xDFu, 0x301u, 0x1F680u, 0x4E2Du, 0x1100u, 0xFF21u}) {
     EXPECT_FALSE(hiddenCharacter("a" + utf8(cp), TextKind::kName)) << std::hex << cp;
   }
+  // An emoji with the presentation selector keyboards add to it ("❤️"): a name.
+  EXPECT_FALSE(hiddenCharacter("run " + utf8(0x2764) + utf8(0xFE0F), TextKind::kName));
 }
 
 // Found by ci/fuzz/suite_fuzz.cpp: a sweep's values become part of the case names, so a value
