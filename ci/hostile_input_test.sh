@@ -1568,7 +1568,6 @@ check "solve pipeline --chain C --trace C: exit 2, the chain kept" 2 "is the fil
   "$sb" solve pipeline --stages 2 --microbatches 4 --chain "$tmp/own-chain.json" --trace "$tmp/own-chain.json"
 cmp -s "$tmp/own-chain.json" "$src/ci/fuzz/corpus/chain/small.json" || fail "--trace replaced --chain"
 # memory_snapshot.py into its own trace or a run's results: exit 2, both kept.
-cp "$tmp/keep/results.csv" "$tmp/keep.results.sum"
 printf 'mem reset at 0\nmem +8 -> 8 @0x1\nmem end of the measured step at 8, peak 8\n' > "$tmp/tiny.trace"
 cp "$tmp/tiny.trace" "$tmp/tiny.keep"
 bad "memory_snapshot.py into the trace it reads is exit 2" "is the trace it reads" \
@@ -1612,6 +1611,8 @@ for c in "li\U000E0001n|U+E0001" "li\uFE00n|U+FE00" "\u3164|U+3164" "a\u2800b|U+
 done
 sed "s/name: lin/name: ' '/" "$tmp/ok.yaml" > "$tmp/blank.yaml"
 bad "a blank case name is exit 2" "key 'name' must not be blank" "$sb" run "$tmp/blank.yaml" --out "$tmp/keep"
+sed 's/name: lin/name: "\\u3000\\u00a0"/' "$tmp/ok.yaml" > "$tmp/blank2.yaml"
+bad "a case name of Unicode spaces is exit 2" "key 'name' must not be blank" "$sb" run "$tmp/blank2.yaml" --out "$tmp/keep"
 # golden: a NUL cut the name short (another file written), escapes reached the terminal and the
 # file system; a missing file said not why.
 gold gnul '"x\0y.csv"' plain 0.01
@@ -1681,7 +1682,6 @@ bad "launch --hosts '' is exit 2" "--hosts: expected hosts, node 0 first, got an
   "$sb" launch -n 2 --hosts "" -- run "$tmp/ok.yaml" --out "$tmp/keep"
 bad "solve parallel --verify-out without --verify is exit 2" "--verify-out .* without --verify K" \
   "$sb" solve parallel --workload llama --ranks 2 --verify-out "$tmp/vo"
-[ ! -e "$tmp/vo" ] || fail "solve parallel made --verify-out without --verify"
 # noise over runs of two backends: said so (it said no row passed in two runs).
 rm -rf "$tmp/keep-gloo" && mkdir -p "$tmp/keep-gloo" && cp "$tmp/keep2/results.csv" "$tmp/keep-gloo/"
 edit_first_row "$tmp/keep-gloo/results.csv" 'r["backend"] = "gloo"; r["run_id"] = "gloo-run"'
@@ -1706,5 +1706,48 @@ for inner in "launch -n 2 -- run $tmp/ok.yaml" "report $tmp/keep"; do
   bad "launch -- ${inner%% *} is exit 2" "\`${inner%% *}\` is not a command whose processes form a world" \
     "$sb" launch -n 2 -- $inner
 done
+
+# The second sweep of round 8. Unbounded: a chain of 10^8 layers passed the element bound and
+# grew gigabytes before a row ran; exit 2 naming the key, as the graph workloads' 1024.
+sed -e 's/workload: linear/workload: mlp_chain/' \
+    -e 's/shape: {input: \[8, 16\], out_features: 8}/shape: {batch: 2, width: 8, depth: 100000000}/' \
+    "$tmp/ok.yaml" > "$tmp/deepchain.yaml"
+bad "an mlp_chain of 10^8 layers is exit 2 naming depth" "shape key 'depth' must be at most 1024" \
+  "$sb" run "$tmp/deepchain.yaml" --out "$tmp/keep"
+bad "solve chunk of 10^8 layers is exit 2 naming layers" "shape key 'layers' must be at most 1024" \
+  "$sb" solve chunk --workload gpt2_prefill --shape '{"layers": 100000000}' --max-memory 1e9
+# Hang: a FIFO given as a plugin blocked dlopen forever.
+mkfifo "$tmp/plugin.so"
+bad "a FIFO as --plugin is exit 2 at once" "plugin '.*plugin.so': not a regular file" \
+  "$sb" list --plugin "$tmp/plugin.so"
+# The run judged given as its own baseline passed the gate whatever it held.
+bad "report RUN --baseline RUN is exit 2" "--baseline .*keep is the results being judged" \
+  "$sb" report "$tmp/keep" --baseline "$tmp/keep" --gate --no-plots --out "$tmp/selfbase"
+# STRATBENCH_GIT_SHA is written into every row: an ESC or a newline made report refuse the run's
+# own file; run refuses it, naming it, before any row.
+bad "STRATBENCH_GIT_SHA with an ESC is exit 2 naming it" "STRATBENCH_GIT_SHA holds the control character 0x1b" \
+  env STRATBENCH_GIT_SHA="$(printf 'abc\033[31m')" "$sb" run "$tmp/ok.yaml" --out "$tmp/keep"
+# A report into a folder no report wrote does not replace the user's files of its names.
+mkdir -p "$tmp/proj" && echo "# my notes" > "$tmp/proj/report.md"
+check "report --out a folder of the user's with a report.md: exit 2, the notes kept" 2 \
+  "report.md is there and no report wrote it" -- "$sb" report "$tmp/keep" --out "$tmp/proj" --no-plots
+[ "$(cat "$tmp/proj/report.md")" = "# my notes" ] || fail "report replaced the user's report.md"
+# A direction override quoted from the input is shown escaped, never printed raw.
+cat > "$tmp/bidi.yaml" <<'Y'
+suite: bidi
+defaults: {repetitions: 1, min_time_s: 0.0001}
+cases:
+  - name: two
+    workload: mlp_chain
+    shape: {batch: 8, width: 8, depth: 4, dropout: 0, microbatches: 2}
+    mesh: 2
+    strategies: ["pipeline/gpipe"]
+    params: {cut: "\u202eevil.yaml"}
+Y
+check "a params value with U+202E: exit 2, the override escaped in the message" 0 "^escaped$" -- bash -c \
+  '"$1" run "$2" --out "$3/bidi" > "$3/bidi.log" 2>&1; [ $? = 2 ] && grep -q "u202e" "$3/bidi.log" &&
+   ! grep -q "$(printf "\342\200\256")" "$3/bidi.log" && echo escaped' _ "$sb" "$tmp/bidi.yaml" "$tmp"
+bad "calibrate --max-bytes past the 4 MiB it measures is exit 2" "from 4096 to 4194304" \
+  "$sb" calibrate --mesh 2 --max-bytes 1073741824 --out "$tmp/cal.json"
 
 finish

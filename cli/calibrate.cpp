@@ -96,8 +96,13 @@ Command addCalibrate(CLI::App& app) {
       ->capture_default_str();
   // At least two sizes (1024 and 4096 bytes): a bandwidth is fitted from the sizes' times, and
   // one size alone fits a latency with an infinite bandwidth.
-  calib->add_option("--max-bytes", a->calibMax, "Largest size per collective (at least 4096)")
-      ->check(sb::cli::wholeNumber(4096, uint64_t{1} << 32, "bytes"))
+  // The sizes measured are CalibrateOptions' (1 KiB to 4 MiB, times 4): the option leaves the
+  // largest out, it adds none (4 GiB was taken and measured 4 MiB, without a word).
+  calib
+      ->add_option("--max-bytes", a->calibMax,
+                   "Largest size per collective (4096 to 4194304: the sizes measured are 1 KiB "
+                   "to 4 MiB, times 4)")
+      ->check(sb::cli::wholeNumber(4096, uint64_t{1} << 22, "bytes"))
       ->capture_default_str();
   return {calib, [a] {
             try {

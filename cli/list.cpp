@@ -58,6 +58,7 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
     }
     for (const auto& gen : StrategyRegistry::global().generators()) {
       if (!family.empty() && family != sb::harness::familyName(gen.family)) continue;
+      if (re && !re->search(gen.idPattern)) continue;  // by its pattern: its ids come per case
       arr.push_back({{"id", gen.idPattern},
                      {"family", sb::harness::familyName(gen.family)},
                      {"generated", true},
@@ -87,6 +88,7 @@ int listStrategies(const std::string& family, const std::string& filter, bool js
   std::cout << shown.size() << " strategies\n";
   for (const auto& gen : StrategyRegistry::global().generators()) {
     if (!family.empty() && family != sb::harness::familyName(gen.family)) continue;
+    if (re && !re->search(gen.idPattern)) continue;  // by its pattern: its ids come per case
     std::cout << "generated per case: " << gen.idPattern << " ("
               << sb::harness::familyName(gen.family) << "): " << gen.description;
     if (gen.origin != "built-in") std::cout << " [plugin " << gen.origin << "]";

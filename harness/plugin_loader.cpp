@@ -42,6 +42,12 @@ LoadedPlugin loadPlugin(const std::string& path) {
                       ": is a folder; expected a shared library (lib<name>.so); "
                       "STRATBENCH_PLUGIN_PATH takes folders");
   }
+  // dlopen reads what it is given: a FIFO blocked it (and the command) forever.
+  if (!fs::is_regular_file(status)) {
+    throw PluginError(where +
+                      ": not a regular file (a FIFO or a device); expected a shared "
+                      "library (lib<name>.so)");
+  }
   const std::string canonical = fs::canonical(path, ec).string();
   if (auto it = loadedByFile().find(canonical); it != loadedByFile().end()) return it->second;
 

@@ -145,6 +145,10 @@ class Keys {
     const auto& v = shape_.at(key);
     TORCH_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, w_, ": shape key '", key,
                 "' must be a positive integer, got ", v.dump());
+    // A chain is built a layer at a time: its length bounded as the graph workloads' is
+    // (depth 10^8 passed the element bound and grew gigabytes before a row ran).
+    TORCH_CHECK(!(key == "depth" || key == "layers") || v.get<int64_t>() <= 1024, w_,
+                ": shape key '", key, "' must be at most 1024, got ", v.dump());
     return v.get<int64_t>();
   }
   double prob(const std::string& key, double def) const {

@@ -35,6 +35,8 @@ PairShape PairShape::parse(const nlohmann::json& shape) {
                 "' must be a positive integer, got ", v.dump());
     *field = v.get<int64_t>();
   }
+  TORCH_CHECK(s.layers <= 1024, "evoformer_pair: shape key 'layers' must be at most 1024, got ",
+              s.layers);  // built a layer at a time, as the transformers are
   return s;
 }
 
@@ -57,7 +59,8 @@ PairStack::PairStack(const PairShape& s, at::ScalarType dtype, uint64_t seed) : 
                                  std::sqrt(1.0 / static_cast<double>(in))));
   };
   const auto b = [&](const std::string& n, int64_t len) {
-    return param(n, scaledAsCase(makeNormal({len}, dtype, seed, stream++, InputMode::kRandom), 0.02));
+    return param(n,
+                 scaledAsCase(makeNormal({len}, dtype, seed, stream++, InputMode::kRandom), 0.02));
   };
   const auto ones = [&](const std::string& n, int64_t len) {
     return param(n, at::ones({len}, caseOptions(dtype)));

@@ -36,6 +36,10 @@ TransformerShape TransformerShape::parse(const nlohmann::json& shape, const std:
                 "' must be a positive integer, got ", v.dump());
     *field = v.get<int64_t>();
   }
+  // Built a layer at a time, so bounded as the graph workloads are (layers 10^8 passed the
+  // element bound and grew gigabytes before a row ran).
+  TORCH_CHECK(s.layers <= 1024, workload, ": shape key 'layers' must be at most 1024, got ",
+              s.layers);
   TORCH_CHECK(s.dModel % s.heads == 0, workload, ": shape key 'd_model' (", s.dModel,
               ") must be a multiple of 'heads' (", s.heads, ")");
   return s;
@@ -62,7 +66,8 @@ Transformer::Transformer(const TransformerShape& s, at::ScalarType dtype, uint64
                                  std::sqrt(1.0 / static_cast<double>(fanIn))));
   };
   const auto b = [&](const std::string& n, int64_t len) {
-    return param(n, scaledAsCase(makeNormal({len}, dtype, seed, stream++, InputMode::kRandom), 0.02));
+    return param(n,
+                 scaledAsCase(makeNormal({len}, dtype, seed, stream++, InputMode::kRandom), 0.02));
   };
   const auto ones = [&](const std::string& n) {
     return param(n, at::ones({D}, caseOptions(dtype)));

@@ -119,6 +119,21 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   }
   current = readAll(resultPaths);
   if (current.empty()) throw ReportInputError(resultPaths.front() + ": holds no result rows");
+  // The results judged are not their own baseline: every row equals itself and the gate passed
+  // whatever they held (`--baseline "$NEW"`, a CI variable set to the wrong run).
+  const auto csvOf = [](const std::string& p) {
+    if (!fs::is_directory(p)) return p;
+    return fs::exists(p + "/results.csv") ? p + "/results.csv" : p + "/results.partial.csv";
+  };
+  for (const auto& b : options.baselines) {
+    for (const auto& r : resultPaths) {
+      std::error_code same_ec;
+      if (fs::equivalent(csvOf(b), csvOf(r), same_ec)) {
+        throw ReportInputError("--baseline " + b + " is the results being judged (" + r +
+                               "): a baseline is an earlier run's");
+      }
+    }
+  }
   const std::vector<ResultRow> baseline = readAll(options.baselines);
   if (!options.baselines.empty() && baseline.empty()) {
     throw ReportInputError(options.baselines.front() + ": the baseline holds no result rows");
@@ -216,9 +231,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   const GateOptions& go = options.gateOptions;
   std::map<std::string, int> statusCount;
   for (const auto& r : current) statusCount[r.status]++;
-  const auto count = [&](const char* s) {
-    return statusCount.count(s) ? statusCount.at(s) : 0;
-  };
+  const auto count = [&](const char* s) { return statusCount.count(s) ? statusCount.at(s) : 0; };
   const std::string rowsLine =
       std::to_string(current.size()) + " rows: " + std::to_string(count("pass")) + " pass, " +
       std::to_string(count("fail")) + " fail, " + std::to_string(count("error")) + " error, " +
@@ -239,8 +252,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
                   "verdict-fail");
   } else {
     doc.paragraph("WOULD FAIL: " + std::to_string(failures.size()) +
-                      " gate finding(s), not enforced (report without --gate exits 0). " +
-                      rowsLine,
+                      " gate finding(s), not enforced (report without --gate exits 0). " + rowsLine,
                   "verdict-warn");
   }
   doc.toc();
@@ -248,8 +260,9 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   doc.heading(2, "What changed");
   for (const auto& n : baselineNotes) doc.paragraph("Baseline: " + n + ".");
   if (!cmp.hasBaseline) {
-    doc.paragraph("No baseline given: every row is judged on its own (numerics, predictions, a "
-                  "suite that ran nothing); no time or memory comparison.");
+    doc.paragraph(
+        "No baseline given: every row is judged on its own (numerics, predictions, a "
+        "suite that ran nothing); no time or memory comparison.");
   }
   if (lead.changes.rows.empty()) {
     doc.paragraph(cmp.hasBaseline ? "Nothing changed past its threshold since the baseline."
@@ -259,16 +272,19 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     for (const auto& [kind, n] : lead.changeCounts) {
       counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " " + kind;
     }
-    doc.paragraph(counts + (static_cast<size_t>(lead.changed) > lead.changes.rows.size()
-                                ? " (the first " + std::to_string(lead.changes.rows.size()) +
-                                      " here; every row is in summary.csv, every finding and warning in gate.json)"
-                                : std::string()) +
-                  ".");
+    doc.paragraph(
+        counts +
+        (static_cast<size_t>(lead.changed) > lead.changes.rows.size()
+             ? " (the first " + std::to_string(lead.changes.rows.size()) +
+                   " here; every row is in summary.csv, every finding and warning in gate.json)"
+             : std::string()) +
+        ".");
     doc.table(lead.changes);
   }
   if (!lead.mostRegressed.rows.empty()) {
-    doc.paragraph("Most slowed down (median time against the baseline; only a \"regression\" is "
-                  "past its noise band and significant):");
+    doc.paragraph(
+        "Most slowed down (median time against the baseline; only a \"regression\" is "
+        "past its noise band and significant):");
     doc.table(lead.mostRegressed);
   }
   if (!lead.slowest.rows.empty()) {
@@ -305,20 +321,21 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
                           "hard).");
   doc.paragraph(
       "Thresholds: time " +
-      (go.noise ? "past each row's noise band from " + go.noise->file + " (" +
-                      std::to_string(go.noise->runs) + " runs of build " + go.noise->gitSha +
-                      " on " + go.noise->host + "; band = " + fmt("%.3g", go.noise->factor) +
-                      " x the row's spread pooled with its time scale's, at least " +
-                      fmt("%.3g", go.perfThresholdPct) + "%; a row without a band: " +
-                      fmt("%.3g", go.perfThresholdPct) + "%)"
-                : fmt("%.3g", go.perfThresholdPct) +
-                      "% on the median (uncalibrated: no --noise file)") +
-      " and Mann-Whitney p < " + fmt("%.3g", go.alpha) + " over >= " +
-      std::to_string(go.minSamples) + " repetitions a side (" + (go.hardPerf ? "hard" : "soft") +
-      "); memory " + fmt("%.3g", go.memThresholdPct) +
+      (go.noise
+           ? "past each row's noise band from " + go.noise->file + " (" +
+                 std::to_string(go.noise->runs) + " runs of build " + go.noise->gitSha + " on " +
+                 go.noise->host + "; band = " + fmt("%.3g", go.noise->factor) +
+                 " x the row's spread pooled with its time scale's, at least " +
+                 fmt("%.3g", go.perfThresholdPct) +
+                 "%; a row without a band: " + fmt("%.3g", go.perfThresholdPct) + "%)"
+           : fmt("%.3g", go.perfThresholdPct) + "% on the median (uncalibrated: no --noise file)") +
+      " and Mann-Whitney p < " + fmt("%.3g", go.alpha) +
+      " over >= " + std::to_string(go.minSamples) + " repetitions a side (" +
+      (go.hardPerf ? "hard" : "soft") + "); memory " + fmt("%.3g", go.memThresholdPct) +
       "% (hard); numerics hard; predictions within each strategy's stated tolerance " +
       (go.allowMispredicted ? "(soft: --allow-mispredicted)" : "(hard)") +
-      "; a suite that ran nothing " + (go.allowEmptySuite ? "(soft: --allow-empty-suite)." : "(hard)."));
+      "; a suite that ran nothing " +
+      (go.allowEmptySuite ? "(soft: --allow-empty-suite)." : "(hard)."));
 
   doc.heading(2, "Provenance");
   doc.table(provenanceTable(current, baseline));
@@ -340,14 +357,16 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
     constexpr size_t kChangedRows = 500;
     versions = versionTables(cmp, kChangedRows);
     doc.heading(2, "Across LibTorch versions");
-    doc.paragraph("The baseline ran LibTorch " + joined(distinct(baseline, &ResultRow::torchVersion)) +
-                  ", the results " + joined(distinct(current, &ResultRow::torchVersion)) +
+    doc.paragraph("The baseline ran LibTorch " +
+                  joined(distinct(baseline, &ResultRow::torchVersion)) + ", the results " +
+                  joined(distinct(current, &ResultRow::torchVersion)) +
                   ": the rows both have, old -> new. A peak predicted to the byte on one and not "
                   "the other is a memory model that encodes what one ATen allocates.");
     doc.table(versions->families);
     if (versions->changes.rows.empty()) {
-      doc.paragraph("No row changed its status, its peak, the exactness of its memory model or "
-                    "its verdict on predictions.");
+      doc.paragraph(
+          "No row changed its status, its peak, the exactness of its memory model or "
+          "its verdict on predictions.");
     } else {
       doc.paragraph(std::to_string(versions->changed) +
                     " row(s) changed their status, peak, exactness or verdict on predictions" +

@@ -108,13 +108,25 @@ std::string checkDestinations(const std::string& stage, const std::string& dir,
              "ones it no longer writes; remove the link or give --out another folder";
     }
   }
+  // A folder no report wrote (no manifest) holding a file of a name the set writes: the user's
+  // (`report RUN --out .` over their own report.md or summary.csv), never replaced.
+  if (::lstat((dir + "/" + kManifest).c_str(), &st) != 0) {
+    for (const auto& f : files) {
+      const std::string to = dir + "/" + f;
+      if (::lstat(to.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+        return to + " is there and no report wrote it (" + dir + " has no " + kManifest +
+               "): the report would replace it; give --out a folder of its own, or move it";
+      }
+    }
+  }
   // A name the set moves in that is a folder now (gate.json made a folder): refused here, before
   // the first move, not after half the set has replaced the previous one.
   for (const auto& f : files) {
     const std::string to = dir + "/" + f;
     if (::lstat(to.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      return to + " is a folder; the report's file of that name cannot replace it: remove it "
-                  "or give --out another folder";
+      return to +
+             " is a folder; the report's file of that name cannot replace it: remove it "
+             "or give --out another folder";
     }
   }
   for (const auto& d : folders) fs::create_directories(d, ec);
@@ -149,8 +161,8 @@ std::set<std::string> previousSet(const std::string& dir) {
       out.insert(line);
       continue;
     }
-    for (const auto& [folder, ext] : {std::pair<std::string, std::string>{"plots/", ".png"},
-                                      {"pipeline/", ".json"}}) {
+    for (const auto& [folder, ext] :
+         {std::pair<std::string, std::string>{"plots/", ".png"}, {"pipeline/", ".json"}}) {
       const std::string name = line.substr(std::min(line.size(), folder.size()));
       if (line.rfind(folder, 0) == 0 && plain(name) && name.size() > ext.size() &&
           name.compare(name.size() - ext.size(), ext.size(), ext) == 0) {

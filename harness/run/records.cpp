@@ -23,6 +23,9 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include "harness/error.h"
+#include "harness/hidden_text.h"
+
 namespace sb::harness {
 namespace {
 
@@ -150,6 +153,14 @@ Provenance Provenance::collect() {
 
   if (const char* env = std::getenv("STRATBENCH_GIT_SHA"); env && *env) {
     p.gitSha = env;
+    // Written into every row: held to what the results reader takes back (an ESC or a newline
+    // in it made `report` refuse the run's own file, blaming the file).
+    if (const HiddenCharacter h = hiddenCharacter(p.gitSha, TextKind::kLine);
+        h || p.gitSha.size() > 200) {
+      throw InputError("STRATBENCH_GIT_SHA holds " +
+                       (h ? h.text() : std::to_string(p.gitSha.size()) + " bytes") +
+                       ": expected a commit name of at most 200 bytes, one line of text");
+    }
   } else {
     const std::string dir = SB_SOURCE_DIR;
     p.gitSha = runCommand("git -C '" + dir + "' rev-parse --short=12 HEAD 2>/dev/null");
@@ -238,7 +249,7 @@ const std::vector<std::string>& csvColumns() {
 }
 
 std::string csvRow(const Record& r) {
-  const auto t = [&](double TimingStats::*m) -> std::string {
+  const auto t = [&](double TimingStats::* m) -> std::string {
     return r.timing ? fmtDouble((*r.timing).*m) : "";
   };
   std::string tensorRatios, samples;
@@ -351,12 +362,13 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
   TORCH_CHECK(::access(dir_.c_str(), W_OK) == 0, "output directory '", dir_, "' is not writable");
   // The names the results are renamed onto: one that is a folder is refused now, not after the
   // whole suite has run (then only the partial files would hold its rows).
-  for (const char* name : {"results.csv", "results.json", "results.partial.csv",
-                           "results.partial.json"}) {
+  for (const char* name :
+       {"results.csv", "results.json", "results.partial.csv", "results.partial.json"}) {
     struct stat st = {};
     const std::string path = dir_ + "/" + name;
     if (::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      throw OutputBusy(path + " is a folder; the results cannot be written there: remove it or "
+      throw OutputBusy(path +
+                       " is a folder; the results cannot be written there: remove it or "
                        "give this run another --out");
     }
   }
@@ -369,7 +381,8 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
     // file that is not a plain file of one link is not taken, since taking it empties it.
     lockFd_ = ::open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (lockFd_ < 0 && errno == ELOOP) {
-      throw OutputBusy(lockPath + " is a symbolic link, not stratbench's lock file: remove it (a "
+      throw OutputBusy(lockPath +
+                       " is a symbolic link, not stratbench's lock file: remove it (a "
                        "run empties its lock file, and would empty what the link names)");
     }
     TORCH_CHECK(lockFd_ >= 0, "cannot open ", lockPath, ": ", std::strerror(errno));
@@ -378,9 +391,9 @@ ResultWriter::ResultWriter(std::string dir, nlohmann::json runInfo)
       ::close(lockFd_);
       lockFd_ = -1;
       throw OutputBusy(lockPath + " is not a plain file of stratbench's (" +
-                       (S_ISREG(own.st_mode) ? "a file with " + std::to_string(own.st_nlink) +
-                                                   " hard links"
-                                             : std::string("not a regular file")) +
+                       (S_ISREG(own.st_mode)
+                            ? "a file with " + std::to_string(own.st_nlink) + " hard links"
+                            : std::string("not a regular file")) +
                        "): remove it");
     }
     if (::flock(lockFd_, LOCK_EX | LOCK_NB) != 0) break;  // held: refused below
