@@ -1733,17 +1733,7 @@ check "report --out a folder of the user's with a report.md: exit 2, the notes k
   "report.md is there and no report wrote it" -- "$sb" report "$tmp/keep" --out "$tmp/proj" --no-plots
 [ "$(cat "$tmp/proj/report.md")" = "# my notes" ] || fail "report replaced the user's report.md"
 # A direction override quoted from the input is shown escaped, never printed raw.
-cat > "$tmp/bidi.yaml" <<'Y'
-suite: bidi
-defaults: {repetitions: 1, min_time_s: 0.0001}
-cases:
-  - name: two
-    workload: mlp_chain
-    shape: {batch: 8, width: 8, depth: 4, dropout: 0, microbatches: 2}
-    mesh: 2
-    strategies: ["pipeline/gpipe"]
-    params: {cut: "\u202eevil.yaml"}
-Y
+sed -e '$a\    params: {cut: "\\u202eevil.yaml"}' "$tmp/pp.yaml" > "$tmp/bidi.yaml"  # pp's case
 check "a params value with U+202E: exit 2, the override escaped in the message" 0 "^escaped$" -- bash -c \
   '"$1" run "$2" --out "$3/bidi" > "$3/bidi.log" 2>&1; [ $? = 2 ] && grep -q "u202e" "$3/bidi.log" &&
    ! grep -q "$(printf "\342\200\256")" "$3/bidi.log" && echo escaped' _ "$sb" "$tmp/bidi.yaml" "$tmp"
