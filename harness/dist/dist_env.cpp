@@ -19,8 +19,8 @@ int64_t parseInt64(const Getenv& getenv, const char* name, int64_t minimum, int6
   const std::string text = v ? v : "";
   // Digits only: stoll takes " 1" and "+1" as 1, where "abc" is refused.
   if (text.find_first_not_of("0123456789") != std::string::npos) {
-    throw DistEnvError(std::string(name) + "='" + text + "': expected an integer >= " +
-                       std::to_string(minimum) + " (digits only)");
+    throw DistEnvError(std::string(name) + "='" + text +
+                       "': expected an integer >= " + std::to_string(minimum) + " (digits only)");
   }
   size_t used = 0;
   long long value = 0;

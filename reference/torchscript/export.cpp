@@ -1,4 +1,11 @@
 // The torch.export reader (export.h): a .pt2 archive's program built into a torch::jit::Module.
+//
+// Whole, for now, at 1,100 lines: the fuzz target `pt2` (ci/fuzz.sh) compiles this file as the
+// one model reader, and its source list is hand-kept (a cut that missed it failed CI once). The
+// seams where it would be cut, the fuzz list taking each: the archive's Reader (lines ~40-710,
+// export_reader.cpp); the model-file checks and the TorchScript load with its record sizer
+// (checkModelFile, loadModelFile, model_file.cpp); the check against PyTorch's numbers
+// (verifyExport, export_check.cpp).
 
 #include "reference/torchscript/export.h"
 
@@ -993,11 +1000,12 @@ ExportCheck verifyExport(const std::string& file, const std::string& fault) {
     }
     if (it == expected.metadata.end() || text.empty() || used != text.size() ||
         !std::isfinite(lr) || lr < 0) {
-      throw ImportError(path + ": " +
-                        (it == expected.metadata.end()
-                             ? std::string("its metadata has no 'lr'")
-                             : "its metadata's lr '" + text.substr(0, 64) + "' is not a number >= 0") +
-                        ", the SGD learning rate its 'losses' were made with");
+      throw ImportError(
+          path + ": " +
+          (it == expected.metadata.end()
+               ? std::string("its metadata has no 'lr'")
+               : "its metadata's lr '" + text.substr(0, 64) + "' is not a number >= 0") +
+          ", the SGD learning rate its 'losses' were made with");
     }
   }
   c.checked = true;
