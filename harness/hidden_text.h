@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 namespace sb::harness {
@@ -46,6 +45,18 @@ struct HiddenCharacter {
   std::string text() const { return what + " " + code + " at byte " + std::to_string(byte); }
 };
 
+// The code point whose UTF-8 sequence starts at s[i], and its length in bytes (`len`); a
+// malformed sequence decoded as far as it goes (the readers' own UTF-8 checks refuse it).
+inline uint32_t codePointAt(const std::string& s, size_t i, size_t& len) {
+  const auto u = static_cast<unsigned char>(s[i]);
+  len = u < 0x80 ? 1 : u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
+  uint32_t cp = len == 1 ? u : u & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+  for (size_t k = 1; k < len && i + k < s.size(); ++k) {
+    cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  }
+  return cp;
+}
+
 inline HiddenCharacter hiddenCharacter(const std::string& s, TextKind kind) {
   for (size_t i = 0; i < s.size(); ++i) {
     const auto u = static_cast<unsigned char>(s[i]);
@@ -58,11 +69,8 @@ inline HiddenCharacter hiddenCharacter(const std::string& s, TextKind kind) {
       return {"the control character", hex, i};
     }
     if (u < 0xC0) continue;
-    const size_t len = u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
-    uint32_t cp = u & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-    for (size_t k = 1; k < len && i + k < s.size(); ++k) {
-      cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-    }
+    size_t len = 0;
+    const uint32_t cp = codePointAt(s, i, len);
     const bool direction = cp == 0x61C || cp == 0x200E || cp == 0x200F ||
                            (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
     // Unicode's default-ignorable code points (DerivedCoreProperties.txt: shown as nothing),
@@ -102,11 +110,10 @@ inline std::string escapeHidden(const std::string& s, TextKind kind) {
     const HiddenCharacter h = hiddenCharacter(s.substr(at), kind);
     if (!h) break;
     const size_t i = at + h.byte;
-    const auto u = static_cast<unsigned char>(s[i]);
-    const size_t len = u < 0x80 ? 1 : u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
-    const unsigned cp = static_cast<unsigned>(std::strtoul(h.code.c_str() + 2, nullptr, 16));
+    size_t len = 0;
+    const uint32_t cp = codePointAt(s, i, len);
     char esc[16];
-    std::snprintf(esc, sizeof esc, cp > 0xFFFF ? "\\U%08x" : "\\u%04x", cp);
+    std::snprintf(esc, sizeof esc, cp > 0xFFFF ? "\\U%08x" : "\\u%04x", static_cast<unsigned>(cp));
     out += s.substr(at, i - at) + esc;
     at = i + len;
   }

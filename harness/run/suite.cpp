@@ -254,12 +254,8 @@ void checkName(const std::string& file, const YAML::Node& n, const std::string& 
   // Blank: Unicode's spaces only (U+0020, no-break, en to hair, ideographic, ...).
   bool blank = true;
   for (size_t i = 0; i < name.size() && blank;) {
-    const auto u = static_cast<unsigned char>(name[i]);
-    const size_t len = u < 0x80 ? 1 : u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : 2;
-    uint32_t cp = len == 1 ? u : u & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-    for (size_t k = 1; k < len && i + k < name.size(); ++k) {
-      cp = (cp << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3F);
-    }
+    size_t len = 0;
+    const uint32_t cp = codePointAt(name, i, len);
     blank = cp == 0x20 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
             cp == 0x202F || cp == 0x205F || cp == 0x3000;
     i += len;
