@@ -109,4 +109,18 @@ for k in fifo zero; do
     "$k.pt2.expected.safetensors: not a regular file" -- \
     timeout 60 "$sb" graph --model "$tmp/side/$k.pt2" --input '[4, 8, 32]'
 done
+# A tensor named twice in the numbers' header: the last entry's bytes were taken under the name.
+cp "$exports/moe.pt2" "$tmp/side/dup.pt2"
+python3 - "$exports/moe.pt2.expected.safetensors" "$tmp/side/dup.pt2.expected.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+name = next(k for k in header if k != "__metadata__")
+text = json.dumps(header)[:-1] + ", " + json.dumps(name) + ": " + json.dumps(header[name]) + "}"
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text.encode() + data[8 + n:])
+PY
+check "PyTorch's numbers naming a tensor twice: exit 2 naming the key" 2 \
+  "dup.pt2.expected.safetensors: not a tensor bundle: its header's key '.*' is given twice" -- \
+  timeout 60 "$sb" graph --model "$tmp/side/dup.pt2" --input '[4, 8, 32]'
 finish

@@ -8,9 +8,9 @@
 #include <chrono>
 #include <iostream>
 
-#include "harness/json_strict.h"
 #include "harness/plugin_loader.h"
 #include "harness/run/run_util.h"
+#include "reference/json_strict.h"
 
 namespace sb::cli {
 
@@ -50,7 +50,7 @@ nlohmann::json modelShape(const ModelOptions& m) {
   nlohmann::json shape = {{"file", m.file}, {"inputs", nlohmann::json::array()}};
   for (const auto& text : m.inputs) {
     try {
-      shape["inputs"].push_back(harness::parseJsonNoDuplicates(text));
+      shape["inputs"].push_back(reference::parseJsonNoDuplicates(text));
     } catch (const nlohmann::json::exception& e) {
       throw std::invalid_argument("--input '" + sb::harness::shownValue(text) +
                                   "' is not valid JSON: " + sb::harness::errorText(e));

@@ -13,9 +13,9 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "harness/json_strict.h"
 #include "harness/run/run_util.h"
 #include "reference/graph.h"
+#include "reference/json_strict.h"
 #include "reference/torchscript/import.h"
 #include "reference/torchscript/linearize.h"
 
@@ -89,7 +89,7 @@ int graphMain(const GraphArgs& a) {
       shape = sb::cli::modelShape(a.model);
     } else {
       // Strict: a key given twice is refused (the suite reader refuses it too), not the last.
-      shape = sb::harness::parseJsonNoDuplicates(a.shape);
+      shape = sb::reference::parseJsonNoDuplicates(a.shape);
     }
     const auto g = sb::reference::buildGraph(workload, shape);
     std::shared_ptr<const ts::ImportedModel> imported;

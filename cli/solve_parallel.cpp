@@ -28,10 +28,10 @@
 #include "harness/case.h"
 #include "harness/dist/cost_profile.h"
 #include "harness/error.h"
-#include "harness/json_strict.h"
 #include "harness/out_file.h"
 #include "harness/run/run_util.h"
 #include "reference/graph.h"
+#include "reference/json_strict.h"
 #include "reference/torchscript/import.h"
 #include "reports/results_file.h"
 #include "strategies/sharding/compose/parallel_graph.h"
@@ -322,7 +322,7 @@ int solveParallel(const ParallelArgs& a) {
       workload = "torchscript";
       shape = sb::cli::modelShape(a.model);
     } else {
-      shape = h::parseJsonNoDuplicates(a.shape);
+      shape = sb::reference::parseJsonNoDuplicates(a.shape);
     }
   } catch (const nlohmann::json::exception& e) {
     std::cerr << kWho << "--shape is not valid JSON: " << sb::harness::errorText(e) << "\n";

@@ -21,11 +21,11 @@
 #include "harness/comm/mesh.h"
 #include "harness/dist/cost_profile.h"
 #include "harness/error.h"
-#include "harness/json_strict.h"
 #include "harness/out_file.h"
 #include "harness/run/records.h"
 #include "harness/run/run_util.h"
 #include "reference/graph.h"
+#include "reference/json_strict.h"
 #include "reference/torchscript/import.h"
 #include "strategies/checkpointing/sac/policy.h"
 #include "strategies/checkpointing/sac/sac_runtime.h"
@@ -62,7 +62,7 @@ int solveShard(const ShardArgs& a) {
       workload = "torchscript";
       shape = sb::cli::modelShape(a.model);
     } else {
-      shape = h::parseJsonNoDuplicates(a.shape);
+      shape = sb::reference::parseJsonNoDuplicates(a.shape);
     }
   } catch (const nlohmann::json::exception& e) {
     std::cerr << who << "--shape is not valid JSON: " << sb::harness::errorText(e) << "\n";
@@ -136,7 +136,7 @@ int solveShard(const ShardArgs& a) {
       nlohmann::json spec = policyText;
       if (policyText.front() == '{') {
         try {
-          spec = h::parseJsonNoDuplicates(policyText);
+          spec = sb::reference::parseJsonNoDuplicates(policyText);
         } catch (const std::exception& e) {
           std::cerr << who << "--sac-policy is not valid JSON: " << sb::harness::errorText(e)
                     << "\n";

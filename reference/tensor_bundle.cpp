@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "reference/json_strict.h"
+
 namespace sb::reference {
 namespace {
 
@@ -83,7 +85,10 @@ TensorBundle readBundle(const std::string& path) {
   if (len > data.size() - 8) throw bad("a header of " + std::to_string(len) + " bytes");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(data.substr(8, len));
+    // A tensor named twice would be the last one's bytes under either's name.
+    header = parseJsonNoDuplicates(data.substr(8, len));
+  } catch (const std::invalid_argument& e) {
+    throw bad(std::string("its header's ") + e.what());
   } catch (const std::exception& e) {
     throw bad(std::string("its header is not JSON (") + e.what() + ")");
   }

@@ -1,6 +1,6 @@
 // libFuzzer target: the graph workloads' shape reader (reference/graph.h: buildGraph, `graph
 // --shape`, `solve shard --shape` and a suite's shape of gpt2, bert and mlp), read through the
-// strict JSON parser those commands use (harness/json_strict.h). Any text is a graph or
+// strict JSON parser those commands use (reference/json_strict.h). Any text is a graph or
 // std::invalid_argument / a JSON error naming the key; a graph it accepts has positive
 // dimensions whose products stay far inside int64 (the planners sum byte counts of them).
 
@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/json_strict.h"
 #include "reference/graph.h"
+#include "reference/json_strict.h"
 
 namespace {
 
@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
   nlohmann::json shape;
   try {
-    shape = sb::harness::parseJsonNoDuplicates(text);
+    shape = sb::reference::parseJsonNoDuplicates(text);
   } catch (const nlohmann::json::exception&) {
     return 0;
   } catch (const std::invalid_argument&) {

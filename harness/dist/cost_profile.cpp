@@ -9,8 +9,8 @@
 
 #include "harness/comm/mesh.h"
 #include "harness/error.h"
-#include "harness/json_strict.h"
 #include "harness/run/suite.h"
+#include "reference/json_strict.h"
 
 namespace sb::harness {
 
@@ -277,7 +277,7 @@ CostProfile CostProfile::load(const std::string& path) {
   ss << in.rdbuf();
   nlohmann::json j;
   try {
-    j = parseJsonNoDuplicates(ss.str());
+    j = reference::parseJsonNoDuplicates(ss.str());
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(path + ": not JSON: " + e.what());
   } catch (const std::invalid_argument& e) {

@@ -37,10 +37,10 @@
 #include <functional>
 
 #include "harness/capture_tape.h"
-#include "harness/json_strict.h"
 #include "harness/measure/memory.h"
 #include "harness/measure/verify.h"
 #include "harness/registry.h"
+#include "reference/json_strict.h"
 #include "reference/transformer.h"
 #include "strategies/chunking/chunk_runner.h"
 #include "strategies/chunking/estimator.h"
@@ -135,7 +135,7 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
           "unchunked estimate), not both");
     }
     if (c.params.contains("max_memory") &&
-        !harness::jsonWholeNumber(c.params["max_memory"], 1, int64_t{1} << 62)) {
+        !reference::jsonWholeNumber(c.params["max_memory"], 1, int64_t{1} << 62)) {
       throw harness::InputError("params.max_memory must be a whole number of bytes from 1 to "
                                 "2^62, got " + c.params["max_memory"].dump());
     }
@@ -440,7 +440,7 @@ class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
   void plan() {
     const int64_t es = c10::elementSize(case_.dtype);
     if (case_.params.contains("max_memory")) {
-      maxMemory_ = *harness::jsonWholeNumber(case_.params["max_memory"], 1, int64_t{1} << 62);
+      maxMemory_ = *reference::jsonWholeNumber(case_.params["max_memory"], 1, int64_t{1} << 62);
     } else {
       const int64_t unchunked = *estimateActivationPeak(shape_, {"none", shape_.seq}, es);
       maxMemory_ = static_cast<int64_t>(std::min(

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/json_strict.h"
+#include "reference/json_strict.h"
 
 namespace sb::strategies::pipeline {
 namespace {
@@ -395,7 +395,7 @@ std::vector<int> balanceStages(const std::vector<double>& layerCost, int stages)
 Costs Costs::fromJson(const std::string& text, const std::string& file, int stages) {
   nlohmann::json j;
   try {
-    j = harness::parseJsonNoDuplicates(text);
+    j = reference::parseJsonNoDuplicates(text);
   } catch (const std::exception& e) {
     throw ScheduleError(file + ": not valid JSON: " + e.what());
   }

@@ -32,10 +32,10 @@
 #include "harness/comm/mesh.h"
 #include "harness/comm/threads_backend.h"
 #include "harness/error.h"
-#include "harness/json_strict.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "reference/graph.h"
+#include "reference/json_strict.h"
 #include "reference/training.h"
 #include "strategies/checkpointing/sac/budget.h"
 #include "strategies/checkpointing/sac/policy.h"
@@ -136,7 +136,7 @@ class SacExecutor final : public harness::RankExecutor {
   }
   static std::optional<int64_t> maxMemory(const CaseSpec& c) {
     if (!c.params.contains("max_memory")) return {};
-    return harness::jsonWholeNumber(c.params.at("max_memory"), 1, int64_t{1} << 62);
+    return reference::jsonWholeNumber(c.params.at("max_memory"), 1, int64_t{1} << 62);
   }
   std::map<std::string, at::Tensor> results() const override { return inner_.results(); }
 

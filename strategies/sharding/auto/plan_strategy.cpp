@@ -15,10 +15,10 @@
 #include <mutex>
 #include <set>
 
-#include "harness/json_strict.h"
 #include "harness/measure/update_profile.h"
 #include "harness/registry.h"
 #include "harness/run/suite.h"
+#include "reference/json_strict.h"
 #include "reference/training.h"
 #include "strategies/sharding/auto/model.h"
 #include "strategies/sharding/auto/plan_memory.h"
@@ -77,7 +77,7 @@ double numberParam(const CaseSpec& c, const std::string& key, double fallback) {
   if (whole) {
     // Compared as an integer: 2^62 + 511 through a double would read as 2^62 and pass.
     if (auto n =
-            harness::jsonWholeNumber(v, static_cast<int64_t>(r.lo), static_cast<int64_t>(r.hi))) {
+            reference::jsonWholeNumber(v, static_cast<int64_t>(r.lo), static_cast<int64_t>(r.hi))) {
       x = static_cast<double>(*n);
     }
   } else if (v.is_number()) {
@@ -130,7 +130,7 @@ std::shared_ptr<SolvedPlan> solveCasePlan(const CaseSpec& c, const std::string& 
     nlohmann::json j;
     try {
       // Strict: a key given twice in a plan is refused, not the last one kept.
-      j = harness::parseJsonNoDuplicates(
+      j = reference::parseJsonNoDuplicates(
           std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
     } catch (const nlohmann::json::exception& e) {
       throw harness::InputError(path + ": not valid JSON: " + e.what());

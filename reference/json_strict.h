@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace sb::harness {
+namespace sb::reference {
 
 // Parses `text`; throws nlohmann::json::parse_error for malformed JSON and
 // std::invalid_argument ("key 'layers' is given twice") for a duplicate key.
@@ -61,4 +61,4 @@ inline std::optional<int64_t> jsonWholeNumber(const nlohmann::json& v, int64_t l
   return std::nullopt;
 }
 
-}  // namespace sb::harness
+}  // namespace sb::reference
