@@ -130,7 +130,7 @@ Command addNoise(CLI::App& app) {
         try {
           if (a->runs.size() < 2) {
             throw sb::reports::ReportInputError(
-                "noise: " + std::to_string(a->runs.size()) +
+                std::to_string(a->runs.size()) +
                 " run given; the spread needs at least 2 runs of the same build (3 or more "
                 "to be worth trusting)");
           }
@@ -141,7 +141,7 @@ Command addNoise(CLI::App& app) {
           try {
             sb::harness::checkResultPath(a->out, runs);
           } catch (const sb::harness::InputError& e) {
-            throw sb::reports::ReportInputError("noise: --out " + sb::harness::errorText(e));
+            throw sb::reports::ReportInputError("--out " + sb::harness::errorText(e));
           }
           std::vector<std::vector<sb::reports::ResultRow>> rows;
           std::set<std::string> suites, shas;
@@ -153,7 +153,7 @@ Command addNoise(CLI::App& app) {
               const auto [it, fresh] = runIds.emplace(rows.back().front().runId, r);
               if (!fresh) {
                 throw sb::reports::ReportInputError(
-                    "noise: " + r + " is the run " + it->second + " again (run_id " + it->first +
+                    r + " is the run " + it->second + " again (run_id " + it->first +
                     "): the spread of a run against itself is 0; give runs "
                     "made one after another");
               }
@@ -167,8 +167,8 @@ Command addNoise(CLI::App& app) {
                 const auto& other =
                     backends.begin()->first == backend ? *backends.rbegin() : *backends.begin();
                 throw sb::reports::ReportInputError(
-                    "noise: " + other.second + " ran on " + other.first + ", " + r + " on " +
-                    backend + ": the spread is measured on one backend; give runs of one");
+                    other.second + " ran on " + other.first + ", " + r + " on " + backend +
+                    ": the spread is measured on one backend; give runs of one");
               }
             }
             for (const auto& row : rows.back()) {
@@ -181,8 +181,7 @@ Command addNoise(CLI::App& app) {
             }
           }
           if (suites.size() != 1) {
-            throw sb::reports::ReportInputError("noise: the runs hold " +
-                                                std::to_string(suites.size()) +
+            throw sb::reports::ReportInputError("the runs hold " + std::to_string(suites.size()) +
                                                 " suites; calibrate on runs of one suite");
           }
           if (shas.size() != 1) {
@@ -211,14 +210,14 @@ Command addNoise(CLI::App& app) {
           std::filesystem::remove(check, ec);
           if (model.byKey.empty()) {
             throw sb::reports::ReportInputError(
-                "noise: no row passed with a time in two of the runs; nothing to calibrate "
+                "no row passed with a time in two of the runs; nothing to calibrate "
                 "(" +
                 a->out + " not written)");
           }
           try {
             sb::harness::replaceResultFile(a->out, json, runs);
           } catch (const sb::harness::InputError& e) {
-            throw sb::reports::ReportInputError("noise: --out " + sb::harness::errorText(e));
+            throw sb::reports::ReportInputError("--out " + sb::harness::errorText(e));
           }
           double widest = 0;
           for (const auto& [k, b] : model.byKey) widest = std::max(widest, b.bandPct);

@@ -377,6 +377,15 @@ NoiseModel readNoise(const std::string& path) {
     }
     return v;
   };
+  // The other JSON a run is given (calibrate's cost profile, --cost-profile) named as such, not
+  // as a noise file that "lacks key 'floor_pct'".
+  if (j.is_object() && !j.contains("floor_pct") && j.contains("backend") &&
+      (j.contains("gemm_flops") || j.contains("copy_bytes") || j.contains("collectives"))) {
+    throw ReportInputError(path +
+                           ": a cost profile (`stratbench calibrate` writes it; `run "
+                           "--cost-profile` takes it), not a noise file (`stratbench noise` "
+                           "writes one from repeated runs)");
+  }
   if (!j.is_object() || !j.contains("schema_version") || j["schema_version"] != 1) {
     throw ReportInputError(path + ": schema_version " +
                            (j.is_object() && j.contains("schema_version")

@@ -5,9 +5,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "harness/run/run_util.h"
 #include "reports/report_internal.h"
 
 extern char** environ;
@@ -42,9 +54,29 @@ std::string plotsScript() {
   return checkout;
 }
 
+// STRATBENCH_PLOT_TIMEOUT_S: the seconds the plot scripts may take (600 by default; 1 to 86400).
+// A value that is not one is said and the default used: a report is not refused for its plots.
+int plotTimeoutSeconds() {
+  constexpr int kDefault = 600;
+  const char* v = std::getenv("STRATBENCH_PLOT_TIMEOUT_S");
+  if (v == nullptr || *v == '\0') return kDefault;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || errno != 0 || n < 1 || n > 86400 ||
+      !std::isdigit(static_cast<unsigned char>(*v))) {
+    std::cerr << "stratbench report: STRATBENCH_PLOT_TIMEOUT_S='" << v
+              << "' is not a number of seconds from 1 to 86400; the plots get " << kDefault
+              << " s\n";
+    return kDefault;
+  }
+  return static_cast<int>(n);
+}
+
 }  // namespace
 
 std::string runPlots(const std::string& dir) {
+  const char* given = std::getenv("STRATBENCH_PYTHON");
   const std::string py = pythonInterpreter();
   const std::string script = plotsScript();
   if (!fs::is_regular_file(script)) return "plot scripts not found at " + script;
@@ -52,16 +84,80 @@ std::string runPlots(const std::string& dir) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The scripts' messages (a plot skipped and why) go to a file as well as to stderr, so that the
+  // report says which plot is missing and why, not "see its messages above" in a document with
+  // nothing above.
+  char errPath[] = "/tmp/stratbench-plots-XXXXXX";
+  const int errFd = ::mkstemp(errPath);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (errFd >= 0) posix_spawn_file_actions_adddup2(&actions, errFd, STDERR_FILENO);
+  // A group of its own, so that a deadline stops whatever the interpreter started too.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = 0;
-  if (posix_spawnp(&pid, py.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+  const int spawned = posix_spawnp(&pid, py.c_str(), &actions, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  std::string messages;
+  const auto collect = [&] {
+    if (errFd < 0) return;
+    std::ifstream in(errPath);
+    messages.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    ::close(errFd);
+    ::unlink(errPath);
+    std::cerr << messages;
+  };
+  if (spawned != 0) {
+    collect();
+    if (given && *given) {
+      return "cannot start STRATBENCH_PYTHON='" + py +
+             "' (expected a Python interpreter with matplotlib)";
+    }
     return "cannot start " + py + " (install python3-matplotlib, or set STRATBENCH_PYTHON)";
   }
+  // A deadline: an interpreter that never returns (a matplotlib backend waiting on a display, a
+  // wrapper script that hangs) held the report forever; past it the plots are missing, said so,
+  // and the report is written.
+  const int limit = plotTimeoutSeconds();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit);
   int status = 0;
-  waitpid(pid, &status, 0);
+  bool killed = false;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      killed = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  collect();
+  if (killed) {
+    return py + " " + script + " did not finish within " + std::to_string(limit) +
+           " s (STRATBENCH_PLOT_TIMEOUT_S) and was stopped";
+  }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    // Each plot the scripts skipped, with its reason (make_plots.py's "make_plots: ..." lines);
+    // at most a few, each cut, so that a hostile results.json cannot fill the report with them.
+    std::string why;
+    std::istringstream lines(messages);
+    int shown = 0, more = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("make_plots: ", 0) != 0) continue;
+      if (shown == 3) {
+        ++more;
+        continue;
+      }
+      why += (shown++ ? "; " : ": ") + harness::shownValue(line.substr(12), 400);
+    }
+    if (more) why += "; and " + std::to_string(more) + " more";
     return py + " " + script + " failed (exit " +
-           std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
-           "); see its messages above";
+           std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")" +
+           (why.empty() ? "; see its messages on stderr" : why);
   }
   return "";
 }

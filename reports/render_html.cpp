@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "harness/hidden_text.h"
 #include "reports/document.h"
 
 namespace sb::reports {
@@ -11,7 +12,7 @@ namespace {
 
 std::string htmlEscape(const std::string& s) {
   std::string o;
-  for (char c : s) {
+  for (char c : harness::escapeHidden(s, harness::TextKind::kText)) {
     switch (c) {
       case '&':
         o += "&amp;";

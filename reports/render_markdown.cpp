@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "harness/hidden_text.h"
 #include "reports/document.h"
 
 namespace sb::reports {
@@ -10,10 +11,12 @@ namespace {
 // Text as Markdown shows it, never as markup: every character CommonMark could read as
 // markup (emphasis, links, code, raw HTML, entities, headings, table pipes) backslash-escaped,
 // line breaks as spaces. Names come from users' suites and files: a case named
-// `<script>` or `[x](javascript:...)` is shown, not run (report.html escapes the same).
+// `<script>` or `[x](javascript:...)` is shown, not run (report.html escapes the same). What a
+// terminal acts on (ESC, BEL, a direction override: a results folder's name, a noise file's
+// host) is written as an escape ("\u001b") first, here and in report.html.
 std::string mdEscape(const std::string& s) {
   std::string o;
-  for (char c : s) {
+  for (char c : harness::escapeHidden(s, harness::TextKind::kText)) {
     switch (c) {
       case '\\': case '`': case '*': case '_': case '[': case ']': case '<': case '>':
       case '(': case ')': case '#': case '!': case '|': case '~': case '&':
@@ -35,7 +38,7 @@ std::string mdEscape(const std::string& s) {
 // references too, so that no renderer that reads Markdown inside HTML makes a link of them.
 std::string htmlText(const std::string& s) {
   std::string o;
-  for (char c : s) {
+  for (char c : harness::escapeHidden(s, harness::TextKind::kText)) {
     switch (c) {
       case '<': o += "&lt;"; break;
       case '>': o += "&gt;"; break;

@@ -121,14 +121,10 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   if (current.empty()) throw ReportInputError(resultPaths.front() + ": holds no result rows");
   // The results judged are not their own baseline: every row equals itself and the gate passed
   // whatever they held (`--baseline "$NEW"`, a CI variable set to the wrong run).
-  const auto csvOf = [](const std::string& p) {
-    if (!fs::is_directory(p)) return p;
-    return fs::exists(p + "/results.csv") ? p + "/results.csv" : p + "/results.partial.csv";
-  };
   for (const auto& b : options.baselines) {
     for (const auto& r : resultPaths) {
       std::error_code same_ec;
-      if (fs::equivalent(csvOf(b), csvOf(r), same_ec)) {
+      if (fs::equivalent(resultsCsvPath(b), resultsCsvPath(r), same_ec)) {
         throw ReportInputError("--baseline " + b + " is the results being judged (" + r +
                                "): a baseline is an earlier run's");
       }

@@ -751,19 +751,21 @@ void attachDetails(const std::string& csv, std::vector<ResultRow>& rows) {
 
 }  // namespace
 
+std::string resultsCsvPath(const std::string& given) {
+  if (!std::filesystem::is_directory(given)) return given;
+  // A run that was interrupted (or still goes on) left only its partial results: read, and
+  // said to be partial by every row, never ignored.
+  const std::string whole = given + "/results.csv", partial = given + "/results.partial.csv";
+  // (Whatever the partial file is: a FIFO or a dangling link is then named, not results.csv.)
+  std::error_code ec;
+  const auto present = [&](const std::string& f) {
+    return std::filesystem::symlink_status(f, ec).type() != std::filesystem::file_type::not_found;
+  };
+  return !present(whole) && present(partial) ? partial : whole;
+}
+
 std::vector<ResultRow> readResults(const std::string& given) {
-  std::string path = given;
-  if (std::filesystem::is_directory(path)) {
-    // A run that was interrupted (or still goes on) left only its partial results: read, and
-    // said to be partial by every row, never ignored.
-    const std::string whole = path + "/results.csv", partial = path + "/results.partial.csv";
-    // (Whatever the partial file is: a FIFO or a dangling link is then named, not results.csv.)
-    std::error_code ec;
-    const auto present = [&](const std::string& f) {
-      return std::filesystem::symlink_status(f, ec).type() != std::filesystem::file_type::not_found;
-    };
-    path = !present(whole) && present(partial) ? partial : whole;
-  }
+  const std::string path = resultsCsvPath(given);
   if (const std::string why = harness::whyNotAFile(path); !why.empty()) {
     throw ReportInputError(path + ": " + (why == "no such file" ? "no such results file" : why) +
                            " (expected a run's folder or its results.csv)");

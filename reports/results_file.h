@@ -74,6 +74,9 @@ struct ResultRow {
 // a truncated row, a value that is not a number, a status it does not know, or a schema
 // version it does not read.
 std::vector<ResultRow> readResults(const std::string& path);
+// The CSV readResults reads for `given`: a run's folder's results.csv (its results.partial.csv
+// where only that is there), or `given` itself where it is not a folder.
+std::string resultsCsvPath(const std::string& given);
 
 // Every results file given, in order, as one list. Throws ReportInputError when two rows have
 // the same key (naming both places): a merge must not silently keep one of two answers.

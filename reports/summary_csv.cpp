@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 
+#include "harness/hidden_text.h"
 #include "harness/run/records.h"
 #include "reports/report.h"
 #include "reports/report_internal.h"
@@ -31,7 +32,9 @@ std::string defusedCell(const std::string& field) {
 std::string csvLine(const std::vector<std::string>& fields) {
   std::string s;
   for (size_t i = 0; i < fields.size(); ++i) {
-    s += (i ? "," : "") + harness::csvQuote(defusedCell(fields[i]));
+    // What a terminal acts on (ESC from a run folder's name) as an escape: `cat history.csv`.
+    s += (i ? "," : "") +
+         harness::csvQuote(defusedCell(harness::escapeHidden(fields[i], harness::TextKind::kLine)));
   }
   return s + "\n";
 }
