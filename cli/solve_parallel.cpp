@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -137,10 +138,13 @@ std::string caseName(int rank, const cs::ParallelConfig& c) {
 
 // The suite of the top K runnable predictions as torch/compose rows; those it leaves out (cp:
 // PyTorch's context parallelism does not run on the CPU) are said on stderr.
+// The generated suite's first line, by which a later --verify-out knows the file is its own.
+std::string verifySuitePrefix() { return "# Written by `stratbench solve parallel --verify "; }
+
 std::string verifySuite(const ParallelArgs& a, const nlohmann::json& shape,
                         const std::vector<const cs::Prediction*>& chosen) {
   std::ostringstream y;
-  y << "# Written by `stratbench solve parallel --verify " << a.verify
+  y << verifySuitePrefix() << a.verify
     << "`: the search's top configurations, each run by torch/compose.\n"
     << "suite: solve-parallel\n"
     << "description: the degree search's top " << chosen.size() << " as torch/compose rows\n"
@@ -312,6 +316,37 @@ int verify(const ParallelArgs& a, const nlohmann::json& shape, const cs::SearchR
   return 0;
 }
 
+// DIR/suite.yaml of --verify-out is replaced only where this command wrote it before (its first
+// line says so): a user's suite there, a link (written through to what it named), a file the
+// command reads (--model) or writes (--out) were replaced. Checked before the search; "" where
+// it may be written.
+std::string verifySuiteProblem(const ParallelArgs& a, sb::harness::InputFiles inputs) {
+  namespace fs = std::filesystem;
+  const std::string suite = (fs::path(a.verifyDir) / "suite.yaml").string();
+  if (!a.out.empty()) inputs.emplace_back("--out", a.out);
+  for (const auto& [option, file] : inputs) {
+    std::error_code ec;
+    if (!file.empty() && fs::equivalent(file, suite, ec)) {
+      return suite + " is the file " + option + " names: the suite is written there";
+    }
+  }
+  std::error_code ec;
+  const auto st = fs::symlink_status(suite, ec);
+  if (st.type() == fs::file_type::not_found) return "";
+  if (st.type() == fs::file_type::symlink) {
+    return suite + " is a symbolic link: the suite is written only into the folder itself";
+  }
+  if (st.type() != fs::file_type::regular) return suite + " is there and is not a file";
+  std::ifstream in(suite);
+  std::string first;
+  std::getline(in, first);
+  if (first.rfind(verifySuitePrefix(), 0) != 0) {
+    return suite + " is there and solve parallel did not write it (its first line is not \"" +
+           verifySuitePrefix() + "...\"): give a folder of its own";
+  }
+  return "";
+}
+
 int solveParallel(const ParallelArgs& a) {
   namespace h = sb::harness;
   const h::InputFiles inputs = {{"--model", a.model.file}, {"--profile", a.profile}};
@@ -347,6 +382,12 @@ int solveParallel(const ParallelArgs& a) {
   if (a.verify > 0 && a.verifyDir.empty()) {
     std::cerr << kWho << "--verify needs --verify-out DIR (the suite and its results)\n";
     return kExitBadInput;
+  }
+  if (a.verify > 0) {
+    if (const std::string why = verifySuiteProblem(a, inputs); !why.empty()) {
+      std::cerr << kWho << "--verify-out " << a.verifyDir << ": " << why << "\n";
+      return kExitBadInput;
+    }
   }
   int64_t elementBytes = 4;
   try {
