@@ -990,6 +990,9 @@ bad "a suite nested thousands deep is exit 2 saying so" "nested over [0-9]+ leve
 # says it cannot run the case (checkpointing and chunking on two ranks, a pipeline on one).
 for spec in "checkpointing/.*|mlp_chain|{batch: 4, width: 8, depth: 2}|2|{budget: half}|params.budget must be a positive fraction" \
             "chunking/.*|gpt2_prefill|{batch: 1, seq: 16, d_model: 16, heads: 2, layers: 1}|2|{chunk: 0}|params.chunk must be a positive integer" \
+            "chunking/.*|gpt2_prefill|{batch: 1, seq: 16, d_model: 16, heads: 2, layers: 1}|1|{chunk: 0x4}|params.chunk must be a positive integer, got \"0x4\"" \
+            "chunking/.*|gpt2_prefill|{batch: 1, seq: 16, d_model: 16, heads: 2, layers: 1}|1|{chunk: 17}|params.chunk 17 is longer than the sequence \(16\)" \
+            "chunking/triangle/.*|evoformer_pair|{batch: 1, n: 8, c: 4, hidden: 4, layers: 1}|1|{chunk: 9}|params.chunk 9 is longer than the pair's [a-z]+ \(8\)" \
             "pipeline/.*|mlp_chain|{batch: 4, width: 8, depth: 2, dropout: 0}|1|{virtual_stages: 0}|params.virtual_stages must be an integer from 1 to 64" \
             "sharding/moe/.*|moe|{batch: 4, seq: 16, d_model: 32, ffn: 64, experts: 4, top_k: 2}|3|{axes: [ep, ep]}|params.axes"; do
   IFS='|' read -r pattern workload shape mesh params message <<< "$spec"
@@ -1189,7 +1192,7 @@ mkfifo "$tmp/noise.fifo"
 bad "noise --out a FIFO is exit 2 and the FIFO stays" "noise: --out .*noise.fifo" \
   "$sb" noise "$tmp/keep" "$tmp/keep2" --out "$tmp/noise.fifo"
 [ -p "$tmp/noise.fifo" ] && pass "the FIFO is still a FIFO" || fail "noise replaced the FIFO"
-bad "noise given one run twice is exit 2" "is the run .*keep again \(run_id" \
+bad "noise given one run twice is exit 2" "^stratbench noise: [^ ]*keep is the run .*keep again \(run_id" \
   "$sb" noise "$tmp/keep" "$tmp/keep" --out "$tmp/noise-twice.json"
 # A lock file that is a symbolic link is refused, and what it names keeps its bytes.
 mkdir -p "$tmp/lockrun" && echo "my thesis" > "$tmp/victim.txt"
@@ -1593,9 +1596,17 @@ bad "memory_trace.py --results without a case column is exit 2" "nocase.csv: no 
   python3 "$src/reports/memory_trace.py" "$tmp/tiny.trace" --results "$tmp/nocase.csv"
 # `run --trace DIR` where DIR/<suite> is a link to another folder: nothing written through it.
 mkdir -p "$tmp/tr/traces" "$tmp/tr/elsewhere" && ln -s "$tmp/tr/elsewhere" "$tmp/tr/traces/ok"
-check "run --trace DIR with DIR/<suite> a link: the run goes on, saying the link is refused" 0 \
-  "traces/ok is a symbolic link: the traces are written only into folders under --trace" -- \
+# Refused before any row runs (it went on without the traces, exit 0), no results written.
+check "run --trace DIR with DIR/<suite> a link: exit 2 before any row, naming the link" 2 \
+  "--trace: .*traces/ok is a symbolic link: the traces are written only into folders under --trace" -- \
   "$sb" run "$tmp/ok.yaml" --out "$tmp/tr/out" --trace "$tmp/tr/traces"
+[ ! -e "$tmp/tr/out/results.csv" ] && pass "no results of a refused --trace run" ||
+  fail "run --trace with a linked level wrote results before refusing"
+# A level that is a file (DIR/<suite>/<case> made a file): exit 2 naming it.
+mkdir -p "$tmp/tr/traces2/ok" && : > "$tmp/tr/traces2/ok/lin"
+check "run --trace DIR with a file at a case's level: exit 2 naming it" 2 \
+  "--trace: .*traces2/ok/lin is there and is not a folder" -- \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/tr/out2" --trace "$tmp/tr/traces2"
 [ -z "$(ls -A "$tmp/tr/elsewhere")" ] && pass "nothing written through the link" ||
   fail "run --trace wrote through a link: $(ls "$tmp/tr/elsewhere")"
 
@@ -1650,12 +1661,19 @@ PY
     check "report on a pipeline timeline no run writes ($k): named, not drawn" 0 "^named$" -- \
       bash -c 'timeout 60 "$1" report "$2" --out "$2/rep" > "$2/rep.log" 2>&1 &&
         grep -qE "pipeline run: .*$3" "$2/rep.log" && ! ls "$2"/rep/plots/pipeline_*.png 2>/dev/null &&
+        grep -q "Plots are missing: .*timelines not drawn: " "$2/rep/report.md" &&
         echo named' _ "$sb" "$tmp/pp-$k" "${c#*|}"
   done
   check "report on a timeline of 5,000 ranks: drawn (the first 64) within 60 s" 0 "^drawn$" -- \
     bash -c 'timeout 60 "$1" report "$2" --out "$2/rep" > "$2/rep.log" 2>&1 &&
       ls "$2"/rep/plots/pipeline_*.png > /dev/null && echo drawn' _ "$sb" "$tmp/pp-many"
 fi
+
+# STRATBENCH_PYTHON naming no interpreter: said as that variable's value (the message suggested
+# setting it); the report is written, its plots missing.
+check "report with STRATBENCH_PYTHON=/nonexistent names the variable" 0 \
+  "cannot start STRATBENCH_PYTHON='/nonexistent'" -- \
+  env STRATBENCH_PYTHON=/nonexistent "$sb" report "$tmp/keep" --out "$tmp/rep-nopy"
 
 # Silent acceptance: two cost profiles of one backend and mesh (one was used without a word); a
 # profile replaced by the plan it priced.
@@ -1739,5 +1757,118 @@ check "a params value with U+202E: exit 2, the override escaped in the message" 
    ! grep -q "$(printf "\342\200\256")" "$3/bidi.log" && echo escaped' _ "$sb" "$tmp/bidi.yaml" "$tmp"
 bad "calibrate --max-bytes past the 4 MiB it measures is exit 2" "from 4096 to 4194304" \
   "$sb" calibrate --mesh 2 --max-bytes 1073741824 --out "$tmp/cal.json"
+
+# Round 9 (2026-12-03, fourth session): what round 8 left open.
+# SB_MEMORY_TRACE naming a rank no row has traced nothing without a word; past the tracker's 64
+# ranks it traced the unattributed bucket (every rank's allocations outside a rank scope).
+check "SB_MEMORY_TRACE=5 on meshes of 2: the run says nothing was traced" 0 \
+  "SB_MEMORY_TRACE=5 traced nothing: no row of this run ran a rank 5" -- \
+  env SB_MEMORY_TRACE=5 "$sb" run "$tmp/ok.yaml" --out "$tmp/trace5"
+check "SB_MEMORY_TRACE=64 is refused as past the tracker's ranks" 0 \
+  "SB_MEMORY_TRACE='64' is past the 64 ranks the memory tracker counts" -- \
+  env SB_MEMORY_TRACE=64 "$sb" run "$tmp/ok.yaml" --out "$tmp/trace64"
+# OMP_NUM_THREADS far above the cores slowed a run past 90 s without a word: warned before it.
+check "OMP_NUM_THREADS above the cores: the run warns, naming it" 0 \
+  "warning: OMP_NUM_THREADS=[0-9]+ asks for more intra-op threads than this machine's [0-9]+ cores" -- \
+  env OMP_NUM_THREADS=$(( $(nproc) * 2 )) "$sb" run "$tmp/ok.yaml" --out "$tmp/omp"
+# A cost profile given as --noise said only "lacks key 'floor_pct'": named as what it is.
+bad "report --noise given a cost profile is exit 2 naming what it is" \
+  "mesh2.json: a cost profile .*not a noise file" \
+  "$sb" report "$tmp/keep" --noise "$src/ci/fuzz/corpus/profile/mesh2.json" --no-plots --out "$tmp/rep-noise-prof"
+
+# The ninth sweep (a reviewer's, on the fixed build). Damage: a suite, golden file or cost
+# profile kept in --out under a name the run writes (results.csv, .stratbench.lock) was replaced
+# by the results or deleted with the lock, exit 0: refused before any row, the file kept.
+mkdir -p "$tmp/r9a" && cp "$tmp/ok.yaml" "$tmp/r9a/results.csv"
+check "run OUT/results.csv --out OUT: exit 2 before any row, the suite kept" 2 \
+  "r9a/results.csv \(the suite file\) is .*a file this run writes into --out" -- \
+  "$sb" run "$tmp/r9a/results.csv" --out "$tmp/r9a"
+cmp -s "$tmp/ok.yaml" "$tmp/r9a/results.csv" && pass "the suite named results.csv is kept" ||
+  fail "run replaced its own suite with its results"
+mkdir -p "$tmp/r9b" && cp "$tmp/ok.yaml" "$tmp/r9b/.stratbench.lock"
+check "run OUT/.stratbench.lock --out OUT: exit 2, the suite kept" 2 \
+  "\(the suite file\) is .*stratbench.lock, a file this run writes" -- \
+  "$sb" run "$tmp/r9b/.stratbench.lock" --out "$tmp/r9b"
+[ -s "$tmp/r9b/.stratbench.lock" ] && pass "the suite named .stratbench.lock is kept" ||
+  fail "run deleted its own suite with the lock"
+mkdir -p "$tmp/r9c" && sed 's/^suite: ok/suite: ok\ngolden: results.json/' "$tmp/ok.yaml" > "$tmp/r9c/g.yaml"
+check "a golden file named results.json with --out the suite's folder: exit 2 before any row" 2 \
+  "\(the suite's golden file\) is .*results.json, a file this run writes" -- \
+  "$sb" run "$tmp/r9c/g.yaml" --out "$tmp/r9c" --write-golden
+[ ! -e "$tmp/r9c/results.csv" ] && pass "no row ran before the golden refusal" ||
+  fail "the golden file's clash was found after the rows ran"
+mkdir -p "$tmp/r9d" && cp "$src/ci/fuzz/corpus/profile/mesh2.json" "$tmp/r9d/results.json"
+check "a cost profile at OUT/results.json: exit 2, the profile kept" 2 \
+  "\(--cost-profile\) is .*results.json, a file this run writes" -- \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/r9d" --cost-profile "$tmp/r9d/results.json"
+cmp -s "$src/ci/fuzz/corpus/profile/mesh2.json" "$tmp/r9d/results.json" &&
+  pass "the cost profile is kept" || fail "run replaced the cost profile with its results"
+# Results lost: a name with a space at an end read back as another (the CSV reader trims it), so
+# report refused the run's own results; refused at run.
+for n in '" a"' '"a "'; do
+  sed "s/- name: lin/- name: $n/" "$tmp/ok.yaml" > "$tmp/space.yaml"
+  bad "a case name $n with a space at an end is exit 2" "key 'name' must not (start|end) with a space" \
+    "$sb" run "$tmp/space.yaml" --out "$tmp/keep"
+done
+sed 's/^suite: ok/suite: "ok "/' "$tmp/ok.yaml" > "$tmp/space.yaml"
+bad "a suite name ending in a space is exit 2" "key 'suite' must not end with a space" \
+  "$sb" run "$tmp/space.yaml" --out "$tmp/keep"
+# Injection: a commit name a spreadsheet runs as a formula (=HYPERLINK from results.csv).
+bad "STRATBENCH_GIT_SHA starting with = is exit 2" "STRATBENCH_GIT_SHA '=HYPERLINK.*' starts with '='" \
+  env STRATBENCH_GIT_SHA='=HYPERLINK("http://evil","x")' "$sb" run "$tmp/ok.yaml" --out "$tmp/keep"
+# Injection: ESC and BEL from a results folder's name and a noise file's host reached report.md,
+# report.html and history.csv raw: written as escapes.
+esc=$(printf '\033[31mRED\033]8;;http:evil\007')
+mkdir -p "$tmp/r9e/hist"
+cp -r "$tmp/keep" "$tmp/r9e/$esc" && cp -r "$tmp/keep" "$tmp/r9e/hist/$esc"
+"$sb" noise "$tmp/keep" "$tmp/keep2" --out "$tmp/r9e/n.json" > /dev/null 2>&1
+python3 - "$tmp/r9e/n.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); d["host"] = "\x1b[31mhost\x07"
+json.dump(d, open(sys.argv[1], "w"))
+PY
+check "report on a folder named with ESC, a noise host with ESC: exit 0" 0 "" -- \
+  "$sb" report "$tmp/r9e/$esc" --noise "$tmp/r9e/n.json" --history "$tmp/r9e/hist" \
+  --no-plots --out "$tmp/r9e/rep"
+if grep -qP '[\x1b\x07]' "$tmp/r9e/rep/report.md" "$tmp/r9e/rep/report.html" "$tmp/r9e/rep/history.csv"; then
+  fail "ESC or BEL reached report.md, report.html or history.csv raw"
+else
+  grep -q 'u001b' "$tmp/r9e/rep/report.md" && pass "ESC and BEL written as escapes in the report" ||
+    fail "the report lost the folder's name instead of escaping it"
+fi
+# Hang: an interpreter for the plots that never returns held the report forever; past
+# STRATBENCH_PLOT_TIMEOUT_S the plots are missing, said, and the report is written.
+printf '#!/bin/sh\nexec sleep 1000\n' > "$tmp/hangpy" && chmod +x "$tmp/hangpy"
+check "report whose plot interpreter hangs: stopped at the deadline, the report written" 0 \
+  "did not finish within 2 s \(STRATBENCH_PLOT_TIMEOUT_S\)" -- \
+  env STRATBENCH_PYTHON="$tmp/hangpy" STRATBENCH_PLOT_TIMEOUT_S=2 timeout 60 "$sb" report "$tmp/keep" --out "$tmp/rep-hang"
+[ -s "$tmp/rep-hang/report.md" ] && pass "the report is written past a hung plot interpreter" ||
+  fail "no report.md after the plot interpreter's deadline"
+# Wrong party blamed: a linear shape of 2^63 - 1 outputs reached the reference (exit 1, "reference
+# failed"); refused as the shape's (exit 2).
+sed 's/out_features: 8/out_features: 9223372036854775807/' "$tmp/ok.yaml" > "$tmp/hugelin.yaml"
+bad "a linear out_features of 2^63-1 is exit 2 naming the shape" "make a tensor of more than 2\^40 elements" \
+  "$sb" run "$tmp/hugelin.yaml" --out "$tmp/keep"
+# OMP_NUM_THREADS that is no count: LibTorch's own warning only; said in the run's words.
+check "OMP_NUM_THREADS=99999999999: the run says it is no thread count" 0 \
+  "OMP_NUM_THREADS='99999999999' is not a thread count" -- \
+  env OMP_NUM_THREADS=99999999999 "$sb" run "$tmp/ok.yaml" --out "$tmp/omp2"
+# Damage: solve parallel --verify-out DIR replaced DIR/suite.yaml, a user's file or what a link
+# there named, or the model itself: refused before the search.
+if [ -f "$tmp/view_ok.pt" ]; then
+  mkdir -p "$tmp/vo1" "$tmp/vo2" "$tmp/vo3"
+  echo "precious" > "$tmp/vo-mine.yaml" && ln -s "$tmp/vo-mine.yaml" "$tmp/vo1/suite.yaml"
+  echo "my suite" > "$tmp/vo2/suite.yaml"
+  cp "$tmp/view_ok.pt" "$tmp/vo3/suite.yaml"
+  for c in "vo1|is a symbolic link" "vo2|solve parallel did not write it" "vo3|is the file --model names"; do
+    d=${c%%|*}
+    model=$([ "$d" = vo3 ] && echo "$tmp/vo3/suite.yaml" || echo "$tmp/view_ok.pt")
+    check "solve parallel --verify-out $d: exit 2 before the search" 2 "${c#*|}" -- \
+      "$sb" solve parallel --model "$model" --input '[2, 6]' --ranks 2 --verify 1 --verify-out "$tmp/$d"
+  done
+  [ "$(cat "$tmp/vo-mine.yaml")" = precious ] && [ "$(cat "$tmp/vo2/suite.yaml")" = "my suite" ] &&
+    cmp -s "$tmp/view_ok.pt" "$tmp/vo3/suite.yaml" && pass "--verify-out kept every file" ||
+    fail "solve parallel --verify-out replaced a file it did not write"
+fi
 
 finish

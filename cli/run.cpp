@@ -114,6 +114,7 @@ int runSuite(RunArgs& a, const CLI::App& run) {
     if (!a.rankFault.empty()) opts.rankFault = sb::harness::parseRankFault(a.rankFault);
     for (size_t i = 0; i < a.profilePaths.size(); ++i) {
       opts.costProfiles.push_back(sb::harness::CostProfile::load(a.profilePaths[i]));
+      opts.readFiles.emplace_back("--cost-profile", a.profilePaths[i]);
       // One profile per backend and mesh: of two, one would be used without a word (the times
       // predicted from whichever came first).
       const auto& p = opts.costProfiles.back();

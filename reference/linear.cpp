@@ -54,6 +54,21 @@ LinearShape LinearShape::parse(const nlohmann::json& shape) {
                 shape.at("bias").dump());
     s.bias = shape.at("bias").get<bool>();
   }
+  // The input, the weight and the output: at most 2^40 elements each, as the chains' shapes (an
+  // out_features of 2^63 - 1 reached the reference, which failed on a storage size overflow and
+  // was blamed for it).
+  constexpr int64_t kMax = int64_t{1} << 40;
+  const auto within = [&](int64_t a, int64_t b) { return a <= kMax / b; };
+  int64_t rows = 1;
+  bool fits = within(s.inFeatures, s.outFeatures);
+  for (size_t i = 0; fits && i + 1 < s.input.size(); ++i) {
+    fits = within(rows, s.input[i]);
+    if (fits) rows *= s.input[i];
+  }
+  fits = fits && within(rows, s.inFeatures) && within(rows, s.outFeatures);
+  TORCH_CHECK(fits, "linear: shape keys input ", in.dump(), " and out_features ", out.dump(),
+              " make a tensor of more than 2^40 elements (the input, the weight in_features x "
+              "out_features, or the output)");
   return s;
 }
 

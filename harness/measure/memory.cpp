@@ -86,6 +86,14 @@ int traceBucket() {
                 << "' is not a rank number (0, 1, ...): nothing is traced\n";
       return -1;
     }
+    // The tracker counts ranks 0..kMaxRanks-1; a higher rank shares the unattributed bucket,
+    // whose trace would be every rank's allocations outside a rank scope, not that rank's.
+    if (rank >= MemoryTracker::kMaxRanks) {
+      std::cerr << "stratbench: SB_MEMORY_TRACE='" << v << "' is past the "
+                << MemoryTracker::kMaxRanks << " ranks the memory tracker counts (0 to "
+                << MemoryTracker::kMaxRanks - 1 << "): nothing is traced\n";
+      return -1;
+    }
     return static_cast<int>(rank);
   }();
   return bucket;
@@ -95,6 +103,7 @@ int traceBucket() {
 // first. Kept only while tracing: a global callback costs every operator a call.
 thread_local std::vector<const char*> tOps;
 std::mutex gTraceMutex;
+std::atomic<bool> gTracedAny{false};  // whether a trace line was written (tracedAny)
 std::mutex gListenMutex;  // MemoryTracker's listeners and their buckets' updates
 
 std::unique_ptr<at::ObserverContext> opStarted(const at::RecordFunction& fn) {
@@ -167,9 +176,14 @@ int64_t MemoryTracker::heldDuring(int rank, const std::function<void()>& op) {
 
 bool MemoryTracker::tracing(int rank) const { return index(rank) == traceBucket(); }
 
+int MemoryTracker::tracedRank() const { return traceBucket(); }
+
+bool MemoryTracker::tracedAny() const { return gTracedAny.load(); }
+
 void MemoryTracker::traceNote(int rank, const char* what) const {
   if (tracing(rank)) {
     std::lock_guard<std::mutex> lock(gTraceMutex);
+    gTracedAny.store(true);
     std::fprintf(stderr, "mem %s at %lld, peak %lld\n", what,
                  (long long)buckets_[index(rank)].current.load(),
                  (long long)buckets_[index(rank)].peak.load());
@@ -205,6 +219,7 @@ void MemoryTracker::allocated(int bucket, int64_t bytes, const void* ptr) {
     // is the order of the updates (another rank's thread may free this rank's tensors).
     std::lock_guard<std::mutex> lock(gTraceMutex);
     now = b.current.fetch_add(bytes) + bytes;
+    gTracedAny.store(true);
     std::fprintf(stderr, "mem +%lld -> %lld @%p%s\n", (long long)bytes, (long long)now, ptr,
                  opContext().c_str());
   } else {

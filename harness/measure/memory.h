@@ -45,6 +45,11 @@ class MemoryTracker {
   // Whether `rank` is traced: callers that build a note's text check this first, so that an
   // untraced step (a timed one) does not pay for it.
   bool tracing(int rank) const;
+  // The rank SB_MEMORY_TRACE names (-1: none, or not a rank the tracker counts), and whether
+  // any line of its trace was written: a run whose rows never had that rank says so at its end
+  // rather than leaving an empty trace without a word.
+  int tracedRank() const;
+  bool tracedAny() const;
 
   // While set, every allocation (delta > 0) and free (delta < 0) of `rank`'s bucket is also
   // told to `listener`, with the live bytes after it, in the order of the updates (under a

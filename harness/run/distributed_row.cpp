@@ -18,6 +18,7 @@
 
 #include "harness/comm/c10d_backend.h"
 #include "harness/dist/dist_env.h"
+#include "harness/measure/memory.h"
 #include "harness/run/compose.h"
 #include "harness/run/local_run.h"
 #include "harness/run/predict.h"
@@ -214,6 +215,13 @@ int runDistributed(const Suite& suite, const std::vector<PlannedCase>& plan,
   if (session.rank() == 0) {
     observer.sessionStarted(env, options.backend, session.localAddress(),
                             options.collectiveTimeout);
+  }
+  // SB_MEMORY_TRACE names a global rank; one past the world traces nothing in any process.
+  if (const int traced = MemoryTracker::instance().tracedRank();
+      session.rank() == 0 && traced >= env.worldSize) {
+    observer.note("SB_MEMORY_TRACE=" + std::to_string(traced) +
+                  " names no rank of this world (0 to " + std::to_string(env.worldSize - 1) +
+                  "): nothing is traced");
   }
   const Provenance prov = Provenance::collect();
   int64_t seq = 0;

@@ -13,6 +13,7 @@
 #include "harness/registry.h"
 #include "harness/run/predict.h"
 #include "harness/run/run_util.h"
+#include "harness/run/runner.h"
 
 namespace sb::harness {
 
@@ -208,6 +209,21 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
                          (options.caseFilter.empty()
                               ? std::string()
                               : " (of the cases --case '" + options.caseFilter + "' selects)"));
+  }
+  // --trace: every level a row writes under it, checked before any row runs (a link or a file at
+  // one left the run to go on without that row's traces, exit 0).
+  if (!options.traceDir.empty()) {
+    for (const auto& pc : plan) {
+      for (const auto& e : pc.strategies) {
+        std::string at = options.traceDir;
+        for (const auto& level : traceLevels(pc.spec, e.strategy->id())) {
+          at += "/" + level;
+          const std::string why = traceLevelProblem(at);
+          if (why == "not found") break;
+          if (!why.empty()) throw InputError("--trace: " + at + why);
+        }
+      }
+    }
   }
   return plan;
 }

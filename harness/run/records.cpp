@@ -25,6 +25,7 @@
 
 #include "harness/error.h"
 #include "harness/hidden_text.h"
+#include "harness/run/run_util.h"
 
 namespace sb::harness {
 namespace {
@@ -160,6 +161,14 @@ Provenance Provenance::collect() {
       throw InputError("STRATBENCH_GIT_SHA holds " +
                        (h ? h.text() : std::to_string(p.gitSha.size()) + " bytes") +
                        ": expected a commit name of at most 200 bytes, one line of text");
+    }
+    // A spreadsheet takes a cell starting with = + - @ as a formula (=HYPERLINK(...) ran from
+    // results.csv); no commit name starts so.
+    if (std::string("=+-@").find(p.gitSha.front()) != std::string::npos) {
+      throw InputError("STRATBENCH_GIT_SHA '" + shownValue(p.gitSha) + "' starts with '" +
+                       p.gitSha.front() +
+                       "', which a spreadsheet reads as a formula: expected a commit name (a "
+                       "hash, a tag, a branch)");
     }
   } else {
     const std::string dir = SB_SOURCE_DIR;

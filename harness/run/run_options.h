@@ -29,6 +29,9 @@ struct RunOptions {
   // Calibration profiles (`stratbench calibrate`); a case uses the one of its backend and mesh
   // to predict the step time of strategies that model their flops.
   std::vector<CostProfile> costProfiles;
+  // The files those profiles were read from, by option ({"--cost-profile", path}): like the
+  // suite and its golden file, never among the files the run writes into outDir.
+  std::vector<std::pair<std::string, std::string>> readFiles;
   // Test-only: a rank that fails on purpose in the measured step of the `row`-th row it runs
   // (c10d backends): it throws, kills itself with SIGKILL, or hangs.
   struct RankFault {

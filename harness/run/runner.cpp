@@ -57,7 +57,8 @@ double spinFor(double secs, double fraction) {
 // `run --trace DIR`: one more step, untimed, traced on every local rank; its files under
 // DIR/<suite>/<case>/<strategy id>/ ('/' in a name as '+'): rank<R>.trace.json (Chrome trace
 // events), rank<R>.memory.txt (SB_MEMORY_TRACE's lines), and all-ranks.trace.json where the process
-// has more than one rank. A file that cannot be written is said on stderr; the row goes on.
+// has more than one rank. A level that is a link or a file was refused before the run (planSuite);
+// a file that cannot be written now is said on stderr and the row goes on.
 void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
                std::vector<std::unique_ptr<RankExecutor>>& execs, const std::string& dir) {
   std::vector<StepTraceRecord> records(execs.size());
@@ -72,29 +73,7 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
     }
     records[ctx.rank()] = endStepTrace();
   });
-  // One folder level per name, whatever it holds ('/' in a swept case's name or an id), and
-  // never one that leaves the level: a name of dots only ("..") has them spelled %2E. Two names
-  // never share a folder ('%' and '+' are spelled %25 and %2B before '/' becomes '+': cases
-  // "a/b" and "a+b" overwrote each other's traces).
-  const auto level = [](const std::string& name) {
-    std::string s;
-    for (char ch : name) {
-      if (ch == '%') {
-        s += "%25";
-      } else if (ch == '+') {
-        s += "%2B";
-      } else {
-        s += ch == '/' ? '+' : ch;
-      }
-    }
-    if (s.find_first_not_of('.') == std::string::npos) {
-      std::string spelled;
-      for (size_t i = 0; i < s.size(); ++i) spelled += "%2E";
-      return spelled.empty() ? std::string("%00") : spelled;
-    }
-    return s;
-  };
-  const std::vector<std::string> levels = {level(c.suite), level(c.name), level(strategy.id())};
+  const std::vector<std::string> levels = traceLevels(c, strategy.id());
   std::string folder = dir;
   for (const auto& l : levels) folder += "/" + l;
   const nlohmann::json about = {{"suite", c.suite},
@@ -105,26 +84,16 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
   std::vector<StepTraceRecord> mine;
   for (int r : world.localRanks()) mine.push_back(records[r]);
   try {
-    // Each level under --trace made here and a folder of its own: a symbolic link planted at
-    // one (DIR/<suite> -> elsewhere) would carry the traces out of the folder named, so it is
-    // refused, never followed.
+    // Each level made here; planSuite refused a link or a file at one before the run, and one
+    // planted since is refused again here.
     std::filesystem::create_directories(dir);  // --trace itself (its folder must exist)
     std::string at = dir;
     for (const auto& l : levels) {
       at += "/" + l;
-      std::error_code ec;
-      const auto st = std::filesystem::symlink_status(at, ec);
-      if (ec && st.type() != std::filesystem::file_type::not_found) {
-        throw std::runtime_error(at + ": " + ec.message());
-      }
-      if (st.type() == std::filesystem::file_type::not_found) {
+      if (const std::string why = traceLevelProblem(at); why == "not found") {
         std::filesystem::create_directory(at);
-      } else if (st.type() == std::filesystem::file_type::symlink) {
-        throw std::runtime_error(at +
-                                 " is a symbolic link: the traces are written only into "
-                                 "folders under --trace, never through one (remove it)");
-      } else if (st.type() != std::filesystem::file_type::directory) {
-        throw std::runtime_error(at + " is there and is not a folder");
+      } else if (!why.empty()) {
+        throw std::runtime_error(at + why);
       }
     }
     // Written beside and renamed over the name: a symbolic link planted at it is replaced,
@@ -147,6 +116,48 @@ void traceStep(World& world, const CaseSpec& c, const Strategy& strategy,
 }
 
 }  // namespace
+
+std::vector<std::string> traceLevels(const CaseSpec& c, const std::string& strategyId) {
+  // One folder level per name, whatever it holds ('/' in a swept case's name or an id), and
+  // never one that leaves the level: a name of dots only ("..") has them spelled %2E. Two names
+  // never share a folder ('%' and '+' are spelled %25 and %2B before '/' becomes '+': cases
+  // "a/b" and "a+b" overwrote each other's traces).
+  const auto level = [](const std::string& name) {
+    std::string s;
+    for (char ch : name) {
+      if (ch == '%') {
+        s += "%25";
+      } else if (ch == '+') {
+        s += "%2B";
+      } else {
+        s += ch == '/' ? '+' : ch;
+      }
+    }
+    if (s.find_first_not_of('.') == std::string::npos) {
+      std::string spelled;
+      for (size_t i = 0; i < s.size(); ++i) spelled += "%2E";
+      return spelled.empty() ? std::string("%00") : spelled;
+    }
+    return s;
+  };
+  return {level(c.suite), level(c.name), level(strategyId)};
+}
+
+std::string traceLevelProblem(const std::string& at) {
+  // Each level under --trace made here and a folder of its own: a symbolic link planted at one
+  // (DIR/<suite> -> elsewhere) would carry the traces out of the folder named, so it is refused,
+  // never followed.
+  std::error_code ec;
+  const auto st = std::filesystem::symlink_status(at, ec);
+  if (st.type() == std::filesystem::file_type::not_found) return "not found";
+  if (ec) return ": " + ec.message();
+  if (st.type() == std::filesystem::file_type::symlink) {
+    return " is a symbolic link: the traces are written only into folders under --trace, never "
+           "through one (remove it)";
+  }
+  if (st.type() != std::filesystem::file_type::directory) return " is there and is not a folder";
+  return "";
+}
 
 LocalRun runLocal(World& world, const CaseSpec& c, const reference::WorkloadData& data,
                   const Strategy& strategy, const RunOptions& options,

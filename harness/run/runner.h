@@ -51,6 +51,13 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
 int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
                RunObserver& observer);
 
+// `run --trace DIR`'s folder levels of one row, DIR/<suite>/<case>/<strategy id>, each name
+// spelled as one safe folder name ('/' as '+', '%' and '+' escaped, a name of dots as %2E...).
+std::vector<std::string> traceLevels(const CaseSpec& c, const std::string& strategyId);
+// What stops the traces going into the folder `at`: "" where it is a folder, "not found" where it
+// is to be made, else the reason, to follow `at` in a message (" is a symbolic link: ...").
+std::string traceLevelProblem(const std::string& at);
+
 class World;
 
 // Runs one step on every local rank and returns the slowest rank's seconds over every process

@@ -1,6 +1,7 @@
 #include "harness/run/suite.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -85,6 +86,28 @@ double realNumber(const std::string& file, const YAML::Node& n, const std::strin
   return v;
 }
 
+// [-+]? digits [. digits] [e [-+]? digits], with digits on at least one side of the point.
+bool isDecimalNumber(const std::string& s) {
+  size_t i = s.size() > 0 && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  const auto digits = [&] {
+    const size_t from = i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    return i - from;
+  };
+  size_t mantissa = digits();
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == s.size();
+}
+
 nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
   switch (n.Type()) {
     case YAML::NodeType::Map: {
@@ -103,6 +126,9 @@ nlohmann::json toJson(const std::string& file, const YAML::Node& n) {
       // reader of a number or a flag refuses it instead of taking it.
       if (n.Tag() == "!") return s;
       if (s == "true" || s == "false") return s == "true";
+      // A number as YAML writes one in decimal: std::stod also takes C's hexadecimal floats
+      // ("0x4" was 4.0, and "got 4.0" the message), which stay text here for a reader to refuse.
+      if (!isDecimalNumber(s)) return s;
       try {
         size_t used = 0;
         long long v = std::stoll(s, &used);
@@ -252,16 +278,28 @@ void checkName(const std::string& file, const YAML::Node& n, const std::string& 
     fail(file, n, what + " must be 1 to " + std::to_string(kMaxNameBytes) + " bytes long");
   }
   // Blank: Unicode's spaces only (U+0020, no-break, en to hair, ideographic, ...).
-  bool blank = true;
-  for (size_t i = 0; i < name.size() && blank;) {
+  const auto isSpace = [](uint32_t cp) {
+    return cp == 0x20 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
+           cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  };
+  bool blank = true, spaceFirst = false, spaceLast = false;
+  for (size_t i = 0; i < name.size();) {
     size_t len = 0;
     const uint32_t cp = codePointAt(name, i, len);
-    blank = cp == 0x20 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
-            cp == 0x202F || cp == 0x205F || cp == 0x3000;
+    if (i == 0) spaceFirst = isSpace(cp);
+    spaceLast = isSpace(cp);
+    blank = blank && spaceLast;
     i += len;
   }
   if (blank) {
     fail(file, n, what + " must not be blank (spaces only): a name must read as what it is");
+  }
+  // A space at either end is lost on the way (a CSV reader trims it, a JSON one keeps it: the
+  // run's own results.csv and results.json then name two cases, and `report` refused them).
+  if (spaceFirst || spaceLast) {
+    fail(file, n,
+         what + " must not " + (spaceFirst ? "start" : "end") +
+             " with a space: a name must read back as what it is");
   }
   const HiddenCharacter hidden = hiddenCharacter(name, TextKind::kName);
   if (hidden && hidden.code.rfind("0x", 0) == 0) {

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,7 +20,9 @@
 
 #include "harness/dist/dist_env.h"
 #include "harness/error.h"
+#include "harness/hidden_text.h"
 #include "harness/measure/device.h"
+#include "harness/measure/memory.h"
 #include "harness/out_file.h"
 #include "harness/run/distributed_row.h"
 #include "harness/run/golden.h"
@@ -48,6 +53,41 @@ std::string cpuDtypeMissing(at::ScalarType dtype) {
           " matrix product on the CPU (" + why + ")";
   }
   return known.emplace(dtype, why).first->second;
+}
+
+// The names a run writes into --out (ResultWriter): the suite, its golden file or a cost profile
+// kept there under one of them was replaced by the results, or deleted with the lock (`run
+// out/results.csv --out out` exit 0, the suite gone); --trace's suite folder there was a folder
+// where results.csv is renamed. Refused before any row, through links (the file a link names is
+// what a rename over the name would lose).
+void checkOutHoldsNoInput(const Suite& suite, const std::vector<PlannedCase>& plan,
+                          const RunOptions& options) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(options.outDir, ec)) return;  // a new folder holds nothing yet
+  std::vector<std::pair<std::string, std::string>> files = {{"the suite file", suite.file}};
+  if (!suite.golden.empty()) files.emplace_back("the suite's golden file", suite.golden);
+  for (const auto& f : options.readFiles) files.push_back(f);
+  if (!options.traceDir.empty() && !plan.empty()) {
+    files.emplace_back("--trace's folder of the suite",
+                       options.traceDir + "/" + traceLevels(plan.front().spec, "").front());
+  }
+  static const std::set<std::string> written = {"results.csv", "results.json",
+                                                "results.partial.csv", "results.partial.json",
+                                                ".stratbench.lock"};
+  for (const auto& [what, path] : files) {
+    for (const fs::path& p : {fs::path(path), fs::weakly_canonical(path, ec)}) {
+      if (p.empty() || !written.count(p.filename().string())) continue;
+      const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+      std::error_code same;
+      if (fs::equivalent(parent, options.outDir, same)) {
+        throw InputError(path + " (" + what + ") is " + (parent / p.filename()).string() +
+                         ", a file this run writes into --out " + options.outDir +
+                         " (results.csv, results.json, their .partial, .stratbench.lock): it "
+                         "would be replaced; give the run another --out");
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -156,7 +196,10 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
     }
   }
   std::optional<ResultWriter> writer;
-  if (writes) writer.emplace(options.outDir, runInfo);
+  if (writes) {
+    checkOutHoldsNoInput(suite, plan, options);
+    writer.emplace(options.outDir, runInfo);
+  }
   observer.suiteStarted(suite, plan, options, prov);
 
   bool anyBad = false;  // a row failed or errored
@@ -300,6 +343,46 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   return anyBad || stopped ? 1 : 0;
 }
 
+namespace {
+
+// SB_MEMORY_TRACE naming a rank no row had (3 on meshes of two) traces nothing: said at the end
+// rather than leaving the user an empty trace to read.
+void noteUntracedRank(RunObserver& observer) {
+  const MemoryTracker& tracker = MemoryTracker::instance();
+  if (tracker.tracedRank() < 0 || tracker.tracedAny()) return;
+  observer.note("SB_MEMORY_TRACE=" + std::to_string(tracker.tracedRank()) +
+                " traced nothing: no row of this run ran a rank " +
+                std::to_string(tracker.tracedRank()) + " on this process");
+}
+
+// OMP_NUM_THREADS far above the cores (64 on 2) makes every kernel's threads wait on each other:
+// a run of seconds took minutes, and its times measure the contention. Said before the first row.
+void warnOversubscribed(RunObserver& observer) {
+  const char* given = std::getenv("OMP_NUM_THREADS");
+  if (given == nullptr) return;
+  // OpenMP and LibTorch read a count of digits (99999999999 only made LibTorch's own "stoi"
+  // warning, and its default was used): said in the run's words.
+  // (OpenMP's list of counts per nesting level, "4,2", names the outer level first.)
+  const std::string text = given;
+  const std::string outer = text.substr(0, text.find(','));
+  if (outer.empty() || outer.size() > 6 ||
+      text.find_first_not_of("0123456789,") != std::string::npos || std::stoi(outer) < 1) {
+    observer.note("warning: OMP_NUM_THREADS='" + escapeHidden(text.substr(0, 40), TextKind::kLine) +
+                  "' is not a thread count from 1 to 999999: LibTorch uses its default (" +
+                  std::to_string(at::get_num_threads()) + " intra-op threads)");
+    return;
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores == 0 || at::get_num_threads() <= static_cast<int>(cores)) return;
+  observer.note("warning: OMP_NUM_THREADS=" + std::to_string(at::get_num_threads()) +
+                " asks for more intra-op threads than this machine's " + std::to_string(cores) +
+                " cores: the ranks' kernels contend for them, so the rows run slower and their "
+                "times measure the contention (set it to at most " +
+                std::to_string(cores) + ", or unset it)");
+}
+
+}  // namespace
+
 int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const RunOptions& options,
                std::ostream& out) {
   // The live progress line only where someone watches: stderr a terminal (not a log, not CI).
@@ -324,18 +407,21 @@ int runPlanned(const Suite& suite, const std::vector<PlannedCase>& plan, const R
                        "--backend gloo (or nccl) under the launcher, or run one process without "
                        "it");
     }
+    warnOversubscribed(observer);
     const Provenance prov = Provenance::collect();
-    return runLoop(suite, plan, options, prov, observer, true,
-                   [&](const CaseSpec& c, const reference::WorkloadData* data,
-                       const std::string& buildError, const Strategy& s) -> RowResult {
-                     if (!data) {
-                       Record rec = baseRecord(c, s, prov, options.backend);
-                       rec.status = Status::kError;
-                       rec.message = buildError;
-                       return {rec, false};
-                     }
-                     return {runStrategy(c, *data, s, prov, options), false};
-                   });
+    const int rc = runLoop(suite, plan, options, prov, observer, true,
+                           [&](const CaseSpec& c, const reference::WorkloadData* data,
+                               const std::string& buildError, const Strategy& s) -> RowResult {
+                             if (!data) {
+                               Record rec = baseRecord(c, s, prov, options.backend);
+                               rec.status = Status::kError;
+                               rec.message = buildError;
+                               return {rec, false};
+                             }
+                             return {runStrategy(c, *data, s, prov, options), false};
+                           });
+    noteUntracedRank(observer);
+    return rc;
   }
   return runDistributed(suite, plan, options, observer);
 }

@@ -91,14 +91,29 @@ inline std::optional<harness::Applicability> transformerCaseRefusal(const harnes
   return stepsRefusal(c, reference::TransformerShape::parse(c.shape, c.workload).training);
 }
 
-// params.chunk, where given: a positive integer, or InputError naming it. (Chunking checks its
-// params on every case but an imported model's, which it does not chunk and whose params are
-// other families' words: max_memory 0 is sharding/auto's "no limit".)
-inline void checkChunkParam(const harness::CaseSpec& c) {
+// params.chunk, where given: a positive integer, at most `length` (the chunked dimension's size,
+// `what` naming it; < 0 where the case is of another workload), or InputError naming it. A chunk
+// past the dimension was taken as the whole of it without a word. (Chunking checks its params
+// on every case but an imported model's, which it does not chunk and whose params are other
+// families' words: max_memory 0 is sharding/auto's "no limit".)
+inline void checkChunkParam(const harness::CaseSpec& c, int64_t length, const std::string& what) {
   if (!c.params.contains("chunk")) return;
   const auto& v = c.params["chunk"];
-  if (v.is_number_integer() && v.get<int64_t>() > 0) return;
-  throw harness::InputError("params.chunk must be a positive integer, got " + v.dump());
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+    throw harness::InputError("params.chunk must be a positive integer, got " + v.dump());
+  }
+  if (length >= 0 && v.get<int64_t>() > length) {
+    throw harness::InputError("params.chunk " + v.dump() + " is longer than " + what + " (" +
+                              std::to_string(length) + "): a chunk is at most " +
+                              std::to_string(length) + ", the whole of it in one chunk");
+  }
+}
+
+// checkChunkParam on a transformer workload's sequence.
+inline void checkSequenceChunkParam(const harness::CaseSpec& c) {
+  const bool transformer = c.workload == "gpt2_prefill" || c.workload == "vit_encoder";
+  checkChunkParam(c, transformer ? reference::TransformerShape::parse(c.shape, c.workload).seq : -1,
+                  "the sequence");
 }
 
 // Its chunk over the sequence: params.chunk (a quarter of the sequence where absent), at most

@@ -60,7 +60,9 @@ class PairStrategy final : public harness::SingleRankStrategy {
   }
 
   void checkParams(const CaseSpec& c) const override {
-    if (c.workload != "torchscript") checkChunkParam(c);
+    if (c.workload == "torchscript") return;
+    checkChunkParam(c, c.workload == "evoformer_pair" ? PairShape::parse(c.shape).n : -1,
+                    std::string("the pair's ") + (dim_ == 1 ? "rows" : "columns"));
   }
 
   Applicability applies(const CaseSpec& c) const override {

@@ -127,7 +127,7 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
 
   void checkParams(const CaseSpec& c) const override {
     if (c.workload == "torchscript") return;
-    checkChunkParam(c);
+    checkSequenceChunkParam(c);
     if (region_ != Region::kAuto) return;
     if (c.params.contains("max_memory") && c.params.contains("max_memory_fraction")) {
       throw harness::InputError(

@@ -72,7 +72,7 @@ class OnlineAttentionStrategy final : public harness::SingleRankStrategy {
   }
 
   void checkParams(const CaseSpec& c) const override {
-    if (c.workload != "torchscript") checkChunkParam(c);
+    if (c.workload != "torchscript") checkSequenceChunkParam(c);
   }
 
   Applicability applies(const CaseSpec& c) const override {
