@@ -1768,9 +1768,18 @@ check "SB_MEMORY_TRACE=64 is refused as past the tracker's ranks" 0 \
   "SB_MEMORY_TRACE='64' is past the 64 ranks the memory tracker counts" -- \
   env SB_MEMORY_TRACE=64 "$sb" run "$tmp/ok.yaml" --out "$tmp/trace64"
 # OMP_NUM_THREADS far above the cores slowed a run past 90 s without a word: warned before it.
-check "OMP_NUM_THREADS above the cores: the run warns, naming it" 0 \
-  "warning: OMP_NUM_THREADS=[0-9]+ asks for more intra-op threads than this machine's [0-9]+ cores" -- \
-  env OMP_NUM_THREADS=$(( $(nproc) * 2 )) "$sb" run "$tmp/ok.yaml" --out "$tmp/omp"
+# LibTorch 1.13 takes the count as given; PyTorch 2.13 caps it at the cores itself (no contention,
+# no warning): the run's torch_version says which.
+env OMP_NUM_THREADS=$(( $(nproc) * 2 )) "$sb" run "$tmp/ok.yaml" --out "$tmp/omp" > "$tmp/omp.log" 2>&1
+if grep -q ',1\.13' "$tmp/omp/results.csv"; then
+  grep -qE "warning: OMP_NUM_THREADS=[0-9]+ asks for more intra-op threads than this machine's [0-9]+ cores" \
+    "$tmp/omp.log" && pass "OMP_NUM_THREADS above the cores on LibTorch 1.13: the run warns" ||
+    fail "OMP_NUM_THREADS above the cores on LibTorch 1.13: no warning"
+else
+  ! grep -q "asks for more intra-op threads" "$tmp/omp.log" &&
+    pass "OMP_NUM_THREADS above the cores on PyTorch 2.x (capped at the cores): no false warning" ||
+    fail "OMP_NUM_THREADS on PyTorch 2.x: warned though LibTorch capped the threads"
+fi
 # A cost profile given as --noise said only "lacks key 'floor_pct'": named as what it is.
 bad "report --noise given a cost profile is exit 2 naming what it is" \
   "mesh2.json: a cost profile .*not a noise file" \
@@ -1870,5 +1879,43 @@ if [ -f "$tmp/view_ok.pt" ]; then
     cmp -s "$tmp/view_ok.pt" "$tmp/vo3/suite.yaml" && pass "--verify-out kept every file" ||
     fail "solve parallel --verify-out replaced a file it did not write"
 fi
+
+# The tenth sweep (the same reviewer, on the round-9 build). Damage: a file report reads kept in
+# its --out under a name it writes (a baseline as summary.csv) was replaced, exit 0.
+mkdir -p "$tmp/r10a" && "$sb" report "$tmp/keep" --out "$tmp/r10a" --no-plots > /dev/null 2>&1
+cp "$tmp/keep2/results.csv" "$tmp/r10a/summary.csv"
+check "report --baseline OUT/summary.csv --out OUT: exit 2, the baseline kept" 2 \
+  "summary.csv \(--baseline\) is a file the report writes into" -- \
+  "$sb" report "$tmp/keep" --baseline "$tmp/r10a/summary.csv" --out "$tmp/r10a" --no-plots
+cmp -s "$tmp/keep2/results.csv" "$tmp/r10a/summary.csv" && pass "the baseline kept as summary.csv is kept" ||
+  fail "report replaced its own baseline"
+# Damage: a case's model kept in --out as results.csv was replaced by the results (exit 0).
+if [ -f "$tmp/view_ok.pt" ]; then
+  mkdir -p "$tmp/r10b" && cp "$tmp/view_ok.pt" "$tmp/r10b/results.csv"
+  printf 'suite: tsout\ndefaults: {repetitions: 1, min_time_s: 0.0001}\ncases:\n  - name: m\n    workload: torchscript\n    shape: {file: "%s", inputs: [[2, 6]]}\n    mesh: 2\n    strategies: ["sharding/fsdp/ddp"]\n' \
+    "$tmp/r10b/results.csv" > "$tmp/tsout.yaml"
+  check "a model at OUT/results.csv: exit 2 before any row, the model kept" 2 \
+    "r10b/results.csv \(a file case 'm' reads\) is .*a file this run writes" -- \
+    "$sb" run "$tmp/tsout.yaml" --out "$tmp/r10b"
+  cmp -s "$tmp/view_ok.pt" "$tmp/r10b/results.csv" && pass "the model kept as results.csv is kept" ||
+    fail "run replaced a case's model with its results"
+fi
+# Results lost: --trace DIR --out DIR (new) with a suite named results.csv: the trace folder took
+# the results' name after every row ran.
+sed 's/^suite: ok/suite: results.csv/' "$tmp/ok.yaml" > "$tmp/sr.yaml"
+check "run --trace OUT --out OUT, suite named results.csv: exit 2 before any row" 2 \
+  "\(--trace's folder of the suite\) is .*a file this run writes into --out" -- \
+  "$sb" run "$tmp/sr.yaml" --out "$tmp/r10c" --trace "$tmp/r10c"
+[ ! -e "$tmp/r10c/results.json" ] && pass "no row ran before the trace clash was refused" ||
+  fail "the trace clash was found after the rows ran"
+# Injection: ESC and BEL in a path printed on a success line ("results: ...") reached the terminal.
+esc=$(printf 'o\033]0;PWNED\007\033[31m')
+check "a run whose --out holds ESC and BEL: the line shows them as escapes" 0 'u001b\]0;PWNED\\u0007' -- \
+  "$sb" run "$tmp/ok.yaml" --out "$tmp/$esc"
+grep -qP '[\x1b\x07]' "$tmp/out" && fail "ESC or BEL printed raw to the terminal" ||
+  pass "no ESC or BEL printed raw"
+# A commit name with a tab at its start read back trimmed, as a formula.
+bad "STRATBENCH_GIT_SHA starting with a tab is exit 2" "starts or ends with a space or a tab" \
+  env STRATBENCH_GIT_SHA="$(printf '\t=1+1')" "$sb" run "$tmp/ok.yaml" --out "$tmp/keep"
 
 finish

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <iostream>
 
+#include "harness/hidden_text.h"
 #include "harness/plugin_loader.h"
 #include "harness/run/run_util.h"
 #include "reference/json_strict.h"
@@ -73,7 +74,7 @@ TtyProgress::~TtyProgress() {
   }
   wake_.notify_all();
   thread_.join();
-  if (shown_) std::cerr << "\r\033[K" << std::flush;
+  if (shown_) harness::clearTerminalLine();
 }
 
 void TtyProgress::phase(std::string phase) {
@@ -88,8 +89,9 @@ void TtyProgress::run() {
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (s < quiet_) continue;
-    std::cerr << "\r\033[Kstratbench " << what_ << ": " << phase_ << ", " << static_cast<int>(s)
-              << " s" << std::flush;
+    harness::clearTerminalLine();
+    std::cerr << "stratbench " << what_ << ": " << phase_ << ", " << static_cast<int>(s) << " s"
+              << std::flush;
     shown_ = true;
   }
 }

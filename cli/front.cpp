@@ -14,11 +14,13 @@
 #include <iostream>
 #include <string>
 
-#include "cli/solve_checkpoint.h"
 #include "cli/serve.h"
+#include "cli/solve_checkpoint.h"
 #include "cli/solve_pipeline.h"
+#include "cli/terminal_safe.h"
 
 int main(int argc, char** argv) {
+  sb::cli::installTerminalSafeOutput();
   if (argc >= 3 && std::string(argv[1]) == "solve" && std::string(argv[2]) == "checkpoint") {
     return sb::cli::solveCheckpointMain(argc, argv);
   }

@@ -41,6 +41,7 @@
 #include "cli/serve.h"
 #include "cli/solve_checkpoint.h"
 #include "cli/solve_pipeline.h"
+#include "cli/terminal_safe.h"
 #include "harness/run/records.h"
 
 namespace {
@@ -49,6 +50,7 @@ namespace {
 constexpr const char* kCommands = "list, run, launch, calibrate, report, noise, solve, graph";
 
 int coreMain(int argc, char** argv) {
+  sb::cli::installTerminalSafeOutput();
   if (argc > 1 && std::string(argv[1]) == "launch") return sb::cli::launchMain(argc, argv);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string first = argv[1];

@@ -11,6 +11,7 @@
 
 #include "cli/exit_codes.h"
 #include "cli/numbers.h"
+#include "harness/hidden_text.h"
 #include "strategies/checkpointing/solvers.h"
 
 namespace sb::cli {
@@ -82,7 +83,7 @@ int solveCheckpoint(const CheckpointArgs& a) {
     };
   }
   const auto endProgress = [&] {
-    if (options.progress) std::cerr << "\r\033[K" << std::flush;
+    if (options.progress) sb::harness::clearTerminalLine();
   };
   try {
     s = ck::solve(solver, chain, options);

@@ -120,4 +120,12 @@ inline std::string escapeHidden(const std::string& s, TextKind kind) {
   return out + s.substr(std::min(at, s.size()));
 }
 
+// The one terminal sequence stratbench writes itself: a live progress line's "return, clear to
+// the end of the line", written to C's stderr directly, past the filter that escapes every ESC
+// printed through std::cerr (cli/terminal_safe.h).
+inline void clearTerminalLine() {
+  std::fputs("\r\033[K", stderr);
+  std::fflush(stderr);
+}
+
 }  // namespace sb::harness

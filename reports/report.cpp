@@ -13,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "reports/document.h"
@@ -106,6 +107,38 @@ std::string caseSlug(const std::string& suite, const std::string& caseName) {
   return s.substr(0, kMaxSlug) + "-" + std::string(hex, 10);
 }
 
+namespace {
+
+// A file the report reads (the results, the baseline, the noise file) kept in the report's
+// folder under a name the report writes (summary.csv, gate.json, ...) was replaced by it, exit
+// 0: refused before anything is written, through links.
+void checkReadsNoneOfItsFiles(const std::string& dir, const std::vector<std::string>& results,
+                              const ReportOptions& options) {
+  static const std::set<std::string> written = {"summary.csv",       "tensors.csv", "gate.json",
+                                                "report.md",         "report.html", "history.csv",
+                                                ".stratbench-report"};
+  std::vector<std::pair<std::string, std::string>> reads;
+  for (const auto& r : results) reads.emplace_back("the results", resultsCsvPath(r));
+  for (const auto& b : options.baselines) reads.emplace_back("--baseline", resultsCsvPath(b));
+  if (options.gateOptions.noise) reads.emplace_back("--noise", options.gateOptions.noise->file);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;  // a new folder holds nothing of the user's yet
+  for (const auto& [what, path] : reads) {
+    std::error_code resolved;
+    for (const fs::path& p : {fs::path(path), fs::weakly_canonical(path, resolved)}) {
+      if (p.empty() || !written.count(p.filename().string())) continue;
+      std::error_code same;
+      if (fs::equivalent(p.has_parent_path() ? p.parent_path() : fs::path("."), dir, same)) {
+        throw ReportInputError(path + " (" + what + ") is a file the report writes into " + dir +
+                               " (" + p.filename().string() +
+                               "): it would be replaced; give the report another --out");
+      }
+    }
+  }
+}
+
+}  // namespace
+
 int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* filesOut) {
   // Everything is read and checked before anything is written: bad input leaves the output
   // directory as it was.
@@ -174,6 +207,7 @@ int runReport(const ReportOptions& options, std::ostream& out, ReportFiles* file
   ReportFiles files;
   const std::string dir =
       options.outDir.empty() ? defaultOutDir(resultPaths.front()) : options.outDir;
+  checkReadsNoneOfItsFiles(dir, resultPaths, options);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw ReportInputError(dir + ": cannot create the report directory: " + ec.message());

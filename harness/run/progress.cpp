@@ -10,6 +10,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "harness/hidden_text.h"
 #include "harness/run/run_util.h"
 #include "reference/workload.h"
 
@@ -56,14 +57,15 @@ void ConsoleObserver::tick() {
   line << "  " << static_cast<int>(secs) << " s";
   std::string text = line.str();
   if (text.size() > 150) text = text.substr(0, 147) + "...";
-  std::cerr << "\r\033[K" << text << std::flush;
+  clearTerminalLine();
+  std::cerr << text << std::flush;
   shown_ = true;
 }
 
 // Under mu_.
 void ConsoleObserver::clearLine() {
   if (!shown_) return;
-  std::cerr << "\r\033[K" << std::flush;
+  clearTerminalLine();
   shown_ = false;
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -169,6 +170,13 @@ Provenance Provenance::collect() {
                        p.gitSha.front() +
                        "', which a spreadsheet reads as a formula: expected a commit name (a "
                        "hash, a tag, a branch)");
+    }
+    // A space or a tab at an end is trimmed by a CSV reader ("\t=1+1" read back as a formula).
+    if (std::isspace(static_cast<unsigned char>(p.gitSha.front())) ||
+        std::isspace(static_cast<unsigned char>(p.gitSha.back()))) {
+      throw InputError("STRATBENCH_GIT_SHA '" + shownValue(p.gitSha) +
+                       "' starts or ends with a space or a tab: expected a commit name (a hash, "
+                       "a tag, a branch)");
     }
   } else {
     const std::string dir = SB_SOURCE_DIR;

@@ -55,19 +55,32 @@ std::string cpuDtypeMissing(at::ScalarType dtype) {
   return known.emplace(dtype, why).first->second;
 }
 
-// The names a run writes into --out (ResultWriter): the suite, its golden file or a cost profile
-// kept there under one of them was replaced by the results, or deleted with the lock (`run
-// out/results.csv --out out` exit 0, the suite gone); --trace's suite folder there was a folder
-// where results.csv is renamed. Refused before any row, through links (the file a link names is
-// what a rename over the name would lose).
+// The names a run writes into --out (ResultWriter): the suite, its golden file, a cost profile,
+// a case's model or plan file kept there under one of them was replaced by the results, or
+// deleted with the lock (`run out/results.csv --out out` exit 0, the suite gone); --trace's
+// suite folder there took the name results.csv, and the results were lost after every row ran.
+// Refused before any row, through links (the file a link names is what a rename over the name
+// would lose).
 void checkOutHoldsNoInput(const Suite& suite, const std::vector<PlannedCase>& plan,
                           const RunOptions& options) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(options.outDir, ec)) return;  // a new folder holds nothing yet
   std::vector<std::pair<std::string, std::string>> files = {{"the suite file", suite.file}};
   if (!suite.golden.empty()) files.emplace_back("the suite's golden file", suite.golden);
   for (const auto& f : options.readFiles) files.push_back(f);
+  // Every text of a case's shape and params that may name a file (shape.file, params.plan,
+  // params.schedule, ...): only those at one of the run's names in --out matter below.
+  for (const PlannedCase& p : plan) {
+    std::vector<const nlohmann::json*> todo = {&p.spec.shape, &p.spec.params};
+    for (size_t seen = 0; !todo.empty() && seen < 10000; ++seen) {
+      const nlohmann::json* j = todo.back();
+      todo.pop_back();
+      if (j->is_string()) {
+        files.emplace_back("a file case '" + p.spec.name + "' reads", j->get<std::string>());
+      } else if (j->is_structured()) {
+        for (const auto& v : *j) todo.push_back(&v);
+      }
+    }
+  }
   if (!options.traceDir.empty() && !plan.empty()) {
     files.emplace_back("--trace's folder of the suite",
                        options.traceDir + "/" + traceLevels(plan.front().spec, "").front());
@@ -75,12 +88,23 @@ void checkOutHoldsNoInput(const Suite& suite, const std::vector<PlannedCase>& pl
   static const std::set<std::string> written = {"results.csv", "results.json",
                                                 "results.partial.csv", "results.partial.json",
                                                 ".stratbench.lock"};
+  // The same folder as --out, which may not be there yet (then compared by its spelled path).
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(options.outDir, ec);
+  const auto isOut = [&](const fs::path& folder) {
+    std::error_code same;
+    if (fs::equivalent(folder, options.outDir, same)) return true;
+    std::error_code canon;
+    const fs::path f = fs::weakly_canonical(folder, canon);
+    return !canon && !ec && f == out;
+  };
   for (const auto& [what, path] : files) {
-    for (const fs::path& p : {fs::path(path), fs::weakly_canonical(path, ec)}) {
+    if (path.empty() || path.size() > 4096) continue;
+    std::error_code resolved;
+    for (const fs::path& p : {fs::path(path), fs::weakly_canonical(path, resolved)}) {
       if (p.empty() || !written.count(p.filename().string())) continue;
       const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
-      std::error_code same;
-      if (fs::equivalent(parent, options.outDir, same)) {
+      if (isOut(parent)) {
         throw InputError(path + " (" + what + ") is " + (parent / p.filename()).string() +
                          ", a file this run writes into --out " + options.outDir +
                          " (results.csv, results.json, their .partial, .stratbench.lock): it "
@@ -197,7 +221,7 @@ int runLoop(const Suite& suite, const std::vector<PlannedCase>& plan, const RunO
   }
   std::optional<ResultWriter> writer;
   if (writes) {
-    checkOutHoldsNoInput(suite, plan, options);
+    checkOutHoldsNoInput(suite, plan, options);  // before the lock file is made
     writer.emplace(options.outDir, runInfo);
   }
   observer.suiteStarted(suite, plan, options, prov);
@@ -372,6 +396,8 @@ void warnOversubscribed(RunObserver& observer) {
                   std::to_string(at::get_num_threads()) + " intra-op threads)");
     return;
   }
+  // The threads LibTorch took from it: PyTorch 2.13 caps the count at the cores itself (64 on 2
+  // cores gives 2), LibTorch 1.13 takes what it is given.
   const unsigned cores = std::thread::hardware_concurrency();
   if (cores == 0 || at::get_num_threads() <= static_cast<int>(cores)) return;
   observer.note("warning: OMP_NUM_THREADS=" + std::to_string(at::get_num_threads()) +
