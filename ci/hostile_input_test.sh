@@ -1853,6 +1853,17 @@ check "report whose plot interpreter hangs: stopped at the deadline, the report 
   env STRATBENCH_PYTHON="$tmp/hangpy" STRATBENCH_PLOT_TIMEOUT_S=2 timeout 60 "$sb" report "$tmp/keep" --out "$tmp/rep-hang"
 [ -s "$tmp/rep-hang/report.md" ] && pass "the report is written past a hung plot interpreter" ||
   fail "no report.md after the plot interpreter's deadline"
+# A report stopped from outside (timeout, Ctrl-C) stops its plot interpreter with it (in a process
+# group of its own it ran on, orphaned).
+printf '#!/bin/sh\nexec sleep 1777\n' > "$tmp/hangpy2" && chmod +x "$tmp/hangpy2"
+timeout 3 env STRATBENCH_PYTHON="$tmp/hangpy2" "$sb" report "$tmp/keep" --out "$tmp/rep-int" > /dev/null 2>&1
+sleep 1
+if pgrep -f "sleep 1777" > /dev/null; then
+  pkill -f "sleep 1777"
+  fail "a report stopped by timeout left its plot interpreter running"
+else
+  pass "a report stopped by timeout leaves no plot interpreter behind"
+fi
 # Wrong party blamed: a linear shape of 2^63 - 1 outputs reached the reference (exit 1, "reference
 # failed"); refused as the shape's (exit 2).
 sed 's/out_features: 8/out_features: 9223372036854775807/' "$tmp/ok.yaml" > "$tmp/hugelin.yaml"

@@ -92,15 +92,11 @@ std::string runPlots(const std::string& dir) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (errFd >= 0) posix_spawn_file_actions_adddup2(&actions, errFd, STDERR_FILENO);
-  // A group of its own, so that a deadline stops whatever the interpreter started too.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
+  // In the report's own process group: a Ctrl-C or a `timeout` that stops the report stops the
+  // interpreter with it (in a group of its own it ran on, orphaned).
   pid_t pid = 0;
-  const int spawned = posix_spawnp(&pid, py.c_str(), &actions, &attr, argv.data(), environ);
+  const int spawned = posix_spawnp(&pid, py.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
   std::string messages;
   const auto collect = [&] {
     if (errFd < 0) return;
@@ -127,7 +123,6 @@ std::string runPlots(const std::string& dir) {
   bool killed = false;
   while (::waitpid(pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(-pid, SIGKILL);
       ::kill(pid, SIGKILL);
       ::waitpid(pid, &status, 0);
       killed = true;
