@@ -114,9 +114,9 @@ namespace {
 // 0: refused before anything is written, through links.
 void checkReadsNoneOfItsFiles(const std::string& dir, const std::vector<std::string>& results,
                               const ReportOptions& options) {
-  static const std::set<std::string> written = {"summary.csv",       "tensors.csv", "gate.json",
-                                                "report.md",         "report.html", "history.csv",
-                                                ".stratbench-report"};
+  static const std::set<std::string> written = {
+      "summary.csv", "tensors.csv", "gate.json",   "gate.junit.xml",
+      "report.md",   "report.html", "history.csv", ".stratbench-report"};
   std::vector<std::pair<std::string, std::string>> reads;
   for (const auto& r : results) reads.emplace_back("the results", resultsCsvPath(r));
   for (const auto& b : options.baselines) reads.emplace_back("--baseline", resultsCsvPath(b));
