@@ -1573,10 +1573,10 @@ cmp -s "$tmp/own-chain.json" "$src/ci/fuzz/corpus/chain/small.json" || fail "--t
 # memory_snapshot.py into its own trace or a run's results: exit 2, both kept.
 printf 'mem reset at 0\nmem +8 -> 8 @0x1\nmem end of the measured step at 8, peak 8\n' > "$tmp/tiny.trace"
 cp "$tmp/tiny.trace" "$tmp/tiny.keep"
-bad "memory_snapshot.py into the trace it reads is exit 2" "is the trace it reads" \
+bad "memory_snapshot.py into the trace it reads is exit 2" "is the file the trace names" \
   python3 "$src/reports/memory_snapshot.py" "$tmp/tiny.trace" "$tmp/tiny.trace"
 cmp -s "$tmp/tiny.trace" "$tmp/tiny.keep" || fail "memory_snapshot.py replaced its own trace"
-bad "memory_snapshot.py into a run's results.csv is exit 2" "holds a run's results" \
+bad "memory_snapshot.py into a run's results.csv is exit 2" "is named as a run's results.csv" \
   python3 "$src/reports/memory_snapshot.py" "$tmp/tiny.trace" "$tmp/keep/results.csv"
 # The trace scripts on numbers no tracker writes and result files that are not a run's: exit 2
 # naming the file and line or column (tracebacks before).
@@ -1856,7 +1856,9 @@ check "report whose plot interpreter hangs: stopped at the deadline, the report 
 # A report stopped from outside (timeout, Ctrl-C) stops its plot interpreter with it (in a process
 # group of its own it ran on, orphaned).
 printf '#!/bin/sh\nexec sleep 1777\n' > "$tmp/hangpy2" && chmod +x "$tmp/hangpy2"
-timeout 3 env STRATBENCH_PYTHON="$tmp/hangpy2" "$sb" report "$tmp/keep" --out "$tmp/rep-int" > /dev/null 2>&1
+# (Exec'd, not a fork of the test's core server: the check is about the process and its child.)
+timeout 3 env STRATBENCH_CORE_SERVER= STRATBENCH_PYTHON="$tmp/hangpy2" "$sb" report "$tmp/keep" \
+  --out "$tmp/rep-int" > /dev/null 2>&1
 sleep 1
 if pgrep -f "sleep 1777" > /dev/null; then
   pkill -f "sleep 1777"
@@ -1928,5 +1930,45 @@ grep -qP '[\x1b\x07]' "$tmp/out" && fail "ESC or BEL printed raw to the terminal
 # A commit name with a tab at its start read back trimmed, as a formula.
 bad "STRATBENCH_GIT_SHA starting with a tab is exit 2" "starts or ends with a space or a tab" \
   env STRATBENCH_GIT_SHA="$(printf '\t=1+1')" "$sb" run "$tmp/ok.yaml" --out "$tmp/keep"
+
+# The eleventh sweep (the same reviewer, on the tenth's build). A crash: a path or a commit name
+# that is not UTF-8 aborted a run (JSON holds UTF-8 only) after it had taken its folder's lock.
+cp "$tmp/ok.yaml" "$tmp/$(printf 's\377.yaml')"
+check "a suite path that is not UTF-8: exit 2 naming the argument, no folder taken" 2 \
+  "argument 2 .* is not UTF-8 text \(byte 0xff" -- \
+  "$sb" run "$tmp/$(printf 's\377.yaml')" --out "$tmp/r11a"
+[ ! -e "$tmp/r11a" ] && pass "no results folder for a refused argument" || fail "a lock left behind"
+bad "STRATBENCH_GIT_SHA that is not UTF-8 is exit 2" "STRATBENCH_GIT_SHA is not UTF-8 text" \
+  env STRATBENCH_GIT_SHA="$(printf '\377\376')" "$sb" run "$tmp/ok.yaml" --out "$tmp/keep"
+# Damage: memory_snapshot.py wrote through a hard link to a run's results.csv; the side-by-side
+# table replaced the results.json it read. Both write beside and rename, and refuse their inputs.
+SB_MEMORY_TRACE=0 "$sb" run "$tmp/ok.yaml" --out "$tmp/r11b" > /dev/null 2> "$tmp/r11b.trace"
+ln -f "$tmp/r11b/results.csv" "$tmp/r11b-snap.pkl" && cp "$tmp/r11b/results.csv" "$tmp/r11b.keep"
+check "memory_snapshot.py onto a hard link of results.csv: written, the results kept" 0 "live blocks" -- \
+  python3 "$src/reports/memory_snapshot.py" "$tmp/r11b.trace" "$tmp/r11b-snap.pkl"
+cmp -s "$tmp/r11b/results.csv" "$tmp/r11b.keep" && pass "results.csv kept beside a hard link replaced" ||
+  fail "memory_snapshot.py wrote through a hard link into results.csv"
+cp "$tmp/r11b/results.json" "$tmp/r11b.json.keep"
+bad "torch_side_by_side.py --out the results it reads is exit 2" "is the file the results names" \
+  python3 "$src/reports/torch_side_by_side.py" "$tmp/r11b/results.json" --out "$tmp/r11b/results.json"
+cmp -s "$tmp/r11b/results.json" "$tmp/r11b.json.keep" || fail "torch_side_by_side.py replaced its results"
+echo '{"records": [{"case": 1}]}' > "$tmp/r11c.json"
+bad "torch_side_by_side.py on records of another shape is exit 2, no traceback" \
+  "r11c.json: not a stratbench results.json \(records\[0\] lacks" \
+  python3 "$src/reports/torch_side_by_side.py" "$tmp/r11c.json"
+# Injection: case names written raw into the side-by-side's Markdown table.
+python3 - "$tmp/r11d.json" <<'PY'
+import json, sys
+rec = lambda sid, twin: {"suite": "s", "case": "<img src=x onerror=alert(1)>[l](javascript:a)",
+                         "strategy_id": sid, "status": "pass", "details": {"executor": {"twin": twin}}}
+json.dump({"records": [rec("torch/ddp", "sharding/fsdp/ddp"), rec("sharding/fsdp/ddp", "")]},
+          open(sys.argv[1], "w"))
+PY
+check "torch_side_by_side.py: a case name's markup is escaped" 0 '\\<img src=x onerror=alert\\\(1\\\)\\>' -- \
+  python3 "$src/reports/torch_side_by_side.py" "$tmp/r11d.json"
+# An interpreter that exits 0 without drawing said "(0 plots)" and nothing missing.
+check "report with STRATBENCH_PYTHON=/bin/true: the plots are named as missing" 0 \
+  "exited 0 without running .*make_plots.py" -- \
+  env STRATBENCH_PYTHON=/bin/true "$sb" report "$tmp/keep" --out "$tmp/rep-true"
 
 finish

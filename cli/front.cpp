@@ -21,6 +21,7 @@
 
 int main(int argc, char** argv) {
   sb::cli::installTerminalSafeOutput();
+  if (!sb::cli::argumentsAreUtf8(argc, argv)) return 2;
   if (argc >= 3 && std::string(argv[1]) == "solve" && std::string(argv[2]) == "checkpoint") {
     return sb::cli::solveCheckpointMain(argc, argv);
   }

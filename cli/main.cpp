@@ -51,6 +51,7 @@ constexpr const char* kCommands = "list, run, launch, calibrate, report, noise, 
 
 int coreMain(int argc, char** argv) {
   sb::cli::installTerminalSafeOutput();
+  if (!sb::cli::argumentsAreUtf8(argc, argv)) return sb::cli::kExitBadInput;
   if (argc > 1 && std::string(argv[1]) == "launch") return sb::cli::launchMain(argc, argv);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string first = argv[1];

@@ -10,6 +10,9 @@
 // (cli/main.cpp) both install it first thing. The live progress line's own "\r\033[K" is
 // written to C's stderr directly, past it (harness/run/progress.cpp, cli/common.cpp).
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <iostream>
 #include <streambuf>
 #include <string>
@@ -61,6 +64,25 @@ inline void installTerminalSafeOutput() {
     return true;
   }();
   (void)installed;
+}
+
+// Paths and values given are written into JSON (a run's records, a plan, a report), which holds
+// UTF-8 only: bytes that are not (a path from another locale) aborted a run after it had taken
+// its folder's lock. False, having said which argument, where one is not UTF-8 text.
+inline bool argumentsAreUtf8(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const int64_t at = harness::firstInvalidUtf8(arg);
+    if (at < 0) continue;
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", static_cast<unsigned char>(arg[at]));
+    std::cerr << "stratbench: argument " << i << " ('" << arg.substr(0, std::min<int64_t>(at, 200))
+              << "...') is not UTF-8 text (byte " << hex << " at " << at
+              << "): stratbench writes paths and values into JSON, which holds UTF-8 only; "
+                 "rename the file or folder\n";
+    return false;
+  }
+  return true;
 }
 
 }  // namespace sb::cli

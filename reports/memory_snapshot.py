@@ -26,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import memory_trace  # noqa: E402  (the trace's parser)
+from out_file import replace_file, result_path_problem, shown  # noqa: E402
 
 
 def frames(context):
@@ -93,56 +94,49 @@ def main():
     ap.add_argument("--step", type=memory_trace.step_number(1), default=1,
                     help="the measured step, from 1 (default 1)")
     a = ap.parse_args()
-    for path, new_ok in ((a.trace, False), (a.out, True)):
-        why = memory_trace.not_a_file(path, new_ok)
-        if why:
-            print(f"memory_snapshot.py: {path}: {why}", file=sys.stderr)
-            return 2
-    # The snapshot replaces no file it reads and no run's results (the rule `stratbench`'s own
-    # result files follow: harness/out_file.h).
-    if os.path.exists(a.out) and os.path.samefile(a.out, a.trace):
-        print(f"memory_snapshot.py: {a.out} is the trace it reads: give the snapshot another path",
-              file=sys.stderr)
+    why = memory_trace.not_a_file(a.trace)
+    if why:
+        print(f"memory_snapshot.py: {shown(a.trace)}: {why}", file=sys.stderr)
         return 2
-    if os.path.basename(os.path.realpath(a.out)) in (
-            "results.csv", "results.json", "results.partial.csv", "results.partial.json"):
-        print(f"memory_snapshot.py: {a.out} holds a run's results: replacing it would lose that "
-              "run; give another path", file=sys.stderr)
+    # The snapshot replaces no file it reads, no run's results or lock, and writes through no
+    # link (harness/out_file.h's rule; reports/out_file.py).
+    why = result_path_problem(a.out, [("the trace", a.trace)])
+    if why:
+        print(f"memory_snapshot.py: {shown(a.out)}: {why}", file=sys.stderr)
         return 2
     try:
         with open(a.trace, encoding="utf-8", errors="replace") as f:
             lines = f.readlines()
     except OSError as e:
-        print(f"memory_snapshot.py: {a.trace}: {e.strerror}", file=sys.stderr)
+        print(f"memory_snapshot.py: {shown(a.trace)}: {e.strerror}", file=sys.stderr)
         return 2
     try:
         steps, gap = memory_trace.parse(lines)
     except memory_trace.TraceError as e:
-        print(f"memory_snapshot.py: {a.trace}:{e}", file=sys.stderr)
+        print(f"memory_snapshot.py: {shown(a.trace)}:{e}", file=sys.stderr)
         return 2
     if gap:
         n, said, summed = gap
-        print(f"memory_snapshot.py: {a.trace}:{n}: the trace says {said} B live, its lines add "
+        print(f"memory_snapshot.py: {shown(a.trace)}:{n}: the trace says {said} B live, its lines add "
               f"up to {summed} B: a line is missing", file=sys.stderr)
         return 3
     if not 1 <= a.step <= len(steps):
-        print(f"memory_snapshot.py: {a.trace}: no measured step {a.step} (it has {len(steps)}; "
+        print(f"memory_snapshot.py: {shown(a.trace)}: no measured step {a.step} (it has {len(steps)}; "
               "was SB_MEMORY_TRACE set to a rank that ran?)", file=sys.stderr)
         return 3
     step = steps[a.step - 1]
     snap = snapshot(lines, step)
     total = sum(s["total_size"] for s in snap["segments"])
     if total != step.tracker_peak:
-        print(f"memory_snapshot.py: {a.trace}: step {a.step}'s live blocks add up to {total} B, "
+        print(f"memory_snapshot.py: {shown(a.trace)}: step {a.step}'s live blocks add up to {total} B, "
               f"the tracker's peak is {step.tracker_peak} B", file=sys.stderr)
         return 3
     try:
-        with open(a.out, "wb") as f:
-            pickle.dump(snap, f)
+        replace_file(a.out, pickle.dumps(snap))
     except OSError as e:
-        print(f"memory_snapshot.py: {a.out}: {e.strerror}", file=sys.stderr)
+        print(f"memory_snapshot.py: {shown(a.out)}: {e.strerror}", file=sys.stderr)
         return 2
-    print(f"{a.out}: step {a.step}, {len(snap['segments'])} live blocks, {total} B at the peak, "
+    print(f"{shown(a.out)}: step {a.step}, {len(snap['segments'])} live blocks, {total} B at the peak, "
           f"{len(snap['device_traces'][0])} trace entries")
     return 0
 

@@ -154,6 +154,11 @@ std::string runPlots(const std::string& dir) {
            std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")" +
            (why.empty() ? "; see its messages on stderr" : why);
   }
+  if (!fs::exists(dir + "/plots/.make_plots.done")) {
+    return py + " exited 0 without running " + script +
+           " (it wrote no plots/.make_plots.done): STRATBENCH_PYTHON must name a Python with "
+           "matplotlib";
+  }
   return "";
 }
 

@@ -15,7 +15,20 @@ a results file, naming it.
 
 import argparse
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from out_file import replace_file, result_path_problem, shown  # noqa: E402
+
+
+def md(text):
+    """Text as Markdown shows it, never as markup (report.md's rule: a case named `<img ...>`
+    or `[x](javascript:...)` is shown, not run), and with what a terminal acts on escaped."""
+    out = []
+    for c in shown(text):
+        out.append(" " if c in "\r\n" else ("\\" + c if c in "\\`*_[]<>()#!|~&" else c))
+    return "".join(out)
 
 
 def step_bytes(r):
@@ -57,7 +70,7 @@ def table(records):
                 e = x.get("err_ratio")
                 return f"{x['status']}, {e:.3g}" if isinstance(e, (int, float)) else x["status"]
             lines.append(
-                f"| {case} | {sid} | {status(r)} | {twin_id} | {status(twin)} | "
+                f"| {md(case)} | {md(sid)} | {md(status(r))} | {md(twin_id)} | {md(status(twin))} | "
                 f"{ratio(r.get('time_us_median'), twin.get('time_us_median'))} | "
                 f"{ratio(step_bytes(r), step_bytes(twin))} | "
                 f"{ratio(r.get('comm_bytes'), twin.get('comm_bytes'))} | {comm_matched(r)} |")
@@ -69,17 +82,35 @@ def main():
     ap.add_argument("results", help="a results.json written by stratbench run")
     ap.add_argument("--out", help="write the table here (default: stdout)")
     args = ap.parse_args()
+    if args.out:
+        why = result_path_problem(args.out, [("the results", args.results)])
+        if why:
+            print(f"torch_side_by_side.py: --out {shown(args.out)}: {why}", file=sys.stderr)
+            return 2
     try:
         with open(args.results) as f:
             records = json.load(f)["records"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"torch_side_by_side.py: {args.results}: not a stratbench results.json ({e})",
-              file=sys.stderr)
+        # The fields the table reads, each of its type (a record of another shape was a
+        # KeyError or a TypeError traceback).
+        if not isinstance(records, list):
+            raise TypeError("'records' is not a list")
+        for i, r in enumerate(records):
+            if not isinstance(r, dict) or not all(
+                    isinstance(r.get(k), str) for k in ("suite", "case", "strategy_id", "status")):
+                raise TypeError(f"records[{i}] lacks a text suite, case, strategy_id or status")
+            if not isinstance(r.get("details", {}), dict):
+                raise TypeError(f"records[{i}].details is not a mapping")
+        text = table(records)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        print(f"torch_side_by_side.py: {shown(args.results)}: not a stratbench results.json "
+              f"({shown(e)})", file=sys.stderr)
         return 2
-    text = table(records)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        try:
+            replace_file(args.out, text.encode())
+        except OSError as e:
+            print(f"torch_side_by_side.py: --out {shown(args.out)}: {e.strerror}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0

@@ -157,6 +157,10 @@ Provenance Provenance::collect() {
     p.gitSha = env;
     // Written into every row: held to what the results reader takes back (an ESC or a newline
     // in it made `report` refuse the run's own file, blaming the file).
+    if (firstInvalidUtf8(p.gitSha) >= 0) {
+      throw InputError(
+          "STRATBENCH_GIT_SHA is not UTF-8 text: expected a commit name (a hash, a tag, a branch)");
+    }
     if (const HiddenCharacter h = hiddenCharacter(p.gitSha, TextKind::kLine);
         h || p.gitSha.size() > 200) {
       throw InputError("STRATBENCH_GIT_SHA holds " +

@@ -153,44 +153,6 @@ constexpr size_t kMaxSweepCases = 10000;
 constexpr size_t kMaxCases = 100000;
 constexpr size_t kMaxNameBytes = 200;
 
-// Where `text` is not UTF-8: the offset of the first bad byte, or -1.
-int64_t firstInvalidUtf8(const std::string& text) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = p[i];
-    size_t len = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return static_cast<int64_t>(i);
-    }
-    if (i + len > n) return static_cast<int64_t>(i);
-    for (size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    const bool overlong =
-        (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
-    if (overlong || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return static_cast<int64_t>(i);
-    }
-    i += len;
-  }
-  return -1;
-}
-
 void checkText(const std::string& file, const YAML::Node& n, const std::string& text) {
   if (const int64_t at = firstInvalidUtf8(text); at >= 0) {
     char hex[8];
