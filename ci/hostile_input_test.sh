@@ -1971,4 +1971,38 @@ check "report with STRATBENCH_PYTHON=/bin/true: the plots are named as missing" 
   "exited 0 without running .*make_plots.py" -- \
   env STRATBENCH_PYTHON=/bin/true "$sb" report "$tmp/keep" --out "$tmp/rep-true"
 
+# The twelfth sweep. Results lost: a model's parameter named with ESC or ';' went raw into
+# tensor_err_ratio, and report refused the run's own results.csv: refused at import, naming it.
+/usr/bin/python3 - "$tmp" <<'PY' 2>/dev/null
+import sys, torch
+for tag, name in (("esc", "w\x1b]0;PWN\x07"), ("semi", "a;b=c")):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_parameter(name, torch.nn.Parameter(torch.randn(6, 4)))
+        def forward(self, x):
+            return x @ getattr(self, name)
+    torch.jit.trace(M(), torch.randn(2, 6)).save(sys.argv[1] + "/pname_%s.pt" % tag)
+PY
+for c in "esc|holds a control character" "semi|holds ';'"; do
+  k=${c%%|*}
+  [ -f "$tmp/pname_$k.pt" ] || continue
+  printf 'suite: pname\ndefaults: {repetitions: 1, min_time_s: 0.0001}\ncases:\n  - name: m\n    workload: torchscript\n    shape: {file: "%s", inputs: [[2, 6]]}\n    mesh: 2\n    strategies: ["sharding/fsdp/ddp"]\n' \
+    "$tmp/pname_$k.pt" > "$tmp/pname.yaml"
+  bad "a model whose parameter name $c: exit 2 naming it" "pname_$k.pt: the parameter named .* ${c#*|}" \
+    "$sb" run "$tmp/pname.yaml" --out "$tmp/keep"
+done
+# Hang, crash and injection in the Python tools: a FIFO or /dev/zero as the side-by-side's
+# results or noise_study.py's run, a missing run, a name with ESC in memory_trace.py's output.
+mkfifo "$tmp/r12.fifo"
+bad "torch_side_by_side.py on a FIFO is exit 2 at once" "r12.fifo: not a regular file" \
+  python3 "$src/reports/torch_side_by_side.py" "$tmp/r12.fifo"
+mkdir -p "$tmp/r12run" && ln -sf /dev/zero "$tmp/r12run/results.csv"
+bad "noise_study.py on a run whose results.csv is /dev/zero is exit 2 at once" "results.csv: not a regular file" \
+  python3 "$src/reports/noise_study.py" "$tmp/r12run" "$tmp/keep"
+bad "noise_study.py on a missing run is exit 2, no traceback" "nothere/results.csv: no such file" \
+  python3 "$src/reports/noise_study.py" "$tmp/nothere" "$tmp/keep"
+check "memory_trace.py naming a path with ESC shows it escaped" 2 'u001b\]0;P\\u0007: no such file' -- \
+  python3 "$src/reports/memory_trace.py" "$tmp/$(printf 'x\033]0;P\007')"
+
 finish

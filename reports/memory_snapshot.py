@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import memory_trace  # noqa: E402  (the trace's parser)
-from out_file import replace_file, result_path_problem, shown  # noqa: E402
+from out_file import install_shown_output, replace_file, result_path_problem, shown  # noqa: E402
 
 
 def frames(context):
@@ -94,6 +94,7 @@ def main():
     ap.add_argument("--step", type=memory_trace.step_number(1), default=1,
                     help="the measured step, from 1 (default 1)")
     a = ap.parse_args()
+    install_shown_output()
     why = memory_trace.not_a_file(a.trace)
     if why:
         print(f"memory_snapshot.py: {shown(a.trace)}: {why}", file=sys.stderr)

@@ -36,6 +36,9 @@ import signal
 import stat
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from out_file import install_shown_output  # noqa: E402
+
 # The tracker's numbers are 64-bit: at most 19 digits (a longer one is no line it wrote).
 N = r"\d{1,19}"
 ALLOC = re.compile(rf"^mem \+({N}) -> (-?{N}) @(\S+)(?: in (.*))?$")
@@ -282,6 +285,7 @@ def main():
                          "measured and predicted peak); the rows that have a measured peak are "
                          "the steps, in order")
     a = ap.parse_args()
+    install_shown_output()
     if a.depth < 1:
         ap.error("--depth must be at least 1")
     for path in ([a.trace] if a.trace != "-" else []) + ([a.results] if a.results else []):

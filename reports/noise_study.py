@@ -12,16 +12,37 @@ docs/measurements.md ("The nightly loop") is this script's output on twelve smok
 import argparse
 import csv
 import math
+import os
 import random
 import statistics as st
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from out_file import input_problem, install_shown_output  # noqa: E402
+
+
+class RunError(Exception):
+    pass
 
 
 def load(d):
+    """A run's passing rows' median times; RunError naming the run where it is no run's folder
+    (a FIFO or /dev/zero as its results.csv blocked the reader or ran out of memory)."""
+    path = d.rstrip("/") + "/results.csv"
+    why = input_problem(path)
+    if why:
+        raise RunError(f"{path}: {why}")
     out = {}
-    with open(d.rstrip("/") + "/results.csv") as f:
-        for r in csv.DictReader(f):
-            if r["status"] == "pass" and r["time_us_median"]:
-                out[(r["case"], r["strategy_id"], r["backend"])] = float(r["time_us_median"])
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            for n, r in enumerate(csv.DictReader(f), start=2):
+                if r.get("status") is None or r.get("time_us_median") is None:
+                    raise RunError(f"{path}:{n}: no column 'status' or 'time_us_median': not the "
+                                   "results.csv a run writes")
+                if r["status"] == "pass" and r["time_us_median"]:
+                    out[(r["case"], r["strategy_id"], r["backend"])] = float(r["time_us_median"])
+    except (OSError, ValueError, csv.Error, KeyError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: {e}")
     return out
 
 
@@ -63,7 +84,12 @@ def main():
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--trials", type=int, default=40)
     a = ap.parse_args()
-    runs = [load(d) for d in a.runs]
+    install_shown_output()
+    try:
+        runs = [load(d) for d in a.runs]
+    except RunError as e:
+        print(f"noise_study.py: {e}", file=sys.stderr)
+        return 2
     print("| calibration runs | band | past the band per night | after the rerun | rows under 20% |")
     print("|---|---|---|---|---|")
     for n_cal in (3, 5):
@@ -79,4 +105,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,8 +17,49 @@ _HIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202
 
 
 def shown(text):
-    """`text` with every character a terminal would act on written as an escape (\\u001b)."""
-    return _HIDDEN.sub(lambda m: "\\u%04x" % ord(m.group()), str(text))
+    """`text` with every character a terminal would act on written as an escape (\\u001b), and a
+    lone surrogate (JSON's "\\udcff", which no UTF-8 writer takes) as its escape too."""
+    text = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return _HIDDEN.sub(lambda m: "\\u%04x" % ord(m.group()), text)
+
+
+class _Shown:
+    """A text stream whose every write goes through shown()."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        return self._stream.write(shown(text))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def install_shown_output():
+    """Every line the tool prints shows what a terminal would act on as an escape (an operator
+    name or a path quoted from the input), as stratbench's own lines do."""
+    import sys
+    if not isinstance(sys.stdout, _Shown):
+        sys.stdout = _Shown(sys.stdout)
+        sys.stderr = _Shown(sys.stderr)
+
+
+MAX_INPUT_BYTES = 1 << 30
+
+
+def input_problem(path):
+    """Why `path` cannot be read as an input file, or None: a FIFO blocked the reader forever,
+    /dev/zero was read until memory ran out, a folder or a missing file was a traceback."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return e.strerror.lower() if e.strerror else str(e)
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a folder, a FIFO or a device); give the file itself"
+    if st.st_size > MAX_INPUT_BYTES:
+        return f"{st.st_size} bytes, more than the {MAX_INPUT_BYTES} this tool reads"
+    return None
 
 
 def result_path_problem(out, reads):

@@ -19,7 +19,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from out_file import replace_file, result_path_problem, shown  # noqa: E402
+from out_file import (install_shown_output, input_problem, replace_file,  # noqa: E402
+                      result_path_problem, shown)
 
 
 def md(text):
@@ -82,7 +83,16 @@ def main():
     ap.add_argument("results", help="a results.json written by stratbench run")
     ap.add_argument("--out", help="write the table here (default: stdout)")
     args = ap.parse_args()
-    if args.out:
+    install_shown_output()
+    why = input_problem(args.results)
+    if why:
+        print(f"torch_side_by_side.py: {args.results}: {why}", file=sys.stderr)
+        return 2
+    if args.out is not None:
+        if not args.out:
+            print("torch_side_by_side.py: --out is empty (give a file's path, or leave --out out "
+                  "for stdout)", file=sys.stderr)
+            return 2
         why = result_path_problem(args.out, [("the results", args.results)])
         if why:
             print(f"torch_side_by_side.py: --out {shown(args.out)}: {why}", file=sys.stderr)
@@ -101,13 +111,13 @@ def main():
             if not isinstance(r.get("details", {}), dict):
                 raise TypeError(f"records[{i}].details is not a mapping")
         text = table(records)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         print(f"torch_side_by_side.py: {shown(args.results)}: not a stratbench results.json "
               f"({shown(e)})", file=sys.stderr)
         return 2
     if args.out:
         try:
-            replace_file(args.out, text.encode())
+            replace_file(args.out, shown(text).encode())
         except OSError as e:
             print(f"torch_side_by_side.py: --out {shown(args.out)}: {e.strerror}", file=sys.stderr)
             return 2

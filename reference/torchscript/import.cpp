@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <iomanip>
 #include <mutex>
@@ -65,10 +66,32 @@ at::ScalarType floatingDtypeOf(const torch::jit::Module& m) {
   return dtype && !mixed && *dtype == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// A parameter's or buffer's name goes into every row's tensor names ("param/NAME" in
+// tensor_err_ratio, "NAME=RATIO;..."): a name holding ';' or '=' or what a terminal acts on (a
+// control character, a C1 control, a text-direction mark; register_parameter takes any text
+// without '.') made the run's own results.csv one `report` refused. What is wrong with it, or "".
+std::string stateNameProblem(const std::string& name) {
+  const auto* p = reinterpret_cast<const unsigned char*>(name.data());
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (p[i] == ';' || p[i] == '=') return std::string("holds '") + name[i] + "'";
+    if (p[i] < 0x20 || p[i] == 0x7f) return "holds a control character";
+    const bool c1 = p[i] == 0xC2 && i + 1 < name.size() && p[i + 1] >= 0x80 && p[i + 1] <= 0x9F;
+    const bool alm = p[i] == 0xD8 && i + 1 < name.size() && p[i + 1] == 0x9C;
+    const bool mark = p[i] == 0xE2 && i + 2 < name.size() &&
+                      ((p[i + 1] == 0x80 && (p[i + 2] == 0x8E || p[i + 2] == 0x8F ||
+                                             (p[i + 2] >= 0xAA && p[i + 2] <= 0xAE))) ||
+                       (p[i + 1] == 0x81 && p[i + 2] >= 0xA6 && p[i + 2] <= 0xA9));
+    if (c1 || alm || mark) return "holds a C1 control or a text-direction character";
+  }
+  return "";
+}
+
 class Walker {
  public:
   Walker(const ImportSpec& spec, const ModelFile& file, ImportedModel& out)
       : spec_(spec), file_(file), module_(file.module), out_(out), map_(out) {
+    for (const auto& p : module_.named_parameters(true)) checkStateName("parameter", p.name);
+    for (const auto& b : module_.named_buffers(true)) checkStateName("buffer", b.name);
     // A frozen parameter (requires_grad=False, as a fine-tuning script leaves a backbone) is
     // module state as a buffer is: a graph input, neither differentiated nor trained.
     for (const auto& p : module_.named_parameters(true)) {
@@ -93,6 +116,21 @@ class Walker {
     }
     for (const auto& b : module_.named_buffers(true)) {
       noteState(b.value, {State::kBuffer, "the buffer '" + b.name + "'"});
+    }
+  }
+
+  void checkStateName(const char* kind, const std::string& name) const {
+    if (const std::string why = stateNameProblem(name); !why.empty()) {
+      std::string shown;
+      for (unsigned char c : name.substr(0, 80)) {
+        char esc[8];
+        std::snprintf(esc, sizeof esc, "\\x%02x", c);
+        shown += c < 0x20 || c == 0x7f ? std::string(esc) : std::string(1, static_cast<char>(c));
+      }
+      throw ImportError(spec_.file + ": the " + kind + " named '" + shown + "' " + why +
+                        ": every result row names tensors by it (tensor_err_ratio's "
+                        "'param/NAME=RATIO;...', printed to the terminal); rename it in the "
+                        "module (letters, digits, '_')");
     }
   }
 
