@@ -2004,5 +2004,20 @@ bad "noise_study.py on a missing run is exit 2, no traceback" "nothere/results.c
   python3 "$src/reports/noise_study.py" "$tmp/nothere" "$tmp/keep"
 check "memory_trace.py naming a path with ESC shows it escaped" 2 'u001b\]0;P\\u0007: no such file' -- \
   python3 "$src/reports/memory_trace.py" "$tmp/$(printf 'x\033]0;P\007')"
+# The thirteenth sweep: tracebacks left in the Python tools (a count of trials of 0, a time no
+# run writes, a number past a float).
+bad "noise_study.py --trials 0 is exit 2" "--trials: expected a count of trials from 1" \
+  python3 "$src/reports/noise_study.py" "$tmp/keep" "$tmp/keep2" --trials 0
+cp -r "$tmp/keep2" "$tmp/r13nan" && edit_first_row "$tmp/r13nan/results.csv" 'r["time_us_median"] = "nan"'
+bad "noise_study.py on a time of nan is exit 2 naming it" "time_us_median nan is not a positive number" \
+  python3 "$src/reports/noise_study.py" "$tmp/keep" "$tmp/r13nan"
+python3 - "$tmp/r13ovf.json" <<'PY'
+import json, sys
+rec = lambda sid, twin, t: {"suite": "s", "case": "c", "strategy_id": sid, "status": "pass",
+                            "time_us_median": t, "details": {"executor": {"twin": twin}}}
+json.dump({"records": [rec("torch/ddp", "x", 10 ** 400), rec("x", "", 1)]}, open(sys.argv[1], "w"))
+PY
+bad "torch_side_by_side.py on a time past a float is exit 2, no traceback" "r13ovf.json: not a stratbench results.json" \
+  python3 "$src/reports/torch_side_by_side.py" "$tmp/r13ovf.json"
 
 finish

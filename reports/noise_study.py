@@ -18,7 +18,7 @@ import statistics as st
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from out_file import input_problem, install_shown_output  # noqa: E402
+from out_file import input_problem, install_shown_output, shown  # noqa: E402
 
 
 class RunError(Exception):
@@ -40,7 +40,11 @@ def load(d):
                     raise RunError(f"{path}:{n}: no column 'status' or 'time_us_median': not the "
                                    "results.csv a run writes")
                 if r["status"] == "pass" and r["time_us_median"]:
-                    out[(r["case"], r["strategy_id"], r["backend"])] = float(r["time_us_median"])
+                    t = float(r["time_us_median"])
+                    if not (math.isfinite(t) and t > 0):  # no run writes such a time
+                        raise RunError(f"{path}:{n}: time_us_median {shown(r['time_us_median'])} "
+                                       "is not a positive number")
+                    out[(r["case"], r["strategy_id"], r["backend"])] = t
     except (OSError, ValueError, csv.Error, KeyError, UnicodeDecodeError) as e:
         raise RunError(f"{path}: {e}")
     return out
@@ -82,7 +86,15 @@ def study(runs, n_cal, factor, pool, trials, floor=0.10):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+")
-    ap.add_argument("--trials", type=int, default=40)
+    def trials(text):
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if not 1 <= n <= 100000:
+            raise argparse.ArgumentTypeError(f"expected a count of trials from 1 to 100000, got {text!r}")
+        return n
+    ap.add_argument("--trials", type=trials, default=40)
     a = ap.parse_args()
     install_shown_output()
     try:

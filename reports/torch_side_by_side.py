@@ -111,7 +111,8 @@ def main():
             if not isinstance(r.get("details", {}), dict):
                 raise TypeError(f"records[{i}].details is not a mapping")
         text = table(records)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
+            OverflowError, ZeroDivisionError) as e:
         print(f"torch_side_by_side.py: {shown(args.results)}: not a stratbench results.json "
               f"({shown(e)})", file=sys.stderr)
         return 2
