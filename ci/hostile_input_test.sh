@@ -1855,13 +1855,14 @@ check "report whose plot interpreter hangs: stopped at the deadline, the report 
   fail "no report.md after the plot interpreter's deadline"
 # A report stopped from outside (timeout, Ctrl-C) stops its plot interpreter with it (in a process
 # group of its own it ran on, orphaned).
-printf '#!/bin/sh\nexec sleep 1777\n' > "$tmp/hangpy2" && chmod +x "$tmp/hangpy2"
+marker="1777$$"  # this run's own: another run's interpreter is not this one's
+printf '#!/bin/sh\nexec sleep %s\n' "$marker" > "$tmp/hangpy2" && chmod +x "$tmp/hangpy2"
 # (Exec'd, not a fork of the test's core server: the check is about the process and its child.)
 timeout 3 env STRATBENCH_CORE_SERVER= STRATBENCH_PYTHON="$tmp/hangpy2" "$sb" report "$tmp/keep" \
   --out "$tmp/rep-int" > /dev/null 2>&1
 sleep 1
-if pgrep -f "sleep 1777" > /dev/null; then
-  pkill -f "sleep 1777"
+if pgrep -f "sleep $marker" > /dev/null; then
+  pkill -f "sleep $marker"
   fail "a report stopped by timeout left its plot interpreter running"
 else
   pass "a report stopped by timeout leaves no plot interpreter behind"
@@ -2019,5 +2020,10 @@ json.dump({"records": [rec("torch/ddp", "x", 10 ** 400), rec("x", "", 1)]}, open
 PY
 bad "torch_side_by_side.py on a time past a float is exit 2, no traceback" "r13ovf.json: not a stratbench results.json" \
   python3 "$src/reports/torch_side_by_side.py" "$tmp/r13ovf.json"
+# The fourteenth sweep: memory_trace.py reading an endless standard input filled memory (a
+# MemoryError traceback): it reads at most the bound files have.
+check "memory_trace.py - < /dev/zero: exit 2 at its bound, no traceback" 2 \
+  "standard input: more than the [0-9]+ bytes this tool reads" -- \
+  bash -c 'ulimit -v 4000000; timeout 120 python3 "$1/reports/memory_trace.py" - < /dev/zero' _ "$src"
 
 finish

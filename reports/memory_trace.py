@@ -30,6 +30,7 @@ Exit codes: 0 done, 2 bad arguments or an unreadable file, 3 a step whose recons
 disagrees with the tracker's (or, with --model, with the model's replay).
 """
 import argparse
+import io
 import os
 import re
 import signal
@@ -37,7 +38,7 @@ import stat
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from out_file import install_shown_output  # noqa: E402
+from out_file import MAX_INPUT_BYTES, install_shown_output  # noqa: E402
 
 # The tracker's numbers are 64-bit: at most 19 digits (a longer one is no line it wrote).
 N = r"\d{1,19}"
@@ -294,8 +295,19 @@ def main():
             print(f"memory_trace.py: {path}: {why}", file=sys.stderr)
             return 2
     try:
-        f = sys.stdin if a.trace == "-" else open(a.trace, encoding="utf-8", errors="replace")
-        lines = f.readlines()
+        if a.trace == "-":
+            # A stream has no size to check first: read at most the bound files have (an endless
+            # one, `< /dev/zero`, filled memory and ended in a MemoryError traceback).
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+            if len(data) > MAX_INPUT_BYTES:
+                print(f"memory_trace.py: standard input: more than the {MAX_INPUT_BYTES} bytes "
+                      "this tool reads", file=sys.stderr)
+                return 2
+            # Read as a file is (universal newlines), not split at every Unicode line break.
+            lines = io.StringIO(data.decode("utf-8", errors="replace"), newline=None).readlines()
+        else:
+            with open(a.trace, encoding="utf-8", errors="replace") as f:
+                lines = f.readlines()
     except OSError as e:
         print(f"memory_trace.py: {a.trace}: {e.strerror}", file=sys.stderr)
         return 2
