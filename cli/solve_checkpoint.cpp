@@ -1,5 +1,5 @@
-#include "harness/in_file.h"
 #include "cli/solve_checkpoint.h"
+#include "harness/in_file.h"
 
 #include <unistd.h>
 

@@ -111,7 +111,8 @@ cs::Prices pricesFrom(const ParallelArgs& a) {
 
 void printTable(const cs::SearchResult& r, std::ostream& out) {
   out << std::left << std::setw(4) << "#" << std::right << std::setw(13) << "step" << std::setw(8)
-      << "bubble" << std::setw(11) << "peak/rank" << "  configuration\n";
+      << "bubble" << std::setw(11) << "peak/rank"
+      << "  configuration\n";
   int i = 0;
   for (const auto& p : r.ranked) {
     std::ostringstream bubble;
@@ -272,7 +273,8 @@ int verify(const ParallelArgs& a, const nlohmann::json& shape, const cs::SearchR
             << " a row; time the median of " << a.repetitions << "):\n"
             << std::left << std::setw(4) << "#" << std::setw(52) << "configuration" << std::setw(7)
             << "status" << std::right << std::setw(13) << "predicted" << std::setw(13) << "measured"
-            << std::setw(12) << "peak pred" << std::setw(12) << "peak meas" << "\n";
+            << std::setw(12) << "peak pred" << std::setw(12) << "peak meas"
+            << "\n";
   for (size_t i = 0; i < chosen.size(); ++i) {
     const cs::Prediction& p = *chosen[i];
     const std::string name = caseName(static_cast<int>(i) + 1, p.config);

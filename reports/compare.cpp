@@ -1,5 +1,5 @@
-#include "harness/in_file.h"
 #include "reports/compare.h"
+#include "harness/in_file.h"
 
 #include <algorithm>
 #include <cmath>
@@ -215,8 +215,10 @@ void judgeTime(RowComparison& rc, const GateOptions& o, const ResultRow* rerun) 
       rc.time = "not significant";
       rc.timeClass = "suspicious";
       rc.noisy = true;
-      rc.warnings.push_back("suspicious " + why + rerunText + ": past the band, but the U test "
-                            "is not below " + num(o.alpha));
+      rc.warnings.push_back("suspicious " + why + rerunText +
+                            ": past the band, but the U test "
+                            "is not below " +
+                            num(o.alpha));
       return;
     }
     rc.time = "regressed";
@@ -339,10 +341,11 @@ std::string noiseJson(const std::vector<std::vector<ResultRow>>& runs,
                     {"band_pct", std::max(floorPct, factor * pooledSpread)}});
   }
   nlohmann::json j = {{"schema_version", 1},
-                      {"what", "stratbench noise: the spread of each row's median time over runs "
-                               "of one build on one machine; band = max(floor, factor x "
-                               "sqrt(((n - 1) spread^2 + scale_spread^2) / n)), scale_spread the "
-                               "median spread of the rows of its decade of time"},
+                      {"what",
+                       "stratbench noise: the spread of each row's median time over runs "
+                       "of one build on one machine; band = max(floor, factor x "
+                       "sqrt(((n - 1) spread^2 + scale_spread^2) / n)), scale_spread the "
+                       "median spread of the rows of its decade of time"},
                       {"runs", runDirs},
                       {"git_sha", suiteList(shas)},
                       {"host", suiteList(hosts)},
@@ -358,7 +361,8 @@ NoiseModel readNoise(const std::string& path) {
     throw ReportInputError(path + ": " + why);
   }
   std::ifstream in(path);
-  if (!in) throw ReportInputError(path + ": no such noise file (write one with `stratbench noise`)");
+  if (!in)
+    throw ReportInputError(path + ": no such noise file (write one with `stratbench noise`)");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
@@ -466,8 +470,9 @@ std::vector<std::string> Comparison::promotionBlockers() const {
   std::vector<std::string> out = gateFailures();
   for (const auto& r : rows) {
     if (r.timeClass == "regression" && r.gateFailures.empty()) {
-      out.push_back(rowName(r.any()) + ": a time regression (soft in the gate, but a slower "
-                                       "night is no baseline)");
+      out.push_back(rowName(r.any()) +
+                    ": a time regression (soft in the gate, but a slower "
+                    "night is no baseline)");
     }
   }
   return out;
@@ -515,7 +520,7 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
                               "rows it did not reach are missing");
   }
   std::map<std::string, std::map<std::string, int>> bySuite;  // suite -> status -> rows
-  std::map<std::string, std::map<std::string, int>> whyNot;    // suite -> reason -> rows
+  std::map<std::string, std::map<std::string, int>> whyNot;   // suite -> reason -> rows
   for (const auto& r : current) {
     bySuite[r.suite][r.status]++;
     if (r.status == "skipped" || r.status == "unsupported") {
@@ -552,11 +557,13 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
     }
     for (const auto& r : options.confirm) {
       if (baseRuns.count(r.runId)) {
-        throw ReportInputError("--confirm: run " + r.runId + " is a baseline run; a rerun that "
+        throw ReportInputError("--confirm: run " + r.runId +
+                               " is a baseline run; a rerun that "
                                "confirms a regression is a run made after the one judged");
       }
       if (currentRuns.count(r.runId)) {
-        throw ReportInputError("--confirm: run " + r.runId + " is the run being judged; give a "
+        throw ReportInputError("--confirm: run " + r.runId +
+                               " is the run being judged; give a "
                                "rerun made after it");
       }
       if (!currentSuites.count(r.suite)) {
@@ -619,8 +626,9 @@ Comparison compare(const std::vector<ResultRow>& current, const std::vector<Resu
     } else if (!curCases.count(b.suite + "\x1f" + b.caseName + "\x1f" + b.backend)) {
       because = "its case did not run (a --case filter, or the case left the suite)";
     } else {
-      because = "its case ran without this strategy (a --filter, or the strategy was renamed or "
-                "removed)";
+      because =
+          "its case ran without this strategy (a --filter, or the strategy was renamed or "
+          "removed)";
     }
     const std::string why = "gone: in the baseline (status " + b.status + ", " + b.where() +
                             ") but not in these results: " + because;

@@ -121,8 +121,8 @@ std::string Document::html(const std::string& title, const std::string& baseDir)
     const Block& b = blocks_[bi];
     switch (b.kind) {
       case Block::Kind::kHeading:
-        o << "<h" << b.level << " id=\"" << htmlEscape(ids[bi]) << "\">"
-          << htmlEscape(b.text) << "</h" << b.level << ">\n";
+        o << "<h" << b.level << " id=\"" << htmlEscape(ids[bi]) << "\">" << htmlEscape(b.text)
+          << "</h" << b.level << ">\n";
         break;
       case Block::Kind::kParagraph:
         o << "<p" << (b.cls.empty() ? "" : " class=\"" + b.cls + "\"") << ">" << htmlEscape(b.text)

@@ -18,8 +18,21 @@ std::string mdEscape(const std::string& s) {
   std::string o;
   for (char c : harness::escapeHidden(s, harness::TextKind::kText)) {
     switch (c) {
-      case '\\': case '`': case '*': case '_': case '[': case ']': case '<': case '>':
-      case '(': case ')': case '#': case '!': case '|': case '~': case '&':
+      case '\\':
+      case '`':
+      case '*':
+      case '_':
+      case '[':
+      case ']':
+      case '<':
+      case '>':
+      case '(':
+      case ')':
+      case '#':
+      case '!':
+      case '|':
+      case '~':
+      case '&':
         o += '\\';
         o += c;
         break;
@@ -40,15 +53,33 @@ std::string htmlText(const std::string& s) {
   std::string o;
   for (char c : harness::escapeHidden(s, harness::TextKind::kText)) {
     switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '[': o += "&#91;"; break;
-      case ']': o += "&#93;"; break;
-      case '(': o += "&#40;"; break;
-      case ')': o += "&#41;"; break;
-      case '\n': case '\r': o += ' '; break;
-      default: o += c;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '[':
+        o += "&#91;";
+        break;
+      case ']':
+        o += "&#93;";
+        break;
+      case '(':
+        o += "&#40;";
+        break;
+      case ')':
+        o += "&#41;";
+        break;
+      case '\n':
+      case '\r':
+        o += ' ';
+        break;
+      default:
+        o += c;
     }
   }
   return o;

@@ -1,5 +1,5 @@
-#include "harness/in_file.h"
 #include "harness/dist/cost_profile.h"
+#include "harness/in_file.h"
 
 #include <algorithm>
 #include <cmath>

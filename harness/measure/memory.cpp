@@ -104,7 +104,7 @@ int traceBucket() {
 thread_local std::vector<const char*> tOps;
 std::mutex gTraceMutex;
 std::atomic<bool> gTracedAny{false};  // whether a trace line was written (tracedAny)
-std::mutex gListenMutex;  // MemoryTracker's listeners and their buckets' updates
+std::mutex gListenMutex;              // MemoryTracker's listeners and their buckets' updates
 
 std::unique_ptr<at::ObserverContext> opStarted(const at::RecordFunction& fn) {
   tOps.push_back(fn.name());

@@ -134,8 +134,8 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
           if (ofKind) {
             known.insert(key);
           } else if (!elsewhere.count(key)) {
-            elsewhere[key] = "'" + chosen[k]->id() + "' reads it and cannot run this case: " +
-                             applicable[k].reason;
+            elsewhere[key] = "'" + chosen[k]->id() +
+                             "' reads it and cannot run this case: " + applicable[k].reason;
           }
         }
       }
@@ -147,8 +147,8 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
         throw InputError(
             c.where() + ": case '" + c.name + "': params key '" + item.key() +
             "' is read by none of its strategies that run it (" +
-            (known.empty() ? std::string("they read no parameters") : "they read: " + list) +
-            ")" + (other == elsewhere.end() ? "" : "; " + other->second));
+            (known.empty() ? std::string("they read no parameters") : "they read: " + list) + ")" +
+            (other == elsewhere.end() ? "" : "; " + other->second));
       }
     }
     for (size_t k = 0; k < chosen.size(); ++k) {
@@ -206,9 +206,9 @@ std::vector<PlannedCase> planSuite(const Suite& suite, const RunOptions& options
                           ? std::string("no case selects a strategy that "
                                         "applies to it")
                           : "--filter '" + options.filter + "' selects no strategy of any case") +
-                         (options.caseFilter.empty()
-                              ? std::string()
-                              : " (of the cases --case '" + options.caseFilter + "' selects)"));
+                     (options.caseFilter.empty()
+                          ? std::string()
+                          : " (of the cases --case '" + options.caseFilter + "' selects)"));
   }
   // --trace: every level a row writes under it, checked before any row runs (a link or a file at
   // one left the run to go on without that row's traces, exit 0).

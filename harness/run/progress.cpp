@@ -152,7 +152,8 @@ void ConsoleObserver::caseFinished(size_t index, size_t count, const CaseSpec& c
       << ", " << dtypeName(c.dtype)
       << (c.inputs == reference::InputMode::kExact ? ", exact inputs" : "") << "): " << tally.pass
       << " pass, " << tally.fail << " fail, " << tally.error << " error, " << tally.unsupported
-      << " unsupported, " << tally.skipped << " skipped  " << std::fixed << std::setprecision(1) << secs << " s\n"
+      << " unsupported, " << tally.skipped << " skipped  " << std::fixed << std::setprecision(1)
+      << secs << " s\n"
       << std::defaultfloat;
   out.flush();
   tallies_.emplace_back(c.name, tally);

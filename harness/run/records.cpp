@@ -270,7 +270,7 @@ const std::vector<std::string>& csvColumns() {
 }
 
 std::string csvRow(const Record& r) {
-  const auto t = [&](double TimingStats::* m) -> std::string {
+  const auto t = [&](double TimingStats::*m) -> std::string {
     return r.timing ? fmtDouble((*r.timing).*m) : "";
   };
   std::string tensorRatios, samples;

@@ -16,7 +16,7 @@
 namespace sb::harness {
 
 struct RunOptions {
-  std::string filter;  // regex searched in strategy ids; empty selects all
+  std::string filter;      // regex searched in strategy ids; empty selects all
   std::string caseFilter;  // regex searched in case names (--case); empty selects all
   std::string backend = "threads";
   std::string outDir = "out/latest";

@@ -731,7 +731,7 @@ class Walker {
 };
 
 std::string cacheKey(const ImportSpec& s) {
-  struct stat st{};
+  struct stat st {};
   std::string key = s.file + "|" + s.fault + "|" + (s.random ? "random|" : "|");
   if (::stat(s.file.c_str(), &st) == 0) {
     key += std::to_string(st.st_mtime) + "." + std::to_string(st.st_size);

@@ -136,14 +136,18 @@ class ChunkedStrategy final : public harness::SingleRankStrategy {
     }
     if (c.params.contains("max_memory") &&
         !reference::jsonWholeNumber(c.params["max_memory"], 1, int64_t{1} << 62)) {
-      throw harness::InputError("params.max_memory must be a whole number of bytes from 1 to "
-                                "2^62, got " + c.params["max_memory"].dump());
+      throw harness::InputError(
+          "params.max_memory must be a whole number of bytes from 1 to "
+          "2^62, got " +
+          c.params["max_memory"].dump());
     }
     if (c.params.contains("max_memory_fraction")) {
       const auto& v = c.params["max_memory_fraction"];
       if (!v.is_number() || !(v.get<double>() > 0) || !(v.get<double>() <= 1e6)) {
-        throw harness::InputError("params.max_memory_fraction must be a positive number up to "
-                                  "1e6, got " + v.dump());
+        throw harness::InputError(
+            "params.max_memory_fraction must be a positive number up to "
+            "1e6, got " +
+            v.dump());
       }
     }
   }
@@ -443,8 +447,9 @@ class ChunkedExecutor final : public ChunkedStepExecutor<Transformer> {
       maxMemory_ = *reference::jsonWholeNumber(case_.params["max_memory"], 1, int64_t{1} << 62);
     } else {
       const int64_t unchunked = *estimateActivationPeak(shape_, {"none", shape_.seq}, es);
-      maxMemory_ = static_cast<int64_t>(std::min(
-          0x1p62, case_.params["max_memory_fraction"].get<double>() * static_cast<double>(unchunked)));
+      maxMemory_ =
+          static_cast<int64_t>(std::min(0x1p62, case_.params["max_memory_fraction"].get<double>() *
+                                                    static_cast<double>(unchunked)));
     }
     search_ = searchChunkPlan(shape_, es, maxMemory_);
     if (!search_.plan) {

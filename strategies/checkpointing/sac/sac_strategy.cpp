@@ -75,9 +75,7 @@ struct PlainTensor {
   std::vector<int64_t> sizes;
   at::ScalarType dtype;
   std::vector<char> bytes;
-  at::Tensor view() {
-    return at::from_blob(bytes.data(), sizes, at::TensorOptions().dtype(dtype));
-  }
+  at::Tensor view() { return at::from_blob(bytes.data(), sizes, at::TensorOptions().dtype(dtype)); }
 };
 
 // The case through the plan executor without a policy, on a world of its own.
@@ -102,9 +100,7 @@ std::map<std::string, at::Tensor> plainRun(const CaseSpec& c, const Solved& s) {
 class SacExecutor final : public harness::RankExecutor {
  public:
   SacExecutor(const CaseSpec& c, std::shared_ptr<Solved> s, SacFault fault)
-      : case_(c),
-        solved_(std::move(s)),
-        inner_(c, solved_->plan, maxMemory(c), false, false) {
+      : case_(c), solved_(std::move(s)), inner_(c, solved_->plan, maxMemory(c), false, false) {
     runtime_ = std::make_shared<SacRuntime>(solved_->plan->model->graph(), solved_->policy,
                                             solved_->model, fault);
     inner_.setRecompute(runtime_);
@@ -181,9 +177,10 @@ class SacStrategy final : public harness::Strategy {
  public:
   // `policy` empty: params.policy.
   SacStrategy(std::string policy, std::string fault = "")
-      : Strategy("checkpointing/sac/" + (policy.empty() ? std::string("policy") : policy),
-                 "selective checkpointing: " + (policy.empty() ? std::string("params.policy") : policy),
-                 harness::Family::kCheckpointing),
+      : Strategy(
+            "checkpointing/sac/" + (policy.empty() ? std::string("policy") : policy),
+            "selective checkpointing: " + (policy.empty() ? std::string("params.policy") : policy),
+            harness::Family::kCheckpointing),
         policy_(std::move(policy)),
         fault_(std::move(fault)) {}
 
@@ -191,8 +188,8 @@ class SacStrategy final : public harness::Strategy {
     // The plan the policy runs inside (sharding/auto's parameters).
     // The budget's solver plans one rank's replicated step: of the plan's keys, the cost
     // model's.
-    std::vector<std::string> out = {"cost_profile", "intra_node_bandwidth",
-                                    "inter_node_bandwidth", "time_limit"};
+    std::vector<std::string> out = {"cost_profile", "intra_node_bandwidth", "inter_node_bandwidth",
+                                    "time_limit"};
     if (policy_ == "budget") {
       out.insert(out.end(), {"budget", "budget_bytes"});
       return out;
@@ -216,7 +213,8 @@ class SacStrategy final : public harness::Strategy {
   static std::string caseKey(const CaseSpec& c) {
     return c.workload + "|" + c.shape.dump() + "|" + c.meshString() + "|" +
            harness::dtypeName(c.dtype) + "|" + c.params.dump() + "|" + std::to_string(c.seed) +
-           "|" + std::to_string(static_cast<int>(c.inputs)) + "|" + std::to_string(c.training.steps) + c.training.optimizer.toString();
+           "|" + std::to_string(static_cast<int>(c.inputs)) + "|" +
+           std::to_string(c.training.steps) + c.training.optimizer.toString();
   }
   // params.algo: the plan the policy runs inside (sharding/auto's: ilp, megatron,
   // data-parallel, replicated), or params.plan: a plan file (sharding/plan's); by default the
@@ -233,10 +231,12 @@ class SacStrategy final : public harness::Strategy {
     if (!c.params.contains("algo")) return c.meshSize() > 1 ? "ilp" : "replicated";
     const auto& a = c.params.at("algo");
     const auto& algos = autoshard::planAlgos();
-    if (!a.is_string() || std::find(algos.begin(), algos.end(), a.get<std::string>()) == algos.end()) {
+    if (!a.is_string() ||
+        std::find(algos.begin(), algos.end(), a.get<std::string>()) == algos.end()) {
       throw harness::InputError(c.where() +
                                 ": params.algo: expected one of ilp, megatron, data-parallel, "
-                                "replicated, got " + a.dump());
+                                "replicated, got " +
+                                a.dump());
     }
     return a.get<std::string>();
   }
@@ -292,8 +292,9 @@ class SacStrategy final : public harness::Strategy {
                                 ": params: expected one of budget (a fraction of keeping "
                                 "everything's peak, in (0, 1]) and budget_bytes");
     }
-    const int64_t keepAll = replayPolicyPeak(*plan.model, plan.plan.choice,
-                                             makePolicy(g, "save-all", std::vector<bool>(g.nodes.size(), true)));
+    const int64_t keepAll =
+        replayPolicyPeak(*plan.model, plan.plan.choice,
+                         makePolicy(g, "save-all", std::vector<bool>(g.nodes.size(), true)));
     if (c.params.contains("budget")) {
       s.budgetFraction = c.params.at("budget").get<double>();
       s.budgetBytes = static_cast<int64_t>(s.budgetFraction * static_cast<double>(keepAll));
@@ -302,7 +303,8 @@ class SacStrategy final : public harness::Strategy {
       s.budgetFraction = static_cast<double>(s.budgetBytes) / static_cast<double>(keepAll);
     }
     BudgetOptions o;
-    if (c.params.contains("time_limit")) o.timeLimitSeconds = c.params.at("time_limit").get<double>();
+    if (c.params.contains("time_limit"))
+      o.timeLimitSeconds = c.params.at("time_limit").get<double>();
     o.ignoreViewBase = fault_ == kFaultViewBase;
     s.budget = solveBudget(*plan.model, plan.plan.choice, s.budgetBytes, o);
     s.policy = s.budget->status == "infeasible"
@@ -383,7 +385,8 @@ class SacStrategy final : public harness::Strategy {
     }
     if (policy_ == "budget" && c.training.enabled()) {
       return Applicability::unsupported(
-          "a budget bounds one step's activations; over optimizer steps the state is not in it yet");
+          "a budget bounds one step's activations; over optimizer steps the state is not in it "
+          "yet");
     }
     const auto s = solved(c);
     if (!s->plan->problem.empty()) return Applicability::unsupported(s->plan->problem);
@@ -396,11 +399,12 @@ class SacStrategy final : public harness::Strategy {
           "module paths), and a policy decides inside blocks: nothing to checkpoint");
     }
     if (s->budget && s->budget->status == "infeasible") {
-      return Applicability::unsupported(
-          "budget " + std::to_string(s->budgetBytes) + " B is below the least peak any policy "
-          "reaches here: " + std::to_string(s->budget->leastPeak) +
-          " B (recomputing every block operator; keeping all: " +
-          std::to_string(s->budget->keepAllPeak) + " B)");
+      return Applicability::unsupported("budget " + std::to_string(s->budgetBytes) +
+                                        " B is below the least peak any policy "
+                                        "reaches here: " +
+                                        std::to_string(s->budget->leastPeak) +
+                                        " B (recomputing every block operator; keeping all: " +
+                                        std::to_string(s->budget->keepAllPeak) + " B)");
     }
     if (!fault_.empty() && !s->model.unmodelled.empty()) {
       return Applicability::unsupported(fault_ + ": " + s->model.unmodelled +
@@ -408,8 +412,8 @@ class SacStrategy final : public harness::Strategy {
                                         "to plant here is not known");
     }
     if (fault_ == kFaultRng && !s->model.recomputesDropout) {
-      return Applicability::unsupported(std::string(kFaultRng) +
-                                        ": this policy recomputes no dropout here, nothing to plant");
+      return Applicability::unsupported(
+          std::string(kFaultRng) + ": this policy recomputes no dropout here, nothing to plant");
     }
     if (fault_ == kFaultFreed && !s->model.savedTwice) {
       return Applicability::unsupported(
@@ -499,8 +503,10 @@ class SacStrategy final : public harness::Strategy {
                                       expected);
     }
     // The plain run's own distance from the reference, and no further.
-    const double off =
-        (plain.to(at::kDouble) - expected.to(plain.device()).to(at::kDouble)).abs().max().item<double>();
+    const double off = (plain.to(at::kDouble) - expected.to(plain.device()).to(at::kDouble))
+                           .abs()
+                           .max()
+                           .item<double>();
     harness::Tolerance t;
     t.atol = off;
     t.rtol = 0;
@@ -528,7 +534,8 @@ class SacStrategy final : public harness::Strategy {
     return {kFaultRng, kFaultFreed};
   }
   std::unique_ptr<harness::Strategy> withPlantedFault(const std::string& name) const override {
-    if (name != kFaultRng && name != kFaultFreed && !(name == kFaultViewBase && policy_ == "budget")) {
+    if (name != kFaultRng && name != kFaultFreed &&
+        !(name == kFaultViewBase && policy_ == "budget")) {
       return nullptr;
     }
     return std::make_unique<SacStrategy>(policy_, name);
