@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "harness/error.h"
@@ -133,6 +134,34 @@ void replaceResultFile(const std::string& path, const std::string& content,
     ::unlink(tmp.c_str());
     throw InputError("cannot replace " + path + ": " + std::strerror(err));
   }
+}
+
+std::optional<InputAmongOutputs> inputAmongOutputs(const std::string& dir,
+                                                   const std::set<std::string>& names,
+                                                   const InputFiles& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path canonicalDir = fs::weakly_canonical(dir, ec);
+  const auto isDir = [&](const fs::path& folder) {
+    std::error_code same;
+    if (fs::equivalent(folder, dir, same)) return true;
+    std::error_code canon;
+    const fs::path f = fs::weakly_canonical(folder, canon);
+    return !canon && !ec && f == canonicalDir;
+  };
+  for (const auto& [option, path] : inputs) {
+    if (path.empty() || path.size() > 4096) continue;
+    std::error_code resolved;
+    for (const fs::path& p : {fs::path(path), fs::weakly_canonical(path, resolved)}) {
+      if (p.empty() || !names.count(p.filename().string())) continue;
+      const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+      if (isDir(parent)) {
+        return InputAmongOutputs{option, path, p.filename().string(),
+                                 (parent / p.filename()).string()};
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace sb::harness

@@ -5,6 +5,8 @@
 // (or at the end of a symbolic link there) is refused: a rename over it would swap the system's
 // /dev/null for a JSON file when run as root, and writing through a FIFO blocks.
 
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,5 +33,18 @@ std::string checkResultPath(const std::string& path, const InputFiles& inputs);
 // on every way out.
 void replaceResultFile(const std::string& path, const std::string& content,
                        const InputFiles& inputs = {});
+
+// An input kept where a command writes: `path` (named by `option`) is, as given or through links,
+// the file `name` in the folder `at`.
+struct InputAmongOutputs {
+  std::string option, path, name, at;
+};
+// The first of `inputs` that is, as given or through links, a file named one of `names` in the
+// folder `dir` (which may not be there yet: then compared by its spelled path), or nothing. A
+// command that writes those names into `dir` would replace that input (`run out/results.csv
+// --out out`, a report's baseline kept as its summary.csv).
+std::optional<InputAmongOutputs> inputAmongOutputs(const std::string& dir,
+                                                   const std::set<std::string>& names,
+                                                   const InputFiles& inputs);
 
 }  // namespace sb::harness

@@ -16,6 +16,7 @@
 #include <set>
 #include <tuple>
 
+#include "harness/out_file.h"
 #include "reports/document.h"
 #include "reports/report_internal.h"
 
@@ -117,23 +118,14 @@ void checkReadsNoneOfItsFiles(const std::string& dir, const std::vector<std::str
   static const std::set<std::string> written = {
       "summary.csv", "tensors.csv", "gate.json",   "gate.junit.xml",
       "report.md",   "report.html", "history.csv", ".stratbench-report"};
-  std::vector<std::pair<std::string, std::string>> reads;
+  harness::InputFiles reads;
   for (const auto& r : results) reads.emplace_back("the results", resultsCsvPath(r));
   for (const auto& b : options.baselines) reads.emplace_back("--baseline", resultsCsvPath(b));
   if (options.gateOptions.noise) reads.emplace_back("--noise", options.gateOptions.noise->file);
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return;  // a new folder holds nothing of the user's yet
-  for (const auto& [what, path] : reads) {
-    std::error_code resolved;
-    for (const fs::path& p : {fs::path(path), fs::weakly_canonical(path, resolved)}) {
-      if (p.empty() || !written.count(p.filename().string())) continue;
-      std::error_code same;
-      if (fs::equivalent(p.has_parent_path() ? p.parent_path() : fs::path("."), dir, same)) {
-        throw ReportInputError(path + " (" + what + ") is a file the report writes into " + dir +
-                               " (" + p.filename().string() +
-                               "): it would be replaced; give the report another --out");
-      }
-    }
+  if (const auto hit = harness::inputAmongOutputs(dir, written, reads)) {
+    throw ReportInputError(hit->path + " (" + hit->option + ") is a file the report writes into " +
+                           dir + " (" + hit->name +
+                           "): it would be replaced; give the report another --out");
   }
 }
 

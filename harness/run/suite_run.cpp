@@ -63,8 +63,7 @@ std::string cpuDtypeMissing(at::ScalarType dtype) {
 // would lose).
 void checkOutHoldsNoInput(const Suite& suite, const std::vector<PlannedCase>& plan,
                           const RunOptions& options) {
-  namespace fs = std::filesystem;
-  std::vector<std::pair<std::string, std::string>> files = {{"the suite file", suite.file}};
+  InputFiles files = {{"the suite file", suite.file}};
   if (!suite.golden.empty()) files.emplace_back("the suite's golden file", suite.golden);
   for (const auto& f : options.readFiles) files.push_back(f);
   // Every text of a case's shape and params that may name a file (shape.file, params.plan,
@@ -88,29 +87,11 @@ void checkOutHoldsNoInput(const Suite& suite, const std::vector<PlannedCase>& pl
   static const std::set<std::string> written = {"results.csv", "results.json",
                                                 "results.partial.csv", "results.partial.json",
                                                 ".stratbench.lock"};
-  // The same folder as --out, which may not be there yet (then compared by its spelled path).
-  std::error_code ec;
-  const fs::path out = fs::weakly_canonical(options.outDir, ec);
-  const auto isOut = [&](const fs::path& folder) {
-    std::error_code same;
-    if (fs::equivalent(folder, options.outDir, same)) return true;
-    std::error_code canon;
-    const fs::path f = fs::weakly_canonical(folder, canon);
-    return !canon && !ec && f == out;
-  };
-  for (const auto& [what, path] : files) {
-    if (path.empty() || path.size() > 4096) continue;
-    std::error_code resolved;
-    for (const fs::path& p : {fs::path(path), fs::weakly_canonical(path, resolved)}) {
-      if (p.empty() || !written.count(p.filename().string())) continue;
-      const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
-      if (isOut(parent)) {
-        throw InputError(path + " (" + what + ") is " + (parent / p.filename()).string() +
-                         ", a file this run writes into --out " + options.outDir +
-                         " (results.csv, results.json, their .partial, .stratbench.lock): it "
-                         "would be replaced; give the run another --out");
-      }
-    }
+  if (const auto hit = inputAmongOutputs(options.outDir, written, files)) {
+    throw InputError(hit->path + " (" + hit->option + ") is " + hit->at +
+                     ", a file this run writes into --out " + options.outDir +
+                     " (results.csv, results.json, their .partial, .stratbench.lock): it would "
+                     "be replaced; give the run another --out");
   }
 }
 
