@@ -13,6 +13,12 @@ set -uo pipefail
 cd "$(dirname "$0")"
 # The rooms include only rooms below them (docs/architecture.md): seconds, before the build.
 ci/check_includes.sh || exit 1
+# ctest runs as many tests at once as there are cores, each with as many intra-op threads: an
+# OpenMP thread spinning at a barrier for a sibling that another test holds off its core made
+# whole tests 10-17 times slower (imported.Checkpoint 21 s alone, 304 s beside zoo.Half1, past its
+# timeout in CI). Threads that sleep at once cost about 40 % alone and win that back many times
+# over beside another test (docs/measurements.md). A value given here is kept.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 legs=${SB_LEGS:-debian torch2 cuda}
 failed=()
 summary=()
