@@ -1973,10 +1973,13 @@ check "report with STRATBENCH_PYTHON=/bin/true: the plots are named as missing" 
   env STRATBENCH_PYTHON=/bin/true "$sb" report "$tmp/keep" --out "$tmp/rep-true"
 
 # The twelfth sweep. Results lost: a model's parameter named with ESC or ';' went raw into
-# tensor_err_ratio, and report refused the run's own results.csv: refused at import, naming it.
+# tensor_err_ratio, and report refused the run's own results.csv: refused at import, naming it;
+# a zero-width space (one name shown as another) as a case name is. LibTorch's loader (1.13 and
+# 2.13) refuses that file first (its reader of the saved code takes none of the escapes the writer
+# made of a non-ASCII name); either way exit 2 naming it, and no row shows the name.
 /usr/bin/python3 - "$tmp" <<'PY' 2>/dev/null
 import sys, torch
-for tag, name in (("esc", "w\x1b]0;PWN\x07"), ("semi", "a;b=c")):
+for tag, name in (("esc", "w\x1b]0;PWN\x07"), ("semi", "a;b=c"), ("zwsp", "w\u200bx")):
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -1985,12 +1988,13 @@ for tag, name in (("esc", "w\x1b]0;PWN\x07"), ("semi", "a;b=c")):
             return x @ getattr(self, name)
     torch.jit.trace(M(), torch.randn(2, 6)).save(sys.argv[1] + "/pname_%s.pt" % tag)
 PY
-for c in "esc|holds a control character" "semi|holds ';'"; do
+for c in "esc|holds the control character 0x1b at byte 1" "semi|holds ';'" \
+         "zwsp|(holds a Unicode control or invisible character U\+200B at byte 1|not a TorchScript file)"; do
   k=${c%%|*}
   [ -f "$tmp/pname_$k.pt" ] || continue
   printf 'suite: pname\ndefaults: {repetitions: 1, min_time_s: 0.0001}\ncases:\n  - name: m\n    workload: torchscript\n    shape: {file: "%s", inputs: [[2, 6]]}\n    mesh: 2\n    strategies: ["sharding/fsdp/ddp"]\n' \
     "$tmp/pname_$k.pt" > "$tmp/pname.yaml"
-  bad "a model whose parameter name $c: exit 2 naming it" "pname_$k.pt: the parameter named .* ${c#*|}" \
+  bad "a model whose parameter name $c: exit 2 naming it" "pname_$k.pt: (the parameter named .* )?${c#*|}" \
     "$sb" run "$tmp/pname.yaml" --out "$tmp/keep"
 done
 # Hang, crash and injection in the Python tools: a FIFO or /dev/zero as the side-by-side's

@@ -30,6 +30,7 @@
 #include <set>
 #include <sstream>
 
+#include "reference/hidden_text.h"
 #include "reference/torchscript/export.h"
 #include "reference/torchscript/import_map.h"
 
@@ -67,21 +68,14 @@ at::ScalarType floatingDtypeOf(const torch::jit::Module& m) {
 }
 
 // A parameter's or buffer's name goes into every row's tensor names ("param/NAME" in
-// tensor_err_ratio, "NAME=RATIO;..."): a name holding ';' or '=' or what a terminal acts on (a
-// control character, a C1 control, a text-direction mark; register_parameter takes any text
-// without '.') made the run's own results.csv one `report` refused. What is wrong with it, or "".
+// tensor_err_ratio, "NAME=RATIO;..."): a name holding ';' or '=' or what a name must not hold (a
+// control character, a C1 control, a text-direction mark, an invisible character: hidden_text.h,
+// as for case names; register_parameter takes any text without '.') made the run's own
+// results.csv one `report` refused, or one name show as another. What is wrong with it, or "".
 std::string stateNameProblem(const std::string& name) {
-  const auto* p = reinterpret_cast<const unsigned char*>(name.data());
-  for (size_t i = 0; i < name.size(); ++i) {
-    if (p[i] == ';' || p[i] == '=') return std::string("holds '") + name[i] + "'";
-    if (p[i] < 0x20 || p[i] == 0x7f) return "holds a control character";
-    const bool c1 = p[i] == 0xC2 && i + 1 < name.size() && p[i + 1] >= 0x80 && p[i + 1] <= 0x9F;
-    const bool alm = p[i] == 0xD8 && i + 1 < name.size() && p[i + 1] == 0x9C;
-    const bool mark = p[i] == 0xE2 && i + 2 < name.size() &&
-                      ((p[i + 1] == 0x80 && (p[i + 2] == 0x8E || p[i + 2] == 0x8F ||
-                                             (p[i + 2] >= 0xAA && p[i + 2] <= 0xAE))) ||
-                       (p[i + 1] == 0x81 && p[i + 2] >= 0xA6 && p[i + 2] <= 0xA9));
-    if (c1 || alm || mark) return "holds a C1 control or a text-direction character";
+  if (const HiddenCharacter h = hiddenCharacter(name, TextKind::kName)) return "holds " + h.text();
+  if (const size_t at = name.find_first_of(";="); at != std::string::npos) {
+    return std::string("holds '") + name[at] + "'";
   }
   return "";
 }
@@ -121,12 +115,8 @@ class Walker {
 
   void checkStateName(const char* kind, const std::string& name) const {
     if (const std::string why = stateNameProblem(name); !why.empty()) {
-      std::string shown;
-      for (unsigned char c : name.substr(0, 80)) {
-        char esc[8];
-        std::snprintf(esc, sizeof esc, "\\x%02x", c);
-        shown += c < 0x20 || c == 0x7f ? std::string(esc) : std::string(1, static_cast<char>(c));
-      }
+      // Escaped (every character the check refuses as \uXXXX) and cut: the message is printed.
+      const std::string shown = escapeHidden(name.substr(0, 80), TextKind::kName);
       throw ImportError(spec_.file + ": the " + kind + " named '" + shown + "' " + why +
                         ": every result row names tensors by it (tensor_err_ratio's "
                         "'param/NAME=RATIO;...', printed to the terminal); rename it in the "
