@@ -1767,6 +1767,18 @@ check "SB_MEMORY_TRACE=5 on meshes of 2: the run says nothing was traced" 0 \
 check "SB_MEMORY_TRACE=64 is refused as past the tracker's ranks" 0 \
   "SB_MEMORY_TRACE='64' is past the 64 ranks the memory tracker counts" -- \
   env SB_MEMORY_TRACE=64 "$sb" run "$tmp/ok.yaml" --out "$tmp/trace64"
+# Both integer variables read by one strict reader (harness/parse_number.h): anything but digits
+# in range is said, and the run goes on without it.
+for v in abc -1 0x1 1e3 " 1" 1048577 99999999999999999999999; do
+  check "SB_MEMORY_TRACE='$v' is said to be no rank number" 0 \
+    "SB_MEMORY_TRACE='$v' is not a rank number \(0, 1, \.\.\.\): nothing is traced" -- \
+    env SB_MEMORY_TRACE="$v" "$sb" run "$tmp/ok.yaml" --out "$tmp/trace-bad"
+done
+for v in 0 abc 86401 -5 " 60"; do
+  check "STRATBENCH_PLOT_TIMEOUT_S='$v': said, the default used" 0 \
+    "STRATBENCH_PLOT_TIMEOUT_S='$v' is not a number of seconds from 1 to 86400; the plots get 600 s" -- \
+    env STRATBENCH_PYTHON=/bin/true STRATBENCH_PLOT_TIMEOUT_S="$v" "$sb" report "$tmp/keep" --out "$tmp/rep-timeout"
+done
 # OMP_NUM_THREADS far above the cores slowed a run past 90 s without a word: warned before it.
 # LibTorch 1.13 takes the count as given; PyTorch 2.13 caps it at the cores itself (no contention,
 # no warning): the run's torch_version says which.

@@ -5,8 +5,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -19,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "harness/parse_number.h"
 #include "harness/run/run_util.h"
 #include "reports/report_internal.h"
 
@@ -60,11 +59,8 @@ int plotTimeoutSeconds() {
   constexpr int kDefault = 600;
   const char* v = std::getenv("STRATBENCH_PLOT_TIMEOUT_S");
   if (v == nullptr || *v == '\0') return kDefault;
-  char* end = nullptr;
-  errno = 0;
-  const long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || errno != 0 || n < 1 || n > 86400 ||
-      !std::isdigit(static_cast<unsigned char>(*v))) {
+  uint64_t n = 0;
+  if (!harness::parseWholeNumber(v, 1, 86400, &n)) {
     std::cerr << "stratbench report: STRATBENCH_PLOT_TIMEOUT_S='" << v
               << "' is not a number of seconds from 1 to 86400; the plots get " << kDefault
               << " s\n";

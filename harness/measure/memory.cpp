@@ -1,8 +1,6 @@
 #include "harness/measure/memory.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -15,6 +13,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "harness/parse_number.h"
 #include "reference/cpu_allocator.h"
 
 namespace sb::harness {
@@ -78,17 +77,15 @@ int traceBucket() {
     if (v == nullptr || *v == '\0') return -1;
     // A rank number, written as one ("abc", "1e3" and "0x1" traced some rank before, and "-1" or
     // "99999" nothing, without a word).
-    char* end = nullptr;
-    errno = 0;
-    const long rank = std::strtol(v, &end, 10);
-    if (*end != '\0' || errno != 0 || rank < 0 || rank > (1 << 20) || !std::isdigit(*v)) {
+    uint64_t rank = 0;
+    if (!parseWholeNumber(v, 0, 1 << 20, &rank)) {
       std::cerr << "stratbench: SB_MEMORY_TRACE='" << v
                 << "' is not a rank number (0, 1, ...): nothing is traced\n";
       return -1;
     }
     // The tracker counts ranks 0..kMaxRanks-1; a higher rank shares the unattributed bucket,
     // whose trace would be every rank's allocations outside a rank scope, not that rank's.
-    if (rank >= MemoryTracker::kMaxRanks) {
+    if (rank >= static_cast<uint64_t>(MemoryTracker::kMaxRanks)) {
       std::cerr << "stratbench: SB_MEMORY_TRACE='" << v << "' is past the "
                 << MemoryTracker::kMaxRanks << " ranks the memory tracker counts (0 to "
                 << MemoryTracker::kMaxRanks - 1 << "): nothing is traced\n";
