@@ -4,33 +4,14 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness/hidden_text.h"
 #include "reports/document.h"
+#include "reports/escape_text.h"
 
 namespace sb::reports {
 namespace {
 
 std::string htmlEscape(const std::string& s) {
-  std::string o;
-  for (char c : harness::escapeHidden(s, harness::TextKind::kText)) {
-    switch (c) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      default:
-        o += c;
-    }
-  }
-  return o;
+  return escapedText(s, {{'&', "&amp;"}, {'<', "&lt;"}, {'>', "&gt;"}, {'"', "&quot;"}});
 }
 
 std::string base64(const std::string& in) {

@@ -2,8 +2,8 @@
 
 #include <sstream>
 
-#include "harness/hidden_text.h"
 #include "reports/document.h"
+#include "reports/escape_text.h"
 
 namespace sb::reports {
 namespace {
@@ -15,74 +15,37 @@ namespace {
 // terminal acts on (ESC, BEL, a direction override: a results folder's name, a noise file's
 // host) is written as an escape ("\u001b") first, here and in report.html.
 std::string mdEscape(const std::string& s) {
-  std::string o;
-  for (char c : harness::escapeHidden(s, harness::TextKind::kText)) {
-    switch (c) {
-      case '\\':
-      case '`':
-      case '*':
-      case '_':
-      case '[':
-      case ']':
-      case '<':
-      case '>':
-      case '(':
-      case ')':
-      case '#':
-      case '!':
-      case '|':
-      case '~':
-      case '&':
-        o += '\\';
-        o += c;
-        break;
-      case '\n':
-      case '\r':
-        o += ' ';
-        break;
-      default:
-        o += c;
-    }
-  }
-  return o;
+  return escapedText(s, {{'\\', "\\\\"},
+                         {'`', "\\`"},
+                         {'*', "\\*"},
+                         {'_', "\\_"},
+                         {'[', "\\["},
+                         {']', "\\]"},
+                         {'<', "\\<"},
+                         {'>', "\\>"},
+                         {'(', "\\("},
+                         {')', "\\)"},
+                         {'#', "\\#"},
+                         {'!', "\\!"},
+                         {'|', "\\|"},
+                         {'~', "\\~"},
+                         {'&', "\\&"},
+                         {'\n', " "},
+                         {'\r', " "}});
 }
 
 // A <details> summary's text: HTML-escaped, and the characters of a Markdown link as character
 // references too, so that no renderer that reads Markdown inside HTML makes a link of them.
 std::string htmlText(const std::string& s) {
-  std::string o;
-  for (char c : harness::escapeHidden(s, harness::TextKind::kText)) {
-    switch (c) {
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '&':
-        o += "&amp;";
-        break;
-      case '[':
-        o += "&#91;";
-        break;
-      case ']':
-        o += "&#93;";
-        break;
-      case '(':
-        o += "&#40;";
-        break;
-      case ')':
-        o += "&#41;";
-        break;
-      case '\n':
-      case '\r':
-        o += ' ';
-        break;
-      default:
-        o += c;
-    }
-  }
-  return o;
+  return escapedText(s, {{'<', "&lt;"},
+                         {'>', "&gt;"},
+                         {'&', "&amp;"},
+                         {'[', "&#91;"},
+                         {']', "&#93;"},
+                         {'(', "&#40;"},
+                         {')', "&#41;"},
+                         {'\n', " "},
+                         {'\r', " "}});
 }
 
 // Also inside an HTML block (<details>, a blank line after its summary): the table is
